@@ -1,0 +1,25 @@
+"""Shared fixtures. Tests that need the real data use ``real_data`` and skip when it is absent."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from twin.datadir import data_dir  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def real_data() -> Path:
+    """The real data directory (``$TWIN_DATA_DIR``); skips the test when it is absent."""
+    d = data_dir()
+    if not (d / "README.md").exists():
+        pytest.skip(f"real data not found in {d}: set TWIN_DATA_DIR to the shared data directory "
+                    f"(CI points it at ../shared/data)")
+    return d

@@ -1,0 +1,1 @@
+"""Traces and workloads: one workload table for everything downstream (see ``traces.workload``)."""

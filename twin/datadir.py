@@ -1,0 +1,28 @@
+"""Where the real data lives: ``$TWIN_DATA_DIR``, else a per-user cache directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def data_dir(override: str | os.PathLike | None = None) -> Path:
+    """The data directory: ``override``, ``$TWIN_DATA_DIR``, or ``~/.cache/lora-twin/data``."""
+    if override:
+        return Path(override).expanduser()
+    env = os.environ.get("TWIN_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lora-twin" / "data"
+
+
+def require(relpath: str, override: str | os.PathLike | None = None, fetch_hint: str | None = None) -> Path:
+    """Path of ``relpath`` inside the data directory, or a FileNotFoundError saying how to get it."""
+    root = data_dir(override)
+    p = root / relpath
+    if not p.exists():
+        hint = fetch_hint or "set TWIN_DATA_DIR to a directory that holds it"
+        raise FileNotFoundError(f"{relpath} not found in the data directory {root} "
+                                f"(from {'--data-dir' if override else 'TWIN_DATA_DIR' if os.environ.get('TWIN_DATA_DIR') else 'the default'}); {hint}")
+    return p

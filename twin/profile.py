@@ -1,0 +1,143 @@
+"""The performance model ("profile") every engine duration comes from.
+
+A profile is one versioned JSON file per (model, GPU, serving software); see
+``calibration/profiles/``. It holds five components (see :mod:`calibration.perf_models`)
+plus the model dimensions. The engine asks it:
+
+* :meth:`Profile.backbone_s` -- base-model step latency for a batch;
+* :meth:`Profile.lora_s` -- extra LoRA compute of that step (distinct adapters, ranks);
+* :meth:`Profile.scheduler_s` -- scheduler CPU time per step;
+* :meth:`Profile.load_s` -- adapter load time (rank/bytes, from ``disk`` or ``cpu``);
+* :meth:`Profile.kv_capacity_tokens` -- KV capacity given adapter slots and max rank.
+
+``twin run --profile NAME|FILE`` picks one; :func:`load_profile` resolves names against the
+profiles shipped in ``calibration/profiles`` and the embedded :data:`DEFAULT_PROFILE`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from calibration.perf_models import PerfModel, make_component
+from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
+
+PROFILE_SCHEMA = "lora-twin-profile/1"
+KINDS = ("backbone", "lora", "scheduler", "load", "kv")
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "calibration" / "profiles"
+
+#: The embedded default: Llama-3.1-8B on an H100 with vLLM 0.8.5, hand-set from public
+#: figures before any fit (decode 10.5 ms + 0.044 ms/seq and the LoRA percent model are the
+#: published adapter twin's constants; prefill 0.07 ms/token is a typical H100 figure for
+#: an 8B model; loads 7 ms CPU->GPU; KV 305k tokens at 8 slots of rank 8 falling by 47
+#: tokens per slot-rank unit). Fitted profiles in ``calibration/profiles`` replace it.
+DEFAULT_PROFILE: dict[str, Any] = {
+    "schema": PROFILE_SCHEMA,
+    "name": "default-llama-3.1-8b-h100",
+    "version": 1,
+    "model": "llama-3.1-8b",
+    "gpu": "H100-64GB",
+    "software": "vllm-0.8.5",
+    "description": "embedded hand-set default (not fitted); see calibration/profiles for fitted ones",
+    "lora_targets": list(ALL_TARGETS),
+    "components": {
+        "backbone": {"form": "linear", "params": {"c0": 0.0105, "c_prefill": 7.0e-5, "c_decode": 4.4e-5,
+                                                   "c_ctx": 0.0}},
+        "lora": {"form": "percent_of_base", "params": {"k6": 1.93, "k7": 200.0}},
+        "scheduler": {"form": "linear_queue", "params": {"k0": 2.0e-4, "k1": 4.0e-6, "k2": 2.0e-7, "k3": 0.0}},
+        "load": {"form": "link", "params": {"disk_fixed_s": 0.05, "disk_gbps": 2.0, "cpu_fixed_s": 0.004,
+                                             "cpu_gbps": 25.0}},
+        "kv": {"form": "memory_budget", "params": {"free_bytes": 40.47e9, "slot_bytes_per_rank": 6.15e6,
+                                                    "kv_bytes_per_token": 131072}},
+    },
+}
+
+
+@dataclass
+class Profile:
+    """Five fitted components and the model they describe."""
+
+    name: str
+    model: ModelSpec
+    components: dict[str, PerfModel]
+    gpu: str = ""
+    software: str = ""
+    lora_targets: tuple[str, ...] = ALL_TARGETS
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        missing = [k for k in KINDS if k not in self.components]
+        if missing:
+            raise ValueError(f"profile {self.name!r} lacks components {missing}")
+        c = self.components
+        # bound predict methods, looked up once (hot path)
+        self.backbone_s = c["backbone"].predict
+        self.lora_s = c["lora"].predict
+        self.scheduler_s = c["scheduler"].predict
+        self._load = c["load"].predict
+        self._kv = c["kv"].predict
+
+    def adapter_bytes(self, rank: int) -> int:
+        return self.model.adapter_bytes(rank, self.lora_targets)
+
+    def load_s(self, rank: int, source: str, tp: int = 1) -> float:
+        """Seconds to load one adapter of ``rank`` from ``source`` ('disk' or 'cpu')."""
+        return self._load(rank, self.adapter_bytes(rank), source, tp)
+
+    def kv_capacity_tokens(self, slots: int, max_rank: int) -> int:
+        return self._kv(slots, max_rank)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], origin: str = "<dict>") -> "Profile":
+        if d.get("schema") != PROFILE_SCHEMA:
+            raise ValueError(f"{origin}: not a LoRA Twin profile (schema {d.get('schema')!r}, "
+                             f"expected {PROFILE_SCHEMA!r})")
+        comps = {k: make_component(k, v) for k, v in d["components"].items()}
+        return cls(name=d["name"], model=get_model(d["model"]), components=comps, gpu=d.get("gpu", ""),
+                   software=d.get("software", ""), lora_targets=tuple(d.get("lora_targets", ALL_TARGETS)), raw=d)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.raw)
+        d["components"] = {k: v.to_dict() for k, v in self.components.items()}
+        return d
+
+
+def available_profiles() -> dict[str, Path | None]:
+    """Profiles by name: the shipped JSON files plus the embedded default (path None)."""
+    out: dict[str, Path | None] = {"default": None}
+    if PROFILE_DIR.is_dir():
+        for p in sorted(PROFILE_DIR.glob("*.json")):
+            out[p.stem] = p
+    return out
+
+
+@lru_cache(maxsize=32)
+def _load_file(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_profile(name_or_path: str | None = None) -> Profile:
+    """Resolve ``name_or_path``: None/'default', a shipped profile name, or a JSON file."""
+    if name_or_path in (None, "", "default"):
+        avail = available_profiles()
+        # a fitted profile of the default model takes precedence over the hand-set constants
+        for cand in ("llama-3.1-8b_h100_vllm085",):
+            if avail.get(cand):
+                return Profile.from_dict(_load_file(str(avail[cand])), str(avail[cand]))
+        return Profile.from_dict(DEFAULT_PROFILE, "embedded default")
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.exists():
+        if not p.exists():
+            raise FileNotFoundError(f"profile file {p} does not exist; `twin calibrate list` shows the shipped ones")
+        return Profile.from_dict(_load_file(str(p.resolve())), str(p))
+    avail = available_profiles()
+    if name_or_path == "embedded":
+        return Profile.from_dict(DEFAULT_PROFILE, "embedded default")
+    if name_or_path not in avail:
+        raise KeyError(f"unknown profile {name_or_path!r}; available: {', '.join(avail)} "
+                       f"(or give a path to a profile JSON file)")
+    return Profile.from_dict(_load_file(str(avail[name_or_path])), str(avail[name_or_path]))
