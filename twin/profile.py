@@ -141,3 +141,23 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         raise KeyError(f"unknown profile {name_or_path!r}; available: {', '.join(avail)} "
                        f"(or give a path to a profile JSON file)")
     return Profile.from_dict(_load_file(str(avail[name_or_path])), str(avail[name_or_path]))
+
+
+def kv_tokens_for_memory(profile: Profile, gpu_mem_gb: float, slots: int, max_rank: int,
+                         utilization: float = 0.9, runtime_overhead_gb: float = 5.0) -> int:
+    """KV capacity (tokens) of a GPU with ``gpu_mem_gb`` GB, as vLLM sizes it.
+
+    ``utilization * memory - weights - runtime overhead (activations, CUDA graphs) -
+    slots * LoRA slot buffers`` divided by the KV bytes per token, rounded down to blocks.
+    The slot buffer per rank comes from the profile's KV model when it has one, else
+    from the model's dimensions (all target modules). The 5 GB runtime overhead is the
+    typical activation + CUDA-graph reserve of a 7-8B model in vLLM 0.8.5.
+    """
+    model = profile.model
+    kv = profile.components["kv"].params
+    per_rank = kv.get("slot_bytes_per_rank") or profile.adapter_bytes(max(max_rank, 1)) / max(max_rank, 1)
+    free = (utilization * gpu_mem_gb * 1e9 - model.weight_bytes - runtime_overhead_gb * 1e9
+            - slots * per_rank * max_rank)
+    if free <= 0:
+        return 0
+    return int(free // model.kv_bytes_per_token // 16 * 16)

@@ -1,0 +1,132 @@
+"""First come, first served: vLLM 0.8.5 v1's default scheduler (``vllm/v1/core/sched/scheduler.py``).
+
+Waiting requests are tried in queue order -- preempted requests at the front (the most
+recently preempted first), then arrivals in arrival order. A request whose adapter would
+exceed ``max_loras`` distinct adapters in the batch is *skipped* and keeps its place;
+the scan stops at the first request that fails for any other reason (no KV blocks for
+its first chunk, ``max_num_seqs`` reached, token budget spent).
+
+Data structures follow the events, not the queue length: requests sit in per-adapter
+FIFO arrays (a pointer per adapter), the oldest arrived request is a pointer into the
+arrival order, and when all slots are taken a heap of the heads of the adapters in the
+batch yields the first eligible request in O(log n).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+
+import numpy as np
+
+from policies.registry import Preset, register_preset, register_scheduler
+from twin.interfaces import Admit, Scheduler
+
+INF = math.inf
+
+
+@register_scheduler
+class FCFSScheduler(Scheduler):
+    name = "fcfs"
+    description = "first come first served with adapter-slot skipping (vLLM 0.8.5 v1 default)"
+    citation = "Kwon et al., SOSP'23 (vLLM); vLLM v1 scheduler"
+
+    def bind(self, engine) -> None:
+        super().bind(engine)
+        e = engine
+        A = e.n_adapters
+        self.base_group = A  # requests without an adapter
+        grp = np.where(e.adapter >= 0, e.adapter, A)
+        self.valid = np.nonzero(e.reject_reason == 0)[0]
+        order = self.valid[np.argsort(grp[self.valid], kind="stable")]
+        counts = np.bincount(grp[self.valid], minlength=A + 1)
+        starts = np.concatenate(([0], np.cumsum(counts)))
+        self.q = order.tolist()
+        self.qptr = starts[:-1].tolist()
+        self.qend = starts[1:].tolist()
+        self.grp = grp
+        self.admitted = np.zeros(e.n, bool)
+        self.gptr = 0
+        self.valid_list = self.valid.tolist()
+        self.front: deque[int] = deque()
+        self.heap: list[tuple[int, int]] = []
+        self._push_head(A)
+        self.max_loras = e.config.max_loras
+        self.lora = e.config.enable_lora
+
+    # -- queue helpers
+    def _push_head(self, a: int) -> None:
+        p = self.qptr[a]
+        if p < self.qend[a]:
+            heapq.heappush(self.heap, (self.q[p], a))
+
+    def _global_head(self) -> int:
+        vl, adm = self.valid_list, self.admitted
+        p = self.gptr
+        while p < len(vl) and adm[vl[p]]:
+            p += 1
+        self.gptr = p
+        return vl[p] if p < len(vl) else -1
+
+    def _eligible_head(self) -> int:
+        """First request (arrival order) of an adapter in the batch, or of the base model."""
+        heap, active, q, qptr, qend = self.heap, self.engine.adapters.active, self.q, self.qptr, self.qend
+        while heap:
+            idx, a = heap[0]
+            if (a == self.base_group or active[a] > 0) and qptr[a] < qend[a] and q[qptr[a]] == idx:
+                return idx
+            heapq.heappop(heap)
+        return -1
+
+    def _admitted(self, rid: int) -> None:
+        a = int(self.grp[rid])
+        self.admitted[rid] = True
+        self.qptr[a] += 1
+        self._push_head(a)
+
+    def _slots_full(self) -> bool:
+        return self.lora and self.engine.adapters.n_active >= self.max_loras
+
+    # -- Scheduler API
+    def on_preempt(self, rid: int) -> None:
+        self.front.appendleft(rid)
+
+    def schedule_waiting(self, ctx) -> Admit | None:
+        e = self.engine
+        if self.front:
+            kept: deque[int] = deque()
+            stop = None
+            while self.front:
+                rid = self.front.popleft()
+                r = ctx.try_admit(rid)
+                if r == Admit.OK:
+                    self._push_head(int(self.grp[rid]))
+                    continue
+                kept.append(rid)
+                if r != Admit.NO_SLOT:
+                    stop = r
+                    break
+            kept.extend(self.front)
+            self.front = kept
+            if stop is not None:
+                return stop
+        arrived = e.arr_ptr
+        while True:
+            rid = self._eligible_head() if self._slots_full() else self._global_head()
+            if rid < 0 or rid >= arrived:
+                return None
+            r = ctx.try_admit(rid)
+            if r != Admit.OK:
+                return r
+            self._admitted(rid)
+
+    def next_change_time(self, stop: Admit | None) -> float:
+        if stop in (Admit.NO_KV, Admit.NO_SEQ, Admit.NO_BUDGET):
+            return INF  # the blocked head stays blocked until a finish ends the run
+        rid = self._eligible_head() if self._slots_full() else self._global_head()
+        return float(self.engine.arrival[rid]) if rid >= 0 else INF
+
+
+register_preset(Preset("vllm", "fcfs", "lru", "vLLM 0.8.5 defaults: FCFS scheduler, LRU adapter slots",
+                       "Kwon et al., SOSP'23"))

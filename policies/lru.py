@@ -1,0 +1,35 @@
+"""Least recently used adapter slots: vLLM's ``LRUCacheWorkerLoRAManager``.
+
+vLLM touches every adapter of the batch at every step, so among adapters not in the
+batch the least recently used one is the one that left the batch first. Recording the
+moment an adapter goes idle is therefore enough (no per-step work).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from policies.registry import register_cache
+from twin.interfaces import AdapterCachePolicy
+
+
+@register_cache
+class LRUCache(AdapterCachePolicy):
+    name = "lru"
+    description = "evict the idle adapter used least recently (vLLM default)"
+    citation = "vLLM LRUCacheWorkerLoRAManager"
+
+    def __init__(self) -> None:
+        self.idle: OrderedDict[int, None] = OrderedDict()
+
+    def on_active(self, a: int, now: float) -> None:
+        self.idle.pop(a, None)
+
+    def on_idle(self, a: int, now: float) -> None:
+        self.idle[a] = None
+
+    def on_evict(self, a: int, now: float) -> None:
+        self.idle.pop(a, None)
+
+    def victim(self, now: float) -> int:
+        return next(iter(self.idle))

@@ -1,0 +1,34 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from traces.workload import Workload
+from twin.profile import DEFAULT_PROFILE, Profile
+
+
+def constant_profile(c0=0.01, c_prefill=0.0, c_decode=0.0, c_ctx=0.0, lora_pct=100.0, k6=0.0, sched=0.0, k2=0.0,
+                     disk_s=0.5, cpu_s=0.1, kv_tokens=None, ranks=(8, 16, 32, 64, 128)) -> Profile:
+    """A profile whose durations are easy to compute by hand."""
+    d = copy.deepcopy(DEFAULT_PROFILE)
+    d["name"] = "test-constant"
+    d["components"]["backbone"]["params"] = {"c0": c0, "c_prefill": c_prefill, "c_decode": c_decode, "c_ctx": c_ctx}
+    d["components"]["lora"]["params"] = {"k6": k6, "k7": lora_pct}
+    d["components"]["scheduler"]["params"] = {"k0": sched, "k1": 0.0, "k2": k2, "k3": 0.0}
+    d["components"]["load"]["params"].update(
+        {"table_s": {"disk": {str(r): disk_s for r in ranks}, "cpu": {str(r): cpu_s for r in ranks}}})
+    if kv_tokens is not None:
+        d["components"]["kv"] = {"form": "memory_budget", "params": {
+            "free_bytes": kv_tokens * 131072, "slot_bytes_per_rank": 0.0, "kv_bytes_per_token": 131072}}
+    return Profile.from_dict(d)
+
+
+def random_workload(n=300, rps=5.0, adapters=12, seed=0, max_prompt=1500, max_out=300, ranks=(8, 16)) -> Workload:
+    rng = np.random.default_rng(seed)
+    arr = np.cumsum(rng.exponential(1 / rps, n))
+    ad = rng.integers(0, adapters, n)
+    rk = np.asarray(ranks)[ad % len(ranks)]
+    return Workload.from_arrays(arr, rng.integers(1, max_prompt, n), rng.integers(1, max_out, n), ad, rk)

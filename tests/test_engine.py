@@ -1,0 +1,157 @@
+"""Engine behaviour: exact hand-computed values, run-skipping exactness, accounting, invariants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tests.helpers import constant_profile, random_workload
+from traces.workload import Workload
+from twin.config import ConfigError, EngineConfig
+from twin.engine import StartupError
+from twin.simulate import simulate
+
+
+def test_hand_computed_ttft_and_itl():
+    """c0 = 10 ms per step, 1e-5 s per prefill token, nothing else.
+
+    r0 (t=0, prompt 100, 5 tokens): step [0, 0.011] prefills 100 tokens -> TTFT 0.011;
+    r1 (t=0.015, prompt 3000, 2 tokens) arrives during r0's decode step [0.011, 0.021];
+    step [0.021, 0.05147] runs r0's decode + 2047 tokens of r1 (budget 2048 - 1);
+    step [0.05147, 0.071] runs r0's third decode + r1's remaining 953 tokens -> r1 TTFT
+    0.071 - 0.015; the next 10 ms decode step gives r0's 5th token (4 decode steps) and
+    r1's second: both finish at 0.081.
+    """
+    prof = constant_profile(c0=0.01, c_prefill=1e-5)
+    w = Workload.from_arrays([0.0, 0.015], [100, 3000], [5, 2])
+    res = simulate(w, prof, EngineConfig(max_loras=1, enable_lora=False), check_invariants=True)
+    r = res.requests.set_index("request_id")
+    t1 = 0.011
+    t2 = t1 + 0.010
+    t3 = t2 + 0.010 + 2047e-5
+    t4 = t3 + 0.010 + 953e-5
+    assert r.loc[0, "ttft_s"] == pytest.approx(t1, abs=1e-12)
+    assert r.loc[0, "finish_s"] == pytest.approx(t4 + 0.010, abs=1e-12)
+    assert r.loc[1, "ttft_s"] == pytest.approx(t4 - 0.015, abs=1e-12)
+    assert r.loc[1, "finish_s"] == pytest.approx(t4 + 0.010, abs=1e-12)
+    # r0's ITLs: 10 ms, 10 ms + 2047 prefill tokens, 10 ms + 953 tokens
+    assert r.loc[0, "tpot_s"] == pytest.approx((t4 + 0.010 - t1) / 4, abs=1e-12)
+    s = res.summary
+    assert s["requests_finished"] == 2 and s["requests_unfinished"] == 0
+
+
+def test_adapter_load_on_critical_path():
+    """A cold adapter is loaded from disk (0.5 s) then copied to the GPU (0.1 s) inside the step."""
+    prof = constant_profile(c0=0.01, disk_s=0.5, cpu_s=0.1)
+    w = Workload.from_arrays([0.0, 1.0], [10, 10], [1, 1], [0, 0], [8, 8])
+    res = simulate(w, prof, EngineConfig(max_loras=1), check_invariants=True)
+    r = res.requests.set_index("request_id")
+    assert r.loc[0, "ttft_s"] == pytest.approx(0.61, abs=1e-12)
+    assert r.loc[0, "load_wait_s"] == pytest.approx(0.6, abs=1e-12)
+    assert r.loc[1, "ttft_s"] == pytest.approx(0.01, abs=1e-12)  # resident: a hit
+    assert res.summary["adapter_loads_from_disk"] == 1 and res.summary["adapter_hit_rate"] == 0.5
+
+
+def test_cpu_tier_and_lru_eviction():
+    """One GPU slot, two adapters alternating: every switch evicts; the second time from CPU."""
+    prof = constant_profile(c0=0.01, disk_s=0.5, cpu_s=0.1)
+    w = Workload.from_arrays([0.0, 2.0, 4.0, 6.0], [10] * 4, [1] * 4, [0, 1, 0, 1], [8] * 4)
+    res = simulate(w, prof, EngineConfig(max_loras=1, max_cpu_loras=2), check_invariants=True)
+    s = res.summary
+    assert s["adapter_loads_from_disk"] == 2 and s["adapter_loads_from_cpu"] == 2
+    assert s["adapter_evictions"] == 3
+    ttft = res.requests["ttft_s"].to_numpy()
+    assert ttft == pytest.approx([0.61, 0.61, 0.11, 0.11], abs=1e-12)
+
+
+def test_slot_limit_skips_but_keeps_order():
+    """max_loras=1: a request of another adapter waits while adapter 0 runs; same-adapter
+    requests behind it are admitted (vLLM v1 skips, it does not block)."""
+    prof = constant_profile(c0=0.01, disk_s=0.0, cpu_s=0.0)
+    w = Workload.from_arrays([0.0, 0.001, 0.002], [10, 10, 10], [50, 5, 5], [0, 1, 0], [8, 8, 8])
+    res = simulate(w, prof, EngineConfig(max_loras=1), check_invariants=True)
+    r = res.requests.set_index("request_id")
+    assert r.loc[2, "first_scheduled_s"] < r.loc[1, "first_scheduled_s"]
+    assert r.loc[1, "first_scheduled_s"] >= r.loc[0, "finish_s"]
+
+
+def test_run_skipping_is_exact():
+    """Advancing runs of identical decode steps gives exactly the step-by-step results."""
+    prof = constant_profile(c0=0.008, c_prefill=2e-5, c_decode=5e-5, c_ctx=1e-8, k6=1.5, lora_pct=180, sched=1e-4,
+                            k2=3e-7, kv_tokens=6000)
+    w = random_workload(n=400, rps=6.0, adapters=20, seed=3)
+    cfg = EngineConfig(max_loras=4, max_num_seqs=64, max_model_len=2048)
+    a = simulate(w, prof, cfg)
+    b = simulate(w, prof, cfg, max_run_steps=1)
+    assert a.summary["preemptions"] > 0, "the scenario must exercise preemption"
+    assert a.summary["step_segments"] < b.summary["step_segments"]
+    cols = ["outcome", "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "tokens_emitted"]
+    pd.testing.assert_frame_equal(a.requests[cols], b.requests[cols], check_exact=True)
+    for k in ("itl_ms_p99", "itl_ms_p50", "engine_steps", "adapter_loads", "link_gb"):
+        assert a.summary[k] == b.summary[k], k
+
+
+def test_same_seed_same_results():
+    w = random_workload(n=300, seed=5)
+    prof = constant_profile(c0=0.01, c_prefill=1e-5, c_decode=1e-4)
+    a = simulate(w, prof, EngineConfig(max_loras=3)).requests
+    b = simulate(w, prof, EngineConfig(max_loras=3)).requests
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+def test_accounting_with_horizon_and_rejections():
+    """Every arrival ends finished, rejected (with a reason) or unfinished at the horizon."""
+    prof = constant_profile(c0=0.02, c_prefill=1e-4, kv_tokens=160_000)
+    rng = np.random.default_rng(1)
+    n = 500
+    prompt = rng.integers(1, 2000, n)
+    prompt[7] = 200_000  # longer than max_model_len
+    w = Workload.from_arrays(np.sort(rng.uniform(0, 60, n)), prompt, rng.integers(1, 200, n), rng.integers(0, 5, n),
+                             np.full(n, 8))
+    res = simulate(w, prof, EngineConfig(max_loras=2, max_lora_rank=8, served_adapters=4), horizon_s=40.0,
+                   check_invariants=True)
+    s = res.summary
+    assert s["requests_arrived"] == int((w.df["arrival_s"] <= 40.0).sum())
+    assert s["requests_finished"] + s["requests_rejected"] + s["requests_unfinished"] == s["requests_arrived"]
+    assert s["requests_unfinished"] > 0 and s["requests_rejected"] > 0
+    assert "unknown adapter (not served)" in s["reject_reasons"]
+    assert "prompt + output exceed max_model_len" in s["reject_reasons"]
+    assert (res.requests.loc[res.requests["outcome"] == "finished", "finish_s"] <= 40.0).all()
+
+
+def test_startup_check_refuses_impossible_config():
+    prof = constant_profile(kv_tokens=100_000)  # < 131072 = Llama-3.1-8B max_model_len
+    w = random_workload(n=10)
+    with pytest.raises(StartupError, match="max_model_len"):
+        simulate(w, prof, EngineConfig(max_loras=2))
+    # a shorter max_model_len starts
+    simulate(w, prof, EngineConfig(max_loras=2, max_model_len=4096))
+
+
+def test_bad_config_errors():
+    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+        EngineConfig(max_num_batched_tokens=128, max_num_seqs=256).validate()
+    with pytest.raises(ConfigError, match="max_cpu_loras"):
+        EngineConfig(max_loras=8, max_cpu_loras=4).validate()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), slots=st.integers(1, 4), kv=st.integers(2200, 9000), seqs=st.integers(2, 40),
+       budget=st.sampled_from([64, 256, 2048]), adapters=st.integers(1, 8))
+def test_invariants_random_workloads(seed, slots, kv, seqs, budget, adapters):
+    prof = constant_profile(c0=0.005, c_prefill=1e-5, c_decode=1e-4, k6=2.0, lora_pct=150, sched=1e-4, k2=1e-6,
+                            kv_tokens=kv)
+    w = random_workload(n=60, rps=20.0, adapters=adapters, seed=seed, max_prompt=1000, max_out=120)
+    cfg = EngineConfig(max_loras=slots, max_num_seqs=min(seqs, budget), max_num_batched_tokens=budget,
+                       max_model_len=2048)
+    res = simulate(w, prof, cfg, check_invariants=True)
+    s = res.summary
+    assert s["requests_finished"] + s["requests_rejected"] + s["requests_unfinished"] == s["requests_arrived"] == 60
+    assert s["requests_unfinished"] == 0  # no horizon: everything that fits finishes
+    fin = res.requests[res.requests["outcome"] == "finished"]
+    assert (fin["tokens_emitted"] == fin["output_tokens"]).all()
+    assert (fin["first_token_s"] >= fin["arrival_s"]).all() and (fin["finish_s"] >= fin["first_token_s"]).all()
+    b = simulate(w, prof, cfg, max_run_steps=1)
+    assert np.array_equal(res.requests["finish_s"].to_numpy(), b.requests["finish_s"].to_numpy(), equal_nan=True)

@@ -1,0 +1,206 @@
+"""Per-request and per-step records, and the run summary.
+
+Definitions (as vLLM's ``benchmark_serving`` computes them, over *finished* requests):
+
+* TTFT = first token time - arrival; E2E = finish - arrival;
+* TPOT (per request) = (E2E - TTFT) / (output tokens - 1), requests with >= 2 tokens;
+* ITL = time between consecutive tokens of a request. The mean ITL over all tokens of
+  finished requests is ``sum(E2E - TTFT) / sum(output - 1)`` (exact). ITL percentiles come
+  from the step durations weighted by the decode tokens each step emitted (all requests,
+  plus the gaps after preemptions); this is exact for the token population of the run.
+* queueing delay = first scheduled - arrival; load wait = time the request's own adapter
+  load held its first step.
+
+Steps are recorded as segments: a row covers ``n_steps`` consecutive identical decode
+steps (one row per step otherwise), so ``steps.parquet`` stays small on long runs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:  # pragma: no cover
+    from twin.engine import Engine
+
+STEP_COLUMNS = ("t_start", "t_end", "n_steps", "duration_s", "batch_size", "prefill_tokens", "decode_tokens",
+                "distinct_adapters", "kv_blocks_used", "adapter_mem_bytes", "loads_started", "link_bytes")
+
+
+class Recorder:
+    """Collects step segments and ITL samples during a run (cheap appends only)."""
+
+    def __init__(self, record_steps: bool = True) -> None:
+        self.record_steps = record_steps
+        self.rows: list[tuple] = []
+        self.itl_d: list[float] = []      # single-step durations with decode tokens
+        self.itl_w: list[int] = []
+        self.itl_runs: list[tuple[np.ndarray, int]] = []
+        self.preemptions = 0
+        self.n_steps = 0
+        self.n_segments = 0
+        self._bar = None
+        self._last_wall = 0.0
+
+    def step(self, t0, t1, k, durs, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes):
+        self.n_steps += k
+        self.n_segments += 1
+        if n_dec:
+            if durs is None:
+                self.itl_d.append(total)
+                self.itl_w.append(n_dec)
+            else:
+                self.itl_runs.append((durs, n_dec))
+        if self.record_steps:
+            self.rows.append((t0, t1, k, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes))
+
+    def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
+        d = [np.asarray(self.itl_d, float)] + [r[0] for r in self.itl_runs]
+        w = [np.asarray(self.itl_w, np.int64)] + [np.full(len(r[0]), r[1], np.int64) for r in self.itl_runs]
+        return np.concatenate(d), np.concatenate(w)
+
+    def steps_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
+
+    def progress(self, t: float, total: float) -> None:
+        w = time.perf_counter()
+        if w - self._last_wall < 0.25:
+            return
+        self._last_wall = w
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=round(total, 1), unit="sim-s", desc="simulating", leave=False)
+        self._bar.n = round(min(t, total), 1)
+        self._bar.refresh()
+
+    def close_progress(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """Quantile ``q`` of ``values`` repeated ``weights`` times (inverted-CDF definition)."""
+    if len(values) == 0 or weights.sum() == 0:
+        return float("nan")
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order]
+    cw = np.cumsum(w)
+    idx = int(np.searchsorted(cw, q * cw[-1], side="left"))
+    return float(v[min(idx, len(v) - 1)])
+
+
+def requests_frame(e: "Engine") -> pd.DataFrame:
+    """One row per request of the workload with its outcome and latencies."""
+    from twin.engine import FINISHED, REJECTED, REJECT_REASONS
+
+    arrived = e.arrival <= e.env.now if e.horizon == float("inf") else e.arrival <= e.horizon
+    outcome = np.where(e.state == FINISHED, "finished",
+                       np.where(e.state == REJECTED, "rejected", "unfinished")).astype(object)
+    outcome[~arrived] = "not_arrived"
+    ttft = e.first_token - e.arrival
+    e2e = e.finish - e.arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(e.output > 1, (e.finish - e.first_token) / (e.output - 1), np.nan)
+    reason = np.array(REJECT_REASONS, dtype=object)[e.reject_reason]
+    reason[~arrived] = ""
+    return pd.DataFrame({
+        "request_id": e.request_id,
+        "arrival_s": e.arrival,
+        "adapter_id": np.where(e.adapter >= 0, e.adapter_ids[np.maximum(e.adapter, 0)] if e.n_adapters else -1, -1),
+        "adapter_rank": e.rank,
+        "prompt_tokens": e.prompt,
+        "output_tokens": e.output,
+        "outcome": outcome,
+        "reject_reason": reason,
+        "first_scheduled_s": e.first_sched,
+        "first_token_s": e.first_token,
+        "finish_s": e.finish,
+        "ttft_s": ttft,
+        "e2e_s": e2e,
+        "tpot_s": tpot,
+        "queue_s": e.first_sched - e.arrival,
+        "load_wait_s": e.load_wait,
+        "preemptions": e.preemptions,
+        "tokens_emitted": e.emitted,
+    })
+
+
+def _stats(x: np.ndarray, prefix: str, out: dict[str, Any], scale: float = 1000.0) -> None:
+    x = x[np.isfinite(x)]
+    for name, fn in (("mean", np.mean), ("p50", np.median)):
+        out[f"{prefix}_mean" if name == "mean" else f"{prefix}_p50"] = float(fn(x)) * scale if len(x) else None
+    for q in (90, 99):
+        out[f"{prefix}_p{q}"] = float(np.percentile(x, q)) * scale if len(x) else None
+
+
+def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None, tbt_slo_s: float | None = None,
+              req: pd.DataFrame | None = None) -> dict[str, Any]:
+    """The run summary (keys documented in README.md)."""
+    req = requests_frame(e) if req is None else req
+    fin = req[req["outcome"] == "finished"]
+    arrived = int((req["outcome"] != "not_arrived").sum())
+    window = e.horizon if e.horizon != float("inf") else float(e.env.now)
+    window = window if window > 0 else 1.0
+    s: dict[str, Any] = {
+        "requests_arrived": arrived,
+        "requests_finished": int(len(fin)),
+        "requests_rejected": int((req["outcome"] == "rejected").sum()),
+        "requests_unfinished": int((req["outcome"] == "unfinished").sum()),
+        "reject_reasons": {k: int(v) for k, v in req.loc[req["outcome"] == "rejected", "reject_reason"]
+                           .value_counts().items()},
+        "simulated_s": float(window),
+        "throughput_rps": len(fin) / window,
+        "input_tok_s": float(fin["prompt_tokens"].sum()) / window,
+        "output_tok_s": float(fin["output_tokens"].sum()) / window,
+    }
+    s["total_tok_s"] = s["input_tok_s"] + s["output_tok_s"]
+    _stats(fin["ttft_s"].to_numpy(), "ttft_ms", s)
+    multi = fin[fin["output_tokens"] > 1]
+    denom = float((multi["output_tokens"] - 1).sum())
+    s["itl_ms_mean"] = float((multi["finish_s"] - multi["first_token_s"]).sum()) / denom * 1000 if denom else None
+    d, w = e.rec.itl_samples()
+    if e.gap_itl:
+        d = np.concatenate([d, np.asarray(e.gap_itl)])
+        w = np.concatenate([w, np.ones(len(e.gap_itl), np.int64)])
+    for q in (50, 90, 99):
+        v = weighted_quantile(d, w, q / 100)
+        s[f"itl_ms_p{q}"] = v * 1000 if v == v else None
+    _stats(multi["tpot_s"].to_numpy(), "tpot_ms", s)
+    _stats(fin["e2e_s"].to_numpy(), "e2e_ms", s)
+    _stats(fin["queue_s"].to_numpy(), "queue_ms", s)
+    # the published adapter twin's TTFT: unfinished requests count as the window length
+    sent = arrived - s["requests_rejected"]
+    if sent:
+        s["ttft_ms_incl_unfinished"] = float(fin["ttft_s"].sum() * 1000 + (sent - len(fin)) * window * 1000) / sent
+    else:
+        s["ttft_ms_incl_unfinished"] = None
+    if ttft_slo_s is not None or tbt_slo_s is not None:
+        ok = np.ones(len(req), bool)
+        if ttft_slo_s is not None:
+            ok &= (req["ttft_s"] <= ttft_slo_s).to_numpy()
+        if tbt_slo_s is not None:
+            ok &= ((req["tpot_s"] <= tbt_slo_s) | (req["output_tokens"] <= 1)).to_numpy()
+        ok &= (req["outcome"] == "finished").to_numpy()
+        s["slo_attainment"] = float(ok.sum()) / max(sent, 1)
+        s["goodput_rps"] = float(ok.sum()) / window
+        s["ttft_slo_s"], s["tbt_slo_s"] = ttft_slo_s, tbt_slo_s
+    ad = e.adapters
+    s["adapter_activations"] = int(ad.activations)
+    s["adapter_hit_rate"] = (ad.hits / ad.activations) if ad.activations else None
+    s["adapter_loads"] = int(ad.loads_cpu + ad.loads_disk)
+    s["adapter_loads_from_cpu"] = int(ad.loads_cpu)
+    s["adapter_loads_from_disk"] = int(ad.loads_disk)
+    s["adapter_evictions"] = int(ad.evictions)
+    s["link_gb"] = e.link.bytes_moved / 1e9
+    s["preemptions"] = int(e.rec.preemptions)
+    s["engine_steps"] = int(e.rec.n_steps)
+    s["step_segments"] = int(e.rec.n_segments)
+    s["kv_capacity_tokens"] = int(e.kv_tokens)
+    s["wall_s"] = float(wall_s)
+    s["x_realtime"] = float(window / wall_s) if wall_s > 0 else None
+    return s

@@ -1,0 +1,69 @@
+"""One call from a workload to results: :func:`simulate`."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from twin.config import EngineConfig
+from twin.engine import Engine
+from twin.metrics import requests_frame, summarize
+from twin.profile import Profile, load_profile
+
+
+@dataclass
+class SimResult:
+    """Summary, per-request and per-step tables of one run."""
+
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    engine: Engine = field(repr=False)
+
+    def write(self, out_dir: str | Path) -> Path:
+        """Write ``requests.parquet``, ``steps.parquet`` and ``summary.json`` into ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.requests.to_parquet(out / "requests.parquet", index=False)
+        self.steps.to_parquet(out / "steps.parquet", index=False)
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2, default=str))
+        return out
+
+
+def simulate(workload, profile: Profile | str | None = None, config: EngineConfig | None = None,
+             policy: str | None = None, scheduler: str | None = None, cache: str | None = None,
+             horizon_s: float | None = None, ttft_slo_s: float | None = None, tbt_slo_s: float | None = None,
+             max_run_steps: int | None = None, progress: bool = False, record_steps: bool = True,
+             scheduler_obj=None, cache_obj=None, check_invariants: bool = False, extra: dict[str, Any] | None = None) -> SimResult:
+    """Replay ``workload`` through the engine and collect the results.
+
+    ``policy`` names a preset (``twin policies``); ``scheduler``/``cache`` override its parts.
+    ``horizon_s`` stops the run (requests in flight are counted as unfinished); None runs
+    until every request has finished.
+    """
+    import policies  # noqa: F401  (registers the built-in policies)
+    from policies.registry import resolve_policy
+
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    cfg = config or EngineConfig()
+    if scheduler_obj is None or cache_obj is None:
+        s, c, label = resolve_policy(policy, scheduler, cache)
+        scheduler_obj = scheduler_obj or s
+        cache_obj = cache_obj or c
+    else:
+        label = f"{scheduler_obj.name}+{cache_obj.name}"
+    t0 = time.perf_counter()
+    eng = Engine(workload, prof, cfg, scheduler_obj, cache_obj, horizon_s=horizon_s, max_run_steps=max_run_steps,
+                 progress=progress, record_steps=record_steps, check_invariants=check_invariants)
+    eng.run()
+    wall = time.perf_counter() - t0
+    req = requests_frame(eng)
+    summary = summarize(eng, wall, ttft_slo_s, tbt_slo_s, req)
+    summary = {"policy": label, "scheduler": scheduler_obj.name, "cache": cache_obj.name, "profile": prof.name,
+               **summary, **(extra or {})}
+    return SimResult(summary, req, eng.rec.steps_frame(), eng)
