@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from array import array
 from collections import deque
 
 import numpy as np
@@ -42,13 +43,13 @@ class FCFSScheduler(Scheduler):
         order = self.valid[np.argsort(grp[self.valid], kind="stable")]
         counts = np.bincount(grp[self.valid], minlength=A + 1)
         starts = np.concatenate(([0], np.cumsum(counts)))
-        self.q = order.tolist()
+        self.q = array("q", order.astype(np.int64).tobytes())
         self.qptr = starts[:-1].tolist()
         self.qend = starts[1:].tolist()
-        self.grp = grp
-        self.admitted = np.zeros(e.n, bool)
+        self.grp = array("q", grp.astype(np.int64).tobytes())
+        self.admitted = bytearray(e.n)
         self.gptr = 0
-        self.valid_list = self.valid.tolist()
+        self.valid_list = array("q", self.valid.astype(np.int64).tobytes())
         self.front: deque[int] = deque()
         self.heap: list[tuple[int, int]] = []
         self._push_head(A)
@@ -80,8 +81,8 @@ class FCFSScheduler(Scheduler):
         return -1
 
     def _admitted(self, rid: int) -> None:
-        a = int(self.grp[rid])
-        self.admitted[rid] = True
+        a = self.grp[rid]
+        self.admitted[rid] = 1
         self.qptr[a] += 1
         self._push_head(a)
 
@@ -101,7 +102,7 @@ class FCFSScheduler(Scheduler):
                 rid = self.front.popleft()
                 r = ctx.try_admit(rid)
                 if r == Admit.OK:
-                    self._push_head(int(self.grp[rid]))
+                    self._push_head(self.grp[rid])
                     continue
                 kept.append(rid)
                 if r != Admit.NO_SLOT:
@@ -125,7 +126,7 @@ class FCFSScheduler(Scheduler):
         if stop in (Admit.NO_KV, Admit.NO_SEQ, Admit.NO_BUDGET):
             return INF  # the blocked head stays blocked until a finish ends the run
         rid = self._eligible_head() if self._slots_full() else self._global_head()
-        return float(self.engine.arrival[rid]) if rid >= 0 else INF
+        return self.engine._arrival_a[rid] if rid >= 0 else INF
 
 
 register_preset(Preset("vllm", "fcfs", "lru", "vLLM 0.8.5 defaults: FCFS scheduler, LRU adapter slots",

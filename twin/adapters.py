@@ -81,13 +81,13 @@ class AdapterMemory:
         self.cpu_slots = cpu_slots
         self.policy = policy
         self.link = link
-        self.active = np.zeros(n, dtype=np.int64)
-        self.resident = np.zeros(n, dtype=bool)
+        self.active: list[int] = [0] * n       # running requests per adapter
+        self.resident: list[bool] = [False] * n
         self.n_resident = 0
         self.n_active = 0
         self.cpu: OrderedDict[int, None] = OrderedDict()  # LRU order, most recent last
-        self.bytes = np.array([profile.adapter_bytes(int(r)) for r in ranks], dtype=np.int64) if n else \
-            np.zeros(0, np.int64)
+        self.ranks_l: list[int] = [int(r) for r in ranks]
+        self.bytes: list[int] = [profile.adapter_bytes(r) for r in self.ranks_l]
         self._rank_counts: dict[int, int] = {}
         self.resident_bytes = 0
         # per-rank load times, looked up once
@@ -108,14 +108,15 @@ class AdapterMemory:
         """A request of adapter ``a`` joins the batch; returns the load it needs, if any."""
         if self.active[a] == 0:
             self.n_active += 1
-            r = int(self.ranks[a])
+            r = self.ranks_l[a]
             self._rank_counts[r] = self._rank_counts.get(r, 0) + 1
             self.active[a] = 1
             self.activations += 1
             self.policy.on_active(a, now)
             if self.resident[a]:
                 self.hits += 1
-                self.cpu.move_to_end(a) if a in self.cpu else None
+                if a in self.cpu:
+                    self.cpu.move_to_end(a)
                 return None
             return self._load(a, now)
         self.active[a] += 1
@@ -126,7 +127,7 @@ class AdapterMemory:
         self.active[a] -= 1
         if self.active[a] == 0:
             self.n_active -= 1
-            r = int(self.ranks[a])
+            r = self.ranks_l[a]
             c = self._rank_counts[r] - 1
             if c:
                 self._rank_counts[r] = c
@@ -141,7 +142,7 @@ class AdapterMemory:
     def _evict(self, a: int, now: float) -> None:
         self.resident[a] = False
         self.n_resident -= 1
-        self.resident_bytes -= int(self.bytes[a])
+        self.resident_bytes -= self.bytes[a]
         self.evictions += 1
         self.policy.on_evict(a, now)
 
@@ -152,7 +153,7 @@ class AdapterMemory:
                 raise RuntimeError(f"cache policy {self.policy.name!r} chose adapter {v} as victim, "
                                    f"but it is {'in use' if self.active[v] else 'not resident'}")
             self._evict(v, now)
-        r = int(self.ranks[a])
+        r = self.ranks_l[a]
         if a in self.cpu:
             self.cpu.move_to_end(a)
             source, disk_s = "cpu", 0.0
@@ -165,6 +166,6 @@ class AdapterMemory:
             self.loads_disk += 1
         self.resident[a] = True
         self.n_resident += 1
-        self.resident_bytes += int(self.bytes[a])
+        self.resident_bytes += self.bytes[a]
         self.policy.on_load(a, now)
-        return Load(a, source, disk_s, self._cpu_s[r], int(self.bytes[a]))
+        return Load(a, source, disk_s, self._cpu_s[r], self.bytes[a])

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +80,11 @@ class StepContext:
 
 
 class Engine:
-    """Simulates one vLLM-like server over a workload. Use :func:`twin.simulate.simulate`."""
+    """Simulates one vLLM-like server over a workload. Use :func:`twin.simulate.simulate`.
+
+    ``workload`` is a :class:`traces.workload.Workload` or a mapping of numpy columns of the
+    same schema (the latter keeps pandas out of long benchmark runs).
+    """
 
     def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
@@ -88,14 +93,18 @@ class Engine:
         self.config = config
         self.profile = profile
         self.env = simpy.Environment()
-        df = workload.df
-        self.n = n = len(df)
-        self.arrival = df["arrival_s"].to_numpy(np.float64)
-        self.prompt = df["prompt_tokens"].to_numpy(np.int64)
-        self.output = df["output_tokens"].to_numpy(np.int64)
-        self.request_id = df["request_id"].to_numpy(np.int64)
-        raw_adapter = df["adapter_id"].to_numpy(np.int64)
-        raw_rank = df["adapter_rank"].to_numpy(np.int64)
+        cols = workload_columns(workload)
+        self.n = n = len(cols["arrival_s"])
+        # inputs: compact array.array storage (fast scalar reads) with numpy views
+        self._arrival_a = _as_array("d", cols["arrival_s"])
+        self._prompt_a = _as_array("q", cols["prompt_tokens"])
+        self._output_a = _as_array("q", cols["output_tokens"])
+        self.arrival = np.frombuffer(self._arrival_a, np.float64) if n else np.zeros(0)
+        self.prompt = np.frombuffer(self._prompt_a, np.int64) if n else np.zeros(0, np.int64)
+        self.output = np.frombuffer(self._output_a, np.int64) if n else np.zeros(0, np.int64)
+        self.request_id = np.asarray(cols["request_id"], np.int64)
+        raw_adapter = np.asarray(cols["adapter_id"], np.int64)
+        raw_rank = np.asarray(cols["adapter_rank"], np.int64)
         self.horizon = INF if horizon_s is None else float(horizon_s)
         self.max_run_steps = max_run_steps or (1 << 62)
         self.progress = progress
@@ -104,10 +113,12 @@ class Engine:
         # ---- adapters: dense ids 0..A-1 for the adapters the workload uses
         used = np.unique(raw_adapter[raw_adapter >= 0])
         self.adapter_ids = used
-        self.adapter = np.where(raw_adapter >= 0, np.searchsorted(used, raw_adapter), -1).astype(np.int64)
+        dense = np.where(raw_adapter >= 0, np.searchsorted(used, raw_adapter), -1).astype(np.int64)
+        self._adapter_a = _as_array("q", dense)
+        self.adapter = np.frombuffer(self._adapter_a, np.int64) if n else np.zeros(0, np.int64)
         ranks = np.zeros(len(used), np.int64)
         if len(used):
-            ranks[self.adapter[raw_adapter >= 0]] = raw_rank[raw_adapter >= 0]
+            ranks[dense[raw_adapter >= 0]] = raw_rank[raw_adapter >= 0]
         self.adapter_rank = ranks
         self.rank = raw_rank
         self.n_adapters = len(used)
@@ -124,34 +135,44 @@ class Engine:
         self.total_blocks = self.kv_tokens // bs
         check_startup(self.kv_tokens, self.max_model_len, slots, self.max_lora_rank)
 
-        # ---- per-request state (numpy arrays; no per-request Python objects)
-        self.state = np.zeros(n, np.int8)
+        # ---- per-request outcome arrays (written once per event; array.array with numpy views)
+        self.state = np.zeros(n, np.int8)   # PENDING / FINISHED / REJECTED (running and waiting are derived)
         self.reject_reason = np.zeros(n, np.int8)
-        self.T = self.prompt.copy()          # known tokens (prompt + emitted)
-        self.c = np.zeros(n, np.int64)       # computed tokens (for prefilling requests)
-        self.held = np.zeros(n, np.int64)    # KV blocks (for prefilling requests)
-        self.emitted = np.zeros(n, np.int64)
-        self.dec_base = np.zeros(n, np.int64)  # decoding: computed = dec_base + g
-        self.version = np.zeros(n, np.int64)   # invalidates heap entries on preemption
-        self.first_sched = np.full(n, np.nan)
-        self.first_token = np.full(n, np.nan)
-        self.last_token = np.full(n, np.nan)
-        self.finish = np.full(n, np.nan)
-        self.preemptions = np.zeros(n, np.int64)
-        self.load_wait = np.zeros(n, np.float64)
         self._reject_at_arrival()
+        nan = np.full(n, np.nan)
+        self._first_sched_a = _as_array("d", nan)
+        self._first_token_a = _as_array("d", nan)
+        self._finish_a = _as_array("d", nan)
+        del nan
+        view = (lambda a, dt: np.frombuffer(a, dt) if n else np.zeros(0, dt))
+        self.first_sched = view(self._first_sched_a, np.float64)
+        self.first_token = view(self._first_token_a, np.float64)
+        self.finish = view(self._finish_a, np.float64)
+        # sparse per-request facts (few requests have them)
+        self.load_wait_d: dict[int, float] = {}     # adapter-load wait on the critical path
+        self.preempt_d: dict[int, int] = {}         # preemption counts
+        self.last_token_d: dict[int, float] = {}    # last token time of preempted requests
+        self._seen = bytearray(n)           # admitted at least once
+        # prefix counts of requests that join the waiting queue (not rejected)
+        self._ok_cum = _as_array("q", np.concatenate(([0], np.cumsum(self.reject_reason == 0))))
 
-        # ---- engine state
-        self.g = 0                      # global step counter
-        self.running: dict[int, None] = {}     # admission order
-        self.prefilling: dict[int, None] = {}  # subset of running still in prefill
+        # ---- hot state of the running requests only (dicts keyed by request index)
+        self.g = 0                                  # global step counter
+        self.running: dict[int, None] = {}          # admission order
+        self.prefilling: dict[int, None] = {}       # subset of running still in prefill
+        self.T: dict[int, int] = {}                 # known tokens (prompt + emitted), running requests
+        self.c: dict[int, int] = {}                 # computed tokens of prefilling requests
+        self.held: dict[int, int] = {}              # KV blocks of prefilling requests
+        self.dec: dict[int, tuple[int, int]] = {}   # decoding: (base, finish step); computed = base + g
+        self.resume_T: dict[int, int] = {}          # preempted requests: tokens to recompute
         self.n_dec = 0
         self.dec_base_sum = 0
         self.res_cnt = [0] * bs         # decoders needing a block at steps with g % bs == r
-        self.fin_heap: list[tuple[int, int, int]] = []  # (finish g, rid, version)
+        self.fin_heap: list[tuple[int, int]] = []  # (finish step, rid)
         self.used_blocks = 0
         self.n_waiting = 0
         self.arr_ptr = 0                # requests with index < arr_ptr have arrived
+        self._next_arr_t = self._arrival_a[0] if n else INF
         self.n_finished = 0
         self.gap_itl: list[float] = []  # ITL samples after a preemption gap
 
@@ -167,7 +188,12 @@ class Engine:
         self._cache_ticks = cache.tick_interval
         self._next_tick = min(t for t in (self._sched_ticks, self._cache_ticks, INF) if t is not None)
         self._async_until = INF  # completion time of the earliest async transfer
-        self._run_limit_time = INF
+        # the step-time model, looked up once
+        sch = profile.components["scheduler"].params
+        self._waiting_matters = any(v != 0.0 for k, v in sch.items() if k not in ("k0", "k1")
+                                    and isinstance(v, (int, float)))
+        bb = profile.components["backbone"].params
+        self._ctx_matters = any(v != 0.0 for k, v in bb.items() if "ctx" in k and isinstance(v, (int, float)))
         self.proc = self.env.process(self._run())
 
     # ------------------------------------------------------------------ read-only view
@@ -181,12 +207,11 @@ class Engine:
 
     def next_arrival_time(self) -> float:
         """Arrival time of the next request that has not arrived yet (inf if none)."""
-        i = self.arr_ptr
-        return float(self.arrival[i]) if i < self.n else INF
+        return self._next_arr_t
 
-    def next_arrival_after(self, t: float) -> float:
-        i = int(np.searchsorted(self.arrival, t, side="right"))
-        return float(self.arrival[i]) if i < self.n else INF
+    def tokens_known(self, rid: int) -> int:
+        """Prompt + emitted tokens of a request (what a (re)admission must compute)."""
+        return self.resume_T.get(rid) or int(self._prompt_a[rid])
 
     # ------------------------------------------------------------------ set-up helpers
     def _reject_at_arrival(self) -> None:
@@ -197,7 +222,7 @@ class Engine:
         reason[(reason == 0) & (need_blocks > self.total_blocks)] = 2
         has = self.adapter >= 0
         if self.config.served_adapters is not None:
-            raw = np.where(has, self.adapter_ids[np.maximum(self.adapter, 0)], -1)
+            raw = np.where(has, self.adapter_ids[np.maximum(self.adapter, 0)] if self.n_adapters else -1, -1)
             reason[(reason == 0) & has & (raw >= self.config.served_adapters)] = 3
         if self.config.enable_lora:
             reason[(reason == 0) & has & (self.rank > self.max_lora_rank)] = 4
@@ -210,35 +235,41 @@ class Engine:
     def _run(self):
         env = self.env
         horizon = self.horizon
+        check = self.check_invariants
+        progress = self.progress
         while True:
             now = env.now
             if now >= horizon:
                 break
-            self._ingest(now)
+            if now >= self._next_arr_t:
+                self._ingest(now)
             if now >= self._next_tick:
                 self._tick(now)
             plan = self._plan_step(now)
             if plan is None:  # idle: sleep until something can happen
-                t_next = min(self.next_arrival_time(), self._async_until, self._next_tick, horizon)
+                t_next = min(self._next_arr_t, self._async_until, self._next_tick, horizon)
                 if t_next == INF:
                     break
                 yield env.timeout(max(t_next - now, 0.0))
                 continue
-            for ld in plan.loads:  # synchronous loads, on the step's critical path
-                if ld.disk_s:
-                    yield env.timeout(ld.disk_s)
-                yield env.process(self.link.transfer(ld.nbytes, ld.link_s))
-            load_s = env.now - now
-            if load_s:
-                self.load_wait[plan.load_rids] += load_s
-            if self.check_invariants:
+            load_s = 0.0
+            if plan.loads:  # synchronous loads, on the step's critical path
+                for ld in plan.loads:
+                    if ld.disk_s:
+                        yield env.timeout(ld.disk_s)
+                    yield env.process(self.link.transfer(ld.nbytes, ld.link_s))
+                load_s = env.now - now
+                lw = self.load_wait_d
+                for rid in plan.load_rids:
+                    lw[rid] = lw.get(rid, 0.0) + load_s
+            if check:
                 self.assert_invariants(mid_step=True)
             yield env.timeout(plan.total_s)
             self._complete_step(plan, now, load_s)
-            if self.check_invariants:
+            if check:
                 self.assert_invariants()
-            if self.progress:
-                self.rec.progress(env.now, horizon if horizon < INF else self.arrival[-1] if self.n else 1.0)
+            if progress:
+                self.rec.progress(env.now, horizon if horizon < INF else float(self.arrival[-1]) if self.n else 1.0)
         self.rec.close_progress()
 
     def _tick(self, now: float) -> None:
@@ -248,39 +279,46 @@ class Engine:
         self._next_tick = now + min(t for t in (self._sched_ticks, self._cache_ticks) if t is not None)
 
     def _ingest(self, now: float) -> None:
-        lo = self.arr_ptr
-        hi = int(np.searchsorted(self.arrival, now, side="right"))
-        if hi > lo:
-            self.arr_ptr = hi
-            st = self.state[lo:hi]
-            ok = st == PENDING
-            st[ok] = WAITING
-            self.n_waiting += int(ok.sum())
-            self.scheduler.on_arrivals(lo, hi)
+        """Requests that arrived by ``now`` join the waiting queue (rejected ones are counted)."""
+        lo = hi = self.arr_ptr
+        arr, n = self._arrival_a, self.n
+        while hi < n and hi - lo < 8 and arr[hi] <= now:
+            hi += 1
+        if hi < n and arr[hi] <= now:
+            hi = int(np.searchsorted(self.arrival, now, side="right"))
+        self.arr_ptr = hi
+        self._next_arr_t = arr[hi] if hi < n else INF
+        ok = self._ok_cum
+        self.n_waiting += ok[hi] - ok[lo]
+        self.scheduler.on_arrivals(lo, hi)
 
     # ------------------------------------------------------------------ one step
     def _plan_step(self, now: float) -> "StepPlan | None":
-        cfg = self.config
         g = self.g
         bs = self.block_size
         preempted = False
         # 1. running requests: decodes (1 token each) then prefill chunks, KV allocation
-        budget = cfg.max_num_batched_tokens - self.n_dec
+        budget = self.config.max_num_batched_tokens - self.n_dec
         need = self.res_cnt[g % bs]
         chunks: list[tuple[int, int]] = []
-        for rid in self.prefilling:
-            if budget <= 0:
-                break
-            k = min(int(self.T[rid] - self.c[rid]), budget)
-            chunks.append((rid, k))
-            need += -(-(int(self.c[rid]) + k) // bs) - int(self.held[rid])
-            budget -= k
+        if self.prefilling:
+            T, c, held = self.T, self.c, self.held
+            for rid in self.prefilling:
+                if budget <= 0:
+                    break
+                cr = c[rid]
+                k = T[rid] - cr
+                if k > budget:
+                    k = budget
+                chunks.append((rid, k))
+                need += -(-(cr + k) // bs) - held[rid]
+                budget -= k
         if need > self.total_blocks - self.used_blocks:
             preempted = True
             budget, chunks, need = self._preempt_until_fits(now)
         self.used_blocks += need
         for rid, k in chunks:
-            self.held[rid] = -(-(int(self.c[rid]) + k) // bs)
+            self.held[rid] = -(-(self.c[rid] + k) // bs)
         # 2. waiting requests (vLLM: only when nothing was preempted this step)
         ctx = StepContext(self, budget, chunks=chunks)
         stop: Admit | None = None
@@ -288,134 +326,127 @@ class Engine:
             stop = self.scheduler.schedule_waiting(ctx)
         if not self.running:
             return None
-        # 3. synchronous loads of the adapters that joined the batch (acquired at admission)
-        loads = ctx.loads
-        load_rids = ctx.load_rids
-        # 4. duration: one step, or a run of identical decode steps
-        prefill_tokens = sum(k for _, k in ctx.chunks)
-        k_steps = 1
-        if not ctx.chunks and not loads and not preempted and self.max_run_steps > 1:
-            k_steps = self._run_length(now, stop)
-        return self._make_plan(now, ctx, prefill_tokens, loads, load_rids, k_steps, preempted)
+        # 3./4. duration: one step, or a run of identical decode steps
+        if ctx.chunks or ctx.loads or preempted or self.max_run_steps == 1:
+            return self._single_step(now, ctx, preempted)
+        return self._decode_run(now, stop)
 
-    def _make_plan(self, now, ctx, prefill_tokens, loads, load_rids, k_steps, preempted) -> "StepPlan":
+    def _step_time(self, prefill_tokens: int, n_dec: int, ctx_tok: int, waiting: int) -> float:
+        """Duration of one step: scheduler + (backbone + LoRA overhead)."""
         prof = self.profile
-        n_dec = self.n_dec
-        ctx_tok = self.dec_base_sum + n_dec * self.g + sum(int(self.c[rid]) for rid, _ in ctx.chunks)
-        A = self.adapters.n_active
-        max_rank = self.adapters.max_active_rank
-        running = len(self.running)
-        slots = self.config.max_loras
-        served = self.served
-        if k_steps == 1:
-            base = prof.backbone_s(prefill_tokens, n_dec, ctx_tok)
-            comp = base + prof.lora_s(base, A, max_rank, prefill_tokens + n_dec)
-            total = float(prof.scheduler_s(running, self.n_waiting, slots, served) + comp)
-            durs = None
-            end = now + total
-        else:
-            j = np.arange(k_steps, dtype=np.int64)
-            base = prof.backbone_s(0, n_dec, ctx_tok + n_dec * j)
-            comp = base + prof.lora_s(base, A, max_rank, n_dec)
-            waiting = np.full(k_steps, self.n_waiting, np.int64)
-            durs = prof.scheduler_s(running, waiting, slots, served) + comp
-            k2_dependent = self._waiting_matters()
-            if k2_dependent and self.arr_ptr < self.n:
-                # waiting grows with arrivals during the run: iterate to the fixed point
-                # t_{j+1} = t_j + d(W(t_j)) (monotone; exact with discrete arrivals)
-                for _ in range(64):
-                    starts = np.cumsum(np.concatenate(([now], durs[:-1])))
-                    arrived = np.searchsorted(self.arrival, starts, side="right") - self.arr_ptr
-                    w = self.n_waiting + self._waiting_arrivals(arrived)
-                    if np.array_equal(w, waiting):
-                        break
-                    waiting = w
-                    durs = prof.scheduler_s(running, waiting, slots, served) + comp
-            ends = np.cumsum(np.concatenate(([now], durs)))[1:]
-            # the run must not cross the next event time except by its last step
-            t_evt = self._run_limit_time
-            if t_evt < INF:
-                cut = int(np.searchsorted(ends[:-1], t_evt, side="left")) + 1
-                if cut < k_steps:
-                    k_steps = cut
-                    durs = durs[:k_steps]
-                    ends = ends[:k_steps]
-            end = float(ends[-1])
-            total = end - now
-            # SimPy adds the delay to the clock: pick the delay that lands exactly on `end`
-            while now + total < end:
-                total = float(np.nextafter(total, INF))
-            while now + total > end:
-                total = float(np.nextafter(total, -INF))
-        return StepPlan(ctx.chunks, ctx.admitted, loads, load_rids, k_steps, durs, total, prefill_tokens, preempted)
+        base = prof.backbone_s(prefill_tokens, n_dec, ctx_tok)
+        comp = base + prof.lora_s(base, self.adapters.n_active, self.adapters.max_active_rank,
+                                  prefill_tokens + n_dec)
+        return float(prof.scheduler_s(len(self.running), waiting, self.config.max_loras, self.served) + comp)
 
-    def _waiting_matters(self) -> bool:
-        sch = self.profile.components["scheduler"].params
-        return any(sch.get(k, 0.0) != 0.0 for k in ("k2", "k3")) or any(
-            v != 0.0 for k, v in sch.items() if k.startswith("w"))
+    def _single_step(self, now: float, ctx: StepContext, preempted: bool) -> "StepPlan":
+        prefill = 0
+        ctx_tok = self.dec_base_sum + self.n_dec * self.g
+        for rid, k in ctx.chunks:
+            prefill += k
+            ctx_tok += self.c[rid]
+        d = self._step_time(prefill, self.n_dec, ctx_tok, self.n_waiting)
+        return StepPlan(ctx.chunks, ctx.loads, ctx.load_rids, 1, d, None, d, prefill, self.n_dec)
 
-    def _waiting_arrivals(self, arrived: np.ndarray) -> np.ndarray:
-        """Arrivals among the next ``arrived`` that join the waiting queue (not rejected)."""
-        if not hasattr(self, "_ok_cum"):
-            self._ok_cum = np.concatenate(([0], np.cumsum(self.reject_reason == 0)))
-        base = self._ok_cum[self.arr_ptr]
-        return self._ok_cum[self.arr_ptr + arrived] - base
-
-    def _run_length(self, now: float, stop: Admit | None) -> int:
-        """How many identical pure-decode steps can run before anything changes."""
+    def _decode_run(self, now: float, stop: Admit | None) -> "StepPlan":
+        """A run of pure-decode steps that ends at the first step after which anything can
+        change: a finish, a KV block shortage (preemption), an admissible arrival, a policy
+        tick, an async load, the horizon. Step durations are summed one by one in the same
+        order as single steps, so the clock is bit-identical to stepping one at a time."""
         g = self.g
         bs = self.block_size
-        k = self.max_run_steps
+        n_dec = self.n_dec
         # next finish
         heap = self.fin_heap
-        while heap and self.version[heap[0][1]] != heap[0][2]:
+        dec = self.dec
+        while heap:
+            fg, rid = heap[0]
+            dd = dec.get(rid)
+            if dd is not None and dd[1] == fg:
+                break
             heapq.heappop(heap)
-        if heap:
-            k = min(k, heap[0][0] - g)
-        # KV: cumulative block needs must stay within the free pool
+        k_max = min(self.max_run_steps, heap[0][0] - g) if heap else self.max_run_steps
+        # KV: cumulative block needs of steps 1.. must stay within the free pool
         free = self.total_blocks - self.used_blocks
-        cnt = self.res_cnt
-        per_cycle = self.n_dec
-        if per_cycle:
-            full = free // per_cycle
-            k_kv = full * bs
-            rem = free - full * per_cycle
-            # step 0's need is already allocated; steps 1.. need cnt[(g+j) % bs]
+        if n_dec:
+            full = free // n_dec
+            rem = free - full * n_dec
+            cnt = self.res_cnt
             j = 1
-            while True:
-                c = cnt[(g + j) % bs]
-                if c > rem:
+            while j <= bs:
+                cj = cnt[(g + j) % bs]
+                if cj > rem:
                     break
-                rem -= c
+                rem -= cj
                 j += 1
-                if j > bs:
-                    break
-            k = min(k, k_kv + j)
-        # external events: admissible arrivals, async loads, policy ticks, the horizon
+            k_max = min(k_max, full * bs + j)
+        # external events
         t_evt = min(self.scheduler.next_change_time(stop), self._async_until, self._next_tick, self.horizon)
-        self._run_limit_time = t_evt
-        return max(int(k), 1)
+        # sum the steps
+        ctx_tok = self.dec_base_sum + n_dec * g
+        waiting = self.n_waiting
+        varying = self._ctx_matters or (self._waiting_matters and self._next_arr_t < INF)
+        t = now
+        k = 0
+        if not varying:
+            d = self._step_time(0, n_dec, ctx_tok, waiting)
+            while k < k_max:
+                t += d
+                k += 1
+                if t >= t_evt:
+                    break
+            end = t
+            durs = None
+        else:
+            durs = []
+            arr = self._arrival_a
+            ok_cum = self._ok_cum
+            p = self.arr_ptr
+            n = self.n
+            next_t = self._next_arr_t
+            w0 = waiting - ok_cum[p]
+            while k < k_max:
+                if t >= next_t:  # arrivals before this step's start join the waiting queue
+                    while p < n and arr[p] <= t:
+                        p += 1
+                    next_t = arr[p] if p < n else INF
+                    waiting = w0 + ok_cum[p]
+                d = self._step_time(0, n_dec, ctx_tok, waiting)
+                durs.append(d)
+                t += d
+                k += 1
+                ctx_tok += n_dec
+                if t >= t_evt:
+                    break
+            end = t
+            d = durs[0]
+        total = end - now
+        # SimPy adds the delay to the clock: pick the delay that lands exactly on `end`
+        while now + total < end:
+            total = math.nextafter(total, INF)
+        while now + total > end:
+            total = math.nextafter(total, -INF)
+        return StepPlan([], [], [], k, d, durs, total, 0, n_dec)
 
     def _preempt_until_fits(self, now: float) -> tuple[int, list[tuple[int, int]], int]:
         """vLLM v1's running loop when KV runs out: preempt the last running request
         until the allocation of the current one fits (exact order)."""
-        cfg = self.config
         bs = self.block_size
         g = self.g
         order = list(self.running)
         free = self.total_blocks - self.used_blocks
-        budget = cfg.max_num_batched_tokens
+        budget = self.config.max_num_batched_tokens
         chunks: list[tuple[int, int]] = []
         need_total = 0
         i = 0
         while i < len(order) and budget > 0:
             rid = order[i]
             if rid in self.prefilling:
-                k = min(int(self.T[rid] - self.c[rid]), budget)
-                nd = -(-(int(self.c[rid]) + k) // bs) - int(self.held[rid])
+                k = min(self.T[rid] - self.c[rid], budget)
+                nd = -(-(self.c[rid] + k) // bs) - self.held[rid]
             else:
                 k = 1
-                nd = 1 if (int(self.dec_base[rid]) + g) % bs == 0 else 0
+                nd = 1 if (self.dec[rid][0] + g) % bs == 0 else 0
             self_preempted = False
             while nd > free:
                 victim = order.pop()
@@ -439,22 +470,22 @@ class Engine:
         del self.running[rid]
         if rid in self.prefilling:
             del self.prefilling[rid]
-            freed = int(self.held[rid])
+            freed = self.held.pop(rid)
+            self.c.pop(rid)
         else:
-            comp = int(self.dec_base[rid]) + self.g
+            base, _ = self.dec.pop(rid)
+            self.last_token_d[rid] = now  # a decoding request emitted at the end of the last step
+            comp = base + self.g
             freed = -(-comp // bs)
             self.n_dec -= 1
-            self.dec_base_sum -= int(self.dec_base[rid])
-            self.res_cnt[(-int(self.dec_base[rid])) % bs] -= 1
-        self.version[rid] += 1
+            self.dec_base_sum -= base
+            self.res_cnt[(-base) % bs] -= 1
+        self.resume_T[rid] = self.T.pop(rid)
         self.used_blocks -= freed
-        self.held[rid] = 0
-        self.c[rid] = 0
-        self.state[rid] = WAITING
         self.n_waiting += 1
-        self.preemptions[rid] += 1
+        self.preempt_d[rid] = self.preempt_d.get(rid, 0) + 1
         self.rec.preemptions += 1
-        a = int(self.adapter[rid])
+        a = self._adapter_a[rid]
         if a >= 0:
             self.adapters.release(a, now)
         self.scheduler.on_preempt(rid)
@@ -462,32 +493,38 @@ class Engine:
 
     def _try_admit(self, ctx: StepContext, rid: int) -> Admit:
         """vLLM v1's checks for one waiting request (see :class:`~twin.interfaces.Admit`)."""
-        if ctx.budget <= 0:
+        budget = ctx.budget
+        if budget <= 0:
             return Admit.NO_BUDGET
         if len(self.running) >= self.config.max_num_seqs:
             return Admit.NO_SEQ
-        a = int(self.adapter[rid])
+        a = self._adapter_a[rid]
         ad = self.adapters
-        if a >= 0 and ad.active[a] == 0 and ad.n_active >= self.config.max_loras:
+        if a >= 0 and not ad.active[a] and ad.n_active >= self.config.max_loras:
             return Admit.NO_SLOT
-        k = min(int(self.T[rid]), ctx.budget)
+        T = self.resume_T.pop(rid, None) or self._prompt_a[rid]
+        k = T if T < budget else budget
         nb = -(-k // self.block_size)
         if nb > self.total_blocks - self.used_blocks:
+            if T != self._prompt_a[rid]:
+                self.resume_T[rid] = T
             return Admit.NO_KV
         self.used_blocks += nb
-        self.held[rid] = nb
+        self.T[rid] = T
         self.c[rid] = 0
-        ctx.budget -= k
+        self.held[rid] = nb
+        ctx.budget = budget - k
         ctx.chunks.append((rid, k))
         ctx.admitted.append(rid)
         self.running[rid] = None
         self.prefilling[rid] = None
-        self.state[rid] = RUNNING
         self.n_waiting -= 1
-        if self.first_sched[rid] != self.first_sched[rid]:  # NaN
-            self.first_sched[rid] = self.env.now
+        now = self.env.now
+        if not self._seen[rid]:
+            self._seen[rid] = 1
+            self._first_sched_a[rid] = now
         if a >= 0:
-            ld = ad.acquire(a, self.env.now)
+            ld = ad.acquire(a, now)
             if ld is not None:
                 ctx.loads.append(ld)
                 ctx.load_rids.append(rid)
@@ -498,79 +535,108 @@ class Engine:
         now = self.env.now
         bs = self.block_size
         k = plan.k
-        n_dec = self.n_dec
         g0 = self.g
         self.g = g1 = g0 + k
-        if k > 1:
-            # allocations of steps 1..k-1 of the run
-            cnt = self.res_cnt
+        if k > 1:  # allocations of steps 1..k-1 of the run
             full, part = divmod(k - 1, bs)
-            extra = full * n_dec + sum(cnt[(g0 + j) % bs] for j in range(1, part + 1))
+            cnt = self.res_cnt
+            extra = full * self.n_dec
+            for j in range(1, part + 1):
+                extra += cnt[(g0 + j) % bs]
             self.used_blocks += extra
         # prefill chunks: emit a token when a request has computed all its known tokens
-        for rid, kk in plan.chunks:
-            c = int(self.c[rid]) + kk
-            self.c[rid] = c
-            if c == self.T[rid]:
-                self._emit_after_prefill(rid, now)
+        if plan.chunks:
+            c, T = self.c, self.T
+            for rid, kk in plan.chunks:
+                cr = c[rid] + kk
+                c[rid] = cr
+                if cr == T[rid]:
+                    self._emit_after_prefill(rid, now)
         # decoding requests that finish at g1
         heap = self.fin_heap
-        while heap and heap[0][0] <= g1:
-            fg, rid, ver = heapq.heappop(heap)
-            if self.version[rid] != ver:
-                continue
-            self._finish_decoder(rid, now)
-        # record
-        self.rec.step(t0, now, k, plan.durs, plan.total_s + load_s, len(self.running) + 0, plan.prefill_tokens,
-                      n_dec, self.adapters.n_active, self.used_blocks, self.adapters.resident_bytes,
-                      len(plan.loads), sum(ld.nbytes for ld in plan.loads))
+        if heap and heap[0][0] <= g1:
+            dec = self.dec
+            while heap and heap[0][0] <= g1:
+                fg, rid = heapq.heappop(heap)
+                dd = dec.get(rid)
+                if dd is not None and dd[1] == fg:
+                    self._finish_decoder(rid, now)
+        self.rec.step(t0, now, k, plan.d, plan.durs, plan.total_s + load_s, len(self.running), plan.prefill_tokens,
+                      plan.n_dec, self.adapters.n_active, self.used_blocks, self.adapters.resident_bytes,
+                      len(plan.loads), sum(ld.nbytes for ld in plan.loads) if plan.loads else 0)
 
     def _emit_after_prefill(self, rid: int, now: float) -> None:
-        if self.first_token[rid] != self.first_token[rid]:
-            self.first_token[rid] = now          # <- TTFT is decided here
+        if rid not in self.preempt_d or self._first_token_a[rid] != self._first_token_a[rid]:
+            self._first_token_a[rid] = now          # <- TTFT is decided here
         else:
-            self.gap_itl.append(now - float(self.last_token[rid]))  # resumed after preemption
-        self.last_token[rid] = now
-        e = int(self.emitted[rid]) + 1
-        self.emitted[rid] = e
+            self.gap_itl.append(now - self.last_token_d[rid])  # resumed after a preemption
+        out = self._output_a[rid]
+        cr = self.c.pop(rid)
+        held = self.held.pop(rid)
         del self.prefilling[rid]
-        c = int(self.c[rid])
-        if e >= self.output[rid]:
-            self.used_blocks -= int(self.held[rid])
-            self.held[rid] = 0
+        e = cr + 1 - self._prompt_a[rid]  # tokens emitted so far (prompt + emitted = T = cr)
+        if e >= out:
+            self.used_blocks -= held
+            self.T.pop(rid)
             self._finished(rid, now)
             return
-        # join the decode aggregate: computed = base + g
-        self.T[rid] = c + 1
-        base = c - self.g
-        self.dec_base[rid] = base
+        # join the decode aggregate: computed = base + g; finishes after out - e more steps
+        self.T[rid] = cr + 1
+        base = cr - self.g
+        fg = self.g + out - e
+        self.dec[rid] = (base, fg)
         self.dec_base_sum += base
         self.n_dec += 1
         self.res_cnt[(-base) % self.block_size] += 1
-        self.held[rid] = 0
-        heapq.heappush(self.fin_heap, (self.g + int(self.output[rid]) - e, rid, int(self.version[rid])))
+        heapq.heappush(self.fin_heap, (fg, rid))
 
     def _finish_decoder(self, rid: int, now: float) -> None:
-        base = int(self.dec_base[rid])
+        base, _ = self.dec.pop(rid)
         comp = base + self.g
         self.n_dec -= 1
         self.dec_base_sum -= base
         self.res_cnt[(-base) % self.block_size] -= 1
         self.used_blocks -= -(-comp // self.block_size)
-        self.emitted[rid] = self.output[rid]
-        self.T[rid] = comp + 1
-        self.last_token[rid] = now
+        self.T.pop(rid)
         self._finished(rid, now)
 
     def _finished(self, rid: int, now: float) -> None:
         del self.running[rid]
         self.state[rid] = FINISHED
-        self.finish[rid] = now
+        self._finish_a[rid] = now
         self.n_finished += 1
-        a = int(self.adapter[rid])
+        a = self._adapter_a[rid]
         if a >= 0:
             self.adapters.release(a, now)
         self.scheduler.on_finish(rid)
+
+    def emitted_now(self, rid: int) -> int:
+        """Tokens emitted so far by ``rid`` (for reports on unfinished requests)."""
+        if self.state[rid] == FINISHED:
+            return int(self._output_a[rid])
+        p = int(self._prompt_a[rid])
+        if rid in self.dec:
+            return self.dec[rid][0] + self.g + 1 - p
+        if rid in self.T:
+            return self.T[rid] - p
+        if rid in self.resume_T:
+            return self.resume_T[rid] - p
+        return 0
+
+    def finalize(self) -> None:
+        """Per-request arrays of the sparse facts, after the run."""
+        n = self.n
+        self.emitted = np.where(self.state == FINISHED, self.output, 0)
+        for rid in list(self.running) + list(self.resume_T):
+            self.emitted[rid] = self.emitted_now(rid)
+        self.load_wait = np.zeros(n)
+        if self.load_wait_d:
+            k = np.fromiter(self.load_wait_d.keys(), np.int64)
+            self.load_wait[k] = np.fromiter(self.load_wait_d.values(), np.float64)
+        self.preemptions = np.zeros(n, np.int64)
+        if self.preempt_d:
+            k = np.fromiter(self.preempt_d.keys(), np.int64)
+            self.preemptions[k] = np.fromiter(self.preempt_d.values(), np.int64)
 
     # ------------------------------------------------------------------ checks
     def assert_invariants(self, mid_step: bool = False) -> None:
@@ -581,38 +647,68 @@ class Engine:
         held = 0
         for rid in self.running:
             if rid in self.prefilling:
-                held += int(self.held[rid])
+                held += self.held[rid]
             else:
-                held += -(-(int(self.dec_base[rid]) + self.g + mid_step) // bs)
+                held += -(-(self.dec[rid][0] + self.g + mid_step) // bs)
         assert held == self.used_blocks, f"KV accounting: held {held} != used {self.used_blocks}"
         assert 0 <= self.used_blocks <= self.total_blocks, "KV blocks exceed capacity"
         assert len(self.running) <= self.config.max_num_seqs, "more running requests than max_num_seqs"
         ad = self.adapters
-        assert ad.n_resident == int(ad.resident.sum()) <= max(ad.gpu_slots, 0), "resident adapters exceed slots"
-        assert bool(np.all(ad.resident[ad.active > 0])), "an adapter in use is not resident"
-        assert ad.n_active == int((ad.active > 0).sum()) <= self.config.max_loras, "too many adapters in the batch"
-        n_dec = sum(1 for r in self.running if r not in self.prefilling)
-        assert n_dec == self.n_dec, "decode aggregate out of sync"
+        res = np.asarray(ad.resident, bool)
+        act = np.asarray(ad.active, np.int64)
+        assert ad.n_resident == int(res.sum()) <= max(ad.gpu_slots, 0), "resident adapters exceed slots"
+        assert bool(np.all(res[act > 0])), "an adapter in use is not resident"
+        assert ad.n_active == int((act > 0).sum()) <= self.config.max_loras, "too many adapters in the batch"
+        assert len(self.dec) == self.n_dec == sum(1 for r in self.running if r not in self.prefilling), \
+            "decode aggregate out of sync"
         arrived = self.state[: self.arr_ptr]
-        assert int((arrived == WAITING).sum()) == self.n_waiting, "waiting count out of sync"
-        assert int((self.state == RUNNING).sum()) == len(self.running), "running set out of sync"
+        waiting = int((arrived == PENDING).sum()) - sum(1 for r in self.running if r < self.arr_ptr)
+        assert waiting == self.n_waiting, f"waiting count out of sync ({waiting} != {self.n_waiting})"
+        assert all(self.state[r] == PENDING for r in self.running), "running set out of sync"
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:
         self.env.run(until=self.proc)
+        self.finalize()
 
 
 @dataclass
 class StepPlan:
+    """What one step (``k == 1``) or run of ``k`` identical decode steps does."""
+
     chunks: list[tuple[int, int]]
-    admitted: list[int]
     loads: list[Load]
     load_rids: list[int]
     k: int
-    durs: np.ndarray | None
+    d: float                    # duration of the first (or only) step
+    durs: list[float] | None    # per-step durations of a run whose steps differ
     total_s: float
     prefill_tokens: int
-    preempted: bool
+    n_dec: int
+
+
+def _as_array(code: str, values) -> array:
+    """A compact ``array.array`` copy of a numpy column (fast scalar reads from Python)."""
+    out = array(code)
+    out.frombytes(np.ascontiguousarray(values, dtype=np.float64 if code == "d" else np.int64).tobytes())
+    return out
+
+
+def workload_columns(workload) -> dict[str, np.ndarray]:
+    """Numpy columns of a :class:`~traces.workload.Workload` or of a mapping of columns."""
+    if hasattr(workload, "df"):
+        df = workload.df
+        return {c: df[c].to_numpy() for c in ("request_id", "arrival_s", "prompt_tokens", "output_tokens",
+                                               "adapter_id", "adapter_rank")}
+    cols = dict(workload)
+    n = len(cols["arrival_s"])
+    cols.setdefault("request_id", np.arange(n, dtype=np.int64))
+    cols.setdefault("adapter_id", np.full(n, -1, np.int64))
+    cols.setdefault("adapter_rank", np.zeros(n, np.int64))
+    arr = np.asarray(cols["arrival_s"], np.float64)
+    if n and np.any(np.diff(arr) < 0):
+        raise ValueError("workload arrays must be sorted by arrival_s")
+    return cols
 
 
 def check_startup(kv_tokens: int, max_model_len: int, slots: int, max_rank: int) -> None:

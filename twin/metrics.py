@@ -21,9 +21,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
     from twin.engine import Engine
 
 STEP_COLUMNS = ("t_start", "t_end", "n_steps", "duration_s", "batch_size", "prefill_tokens", "decode_tokens",
@@ -45,15 +46,16 @@ class Recorder:
         self._bar = None
         self._last_wall = 0.0
 
-    def step(self, t0, t1, k, durs, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes):
+    def step(self, t0, t1, k, d, durs, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes):
+        """One step (k == 1) or a run of k decode steps of duration ``d`` each (or ``durs``)."""
         self.n_steps += k
         self.n_segments += 1
         if n_dec:
-            if durs is None:
-                self.itl_d.append(total)
-                self.itl_w.append(n_dec)
+            if durs is not None:
+                self.itl_runs.append((np.asarray(durs), n_dec))
             else:
-                self.itl_runs.append((durs, n_dec))
+                self.itl_d.append(total if k == 1 else d)
+                self.itl_w.append(n_dec * k)
         if self.record_steps:
             self.rows.append((t0, t1, k, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes))
 
@@ -62,7 +64,9 @@ class Recorder:
         w = [np.asarray(self.itl_w, np.int64)] + [np.full(len(r[0]), r[1], np.int64) for r in self.itl_runs]
         return np.concatenate(d), np.concatenate(w)
 
-    def steps_frame(self) -> pd.DataFrame:
+    def steps_frame(self) -> "pd.DataFrame":
+        import pandas as pd
+
         return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
 
     def progress(self, t: float, total: float) -> None:
@@ -94,20 +98,34 @@ def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> floa
     return float(v[min(idx, len(v) - 1)])
 
 
-def requests_frame(e: "Engine") -> pd.DataFrame:
-    """One row per request of the workload with its outcome and latencies."""
-    from twin.engine import FINISHED, REJECTED, REJECT_REASONS
+def outcomes(e: "Engine") -> np.ndarray:
+    """Per request: 0 not arrived (after the horizon), 1 finished, 2 rejected, 3 unfinished."""
+    from twin.engine import FINISHED, REJECTED
 
-    arrived = e.arrival <= e.env.now if e.horizon == float("inf") else e.arrival <= e.horizon
-    outcome = np.where(e.state == FINISHED, "finished",
-                       np.where(e.state == REJECTED, "rejected", "unfinished")).astype(object)
-    outcome[~arrived] = "not_arrived"
+    t_end = e.horizon if e.horizon != float("inf") else e.env.now
+    out = np.full(e.n, 3, np.int8)
+    out[e.state == FINISHED] = 1
+    out[e.state == REJECTED] = 2
+    out[e.arrival > t_end] = 0
+    return out
+
+
+OUTCOME_NAMES = np.array(["not_arrived", "finished", "rejected", "unfinished"], dtype=object)
+
+
+def requests_frame(e: "Engine") -> "pd.DataFrame":
+    """One row per request of the workload with its outcome and latencies."""
+    import pandas as pd
+
+    from twin.engine import REJECT_REASONS
+
+    oc = outcomes(e)
     ttft = e.first_token - e.arrival
     e2e = e.finish - e.arrival
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(e.output > 1, (e.finish - e.first_token) / (e.output - 1), np.nan)
     reason = np.array(REJECT_REASONS, dtype=object)[e.reject_reason]
-    reason[~arrived] = ""
+    reason[oc == 0] = ""
     return pd.DataFrame({
         "request_id": e.request_id,
         "arrival_s": e.arrival,
@@ -115,7 +133,7 @@ def requests_frame(e: "Engine") -> pd.DataFrame:
         "adapter_rank": e.rank,
         "prompt_tokens": e.prompt,
         "output_tokens": e.output,
-        "outcome": outcome,
+        "outcome": OUTCOME_NAMES[oc],
         "reject_reason": reason,
         "first_scheduled_s": e.first_sched,
         "first_token_s": e.first_token,
@@ -132,37 +150,42 @@ def requests_frame(e: "Engine") -> pd.DataFrame:
 
 def _stats(x: np.ndarray, prefix: str, out: dict[str, Any], scale: float = 1000.0) -> None:
     x = x[np.isfinite(x)]
-    for name, fn in (("mean", np.mean), ("p50", np.median)):
-        out[f"{prefix}_mean" if name == "mean" else f"{prefix}_p50"] = float(fn(x)) * scale if len(x) else None
-    for q in (90, 99):
+    out[f"{prefix}_mean"] = float(np.mean(x)) * scale if len(x) else None
+    for q in (50, 90, 99):
         out[f"{prefix}_p{q}"] = float(np.percentile(x, q)) * scale if len(x) else None
 
 
-def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None, tbt_slo_s: float | None = None,
-              req: pd.DataFrame | None = None) -> dict[str, Any]:
-    """The run summary (keys documented in README.md)."""
-    req = requests_frame(e) if req is None else req
-    fin = req[req["outcome"] == "finished"]
-    arrived = int((req["outcome"] != "not_arrived").sum())
+def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
+              tbt_slo_s: float | None = None) -> dict[str, Any]:
+    """The run summary (keys documented in README.md); numpy only, no per-request table."""
+    from twin.engine import REJECT_REASONS
+
+    oc = outcomes(e)
+    fin = oc == 1
+    arrived = int(np.count_nonzero(oc))
     window = e.horizon if e.horizon != float("inf") else float(e.env.now)
     window = window if window > 0 else 1.0
+    n_fin = int(np.count_nonzero(fin))
+    rej = oc == 2
+    reasons = np.bincount(e.reject_reason[rej], minlength=len(REJECT_REASONS))
     s: dict[str, Any] = {
         "requests_arrived": arrived,
-        "requests_finished": int(len(fin)),
-        "requests_rejected": int((req["outcome"] == "rejected").sum()),
-        "requests_unfinished": int((req["outcome"] == "unfinished").sum()),
-        "reject_reasons": {k: int(v) for k, v in req.loc[req["outcome"] == "rejected", "reject_reason"]
-                           .value_counts().items()},
+        "requests_finished": n_fin,
+        "requests_rejected": int(np.count_nonzero(rej)),
+        "requests_unfinished": int(np.count_nonzero(oc == 3)),
+        "reject_reasons": {REJECT_REASONS[i]: int(c) for i, c in enumerate(reasons) if c},
         "simulated_s": float(window),
-        "throughput_rps": len(fin) / window,
-        "input_tok_s": float(fin["prompt_tokens"].sum()) / window,
-        "output_tok_s": float(fin["output_tokens"].sum()) / window,
+        "throughput_rps": n_fin / window,
+        "input_tok_s": float(e.prompt[fin].sum()) / window,
+        "output_tok_s": float(e.output[fin].sum()) / window,
     }
     s["total_tok_s"] = s["input_tok_s"] + s["output_tok_s"]
-    _stats(fin["ttft_s"].to_numpy(), "ttft_ms", s)
-    multi = fin[fin["output_tokens"] > 1]
-    denom = float((multi["output_tokens"] - 1).sum())
-    s["itl_ms_mean"] = float((multi["finish_s"] - multi["first_token_s"]).sum()) / denom * 1000 if denom else None
+    arr, ft, fn, out = e.arrival[fin], e.first_token[fin], e.finish[fin], e.output[fin]
+    ttft = ft - arr
+    _stats(ttft, "ttft_ms", s)
+    multi = out > 1
+    denom = float((out[multi] - 1).sum())
+    s["itl_ms_mean"] = float((fn[multi] - ft[multi]).sum()) / denom * 1000 if denom else None
     d, w = e.rec.itl_samples()
     if e.gap_itl:
         d = np.concatenate([d, np.asarray(e.gap_itl)])
@@ -170,22 +193,20 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None, tbt_s
     for q in (50, 90, 99):
         v = weighted_quantile(d, w, q / 100)
         s[f"itl_ms_p{q}"] = v * 1000 if v == v else None
-    _stats(multi["tpot_s"].to_numpy(), "tpot_ms", s)
-    _stats(fin["e2e_s"].to_numpy(), "e2e_ms", s)
-    _stats(fin["queue_s"].to_numpy(), "queue_ms", s)
+    tpot = (fn[multi] - ft[multi]) / (out[multi] - 1)
+    _stats(tpot, "tpot_ms", s)
+    _stats(fn - arr, "e2e_ms", s)
+    _stats(e.first_sched[fin] - arr, "queue_ms", s)
     # the published adapter twin's TTFT: unfinished requests count as the window length
     sent = arrived - s["requests_rejected"]
-    if sent:
-        s["ttft_ms_incl_unfinished"] = float(fin["ttft_s"].sum() * 1000 + (sent - len(fin)) * window * 1000) / sent
-    else:
-        s["ttft_ms_incl_unfinished"] = None
+    s["ttft_ms_incl_unfinished"] = (float(ttft.sum() * 1000 + (sent - n_fin) * window * 1000) / sent) if sent else None
     if ttft_slo_s is not None or tbt_slo_s is not None:
-        ok = np.ones(len(req), bool)
+        ok = np.ones(n_fin, bool)
         if ttft_slo_s is not None:
-            ok &= (req["ttft_s"] <= ttft_slo_s).to_numpy()
+            ok &= ttft <= ttft_slo_s
         if tbt_slo_s is not None:
-            ok &= ((req["tpot_s"] <= tbt_slo_s) | (req["output_tokens"] <= 1)).to_numpy()
-        ok &= (req["outcome"] == "finished").to_numpy()
+            tp = np.where(out > 1, (fn - ft) / np.maximum(out - 1, 1), 0.0)
+            ok &= tp <= tbt_slo_s
         s["slo_attainment"] = float(ok.sum()) / max(sent, 1)
         s["goodput_rps"] = float(ok.sum()) / window
         s["ttft_slo_s"], s["tbt_slo_s"] = ttft_slo_s, tbt_slo_s

@@ -6,24 +6,36 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
 
 from twin.config import EngineConfig
 from twin.engine import Engine
-from twin.metrics import requests_frame, summarize
+from twin.metrics import summarize
 from twin.profile import Profile, load_profile
 
 
 @dataclass
 class SimResult:
-    """Summary, per-request and per-step tables of one run."""
+    """Summary, per-request and per-step tables of one run (tables built on first use)."""
 
     summary: dict[str, Any]
-    requests: pd.DataFrame
-    steps: pd.DataFrame
     engine: Engine = field(repr=False)
+
+    @property
+    def requests(self) -> "pd.DataFrame":
+        if not hasattr(self, "_requests"):
+            from twin.metrics import requests_frame
+
+            self._requests = requests_frame(self.engine)
+        return self._requests
+
+    @property
+    def steps(self) -> "pd.DataFrame":
+        return self.engine.rec.steps_frame()
 
     def write(self, out_dir: str | Path) -> Path:
         """Write ``requests.parquet``, ``steps.parquet`` and ``summary.json`` into ``out_dir``."""
@@ -62,8 +74,7 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
                  progress=progress, record_steps=record_steps, check_invariants=check_invariants)
     eng.run()
     wall = time.perf_counter() - t0
-    req = requests_frame(eng)
-    summary = summarize(eng, wall, ttft_slo_s, tbt_slo_s, req)
+    summary = summarize(eng, wall, ttft_slo_s, tbt_slo_s)
     summary = {"policy": label, "scheduler": scheduler_obj.name, "cache": cache_obj.name, "profile": prof.name,
                **summary, **(extra or {})}
-    return SimResult(summary, req, eng.rec.steps_frame(), eng)
+    return SimResult(summary, eng)

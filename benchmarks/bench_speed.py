@@ -1,0 +1,115 @@
+"""Speed and memory of the twin on the published adapter twin's two one-hour scenarios.
+
+Setting: Llama-3.1-8B on an H100 (KV capacity 212,032 tokens at 128 slots of max rank
+16), chunked prefill with 2,048 batched tokens, ``max_num_seqs`` 2048, ShareGPT-like
+lengths of mean 222 input / 196 output tokens, per-adapter Poisson rates assigned
+round-robin, ranks 8 and 16, a 3600 s window (requests in flight then are unfinished).
+
+* overloaded hour: 384 adapters, 128 slots, rates 1.6/0.8/0.4 req/s (~1.3 M arrivals);
+* reference hour: 128 adapters, 128 slots, rates 0.1/0.05/0.025 req/s (~27,000 requests).
+
+Each scenario runs in a fresh process (so peak RSS is its own) and prints
+``x_realtime=<simulated s per wall s>`` and ``peak_rss_mb=<MB>``; the reference hour's lines
+come last. Workload generation (traces package) runs in the parent and is excluded from the timing and the
+RSS (it is reported separately); the child process imports only the core twin.
+
+    python benchmarks/bench_speed.py            # both scenarios
+    python benchmarks/bench_speed.py reference  # one
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SCENARIOS = {
+    "overloaded": dict(adapters=384, slots=128, rates=(1.6, 0.8, 0.4)),
+    "reference": dict(adapters=128, slots=128, rates=(0.1, 0.05, 0.025)),
+}
+
+
+def build(name: str, seed: int = 0):
+    import numpy as np
+
+    from traces.arrivals import per_adapter_poisson
+    from traces.lengths import sharegpt_like
+
+    sc = SCENARIOS[name]
+    rng = np.random.default_rng(seed)  # arrivals and lengths from the traces package
+    t, ids, _ = per_adapter_poisson(sc["rates"], sc["adapters"], 3600.0, rng)
+    p, o = sharegpt_like(len(t), rng, mean_in=222, mean_out=196)
+    ranks = np.array([8, 16])[np.arange(sc["adapters"]) % 2]
+    # numpy columns of the workload schema
+    return {"arrival_s": t, "prompt_tokens": p.astype(np.int64), "output_tokens": o.astype(np.int64),
+            "adapter_id": ids, "adapter_rank": ranks[ids]}
+
+
+def build_config(name: str):
+    from twin.config import EngineConfig
+
+    sc = SCENARIOS[name]
+    return EngineConfig(max_num_batched_tokens=2048, max_num_seqs=2048, max_loras=sc["slots"],
+                        max_cpu_loras=sc["adapters"], max_lora_rank=16, kv_capacity_tokens=212_032)
+
+
+def run_one(name: str, npz: str, gen_s: float) -> dict:
+    """Simulate the workload saved in ``npz`` (the child process imports only the core)."""
+    import numpy as np
+
+    from twin.profile import load_profile
+    from twin.simulate import simulate
+
+    data = np.load(npz)
+    w = {k: data[k] for k in data.files}
+    cfg = build_config(name)
+    res = simulate(w, load_profile(None), cfg, horizon_s=3600.0, record_steps=True)
+    s = res.summary
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"scenario": name, "arrivals": s["requests_arrived"], "finished": s["requests_finished"],
+            "unfinished": s["requests_unfinished"], "engine_steps": s["engine_steps"],
+            "step_segments": s["step_segments"], "sim_wall_s": s["wall_s"], "workload_gen_s": gen_s,
+            "x_realtime": 3600.0 / s["wall_s"], "peak_rss_mb": rss_mb, "throughput_rps": s["throughput_rps"]}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 4 and argv[0] == "--child":
+        print(json.dumps(run_one(argv[1], argv[2], float(argv[3]))))
+        return 0
+    import tempfile
+
+    import numpy as np
+
+    names = argv or ["overloaded", "reference"]
+    tmp = tempfile.mkdtemp(prefix="twin-bench-")
+    for name in names:
+        t0 = time.perf_counter()
+        w = build(name)
+        gen_s = time.perf_counter() - t0
+        npz = os.path.join(tmp, f"{name}.npz")
+        np.savez(npz, **w)
+        del w
+        out = subprocess.run([sys.executable, __file__, "--child", name, npz, str(gen_s)], capture_output=True,
+                             text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+        if out.returncode != 0:
+            print(out.stderr, file=sys.stderr)
+            return out.returncode
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"# {name} hour: {r['arrivals']} arrivals, {r['finished']} finished, {r['unfinished']} unfinished, "
+              f"{r['engine_steps']} engine steps in {r['step_segments']} segments; simulated in "
+              f"{r['sim_wall_s']:.3f} s (+{r['workload_gen_s']:.2f} s workload generation)")
+        print(f"scenario={name}")
+        print(f"x_realtime={r['x_realtime']:.1f}")
+        print(f"peak_rss_mb={r['peak_rss_mb']:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
