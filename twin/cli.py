@@ -101,7 +101,9 @@ def build_config(args: argparse.Namespace, workload, profile) -> EngineConfig:
     from twin.profile import kv_tokens_for_memory
 
     n_adapters = int((workload.df["adapter_id"].max() + 1)) if len(workload.df) else 0
-    slots = args.slots if args.slots is not None else max(1, min(n_adapters, 32) if n_adapters else 1)
+    # default: 16 slots (with max rank 128, 32 slots would leave Llama-3.1-8B on an H100 less
+    # KV than one 131,072-token request, and vLLM would refuse to start)
+    slots = args.slots if args.slots is not None else max(1, min(n_adapters, 16) if n_adapters else 1)
     cfg = EngineConfig(max_num_batched_tokens=args.max_batched_tokens, max_num_seqs=args.max_num_seqs,
                        max_loras=slots, max_cpu_loras=args.cpu_slots, max_lora_rank=args.max_lora_rank,
                        kv_capacity_tokens=args.kv_tokens, tensor_parallel=args.tp)
