@@ -1,0 +1,125 @@
+"""``twin calibrate bench`` and ``python -m calibration.bench``: the command line (torch-free).
+
+Importing this module never imports torch or triton; they are imported when a bench runs, and
+their absence then gives a clear error naming the ``calibration`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from calibration.bench.config import CPU_DEFAULTS, DEFAULT_MODEL, GPU_DEFAULTS, PARTS
+
+DESCRIPTION = """Microbenchmarks for calibrating a LoRA Twin profile: base-model linear operators
+(linear_ops.csv, Vidur's columns), Triton LoRA kernels SGMV/BGMV shrink and expand
+(lora_kernels.csv), host-to-device copies of adapter weights (h2d_copy.csv), and disk/CPU
+adapter loads (adapter_load.csv), plus bench_meta.json. Run `bench`, then `fit` on its --out.
+On CPU (no GPU) the same harness runs with torch on the CPU at tiny dimensions (figures labelled
+device=cpu), and the Triton kernels are checked against a torch reference under TRITON_INTERPRET=1."""
+
+
+def _csv(xs) -> str:
+    return ",".join(str(x) for x in xs)
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--device", choices=("cuda", "cpu", "auto"), default="auto",
+                   help="where to measure (default: cuda when a GPU is visible, else cpu)")
+    p.add_argument("--out", required=True, help="directory for the tables (created)")
+    g = p.add_argument_group("model dimensions")
+    g.add_argument("--model-dims", metavar="NAME", default=None,
+                   help=f"a model known to twin.model_spec (e.g. llama-2-7b, llama-3.1-8b; default {DEFAULT_MODEL})")
+    g.add_argument("--hidden", type=int)
+    g.add_argument("--layers", type=int)
+    g.add_argument("--heads", type=int)
+    g.add_argument("--kv-heads", type=int)
+    g.add_argument("--intermediate", type=int)
+    g.add_argument("--vocab", type=int)
+    g.add_argument("--model-name", default=None, help="label for explicit dimensions (default: custom)")
+    size = g.add_mutually_exclusive_group()
+    size.add_argument("--small", dest="small", action="store_true", default=None,
+                      help="tiny dimensions (hidden 256, 2 layers; the default on cpu)")
+    size.add_argument("--full", dest="small", action="store_false",
+                      help="the model's real dimensions (the default on cuda)")
+    s = p.add_argument_group("sweeps (defaults: GPU / CPU)")
+    s.add_argument("--ranks", help=f"LoRA ranks ({_csv(GPU_DEFAULTS['ranks'])} / {_csv(CPU_DEFAULTS['ranks'])})")
+    s.add_argument("--tokens", help=f"num_tokens of the linear ops ({_csv(GPU_DEFAULTS['tokens'])} / "
+                                    f"{_csv(CPU_DEFAULTS['tokens'])})")
+    s.add_argument("--lora-tokens", help=f"batch tokens of the LoRA kernels ({_csv(GPU_DEFAULTS['lora_tokens'])} / "
+                                         f"{_csv(CPU_DEFAULTS['lora_tokens'])})")
+    s.add_argument("--adapters", help=f"distinct adapters per batch ({_csv(GPU_DEFAULTS['adapters'])} / "
+                                      f"{_csv(CPU_DEFAULTS['adapters'])})")
+    s.add_argument("--concurrency", help=f"simultaneous host-to-device copies ({_csv(GPU_DEFAULTS['concurrency'])} / "
+                                         f"{_csv(CPU_DEFAULTS['concurrency'])})")
+    s.add_argument("--tp", help="tensor-parallel degrees emulated for the linear ops (default 1)")
+    s.add_argument("--targets", help="LoRA target modules (default: all 7: q,k,v,o,gate,up,down _proj)")
+    s.add_argument("--repeats", type=int, help=f"timed repeats ({GPU_DEFAULTS['repeats']} / {CPU_DEFAULTS['repeats']})")
+    s.add_argument("--warmup", type=int, help=f"untimed warm-ups ({GPU_DEFAULTS['warmup']} / {CPU_DEFAULTS['warmup']})")
+    s.add_argument("--load-repeats", type=int,
+                   help=f"adapter loads per rank ({GPU_DEFAULTS['load_repeats']} / {CPU_DEFAULTS['load_repeats']})")
+    s.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
+                   help="compute dtype (float16 on cuda, float32 on cpu)")
+    s.add_argument("--parts", help=f"subset of {_csv(PARTS)} (default: all)")
+    s.add_argument("--warm-cache", action="store_true",
+                   help="do not drop adapter files from the page cache before each disk load")
+    s.add_argument("--keep-adapters", action="store_true", help="keep the safetensors files written under OUT/adapters")
+    s.add_argument("--threads", type=int, help="torch CPU threads (default: 1 on --device cpu, torch's choice on cuda)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=run_from_args)
+    return p
+
+
+def register_bench(calibrate_subparsers) -> None:
+    """Add the ``bench`` subcommand to the ``twin calibrate`` subparsers (sets ``func``)."""
+    p = calibrate_subparsers.add_parser(
+        "bench", help="run the GPU/CPU microbenchmarks and write the tables `fit` consumes",
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_bench_arguments(p)
+
+
+def build_parser(prog: str = "python -m calibration.bench") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    return add_bench_arguments(p)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the bench for parsed arguments; returns an exit code (2 on a usage or dependency error)."""
+    from calibration.bench import BenchDependencyError, require_torch
+
+    if not getattr(args, "command_line", None):
+        args.command_line = list(sys.argv)
+    try:
+        torch = require_torch()
+        from calibration.bench.config import resolve_config
+        from calibration.bench.harness import run_bench
+
+        try:
+            cfg = resolve_config(args, cuda_available=torch.cuda.is_available())
+            if cfg.device == "cuda" and not torch.cuda.is_available():
+                raise ValueError("--device cuda, but torch sees no GPU (torch.cuda.is_available() is False); "
+                                 "use --device cpu")
+        except (ValueError, KeyError) as e:
+            print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+            return 2
+        summary = run_bench(cfg)
+    except BenchDependencyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(f"bench: wrote {', '.join(summary['tables'])} to {summary['out']}")
+    return 0 if summary.get("ok", True) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.command_line = ["python", "-m", "calibration.bench"] + list(sys.argv[1:] if argv is None else argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

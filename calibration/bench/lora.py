@@ -1,0 +1,222 @@
+"""LoRA kernel sweep (``lora_kernels.csv``) and the numerical check (``kernel_check.csv``).
+
+Sweep: for every distinct ``(d_in, d_out)`` of the target modules, rank, number of distinct
+adapters ``n`` and batch size ``T`` (``n <= T``), the batch is laid out
+
+* for SGMV as ``n`` contiguous segments of (almost) equal length, one adapter each (prefill);
+* for BGMV as token ``t`` -> adapter ``t % n`` (decode);
+
+all adapters have rank ``rank`` in slots padded to ``rank``. The rows are:
+
+* on a GPU: ``kernel`` = the Triton kernel (``impl=triton``), and ``kernel=torch_ref`` rows
+  (``impl=torch``, ``op`` = the operation) timing the plain torch reference for comparison;
+* on the CPU: ``kernel`` = the operation timed with its torch reference (``impl=torch``,
+  ``device=cpu``): Triton's interpreter is a correctness tool, its timings mean nothing.
+
+``d_in``/``d_out`` are the dimensions of the adapted linear module (shrink maps ``d_in -> rank``,
+expand ``rank -> d_out``); ``module`` names the modules sharing that shape.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from calibration.bench import kernels as K
+from calibration.bench.config import BenchConfig
+from calibration.bench.timing import stats, time_op
+
+
+def module_shapes(cfg: BenchConfig) -> list[tuple[str, int, int]]:
+    """Distinct ``(modules, d_in, d_out)`` of the LoRA targets, e.g. ``("q_proj+o_proj", 4096, 4096)``."""
+    by_shape: dict[tuple[int, int], list[str]] = {}
+    for m in cfg.targets:
+        by_shape.setdefault(cfg.spec.module_shape(m), []).append(m)
+    return [("+".join(ms), d_in, d_out) for (d_in, d_out), ms in by_shape.items()]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def run_lora_kernels(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=print) -> tuple[list[dict], str]:
+    """Time the four operations over the sweep; returns (rows, note on what was timed)."""
+    use_triton, why = K.triton_usable(device)
+    time_triton = use_triton and device.type == "cuda"
+    if time_triton:
+        note = "Triton kernels timed with CUDA events; torch_ref rows time the plain torch reference"
+    elif device.type == "cuda":
+        note = f"Triton unavailable ({why}): only the torch references were timed (kernel = operation, impl=torch)"
+    else:
+        note = "CPU: the torch references were timed (kernel = operation, impl=torch); Triton is only checked"
+    gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)
+    rows: list[dict] = []
+    failures: list[str] = []
+
+    def rnd(*shape, std):  # generated on the device: fast for GPU-sized stacks
+        return torch.empty(shape, device=device, dtype=dtype).normal_(0.0, std, generator=gen)
+
+    def add_row(kernel, op, impl, module, T, n, rank, d_in, d_out, ms):
+        st = stats(ms)
+        rows.append({"kernel": kernel, "batch_tokens": T, "n_adapters": n, "rank": rank, "d_in": d_in,
+                     "d_out": d_out, "dtype": _dtype_name(dtype), "time_ms_mean": st["mean"],
+                     "time_ms_std": st["std"], "repeats": len(ms), "device": device.type, "op": op,
+                     "impl": impl, "module": module, "max_rank": rank, "time_ms_median": st["median"],
+                     "time_ms_min": st["min"]})
+
+    for module, d_in, d_out in module_shapes(cfg):
+        for rank in cfg.ranks:
+            for n in cfg.adapters:
+                a_stack = rnd(n, d_in, rank, std=d_in ** -0.5)
+                b_stack = rnd(n, rank, d_out, std=rank ** -0.5)
+                ranks_t = torch.full((n,), rank, dtype=torch.int32, device=device)
+                for T in cfg.lora_tokens:
+                    if n > T:
+                        continue
+                    x = rnd(T, d_in, std=1.0)
+                    y = torch.zeros((T, rank), dtype=dtype, device=device)
+                    out = torch.zeros((T, d_out), dtype=dtype, device=device)
+                    starts, lens, seg_idx = K.even_segments(T, n)
+                    tok_idx = K.interleaved_tokens(T, n)
+                    mlen = max(lens)
+                    dev_seg = [torch.tensor(v, dtype=torch.int32, device=device) for v in (starts, lens, seg_idx)]
+                    dev_tok = torch.tensor(tok_idx, dtype=torch.int32, device=device)
+                    # The Triton kernels take device tensors; the references take host lists
+                    # (what a torch user would loop over).
+                    def is_ref(f):
+                        return f in K.REFERENCES.values()
+
+                    def segs(f):
+                        return (starts, lens, seg_idx) if is_ref(f) else dev_seg
+
+                    def toks(f):
+                        return tok_idx if is_ref(f) else dev_tok
+
+                    def rk(f):
+                        return [rank] * n if is_ref(f) else ranks_t
+
+                    calls = {
+                        "sgmv_shrink": lambda f: f(x, a_stack, *segs(f), ranks=rk(f), out=y, max_seg_len=mlen),
+                        "sgmv_expand": lambda f: f(y, b_stack, *segs(f), ranks=rk(f), out=out, max_seg_len=mlen),
+                        "bgmv_shrink": lambda f: f(x, a_stack, toks(f), ranks=rk(f), out=y),
+                        "bgmv_expand": lambda f: f(y, b_stack, toks(f), ranks=rk(f), out=out),
+                    }
+                    for op, call in calls.items():
+                        if time_triton:
+                            fn = K.KERNELS[op]
+                            try:
+                                ms = time_op(lambda: call(fn), device, cfg.warmup, cfg.repeats)
+                                add_row(op, op, "triton", module, T, n, rank, d_in, d_out, ms)
+                            except Exception as e:  # keep the torch figures if a kernel fails
+                                failures.append(f"{op} T={T} n={n} rank={rank} {d_in}x{d_out}: "
+                                                f"{type(e).__name__}: {e}")
+                                log(f"  Triton {failures[-1]}")
+                        ref = K.REFERENCES[op]
+                        ms = time_op(lambda: call(ref), device, cfg.warmup, cfg.repeats)
+                        add_row("torch_ref" if time_triton else op, op, "torch", module, T, n, rank, d_in, d_out, ms)
+            log(f"  lora_kernels {module} ({d_in}x{d_out}) rank={rank}: {len(rows)} rows")
+    if failures:
+        note += f"; {len(failures)} Triton timings failed, first: {failures[0]}"
+    return rows, note
+
+
+# --------------------------------------------------------------------------------------------
+# Numerical check of the Triton kernels against the torch references
+# --------------------------------------------------------------------------------------------
+#: Mixed-rank cases: (name, d_in, d_out, ranks per slot, T, segments (start, len, adapter),
+#: per-token adapters for BGMV, on the first ``len(tokens)`` rows). They cover a zero-length segment, a repeated adapter, an
+#: adapter index -1, rows outside every segment, ranks above one block, odd dimensions.
+CHECK_CASES = [
+    dict(name="mixed_ranks_empty_segment", d_in=48, d_out=40, ranks=[8, 32, 16, 4], T=28,
+         segments=[(0, 5, 2), (5, 0, 1), (5, 17, 0), (22, 3, 2)],
+         tokens=[2, 0, 1, 3, -1, 2, 2, 0, 3, 1, 0, 0, 1, 2, 3, -1, 1, 1, 0, 2, 3, 3, 0, 1, 2, 2, 0, 1]),
+    dict(name="decode_like_single_tokens", d_in=64, d_out=96, ranks=[16, 8, 24, 32], T=6,
+         segments=[(0, 1, 3), (1, 1, 3), (2, 1, 0), (3, 1, 1), (4, 1, 2), (5, 1, -1)],
+         tokens=[3, 3, 0, 1, 2, -1]),
+    dict(name="long_segment_multi_tile", d_in=33, d_out=130, ranks=[32, 20], T=70,
+         segments=[(0, 70, 1)], tokens=[1] * 4 + [0] * 4 + [-1]),
+    dict(name="rank_above_block", d_in=40, d_out=24, ranks=[80, 72, 8], T=20,
+         segments=[(0, 9, 1), (9, 0, 2), (9, 11, 0)], tokens=[i % 3 for i in range(20)]),
+]
+
+
+def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    if dtype == torch.float32:
+        return 1e-4, 1e-4
+    if dtype == torch.bfloat16:
+        return 3e-2, 3e-2
+    return 1e-2, 1e-2
+
+
+def check_case(case: dict, device: torch.device, dtype: torch.dtype = torch.float32,
+               seed: int = 0) -> list[dict]:
+    """Run the four Triton kernels and their references on one case; one row per kernel (and mode)."""
+    gen = torch.Generator().manual_seed(seed)
+    d_in, d_out, ranks, T = case["d_in"], case["d_out"], case["ranks"], case["T"]
+    S, R = len(ranks), max(ranks)
+
+    def rnd(*shape, std=1.0):
+        return (torch.randn(*shape, generator=gen) * std).to(device=device, dtype=dtype)
+
+    x = rnd(T, d_in)
+    a = rnd(S, d_in, R, std=d_in ** -0.5)
+    b = rnd(S, R, d_out, std=R ** -0.5)
+    y = rnd(T, R)
+    base = rnd(T, d_out)
+    starts = [s for s, _, _ in case["segments"]]
+    lens = [n for _, n, _ in case["segments"]]
+    idx = [i for _, _, i in case["segments"]]
+    toks = case["tokens"]
+    nt = len(toks)
+    xt, yt, baset = x[:nt], y[:nt], base[:nt]
+    atol, rtol = _tolerance(dtype)
+    f32 = lambda t: t.to(torch.float32)  # noqa: E731
+    # References in float32 on copies of the same inputs.
+    xr, ar, br, yr, baser = f32(x), f32(a), f32(b), f32(y), f32(base)
+    results = {
+        "sgmv_shrink": (K.sgmv_shrink(x, a, starts, lens, idx, ranks, scale=0.5),
+                        K.sgmv_shrink_ref(xr, ar, starts, lens, idx, ranks, scale=0.5)),
+        "sgmv_expand": (K.sgmv_expand(y, b, starts, lens, idx, ranks),
+                        K.sgmv_expand_ref(yr, br, starts, lens, idx, ranks)),
+        "sgmv_expand_add": (K.sgmv_expand(y, b, starts, lens, idx, ranks, out=base.clone()),
+                            K.sgmv_expand_ref(yr, br, starts, lens, idx, ranks, out=baser.clone())),
+        "bgmv_shrink": (K.bgmv_shrink(xt, a, toks, ranks, scale=0.5),
+                        K.bgmv_shrink_ref(xr[:nt], ar, toks, ranks, scale=0.5)),
+        "bgmv_expand": (K.bgmv_expand(yt, b, toks, ranks),
+                        K.bgmv_expand_ref(yr[:nt], br, toks, ranks)),
+        "bgmv_expand_add": (K.bgmv_expand(yt, b, toks, ranks, out=baset.clone()),
+                            K.bgmv_expand_ref(yr[:nt], br, toks, ranks, out=baser[:nt].clone())),
+    }
+    rows = []
+    for kernel, (got, ref) in results.items():
+        got = f32(got).cpu()
+        ref = ref.cpu()
+        err = float((got - ref).abs().max()) if got.numel() else 0.0
+        ok = bool(got.shape == ref.shape and torch.allclose(got, ref, atol=atol, rtol=rtol))
+        rows.append({"case": case["name"], "kernel": kernel, "dtype": _dtype_name(dtype), "device": device.type,
+                     "interpreted": K.INTERPRETED and device.type != "cuda", "max_abs_err": err,
+                     "atol": atol, "ok": ok})
+    return rows
+
+
+def check_kernels(device: torch.device, dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[list[dict], str]:
+    """All :data:`CHECK_CASES`; returns (rows, note). No rows when Triton cannot run here."""
+    usable, why = K.triton_usable(device)
+    if not usable:
+        return [], f"kernel check skipped: {why}"
+    rows = []
+    errors = []
+    for i, case in enumerate(CHECK_CASES):
+        try:
+            rows.extend(check_case(case, device, dtype, seed + i))
+        except Exception as e:  # a kernel that does not compile/run is a failed check, not a crash
+            errors.append(f"{case['name']}: {type(e).__name__}: {e}")
+            rows.append({"case": case["name"], "kernel": "error", "dtype": _dtype_name(dtype),
+                         "device": device.type, "interpreted": K.INTERPRETED and device.type != "cuda",
+                         "max_abs_err": float("nan"), "atol": _tolerance(dtype)[0], "ok": False})
+    n_bad = sum(not r["ok"] for r in rows)
+    worst = max((r["max_abs_err"] for r in rows if r["max_abs_err"] == r["max_abs_err"]), default=float("nan"))
+    note = (f"{len(rows) - n_bad}/{len(rows)} kernel checks agree with the torch reference "
+            f"({_dtype_name(dtype)}, {why}; max abs err {worst:.2e})")
+    if errors:
+        note += "; errors: " + " | ".join(errors)
+    return rows, note

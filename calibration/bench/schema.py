@@ -1,0 +1,92 @@
+"""Column lists of the tables ``twin calibrate bench`` writes (torch-free).
+
+The fitting code reads these tables; the first columns of each list are the contract, the
+``*_EXTRA`` columns follow them and carry labels (device, dtype, ...) that a reader may ignore.
+"""
+
+from __future__ import annotations
+
+#: Vidur's per-operator order (``vidur/profiling/mlp``): one transformer layer, no attention.
+LINEAR_OPS = (
+    "emb",
+    "input_layernorm",
+    "attn_pre_proj",
+    "attn_rope",
+    "attn_post_proj",
+    "post_attention_layernorm",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
+    "add",
+)
+STATS = ("min", "max", "mean", "median", "std")
+
+#: Exactly the columns (and order) of Vidur's ``*_mlp.csv`` profiling files; times in ms.
+LINEAR_OPS_COLUMNS = [f"time_stats.{op}.{s}" for op in LINEAR_OPS for s in STATS] + [
+    "n_head",
+    "n_kv_head",
+    "n_embd",
+    "n_expanded_embd",
+    "vocab_size",
+    "use_gated_mlp",
+    "num_tokens",
+    "num_tensor_parallel_workers",
+]
+LINEAR_OPS_EXTRA = ["model", "device", "dtype", "repeats"]
+
+#: Columns of ``shared/data/calibration/vllm085_h100/adapter_load.csv``.
+ADAPTER_LOAD_COLUMNS = [
+    "model",
+    "adapter_rank",
+    "max_lora_rank",
+    "adapter_slots",
+    "max_cpu_loras",
+    "load_kind",
+    "phase",
+    "load_index",
+    "load_ms",
+    "raw_path",
+]
+ADAPTER_LOAD_EXTRA = ["device", "bytes", "memory", "page_cache"]
+LOAD_KINDS = ("disk_to_cpu", "cpu_to_gpu")
+
+LORA_KERNELS = ("sgmv_shrink", "sgmv_expand", "bgmv_shrink", "bgmv_expand")
+#: ``kernel`` is one of LORA_KERNELS, or ``torch_ref`` for the plain-torch reference of the
+#: operation named in ``op`` (GPU runs time both; see :mod:`calibration.bench.lora`).
+LORA_KERNEL_COLUMNS = [
+    "kernel",
+    "batch_tokens",
+    "n_adapters",
+    "rank",
+    "d_in",
+    "d_out",
+    "dtype",
+    "time_ms_mean",
+    "time_ms_std",
+    "repeats",
+    "device",
+]
+LORA_KERNEL_EXTRA = ["op", "impl", "module", "max_rank", "time_ms_median", "time_ms_min"]
+
+H2D_COPY_COLUMNS = [
+    "adapter_rank",
+    "bytes",
+    "memory",
+    "concurrent",
+    "time_ms_mean",
+    "time_ms_std",
+    "gbps",
+    "device",
+]
+H2D_COPY_EXTRA = ["model", "repeats", "time_ms_min", "timer"]
+
+KERNEL_CHECK_COLUMNS = ["case", "kernel", "dtype", "device", "interpreted", "max_abs_err", "atol", "ok"]
+
+TABLES = {
+    "linear_ops.csv": LINEAR_OPS_COLUMNS + LINEAR_OPS_EXTRA,
+    "adapter_load.csv": ADAPTER_LOAD_COLUMNS + ADAPTER_LOAD_EXTRA,
+    "lora_kernels.csv": LORA_KERNEL_COLUMNS + LORA_KERNEL_EXTRA,
+    "h2d_copy.csv": H2D_COPY_COLUMNS + H2D_COPY_EXTRA,
+    "kernel_check.csv": KERNEL_CHECK_COLUMNS,
+}
+META_FILE = "bench_meta.json"

@@ -1,0 +1,112 @@
+"""Arrival processes: the rate, CV and shape each one promises."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from traces import arrivals as arr
+
+
+def test_poisson_rate_and_cv():
+    t = arr.poisson(10.0, np.random.default_rng(1), duration_s=2000.0)
+    assert abs(t.size / 2000.0 - 10.0) / 10.0 < 0.02          # 20,000 expected, sd 0.7 %
+    assert abs(arr.interarrival_cv(t) - 1.0) < 0.03
+    assert np.all(np.diff(t) >= 0) and t.max() < 2000.0
+
+
+def test_poisson_exact_count():
+    t = arr.poisson(5.0, np.random.default_rng(2), n=1234)
+    assert t.size == 1234 and np.all(np.diff(t) > 0)
+
+
+@pytest.mark.parametrize("cv", [0.5, 2.0, 4.0])
+def test_gamma_cv(cv):
+    t = arr.gamma_renewal(20.0, cv, np.random.default_rng(3), n=60_000)
+    assert abs(arr.interarrival_cv(t) - cv) / cv < 0.05
+    assert abs(t.size / t[-1] - 20.0) / 20.0 < 0.05
+
+
+def test_gamma_duration_window():
+    t = arr.gamma_renewal(8.0, 3.0, np.random.default_rng(4), duration_s=5000.0)
+    assert t.max() < 5000.0
+    assert abs(t.size / 5000.0 - 8.0) / 8.0 < 0.1
+
+
+def test_onoff_mean_rate_and_burstiness():
+    rng = np.random.default_rng(5)
+    t = arr.onoff(4.0, rng, duration_s=200_000.0, on_s=10.0, off_s=30.0)
+    assert abs(t.size / 200_000.0 - 4.0) / 4.0 < 0.06
+    assert arr.interarrival_cv(t) > 1.5                       # bursts: much burstier than Poisson
+    # off periods are silent: many gaps much longer than the mean gap
+    assert (np.diff(t) > 10.0).sum() > 100
+
+
+def test_onoff_off_frac_one_is_poisson():
+    t = arr.onoff(4.0, np.random.default_rng(6), 10_000.0, on_s=10, off_s=30, off_frac=1.0)
+    assert abs(arr.interarrival_cv(t) - 1.0) < 0.05
+
+
+def test_per_adapter_rates_round_robin():
+    rng = np.random.default_rng(7)
+    t, ids, rates = arr.per_adapter_poisson([0.1, 0.05, 0.025], 30, 20_000.0, rng)
+    assert sorted(np.unique(rates).tolist()) == [0.025, 0.05, 0.1]
+    assert all((rates == r).sum() == 10 for r in (0.1, 0.05, 0.025))
+    counts = np.bincount(ids, minlength=30)
+    for r in (0.1, 0.05, 0.025):
+        est = counts[rates == r].sum() / (10 * 20_000.0)
+        assert abs(est - r) / r < 0.05
+    assert np.all(np.diff(t) >= 0)
+    # each adapter's stream is Poisson: inter-arrival CV ~ 1
+    a0 = t[ids == int(np.argmax(rates))]
+    assert abs(arr.interarrival_cv(a0) - 1.0) < 0.1
+
+
+def test_per_adapter_no_shuffle_is_plain_round_robin():
+    r = arr.assign_rates_round_robin([3, 2, 1], 7, None, shuffle=False)
+    assert r.tolist() == [3, 2, 1, 3, 2, 1, 3]
+
+
+def test_per_adapter_performance_1_3_million():
+    rng = np.random.default_rng(8)
+    t0 = time.perf_counter()
+    t, ids, _ = arr.per_adapter_poisson([1.6, 0.8, 0.4], 384, 3600.0, rng)
+    dt = time.perf_counter() - t0
+    assert 1.25e6 < t.size < 1.33e6
+    assert dt < 0.8, f"1.3 M per-adapter arrivals took {dt:.2f} s"
+
+
+def test_rescale_keeps_shape():
+    rng = np.random.default_rng(9)
+    prof = np.r_[np.ones(10), 3 * np.ones(10), 0.5 * np.ones(10)]
+    t = arr.profiled_renewal(5.0, 1.5, prof, 60.0, 1800.0, rng)
+    t2, factor = arr.rescale_to_rps(t, 20.0)
+    assert abs(t2.size / t2.max() - 20.0) < 1e-9
+    assert factor == pytest.approx((t.size / (t.max() - t.min())) / 20.0)
+    assert arr.interarrival_cv(t2) == pytest.approx(arr.interarrival_cv(t - t.min()), rel=1e-9)
+    p1 = arr.rate_profile(t - t.min(), (t.max() - t.min()) / 30)
+    p2 = arr.rate_profile(t2, t2.max() / 30)
+    np.testing.assert_allclose(p1, p2, atol=1e-9)
+
+
+def test_profiled_renewal_follows_profile():
+    rng = np.random.default_rng(10)
+    prof = np.array([0.5, 1.5] * 5)
+    t = arr.profiled_renewal(10.0, 1.0, prof, 100.0, 1000.0, rng)
+    got = arr.rate_profile(t, 100.0, 1000.0)
+    np.testing.assert_allclose(got, prof, rtol=0.12)
+
+
+def test_time_window():
+    t = np.arange(100.0)
+    m = arr.time_window(t, 10.0, 20.0)
+    assert t[m].min() == 10.0 and t[m].max() == 29.0 and m.sum() == 20
+
+
+@pytest.mark.parametrize("bad", [dict(rps=0.0, duration_s=10), dict(rps=1.0), dict(rps=1.0, duration_s=5, n=5)])
+def test_bad_parameters_raise(bad):
+    rps = bad.pop("rps")
+    with pytest.raises(arr.ArrivalError):
+        arr.poisson(rps, np.random.default_rng(0), **bad)

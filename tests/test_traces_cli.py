@@ -1,0 +1,98 @@
+"""``twin traces list|show|fetch|synth`` through argparse, as twin/cli.py will mount them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from traces.cli import register_cli
+from traces.synth import OPTIONS
+from traces.workload import Workload
+
+
+def run(argv):
+    ap = argparse.ArgumentParser(prog="twin")
+    register_cli(ap.add_subparsers(dest="cmd"))
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+def test_list(capsys, tmp_path):
+    assert run(["traces", "list", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "splitwise-synth" in out and "twin traces fetch splitwise" in out
+    assert run(["traces", "list", "--json", "--data-dir", str(tmp_path)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert any(r["name"] == "synthetic" and r["available"] for r in rows)
+
+
+def test_show_table_json_and_plot(capsys, tmp_path):
+    assert run(["traces", "show", "synthetic", "--duration", "60", "--popularity", "zipf:1.2"]) == 0
+    out = capsys.readouterr().out
+    for word in ("requests", "mean rate", "inter-arrival CV", "prompt tokens", "top-k adapter share"):
+        assert word in out
+    png = tmp_path / "f.png"
+    assert run(["traces", "show", "synthetic", "--duration", "60", "--json", "--plot", str(png)]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["requests"] > 0 and "1" in s["top_k_share"] and png.stat().st_size > 1000
+
+
+def test_show_errors(capsys, tmp_path):
+    assert run(["traces", "show", "no-such"]) == 2
+    assert "built-in names" in capsys.readouterr().err
+    assert run(["traces", "show", "splitwise", "--data-dir", str(tmp_path)]) == 2
+    assert "twin traces fetch splitwise" in capsys.readouterr().err
+
+
+def test_every_synthesis_option_is_a_flag():
+    ap = argparse.ArgumentParser()
+    register_cli(ap.add_subparsers(dest="cmd"))
+    args = ap.parse_args(["traces", "synth", "--out", "x.parquet"])
+    for name in OPTIONS:
+        assert hasattr(args, name), name
+
+
+def test_synth_writes_parquet_with_options(tmp_path, capsys):
+    out = tmp_path / "w.parquet"
+    argv = ["traces", "synth", "--out", str(out), "--arrival", "gamma", "--cv", "2", "--rps", "20", "--duration", "100",
+            "--adapters", "20", "--ranks", "8,16", "--popularity", "U-P", "--lengths", "sharegpt", "--mean-in", "222",
+            "--mean-out", "196", "--max-total", "2048", "--conversations", "--mean-turns", "2", "--think-s", "5",
+            "--seed", "7"]
+    assert run(argv) == 0
+    w = Workload.load(out)
+    assert w.meta["seed"] == 7 and w.meta["options"]["popularity"] == "U-P"
+    assert w.meta["config"]["arrivals"]["cv"] == 2.0 and w.meta["config"]["conversations"]["enabled"] is True
+    assert set(w.df["adapter_rank"]) <= {8, 16} and (w.df["turn"] > 0).any()
+
+
+def test_synth_per_adapter_and_fixed(tmp_path):
+    out = tmp_path / "w.parquet"
+    assert run(["traces", "synth", "--out", str(out), "--arrival", "per-adapter", "--rates", "0.2,0.1",
+                "--adapters", "10", "--duration", "200", "--lengths", "fixed:medium", "--no-shuffle-rates"]) == 0
+    w = Workload.load(out)
+    assert w.meta["arrivals_info"]["adapter_rates"] == [0.2, 0.1] * 5
+    assert (w.df["prompt_tokens"] == 250).all()
+
+
+def test_fetch_failure_exit_code(tmp_path, capsys):
+    bad = (tmp_path / "missing.csv").as_uri()
+    assert run(["traces", "fetch", "splitwise", "--data-dir", str(tmp_path), "--url", bad, "--timeout", "2"]) == 2
+    assert "no network" in capsys.readouterr().err
+
+
+@pytest.mark.data
+def test_show_real_splitwise(real_data, capsys):
+    assert run(["traces", "show", "splitwise", "--data-dir", str(real_data)]) == 0
+    out = capsys.readouterr().out
+    assert "19,366" in out and "5.530 req/s" in out
+
+
+def test_show_a_raw_trace_path(tmp_path, capsys):
+    from traces.samples import write_sample
+
+    path = write_sample("burstgpt", tmp_path / "b.csv", n=100)
+    assert run(["traces", "show", str(path), "--adapters-from", "key", "--adapters", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "adapters             2" in out

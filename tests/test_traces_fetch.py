@@ -1,0 +1,83 @@
+"""``twin traces fetch``: checksum logic and the failure path, with local file:// URLs."""
+
+from __future__ import annotations
+
+import hashlib
+import tarfile
+
+import pytest
+
+from traces.fetch import SOURCES, FetchError, Source, download, fetch
+
+
+def _file(tmp_path, content=b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,1,2\n"):
+    p = tmp_path / "upstream.csv"
+    p.write_bytes(content)
+    return p, hashlib.sha256(content).hexdigest()
+
+
+def test_download_verifies_checksum(tmp_path):
+    src, digest = _file(tmp_path)
+    dest = tmp_path / "data" / "x.csv"
+    assert download(src.as_uri(), dest, digest) == digest
+    assert dest.read_bytes() == src.read_bytes()
+
+
+def test_checksum_mismatch_leaves_no_file(tmp_path):
+    src, _ = _file(tmp_path)
+    dest = tmp_path / "data" / "x.csv"
+    with pytest.raises(FetchError, match="checksum mismatch"):
+        download(src.as_uri(), dest, "0" * 64)
+    assert not dest.exists() and not (dest.parent / "x.csv.part").exists()
+
+
+def test_fetch_by_name_with_url_override(tmp_path):
+    src, digest = _file(tmp_path)
+    sources = {"demo": Source("demo", "traces/demo.csv", src.as_uri(), digest)}
+    root = tmp_path / "data"
+    p = fetch("demo", root, sources=sources)
+    assert p == root / "traces/demo.csv" and p.exists()
+    # already there: kept; a corrupted copy is reported
+    assert fetch("demo", root, sources=sources) == p
+    p.write_bytes(b"corrupt")
+    with pytest.raises(FetchError, match="--force"):
+        fetch("demo", root, sources=sources)
+    assert fetch("demo", root, sources=sources, force=True).read_bytes() == src.read_bytes()
+
+
+def test_unreachable_url_says_what_to_do(tmp_path):
+    missing = (tmp_path / "nowhere.csv").as_uri()
+    with pytest.raises(FetchError) as e:
+        fetch("splitwise", tmp_path / "data", url=missing, timeout=2)
+    msg = str(e.value)
+    assert "no network" in msg and "traces/AzureLLMInferenceTrace_conv.csv" in msg and "TWIN_DATA_DIR" in msg
+    assert SOURCES["splitwise"].sha256 in msg
+    assert not (tmp_path / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv").exists()
+
+
+def test_gated_dataset_manual_instructions(tmp_path):
+    with pytest.raises(FetchError, match="huggingface.co/datasets/lmsys/lmsys-chat-1m"):
+        fetch("lmsys", tmp_path)
+
+
+def test_unknown_name(tmp_path):
+    with pytest.raises(KeyError, match="splitwise"):
+        fetch("nope", tmp_path)
+
+
+def test_tar_xz_archive_is_extracted(tmp_path):
+    inner = tmp_path / "invocations_per_function_md.anon.d01.csv"
+    inner.write_text("HashOwner,HashApp,HashFunction,Trigger\n")
+    arch = tmp_path / "pack.tar.xz"
+    with tarfile.open(arch, "w:xz") as tf:
+        tf.add(inner, arcname=inner.name)
+    digest = hashlib.sha256(arch.read_bytes()).hexdigest()
+    sources = {"fx": Source("fx", "traces/fx", arch.as_uri(), digest, archive="tar.xz")}
+    out = fetch("fx", tmp_path / "data", sources=sources)
+    assert (out / inner.name).exists()
+
+
+def test_pinned_digests_match_the_shared_copies(real_data):
+    for name in ("splitwise", "splitwise-code"):
+        p = real_data / SOURCES[name].dest
+        assert hashlib.sha256(p.read_bytes()).hexdigest() == SOURCES[name].sha256

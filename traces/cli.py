@@ -1,0 +1,173 @@
+"""``twin traces ...``: list, show, fetch and synthesize workloads.
+
+``twin/cli.py`` calls :func:`register_cli` with its subparsers; ``python -m traces.cli ...``
+runs the same commands standalone. Every synthesis option of :data:`traces.synth.OPTIONS`
+and every real-trace option of :data:`traces.registry.REAL_OPTIONS` is a flag
+(``--rps``, ``--popularity zipf:1.2``, ``--lengths sharegpt --mean-in 222 --mean-out 196``, ...),
+on ``show`` and ``synth`` alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+from traces.synth import OPTIONS, _bool
+
+_BOOL_OPTIONS = {"conversations", "shuffle_rates", "keep_failed"}
+_TYPES: dict[str, Callable[[str], Any]] = {"rps": float, "duration": float, "n_requests": int, "cv": float,
+                                           "on_s": float, "off_s": float, "off_frac": float, "adapters": int,
+                                           "mean_in": float, "mean_out": float, "length_scale": float,
+                                           "min_prompt": int, "min_output": int, "max_prompt": int, "max_output": int,
+                                           "max_total": int, "mean_turns": float, "max_turns": int, "think_s": float,
+                                           "tpot_s": float, "window_start": float, "max_conversations": int,
+                                           "days": int, "start_min": int, "end_min": int}
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """One flag per workload option (dest = the option name), all defaulting to None."""
+    from traces.registry import REAL_OPTIONS
+
+    p.add_argument("--data-dir", default=None, help="data directory (default: $TWIN_DATA_DIR)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    g = p.add_argument_group("synthesis options")
+    for name, (_, _, _, help_) in OPTIONS.items():
+        _add(g, name, help_)
+    g2 = p.add_argument_group("real-trace options")
+    for name, help_ in REAL_OPTIONS.items():
+        _add(g2, name, help_)
+
+
+def _add(g: Any, name: str, help_: str) -> None:
+    flag = "--" + name.replace("_", "-")
+    if name in _BOOL_OPTIONS:
+        g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+    else:
+        g.add_argument(flag, dest=name, type=_TYPES.get(name, str), default=None, help=help_)
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The workload options set on the command line (``None`` = not given)."""
+    from traces.registry import REAL_OPTIONS
+
+    out = {k: getattr(args, k) for k in list(OPTIONS) + list(REAL_OPTIONS) if getattr(args, k, None) is not None}
+    for k in _BOOL_OPTIONS & set(out):
+        out[k] = _bool(out[k])
+    return out
+
+
+def _err(e: BaseException) -> int:
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from traces.registry import list_traces
+
+    rows = list_traces(args.data_dir)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    w = max(len(r["name"]) for r in rows)
+    for r in rows:
+        status = "-" if r["kind"] == "synthetic" else ("available" if r["available"] else
+                                                       f"missing ({r['fetch'] or 'manual download'})")
+        print(f"{r['name']:<{w}}  {r['kind']:<9}  {status:<40}  {r['description']}")
+    return 0
+
+
+def _workload(args: argparse.Namespace):
+    from traces.registry import get_workload
+
+    opts = options_from_args(args)
+    return get_workload(args.trace, data_dir=args.data_dir, seed=args.seed, **opts)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from traces.stats import format_summary, plot_summary, summarize, to_json
+
+    try:
+        w = _workload(args)
+    except (KeyError, FileNotFoundError, ValueError, TypeError) as e:
+        return _err(e)
+    s = summarize(w, bin_s=args.bin_s)
+    print(to_json(s) if args.json else format_summary(s))
+    if args.plot:
+        plot_summary(w, args.plot, s)
+        print(f"figure written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from traces.stats import format_summary, summarize
+
+    try:
+        w = _workload(args)
+    except (KeyError, FileNotFoundError, ValueError, TypeError) as e:
+        return _err(e)
+    w.save(args.out)
+    print(format_summary(summarize(w)))
+    print(f"workload written to {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from traces.fetch import FetchError, fetch
+
+    try:
+        p = fetch(args.name, args.data_dir, force=args.force, url=args.url, sha256=args.sha256, timeout=args.timeout)
+    except (FetchError, KeyError) as e:
+        return _err(e)
+    print(p)
+    return 0
+
+
+def register_cli(subparsers: Any) -> None:
+    """Add ``traces`` with ``list``, ``show``, ``fetch`` and ``synth`` to a subparsers object."""
+    p = subparsers.add_parser("traces", help="list, show, fetch and synthesize workloads",
+                              description="Workloads: built-in real traces (data directory), synthetic presets and "
+                                          "every synthesis option.")
+    sub = p.add_subparsers(dest="traces_cmd", metavar="{list,show,fetch,synth}")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+    pl = sub.add_parser("list", help="built-in trace names and whether their files are present")
+    pl.add_argument("--data-dir", default=None)
+    pl.add_argument("--json", action="store_true", help="print JSON")
+    pl.set_defaults(func=cmd_list)
+
+    ps = sub.add_parser("show", help="statistics of a trace: count, duration, rate, CV, lengths, popularity")
+    ps.add_argument("trace", help="built-in name or path (workload .parquet or raw trace)")
+    ps.add_argument("--plot", metavar="FILE", default=None, help="write a figure (PNG/PDF/SVG)")
+    ps.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    ps.add_argument("--bin-s", type=float, default=None, help="bin of the rate-over-time series (s)")
+    add_workload_args(ps)
+    ps.set_defaults(func=cmd_show)
+
+    pf = sub.add_parser("fetch", help="download a public trace into the data directory (checksummed)")
+    pf.add_argument("name", help="trace name (see `twin traces list`)")
+    pf.add_argument("--data-dir", default=None)
+    pf.add_argument("--force", action="store_true", help="replace an existing file")
+    pf.add_argument("--url", default=None, help="download from this URL instead (mirror, file://...)")
+    pf.add_argument("--sha256", default=None, help="expected sha256 (overrides the pinned one)")
+    pf.add_argument("--timeout", type=float, default=60.0, help="network timeout (s)")
+    pf.set_defaults(func=cmd_fetch)
+
+    py = sub.add_parser("synth", help="generate a workload and save it as Parquet (with its parameters)")
+    py.add_argument("--trace", default="synthetic", help="base: a synthetic preset, a real trace name or a path")
+    py.add_argument("--out", required=True, metavar="FILE.parquet", help="output workload file")
+    add_workload_args(py)
+    py.set_defaults(func=cmd_synth)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m traces.cli")
+    register_cli(ap.add_subparsers(dest="cmd", required=True))
+    args = ap.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""What every loader returns (:class:`TraceTable`) and the shared validation helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+#: Columns a loader may fill. ``arrival_s`` is NaN where the source has no timestamp;
+#: ``prompt_tokens``/``output_tokens`` are absent for arrival-only traces (Azure Functions);
+#: ``key`` is what adapters can be mapped from (a function, a model).
+TABLE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "key", "conversation_id", "turn", "prefix_tokens")
+
+
+class TraceFormatError(ValueError):
+    """A trace file that does not have the schema of its format."""
+
+
+@dataclass
+class TraceTable:
+    """A loaded trace before adapters are assigned: one row per request.
+
+    ``meta`` records the format, the path, the rows read/dropped and, for text datasets, the
+    tokenizer used.
+    """
+
+    df: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_timestamps(self) -> bool:
+        return "arrival_s" in self.df and bool(self.df["arrival_s"].notna().any())
+
+    @property
+    def has_lengths(self) -> bool:
+        return "prompt_tokens" in self.df and "output_tokens" in self.df
+
+    def __len__(self) -> int:
+        return len(self.df)
+
+
+def require_columns(columns: Iterable[str], required: Iterable[str], path: str | Path, fmt: str,
+                    schema_hint: str = "") -> None:
+    """Raise :class:`TraceFormatError` naming the file, the missing and the found columns."""
+    cols = list(columns)
+    missing = [c for c in required if c not in cols]
+    if missing:
+        raise TraceFormatError(f"{path}: not a {fmt} file: missing columns {missing} (found {cols[:12]}"
+                               f"{'...' if len(cols) > 12 else ''}); expected schema: "
+                               f"{schema_hint or ', '.join(required)}")
+
+
+def seconds_from_timestamps(values: pd.Series, path: str | Path, column: str) -> np.ndarray:
+    """Seconds since the earliest timestamp. Accepts datetimes, ISO strings or epoch numbers."""
+    s = values
+    if pd.api.types.is_numeric_dtype(s):
+        t = s.to_numpy(dtype=float)
+    else:
+        try:
+            dt = pd.to_datetime(s, format="ISO8601", utc=True)
+        except (ValueError, TypeError):
+            try:
+                dt = pd.to_datetime(s, format="mixed", utc=True)
+            except (ValueError, TypeError) as e:
+                raise TraceFormatError(f"{path}: column {column!r} has timestamps that cannot be parsed: {e}") from e
+        t = (dt - dt.min()).dt.total_seconds().to_numpy(dtype=float) if len(dt) else np.zeros(0)
+        return t
+    if len(t) and not np.isfinite(t).all():
+        raise TraceFormatError(f"{path}: column {column!r} has missing or non-finite timestamps")
+    return t - (t.min() if len(t) else 0.0)
+
+
+def int_column(df: pd.DataFrame, column: str, path: str | Path) -> np.ndarray:
+    """A non-negative integer column, with a clear error for text or negative values."""
+    v = pd.to_numeric(df[column], errors="coerce")
+    if v.isna().any():
+        row = int(np.flatnonzero(v.isna().to_numpy())[0])
+        raise TraceFormatError(f"{path}: column {column!r} has a missing or non-numeric value at data row {row}")
+    a = v.to_numpy()
+    if (a < 0).any():
+        raise TraceFormatError(f"{path}: column {column!r} has negative token counts")
+    return a.astype(np.int64)

@@ -1,0 +1,465 @@
+"""Named traces: ``get_workload("splitwise")``, ``twin run --trace NAME``.
+
+A name is either a *synthetic* preset (no file needed) or a *real* trace file in the data
+directory (``twin.datadir.data_dir()``); anything else is taken as a path -- a saved workload
+``.parquet`` or a raw trace in one of the formats of :mod:`traces.loaders` (sniffed).
+
+Real traces carry no adapters, so adapters are assigned by the synthesis options (default:
+100 adapters, ranks 8..128 with N/5 each, ``powerlaw`` popularity; a conversation keeps one
+adapter), or mapped from the trace's key column with ``adapters_from="key"`` (the n
+most-invoked Azure Functions / most-used models become n adapters; the default for
+``azure-functions``). ``rps`` rescales a replayed trace to that mean rate keeping its shape;
+``duration`` keeps the first ``duration`` seconds (after rescaling; ``window_start`` moves the
+window). Datasets without timestamps (ShareGPT, LMSYS) get conversation starts from the
+arrival options (default Poisson, 4 req/s, 300 s) and later turns from the think-time model.
+
+Every workload's ``meta`` holds ``source``, ``seed`` and ``options``; :func:`regenerate`
+rebuilds it from them.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from traces.adapters import assign_adapters, map_keys_to_adapters
+from traces.arrivals import rescale_to_rps, time_window
+from traces.conversations import ConversationConfig, exclusive_group_cumsum, fill_turn_arrivals
+from traces.fetch import SOURCES, fetch_command
+from traces.lengths import LengthConfig, build_length_model, sample_lengths, scale_lengths
+from traces.loaders import LOADERS, TraceTable, detect_format
+from traces.synth import (ArrivalConfig, AdapterConfig, OPTIONS, SynthConfig, apply_options, generate_arrivals,
+                          synthesize)
+from traces.workload import Workload
+from twin.datadir import data_dir as _data_dir
+
+#: options for real traces beyond the synthesis options
+REAL_OPTIONS: dict[str, str] = {
+    "window_start": "start of the time window (s, after rescaling)",
+    "adapters_from": "synthetic (draw by popularity) | key (map the most frequent functions/models to adapters)",
+    "tokenizer": "text -> tokens for conversation datasets: auto | approx | hf:NAME | tiktoken:NAME",
+    "turns": "conversation datasets: all (multi-turn with prefixes) | first",
+    "side": "chatbot-arena: a | b | both",
+    "max_conversations": "read at most this many conversations",
+    "days": "azure-functions: number of day files to read",
+    "start_min": "azure-functions: first minute", "end_min": "azure-functions: end minute",
+    "keep_failed": "burstgpt: keep failed requests (0 response tokens)",
+    "log_type": "burstgpt: only 'Conversation log' or 'API log' rows",
+}
+_LOADER_KWARGS = {"tokenizer", "turns", "side", "max_conversations", "days", "start_min", "end_min",
+                  "keep_failed", "log_type"}
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """A built-in trace name."""
+
+    name: str
+    kind: str                        # "real" | "synthetic"
+    description: str
+    file: str | None = None          # path inside the data directory (real traces)
+    fmt: str | None = None           # loader format (real traces)
+    defaults: dict[str, Any] = field(default_factory=dict)  # option defaults of this name
+
+    @property
+    def fetch(self) -> str | None:
+        return self.name if self.name in SOURCES else None
+
+
+def _real(name: str, fmt: str, desc: str, **defaults: Any) -> TraceSpec:
+    return TraceSpec(name, "real", desc, SOURCES[name].dest, fmt, defaults)
+
+
+def _synth(name: str, desc: str, **defaults: Any) -> TraceSpec:
+    return TraceSpec(name, "synthetic", desc, None, None, defaults)
+
+
+BUILTINS: dict[str, TraceSpec] = {s.name: s for s in [
+    _real("splitwise", "azure-llm", "Azure LLM inference 2023, conversation service (Splitwise; 19,366 req, 1 h)"),
+    _real("splitwise-code", "azure-llm", "Azure LLM inference 2023, coding service (Splitwise; 8,819 req, 1 h)"),
+    _real("splitwise-2024", "azure-llm", "Azure LLM inference 2024, conversation, one week"),
+    _real("splitwise-code-2024", "azure-llm", "Azure LLM inference 2024, code, one week"),
+    _real("azure-functions", "azure-functions-2019",
+          "Azure Functions 2019 per-minute invocations (day 1); top-N functions -> N adapters, Splitwise lengths",
+          adapters_from="key", lengths="splitwise"),
+    _real("azure-functions-2021", "azure-functions-2021",
+          "Azure Functions 2021 invocations; top-N functions -> N adapters, Splitwise lengths",
+          adapters_from="key", lengths="splitwise"),
+    _real("lmsys", "lmsys", "LMSYS-Chat-1M conversations (multi-turn lengths; Poisson starts)"),
+    _real("chatbot-arena", "arena", "Chatbot Arena conversations with timestamps"),
+    _real("sharegpt", "sharegpt", "ShareGPT V3 conversations (multi-turn lengths; Poisson starts)"),
+    _real("wildchat", "wildchat", "WildChat(-1M) conversations with timestamps"),
+    _real("burstgpt", "burstgpt", "BurstGPT ChatGPT/GPT-4 request log with timestamps"),
+    _synth("synthetic", "embedded default: 100 adapters ranks 8-128 (N/5 each), powerlaw popularity, Poisson 4 req/s, "
+           "300 s, Splitwise-like lengths"),
+    _synth("splitwise-synth", "generator fitted on the Splitwise conv trace (rate profile, renewal CV, copula lengths)",
+           arrival="fitted", fit="splitwise_conv_fit", rps=None, duration=3600.0, lengths="splitwise"),
+    _synth("splitwise-code-synth", "generator fitted on the Splitwise code trace",
+           arrival="fitted", fit="splitwise_code_fit", rps=None, duration=3600.0, lengths="splitwise-code"),
+    _synth("sharegpt-synth", "Poisson 4 req/s, ShareGPT-like lengths matched to 222/196 (the real runs' pool means)",
+           lengths="sharegpt", mean_in=222.0, mean_out=196.0),
+    _synth("adapter-twin", "published adapter twin: per-adapter Poisson rates 0.1/0.05/0.025 round-robin, 96 adapters "
+           "of ranks 8/16/32, ShareGPT-like 222/196, 3600 s",
+           arrival="per-adapter", rates=[0.1, 0.05, 0.025], rps=None, adapters=96, ranks=[8, 16, 32],
+           duration=3600.0, lengths="sharegpt", mean_in=222.0, mean_out=196.0),
+    _synth("chameleon", "Chameleon: 100 adapters ranks 8-128 (N/5 each), U-P popularity, Poisson, Splitwise-like "
+           "lengths scaled by 0.5", popularity="U-P", length_scale=0.5),
+    _synth("fastlibra-uniform", "FastLibra Uniform: 2000 adapters, uniform popularity, ShareGPT-like lengths",
+           adapters=2000, popularity="uniform", lengths="sharegpt"),
+    _synth("fastlibra-distinct", "FastLibra Distinct: 2000 adapters, round-robin, ShareGPT-like lengths",
+           adapters=2000, popularity="distinct", lengths="sharegpt"),
+    _synth("fastlibra-skewed", "FastLibra Skewed-0.1: 2000 adapters, Gaussian popularity (std 0.1 N)",
+           adapters=2000, popularity="skewed:0.1", lengths="sharegpt"),
+    _synth("multiturn-synth", "multi-turn conversations (mean 3 turns, 30 s think time) with shared prefixes, "
+           "ShareGPT-like lengths", conversations=True, lengths="sharegpt", max_total=8192),
+]}
+
+
+def list_traces(data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """One dict per built-in name: name, kind, description, needs_file, available, fetch."""
+    root = _data_dir(data_dir)
+    out = []
+    for s in BUILTINS.values():
+        avail = True if s.file is None else (root / s.file).exists()
+        out.append({"name": s.name, "kind": s.kind, "description": s.description, "needs_file": s.file,
+                    "available": avail, "fetch": fetch_command(s.fetch) if s.fetch else None})
+    return out
+
+
+def _missing(spec: TraceSpec, root: Path) -> FileNotFoundError:
+    how = f"run `{fetch_command(spec.name)}`" if spec.fetch else "download it"
+    src = SOURCES.get(spec.name)
+    extra = f" ({src.note})" if src and src.note else ""
+    return FileNotFoundError(f"trace {spec.name!r} needs {spec.file}, not found in the data directory {root} "
+                             f"(TWIN_DATA_DIR or --data-dir); {how}{extra}, or set TWIN_DATA_DIR to a directory "
+                             f"that holds it")
+
+
+def resolve(name_or_path: str, data_dir: str | os.PathLike | None = None) -> tuple[TraceSpec | None, Path | None]:
+    """``(spec, path)``: a built-in (path of its file for real ones) or a path."""
+    if name_or_path in BUILTINS:
+        spec = BUILTINS[name_or_path]
+        if spec.file is None:
+            return spec, None
+        root = _data_dir(data_dir)
+        p = root / spec.file
+        if not p.exists():
+            raise _missing(spec, root)
+        return spec, p
+    p = Path(name_or_path).expanduser()
+    if p.exists():
+        return None, p
+    looks_like_path = os.sep in name_or_path or "/" in name_or_path or p.suffix != ""
+    if looks_like_path:
+        raise FileNotFoundError(f"trace file {p} does not exist (and {name_or_path!r} is not a built-in name: "
+                                f"{', '.join(BUILTINS)})")
+    raise KeyError(f"unknown trace {name_or_path!r}; built-in names: {', '.join(BUILTINS)} (or give a path to a "
+                   f"workload .parquet or a raw trace file)")
+
+
+# --------------------------------------------------------------------------- helpers
+def _trace_lengths_loader(data_dir: str | os.PathLike | None) -> Callable[[str], tuple[np.ndarray, np.ndarray]]:
+    def load(name: str) -> tuple[np.ndarray, np.ndarray]:
+        spec, path = resolve(name, data_dir)
+        if spec is not None and spec.kind == "synthetic":
+            raise ValueError(f"empirical lengths need a real trace or a file, not the synthetic {name!r}")
+        if path.suffix == ".parquet" and detect_format(path) == "workload":
+            df = Workload.load(path).df
+        else:
+            tab = LOADERS[spec.fmt if spec else detect_format(path)](path)
+            if not tab.has_lengths:
+                raise ValueError(f"{name} has no request lengths to resample")
+            df = tab.df
+        return df["prompt_tokens"].to_numpy(), df["output_tokens"].to_numpy()
+    return load
+
+
+def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    synth, real = {}, {}
+    for k, v in options.items():
+        if k in OPTIONS:
+            synth[k] = v
+        elif k in REAL_OPTIONS:
+            real[k] = v
+        else:
+            raise TypeError(f"unknown workload option {k!r}; valid: {', '.join(sorted(OPTIONS))}, "
+                            f"{', '.join(sorted(REAL_OPTIONS))}")
+    return synth, real
+
+
+def _length_filter_keep(df: pd.DataFrame, lc: LengthConfig) -> np.ndarray:
+    """Rows passing the length limits; a failing turn drops the rest of its conversation."""
+    ok = lc.filter().mask(df["prompt_tokens"].to_numpy(), df["output_tokens"].to_numpy())
+    if "conversation_id" in df and (df["conversation_id"] >= 0).any():
+        conv = df["conversation_id"].to_numpy()
+        bad = (~ok).astype(np.int64)
+        ok = (exclusive_group_cumsum(bad, conv) + bad) == 0
+    return ok
+
+
+def _conversations_at(df: pd.DataFrame, starts: np.ndarray, rng: np.random.Generator, info: dict[str, Any],
+                      ) -> tuple[pd.DataFrame, np.ndarray]:
+    """One dataset conversation per start time (rows grouped by conversation, in turn order).
+
+    Conversations are taken in a seeded random order without replacement, or with replacement
+    when there are more starts than conversations (then each use gets a fresh id).
+    Returns the expanded rows and their arrival times (NaN for later turns).
+    """
+    conv = df["conversation_id"].to_numpy()
+    first_rows = np.flatnonzero(np.r_[True, conv[1:] != conv[:-1]])
+    lens = np.diff(np.r_[first_rows, conv.size])
+    u, s = first_rows.size, starts.size
+    if s <= u:
+        chosen = rng.permutation(u)[:s]
+    else:
+        chosen = rng.integers(0, u, size=s)
+        info["reused_conversations"] = True
+    lens_c = lens[chosen]
+    new_id = np.repeat(np.arange(s, dtype=np.int64), lens_c)
+    within = np.arange(new_id.size) - np.repeat(np.cumsum(lens_c) - lens_c, lens_c)
+    rows = np.repeat(first_rows[chosen], lens_c) + within
+    out = df.iloc[rows].reset_index(drop=True)
+    out["conversation_id"] = new_id
+    t = np.where(out["turn"].to_numpy() == 0, starts[new_id], np.nan)
+    return out, t
+
+
+def _table_to_workload(table: TraceTable, cfg: SynthConfig, real: dict[str, Any], given: dict[str, Any],
+                       data_dir: str | os.PathLike | None) -> tuple[Workload, dict[str, Any]]:
+    """Apply lengths, arrivals, window/rescale and adapters to a loaded trace."""
+    r_arr, r_ad, r_len, r_conv = (np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(4))
+    lc, cc = cfg.lengths, cfg.conversations
+    df = table.df.copy()
+    info: dict[str, Any] = {"rows_loaded": int(len(df))}
+    has_conv = "conversation_id" in df
+    if has_conv:
+        df = df.sort_values(["conversation_id", "turn"], kind="stable").reset_index(drop=True)
+        conv = df["conversation_id"].to_numpy()
+        new = (df["prompt_tokens"] - df["prefix_tokens"]).to_numpy()
+    # ---- lengths
+    if lc.dist == "trace" and (lc.mean_in is not None or lc.mean_out is not None):
+        raise ValueError("mean_in/mean_out need a synthetic length model (lengths=sharegpt|lognormal); "
+                         "a replayed trace keeps its own lengths (use length_scale to resize them)")
+    if not table.has_lengths or lc.dist != "trace":
+        if lc.dist == "trace":
+            raise ValueError(f"{table.meta.get('path')} has no request lengths; choose a length model with "
+                             f"lengths=splitwise|sharegpt|... ")
+        model = build_length_model(lc, _trace_lengths_loader(data_dir))
+        p, o = sample_lengths(model, len(df), r_len, lc.scale, lc.filter())
+        info["lengths_model"] = model.describe()
+        if has_conv:
+            new, o = p, o
+        else:
+            df["prompt_tokens"], df["output_tokens"] = p, o
+    elif lc.scale != 1.0:
+        if has_conv:
+            new, o = scale_lengths(new, df["output_tokens"].to_numpy(), lc.scale)
+        else:
+            p, o = scale_lengths(df["prompt_tokens"].to_numpy(), df["output_tokens"].to_numpy(), lc.scale)
+            df["prompt_tokens"], df["output_tokens"] = p, o
+    if has_conv and (not table.has_lengths or lc.dist != "trace" or lc.scale != 1.0):
+        df["output_tokens"] = o
+        df["prefix_tokens"] = exclusive_group_cumsum(new + o, conv)
+        df["prompt_tokens"] = np.maximum(df["prefix_tokens"].to_numpy() + new, 1)
+    keep = _length_filter_keep(df, lc)
+    info["dropped_by_length_filter"] = int((~keep).sum())
+    df = df[keep].reset_index(drop=True)
+    if df.empty:
+        raise ValueError("no request of the trace passes the length limits (max_prompt/max_total/min_*)")
+    # ---- arrivals
+    ac = cfg.arrivals
+    t = df["arrival_s"].to_numpy(float) if "arrival_s" in df else np.full(len(df), np.nan)
+    retime = "arrival" in given
+    synthesized = False
+    if has_conv:
+        conv = df["conversation_id"].to_numpy()
+        first = df["turn"].to_numpy() == 0
+        if retime or not np.isfinite(t[first]).all():
+            # conversation starts from the arrival process; conversations in a seeded random order
+            rps = ac.rps if ac.rps is not None else 4.0
+            uniq = np.unique(conv)
+            divisor = float(len(conv) / uniq.size)
+            a2 = copy.deepcopy(ac)
+            a2.rps, a2.process = rps, (ac.process if retime else "poisson")
+            warm = cc.warmup_s() if ac.n_requests is None else 0.0
+            a2.duration_s += warm
+            starts, _, ainfo = generate_arrivals(a2, cfg.adapters.n_adapters, r_arr, divisor)
+            starts = starts - warm
+            info["arrivals"] = {"process": a2.process, "rps": rps, "conversation_rate": rps / divisor, **ainfo}
+            df, t = _conversations_at(df, starts, r_arr, info["arrivals"])
+            conv = df["conversation_id"].to_numpy()
+            synthesized = True
+        t = fill_turn_arrivals(t, conv, df["output_tokens"].to_numpy(), cc, r_conv)
+        df["arrival_s"] = t
+        if synthesized and ac.n_requests is None:
+            a_s = df["arrival_s"]
+            df = df[(a_s >= 0) & (a_s < ac.duration_s)].reset_index(drop=True)
+    elif retime or not np.isfinite(t).all():
+        a2 = copy.deepcopy(ac)
+        a2.rps = ac.rps if ac.rps is not None else 4.0
+        a2.n_requests, a2.process = len(df), (ac.process if retime else "poisson")
+        if a2.process not in ("poisson", "gamma"):
+            raise ValueError(f"re-timing a trace supports arrival=poisson or gamma, not {a2.process!r}")
+        tt, _, ainfo = generate_arrivals(a2, 0, r_arr)
+        df["arrival_s"] = tt
+        info["arrivals"] = {"process": a2.process, "rps": a2.rps, **ainfo}
+        synthesized = True
+    if not synthesized:  # replay: start at 0, rescale to the target rate, cut the window
+        df["arrival_s"] = df["arrival_s"] - float(df["arrival_s"].min())
+        if given.get("rps") is not None:
+            t2, factor = rescale_to_rps(df["arrival_s"].to_numpy(), float(given["rps"]))
+            df["arrival_s"] = t2
+            info["time_scale_factor"] = factor
+        start = float(real.get("window_start") or 0.0)
+        dur = given.get("duration")
+        if start or dur is not None:
+            m = time_window(df["arrival_s"].to_numpy(), start, None if dur is None else float(dur))
+            df = df[m].reset_index(drop=True)
+            df["arrival_s"] = df["arrival_s"] - start
+            info["window"] = [start, None if dur is None else start + float(dur)]
+    if df.empty:
+        raise ValueError("the time window holds no request; widen duration or move window_start")
+    # ---- adapters
+    ad = cfg.adapters
+    mode = real.get("adapters_from", "synthetic")
+    if mode == "key":
+        if "key" not in df:
+            raise ValueError(f"{table.meta.get('format')} traces have no key column to map adapters from; "
+                             f"use adapters_from=synthetic")
+        ids, ranks, top = map_keys_to_adapters(df["key"].to_numpy(), ad.n_adapters, ad.ranks)
+        info["adapter_keys"] = [str(k) for k in top[:20]]
+        df = df[ids >= 0].reset_index(drop=True)
+        ids, ranks = ids[ids >= 0], ranks[ids >= 0]
+    elif mode == "synthetic":
+        if has_conv:
+            conv = df["conversation_id"].to_numpy()
+            uniq, inv = np.unique(conv, return_inverse=True)
+            cid, crank = assign_adapters(uniq.size, ad.n_adapters, r_ad, ad.ranks, ad.popularity)
+            ids, ranks = cid[inv.ravel()], crank[inv.ravel()]
+        else:
+            order = np.argsort(df["arrival_s"].to_numpy(), kind="stable")
+            ids_s, ranks_s = assign_adapters(len(df), ad.n_adapters, r_ad, ad.ranks, ad.popularity)
+            ids, ranks = np.empty_like(ids_s), np.empty_like(ranks_s)
+            ids[order], ranks[order] = ids_s, ranks_s
+    else:
+        raise ValueError(f"adapters_from must be 'synthetic' or 'key', got {mode!r}")
+    extra = {}
+    if has_conv:
+        extra = {"conversation_id": df["conversation_id"].to_numpy(), "turn": df["turn"].to_numpy(),
+                 "prefix_tokens": df["prefix_tokens"].to_numpy()}
+    w = Workload.from_arrays(df["arrival_s"].to_numpy(), df["prompt_tokens"].to_numpy(),
+                             df["output_tokens"].to_numpy(), ids, ranks, **extra)
+    return w, info
+
+
+# --------------------------------------------------------------------------- entry points
+def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike | None = None,
+                 rps: float | None = None, duration: float | None = None, adapters: int | None = None,
+                 ranks: list[int] | None = None, popularity: str | None = None, seed: int = 0,
+                 **options: Any) -> Workload:
+    """The workload of a built-in name or a path (see the module docstring).
+
+    ``options`` are the synthesis options of :data:`traces.synth.OPTIONS` (``arrival``, ``cv``,
+    ``lengths``, ``mean_in``, ``length_scale``, ``max_total``, ``conversations``, ...) and, for
+    real traces, :data:`REAL_OPTIONS`. Raises ``KeyError`` (listing the names) for an unknown
+    name and ``FileNotFoundError`` (naming the file, the data directory and the fetch command)
+    for a real trace whose file is missing.
+    """
+    given = {"rps": rps, "duration": duration, "adapters": adapters, "ranks": ranks, "popularity": popularity,
+             **options}
+    given = {k: v for k, v in given.items() if v is not None}
+    synth_opts, real_opts = _split_options({k: v for k, v in given.items()})
+    spec, path = resolve(name_or_path, data_dir)
+    record = {"source": name_or_path, "seed": int(seed), "options": _jsonable(given)}
+    if spec is not None and spec.kind == "synthetic":
+        if real_opts:
+            raise TypeError(f"options {sorted(real_opts)} apply to real traces, not to the synthetic {spec.name!r}")
+        cfg = apply_options(SynthConfig(seed=seed), {**spec.defaults, **synth_opts, "seed": seed})
+        if cfg.arrivals.process in ("per-adapter", "fitted") and "rps" not in synth_opts:
+            cfg.arrivals.rps = None  # per-adapter: the rates list decides; fitted: the fitted mean rate
+        w = synthesize(cfg, _trace_lengths_loader(data_dir))
+        w.meta.update(record, kind="synthetic", name=spec.name, description=spec.description)
+        return w
+    fmt = spec.fmt if spec is not None else detect_format(path)
+    if fmt == "workload":
+        return _from_saved(path, given, synth_opts, real_opts, seed, record)
+    defaults = dict(spec.defaults) if spec is not None else {}
+    if fmt in ("azure-functions-2019", "azure-functions-2021") and spec is None:
+        defaults = dict(BUILTINS["azure-functions"].defaults)
+    merged = {**defaults, **given}
+    synth_opts, real_opts = _split_options(merged)
+    base = SynthConfig(seed=seed, arrivals=ArrivalConfig(rps=None), adapters=AdapterConfig(),
+                       lengths=LengthConfig(dist="trace"), conversations=ConversationConfig())
+    cfg = apply_options(base, {**synth_opts, "seed": seed})
+    loader_kwargs = {k: v for k, v in real_opts.items() if k in _LOADER_KWARGS}
+    if fmt in ("azure-functions-2019", "azure-functions-2021"):
+        loader_kwargs["n_functions"] = cfg.adapters.n_adapters
+        if fmt == "azure-functions-2019":
+            loader_kwargs["rng"] = np.random.default_rng(np.random.SeedSequence(seed).spawn(5)[4])
+    try:
+        table = LOADERS[fmt](path, **loader_kwargs)
+    except TypeError as e:
+        raise TypeError(f"option(s) {sorted(loader_kwargs)} do not apply to {fmt} traces: {e}") from e
+    w, info = _table_to_workload(table, cfg, real_opts, merged, data_dir)
+    w.meta.update(record, kind="real", name=spec.name if spec else None, format=fmt, loader=table.meta,
+                  transform=_jsonable(info), config=cfg.to_dict())
+    return w
+
+
+def _from_saved(path: Path, given: dict[str, Any], synth_opts: dict[str, Any], real_opts: dict[str, Any], seed: int,
+                record: dict[str, Any]) -> Workload:
+    """A saved workload, optionally rescaled / windowed / with adapters reassigned."""
+    w = Workload.load(path)
+    allowed = {"rps", "duration", "adapters", "ranks", "popularity", "window_start"}
+    extra = set(given) - allowed
+    if extra:
+        raise TypeError(f"a saved workload can only be rescaled, windowed or get new adapters; options {sorted(extra)} "
+                        f"do not apply (regenerate it from its meta instead)")
+    if not given:
+        return w
+    df = w.df.copy()
+    t = df["arrival_s"].to_numpy()
+    if "rps" in given:
+        t, _ = rescale_to_rps(t, float(given["rps"]))
+    start = float(given.get("window_start", 0.0))
+    m = time_window(t, start, given.get("duration"))
+    df = df[m].reset_index(drop=True)
+    df["arrival_s"] = t[m] - start
+    if {"adapters", "ranks", "popularity"} & set(given):
+        cfg = apply_options(SynthConfig(seed=seed), {k: given[k] for k in ("adapters", "ranks", "popularity")
+                                                     if k in given})
+        r_ad = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[1])
+        ids, ranks = assign_adapters(len(df), cfg.adapters.n_adapters, r_ad, cfg.adapters.ranks,
+                                     cfg.adapters.popularity)
+        df["adapter_id"], df["adapter_rank"] = ids, ranks
+    df["request_id"] = np.arange(len(df))
+    meta = {**record, "kind": "derived", "derived_from": w.meta}
+    return Workload(df, meta)
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, np.ndarray):
+            v = v.tolist()
+        elif isinstance(v, (np.integer, np.floating)):
+            v = v.item()
+        elif isinstance(v, tuple):
+            v = list(v)
+        elif isinstance(v, dict):
+            v = _jsonable(v)
+        out[k] = v
+    return out
+
+
+def regenerate(meta: dict[str, Any], data_dir: str | os.PathLike | None = None) -> Workload:
+    """Rebuild a workload from its ``meta`` (``source``, ``seed``, ``options``)."""
+    if "source" not in meta or "options" not in meta:
+        raise ValueError("workload meta lacks 'source'/'options'; it was not made by traces.registry.get_workload")
+    return get_workload(meta["source"], data_dir=data_dir, seed=int(meta.get("seed", 0)), **meta["options"])

@@ -1,0 +1,273 @@
+"""Workload synthesis: arrivals x adapters x lengths (x conversations) -> :class:`Workload`.
+
+A :class:`SynthConfig` holds everything a synthetic workload depends on; :func:`synthesize`
+turns it into a workload whose ``meta`` records the config and seed, so the same call
+regenerates it exactly. Each component draws from its own child stream of
+``numpy.random.SeedSequence(seed)`` (arrivals, adapters, lengths, conversations), so changing
+one option (e.g. the popularity) leaves the others' draws unchanged.
+
+:data:`OPTIONS` maps the flat option names used by ``get_workload(**options)`` and the CLI
+flags (``--rps``, ``--popularity``, ...) to config fields; :func:`apply_options` applies them.
+
+Set-ups of the seed papers (see :mod:`traces.registry` for the named presets):
+
+* S-LoRA / Chameleon: Poisson or gamma arrivals, N adapters over ranks 8..128 (N/5 each),
+  power-law popularity (U-U, U-P, P-P), Splitwise lengths optionally scaled down.
+* FastLibra: Uniform, Distinct (round-robin) or Skewed-x popularity over thousands of adapters.
+* The published adapter twin: per-adapter Poisson rates from a list such as
+  {0.1, 0.05, 0.025} req/s assigned round-robin, ShareGPT-like lengths (means 222/196) or fixed
+  Small/Medium/Large sizes, one-hour windows.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from traces import arrivals as arr
+from traces.adapters import DEFAULT_RANKS, assign_adapters, assign_ranks, parse_popularity
+from traces.conversations import ConversationConfig, synthesize_conversations
+from traces.lengths import LengthConfig, build_length_model, load_fitted, sample_lengths
+from traces.workload import Workload
+
+GENERATOR = "lora-twin traces.synth/1"
+ARRIVAL_PROCESSES = ("poisson", "gamma", "onoff", "per-adapter", "fitted")
+DEFAULT_RATES = (0.1, 0.05, 0.025)
+
+
+@dataclass
+class ArrivalConfig:
+    """Arrival process (see :mod:`traces.arrivals`).
+
+    ``process``: ``poisson`` | ``gamma`` (``cv``, default 2) | ``onoff`` (``on_s``, ``off_s``,
+    ``off_frac``) | ``per-adapter`` (``rates`` cycled over the adapters; with ``rps`` set, the
+    list is scaled so that the adapters' rates sum to ``rps``)
+    | ``fitted`` (rate profile and renewal CV of a committed fit ``fit``, e.g.
+    ``splitwise_conv_fit``; ``rps`` defaults to the fitted mean rate).
+    ``n_requests`` (poisson/gamma only) generates exactly that many instead of a time window.
+    """
+
+    process: str = "poisson"
+    rps: float | None = 4.0
+    duration_s: float = 300.0
+    n_requests: int | None = None
+    cv: float | None = None
+    on_s: float = 10.0
+    off_s: float = 30.0
+    off_frac: float = 0.0
+    rates: list[float] | None = None
+    shuffle_rates: bool = True
+    fit: str | None = None
+
+
+@dataclass
+class AdapterConfig:
+    """``n_adapters`` adapters over ``ranks`` (cycled), requests drawn by ``popularity``."""
+
+    n_adapters: int = 100
+    ranks: list[int] = field(default_factory=lambda: list(DEFAULT_RANKS))
+    popularity: str = "powerlaw"
+
+
+@dataclass
+class SynthConfig:
+    """Everything a synthetic workload depends on."""
+
+    arrivals: ArrivalConfig = field(default_factory=ArrivalConfig)
+    adapters: AdapterConfig = field(default_factory=AdapterConfig)
+    lengths: LengthConfig = field(default_factory=LengthConfig)
+    conversations: ConversationConfig = field(default_factory=ConversationConfig)
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SynthConfig":
+        return cls(ArrivalConfig(**d.get("arrivals", {})), AdapterConfig(**d.get("adapters", {})),
+                   LengthConfig(**d.get("lengths", {})), ConversationConfig(**d.get("conversations", {})),
+                   int(d.get("seed", 0)))
+
+
+def _floats(v: Any) -> list[float]:
+    if isinstance(v, str):
+        v = [x for x in v.replace("-", ",").replace("/", ",").split(",") if x.strip()]
+    return [float(x) for x in v]
+
+
+def _ints(v: Any) -> list[int]:
+    if isinstance(v, str):
+        v = [x for x in v.replace("-", ",").replace("/", ",").split(",") if x.strip()]
+    return [int(x) for x in v]
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() in ("1", "true", "yes", "on")
+    return bool(v)
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+#: flat option name -> (config section, field, converter, help)
+OPTIONS: dict[str, tuple[str, str, Callable[[Any], Any], str]] = {
+    "arrival": ("arrivals", "process", str, f"arrival process: {' | '.join(ARRIVAL_PROCESSES)}"),
+    "rps": ("arrivals", "rps", _opt_float, "mean request rate (req/s); for a replayed trace: rescale to it"),
+    "duration": ("arrivals", "duration_s", float, "seconds to generate; for a replayed trace: keep the first seconds"),
+    "n_requests": ("arrivals", "n_requests", _opt_int, "exact request count (poisson/gamma) instead of a window"),
+    "cv": ("arrivals", "cv", _opt_float, "inter-arrival coefficient of variation (gamma; default 2)"),
+    "on_s": ("arrivals", "on_s", float, "mean on-period of on/off bursts (s)"),
+    "off_s": ("arrivals", "off_s", float, "mean off-period of on/off bursts (s)"),
+    "off_frac": ("arrivals", "off_frac", float, "rate while off as a fraction of the on-rate"),
+    "rates": ("arrivals", "rates", _floats, "per-adapter rates cycled round-robin, e.g. 0.1,0.05,0.025"),
+    "shuffle_rates": ("arrivals", "shuffle_rates", _bool, "shuffle per-adapter rates after the round-robin"),
+    "fit": ("arrivals", "fit", str, "fitted arrival statistics for arrival=fitted (e.g. splitwise_conv_fit)"),
+    "adapters": ("adapters", "n_adapters", int, "number of adapters (0: base model only)"),
+    "ranks": ("adapters", "ranks", _ints, "adapter ranks cycled over adapter ids, e.g. 8,16,32,64,128"),
+    "popularity": ("adapters", "popularity", str, "adapter popularity: uniform | powerlaw[:a] | zipf[:s] | "
+                   "skewed[:x] | distinct | U-U | U-P | P-P ..."),
+    "lengths": ("lengths", "dist", str, "length model: splitwise | splitwise-code | sharegpt | lognormal[:SRC] | "
+                "fixed:small|medium|large|P/O | empirical:NAME|PATH"),
+    "mean_in": ("lengths", "mean_in", _opt_float, "target mean prompt tokens (sharegpt, lognormal)"),
+    "mean_out": ("lengths", "mean_out", _opt_float, "target mean output tokens (sharegpt, lognormal)"),
+    "length_method": ("lengths", "method", str, "mean matching for sharegpt: scale | tilt"),
+    "length_scale": ("lengths", "scale", float, "multiply all lengths by this factor"),
+    "min_prompt": ("lengths", "min_prompt", int, "drop/redraw requests with fewer prompt tokens"),
+    "min_output": ("lengths", "min_output", int, "drop/redraw requests with fewer output tokens"),
+    "max_prompt": ("lengths", "max_prompt", _opt_int, "drop/redraw requests with more prompt tokens"),
+    "max_output": ("lengths", "max_output", _opt_int, "drop/redraw requests with more output tokens"),
+    "max_total": ("lengths", "max_total", _opt_int, "drop/redraw requests with prompt+output above this"),
+    "conversations": ("conversations", "enabled", _bool, "multi-turn conversations with shared prefixes"),
+    "mean_turns": ("conversations", "mean_turns", float, "mean turns per conversation (geometric)"),
+    "max_turns": ("conversations", "max_turns", int, "maximum turns per conversation"),
+    "think_s": ("conversations", "think_s", float, "mean user think time between turns (s)"),
+    "tpot_s": ("conversations", "tpot_s", float, "assumed seconds per output token to estimate reply end"),
+}
+
+
+def apply_options(cfg: SynthConfig, options: dict[str, Any]) -> SynthConfig:
+    """A copy of ``cfg`` with the flat ``options`` applied (``None`` values are skipped).
+
+    Raises ``TypeError`` naming unknown options and listing the valid ones.
+    """
+    out = copy.deepcopy(cfg)
+    unknown = [k for k in options if k not in OPTIONS and k != "seed"]
+    if unknown:
+        raise TypeError(f"unknown workload option(s) {unknown}; valid: {', '.join(sorted(OPTIONS))}, seed")
+    for k, v in options.items():
+        if v is None:
+            continue
+        if k == "seed":
+            out.seed = int(v)
+            continue
+        section, name, conv, _ = OPTIONS[k]
+        setattr(getattr(out, section), name, conv(v))
+    return out
+
+
+def validate_config(cfg: SynthConfig) -> None:
+    """Clear errors for inconsistent settings, before any drawing."""
+    a = cfg.arrivals
+    if a.process not in ARRIVAL_PROCESSES:
+        raise ValueError(f"unknown arrival process {a.process!r}; use one of {', '.join(ARRIVAL_PROCESSES)}")
+    if a.process == "fitted" and not a.fit:
+        raise ValueError("arrival=fitted needs fit=NAME of a committed fit (e.g. splitwise_conv_fit)")
+    if a.process != "per-adapter" and a.process != "fitted" and (a.rps is None or a.rps <= 0):
+        raise ValueError(f"arrival process {a.process} needs rps > 0 (got {a.rps})")
+    if a.n_requests is not None and a.process not in ("poisson", "gamma"):
+        raise ValueError("n_requests works with arrival=poisson or gamma; use duration for the others")
+    if a.process == "per-adapter" and cfg.adapters.n_adapters < 1:
+        raise ValueError("arrival=per-adapter needs adapters >= 1")
+    if cfg.adapters.n_adapters < 0:
+        raise ValueError(f"adapters must be >= 0, got {cfg.adapters.n_adapters}")
+    parse_popularity(cfg.adapters.popularity)
+    assign_ranks(1, cfg.adapters.ranks)
+
+
+def generate_arrivals(a: ArrivalConfig, n_adapters: int, rng: np.random.Generator, rate_divisor: float = 1.0,
+                      ) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
+    """Arrival times (and adapter ids for ``per-adapter``) of an :class:`ArrivalConfig`.
+
+    ``rate_divisor`` divides the rate (conversation starts = request rate / expected turns).
+    """
+    info: dict[str, Any] = {}
+    rps = None if a.rps is None else a.rps / rate_divisor
+    n = a.n_requests
+    dur = None if n is not None else a.duration_s
+    if a.process == "poisson":
+        return arr.poisson(rps, rng, duration_s=dur, n=n), None, info
+    if a.process == "gamma":
+        cv = 2.0 if a.cv is None else a.cv
+        info["cv"] = cv
+        return arr.gamma_renewal(rps, cv, rng, duration_s=dur, n=n), None, info
+    if a.process == "onoff":
+        return arr.onoff(rps, rng, a.duration_s, a.on_s, a.off_s, a.off_frac), None, info
+    if a.process == "per-adapter":
+        rates = np.asarray(a.rates if a.rates else DEFAULT_RATES, float) / rate_divisor
+        if a.rps is not None:  # scale the list so that the offered total is rps
+            rates = rates * (rps / arr.assign_rates_round_robin(rates, n_adapters, None, False).sum())
+        t, ids, ar = arr.per_adapter_poisson(rates, n_adapters, a.duration_s, rng, a.shuffle_rates)
+        info["adapter_rates"] = [round(float(r), 9) for r in ar * rate_divisor]
+        info["offered_rps"] = float(ar.sum() * rate_divisor)
+        return t, ids, info
+    if a.process == "fitted":
+        fa = load_fitted(a.fit)["arrivals"]
+        rps = (fa["mean_rps"] if a.rps is None else a.rps) / rate_divisor
+        cv = fa["renewal_cv"] if a.cv is None else a.cv
+        info.update(fit=a.fit, rps=rps * rate_divisor, cv=cv, bin_s=fa["bin_s"])
+        return arr.profiled_renewal(rps, cv, fa["profile"], fa["bin_s"], a.duration_s, rng), None, info
+    raise ValueError(f"unknown arrival process {a.process!r}")
+
+
+def synthesize(cfg: SynthConfig, trace_lengths: Callable[[str], tuple[np.ndarray, np.ndarray]] | None = None,
+               meta: dict[str, Any] | None = None) -> Workload:
+    """Generate the workload ``cfg`` describes (deterministic in ``cfg.seed``).
+
+    ``trace_lengths(name_or_path)`` loads a trace's lengths for ``lengths=empirical:...``.
+    """
+    validate_config(cfg)
+    r_arr, r_ad, r_len, r_conv = (np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(4))
+    ad, lc, cc = cfg.adapters, cfg.lengths, cfg.conversations
+    model = build_length_model(lc, trace_lengths)
+    filt = lc.filter()
+    draw = lambda m: sample_lengths(model, m, r_len, lc.scale, filt)  # noqa: E731
+    divisor = cc.expected_turns() if cc.enabled else 1.0
+    warm = cc.warmup_s() if cc.enabled and cfg.arrivals.n_requests is None else 0.0
+    a_cfg = dataclasses.replace(cfg.arrivals, duration_s=cfg.arrivals.duration_s + warm) if warm else cfg.arrivals
+    t, ids, info = generate_arrivals(a_cfg, ad.n_adapters, r_arr, divisor)
+    extra: dict[str, np.ndarray] = {}
+    if cc.enabled:
+        conv = synthesize_conversations(t - warm, cc, r_conv, draw, lc.max_prompt, lc.max_total)
+        start_idx = conv.pop("start_index")
+        if ids is None:
+            cid, crank = assign_adapters(t.size, ad.n_adapters, r_ad, ad.ranks, ad.popularity)
+        else:
+            cid, crank = ids, assign_ranks(ad.n_adapters, ad.ranks)[ids]
+        a_s = conv["arrival_s"]
+        keep = (a_s >= 0) & (a_s < cfg.arrivals.duration_s) if cfg.arrivals.n_requests is None else slice(None)
+        conv = {k: v[keep] for k, v in conv.items()}
+        start_idx = start_idx[keep]
+        t, p, o = conv["arrival_s"], conv["prompt_tokens"], conv["output_tokens"]
+        a_id, a_rank = cid[start_idx], crank[start_idx]
+        extra = {k: conv[k] for k in ("conversation_id", "turn", "prefix_tokens")}
+    else:
+        p, o = draw(t.size)
+        if ids is None:
+            a_id, a_rank = assign_adapters(t.size, ad.n_adapters, r_ad, ad.ranks, ad.popularity)
+        else:
+            a_id, a_rank = ids, assign_ranks(ad.n_adapters, ad.ranks)[ids]
+    m = {"source": "synthetic", "kind": "synthetic", "generator": GENERATOR, "seed": cfg.seed,
+         "config": cfg.to_dict(), "lengths_model": model.describe(), "arrivals_info": info}
+    if meta:
+        m.update(meta)
+    return Workload.from_arrays(t, p, o, a_id, a_rank, meta=m, **extra)
