@@ -183,3 +183,155 @@ class MemoryBudgetKV(PerfModel):
         p = self.params
         free = p["free_bytes"] - slots * p["slot_bytes_per_rank"] * max_rank
         return int(max(free, 0) // p["kv_bytes_per_token"] // 16 * 16)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forms added by the calibration fits (calibration/fitting). Each one is a better-founded
+# alternative to a simple form above; a fitted profile names the one that predicted held-out
+# measurements best (see the component's ``selection`` entry in the profile).
+# ---------------------------------------------------------------------------------------------
+
+
+def _scalar_or_array(x: Any) -> Any:
+    """``np.where`` returns 0-d arrays for scalar inputs: give the engine a float back (no arithmetic)."""
+    return float(x) if isinstance(x, np.ndarray) and x.ndim == 0 else x
+
+
+@register_form
+@dataclass
+class GraphLinearBackbone(PerfModel):
+    """t = c0 + c_eager*[P + D > g] + c_prefill*P + c_decode*D + c_ctx*C  (g = graph_max_tokens).
+
+    The linear model plus a CUDA-graph term: vLLM V1 replays captured CUDA graphs only for
+    steps of at most ``graph_max_tokens`` scheduled tokens (``max_capture_size``, 512 in
+    vLLM 0.8.5); a bigger step (every step carrying a prefill chunk of a few hundred tokens,
+    or a decode batch above 512 sequences) runs eagerly and pays the kernel-launch cost
+    ``c_eager`` once. ``graph_max_tokens`` is a setting of the serving software, not fitted.
+    """
+
+    kind: ClassVar[str] = "backbone"
+    form: ClassVar[str] = "graph_linear"
+    param_names: ClassVar[tuple[str, ...]] = ("c0", "c_eager", "c_prefill", "c_decode", "c_ctx", "graph_max_tokens")
+    units: ClassVar[dict[str, str]] = {"c0": "s", "c_eager": "s", "c_prefill": "s/token", "c_decode": "s/sequence",
+                                      "c_ctx": "s/context token", "graph_max_tokens": "tokens"}
+
+    def predict(self, prefill_tokens, decode_seqs, ctx_tokens):
+        p = self.params
+        eager = np.where(prefill_tokens + decode_seqs > p["graph_max_tokens"], p["c_eager"], 0.0)
+        return _scalar_or_array(p["c0"] + eager + p["c_prefill"] * prefill_tokens + p["c_decode"] * decode_seqs
+                                + p["c_ctx"] * ctx_tokens)
+
+
+@register_form
+@dataclass
+class GraphRooflineBackbone(PerfModel):
+    """t = c0 + c_eager*[T > g] + max(c_mem, c_tok*T) + c_seq*D + c_ctx*C  (T = P + D tokens in the step).
+
+    A roofline step: the weight GEMMs cost the larger of reading the weights once
+    (``c_mem``, memory bound, small batches) and their arithmetic (``c_tok`` per token,
+    compute bound); each decode sequence adds ``c_seq`` (logits over the vocabulary, sampling),
+    each context token ``c_ctx`` (attention reads of the KV cache), and steps above the
+    CUDA-graph capture size ``g`` run eagerly (``c_eager``, see ``graph_linear``).
+    """
+
+    kind: ClassVar[str] = "backbone"
+    form: ClassVar[str] = "graph_roofline"
+    param_names: ClassVar[tuple[str, ...]] = ("c0", "c_eager", "c_mem", "c_tok", "c_seq", "c_ctx", "graph_max_tokens")
+    units: ClassVar[dict[str, str]] = {"c0": "s", "c_eager": "s", "c_mem": "s", "c_tok": "s/token",
+                                      "c_seq": "s/decode sequence", "c_ctx": "s/context token",
+                                      "graph_max_tokens": "tokens"}
+
+    def predict(self, prefill_tokens, decode_seqs, ctx_tokens):
+        p = self.params
+        tokens = prefill_tokens + decode_seqs
+        eager = np.where(tokens > p["graph_max_tokens"], p["c_eager"], 0.0)
+        gemm = np.maximum(p["c_mem"], p["c_tok"] * tokens)
+        return _scalar_or_array(p["c0"] + eager + gemm + p["c_seq"] * decode_seqs + p["c_ctx"] * ctx_tokens)
+
+
+@register_form
+@dataclass
+class AdditiveLora(PerfModel):
+    """extra = [A > 0] * (l0 + s*(l_adapter*A + l_token*T + l_adapter_token*A*T)),  s = 1 + rank_coef*(max_rank - 8).
+
+    The LoRA kernels of a step (shrink/expand over every target layer) cost a fixed launch
+    overhead ``l0`` as soon as one adapter is active, a cost per distinct adapter ``A`` (its
+    A/B matrices are read once per step), a cost per token ``T`` routed through them and,
+    with ``l_adapter_token``, a term growing with both (kernel grids span tokens x adapters).
+    Unlike ``percent_of_base`` the extra time does not scale with the base step, which the
+    measured prefill and decode steps with LoRA support better. ``rank_coef`` (optional,
+    default 0) scales the adapter/token terms with the batch's max rank, where data on
+    several ranks exist.
+    """
+
+    kind: ClassVar[str] = "lora"
+    form: ClassVar[str] = "additive"
+    param_names: ClassVar[tuple[str, ...]] = ("l0", "l_adapter", "l_token")
+    units: ClassVar[dict[str, str]] = {"l0": "s", "l_adapter": "s/distinct adapter", "l_token": "s/token",
+                                      "l_adapter_token": "s/(adapter*token)", "rank_coef": "1/rank above 8"}
+
+    def predict(self, base_s, n_adapters, max_rank, lora_tokens):
+        p = self.params
+        scale = 1.0 + p.get("rank_coef", 0.0) * (max_rank - 8)
+        var = (p["l_adapter"] * n_adapters + p["l_token"] * lora_tokens
+               + p.get("l_adapter_token", 0.0) * n_adapters * lora_tokens)
+        extra = p["l0"] + scale * var
+        return _scalar_or_array(np.where(n_adapters > 0, extra, 0.0 * extra))
+
+
+@register_form
+@dataclass
+class LoraQueueScheduler(PerfModel):
+    """t = k0 + k1*R + k1_sq*R^2 + k2*W + k_blocked*W*max(1 - G/N, 0)*[G > 0]  (R running, W waiting, G slots, N served).
+
+    The scheduler walks the running list every step (``k1``; ``k1_sq`` for the list
+    removals of finished/preempted requests, each O(R)) and the waiting queue; with LoRA,
+    a waiting request whose adapter cannot get a slot is skipped and the walk continues,
+    so the share ``1 - G/N`` of the queue that is blocked costs ``k_blocked`` per request.
+    Without LoRA (G = 0) no request is blocked. Replaces the published
+    ``K1*R + K2*W + K3*W*(G/N)`` (``linear_queue``), whose ``K3 ~ -K2`` is the same idea.
+    """
+
+    kind: ClassVar[str] = "scheduler"
+    form: ClassVar[str] = "lora_queue"
+    param_names: ClassVar[tuple[str, ...]] = ("k0", "k1", "k1_sq", "k2", "k_blocked")
+    units: ClassVar[dict[str, str]] = {"k0": "s", "k1": "s/running request", "k1_sq": "s/running request^2",
+                                      "k2": "s/waiting request", "k_blocked": "s/blocked waiting request"}
+
+    def predict(self, running, waiting, slots, served):
+        p = self.params
+        frac = np.maximum(1.0 - slots / np.maximum(served, 1), 0.0)
+        blocked = np.where(slots > 0, frac, 0.0)
+        return _scalar_or_array(p["k0"] + p["k1"] * running + p["k1_sq"] * running * running + p["k2"] * waiting
+                                + p["k_blocked"] * waiting * blocked)
+
+
+@register_form
+@dataclass
+class AffineMemoryKV(PerfModel):
+    """tokens = floor((free_bytes - [G>0]*lora_fixed_bytes - G*(slot_fixed_bytes + slot_bytes_per_rank*r)) / kv_bytes_per_token / 16) * 16.
+
+    vLLM allocates, per adapter slot ``G``, LoRA buffers padded to the max rank ``r`` for
+    every supported module (the seven linear layers plus embedding / LM-head extras:
+    ``slot_bytes_per_rank``) and rank-independent per-slot buffers (``slot_fixed_bytes``);
+    enabling LoRA at all costs ``lora_fixed_bytes`` (punica metadata and larger activation
+    peaks). What is left of ``gpu_memory_utilization * memory`` (``free_bytes``, after
+    weights, activations and CUDA graphs of a server without LoRA) becomes KV blocks of
+    16 tokens. A start fails when the result is below ``max_model_len``.
+    """
+
+    kind: ClassVar[str] = "kv"
+    form: ClassVar[str] = "memory_budget_affine"
+    param_names: ClassVar[tuple[str, ...]] = ("free_bytes", "lora_fixed_bytes", "slot_fixed_bytes",
+                                              "slot_bytes_per_rank", "kv_bytes_per_token")
+    units: ClassVar[dict[str, str]] = {"free_bytes": "bytes", "lora_fixed_bytes": "bytes",
+                                      "slot_fixed_bytes": "bytes per slot",
+                                      "slot_bytes_per_rank": "bytes per slot per rank",
+                                      "kv_bytes_per_token": "bytes"}
+
+    def predict(self, slots: int, max_rank: int) -> int:
+        p = self.params
+        free = p["free_bytes"] - slots * (p["slot_fixed_bytes"] + p["slot_bytes_per_rank"] * max_rank)
+        if slots > 0:
+            free -= p["lora_fixed_bytes"]
+        return int(max(free, 0) // p["kv_bytes_per_token"] // 16 * 16)

@@ -1,0 +1,156 @@
+"""``twin calibrate``: fit profiles from measurement tables, list them, report on them.
+
+* ``twin calibrate fit --measurements DIR --model NAME [--out FILE]`` fits a profile from
+  the tables in DIR (format detected: vLLM 0.8.5 peer tables, vLLM 0.5.0 runs, or Vidur
+  operator timings with ``--gpu``) and writes it (default: ``calibration/profiles/<name>.json``).
+* ``twin calibrate list`` lists the profiles ``twin run --profile NAME`` accepts.
+* ``twin calibrate report PROFILE`` prints every model's constants and fit quality and writes
+  a figure per model (measured points against the fitted curve) when the measurements are found.
+* ``twin calibrate bench ...`` (the GPU microbenchmark harness) is added by
+  :mod:`calibration.bench.cli` when it is importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+
+def register_cli(subparsers) -> None:
+    """Add the ``calibrate`` command (``fit``, ``list``, ``report`` [, ``bench``]) to ``subparsers``."""
+    p = subparsers.add_parser("calibrate", help="fit, list and report performance profiles",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="calibrate_command")
+
+    fit = sub.add_parser("fit", help="fit a profile from measurement tables")
+    fit.add_argument("--measurements", required=True, metavar="DIR",
+                     help="directory of calibration tables (e.g. $TWIN_DATA_DIR/calibration/vllm085_h100)")
+    fit.add_argument("--model", required=True, help="model name (e.g. llama-3.1-8b, qwen-2.5-7b, llama-2-7b)")
+    fit.add_argument("--out", metavar="FILE", help="profile JSON to write (default: calibration/profiles/<name>.json)")
+    fit.add_argument("--format", choices=("auto", "vllm085", "vllm050", "vidur"), default="auto",
+                     help="table format (default: detected from the directory's files)")
+    fit.add_argument("--gpu", default="a40", help="GPU of the Vidur operator timings (vidur format; default a40)")
+    fit.add_argument("--reference", action="append", metavar="PROFILE",
+                     help="(vidur) fitted profile(s) the estimated parts come from; default: "
+                          "llama-3.1-8b_h100_vllm085 and llama-2-7b_h100_vllm050")
+    fit.add_argument("--vidur-dir", metavar="DIR", help="(vllm050) Vidur operator timings for the prefill cost "
+                                                         "(default: the sibling directory vidur_linear_ops)")
+    fit.add_argument("--folds", type=int, default=5, help="k of the grouped k-fold held-out scoring (default 5)")
+    fit.add_argument("--quiet", action="store_true", help="print only the output path")
+    fit.set_defaults(func=cmd_fit)
+
+    lst = sub.add_parser("list", help="list the available profiles by name")
+    lst.add_argument("--json", action="store_true", help="machine-readable output")
+    lst.set_defaults(func=cmd_list)
+
+    rep = sub.add_parser("report", help="constants, fit quality and figures of a profile")
+    rep.add_argument("profile", help="profile name (`twin calibrate list`) or JSON file")
+    rep.add_argument("--measurements", metavar="DIR",
+                     help="measurement directory for the figures (default: the profile's provenance directory "
+                          "inside $TWIN_DATA_DIR)")
+    rep.add_argument("--out-dir", metavar="DIR", help="where figures go (default: results/calibration/<name>)")
+    rep.add_argument("--no-figures", action="store_true", help="print only")
+    rep.add_argument("--json", action="store_true", help="print the fit-quality summary as JSON")
+    rep.add_argument("--markdown", action="store_true", help="print the fit-quality tables as Markdown")
+    rep.set_defaults(func=cmd_report)
+
+    try:
+        from calibration.bench.cli import register_bench
+    except ImportError:
+        pass
+    else:
+        register_bench(sub)
+
+    def _help(args: argparse.Namespace) -> int:
+        p.print_help()
+        return 0 if getattr(args, "calibrate_command", None) is None else 2
+
+    p.set_defaults(func=_help)
+
+
+def _command_line(args: argparse.Namespace, out: Path) -> str:
+    parts = ["twin", "calibrate", "fit", "--measurements", args.measurements, "--model", args.model, "--out", str(out)]
+    if args.format != "auto":
+        parts += ["--format", args.format]
+    fmt = getattr(args, "_format", args.format)
+    if fmt == "vidur":
+        parts += ["--gpu", args.gpu]
+        for r in args.reference or []:
+            parts += ["--reference", r]
+    if fmt == "vllm050" and args.vidur_dir:
+        parts += ["--vidur-dir", args.vidur_dir]
+    if args.folds != 5:
+        parts += ["--folds", str(args.folds)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from calibration.fitting import fit_profile
+    from calibration.fitting.core import FitError
+    from calibration.fitting.tables import detect_format
+    from twin.datadir import data_dir
+    from twin.profile import PROFILE_DIR
+
+    try:
+        fmt = detect_format(Path(args.measurements)) if args.format == "auto" else args.format
+        args._format = fmt
+        out_hint = Path(args.out) if args.out else None
+        profile = fit_profile(args.measurements, args.model, fmt=fmt, gpu=args.gpu, references=args.reference,
+                              vidur_dir=args.vidur_dir, k=args.folds, command="", data_root=data_dir())
+        out = out_hint or PROFILE_DIR / f"{profile['name']}.json"
+        profile["provenance"]["command"] = _command_line(args, out)
+        from calibration.fitting.profile_io import write_profile
+        write_profile(profile, out)
+    except (FileNotFoundError, KeyError, ValueError, FitError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"twin calibrate fit: {msg}", file=sys.stderr)
+        return 2
+    if args.quiet:
+        print(out)
+    else:
+        from calibration.report import summary_lines
+        print("\n".join(summary_lines(profile)))
+        print(f"\nwrote {out}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from twin.profile import DEFAULT_PROFILE, available_profiles, load_profile
+
+    rows = []
+    for name, path in available_profiles().items():
+        try:
+            prof = load_profile(str(path) if path else "embedded")
+            raw = prof.raw
+            rows.append({"name": name, "model": prof.model.name, "gpu": prof.gpu, "software": prof.software,
+                         "version": raw.get("version"), "path": str(path) if path else "(embedded)",
+                         "description": raw.get("description", DEFAULT_PROFILE["description"] if path is None else "")})
+        except Exception as e:  # a broken file is listed with its problem rather than hiding it
+            rows.append({"name": name, "model": "?", "gpu": "?", "software": "?", "version": None,
+                         "path": str(path), "description": f"UNLOADABLE: {e}"})
+    default = load_profile(None).name
+    if args.json:
+        print(json.dumps({"default": default, "profiles": rows}, indent=2))
+        return 0
+    w = max(len(r["name"]) for r in rows)
+    print(f"{'name':<{w}}  {'model':<13} {'gpu':<10} {'software':<12} description")
+    for r in rows:
+        mark = " (default)" if r["name"] == default or (r["name"] == "default" and default.startswith("default")) else ""
+        print(f"{r['name']:<{w}}  {r['model']:<13} {r['gpu']:<10} {r['software'][:12]:<12} {r['description']}{mark}")
+    print(f"\n`twin run --profile NAME|FILE`; without --profile the default is {default}.")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from calibration.report import report
+
+    try:
+        return report(args.profile, measurements=args.measurements, out_dir=args.out_dir,
+                      figures=not args.no_figures, as_json=args.json, as_markdown=args.markdown)
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"twin calibrate report: {msg}", file=sys.stderr)
+        return 2

@@ -1,0 +1,189 @@
+"""Shared machinery of the fits: ``curve_fit`` with bounds and standard errors, fit-quality
+metrics, and deterministic grouped cross-validation for the held-out scores.
+
+Every component fit follows the same recipe:
+
+1. build a table of observations (one row per ~2 s window, run, load or server start)
+   with a *group* key (the run it comes from, so that neighbouring windows of one run are
+   never split between training and test data);
+2. for each candidate form, fit the parameters with :func:`fit_params`
+   (``scipy.optimize.curve_fit``, trust-region reflective with bounds, initial guesses,
+   ``sigma`` weights) and compute the standard errors from the covariance matrix;
+3. score it on held-out data with :func:`grouped_folds` (k-fold over groups: each group's
+   predictions come from a fit that never saw it) and keep the candidate with the lowest
+   held-out MAPE (ties within 2 % relative go to the simpler form).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from scipy.optimize import OptimizeWarning, curve_fit
+
+
+class FitError(RuntimeError):
+    """A fit could not be done (missing or unusable measurements); the message says which and why."""
+
+
+def r2_score(y: np.ndarray, pred: np.ndarray, weights: np.ndarray | None = None) -> float:
+    """Coefficient of determination ``1 - SS_res / SS_tot`` (weighted when ``weights`` is given)."""
+    y = np.asarray(y, float)
+    pred = np.asarray(pred, float)
+    w = np.ones_like(y) if weights is None else np.asarray(weights, float)
+    if len(y) < 2:
+        return float("nan")
+    mean = np.sum(w * y) / np.sum(w)
+    ss_tot = float(np.sum(w * (y - mean) ** 2))
+    ss_res = float(np.sum(w * (y - pred) ** 2))
+    return float("nan") if ss_tot == 0 else 1.0 - ss_res / ss_tot
+
+
+def mape(y: np.ndarray, pred: np.ndarray) -> float:
+    """Mean absolute percentage error, in percent (points with ``y == 0`` are skipped)."""
+    y = np.asarray(y, float)
+    pred = np.asarray(pred, float)
+    ok = y != 0
+    if not ok.any():
+        return float("nan")
+    return float(np.mean(np.abs(pred[ok] - y[ok]) / np.abs(y[ok])) * 100.0)
+
+
+def quality(y: np.ndarray, pred: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
+    """``{"r2", "mape_pct", "rmse", "bias_pct", "n"}`` of predictions against measurements."""
+    y = np.asarray(y, float)
+    pred = np.asarray(pred, float)
+    ok = np.isfinite(y) & np.isfinite(pred)
+    y, pred = y[ok], pred[ok]
+    w = None if weights is None else np.asarray(weights, float)[ok]
+    if len(y) == 0:
+        return {"r2": float("nan"), "mape_pct": float("nan"), "rmse": float("nan"), "bias_pct": float("nan"), "n": 0}
+    nz = y != 0
+    bias = float(np.mean((pred[nz] - y[nz]) / np.abs(y[nz])) * 100.0) if nz.any() else float("nan")
+    return {"r2": _round(r2_score(y, pred, w)), "mape_pct": _round(mape(y, pred)),
+            "rmse": _round(float(np.sqrt(np.mean((y - pred) ** 2)))), "bias_pct": _round(bias), "n": int(len(y))}
+
+
+def _round(x: float, sig: int = 6) -> float:
+    if not np.isfinite(x) or x == 0:
+        return float(x)
+    return float(f"{x:.{sig}g}")
+
+
+@dataclass
+class ParamSpec:
+    """One fitted parameter: initial guess and bounds (in the fit's working units)."""
+
+    name: str
+    p0: float
+    lo: float = 0.0
+    hi: float = math.inf
+
+
+@dataclass
+class Fitted:
+    """Result of :func:`fit_params`: values and standard errors by name (working units)."""
+
+    values: dict[str, float]
+    stderr: dict[str, float]
+    at_bound: list[str] = field(default_factory=list)
+    cost: float = float("nan")
+
+
+def fit_params(func: Callable[..., np.ndarray], specs: Sequence[ParamSpec], y: np.ndarray,
+               sigma: np.ndarray | None = None, what: str = "model") -> Fitted:
+    """Fit ``y ~ func(*params)`` with ``scipy.optimize.curve_fit`` (bounded TRF).
+
+    ``func`` closes over its inputs and takes only the parameters. Standard errors are the
+    square roots of the covariance diagonal (``absolute_sigma=False``: scaled by the residual
+    variance); parameters that end on a bound are listed in ``at_bound`` (their error is not
+    meaningful and is reported as NaN).
+    """
+    y = np.asarray(y, float)
+    if len(y) < len(specs):
+        raise FitError(f"{what}: {len(y)} measurements for {len(specs)} parameters; the fit needs at least as many "
+                       f"points as parameters (check the measurement directory and the model name)")
+    p0 = np.array([s.p0 for s in specs], float)
+    lo = np.array([s.lo for s in specs], float)
+    hi = np.array([s.hi for s in specs], float)
+    # curve_fit needs a strictly feasible start: nudge guesses on or outside a bound inside it
+    width = np.where(np.isfinite(hi - lo), hi - lo, np.maximum(np.abs(p0), 1.0))
+    p0 = np.minimum(np.maximum(p0, lo + 1e-6 * width), hi - 1e-6 * width)
+
+    def wrapped(_x, *theta):
+        return np.asarray(func(*theta), float)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OptimizeWarning)
+        try:
+            popt, pcov = curve_fit(wrapped, None, y, p0=p0, sigma=sigma, bounds=(lo, hi), method="trf",
+                                   x_scale="jac", max_nfev=20000)
+        except (RuntimeError, ValueError) as e:
+            raise FitError(f"{what}: curve_fit failed ({e}); check that the measurements cover the model's inputs") from e
+    perr = np.sqrt(np.clip(np.diag(pcov), 0, np.inf)) if np.all(np.isfinite(pcov)) else np.full(len(popt), np.nan)
+    span = np.where(np.isfinite(hi - lo), hi - lo, np.maximum(np.abs(popt), 1.0))
+    at_bound = [s.name for i, (s, v) in enumerate(zip(specs, popt))
+                if (np.isfinite(s.lo) and abs(v - s.lo) <= 1e-6 * span[i] + 1e-12)
+                or (np.isfinite(s.hi) and abs(v - s.hi) <= 1e-6 * span[i])]
+    res = np.asarray(wrapped(None, *popt)) - y
+    wres = res / sigma if sigma is not None else res
+    values = {s.name: float(v) for s, v in zip(specs, popt)}
+    stderr = {s.name: (float("nan") if s.name in at_bound else float(e)) for s, e in zip(specs, perr)}
+    return Fitted(values, stderr, at_bound, float(np.sum(wres ** 2)))
+
+
+def _stable_hash(key: Any) -> int:
+    return int(hashlib.sha1(str(key).encode()).hexdigest()[:8], 16)
+
+
+def grouped_folds(groups: Sequence[Any], k: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Deterministic k-fold split over ``groups`` (whole groups go to one fold).
+
+    Groups are ordered by a stable hash of their key and dealt round-robin into ``k`` folds,
+    so the split does not depend on the row order or on Python's hash seed. With fewer than
+    ``k`` groups, leave-one-group-out is used.
+    """
+    groups = np.asarray([str(g) for g in groups])
+    uniq = sorted(set(groups.tolist()), key=lambda g: (_stable_hash(g), g))
+    k = max(2, min(k, len(uniq)))
+    fold_of = {g: i % k for i, g in enumerate(uniq)}
+    fid = np.array([fold_of[g] for g in groups])
+    return [(np.flatnonzero(fid != f), np.flatnonzero(fid == f)) for f in range(k)]
+
+
+def cross_val_predict(fit: Callable[[np.ndarray], Any], predict: Callable[[Any, np.ndarray], np.ndarray],
+                      n: int, groups: Sequence[Any], k: int = 5, train_mask: np.ndarray | None = None) -> np.ndarray:
+    """Out-of-fold predictions: for each fold, ``fit(train_idx)`` then ``predict(model, test_idx)``.
+
+    ``train_mask`` restricts which rows may be used for fitting (e.g. windows whose step
+    composition is not observed are only ever predicted); every row is predicted by a model
+    fitted without its group.
+    """
+    out = np.full(n, np.nan)
+    tm = np.ones(n, bool) if train_mask is None else np.asarray(train_mask, bool)
+    for tr, te in grouped_folds(groups, k):
+        tr = tr[tm[tr]]
+        if len(tr) == 0:
+            continue
+        try:
+            model = fit(tr)
+        except FitError:
+            continue
+        out[te] = predict(model, te)
+    return out
+
+
+def choose(candidates: dict[str, dict[str, Any]], key: str = "mape_pct", tol: float = 0.02) -> str:
+    """Name of the candidate with the lowest held-out ``key``; within ``tol`` relative of the
+    best, the one with fewer parameters wins (Occam)."""
+    scored = [(name, c["heldout"][key], len(c["params"])) for name, c in candidates.items()
+              if np.isfinite(c["heldout"].get(key, np.nan))]
+    if not scored:
+        raise FitError("no candidate form could be scored on held-out data")
+    best = min(s for _, s, _ in scored)
+    near = [(npar, s, name) for name, s, npar in scored if s <= best * (1 + tol) + 1e-12]
+    return min(near)[2]

@@ -1,0 +1,89 @@
+"""Assembling, validating and writing profile JSON files (with their provenance)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from twin.profile import KINDS, PROFILE_SCHEMA, Profile
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def provenance(directory: Path, files: Iterable[str], command: str, method: str, data_root: Path | None = None,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Which measurements (with SHA-256 of each table, so a re-fit can check it read the same
+    data), which command, and how the fit used them. Paths are given relative to the data root."""
+    directory = Path(directory)
+    root = data_root or directory
+    try:
+        rel = str(directory.resolve().relative_to(Path(root).resolve()))
+    except ValueError:
+        rel = directory.name
+    out: dict[str, Any] = {
+        "measurements": {"directory": rel, "tables": {f: file_digest(directory / f) for f in sorted(files)
+                                                        if (directory / f).exists()}},
+        "command": command,
+        "code": "calibration.fitting (LoRA Twin); scipy.optimize.curve_fit, trust-region reflective with bounds",
+        "method": method,
+    }
+    if extra:
+        out.update(extra)
+    return out
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe copy: drop private ``_`` keys, numpy scalars to Python, NaN/inf to None."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items() if not str(k).startswith("_")}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [_clean(v) for v in obj.tolist()]
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def build_profile(name: str, model: str, gpu: str, software: str, description: str, components: dict[str, Any],
+                  provenance_: dict[str, Any], lora_targets: Iterable[str], comparison: dict[str, Any] | None = None,
+                  notes: list[str] | None = None, version: int = 1) -> dict[str, Any]:
+    missing = [k for k in KINDS if k not in components]
+    if missing:
+        raise ValueError(f"profile {name!r} lacks components {missing}")
+    d = {"schema": PROFILE_SCHEMA, "name": name, "version": version, "model": model, "gpu": gpu,
+         "software": software, "description": description, "lora_targets": list(lora_targets),
+         "provenance": provenance_, "components": {k: components[k] for k in KINDS}}
+    if comparison:
+        d["comparison_with_published_twin"] = comparison
+    if notes:
+        d["notes"] = notes
+    d = _clean(d)
+    Profile.from_dict(d, f"fitted profile {name}")  # must load exactly as the engine will
+    return d
+
+
+def write_profile(d: dict[str, Any], out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Profile.from_dict(d, str(out))
+    with open(out, "w") as f:
+        json.dump(d, f, indent=1, sort_keys=False, allow_nan=False)
+        f.write("\n")
+    return out

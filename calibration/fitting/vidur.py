@@ -1,0 +1,271 @@
+"""Profile of Llama-2-7B on an A40 (Chameleon's set-up) from Vidur's operator timings.
+
+Measured (``vidur_linear_ops/<gpu>/llama-2-7b-hf_mlp.csv``): the GPU time of every linear
+operator of one layer (QKV and output projections, gated-MLP up/down, activation, norms,
+rotary embedding, residual adds) and of the embedding, for 1-4096 tokens, tensor-parallel
+degree 1. The per-step time of the linear part of the model is
+``lin(T) = 32 x sum(layer ops at T) + embedding(T)``; the backbone is fitted to it.
+
+Estimated (not in the data), each with the numbers recorded in the profile's notes:
+
+* **decode attention** (KV reads, memory bound): ``c_ctx = kv_bytes_per_token / BW``, with BW
+  the A40's effective memory bandwidth measured by Vidur's memory-bound regime (weight bytes
+  of the linear layers / ``lin(1)``);
+* **prefill attention** FLOPs: left out (``< 3 %`` of the linear FLOPs for prompts up to 1024
+  tokens, the figure is in the notes);
+* **LM head** (not profiled): per decode sequence, the FLOPs of a ``hidden x vocab`` GEMM at
+  the A40's measured per-FLOP cost (``c_seq``), its weight read added to ``c_mem``;
+* **per-step overhead outside the linear ops** (norm/attention kernel launches, sampling,
+  CPU): taken from the vLLM 0.8.5 H100 profile of Llama-3.1-8B, as its measured step at one
+  sequence minus Vidur's H100 linear-op time scaled to that model (CPU-bound, assumed to
+  carry over); ``c_eager`` and the scheduler likewise;
+* **LoRA kernels**: the H100 vLLM 0.8.5 additive fit scaled to the A40 (per-adapter term by
+  the memory-bound time ratio A40/H100 of Vidur's ops, per-token terms by the compute-bound
+  ratio, by the adapter-size ratio of the two models); rank coefficient from the vLLM 0.5.0
+  Llama-2-7B fit;
+* **loads**: fixed costs from the H100 measurements (software), CPU->GPU bandwidth of the
+  A40's PCIe 4.0 x16 link (25 GB/s effective);
+* **KV capacity**: ``0.9 x 46068 MiB`` (A40) minus weights, minus the runtime reserve and
+  LoRA slot buffers measured for Llama-2-7B with vLLM 0.5.0 on the H100.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from calibration.fitting.core import FitError, ParamSpec, choose, fit_params, grouped_folds, quality
+from calibration.fitting.profile_io import build_profile, provenance
+from calibration.perf_models import FORMS
+from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
+from twin.profile import Profile, load_profile
+
+#: GPU facts used for estimates: total memory as CUDA reports it, host link
+GPUS = {
+    "a40": {"name": "A40-48GB", "memory_bytes": 46068 * 2 ** 20, "host_link_gbps": 25.0,
+            "link": "PCIe 4.0 x16 (~25 GB/s effective)"},
+    "a100": {"name": "A100-80GB", "memory_bytes": 81920 * 2 ** 20, "host_link_gbps": 25.0,
+             "link": "PCIe 4.0 x16 (~25 GB/s effective)"},
+    "h100": {"name": "H100-80GB", "memory_bytes": 81559 * 2 ** 20, "host_link_gbps": 50.0,
+             "link": "PCIe 5.0 x16 (~50 GB/s effective)"},
+}
+VIDUR_NAMES = {"llama-2-7b": "llama-2-7b-hf", "llama-3.1-8b": "meta-llama-3-8b"}
+LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+             "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+GRAPH_MAX_TOKENS = 512
+DEFAULT_REFERENCES = ("llama-3.1-8b_h100_vllm085", "llama-2-7b_h100_vllm050")
+
+
+def read_ops(directory: Path, gpu: str, spec: ModelSpec, tp: int = 1) -> pd.DataFrame:
+    """``num_tokens`` and ``lin_ms`` (all layers + embedding) of one GPU, TP degree ``tp``."""
+    fname = VIDUR_NAMES.get(spec.name)
+    f = Path(directory) / gpu / f"{fname}_mlp.csv"
+    if fname is None or not f.exists():
+        avail = sorted(str(p.relative_to(directory)) for p in Path(directory).glob("*/*_mlp.csv"))
+        raise FileNotFoundError(f"no Vidur timings of {spec.name} on {gpu} in {directory}; available: {avail}")
+    d = pd.read_csv(f)
+    d = d[d["num_tensor_parallel_workers"] == tp]
+    layer = sum(d[f"time_stats.{o}.median"] for o in LAYER_OPS) + d["time_stats.add.median"]  # two residual adds
+    lin = layer * spec.layers + d["time_stats.emb.median"]
+    out = pd.DataFrame({"num_tokens": d["num_tokens"].to_numpy(float), "lin_ms": lin.to_numpy(float)})
+    return out.groupby("num_tokens", as_index=False)["lin_ms"].median()
+
+
+def linear_weight_bytes(spec: ModelSpec) -> float:
+    """Bytes of the per-layer linear weights (QKV, O, gate/up, down) over all layers."""
+    kv = spec.kv_heads * spec.head_dim
+    per_layer = spec.hidden * (spec.hidden + 2 * kv) + spec.hidden * spec.hidden + 3 * spec.hidden * spec.intermediate
+    return float(per_layer * spec.layers * spec.dtype_bytes)
+
+
+def fit_linear_ops(ops: pd.DataFrame, k: int = 5) -> dict[str, Any]:
+    """Fit ``lin(T)`` with a roofline ``a + max(c_mem, c_tok*T)`` and a line ``a + c_tok*T``; held-out by k-fold over T."""
+    T = ops["num_tokens"].to_numpy(float)
+    y = ops["lin_ms"].to_numpy(float)
+    forms = {
+        "roofline": ([ParamSpec("a", 1.0, 0, 1e3), ParamSpec("c_mem", float(y.min()), 0, 1e4),
+                      ParamSpec("c_tok", float((y.max() - y.min()) / T.max()), 0, 10)],
+                     lambda t, a, cm, ct: a + np.maximum(cm, ct * t)),
+        "linear": ([ParamSpec("a", float(y.min()), 0, 1e4), ParamSpec("c_tok", float((y.max() - y.min()) / T.max()), 0, 10)],
+                   lambda t, a, ct: a + ct * t),
+    }
+    res = {}
+    for name, (specs, f) in forms.items():
+        full = fit_params(lambda *th: f(T, *th), specs, y, y, f"vidur/{name}")  # relative errors
+        oof = np.full(len(T), np.nan)
+        for tr, te in grouped_folds(np.arange(len(T)), k):
+            ft = fit_params(lambda *th: f(T[tr], *th), specs, y[tr], y[tr], f"vidur/{name}")
+            oof[te] = f(T[te], *ft.values.values())
+        res[name] = {"params": full.values, "stderr": full.stderr, "train": quality(y, f(T, *full.values.values())),
+                     "heldout": {"all": quality(y, oof)}}
+    best = choose({n: {"heldout": v["heldout"]["all"], "params": v["params"]} for n, v in res.items()})
+    return {"chosen": best, **res}
+
+
+def _reference(refs: list[str]) -> dict[str, Profile]:
+    out = {}
+    for r in refs:
+        p = load_profile(r)
+        out[p.software] = p
+    if "vllm-0.8.5" not in out:
+        raise FitError("the A40 profile needs a vLLM 0.8.5 reference profile (e.g. llama-3.1-8b_h100_vllm085) for the "
+                       "estimated parts; fit it first or pass --reference")
+    return out
+
+
+def fit_vidur(directory: str | Path, model: str | ModelSpec = "llama-2-7b", gpu: str = "a40", command: str = "",
+              references: list[str] | None = None, k: int = 5, data_root: Path | None = None) -> dict[str, Any]:
+    spec = model if isinstance(model, ModelSpec) else get_model(model)
+    gpu = gpu.lower()
+    if gpu not in GPUS:
+        raise ValueError(f"unknown GPU {gpu!r} for Vidur timings; choose from {sorted(GPUS)}")
+    d = Path(directory)
+    refs = _reference(list(references or DEFAULT_REFERENCES))
+    r085 = refs["vllm-0.8.5"]
+    r050 = refs.get("vllm-0.5.0")
+    ops = read_ops(d, gpu, spec)
+    ops_h100 = read_ops(d, "h100", get_model("llama-2-7b"))
+    fit = fit_linear_ops(ops, k)
+    fit_h = fit_linear_ops(ops_h100, k)
+    notes: list[str] = []
+
+    # ratios A40 / H100 from Vidur's own timings of the same model
+    lin1 = float(ops.loc[ops["num_tokens"] <= 16, "lin_ms"].median())
+    lin1_h = float(ops_h100.loc[ops_h100["num_tokens"] <= 16, "lin_ms"].median())
+    mem_ratio = lin1 / lin1_h
+    big = ops["num_tokens"] >= 1024
+    tok = float(np.polyfit(ops.loc[big, "num_tokens"], ops.loc[big, "lin_ms"], 1)[0])
+    bigh = ops_h100["num_tokens"] >= 1024
+    tok_h = float(np.polyfit(ops_h100.loc[bigh, "num_tokens"], ops_h100.loc[bigh, "lin_ms"], 1)[0])
+    flop_ratio = tok / tok_h
+    wbytes = linear_weight_bytes(spec)
+    bw = wbytes / (float(ops["lin_ms"].iloc[0]) * 1e-3)  # effective memory-bound bandwidth (B/s)
+    flops_per_token = 2.0 * wbytes / spec.dtype_bytes
+    s_per_flop = tok * 1e-3 / flops_per_token
+    notes.append(f"Vidur {gpu.upper()} linear ops of {spec.name}: lin(1) = {float(ops['lin_ms'].iloc[0]):.2f} ms "
+                 f"(effective bandwidth {bw / 1e9:.0f} GB/s over {wbytes / 1e9:.2f} GB of linear weights), "
+                 f"{tok * 1e3:.1f} us per token above 1024 tokens ({flops_per_token / tok / 1e9:.0f} TFLOP/s); "
+                 f"ratios to Vidur's H100: memory-bound {mem_ratio:.2f}x, compute-bound {flop_ratio:.2f}x.")
+
+    # backbone ------------------------------------------------------------------------------
+    p = fit["roofline"]["params"] if fit["chosen"] == "roofline" else {"a": fit["linear"]["params"]["a"], "c_mem": 0.0,
+                                                                       "c_tok": fit["linear"]["params"]["c_tok"]}
+    lm_head_bytes = float(spec.hidden * spec.vocab * spec.dtype_bytes)
+    lm_head_read_s = lm_head_bytes / bw
+    c_seq_lm = 2.0 * spec.hidden * spec.vocab * s_per_flop
+    # overhead outside the linear ops, from the H100 vLLM 0.8.5 profile (Llama-3.1-8B) minus Vidur's H100 linear ops
+    ref_model = r085.model
+    ref_step_1 = float(r085.backbone_s(0, 1, 0))
+    scale = linear_weight_bytes(ref_model) / linear_weight_bytes(get_model("llama-2-7b"))
+    bw_h = linear_weight_bytes(get_model("llama-2-7b")) / (lin1_h * 1e-3)
+    ref_lin_1 = lin1_h * 1e-3 * scale + ref_model.hidden * ref_model.vocab * ref_model.dtype_bytes / bw_h
+    overhead = max(ref_step_1 - ref_lin_1, 0.0)
+    ref_bb = r085.components["backbone"].params
+    c_eager = float(ref_bb.get("c_eager", 0.0))
+    c_seq_ref = float(ref_bb.get("c_seq", 0.0))
+    c_ctx = spec.kv_bytes_per_token / bw
+    notes.append(f"Per-step overhead outside the linear ops: {overhead * 1e3:.2f} ms = the {r085.name} step at one "
+                 f"sequence ({ref_step_1 * 1e3:.2f} ms) minus Vidur's H100 linear-op time scaled to {ref_model.name} "
+                 f"plus its LM-head read ({ref_lin_1 * 1e3:.2f} ms); assumed hardware-independent (CPU, launches). "
+                 f"Vidur's H100 (80 GB) and the measured H100 (64 GB) may differ in bandwidth, so this is uncertain by "
+                 f"a few ms. c_eager ({c_eager * 1e3:.2f} ms) is carried over likewise.")
+    L = 1024
+    attn_share = 4 * spec.layers * spec.hidden * (L / 2) / flops_per_token
+    notes.append(f"Decode attention: c_ctx = {spec.kv_bytes_per_token} B/token / {bw / 1e9:.0f} GB/s = "
+                 f"{c_ctx * 1e9:.1f} ns per context token. Prefill attention FLOPs are not modelled: "
+                 f"{attn_share * 100:.1f} % of the linear FLOPs per token for a {L}-token prompt.")
+    notes.append(f"LM head (not in Vidur's linear ops): {lm_head_read_s * 1e3:.2f} ms weight read per step added to "
+                 f"c_mem; {c_seq_lm * 1e6:.2f} us per decode sequence of GEMM plus the reference's per-sequence "
+                 f"cost ({c_seq_ref * 1e6:.2f} us, sampling) as c_seq.")
+    params = {"c0": p["a"] * 1e-3 + overhead, "c_eager": c_eager, "c_mem": p["c_mem"] * 1e-3 + lm_head_read_s,
+              "c_tok": p["c_tok"] * 1e-3, "c_seq": c_seq_lm + c_seq_ref, "c_ctx": c_ctx,
+              "graph_max_tokens": float(GRAPH_MAX_TOKENS)}
+    se = fit["roofline"]["stderr"] if fit["chosen"] == "roofline" else fit["linear"]["stderr"]
+    backbone = FORMS[("backbone", "graph_roofline")](params=params).to_dict()
+    backbone.update({
+        "stderr": {"c_tok": se.get("c_tok", np.nan) * 1e-3, "c_mem": se.get("c_mem", np.nan) * 1e-3,
+                   "c0": se.get("a", np.nan) * 1e-3},
+        "fit": {"train": fit[fit["chosen"]]["train"], "heldout": fit[fit["chosen"]]["heldout"],
+                "target": "Vidur linear-op time per step lin(T) (the measured part only)",
+                "linear_ops_forms": {n: {"params": fit[n]["params"], "heldout": fit[n]["heldout"]}
+                                     for n in ("roofline", "linear")}},
+        "selection": {"chosen": f"graph_roofline (linear ops: {fit['chosen']} fitted to Vidur's {gpu.upper()} timings; "
+                                "other terms estimated)",
+                      "heldout": f"{k}-fold over the token counts of the operator table"},
+        "method": "lin(T) = 32 x (per-layer linear ops at T tokens) + embedding(T), median of Vidur's repetitions, "
+                  "TP 1; fitted with relative errors; see notes for the estimated terms",
+    })
+
+    # LoRA (estimated) ------------------------------------------------------------------------
+    lref = r085.components["lora"]
+    size_ratio = spec.adapter_bytes(8) / ref_model.adapter_bytes(8)
+    if lref.form == "additive":
+        lp = dict(lref.params)
+        lora_params = {"l0": lp["l0"], "l_adapter": lp["l_adapter"] * mem_ratio * size_ratio,
+                       "l_token": lp["l_token"] * flop_ratio * size_ratio,
+                       "l_adapter_token": lp.get("l_adapter_token", 0.0) * flop_ratio * size_ratio}
+        if r050 is not None and r050.components["lora"].form == "additive":
+            lora_params["rank_coef"] = float(r050.components["lora"].params.get("rank_coef", 0.0))
+        lora = FORMS[("lora", "additive")](params=lora_params).to_dict()
+    else:
+        lora = lref.to_dict()
+    lora.update({"fit": {"heldout": {"all": {"note": "estimated, not fitted"}}},
+                 "method": f"estimated from {r085.name}'s LoRA fit: l0 kept (launch overhead), per-adapter terms x "
+                           f"{mem_ratio:.2f} (memory-bound ratio) and per-token terms x {flop_ratio:.2f} (compute-bound "
+                           f"ratio), both x {size_ratio:.3f} (adapter size {spec.name} / {ref_model.name})"
+                           + ("; rank_coef from the vLLM 0.5.0 Llama-2-7B fit" if r050 is not None else "")})
+
+    # scheduler (carried over) ------------------------------------------------------------------
+    sched = r085.components["scheduler"].to_dict()
+    sched.update({"fit": {"heldout": {"all": {"note": f"carried over from {r085.name}"}}},
+                  "method": f"host CPU time: carried over unchanged from {r085.name} (not measurable from GPU "
+                            f"operator timings)"})
+    for key in ("candidates", "selection", "data", "stderr"):
+        sched.pop(key, None)
+
+    # loads -------------------------------------------------------------------------------------
+    lpar = dict(r085.components["load"].params)
+    load_params = {"disk_fixed_s": lpar["disk_fixed_s"], "disk_gbps": lpar["disk_gbps"],
+                   "cpu_fixed_s": lpar["cpu_fixed_s"], "cpu_gbps": GPUS[gpu]["host_link_gbps"]}
+    load = FORMS[("load", "link")](params=load_params).to_dict()
+    load.update({"fit": {"heldout": {"all": {"note": "estimated"}}},
+                 "method": f"fixed costs and disk bandwidth from {r085.name} (software and host); CPU->GPU bandwidth "
+                           f"of the {GPUS[gpu]['name']}'s {GPUS[gpu]['link']}; no per-rank table"})
+
+    # KV ----------------------------------------------------------------------------------------
+    kref = (r050 or r085).components["kv"]
+    kp = dict(kref.params)
+    ref_free = kp["free_bytes"]
+    kref_model = (r050 or r085).model
+    reserve = 0.9 * 64 * 2 ** 30 - kref_model.weight_bytes - ref_free
+    free = 0.9 * GPUS[gpu]["memory_bytes"] - spec.weight_bytes - reserve
+    slot_scale = spec.adapter_bytes(8) / kref_model.adapter_bytes(8)
+    kv_params = {"free_bytes": free, "lora_fixed_bytes": kp.get("lora_fixed_bytes", 0.0),
+                 "slot_fixed_bytes": kp.get("slot_fixed_bytes", 0.0) * slot_scale,
+                 "slot_bytes_per_rank": kp["slot_bytes_per_rank"] * slot_scale,
+                 "kv_bytes_per_token": float(spec.kv_bytes_per_token)}
+    kv = FORMS[("kv", "memory_budget_affine")](params=kv_params).to_dict()
+    kvm = FORMS[("kv", "memory_budget_affine")](params=kv_params)
+    kv.update({"fit": {"heldout": {"all": {"note": "estimated"}}},
+               "method": f"0.9 x {GPUS[gpu]['memory_bytes'] / 2 ** 30:.2f} GiB - weights ({spec.weight_bytes / 1e9:.2f} GB) "
+                         f"- runtime reserve {reserve / 1e9:.2f} GB (measured for {kref_model.name} on the 64 GiB H100 "
+                         f"by {(r050 or r085).name}) - LoRA slot buffers per slot and rank from that fit; capacity "
+                         f"with LoRA disabled {kvm.predict(0, 0)} tokens, 8 slots of rank 16: {kvm.predict(8, 16)}"})
+
+    prov = provenance(d, [str(Path(gpu) / f"{VIDUR_NAMES[spec.name]}_mlp.csv"),
+                          str(Path("h100") / f"{VIDUR_NAMES['llama-2-7b']}_mlp.csv")], command,
+                      "see the module docstring of calibration.fitting.vidur and each component's method",
+                      data_root=data_root,
+                      extra={"source": "Vidur profiling data (microsoft/vidur, data/profiling/compute, MIT License)",
+                             "reference_profiles": {v.name: v.raw.get("provenance", {}).get("command", "")
+                                                    for v in refs.values()},
+                             "validation_data_used": False, "format": "vidur"})
+    name = f"{spec.name}_{gpu}_vidur"
+    return build_profile(name, spec.name, GPUS[gpu]["name"], "vidur-ops+estimates (vLLM 0.8.5-like engine)",
+                         f"{spec.name} on one {GPUS[gpu]['name']} (Chameleon's set-up): linear layers from Vidur's "
+                         f"measured operator timings, the rest estimated (see notes)",
+                         {"backbone": backbone, "lora": lora, "scheduler": sched, "load": load, "kv": kv}, prov,
+                         ALL_TARGETS, None, notes)

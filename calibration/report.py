@@ -1,0 +1,504 @@
+"""``twin calibrate report PROFILE``: constants, fit quality and one figure per model.
+
+The text part needs only the profile file; the figures re-read the measurements the profile
+was fitted from (``--measurements DIR``, or the provenance directory inside
+``$TWIN_DATA_DIR``) and plot the measured points against the fitted model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from twin.profile import KINDS, available_profiles
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_profile_dict(name_or_path: str) -> tuple[dict[str, Any], Path]:
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.exists():
+        if not p.exists():
+            raise FileNotFoundError(f"profile file {p} does not exist; `twin calibrate list` shows the shipped ones")
+        return json.loads(p.read_text()), p
+    avail = available_profiles()
+    path = avail.get(name_or_path)
+    if path is None:
+        raise KeyError(f"unknown profile {name_or_path!r}; fitted profiles: "
+                       f"{', '.join(k for k, v in avail.items() if v is not None)} (or give a JSON file)")
+    return json.loads(path.read_text()), path
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "-"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _q(q: dict[str, Any] | None) -> str:
+    if not q:
+        return "-"
+    if "note" in q and "r2" not in q:
+        return f"MAPE={_fmt(q['mape_pct'])}% ({q['note']})" if "mape_pct" in q else q["note"]
+    return f"R2={_fmt(q.get('r2'))} MAPE={_fmt(q.get('mape_pct'))}% (n={q.get('n', '-')})"
+
+
+def summary_lines(d: dict[str, Any]) -> list[str]:
+    """Human-readable summary of a profile dict: constants with units and standard errors, fit quality."""
+    out = [f"profile {d['name']} (v{d.get('version')}): {d['model']} on {d.get('gpu')} with {d.get('software')}",
+           f"  {d.get('description', '')}"]
+    prov = d.get("provenance", {})
+    if prov.get("command"):
+        out.append(f"  fitted by: {prov['command']}")
+    for kind in KINDS:
+        c = d["components"][kind]
+        out.append("")
+        out.append(f"[{kind}] form {c['form']}: {c.get('equation', '')}")
+        units = c.get("units", {})
+        se = c.get("stderr", {}) or {}
+        for name, v in c["params"].items():
+            if isinstance(v, dict):
+                for src, tab in v.items():
+                    sete = (se.get(name) or {}).get(src, {}) if isinstance(se.get(name), dict) else {}
+                    cells = ", ".join(f"r{r}: {t * 1e3:.2f}" + (f"+-{sete[r] * 1e3:.2f}" if r in sete else "")
+                                      for r, t in tab.items())
+                    out.append(f"    {name}[{src}] (ms by rank) {cells}")
+                continue
+            s = se.get(name)
+            fixed = " (fixed)" if name in c.get("fixed", []) else ""
+            bound = " (at bound)" if name in c.get("at_bound", []) else ""
+            out.append(f"    {name:<18} = {_fmt(v):>12}{'' if s is None else ' +- ' + _fmt(s)} "
+                       f"{units.get(name, '')}{fixed}{bound}")
+        fit = c.get("fit", {})
+        if "train" in fit:
+            out.append(f"  fit (training):  {_q(fit['train'])}")
+        held = fit.get("heldout", {})
+        for key, q in held.items():
+            if isinstance(q, dict) and ("r2" in q or "note" in q):
+                out.append(f"  held-out {key:<10} {_q(q)}")
+            elif isinstance(q, dict):
+                for sub, qq in q.items():
+                    if isinstance(qq, dict) and "r2" in qq:
+                        out.append(f"  held-out {key}/{sub}: {_q(qq)}")
+        if "classification" in c:
+            cl = c["classification"]
+            out.append(f"  probe starts classified right: {cl['correct']}/{cl['total']} "
+                       f"(ok {cl['ok_predicted_ok']}/{cl['ok_total']}, failed "
+                       f"{cl['failed_predicted_failed']}/{cl['failed_total']})")
+        sel = c.get("selection", {})
+        if sel.get("ranking"):
+            out.append("  candidates (held-out MAPE %): " + ", ".join(f"{n} {_fmt(m)}" for n, m in sel["ranking"]))
+    comp = d.get("comparison_with_published_twin")
+    if comp:
+        out.append("")
+        out.append("comparison with the published twin (same observations; ours held-out):")
+        for key, block in comp.items():
+            if not isinstance(block, dict):
+                continue
+            if "ours_heldout" in block or "ours" in block:
+                ours = block.get("ours_heldout", block.get("ours"))
+                out.append(f"  {key:<28} ours {_q(ours)} | published {_q(block.get('published'))}")
+            for sub, v in block.items():
+                if isinstance(v, dict) and ("ours_heldout" in v or "ours" in v):
+                    out.append(f"  {key + '/' + sub:<28} ours {_q(v.get('ours_heldout', v.get('ours')))} | "
+                               f"published {_q(v.get('published'))}")
+                elif sub.startswith("published_form_refit"):
+                    out.append(f"  {key + '/' + 'published form re-fitted':<28} {_q(v)}")
+    for n in d.get("notes", []):
+        out.append(f"note: {n}")
+    return out
+
+
+def quality_table(d: dict[str, Any]) -> dict[str, Any]:
+    """Compact JSON summary: per component the chosen form, held-out quality and the published twin's."""
+    res: dict[str, Any] = {"profile": d["name"], "components": {}}
+    for kind in KINDS:
+        c = d["components"][kind]
+        res["components"][kind] = {"form": c["form"], "heldout": c.get("fit", {}).get("heldout", {}),
+                                   "train": c.get("fit", {}).get("train")}
+    if d.get("comparison_with_published_twin"):
+        res["comparison_with_published_twin"] = d["comparison_with_published_twin"]
+    return res
+
+
+def _cell(q: dict[str, Any] | None) -> str:
+    if isinstance(q, dict) and "r2" not in q and "mape_pct" in q:
+        return f"MAPE {_fmt(q['mape_pct'])} % ({q.get('note', '')})"
+    if not q or "r2" not in q:
+        return (q or {}).get("note", "-") if isinstance(q, dict) else "-"
+    return f"{_fmt(q.get('r2'))} / {_fmt(q.get('mape_pct'))} % (n={q.get('n', '-')})"
+
+
+def markdown(d: dict[str, Any]) -> str:
+    """Markdown tables: every component's held-out fit quality, and ours next to the published twin's."""
+    lines = [f"### {d['name']}", "", f"{d.get('description', '')}", "",
+             f"Command: `{d.get('provenance', {}).get('command', '')}`", "",
+             "| component | chosen form | held-out R2 / MAPE | candidates (held-out MAPE %) |", "|---|---|---|---|"]
+    for kind in KINDS:
+        c = d["components"][kind]
+        held = c.get("fit", {}).get("heldout", {})
+        main = held.get("all") if isinstance(held.get("all"), dict) else None
+        extra = []
+        for key, q in held.items():
+            if key != "all" and isinstance(q, dict) and "r2" in q:
+                extra.append(f"{key}: {_cell(q)}")
+            elif isinstance(q, dict) and key in ("disk", "cpu"):
+                extra.append(f"{key} table: {_cell(q.get('table'))}")
+        if "classification" in c:
+            cl = c["classification"]
+            extra.append(f"probe starts classified right {cl['correct']}/{cl['total']}")
+        rank = ", ".join(f"{n} {_fmt(m)}" for n, m in c.get("selection", {}).get("ranking") or [])
+        lines.append(f"| {kind} | {c['form']} | {_cell(main)}{'<br>' + '<br>'.join(extra) if extra else ''} | "
+                     f"{rank or '-'} |")
+    comp = d.get("comparison_with_published_twin")
+    if comp:
+        lines += ["", "| observations | ours (held-out) R2 / MAPE | published twin R2 / MAPE |", "|---|---|---|"]
+        for key, block in comp.items():
+            if not isinstance(block, dict):
+                continue
+            if "ours_heldout" in block or "ours" in block:
+                lines.append(f"| {key} | {_cell(block.get('ours_heldout', block.get('ours')))} | "
+                             f"{_cell(block.get('published'))} |")
+            for sub, v in block.items():
+                if isinstance(v, dict) and ("ours_heldout" in v or "ours" in v):
+                    lines.append(f"| {key} / {sub} | {_cell(v.get('ours_heldout', v.get('ours')))} | "
+                                 f"{_cell(v.get('published'))} |")
+                elif sub.startswith("published_form_refit") and isinstance(v, dict):
+                    lines.append(f"| {key} / published form re-fitted to its runs (held-out) | - | {_cell(v)} |")
+                elif sub == "ours_per_max_rank_heldout" and isinstance(v, dict):
+                    lines.append(f"| {key} / ours per (max rank, rank), not usable by the engine | {_cell(v)} | - |")
+    if d.get("notes"):
+        lines += [""] + [f"* {n}" for n in d["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------
+# figures
+# ------------------------------------------------------------------------------------------
+
+def _measurements_dir(d: dict[str, Any], override: str | None) -> Path | None:
+    if override:
+        return Path(override)
+    from twin.datadir import data_dir
+
+    rel = d.get("provenance", {}).get("measurements", {}).get("directory")
+    if not rel:
+        return None
+    cand = data_dir() / rel
+    return cand if cand.is_dir() else None
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_figures(d: dict[str, Any], meas: Path | None, out_dir: Path) -> list[Path]:
+    """Write one PNG per component into ``out_dir``; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fmt = d.get("provenance", {}).get("format")
+    if fmt is None and d.get("software") == "vllm-0.8.5":
+        fmt = "vllm085"
+    if meas is not None and fmt == "vllm085":
+        return _figures_vllm085(d, meas, out_dir)
+    if meas is not None and fmt == "vllm050":
+        return _figures_vllm050(d, meas, out_dir)
+    if meas is not None and fmt == "vidur":
+        return _figures_vidur(d, meas, out_dir)
+    return _figures_curves(d, out_dir)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    _plt().close(fig)
+    return path
+
+
+def _model(d: dict[str, Any], kind: str):
+    from calibration.perf_models import make_component
+
+    return make_component(kind, d["components"][kind])
+
+
+def _figures_vllm085(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
+    from calibration.fitting import components as C
+    from calibration.fitting import vllm085 as V
+    from calibration.fitting.tables import Vllm085Tables
+
+    plt = _plt()
+    t = Vllm085Tables.read(meas, d["model"])
+    bm, lm, sm, ldm, kvm = (_model(d, k) for k in KINDS)
+    paths = []
+    # backbone
+    bb = V.backbone_obs(t)
+    pred = C.window_backbone_ms(bm, bb)
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    for kind, col in (("decode", "C0"), ("prefill", "C1"), ("mixed", "C2")):
+        m = bb["kind"] == kind
+        ax[0].scatter(bb.loc[m, "comp_ms"], pred[m.to_numpy()], s=6, c=col, label=f"{kind} windows", alpha=.6)
+    lim = [0, float(max(bb["comp_ms"].max(), pred.max())) * 1.05]
+    ax[0].plot(lim, lim, "k--", lw=1)
+    ax[0].set(xlabel="measured mean step - scheduler (ms)", ylabel="fitted backbone (ms)",
+              title=f"backbone ({bm.form}): all windows")
+    ax[0].legend(fontsize=7)
+    dec = bb[bb["kind"] == "decode"]
+    ctx_per_seq = float(np.median(dec["C"] / np.maximum(dec["D"], 1)))
+    ax[1].scatter(dec["D"], dec["comp_ms"], s=6, alpha=.5, label="measured decode windows")
+    x = np.linspace(1, dec["D"].max() * 1.05, 300)
+    for cps in (ctx_per_seq / 2, ctx_per_seq, ctx_per_seq * 2):
+        ax[1].plot(x, np.asarray(bm.predict(np.zeros_like(x), x, x * cps)) * 1e3, lw=1.2,
+                   label=f"fit, {cps:.0f} ctx tokens/seq")
+    ax[1].set(xlabel="decode sequences per step", ylabel="ms", title="decode step vs running batch")
+    ax[1].legend(fontsize=7)
+    paths.append(_save(fig, out / "backbone.png"))
+    # lora
+    lo, mr = V.lora_obs(t)
+    lp = C.window_lora_ms(bm, lm, lo, mr)
+    base = C.window_backbone_ms(bm, lo)
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    m = (lo["kind"] == "decode").to_numpy()
+    ax[0].scatter(lo.loc[m, "A"], lo.loc[m, "comp_ms"] - base[m], s=8, alpha=.6, label="measured (step - base)")
+    ax[0].scatter(lo.loc[m, "A"], lp[m] - base[m], s=4, c="C3", label=f"fit ({lm.form})")
+    ax[0].set(xlabel="distinct adapters per step A", ylabel="LoRA extra per step (ms)",
+              title="LoRA compute overhead, decode windows")
+    ax[0].legend(fontsize=7)
+    ax[1].scatter(lo["comp_ms"], lp, s=6, alpha=.6)
+    lim = [0, float(max(lo["comp_ms"].max(), lp.max())) * 1.05]
+    ax[1].plot(lim, lim, "k--", lw=1)
+    ax[1].set(xlabel="measured step - scheduler (ms)", ylabel="fitted base + LoRA (ms)", title="all LoRA windows")
+    paths.append(_save(fig, out / "lora.png"))
+    # scheduler
+    so = V.scheduler_obs(t, bb, lo)
+    sp = C.scheduler_predict_ms(sm, so)
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    for i, s in enumerate(so["source"].unique()):
+        mm = (so["source"] == s).to_numpy()
+        ax[0].scatter(so.loc[mm, "R"], so.loc[mm, "sched_ms"], s=5, alpha=.5, c=f"C{i}", label=s)
+        ax[1].scatter(so.loc[mm, "sched_ms"], sp[mm], s=5, alpha=.5, c=f"C{i}")
+    x = np.linspace(0, so["R"].max(), 200)
+    ax[0].plot(x, np.asarray(sm.predict(x, 0 * x, 0, 0)) * 1e3, "k-", lw=1.2, label="fit, no waiting")
+    ax[0].set(xlabel="running requests", ylabel="scheduler ms/step", title=f"scheduler ({sm.form})")
+    ax[0].legend(fontsize=6)
+    lim = [0, float(max(so["sched_ms"].max(), sp.max())) * 1.05]
+    ax[1].plot(lim, lim, "k--", lw=1)
+    ax[1].set(xlabel="measured (ms)", ylabel="fitted (ms)", title="measured vs fitted")
+    paths.append(_save(fig, out / "scheduler.png"))
+    paths.append(_figure_loads(d, V.load_obs(t), out))
+    ko, probes, _ = V.kv_obs(t)
+    paths.append(_figure_kv(d, ko, probes, out))
+    return paths
+
+
+def _figure_loads(d: dict[str, Any], ld, out: Path) -> Path:
+    from twin.model_spec import get_model
+
+    plt = _plt()
+    ldm = _model(d, "load")
+    spec = get_model(d["model"])
+    targets = tuple(d.get("lora_targets", ()))
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    for i, src in enumerate(("disk", "cpu")):
+        sub = ld[ld["source"] == src]
+        ranks = np.array(sorted(sub["rank"].unique()))
+        g = sub.groupby("rank")["load_ms"]
+        jit = np.random.default_rng(0).uniform(-.8, .8, len(sub))
+        ax[i].scatter(sub["rank"] + jit, sub["load_ms"], s=4, alpha=.3, label="individual loads")
+        ax[i].errorbar(ranks, g.mean().to_numpy(), yerr=(g.std() / np.sqrt(g.count())).to_numpy(), fmt="o", c="C1",
+                       label="mean +- s.e.")
+        x = np.arange(1, max(64, ranks.max()) + 1)
+        p = ldm.params
+        link = [(p[f"{src}_fixed_s"] + spec.adapter_bytes(int(r), targets) / (p[f"{src}_gbps"] * 1e9)) * 1e3 for r in x]
+        ax[i].plot(x, link, "k-", lw=1.2, label=f"link model ({p[f'{src}_gbps']:.3g} GB/s)")
+        ax[i].set(xlabel="adapter rank", ylabel="load time (ms)", title=f"{src} -> {'CPU' if src == 'disk' else 'GPU'}")
+        ax[i].legend(fontsize=7)
+    return _save(fig, out / "load.png")
+
+
+def _figure_kv(d: dict[str, Any], ko, probes, out: Path) -> Path:
+    from twin.model_spec import get_model
+
+    plt = _plt()
+    kvm = _model(d, "kv")
+    mml = get_model(d["model"]).max_model_len
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, r in enumerate(sorted(set(int(x) for x in ko["rank"]) | set(int(x) for x in probes["rank"]))):
+        if r == 0:
+            continue
+        m = ko["rank"] == r
+        ax.scatter(ko.loc[m, "slots"], ko.loc[m, "tokens"] / 1e3, c=f"C{i}", s=14, label=f"measured, max rank {r}")
+        x = np.arange(1, int(max(probes["slots"].max(), ko["slots"].max())) + 1)
+        ax.plot(x, [kvm.predict(int(s), r) / 1e3 for s in x], c=f"C{i}", lw=1)
+        f = probes[(probes["rank"] == r) & ~probes["ok"]]
+        ax.scatter(f["slots"], np.zeros(len(f)), marker="x", c=f"C{i}", s=20)
+    m0 = ko["slots"] == 0
+    if m0.any():
+        ax.scatter([0], ko.loc[m0, "tokens"] / 1e3, c="k", marker="s", s=16, label="LoRA disabled")
+    ax.axhline(mml / 1e3, c="k", ls="--", lw=1, label="max_model_len (below: start fails)")
+    ax.set(xlabel="adapter slots", ylabel="KV capacity (k tokens)", title=f"KV capacity ({kvm.form}); x = failed start")
+    ax.legend(fontsize=6)
+    return _save(fig, out / "kv.png")
+
+
+def _figures_vllm050(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
+    import pandas as pd
+
+    from calibration.fitting import vllm050 as V
+    from twin.model_spec import get_model
+
+    plt = _plt()
+    spec = get_model(d["model"])
+    runs, manual = V.read_runs(meas, spec)
+    obs = V.decode_obs(runs)
+    bm, lm = _model(d, "backbone"), _model(d, "lora")
+    paths = []
+    base = obs[obs["k"] == 0]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter(base["D"], base["itl_ms"], s=8, label="median ITL, runs without adapters")
+    ax.scatter(base["D"], np.asarray(bm.predict(np.zeros(len(base)), base["D"], base["C"])) * 1e3, s=6, c="C3",
+               label="fit at each run's (R, C)")
+    ax.set(xscale="log", yscale="log", xlabel="mean running requests", ylabel="ms", title=f"decode step ({bm.form})")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "backbone.png"))
+    lo = obs[obs["k"] > 0]
+    b = np.asarray(bm.predict(np.zeros(len(lo)), lo["D"], lo["C"]), float)
+    pl = (b + np.asarray(lm.predict(b, lo["A"].to_numpy(float), lo["rank"].to_numpy(float), lo["D"].to_numpy(float)))) * 1e3
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter(lo["itl_ms"], pl, s=8, c=lo["rank"], cmap="viridis")
+    lim = [0, float(max(lo["itl_ms"].max(), pl.max())) * 1.05]
+    ax.plot(lim, lim, "k--", lw=1)
+    ax.set(xlabel="measured median ITL (ms)", ylabel="fitted (ms)", title=f"LoRA runs ({lm.form}); colour = max rank")
+    paths.append(_save(fig, out / "lora.png"))
+    rows = []
+    for _, r in manual.iterrows():
+        if r["phase"] != "first_load":
+            rows.append(("disk", int(r["adapter_rank"]), float(r["loading_ms"])))
+        rows.append(("cpu", int(r["adapter_rank"]), float(r["activating_ms"])))
+    paths.append(_figure_loads(d, pd.DataFrame(rows, columns=["source", "rank", "load_ms"]), out))
+    mem = runs[runs["experiment"] == "memory_overhead"]
+    kv_rows, probes = [], []
+    for (slots, rank), g in mem.groupby([mem["max_loras"].fillna(0), mem["max_lora_rank"].fillna(0)]):
+        st = set(g["status"])
+        blocks = g["gpu_kv_blocks"].dropna()
+        if len(blocks) and blocks.iloc[0] > 0 and st & {"ok", "failed_kv_insufficient"}:
+            kv_rows.append((slots, rank, float(blocks.median()) * 16))
+        if st & {"ok", "failed_kv_insufficient", "failed_no_kv_memory", "failed_cuda_oom"}:
+            probes.append((slots, rank, "ok" in st))
+    paths.append(_figure_kv(d, pd.DataFrame(kv_rows, columns=["slots", "rank", "tokens"]),
+                            pd.DataFrame(probes, columns=["slots", "rank", "ok"]), out))
+    return paths
+
+
+def _figures_vidur(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
+    from calibration.fitting.vidur import read_ops
+    from twin.model_spec import get_model
+
+    plt = _plt()
+    spec = get_model(d["model"])
+    gpu = d["gpu"].split("-")[0].lower()
+    ops = read_ops(meas, gpu, spec)
+    bm = _model(d, "backbone")
+    fitp = d["components"]["backbone"]["fit"]["linear_ops_forms"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter(ops["num_tokens"], ops["lin_ms"], s=8, label=f"Vidur {gpu.upper()}: linear ops per step")
+    x = np.linspace(1, ops["num_tokens"].max(), 400)
+    rp = fitp["roofline"]["params"]
+    ax.plot(x, rp["a"] + np.maximum(rp["c_mem"], rp["c_tok"] * x), "C1-", label="roofline fit (linear ops)")
+    ax.plot(x, np.asarray(bm.predict(x, np.zeros_like(x), np.zeros_like(x))) * 1e3, "C3--", lw=1,
+            label="profile prefill step (+ estimated overheads)")
+    ax.set(xlabel="tokens in the step", ylabel="ms", title=f"backbone on {d['gpu']}")
+    ax.legend(fontsize=7)
+    paths = [_save(fig, out / "backbone.png")]
+    return paths + _figures_curves(d, out, skip=("backbone",))
+
+
+def _figures_curves(d: dict[str, Any], out: Path, skip: tuple[str, ...] = ()) -> list[Path]:
+    """Model curves only (no measurements at hand)."""
+    from twin.model_spec import get_model
+
+    plt = _plt()
+    paths = []
+    spec = get_model(d["model"])
+    if "backbone" not in skip:
+        bm = _model(d, "backbone")
+        fig, ax = plt.subplots(figsize=(6, 4))
+        x = np.linspace(1, 1024, 300)
+        for cps in (0, 256, 1024):
+            ax.plot(x, np.asarray(bm.predict(np.zeros_like(x), x, x * cps)) * 1e3, label=f"decode, {cps} ctx/seq")
+        ax.plot(x, np.asarray(bm.predict(x * 2, np.zeros_like(x), np.zeros_like(x))) * 1e3, label="prefill of 2x tokens")
+        ax.set(xlabel="sequences", ylabel="ms", title="backbone (model only)")
+        ax.legend(fontsize=7)
+        paths.append(_save(fig, out / "backbone.png"))
+    bm = _model(d, "backbone")
+    lm = _model(d, "lora")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    A = np.arange(1, 129)
+    for D in (32, 128, 256):
+        base = float(bm.predict(0, D, D * 256))
+        ax.plot(A, [float(lm.predict(base, a, 16, D)) * 1e3 for a in A], label=f"{D} decode seqs, rank 16")
+    ax.set(xlabel="distinct adapters per step", ylabel="LoRA extra (ms)", title=f"LoRA ({lm.form})")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "lora.png"))
+    sm = _model(d, "scheduler")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    R = np.linspace(0, 1000, 200)
+    for W in (0, 1000, 10000):
+        ax.plot(R, np.asarray(sm.predict(R, W + 0 * R, 32, 128)) * 1e3, label=f"waiting {W} (32 slots, 128 served)")
+    ax.set(xlabel="running", ylabel="ms/step", title=f"scheduler ({sm.form})")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "scheduler.png"))
+    ldm = _model(d, "load")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    r = np.arange(4, 129, 4)
+    for src in ("disk", "cpu"):
+        for tp in (1, 2, 4):
+            ax.plot(r, [ldm.predict(int(x), spec.adapter_bytes(int(x)), src, tp) * 1e3 for x in r],
+                    label=f"{src}, TP {tp}")
+    ax.set(xlabel="rank", ylabel="ms", yscale="log", title="adapter load (link model)")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "load.png"))
+    kvm = _model(d, "kv")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    s = np.arange(0, 385, 8)
+    for rank in (8, 16, 32, 64):
+        ax.plot(s, [kvm.predict(int(x), rank) / 1e3 for x in s], label=f"max rank {rank}")
+    ax.axhline(spec.max_model_len / 1e3, c="k", ls="--", lw=1, label="max_model_len")
+    ax.set(xlabel="slots", ylabel="k tokens", title=f"KV capacity ({kvm.form})")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "kv.png"))
+    return paths
+
+
+def report(name_or_path: str, measurements: str | None = None, out_dir: str | None = None, figures: bool = True,
+           as_json: bool = False, as_markdown: bool = False) -> int:
+    """Print the profile's constants and fit quality; write a figure per model. Returns an exit code."""
+    d, _ = load_profile_dict(name_or_path)
+    if as_markdown:
+        print(markdown(d))
+    elif as_json:
+        print(json.dumps(quality_table(d), indent=1))
+    else:
+        print("\n".join(summary_lines(d)))
+    if not figures:
+        return 0
+    meas = _measurements_dir(d, measurements)
+    od = Path(out_dir) if out_dir else ROOT / "results" / "calibration" / d["name"]
+    if meas is None:
+        print("\n(measurements not found: set TWIN_DATA_DIR or pass --measurements; drawing model curves only)",
+              file=sys.stderr)
+    paths = write_figures(d, meas, od)
+    print(f"\nfigures: {', '.join(str(p) for p in paths)}", file=sys.stderr if as_json or as_markdown else sys.stdout)
+    return 0
