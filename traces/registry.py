@@ -96,8 +96,8 @@ BUILTINS: dict[str, TraceSpec] = {s.name: s for s in [
     _real("sharegpt", "sharegpt", "ShareGPT V3 conversations (multi-turn lengths; Poisson starts)"),
     _real("wildchat", "wildchat", "WildChat(-1M) conversations with timestamps"),
     _real("burstgpt", "burstgpt", "BurstGPT ChatGPT/GPT-4 request log with timestamps"),
-    _synth("synthetic", "embedded default: 100 adapters ranks 8-128 (N/5 each), powerlaw popularity, Poisson 4 req/s, "
-           "300 s, Splitwise-like lengths"),
+    _synth("synthetic", "embedded default: 100 adapters ranks 8-128 (N/5 each), powerlaw popularity, Poisson 2 req/s "
+           "(moderate for 16 slots of an H100 with Llama-3.1-8B), 300 s, Splitwise-like lengths", rps=2.0),
     _synth("splitwise-synth", "generator fitted on the Splitwise conv trace (rate profile, renewal CV, copula lengths)",
            arrival="fitted", fit="splitwise_conv_fit", rps=None, duration=3600.0, lengths="splitwise"),
     _synth("splitwise-code-synth", "generator fitted on the Splitwise code trace",
