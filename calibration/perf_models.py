@@ -68,6 +68,13 @@ class PerfModel:
             return params[item]
         raise AttributeError(item)
 
+    def scalar(self):
+        """A fast callable for scalar arguments, equal to :meth:`predict` (the engine's hot
+        path evaluates one step at a time). Forms override it with a closure over their
+        constants; the default wraps :meth:`predict`."""
+        predict = self.predict
+        return lambda *args: float(predict(*args))
+
     def to_dict(self) -> dict[str, Any]:
         d = {"form": self.form, "equation": (type(self).__doc__ or "").strip().splitlines()[0],
              "params": dict(self.params), "units": dict(self.units)}
@@ -95,6 +102,11 @@ class LinearBackbone(PerfModel):
         p = self.params
         return p["c0"] + p["c_prefill"] * prefill_tokens + p["c_decode"] * decode_seqs + p["c_ctx"] * ctx_tokens
 
+    def scalar(self):
+        p = self.params
+        c0, cp, cd, cc = float(p["c0"]), float(p["c_prefill"]), float(p["c_decode"]), float(p["c_ctx"])
+        return lambda P, D, C: c0 + cp * P + cd * D + cc * C
+
 
 @register_form
 @dataclass
@@ -119,6 +131,17 @@ class PercentLora(PerfModel):
         return np.where(n_adapters > 0, np.maximum(extra, 0.0), 0.0) if isinstance(extra, np.ndarray) else (
             max(extra, 0.0) if n_adapters > 0 else 0.0)
 
+    def scalar(self):
+        p = self.params
+        k6, k7, rc = float(p["k6"]), float(p["k7"]), float(p.get("rank_coef", 0.0))
+
+        def f(base_s, n_adapters, max_rank, lora_tokens):
+            if n_adapters <= 0:
+                return 0.0
+            extra = base_s * ((k6 * n_adapters + k7 + rc * (max_rank - 8)) / 100.0) - base_s
+            return extra if extra > 0.0 else 0.0
+        return f
+
 
 @register_form
 @dataclass
@@ -135,6 +158,11 @@ class PeerScheduler(PerfModel):
         p = self.params
         ratio = slots / served if served else 0.0
         return p["k0"] + p["k1"] * running + p["k2"] * waiting + p["k3"] * waiting * ratio
+
+    def scalar(self):
+        p = self.params
+        k0, k1, k2, k3 = float(p["k0"]), float(p["k1"]), float(p["k2"]), float(p["k3"])
+        return lambda R, W, G, N: k0 + k1 * R + k2 * W + k3 * W * (G / N if N else 0.0)
 
 
 @register_form
@@ -153,7 +181,15 @@ class LinkLoad(PerfModel):
     units: ClassVar[dict[str, str]] = {"disk_fixed_s": "s", "disk_gbps": "GB/s", "cpu_fixed_s": "s",
                                       "cpu_gbps": "GB/s"}
 
-    def predict(self, rank: int, nbytes: int, source: str, tp: int = 1) -> float:
+    def predict(self, rank: int, nbytes: int, source: str, tp: int = 1, max_rank: int | None = None) -> float:
+        """``max_rank``: the slots' padded rank (vLLM copies into buffers of that rank, so a
+        rank-8 adapter loads differently into rank-16 and rank-32 slots); the profile's
+        ``table_by_max_rank_s`` holds those measured means where available."""
+        if tp == 1 and max_rank is not None:
+            by_max = self.params.get("table_by_max_rank_s") or self.meta.get("table_by_max_rank_s") or {}
+            cell = by_max.get(source, {}).get(str(max_rank), {}).get(str(rank))
+            if cell is not None:
+                return float(cell)
         table = self.params.get("table_s", {})
         if tp == 1 and source in table and str(rank) in table[source]:
             return float(table[source][str(rank)])
@@ -221,6 +257,12 @@ class GraphLinearBackbone(PerfModel):
         return _scalar_or_array(p["c0"] + eager + p["c_prefill"] * prefill_tokens + p["c_decode"] * decode_seqs
                                 + p["c_ctx"] * ctx_tokens)
 
+    def scalar(self):
+        p = self.params
+        c0, ce, cp, cd, cc, g = (float(p[k]) for k in ("c0", "c_eager", "c_prefill", "c_decode", "c_ctx",
+                                                        "graph_max_tokens"))
+        return lambda P, D, C: c0 + (ce if P + D > g else 0.0) + cp * P + cd * D + cc * C
+
 
 @register_form
 @dataclass
@@ -247,6 +289,17 @@ class GraphRooflineBackbone(PerfModel):
         eager = np.where(tokens > p["graph_max_tokens"], p["c_eager"], 0.0)
         gemm = np.maximum(p["c_mem"], p["c_tok"] * tokens)
         return _scalar_or_array(p["c0"] + eager + gemm + p["c_seq"] * decode_seqs + p["c_ctx"] * ctx_tokens)
+
+    def scalar(self):
+        p = self.params
+        c0, ce, cm, ct, cs, cc, g = (float(p[k]) for k in ("c0", "c_eager", "c_mem", "c_tok", "c_seq", "c_ctx",
+                                                            "graph_max_tokens"))
+
+        def f(P, D, C):
+            T = P + D
+            gemm = ct * T
+            return c0 + (ce if T > g else 0.0) + (gemm if gemm > cm else cm) + cs * D + cc * C
+        return f
 
 
 @register_form
@@ -278,6 +331,17 @@ class AdditiveLora(PerfModel):
         extra = p["l0"] + scale * var
         return _scalar_or_array(np.where(n_adapters > 0, extra, 0.0 * extra))
 
+    def scalar(self):
+        p = self.params
+        l0, la, lt = float(p["l0"]), float(p["l_adapter"]), float(p["l_token"])
+        lat, rc = float(p.get("l_adapter_token", 0.0)), float(p.get("rank_coef", 0.0))
+
+        def f(base_s, A, max_rank, T):
+            if A <= 0:
+                return 0.0
+            return l0 + (1.0 + rc * (max_rank - 8)) * (la * A + lt * T + lat * A * T)
+        return f
+
 
 @register_form
 @dataclass
@@ -304,6 +368,16 @@ class LoraQueueScheduler(PerfModel):
         blocked = np.where(slots > 0, frac, 0.0)
         return _scalar_or_array(p["k0"] + p["k1"] * running + p["k1_sq"] * running * running + p["k2"] * waiting
                                 + p["k_blocked"] * waiting * blocked)
+
+    def scalar(self):
+        p = self.params
+        k0, k1, k1s, k2, kb = (float(p[k]) for k in ("k0", "k1", "k1_sq", "k2", "k_blocked"))
+
+        def f(R, W, G, N):
+            frac = 1.0 - G / (N if N > 1 else 1)
+            blocked = (frac if frac > 0.0 else 0.0) if G > 0 else 0.0
+            return k0 + k1 * R + k1s * R * R + k2 * W + kb * W * blocked
+        return f
 
 
 @register_form

@@ -73,19 +73,20 @@ class Profile:
         if missing:
             raise ValueError(f"profile {self.name!r} lacks components {missing}")
         c = self.components
-        # bound predict methods, looked up once (hot path)
-        self.backbone_s = c["backbone"].predict
-        self.lora_s = c["lora"].predict
-        self.scheduler_s = c["scheduler"].predict
+        # scalar fast paths, built once (the engine's hot path)
+        self.backbone_s = c["backbone"].scalar()
+        self.lora_s = c["lora"].scalar()
+        self.scheduler_s = c["scheduler"].scalar()
         self._load = c["load"].predict
         self._kv = c["kv"].predict
 
     def adapter_bytes(self, rank: int) -> int:
         return self.model.adapter_bytes(rank, self.lora_targets)
 
-    def load_s(self, rank: int, source: str, tp: int = 1) -> float:
-        """Seconds to load one adapter of ``rank`` from ``source`` ('disk' or 'cpu')."""
-        return self._load(rank, self.adapter_bytes(rank), source, tp)
+    def load_s(self, rank: int, source: str, tp: int = 1, max_rank: int | None = None) -> float:
+        """Seconds to load one adapter of ``rank`` from ``source`` ('disk' or 'cpu') into
+        slots padded to ``max_rank``."""
+        return self._load(rank, self.adapter_bytes(rank), source, tp, max_rank)
 
     def kv_capacity_tokens(self, slots: int, max_rank: int) -> int:
         return self._kv(slots, max_rank)

@@ -389,8 +389,8 @@ def fit_load(loads: pd.DataFrame, model: ModelSpec, targets: tuple[str, ...], me
     if by_max:
         d["table_by_max_rank_s"] = by_max
         d["fit"]["heldout_table_by_max_rank"] = by_max_q
-        d["table_by_max_rank_note"] = ("mean load (s) per slot max rank and adapter rank; not used by the engine, whose "
-                                       "load call passes the adapter rank only")
+        d["table_by_max_rank_note"] = ("mean load (s) per slot max rank and adapter rank; the engine uses it when the "
+                                       "(max_lora_rank, rank) pair was measured, else table_s, else the link model")
     d["method"] = method
     d["selection"] = {"chosen": "link (per-rank table for measured ranks, link model elsewhere)",
                       "heldout": "loads split even/odd within each server start; each half predicts the other"}
