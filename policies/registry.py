@@ -1,7 +1,18 @@
 """Registries of schedulers, adapter-cache policies and presets (scheduler + cache).
 
-Third-party packages register theirs through the entry-point group ``lora_twin.policies``:
-each entry point names a module (or callable) that registers on import.
+Adding a policy takes one file: subclass :class:`twin.interfaces.Scheduler` or
+:class:`twin.interfaces.AdapterCachePolicy`, give it ``name``, ``description`` and
+``citation``, decorate it with :func:`register_scheduler` / :func:`register_cache`, and
+optionally :func:`register_preset` a system that uses it. Inside this repository, import
+the module from ``policies/__init__.py``; from another package, declare it under the
+entry-point group ``lora_twin.policies``::
+
+    [project.entry-points."lora_twin.policies"]
+    mypolicy = "mypkg.mypolicy"          # a module that registers on import
+    other = "mypkg.other:register"       # or a callable that registers
+
+Every cache policy also accepts the engine-memory options :data:`MEMORY_OPTS` (e.g.
+``adapter_memory="unified"``), so a preset can put any cache into S-LoRA's unified pool.
 """
 
 from __future__ import annotations
@@ -14,6 +25,8 @@ from twin.interfaces import AdapterCachePolicy, Scheduler
 
 SCHEDULERS: dict[str, type[Scheduler]] = {}
 CACHES: dict[str, type[AdapterCachePolicy]] = {}
+#: options of every cache policy that configure the engine's memory (see ``twin/hooks.py``)
+MEMORY_OPTS = ("adapter_memory", "adapter_placement", "prefix_kv", "lora_share", "history_to_host", "prefetch_sync")
 
 
 @dataclass(frozen=True)
@@ -59,8 +72,20 @@ def load_entry_points() -> None:
         return
     _entry_points_loaded = True
     for ep in metadata.entry_points(group="lora_twin.policies"):
-        obj = ep.load()
-        if callable(obj) and not isinstance(obj, type):
+        try:
+            obj = ep.load()
+        except Exception as e:  # a broken third-party package must not break the twin
+            import warnings
+
+            warnings.warn(f"entry point {ep.name!r} of group lora_twin.policies failed to load: {e}")
+            continue
+        if isinstance(obj, type) and issubclass(obj, Scheduler):
+            register_scheduler(obj)
+        elif isinstance(obj, type) and issubclass(obj, AdapterCachePolicy):
+            register_cache(obj)
+        elif isinstance(obj, Preset):
+            register_preset(obj)
+        elif callable(obj):
             obj()
 
 
@@ -80,7 +105,11 @@ def make_cache(name: str, **opts: Any) -> AdapterCachePolicy:
     load_entry_points()
     if name not in CACHES:
         raise _unknown("adapter-cache policy", name, CACHES)
-    return CACHES[name](**opts)
+    mem = {k: opts.pop(k) for k in list(opts) if k in MEMORY_OPTS}
+    obj = CACHES[name](**opts)
+    for k, v in mem.items():
+        setattr(obj, k, v)
+    return obj
 
 
 def resolve_policy(policy: str | None = None, scheduler: str | None = None,
@@ -93,9 +122,11 @@ def resolve_policy(policy: str | None = None, scheduler: str | None = None,
                        f"or mix with --scheduler ({', '.join(sorted(SCHEDULERS))}) and --cache "
                        f"({', '.join(sorted(CACHES))})")
     p = PRESETS[name]
-    s = make_scheduler(scheduler, **({} if scheduler else p.scheduler_opts)) if scheduler else \
-        make_scheduler(p.scheduler, **p.scheduler_opts)
-    c = make_cache(cache) if cache else make_cache(p.cache, **p.cache_opts)
+    s = make_scheduler(scheduler) if scheduler else make_scheduler(p.scheduler, **p.scheduler_opts)
+    if cache:  # the preset's memory set-up stays (e.g. S-LoRA's unified pool)
+        c = make_cache(cache, **{k: v for k, v in p.cache_opts.items() if k in MEMORY_OPTS and k != "prefetch_sync"})
+    else:
+        c = make_cache(p.cache, **dict(p.cache_opts))
     label = name if not (scheduler or cache) else f"{scheduler or p.scheduler}+{cache or p.cache}"
     return s, c, label
 

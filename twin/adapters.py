@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generator
+from typing import TYPE_CHECKING, Any, Generator
 
 import numpy as np
 import simpy
@@ -35,6 +35,7 @@ class HostLink:
         self.bytes_moved = 0
         self.busy_s = 0.0
         self.transfers = 0
+        self.free_at = 0.0  # when every transfer requested so far will have ended (FIFO)
 
     @property
     def busy(self) -> bool:
@@ -45,7 +46,14 @@ class HostLink:
         return len(self.resource.queue)
 
     def transfer(self, nbytes: int, duration_s: float) -> Generator:
-        """SimPy process body: hold the link for ``duration_s`` (waiting for it if busy)."""
+        """SimPy process body: hold the link for ``duration_s`` (waiting for it if busy).
+
+        The end time is fixed when the transfer is requested (the link is FIFO with known
+        durations): ``free_at`` then holds it, so an asynchronous load knows when it ends."""
+        self.free_at = max(self.env.now, self.free_at) + duration_s
+        return self._hold(nbytes, duration_s)
+
+    def _hold(self, nbytes: int, duration_s: float) -> Generator:
         with self.resource.request() as req:
             yield req
             yield self.env.timeout(duration_s)
@@ -63,6 +71,7 @@ class Load:
     disk_s: float
     link_s: float
     nbytes: int
+    wait: Any = None  # an asynchronous load still in flight (SimPy process): the step waits for it
 
 
 class AdapterMemory:
@@ -74,7 +83,7 @@ class AdapterMemory:
     """
 
     def __init__(self, ranks: np.ndarray, profile: "Profile", gpu_slots: int, cpu_slots: int,
-                 policy: "AdapterCachePolicy", link: HostLink, tp: int = 1) -> None:
+                 policy: "AdapterCachePolicy", link: HostLink, tp: int = 1, max_rank: int | None = None) -> None:
         n = len(ranks)
         self.ranks = ranks
         self.gpu_slots = gpu_slots
@@ -91,11 +100,15 @@ class AdapterMemory:
         self._rank_counts: dict[int, int] = {}
         self.resident_bytes = 0
         # per-rank load times, looked up once
-        self._disk_s = {int(r): profile.load_s(int(r), "disk", tp) for r in set(ranks.tolist())}
-        self._cpu_s = {int(r): profile.load_s(int(r), "cpu", tp) for r in set(ranks.tolist())}
+        self._disk_s = {int(r): profile.load_s(int(r), "disk", tp, max_rank) for r in set(ranks.tolist())}
+        self._cpu_s = {int(r): profile.load_s(int(r), "cpu", tp, max_rank) for r in set(ranks.tolist())}
+        # extensions (twin/hooks.py): asynchronous loads in flight and a byte/page placement
+        self.loading: dict[int, Any] = {}  # adapter -> its SimPy load process (state "loading")
+        self.placement: Any = None          # None: vLLM's fixed slots (gpu_slots)
         # counters
         self.activations = 0
         self.hits = 0
+        self.late_hits = 0  # the first request found its adapter still loading (prefetch too late)
         self.loads_cpu = 0
         self.loads_disk = 0
         self.evictions = 0
@@ -103,6 +116,18 @@ class AdapterMemory:
     @property
     def max_active_rank(self) -> int:
         return max(self._rank_counts) if self._rank_counts else 0
+
+    def preload_cpu(self, adapters) -> None:
+        """Adapters already in the CPU tier when serving starts (at most ``cpu_slots``, LRU order
+        as given). The real runs' server (the peer fork of vLLM 0.8.5, ``--dummy-lora-modules``)
+        creates and loads its ``--max-cpu-loras`` adapters from disk during start-up
+        (``adapter_load.csv``: every disk->CPU load is a ``startup`` load), so no request of
+        those runs waits for a disk load; stock vLLM loads an adapter from disk at its first
+        request (``LRUCacheWorkerLoRAManager.add_adapter``), which is the default here."""
+        for a in adapters:
+            if len(self.cpu) >= self.cpu_slots:
+                break
+            self.cpu[int(a)] = None
 
     def acquire(self, a: int, now: float) -> Load | None:
         """A request of adapter ``a`` joins the batch; returns the load it needs, if any."""
@@ -114,6 +139,9 @@ class AdapterMemory:
             self.activations += 1
             self.policy.on_active(a, now)
             if self.resident[a]:
+                if self.loading and a in self.loading:  # prefetch in flight: the step waits for it
+                    self.late_hits += 1
+                    return Load(a, "wait", 0.0, 0.0, 0, wait=self.loading[a])
                 self.hits += 1
                 if a in self.cpu:
                     self.cpu.move_to_end(a)
@@ -144,15 +172,42 @@ class AdapterMemory:
         self.n_resident -= 1
         self.resident_bytes -= self.bytes[a]
         self.evictions += 1
+        if self.placement is not None:
+            self.placement.free(a)
         self.policy.on_evict(a, now)
 
+    def evict_victim(self, now: float) -> int:
+        """Evict the cache policy's victim (an idle resident adapter must exist)."""
+        v = self.policy.victim(now)
+        if self.active[v] > 0 or not self.resident[v] or v in self.loading:
+            state = "in use" if self.active[v] else "not resident" if not self.resident[v] else "loading"
+            raise RuntimeError(f"cache policy {self.policy.name!r} chose adapter {v} as victim, but it is {state}")
+        self._evict(v, now)
+        return v
+
+    def evictable(self) -> list[int]:
+        """The adapters a load may evict: resident, idle and not loading."""
+        act, loading = self.active, self.loading
+        return [a for a, r in enumerate(self.resident) if r and not act[a] and a not in loading]
+
     def _load(self, a: int, now: float) -> Load:
-        if self.n_resident >= self.gpu_slots:
-            v = self.policy.victim(now)
-            if self.active[v] > 0 or not self.resident[v]:
-                raise RuntimeError(f"cache policy {self.policy.name!r} chose adapter {v} as victim, "
-                                   f"but it is {'in use' if self.active[v] else 'not resident'}")
-            self._evict(v, now)
+        if self.placement is not None:  # evicts through the policy until the adapter fits
+            if not self.placement.allocate(a, now):
+                raise RuntimeError(f"adapter {a} admitted but its memory could not be freed")
+        elif self.n_resident >= self.gpu_slots:
+            self.evict_victim(now)
+        source, disk_s = self._fetch(a)
+        self.resident[a] = True
+        self.n_resident += 1
+        self.resident_bytes += self.bytes[a]
+        self.policy.on_load(a, now)
+        link_s = self._cpu_s[self.ranks_l[a]]
+        if self.placement is not None:
+            link_s += self.placement.load_extra_s(a)
+        return Load(a, source, disk_s, link_s, self.bytes[a])
+
+    def _fetch(self, a: int) -> tuple[str, float]:
+        """Where the copy to the GPU starts: the CPU tier, or disk (it then enters the CPU tier)."""
         r = self.ranks_l[a]
         if a in self.cpu:
             self.cpu.move_to_end(a)
@@ -164,8 +219,4 @@ class AdapterMemory:
             self.cpu[a] = None
             source, disk_s = "disk", self._disk_s[r]
             self.loads_disk += 1
-        self.resident[a] = True
-        self.n_resident += 1
-        self.resident_bytes += self.bytes[a]
-        self.policy.on_load(a, now)
-        return Load(a, source, disk_s, self._cpu_s[r], self.bytes[a])
+        return source, disk_s

@@ -30,6 +30,12 @@ class EngineConfig:
     kv_capacity_tokens: int | None = None
     tensor_parallel: int = 1
     served_adapters: int | None = None  # adapters with id >= this are unknown (rejected)
+    # adapter memory (twin/adapter_placement.py; a cache policy's ``adapter_memory`` overrides it):
+    # 'slots' (vLLM), 'region' (a fixed region, ``adapter_placement`` contiguous|paged), 'unified' (S-LoRA pool)
+    adapter_memory: str = "slots"
+    adapter_placement: str = "contiguous"
+    adapter_region_bytes: int | None = None  # region size (None: the memory of max_loras slots)
+    prefix_caching: bool = False  # keep history KV of conversations for the next turn (twin/prefix_kv.py)
 
     def validate(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -48,6 +54,10 @@ class EngineConfig:
                               "as vLLM requires")
         if self.tensor_parallel < 1:
             raise ConfigError("tensor_parallel must be >= 1")
+        if self.adapter_memory not in ("slots", "region", "unified"):
+            raise ConfigError(f"adapter_memory must be 'slots', 'region' or 'unified', got {self.adapter_memory!r}")
+        if self.adapter_placement not in ("contiguous", "paged"):
+            raise ConfigError(f"adapter_placement must be 'contiguous' or 'paged', got {self.adapter_placement!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

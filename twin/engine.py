@@ -43,6 +43,7 @@ import simpy
 
 from twin.adapters import AdapterMemory, HostLink, Load
 from twin.config import ConfigError, EngineConfig
+from twin.hooks import install_extensions
 from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
 from twin.metrics import Recorder
 
@@ -91,6 +92,10 @@ class Engine:
                  progress: bool = False, record_steps: bool = True, check_invariants: bool = False) -> None:
         config.validate()
         self.config = config
+        if config.tensor_parallel > 1:  # each GPU computes 1/TP of the step (twin/tensor_parallel.py)
+            from twin.tensor_parallel import tp_profile
+
+            profile = tp_profile(profile, config.tensor_parallel)
         self.profile = profile
         self.env = simpy.Environment()
         cols = workload_columns(workload)
@@ -180,14 +185,21 @@ class Engine:
         cpu_slots = config.max_cpu_loras if config.max_cpu_loras is not None else max(self.n_adapters, 1)
         self.cache = cache
         self.scheduler = scheduler
-        self.adapters = AdapterMemory(ranks, profile, slots, cpu_slots, cache, self.link, config.tensor_parallel)
+        self.adapters = AdapterMemory(ranks, profile, slots, cpu_slots, cache, self.link, config.tensor_parallel,
+                                      self.max_lora_rank)
+        # extensions some policies need (twin/hooks.py): all None/False on the default path
+        self._admit_hook = self._reclaim = self._finish_hook = None
+        self._prefetch_on = False
+        self._async_until = INF
+        self._ext = install_extensions(self, workload)
         cache.bind(self)
         scheduler.bind(self)
         self.rec = Recorder(record_steps)
         self._sched_ticks = scheduler.tick_interval
         self._cache_ticks = cache.tick_interval
         self._next_tick = min(t for t in (self._sched_ticks, self._cache_ticks, INF) if t is not None)
-        self._async_until = INF  # completion time of the earliest async transfer
+        if self._ext is None:
+            self._async_until = INF  # time of the earliest extension event (async transfer, deadline)
         # the step-time model, looked up once
         sch = profile.components["scheduler"].params
         self._waiting_matters = any(v != 0.0 for k, v in sch.items() if k not in ("k0", "k1")
@@ -237,6 +249,7 @@ class Engine:
         horizon = self.horizon
         check = self.check_invariants
         progress = self.progress
+        idle_ticks = 0
         while True:
             now = env.now
             if now >= horizon:
@@ -245,16 +258,26 @@ class Engine:
                 self._ingest(now)
             if now >= self._next_tick:
                 self._tick(now)
+            if now >= self._async_until:
+                self._ext.fire(now)
             plan = self._plan_step(now)
             if plan is None:  # idle: sleep until something can happen
                 t_next = min(self._next_arr_t, self._async_until, self._next_tick, horizon)
                 if t_next == INF:
                     break
+                if self._next_arr_t == INF and self._async_until == INF and t_next == self._next_tick:
+                    # only policy ticks are left: stop when nothing waits, or after ticks that admit nothing
+                    idle_ticks = idle_ticks + 1 if self.n_waiting else 1 << 30
+                    if idle_ticks > 16:
+                        break
                 yield env.timeout(max(t_next - now, 0.0))
                 continue
             load_s = 0.0
             if plan.loads:  # synchronous loads, on the step's critical path
                 for ld in plan.loads:
+                    if ld.wait is not None:  # an asynchronous load still in flight (twin/prefetch.py)
+                        yield ld.wait
+                        continue
                     if ld.disk_s:
                         yield env.timeout(ld.disk_s)
                     yield env.process(self.link.transfer(ld.nbytes, ld.link_s))
@@ -313,7 +336,8 @@ class Engine:
                 chunks.append((rid, k))
                 need += -(-(cr + k) // bs) - held[rid]
                 budget -= k
-        if need > self.total_blocks - self.used_blocks:
+        if need > self.total_blocks - self.used_blocks and (
+                self._reclaim is None or not self._reclaim(need - (self.total_blocks - self.used_blocks))):
             preempted = True
             budget, chunks, need = self._preempt_until_fits(now)
         self.used_blocks += need
@@ -326,6 +350,8 @@ class Engine:
             stop = self.scheduler.schedule_waiting(ctx)
         if not self.running:
             return None
+        if self._prefetch_on:  # prefetch decisions (twin/prefetch.py)
+            self._ext.after_schedule(ctx, now)
         # 3./4. duration: one step, or a run of identical decode steps
         if ctx.chunks or ctx.loads or preempted or self.max_run_steps == 1:
             return self._single_step(now, ctx, preempted)
@@ -337,7 +363,7 @@ class Engine:
         base = prof.backbone_s(prefill_tokens, n_dec, ctx_tok)
         comp = base + prof.lora_s(base, self.adapters.n_active, self.adapters.max_active_rank,
                                   prefill_tokens + n_dec)
-        return float(prof.scheduler_s(len(self.running), waiting, self.config.max_loras, self.served) + comp)
+        return prof.scheduler_s(len(self.running), waiting, self.config.max_loras, self.served) + comp
 
     def _single_step(self, now: float, ctx: StepContext, preempted: bool) -> "StepPlan":
         prefill = 0
@@ -382,6 +408,8 @@ class Engine:
             k_max = min(k_max, full * bs + j)
         # external events
         t_evt = min(self.scheduler.next_change_time(stop), self._async_until, self._next_tick, self.horizon)
+        if self._prefetch_on and self._next_arr_t < t_evt:  # an arrival can start a prefetch
+            t_evt = self._next_arr_t
         # sum the steps
         ctx_tok = self.dec_base_sum + n_dec * g
         waiting = self.n_waiting
@@ -405,13 +433,21 @@ class Engine:
             n = self.n
             next_t = self._next_arr_t
             w0 = waiting - ok_cum[p]
+            # _step_time inlined (same arithmetic, same order): the run's hot loop
+            prof = self.profile
+            backbone, lora, sched = prof.backbone_s, prof.lora_s, prof.scheduler_s
+            A, mr, R = self.adapters.n_active, self.adapters.max_active_rank, len(self.running)
+            G, N = self.config.max_loras, self.served
+            s_t = sched(R, waiting, G, N)
             while k < k_max:
                 if t >= next_t:  # arrivals before this step's start join the waiting queue
                     while p < n and arr[p] <= t:
                         p += 1
                     next_t = arr[p] if p < n else INF
                     waiting = w0 + ok_cum[p]
-                d = self._step_time(0, n_dec, ctx_tok, waiting)
+                    s_t = sched(R, waiting, G, N)
+                base = backbone(0, n_dec, ctx_tok)
+                d = s_t + (base + lora(base, A, mr, n_dec))
                 durs.append(d)
                 t += d
                 k += 1
@@ -491,6 +527,12 @@ class Engine:
         self.scheduler.on_preempt(rid)
         return freed
 
+    def squash(self, rid: int) -> None:
+        """Preempt running request ``rid`` between steps (recompute), for a policy's timed
+        event (e.g. Chameleon's squash of a bypassing request, ``policies/chameleon.py``)."""
+        if rid in self.running:
+            self._preempt(rid, self.env.now)
+
     def _try_admit(self, ctx: StepContext, rid: int) -> Admit:
         """vLLM v1's checks for one waiting request (see :class:`~twin.interfaces.Admit`)."""
         budget = ctx.budget
@@ -505,13 +547,23 @@ class Engine:
         T = self.resume_T.pop(rid, None) or self._prompt_a[rid]
         k = T if T < budget else budget
         nb = -(-k // self.block_size)
+        h = 0
+        if self._admit_hook is not None:  # adapter memory, prefix-KV reuse (twin/hooks.py)
+            h = self._admit_hook(ctx, rid, a, T, nb)
+            if h.__class__ is Admit:
+                if T != self._prompt_a[rid]:
+                    self.resume_T[rid] = T
+                return h
+            if h:  # h prompt tokens served from history KV: prefill starts there
+                k = min(T - h, budget)
+                nb = -(-(h + k) // self.block_size)
         if nb > self.total_blocks - self.used_blocks:
             if T != self._prompt_a[rid]:
                 self.resume_T[rid] = T
             return Admit.NO_KV
         self.used_blocks += nb
         self.T[rid] = T
-        self.c[rid] = 0
+        self.c[rid] = h
         self.held[rid] = nb
         ctx.budget = budget - k
         ctx.chunks.append((rid, k))
@@ -608,6 +660,8 @@ class Engine:
         a = self._adapter_a[rid]
         if a >= 0:
             self.adapters.release(a, now)
+        if self._finish_hook is not None:  # keep history KV (twin/prefix_kv.py)
+            self._finish_hook(rid, now)
         self.scheduler.on_finish(rid)
 
     def emitted_now(self, rid: int) -> int:
@@ -665,6 +719,8 @@ class Engine:
         waiting = int((arrived == PENDING).sum()) - sum(1 for r in self.running if r < self.arr_ptr)
         assert waiting == self.n_waiting, f"waiting count out of sync ({waiting} != {self.n_waiting})"
         assert all(self.state[r] == PENDING for r in self.running), "running set out of sync"
+        if self._ext is not None:
+            self._ext.check()
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:

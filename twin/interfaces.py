@@ -74,6 +74,17 @@ class Scheduler:
     def on_tick(self, now: float) -> None:
         """Periodic background decision (e.g. Chameleon's queue refresh)."""
 
+    #: True when the scheduler uses timed events (``engine._ext.push_event``), e.g. deadlines.
+    uses_events: ClassVar[bool] = False
+
+    def prefetch(self, now: float) -> Iterable[int]:
+        """Adapters to prefetch now, in priority order (S-LoRA: those of queued requests).
+
+        Asked after each step's admissions and at arrivals; it must depend only on the
+        engine's state (not on how often it is asked). Overriding it turns prefetching on
+        (:mod:`twin.prefetch`)."""
+        return ()
+
 
 class AdapterCachePolicy:
     """Decides which adapters stay resident in the GPU adapter slots.
@@ -86,6 +97,14 @@ class AdapterCachePolicy:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     citation: ClassVar[str] = ""
+    #: adapter memory this policy needs: None (the engine configuration decides), 'slots',
+    #: 'region' or 'unified' (see :mod:`twin.adapter_placement`)
+    adapter_memory: str | None = None
+    #: keep conversations' history KV for prefix reuse (None: ``EngineConfig.prefix_caching``)
+    prefix_kv: bool | None = None
+    #: prefetches go on the critical path of the deciding step instead of the background
+    prefetch_sync: bool = False
+    uses_events: ClassVar[bool] = False
 
     def bind(self, engine: "Engine") -> None:
         self.engine = engine
@@ -111,7 +130,10 @@ class AdapterCachePolicy:
         return False
 
     def prefetch(self, now: float) -> Iterable[int]:
-        """Adapters to load asynchronously now (default: none)."""
+        """Adapters to load now, in priority order (default: none). Overriding it turns
+        prefetching on (:mod:`twin.prefetch`): asynchronous over the host link, or on the
+        deciding step's critical path when ``prefetch_sync``. Asked after each step's
+        admissions and at arrivals; it must depend only on the engine's state."""
         return ()
 
     @property

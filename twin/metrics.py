@@ -222,6 +222,8 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
     s["engine_steps"] = int(e.rec.n_steps)
     s["step_segments"] = int(e.rec.n_segments)
     s["kv_capacity_tokens"] = int(e.kv_tokens)
+    if getattr(e, "_ext", None) is not None:  # extensions' counters (twin/hooks.py)
+        s.update(e._ext.stats())
     s["wall_s"] = float(wall_s)
     s["x_realtime"] = float(window / wall_s) if wall_s > 0 else None
     return s

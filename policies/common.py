@@ -1,0 +1,132 @@
+"""Shared pieces of the policies: an output-length predictor, per-adapter request statistics,
+and the view of the waiting queue that cache policies need.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from twin.engine import Engine
+
+INF = math.inf
+
+
+class OutputPredictor:
+    """Predicted output length of every request, with a given accuracy.
+
+    Chameleon (MICRO'25, §6, sensitivity to the predictor) and muServe (Qiu et al., ATC'24,
+    §4) drive their schedulers with an output-length predictor and study its accuracy
+    (Chameleon evaluates 100%, 80% and 60%). Here ``accuracy = p`` means: with probability
+    ``p`` the prediction is the true output length; otherwise it is the output length of
+    another request of the workload drawn at random (an uninformative guess with the right
+    marginal distribution). Draws are per request and seeded, so a run is deterministic and
+    the same request gets the same prediction under every policy.
+    """
+
+    def __init__(self, engine: "Engine", accuracy: float = 1.0, seed: int = 0) -> None:
+        if not 0.0 <= accuracy <= 1.0:
+            raise ValueError(f"predictor accuracy must be in [0, 1], got {accuracy}")
+        out = np.asarray(engine.output, np.int64)
+        n = len(out)
+        rng = np.random.default_rng(seed)
+        correct = rng.random(n) < accuracy
+        other = out[rng.integers(0, max(n, 1), n)] if n else out
+        self.pred = np.where(correct, out, other).astype(np.int64)
+        self.pred_l: list[int] = self.pred.tolist()
+        self.accuracy = accuracy
+
+    def __getitem__(self, rid: int) -> int:
+        return self.pred_l[rid]
+
+
+class ArrivalStats:
+    """Per-adapter request counts and last arrival times, brought up to date lazily from
+    the engine's arrival pointer (no per-request callback needed)."""
+
+    def __init__(self, engine: "Engine") -> None:
+        self.e = engine
+        A = engine.n_adapters
+        self.count = np.zeros(A, np.int64)
+        self.last = np.full(A, -INF)
+        self.ptr = 0
+
+    def update(self) -> None:
+        e = self.e
+        hi = e.arr_ptr
+        lo = self.ptr
+        if hi <= lo:
+            return
+        ad = e.adapter[lo:hi]
+        m = ad >= 0
+        if m.any():
+            ad = ad[m]
+            self.count += np.bincount(ad, minlength=len(self.count))
+            # arrivals are sorted: the last occurrence of each adapter carries its latest time
+            t = e.arrival[lo:hi][m]
+            self.last[ad] = t  # fancy assignment keeps the last write per index
+        self.ptr = hi
+
+    def counts_between(self, lo: int, hi: int) -> np.ndarray:
+        ad = self.e.adapter[lo:hi]
+        ad = ad[ad >= 0]
+        return np.bincount(ad, minlength=len(self.count))
+
+
+def waiting_requests(engine: "Engine") -> np.ndarray:
+    """Indices of the requests waiting now (arrived, not finished/rejected, not running)."""
+    from twin.engine import PENDING
+
+    hi = engine.arr_ptr
+    lo = getattr(engine, "_waiting_lo", 0)
+    st = engine.state
+    # advance a low-water mark past requests that can never wait again
+    while lo < hi and st[lo] != PENDING:
+        lo += 1
+    engine._waiting_lo = lo
+    idx = lo + np.nonzero(st[lo:hi] == PENDING)[0]
+    run = engine.running
+    if run and len(idx):
+        idx = np.setdiff1d(idx, np.fromiter(run.keys(), np.int64, len(run)), assume_unique=True)
+    return idx
+
+
+def waiting_adapter_counts(engine: "Engine") -> np.ndarray:
+    """Waiting requests per adapter (Chameleon keeps the adapters of queued requests)."""
+    idx = waiting_requests(engine)
+    ad = engine.adapter[idx]
+    ad = ad[ad >= 0]
+    return np.bincount(ad, minlength=engine.n_adapters)
+
+
+def normalized(x: np.ndarray) -> np.ndarray:
+    """x / max(x) (zeros stay zeros; an all-zero vector stays zero)."""
+    m = float(np.max(x)) if len(x) else 0.0
+    return x / m if m > 0 else np.zeros_like(x, dtype=float)
+
+
+def kmeans_1d(x: np.ndarray, k: int, iters: int = 100) -> tuple[np.ndarray, float]:
+    """Lloyd's K-means on 1-D data, initialised at the quantiles (deterministic).
+
+    Returns the sorted centroids and the within-cluster sum of squares (WCSS)."""
+    x = np.sort(np.asarray(x, float))
+    if len(x) == 0:
+        return np.zeros(0), 0.0
+    k = max(1, min(k, len(np.unique(x))))
+    c = np.quantile(x, (np.arange(k) + 0.5) / k)
+    for _ in range(iters):
+        cuts = (c[1:] + c[:-1]) / 2
+        lab = np.searchsorted(cuts, x, side="right")
+        new = np.array([x[lab == j].mean() if np.any(lab == j) else c[j] for j in range(k)])
+        new.sort()
+        if np.allclose(new, c, rtol=0, atol=1e-12):
+            c = new
+            break
+        c = new
+    cuts = (c[1:] + c[:-1]) / 2
+    lab = np.searchsorted(cuts, x, side="right")
+    wcss = float(sum(((x[lab == j] - c[j]) ** 2).sum() for j in range(k)))
+    return c, wcss

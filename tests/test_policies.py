@@ -1,0 +1,324 @@
+"""Registry (entry points, presets, mixing), schedulers' worked examples (Chameleon's WRS,
+K choice, quotas, Algorithm 1, bypass/squash; SJF with aging; adapter-aware; S-LoRA), the
+output-length predictor, and every preset from the CLI on ``splitwise``."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import policies  # noqa: F401
+from policies import registry
+from policies.adapter_aware import AdapterAwareScheduler
+from policies.chameleon import ChameleonScheduler
+from policies.common import OutputPredictor, kmeans_1d
+from policies.lru import LRUCache
+from policies.registry import PRESETS, Preset, describe_all, make_cache, make_scheduler, resolve_policy
+from tests.helpers import constant_profile
+from traces.workload import Workload
+from twin.config import EngineConfig
+from twin.engine import Engine
+from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
+from twin.simulate import simulate
+
+REQUIRED_PRESETS = ["slora", "chameleon", "chameleon-nocache", "chameleon-nosched", "slora+sjf", "chameleon-lru",
+                    "chameleon-fairshare", "vllm", "fastlibra", "fastlibra-wom", "fastlibra-wos", "fastlibra-wol"]
+
+
+# ---------------------------------------------------------------------- registry
+def test_required_presets_and_descriptions():
+    for p in REQUIRED_PRESETS:
+        assert p in PRESETS, p
+    rows = describe_all()
+    for r in rows:
+        assert r["description"], r
+        assert r["kind"] == "preset" or r["citation"], r  # every policy cites its source
+    names = {(r["kind"], r["name"]) for r in rows}
+    for s in ("fcfs", "slora", "sjf", "chameleon", "chameleon-static", "chameleon-output-only", "adapter-aware"):
+        assert ("scheduler", s) in names
+    for c in ("none", "lru", "lfu", "ema-prefetch", "ema-prefetch-sync", "gdsf", "fairshare", "chameleon",
+              "chameleon+prefetch", "fastlibra", "fastlibra-wom", "fastlibra-wos", "fastlibra-wol", "partition-lru"):
+        assert ("cache", c) in names
+
+
+def test_mix_scheduler_and_cache_keeps_the_memory_setup():
+    s, c, label = resolve_policy("slora", cache="lru")
+    assert s.name == "slora" and c.name == "lru" and label == "slora+lru"
+    assert c.adapter_memory == "unified"  # S-LoRA's unified pool stays
+    s, c, label = resolve_policy(scheduler="sjf", cache="gdsf")
+    assert (s.name, c.name, label) == ("sjf", "gdsf", "sjf+gdsf")
+    assert make_cache("lru", adapter_memory="region", adapter_placement="paged").adapter_placement == "paged"
+    with pytest.raises(KeyError, match="available"):
+        make_scheduler("nope")
+
+
+def test_entry_point_group_registers_third_party_policies(monkeypatch):
+    """A third-party distribution declares ``lora_twin.policies`` entry points: a Scheduler
+    class, and a callable that registers a cache and a preset."""
+
+    class FakeSched(Scheduler):
+        name = "ep-sched"
+        description = "third-party scheduler"
+        citation = "nobody"
+
+    class FakeCache(LRUCache):
+        name = "ep-cache"
+        description = "third-party cache"
+        citation = "nobody"
+
+    def register():
+        registry.register_cache(FakeCache)
+        registry.register_preset(Preset("ep-preset", "fcfs", "ep-cache", "third-party preset"))
+
+    class EP:
+        def __init__(self, name, obj):
+            self.name, self._obj = name, obj
+
+        def load(self):
+            if isinstance(self._obj, Exception):
+                raise self._obj
+            return self._obj
+
+    seen = {}
+
+    def fake_entry_points(group=None):
+        seen["group"] = group
+        return [EP("sched", FakeSched), EP("reg", register), EP("broken", ImportError("missing dependency"))]
+
+    monkeypatch.setattr(registry.metadata, "entry_points", fake_entry_points)
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    try:
+        with pytest.warns(UserWarning, match="broken"):
+            s = make_scheduler("ep-sched")
+        assert seen["group"] == "lora_twin.policies" and isinstance(s, FakeSched)
+        s2, c2, _ = resolve_policy("ep-preset")
+        assert c2.name == "ep-cache"
+        assert {"ep-sched", "ep-cache", "ep-preset"} <= {r["name"] for r in describe_all()}
+    finally:
+        registry.SCHEDULERS.pop("ep-sched", None)
+        registry.CACHES.pop("ep-cache", None)
+        registry.PRESETS.pop("ep-preset", None)
+
+
+def test_twin_policies_lists_citations(capsys):
+    from twin.cli import main
+
+    assert main(["policies"]) == 0
+    out = capsys.readouterr().out
+    assert "chameleon" in out and "MICRO'25" in out and "FastLibra" in out and "S-LoRA" in out
+
+
+# ---------------------------------------------------------------------- predictor
+def test_output_predictor_accuracy():
+    n = 20000
+    rng = np.random.default_rng(0)
+    e = types.SimpleNamespace(output=rng.integers(1, 2000, n))
+    for acc in (1.0, 0.8, 0.6):
+        p = OutputPredictor(e, acc, seed=1)
+        frac = float(np.mean(p.pred == e.output))
+        assert abs(frac - acc) < 0.02  # (+ a coincidental match now and then)
+    a, b = OutputPredictor(e, 0.6, seed=3).pred, OutputPredictor(e, 0.6, seed=3).pred
+    assert np.array_equal(a, b)
+
+
+# ---------------------------------------------------------------------- Chameleon scheduler
+def _chameleon_engine(**kw):
+    prof = constant_profile(c0=0.01, kv_tokens=40_000)
+    w = Workload.from_arrays(np.arange(6) * 0.1, [512, 100, 100, 100, 600, 50], [100, 10, 10, 10, 50, 5],
+                             [0, 1, 1, 1, 2, 3], [32, 8, 8, 8, 128, 8])
+    s = ChameleonScheduler(**kw)
+    e = Engine(w, prof, EngineConfig(max_loras=4, max_model_len=4096), s, make_cache("chameleon"))
+    return e, s
+
+
+def test_wrs_formula():
+    """WRS = (0.4 in/max_in + 0.6 out/max_out) * rank/max_rank: in 512 of 1024, out 100 of
+    200, rank 32 of 128 -> (0.2 + 0.3) * 0.25 = 0.125; output-only: 100/200 = 0.5."""
+    e, s = _chameleon_engine()
+    s.max_in, s.max_out, s.max_rank = 1024, 200, 128
+    assert s.wrs(0) == pytest.approx(0.125)
+    e2, s2 = _chameleon_engine(wrs="output")
+    s2.max_in, s2.max_out, s2.max_rank = 1024, 200, 128
+    assert s2.wrs(0) == pytest.approx(0.5)
+
+
+def test_k_choice_elbow_vs_min_wcss():
+    rng = np.random.default_rng(0)
+    w = np.concatenate([rng.normal(0.1, 0.01, 300), rng.normal(0.8, 0.02, 100)])
+    wcss = [kmeans_1d(w, k)[1] for k in (1, 2, 3, 4)]
+    assert all(a >= b for a, b in zip(wcss, wcss[1:]))  # WCSS never grows with K ...
+    _, s = _chameleon_engine()
+    assert s.choose_k(w)[0] == 2  # ... so the elbow picks the two real clusters
+    _, s = _chameleon_engine(k_rule="min-wcss")
+    assert s.choose_k(w)[0] == 4  # ... and the paper's literal rule always the largest K
+    _, s = _chameleon_engine(k=3)
+    k, cents = s.choose_k(w)
+    assert k == 3 and len(cents) == 3
+
+
+def test_quota_split_mm1_minimum_then_demand():
+    """Tok_min = S*D*(1/SLO + lambda) per queue; the rest of the capacity by token demand."""
+    q = ChameleonScheduler.split_quotas(np.array([100.0, 200.0]), np.array([1.0, 3.0]), 1000)
+    assert q == pytest.approx([100 + 700 * 0.25, 200 + 700 * 0.75])
+    q = ChameleonScheduler.split_quotas(np.array([600.0, 600.0]), np.array([1.0, 1.0]), 1000)
+    assert q == pytest.approx([500, 500])  # over-subscribed minima scale down
+    # the minimum itself: S = 600 tokens, D = 100 tokens * 0.05 s, SLO 2 s, lambda 3/s
+    S, D, slo, lam = 600.0, 100 * 0.05, 2.0, 3.0
+    assert S * D * (1 / slo + lam) == pytest.approx(10500.0)
+
+
+class FakeCtx:
+    def __init__(self, refuse=None):
+        self.admitted = []
+        self.refuse = refuse or {}
+
+    def try_admit(self, rid):
+        r = self.refuse.get(rid, Admit.OK)
+        if r == Admit.OK:
+            self.admitted.append(rid)
+        return r
+
+
+def _two_queues(s, quotas, used):
+    from collections import deque
+
+    s.queues = [deque([1, 2]), deque([4])]
+    s.tok = {1: 100, 2: 100, 4: 600}
+    s.qof = {1: 0, 2: 0, 4: 1}
+    s.quota, s.used = list(quotas), list(used)
+    s.k = 2
+
+
+def test_algorithm1_two_cases():
+    """Algorithm 1, the two cases of Figure 10 (numbers ours). Small queue: two requests of
+    100 tokens; large queue: one of 600 with 100 tokens already running there.
+
+    Case 1 -- quotas (300, 500): phase 1 admits both small requests (200 <= 300) and not the
+    large one (100 + 600 > 500); phase 2 pools the spare (300-200) + (500-100) = 500 < 600:
+    the large request waits.
+    Case 2 -- quotas (400, 500): the small queue leaves 200 spare, the pool is 600 and the
+    large request gets in during phase 2, on the small queue's unused tokens."""
+    e, s = _chameleon_engine()
+    _two_queues(s, (300, 500), (0, 100))
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [1, 2] and list(s.queues[1]) == [4] and s.used == [200, 100]
+    _two_queues(s, (400, 500), (0, 100))
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [1, 2, 4] and s.used == [200, 700]
+
+
+def test_bypass_only_when_wait_exceeds_run_time_and_squash_when_wrong():
+    from collections import deque
+
+    e, s = _chameleon_engine()
+    mem = e.adapters
+    mem.resident[1] = True  # request 1..3 use adapter 1 (resident); request 4 (adapter 2) does not fit
+    s.queues = [deque([4, 1, 5])]
+    s.tok = {1: 110, 4: 650, 5: 55}
+    s.quota, s.used, s.qof = [10_000], [0], {1: 0, 4: 0, 5: 0}
+    s._t_step = 0.05  # request 1: 10 predicted tokens -> 0.5 s; request 5 (adapter 3, not resident) cannot bypass
+    s.predicted_wait = lambda head: 0.3  # shorter than request 1's run: no bypass
+    ctx = FakeCtx(refuse={4: Admit.NO_SLOT})
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [] and s.bypasses == 0
+    s.predicted_wait = lambda head: 2.0  # longer: request 1 goes first
+    ctx = FakeCtx(refuse={4: Admit.NO_SLOT})
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [1] and s.bypasses == 1 and list(s.queues[0]) == [4, 5]
+    assert e._ext.events and e._ext.events[0][0] == pytest.approx(2.0)  # the squash check at the predicted wait
+    # the prediction proves wrong: at that time the bypasser still runs and the head still waits
+    squashed = []
+    e.squash = squashed.append
+    e.running[1] = None
+    s._check_squash(1, 4)
+    assert squashed == [1] and s.squashes == 1
+    del e.running[1]
+    s._check_squash(1, 4)  # finished in time: nothing to do
+    assert squashed == [1]
+
+
+def test_chameleon_refresh_builds_queues_and_quotas():
+    prof = constant_profile(c0=0.01, c_prefill=1e-5, c_decode=1e-4, kv_tokens=60_000)
+    rng = np.random.default_rng(5)
+    n = 400
+    w = Workload.from_arrays(np.cumsum(rng.exponential(0.05, n)), rng.integers(10, 800, n),
+                             np.where(rng.random(n) < 0.7, rng.integers(5, 30, n), rng.integers(300, 600, n)),
+                             (ad := rng.integers(0, 8, n)), np.array([8, 16, 32, 64, 128])[ad % 5])
+    res = simulate(w, prof, EngineConfig(max_loras=4, max_model_len=4096), policy="chameleon",
+                   check_invariants=True)
+    s = res.summary
+    assert s["chameleon_refreshes"] >= 1 and 1 <= s["chameleon_queues"] <= 4
+    assert len(s["chameleon_cutoffs"]) == s["chameleon_queues"] - 1
+    assert sum(s["chameleon_quotas"]) == pytest.approx(res.engine._ext.pool_blocks * 16, rel=1e-6)
+    st = simulate(w, prof, EngineConfig(max_loras=4, max_model_len=4096), policy="chameleon-static").summary
+    assert st["chameleon_queues"] == 4 and len(set(st["chameleon_quotas"])) == 1
+
+
+# ---------------------------------------------------------------------- SJF, adapter-aware
+def test_sjf_orders_by_predicted_output_and_aging_restores_fifo():
+    """max_num_seqs=1: while r0 runs, r1 (100 tokens), r2 (5), r3 (50) queue up. SJF with a
+    perfect predictor runs r2, r3, r1; with strong aging the waiting time dominates: FIFO."""
+    prof = constant_profile(c0=0.01, kv_tokens=40_000)
+    w = Workload.from_arrays([0.0, 0.01, 0.02, 0.03], [10] * 4, [20, 100, 5, 50])
+    cfg = EngineConfig(max_loras=1, max_num_seqs=1, enable_lora=False, max_model_len=2048)
+    order = lambda r: list(r.requests.sort_values("first_scheduled_s")["request_id"])  # noqa: E731
+    assert order(simulate(w, prof, cfg, scheduler_obj=make_scheduler("sjf", aging=0.0),
+                          cache_obj=LRUCache(), check_invariants=True)) == [0, 2, 3, 1]
+    assert order(simulate(w, prof, cfg, scheduler_obj=make_scheduler("sjf", aging=1e6),
+                          cache_obj=LRUCache())) == [0, 1, 2, 3]
+    assert order(simulate(w, prof, cfg, policy="vllm")) == [0, 1, 2, 3]
+
+
+def test_adapter_aware_prefers_resident_adapters():
+    """r0 (adapter 0) runs; r1 (adapter 1, on disk) and then r2 (adapter 0, resident) wait.
+    FCFS admits r1 first; adapter-aware admits r2 first (resident tier), unless r1 aged."""
+    prof = constant_profile(c0=0.01, disk_s=0.5, cpu_s=0.1, kv_tokens=40_000)
+    w = Workload.from_arrays([0.0, 0.01, 0.02], [10] * 3, [20, 5, 5], [0, 1, 0], [8, 8, 8])
+    cfg = EngineConfig(max_loras=2, max_num_seqs=1, max_model_len=2048)
+    order = lambda r: list(r.requests.sort_values("first_scheduled_s")["request_id"])  # noqa: E731
+    assert order(simulate(w, prof, cfg, policy="vllm")) == [0, 1, 2]
+    aware = simulate(w, prof, cfg, scheduler_obj=AdapterAwareScheduler(lookahead=0), cache_obj=LRUCache(),
+                     check_invariants=True)
+    assert order(aware) == [0, 2, 1]
+    aged = simulate(w, prof, cfg, scheduler_obj=AdapterAwareScheduler(lookahead=0, max_wait_s=0.05),
+                    cache_obj=LRUCache())
+    assert order(aged) == [0, 1, 2]
+    # lookahead prefetch: r1's adapter is copied while r0 runs
+    pre = simulate(w, prof, cfg, policy="adapter-aware", check_invariants=True)
+    assert pre.summary["prefetches"] >= 1
+
+
+def test_adapter_cap_per_batch():
+    prof = constant_profile(c0=0.01, disk_s=0.0, cpu_s=0.0, kv_tokens=40_000)
+    w = Workload.from_arrays(np.zeros(6), [10] * 6, [5] * 6, [0, 1, 2, 3, 4, 5], [8] * 6)
+    cfg = EngineConfig(max_loras=6, max_num_seqs=8, max_model_len=2048)
+    res = simulate(w, prof, cfg, scheduler_obj=AdapterAwareScheduler(max_adapters=2, lookahead=0),
+                   cache_obj=LRUCache(), check_invariants=True)
+    assert res.steps["distinct_adapters"].max() == 2
+
+
+# ---------------------------------------------------------------------- CLI on splitwise
+@pytest.mark.data
+@pytest.mark.parametrize("preset", REQUIRED_PRESETS + ["chameleon+prefetch", "vllm-partition", "adapter-aware"])
+def test_every_preset_runs_on_splitwise_from_the_cli(preset, real_data, capsys, monkeypatch):
+    from twin.cli import main
+
+    monkeypatch.setenv("TWIN_DATA_DIR", str(real_data))
+    rc = main(["run", "--trace", "splitwise", "--policy", preset, "--profile", "llama-2-7b_a40_vidur",
+               "--adapters", "20", "--ranks", "8,16,32,64,128", "--popularity", "powerlaw", "--rps", "1",
+               "--duration", "20", "--no-progress", "--json"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert f'"policy": "{preset}"' in out
+
+
+def test_unknown_interfaces_raise_helpfully():
+    class Bad(AdapterCachePolicy):
+        pass
+
+    with pytest.raises(ValueError, match="name"):
+        registry.register_cache(Bad)

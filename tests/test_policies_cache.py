@@ -1,0 +1,220 @@
+"""Adapter-cache policies and memory placement, each on a worked example: vLLM's LRU order,
+LFU, GDSF's priorities and inflation, Chameleon's score (and FairShare), FastLibra's
+formulas and dependency tree, contiguous vs paged allocation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import policies  # noqa: F401
+from policies.fastlibra import lora_eval, low_lora, node_eval
+from policies.registry import make_cache, make_scheduler
+from tests.helpers import constant_profile
+from traces.workload import Workload
+from twin.adapter_placement import ContiguousAllocator, PagedAllocator
+from twin.config import EngineConfig
+from twin.engine import Engine
+from twin.prefix_kv import HistoryNode
+
+
+def engine_with(cache: str, ranks, slots=3, scheduler="fcfs", workload=None, **cfg):
+    prof = constant_profile(c0=0.01, kv_tokens=200_000, disk_s=0.5, cpu_s=0.1)
+    n = len(ranks)
+    w = workload or Workload.from_arrays(np.arange(n) * 0.1, [10] * n, [2] * n, list(range(n)), list(ranks))
+    return Engine(w, prof, EngineConfig(max_loras=slots, max_model_len=4096, **cfg), make_scheduler(scheduler),
+                  make_cache(cache))
+
+
+def use(mem, a, t):
+    """One request of adapter ``a`` runs and leaves at time ``t``; returns its load (None: hit)."""
+    ld = mem.acquire(a, t)
+    mem.release(a, t)
+    return ld
+
+
+def test_vllm_lru_order():
+    """Two slots; 0 then 1 used; 2 evicts 0 (least recently used); 0 again evicts 1."""
+    e = engine_with("lru", [8, 8, 8], slots=2)
+    m = e.adapters
+    use(m, 0, 0.0)
+    use(m, 1, 1.0)
+    assert use(m, 2, 2.0).source == "disk" and m.resident == [False, True, True]
+    assert use(m, 1, 3.0) is None  # hit, now most recent
+    assert use(m, 0, 4.0).source == "cpu" and m.resident == [True, True, False]
+    assert m.evictions == 2
+
+
+def test_lfu_order_with_lru_ties():
+    e = engine_with("lfu", [8, 8, 8, 8], slots=3)
+    m = e.adapters
+    # arrivals so far: adapter 0 x3, 1 x1, 2 x1 (LFU counts requests)
+    e.arr_ptr = 0
+    e.adapter[:] = 0
+    for a, t in ((0, 0.0), (1, 1.0), (2, 2.0)):
+        use(m, a, t)
+    cache = e.cache
+    e.adapter[:4] = [0, 0, 0, 1]
+    e.arr_ptr = 4
+    # counts: a0 = 3, a1 = 1, a2 = 0 -> victim a2
+    assert cache.victim(3.0) == 2
+    e.adapter[:4] = [0, 0, 2, 1]
+    cache.stats_.ptr = 0
+    cache.stats_.count[:] = 0
+    # counts: a0 = 2, a1 = 1, a2 = 1 -> tie between 1 and 2: least recently idle (1, at t=1)
+    assert cache.victim(3.0) == 1
+
+
+def test_gdsf_priorities_and_inflation():
+    """H = L + F*C/S with the same copy cost C for all and sizes B, 2B, 4B (ranks 8, 16, 32):
+    uses a0 x1, a1 x3, a2 x2 give H = C/B, 1.5 C/B, 0.5 C/B -> a2 is evicted and L = 0.5 C/B;
+    a3 (rank 8) enters with H = L + C/B = 1.5 C/B; the next victim is a0 (C/B) and L = C/B."""
+    e = engine_with("gdsf", [8, 16, 32, 8], slots=3)
+    m, g = e.adapters, e.cache
+    use(m, 0, 0.0)
+    for t in (1.0, 1.1, 1.2):
+        use(m, 1, t)
+    for t in (2.0, 2.1):
+        use(m, 2, t)
+    B, C = m.bytes[0], 0.1
+    assert m.bytes[1] == 2 * B and m.bytes[2] == 4 * B
+    assert [g.H[a] * B / C for a in (0, 1, 2)] == pytest.approx([1.0, 1.5, 0.5])
+    use(m, 3, 3.0)  # evicts a2
+    assert m.resident == [True, True, False, True]
+    assert g.L * B / C == pytest.approx(0.5) and g.H[3] * B / C == pytest.approx(1.5)
+    assert g.victim(4.0) == 0 and g.L * B / C == pytest.approx(1.0)
+
+
+def test_chameleon_score_and_queued_adapters():
+    """Score = 0.45 F + 0.10 R + 0.45 S over normalised features. Idle a0 (10 requests, used
+    at t=5, rank 8), a1 (2, t=9, rank 128), a2 (4, t=1, rank 32): F = 1, .2, .4; R = .5, 1, 0;
+    S = 1/16, 1, 1/4 -> scores .528, .64, .2925: a2 is the victim; with a request of a2
+    queued, a0 is; FairShare (1/3 each): .521, .733, .217 -> a2."""
+    for cache, want in (("chameleon", [0.528125, 0.64, 0.2925]), ("fairshare", [0.5208333, 0.7333333, 0.2166667])):
+        e = engine_with(cache, [8, 128, 32], slots=3)
+        m, c = e.adapters, e.cache
+        for a, t in ((0, 5.0), (1, 9.0), (2, 1.0)):
+            use(m, a, t)
+        c.stats_.update = lambda: None
+        c.stats_.count[:] = [10, 2, 4]
+        assert c.scores([0, 1, 2], 10.0) == pytest.approx(want, abs=1e-6)
+        assert c.victim(10.0) == 2
+    # a request of adapter 2 waits: its adapter is kept unless memory forces it
+    e = engine_with("chameleon", [8, 128, 32, 32], slots=3)
+    m, c = e.adapters, e.cache
+    for a, t in ((0, 5.0), (1, 9.0), (2, 1.0)):
+        use(m, a, t)
+    c.stats_.update = lambda: None
+    c.stats_.count[:] = [10, 2, 4, 0]
+    e.arr_ptr = 4
+    e.state[:3] = 3  # requests 0-2 finished
+    e.adapter[3] = 2  # request 3 (arrived, waiting) uses adapter 2
+    assert c.victim(10.0) == 0
+
+
+def test_fastlibra_formulas_worked_example():
+    """prob = (.5, .3, .2), BS = 4: Low_lora = (1-.5^4) + (1-.7^4) + (1-.8^4) = 2.2878.
+    One adapter in HBM: LoRA_Eval = 2.2878; three: max(1, .7626) = 1. A node with cost
+    10 ms, prob .5, just used (t = 0): Eval = LoRA_Eval * .01 * .5 * (1 - 1/2)."""
+    p = np.array([0.5, 0.3, 0.2])
+    assert low_lora(p, 4) == pytest.approx(0.9375 + 0.7599 + 0.5904)
+    assert lora_eval(p, 4, 1) == pytest.approx(2.2878)
+    assert lora_eval(p, 4, 3) == 1.0
+    assert node_eval(2.2878, 0.01, 0.5, 0.0) == pytest.approx(2.2878 * 0.01 * 0.5 * 0.5)
+    assert node_eval(1.0, 0.01, 0.5, 50.0) < 1e-20  # long unused: worthless
+
+
+def _fastlibra_tree(cache):
+    """Adapters 0, 1 resident and idle; a KV node of adapter 0 in HBM; a KV node of adapter 2
+    (not resident) in host memory."""
+    n = 4
+    w = Workload.from_arrays(np.arange(n) * 0.1, [100] * n, [10] * n, [0, 1, 2, 0], [8, 8, 8, 8],
+                             conversation_id=[0, 1, 2, 0], turn=[0, 0, 0, 1], prefix_tokens=[0, 0, 0, 109])
+    e = engine_with(cache, [8, 8, 8], workload=w)
+    m = e.adapters
+    use(m, 0, 0.0)
+    use(m, 1, 0.0)
+    store = e._ext.prefix
+    kv0 = HistoryNode(conv=0, adapter=0, tokens=160, blocks=10, turn=0, created=0.0, last_access=0.0)
+    kv2 = HistoryNode(conv=2, adapter=2, tokens=160, blocks=10, turn=0, created=0.0, last_access=0.0, tier="host")
+    store.nodes = {0: kv0, 2: kv2}
+    e.total_blocks -= 10
+    store.hbm_blocks = 10
+    store.host_tokens = 160
+    return e, kv0, kv2
+
+
+def test_fastlibra_dependency_tree_leaves_and_roots():
+    e, kv0, kv2 = _fastlibra_tree("fastlibra")
+    c = e.cache
+    out = c.swap_out_candidates()
+    assert ("kv", kv0) in out and ("lora", 1) in out and ("lora", 0) not in out  # adapter 0 has a KV child in HBM
+    e.arr_ptr = 3
+    inn = c.swap_in_candidates(1.0)
+    assert ("lora", 2) in inn and ("kv", kv2) not in inn  # kv2's adapter is not in HBM
+    e.check_invariants = True
+    e._ext.check()
+    # WoM: no tree -- any node may go, KV may come back without its adapter
+    e, kv0, kv2 = _fastlibra_tree("fastlibra-wom")
+    e.arr_ptr = 3
+    assert ("lora", 0) in e.cache.swap_out_candidates()
+    assert ("kv", kv2) in e.cache.swap_in_candidates(1.0)
+
+
+def test_fastlibra_swapper_thresholds():
+    """Above 95% of HBM the swapper swaps leaves out down to 95%; below 70% it swaps roots in."""
+    e, kv0, kv2 = _fastlibra_tree("fastlibra")
+    c = e.cache
+    pool = e._ext.pool_blocks
+    e.arr_ptr = 3
+    ab = e.adapters.placement.ab
+    e.used_blocks = e.total_blocks - 1  # almost full (the running batch): swap everything swappable
+    assert c.usage() > 0.95
+    c.on_tick(1.0)
+    assert kv0.tier == "host" and e.adapters.resident[:2] == [False, False] and c.swaps_out == 3
+    assert e.total_blocks - e.used_blocks == 1 + 10 + ab[0] + ab[1]
+    # with room to spare, it stops at 95%: only the lowest-valued leaf goes
+    e, kv0, kv2 = _fastlibra_tree("fastlibra")
+    c = e.cache
+    e.arr_ptr = 3
+    e.used_blocks = e.total_blocks - (int(np.ceil(0.05 * pool)) - 5)
+    c.on_tick(1.0)
+    assert c.swaps_out == 1 and e.total_blocks - e.used_blocks >= int(np.ceil(0.05 * pool))
+    e, kv0, kv2 = _fastlibra_tree("fastlibra")
+    e.arr_ptr = 3
+    c = e.cache
+    assert c.usage() < 0.7
+    c.on_tick(1.0)
+    assert 2 in c._swapin_loras  # adapter 2 (requested recently) is brought back
+
+
+def test_contiguous_fragmentation_worked_example():
+    """Capacity 10: A(3)@0, B(3)@3, C(3)@6; free A and C: 7 units free but the largest hole
+    is 4 (6..10), so D(5) fails contiguously; with pages of 1 unit it fits."""
+    al = ContiguousAllocator(10)
+    for o, s in ((0, 3), (1, 3), (2, 3)):
+        assert al.try_alloc(o, s)
+    al.free(0)
+    al.free(2)
+    assert al.free_bytes == 7 and al.largest_hole() == 4
+    assert not al.try_alloc(3, 5)
+    assert al.fits_if_freed(5, {1})  # evicting B makes room
+    pg = PagedAllocator(10, page_bytes=1)
+    for o, s in ((0, 3), (1, 3), (2, 3)):
+        assert pg.try_alloc(o, s)
+    pg.free(0, 3)
+    pg.free(2, 3)
+    assert pg.try_alloc(3, 5)
+    # internal fragmentation: a 5 MiB + 1 byte adapter in 2 MiB pages takes 3 pages
+    pg2 = PagedAllocator(64 << 20)
+    assert pg2.footprint((5 << 20) + 1) == 6 << 20
+
+
+def test_paged_loads_slightly_slower():
+    e = engine_with("lru", [8, 16, 32], slots=3, adapter_memory="region", adapter_placement="paged")
+    pl = e.adapters.placement
+    assert pl.alloc.kind == "paged"
+    ld = e.adapters.acquire(0, 0.0)
+    assert ld.link_s == pytest.approx(0.1 + pl.alloc.pages_for(e.adapters.bytes[0]) * 2e-6)
+    e2 = engine_with("lru", [8, 16, 32], slots=3, adapter_memory="region", adapter_placement="contiguous")
+    assert e2.adapters.acquire(0, 0.0).link_s == pytest.approx(0.1)

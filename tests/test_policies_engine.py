@@ -1,0 +1,211 @@
+"""Every preset under the engine: invariants, exact decode-run skipping, accounting; the
+engine extensions (prefetch, unified pool, placement, prefix KV, TP); ``twin compare``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import policies  # noqa: F401
+from policies.registry import PRESETS
+from tests.helpers import constant_profile
+from traces.workload import Workload
+from twin.config import EngineConfig
+from twin.simulate import simulate
+
+
+def conv_workload(n_conv=40, turns=3, adapters=10, seed=0, gap=4.0, rps=3.0):
+    """Multi-turn conversations: turn k's prompt re-sends turn k-1's prompt + output."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    starts = np.cumsum(rng.exponential(1 / rps, n_conv))
+    for c in range(n_conv):
+        a = int(rng.integers(0, adapters))
+        t, prefix = float(starts[c]), 0
+        for k in range(int(rng.integers(1, turns + 1))):
+            new, out = int(rng.integers(20, 400)), int(rng.integers(5, 120))
+            rows.append((t, prefix + new, out, a, (8, 16, 32)[a % 3], c, k, prefix))
+            prefix += new + out
+            t += gap + rng.exponential(gap)
+    rows.sort()
+    arr = np.array(rows, dtype=float)
+    return Workload.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4], conversation_id=arr[:, 5],
+                                turn=arr[:, 6], prefix_tokens=arr[:, 7])
+
+
+PROF = dict(c0=0.008, c_prefill=4e-5, c_decode=1e-4, c_ctx=1e-8, k6=1.5, lora_pct=150, sched=1e-4, k2=3e-7,
+            kv_tokens=40_000, disk_s=0.08, cpu_s=0.02)
+CFG = dict(max_loras=3, max_num_seqs=32, max_model_len=4096)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_preset_invariants_and_exact_run_skipping(preset):
+    """Under every preset: the engine's invariants hold at every step (KV, adapter memory,
+    pool accounting), everything finishes, and advancing decode runs gives exactly the
+    step-by-step results."""
+    prof = constant_profile(**PROF)
+    w = conv_workload(n_conv=30, seed=1)
+    cfg = EngineConfig(**CFG)
+    a = simulate(w, prof, cfg, policy=preset, check_invariants=True)
+    s = a.summary
+    assert s["requests_finished"] + s["requests_rejected"] == s["requests_arrived"] == len(w)
+    b = simulate(w, prof, cfg, policy=preset, max_run_steps=1)
+    cols = ["outcome", "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "tokens_emitted"]
+    pd.testing.assert_frame_equal(a.requests[cols], b.requests[cols], check_exact=True)
+    assert a.summary["step_segments"] <= b.summary["step_segments"]
+
+
+def test_default_path_installs_nothing():
+    """fcfs + lru (vLLM) installs no extension: every hook stays None/False."""
+    prof = constant_profile(**PROF)
+    res = simulate(conv_workload(n_conv=5), prof, EngineConfig(**CFG), policy="vllm")
+    e = res.engine
+    assert e._ext is None and e._admit_hook is None and e._reclaim is None and e._finish_hook is None
+    assert e._prefetch_on is False and "adapter_memory" not in res.summary
+
+
+def test_unified_pool_reclaims_idle_adapters_before_preempting():
+    """Chameleon's cache lives in idle memory: with a pool that cannot hold both the cache
+    and the batch's KV, idle adapters are evicted (blocks reclaimed) instead of preempting."""
+    prof = constant_profile(**{**PROF, "kv_tokens": 6000})
+    rng = np.random.default_rng(2)
+    n = 120
+    w = Workload.from_arrays(np.sort(rng.uniform(0, 20, n)), rng.integers(50, 600, n), rng.integers(20, 200, n),
+                             rng.integers(0, 12, n), np.full(n, 8))
+    res = simulate(w, prof, EngineConfig(max_loras=2, max_num_seqs=32, max_model_len=2048), policy="chameleon",
+                   check_invariants=True)
+    s = res.summary
+    assert s["adapter_memory"] == "unified" and s["reclaimed_blocks"] > 0
+    e = res.engine
+    # the pool: KV blocks + adapter blocks add up to the whole pool at the end
+    assert e.total_blocks + e.adapters.placement.adapter_blocks == e._ext.pool_blocks
+
+
+def test_async_prefetch_hides_load_sync_does_not():
+    """S-LoRA prefetches the adapter of a queued request while the batch runs: its load no
+    longer sits on a step's critical path. r0 (adapter 0) runs 40 decode steps; r1 (adapter 1,
+    arriving just after) is admitted in the same step... so use max_num_seqs=1: r1 waits in
+    the queue while r0 runs, its adapter is prefetched, and r1 starts with no load wait."""
+    prof = constant_profile(c0=0.01, disk_s=0.05, cpu_s=0.02, kv_tokens=40_000)
+    w = Workload.from_arrays([0.0, 0.001], [10, 10], [40, 2], [0, 1], [8, 8])
+    cfg = EngineConfig(max_loras=2, max_num_seqs=1, max_num_batched_tokens=64, max_model_len=2048)
+    base = simulate(w, prof, cfg, scheduler="fcfs", cache="none", check_invariants=True).requests
+    pre = simulate(w, prof, cfg, policy="slora", check_invariants=True)
+    r = pre.requests
+    assert base.loc[1, "load_wait_s"] == pytest.approx(0.07)  # disk 0.05 + copy 0.02 on the critical path
+    assert r.loc[1, "load_wait_s"] == 0.0 and pre.summary["prefetches"] >= 1
+    assert r.loc[1, "ttft_s"] < base.loc[1, "ttft_s"] - 0.06
+
+
+def test_request_admitted_while_its_adapter_loads_waits_for_the_rest():
+    """A request whose adapter is still being prefetched makes its step wait only for the
+    remaining part of the copy (late hit)."""
+    prof = constant_profile(c0=0.01, disk_s=0.0, cpu_s=0.2, kv_tokens=40_000)
+    # r0 (adapter 0) runs 8 steps (max_num_seqs=1); r1 (adapter 1) waits in the queue
+    w = Workload.from_arrays([0.0, 0.001], [10, 10], [8, 2], [0, 1], [8, 8])
+    cfg = EngineConfig(max_loras=2, max_num_seqs=1, max_num_batched_tokens=64, max_model_len=2048)
+    res = simulate(w, prof, cfg, policy="slora", check_invariants=True)
+    assert res.summary["prefetch_late_hits"] == 1
+    r = res.requests
+    assert 0.05 < r.loc[1, "load_wait_s"] < 0.15
+    # r0's own (synchronous) load makes its first step end at 0.21; r1, arrived meanwhile,
+    # is prefetched from 0.21 (copy until 0.41); r0 finishes at 0.28, r1 joins and waits for
+    # the copy, then its prefill step: first token at 0.42
+    assert r.loc[1, "first_token_s"] == pytest.approx(0.42, abs=1e-9)
+
+
+def test_ema_sync_prefetch_raises_tail_latency():
+    """The adaptive-caching result: synchronous prefetching puts copies on the critical
+    path of steps, so the P99 TTFT is no better than with asynchronous prefetching."""
+    prof = constant_profile(c0=0.01, c_prefill=2e-5, c_decode=1e-4, disk_s=0.1, cpu_s=0.05, kv_tokens=60_000)
+    rng = np.random.default_rng(4)
+    n = 300
+    pop = rng.zipf(1.4, n) % 16
+    w = Workload.from_arrays(np.cumsum(rng.exponential(0.1, n)), rng.integers(20, 300, n), rng.integers(5, 60, n),
+                             pop, np.full(n, 8))
+    cfg = EngineConfig(max_loras=4, max_num_seqs=32, max_model_len=2048)
+    a = simulate(w, prof, cfg, policy="ema-prefetch", check_invariants=True).summary
+    s = simulate(w, prof, cfg, policy="ema-prefetch-sync", check_invariants=True).summary
+    assert a["prefetch_mode"] == "async" and s["prefetch_mode"] == "sync"
+    assert s["ttft_ms_p99"] >= a["ttft_ms_p99"]
+
+
+def test_prefix_reuse_serves_later_turns_from_history_kv():
+    """Turn 1 of a conversation re-sends turn 0 (prefix_tokens): with history KV kept
+    (FastLibra, vLLM prefix caching) its prefill starts after the cached prefix; S-LoRA drops
+    history KV and recomputes it."""
+    prof = constant_profile(c0=0.01, c_prefill=1e-4, kv_tokens=40_000, disk_s=0.0, cpu_s=0.0)
+    w = Workload.from_arrays([0.0, 5.0], [1000, 1500], [11, 5], [0, 0], [8, 8], conversation_id=[7, 7],
+                             turn=[0, 1], prefix_tokens=[0, 1011])
+    cfg = EngineConfig(max_loras=2, max_num_seqs=8, max_model_len=4096)
+    drop = simulate(w, prof, cfg, policy="slora", check_invariants=True)
+    keep = simulate(w, prof, cfg, policy="fastlibra", check_invariants=True)
+    assert keep.summary["prefix_hits"] == 1 and keep.summary["prefix_hit_tokens"] == 1010  # 1000 + 11 - 1 computed
+    # turn 1 prefills 1500 tokens without reuse (2048-token budget: one step), 490 with it
+    assert drop.requests.loc[1, "ttft_s"] == pytest.approx(0.01 + 1500e-4, abs=1e-9)
+    assert keep.requests.loc[1, "ttft_s"] == pytest.approx(0.01 + 490e-4, abs=1e-9)
+
+
+def test_contiguous_placement_fragments_paged_does_not():
+    """Seed write-up: adapters of mixed ranks placed contiguously in the slots' memory fail
+    to allocate after many load/evict cycles although enough bytes are free (external
+    fragmentation); 2 MB pages never fail, waste a little of each last page and load slightly slower."""
+    prof = constant_profile(c0=0.005, kv_tokens=60_000, disk_s=0.0, cpu_s=0.001)
+    rng = np.random.default_rng(0)
+    n = 400
+    ad = rng.integers(0, 30, n)
+    ranks = np.array([8, 16, 32, 64, 128])[ad % 5]
+    w = Workload.from_arrays(np.cumsum(rng.exponential(0.05, n)), rng.integers(5, 50, n), rng.integers(1, 10, n),
+                             ad, ranks)
+    cfg = EngineConfig(max_loras=3, max_num_seqs=8, max_model_len=2048)
+    c = simulate(w, prof, cfg, policy="vllm-contiguous", check_invariants=True).summary
+    p = simulate(w, prof, cfg, policy="vllm-paged", check_invariants=True).summary
+    assert c["adapter_placement"] == "contiguous" and c["adapter_alloc_failures"] > 0
+    assert p["adapter_placement"] == "paged" and p["adapter_alloc_failures"] == 0
+    # Llama adapters are whole numbers of 2 MB pages: no internal fragmentation here (see
+    # test_policies_cache.py for odd sizes)
+    assert 0 <= p["adapter_internal_fragmentation"] < 0.05
+    assert c["adapter_fragmentation_evictions"] > 0
+
+
+def test_tensor_parallel_shrinks_compute_not_the_load_fixed_cost():
+    """Chameleon Fig. 5: with TP each GPU loads 1/TP of the adapter but the fixed cost stays,
+    while the step's compute shrinks by ~1/TP: loading grows relative to compute."""
+    from twin.profile import DEFAULT_PROFILE, Profile
+    from twin.tensor_parallel import tp_profile
+
+    prof = Profile.from_dict(DEFAULT_PROFILE)
+    p2 = tp_profile(prof, 2)
+    assert tp_profile(prof, 1) is prof
+    c0 = DEFAULT_PROFILE["components"]["backbone"]["params"]["c0"]
+    big1, big2 = prof.backbone_s(2000, 64, 0), p2.backbone_s(2000, 64, 0)
+    assert big2 < big1 and big2 > c0 + (big1 - c0) / 2  # halved variable part + all-reduce cost
+    nb = prof.adapter_bytes(64)
+    lp = DEFAULT_PROFILE["components"]["load"]["params"]
+    assert prof.load_s(64, "cpu", 2) == pytest.approx(lp["cpu_fixed_s"] + nb / 2 / (lp["cpu_gbps"] * 1e9))
+    ratio1 = prof.load_s(64, "cpu", 1) / big1
+    ratio2 = prof.load_s(64, "cpu", 2) / big2
+    assert ratio2 > ratio1 * 0.9  # the load does not shrink as much as the compute
+    # the engine applies it
+    w = Workload.from_arrays([0.0], [2000], [2], [0], [8])
+    t1 = simulate(w, prof, EngineConfig(max_loras=1)).requests.loc[0, "ttft_s"]
+    t2 = simulate(w, prof, EngineConfig(max_loras=1, tensor_parallel=2)).requests.loc[0, "ttft_s"]
+    assert t2 < t1
+
+
+def test_compare_command_writes_table_and_figure(tmp_path, capsys):
+    from twin.cli import main
+    from twin.compare import sustained_rps
+
+    assert sustained_rps([6, 8, 9], [500.0, 900.0, 3000.0], 1.0) == pytest.approx(8 + (1000 - 900) / (3000 - 900))
+    assert sustained_rps([6, 8], [2000.0, 3000.0], 1.0) == 0.0
+    assert sustained_rps([6, 8], [100.0, 300.0], 1.0) == 8
+    rc = main(["compare", "--trace", "synthetic", "--policies", "vllm,slora", "--rps", "1,2", "--duration", "20",
+               "--adapters", "10", "--profile", "embedded", "--slo", "2.0", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "TTFT p99 ms" in out and "slora" in out and "sustained throughput" in out
+    df = pd.read_csv(tmp_path / "compare.csv")
+    assert len(df) == 4 and set(df["policy"]) == {"vllm", "slora"}
+    assert (tmp_path / "compare.png").stat().st_size > 1000

@@ -1,0 +1,122 @@
+"""Adapter prefetching: loads that a policy starts before a request needs the adapter.
+
+S-LoRA (Sheng et al., MLSys'24, §4.2 "prefetching and overlapping adapter loading with
+computation") and Chameleon (MICRO'25, §4.2 predictive prefetch) copy adapters to the GPU
+*while the current batch runs*. Two modes:
+
+* **asynchronous** (default): the copy runs in the background on the host link (a SimPy
+  process holding :class:`~twin.adapters.HostLink`, so synchronous loads queue behind it --
+  the PCIe contention of Chameleon §3.2). From its start the adapter holds its memory and
+  is in the **loading** state (``AdapterMemory.loading``): not evictable, not usable yet. A
+  request admitted while its adapter is loading makes its step wait for the rest of the copy
+  (``Load(..., wait=process)``), and counts as a late hit. When the copy ends (an engine
+  event at the exact end time, so decode runs stop there), the adapter becomes an ordinary
+  idle resident adapter (``policy.on_load`` then ``policy.on_idle``).
+* **synchronous**: the copy is added to the loads of the step that decided it, i.e. on the
+  critical path (the adaptive-caching study's "sync prefetch", which raises the P99 TTFT).
+
+Disk reads (adapter not in the CPU tier) happen first and do not hold the link; the link
+is reserved when the read ends, so the completion time is known from then on (until then
+a lower bound splits decode runs, which is always exact, see ``Scheduler.next_change_time``).
+
+Decisions come from ``scheduler.prefetch(now)`` and ``cache.prefetch(now)`` (adapter ids in
+priority order), asked after each step's admissions and, to keep decode-run skipping exact,
+again at every arrival and completion (:meth:`twin.hooks.Extensions.after_schedule`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from twin.engine import Engine, StepContext
+
+
+class AsyncLoader:
+    """Starts and completes prefetches (see the module docstring)."""
+
+    def __init__(self, engine: "Engine", ext: Any, sync: bool = False, max_inflight: int = 4) -> None:
+        self.e = engine
+        self.ext = ext
+        self.mem = engine.adapters
+        self.sync = sync
+        self.max_inflight = max_inflight
+        self.started = 0
+        self.completed = 0
+        self.sync_loads = 0
+
+    def _room(self, a: int, now: float, evict: bool) -> bool:
+        mem = self.mem
+        if mem.placement is not None:
+            return mem.placement.allocate(a, now, evict)
+        if mem.n_resident < mem.gpu_slots:
+            return True
+        if not evict or not mem.evictable():
+            return False
+        mem.evict_victim(now)
+        return True
+
+    def start(self, a: int, now: float, ctx: "StepContext | None" = None, evict: bool = True) -> bool:
+        """Prefetch adapter ``a`` (False when resident, loading, or there is no room)."""
+        mem = self.mem
+        if a < 0 or mem.resident[a]:
+            return False
+        if not self.sync and len(mem.loading) >= self.max_inflight:
+            return False
+        if not self._room(a, now, evict):
+            return False
+        source, disk_s = mem._fetch(a)
+        mem.resident[a] = True
+        mem.n_resident += 1
+        mem.resident_bytes += mem.bytes[a]
+        link_s = mem._cpu_s[mem.ranks_l[a]]
+        if mem.placement is not None:
+            link_s += mem.placement.load_extra_s(a)
+        self.started += 1
+        pol = mem.policy
+        if self.sync:
+            from twin.adapters import Load
+
+            ctx.loads.append(Load(a, source, disk_s, link_s, mem.bytes[a]))
+            self.sync_loads += 1
+            pol.on_load(a, now)
+            if not mem.active[a]:
+                pol.on_idle(a, now)
+            return True
+        env = self.e.env
+        if disk_s:
+            proc = env.process(self._after_disk(a, disk_s, link_s, mem.bytes[a]))
+            self.ext.push_event(now + disk_s + link_s, None)  # lower bound of the end
+        else:
+            gen = self.e.link.transfer(mem.bytes[a], link_s)
+            self.ext.push_event(self.e.link.free_at, lambda t, a=a: self._done(a, t))
+            proc = env.process(gen)
+        mem.loading[a] = proc
+        return True
+
+    def _after_disk(self, a: int, disk_s: float, link_s: float, nbytes: int):
+        env = self.e.env
+        yield env.timeout(disk_s)
+        gen = self.e.link.transfer(nbytes, link_s)
+        self.ext.push_event(self.e.link.free_at, lambda t, a=a: self._done(a, t))
+        yield env.process(gen)
+
+    def _done(self, a: int, now: float) -> None:
+        mem = self.mem
+        if mem.loading.pop(a, None) is None or not mem.resident[a]:
+            return
+        self.completed += 1
+        mem.policy.on_load(a, now)
+        if not mem.active[a]:
+            mem.policy.on_idle(a, now)
+
+    def decide(self, now: float, ctx: "StepContext | None") -> None:
+        for src in self.ext.prefetch_sources:
+            for a in src.prefetch(now):
+                if not self.sync and len(self.mem.loading) >= self.max_inflight:
+                    return
+                self.start(a, now, ctx, evict=getattr(src, "prefetch_evicts", True))
+
+    def stats(self) -> dict[str, Any]:
+        return {"prefetch_mode": "sync" if self.sync else "async", "prefetches": self.started,
+                "prefetch_late_hits": self.mem.late_hits}

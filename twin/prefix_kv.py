@@ -1,0 +1,236 @@
+"""History KV caches of multi-turn conversations, reused as a prefix by the next turn.
+
+The workload's ``conversation_id``, ``turn`` and ``prefix_tokens`` columns describe chats
+whose turn ``k`` re-sends the whole history (``prefix_k = prompt_{k-1} + output_{k-1}``,
+see :mod:`traces.conversations`). When turn ``k-1`` finishes, its KV cache (the
+``prompt + output - 1`` tokens it computed) can be kept as a *history node*; turn ``k`` then
+starts its prefill at the cached length instead of 0 (vLLM's automatic prefix caching,
+SGLang's RadixAttention, and FastLibra's history KV caches all do this).
+
+A node lives in one tier:
+
+* ``hbm`` -- its blocks are taken from the engine's KV pool (``engine.total_blocks`` shrinks
+  by them), so it competes with running requests and, in the unified pool, with adapters.
+  A hit hands the blocks to the request: no transfer, the prefix is not recomputed.
+* ``host`` -- swapped out to host memory (FastLibra §4: "swap out leaves in HBM"). A hit
+  copies it back over the host link on the critical path of the admitting step (a
+  synchronous :class:`~twin.adapters.Load`); the swapper of a cache policy can also bring
+  it back in the background (:meth:`HistoryKV.swap_in`, asynchronous over the link).
+* ``loading`` -- an asynchronous swap-in in flight (blocks already reserved); a hit waits for it.
+
+Swap-outs (GPU -> host) use the other direction of the full-duplex PCIe link, so they do
+not queue behind host-to-GPU loads; they free the HBM blocks at once and are counted in
+``kv_swapped_out_gb``.
+
+The store is a mechanism; which nodes to keep, swap or drop is the cache policy's
+decision: ``policy.history_tier(node, now)`` at a turn's end (default: ``"hbm"`` when free
+blocks allow, else drop) and :meth:`twin.hooks.Extensions.reclaim` under memory pressure
+(default: drop the least recently used HBM node first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from twin.adapters import Load
+
+if TYPE_CHECKING:  # pragma: no cover
+    from twin.engine import Engine, StepContext
+
+
+@dataclass
+class HistoryNode:
+    """The KV cache of one conversation's history (all turns so far)."""
+
+    conv: int
+    adapter: int        # dense adapter index (-1: base model); the node's parent in FastLibra's tree
+    tokens: int         # tokens with KV
+    blocks: int
+    turn: int           # the turn that produced it
+    created: float
+    last_access: float
+    tier: str = "hbm"   # 'hbm' | 'host' | 'loading'
+    hits: int = 0
+    proc: Any = None    # swap-in process while loading
+
+
+class HistoryKV:
+    """Per-conversation history nodes in HBM or host memory (see the module docstring)."""
+
+    def __init__(self, engine: "Engine", ext: Any, conv: np.ndarray, turn: np.ndarray, prefix: np.ndarray,
+                 host_capacity_tokens: float = float("inf")) -> None:
+        self.e = engine
+        self.ext = ext
+        self.conv = conv.astype(np.int64).tolist()
+        self.turn = turn.astype(np.int64).tolist()
+        self.prefix = prefix.astype(np.int64).tolist()
+        self.nodes: dict[int, HistoryNode] = {}
+        self.hbm_blocks = 0
+        self.host_tokens = 0
+        self.host_capacity_tokens = host_capacity_tokens
+        kvp = engine.profile.components["kv"].params
+        self.kv_bytes_per_token = int(kvp.get("kv_bytes_per_token") or engine.profile.model.kv_bytes_per_token)
+        lp = engine.profile.components["load"].params
+        self._fixed_s = float(lp.get("cpu_fixed_s", 0.0))
+        self._gbps = float(lp.get("cpu_gbps", 25.0))
+        # counters
+        self.lookups = 0
+        self.hits = 0
+        self.hit_tokens = 0
+        self.host_hits = 0
+        self.stored = 0
+        self.dropped = 0
+        self.swapped_out_bytes = 0
+        self.swapped_in_bytes = 0
+
+    # -- costs
+    def transfer_s(self, tokens: int) -> float:
+        """Host <-> GPU copy time of ``tokens`` of KV (the profile's CPU->GPU link model)."""
+        return self._fixed_s + tokens * self.kv_bytes_per_token / (self._gbps * 1e9)
+
+    def node_bytes(self, node: HistoryNode) -> int:
+        return node.tokens * self.kv_bytes_per_token
+
+    # -- a turn ends: keep its KV as the conversation's history
+    def on_finish(self, rid: int, now: float) -> None:
+        cv = self.conv[rid]
+        if cv < 0:
+            return
+        e = self.e
+        old = self.nodes.pop(cv, None)
+        if old is not None:
+            self._release(old)
+        tokens = int(e._prompt_a[rid] + e._output_a[rid] - 1)
+        if tokens <= 0:
+            return
+        node = HistoryNode(cv, int(e._adapter_a[rid]), tokens, -(-tokens // e.block_size), self.turn[rid], now, now)
+        tier = self.ext.cache_history_tier(node, now)
+        if tier == "hbm" and node.blocks <= e.total_blocks - e.used_blocks:
+            e.total_blocks -= node.blocks
+            self.hbm_blocks += node.blocks
+        elif tier in ("hbm", "host") and self.host_tokens + tokens <= self.host_capacity_tokens:
+            node.tier = "host"
+            self.host_tokens += tokens
+            self.swapped_out_bytes += self.node_bytes(node)
+        else:
+            self.dropped += 1
+            return
+        self.nodes[cv] = node
+        self.stored += 1
+        self.ext.cache_on_history(node, "store", now)
+
+    # -- a later turn is admitted
+    def match(self, rid: int, T: int) -> tuple[int, HistoryNode | None]:
+        """Tokens of ``rid``'s prompt its conversation's history node can serve (and the node)."""
+        cv = self.conv[rid]
+        if cv < 0:
+            return 0, None
+        self.lookups += 1
+        node = self.nodes.get(cv)
+        if node is None or node.turn >= self.turn[rid]:
+            return 0, None
+        h = min(self.prefix[rid], node.tokens, T - 1)
+        return (h, node) if h > 0 else (0, None)
+
+    def take(self, node: HistoryNode, h: int, rid: int, ctx: "StepContext", now: float) -> None:
+        """The request takes the node's KV (the node leaves the store)."""
+        self.hits += 1
+        self.hit_tokens += h
+        node.hits += 1
+        del self.nodes[node.conv]
+        if node.tier == "hbm":
+            self.e.total_blocks += node.blocks
+            self.hbm_blocks -= node.blocks
+        elif node.tier == "loading":
+            self.e.total_blocks += node.blocks
+            self.hbm_blocks -= node.blocks
+            ctx.loads.append(Load(-1, "wait", 0.0, 0.0, 0, wait=node.proc))
+            ctx.load_rids.append(rid)
+        else:  # host: copy back on the critical path
+            self.host_hits += 1
+            self.host_tokens -= node.tokens
+            nbytes = h * self.kv_bytes_per_token
+            self.swapped_in_bytes += nbytes
+            ctx.loads.append(Load(-1, "kv", 0.0, self.transfer_s(h), nbytes))
+            ctx.load_rids.append(rid)
+        self.ext.cache_on_history(node, "take", now)
+
+    def hbm_blocks_of(self, node: HistoryNode) -> int:
+        """Blocks the node holds in the pool now (a hit frees them for the request)."""
+        return node.blocks if node.tier in ("hbm", "loading") else 0
+
+    # -- tier moves (a cache policy's swapper or the reclaimer calls these)
+    def _release(self, node: HistoryNode) -> None:
+        if node.tier in ("hbm", "loading"):
+            self.e.total_blocks += node.blocks
+            self.hbm_blocks -= node.blocks
+        elif node.tier == "host":
+            self.host_tokens -= node.tokens
+
+    def drop(self, node: HistoryNode, now: float) -> int:
+        """Discard a node; returns the HBM blocks freed."""
+        freed = self.hbm_blocks_of(node)
+        self._release(node)
+        del self.nodes[node.conv]
+        self.dropped += 1
+        self.ext.cache_on_history(node, "drop", now)
+        return freed
+
+    def swap_out(self, node: HistoryNode, now: float) -> int:
+        """HBM -> host (falls back to dropping when host memory is full); returns blocks freed."""
+        if node.tier != "hbm":
+            return 0
+        if self.host_tokens + node.tokens > self.host_capacity_tokens:
+            return self.drop(node, now)
+        self.e.total_blocks += node.blocks
+        self.hbm_blocks -= node.blocks
+        self.host_tokens += node.tokens
+        node.tier = "host"
+        self.swapped_out_bytes += self.node_bytes(node)
+        self.ext.cache_on_history(node, "swap_out", now)
+        return node.blocks
+
+    def swap_in(self, node: HistoryNode, now: float) -> bool:
+        """Host -> HBM in the background over the host link (blocks reserved now)."""
+        e = self.e
+        if node.tier != "host" or node.blocks > e.total_blocks - e.used_blocks:
+            return False
+        e.total_blocks -= node.blocks
+        self.hbm_blocks += node.blocks
+        self.host_tokens -= node.tokens
+        node.tier = "loading"
+        nbytes = self.node_bytes(node)
+        self.swapped_in_bytes += nbytes
+        gen = e.link.transfer(nbytes, self.transfer_s(node.tokens))
+        end = e.link.free_at
+        node.proc = e.env.process(gen)
+        self.ext.push_event(end, lambda t, n=node: self._swapped_in(n, t))
+        return True
+
+    def _swapped_in(self, node: HistoryNode, now: float) -> None:
+        if node.tier == "loading" and self.nodes.get(node.conv) is node:
+            node.tier = "hbm"
+            node.proc = None
+            self.ext.cache_on_history(node, "swap_in", now)
+
+    def hbm_nodes(self) -> list[HistoryNode]:
+        return [n for n in self.nodes.values() if n.tier == "hbm"]
+
+    def host_nodes(self) -> list[HistoryNode]:
+        return [n for n in self.nodes.values() if n.tier == "host"]
+
+    def check(self) -> None:
+        hb = sum(n.blocks for n in self.nodes.values() if n.tier in ("hbm", "loading"))
+        assert hb == self.hbm_blocks, f"history KV: HBM blocks {hb} != {self.hbm_blocks}"
+        ht = sum(n.tokens for n in self.nodes.values() if n.tier == "host")
+        assert ht == self.host_tokens, "history KV: host tokens out of sync"
+
+    def stats(self) -> dict[str, Any]:
+        return {"prefix_lookups": self.lookups, "prefix_hits": self.hits,
+                "prefix_hit_rate": self.hits / self.lookups if self.lookups else None,
+                "prefix_hit_tokens": self.hit_tokens, "prefix_host_hits": self.host_hits,
+                "history_stored": self.stored, "history_dropped": self.dropped,
+                "kv_swapped_out_gb": self.swapped_out_bytes / 1e9, "kv_swapped_in_gb": self.swapped_in_bytes / 1e9}
