@@ -22,6 +22,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from twin.datadir import sha256_file
+
 from twin.datadir import data_dir
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -84,14 +86,6 @@ SOURCES: dict[str, Source] = {s.name: s for s in [
     Source("wildchat", "traces/wildchat", None, page="https://huggingface.co/datasets/allenai/WildChat-1M",
            note="sharded: download some or all data/*.parquet shards into this directory"),
 ]}
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch_command(name: str) -> str:

@@ -25,12 +25,13 @@ records the source file's sha256 and this command.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from twin.datadir import sha256_file
 import pandas as pd
 
 from traces import arrivals as arr
@@ -46,12 +47,6 @@ SHAREGPT_REPORTED = {"prompt": {"mean": 250.9, "p25": 23.0, "p75": 423.0},
                      "output": {"mean": 231.5, "p25": 27.0, "p75": 359.0}}
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _pct(x: np.ndarray) -> dict[str, float]:

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file (read in 1 MiB chunks): provenance and fetch checksums."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def data_dir(override: str | os.PathLike | None = None) -> Path:

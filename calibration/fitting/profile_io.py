@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -10,15 +9,10 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from twin.datadir import sha256_file
 from twin.profile import KINDS, PROFILE_SCHEMA, Profile
 
 
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def provenance(directory: Path, files: Iterable[str], command: str, method: str, data_root: Path | None = None,
@@ -32,7 +26,7 @@ def provenance(directory: Path, files: Iterable[str], command: str, method: str,
     except ValueError:
         rel = directory.name
     out: dict[str, Any] = {
-        "measurements": {"directory": rel, "tables": {f: file_digest(directory / f) for f in sorted(files)
+        "measurements": {"directory": rel, "tables": {f: sha256_file(directory / f) for f in sorted(files)
                                                         if (directory / f).exists()}},
         "command": command,
         "code": "calibration.fitting (LoRA Twin); scipy.optimize.curve_fit, trust-region reflective with bounds",
