@@ -388,17 +388,9 @@ def _figures_vllm050(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
             rows.append(("disk", int(r["adapter_rank"]), float(r["loading_ms"])))
         rows.append(("cpu", int(r["adapter_rank"]), float(r["activating_ms"])))
     paths.append(_figure_loads(d, pd.DataFrame(rows, columns=["source", "rank", "load_ms"]), out))
-    mem = runs[runs["experiment"] == "memory_overhead"]
-    kv_rows, probes = [], []
-    for (slots, rank), g in mem.groupby([mem["max_loras"].fillna(0), mem["max_lora_rank"].fillna(0)]):
-        st = set(g["status"])
-        blocks = g["gpu_kv_blocks"].dropna()
-        if len(blocks) and blocks.iloc[0] > 0 and st & {"ok", "failed_kv_insufficient"}:
-            kv_rows.append((slots, rank, float(blocks.median()) * 16))
-        if st & {"ok", "failed_kv_insufficient", "failed_no_kv_memory", "failed_cuda_oom"}:
-            probes.append((slots, rank, "ok" in st))
-    paths.append(_figure_kv(d, pd.DataFrame(kv_rows, columns=["slots", "rank", "tokens"]),
-                            pd.DataFrame(probes, columns=["slots", "rank", "ok"]), out))
+    from calibration.fitting.vllm050 import kv_probes
+
+    paths.append(_figure_kv(d, *kv_probes(runs), out))
     return paths
 
 

@@ -119,19 +119,8 @@ def fit_vllm050(directory: str | Path, model: str | ModelSpec = "llama-2-7b", co
                              "each rank is a cold start), cpu = 'activating' times; link model across ranks 8/16/32")
 
     # KV ------------------------------------------------------------------------------------
-    mem = runs[(runs["experiment"] == "memory_overhead")]
-    kv_rows, probes = [], []
-    for (slots, rank), g in mem.groupby([mem["max_loras"].fillna(0), mem["max_lora_rank"].fillna(0)]):
-        st = set(g["status"])
-        blocks = g["gpu_kv_blocks"].dropna()
-        if len(blocks) and blocks.iloc[0] > 0 and st & {"ok", "failed_kv_insufficient"}:
-            kv_rows.append((slots, rank, float(blocks.median()) * 16))
-        relevant = st & {"ok", "failed_kv_insufficient", "failed_no_kv_memory", "failed_cuda_oom"}
-        if relevant:
-            probes.append((slots, rank, "ok" in st))
-    ko = pd.DataFrame(kv_rows, columns=["slots", "rank", "tokens"])
+    ko, pr = kv_probes(runs)
     ko["group"] = np.arange(len(ko))
-    pr = pd.DataFrame(probes, columns=["slots", "rank", "ok"])
     kv = C.fit_kv(ko, pr, spec.kv_bytes_per_token, spec.max_model_len,
                   method="memory_overhead servers (max_num_seqs 4096): '# GPU blocks' x 16 per (slots, max rank), "
                          "including failed starts that logged a block count; probes = the distinct (slots, rank) "
@@ -236,3 +225,22 @@ def fit_lora_runs(lo: pd.DataFrame, bm, k: int) -> dict[str, Any]:
                                   "A = k(1-(1-1/k)^R)", f"grouped {k}-fold by server configuration")
     best["data"] = {"runs": int(len(lo)), "max_lora_rank": sorted(set(int(r) for r in rk))}
     return best
+
+
+def kv_probes(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The memory_overhead servers as KV capacities and start outcomes per (slots, max rank).
+
+    Capacity = vLLM 0.5 "# GPU blocks" x 16 (also from failed starts that logged a block
+    count); a probe is a distinct (slots, rank) start (ECC/port failures left out).
+    """
+    mem = runs[(runs["experiment"] == "memory_overhead")]
+    kv_rows, probes = [], []
+    for (slots, rank), g in mem.groupby([mem["max_loras"].fillna(0), mem["max_lora_rank"].fillna(0)]):
+        st = set(g["status"])
+        blocks = g["gpu_kv_blocks"].dropna()
+        if len(blocks) and blocks.iloc[0] > 0 and st & {"ok", "failed_kv_insufficient"}:
+            kv_rows.append((slots, rank, float(blocks.median()) * 16))
+        if st & {"ok", "failed_kv_insufficient", "failed_no_kv_memory", "failed_cuda_oom"}:
+            probes.append((slots, rank, "ok" in st))
+    return (pd.DataFrame(kv_rows, columns=["slots", "rank", "tokens"]),
+            pd.DataFrame(probes, columns=["slots", "rank", "ok"]))
