@@ -175,7 +175,7 @@ def markdown(d: dict[str, Any]) -> str:
                 elif sub.startswith("published_form_refit") and isinstance(v, dict):
                     lines.append(f"| {key} / published form re-fitted to its runs (held-out) | - | {_cell(v)} |")
                 elif sub == "ours_per_max_rank_heldout" and isinstance(v, dict):
-                    lines.append(f"| {key} / ours per (max rank, rank), not usable by the engine | {_cell(v)} | - |")
+                    lines.append(f"| {key} / ours per (max rank, rank), used by the engine | {_cell(v)} | - |")
     if d.get("notes"):
         lines += [""] + [f"* {n}" for n in d["notes"]]
     return "\n".join(lines) + "\n"
