@@ -1,0 +1,64 @@
+"""``twin validate``: score the twin against real vLLM runs (see :mod:`twin.validate`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "validate", help="re-create real vLLM runs from their configuration and score the twin (SMAPE)",
+        description="Re-create every real run of --real from its configuration (profile, adapters, ranks, "
+                    "per-adapter Poisson rates, slots, engine settings, 3600 s window, ShareGPT-like lengths) "
+                    "and report SMAPE against the real figures, next to the published twin's (--peer).")
+    p.add_argument("--real", default=None,
+                   help="real-run table (default: validation/vllm085_h100_llama31_8b.csv in the data directory)")
+    p.add_argument("--peer", default=None,
+                   help="published twin's predictions (default: the peer_twin_*.csv beside --real); 'none' to skip")
+    p.add_argument("--profile", default=None, help="profile name or JSON file (default: the model's fitted profile)")
+    p.add_argument("--out", default=None, help="write per_run.csv, summary.json and figures into this directory")
+    p.add_argument("--json", action="store_true", help="print the JSON summary on stdout instead of the table")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    p.add_argument("--limit", type=int, default=None, help="validate N runs evenly spread over the selection")
+    p.add_argument("--filter", default=None,
+                   help="pandas query on the real table (e.g. \"source=='dt_modelling' and adapter_slots<=32\") "
+                        "or a substring of the run id (source/scenario/run_dir)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic arrivals and lengths")
+    p.add_argument("--nominal", action="store_true",
+                   help="always use the nominal offered load (ignore requests_sent)")
+    p.add_argument("--client-cap", default=None,
+                   help="requests the real client can hold in flight (default 28232: one TCP connection per request, "
+                        "Linux's default ephemeral port range); 'none' disables the cap")
+    p.add_argument("--no-preload", action="store_true",
+                   help="adapters start on disk (stock vLLM) instead of in the CPU tier (the real runs' server)")
+    p.add_argument("--no-figures", action="store_true", help="with --out: skip the figures")
+    p.add_argument("--top", type=int, default=8, help="largest errors listed in the table")
+    p.add_argument("--data-dir", default=None, help="data directory (default $TWIN_DATA_DIR)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar (default: on for a terminal)")
+    p.set_defaults(func=cmd_validate)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    import os
+
+    from twin.validate import CLIENT_MAX_INFLIGHT, format_report, json_summary, run_validation, write_outputs
+
+    peer = False if (args.peer or "").lower() == "none" else args.peer
+    jobs = args.jobs or os.cpu_count() or 1
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    cap = CLIENT_MAX_INFLIGHT
+    if args.client_cap is not None:
+        cap = None if args.client_cap.lower() in ("none", "0", "off") else int(args.client_cap)
+    res = run_validation(args.real, peer, args.profile, jobs=jobs, limit=args.limit, filt=args.filter,
+                         seed=args.seed, use_sent=not args.nominal, progress=progress, data_dir=args.data_dir,
+                         client_cap=cap, preload_cpu=not args.no_preload)
+    paths = write_outputs(res, args.out, figures=not args.no_figures) if args.out else []
+    if args.json:
+        print(json_summary(res))
+    else:
+        print(format_report(res, args.top))
+        for p in paths:
+            print(f"wrote {p}")
+    return 0
