@@ -60,6 +60,19 @@ def build_config(name: str):
                         max_cpu_loras=sc["adapters"], max_lora_rank=16, kv_capacity_tokens=212_032)
 
 
+def peak_rss_mb() -> float:
+    """This process's peak RSS: VmHWM (reset by exec, unlike ru_maxrss, which on Linux keeps
+    the parent's high-water mark at fork time), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def run_one(name: str, npz: str, gen_s: float) -> dict:
     """Simulate the workload saved in ``npz`` (the child process imports only the core)."""
     import numpy as np
@@ -72,7 +85,7 @@ def run_one(name: str, npz: str, gen_s: float) -> dict:
     cfg = build_config(name)
     res = simulate(w, load_profile(None), cfg, horizon_s=3600.0, record_steps=True)
     s = res.summary
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_mb = peak_rss_mb()
     return {"scenario": name, "arrivals": s["requests_arrived"], "finished": s["requests_finished"],
             "unfinished": s["requests_unfinished"], "engine_steps": s["engine_steps"],
             "step_segments": s["step_segments"], "sim_wall_s": s["wall_s"], "workload_gen_s": gen_s,
