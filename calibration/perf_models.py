@@ -58,6 +58,8 @@ class PerfModel:
     kind: ClassVar[str] = ""
     form: ClassVar[str] = ""
     param_names: ClassVar[tuple[str, ...]] = ()
+    #: parameters whose term grows with the waiting queue (scheduler forms); None: assume all
+    waiting_params: ClassVar[tuple[str, ...] | None] = None
     units: ClassVar[dict[str, str]] = {}
     params: dict[str, float] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -150,6 +152,7 @@ class PeerScheduler(PerfModel):
 
     kind: ClassVar[str] = "scheduler"
     form: ClassVar[str] = "linear_queue"
+    waiting_params: ClassVar[tuple[str, ...]] = ("k2", "k3")
     param_names: ClassVar[tuple[str, ...]] = ("k0", "k1", "k2", "k3")
     units: ClassVar[dict[str, str]] = {"k0": "s", "k1": "s/running request", "k2": "s/waiting request",
                                       "k3": "s/waiting request"}
@@ -358,6 +361,7 @@ class LoraQueueScheduler(PerfModel):
 
     kind: ClassVar[str] = "scheduler"
     form: ClassVar[str] = "lora_queue"
+    waiting_params: ClassVar[tuple[str, ...]] = ("k2", "k_blocked")
     param_names: ClassVar[tuple[str, ...]] = ("k0", "k1", "k1_sq", "k2", "k_blocked")
     units: ClassVar[dict[str, str]] = {"k0": "s", "k1": "s/running request", "k1_sq": "s/running request^2",
                                       "k2": "s/waiting request", "k_blocked": "s/blocked waiting request"}

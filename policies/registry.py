@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
 from twin.interfaces import AdapterCachePolicy, Scheduler
 
@@ -143,5 +143,3 @@ def describe_all() -> list[dict[str, str]]:
                      "citation": p.citation})
     return rows
 
-
-Factory = Callable[..., Any]

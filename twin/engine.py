@@ -54,7 +54,8 @@ if TYPE_CHECKING:  # pragma: no cover
 INF = math.inf
 
 # request states
-PENDING, WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3, 4
+# request states kept in ``Engine.state`` (waiting and running are derived from the queues)
+PENDING, FINISHED, REJECTED = 0, 3, 4
 
 REJECT_REASONS = ("", "prompt + output exceed max_model_len", "request can never fit in the KV cache",
                   "unknown adapter (not served)", "adapter rank exceeds max_lora_rank",
@@ -201,9 +202,9 @@ class Engine:
         if self._ext is None:
             self._async_until = INF  # time of the earliest extension event (async transfer, deadline)
         # the step-time model, looked up once
-        sch = profile.components["scheduler"].params
-        self._waiting_matters = any(v != 0.0 for k, v in sch.items() if k not in ("k0", "k1")
-                                    and isinstance(v, (int, float)))
+        sch = profile.components["scheduler"]
+        wp = sch.waiting_params if sch.waiting_params is not None else tuple(sch.params)
+        self._waiting_matters = any(isinstance(sch.params.get(k), (int, float)) and sch.params[k] != 0.0 for k in wp)
         bb = profile.components["backbone"].params
         self._ctx_matters = any(v != 0.0 for k, v in bb.items() if "ctx" in k and isinstance(v, (int, float)))
         self.proc = self.env.process(self._run())
