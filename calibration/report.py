@@ -269,17 +269,31 @@ def _figures_vllm085(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
     lo, mr = V.lora_obs(t)
     lp = C.window_lora_ms(bm, lm, lo, mr)
     base = C.window_backbone_ms(bm, lo)
-    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    runs, runs_info = V.serving_run_lora_obs(t, bm)
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     m = (lo["kind"] == "decode").to_numpy()
     ax[0].scatter(lo.loc[m, "A"], lo.loc[m, "comp_ms"] - base[m], s=8, alpha=.6, label="measured (step - base)")
     ax[0].scatter(lo.loc[m, "A"], lp[m] - base[m], s=4, c="C3", label=f"fit ({lm.form})")
     ax[0].set(xlabel="distinct adapters per step A", ylabel="LoRA extra per step (ms)",
-              title="LoRA compute overhead, decode windows")
+              title="LoRA overhead, decode windows (300 slots)")
     ax[0].legend(fontsize=7)
-    ax[1].scatter(lo["comp_ms"], lp, s=6, alpha=.6)
+    if len(runs):
+        rp = C.window_lora_ms(bm, lm, runs, np.full(len(runs), 8.0))
+        rb = C.window_backbone_ms(bm, runs)
+        sc = ax[1].scatter(runs["comp_ms"] - rb, rp - rb, s=10, c=np.log2(runs["G"]), cmap="viridis")
+        lim = [0, float(max((runs["comp_ms"] - rb).max(), (rp - rb).max())) * 1.05]
+        ax[1].plot(lim, lim, "k--", lw=1)
+        fig.colorbar(sc, ax=ax[1], label="log2 adapter slots")
+        ax[1].set(xlabel="measured ITL - base - scheduler - loads (ms)", ylabel="fitted LoRA extra (ms)",
+                  title=f"published serving runs, 8-448 slots ({len(runs)})")
+    else:
+        ax[1].text(0.5, 0.5, f"serving runs not used:\n{runs_info.get('reason', '')}", ha="center", va="center",
+                   fontsize=8, wrap=True, transform=ax[1].transAxes)
+        ax[1].set_axis_off()
+    ax[2].scatter(lo["comp_ms"], lp, s=6, alpha=.6)
     lim = [0, float(max(lo["comp_ms"].max(), lp.max())) * 1.05]
-    ax[1].plot(lim, lim, "k--", lw=1)
-    ax[1].set(xlabel="measured step - scheduler (ms)", ylabel="fitted base + LoRA (ms)", title="all LoRA windows")
+    ax[2].plot(lim, lim, "k--", lw=1)
+    ax[2].set(xlabel="measured step - scheduler (ms)", ylabel="fitted base + LoRA (ms)", title="all LoRA windows")
     paths.append(_save(fig, out / "lora.png"))
     # scheduler
     so = V.scheduler_obs(t, bb, lo)

@@ -8,10 +8,16 @@ import pytest
 from calibration.perf_models import FORMS
 from twin.profile import available_profiles, load_profile
 
+def _lora_args(rng):
+    """(base step, distinct adapters, max rank, tokens, slots, requests <= tokens)."""
+    T = int(rng.integers(1, 2048))
+    return (float(rng.uniform(0.005, 0.08)), int(rng.integers(0, 200)), int(rng.choice([8, 16, 32])), T,
+            int(rng.integers(0, 385)), int(rng.integers(1, T + 1)))
+
+
 ARGS = {
     "backbone": lambda rng: (int(rng.integers(0, 2048)), int(rng.integers(0, 600)), int(rng.integers(0, 300_000))),
-    "lora": lambda rng: (float(rng.uniform(0.005, 0.08)), int(rng.integers(0, 200)), int(rng.choice([8, 16, 32])),
-                         int(rng.integers(1, 2048))),
+    "lora": lambda rng: _lora_args(rng),
     "scheduler": lambda rng: (int(rng.integers(0, 600)), int(rng.integers(0, 30_000)), int(rng.integers(0, 384)),
                               int(rng.integers(1, 400))),
 }

@@ -358,12 +358,16 @@ class Engine:
             return self._single_step(now, ctx, preempted)
         return self._decode_run(now, stop)
 
-    def _step_time(self, prefill_tokens: int, n_dec: int, ctx_tok: int, waiting: int) -> float:
-        """Duration of one step: scheduler + (backbone + LoRA overhead)."""
+    def _step_time(self, prefill_tokens: int, n_dec: int, ctx_tok: int, waiting: int, n_req: int) -> float:
+        """Duration of one step: scheduler + (backbone + LoRA overhead).
+
+        The LoRA term sees the step's tokens, its ``n_req`` requests (LM-head rows) and the
+        number of GPU adapter slots (vLLM's kernels launch thread blocks for every slot, see
+        ``calibration.perf_models.KernelGridLora``)."""
         prof = self.profile
         base = prof.backbone_s(prefill_tokens, n_dec, ctx_tok)
         comp = base + prof.lora_s(base, self.adapters.n_active, self.adapters.max_active_rank,
-                                  prefill_tokens + n_dec)
+                                  prefill_tokens + n_dec, self.config.max_loras, n_req)
         return prof.scheduler_s(len(self.running), waiting, self.config.max_loras, self.served) + comp
 
     def _single_step(self, now: float, ctx: StepContext, preempted: bool) -> "StepPlan":
@@ -372,7 +376,7 @@ class Engine:
         for rid, k in ctx.chunks:
             prefill += k
             ctx_tok += self.c[rid]
-        d = self._step_time(prefill, self.n_dec, ctx_tok, self.n_waiting)
+        d = self._step_time(prefill, self.n_dec, ctx_tok, self.n_waiting, self.n_dec + len(ctx.chunks))
         return StepPlan(ctx.chunks, ctx.loads, ctx.load_rids, 1, d, None, d, prefill, self.n_dec)
 
     def _decode_run(self, now: float, stop: Admit | None) -> "StepPlan":
@@ -418,7 +422,7 @@ class Engine:
         t = now
         k = 0
         if not varying:
-            d = self._step_time(0, n_dec, ctx_tok, waiting)
+            d = self._step_time(0, n_dec, ctx_tok, waiting, n_dec)
             while k < k_max:
                 t += d
                 k += 1
@@ -448,7 +452,7 @@ class Engine:
                     waiting = w0 + ok_cum[p]
                     s_t = sched(R, waiting, G, N)
                 base = backbone(0, n_dec, ctx_tok)
-                d = s_t + (base + lora(base, A, mr, n_dec))
+                d = s_t + (base + lora(base, A, mr, n_dec, G, n_dec))
                 durs.append(d)
                 t += d
                 k += 1

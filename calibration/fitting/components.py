@@ -163,7 +163,8 @@ def fit_backbone(obs: pd.DataFrame, graph_max_tokens: int = 512, k: int = 5,
 # LoRA compute
 # ------------------------------------------------------------------------------------------
 
-def lora_candidates() -> list[Candidate]:
+def lora_candidates(model: ModelSpec | None = None, graph_max_tokens: int = 512) -> list[Candidate]:
+    """LoRA forms to try; ``kernel_grid`` (needs the model's dimensions) only when ``model`` is given."""
     pct = Candidate("percent_of_base", "lora", [ParamSpec("k6", 2.0, 0, 100), ParamSpec("k7", 200.0, 100, 1000)], {},
                     {})
     add = Candidate("additive", "lora", [ParamSpec("l0", 15.0, 0, 500), ParamSpec("l_adapter", 0.3, 0, 50),
@@ -173,32 +174,72 @@ def lora_candidates() -> list[Candidate]:
                                             ParamSpec("l_token", 0.01, 0, 10),
                                             ParamSpec("l_adapter_token", 1e-4, 0, 1)], {},
                        {"l0": MS, "l_adapter": MS, "l_token": MS, "l_adapter_token": MS})
-    return [pct, add, add_at]
+    out = [pct, add, add_at]
+    if model is not None:
+        dims = {"layers": float(model.layers), "hidden": float(model.hidden), "intermediate": float(model.intermediate),
+                "q_dim": float(model.heads * model.head_dim), "kv_dim": float(model.kv_heads * model.head_dim),
+                "vocab": float(model.vocab), "graph_max_tokens": float(graph_max_tokens)}
+        # l_cta / l_active in ns per thread block (working unit), the others in ms
+        to_si = {"l0": MS, "l_cta": 1e-9, "l_active": 1e-9, "l_adapter": MS, "l_token": MS}
+        specs = {"l0": ParamSpec("l0", 0.1, 0, 500), "l_cta": ParamSpec("l_cta", 1.0, 0, 1000),
+                 "l_active": ParamSpec("l_active", 20.0, 0, 10000), "l_adapter": ParamSpec("l_adapter", 0.3, 0, 50),
+                 "l_token": ParamSpec("l_token", 0.01, 0, 10)}
+        for fitted in (("l_cta", "l_active"), ("l_cta", "l_active", "l_adapter"),
+                       ("l0", "l_cta", "l_adapter", "l_token")):
+            fixed = {**dims, **{k: 0.0 for k in specs if k not in fitted}}
+            out.append(Candidate("kernel_grid", "lora", [specs[k] for k in fitted], fixed, to_si))
+    return out
+
+
+def _requests_per_step(f: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Requests in a decode step and in a prefill step: the running batch ``D`` (the windows and
+    runs give its mean), plus the prompts of the chunk where ``R_pre`` is known."""
+    D = np.maximum(f["D"].to_numpy(float), 1.0)
+    R_pre = f["R_pre"].to_numpy(float) if "R_pre" in f.columns else D
+    return D, np.where(np.isfinite(R_pre), R_pre, D)
 
 
 def window_lora_ms(backbone: PerfModel, lora: PerfModel, f: pd.DataFrame, max_rank: np.ndarray) -> np.ndarray:
     """Mean backbone + LoRA step (ms) of each window (same step mixture as the backbone)."""
     S, n = f["S"].to_numpy(float), f["n_pre"].to_numpy(float)
     D, C, P, A = (f[c].to_numpy(float) for c in ("D", "C", "P_step", "A"))
+    G = f["G"].to_numpy(float)
+    R_dec, R_pre = _requests_per_step(f)
     zero = np.zeros_like(P)
     b_pre = np.asarray(backbone.predict(P, D, C), float)
     b_dec = np.asarray(backbone.predict(zero, D, C), float)
-    pre = b_pre + np.asarray(lora.predict(b_pre, A, max_rank, P + D), float)
-    dec = b_dec + np.asarray(lora.predict(b_dec, A, max_rank, D), float)
+    pre = b_pre + np.asarray(lora.predict(b_pre, A, max_rank, P + D, G, R_pre), float)
+    dec = b_dec + np.asarray(lora.predict(b_dec, A, max_rank, D, G, R_dec), float)
     return (n * pre + (S - n) * dec) / S / MS
 
 
 def fit_lora(obs: pd.DataFrame, backbone: PerfModel, max_rank: np.ndarray, k: int = 5,
-             method: str = "") -> dict[str, Any]:
-    """Fit the LoRA extra time on windows with adapters; the backbone is fixed (fitted without LoRA)."""
+             method: str = "", model: ModelSpec | None = None, graph_max_tokens: int = 512) -> dict[str, Any]:
+    """Fit the LoRA extra time on observations with adapters; the backbone is fixed (fitted without LoRA).
+
+    ``obs`` holds step-log windows and, optionally, serving runs (``kind == "run"``: a run's
+    mean ITL with its step mixture); each kind carries the same total weight whatever its
+    number of rows, and held-out scores are given per kind. The selection score is the
+    mean of the per-kind held-out MAPE when runs are present (else the MAPE over all rows).
+    """
     if len(obs) < 6:
         raise FitError(f"lora: {len(obs)} usable windows with LoRA enabled; need at least 6")
     y = obs["comp_ms"].to_numpy(float)
-    sig = obs["sigma"].to_numpy(float)
+    sig = obs["sigma"].to_numpy(float).copy()
     kinds = obs["kind"].to_numpy()
+    is_run = kinds == "run"
+    if is_run.any() and (~is_run).any():
+        # equal total weight for windows and runs: scale the runs' sigma
+        w_win = float(np.sum(1.0 / sig[~is_run] ** 2))
+        w_run = float(np.sum(1.0 / sig[is_run] ** 2))
+        sig[is_run] *= np.sqrt(w_run / w_win)
     cands: dict[str, dict[str, Any]] = {}
-    for cand in lora_candidates():
-        label = cand.form + ("+A*T" if any(s.name == "l_adapter_token" for s in cand.specs) else "")
+    for cand in lora_candidates(model, graph_max_tokens):
+        names = [s.name for s in cand.specs]
+        if cand.form == "kernel_grid":
+            label = "kernel_grid(" + ",".join(n for n in names) + ")"
+        else:
+            label = cand.form + ("+A*T" if "l_adapter_token" in names else "")
 
         def fit_idx(idx: np.ndarray, cand: Candidate = cand):
             sub = obs.iloc[idx]
@@ -213,14 +254,20 @@ def fit_lora(obs: pd.DataFrame, backbone: PerfModel, max_rank: np.ndarray, k: in
         pred = pred_idx(full, np.arange(len(obs)))
         oof = cross_val_predict(fit_idx, pred_idx, len(obs), obs["group"], k)
         held = {"all": quality(y, oof)}
-        for kd in ("decode", "mixed"):
+        for kd in ("decode", "mixed", "run"):
             m = kinds == kd
             if m.any():
                 held[kd] = quality(y[m], oof[m])
+        if is_run.any() and (~is_run).any():
+            held["windows"] = quality(y[~is_run], oof[~is_run])
+            held["all"] = {**held["all"], "mape_pct": float((held["windows"]["mape_pct"] + held["run"]["mape_pct"]) / 2),
+                           "note": "MAPE: mean of the windows' and the serving runs' held-out MAPE (selection "
+                                   "criterion); the other scores are over all rows"}
         e = _entry(cand, full, quality(y, pred), held)
         e["_oof_ms"] = oof
         cands[label] = e
-    out = _select("lora", cands, method, f"grouped {k}-fold by run over the LoRA windows")
+    out = _select("lora", cands, method, f"grouped {k}-fold by run over the LoRA windows"
+                  + (" and serving runs (each run its own group)" if is_run.any() else ""))
     chosen = out["selection"]["chosen"]
     out["_oof_ms"] = cands[chosen]["_oof_ms"]
     return out

@@ -43,14 +43,14 @@ from calibration.perf_models import FORMS
 from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
 from twin.profile import Profile, load_profile
 
-#: GPU facts used for estimates: total memory as CUDA reports it, host link
+#: GPU facts used for estimates: total memory as CUDA reports it, host link, streaming multiprocessors
 GPUS = {
     "a40": {"name": "A40-48GB", "memory_bytes": 46068 * 2 ** 20, "host_link_gbps": 25.0,
-            "link": "PCIe 4.0 x16 (~25 GB/s effective)"},
+            "link": "PCIe 4.0 x16 (~25 GB/s effective)", "sms": 84},
     "a100": {"name": "A100-80GB", "memory_bytes": 81920 * 2 ** 20, "host_link_gbps": 25.0,
-             "link": "PCIe 4.0 x16 (~25 GB/s effective)"},
+             "link": "PCIe 4.0 x16 (~25 GB/s effective)", "sms": 108},
     "h100": {"name": "H100-80GB", "memory_bytes": 81559 * 2 ** 20, "host_link_gbps": 50.0,
-             "link": "PCIe 5.0 x16 (~50 GB/s effective)"},
+             "link": "PCIe 5.0 x16 (~50 GB/s effective)", "sms": 132},
 }
 VIDUR_NAMES = {"llama-2-7b": "llama-2-7b-hf", "llama-3.1-8b": "meta-llama-3-8b"}
 LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
@@ -210,13 +210,30 @@ def fit_vidur(directory: str | Path, model: str | ModelSpec = "llama-2-7b", gpu:
         if r050 is not None and r050.components["lora"].form == "additive":
             lora_params["rank_coef"] = float(r050.components["lora"].params.get("rank_coef", 0.0))
         lora = FORMS[("lora", "additive")](params=lora_params).to_dict()
+        lora_method = (f"estimated from {r085.name}'s LoRA fit: l0 kept (launch overhead), per-adapter terms x "
+                       f"{mem_ratio:.2f} (memory-bound ratio) and per-token terms x {flop_ratio:.2f} (compute-bound "
+                       f"ratio), both x {size_ratio:.3f} (adapter size {spec.name} / {ref_model.name})"
+                       + ("; rank_coef from the vLLM 0.5.0 Llama-2-7B fit" if r050 is not None else ""))
+    elif lref.form == "kernel_grid":
+        # the same vLLM kernels on this model's dimensions; thread blocks are dispatched over the
+        # GPU's SMs, so the cost per block scales with the reference GPU's SM count over this one's
+        sm_ratio = GPUS["h100"]["sms"] / GPUS[gpu]["sms"]
+        lp = dict(lref.params)
+        lora_params = {**lp, "layers": float(spec.layers), "hidden": float(spec.hidden),
+                       "intermediate": float(spec.intermediate), "q_dim": float(spec.heads * spec.head_dim),
+                       "kv_dim": float(spec.kv_heads * spec.head_dim), "vocab": float(spec.vocab),
+                       "l_cta": lp["l_cta"] * sm_ratio, "l_active": lp["l_active"] * sm_ratio,
+                       "l_adapter": lp["l_adapter"] * mem_ratio * size_ratio,
+                       "l_token": lp["l_token"] * flop_ratio * size_ratio}
+        lora = FORMS[("lora", "kernel_grid")](params=lora_params).to_dict()
+        lora_method = (f"estimated from {r085.name}'s LoRA fit (vLLM 0.8.5 kernel grids): the thread-block counts "
+                       f"from {spec.name}'s dimensions, the cost per launched and per working block x {sm_ratio:.2f} "
+                       f"(H100 SMs / {GPUS[gpu]['name']} SMs), per-adapter terms x {mem_ratio:.2f} x {size_ratio:.3f}, "
+                       f"per-token terms x {flop_ratio:.2f} x {size_ratio:.3f}")
     else:
         lora = lref.to_dict()
-    lora.update({"fit": {"heldout": {"all": {"note": "estimated, not fitted"}}},
-                 "method": f"estimated from {r085.name}'s LoRA fit: l0 kept (launch overhead), per-adapter terms x "
-                           f"{mem_ratio:.2f} (memory-bound ratio) and per-token terms x {flop_ratio:.2f} (compute-bound "
-                           f"ratio), both x {size_ratio:.3f} (adapter size {spec.name} / {ref_model.name})"
-                           + ("; rank_coef from the vLLM 0.5.0 Llama-2-7B fit" if r050 is not None else "")})
+        lora_method = f"carried over from {r085.name}"
+    lora.update({"fit": {"heldout": {"all": {"note": "estimated, not fitted"}}}, "method": lora_method})
 
     # scheduler (carried over) ------------------------------------------------------------------
     sched = r085.components["scheduler"].to_dict()

@@ -17,10 +17,12 @@ from calibration.fitting import components as C
 from calibration.fitting.core import quality
 from calibration.fitting.peer import PeerModels
 from calibration.fitting.profile_io import build_profile, provenance
+from calibration.fitting.components import window_backbone_ms
 from calibration.fitting.tables import (GRAPH_MAX_TOKENS, VLLM085_FILES, Vllm085Tables, prefill_run_points,
                                         window_features)
 from twin.model_spec import ALL_TARGETS, ModelSpec
 
+MS_ = 1e-3
 GPU = "H100-64GB"
 SOFTWARE = "vllm-0.8.5"
 #: the end-to-end servers of the measurements use --max-num-seqs 2048; the KV probes too
@@ -54,9 +56,105 @@ def lora_obs(t: Vllm085Tables) -> tuple[pd.DataFrame, np.ndarray]:
     w = t.lora_windows[t.lora_windows["experiment"] != "baseline_no_lora"]
     obs = window_features(w, t.lora_runs)
     obs = obs[(obs["G"] > 0) & (obs["A"] > 0)].reset_index(drop=True)
+    # prompts per prefill step (LM-head rows and token tiles of the LoRA kernels): the runs' prompts
+    # are a word or two (input_tokens_per_req)
+    r = t.lora_runs.assign(group=t.lora_runs["experiment"] + "/" + t.lora_runs["run_dir"]).set_index("group")
+    per_req = (obs["group"].map(r["input_tokens_per_req"]).to_numpy(float) if "input_tokens_per_req" in r.columns
+               else np.full(len(obs), np.nan))
+    per_req = np.where(np.isfinite(per_req) & (per_req > 0), per_req, 5.0)
+    obs["R_pre"] = obs["D"].to_numpy(float) + obs["P_step"].to_numpy(float) / per_req
     rank_by_group = (w.assign(group=w["experiment"] + "/" + w["run_dir"]).groupby("group")["max_lora_rank"].max())
     max_rank = obs["group"].map(rank_by_group).fillna(8).to_numpy(float)
     return obs, max_rank
+
+
+#: the published scheduler-overhead runs serve a fixed-length dataset: every completed request
+#: yields 231 output tokens, the output length of ``dummy_dataset_mean.json``, whose prompts
+#: are 250 tokens (375,000 prompt tokens over 1,500 requests in the vLLM 0.5.0 runs that used it)
+SERVING_RUN_PROMPT_TOKENS = 250.0
+SERVING_RUN_OUTPUT_TOKENS = 231.0
+#: a model's serving-run LoRA observations are used only if its backbone predicts the
+#: lightest runs (<= 16 slots, ~1 adapter per step, where LoRA costs well under 1 ms) this well
+SERVING_RUN_GATE_PCT = 5.0
+
+
+def serving_run_lora_obs(t: Vllm085Tables, backbone) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The published 600 s serving runs (scheduler_overhead.csv) as LoRA observations.
+
+    They are the only calibration measurements with several adapter-slot counts (8-448), so
+    the only ones that identify how the LoRA step cost grows with the slots. A run's target
+    is its mean ITL minus the measured scheduler time per step and the adapter-load time per
+    step; its step mixture: a fraction ``min(1, completed/steps)`` of the steps carries one
+    250-token prompt, the rest decode the running batch ``D`` = mean running / busy fraction
+    (busy = steps x ITL / duration), with ``C = D x (250 + 231/2)`` context tokens and the
+    run's mean distinct adapters per step. Used: ``per_adapter_rate`` runs without a queue
+    (mean waiting < 1); several prompts per step where completed requests outnumber steps.
+    Not used: the ``aggregated_rate`` runs, whose ITL at 8-16 slots and ~5 adapters per step
+    is ~10 ms above both the per-adapter runs at the same slots, batch and adapters and the
+    no-LoRA step of the step-latency runs (another set-up; the source does not record their
+    model or version), and runs with a queue: their ITL holds the gaps of preempted requests
+    (up to 2x duration/steps) and their steps recompute preempted requests, whose number the
+    table does not record, so their step mixture is unknown. The runs do not record their model: they are
+    used for a model only if its backbone predicts the lightest runs within
+    ``SERVING_RUN_GATE_PCT``.
+    """
+    s = t.sched
+    info: dict[str, Any] = {"table": "scheduler_overhead.csv", "rows": int(len(s))}
+    need = ["rate_mode", "engine_steps", "mean_itl_ms", "mean_waiting", "completed_requests", "duration_s",
+            "mean_running", "lora_loading_time_s", "scheduler_ms_per_step", "adapter_slots", "served_adapters",
+            "mean_unique_adapters_per_step"]
+    missing = [c for c in need if c not in s.columns]
+    if missing:
+        return pd.DataFrame(), {**info, "used": False, "reason": f"the table lacks columns {missing}"}
+    s = s[(s["rate_mode"] == "per_adapter_rate") & (s["engine_steps"] > 0) & s["mean_itl_ms"].notna()]
+    info["per_adapter_runs"] = int(len(s))
+    info["not_used_with_queue"] = int((s["mean_waiting"] >= 1.0).sum())
+    s = s[s["mean_waiting"] < 1.0].reset_index(drop=True)
+    if len(s) == 0:
+        return pd.DataFrame(), {**info, "used": False, "reason": "no usable run"}
+    obs = _serving_run_frame(s)
+    # gate: the lightest runs are (almost) the backbone alone
+    light = (obs["G"] <= 16) & (obs["A"] <= 1.5)
+    if light.sum() == 0:
+        return pd.DataFrame(), {**info, "used": False, "reason": "no light run to check the model against"}
+    sub = obs[light]
+    base = window_backbone_ms(backbone, sub)
+    err = float(np.median(np.abs(sub["comp_ms"].to_numpy(float) - base) / sub["comp_ms"].to_numpy(float)) * 100)
+    info.update({"gate_light_runs": int(light.sum()), "gate_backbone_median_abs_err_pct": round(err, 2),
+                 "gate_limit_pct": SERVING_RUN_GATE_PCT})
+    if err > SERVING_RUN_GATE_PCT:
+        return pd.DataFrame(), {**info, "used": False,
+                                "reason": "the model's no-LoRA step does not match the lightest runs: they were "
+                                          "served by another model"}
+    return obs, {**info, "used": True, "runs": int(len(obs))}
+
+
+def _serving_run_frame(s: pd.DataFrame) -> pd.DataFrame:
+    """Observation rows (window_features' columns) of serving runs; ``step_ms`` = the run's mean ITL."""
+    P, O = SERVING_RUN_PROMPT_TOKENS, SERVING_RUN_OUTPUT_TOKENS
+    steps = s["engine_steps"].to_numpy(float)
+    itl = s["mean_itl_ms"].to_numpy(float)
+    dur = s["duration_s"].to_numpy(float)
+    prompts_per_step = s["completed_requests"].to_numpy(float) / steps
+    f = np.minimum(1.0, prompts_per_step)
+    busy = np.minimum(1.0, steps * itl * MS_ / dur)
+    D = np.maximum(s["mean_running"].to_numpy(float) / np.maximum(busy, 1e-9), 1.0)
+    C = D * (P + O / 2)
+    load_ms = s["lora_loading_time_s"].fillna(0).to_numpy(float) / steps / MS_
+    sched_ms = s["scheduler_ms_per_step"].to_numpy(float)
+    # without a queue the ITL is the mean step a decoding request sees
+    step_ms = itl
+    per_prefill = np.maximum(prompts_per_step, 1.0)
+    obs = pd.DataFrame({
+        "group": [f"serving_run/{i}" for i in range(len(s))], "experiment": "serving_run", "kind": "run",
+        "S": steps, "P": prompts_per_step * steps * P, "n_pre": f * steps, "P_step": P * per_prefill, "D": D, "C": C,
+        "R": D, "W": s["mean_waiting"].to_numpy(float), "G": s["adapter_slots"].to_numpy(float),
+        "N": s["served_adapters"].to_numpy(float), "A": s["mean_unique_adapters_per_step"].to_numpy(float),
+        "R_pre": D + per_prefill,
+        "adapters_used": s["served_adapters"].to_numpy(float), "step_ms": step_ms, "sched_ms": sched_ms + load_ms,
+        "sigma": 1.0 / np.sqrt(steps), "window_start_s": 0.0})
+    obs["comp_ms"] = obs["step_ms"] - obs["sched_ms"]
+    return obs
 
 
 def scheduler_obs(t: Vllm085Tables, bb: pd.DataFrame, lo: pd.DataFrame) -> pd.DataFrame:
@@ -136,8 +234,12 @@ BACKBONE_METHOD = ("Windows (~2 s) of the offline no-LoRA runs (step_latency.csv
 LORA_METHOD = ("Windows of the LoRA runs (adapter_overhead_windows.csv: 300 slots, rank 8, 1-192 distinct adapters "
                "used round-robin, and find_max_batch where logged) with the per-window mean unique adapters per step "
                "A; target = mean_step_ms - mean_scheduler_ms; the backbone (fitted without LoRA) is held fixed and "
-               "gives base(P, D, C) per step; same window treatment as the backbone. Only rank 8 was measured, so "
-               "the rank dependence (rank_coef) is not identifiable and is 0.")
+               "gives base(P, D, C) per step; same window treatment as the backbone. Together with the published 600 s "
+               "serving runs at 8-448 slots (scheduler_overhead.csv, per-adapter-rate runs without a queue; target = "
+               "mean ITL - scheduler - adapter-load time per step; see serving_run_lora_obs), which alone tell how the "
+               "cost grows with the number of slots; windows and runs carry equal total weight. Only rank 8 was "
+               "measured: the kernel_grid form's rank dependence is the kernels' (cdiv(rank, 16) shrink blocks), "
+               "the other forms have none.")
 PUBLISHED_SCHED = "published scheduler runs (LoRA, 600 s)"
 SCHED_METHOD = ("mean_scheduler_ms of every usable window (with and without LoRA; G = slots, N = adapters used; "
                 "G = 0 without LoRA) together with the 788 published scheduler-overhead runs "
@@ -178,10 +280,14 @@ def fit_vllm085(directory: str | Path, model: str | ModelSpec, command: str = ""
 
     # LoRA ----------------------------------------------------------------------------------
     lo, max_rank = lora_obs(t)
-    lora = C.fit_lora(lo, bmodel, max_rank, k, method=LORA_METHOD)
+    runs, runs_info = serving_run_lora_obs(t, bmodel)
+    lo_all = pd.concat([lo, runs], ignore_index=True) if len(runs) else lo
+    rank_all = np.concatenate([max_rank, np.full(len(runs), 8.0)]) if len(runs) else max_rank
+    lora = C.fit_lora(lo_all, bmodel, rank_all, k, method=LORA_METHOD, model=spec, graph_max_tokens=GRAPH_MAX_TOKENS)
     lora["data"] = {"windows": int(len(lo)), "runs": int(lo["group"].nunique()),
                     "adapters_per_step_range": [float(lo["A"].min()), float(lo["A"].max())],
-                    "max_lora_rank": sorted(set(int(r) for r in max_rank))}
+                    "max_lora_rank": sorted(set(int(r) for r in max_rank)), "serving_runs": runs_info}
+    lora["_oof_ms"] = lora["_oof_ms"][:len(lo)]
     lmodel = C.fitted_model(lora, "lora")
 
     # scheduler -----------------------------------------------------------------------------
@@ -205,7 +311,8 @@ def fit_vllm085(directory: str | Path, model: str | ModelSpec, command: str = ""
     notes = kv_notes + load_notes(ld, spec, load) + kv_target_notes(kv, spec) + [
         f"Backbone: chosen form {backbone['form']}; graph_max_tokens = {GRAPH_MAX_TOKENS} is vLLM 0.8.5's CUDA-graph "
         f"max_capture_size (a setting, not fitted).",
-        f"LoRA: chosen form {lora['form']}; measured at rank 8 only (max_lora_rank 8, 300 slots).",
+        f"LoRA: chosen form {lora['form']}; measured at rank 8 only (windows at 300 slots; serving runs at 8-448 "
+        f"slots: {'used' if runs_info.get('used') else 'not used: ' + str(runs_info.get('reason'))}).",
     ]
     prov = provenance(Path(directory), [f for f in VLLM085_FILES] + ["peer_fitted_constants.csv"], command,
                       "see each component's 'method'", data_root=data_root,
@@ -280,6 +387,7 @@ def compare_with_peer(t: Vllm085Tables, peer: PeerModels, bb: pd.DataFrame, back
     out["step_with_lora"] = {"target": "mean_step_ms of the LoRA windows (backbone + LoRA + scheduler)",
                              "published_model": "(c0*running + c1) * (K6*A + K7)/100", **tab}
     out["lora_runs_without_step_log"] = lora_run_check(t, peer, bmodel, lmodel, smodel)
+    out["serving_runs_with_queue"] = queued_run_check(t, bmodel, lmodel)
     src = so["source"].to_numpy()
     ys = so["sched_ms"].to_numpy(float)
     ps = peer.sched_ms(so["R"], so["W"], so["G"], so["N"])
@@ -340,7 +448,8 @@ def lora_run_check(t: Vllm085Tables, peer: PeerModels, bmodel, lmodel, smodel) -
     A = N * (1 - (1 - 1 / N) ** R)
     Cx = np.maximum(r["ts_mean_kv_usage"].to_numpy(float) * kvtok - 8 * R, 0)
     base = np.asarray(bmodel.predict(np.zeros_like(R), R, Cx), float)
-    ours = (base + np.asarray(lmodel.predict(base, A, r["max_lora_rank"].fillna(8).to_numpy(float), R), float)
+    ours = (base + np.asarray(lmodel.predict(base, A, r["max_lora_rank"].fillna(8).to_numpy(float), R,
+                                             r["adapter_slots"].to_numpy(float), R), float)
             + np.asarray(smodel.predict(R, r["ts_mean_waiting"].to_numpy(float),
                                         r["adapter_slots"].to_numpy(float), N), float)) * 1e3
     y = r["mean_itl_ms"].to_numpy(float)
@@ -348,3 +457,38 @@ def lora_run_check(t: Vllm085Tables, peer: PeerModels, bmodel, lmodel, smodel) -
     return {"target": "run mean ITL (ms) of LoRA runs without a step log (224-400 adapters)",
             "runs": int(len(r)), "estimated_A_range": [float(A.min()), float(A.max())],
             "ours": quality(y, ours), "published": quality(y, theirs)}
+
+
+def queued_run_check(t: Vllm085Tables, bmodel, lmodel) -> dict[str, Any]:
+    """The published serving runs *with* a queue, which the fit leaves out, against the fitted step.
+
+    Their engine never idles, so ``duration / steps`` is the measured mean step; the model gets the
+    same step mixture as :func:`serving_run_lora_obs` (without the preempted requests' recompute,
+    which the table does not record). Reported per running-batch bin: the median of measured step
+    (minus scheduler and load time) over the model, and of the client's mean ITL over the measured
+    mean step -- how saturated serving departs from what the fitted calibration runs show.
+    """
+    _, info = serving_run_lora_obs(t, bmodel)
+    if not info.get("used"):
+        return {"note": f"not checked: {info.get('reason')}"}
+    s = t.sched
+    s = s[(s["rate_mode"] == "per_adapter_rate") & (s["engine_steps"] > 0) & (s["mean_waiting"] >= 1.0)
+          & s["mean_itl_ms"].notna()].reset_index(drop=True)
+    if len(s) == 0:
+        return {"note": "no serving run with a queue"}
+    obs = _serving_run_frame(s)
+    step = (s["duration_s"] / s["engine_steps"]).to_numpy(float) / MS_
+    pred = C.window_lora_ms(bmodel, lmodel, obs, np.full(len(obs), 8.0))
+    ratio = (step - obs["sched_ms"].to_numpy(float)) / pred
+    itl_ratio = s["mean_itl_ms"].to_numpy(float) / step
+    bins = [0, 50, 100, 200, 300, 10_000]
+    D = obs["D"].to_numpy(float)
+    rows = {}
+    for lo_, hi in zip(bins[:-1], bins[1:]):
+        m = (D > lo_) & (D <= hi)
+        if m.any():
+            rows[f"running {lo_}-{hi}"] = {"runs": int(m.sum()),
+                                           "measured_step_over_model": round(float(np.median(ratio[m])), 3),
+                                           "itl_over_measured_step": round(float(np.median(itl_ratio[m])), 3)}
+    return {"target": "mean step (duration / engine steps) of the 600 s serving runs with a queue (not fitted)",
+            "runs": int(len(s)), "by_running_batch": rows}
