@@ -6,6 +6,9 @@
 * ``twin calibrate list`` lists the profiles ``twin run --profile NAME`` accepts.
 * ``twin calibrate report PROFILE`` prints every model's constants and fit quality and writes
   a figure per model (measured points against the fitted curve) when the measurements are found.
+* ``twin calibrate replay`` replays the published 600 s serving runs (calibration data) through
+  the twin and compares adapter loads, completed requests and ITL with the real runs
+  (:mod:`calibration.serving_replay`).
 * ``twin calibrate bench ...`` (the GPU microbenchmark harness) is added by
   :mod:`calibration.bench.cli` when it is importable.
 """
@@ -56,6 +59,16 @@ def register_cli(subparsers) -> None:
     rep.add_argument("--json", action="store_true", help="print the fit-quality summary as JSON")
     rep.add_argument("--markdown", action="store_true", help="print the fit-quality tables as Markdown")
     rep.set_defaults(func=cmd_report)
+
+    rp = sub.add_parser("replay", help="replay the published 600 s serving runs through the twin (adapter loads, "
+                                       "completed requests, ITL against the real runs)")
+    rp.add_argument("--profile", help="profile (default: the default profile)")
+    rp.add_argument("--every", type=int, default=1, help="replay every k-th run (default: all)")
+    rp.add_argument("--all-runs", action="store_true", help="also the runs serving no more adapters than slots")
+    rp.add_argument("--out", metavar="CSV", help="write one row per run")
+    rp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    rp.add_argument("--data-dir", help="data directory (default $TWIN_DATA_DIR)")
+    rp.set_defaults(func=cmd_replay)
 
     try:
         from calibration.bench.cli import register_bench
@@ -154,3 +167,32 @@ def cmd_report(args: argparse.Namespace) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"twin calibrate report: {msg}", file=sys.stderr)
         return 2
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from calibration.serving_replay import read_table, replay_serving_runs, select_runs, summary
+
+    try:
+        table = select_runs(read_table(args.data_dir), args.every, only_swapping=not args.all_runs)
+        runs = replay_serving_runs(table, args.profile)
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"twin calibrate replay: {msg}", file=sys.stderr)
+        return 2
+    s = summary(runs)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        runs.to_csv(args.out, index=False)
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    print(f"{s['runs']} published serving runs replayed (600 s each)")
+    print(f"{'LRU variant':<40} {'loads |log t/r|':>16} {'loads t/r':>10} {'completed':>10} {'mean ITL':>9}")
+    for k, label in (("plain", "LRU, batch touched at once"), ("order", "LRU, vLLM activation order")):
+        v = s[k]
+        print(f"{label:<40} {v['loads_mean_abs_log_ratio']:>16.2f} {v['loads_median_ratio']:>10.2f} "
+              f"{v['completed_smape']:>9.1f}% {v['itl_smape']:>8.1f}%")
+    print("(completed and ITL: 100*mean(|twin-real|/(twin+real)))")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0

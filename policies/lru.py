@@ -3,6 +3,12 @@
 vLLM touches every adapter of the batch at every step, so among adapters not in the
 batch the least recently used one is the one that left the batch first. Recording the
 moment an adapter goes idle is therefore enough (no per-step work).
+
+vLLM 0.8.5 touches them one at a time, in the order of a Python set of ``LoRARequest``
+(hashed by name), activating new adapters as it meets them; an eviction made for a new
+adapter can therefore take an adapter of the batch that this step has not touched yet,
+which is reloaded when the loop reaches it (``activation_order_reloads``, see
+:meth:`twin.adapters.AdapterMemory.activation_reloads`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ class LRUCache(AdapterCachePolicy):
     name = "lru"
     description = "evict the idle adapter used least recently (vLLM default)"
     citation = "vLLM LRUCacheWorkerLoRAManager"
+    activation_order_reloads = True
 
     def __init__(self) -> None:
         self.idle: OrderedDict[int, None] = OrderedDict()

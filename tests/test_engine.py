@@ -155,3 +155,59 @@ def test_invariants_random_workloads(seed, slots, kv, seqs, budget, adapters):
     assert (fin["first_token_s"] >= fin["arrival_s"]).all() and (fin["finish_s"] >= fin["first_token_s"]).all()
     b = simulate(w, prof, cfg, max_run_steps=1)
     assert np.array_equal(res.requests["finish_s"].to_numpy(), b.requests["finish_s"].to_numpy(), equal_nan=True)
+
+
+def _memory(n=4, slots=3):
+    import simpy
+
+    from policies.lru import LRUCache
+    from twin.adapters import AdapterMemory, HostLink
+
+    prof = constant_profile(c0=0.01, disk_s=0.5, cpu_s=0.1)
+    pol = LRUCache()
+    mem = AdapterMemory(np.full(n, 8), prof, slots, n, pol, HostLink(simpy.Environment()))
+    mem.preload_cpu(range(n))
+    mem.hash_pos = list(range(n))  # set order = adapter id
+    return mem
+
+
+def test_vllm_activation_order_reloads_adapters_of_the_batch():
+    """vLLM walks the batch's adapters in set order; a new adapter evicts the LRU-oldest at that
+    moment, which can be an adapter of the batch not touched yet in this step (then reloaded)."""
+    mem = _memory()
+    for a in (1, 2, 3):  # three slots: adapters 1, 2, 3 in the batch at t=0
+        mem.acquire(a, 0.0)
+    mem.release(3, 1.0)  # adapter 3 leaves the batch after the step ending at t=1
+    ld = mem.acquire(0, 1.0)  # adapter 0 (set position 0) joins at t=1: the walk evicts 1, 2, then 3
+    assert ld is not None and ld.link_s == pytest.approx(0.3) and mem.reloads == 2
+    assert mem.loads_cpu == 3 + 1 + 2 and not mem.resident[3] and mem.resident[1] and mem.resident[2]
+    # the victim left the batch earlier than the previous step: it is the oldest, no reload
+    mem2 = _memory()
+    for a in (1, 2, 3):
+        mem2.acquire(a, 0.0)
+    mem2.release(3, 1.0)
+    ld2 = mem2.acquire(0, 2.0)
+    assert ld2.link_s == pytest.approx(0.1) and mem2.reloads == 0
+    # the new adapter comes after the victim in set order: the batch is touched before it
+    mem3 = _memory()
+    for a in (0, 1, 2):
+        mem3.acquire(a, 0.0)
+    mem3.release(0, 1.0)
+    ld3 = mem3.acquire(3, 1.0)
+    assert ld3.link_s == pytest.approx(0.1) and mem3.reloads == 0
+
+
+def test_activation_order_reloads_only_with_vllm_lru():
+    """Other cache policies (and LRU with the behaviour off) never reload adapters of the batch."""
+    from policies.lru import LRUCache
+
+    class PlainLRU(LRUCache):
+        activation_order_reloads = False
+
+    w = random_workload(n=400, rps=8.0, adapters=24, seed=3)
+    cfg = EngineConfig(max_loras=4, max_cpu_loras=24)
+    prof = constant_profile(c0=0.01, c_decode=1e-4, disk_s=0.0, cpu_s=0.005)
+    vllm = simulate(w, prof, cfg, cache_obj=LRUCache(), check_invariants=True)
+    plain = simulate(w, prof, cfg, cache_obj=PlainLRU(), check_invariants=True)
+    assert vllm.summary["adapter_loads"] > plain.summary["adapter_loads"]
+    assert vllm.summary["requests_finished"] + vllm.summary["requests_unfinished"] == 400

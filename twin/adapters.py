@@ -112,6 +112,14 @@ class AdapterMemory:
         self.loads_cpu = 0
         self.loads_disk = 0
         self.evictions = 0
+        self.reloads = 0  # adapters of the batch evicted and reloaded within a step (vLLM activation order)
+        # vLLM activation order: the position of each adapter in the worker's set iteration
+        # (hash of the adapter name, randomised per server process: a fixed random permutation)
+        self.order_reloads = bool(getattr(policy, "activation_order_reloads", False))
+        self.batch: set[int] = set()       # adapters with running requests
+        self.idle_at: list[float] = [-1.0] * n
+        self.loaded_at: list[float] = [-1.0] * n
+        self.hash_pos: list[int] = np.random.default_rng(0x10AD).permutation(n).tolist() if n else []
 
     @property
     def max_active_rank(self) -> int:
@@ -133,6 +141,7 @@ class AdapterMemory:
         """A request of adapter ``a`` joins the batch; returns the load it needs, if any."""
         if self.active[a] == 0:
             self.n_active += 1
+            self.batch.add(a)
             r = self.ranks_l[a]
             self._rank_counts[r] = self._rank_counts.get(r, 0) + 1
             self.active[a] = 1
@@ -155,6 +164,8 @@ class AdapterMemory:
         self.active[a] -= 1
         if self.active[a] == 0:
             self.n_active -= 1
+            self.batch.discard(a)
+            self.idle_at[a] = now
             r = self.ranks_l[a]
             c = self._rank_counts[r] - 1
             if c:
@@ -194,17 +205,54 @@ class AdapterMemory:
         if self.placement is not None:  # evicts through the policy until the adapter fits
             if not self.placement.allocate(a, now):
                 raise RuntimeError(f"adapter {a} admitted but its memory could not be freed")
-        elif self.n_resident >= self.gpu_slots:
-            self.evict_victim(now)
+        reloads: list[int] = []
+        if self.placement is None and self.n_resident >= self.gpu_slots:
+            v = self.evict_victim(now)
+            if self.order_reloads:
+                reloads = self.activation_reloads(a, v, now)
         source, disk_s = self._fetch(a)
         self.resident[a] = True
         self.n_resident += 1
         self.resident_bytes += self.bytes[a]
+        self.loaded_at[a] = now
         self.policy.on_load(a, now)
         link_s = self._cpu_s[self.ranks_l[a]]
         if self.placement is not None:
             link_s += self.placement.load_extra_s(a)
-        return Load(a, source, disk_s, link_s, self.bytes[a])
+        nbytes = self.bytes[a]
+        for b in reloads:  # copied again, one after the other, on the same critical path
+            link_s += self._cpu_s[self.ranks_l[b]]
+            nbytes += self.bytes[b]
+        return Load(a, source, disk_s, link_s, nbytes)
+
+    def activation_reloads(self, a: int, victim: int, now: float) -> list[int]:
+        """Adapters of the batch that vLLM evicts and reloads while it activates ``a`` (whose slot
+        came from ``victim``, the least recently used idle adapter).
+
+        ``LRUCacheWorkerLoRAManager._apply_adapters`` walks the batch's adapters in set order,
+        touching each; a new one evicts the oldest adapter *at that moment*. Adapters of the
+        batch were all touched in the previous step, in that same order; the victim too if it
+        left the batch after the previous step (``idle_at == now``), at its own position. Then
+        every adapter of the batch that the walk has not reached yet (after ``a`` in set order)
+        and that precedes the victim in that order is older than the victim: the first is evicted
+        for ``a``, reloaded when the walk reaches it (evicting the next one), and so on until the
+        victim goes. An adapter that left the batch earlier is older than the whole batch and is
+        the only one evicted. Adapters loaded in this step are excluded (the walk loads them at
+        their own position). Each reload is a CPU->GPU copy of that adapter."""
+        if self.idle_at[victim] != now:
+            return []
+        lo, hi = self.hash_pos[a], self.hash_pos[victim]
+        if hi <= lo:
+            return []
+        hp, la = self.hash_pos, self.loaded_at
+        out = [b for b in self.batch if b != a and lo < hp[b] < hi and la[b] != now and self.resident[b]]
+        if out:
+            self.reloads += len(out)
+            self.loads_cpu += len(out)
+            for b in out:
+                if b in self.cpu:
+                    self.cpu.move_to_end(b)
+        return out
 
     def _fetch(self, a: int) -> tuple[str, float]:
         """Where the copy to the GPU starts: the CPU tier, or disk (it then enters the CPU tier)."""

@@ -104,6 +104,10 @@ class AdapterCachePolicy:
     prefix_kv: bool | None = None
     #: prefetches go on the critical path of the deciding step instead of the background
     prefetch_sync: bool = False
+    #: vLLM's worker activates the batch's adapters one by one in set (hash) order, so an LRU
+    #: eviction can hit an adapter of the batch not yet touched in this step, which is then
+    #: reloaded (see :meth:`twin.adapters.AdapterMemory.activation_reloads`)
+    activation_order_reloads: ClassVar[bool] = False
     uses_events: ClassVar[bool] = False
 
     def bind(self, engine: "Engine") -> None:

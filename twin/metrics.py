@@ -216,6 +216,7 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
     s["adapter_loads"] = int(ad.loads_cpu + ad.loads_disk)
     s["adapter_loads_from_cpu"] = int(ad.loads_cpu)
     s["adapter_loads_from_disk"] = int(ad.loads_disk)
+    s["adapter_reloads_in_batch"] = int(ad.reloads)  # of adapter_loads: vLLM's activation order (policies/lru.py)
     s["adapter_evictions"] = int(ad.evictions)
     s["link_gb"] = e.link.bytes_moved / 1e9
     s["preemptions"] = int(e.rec.preemptions)
