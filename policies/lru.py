@@ -5,10 +5,11 @@ batch the least recently used one is the one that left the batch first. Recordin
 moment an adapter goes idle is therefore enough (no per-step work).
 
 vLLM 0.8.5 touches them one at a time, in the order of a Python set of ``LoRARequest``
-(hashed by name), activating new adapters as it meets them; an eviction made for a new
-adapter can therefore take an adapter of the batch that this step has not touched yet,
-which is reloaded when the loop reaches it (``activation_order_reloads``, see
-:meth:`twin.adapters.AdapterMemory.activation_reloads`).
+(hashed by name, rebuilt every step), activating new adapters as it meets them; an eviction
+made for a new adapter can therefore take an adapter of the batch that this step has not
+touched yet, which is reloaded when the loop reaches it (``activation_order_reloads``, see
+:meth:`twin.adapters.AdapterMemory.activation_reloads`; ``twin calibrate replay`` checks the
+resulting load counts against the published serving runs).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ Chameleon §3.2 documents.
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generator
@@ -119,7 +120,9 @@ class AdapterMemory:
         self.batch: set[int] = set()       # adapters with running requests
         self.idle_at: list[float] = [-1.0] * n
         self.loaded_at: list[float] = [-1.0] * n
-        self.hash_pos: list[int] = np.random.default_rng(0x10AD).permutation(n).tolist() if n else []
+        self._order_rng = random.Random(0x10AD)
+        self._idle_now_t = -1.0
+        self._idle_now: list[int] = []     # adapters that left the batch at that time
 
     @property
     def max_active_rank(self) -> int:
@@ -166,6 +169,10 @@ class AdapterMemory:
             self.n_active -= 1
             self.batch.discard(a)
             self.idle_at[a] = now
+            if now != self._idle_now_t:
+                self._idle_now_t = now
+                self._idle_now = []
+            self._idle_now.append(a)
             r = self.ranks_l[a]
             c = self._rank_counts[r] - 1
             if c:
@@ -229,23 +236,46 @@ class AdapterMemory:
         """Adapters of the batch that vLLM evicts and reloads while it activates ``a`` (whose slot
         came from ``victim``, the least recently used idle adapter).
 
-        ``LRUCacheWorkerLoRAManager._apply_adapters`` walks the batch's adapters in set order,
-        touching each; a new one evicts the oldest adapter *at that moment*. Adapters of the
-        batch were all touched in the previous step, in that same order; the victim too if it
-        left the batch after the previous step (``idle_at == now``), at its own position. Then
-        every adapter of the batch that the walk has not reached yet (after ``a`` in set order)
-        and that precedes the victim in that order is older than the victim: the first is evicted
-        for ``a``, reloaded when the walk reaches it (evicting the next one), and so on until the
-        victim goes. An adapter that left the batch earlier is older than the whole batch and is
-        the only one evicted. Adapters loaded in this step are excluded (the walk loads them at
-        their own position). Each reload is a CPU->GPU copy of that adapter."""
+        ``LRUCacheWorkerLoRAManager._apply_adapters`` walks the batch's adapters in the iteration
+        order of a Python set of ``LoRARequest`` (hashed by adapter name), touching each; a new
+        adapter evicts the least recently used one *at that moment*. An adapter that left the
+        batch before the previous step is older than every adapter touched since, so it goes and
+        nothing else happens (``idle_at != now``). When the victim left after the previous step,
+        the batch's adapters and the adapters that left then were all touched in the previous
+        walk: the oldest of them not yet reached by this walk is evicted -- possibly an adapter
+        of the batch, copied back when the walk reaches it, evicting the next oldest, until an
+        idle adapter goes. The set order is not the same from step to step (the set is rebuilt
+        every step, and CPython resolves hash collisions in insertion order, which changes as
+        adapters come and go): both walks are drawn as independent random orders (seeded, so
+        runs are reproducible). Adapters loaded in this step are not candidates (the walk loads
+        them at their own position). Each reload is a CPU->GPU copy of that adapter."""
         if self.idle_at[victim] != now:
             return []
-        lo, hi = self.hash_pos[a], self.hash_pos[victim]
-        if hi <= lo:
+        la, res, act = self.loaded_at, self.resident, self.active
+        batch = [b for b in self.batch if b != a and la[b] != now and res[b]]
+        if not batch:
             return []
-        hp, la = self.hash_pos, self.loaded_at
-        out = [b for b in self.batch if b != a and lo < hp[b] < hi and la[b] != now and self.resident[b]]
+        n_idle = 1
+        if self._idle_now_t == now:
+            n_idle += sum(1 for d in self._idle_now if d != victim and res[d] and not act[d])
+        rng = self._order_rng
+        # this walk: a's position among the batch is uniform; the adapters after it are untouched
+        rng.shuffle(batch)
+        untouched = batch[rng.randrange(len(batch) + 1):]
+        if not untouched:
+            return []
+        # ages from the previous walk: a random order of the untouched and the idle adapters
+        ages = list(range(len(untouched) + n_idle))
+        rng.shuffle(ages)
+        idle_oldest = min(ages[len(untouched):])
+        out: list[int] = []
+        i = 0
+        while i < len(untouched):
+            j = min(range(i, len(untouched)), key=ages.__getitem__)
+            if ages[j] > idle_oldest:
+                break
+            out.append(untouched[j])  # evicted now, copied back when the walk reaches it
+            i = j + 1                 # everything up to it is touched by then
         if out:
             self.reloads += len(out)
             self.loads_cpu += len(out)
