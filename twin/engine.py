@@ -36,7 +36,7 @@ import heapq
 import math
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy

@@ -129,7 +129,6 @@ def fit_vidur(directory: str | Path, model: str | ModelSpec = "llama-2-7b", gpu:
     ops = read_ops(d, gpu, spec)
     ops_h100 = read_ops(d, "h100", get_model("llama-2-7b"))
     fit = fit_linear_ops(ops, k)
-    fit_h = fit_linear_ops(ops_h100, k)
     notes: list[str] = []
 
     # ratios A40 / H100 from Vidur's own timings of the same model
