@@ -54,11 +54,11 @@ def replay_serving_runs(table: pd.DataFrame, profile: str | None = None, seed: i
                         variants: tuple[bool, ...] = (False, True)) -> pd.DataFrame:
     """Simulate each run of ``table`` (rows of scheduler_overhead.csv) with vLLM's FCFS and LRU,
     once per ``activation_order_reloads`` value in ``variants``."""
-    from policies.fcfs import FCFSScheduler
     from policies.lru import LRUCache
     from twin.config import EngineConfig
     from twin.profile import load_profile
     from twin.simulate import simulate
+    from twin.validate import _capped_fcfs
 
     prof = load_profile(profile)
     rows: list[dict[str, Any]] = []
@@ -77,18 +77,13 @@ def replay_serving_runs(table: pd.DataFrame, profile: str | None = None, seed: i
         for on in variants:
             cache = LRUCache()
             cache.activation_order_reloads = on
-
-            class Preloaded(FCFSScheduler):  # the server loads every served adapter to CPU at start-up
-                def bind(self, engine) -> None:
-                    super().bind(engine)
-                    engine.adapters.preload_cpu(range(engine.n_adapters))
-
-            s = simulate(wl, prof, cfg, scheduler_obj=Preloaded(), cache_obj=cache, horizon_s=WINDOW_S,
+            # vLLM's FCFS, no client cap, every served adapter in the CPU tier from start-up
+            s = simulate(wl, prof, cfg, scheduler_obj=_capped_fcfs(None), cache_obj=cache, horizon_s=WINDOW_S,
                          record_steps=False).summary
             k = "order" if on else "plain"
-            # the real count excludes the start-up activations: the first load of each adapter
-            first = min(N, int(s["adapter_loads"]))
-            out[f"{k}_loads"] = float(s["adapter_loads"]) - min(first, G)
+            # the real count excludes the start-up activations, which leave min(N, G) adapters resident
+            loads = int(s["adapter_loads"])
+            out[f"{k}_loads"] = float(loads - min(N, G, loads))
             out[f"{k}_completed"] = float(s["requests_finished"])
             out[f"{k}_itl_ms"] = float(s["itl_ms_mean"] or np.nan)
         rows.append(out)
