@@ -109,12 +109,16 @@ def test_client_cap_drops_arrivals_beyond_the_cap():
     assert res.summary["ttft_ms_incl_unfinished"] > res.summary["ttft_ms_mean"]
 
 
+def _random_workload(seed: int, n: int, window_s: float, max_output: int, adapters: int) -> Workload:
+    """``n`` uniform arrivals over ``window_s`` with random lengths and adapters (rank 8)."""
+    rng = np.random.default_rng(seed)
+    return Workload.from_arrays(np.sort(rng.uniform(0, window_s, n)), rng.integers(5, 300, n),
+                                rng.integers(2, max_output, n), rng.integers(0, adapters, n), np.full(n, 8))
+
+
 def test_client_cap_matches_no_cap_below_the_cap():
     prof = constant_profile(c0=0.01, c_prefill=1e-5, cpu_s=0.001, disk_s=0.01)
-    rng = np.random.default_rng(3)
-    n = 300
-    w = Workload.from_arrays(np.sort(rng.uniform(0, 60, n)), rng.integers(5, 300, n), rng.integers(2, 50, n),
-                             rng.integers(0, 6, n), np.full(n, 8))
+    w = _random_workload(3, 300, 60, 50, 6)
     cfg = EngineConfig(max_loras=2, max_num_seqs=64)
     a = simulate(w, prof, cfg, scheduler_obj=V._capped_fcfs(10_000, preload=False), cache_obj=V._lru())
     b = simulate(w, prof, cfg, policy="vllm")
@@ -123,10 +127,7 @@ def test_client_cap_matches_no_cap_below_the_cap():
 
 def test_client_cap_never_exceeded():
     prof = constant_profile(c0=0.02, c_prefill=1e-5, cpu_s=0.001, disk_s=0.0)
-    rng = np.random.default_rng(4)
-    n = 2000
-    w = Workload.from_arrays(np.sort(rng.uniform(0, 20, n)), rng.integers(5, 300, n), rng.integers(2, 80, n),
-                             rng.integers(0, 8, n), np.full(n, 8))
+    w = _random_workload(4, 2000, 20, 80, 8)
     sched = V._capped_fcfs(50)
     seen = []
 
