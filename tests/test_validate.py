@@ -127,7 +127,8 @@ def test_client_cap_matches_no_cap_below_the_cap():
 
 def test_client_cap_never_exceeded():
     prof = constant_profile(c0=0.02, c_prefill=1e-5, cpu_s=0.001, disk_s=0.0)
-    w = _random_workload(4, 2000, 20, 80, 8)
+    n = 2000
+    w = _random_workload(4, n, 20, 80, 8)
     sched = V._capped_fcfs(50)
     seen = []
 
