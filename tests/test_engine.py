@@ -223,3 +223,31 @@ def test_activation_order_reloads_only_with_vllm_lru():
     plain = simulate(w, prof, cfg, cache_obj=PlainLRU(), check_invariants=True)
     assert vllm.summary["adapter_loads"] > plain.summary["adapter_loads"]
     assert vllm.summary["requests_finished"] + vllm.summary["requests_unfinished"] == 400
+
+
+def test_preempted_decoder_recomputes_its_output_and_keeps_it():
+    """vLLM v1 recompute preemption keeps the generated tokens: a decoding request that is
+    preempted re-prefills prompt + emitted tokens and continues from there.
+
+    KV of 4 blocks of 16 tokens, two requests (prompt 16, 40 tokens) at t=0. Step 1 prefills
+    both (32 tokens, first token each). Decode step n computes token 16 + n; at n = 17 both
+    need a third block: r0 (first in the running list) preempts r1, which has emitted 17
+    tokens (33 known). r0 decodes alone to its 40th token (n = 39) and frees its 4 blocks;
+    r1 then recomputes its 33 tokens (token 18 at the end of that prefill) and decodes the
+    other 22. Steps: 1 + 39 + 1 + 22; prefill tokens 32 + 33; decode tokens 39 + 16 + 22.
+    """
+    prof = constant_profile(c0=0.01, c_prefill=1e-5, kv_tokens=64)
+    w = Workload.from_arrays([0.0, 0.0], [16, 16], [40, 40])
+    res = simulate(w, prof, EngineConfig(max_loras=1, enable_lora=False, max_model_len=64), check_invariants=True)
+    r = res.requests.set_index("request_id")
+    st = res.steps
+    assert r["preemptions"].tolist() == [0, 1]
+    assert r["outcome"].tolist() == ["finished", "finished"]
+    assert int(st["n_steps"].sum()) == 1 + 39 + 1 + 22
+    assert int((st["prefill_tokens"] * 1).sum()) == 32 + 33
+    assert int((st["decode_tokens"] * st["n_steps"]).sum()) == 39 + 16 + 22
+    # r1's clock: 40 steps of r0's life (the first one with 32 prefill tokens), its 33-token recompute
+    # step, 22 decode steps
+    t_r0 = 0.01 + 32e-5 + 39 * 0.01
+    assert r.loc[0, "finish_s"] == pytest.approx(t_r0, abs=1e-12)
+    assert r.loc[1, "finish_s"] == pytest.approx(t_r0 + 0.01 + 33e-5 + 22 * 0.01, abs=1e-12)

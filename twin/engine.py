@@ -513,6 +513,7 @@ class Engine:
             del self.prefilling[rid]
             freed = self.held.pop(rid)
             self.c.pop(rid)
+            self.resume_T[rid] = self.T.pop(rid)  # prompt (+ tokens emitted before an earlier preemption)
         else:
             base, _ = self.dec.pop(rid)
             self.last_token_d[rid] = now  # a decoding request emitted at the end of the last step
@@ -521,7 +522,12 @@ class Engine:
             self.n_dec -= 1
             self.dec_base_sum -= base
             self.res_cnt[(-base) % bs] -= 1
-        self.resume_T[rid] = self.T.pop(rid)
+            # vLLM v1 keeps the output tokens and recomputes prompt + all of them
+            # (``num_computed_tokens = 0``; resumed with ``num_tokens``): the computed tokens
+            # plus the last emitted one. ``T`` of a decoding request is stale (set when it
+            # joined the decode aggregate), so it must not be used here.
+            self.T.pop(rid)
+            self.resume_T[rid] = comp + 1
         self.used_blocks -= freed
         self.n_waiting += 1
         self.preempt_d[rid] = self.preempt_d.get(rid, 0) + 1
