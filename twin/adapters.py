@@ -98,7 +98,6 @@ class AdapterMemory:
         self.cpu: OrderedDict[int, None] = OrderedDict()  # LRU order, most recent last
         self.ranks_l: list[int] = [int(r) for r in ranks]
         self.bytes: list[int] = [profile.adapter_bytes(r) for r in self.ranks_l]
-        self._rank_counts: dict[int, int] = {}
         self.resident_bytes = 0
         # per-rank load times, looked up once
         self._disk_s = {int(r): profile.load_s(int(r), "disk", tp, max_rank) for r in set(ranks.tolist())}
@@ -124,10 +123,6 @@ class AdapterMemory:
         self._idle_now_t = -1.0
         self._idle_now: list[int] = []     # adapters that left the batch at that time
 
-    @property
-    def max_active_rank(self) -> int:
-        return max(self._rank_counts) if self._rank_counts else 0
-
     def preload_cpu(self, adapters) -> None:
         """Adapters already in the CPU tier when serving starts (at most ``cpu_slots``, LRU order
         as given). The real runs' server (the peer fork of vLLM 0.8.5, ``--dummy-lora-modules``)
@@ -145,8 +140,6 @@ class AdapterMemory:
         if self.active[a] == 0:
             self.n_active += 1
             self.batch.add(a)
-            r = self.ranks_l[a]
-            self._rank_counts[r] = self._rank_counts.get(r, 0) + 1
             self.active[a] = 1
             self.activations += 1
             self.policy.on_active(a, now)
@@ -173,12 +166,6 @@ class AdapterMemory:
                 self._idle_now_t = now
                 self._idle_now = []
             self._idle_now.append(a)
-            r = self.ranks_l[a]
-            c = self._rank_counts[r] - 1
-            if c:
-                self._rank_counts[r] = c
-            else:
-                del self._rank_counts[r]
             if a in self.cpu:
                 self.cpu.move_to_end(a)
             self.policy.on_idle(a, now)

@@ -361,12 +361,14 @@ class Engine:
     def _step_time(self, prefill_tokens: int, n_dec: int, ctx_tok: int, waiting: int, n_req: int) -> float:
         """Duration of one step: scheduler + (backbone + LoRA overhead).
 
-        The LoRA term sees the step's tokens, its ``n_req`` requests (LM-head rows) and the
+        The LoRA term sees the step's tokens, its ``n_req`` requests (LM-head rows), the
         number of GPU adapter slots (vLLM's kernels launch thread blocks for every slot, see
-        ``calibration.perf_models.KernelGridLora``)."""
+        ``calibration.perf_models.KernelGridLora``) and ``max_lora_rank``: vLLM pads every
+        slot's A/B buffers to it, and the kernels' grids and loops run over the padded rank
+        whatever the ranks of the adapters in the batch."""
         prof = self.profile
         base = prof.backbone_s(prefill_tokens, n_dec, ctx_tok)
-        comp = base + prof.lora_s(base, self.adapters.n_active, self.adapters.max_active_rank,
+        comp = base + prof.lora_s(base, self.adapters.n_active, self.max_lora_rank,
                                   prefill_tokens + n_dec, self.config.max_loras, n_req)
         return prof.scheduler_s(len(self.running), waiting, self.config.max_loras, self.served) + comp
 
@@ -441,7 +443,7 @@ class Engine:
             # _step_time inlined (same arithmetic, same order): the run's hot loop
             prof = self.profile
             backbone, lora, sched = prof.backbone_s, prof.lora_s, prof.scheduler_s
-            A, mr, R = self.adapters.n_active, self.adapters.max_active_rank, len(self.running)
+            A, mr, R = self.adapters.n_active, self.max_lora_rank, len(self.running)
             G, N = self.config.max_loras, self.served
             s_t = sched(R, waiting, G, N)
             while k < k_max:
