@@ -251,3 +251,32 @@ def test_profile_follows_the_runs_model():
     real = pd.DataFrame([_row(model="qwen-2.5-7b-instruct")])
     with pytest.raises(ValueError, match="calibrated profile"):
         V._check_profile_model(V._profile("llama-3.1-8b_h100_vllm085"), real)
+
+
+def test_step_at_real_mix_is_the_model_at_the_runs_composition():
+    """A saturated run whose ITL is the profile's step at the composition that ITL implies scores 1;
+    a slower real run scores its slowdown; runs with the KV cache not full are left out."""
+    from twin.profile import load_profile
+
+    prof = load_profile("llama-3.1-8b_h100_vllm085")
+    run = {"run_id": "r", "rates": "0.4,0.2,0.1", "served_adapters": 96, "adapter_slots": 32, "max_lora_rank": 16,
+           "ts_mean_kv_usage": 0.97, "ts_mean_running": 600.0, "ts_mean_waiting": 5000.0, "ts_preemptions": 3600.0,
+           "input_tok_s": 6000.0, "output_tok_s": 5200.0, "twin_kv_tokens": 250_000, "pool_mean_input_tokens": 222.0,
+           "pool_mean_output_tokens": 196.0, "benchmark_time_s": 3600.0}
+    ad = np.array([0.4, 0.2, 0.1])[np.arange(96) % 3]
+    A = min(32.0, float(np.sum(1 - (1 - ad / ad.sum()) ** 600.0)))
+    itl = 0.1
+    for _ in range(60):  # fixed point: the step at the composition of that step
+        P = (6000.0 + 1.0 * (222.0 + 98.0)) * itl
+        D = 5200.0 * itl
+        base = prof.backbone_s(P, D, 0.97 * 250_000)
+        itl = prof.scheduler_s(600.0, 5000.0, 32, 96) + base + prof.lora_s(base, A, 16, P + D, 32, 600.0)
+    light = dict(run, run_id="light", ts_mean_kv_usage=0.5)
+    runs = pd.DataFrame([dict(run, real_itl=itl * 1000), dict(run, run_id="slow", real_itl=itl * 1000 * 1.5), light])
+    runs["real_itl"] = runs["real_itl"].fillna(itl * 1000)
+    out = V.step_at_real_mix(runs, prof).set_index("run_id")
+    assert list(out.index) == ["r", "slow"]
+    assert out.loc["r", "ratio"] == pytest.approx(1.0, rel=1e-9)
+    assert out.loc["r", "model_step_ms"] == pytest.approx(itl * 1000, rel=1e-9)
+    assert 1.0 < out.loc["slow", "ratio"] < 1.5  # a longer ITL also implies a bigger step mix
+    assert out.loc["r", "adapters"] == pytest.approx(32.0)

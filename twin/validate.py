@@ -707,21 +707,35 @@ def summarize(runs: pd.DataFrame, profile_name: str, real_csv: str, peer_csv: st
         "start_failures_predicted": su["fraction"],
         "start_failures": su,
         "twin_errors": int(errors),
-        "diagnostics": diagnostics(runs),
+        "diagnostics": diagnostics(runs, profile_name),
         "subsets": subsets,
     }
     return s
 
 
-def diagnostics(runs: pd.DataFrame) -> dict[str, Any]:
+def diagnostics(runs: pd.DataFrame, profile_name: str | None = None) -> dict[str, Any]:
     """Internal state, twin against the real runs' Prometheus gauges (time averages over the hour):
     mean running requests and KV tokens held per running request (real: mean KV usage x the KV
-    capacity, which the profile reproduces within ~1 % of the probes). Medians over scored runs."""
+    capacity, which the profile reproduces within ~1 % of the probes). Medians over scored runs.
+    With a profile, also :func:`step_at_real_mix` (the step model at the KV-saturated runs' own
+    step composition)."""
     sc = runs[runs["scored"]]
     out: dict[str, Any] = {}
     need = {"ts_mean_running", "twin_mean_running", "ts_mean_kv_usage", "twin_mean_kv_usage", "twin_kv_tokens"}
     if not len(sc) or not need <= set(sc.columns):
         return out
+    if profile_name is not None:
+        mix = step_at_real_mix(sc, _profile(profile_name))
+        if len(mix):
+            G = mix["slots"]
+            bins = {f"slots {lo + 1}-{hi}": (G > lo) & (G <= hi) for lo, hi in ((0, 32), (32, 96), (96, 448))}
+            out["saturated_runs_real_itl_over_model_step_at_real_mix"] = {
+                "runs": int(len(mix)), "median": float(mix["ratio"].median()),
+                "median_gap_ms": float((mix["real_itl_ms"] - mix["model_step_ms"]).median()),
+                "by_slots": {k: {"runs": int(m.sum()), "median": float(mix.loc[m, "ratio"].median())}
+                             for k, m in bins.items() if m.any()},
+                "note": "real mean ITL over the profile's step (scheduler + backbone + LoRA) evaluated at the "
+                        "run's mean step composition, KV-saturated runs only (see step_at_real_mix)"}
     busy = sc[(sc["ts_mean_running"] > 1) & (sc["twin_mean_running"] > 1)]
     if len(busy):
         real_kv = busy["ts_mean_kv_usage"] * busy["twin_kv_tokens"] / busy["ts_mean_running"]
@@ -731,6 +745,53 @@ def diagnostics(runs: pd.DataFrame) -> dict[str, Any]:
         out["mean_running_twin_over_real_median"] = float((busy["twin_mean_running"]
                                                            / busy["ts_mean_running"]).median())
     return out
+
+
+SATURATED_KV_USAGE = 0.9
+
+
+def step_at_real_mix(runs: pd.DataFrame, prof) -> pd.DataFrame:
+    """The profile's step at each KV-saturated real run's own mean step composition.
+
+    Separates the step model's error from the twin's dynamics (running batch, preemptions,
+    request lengths): in a run whose KV cache stays full (mean usage >= 0.9) every step decodes
+    the running batch and admits what KV frees, so steps are alike and the mean step is the
+    model at the mean composition (checked on the twin's own steps: 88.04 ms at its mean mix
+    against its mean step of 88.06 ms in the 16-slot / 32-adapter rate-3.2 run). Per step, from
+    the real run's figures with ``itl`` its mean ITL (every running decode gets one token per
+    step, so the ITL is the step): ``D = output_tok_s * itl`` decode tokens,
+    ``P = (input_tok_s + recompute) * itl`` prefill tokens (``recompute`` = preemptions per
+    second x (mean prompt + half the mean output) tokens), ``C`` = mean KV usage x the KV
+    capacity, ``R`` running and ``W`` waiting (the gauges), ``A`` = the expected distinct
+    adapters among ``R`` requests drawn at the adapters' rates, at most the slots. Returns one
+    row per run with ``model_step_ms``, ``real_itl_ms`` and their ``ratio``.
+    """
+    need = {"ts_mean_kv_usage", "ts_mean_running", "ts_mean_waiting", "input_tok_s", "output_tok_s",
+            "twin_kv_tokens", "real_itl", "rates", "served_adapters", "adapter_slots", "max_lora_rank"}
+    if not need <= set(runs.columns):
+        return pd.DataFrame()
+    sat = runs[(runs["ts_mean_kv_usage"] >= SATURATED_KV_USAGE) & runs["real_itl"].notna()]
+    rows = []
+    for _, r in sat.iterrows():
+        itl = float(r["real_itl"]) / 1000.0
+        rates = np.asarray(_num_list(r["rates"], float))
+        n, G = int(r["served_adapters"]), int(r["adapter_slots"])
+        ad = rates[np.arange(n) % rates.size]
+        R, W = float(r["ts_mean_running"]), float(r["ts_mean_waiting"])
+        A = min(float(G), float(np.sum(1.0 - (1.0 - ad / ad.sum()) ** R)))
+        win = float(r.get("benchmark_time_s", WINDOW_S) or WINDOW_S)
+        pre = float(r.get("ts_preemptions", 0.0) or 0.0)
+        rec = pre / win * (float(r.get("pool_mean_input_tokens", 0.0)) + float(r.get("pool_mean_output_tokens", 0.0)) / 2)
+        D = float(r["output_tok_s"]) * itl
+        P = (float(r["input_tok_s"]) + rec) * itl
+        C = float(r["ts_mean_kv_usage"]) * float(r["twin_kv_tokens"])
+        base = prof.backbone_s(P, D, C)
+        step = (prof.scheduler_s(R, W, G, n) + base
+                + prof.lora_s(base, A, int(r["max_lora_rank"]), P + D, G, R))
+        rows.append({"run_id": r["run_id"], "slots": G, "running": R, "prefill_tokens": P, "decode_tokens": D,
+                     "context_tokens": C, "adapters": A, "model_step_ms": step * 1000.0,
+                     "real_itl_ms": itl * 1000.0, "ratio": itl / step})
+    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- report
