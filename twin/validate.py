@@ -780,7 +780,8 @@ def step_at_real_mix(runs: pd.DataFrame, prof) -> pd.DataFrame:
         R, W = float(r["ts_mean_running"]), float(r["ts_mean_waiting"])
         A = min(float(G), float(np.sum(1.0 - (1.0 - ad / ad.sum()) ** R)))
         win = float(r.get("benchmark_time_s", WINDOW_S) or WINDOW_S)
-        pre = float(r.get("ts_preemptions", 0.0) or 0.0)
+        pre = float(r.get("ts_preemptions", np.nan))
+        pre = pre if math.isfinite(pre) else 0.0  # not recorded: no recompute term
         rec = pre / win * (float(r.get("pool_mean_input_tokens", 0.0)) + float(r.get("pool_mean_output_tokens", 0.0)) / 2)
         D = float(r["output_tok_s"]) * itl
         P = (float(r["input_tok_s"]) + rec) * itl
@@ -838,6 +839,11 @@ def format_report(res: ValidationResult, top: int = 8) -> str:
         lines.append(f"gauges (medians over {kv['runs']} busy runs): KV tokens per running request real "
                      f"{kv['real_median']:.0f}, twin {kv['twin_median']:.0f}; mean running twin/real "
                      f"{dg['mean_running_twin_over_real_median']:.2f}")
+    mix = dg.get("saturated_runs_real_itl_over_model_step_at_real_mix")
+    if mix:
+        lines.append(f"KV-saturated runs ({mix['runs']}): real ITL / model step at the run's own mix, median "
+                     f"{mix['median']:.2f} ({mix['median_gap_ms']:.1f} ms); "
+                     + ", ".join(f"{k} {v['median']:.2f}" for k, v in mix["by_slots"].items()))
     worst = largest_errors(res.runs, top)
     if len(worst):
         lines.append("")
