@@ -259,7 +259,8 @@ def test_step_at_real_mix_is_the_model_at_the_runs_composition():
     from twin.profile import load_profile
 
     prof = load_profile("llama-3.1-8b_h100_vllm085")
-    run = {"run_id": "r", "rates": "0.4,0.2,0.1", "served_adapters": 96, "adapter_slots": 32, "max_lora_rank": 16,
+    run = {"run_id": "r", "model": "llama-3.1-8b-instruct", "ranks": "8-16", "rates": "0.4,0.2,0.1",
+           "served_adapters": 96, "adapter_slots": 32, "max_lora_rank": 16,
            "ts_mean_kv_usage": 0.97, "ts_mean_running": 600.0, "ts_mean_waiting": 5000.0, "ts_preemptions": 3600.0,
            "input_tok_s": 6000.0, "output_tok_s": 5200.0, "twin_kv_tokens": 250_000, "pool_mean_input_tokens": 222.0,
            "pool_mean_output_tokens": 196.0, "benchmark_time_s": 3600.0}

@@ -207,10 +207,14 @@ class RunSpec:
     seed: int = 0
 
     @property
-    def nominal_requests(self) -> float:
+    def adapter_rates(self) -> np.ndarray:
+        """Per-adapter rates (req/s): the rate list over the served adapters, round-robin."""
         r = np.asarray(self.rates, float)
-        per = r[np.arange(self.served) % r.size]
-        return float(per.sum() * self.window_s)
+        return r[np.arange(self.served) % r.size]
+
+    @property
+    def nominal_requests(self) -> float:
+        return float(self.adapter_rates.sum() * self.window_s)
 
 
 def _num_list(text: str, cast: Callable) -> list:
@@ -767,28 +771,27 @@ def step_at_real_mix(runs: pd.DataFrame, prof) -> pd.DataFrame:
     row per run with ``model_step_ms``, ``real_itl_ms`` and their ``ratio``.
     """
     need = {"ts_mean_kv_usage", "ts_mean_running", "ts_mean_waiting", "input_tok_s", "output_tok_s",
-            "twin_kv_tokens", "real_itl", "rates", "served_adapters", "adapter_slots", "max_lora_rank"}
+            "twin_kv_tokens", "real_itl", "rates", "served_adapters", "adapter_slots", "max_lora_rank",
+            "pool_mean_input_tokens", "pool_mean_output_tokens"}
     if not need <= set(runs.columns):
         return pd.DataFrame()
     sat = runs[(runs["ts_mean_kv_usage"] >= SATURATED_KV_USAGE) & runs["real_itl"].notna()]
     rows = []
     for _, r in sat.iterrows():
+        spec = spec_from_row(r)
         itl = float(r["real_itl"]) / 1000.0
-        rates = np.asarray(_num_list(r["rates"], float))
-        n, G = int(r["served_adapters"]), int(r["adapter_slots"])
-        ad = rates[np.arange(n) % rates.size]
+        G, n = spec.slots, spec.served
+        share = spec.adapter_rates / spec.adapter_rates.sum()
         R, W = float(r["ts_mean_running"]), float(r["ts_mean_waiting"])
-        A = min(float(G), float(np.sum(1.0 - (1.0 - ad / ad.sum()) ** R)))
-        win = float(r.get("benchmark_time_s", WINDOW_S) or WINDOW_S)
+        A = min(float(G), float(np.sum(1.0 - (1.0 - share) ** R)))
         pre = float(r.get("ts_preemptions", np.nan))
         pre = pre if math.isfinite(pre) else 0.0  # not recorded: no recompute term
-        rec = pre / win * (float(r.get("pool_mean_input_tokens", 0.0)) + float(r.get("pool_mean_output_tokens", 0.0)) / 2)
+        rec = pre / spec.window_s * (spec.mean_in + spec.mean_out / 2)
         D = float(r["output_tok_s"]) * itl
         P = (float(r["input_tok_s"]) + rec) * itl
         C = float(r["ts_mean_kv_usage"]) * float(r["twin_kv_tokens"])
         base = prof.backbone_s(P, D, C)
-        step = (prof.scheduler_s(R, W, G, n) + base
-                + prof.lora_s(base, A, int(r["max_lora_rank"]), P + D, G, R))
+        step = prof.scheduler_s(R, W, G, n) + base + prof.lora_s(base, A, spec.max_rank, P + D, G, R)
         rows.append({"run_id": r["run_id"], "slots": G, "running": R, "prefill_tokens": P, "decode_tokens": D,
                      "context_tokens": C, "adapters": A, "model_step_ms": step * 1000.0,
                      "real_itl_ms": itl * 1000.0, "ratio": itl / step})
