@@ -35,7 +35,7 @@ def select_runs(table: pd.DataFrame, every: int = 1, only_swapping: bool = True)
     return t.reset_index(drop=True).iloc[::max(int(every), 1)]
 
 
-def _workload(G: int, N: int, rate: float, seed: int):
+def _workload(N: int, rate: float, seed: int):
     from calibration.fitting.vllm085 import SERVING_RUN_OUTPUT_TOKENS, SERVING_RUN_PROMPT_TOKENS
     from traces.workload import Workload
 
@@ -64,7 +64,7 @@ def replay_serving_runs(table: pd.DataFrame, profile: str | None = None, seed: i
     rows: list[dict[str, Any]] = []
     for _, r in table.iterrows():
         G, N, rate = int(r["adapter_slots"]), int(r["served_adapters"]), float(r["rate_req_s"])
-        wl = _workload(G, N, rate, seed)
+        wl = _workload(N, rate, seed)
         # these servers started with up to 448 slots, so they did not use Llama-3.1's 128k default
         # max_model_len (the start-up check would refuse): 4096 holds every request of the dataset
         cfg = EngineConfig(max_num_batched_tokens=2048, max_num_seqs=2048, enable_lora=True, max_loras=G,

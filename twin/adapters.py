@@ -113,8 +113,8 @@ class AdapterMemory:
         self.loads_disk = 0
         self.evictions = 0
         self.reloads = 0  # adapters of the batch evicted and reloaded within a step (vLLM activation order)
-        # vLLM activation order: the position of each adapter in the worker's set iteration
-        # (hash of the adapter name, randomised per server process: a fixed random permutation)
+        # vLLM activation order (activation_reloads): the worker walks the batch's adapters in
+        # Python-set order, drawn as a random order per walk from a seeded generator
         self.order_reloads = bool(getattr(policy, "activation_order_reloads", False))
         self.batch: set[int] = set()       # adapters with running requests
         self.idle_at: list[float] = [-1.0] * n
