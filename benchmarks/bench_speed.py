@@ -77,7 +77,7 @@ def run_one(name: str, npz: str, gen_s: float) -> dict:
     """Simulate the workload saved in ``npz`` (the child process imports only the core)."""
     import numpy as np
 
-    from twin.profile import load_profile
+    from twin.perf.profile import load_profile
     from twin.simulate import simulate
 
     data = np.load(npz)

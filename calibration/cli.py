@@ -104,8 +104,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from calibration.fitting import fit_profile
     from calibration.fitting.core import FitError
     from calibration.fitting.tables import detect_format
-    from twin.datadir import data_dir
-    from twin.profile import PROFILE_DIR
+    from traces.datadir import data_dir
+    from twin.perf.profile import PROFILE_DIR
 
     try:
         fmt = detect_format(Path(args.measurements)) if args.format == "auto" else args.format
@@ -131,7 +131,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from twin.profile import DEFAULT_PROFILE, available_profiles, load_profile
+    from twin.perf.profile import DEFAULT_PROFILE, available_profiles, load_profile
 
     rows = []
     for name, path in available_profiles().items():

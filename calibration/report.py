@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from twin.profile import KINDS, available_profiles
+from twin.perf.profile import KINDS, available_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -188,7 +188,7 @@ def markdown(d: dict[str, Any]) -> str:
 def _measurements_dir(d: dict[str, Any], override: str | None) -> Path | None:
     if override:
         return Path(override)
-    from twin.datadir import data_dir
+    from traces.datadir import data_dir
 
     rel = d.get("provenance", {}).get("measurements", {}).get("directory")
     if not rel:
@@ -229,7 +229,7 @@ def _save(fig, path: Path) -> Path:
 
 
 def _model(d: dict[str, Any], kind: str):
-    from calibration.perf_models import make_component
+    from twin.perf.forms import make_component
 
     return make_component(kind, d["components"][kind])
 

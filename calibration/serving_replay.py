@@ -56,7 +56,7 @@ def replay_serving_runs(table: pd.DataFrame, profile: str | None = None, seed: i
     once per ``activation_order_reloads`` value in ``variants``."""
     from policies.lru import LRUCache
     from twin.config import EngineConfig
-    from twin.profile import load_profile
+    from twin.perf.profile import load_profile
     from twin.simulate import simulate
     from twin.validate import _capped_fcfs
 
@@ -107,6 +107,6 @@ def summary(runs: pd.DataFrame) -> dict[str, Any]:
 
 
 def read_table(data_dir: str | Path | None = None) -> pd.DataFrame:
-    from twin.datadir import require
+    from traces.datadir import require
 
     return pd.read_csv(require("calibration/vllm085_h100/scheduler_overhead.csv", data_dir))

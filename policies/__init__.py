@@ -1,9 +1,10 @@
-"""Schedulers and adapter-cache policies, pluggable by name (see ``policies.registry``).
+"""The built-in schedulers and adapter-cache policies, pluggable by name (see ``twin.registry``).
 
-Adding a policy: write one module that subclasses :class:`twin.interfaces.Scheduler` or
-:class:`twin.interfaces.AdapterCachePolicy` and decorates it with
-``@register_scheduler`` / ``@register_cache``; import it from ``policies/__init__.py``, or
-expose it from another package through the entry-point group ``lora_twin.policies``.
+This package registers itself through the entry-point group ``lora_twin.policies``
+(``builtin = "policies"`` in ``pyproject.toml``), exactly as a third-party package does; the
+core never imports it. Adding a policy here: write one module that subclasses
+:class:`twin.interfaces.Scheduler` or :class:`twin.interfaces.AdapterCachePolicy`, decorate
+it with ``@register_scheduler`` / ``@register_cache`` and import it below.
 
 Modules: ``fcfs``/``lru`` (vLLM 0.8.5), ``slora`` (S-LoRA scheduler, ``none`` cache),
 ``sjf`` (muServe-style SJF with aging), ``chameleon`` (Chameleon's scheduler, cache and
@@ -13,8 +14,6 @@ ablations and baselines); ``common`` holds the output-length predictor and stati
 ``twin policies`` lists everything with citations.
 """
 
-from policies.registry import (PRESETS, make_cache, make_scheduler, register_cache, register_preset,  # noqa: F401
-                               register_scheduler, resolve_policy)
 from policies import fcfs, lru  # noqa: F401,E402  (registration side effects)
 from policies import (adapter_aware, caches, chameleon, fastlibra, sjf,  # noqa: F401,E402
                       slora)

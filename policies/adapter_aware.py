@@ -21,7 +21,7 @@ import math
 from collections import deque
 from typing import Iterable
 
-from policies.registry import Preset, register_preset, register_scheduler
+from twin.registry import Preset, register_preset, register_scheduler
 from twin.interfaces import Admit, Scheduler
 
 INF = math.inf

@@ -14,7 +14,7 @@ import numpy as np
 
 from policies.common import ArrivalStats
 from policies.lru import LRUCache
-from policies.registry import Preset, register_cache, register_preset
+from twin.registry import Preset, register_cache, register_preset
 from twin.interfaces import AdapterCachePolicy
 
 INF = math.inf

@@ -67,7 +67,7 @@ import numpy as np
 
 from policies.caches import IdleTracking
 from policies.common import ArrivalStats, OutputPredictor, kmeans_1d, waiting_adapter_counts
-from policies.registry import Preset, register_cache, register_preset, register_scheduler
+from twin.registry import Preset, register_cache, register_preset, register_scheduler
 from twin.interfaces import Admit, Scheduler
 
 INF = math.inf

@@ -46,7 +46,7 @@ from typing import Iterable
 import numpy as np
 
 from policies.lru import LRUCache
-from policies.registry import Preset, register_cache, register_preset
+from twin.registry import Preset, register_cache, register_preset
 from twin.interfaces import AdapterCachePolicy
 
 INF = math.inf

@@ -21,7 +21,7 @@ from collections import deque
 
 import numpy as np
 
-from policies.registry import Preset, register_preset, register_scheduler
+from twin.registry import Preset, register_preset, register_scheduler
 from twin.interfaces import Admit, Scheduler
 
 INF = math.inf

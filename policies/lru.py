@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from policies.registry import register_cache
+from twin.registry import register_cache
 from twin.interfaces import AdapterCachePolicy
 
 

@@ -25,7 +25,7 @@ import heapq
 import math
 
 from policies.common import OutputPredictor
-from policies.registry import Preset, register_preset, register_scheduler
+from twin.registry import Preset, register_preset, register_scheduler
 from twin.interfaces import Admit, Scheduler
 
 INF = math.inf

@@ -23,7 +23,7 @@ import math
 from typing import Iterable
 
 from policies.fcfs import FCFSScheduler
-from policies.registry import Preset, register_cache, register_preset, register_scheduler
+from twin.registry import Preset, register_cache, register_preset, register_scheduler
 from twin.interfaces import Admit, AdapterCachePolicy
 
 INF = math.inf

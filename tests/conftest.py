@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from twin.datadir import data_dir  # noqa: E402
+from traces.datadir import data_dir  # noqa: E402
 
 
 @pytest.fixture(scope="session")

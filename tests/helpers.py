@@ -7,7 +7,7 @@ import copy
 import numpy as np
 
 from traces.workload import Workload
-from twin.profile import DEFAULT_PROFILE, Profile
+from twin.perf.profile import DEFAULT_PROFILE, Profile
 
 
 def constant_profile(c0=0.01, c_prefill=0.0, c_decode=0.0, c_ctx=0.0, lora_pct=100.0, k6=0.0, sched=0.0, k2=0.0,

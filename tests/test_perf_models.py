@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibration.perf_models import FORMS
-from twin.profile import available_profiles, load_profile
+from twin.perf.forms import FORMS
+from twin.perf.profile import available_profiles, load_profile
 
 def _lora_args(rng):
     """(base step, distinct adapters, max rank, tokens, slots, requests <= tokens)."""

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import policies  # noqa: F401
-from policies import registry
+from twin import registry
 from policies.adapter_aware import AdapterAwareScheduler
 from policies.chameleon import ChameleonScheduler
 from policies.common import OutputPredictor, kmeans_1d
 from policies.lru import LRUCache
-from policies.registry import PRESETS, Preset, describe_all, make_cache, make_scheduler, resolve_policy
+from twin.registry import PRESETS, Preset, describe_all, make_cache, make_scheduler, resolve_policy
 from tests.helpers import constant_profile
 from traces.workload import Workload
 from twin.config import EngineConfig

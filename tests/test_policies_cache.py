@@ -9,7 +9,7 @@ import pytest
 
 import policies  # noqa: F401
 from policies.fastlibra import lora_eval, low_lora, node_eval
-from policies.registry import make_cache, make_scheduler
+from twin.registry import make_cache, make_scheduler
 from tests.helpers import constant_profile
 from traces.workload import Workload
 from twin.adapter_placement import ContiguousAllocator, PagedAllocator

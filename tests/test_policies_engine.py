@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import policies  # noqa: F401
-from policies.registry import PRESETS
+from twin.registry import PRESETS
 from tests.helpers import constant_profile
 from traces.workload import Workload
 from twin.config import EngineConfig
@@ -172,7 +172,7 @@ def test_contiguous_placement_fragments_paged_does_not():
 def test_tensor_parallel_shrinks_compute_not_the_load_fixed_cost():
     """Chameleon Fig. 5: with TP each GPU loads 1/TP of the adapter but the fixed cost stays,
     while the step's compute shrinks by ~1/TP: loading grows relative to compute."""
-    from twin.profile import DEFAULT_PROFILE, Profile
+    from twin.perf.profile import DEFAULT_PROFILE, Profile
     from twin.tensor_parallel import tp_profile
 
     prof = Profile.from_dict(DEFAULT_PROFILE)

@@ -256,7 +256,7 @@ def test_profile_follows_the_runs_model():
 def test_step_at_real_mix_is_the_model_at_the_runs_composition():
     """A saturated run whose ITL is the profile's step at the composition that ITL implies scores 1;
     a slower real run scores its slowdown; runs with the KV cache not full are left out."""
-    from twin.profile import load_profile
+    from twin.perf.profile import load_profile
 
     prof = load_profile("llama-3.1-8b_h100_vllm085")
     run = {"run_id": "r", "model": "llama-3.1-8b-instruct", "ranks": "8-16", "rates": "0.4,0.2,0.1",

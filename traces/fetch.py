@@ -1,7 +1,7 @@
 """``twin traces fetch NAME``: download a public trace into the data directory, checksummed.
 
 Each :class:`Source` names a URL, where the file goes inside the data directory
-(``twin.datadir.data_dir()``), and its sha256 where one is pinned. The download streams to a
+(``traces.datadir.data_dir()``), and its sha256 where one is pinned. The download streams to a
 ``.part`` file with a timeout, is hashed on the way, and only replaces the destination when
 the checksum matches (a mismatch deletes the partial file and names both digests). Sources
 without a pinned digest are downloaded and their digest is reported so it can be pinned.
@@ -22,9 +22,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from twin.datadir import sha256_file
+from traces.datadir import sha256_file
 
-from twin.datadir import data_dir
+from traces.datadir import data_dir
 
 DEFAULT_TIMEOUT_S = 60.0
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from twin.datadir import sha256_file
+from traces.datadir import sha256_file
 import pandas as pd
 
 from traces import arrivals as arr
@@ -127,7 +127,7 @@ def fit_sharegpt(data_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from twin.datadir import data_dir
+    from traces.datadir import data_dir
 
     ap = argparse.ArgumentParser(prog="python -m traces.fit", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default=None, help="data directory (default: $TWIN_DATA_DIR)")

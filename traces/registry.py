@@ -1,7 +1,7 @@
 """Named traces: ``get_workload("splitwise")``, ``twin run --trace NAME``.
 
 A name is either a *synthetic* preset (no file needed) or a *real* trace file in the data
-directory (``twin.datadir.data_dir()``); anything else is taken as a path -- a saved workload
+directory (``traces.datadir.data_dir()``); anything else is taken as a path -- a saved workload
 ``.parquet`` or a raw trace in one of the formats of :mod:`traces.loaders` (sniffed).
 
 Real traces carry no adapters, so adapters are assigned by the synthesis options (default:
@@ -37,7 +37,7 @@ from traces.loaders import LOADERS, TraceTable, detect_format
 from traces.synth import (ArrivalConfig, AdapterConfig, OPTIONS, SynthConfig, apply_options, generate_arrivals,
                           synthesize)
 from traces.workload import Workload
-from twin.datadir import data_dir as _data_dir
+from traces.datadir import data_dir as _data_dir
 
 #: options for real traces beyond the synthesis options
 REAL_OPTIONS: dict[str, str] = {

@@ -4,7 +4,7 @@ Where things live (one concept per module):
 
 * ``twin.config``      -- ``EngineConfig``: the vLLM-like knobs (token budget, slots, ...).
 * ``twin.model_spec``  -- model dimensions and the adapter-size formula.
-* ``twin.profile``     -- the performance model the engine asks for every duration.
+* ``twin.perf.profile``     -- the performance model the engine asks for every duration.
 * ``twin.engine``      -- the SimPy engine: continuous batching, chunked prefill, KV blocks,
                           preemption, adapter slots. **A request's TTFT is decided in
                           ``Engine._complete_step`` (first token = end of the step that computes

@@ -24,7 +24,7 @@ import simpy
 
 if TYPE_CHECKING:  # pragma: no cover
     from twin.interfaces import AdapterCachePolicy
-    from twin.profile import Profile
+    from twin.perf.profile import Profile
 
 
 class HostLink:

@@ -98,7 +98,7 @@ def build_workload(args: argparse.Namespace):
 
 
 def build_config(args: argparse.Namespace, workload, profile) -> EngineConfig:
-    from twin.profile import kv_tokens_for_memory
+    from twin.perf.profile import kv_tokens_for_memory
 
     n_adapters = int((workload.df["adapter_id"].max() + 1)) if len(workload.df) else 0
     # default: 16 slots (with max rank 128, 32 slots would leave Llama-3.1-8B on an H100 less
@@ -114,7 +114,7 @@ def build_config(args: argparse.Namespace, workload, profile) -> EngineConfig:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from twin.profile import load_profile
+    from twin.perf.profile import load_profile
     from twin.simulate import simulate
 
     profile = load_profile(args.profile)
@@ -136,8 +136,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    import policies  # noqa: F401
-    from policies.registry import describe_all
+    from twin.registry import describe_all
 
     rows = describe_all()
     if args.json:

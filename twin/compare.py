@@ -89,7 +89,7 @@ def _workload(args, rps: float):
 
 def _profile(args):
     from twin.model_spec import ALL_TARGETS, QKVO
-    from twin.profile import load_profile
+    from twin.perf.profile import load_profile
 
     prof = load_profile(args.profile)
     if args.lora_targets:
@@ -108,8 +108,7 @@ def _config(args, workload):
 
 
 def _policy_objects(name: str, slo_s: float | None, accuracy: float | None):
-    import policies  # noqa: F401
-    from policies.registry import resolve_policy
+    from twin.registry import resolve_policy
 
     s, c, label = resolve_policy(name)
     if slo_s is not None and hasattr(s, "slo_s"):
@@ -213,8 +212,7 @@ def compare(args) -> tuple[list[dict[str, Any]], dict[str, float], float]:
     rates = [float(x) for x in args.rps.split(",") if x.strip()]
     if not pols or not rates:
         raise ValueError("--policies and --rps need at least one value each")
-    import policies  # noqa: F401
-    from policies.registry import PRESETS, load_entry_points
+    from twin.registry import PRESETS, load_entry_points
 
     load_entry_points()
     unknown = [p for p in pols if p not in PRESETS]

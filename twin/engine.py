@@ -15,7 +15,7 @@ One engine step (``Engine._plan_step`` then ``Engine._complete_step``), as in vL
 3. **Adapter loads**: adapters that joined the batch and are not in a GPU slot are
    loaded synchronously (disk -> CPU -> GPU), holding the host link.
 4. **Duration** = scheduler overhead + backbone(prefill tokens, decode sequences, context)
-   + LoRA overhead (+ the loads), all from the :class:`~twin.profile.Profile`.
+   + LoRA overhead (+ the loads), all from the :class:`~twin.perf.profile.Profile`.
 5. **At the end of the step** every request that computed its last pending token emits a
    token. *A request's TTFT is decided here*: the first token is emitted at the end of the
    step that computes the last prompt token (``Engine._complete_step``).
@@ -49,7 +49,7 @@ from twin.metrics import Recorder
 
 if TYPE_CHECKING:  # pragma: no cover
     from traces.workload import Workload
-    from twin.profile import Profile
+    from twin.perf.profile import Profile
 
 INF = math.inf
 
@@ -359,18 +359,9 @@ class Engine:
         return self._decode_run(now, stop)
 
     def _step_time(self, prefill_tokens: int, n_dec: int, ctx_tok: int, waiting: int, n_req: int) -> float:
-        """Duration of one step: scheduler + (backbone + LoRA overhead).
-
-        The LoRA term sees the step's tokens, its ``n_req`` requests (LM-head rows), the
-        number of GPU adapter slots (vLLM's kernels launch thread blocks for every slot, see
-        ``calibration.perf_models.KernelGridLora``) and ``max_lora_rank``: vLLM pads every
-        slot's A/B buffers to it, and the kernels' grids and loops run over the padded rank
-        whatever the ranks of the adapters in the batch."""
-        prof = self.profile
-        base = prof.backbone_s(prefill_tokens, n_dec, ctx_tok)
-        comp = base + prof.lora_s(base, self.adapters.n_active, self.max_lora_rank,
-                                  prefill_tokens + n_dec, self.config.max_loras, n_req)
-        return prof.scheduler_s(len(self.running), waiting, self.config.max_loras, self.served) + comp
+        """Duration of one step at the engine's current batch (see :meth:`Profile.step_s`)."""
+        return self.profile.step_s(prefill_tokens, n_dec, ctx_tok, n_req, self.adapters.n_active, self.max_lora_rank,
+                                   self.config.max_loras, len(self.running), waiting, self.served)
 
     def _single_step(self, now: float, ctx: StepContext, preempted: bool) -> "StepPlan":
         prefill = 0
@@ -417,52 +408,12 @@ class Engine:
         t_evt = min(self.scheduler.next_change_time(stop), self._async_until, self._next_tick, self.horizon)
         if self._prefetch_on and self._next_arr_t < t_evt:  # an arrival can start a prefetch
             t_evt = self._next_arr_t
-        # sum the steps
-        ctx_tok = self.dec_base_sum + n_dec * g
-        waiting = self.n_waiting
+        # sum the steps (the profile's decode-run entry point; same arithmetic as single steps)
         varying = self._ctx_matters or (self._waiting_matters and self._next_arr_t < INF)
-        t = now
-        k = 0
-        if not varying:
-            d = self._step_time(0, n_dec, ctx_tok, waiting, n_dec)
-            while k < k_max:
-                t += d
-                k += 1
-                if t >= t_evt:
-                    break
-            end = t
-            durs = None
-        else:
-            durs = []
-            arr = self._arrival_a
-            ok_cum = self._ok_cum
-            p = self.arr_ptr
-            n = self.n
-            next_t = self._next_arr_t
-            w0 = waiting - ok_cum[p]
-            # _step_time inlined (same arithmetic, same order): the run's hot loop
-            prof = self.profile
-            backbone, lora, sched = prof.backbone_s, prof.lora_s, prof.scheduler_s
-            A, mr, R = self.adapters.n_active, self.max_lora_rank, len(self.running)
-            G, N = self.config.max_loras, self.served
-            s_t = sched(R, waiting, G, N)
-            while k < k_max:
-                if t >= next_t:  # arrivals before this step's start join the waiting queue
-                    while p < n and arr[p] <= t:
-                        p += 1
-                    next_t = arr[p] if p < n else INF
-                    waiting = w0 + ok_cum[p]
-                    s_t = sched(R, waiting, G, N)
-                base = backbone(0, n_dec, ctx_tok)
-                d = s_t + (base + lora(base, A, mr, n_dec, G, n_dec))
-                durs.append(d)
-                t += d
-                k += 1
-                ctx_tok += n_dec
-                if t >= t_evt:
-                    break
-            end = t
-            d = durs[0]
+        k, end, d, durs = self.profile.decode_run(
+            now, k_max, t_evt, n_dec, self.dec_base_sum + n_dec * g, self.adapters.n_active, self.max_lora_rank,
+            self.config.max_loras, len(self.running), self.served, self.n_waiting, varying,
+            self._arrival_a, self._ok_cum, self.arr_ptr, self._next_arr_t)
         total = end - now
         # SimPy adds the delay to the clock: pick the delay that lands exactly on `end`
         while now + total < end:

@@ -4,7 +4,7 @@
 Both see the engine through :class:`twin.engine.Engine`'s read-only attributes
 (``now``, ``n_waiting``, ``running``, ``free_blocks``, ``adapters``, ``link``, the workload
 arrays ``arrival``, ``prompt``, ``output``, ``adapter``, ``rank``). ``policies/`` implements
-them; ``policies.registry`` finds them by name.
+them; ``twin.registry`` finds them by name.
 """
 
 from __future__ import annotations

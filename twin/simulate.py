@@ -15,7 +15,8 @@ if TYPE_CHECKING:  # pragma: no cover
 from twin.config import EngineConfig
 from twin.engine import Engine
 from twin.metrics import summarize
-from twin.profile import Profile, load_profile
+from twin.perf.profile import Profile, load_profile
+from twin.registry import resolve_policy
 
 
 @dataclass
@@ -58,8 +59,6 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     ``horizon_s`` stops the run (requests in flight are counted as unfinished); None runs
     until every request has finished.
     """
-    import policies  # noqa: F401  (registers the built-in policies)
-    from policies.registry import resolve_policy
 
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     cfg = config or EngineConfig()

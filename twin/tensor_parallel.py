@@ -14,7 +14,7 @@ and ``tp_link_gbps`` in the backbone parameters; defaults 8 us and 150 GB/s).
 
 Adapter loads go the other way (Chameleon, MICRO'25, §3 and Figure 5): each GPU receives
 its ``1/tp`` shard over its own PCIe link, but the fixed cost of a load stays, so loading
-grows relative to compute as TP grows. :meth:`calibration.perf_models.LinkLoad.predict`
+grows relative to compute as TP grows. :meth:`twin.perf.forms.LinkLoad.predict`
 implements the shard (``bytes/tp`` plus the fixed cost); the engine passes ``tp`` to it.
 
 A profile that was calibrated at the target degree says so with ``"tensor_parallel": tp``
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 
-from twin.profile import Profile
+from twin.perf.profile import Profile
 
 
 def tp_profile(profile: Profile, tp: int) -> Profile:

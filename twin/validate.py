@@ -127,7 +127,7 @@ def smape(twin: Iterable[float], real: Iterable[float]) -> float:
 
 # --------------------------------------------------------------------------- loading
 def default_real_csv(data_dir: str | os.PathLike | None = None) -> Path:
-    from twin.datadir import require
+    from traces.datadir import require
 
     return require("validation/vllm085_h100_llama31_8b.csv", data_dir)
 
@@ -268,7 +268,7 @@ def _sharegpt_model(mean_in: float, mean_out: float):
 def _sharegpt_from_histograms():
     """Private fallback: the ShareGPT-like model straight from ``lengths/*_hist.csv``."""
     from traces.lengths import SHAREGPT_FILTER, ShareGPTLengths
-    from twin.datadir import require
+    from traces.datadir import require
 
     def knots(name: str):
         h = pd.read_csv(require(f"lengths/{name}"))
@@ -400,7 +400,7 @@ _PROFILES: dict[str, Any] = {}
 
 
 def _profile(name: str | None):
-    from twin.profile import load_profile
+    from twin.perf.profile import load_profile
 
     key = name or ""
     if key not in _PROFILES:
@@ -536,7 +536,7 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
 def profile_for_model(model: str | None) -> str | None:
     """The calibrated vLLM 0.8.5 / H100 profile of ``model`` (``qwen-2.5-7b-instruct`` ->
     ``qwen-2.5-7b_h100_vllm085``) when it is shipped, else None (the default profile)."""
-    from twin.profile import available_profiles
+    from twin.perf.profile import available_profiles
 
     if not model:
         return None

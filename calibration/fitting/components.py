@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from calibration.fitting.core import FitError, ParamSpec, choose, cross_val_predict, fit_params, quality
-from calibration.perf_models import FORMS, PerfModel
+from twin.perf.forms import FORMS, PerfModel
 from twin.model_spec import ModelSpec
 
 MS = 1e-3

@@ -9,8 +9,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from twin.datadir import sha256_file
-from twin.profile import KINDS, PROFILE_SCHEMA, Profile
+from traces.datadir import sha256_file
+from twin.perf.profile import KINDS, PROFILE_SCHEMA, Profile
 
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibration.perf_models import FORMS, PerfModel
+from twin.perf.forms import FORMS, PerfModel
 from twin.model_spec import get_model
 
 MODEL = "llama-3.1-8b"

@@ -39,9 +39,9 @@ import pandas as pd
 
 from calibration.fitting.core import FitError, ParamSpec, choose, fit_params, grouped_folds, quality
 from calibration.fitting.profile_io import build_profile, provenance
-from calibration.perf_models import FORMS
+from twin.perf.forms import FORMS
 from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
-from twin.profile import Profile, load_profile
+from twin.perf.profile import Profile, load_profile
 
 #: GPU facts used for estimates: total memory as CUDA reports it, host link, streaming multiprocessors
 GPUS = {

@@ -34,7 +34,7 @@ from calibration.fitting import components as C
 from calibration.fitting.core import FitError, ParamSpec, fit_params, grouped_folds, quality
 from calibration.fitting.profile_io import build_profile, provenance
 from calibration.fitting.tables import same_model
-from calibration.perf_models import FORMS
+from twin.perf.forms import FORMS
 from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
 
 GPU = "H100-64GB"

@@ -101,7 +101,7 @@ def _twin(args: list[str]) -> str:
 
 def compute(name: str) -> dict[str, Any]:
     """Run one scenario and return what is compared."""
-    from twin.datadir import data_dir
+    from traces.datadir import data_dir
 
     kind, args, _ = SCENARIOS[name]
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,6 +1,6 @@
 """Performance-model forms the engine evaluates, one small class per equation.
 
-Every duration the engine spends comes from a :class:`twin.profile.Profile`, which
+Every duration the engine spends comes from a :class:`twin.perf.profile.Profile`, which
 holds one component per *kind*:
 
 ==============  ==============================================================

@@ -3,11 +3,12 @@
 Adding a policy takes one file: subclass :class:`twin.interfaces.Scheduler` or
 :class:`twin.interfaces.AdapterCachePolicy`, give it ``name``, ``description`` and
 ``citation``, decorate it with :func:`register_scheduler` / :func:`register_cache`, and
-optionally :func:`register_preset` a system that uses it. Inside this repository, import
-the module from ``policies/__init__.py``; from another package, declare it under the
-entry-point group ``lora_twin.policies``::
+optionally :func:`register_preset` a system that uses it. The registry lives in the core
+and never imports a policy package: policies arrive through the entry-point group
+``lora_twin.policies``, the built-in ones (``policies/``) exactly as a third-party package's::
 
     [project.entry-points."lora_twin.policies"]
+    builtin = "policies"                 # this project's pyproject.toml
     mypolicy = "mypkg.mypolicy"          # a module that registers on import
     other = "mypkg.other:register"       # or a callable that registers
 
@@ -71,7 +72,11 @@ def load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    for ep in metadata.entry_points(group="lora_twin.policies"):
+    eps = list(metadata.entry_points(group="lora_twin.policies"))
+    if not eps:
+        raise RuntimeError("no policy package is installed under the entry-point group lora_twin.policies; "
+                           "install the project (`python3 -m pip install -e .`) so the built-in policies register")
+    for ep in eps:
         try:
             obj = ep.load()
         except Exception as e:  # a broken third-party package must not break the twin

@@ -1,7 +1,7 @@
 """The performance model ("profile") every engine duration comes from.
 
 A profile is one versioned JSON file per (model, GPU, serving software); see
-``calibration/profiles/``. It holds five components (see :mod:`calibration.perf_models`)
+``calibration/profiles/``. It holds five components (see :mod:`twin.perf.forms`)
 plus the model dimensions. The engine asks it:
 
 * :meth:`Profile.backbone_s` -- base-model step latency for a batch;
@@ -17,17 +17,18 @@ profiles shipped in ``calibration/profiles`` and the embedded :data:`DEFAULT_PRO
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from calibration.perf_models import PerfModel, make_component
+from twin.perf.forms import PerfModel, make_component
 from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
 
 PROFILE_SCHEMA = "lora-twin-profile/1"
 KINDS = ("backbone", "lora", "scheduler", "load", "kv")
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "calibration" / "profiles"
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 
 #: The embedded default: Llama-3.1-8B on an H100 with vLLM 0.8.5, hand-set from public
 #: figures before any fit (decode 10.5 ms + 0.044 ms/seq and the LoRA percent model are the
@@ -79,6 +80,67 @@ class Profile:
         self.scheduler_s = c["scheduler"].scalar()
         self._load = c["load"].predict
         self._kv = c["kv"].predict
+
+    # ------------------------------------------------------------------ the step-time entry point
+    def step_s(self, prefill_tokens: int, n_dec: int, ctx_tokens: int, n_req: int, active: int, max_rank: int,
+               slots: int, running: int, waiting: int, served: int) -> float:
+        """Duration of one engine step: scheduler CPU time + (backbone + LoRA overhead).
+
+        ``prefill_tokens`` and ``n_dec`` (one token each) are the step's work, ``ctx_tokens``
+        the context its decodes attend to, ``n_req`` its requests (LM-head rows). The LoRA
+        term sees ``active`` adapters in the batch, the ``slots`` (``max_loras``: vLLM 0.8.5's
+        kernels launch thread blocks for every slot, :class:`twin.perf.forms.KernelGridLora`)
+        and ``max_rank`` (``max_lora_rank``: vLLM pads every slot's A/B buffers to it and the
+        kernels run over the padded rank). The scheduler term sees ``running`` and ``waiting``
+        requests and the ``served`` adapters. The engine, its decode-run fast path
+        (:meth:`decode_run`) and the validation diagnostic all use this formula."""
+        base = self.backbone_s(prefill_tokens, n_dec, ctx_tokens)
+        comp = base + self.lora_s(base, active, max_rank, prefill_tokens + n_dec, slots, n_req)
+        return self.scheduler_s(running, waiting, slots, served) + comp
+
+    def decode_run(self, t: float, k_max: int, t_end: float, n_dec: int, ctx_tokens: int, active: int,
+                   max_rank: int, slots: int, running: int, served: int, waiting: int, varying: bool,
+                   arrivals: Sequence[float] = (), ok_cum: Sequence[int] = (0,), ptr: int = 0,
+                   next_arrival: float = math.inf) -> tuple[int, float, float, list[float] | None]:
+        """A run of up to ``k_max`` pure-decode steps starting at ``t``, stopped after the first
+        step that ends at or after ``t_end``: returns ``(steps, end time, first duration,
+        per-step durations or None when they are all equal)``.
+
+        Each step's duration is :meth:`step_s` of the batch at its start: the context grows by
+        ``n_dec`` tokens a step, and (when ``varying``) requests arriving before a step's start
+        join the waiting queue (``arrivals`` is the arrival-time column, ``ok_cum`` the prefix
+        counts of requests that are not rejected, ``ptr`` the next arrival's index). The clock is
+        summed step by step in the engine's order, so it is bit-identical to single steps."""
+        k = 0
+        ctx_tok = ctx_tokens
+        if not varying:
+            d = self.step_s(0, n_dec, ctx_tok, n_dec, active, max_rank, slots, running, waiting, served)
+            while k < k_max:
+                t += d
+                k += 1
+                if t >= t_end:
+                    break
+            return k, t, d, None
+        durs: list[float] = []
+        n = len(arrivals)
+        p = ptr
+        next_t = next_arrival
+        w0 = waiting - ok_cum[p]
+        step = self.step_s
+        while k < k_max:
+            if t >= next_t:  # arrivals before this step's start join the waiting queue
+                while p < n and arrivals[p] <= t:
+                    p += 1
+                next_t = arrivals[p] if p < n else math.inf
+                waiting = w0 + ok_cum[p]
+            d = step(0, n_dec, ctx_tok, n_dec, active, max_rank, slots, running, waiting, served)
+            durs.append(d)
+            t += d
+            k += 1
+            ctx_tok += n_dec
+            if t >= t_end:
+                break
+        return k, t, durs[0], durs
 
     def adapter_bytes(self, rank: int) -> int:
         return self.model.adapter_bytes(rank, self.lora_targets)
