@@ -1,0 +1,66 @@
+"""Parsers for list and boolean option values, shared by every command and scenario file.
+
+One parser for lists (``--ranks 8,16,32``, ``--rates 0.1,0.05``, and the real-run tables'
+``8-16-32`` form), so every command reads a list the same way and refuses the same
+mistakes with a message that names the option.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+_SEPARATORS = re.compile(r"[,/\s]+")
+
+
+def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value",
+               minimum: float | None = None) -> list[T]:
+    """A list from ``"8,16,32"``, ``"8/16/32"``, ``"8-16-32"`` (the real-run tables' form),
+    or an iterable of values. ``minimum`` refuses smaller items. Raises ``ValueError``
+    naming ``name`` and showing the expected form."""
+    if value is None:
+        raise ValueError(f"{name}: a list is required, e.g. 8,16,32")
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("-") and minimum is not None and minimum >= 0:
+            raise ValueError(f"{name}: values must be >= {minimum:g}, got {value!r}")
+        parts = [p for p in _SEPARATORS.split(text) if p]
+        if len(parts) == 1 and "-" in parts[0][1:] and "e-" not in parts[0].lower():
+            parts = [p for p in parts[0].split("-") if p]  # the tables' 8-16-32 form
+        items: list[Any] = parts
+    else:
+        try:
+            items = list(value)
+        except TypeError:
+            items = [value]
+    if not items:
+        raise ValueError(f"{name}: empty list; give comma-separated values, e.g. 8,16,32")
+    out: list[T] = []
+    for x in items:
+        try:
+            v = cast(x) if not isinstance(x, str) else cast(x.strip())
+        except (TypeError, ValueError):
+            kind = getattr(cast, "__name__", "number")
+            raise ValueError(f"{name}: {x!r} is not a valid {kind}; give comma-separated values, "
+                             f"e.g. 8,16,32") from None
+        if minimum is not None and v < minimum:  # type: ignore[operator]
+            raise ValueError(f"{name}: values must be >= {minimum:g}, got {x!r}")
+        out.append(v)
+    return out
+
+
+def parse_bool(value: Any, name: str = "value") -> bool:
+    """``true/false``, ``yes/no``, ``on/off``, ``1/0`` (any case) or a bool."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("1", "true", "yes", "on"):
+            return True
+        if v in ("0", "false", "no", "off"):
+            return False
+    raise ValueError(f"{name}: expected true or false, got {value!r}")
