@@ -10,7 +10,7 @@
   the twin and compares adapter loads, completed requests and ITL with the real runs
   (:mod:`calibration.serving_replay`).
 * ``twin calibrate bench ...`` (the GPU microbenchmark harness) is added by
-  :mod:`calibration.bench.cli` when it is importable.
+  :mod:`calibration.bench.cli`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,16 @@ import json
 import shlex
 import sys
 from pathlib import Path
+
+from calibration.bench.cli import register_bench
+from calibration.fitting import fit_profile
+from calibration.fitting.core import FitError
+from calibration.fitting.profile_io import write_profile
+from calibration.fitting.tables import detect_format
+from calibration.report import report, summary_lines
+from calibration.serving_replay import read_table, replay_serving_runs, select_runs, summary
+from traces.datadir import data_dir
+from twin.perf.profile import DEFAULT_PROFILE, PROFILE_DIR, available_profiles, load_profile
 
 
 def register_cli(subparsers) -> None:
@@ -70,12 +80,7 @@ def register_cli(subparsers) -> None:
     rp.add_argument("--data-dir", help="data directory (default $TWIN_DATA_DIR)")
     rp.set_defaults(func=cmd_replay)
 
-    try:
-        from calibration.bench.cli import register_bench
-    except ImportError:
-        pass
-    else:
-        register_bench(sub)
+    register_bench(sub)
 
     def _help(args: argparse.Namespace) -> int:
         p.print_help()
@@ -101,12 +106,6 @@ def _command_line(args: argparse.Namespace, out: Path) -> str:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from calibration.fitting import fit_profile
-    from calibration.fitting.core import FitError
-    from calibration.fitting.tables import detect_format
-    from traces.datadir import data_dir
-    from twin.perf.profile import PROFILE_DIR
-
     try:
         fmt = detect_format(Path(args.measurements)) if args.format == "auto" else args.format
         args._format = fmt
@@ -115,7 +114,6 @@ def cmd_fit(args: argparse.Namespace) -> int:
                               vidur_dir=args.vidur_dir, k=args.folds, command="", data_root=data_dir())
         out = out_hint or PROFILE_DIR / f"{profile['name']}.json"
         profile["provenance"]["command"] = _command_line(args, out)
-        from calibration.fitting.profile_io import write_profile
         write_profile(profile, out)
     except (FileNotFoundError, KeyError, ValueError, FitError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
@@ -124,15 +122,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.quiet:
         print(out)
     else:
-        from calibration.report import summary_lines
         print("\n".join(summary_lines(profile)))
         print(f"\nwrote {out}")
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from twin.perf.profile import DEFAULT_PROFILE, available_profiles, load_profile
-
     rows = []
     for name, path in available_profiles().items():
         try:
@@ -158,8 +153,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from calibration.report import report
-
     try:
         return report(args.profile, measurements=args.measurements, out_dir=args.out_dir,
                       figures=not args.no_figures, as_json=args.json, as_markdown=args.markdown)
@@ -170,8 +163,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from calibration.serving_replay import read_table, replay_serving_runs, select_runs, summary
-
     try:
         table = select_runs(read_table(args.data_dir), args.every, only_swapping=not args.all_runs)
         runs = replay_serving_runs(table, args.profile)

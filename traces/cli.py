@@ -14,7 +14,10 @@ import json
 import sys
 from typing import Any, Callable
 
-from traces.synth import OPTIONS, _bool
+from traces.fetch import FetchError, fetch
+from traces.registry import REAL_OPTIONS, get_workload, list_traces
+from traces.stats import format_summary, plot_summary, summarize, to_json
+from traces.synth import OPTIONS
 
 _BOOL_OPTIONS = {"conversations", "shuffle_rates", "keep_failed"}
 _TYPES: dict[str, Callable[[str], Any]] = {"rps": float, "duration": float, "n_requests": int, "cv": float,
@@ -28,8 +31,6 @@ _TYPES: dict[str, Callable[[str], Any]] = {"rps": float, "duration": float, "n_r
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     """One flag per workload option (dest = the option name), all defaulting to None."""
-    from traces.registry import REAL_OPTIONS
-
     p.add_argument("--data-dir", default=None, help="data directory (default: $TWIN_DATA_DIR)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     g = p.add_argument_group("synthesis options")
@@ -50,12 +51,7 @@ def _add(g: Any, name: str, help_: str) -> None:
 
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The workload options set on the command line (``None`` = not given)."""
-    from traces.registry import REAL_OPTIONS
-
-    out = {k: getattr(args, k) for k in list(OPTIONS) + list(REAL_OPTIONS) if getattr(args, k, None) is not None}
-    for k in _BOOL_OPTIONS & set(out):
-        out[k] = _bool(out[k])
-    return out
+    return {k: getattr(args, k) for k in list(OPTIONS) + list(REAL_OPTIONS) if getattr(args, k, None) is not None}
 
 
 def _err(e: BaseException) -> int:
@@ -65,8 +61,6 @@ def _err(e: BaseException) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from traces.registry import list_traces
-
     rows = list_traces(args.data_dir)
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -80,15 +74,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _workload(args: argparse.Namespace):
-    from traces.registry import get_workload
-
     opts = options_from_args(args)
     return get_workload(args.trace, data_dir=args.data_dir, seed=args.seed, **opts)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from traces.stats import format_summary, plot_summary, summarize, to_json
-
     try:
         w = _workload(args)
     except (KeyError, FileNotFoundError, ValueError, TypeError) as e:
@@ -102,8 +92,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from traces.stats import format_summary, summarize
-
     try:
         w = _workload(args)
     except (KeyError, FileNotFoundError, ValueError, TypeError) as e:
@@ -115,8 +103,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from traces.fetch import FetchError, fetch
-
     try:
         p = fetch(args.name, args.data_dir, force=args.force, url=args.url, sha256=args.sha256, timeout=args.timeout)
     except (FetchError, KeyError) as e:

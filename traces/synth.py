@@ -24,12 +24,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
 
 from traces import arrivals as arr
 from traces.adapters import DEFAULT_RANKS, assign_adapters, assign_ranks, parse_popularity
+from traces.arguments import parse_bool, parse_list
 from traces.conversations import ConversationConfig, synthesize_conversations
 from traces.lengths import LengthConfig, build_length_model, load_fitted, sample_lengths
 from traces.workload import Workload
@@ -93,22 +95,14 @@ class SynthConfig:
                    int(d.get("seed", 0)))
 
 
-def _floats(v: Any) -> list[float]:
-    if isinstance(v, str):
-        v = [x for x in v.replace("-", ",").replace("/", ",").split(",") if x.strip()]
-    return [float(x) for x in v]
+def parse_rates(value: Any) -> list[float]:
+    """Per-adapter rates such as ``0.1,0.05,0.025``."""
+    return parse_list(value, float, "rates")
 
 
-def _ints(v: Any) -> list[int]:
-    if isinstance(v, str):
-        v = [x for x in v.replace("-", ",").replace("/", ",").split(",") if x.strip()]
-    return [int(x) for x in v]
-
-
-def _bool(v: Any) -> bool:
-    if isinstance(v, str):
-        return v.strip().lower() in ("1", "true", "yes", "on")
-    return bool(v)
+def parse_ranks(value: Any) -> list[int]:
+    """Adapter ranks such as ``8,16,32`` (or ``8-16-32``)."""
+    return parse_list(value, int, "ranks")
 
 
 def _opt_int(v: Any) -> int | None:
@@ -129,11 +123,12 @@ OPTIONS: dict[str, tuple[str, str, Callable[[Any], Any], str]] = {
     "on_s": ("arrivals", "on_s", float, "mean on-period of on/off bursts (s)"),
     "off_s": ("arrivals", "off_s", float, "mean off-period of on/off bursts (s)"),
     "off_frac": ("arrivals", "off_frac", float, "rate while off as a fraction of the on-rate"),
-    "rates": ("arrivals", "rates", _floats, "per-adapter rates cycled round-robin, e.g. 0.1,0.05,0.025"),
-    "shuffle_rates": ("arrivals", "shuffle_rates", _bool, "shuffle per-adapter rates after the round-robin"),
+    "rates": ("arrivals", "rates", parse_rates, "per-adapter rates cycled round-robin, e.g. 0.1,0.05,0.025"),
+    "shuffle_rates": ("arrivals", "shuffle_rates", partial(parse_bool, name="shuffle_rates"),
+                      "shuffle per-adapter rates after the round-robin"),
     "fit": ("arrivals", "fit", str, "fitted arrival statistics for arrival=fitted (e.g. splitwise_conv_fit)"),
     "adapters": ("adapters", "n_adapters", int, "number of adapters (0: base model only)"),
-    "ranks": ("adapters", "ranks", _ints, "adapter ranks cycled over adapter ids, e.g. 8,16,32,64,128"),
+    "ranks": ("adapters", "ranks", parse_ranks, "adapter ranks cycled over adapter ids, e.g. 8,16,32,64,128"),
     "popularity": ("adapters", "popularity", str, "adapter popularity: uniform | powerlaw[:a] | zipf[:s] | "
                    "skewed[:x] | distinct | U-U | U-P | P-P ..."),
     "lengths": ("lengths", "dist", str, "length model: splitwise | splitwise-code | sharegpt | lognormal[:SRC] | "
@@ -147,7 +142,8 @@ OPTIONS: dict[str, tuple[str, str, Callable[[Any], Any], str]] = {
     "max_prompt": ("lengths", "max_prompt", _opt_int, "drop/redraw requests with more prompt tokens"),
     "max_output": ("lengths", "max_output", _opt_int, "drop/redraw requests with more output tokens"),
     "max_total": ("lengths", "max_total", _opt_int, "drop/redraw requests with prompt+output above this"),
-    "conversations": ("conversations", "enabled", _bool, "multi-turn conversations with shared prefixes"),
+    "conversations": ("conversations", "enabled", partial(parse_bool, name="conversations"),
+                      "multi-turn conversations with shared prefixes"),
     "mean_turns": ("conversations", "mean_turns", float, "mean turns per conversation (geometric)"),
     "max_turns": ("conversations", "max_turns", int, "maximum turns per conversation"),
     "think_s": ("conversations", "think_s", float, "mean user think time between turns (s)"),

@@ -13,7 +13,19 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from twin.config import ConfigError, EngineConfig
+import calibration.cli
+import traces.cli
+import twin.compare
+import twin.validate_cli
+from traces.flags import add_arguments, from_namespace
+from twin.config import ConfigError
+from twin.perf.profile import load_profile
+from twin.registry import describe_all
+from twin.scenario import RunConfig, build_engine_config, build_workload
+from twin.simulate import simulate
+
+#: the modules that add the other commands (``traces``, ``calibrate``, ``validate``, ``compare``)
+COMMAND_MODULES = (traces.cli, calibration.cli, twin.validate_cli, twin.compare)
 
 SUMMARY_ROWS = [
     ("requests arrived / finished", lambda s: f"{s['requests_arrived']} / {s['requests_finished']}"),
@@ -48,82 +60,24 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join([line] + [f"{k:<{w}}  {v}" for k, v in rows] + [line])
 
 
-def _ranks(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(x) for x in text.replace("-", ",").split(",") if x]
-    except ValueError:
-        raise SystemExit(f"--ranks must be integers separated by commas, e.g. 8,16,32 (got {text!r})")
-
-
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", default="synthetic", help="trace name (`twin traces list`) or a file path")
-    p.add_argument("--policy", default=None, help="preset: scheduler + cache (`twin policies`); default vllm")
-    p.add_argument("--scheduler", default=None, help="override the preset's scheduler")
-    p.add_argument("--cache", default=None, help="override the preset's adapter-cache policy")
-    p.add_argument("--profile", default=None, help="profile name (`twin calibrate list`) or JSON file")
-    p.add_argument("--rps", type=float, default=None, help="target mean request rate (rescales a trace)")
-    p.add_argument("--duration", type=float, default=None, help="seconds of arrivals to keep/generate")
-    p.add_argument("--horizon", type=float, default=None,
-                   help="stop the simulation at this time; requests in flight count as unfinished")
-    p.add_argument("--adapters", type=int, default=None, help="number of adapters")
-    p.add_argument("--ranks", default=None, help="adapter ranks, e.g. 8,16,32,64,128")
-    p.add_argument("--popularity", default=None, help="adapter popularity, e.g. powerlaw, zipf:1.2, U-P")
-    p.add_argument("--slots", type=int, default=None, help="GPU adapter slots (max_loras)")
-    p.add_argument("--cpu-slots", type=int, default=None, help="CPU adapter slots (max_cpu_loras)")
-    p.add_argument("--max-lora-rank", type=int, default=None, help="slot rank padding (default: largest rank)")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-batched-tokens", type=int, default=2048)
-    p.add_argument("--gpu-mem-gb", type=float, default=None,
-                   help="GPU memory; the KV capacity follows from it (default: the profile's GPU)")
-    p.add_argument("--kv-tokens", type=int, default=None, help="override the KV capacity (tokens)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (adapter shards per GPU)")
-    p.add_argument("--ttft-slo", type=float, default=None, help="TTFT SLO in seconds (SLO attainment)")
-    p.add_argument("--tbt-slo", type=float, default=None, help="time-between-tokens SLO in seconds")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-dir", default=None, help="data directory (default $TWIN_DATA_DIR)")
+    """The flags of ``twin run``: every :class:`RunConfig` field, and where the results go."""
+    add_arguments(p, RunConfig)
     p.add_argument("--out", default=None, help="write requests.parquet, steps.parquet, summary.json here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on simulated time (default: on for a terminal)")
 
 
-def build_workload(args: argparse.Namespace):
-    from traces.registry import get_workload
-
-    opts = dict(data_dir=args.data_dir, rps=args.rps, duration=args.duration, adapters=args.adapters,
-                ranks=_ranks(args.ranks), popularity=args.popularity, seed=args.seed)
-    return get_workload(args.trace, **opts)
-
-
-def build_config(args: argparse.Namespace, workload, profile) -> EngineConfig:
-    from twin.perf.profile import kv_tokens_for_memory
-
-    n_adapters = int((workload.df["adapter_id"].max() + 1)) if len(workload.df) else 0
-    # default: 16 slots (with max rank 128, 32 slots would leave Llama-3.1-8B on an H100 less
-    # KV than one 131,072-token request, and vLLM would refuse to start)
-    slots = args.slots if args.slots is not None else max(1, min(n_adapters, 16) if n_adapters else 1)
-    cfg = EngineConfig(max_num_batched_tokens=args.max_batched_tokens, max_num_seqs=args.max_num_seqs,
-                       max_loras=slots, max_cpu_loras=args.cpu_slots, max_lora_rank=args.max_lora_rank,
-                       kv_capacity_tokens=args.kv_tokens, tensor_parallel=args.tp)
-    if args.gpu_mem_gb is not None and args.kv_tokens is None:
-        max_rank = args.max_lora_rank or int(workload.df["adapter_rank"].max() or 0)
-        cfg.kv_capacity_tokens = kv_tokens_for_memory(profile, args.gpu_mem_gb, slots, max_rank)
-    return cfg
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from twin.perf.profile import load_profile
-    from twin.simulate import simulate
-
-    profile = load_profile(args.profile)
-    workload = build_workload(args)
-    cfg = build_config(args, workload, profile)
+    run = from_namespace(RunConfig, args)
+    profile = load_profile(run.profile)
+    workload = build_workload(run)
+    cfg = build_engine_config(run, workload, profile)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    res = simulate(workload, profile, cfg, policy=args.policy, scheduler=args.scheduler, cache=args.cache,
-                   horizon_s=args.horizon, ttft_slo_s=args.ttft_slo, tbt_slo_s=args.tbt_slo, progress=progress,
-                   extra={"trace": args.trace, "workload": workload.meta, "config": cfg.to_dict()})
+    res = simulate(workload, profile, cfg, policy=run.policy, scheduler=run.scheduler, cache=run.cache,
+                   horizon_s=run.horizon, ttft_slo_s=run.ttft_slo, tbt_slo_s=run.tbt_slo, progress=progress,
+                   extra={"trace": run.trace, "workload": workload.meta, "config": cfg.to_dict()})
     if args.out:
         res.write(args.out)
     if args.json:
@@ -136,8 +90,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    from twin.registry import describe_all
-
     rows = describe_all()
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -152,20 +104,6 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
-def _optional_commands(sub) -> None:
-    """Commands contributed by the other packages (each in its own module)."""
-    import importlib
-
-    for mod in ("traces.cli", "calibration.cli", "twin.validate_cli", "twin.compare", "twin.sweep_cli"):
-        try:
-            m = importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name == mod or mod.startswith(str(e.name)):
-                continue
-            raise
-        m.register_cli(sub)
-
-
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="twin", description="LoRA Twin: a digital twin of a multi-LoRA LLM server")
     sub = parser.add_subparsers(dest="command")
@@ -175,7 +113,8 @@ def make_parser() -> argparse.ArgumentParser:
     pol = sub.add_parser("policies", help="list schedulers, adapter-cache policies and presets")
     pol.add_argument("--json", action="store_true")
     pol.set_defaults(func=cmd_policies)
-    _optional_commands(sub)
+    for module in COMMAND_MODULES:
+        module.register_cli(sub)
     return parser
 
 

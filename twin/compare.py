@@ -20,96 +20,84 @@ rate, one line per policy) into ``--out`` (default ``results/compare/<trace>``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
+
+from traces.arguments import parse_list
+from traces.flags import add_arguments, from_namespace
+from twin.model_spec import ALL_TARGETS, QKVO
+from twin.perf.profile import Profile, load_profile
+from twin.registry import PRESETS, load_entry_points, resolve_policy
+from twin.scenario import RunConfig, build_engine_config, build_workload
+from twin.simulate import simulate
 
 COLUMNS = [("ttft_ms_p50", "TTFT p50 ms", 0), ("ttft_ms_p99", "TTFT p99 ms", 0), ("itl_ms_p50", "TBT p50 ms", 1),
            ("itl_ms_p99", "TBT p99 ms", 1), ("throughput_rps", "thr req/s", 2), ("goodput_rps", "SLO thr req/s", 2),
            ("slo_attainment", "SLO att.", 3), ("adapter_hit_rate", "hit rate", 3)]
 
 
+def parse_names(text: str) -> list[str]:
+    """Comma-separated names (preset names contain dashes, so not :func:`parse_list`)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--policies: give at least one preset, e.g. slora,chameleon")
+    return names
+
+
+def parse_rates(text: str) -> list[float]:
+    """Request rates such as ``6,8,9``."""
+    return parse_list(text, float, "--rps", minimum=0)
+
+
+@dataclass
+class CompareConfig:
+    """The options of ``twin compare`` besides the scenario's (:class:`RunConfig`)."""
+
+    policies: list[str] = field(default_factory=list, metadata={
+        "help": "comma-separated presets, e.g. slora,chameleon", "parse": parse_names, "required": True})
+    rps: list[float] = field(default_factory=list, metadata={
+        "help": "comma-separated request rates, e.g. 6,8,9", "parse": parse_rates, "required": True})
+    lora_targets: str | None = field(default=None, metadata={
+        "help": "adapter target modules (sets the adapter size): qkvo, all, or a comma list of module names"})
+    slo: float | None = field(default=None, metadata={
+        "help": "TTFT SLO in seconds (default: --slo-x x unloaded mean)"})
+    slo_x: float = field(default=5.0, metadata={"help": "SLO as a multiple of the unloaded mean TTFT"})
+    unloaded_rps: float = field(default=0.2, metadata={"help": "rate of the unloaded reference run"})
+    accuracy: float | None = field(default=None, metadata={
+        "help": "output-length predictor accuracy (sjf, chameleon)"})
+    jobs: int = field(default=1, metadata={"help": "runs in parallel (processes)"})
+
+
+#: scenario options that ``twin compare`` sets itself (the rate) or per policy
+NOT_COMPARE_OPTIONS = ("rps", "policy", "scheduler", "cache", "horizon", "ttft_slo", "tbt_slo")
+
+
 def register_cli(subparsers) -> None:
     p = subparsers.add_parser("compare", help="compare policies over a sweep of request rates (table + figure)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", default="synthetic", help="trace name (`twin traces list`) or file")
-    p.add_argument("--policies", required=True, help="comma-separated presets, e.g. slora,chameleon; "
-                   "'SCHED+CACHE' pairs as 'sched=NAME/cache=NAME'")
-    p.add_argument("--rps", required=True, help="comma-separated request rates, e.g. 6,8,9")
-    p.add_argument("--profile", default=None, help="profile name or JSON file (e.g. llama-2-7b_a40_vidur)")
-    p.add_argument("--duration", type=float, default=None, help="seconds of arrivals per run")
-    p.add_argument("--adapters", type=int, default=None)
-    p.add_argument("--ranks", default=None, help="e.g. 8,16,32,64,128")
-    p.add_argument("--popularity", default=None, help="e.g. powerlaw, zipf:1.2")
-    p.add_argument("--trace-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra workload option (repeatable), e.g. length_scale=0.5")
-    p.add_argument("--lora-targets", default=None,
-                   help="adapter target modules (sets the adapter size): qkvo, all, or a comma list of module names")
-    p.add_argument("--slots", type=int, default=None, help="GPU adapter slots for slot-based policies (vLLM)")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-batched-tokens", type=int, default=2048)
-    p.add_argument("--kv-tokens", type=int, default=None)
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--slo", type=float, default=None, help="TTFT SLO in seconds (default: --slo-x x unloaded mean)")
-    p.add_argument("--slo-x", type=float, default=5.0, help="SLO as a multiple of the unloaded mean TTFT")
-    p.add_argument("--unloaded-rps", type=float, default=0.2, help="rate of the unloaded reference run")
-    p.add_argument("--accuracy", type=float, default=None, help="output-length predictor accuracy (sjf, chameleon)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
-    p.add_argument("--data-dir", default=None)
+    add_arguments(p, CompareConfig)
+    add_arguments(p, RunConfig, exclude=NOT_COMPARE_OPTIONS)
     p.add_argument("--out", default=None, help="output directory (default results/compare/<trace>)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_compare)
 
 
-def _trace_opts(items: list[str]) -> dict[str, Any]:
-    import ast
-
-    out = {}
-    for it in items:
-        if "=" not in it:
-            raise ValueError(f"--trace-opt takes KEY=VALUE, got {it!r}")
-        k, v = it.split("=", 1)
-        try:
-            out[k.strip()] = ast.literal_eval(v)
-        except (ValueError, SyntaxError):
-            out[k.strip()] = v
-    return out
-
-
-def _workload(args, rps: float):
-    from traces.registry import get_workload
-    from twin.cli import _ranks
-
-    return get_workload(args.trace, data_dir=args.data_dir, rps=rps, duration=args.duration, adapters=args.adapters,
-                        ranks=_ranks(args.ranks), popularity=args.popularity, seed=args.seed,
-                        **_trace_opts(args.trace_opt))
-
-
-def _profile(args):
-    from twin.model_spec import ALL_TARGETS, QKVO
-    from twin.perf.profile import load_profile
-
-    prof = load_profile(args.profile)
-    if args.lora_targets:
-        t = args.lora_targets
+def load_compare_profile(profile: str | None, lora_targets: str | None) -> Profile:
+    """The profile, with its adapter target modules replaced when ``lora_targets`` is given."""
+    prof = load_profile(profile)
+    if lora_targets:
+        t = lora_targets
         prof.lora_targets = QKVO if t == "qkvo" else ALL_TARGETS if t == "all" else tuple(t.split(","))
     return prof
 
 
-def _config(args, workload):
-    from twin.config import EngineConfig
-
-    n_adapters = int(workload.df["adapter_id"].max() + 1) if len(workload.df) else 0
-    slots = args.slots if args.slots is not None else max(1, min(n_adapters, 32) if n_adapters else 1)
-    return EngineConfig(max_num_batched_tokens=args.max_batched_tokens, max_num_seqs=args.max_num_seqs,
-                        max_loras=slots, kv_capacity_tokens=args.kv_tokens, tensor_parallel=args.tp)
-
-
 def _policy_objects(name: str, slo_s: float | None, accuracy: float | None):
-    from twin.registry import resolve_policy
-
     s, c, label = resolve_policy(name)
     if slo_s is not None and hasattr(s, "slo_s"):
         s.slo_s = slo_s
@@ -118,15 +106,13 @@ def _policy_objects(name: str, slo_s: float | None, accuracy: float | None):
     return s, c, label
 
 
-def run_one(args_dict: dict[str, Any], policy: str, rps: float, slo_s: float | None) -> dict[str, Any]:
-    """One simulation; returns the summary row (picklable, for --jobs)."""
-    from twin.simulate import simulate
-
-    args = argparse.Namespace(**args_dict)
-    prof = _profile(args)
-    w = _workload(args, rps)
-    cfg = _config(args, w)
-    s, c, label = _policy_objects(policy, slo_s, args.accuracy)
+def run_one(run: RunConfig, options: CompareConfig, policy: str, rps: float, slo_s: float | None) -> dict[str, Any]:
+    """One simulation of ``run`` at rate ``rps``; returns the summary row (picklable, for --jobs)."""
+    run = dataclasses.replace(run, rps=rps)
+    prof = load_compare_profile(run.profile, options.lora_targets)
+    w = build_workload(run)
+    cfg = build_engine_config(run, w, prof)
+    s, c, label = _policy_objects(policy, slo_s, options.accuracy)
     res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=False)
     row = {"policy": policy, "rps": rps, **{k: res.summary.get(k) for k, _, _ in COLUMNS},
            "requests": res.summary["requests_arrived"], "finished": res.summary["requests_finished"],
@@ -134,14 +120,13 @@ def run_one(args_dict: dict[str, Any], policy: str, rps: float, slo_s: float | N
     return row
 
 
-def unloaded_mean_ttft(args, policy: str) -> float:
+def unloaded_mean_ttft(run: RunConfig, options: CompareConfig, policy: str) -> float:
     """Mean TTFT of the trace replayed at a low rate (the SLO reference)."""
-    from twin.simulate import simulate
-
-    prof = _profile(args)
-    w = _workload(args, args.unloaded_rps)
-    s, c, _ = _policy_objects(policy, None, args.accuracy)
-    res = simulate(w, prof, _config(args, w), scheduler_obj=s, cache_obj=c, record_steps=False)
+    run = dataclasses.replace(run, rps=options.unloaded_rps)
+    prof = load_compare_profile(run.profile, options.lora_targets)
+    w = build_workload(run)
+    s, c, _ = _policy_objects(policy, None, options.accuracy)
+    res = simulate(w, prof, build_engine_config(run, w, prof), scheduler_obj=s, cache_obj=c, record_steps=False)
     return float(res.summary["ttft_ms_mean"]) / 1000.0
 
 
@@ -207,48 +192,44 @@ def write_figure(rows: list[dict[str, Any]], slo_s: float, path: Path, title: st
     return path
 
 
-def compare(args) -> tuple[list[dict[str, Any]], dict[str, float], float]:
-    pols = [p.strip() for p in args.policies.split(",") if p.strip()]
-    rates = [float(x) for x in args.rps.split(",") if x.strip()]
+def compare(run: RunConfig, options: CompareConfig) -> tuple[list[dict[str, Any]], dict[str, float], float]:
+    """Every preset of ``options.policies`` at every rate of ``options.rps``: the summary rows,
+    the sustained throughput per preset and the TTFT SLO (s)."""
+    pols, rates = options.policies, options.rps
     if not pols or not rates:
         raise ValueError("--policies and --rps need at least one value each")
-    from twin.registry import PRESETS, load_entry_points
-
     load_entry_points()
     unknown = [p for p in pols if p not in PRESETS]
     if unknown:
         raise KeyError(f"unknown policies {unknown}; presets: {', '.join(sorted(PRESETS))}")
-    slo = args.slo
+    slo = options.slo
     if slo is None:
-        slo = args.slo_x * unloaded_mean_ttft(args, pols[0])
-    ad = {k: v for k, v in vars(args).items() if k != "func"}
+        slo = options.slo_x * unloaded_mean_ttft(run, options, pols[0])
     jobs = [(p, r) for p in pols for r in rates]
-    if args.jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(args.jobs) as ex:
-            rows = list(ex.map(run_one, [ad] * len(jobs), [p for p, _ in jobs], [r for _, r in jobs],
-                               [slo] * len(jobs)))
+    if options.jobs > 1:
+        with ProcessPoolExecutor(options.jobs) as ex:
+            rows = list(ex.map(run_one, [run] * len(jobs), [options] * len(jobs), [p for p, _ in jobs],
+                               [r for _, r in jobs], [slo] * len(jobs)))
     else:
-        rows = [run_one(ad, p, r, slo) for p, r in jobs]
+        rows = [run_one(run, options, p, r, slo) for p, r in jobs]
     sustained = {p: sustained_rps(rates, [r["ttft_ms_p99"] for r in rows if r["policy"] == p], slo) for p in pols}
     return rows, sustained, slo
 
 
-def cmd_compare(args) -> int:
-    import pandas as pd
-
-    rows, sustained, slo = compare(args)
-    out = Path(args.out) if args.out else Path("results") / "compare" / Path(args.trace).stem
+def cmd_compare(args: argparse.Namespace) -> int:
+    run = from_namespace(RunConfig, args, exclude=NOT_COMPARE_OPTIONS)
+    options = from_namespace(CompareConfig, args)
+    rows, sustained, slo = compare(run, options)
+    out = Path(args.out) if args.out else Path("results") / "compare" / Path(run.trace).stem
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "compare.csv", index=False)
-    fig = write_figure(rows, slo, out / "compare.png", f"{args.trace} (profile {args.profile or 'default'}), "
+    fig = write_figure(rows, slo, out / "compare.png", f"{run.trace} (profile {run.profile or 'default'}), "
                                                        f"TTFT SLO {slo:.2f} s")
     (out / "sustained.json").write_text(json.dumps({"slo_s": slo, "sustained_rps": sustained}, indent=2))
     if args.json:
         print(json.dumps({"slo_s": slo, "rows": rows, "sustained_rps": sustained}, indent=2, default=str))
         return 0
-    print(f"TTFT SLO = {slo:.3f} s" + ("" if args.slo else f" ({args.slo_x:g} x the unloaded mean TTFT)"))
+    print(f"TTFT SLO = {slo:.3f} s" + ("" if options.slo else f" ({options.slo_x:g} x the unloaded mean TTFT)"))
     print(format_table(rows))
     print()
     base = next(iter(sustained.values()))
@@ -259,8 +240,3 @@ def cmd_compare(args) -> int:
     print(f"wrote {out / 'compare.csv'}, {fig}")
     return 0
 
-
-if __name__ == "__main__":  # pragma: no cover
-    from twin.cli import main
-
-    sys.exit(main(["compare", *sys.argv[1:]]))

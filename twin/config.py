@@ -10,6 +10,10 @@ class ConfigError(ValueError):
     """An engine configuration that vLLM would refuse (or that makes no sense)."""
 
 
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
 @dataclass
 class EngineConfig:
     """vLLM-like server settings (names follow vLLM's CLI flags).
@@ -17,25 +21,40 @@ class EngineConfig:
     ``max_loras`` is the number of GPU adapter slots (distinct adapters in one batch);
     ``max_cpu_loras`` the CPU adapter tier (disk behind it); ``max_lora_rank`` pads every
     slot's buffers. ``kv_capacity_tokens`` overrides the profile's KV model when set.
+    Every field carries its help text (``twin run`` derives its server flags from them,
+    :mod:`twin.scenario`).
     """
 
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    block_size: int = 16
-    enable_lora: bool = True
-    max_loras: int = 8
-    max_cpu_loras: int | None = None  # None: as many as served adapters
-    max_lora_rank: int | None = None  # None: the largest rank in the workload
-    max_model_len: int | None = None  # None: the model's default
-    kv_capacity_tokens: int | None = None
-    tensor_parallel: int = 1
-    served_adapters: int | None = None  # adapters with id >= this are unknown (rejected)
-    # adapter memory (twin/adapter_placement.py; a cache policy's ``adapter_memory`` overrides it):
-    # 'slots' (vLLM), 'region' (a fixed region, ``adapter_placement`` contiguous|paged), 'unified' (S-LoRA pool)
-    adapter_memory: str = "slots"
-    adapter_placement: str = "contiguous"
-    adapter_region_bytes: int | None = None  # region size (None: the memory of max_loras slots)
-    prefix_caching: bool = False  # keep history KV of conversations for the next turn (twin/prefix_kv.py)
+    max_num_batched_tokens: int = field(default=2048, metadata=_help(
+        "token budget of one engine step (vLLM --max-num-batched-tokens)"))
+    max_num_seqs: int = field(default=256, metadata=_help(
+        "most requests running at once (vLLM --max-num-seqs)"))
+    block_size: int = field(default=16, metadata=_help("tokens per KV-cache block (vLLM --block-size)"))
+    enable_lora: bool = field(default=True, metadata=_help("serve LoRA adapters (vLLM --enable-lora)"))
+    max_loras: int = field(default=8, metadata=_help(
+        "GPU adapter slots: distinct adapters in one batch (vLLM --max-loras)"))
+    max_cpu_loras: int | None = field(default=None, metadata=_help(
+        "CPU adapter slots, the tier between GPU and disk (vLLM --max-cpu-loras; default: as many as served "
+        "adapters)"))
+    max_lora_rank: int | None = field(default=None, metadata=_help(
+        "rank every slot's buffers are padded to (vLLM --max-lora-rank; default: the largest rank in the workload)"))
+    max_model_len: int | None = field(default=None, metadata=_help(
+        "longest prompt + output accepted (vLLM --max-model-len; default: the model's)"))
+    kv_capacity_tokens: int | None = field(default=None, metadata=_help(
+        "KV-cache capacity in tokens (default: from the profile's GPU memory model)"))
+    tensor_parallel: int = field(default=1, metadata=_help(
+        "tensor-parallel degree: each GPU holds 1/tp of every adapter (vLLM --tensor-parallel-size)"))
+    served_adapters: int | None = field(default=None, metadata=_help(
+        "adapters the server knows: requests for an adapter id >= this are rejected (default: all)"))
+    adapter_memory: str = field(default="slots", metadata=_help(
+        "adapter memory (twin/adapter_placement.py; a cache policy's adapter_memory overrides it): 'slots' "
+        "(vLLM), 'region' (a fixed region laid out by adapter_placement), 'unified' (S-LoRA's unified pool)"))
+    adapter_placement: str = field(default="contiguous", metadata=_help(
+        "layout of the adapter region: 'contiguous' or 'paged'"))
+    adapter_region_bytes: int | None = field(default=None, metadata=_help(
+        "size of the adapter region in bytes (default: the memory of max_loras slots)"))
+    prefix_caching: bool = field(default=False, metadata=_help(
+        "keep the history KV of conversations for their next turn (twin/prefix_kv.py)"))
 
     def validate(self) -> None:
         if self.max_num_batched_tokens < 1:
