@@ -89,11 +89,11 @@ def register_cli(subparsers) -> None:
     p.set_defaults(func=_help)
 
 
-def _command_line(args: argparse.Namespace, out: Path) -> str:
+def _command_line(args: argparse.Namespace, fmt: str, out: Path) -> str:
+    """The ``twin calibrate fit`` command that rewrites ``out`` (``fmt``: the detected table format)."""
     parts = ["twin", "calibrate", "fit", "--measurements", args.measurements, "--model", args.model, "--out", str(out)]
     if args.format != "auto":
         parts += ["--format", args.format]
-    fmt = getattr(args, "_format", args.format)
     if fmt == "vidur":
         parts += ["--gpu", args.gpu]
         for r in args.reference or []:
@@ -108,12 +108,11 @@ def _command_line(args: argparse.Namespace, out: Path) -> str:
 def cmd_fit(args: argparse.Namespace) -> int:
     try:
         fmt = detect_format(Path(args.measurements)) if args.format == "auto" else args.format
-        args._format = fmt
         out_hint = Path(args.out) if args.out else None
         profile = fit_profile(args.measurements, args.model, fmt=fmt, gpu=args.gpu, references=args.reference,
                               vidur_dir=args.vidur_dir, k=args.folds, command="", data_root=data_dir())
         out = out_hint or PROFILE_DIR / f"{profile['name']}.json"
-        profile["provenance"]["command"] = _command_line(args, out)
+        profile["provenance"]["command"] = _command_line(args, fmt, out)
         write_profile(profile, out)
     except (FileNotFoundError, KeyError, ValueError, FitError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

@@ -1,13 +1,20 @@
-"""The ``twin`` command: the embedded default scenario, JSON output, files, clear errors."""
+"""The ``twin`` command: the embedded default scenario, JSON output, files, clear errors; flags derived
+from the config dataclasses, shared by ``twin run`` and ``twin compare``."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 
 import pandas as pd
 import pytest
 
-from twin.cli import main
+from traces.flags import add_arguments, from_namespace
+from twin.cli import main, make_parser
+from twin.compare import NOT_COMPARE_OPTIONS, CompareConfig
+from twin.config import EngineConfig
+from twin.scenario import DEFAULT_ADAPTER_SLOTS, RunConfig
 
 REQUIRED_KEYS = ["requests_arrived", "requests_finished", "requests_rejected", "requests_unfinished",
                  "throughput_rps", "input_tok_s", "output_tok_s", "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p99",
@@ -48,3 +55,65 @@ def test_policies_listing(capsys):
     assert main(["policies"]) == 0
     out = capsys.readouterr().out
     assert "fcfs" in out and "lru" in out and "vllm" in out
+
+
+def test_every_engine_config_field_has_help():
+    for f in dataclasses.fields(EngineConfig):
+        assert f.metadata.get("help"), f.name
+
+
+def test_run_flags_round_trip_to_the_defaults():
+    args = make_parser().parse_args(["run"])
+    assert from_namespace(RunConfig, args) == RunConfig()
+    assert RunConfig().max_num_seqs == EngineConfig().max_num_seqs
+    assert RunConfig().max_batched_tokens == EngineConfig().max_num_batched_tokens
+    assert RunConfig().tp == EngineConfig().tensor_parallel
+
+
+def test_run_and_compare_share_their_scenario_flags():
+    run = make_parser().parse_args(["run"])
+    cmp = make_parser().parse_args(["compare", "--policies", "vllm,chameleon-nocache", "--rps", "1,2.5"])
+    shared = [f.name for f in dataclasses.fields(RunConfig) if f.name not in NOT_COMPARE_OPTIONS]
+    for name in shared:
+        assert getattr(cmp, name) == getattr(run, name), name
+    assert from_namespace(CompareConfig, cmp).policies == ["vllm", "chameleon-nocache"]
+    assert from_namespace(CompareConfig, cmp).rps == [1.0, 2.5]
+
+
+def test_one_slot_default_capped_at_the_adapters():
+    assert RunConfig().adapter_slots(100) == DEFAULT_ADAPTER_SLOTS == 16
+    assert RunConfig().adapter_slots(5) == 5
+    assert RunConfig().adapter_slots(0) == 1
+    assert RunConfig(slots=32).adapter_slots(5) == 32
+
+
+def test_list_flags_use_the_shared_parser(capsys):
+    args = make_parser().parse_args(["run", "--ranks", "8-16-32", "--trace-opt", "length_scale=0.5",
+                                     "--trace-opt", "lengths=sharegpt"])
+    run = from_namespace(RunConfig, args)
+    assert run.ranks == [8, 16, 32]
+    assert dict(run.trace_options) == {"length_scale": 0.5, "lengths": "sharegpt"}
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["run", "--ranks", "8,x"])
+    assert "argument --ranks: 'x' is not a valid int" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["run", "--trace-opt", "novalue"])
+    assert "--trace-opt takes KEY=VALUE" in capsys.readouterr().err
+
+
+def test_flags_from_a_dataclass():
+    @dataclasses.dataclass
+    class Options:
+        count: int = dataclasses.field(default=3, metadata={"help": "how many"})
+        rate: float | None = dataclasses.field(default=None, metadata={"help": "rate", "flag": "--r"})
+        verbose: bool = dataclasses.field(default=False, metadata={"help": "talk"})
+        internal: str = "not a flag"
+
+    p = argparse.ArgumentParser()
+    add_arguments(p, Options)
+    assert from_namespace(Options, p.parse_args([])) == Options()
+    got = from_namespace(Options, p.parse_args(["--count", "5", "--r", "0.5", "--verbose"]))
+    assert (got.count, got.rate, got.verbose, got.internal) == (5, 0.5, True, "not a flag")
+    assert "how many (default: 3)" in " ".join(p.format_help().split())
+    with pytest.raises(ValueError, match="no field"):
+        add_arguments(argparse.ArgumentParser(), Options, exclude=["nope"])

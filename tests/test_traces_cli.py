@@ -96,3 +96,16 @@ def test_show_a_raw_trace_path(tmp_path, capsys):
     assert run(["traces", "show", str(path), "--adapters-from", "key", "--adapters", "2"]) == 0
     out = capsys.readouterr().out
     assert "adapters             2" in out
+
+
+def test_synthesis_options_use_the_shared_parsers():
+    from traces.synth import SynthConfig, apply_options
+
+    cfg = apply_options(SynthConfig(), {"rates": "0.2/0.1", "ranks": "8-16", "shuffle_rates": "no",
+                                        "conversations": "yes"})
+    assert cfg.arrivals.rates == [0.2, 0.1] and cfg.adapters.ranks == [8, 16]
+    assert cfg.arrivals.shuffle_rates is False and cfg.conversations.enabled is True
+    with pytest.raises(ValueError, match="conversations: expected true or false"):
+        apply_options(SynthConfig(), {"conversations": "maybe"})
+    with pytest.raises(ValueError, match="ranks: 'x' is not a valid int"):
+        apply_options(SynthConfig(), {"ranks": "8,x"})

@@ -56,14 +56,15 @@ def _value_type(annotation: Any) -> type | None:
     return None
 
 
-def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``parse`` with its ``ValueError`` shown by argparse as the message it carries."""
+def _checked(parse: Callable[[str], Any], flag: str) -> Callable[[str], Any]:
+    """``parse`` with its ``ValueError`` shown by argparse (after ``argument FLAG:``) as the
+    message it carries."""
 
     def convert(text: str) -> Any:
         try:
             return parse(text)
         except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+            raise argparse.ArgumentTypeError(str(e).removeprefix(f"{flag}: ")) from None
 
     convert.__name__ = getattr(parse, "__name__", "value")
     return convert
@@ -100,7 +101,7 @@ def add_arguments(parser: Any, cls: type, only: Collection[str] | None = None,
             parse = md.get("parse") or _SCALARS.get(value_type)  # type: ignore[arg-type]
             if parse is None:
                 raise TypeError(f"{cls.__name__}.{f.name}: give a 'parse' function for type {hints[f.name]}")
-            kwargs.update(type=_checked(parse), default=default)
+            kwargs.update(type=_checked(parse, flag_name(f)), default=default)
             if "action" in md:
                 kwargs["action"] = md["action"]
         if kwargs.get("required"):
