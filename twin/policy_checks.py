@@ -51,7 +51,7 @@ from traces.workload import Workload
 from twin.config import EngineConfig
 from twin.interfaces import AdapterCachePolicy, Scheduler
 from twin.perf.profile import DEFAULT_PROFILE, Profile
-from twin.registry import CACHES, PRESETS, SCHEDULERS, Preset, load_entry_points, make_cache, make_scheduler, resolve_policy
+from twin.registry import CACHES, PRESETS, SCHEDULERS, Preset, load_entry_points, make_cache, make_scheduler
 from twin.simulate import SimResult, simulate
 
 #: the partner a policy is checked with: a scheduler runs with this cache, a cache with this scheduler
@@ -170,8 +170,9 @@ def as_subject(policy: Any) -> Subject:
         return policy
     load_entry_points()
     if isinstance(policy, Preset):
-        name = policy.name
-        return Subject(f"preset {name}", "preset", lambda: resolve_policy(name)[0], lambda: resolve_policy(name)[1])
+        p = policy
+        return Subject(f"preset {p.name}", "preset", lambda: make_scheduler(p.scheduler, **p.scheduler_opts),
+                       lambda: make_cache(p.cache, **dict(p.cache_opts)))
     cls = policy if isinstance(policy, type) else type(policy)
     if issubclass(cls, Scheduler):
         return Subject(f"scheduler {cls.name or cls.__name__}", "scheduler", _factory(policy),
@@ -187,7 +188,8 @@ def run_scenario(subject: Subject, scenario: Scenario, check_invariants: bool = 
                  cache: AdapterCachePolicy | None = None) -> SimResult:
     """One run of ``subject`` (fresh instances unless given) on ``scenario``."""
     return simulate(scenario.workload(), battery_profile(), scenario.config(),
-                    scheduler_obj=scheduler or subject.make_scheduler(), cache_obj=cache or subject.make_cache(),
+                    scheduler_obj=subject.make_scheduler() if scheduler is None else scheduler,
+                    cache_obj=subject.make_cache() if cache is None else cache,
                     horizon_s=scenario.horizon_s, max_run_steps=max_run_steps, check_invariants=check_invariants)
 
 
@@ -378,14 +380,14 @@ def check_policy(policy: Any) -> None:
 
 def parametrize_with_checks(policies: Iterable[Any]):
     """A ``pytest.mark.parametrize`` over ``(policy, check)`` for every check of every policy,
-    with ids ``'<kind> <name>-<check>'``; the test body calls ``check(policy)``."""
+    with ids ``'<kind>:<name>-<check>'``; the test body calls ``check(policy)``."""
     import pytest  # an optional dependency: only the test suites that use this need it
 
     params, ids = [], []
     for p in policies:
         for subject, chk in policy_checks(p):
             params.append((subject, chk))
-            ids.append(f"{subject.label}-{chk.__name__}")
+            ids.append(f"{subject.label.replace(' ', ':')}-{chk.__name__}")
     return pytest.mark.parametrize("policy, check", params, ids=ids)
 
 
