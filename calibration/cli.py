@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from calibration.bench.cli import register_bench
-from calibration.fitting import fit_profile
+from calibration.fitting.fit import fit_profile
 from calibration.fitting.core import FitError
 from calibration.fitting.profile_io import write_profile
 from calibration.fitting.tables import detect_format

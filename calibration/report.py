@@ -15,6 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from calibration.fitting import components as C
+from calibration.fitting import vllm050, vllm085
+from calibration.fitting.tables import Vllm085Tables
+from calibration.fitting.vidur import read_ops
+from calibration.fitting.vllm050 import kv_probes
+from traces.datadir import data_dir
+from twin.model_spec import get_model
+from twin.perf.forms import make_component
 from twin.perf.profile import KINDS, available_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,7 +196,6 @@ def markdown(d: dict[str, Any]) -> str:
 def _measurements_dir(d: dict[str, Any], override: str | None) -> Path | None:
     if override:
         return Path(override)
-    from traces.datadir import data_dir
 
     rel = d.get("provenance", {}).get("measurements", {}).get("directory")
     if not rel:
@@ -229,22 +236,18 @@ def _save(fig, path: Path) -> Path:
 
 
 def _model(d: dict[str, Any], kind: str):
-    from twin.perf.forms import make_component
 
     return make_component(kind, d["components"][kind])
 
 
 def _figures_vllm085(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
-    from calibration.fitting import components as C
-    from calibration.fitting import vllm085 as V
-    from calibration.fitting.tables import Vllm085Tables
 
     plt = _plt()
     t = Vllm085Tables.read(meas, d["model"])
     bm, lm, sm, ldm, kvm = (_model(d, k) for k in KINDS)
     paths = []
     # backbone
-    bb = V.backbone_obs(t)
+    bb = vllm085.backbone_obs(t)
     pred = C.window_backbone_ms(bm, bb)
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     for kind, col in (("decode", "C0"), ("prefill", "C1"), ("mixed", "C2")):
@@ -266,10 +269,10 @@ def _figures_vllm085(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
     ax[1].legend(fontsize=7)
     paths.append(_save(fig, out / "backbone.png"))
     # lora
-    lo, mr = V.lora_obs(t)
+    lo, mr = vllm085.lora_obs(t)
     lp = C.window_lora_ms(bm, lm, lo, mr)
     base = C.window_backbone_ms(bm, lo)
-    runs, runs_info = V.serving_run_lora_obs(t, bm)
+    runs, runs_info = vllm085.serving_run_lora_obs(t, bm)
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     m = (lo["kind"] == "decode").to_numpy()
     ax[0].scatter(lo.loc[m, "A"], lo.loc[m, "comp_ms"] - base[m], s=8, alpha=.6, label="measured (step - base)")
@@ -296,7 +299,7 @@ def _figures_vllm085(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
     ax[2].set(xlabel="measured step - scheduler (ms)", ylabel="fitted base + LoRA (ms)", title="all LoRA windows")
     paths.append(_save(fig, out / "lora.png"))
     # scheduler
-    so = V.scheduler_obs(t, bb, lo)
+    so = vllm085.scheduler_obs(t, bb, lo)
     sp = C.scheduler_predict_ms(sm, so)
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     for i, s in enumerate(so["source"].unique()):
@@ -311,14 +314,13 @@ def _figures_vllm085(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
     ax[1].plot(lim, lim, "k--", lw=1)
     ax[1].set(xlabel="measured (ms)", ylabel="fitted (ms)", title="measured vs fitted")
     paths.append(_save(fig, out / "scheduler.png"))
-    paths.append(_figure_loads(d, V.load_obs(t), out))
-    ko, probes, _ = V.kv_obs(t)
+    paths.append(_figure_loads(d, vllm085.load_obs(t), out))
+    ko, probes, _ = vllm085.kv_obs(t)
     paths.append(_figure_kv(d, ko, probes, out))
     return paths
 
 
 def _figure_loads(d: dict[str, Any], ld, out: Path) -> Path:
-    from twin.model_spec import get_model
 
     plt = _plt()
     ldm = _model(d, "load")
@@ -343,7 +345,6 @@ def _figure_loads(d: dict[str, Any], ld, out: Path) -> Path:
 
 
 def _figure_kv(d: dict[str, Any], ko, probes, out: Path) -> Path:
-    from twin.model_spec import get_model
 
     plt = _plt()
     kvm = _model(d, "kv")
@@ -370,13 +371,11 @@ def _figure_kv(d: dict[str, Any], ko, probes, out: Path) -> Path:
 def _figures_vllm050(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
     import pandas as pd
 
-    from calibration.fitting import vllm050 as V
-    from twin.model_spec import get_model
 
     plt = _plt()
     spec = get_model(d["model"])
-    runs, manual = V.read_runs(meas, spec)
-    obs = V.decode_obs(runs)
+    runs, manual = vllm050.read_runs(meas, spec)
+    obs = vllm050.decode_obs(runs)
     bm, lm = _model(d, "backbone"), _model(d, "lora")
     paths = []
     base = obs[obs["k"] == 0]
@@ -402,15 +401,12 @@ def _figures_vllm050(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
             rows.append(("disk", int(r["adapter_rank"]), float(r["loading_ms"])))
         rows.append(("cpu", int(r["adapter_rank"]), float(r["activating_ms"])))
     paths.append(_figure_loads(d, pd.DataFrame(rows, columns=["source", "rank", "load_ms"]), out))
-    from calibration.fitting.vllm050 import kv_probes
 
     paths.append(_figure_kv(d, *kv_probes(runs), out))
     return paths
 
 
 def _figures_vidur(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
-    from calibration.fitting.vidur import read_ops
-    from twin.model_spec import get_model
 
     plt = _plt()
     spec = get_model(d["model"])
@@ -433,7 +429,6 @@ def _figures_vidur(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
 
 def _figures_curves(d: dict[str, Any], out: Path, skip: tuple[str, ...] = ()) -> list[Path]:
     """Model curves only (no measurements at hand)."""
-    from twin.model_spec import get_model
 
     plt = _plt()
     paths = []

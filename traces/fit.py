@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from traces.datadir import sha256_file
 import pandas as pd
+
+from traces.datadir import data_dir, sha256_file
 
 from traces import arrivals as arr
 from traces.lengths import DATA, SHAREGPT_FILTER, CopulaLengths, LognormalLengths, ShareGPTLengths
@@ -127,8 +127,6 @@ def fit_sharegpt(data_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from traces.datadir import data_dir
-
     ap = argparse.ArgumentParser(prog="python -m traces.fit", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default=None, help="data directory (default: $TWIN_DATA_DIR)")
     ap.add_argument("--out", default=str(DATA), help="where to write the JSON files (default: traces/data)")

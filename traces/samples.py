@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from traces.registry import BUILTINS
+
 _WORDS = ("the model serves many adapters and each request asks for one of them while the scheduler "
           "batches tokens under a budget 你好 世界").split()
 
@@ -105,8 +107,6 @@ def write_sample(fmt: str, path: str | Path, n: int = 200, seed: int = 0) -> Pat
 
 def write_sample_data_dir(root: str | Path, n: int = 200, seed: int = 0) -> Path:
     """A data directory with a sample file at every built-in real trace's path."""
-    from traces.registry import BUILTINS
-
     root = Path(root)
     (root / "README.md").parent.mkdir(parents=True, exist_ok=True)
     (root / "README.md").write_text("sample data directory written by traces.samples\n")

@@ -2,7 +2,8 @@
 
 Importing this package (and :mod:`calibration.bench.cli`, :mod:`.config`, :mod:`.schema`)
 never imports torch, triton or safetensors: they are the optional ``calibration`` extra and
-are imported only when a bench runs (:func:`require_torch`). Modules that need them
+are imported only when a bench runs (:func:`require_torch`; the entry point is
+:func:`calibration.bench.harness.run_bench`). Modules that need them
 (``kernels``, ``timing``, ``linear_ops``, ``lora``, ``transfer``, ``harness``) import them at
 their top and are themselves imported lazily.
 """
@@ -32,12 +33,4 @@ def require_torch() -> Any:
     return require("torch", "torch")
 
 
-def run_bench(config) -> dict:
-    """Run the bench for a :class:`calibration.bench.config.BenchConfig`; returns a summary dict."""
-    require_torch()
-    from calibration.bench.harness import run_bench as _run
-
-    return _run(config)
-
-
-__all__ = ["BenchDependencyError", "INSTALL_HINT", "require", "require_torch", "run_bench"]
+__all__ = ["BenchDependencyError", "INSTALL_HINT", "require", "require_torch"]

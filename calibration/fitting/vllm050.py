@@ -34,6 +34,7 @@ from calibration.fitting import components as C
 from calibration.fitting.core import FitError, ParamSpec, fit_params, grouped_folds, quality
 from calibration.fitting.profile_io import build_profile, provenance
 from calibration.fitting.tables import same_model
+from calibration.fitting.vidur import read_ops
 from twin.perf.forms import FORMS
 from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
 
@@ -157,8 +158,6 @@ def prefill_cost(directory: Path, base: pd.DataFrame, spec: ModelSpec,
     """Per-token prefill cost (s): Vidur's H100 linear-op slope of the same model when the
     operator table is found (``vidur_dir`` or the sibling ``vidur_linear_ops``), else the
     effective cost from run durations (duration minus decode steps, regressed on input tokens)."""
-    from calibration.fitting.vidur import read_ops
-
     vd = Path(vidur_dir) if vidur_dir else Path(directory).parent / "vidur_linear_ops"
     try:
         ops = read_ops(vd, "h100", spec)
