@@ -23,7 +23,8 @@ INF = math.inf
 class IdleTracking(AdapterCachePolicy):
     """Keeps the idle resident adapters with the time each went idle (for LRU tie-breaks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, **memory) -> None:
+        super().__init__(**memory)
         self.idle: dict[int, float] = {}
 
     def on_active(self, a: int, now: float) -> None:
@@ -73,8 +74,8 @@ class GDSFCache(IdleTracking):
     description = "Greedy-Dual-Size-Frequency: evict min L + Frequency*Cost/Size, L inflates to the victim's value"
     citation = "Cherkasova, HPL-98-69 (1998); GDSF"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **memory) -> None:
+        super().__init__(**memory)
         self.L = 0.0
         self.H: dict[int, float] = {}
         self.freq: dict[int, int] = {}
@@ -83,8 +84,8 @@ class GDSFCache(IdleTracking):
         super().bind(engine)
         mem = engine.adapters
         self.size = list(mem.bytes)
-        self._cpu = [mem._cpu_s[r] for r in mem.ranks_l]
-        self._disk = [mem._disk_s[r] for r in mem.ranks_l]
+        self._cpu = [mem.cpu_load_s[r] for r in mem.ranks_l]
+        self._disk = [mem.disk_load_s[r] for r in mem.ranks_l]
 
     def cost(self, a: int) -> float:
         return self._cpu[a] + (0.0 if a in self.engine.adapters.cpu else self._disk[a])
@@ -132,8 +133,8 @@ class EMAPrefetchCache(IdleTracking):
     citation = "adaptive LoRA caching study (EMA popularity, sync vs async prefetch), as in the project issue"
 
     def __init__(self, alpha: float = 0.5, interval_s: float = 1.0, top_k: int | None = None,
-                 min_rate: float = 0.05) -> None:
-        super().__init__()
+                 min_rate: float = 0.05, **memory) -> None:
+        super().__init__(**memory)
         self.alpha = alpha
         self.interval_s = interval_s
         self.top_k = top_k

@@ -126,7 +126,7 @@ class FCFSScheduler(Scheduler):
         if stop in (Admit.NO_KV, Admit.NO_SEQ, Admit.NO_BUDGET):
             return INF  # the blocked head stays blocked until a finish ends the run
         rid = self._eligible_head() if self._slots_full() else self._global_head()
-        return self.engine._arrival_a[rid] if rid >= 0 else INF
+        return self.engine.arrival_a[rid] if rid >= 0 else INF
 
 
 register_preset(Preset("vllm", "fcfs", "lru", "vLLM 0.8.5 defaults: FCFS scheduler, LRU adapter slots",
