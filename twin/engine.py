@@ -240,6 +240,11 @@ class Engine:
         return self.extensions.prefix if self.extensions is not None else None
 
     @property
+    def next_event_time(self) -> float:
+        """Time of the earliest pending timed event (inf if none)."""
+        return self._async_until
+
+    @property
     def steps_run(self) -> int:
         """Engine steps completed so far."""
         return self.rec.n_steps
