@@ -68,6 +68,7 @@ import numpy as np
 from policies.caches import IdleTracking
 from policies.common import ArrivalStats, OutputPredictor, kmeans_1d, waiting_adapter_counts
 from twin.registry import Preset, register_cache, register_preset, register_scheduler
+from twin.adapter_placement import UnifiedPool
 from twin.interfaces import Admit, Scheduler
 from twin.requests import RequestState
 
@@ -316,7 +317,7 @@ class ChameleonScheduler(Scheduler):
         if not runs:
             return 0.0
         pl = mem.placement
-        if pl is None or not hasattr(pl, "ab"):  # slots: the first adapter whose last request ends
+        if not isinstance(pl, UnifiedPool):  # slots: the first adapter whose last request ends
             left = {}
             for r in runs:
                 a = e.adapter_a[r]

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from twin.adapter_placement import RegionPlacement, UnifiedPool
-from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
+from twin.interfaces import Admit, Policy
 from twin.prefetch import AsyncLoader
 from twin.prefix_kv import HistoryKV
 from twin.requests import workload_column
@@ -44,8 +44,9 @@ INF = float("inf")
 MEMORY_MODES = ("slots", "region", "unified")
 
 
-def _overrides(obj: Any, name: str, base: type) -> bool:
-    return getattr(type(obj), name, None) is not getattr(base, name, None)
+def _prefetches(policy: Policy) -> bool:
+    """The policy overrides :meth:`Policy.prefetch` (which turns prefetching on)."""
+    return type(policy).prefetch is not Policy.prefetch
 
 
 def install_extensions(engine: "EngineCore", workload: Any) -> "Extensions | None":
@@ -61,7 +62,7 @@ def install_extensions(engine: "EngineCore", workload: Any) -> "Extensions | Non
     conv = workload_column(workload, "conversation_id", engine.n)
     if prefix and (conv is None or not (conv >= 0).any()):
         prefix = False
-    sources = [o for o, base in ((sched, Scheduler), (cache, AdapterCachePolicy)) if _overrides(o, "prefetch", base)]
+    sources = [p for p in (sched, cache) if _prefetches(p)]
     events = sched.uses_events or cache.uses_events
     if memory == "slots" and not prefix and not sources and not events:
         return None
