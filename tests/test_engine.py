@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tests.helpers import constant_profile, random_workload
 from traces.workload import Workload
 from twin.config import ConfigError, EngineConfig
-from twin.engine import StartupError
+from twin.requests import StartupError
 from twin.simulate import simulate
 
 

@@ -9,6 +9,8 @@ Where things live (one concept per module):
 * ``twin.requests``    -- the request table: columns, states, rejection rules, start-up check.
 * ``twin.interfaces``  -- ``Scheduler`` / ``AdapterCachePolicy`` and ``EngineView``, the engine
                           as policies see it.
+* ``twin.engine_state`` -- what a step works on (set-up, running batch, KV pool) and the
+                          ``EngineView`` policies read.
 * ``twin.engine``      -- the SimPy engine: continuous batching, chunked prefill, KV blocks,
                           preemption, adapter slots. **A request's TTFT is decided in
                           ``Engine._emit_after_prefill`` (first token = end of the step that

@@ -50,8 +50,8 @@ from twin.adapters import Load
 from twin.config import EngineConfig
 from twin.engine_state import EngineState
 from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
-from twin.requests import (FINISHED, PENDING, REJECT_REASONS, REJECTED, RequestState,  # noqa: F401  (re-exported)
-                           StartupError, check_startup, workload_columns)
+from twin.requests import FINISHED
+from twin.requests import StartupError, check_startup  # noqa: F401  (re-exported for twin.validate)
 
 if TYPE_CHECKING:  # pragma: no cover
     from traces.workload import Workload

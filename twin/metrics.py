@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twin.recorder import STEP_COLUMNS, Recorder  # noqa: F401  (the step records, twin/recorder.py)
 from twin.requests import FINISHED, REJECT_REASONS, REJECTED
 
 if TYPE_CHECKING:  # pragma: no cover
