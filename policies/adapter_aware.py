@@ -22,7 +22,7 @@ from collections import deque
 from typing import Iterable
 
 from twin.registry import Preset, register_preset, register_scheduler
-from twin.interfaces import Admit, Scheduler
+from twin.interfaces import Admit, EngineView, Scheduler
 
 INF = math.inf
 
@@ -40,7 +40,7 @@ class AdapterAwareScheduler(Scheduler):
         self.max_adapters = max_adapters
         self.max_wait_s = max_wait_s
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.ok = (engine.reject_reason == 0).tolist()
         A = engine.n_adapters

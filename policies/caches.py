@@ -15,7 +15,7 @@ import numpy as np
 from policies.common import ArrivalStats
 from policies.lru import LRUCache
 from twin.registry import Preset, register_cache, register_preset
-from twin.interfaces import AdapterCachePolicy
+from twin.interfaces import AdapterCachePolicy, EngineView
 
 INF = math.inf
 
@@ -47,7 +47,7 @@ class LFUCache(IdleTracking):
     description = "evict the idle adapter with the fewest requests so far (ties: least recently used)"
     citation = "classic LFU; baseline in Chameleon (MICRO'25) §6.4"
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.stats_ = ArrivalStats(engine)
 
@@ -80,7 +80,7 @@ class GDSFCache(IdleTracking):
         self.H: dict[int, float] = {}
         self.freq: dict[int, int] = {}
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         mem = engine.adapters
         self.size = list(mem.bytes)
@@ -141,7 +141,7 @@ class EMAPrefetchCache(IdleTracking):
         self.min_rate = min_rate
         self.wanted: list[int] = []
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.ema = np.zeros(engine.n_adapters)
         self.ptr = 0

@@ -69,7 +69,7 @@ from policies.caches import IdleTracking
 from policies.common import ArrivalStats, OutputPredictor, kmeans_1d, waiting_adapter_counts
 from twin.registry import Preset, register_cache, register_preset, register_scheduler
 from twin.adapter_placement import UnifiedPool
-from twin.interfaces import Admit, Scheduler
+from twin.interfaces import Admit, EngineView, Scheduler
 from twin.requests import RequestState
 
 INF = math.inf
@@ -107,7 +107,7 @@ class ChameleonScheduler(Scheduler):
         self.prefetch_heads = prefetch_heads
 
     # ------------------------------------------------------------------ set-up
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         e = engine
         self.pred = OutputPredictor(e, self.accuracy, self.seed)
@@ -470,7 +470,7 @@ class ChameleonCache(IdleTracking):
             self.S = S
         self.last_use: dict[int, float] = {}
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.stats_ = ArrivalStats(engine)
         self.size = np.asarray(engine.adapters.bytes, float)
@@ -537,7 +537,7 @@ class ChameleonPrefetchCache(ChameleonCache):
         self.min_samples = min_samples
         self.wanted: list[int] = []
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.iat: list[list[float]] = [[] for _ in range(engine.n_adapters)]
         self.window: list[tuple[float, float] | None] = [None] * engine.n_adapters  # (head, tail) percentiles

@@ -47,7 +47,7 @@ import numpy as np
 
 from policies.lru import LRUCache
 from twin.registry import Preset, register_cache, register_preset
-from twin.interfaces import AdapterCachePolicy
+from twin.interfaces import AdapterCachePolicy, EngineView
 
 INF = math.inf
 
@@ -95,7 +95,7 @@ class FastLibraCache(AdapterCachePolicy):
         self.swaps_in = 0
         self._swapin_loras: list[int] = []
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         e = engine
         self.count = np.zeros(e.n_adapters)

@@ -22,7 +22,7 @@ from collections import deque
 import numpy as np
 
 from twin.registry import Preset, register_preset, register_scheduler
-from twin.interfaces import Admit, Scheduler
+from twin.interfaces import Admit, EngineView, Scheduler
 
 INF = math.inf
 
@@ -33,7 +33,7 @@ class FCFSScheduler(Scheduler):
     description = "first come first served with adapter-slot skipping (vLLM 0.8.5 v1 default)"
     citation = "Kwon et al., SOSP'23 (vLLM); vLLM v1 scheduler"
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         e = engine
         A = e.n_adapters

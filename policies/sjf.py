@@ -26,7 +26,7 @@ import math
 
 from policies.common import OutputPredictor
 from twin.registry import Preset, register_preset, register_scheduler
-from twin.interfaces import Admit, Scheduler
+from twin.interfaces import Admit, EngineView, Scheduler
 
 INF = math.inf
 
@@ -44,7 +44,7 @@ class SJFScheduler(Scheduler):
         self.seed = seed
         self.max_skips = max_skips
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.pred = OutputPredictor(engine, self.accuracy, self.seed)
         self.heap: list[tuple[float, int]] = []

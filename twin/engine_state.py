@@ -234,6 +234,12 @@ class EngineState:
             idx = np.setdiff1d(idx, np.fromiter(run.keys(), np.int64, len(run)), assume_unique=True)
         return idx
 
+    def drop_arrivals(self, count: int) -> None:
+        """``count`` of the requests that just arrived failed before the server's queue (e.g.
+        at a client with an in-flight cap): they never join the waiting queue (the scheduler
+        does not offer them) and stay unfinished in the tables."""
+        self.n_waiting -= count
+
     def reclaimable_blocks(self) -> int:
         """Pool blocks that evicting idle adapters (unified pool) and history KV would free."""
         return self.extensions.reclaimable() if self.extensions is not None else 0

@@ -124,6 +124,8 @@ class EngineView(Protocol):
 
     def reclaimable_blocks(self) -> int: ...
 
+    def drop_arrivals(self, count: int) -> None: ...
+
     def squash(self, rid: int) -> None: ...
 
     def push_event(self, t: float, cb: Callable[[float], None] | None) -> None: ...
@@ -250,7 +252,12 @@ class AdapterCachePolicy(Policy):
     needs room. An adapter with running requests is never offered as a victim.
 
     The constructor takes the engine-memory options (``twin.registry.MEMORY_OPTS``); None
-    keeps the class's default (e.g. FastLibra's unified pool with prefix-KV reuse).
+    keeps the class's default (e.g. FastLibra's unified pool with prefix-KV reuse). A
+    subclass with its own ``__init__`` takes ``**memory`` and passes it on::
+
+        def __init__(self, alpha: float = 0.5, **memory) -> None:
+            super().__init__(**memory)
+            self.alpha = alpha          # stored under its own name: get_params() returns it
     """
 
     #: adapter memory this policy needs: None (the engine configuration decides), 'slots',

@@ -13,7 +13,9 @@ and never imports a policy package: policies arrive through the entry-point grou
     other = "mypkg.other:register"       # or a callable that registers
 
 Every cache policy also accepts the engine-memory options :data:`MEMORY_OPTS` (e.g.
-``adapter_memory="unified"``), so a preset can put any cache into S-LoRA's unified pool.
+``adapter_memory="unified"``) as constructor arguments -- its ``__init__`` takes ``**memory``
+and passes them to :class:`twin.interfaces.AdapterCachePolicy` -- so a preset can put any
+cache into S-LoRA's unified pool.
 """
 
 from __future__ import annotations
