@@ -276,13 +276,13 @@ class UnifiedPool:
             if not evict or need > free + self.ext.reclaimable():
                 return False
             self.ext.reclaim(need - free, now)
-        e.total_blocks -= need
+        e.lend_blocks(need)
         self.adapter_blocks += need
         self.allocations += 1
         return True
 
     def free(self, a: int) -> None:
-        self.e.total_blocks += self.ab[a]
+        self.e.return_blocks(self.ab[a])
         self.adapter_blocks -= self.ab[a]
 
     def load_extra_s(self, a: int) -> float:

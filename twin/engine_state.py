@@ -166,6 +166,14 @@ class EngineState:
         self.kv_tokens = kv_tokens
         self.total_blocks = kv_tokens // self.block_size
 
+    def lend_blocks(self, n: int) -> None:
+        """``n`` blocks of the pool leave the KV capacity (an adapter or history KV holds them)."""
+        self.total_blocks -= n
+
+    def return_blocks(self, n: int) -> None:
+        """``n`` blocks lent with :meth:`lend_blocks` come back to the KV capacity."""
+        self.total_blocks += n
+
     def recheck_admission(self, adapter_blocks: list[int] | None = None) -> None:
         """The start-up check and the rejection rules again, for the resized pool
         (``adapter_blocks``: a request and its adapter must fit in a unified pool together)."""

@@ -141,6 +141,10 @@ class EngineCore(EngineView, Protocol):
 
     def recheck_admission(self, adapter_blocks: list[int] | None = None) -> None: ...
 
+    def lend_blocks(self, n: int) -> None: ...
+
+    def return_blocks(self, n: int) -> None: ...
+
 
 class Policy:
     """What schedulers and cache policies share: identity, binding, ticks, prefetch, parameters."""

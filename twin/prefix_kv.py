@@ -109,7 +109,7 @@ class HistoryKV:
         node = HistoryNode(cv, int(e.adapter_a[rid]), tokens, -(-tokens // e.block_size), self.turn[rid], now, now)
         tier = self.cache.history_tier(node, now)
         if tier == "hbm" and node.blocks <= e.total_blocks - e.used_blocks:
-            e.total_blocks -= node.blocks
+            e.lend_blocks(node.blocks)
             self.hbm_blocks += node.blocks
         elif tier in ("hbm", "host") and self.host_tokens + tokens <= self.host_capacity_tokens:
             node.tier = "host"
@@ -142,10 +142,10 @@ class HistoryKV:
         node.hits += 1
         del self.nodes[node.conv]
         if node.tier == "hbm":
-            self.e.total_blocks += node.blocks
+            self.e.return_blocks(node.blocks)
             self.hbm_blocks -= node.blocks
         elif node.tier == "loading":
-            self.e.total_blocks += node.blocks
+            self.e.return_blocks(node.blocks)
             self.hbm_blocks -= node.blocks
             ctx.loads.append(Load(-1, "wait", 0.0, 0.0, 0, wait=node.proc))
             ctx.load_rids.append(rid)
@@ -165,7 +165,7 @@ class HistoryKV:
     # -- tier moves (a cache policy's swapper or the reclaimer calls these)
     def _release(self, node: HistoryNode) -> None:
         if node.tier in ("hbm", "loading"):
-            self.e.total_blocks += node.blocks
+            self.e.return_blocks(node.blocks)
             self.hbm_blocks -= node.blocks
         elif node.tier == "host":
             self.host_tokens -= node.tokens
@@ -185,7 +185,7 @@ class HistoryKV:
             return 0
         if self.host_tokens + node.tokens > self.host_capacity_tokens:
             return self.drop(node, now)
-        self.e.total_blocks += node.blocks
+        self.e.return_blocks(node.blocks)
         self.hbm_blocks -= node.blocks
         self.host_tokens += node.tokens
         node.tier = "host"
@@ -198,7 +198,7 @@ class HistoryKV:
         e = self.e
         if node.tier != "host" or node.blocks > e.total_blocks - e.used_blocks:
             return False
-        e.total_blocks -= node.blocks
+        e.lend_blocks(node.blocks)
         self.hbm_blocks += node.blocks
         self.host_tokens -= node.tokens
         node.tier = "loading"
