@@ -203,9 +203,7 @@ class AdapterMemory:
             if self.order_reloads:
                 reloads = self.activation_reloads(a, v, now)
         source, disk_s = self.fetch(a)
-        self.resident[a] = True
-        self.n_resident += 1
-        self.resident_bytes += self.bytes[a]
+        self.mark_resident(a)
         self.loaded_at[a] = now
         self.policy.on_load(a, now)
         link_s = self.cpu_load_s[self.ranks_l[a]]
@@ -216,6 +214,12 @@ class AdapterMemory:
             link_s += self.cpu_load_s[self.ranks_l[b]]
             nbytes += self.bytes[b]
         return Load(a, source, disk_s, link_s, nbytes)
+
+    def mark_resident(self, a: int) -> None:
+        """Adapter ``a`` holds GPU memory from now on (its copy may still be in flight)."""
+        self.resident[a] = True
+        self.n_resident += 1
+        self.resident_bytes += self.bytes[a]
 
     def activation_reloads(self, a: int, victim: int, now: float) -> list[int]:
         """Adapters of the batch that vLLM evicts and reloads while it activates ``a`` (whose slot

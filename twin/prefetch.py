@@ -69,9 +69,7 @@ class AsyncLoader:
         if not self._room(a, now, evict):
             return False
         source, disk_s = mem.fetch(a)
-        mem.resident[a] = True
-        mem.n_resident += 1
-        mem.resident_bytes += mem.bytes[a]
+        mem.mark_resident(a)
         link_s = mem.cpu_load_s[mem.ranks_l[a]]
         if mem.placement is not None:
             link_s += mem.placement.load_extra_s(a)
