@@ -67,9 +67,9 @@ import numpy as np
 
 from policies.caches import IdleTracking
 from policies.common import ArrivalStats, OutputPredictor, kmeans_1d, waiting_adapter_counts
-from twin.registry import Preset, register_cache, register_preset, register_scheduler
 from twin.adapter_placement import UnifiedPool
 from twin.interfaces import Admit, EngineView, Scheduler
+from twin.registry import Preset, register_cache, register_preset, register_scheduler
 from twin.requests import RequestState
 
 INF = math.inf
