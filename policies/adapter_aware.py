@@ -22,7 +22,7 @@ from collections import deque
 from typing import Iterable
 
 from twin.registry import Preset, register_preset, register_scheduler
-from twin.interfaces import Admit, Scheduler
+from twin.interfaces import Admit, EngineView, Scheduler
 
 INF = math.inf
 
@@ -35,11 +35,12 @@ class AdapterAwareScheduler(Scheduler):
     prefetch_evicts = True
 
     def __init__(self, lookahead: int = 4, max_adapters: int | None = None, max_wait_s: float = 5.0) -> None:
+        super().__init__()
         self.lookahead = lookahead
         self.max_adapters = max_adapters
         self.max_wait_s = max_wait_s
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.ok = (engine.reject_reason == 0).tolist()
         A = engine.n_adapters
@@ -49,7 +50,7 @@ class AdapterAwareScheduler(Scheduler):
         self._stop_time = INF
 
     def _grp(self, rid: int) -> int:
-        a = self.engine._adapter_a[rid]
+        a = self.engine.adapter_a[rid]
         return a if a >= 0 else len(self.q) - 1
 
     def on_arrivals(self, lo: int, hi: int) -> None:
@@ -77,8 +78,8 @@ class AdapterAwareScheduler(Scheduler):
     def order(self) -> list[int]:
         """Adapter groups with waiting requests, in admission priority order."""
         e = self.engine
-        now = e.env.now
-        arr = e._arrival_a
+        now = e.now
+        arr = e.arrival_a
         keys = []
         for g in self.nonempty:
             head = self.q[g][0]
@@ -128,8 +129,8 @@ class AdapterAwareScheduler(Scheduler):
         if stop == Admit.NO_SEQ:
             return INF
         # aging moves a request to the front max_wait_s after it arrived
-        arr = e._arrival_a
-        now = e.env.now
+        arr = e.arrival_a
+        now = e.now
         t_age = min((arr[self.q[g][0]] + self.max_wait_s for g in self.nonempty
                      if arr[self.q[g][0]] + self.max_wait_s > now), default=INF)
         return min(e.next_arrival_time(), t_age)

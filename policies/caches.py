@@ -15,7 +15,7 @@ import numpy as np
 from policies.common import ArrivalStats
 from policies.lru import LRUCache
 from twin.registry import Preset, register_cache, register_preset
-from twin.interfaces import AdapterCachePolicy
+from twin.interfaces import AdapterCachePolicy, EngineView
 
 INF = math.inf
 
@@ -23,7 +23,8 @@ INF = math.inf
 class IdleTracking(AdapterCachePolicy):
     """Keeps the idle resident adapters with the time each went idle (for LRU tie-breaks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, **memory) -> None:
+        super().__init__(**memory)
         self.idle: dict[int, float] = {}
 
     def on_active(self, a: int, now: float) -> None:
@@ -46,7 +47,7 @@ class LFUCache(IdleTracking):
     description = "evict the idle adapter with the fewest requests so far (ties: least recently used)"
     citation = "classic LFU; baseline in Chameleon (MICRO'25) §6.4"
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.stats_ = ArrivalStats(engine)
 
@@ -73,18 +74,18 @@ class GDSFCache(IdleTracking):
     description = "Greedy-Dual-Size-Frequency: evict min L + Frequency*Cost/Size, L inflates to the victim's value"
     citation = "Cherkasova, HPL-98-69 (1998); GDSF"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **memory) -> None:
+        super().__init__(**memory)
         self.L = 0.0
         self.H: dict[int, float] = {}
         self.freq: dict[int, int] = {}
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         mem = engine.adapters
         self.size = list(mem.bytes)
-        self._cpu = [mem._cpu_s[r] for r in mem.ranks_l]
-        self._disk = [mem._disk_s[r] for r in mem.ranks_l]
+        self._cpu = [mem.cpu_load_s[r] for r in mem.ranks_l]
+        self._disk = [mem.disk_load_s[r] for r in mem.ranks_l]
 
     def cost(self, a: int) -> float:
         return self._cpu[a] + (0.0 if a in self.engine.adapters.cpu else self._disk[a])
@@ -132,15 +133,15 @@ class EMAPrefetchCache(IdleTracking):
     citation = "adaptive LoRA caching study (EMA popularity, sync vs async prefetch), as in the project issue"
 
     def __init__(self, alpha: float = 0.5, interval_s: float = 1.0, top_k: int | None = None,
-                 min_rate: float = 0.05) -> None:
-        super().__init__()
+                 min_rate: float = 0.05, **memory) -> None:
+        super().__init__(**memory)
         self.alpha = alpha
         self.interval_s = interval_s
         self.top_k = top_k
         self.min_rate = min_rate
         self.wanted: list[int] = []
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.ema = np.zeros(engine.n_adapters)
         self.ptr = 0

@@ -42,7 +42,7 @@ iteration-level batching) with
 
 **a cache** (§4.2, :class:`ChameleonCache`): adapters stay in otherwise idle GPU memory of
 the unified pool, resized every step against the batch's memory needs (the engine evicts
-idle adapters before it would preempt, :meth:`twin.hooks.Extensions.reclaim`); an adapter
+idle adapters before it would preempt, :meth:`twin.extensions.Extensions.reclaim`); an adapter
 with running requests is never evicted; the adapters of queued requests are kept unless
 memory forces it; among the others the victim has the lowest::
 
@@ -67,8 +67,10 @@ import numpy as np
 
 from policies.caches import IdleTracking
 from policies.common import ArrivalStats, OutputPredictor, kmeans_1d, waiting_adapter_counts
+from twin.adapter_placement import UnifiedPool
+from twin.interfaces import Admit, EngineView, Scheduler
 from twin.registry import Preset, register_cache, register_preset, register_scheduler
-from twin.interfaces import Admit, Scheduler
+from twin.requests import RequestState
 
 INF = math.inf
 A_IN, B_OUT = 0.4, 0.6
@@ -92,19 +94,20 @@ class ChameleonScheduler(Scheduler):
             raise ValueError("k_rule must be 'elbow' or 'min-wcss'")
         if wrs not in ("full", "output"):
             raise ValueError("wrs must be 'full' or 'output'")
-        self.k_fixed, self.k_rule, self.elbow = k, k_rule, elbow
+        super().__init__()
+        self.k, self.k_rule, self.elbow = k, k_rule, elbow
         self.refresh_s = refresh_s
         self.slo_s = slo_s
         self.accuracy, self.seed = accuracy, seed
         self.min_samples = min_samples
         self.bypass = bypass
         self.static = static
-        self.wrs_mode = wrs
+        self.wrs = wrs
         self.max_scan = max_scan
         self.prefetch_heads = prefetch_heads
 
     # ------------------------------------------------------------------ set-up
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         e = engine
         self.pred = OutputPredictor(e, self.accuracy, self.seed)
@@ -118,7 +121,7 @@ class ChameleonScheduler(Scheduler):
         self.qof: dict[int, int] = {}          # queue of each waiting or running request
         self.arrived: list[int] = []           # valid arrivals, in order (statistics window)
         self.initialized = False
-        self.k = 1
+        self.n_queues = 1
         self.refreshes = 0
         self.bypasses = 0
         self.squashes = 0
@@ -126,10 +129,11 @@ class ChameleonScheduler(Scheduler):
         self._last_t = 0.0
         self._t_step = None
         self._time_dependent = False
-        if self.slo_s is None:  # 5x an unloaded request's service estimate (the paper's SLO)
+        self.slo_target_s = self.slo_s
+        if self.slo_target_s is None:  # 5x an unloaded request's service estimate (the paper's SLO)
             p = e.profile
             mean_in = float(e.prompt.mean()) if e.n else 512.0
-            self.slo_s = 5.0 * float(p.backbone_s(mean_in, 0, 0) + p.scheduler_s(1, 0, 1, 1))
+            self.slo_target_s = 5.0 * float(p.backbone_s(mean_in, 0, 0) + p.scheduler_s(1, 0, 1, 1))
 
     @property
     def tick_interval(self) -> float | None:
@@ -137,22 +141,21 @@ class ChameleonScheduler(Scheduler):
 
     def capacity_tokens(self) -> int:
         e = self.engine
-        ext = getattr(e, "_ext", None)
-        blocks = ext.pool_blocks if ext is not None else e.total_blocks
-        return int(blocks * e.block_size)
+        return int(e.pool_blocks * e.block_size)
 
     # ------------------------------------------------------------------ WRS and queues
-    def wrs(self, rid: int) -> float:
+    def weighted_size(self, rid: int) -> float:
+        """The request's WRS (§4.3; output-only when ``wrs='output'``)."""
         e = self.engine
         out = self.pred[rid] / self.max_out
-        if self.wrs_mode == "output":
+        if self.wrs == "output":
             return out
-        size = A_IN * float(e._prompt_a[rid]) / self.max_in + B_OUT * out
+        size = A_IN * float(e.prompt_a[rid]) / self.max_in + B_OUT * out
         r = int(e.rank[rid]) if e.adapter[rid] >= 0 else 0
         return size * max(r, 1) / self.max_rank
 
     def queue_of(self, rid: int) -> int:
-        return bisect.bisect_right(self.cuts, self.wrs(rid))
+        return bisect.bisect_right(self.cuts, self.weighted_size(rid))
 
     def on_arrivals(self, lo: int, hi: int) -> None:
         e = self.engine
@@ -160,7 +163,7 @@ class ChameleonScheduler(Scheduler):
         for rid in range(lo, hi):
             if not ok[rid]:
                 continue
-            self.max_in = max(self.max_in, int(e._prompt_a[rid]))
+            self.max_in = max(self.max_in, int(e.prompt_a[rid]))
             self.max_out = max(self.max_out, self.pred[rid])
             if e.adapter[rid] >= 0:
                 self.max_rank = max(self.max_rank, int(e.rank[rid]))
@@ -169,7 +172,7 @@ class ChameleonScheduler(Scheduler):
             self.qof[rid] = q
             self.queues[q].append(rid)
         if not self.initialized and len(self.arrived) >= self.min_samples:
-            self.refresh(e.env.now)
+            self.refresh(e.now)
 
     def on_tick(self, now: float) -> None:
         if self.arrived:
@@ -177,7 +180,7 @@ class ChameleonScheduler(Scheduler):
 
     def _iteration_time(self, now: float) -> float:
         e = self.engine
-        steps = getattr(e.rec, "n_steps", 0)
+        steps = e.steps_run
         if steps > self._last_steps and now > self._last_t:
             self._t_step = (now - self._last_t) / (steps - self._last_steps)
         self._last_steps, self._last_t = steps, now
@@ -186,8 +189,8 @@ class ChameleonScheduler(Scheduler):
         return self._t_step
 
     def choose_k(self, w: np.ndarray) -> tuple[int, np.ndarray]:
-        if self.k_fixed is not None:
-            return self.k_fixed, kmeans_1d(w, self.k_fixed)[0]
+        if self.k is not None:
+            return self.k, kmeans_1d(w, self.k)[0]
         fits = [kmeans_1d(w, k) for k in (1, 2, 3, 4)]
         wcss = [f[1] for f in fits]
         if self.k_rule == "min-wcss":
@@ -210,7 +213,7 @@ class ChameleonScheduler(Scheduler):
         if len(recent) < self.min_samples:
             recent = self.arrived[-self.min_samples:]
         self.arrived = self.arrived[-max(self.min_samples, len(recent)):]  # bound the memory
-        w = np.array([self.wrs(r) for r in recent])
+        w = np.array([self.weighted_size(r) for r in recent])
         total = self.capacity_tokens()
         if self.static:
             k = 4
@@ -232,16 +235,16 @@ class ChameleonScheduler(Scheduler):
                 lam = m.sum() / span
                 S = tok[m].mean()
                 D = out[m].mean() * t_step
-                tok_min[i] = S * D * (1.0 / self.slo_s + lam)
+                tok_min[i] = S * D * (1.0 / self.slo_target_s + lam)
                 demand[i] = lam * S
             quota = self.split_quotas(tok_min, demand, total)
-        self.k = k
+        self.n_queues = k
         self.quota = list(quota)
         self.initialized = True
         self.refreshes += 1
         # re-queue the waiting requests (arrival order, preempted ones first) and recount usage
         waiting = [r for q in self.queues for r in q]
-        waiting.sort(key=lambda r: (0 if e.tokens_known(r) != e._prompt_a[r] else 1, r))
+        waiting.sort(key=lambda r: (0 if e.tokens_known(r) != e.prompt_a[r] else 1, r))
         self.queues = [deque() for _ in range(k)]
         for r in waiting:
             q = self.queue_of(r)
@@ -300,8 +303,7 @@ class ChameleonScheduler(Scheduler):
     def remaining_s(self, rid: int, t_step: float) -> float:
         """Predicted time until running request ``rid`` finishes."""
         e = self.engine
-        d = e.dec.get(rid)
-        emitted = d[0] + e.g + 1 - int(e._prompt_a[rid]) if d is not None else 0
+        emitted = e.emitted_now(rid) if e.is_decoding(rid) else 0
         return max(self.pred[rid] - emitted, 1) * t_step
 
     def predicted_wait(self, head: int) -> float:
@@ -315,29 +317,28 @@ class ChameleonScheduler(Scheduler):
         if not runs:
             return 0.0
         pl = mem.placement
-        if pl is None or not hasattr(pl, "ab"):  # slots: the first adapter whose last request ends
+        if not isinstance(pl, UnifiedPool):  # slots: the first adapter whose last request ends
             left = {}
             for r in runs:
-                a = e._adapter_a[r]
+                a = e.adapter_a[r]
                 left[a] = left.get(a, 0) + 1
             for r in runs:
-                a = e._adapter_a[r]
+                a = e.adapter_a[r]
                 left[a] -= 1
                 if a >= 0 and left[a] == 0:
                     return self.remaining_s(r, t_step)
             return self.remaining_s(runs[-1], t_step)
-        a = e._adapter_a[head]
+        a = e.adapter_a[head]
         need = pl.ab[a] + -(-min(e.tokens_known(head), e.config.max_num_batched_tokens) // e.block_size)
-        deficit = need - (e.total_blocks - e.used_blocks) - e._ext.reclaimable()
+        deficit = need - (e.total_blocks - e.used_blocks) - e.reclaimable_blocks()
         users = {}
         for r in runs:
-            b = e._adapter_a[r]
+            b = e.adapter_a[r]
             users[b] = users.get(b, 0) + 1
         bs = e.block_size
         for r in runs:
-            d = e.dec.get(r)
-            deficit -= -(-(d[0] + e.g) // bs) if d is not None else e.held.get(r, 0)
-            b = e._adapter_a[r]
+            deficit -= e.kv_blocks_held(r)
+            b = e.adapter_a[r]
             if b >= 0:
                 users[b] -= 1
                 if users[b] == 0:
@@ -352,13 +353,13 @@ class ChameleonScheduler(Scheduler):
         q = self.queues[i]
         wait = self.predicted_wait(head)
         t_step = self._t_step or float(e.profile.backbone_s(0, 1, 0))
-        now = e.env.now
+        now = e.now
         j = 1
         scanned = 0
         while j < len(q) and scanned < self.max_scan:
             rid = q[j]
             scanned += 1
-            a = e._adapter_a[rid]
+            a = e.adapter_a[rid]
             s = self.tok[rid]
             fits = a < 0 or (mem.resident[a] and a not in mem.loading)
             if not fits or (self.used[i] + s > self.quota[i] and self.used[i] > 0):
@@ -375,7 +376,7 @@ class ChameleonScheduler(Scheduler):
                 del q[j]
                 self.used[i] += s
                 self.bypasses += 1
-                e._ext.push_event(now + wait, lambda t, b=rid, h=head: self._check_squash(b, h))
+                e.push_event(now + wait, lambda t, b=rid, h=head: self._check_squash(b, h))
                 continue
             if r == Admit.NO_SLOT:
                 j += 1
@@ -386,7 +387,7 @@ class ChameleonScheduler(Scheduler):
     def _check_squash(self, bypasser: int, head: int) -> None:
         """The prediction proved wrong: the bypasser outlived the head's predicted wait."""
         e = self.engine
-        if bypasser in e.running and head not in e.running and e.state[head] == 0 and head in self.qof:
+        if bypasser in e.running and head not in e.running and e.state[head] == RequestState.PENDING and head in self.qof:
             self.squashes += 1
             e.squash(bypasser)
 
@@ -406,7 +407,7 @@ class ChameleonScheduler(Scheduler):
 
     def prefetch(self, now: float) -> Iterable[int]:
         """S-LoRA's prefetch, for the requests at the heads of Chameleon's queues."""
-        ad = self.engine._adapter_a
+        ad = self.engine.adapter_a
         for q in self.queues:
             for j, rid in enumerate(q):
                 if j >= self.prefetch_heads:
@@ -422,7 +423,7 @@ class ChameleonScheduler(Scheduler):
         return self.engine.next_arrival_time()
 
     def stats(self) -> dict:
-        return {"chameleon_queues": self.k, "chameleon_cutoffs": [round(c, 4) for c in self.cuts],
+        return {"chameleon_queues": self.n_queues, "chameleon_cutoffs": [round(c, 4) for c in self.cuts],
                 "chameleon_quotas": [round(q) if q < INF else None for q in self.quota],
                 "chameleon_refreshes": self.refreshes, "chameleon_bypasses": self.bypasses,
                 "chameleon_squashes": self.squashes}
@@ -459,8 +460,8 @@ class ChameleonCache(IdleTracking):
     adapter_memory = "unified"
     F, R, S = 0.45, 0.10, 0.45
 
-    def __init__(self, F: float | None = None, R: float | None = None, S: float | None = None) -> None:
-        super().__init__()
+    def __init__(self, F: float | None = None, R: float | None = None, S: float | None = None, **memory) -> None:
+        super().__init__(**memory)
         if F is not None:
             self.F = F
         if R is not None:
@@ -469,7 +470,7 @@ class ChameleonCache(IdleTracking):
             self.S = S
         self.last_use: dict[int, float] = {}
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.stats_ = ArrivalStats(engine)
         self.size = np.asarray(engine.adapters.bytes, float)
@@ -536,7 +537,7 @@ class ChameleonPrefetchCache(ChameleonCache):
         self.min_samples = min_samples
         self.wanted: list[int] = []
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.iat: list[list[float]] = [[] for _ in range(engine.n_adapters)]
         self.window: list[tuple[float, float] | None] = [None] * engine.n_adapters  # (head, tail) percentiles
@@ -552,10 +553,10 @@ class ChameleonPrefetchCache(ChameleonCache):
         hi = e.arr_ptr
         changed = set()
         for rid in range(self.ptr, hi):
-            a = e._adapter_a[rid]
+            a = e.adapter_a[rid]
             if a < 0:
                 continue
-            t = e._arrival_a[rid]
+            t = e.arrival_a[rid]
             if self.prev[a] > -INF:
                 self.iat[a].append(math.floor((t - self.prev[a]) / self.bin_s) * self.bin_s)
                 changed.add(a)

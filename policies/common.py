@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from twin.engine import Engine
+    from twin.interfaces import EngineView
 
 INF = math.inf
 
@@ -27,7 +27,7 @@ class OutputPredictor:
     the same request gets the same prediction under every policy.
     """
 
-    def __init__(self, engine: "Engine", accuracy: float = 1.0, seed: int = 0) -> None:
+    def __init__(self, engine: "EngineView", accuracy: float = 1.0, seed: int = 0) -> None:
         if not 0.0 <= accuracy <= 1.0:
             raise ValueError(f"predictor accuracy must be in [0, 1], got {accuracy}")
         out = np.asarray(engine.output, np.int64)
@@ -47,7 +47,7 @@ class ArrivalStats:
     """Per-adapter request counts and last arrival times, brought up to date lazily from
     the engine's arrival pointer (no per-request callback needed)."""
 
-    def __init__(self, engine: "Engine") -> None:
+    def __init__(self, engine: "EngineView") -> None:
         self.e = engine
         A = engine.n_adapters
         self.count = np.zeros(A, np.int64)
@@ -70,42 +70,12 @@ class ArrivalStats:
             self.last[ad] = t  # fancy assignment keeps the last write per index
         self.ptr = hi
 
-    def counts_between(self, lo: int, hi: int) -> np.ndarray:
-        ad = self.e.adapter[lo:hi]
-        ad = ad[ad >= 0]
-        return np.bincount(ad, minlength=len(self.count))
 
-
-def waiting_requests(engine: "Engine") -> np.ndarray:
-    """Indices of the requests waiting now (arrived, not finished/rejected, not running)."""
-    from twin.engine import PENDING
-
-    hi = engine.arr_ptr
-    lo = getattr(engine, "_waiting_lo", 0)
-    st = engine.state
-    # advance a low-water mark past requests that can never wait again
-    while lo < hi and st[lo] != PENDING:
-        lo += 1
-    engine._waiting_lo = lo
-    idx = lo + np.nonzero(st[lo:hi] == PENDING)[0]
-    run = engine.running
-    if run and len(idx):
-        idx = np.setdiff1d(idx, np.fromiter(run.keys(), np.int64, len(run)), assume_unique=True)
-    return idx
-
-
-def waiting_adapter_counts(engine: "Engine") -> np.ndarray:
+def waiting_adapter_counts(engine: "EngineView") -> np.ndarray:
     """Waiting requests per adapter (Chameleon keeps the adapters of queued requests)."""
-    idx = waiting_requests(engine)
-    ad = engine.adapter[idx]
+    ad = engine.adapter[engine.waiting_ids()]
     ad = ad[ad >= 0]
     return np.bincount(ad, minlength=engine.n_adapters)
-
-
-def normalized(x: np.ndarray) -> np.ndarray:
-    """x / max(x) (zeros stay zeros; an all-zero vector stays zero)."""
-    m = float(np.max(x)) if len(x) else 0.0
-    return x / m if m > 0 else np.zeros_like(x, dtype=float)
 
 
 def kmeans_1d(x: np.ndarray, k: int, iters: int = 100) -> tuple[np.ndarray, float]:

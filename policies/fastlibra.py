@@ -47,7 +47,7 @@ import numpy as np
 
 from policies.lru import LRUCache
 from twin.registry import Preset, register_cache, register_preset
-from twin.interfaces import AdapterCachePolicy
+from twin.interfaces import AdapterCachePolicy, EngineView
 
 INF = math.inf
 
@@ -84,8 +84,9 @@ class FastLibraCache(AdapterCachePolicy):
     lora_term = True
 
     def __init__(self, busy: float = 0.95, idle: float = 0.70, interval_s: float = 0.1, window_s: float = 60.0,
-                 t_scale_s: float = 1.0) -> None:
-        self.busy, self.idle_thr = busy, idle
+                 t_scale_s: float = 1.0, **memory) -> None:
+        super().__init__(**memory)
+        self.busy, self.idle = busy, idle
         self.interval_s = interval_s
         self.window_s = window_s
         self.t_scale_s = t_scale_s
@@ -94,15 +95,15 @@ class FastLibraCache(AdapterCachePolicy):
         self.swaps_in = 0
         self._swapin_loras: list[int] = []
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         e = engine
         self.count = np.zeros(e.n_adapters)
         self.hi = 0
         self.lo = 0
         mem = e.adapters
-        self._cpu = [mem._cpu_s[r] for r in mem.ranks_l]
-        self._disk = [mem._disk_s[r] for r in mem.ranks_l]
+        self._cpu = [mem.cpu_load_s[r] for r in mem.ranks_l]
+        self._disk = [mem.disk_load_s[r] for r in mem.ranks_l]
 
     @property
     def tick_interval(self) -> float | None:
@@ -138,7 +139,7 @@ class FastLibraCache(AdapterCachePolicy):
 
     # ------------------------------------------------------------------ the tree and values
     def _store(self):
-        return self.engine._ext.prefix
+        return self.engine.history
 
     def values(self, now: float, nodes: list) -> list[float]:
         """Values of tree nodes: ``('lora', a)`` or ``('kv', HistoryNode)``."""
@@ -198,7 +199,7 @@ class FastLibraCache(AdapterCachePolicy):
         if k == "kv":
             return self._store().swap_out(x, now)
         mem = self.engine.adapters
-        mem._evict(x, now)
+        mem.evict(x, now)
         return mem.placement.ab[x]
 
     # ------------------------------------------------------------------ engine callbacks
@@ -226,13 +227,13 @@ class FastLibraCache(AdapterCachePolicy):
 
     def usage(self) -> float:
         e = self.engine
-        pool = e._ext.pool_blocks
+        pool = e.pool_blocks
         return 1.0 - (e.total_blocks - e.used_blocks) / pool if pool else 0.0
 
     def on_tick(self, now: float) -> None:
         """The swapper (every 100 ms): busy -> swap out leaves, idle -> swap in roots."""
         e = self.engine
-        pool = e._ext.pool_blocks
+        pool = e.pool_blocks
         self._swapin_loras = []
         if self.usage() > self.busy:
             target = int(math.ceil((1 - self.busy) * pool))
@@ -240,14 +241,14 @@ class FastLibraCache(AdapterCachePolicy):
             if need > 0:
                 self.reclaim_blocks(need, now)
             return
-        if self.usage() >= self.idle_thr:
+        if self.usage() >= self.idle:
             return
         cands = self.swap_in_candidates(now)
         if not cands:
             return
         vals = self.values(now, cands)
         order = np.argsort(-np.asarray(vals), kind="stable")
-        budget = int(self.idle_thr * pool) - (pool - (e.total_blocks - e.used_blocks))
+        budget = int(self.idle * pool) - (pool - (e.total_blocks - e.used_blocks))
         store = self._store()
         ab = e.adapters.placement.ab
         for i in order:

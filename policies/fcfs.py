@@ -22,7 +22,7 @@ from collections import deque
 import numpy as np
 
 from twin.registry import Preset, register_preset, register_scheduler
-from twin.interfaces import Admit, Scheduler
+from twin.interfaces import Admit, EngineView, Scheduler
 
 INF = math.inf
 
@@ -33,7 +33,7 @@ class FCFSScheduler(Scheduler):
     description = "first come first served with adapter-slot skipping (vLLM 0.8.5 v1 default)"
     citation = "Kwon et al., SOSP'23 (vLLM); vLLM v1 scheduler"
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         e = engine
         A = e.n_adapters
@@ -126,7 +126,7 @@ class FCFSScheduler(Scheduler):
         if stop in (Admit.NO_KV, Admit.NO_SEQ, Admit.NO_BUDGET):
             return INF  # the blocked head stays blocked until a finish ends the run
         rid = self._eligible_head() if self._slots_full() else self._global_head()
-        return self.engine._arrival_a[rid] if rid >= 0 else INF
+        return self.engine.arrival_a[rid] if rid >= 0 else INF
 
 
 register_preset(Preset("vllm", "fcfs", "lru", "vLLM 0.8.5 defaults: FCFS scheduler, LRU adapter slots",

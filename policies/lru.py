@@ -27,7 +27,8 @@ class LRUCache(AdapterCachePolicy):
     citation = "vLLM LRUCacheWorkerLoRAManager"
     activation_order_reloads = True
 
-    def __init__(self) -> None:
+    def __init__(self, **memory) -> None:
+        super().__init__(**memory)
         self.idle: OrderedDict[int, None] = OrderedDict()
 
     def on_active(self, a: int, now: float) -> None:

@@ -26,7 +26,7 @@ import math
 
 from policies.common import OutputPredictor
 from twin.registry import Preset, register_preset, register_scheduler
-from twin.interfaces import Admit, Scheduler
+from twin.interfaces import Admit, EngineView, Scheduler
 
 INF = math.inf
 
@@ -38,12 +38,13 @@ class SJFScheduler(Scheduler):
     citation = "Qiu et al., muServe, ATC'24 §4; S-LoRA+SJF baseline of Chameleon MICRO'25 §6"
 
     def __init__(self, accuracy: float = 1.0, aging: float = 50.0, seed: int = 0, max_skips: int = 64) -> None:
+        super().__init__()
         self.accuracy = accuracy
         self.aging = aging
         self.seed = seed
         self.max_skips = max_skips
 
-    def bind(self, engine) -> None:
+    def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.pred = OutputPredictor(engine, self.accuracy, self.seed)
         self.heap: list[tuple[float, int]] = []
@@ -51,7 +52,7 @@ class SJFScheduler(Scheduler):
         self._capped = False
 
     def key(self, rid: int) -> float:
-        return self.pred[rid] + self.aging * self.engine._arrival_a[rid]
+        return self.pred[rid] + self.aging * self.engine.arrival_a[rid]
 
     def on_arrivals(self, lo: int, hi: int) -> None:
         ok, heap = self.ok, self.heap

@@ -38,6 +38,7 @@ class SLoRAScheduler(FCFSScheduler):
     prefetch_evicts = False  # prefetch into free pool memory only
 
     def __init__(self, lookahead_tokens: int | None = None, max_lookahead: int = 32) -> None:
+        super().__init__()
         #: the "next batch": waiting requests (FIFO) whose prompts fill one step's token budget
         self.lookahead_tokens = lookahead_tokens
         self.max_lookahead = max_lookahead
@@ -62,11 +63,11 @@ class SLoRAScheduler(FCFSScheduler):
             if not adm[rid]:
                 yield rid
                 n += 1
-                budget -= int(e._prompt_a[rid])
+                budget -= int(e.prompt_a[rid])
             p += 1
 
     def prefetch(self, now: float) -> Iterable[int]:
-        ad = self.engine._adapter_a
+        ad = self.engine.adapter_a
         seen = set()
         for rid in self._next_batch():
             a = ad[rid]
@@ -91,7 +92,8 @@ class NoCache(AdapterCachePolicy):
     description = "no adapter cache: discard an adapter as soon as no running request uses it (S-LoRA)"
     citation = "Sheng et al., S-LoRA, MLSys'24, §4.2"
 
-    def __init__(self) -> None:
+    def __init__(self, **memory) -> None:
+        super().__init__(**memory)
         self.idle: dict[int, None] = {}
 
     def evict_when_idle(self, a: int) -> bool:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tests.helpers import constant_profile, random_workload
 from traces.workload import Workload
 from twin.config import ConfigError, EngineConfig
-from twin.engine import StartupError
+from twin.requests import StartupError
 from twin.simulate import simulate
 
 
@@ -251,3 +251,19 @@ def test_preempted_decoder_recomputes_its_output_and_keeps_it():
     t_r0 = 0.01 + 32e-5 + 39 * 0.01
     assert r.loc[0, "finish_s"] == pytest.approx(t_r0, abs=1e-12)
     assert r.loc[1, "finish_s"] == pytest.approx(t_r0 + 0.01 + 33e-5 + 22 * 0.01, abs=1e-12)
+
+
+def test_engine_implements_the_engine_view():
+    """Every member of twin.interfaces.EngineView (what policies may use) exists on the engine."""
+    import policies  # noqa: F401
+    from twin.engine import Engine
+    from twin.interfaces import EngineCore, EngineView
+    from twin.registry import resolve_policy
+
+    s, c, _ = resolve_policy("vllm")
+    w = {"arrival_s": np.array([0.0, 0.5]), "prompt_tokens": np.array([10, 20]), "output_tokens": np.array([3, 4])}
+    e = Engine(w, constant_profile(), EngineConfig(max_model_len=4096), s, c)
+    members = set(EngineCore.__annotations__) | set(EngineView.__annotations__)
+    members |= {n for cls in (EngineView, EngineCore) for n in vars(cls) if not n.startswith("_")}
+    missing = sorted(m for m in members if not hasattr(e, m))
+    assert not missing, missing

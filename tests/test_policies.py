@@ -138,10 +138,10 @@ def test_wrs_formula():
     200, rank 32 of 128 -> (0.2 + 0.3) * 0.25 = 0.125; output-only: 100/200 = 0.5."""
     e, s = _chameleon_engine()
     s.max_in, s.max_out, s.max_rank = 1024, 200, 128
-    assert s.wrs(0) == pytest.approx(0.125)
+    assert s.weighted_size(0) == pytest.approx(0.125)
     e2, s2 = _chameleon_engine(wrs="output")
     s2.max_in, s2.max_out, s2.max_rank = 1024, 200, 128
-    assert s2.wrs(0) == pytest.approx(0.5)
+    assert s2.weighted_size(0) == pytest.approx(0.5)
 
 
 def test_k_choice_elbow_vs_min_wcss():
@@ -188,7 +188,7 @@ def _two_queues(s, quotas, used):
     s.tok = {1: 100, 2: 100, 4: 600}
     s.qof = {1: 0, 2: 0, 4: 1}
     s.quota, s.used = list(quotas), list(used)
-    s.k = 2
+    s.n_queues = 2
 
 
 def test_algorithm1_two_cases():
@@ -229,7 +229,7 @@ def test_bypass_only_when_wait_exceeds_run_time_and_squash_when_wrong():
     ctx = FakeCtx(refuse={4: Admit.NO_SLOT})
     s.schedule_waiting(ctx)
     assert ctx.admitted == [1] and s.bypasses == 1 and list(s.queues[0]) == [4, 5]
-    assert e._ext.events and e._ext.events[0][0] == pytest.approx(2.0)  # the squash check at the predicted wait
+    assert e.next_event_time == pytest.approx(2.0)  # the squash check at the predicted wait
     # the prediction proves wrong: at that time the bypasser still runs and the head still waits
     squashed = []
     e.squash = squashed.append
@@ -253,7 +253,7 @@ def test_chameleon_refresh_builds_queues_and_quotas():
     s = res.summary
     assert s["chameleon_refreshes"] >= 1 and 1 <= s["chameleon_queues"] <= 4
     assert len(s["chameleon_cutoffs"]) == s["chameleon_queues"] - 1
-    assert sum(s["chameleon_quotas"]) == pytest.approx(res.engine._ext.pool_blocks * 16, rel=1e-6)
+    assert sum(s["chameleon_quotas"]) == pytest.approx(res.engine.pool_blocks * 16, rel=1e-6)
     st = simulate(w, prof, EngineConfig(max_loras=4, max_model_len=4096), policy="chameleon-static").summary
     assert st["chameleon_queues"] == 4 and len(set(st["chameleon_quotas"])) == 1
 
@@ -322,3 +322,29 @@ def test_unknown_interfaces_raise_helpfully():
 
     with pytest.raises(ValueError, match="name"):
         registry.register_cache(Bad)
+
+
+def test_get_params_rebuilds_every_policy():
+    """scikit-learn's convention: constructor arguments are stored under their own names,
+    ``get_params`` returns them and ``type(p)(**p.get_params())`` rebuilds an equal policy."""
+    from twin.registry import CACHES, SCHEDULERS, make_cache, make_scheduler
+
+    for reg, make in ((SCHEDULERS, make_scheduler), (CACHES, make_cache)):
+        for name in reg:
+            p = make(name)
+            params = p.get_params()
+            q = type(p)(**params)
+            assert q.get_params() == params, name
+            assert type(q) is type(p)
+
+
+def test_memory_options_are_constructor_arguments():
+    """The registry passes the engine-memory options to the cache's constructor (no setattr)."""
+    from twin.registry import make_cache
+
+    c = make_cache("lru", adapter_memory="region", adapter_placement="paged", lora_share=0.3)
+    assert (c.adapter_memory, c.adapter_placement, c.lora_share) == ("region", "paged", 0.3)
+    assert c.get_params()["adapter_memory"] == "region"
+    f = make_cache("fastlibra")
+    assert f.adapter_memory == "unified" and f.prefix_kv is True and f.history_to_host is True
+    assert make_cache("fastlibra", busy=0.9).get_params()["busy"] == 0.9

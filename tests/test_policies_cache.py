@@ -134,7 +134,7 @@ def _fastlibra_tree(cache):
     m = e.adapters
     use(m, 0, 0.0)
     use(m, 1, 0.0)
-    store = e._ext.prefix
+    store = e.history
     kv0 = HistoryNode(conv=0, adapter=0, tokens=160, blocks=10, turn=0, created=0.0, last_access=0.0)
     kv2 = HistoryNode(conv=2, adapter=2, tokens=160, blocks=10, turn=0, created=0.0, last_access=0.0, tier="host")
     store.nodes = {0: kv0, 2: kv2}
@@ -153,7 +153,7 @@ def test_fastlibra_dependency_tree_leaves_and_roots():
     inn = c.swap_in_candidates(1.0)
     assert ("lora", 2) in inn and ("kv", kv2) not in inn  # kv2's adapter is not in HBM
     e.check_invariants = True
-    e._ext.check()
+    e.extensions.check()
     # WoM: no tree -- any node may go, KV may come back without its adapter
     e, kv0, kv2 = _fastlibra_tree("fastlibra-wom")
     e.arr_ptr = 3
@@ -165,7 +165,7 @@ def test_fastlibra_swapper_thresholds():
     """Above 95% of HBM the swapper swaps leaves out down to 95%; below 70% it swaps roots in."""
     e, kv0, kv2 = _fastlibra_tree("fastlibra")
     c = e.cache
-    pool = e._ext.pool_blocks
+    pool = e.pool_blocks
     e.arr_ptr = 3
     ab = e.adapters.placement.ab
     e.used_blocks = e.total_blocks - 1  # almost full (the running batch): swap everything swappable

@@ -61,7 +61,7 @@ def test_default_path_installs_nothing():
     prof = constant_profile(**PROF)
     res = simulate(conv_workload(n_conv=5), prof, EngineConfig(**CFG), policy="vllm")
     e = res.engine
-    assert e._ext is None and e._admit_hook is None and e._reclaim is None and e._finish_hook is None
+    assert e.extensions is None and e._admit_hook is None and e._reclaim is None and e._finish_hook is None
     assert e._prefetch_on is False and "adapter_memory" not in res.summary
 
 
@@ -79,7 +79,7 @@ def test_unified_pool_reclaims_idle_adapters_before_preempting():
     assert s["adapter_memory"] == "unified" and s["reclaimed_blocks"] > 0
     e = res.engine
     # the pool: KV blocks + adapter blocks add up to the whole pool at the end
-    assert e.total_blocks + e.adapters.placement.adapter_blocks == e._ext.pool_blocks
+    assert e.total_blocks + e.adapters.placement.adapter_blocks == e.pool_blocks
 
 
 def test_async_prefetch_hides_load_sync_does_not():

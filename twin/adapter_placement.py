@@ -24,7 +24,7 @@ engine's default and needs nothing from this module. Two other layouts:
   (``engine.total_blocks``) is the pool minus the resident adapters (and minus history KV
   kept for prefix reuse, :mod:`twin.prefix_kv`). The adapter cache therefore lives in
   otherwise idle memory: when the batch needs blocks, idle adapters are evicted
-  (:meth:`twin.hooks.Extensions.reclaim`) -- the cache is resized every step against the
+  (:meth:`twin.extensions.Extensions.reclaim`) -- the cache is resized every step against the
   batch's needs.
 
 A placement exposes ``allocate(a, now, evict=True) -> bool``, ``free(a)``,
@@ -38,7 +38,7 @@ import bisect
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from twin.engine import Engine
+    from twin.interfaces import EngineCore
 
 PAGE_BYTES = 2 * 1024 * 1024
 
@@ -155,7 +155,7 @@ class RegionPlacement:
     (``blocked``) when the idle adapters do not free a large enough hole.
     """
 
-    def __init__(self, engine: "Engine", capacity_bytes: int, allocator: str = "contiguous",
+    def __init__(self, engine: "EngineCore", capacity_bytes: int, allocator: str = "contiguous",
                  page_bytes: int = PAGE_BYTES, page_overhead_s: float = 2e-6) -> None:
         self.e = engine
         self.mem = engine.adapters
@@ -242,7 +242,7 @@ class RegionPlacement:
 class UnifiedPool:
     """S-LoRA unified paging: adapters take KV blocks from the engine's pool (see the module docstring)."""
 
-    def __init__(self, engine: "Engine", ext: Any) -> None:
+    def __init__(self, engine: "EngineCore", ext: Any) -> None:
         self.e = engine
         self.ext = ext
         self.mem = engine.adapters
@@ -276,13 +276,13 @@ class UnifiedPool:
             if not evict or need > free + self.ext.reclaimable():
                 return False
             self.ext.reclaim(need - free, now)
-        e.total_blocks -= need
+        e.lend_blocks(need)
         self.adapter_blocks += need
         self.allocations += 1
         return True
 
     def free(self, a: int) -> None:
-        self.e.total_blocks += self.ab[a]
+        self.e.return_blocks(self.ab[a])
         self.adapter_blocks -= self.ab[a]
 
     def load_extra_s(self, a: int) -> float:

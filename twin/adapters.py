@@ -23,7 +23,6 @@ import numpy as np
 import simpy
 
 if TYPE_CHECKING:  # pragma: no cover
-    from twin.interfaces import AdapterCachePolicy
     from twin.perf.profile import Profile
 
 
@@ -37,14 +36,6 @@ class HostLink:
         self.busy_s = 0.0
         self.transfers = 0
         self.free_at = 0.0  # when every transfer requested so far will have ended (FIFO)
-
-    @property
-    def busy(self) -> bool:
-        return self.resource.count > 0
-
-    @property
-    def queued(self) -> int:
-        return len(self.resource.queue)
 
     def transfer(self, nbytes: int, duration_s: float) -> Generator:
         """SimPy process body: hold the link for ``duration_s`` (waiting for it if busy).
@@ -79,12 +70,13 @@ class AdapterMemory:
     """Which adapters are on the GPU, in the CPU tier, or only on disk.
 
     ``active[a]`` counts the running requests of adapter ``a``; ``resident[a]`` says it
-    holds a GPU slot. Invariants (checked by tests): ``resident.sum() <= gpu_slots`` and
+    holds a GPU slot. ``policy`` is the :class:`twin.interfaces.AdapterCachePolicy` whose
+    callbacks (``on_active``, ``on_idle``, ``on_load``, ``on_evict``, ``victim``) this calls. Invariants (checked by tests): ``resident.sum() <= gpu_slots`` and
     an adapter with ``active[a] > 0`` is resident.
     """
 
     def __init__(self, ranks: np.ndarray, profile: "Profile", gpu_slots: int, cpu_slots: int,
-                 policy: "AdapterCachePolicy", link: HostLink, tp: int = 1, max_rank: int | None = None) -> None:
+                 policy: Any, link: HostLink, tp: int = 1, max_rank: int | None = None) -> None:
         n = len(ranks)
         self.ranks = ranks
         self.gpu_slots = gpu_slots
@@ -99,10 +91,10 @@ class AdapterMemory:
         self.ranks_l: list[int] = [int(r) for r in ranks]
         self.bytes: list[int] = [profile.adapter_bytes(r) for r in self.ranks_l]
         self.resident_bytes = 0
-        # per-rank load times, looked up once
-        self._disk_s = {int(r): profile.load_s(int(r), "disk", tp, max_rank) for r in set(ranks.tolist())}
-        self._cpu_s = {int(r): profile.load_s(int(r), "cpu", tp, max_rank) for r in set(ranks.tolist())}
-        # extensions (twin/hooks.py): asynchronous loads in flight and a byte/page placement
+        # per-rank load times (disk -> GPU, CPU -> GPU), looked up once
+        self.disk_load_s = {int(r): profile.load_s(int(r), "disk", tp, max_rank) for r in set(ranks.tolist())}
+        self.cpu_load_s = {int(r): profile.load_s(int(r), "cpu", tp, max_rank) for r in set(ranks.tolist())}
+        # extensions (twin/extensions.py): asynchronous loads in flight and a byte/page placement
         self.loading: dict[int, Any] = {}  # adapter -> its SimPy load process (state "loading")
         self.placement: Any = None          # None: vLLM's fixed slots (gpu_slots)
         # counters
@@ -115,13 +107,18 @@ class AdapterMemory:
         self.reloads = 0  # adapters of the batch evicted and reloaded within a step (vLLM activation order)
         # vLLM activation order (activation_reloads): the worker walks the batch's adapters in
         # Python-set order, drawn as a random order per walk from a seeded generator
-        self.order_reloads = bool(getattr(policy, "activation_order_reloads", False))
+        self.order_reloads = bool(policy.activation_order_reloads)
         self.batch: set[int] = set()       # adapters with running requests
         self.idle_at: list[float] = [-1.0] * n
         self.loaded_at: list[float] = [-1.0] * n
         self._order_rng = random.Random(0x10AD)
         self._idle_now_t = -1.0
         self._idle_now: list[int] = []     # adapters that left the batch at that time
+
+    def use_placement(self, placement: Any, gpu_slots: int) -> None:
+        """Adapter memory of an extension (:mod:`twin.adapter_placement`) instead of vLLM's slots."""
+        self.placement = placement
+        self.gpu_slots = gpu_slots
 
     def preload_cpu(self, adapters) -> None:
         """Adapters already in the CPU tier when serving starts (at most ``cpu_slots``, LRU order
@@ -170,9 +167,10 @@ class AdapterMemory:
                 self.cpu.move_to_end(a)
             self.policy.on_idle(a, now)
             if self.policy.evict_when_idle(a):
-                self._evict(a, now)
+                self.evict(a, now)
 
-    def _evict(self, a: int, now: float) -> None:
+    def evict(self, a: int, now: float) -> None:
+        """Adapter ``a`` leaves the GPU (the caller chose it; see :meth:`evict_victim`)."""
         self.resident[a] = False
         self.n_resident -= 1
         self.resident_bytes -= self.bytes[a]
@@ -187,7 +185,7 @@ class AdapterMemory:
         if self.active[v] > 0 or not self.resident[v] or v in self.loading:
             state = "in use" if self.active[v] else "not resident" if not self.resident[v] else "loading"
             raise RuntimeError(f"cache policy {self.policy.name!r} chose adapter {v} as victim, but it is {state}")
-        self._evict(v, now)
+        self.evict(v, now)
         return v
 
     def evictable(self) -> list[int]:
@@ -204,20 +202,24 @@ class AdapterMemory:
             v = self.evict_victim(now)
             if self.order_reloads:
                 reloads = self.activation_reloads(a, v, now)
-        source, disk_s = self._fetch(a)
-        self.resident[a] = True
-        self.n_resident += 1
-        self.resident_bytes += self.bytes[a]
+        source, disk_s = self.fetch(a)
+        self.mark_resident(a)
         self.loaded_at[a] = now
         self.policy.on_load(a, now)
-        link_s = self._cpu_s[self.ranks_l[a]]
+        link_s = self.cpu_load_s[self.ranks_l[a]]
         if self.placement is not None:
             link_s += self.placement.load_extra_s(a)
         nbytes = self.bytes[a]
         for b in reloads:  # copied again, one after the other, on the same critical path
-            link_s += self._cpu_s[self.ranks_l[b]]
+            link_s += self.cpu_load_s[self.ranks_l[b]]
             nbytes += self.bytes[b]
         return Load(a, source, disk_s, link_s, nbytes)
+
+    def mark_resident(self, a: int) -> None:
+        """Adapter ``a`` holds GPU memory from now on (its copy may still be in flight)."""
+        self.resident[a] = True
+        self.n_resident += 1
+        self.resident_bytes += self.bytes[a]
 
     def activation_reloads(self, a: int, victim: int, now: float) -> list[int]:
         """Adapters of the batch that vLLM evicts and reloads while it activates ``a`` (whose slot
@@ -271,7 +273,7 @@ class AdapterMemory:
                     self.cpu.move_to_end(b)
         return out
 
-    def _fetch(self, a: int) -> tuple[str, float]:
+    def fetch(self, a: int) -> tuple[str, float]:
         """Where the copy to the GPU starts: the CPU tier, or disk (it then enters the CPU tier)."""
         r = self.ranks_l[a]
         if a in self.cpu:
@@ -282,6 +284,6 @@ class AdapterMemory:
             if len(self.cpu) >= self.cpu_slots:
                 self.cpu.popitem(last=False)
             self.cpu[a] = None
-            source, disk_s = "disk", self._disk_s[r]
+            source, disk_s = "disk", self.disk_load_s[r]
             self.loads_disk += 1
         return source, disk_s

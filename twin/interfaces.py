@@ -1,23 +1,37 @@
-"""The two pluggable decisions of the engine: which waiting requests join the batch
-(:class:`Scheduler`) and which adapters stay on the GPU (:class:`AdapterCachePolicy`).
+"""The two pluggable decisions of the engine -- which waiting requests join the batch
+(:class:`Scheduler`) and which adapters stay on the GPU (:class:`AdapterCachePolicy`) -- and
+the engine as they see it (:class:`EngineView`).
 
-Both see the engine through :class:`twin.engine.Engine`'s read-only attributes
-(``now``, ``n_waiting``, ``running``, ``free_blocks``, ``adapters``, ``link``, the workload
-arrays ``arrival``, ``prompt``, ``output``, ``adapter``, ``rank``). ``policies/`` implements
-them; ``twin.registry`` finds them by name.
+Policies use only :class:`EngineView` (the engine's read-only state and the few actions a
+policy may take) and declare what they need from the engine through the capabilities of
+these base classes (``adapter_memory``, ``prefix_kv``, ``max_inflight``, ``reclaim_blocks``,
+...), each with its default here. ``policies/`` implements them; ``twin.registry`` finds
+them by name. Policies keep their constructor arguments under the same names and
+:meth:`Policy.get_params` returns them (scikit-learn's convention), so
+``type(p)(**p.get_params())`` rebuilds an equal policy.
 """
 
 from __future__ import annotations
 
+import inspect
+import math
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
-    from twin.engine import Engine, StepContext
+    from array import array
+
+    import numpy as np
+    import simpy
+
+    from twin.config import EngineConfig
+    from twin.perf.profile import Profile
+
+INF = math.inf
 
 
 class Admit(IntEnum):
-    """Outcome of :meth:`StepContext.try_admit` (mirrors the checks of vLLM v1's scheduler)."""
+    """Outcome of :meth:`StepContextView.try_admit` (mirrors the checks of vLLM v1's scheduler)."""
 
     OK = 0
     NO_BUDGET = 1   # token budget of the step is spent
@@ -27,7 +41,179 @@ class Admit(IntEnum):
     NOT_READY = 5   # policy-specific: adapter not resident yet (async loading)
 
 
-class Scheduler:
+class StepContextView(Protocol):
+    """What :meth:`Scheduler.schedule_waiting` may use during one step (``twin.engine.StepContext``)."""
+
+    budget: int                       # tokens left in this step
+    admitted: list[int]               # requests admitted so far in this step
+    loads: list[Any]                  # adapter/KV loads on this step's critical path (twin.adapters.Load)
+    load_rids: list[int]
+
+    def try_admit(self, rid: int) -> Admit:
+        """Apply vLLM's checks to waiting request ``rid`` and admit it when they pass."""
+
+
+class EngineView(Protocol):
+    """The engine as a policy sees it: read-only state, plus the few actions a policy may take.
+
+    Request columns are numpy arrays over all requests in arrival order (``adapter`` is the
+    dense adapter index, -1 for the base model); the ``*_a`` twins are the same columns as
+    ``array.array`` for fast scalar reads in Python loops. ``state`` holds
+    :class:`twin.requests.RequestState` values. ``running`` maps the running requests in
+    admission order (values unused); :meth:`waiting_ids` lists the waiting ones.
+    """
+
+    config: "EngineConfig"
+    profile: "Profile"
+    env: "simpy.Environment"
+    n: int
+    n_adapters: int
+    arrival: "np.ndarray"
+    prompt: "np.ndarray"
+    output: "np.ndarray"
+    adapter: "np.ndarray"
+    rank: "np.ndarray"
+    arrival_a: "array"
+    prompt_a: "array"
+    output_a: "array"
+    adapter_a: "array"
+    adapter_rank: "np.ndarray"       # rank of each dense adapter
+    state: "np.ndarray"
+    reject_reason: "np.ndarray"
+    running: dict[int, None]
+    n_waiting: int
+    arr_ptr: int                     # requests with index < arr_ptr have arrived
+    block_size: int
+    total_blocks: int                # KV blocks available to requests now
+    used_blocks: int
+    kv_tokens: int
+    max_lora_rank: int
+    adapters: Any                    # twin.adapters.AdapterMemory: resident, active, loading, evictable(), ...
+    link: Any                        # twin.adapters.HostLink
+    scheduler: "Scheduler"
+    cache: "AdapterCachePolicy"
+
+    @property
+    def now(self) -> float: ...
+
+    @property
+    def free_blocks(self) -> int: ...
+
+    @property
+    def pool_blocks(self) -> int:
+        """KV blocks of the whole pool (with adapter memory extensions: KV + adapters + history KV)."""
+
+    @property
+    def history(self) -> Any:
+        """The history-KV store of prefix reuse (``twin.prefix_kv.HistoryKV``), or None."""
+
+    @property
+    def steps_run(self) -> int: ...
+
+    def next_arrival_time(self) -> float: ...
+
+    def tokens_known(self, rid: int) -> int: ...
+
+    def emitted_now(self, rid: int) -> int: ...
+
+    def is_decoding(self, rid: int) -> bool: ...
+
+    def kv_blocks_held(self, rid: int) -> int: ...
+
+    def waiting_ids(self) -> "np.ndarray": ...
+
+    def reclaimable_blocks(self) -> int: ...
+
+    def drop_arrivals(self, count: int) -> None: ...
+
+    def squash(self, rid: int) -> None: ...
+
+    def push_event(self, t: float, cb: Callable[[float], None] | None) -> None: ...
+
+
+class EngineCore(EngineView, Protocol):
+    """What the engine's own extensions (``twin.extensions``) use besides :class:`EngineView`."""
+
+    n_adapters: int
+    max_model_len: int
+
+    def resize_kv_pool(self, kv_tokens: int, max_loras: int) -> None: ...
+
+    def recheck_admission(self, adapter_blocks: list[int] | None = None) -> None: ...
+
+    def lend_blocks(self, n: int) -> None: ...
+
+    def return_blocks(self, n: int) -> None: ...
+
+
+class Policy:
+    """What schedulers and cache policies share: identity, binding, ticks, prefetch, parameters."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    citation: ClassVar[str] = ""
+    #: True when the policy uses timed events (``engine.push_event``), e.g. deadlines; it then
+    #: gets the engine's extensions (and their counters in the summary)
+    uses_events: ClassVar[bool] = False
+    #: a prefetch may evict an idle adapter to make room (False: into free memory only)
+    prefetch_evicts: bool = True
+    #: prefetches go on the critical path of the deciding step instead of the background
+    prefetch_sync: bool = False
+    #: asynchronous prefetches in flight at most
+    max_inflight: int = 4
+
+    engine: EngineView
+
+    def bind(self, engine: EngineView) -> None:
+        """Called once before the run; keep a reference to the engine (read-only use)."""
+        self.engine = engine
+
+    @property
+    def tick_interval(self) -> float | None:
+        """Seconds between periodic :meth:`on_tick` calls (None: never)."""
+        return None
+
+    def on_tick(self, now: float) -> None:
+        """Periodic background decision (e.g. Chameleon's queue refresh, FastLibra's swapper)."""
+
+    def prefetch(self, now: float) -> Iterable[int]:
+        """Adapters to load now, in priority order (default: none). Overriding it turns
+        prefetching on (:mod:`twin.prefetch`): asynchronous over the host link, or on the
+        deciding step's critical path when ``prefetch_sync``. Asked after each step's
+        admissions; it must depend only on the engine's state (not on how often it is asked)."""
+        return ()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for the run summary (added when the engine has extensions)."""
+        return {}
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        """Named constructor arguments along the MRO (a class whose ``__init__`` takes
+        ``**kwargs`` passes them on to its base)."""
+        names: list[str] = []
+        for klass in cls.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None:
+                continue
+            if klass is object:
+                break
+            more = False
+            for p in inspect.signature(init).parameters.values():
+                if p.kind == p.VAR_KEYWORD:
+                    more = True
+                elif p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names:
+                    names.append(p.name)
+            if not more:
+                break
+        return names
+
+    def get_params(self) -> dict[str, Any]:
+        """The constructor arguments, read from the attributes of the same names."""
+        return {k: getattr(self, k) for k in self._param_names()}
+
+
+class Scheduler(Policy):
     """Decides, each engine step, which waiting requests join the batch.
 
     The engine schedules the running requests first (decodes, then continuing prefill
@@ -36,16 +222,11 @@ class Scheduler:
     ``ctx.try_admit(rid)`` in the policy's order.
     """
 
-    name: ClassVar[str] = ""
-    description: ClassVar[str] = ""
-    citation: ClassVar[str] = ""
-
-    def bind(self, engine: "Engine") -> None:
-        """Called once before the run; keep a reference to the engine (read-only use)."""
-        self.engine = engine
+    def __init__(self) -> None:
+        pass
 
     def on_arrivals(self, lo: int, hi: int) -> None:
-        """Requests with arrival index ``lo <= i < hi`` (in ``engine.order``) arrived."""
+        """Requests ``lo <= rid < hi`` (indices in arrival order) arrived."""
 
     def on_preempt(self, rid: int) -> None:
         """``rid`` was preempted (recompute) and is waiting again."""
@@ -54,7 +235,7 @@ class Scheduler:
     def on_finish(self, rid: int) -> None:
         """``rid`` finished."""
 
-    def schedule_waiting(self, ctx: "StepContext") -> Admit | None:
+    def schedule_waiting(self, ctx: StepContextView) -> Admit | None:
         """Offer waiting requests to ``ctx.try_admit``; return why admission stopped
         (an :class:`Admit` value) or None when no waiting request was eligible."""
         raise NotImplementedError
@@ -66,52 +247,54 @@ class Scheduler:
         too late is a bug. The default is the next arrival."""
         return self.engine.next_arrival_time()
 
-    @property
-    def tick_interval(self) -> float | None:
-        """Seconds between periodic :meth:`on_tick` calls (None: never)."""
-        return None
 
-    def on_tick(self, now: float) -> None:
-        """Periodic background decision (e.g. Chameleon's queue refresh)."""
-
-    #: True when the scheduler uses timed events (``engine._ext.push_event``), e.g. deadlines.
-    uses_events: ClassVar[bool] = False
-
-    def prefetch(self, now: float) -> Iterable[int]:
-        """Adapters to prefetch now, in priority order (S-LoRA: those of queued requests).
-
-        Asked after each step's admissions and at arrivals; it must depend only on the
-        engine's state (not on how often it is asked). Overriding it turns prefetching on
-        (:mod:`twin.prefetch`)."""
-        return ()
-
-
-class AdapterCachePolicy:
-    """Decides which adapters stay resident in the GPU adapter slots.
+class AdapterCachePolicy(Policy):
+    """Decides which adapters stay resident in GPU memory.
 
     The engine calls :meth:`on_active` when an adapter gets its first running request,
     :meth:`on_idle` when its last running request leaves, and :meth:`victim` when a load
-    needs a slot. An adapter with running requests is never offered as a victim.
+    needs room. An adapter with running requests is never offered as a victim.
+
+    The constructor takes the engine-memory options (``twin.registry.MEMORY_OPTS``); None
+    keeps the class's default (e.g. FastLibra's unified pool with prefix-KV reuse). A
+    subclass with its own ``__init__`` takes ``**memory`` and passes it on::
+
+        def __init__(self, alpha: float = 0.5, **memory) -> None:
+            super().__init__(**memory)
+            self.alpha = alpha          # stored under its own name: get_params() returns it
     """
 
-    name: ClassVar[str] = ""
-    description: ClassVar[str] = ""
-    citation: ClassVar[str] = ""
     #: adapter memory this policy needs: None (the engine configuration decides), 'slots',
     #: 'region' or 'unified' (see :mod:`twin.adapter_placement`)
     adapter_memory: str | None = None
+    #: allocator of the 'region' memory: 'contiguous' or 'paged' (None: the engine configuration)
+    adapter_placement: str | None = None
+    #: share of the pool given to the adapter region (None: ``EngineConfig.adapter_region_bytes``
+    #: or the memory of vLLM's slots)
+    lora_share: float | None = None
     #: keep conversations' history KV for prefix reuse (None: ``EngineConfig.prefix_caching``)
     prefix_kv: bool | None = None
-    #: prefetches go on the critical path of the deciding step instead of the background
-    prefetch_sync: bool = False
+    #: under memory pressure, history KV is swapped to host memory (True) or dropped (False)
+    history_to_host: bool = False
+    #: host memory for swapped history KV, in tokens
+    host_kv_tokens: float = INF
     #: vLLM's worker activates the batch's adapters one by one in set (hash) order, so an LRU
     #: eviction can hit an adapter of the batch not yet touched in this step, which is then
     #: reloaded (see :meth:`twin.adapters.AdapterMemory.activation_reloads`)
     activation_order_reloads: ClassVar[bool] = False
-    uses_events: ClassVar[bool] = False
+    #: ``reclaim_blocks(n, now, pin) -> freed``: free at least ``n`` pool blocks, never evicting
+    #: adapter ``pin``. None (not provided): the engine's order -- history KV least recently
+    #: used first, then idle adapters in :meth:`victim` order (``twin.extensions.Extensions.reclaim``)
+    reclaim_blocks: Callable[[int, float, int], int] | None = None
 
-    def bind(self, engine: "Engine") -> None:
-        self.engine = engine
+    def __init__(self, adapter_memory: str | None = None, adapter_placement: str | None = None,
+                 prefix_kv: bool | None = None, lora_share: float | None = None,
+                 history_to_host: bool | None = None, prefetch_sync: bool | None = None) -> None:
+        for k, v in (("adapter_memory", adapter_memory), ("adapter_placement", adapter_placement),
+                     ("prefix_kv", prefix_kv), ("lora_share", lora_share), ("history_to_host", history_to_host),
+                     ("prefetch_sync", prefetch_sync)):
+            if v is not None:
+                setattr(self, k, v)
 
     def on_active(self, a: int, now: float) -> None:
         """Adapter ``a`` got its first running request."""
@@ -133,19 +316,10 @@ class AdapterCachePolicy:
         """True to discard ``a`` as soon as it is idle (S-LoRA without a cache)."""
         return False
 
-    def prefetch(self, now: float) -> Iterable[int]:
-        """Adapters to load now, in priority order (default: none). Overriding it turns
-        prefetching on (:mod:`twin.prefetch`): asynchronous over the host link, or on the
-        deciding step's critical path when ``prefetch_sync``. Asked after each step's
-        admissions and at arrivals; it must depend only on the engine's state."""
-        return ()
+    def history_tier(self, node: Any, now: float) -> str | None:
+        """Where a finished turn's history KV (``twin.prefix_kv.HistoryNode``) goes: 'hbm'
+        (when free blocks allow, else host), 'host', or None/anything else to drop it."""
+        return "hbm"
 
-    @property
-    def tick_interval(self) -> float | None:
-        return None
-
-    def on_tick(self, now: float) -> None:
-        """Periodic background decision (e.g. FastLibra's swapper)."""
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name}
+    def on_history(self, node: Any, what: str, now: float) -> None:
+        """A history node was stored, taken, dropped, swapped out or swapped in (``what``)."""

@@ -11,81 +11,22 @@ Definitions (as vLLM's ``benchmark_serving`` computes them, over *finished* requ
 * queueing delay = first scheduled - arrival; load wait = time the request's own adapter
   load held its first step.
 
-Steps are recorded as segments: a row covers ``n_steps`` consecutive identical decode
-steps (one row per step otherwise), so ``steps.parquet`` stays small on long runs.
+The step records themselves (segments of identical decode steps) are kept by
+:class:`twin.recorder.Recorder`.
 """
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from twin.requests import FINISHED, REJECT_REASONS, REJECTED
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from twin.engine import Engine
-
-STEP_COLUMNS = ("t_start", "t_end", "n_steps", "duration_s", "batch_size", "prefill_tokens", "decode_tokens",
-                "distinct_adapters", "kv_blocks_used", "adapter_mem_bytes", "loads_started", "link_bytes")
-
-
-class Recorder:
-    """Collects step segments and ITL samples during a run (cheap appends only)."""
-
-    def __init__(self, record_steps: bool = True) -> None:
-        self.record_steps = record_steps
-        self.rows: list[tuple] = []
-        self.itl_d: list[float] = []      # single-step durations with decode tokens
-        self.itl_w: list[int] = []
-        self.itl_runs: list[tuple[np.ndarray, int]] = []
-        self.preemptions = 0
-        self.n_steps = 0
-        self.n_segments = 0
-        self._bar = None
-        self._last_wall = 0.0
-
-    def step(self, t0, t1, k, d, durs, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes):
-        """One step (k == 1) or a run of k decode steps of duration ``d`` each (or ``durs``)."""
-        self.n_steps += k
-        self.n_segments += 1
-        if n_dec:
-            if durs is not None:
-                self.itl_runs.append((np.asarray(durs), n_dec))
-            else:
-                self.itl_d.append(total if k == 1 else d)
-                self.itl_w.append(n_dec * k)
-        if self.record_steps:
-            self.rows.append((t0, t1, k, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes))
-
-    def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
-        d = [np.asarray(self.itl_d, float)] + [r[0] for r in self.itl_runs]
-        w = [np.asarray(self.itl_w, np.int64)] + [np.full(len(r[0]), r[1], np.int64) for r in self.itl_runs]
-        return np.concatenate(d), np.concatenate(w)
-
-    def steps_frame(self) -> "pd.DataFrame":
-        import pandas as pd
-
-        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
-
-    def progress(self, t: float, total: float) -> None:
-        w = time.perf_counter()
-        if w - self._last_wall < 0.25:
-            return
-        self._last_wall = w
-        if self._bar is None:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=round(total, 1), unit="sim-s", desc="simulating", leave=False)
-        self._bar.n = round(min(t, total), 1)
-        self._bar.refresh()
-
-    def close_progress(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
 
 def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     """Quantile ``q`` of ``values`` repeated ``weights`` times (inverted-CDF definition)."""
@@ -100,8 +41,6 @@ def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> floa
 
 def outcomes(e: "Engine") -> np.ndarray:
     """Per request: 0 not arrived (after the horizon), 1 finished, 2 rejected, 3 unfinished."""
-    from twin.engine import FINISHED, REJECTED
-
     t_end = e.horizon if e.horizon != float("inf") else e.env.now
     out = np.full(e.n, 3, np.int8)
     out[e.state == FINISHED] = 1
@@ -116,8 +55,6 @@ OUTCOME_NAMES = np.array(["not_arrived", "finished", "rejected", "unfinished"], 
 def requests_frame(e: "Engine") -> "pd.DataFrame":
     """One row per request of the workload with its outcome and latencies."""
     import pandas as pd
-
-    from twin.engine import REJECT_REASONS
 
     oc = outcomes(e)
     ttft = e.first_token - e.arrival
@@ -158,8 +95,6 @@ def _stats(x: np.ndarray, prefix: str, out: dict[str, Any], scale: float = 1000.
 def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
               tbt_slo_s: float | None = None) -> dict[str, Any]:
     """The run summary (keys documented in README.md); numpy only, no per-request table."""
-    from twin.engine import REJECT_REASONS
-
     oc = outcomes(e)
     fin = oc == 1
     arrived = int(np.count_nonzero(oc))
@@ -223,8 +158,8 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
     s["engine_steps"] = int(e.rec.n_steps)
     s["step_segments"] = int(e.rec.n_segments)
     s["kv_capacity_tokens"] = int(e.kv_tokens)
-    if getattr(e, "_ext", None) is not None:  # extensions' counters (twin/hooks.py)
-        s.update(e._ext.stats())
+    if e.extensions is not None:  # the extensions' and the policies' counters (twin/extensions.py)
+        s.update(e.extensions.stats())
     s["wall_s"] = float(wall_s)
     s["x_realtime"] = float(window / wall_s) if wall_s > 0 else None
     return s

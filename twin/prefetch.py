@@ -20,30 +20,33 @@ is reserved when the read ends, so the completion time is known from then on (un
 a lower bound splits decode runs, which is always exact, see ``Scheduler.next_change_time``).
 
 Decisions come from ``scheduler.prefetch(now)`` and ``cache.prefetch(now)`` (adapter ids in
-priority order), asked after each step's admissions and, to keep decode-run skipping exact,
-again at every arrival and completion (:meth:`twin.hooks.Extensions.after_schedule`).
+priority order), asked after each step's admissions
+(:meth:`twin.extensions.Extensions.after_schedule`); to keep decode-run skipping exact, a
+decode run ends at the next arrival, so the question is asked again after it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
+
+from twin.adapters import Load
 
 if TYPE_CHECKING:  # pragma: no cover
-    from twin.engine import Engine, StepContext
+    from twin.interfaces import EngineCore, StepContextView
 
 
 class AsyncLoader:
-    """Starts and completes prefetches (see the module docstring)."""
+    """Starts and completes prefetches (see the module docstring).
 
-    def __init__(self, engine: "Engine", ext: Any, sync: bool = False, max_inflight: int = 4) -> None:
+    ``sources`` are the policies (scheduler and/or cache) whose ``prefetch`` is asked."""
+
+    def __init__(self, engine: "EngineCore", sources: Sequence[Any], sync: bool = False, max_inflight: int = 4) -> None:
         self.e = engine
-        self.ext = ext
+        self.sources = list(sources)
         self.mem = engine.adapters
         self.sync = sync
         self.max_inflight = max_inflight
         self.started = 0
-        self.completed = 0
-        self.sync_loads = 0
 
     def _room(self, a: int, now: float, evict: bool) -> bool:
         mem = self.mem
@@ -56,7 +59,7 @@ class AsyncLoader:
         mem.evict_victim(now)
         return True
 
-    def start(self, a: int, now: float, ctx: "StepContext | None" = None, evict: bool = True) -> bool:
+    def start(self, a: int, now: float, ctx: "StepContextView | None" = None, evict: bool = True) -> bool:
         """Prefetch adapter ``a`` (False when resident, loading, or there is no room)."""
         mem = self.mem
         if a < 0 or mem.resident[a]:
@@ -65,20 +68,15 @@ class AsyncLoader:
             return False
         if not self._room(a, now, evict):
             return False
-        source, disk_s = mem._fetch(a)
-        mem.resident[a] = True
-        mem.n_resident += 1
-        mem.resident_bytes += mem.bytes[a]
-        link_s = mem._cpu_s[mem.ranks_l[a]]
+        source, disk_s = mem.fetch(a)
+        mem.mark_resident(a)
+        link_s = mem.cpu_load_s[mem.ranks_l[a]]
         if mem.placement is not None:
             link_s += mem.placement.load_extra_s(a)
         self.started += 1
         pol = mem.policy
         if self.sync:
-            from twin.adapters import Load
-
             ctx.loads.append(Load(a, source, disk_s, link_s, mem.bytes[a]))
-            self.sync_loads += 1
             pol.on_load(a, now)
             if not mem.active[a]:
                 pol.on_idle(a, now)
@@ -86,10 +84,10 @@ class AsyncLoader:
         env = self.e.env
         if disk_s:
             proc = env.process(self._after_disk(a, disk_s, link_s, mem.bytes[a]))
-            self.ext.push_event(now + disk_s + link_s, None)  # lower bound of the end
+            self.e.push_event(now + disk_s + link_s, None)  # lower bound of the end
         else:
             gen = self.e.link.transfer(mem.bytes[a], link_s)
-            self.ext.push_event(self.e.link.free_at, lambda t, a=a: self._done(a, t))
+            self.e.push_event(self.e.link.free_at, lambda t, a=a: self._done(a, t))
             proc = env.process(gen)
         mem.loading[a] = proc
         return True
@@ -98,24 +96,23 @@ class AsyncLoader:
         env = self.e.env
         yield env.timeout(disk_s)
         gen = self.e.link.transfer(nbytes, link_s)
-        self.ext.push_event(self.e.link.free_at, lambda t, a=a: self._done(a, t))
+        self.e.push_event(self.e.link.free_at, lambda t, a=a: self._done(a, t))
         yield env.process(gen)
 
     def _done(self, a: int, now: float) -> None:
         mem = self.mem
         if mem.loading.pop(a, None) is None or not mem.resident[a]:
             return
-        self.completed += 1
         mem.policy.on_load(a, now)
         if not mem.active[a]:
             mem.policy.on_idle(a, now)
 
-    def decide(self, now: float, ctx: "StepContext | None") -> None:
-        for src in self.ext.prefetch_sources:
+    def decide(self, now: float, ctx: "StepContextView | None") -> None:
+        for src in self.sources:
             for a in src.prefetch(now):
                 if not self.sync and len(self.mem.loading) >= self.max_inflight:
                     return
-                self.start(a, now, ctx, evict=getattr(src, "prefetch_evicts", True))
+                self.start(a, now, ctx, evict=src.prefetch_evicts)
 
     def stats(self) -> dict[str, Any]:
         return {"prefetch_mode": "sync" if self.sync else "async", "prefetches": self.started,

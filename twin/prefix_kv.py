@@ -24,7 +24,7 @@ not queue behind host-to-GPU loads; they free the HBM blocks at once and are cou
 
 The store is a mechanism; which nodes to keep, swap or drop is the cache policy's
 decision: ``policy.history_tier(node, now)`` at a turn's end (default: ``"hbm"`` when free
-blocks allow, else drop) and :meth:`twin.hooks.Extensions.reclaim` under memory pressure
+blocks allow, else drop) and :meth:`twin.extensions.Extensions.reclaim` under memory pressure
 (default: drop the least recently used HBM node first).
 """
 
@@ -38,7 +38,7 @@ import numpy as np
 from twin.adapters import Load
 
 if TYPE_CHECKING:  # pragma: no cover
-    from twin.engine import Engine, StepContext
+    from twin.interfaces import EngineCore, StepContextView
 
 
 @dataclass
@@ -60,10 +60,10 @@ class HistoryNode:
 class HistoryKV:
     """Per-conversation history nodes in HBM or host memory (see the module docstring)."""
 
-    def __init__(self, engine: "Engine", ext: Any, conv: np.ndarray, turn: np.ndarray, prefix: np.ndarray,
+    def __init__(self, engine: "EngineCore", conv: np.ndarray, turn: np.ndarray, prefix: np.ndarray,
                  host_capacity_tokens: float = float("inf")) -> None:
         self.e = engine
-        self.ext = ext
+        self.cache = engine.cache
         self.conv = conv.astype(np.int64).tolist()
         self.turn = turn.astype(np.int64).tolist()
         self.prefix = prefix.astype(np.int64).tolist()
@@ -103,13 +103,13 @@ class HistoryKV:
         old = self.nodes.pop(cv, None)
         if old is not None:
             self._release(old)
-        tokens = int(e._prompt_a[rid] + e._output_a[rid] - 1)
+        tokens = int(e.prompt_a[rid] + e.output_a[rid] - 1)
         if tokens <= 0:
             return
-        node = HistoryNode(cv, int(e._adapter_a[rid]), tokens, -(-tokens // e.block_size), self.turn[rid], now, now)
-        tier = self.ext.cache_history_tier(node, now)
+        node = HistoryNode(cv, int(e.adapter_a[rid]), tokens, -(-tokens // e.block_size), self.turn[rid], now, now)
+        tier = self.cache.history_tier(node, now)
         if tier == "hbm" and node.blocks <= e.total_blocks - e.used_blocks:
-            e.total_blocks -= node.blocks
+            e.lend_blocks(node.blocks)
             self.hbm_blocks += node.blocks
         elif tier in ("hbm", "host") and self.host_tokens + tokens <= self.host_capacity_tokens:
             node.tier = "host"
@@ -120,7 +120,7 @@ class HistoryKV:
             return
         self.nodes[cv] = node
         self.stored += 1
-        self.ext.cache_on_history(node, "store", now)
+        self.cache.on_history(node, "store", now)
 
     # -- a later turn is admitted
     def match(self, rid: int, T: int) -> tuple[int, HistoryNode | None]:
@@ -135,17 +135,17 @@ class HistoryKV:
         h = min(self.prefix[rid], node.tokens, T - 1)
         return (h, node) if h > 0 else (0, None)
 
-    def take(self, node: HistoryNode, h: int, rid: int, ctx: "StepContext", now: float) -> None:
+    def take(self, node: HistoryNode, h: int, rid: int, ctx: "StepContextView", now: float) -> None:
         """The request takes the node's KV (the node leaves the store)."""
         self.hits += 1
         self.hit_tokens += h
         node.hits += 1
         del self.nodes[node.conv]
         if node.tier == "hbm":
-            self.e.total_blocks += node.blocks
+            self.e.return_blocks(node.blocks)
             self.hbm_blocks -= node.blocks
         elif node.tier == "loading":
-            self.e.total_blocks += node.blocks
+            self.e.return_blocks(node.blocks)
             self.hbm_blocks -= node.blocks
             ctx.loads.append(Load(-1, "wait", 0.0, 0.0, 0, wait=node.proc))
             ctx.load_rids.append(rid)
@@ -156,7 +156,7 @@ class HistoryKV:
             self.swapped_in_bytes += nbytes
             ctx.loads.append(Load(-1, "kv", 0.0, self.transfer_s(h), nbytes))
             ctx.load_rids.append(rid)
-        self.ext.cache_on_history(node, "take", now)
+        self.cache.on_history(node, "take", now)
 
     def hbm_blocks_of(self, node: HistoryNode) -> int:
         """Blocks the node holds in the pool now (a hit frees them for the request)."""
@@ -165,7 +165,7 @@ class HistoryKV:
     # -- tier moves (a cache policy's swapper or the reclaimer calls these)
     def _release(self, node: HistoryNode) -> None:
         if node.tier in ("hbm", "loading"):
-            self.e.total_blocks += node.blocks
+            self.e.return_blocks(node.blocks)
             self.hbm_blocks -= node.blocks
         elif node.tier == "host":
             self.host_tokens -= node.tokens
@@ -176,7 +176,7 @@ class HistoryKV:
         self._release(node)
         del self.nodes[node.conv]
         self.dropped += 1
-        self.ext.cache_on_history(node, "drop", now)
+        self.cache.on_history(node, "drop", now)
         return freed
 
     def swap_out(self, node: HistoryNode, now: float) -> int:
@@ -185,12 +185,12 @@ class HistoryKV:
             return 0
         if self.host_tokens + node.tokens > self.host_capacity_tokens:
             return self.drop(node, now)
-        self.e.total_blocks += node.blocks
+        self.e.return_blocks(node.blocks)
         self.hbm_blocks -= node.blocks
         self.host_tokens += node.tokens
         node.tier = "host"
         self.swapped_out_bytes += self.node_bytes(node)
-        self.ext.cache_on_history(node, "swap_out", now)
+        self.cache.on_history(node, "swap_out", now)
         return node.blocks
 
     def swap_in(self, node: HistoryNode, now: float) -> bool:
@@ -198,7 +198,7 @@ class HistoryKV:
         e = self.e
         if node.tier != "host" or node.blocks > e.total_blocks - e.used_blocks:
             return False
-        e.total_blocks -= node.blocks
+        e.lend_blocks(node.blocks)
         self.hbm_blocks += node.blocks
         self.host_tokens -= node.tokens
         node.tier = "loading"
@@ -207,14 +207,14 @@ class HistoryKV:
         gen = e.link.transfer(nbytes, self.transfer_s(node.tokens))
         end = e.link.free_at
         node.proc = e.env.process(gen)
-        self.ext.push_event(end, lambda t, n=node: self._swapped_in(n, t))
+        self.e.push_event(end, lambda t, n=node: self._swapped_in(n, t))
         return True
 
     def _swapped_in(self, node: HistoryNode, now: float) -> None:
         if node.tier == "loading" and self.nodes.get(node.conv) is node:
             node.tier = "hbm"
             node.proc = None
-            self.ext.cache_on_history(node, "swap_in", now)
+            self.cache.on_history(node, "swap_in", now)
 
     def hbm_nodes(self) -> list[HistoryNode]:
         return [n for n in self.nodes.values() if n.tier == "hbm"]

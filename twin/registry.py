@@ -13,11 +13,14 @@ and never imports a policy package: policies arrive through the entry-point grou
     other = "mypkg.other:register"       # or a callable that registers
 
 Every cache policy also accepts the engine-memory options :data:`MEMORY_OPTS` (e.g.
-``adapter_memory="unified"``), so a preset can put any cache into S-LoRA's unified pool.
+``adapter_memory="unified"``) as constructor arguments -- its ``__init__`` takes ``**memory``
+and passes them to :class:`twin.interfaces.AdapterCachePolicy` -- so a preset can put any
+cache into S-LoRA's unified pool.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -26,7 +29,8 @@ from twin.interfaces import AdapterCachePolicy, Scheduler
 
 SCHEDULERS: dict[str, type[Scheduler]] = {}
 CACHES: dict[str, type[AdapterCachePolicy]] = {}
-#: options of every cache policy that configure the engine's memory (see ``twin/hooks.py``)
+#: constructor arguments of every cache policy that configure the engine's memory
+#: (:class:`twin.interfaces.AdapterCachePolicy`; used by ``twin/extensions.py``)
 MEMORY_OPTS = ("adapter_memory", "adapter_placement", "prefix_kv", "lora_share", "history_to_host", "prefetch_sync")
 
 
@@ -80,8 +84,6 @@ def load_entry_points() -> None:
         try:
             obj = ep.load()
         except Exception as e:  # a broken third-party package must not break the twin
-            import warnings
-
             warnings.warn(f"entry point {ep.name!r} of group lora_twin.policies failed to load: {e}")
             continue
         if isinstance(obj, type) and issubclass(obj, Scheduler):
@@ -110,11 +112,7 @@ def make_cache(name: str, **opts: Any) -> AdapterCachePolicy:
     load_entry_points()
     if name not in CACHES:
         raise _unknown("adapter-cache policy", name, CACHES)
-    mem = {k: opts.pop(k) for k in list(opts) if k in MEMORY_OPTS}
-    obj = CACHES[name](**opts)
-    for k, v in mem.items():
-        setattr(obj, k, v)
-    return obj
+    return CACHES[name](**opts)
 
 
 def resolve_policy(policy: str | None = None, scheduler: str | None = None,

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 from twin.config import EngineConfig
 from twin.engine import Engine
-from twin.metrics import summarize
+from twin.metrics import requests_frame, summarize
 from twin.perf.profile import Profile, load_profile
 from twin.registry import resolve_policy
 
@@ -29,8 +29,6 @@ class SimResult:
     @property
     def requests(self) -> "pd.DataFrame":
         if not hasattr(self, "_requests"):
-            from twin.metrics import requests_frame
-
             self._requests = requests_frame(self.engine)
         return self._requests
 

@@ -1,0 +1,328 @@
+"""The engine's state: its set-up, the read-only view policies use, timed events, checks.
+
+:class:`EngineState` holds what one engine step works on -- the request table
+(:mod:`twin.requests`), the KV pool, the running batch with its decode aggregate, the
+adapter memory, the policies and the extensions -- and implements
+:class:`twin.interfaces.EngineView` over it. The step loop that changes it is
+:class:`twin.engine.Engine`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import math
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import simpy
+
+from twin.adapters import AdapterMemory, HostLink
+from twin.config import EngineConfig
+from twin.extensions import install_extensions
+from twin.interfaces import AdapterCachePolicy, Scheduler
+from twin.recorder import Recorder
+from twin.requests import FINISHED, PENDING, RequestTable, check_startup
+from twin.tensor_parallel import tp_profile
+
+if TYPE_CHECKING:  # pragma: no cover
+    from traces.workload import Workload
+    from twin.perf.profile import Profile
+    from twin.prefix_kv import HistoryKV
+
+INF = math.inf
+
+
+class EngineState:
+    """The state of one simulated server and its read-only view (see the module docstring).
+
+    ``workload`` is a :class:`traces.workload.Workload` or a mapping of numpy columns of the
+    same schema (the latter keeps pandas out of long benchmark runs).
+    """
+
+    def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
+                 cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
+                 progress: bool = False, record_steps: bool = True, check_invariants: bool = False) -> None:
+        config.validate()
+        self.config = config
+        if config.tensor_parallel > 1:  # each GPU computes 1/TP of the step (twin/tensor_parallel.py)
+            profile = tp_profile(profile, config.tensor_parallel)
+        self.profile = profile
+        self.env = simpy.Environment()
+        self.horizon = INF if horizon_s is None else float(horizon_s)
+        self.max_run_steps = max_run_steps or (1 << 62)
+        self.progress = progress
+        self.check_invariants = check_invariants
+        self._load_requests(workload)
+        self._size_kv_cache()
+        self._init_step_state()
+        self.rec = Recorder(record_steps)
+        self._attach_policies(workload, scheduler, cache)
+        self._read_step_model()
+
+    # ------------------------------------------------------------------ set-up steps
+    def _load_requests(self, workload: "Workload") -> None:
+        """The request table, and the engine's direct references to its columns."""
+        t = self.requests = RequestTable(workload)
+        self.n = t.n
+        self.arrival, self.prompt, self.output = t.arrival, t.prompt, t.output
+        self.arrival_a, self.prompt_a, self.output_a = t.arrival_a, t.prompt_a, t.output_a
+        self.request_id = t.request_id
+        self.adapter_ids, self.adapter, self.adapter_a = t.adapter_ids, t.adapter, t.adapter_a
+        self.adapter_rank, self.rank, self.n_adapters = t.adapter_rank, t.rank, t.n_adapters
+        self.state, self.reject_reason = t.state, t.reject_reason
+        self.first_sched, self.first_token, self.finish = t.first_sched, t.first_token, t.finish
+        self._first_sched_a, self._first_token_a, self._finish_a = t.first_sched_a, t.first_token_a, t.finish_a
+        self.load_wait_d, self.preempt_d, self.last_token_d = t.load_wait_d, t.preempt_d, t.last_token_d
+        self._seen = t.seen
+        self._ok_cum = t.ok_cum
+        cfg = self.config
+        self.served = cfg.served_adapters if cfg.served_adapters is not None else t.n_adapters
+
+    def _size_kv_cache(self) -> None:
+        """vLLM's start-up: KV for one max_model_len request after the weights and the LoRA buffers."""
+        cfg, profile = self.config, self.profile
+        ranks = self.adapter_rank
+        self.max_model_len = cfg.max_model_len or profile.model.max_model_len
+        self.max_lora_rank = cfg.max_lora_rank or (int(ranks.max()) if len(ranks) else 0)
+        slots = cfg.max_loras if cfg.enable_lora else 0
+        self.kv_tokens = cfg.kv_capacity_tokens or profile.kv_capacity_tokens(slots, self.max_lora_rank if slots else 0)
+        self.block_size = cfg.block_size
+        self.total_blocks = self.kv_tokens // self.block_size
+        check_startup(self.kv_tokens, self.max_model_len, slots, self.max_lora_rank)
+        self._apply_rejection_rules()
+
+    def _apply_rejection_rules(self, adapter_blocks: list[int] | None = None) -> None:
+        cfg = self.config
+        self.requests.apply_rejection_rules(self.max_model_len, self.block_size, self.total_blocks,
+                                            cfg.served_adapters, cfg.enable_lora, self.max_lora_rank, adapter_blocks)
+
+    def _init_step_state(self) -> None:
+        """Hot state of the running requests only (dicts keyed by request index)."""
+        bs = self.block_size
+        self.g = 0                                  # global step counter
+        self.running: dict[int, None] = {}          # admission order
+        self.prefilling: dict[int, None] = {}       # subset of running still in prefill
+        self.T: dict[int, int] = {}                 # known tokens (prompt + emitted), running requests
+        self.c: dict[int, int] = {}                 # computed tokens of prefilling requests
+        self.held: dict[int, int] = {}              # KV blocks of prefilling requests
+        self.dec: dict[int, tuple[int, int]] = {}   # decoding: (base, finish step); computed = base + g
+        self.resume_T: dict[int, int] = {}          # preempted requests: tokens to recompute
+        self.n_dec = 0
+        self.dec_base_sum = 0
+        self.res_cnt = [0] * bs         # decoders needing a block at steps with g % bs == r
+        self.fin_heap: list[tuple[int, int]] = []  # (finish step, rid)
+        self.used_blocks = 0
+        self.n_waiting = 0
+        self.arr_ptr = 0                # requests with index < arr_ptr have arrived
+        self._next_arr_t = self.arrival_a[0] if self.n else INF
+        self._waiting_lo = 0            # no request below this index can wait again
+        self.n_finished = 0
+        self.gap_itl: list[float] = []  # ITL samples after a preemption gap
+        # timed events (prefetch completions, swap-ins, a scheduler's deadlines): a heap of
+        # (time, seq, callback) fired at step boundaries; decode runs end at the earliest one
+        self._events: list[tuple[float, int, Callable[[float], None] | None]] = []
+        self._event_seq = itertools.count()
+        self._async_until = INF
+
+    def _attach_policies(self, workload: "Workload", scheduler: Scheduler, cache: AdapterCachePolicy) -> None:
+        """Adapter memory, the extensions the policies need, then the policies themselves."""
+        cfg = self.config
+        self.link = HostLink(self.env)
+        slots = cfg.max_loras if cfg.enable_lora else 0
+        cpu_slots = cfg.max_cpu_loras if cfg.max_cpu_loras is not None else max(self.n_adapters, 1)
+        self.cache = cache
+        self.scheduler = scheduler
+        self.adapters = AdapterMemory(self.adapter_rank, self.profile, slots, cpu_slots, cache, self.link,
+                                      cfg.tensor_parallel, self.max_lora_rank)
+        # the hook points of the extensions: all None/False on the default path, each tested
+        # once per admission, finish or KV shortage -- never per decode step
+        ext = self.extensions = install_extensions(self, workload)
+        self._admit_hook = ext.admit if ext is not None and ext.handles_admission else None
+        self._reclaim = ext.reclaim_for_step if ext is not None and ext.handles_admission else None
+        self._finish_hook = ext.on_finish if ext is not None and ext.prefix is not None else None
+        self._prefetch_on = ext is not None and ext.loader is not None
+        cache.bind(self)
+        scheduler.bind(self)
+        self._sched_ticks = scheduler.tick_interval
+        self._cache_ticks = cache.tick_interval
+        self._next_tick = min(t for t in (self._sched_ticks, self._cache_ticks, INF) if t is not None)
+
+    def _read_step_model(self) -> None:
+        """Which inputs of the step-time model can change during a decode run (looked up once)."""
+        profile = self.profile
+        sch = profile.components["scheduler"]
+        wp = sch.waiting_params if sch.waiting_params is not None else tuple(sch.params)
+        self._waiting_matters = any(isinstance(sch.params.get(k), (int, float)) and sch.params[k] != 0.0 for k in wp)
+        bb = profile.components["backbone"].params
+        self._ctx_matters = any(v != 0.0 for k, v in bb.items() if "ctx" in k and isinstance(v, (int, float)))
+
+    # ------------------------------------------------------------------ memory set-up of the extensions
+    def resize_kv_pool(self, kv_tokens: int, max_loras: int) -> None:
+        """An extension's adapter memory replaces vLLM's slots: the KV pool becomes
+        ``kv_tokens`` and up to ``max_loras`` distinct adapters may join a batch."""
+        self.config = dataclasses.replace(self.config, max_loras=max_loras)
+        self.kv_tokens = kv_tokens
+        self.total_blocks = kv_tokens // self.block_size
+
+    def lend_blocks(self, n: int) -> None:
+        """``n`` blocks of the pool leave the KV capacity (an adapter or history KV holds them)."""
+        self.total_blocks -= n
+
+    def return_blocks(self, n: int) -> None:
+        """``n`` blocks lent with :meth:`lend_blocks` come back to the KV capacity."""
+        self.total_blocks += n
+
+    def recheck_admission(self, adapter_blocks: list[int] | None = None) -> None:
+        """The start-up check and the rejection rules again, for the resized pool
+        (``adapter_blocks``: a request and its adapter must fit in a unified pool together)."""
+        check_startup(self.kv_tokens, self.max_model_len, 0, 0)
+        self._apply_rejection_rules(adapter_blocks)
+
+    # ------------------------------------------------------------------ read-only view (twin.interfaces.EngineView)
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    @property
+    def free_blocks(self) -> int:
+        return self.total_blocks - self.used_blocks
+
+    @property
+    def pool_blocks(self) -> int:
+        """Blocks of the whole pool: KV plus, with extensions, the adapters and history KV it holds."""
+        return self.extensions.pool_blocks if self.extensions is not None else self.total_blocks
+
+    @property
+    def history(self) -> "HistoryKV | None":
+        """The history-KV store of prefix reuse (None when not installed)."""
+        return self.extensions.prefix if self.extensions is not None else None
+
+    @property
+    def next_event_time(self) -> float:
+        """Time of the earliest pending timed event (inf if none)."""
+        return self._async_until
+
+    @property
+    def steps_run(self) -> int:
+        """Engine steps completed so far."""
+        return self.rec.n_steps
+
+    def next_arrival_time(self) -> float:
+        """Arrival time of the next request that has not arrived yet (inf if none)."""
+        return self._next_arr_t
+
+    def tokens_known(self, rid: int) -> int:
+        """Prompt + emitted tokens of a request (what a (re)admission must compute)."""
+        return self.resume_T.get(rid) or int(self.prompt_a[rid])
+
+    def is_decoding(self, rid: int) -> bool:
+        """``rid`` runs and has computed its prompt (it emits one token per step)."""
+        return rid in self.dec
+
+    def kv_blocks_held(self, rid: int) -> int:
+        """KV blocks a running request holds now (0 for a request that does not run)."""
+        d = self.dec.get(rid)
+        if d is not None:
+            return -(-(d[0] + self.g) // self.block_size)
+        return self.held.get(rid, 0)
+
+    def waiting_ids(self) -> np.ndarray:
+        """Indices of the requests waiting now (arrived, not finished/rejected, not running)."""
+        hi = self.arr_ptr
+        lo = self._waiting_lo
+        st = self.state
+        while lo < hi and st[lo] != PENDING:  # a low-water mark past requests that can never wait again
+            lo += 1
+        self._waiting_lo = lo
+        idx = lo + np.nonzero(st[lo:hi] == PENDING)[0]
+        run = self.running
+        if run and len(idx):
+            idx = np.setdiff1d(idx, np.fromiter(run.keys(), np.int64, len(run)), assume_unique=True)
+        return idx
+
+    def drop_arrivals(self, count: int) -> None:
+        """``count`` of the requests that just arrived failed before the server's queue (e.g.
+        at a client with an in-flight cap): they never join the waiting queue (the scheduler
+        does not offer them) and stay unfinished in the tables."""
+        self.n_waiting -= count
+
+    def reclaimable_blocks(self) -> int:
+        """Pool blocks that evicting idle adapters (unified pool) and history KV would free."""
+        return self.extensions.reclaimable() if self.extensions is not None else 0
+
+    # ------------------------------------------------------------------ timed events
+    def push_event(self, t: float, cb: Callable[[float], None] | None) -> None:
+        """Call ``cb(now)`` at the first step boundary at or after ``t`` (None: only end a decode run there)."""
+        heapq.heappush(self._events, (t, next(self._event_seq), cb))
+        if t < self._async_until:
+            self._async_until = t
+
+    def _fire_events(self, now: float) -> None:
+        ev = self._events
+        while ev and ev[0][0] <= now:
+            _, _, cb = heapq.heappop(ev)
+            if cb is not None:
+                cb(now)
+        self._async_until = ev[0][0] if ev else INF
+
+    def emitted_now(self, rid: int) -> int:
+        """Tokens emitted so far by ``rid`` (for reports on unfinished requests)."""
+        if self.state[rid] == FINISHED:
+            return int(self.output_a[rid])
+        p = int(self.prompt_a[rid])
+        if rid in self.dec:
+            return self.dec[rid][0] + self.g + 1 - p
+        if rid in self.T:
+            return self.T[rid] - p
+        if rid in self.resume_T:
+            return self.resume_T[rid] - p
+        return 0
+
+    def finalize(self) -> None:
+        """Per-request arrays of the sparse facts, after the run."""
+        n = self.n
+        self.emitted = np.where(self.state == FINISHED, self.output, 0)
+        for rid in list(self.running) + list(self.resume_T):
+            self.emitted[rid] = self.emitted_now(rid)
+        self.load_wait = np.zeros(n)
+        if self.load_wait_d:
+            k = np.fromiter(self.load_wait_d.keys(), np.int64)
+            self.load_wait[k] = np.fromiter(self.load_wait_d.values(), np.float64)
+        self.preemptions = np.zeros(n, np.int64)
+        if self.preempt_d:
+            k = np.fromiter(self.preempt_d.keys(), np.int64)
+            self.preemptions[k] = np.fromiter(self.preempt_d.values(), np.int64)
+
+    # ------------------------------------------------------------------ checks
+    def assert_invariants(self, mid_step: bool = False) -> None:
+        """The engine's invariants (tests run with ``check_invariants=True``). Between
+        steps the block count must match the requests' lengths exactly; during a step it
+        also covers the blocks allocated for the tokens being computed."""
+        bs = self.block_size
+        held = 0
+        for rid in self.running:
+            if rid in self.prefilling:
+                held += self.held[rid]
+            else:
+                held += -(-(self.dec[rid][0] + self.g + mid_step) // bs)
+        assert held == self.used_blocks, f"KV accounting: held {held} != used {self.used_blocks}"
+        assert 0 <= self.used_blocks <= self.total_blocks, "KV blocks exceed capacity"
+        assert len(self.running) <= self.config.max_num_seqs, "more running requests than max_num_seqs"
+        ad = self.adapters
+        res = np.asarray(ad.resident, bool)
+        act = np.asarray(ad.active, np.int64)
+        assert ad.n_resident == int(res.sum()) <= max(ad.gpu_slots, 0), "resident adapters exceed slots"
+        assert bool(np.all(res[act > 0])), "an adapter in use is not resident"
+        assert ad.n_active == int((act > 0).sum()) <= self.config.max_loras, "too many adapters in the batch"
+        assert len(self.dec) == self.n_dec == sum(1 for r in self.running if r not in self.prefilling), \
+            "decode aggregate out of sync"
+        arrived = self.state[: self.arr_ptr]
+        waiting = int((arrived == PENDING).sum()) - sum(1 for r in self.running if r < self.arr_ptr)
+        assert waiting == self.n_waiting, f"waiting count out of sync ({waiting} != {self.n_waiting})"
+        assert all(self.state[r] == PENDING for r in self.running), "running set out of sync"
+        if self.extensions is not None:
+            self.extensions.check()
+
+    # ------------------------------------------------------------------ run

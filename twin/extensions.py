@@ -1,0 +1,256 @@
+"""Engine extensions that only some policies need, installed once at engine start.
+
+The default system (vLLM: fixed adapter slots, no prefetch, no prefix reuse) installs
+nothing: :func:`install_extensions` returns None and the engine's hook points stay ``None``/
+``False``, each tested once per admission, finish or KV shortage -- never per decode step.
+Otherwise :class:`Extensions` provides:
+
+* **adapter memory** (:mod:`twin.adapter_placement`): ``unified`` (S-LoRA / Chameleon /
+  FastLibra: adapters take blocks of the KV pool, the cache lives in idle memory and shrinks
+  when the batch needs blocks) or ``region`` (a fixed adapter region, contiguous or paged).
+  Chosen by the cache policy's ``adapter_memory``, else ``EngineConfig.adapter_memory``;
+* **prefetching** (:mod:`twin.prefetch`): when the scheduler or the cache policy overrides
+  ``prefetch``; asynchronous over the host link, or synchronous when the policy sets
+  ``prefetch_sync = True``;
+* **prefix-KV reuse** (:mod:`twin.prefix_kv`): when the cache policy sets ``prefix_kv = True``
+  (or ``EngineConfig.prefix_caching``) and the workload has conversations.
+
+The engine declares the hook points and calls them (as SimPy's ``BaseResource`` calls
+``_do_put``/``_do_get``): :meth:`Extensions.admit` in ``Engine._try_admit`` (memory for the
+adapter and the first chunk, prefix hit), :meth:`Extensions.reclaim_for_step` when the
+running batch lacks KV blocks (evict idle cached adapters / history KV before preempting),
+:meth:`Extensions.on_finish` (store history KV), :meth:`Extensions.after_schedule`
+(prefetch decisions after admissions; arrivals end decode runs), :meth:`Extensions.check`
+in ``Engine.assert_invariants`` and :meth:`Extensions.stats` in the summary. Timed events
+(prefetch completions, swap-ins, a scheduler's deadlines such as Chameleon's squash) go
+through the engine's ``push_event``; the memory set-up resizes the pool through
+``Engine.resize_kv_pool`` and ``Engine.recheck_admission``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twin.adapter_placement import RegionPlacement, UnifiedPool
+from twin.interfaces import Admit, Policy
+from twin.prefetch import AsyncLoader
+from twin.prefix_kv import HistoryKV
+from twin.requests import workload_column
+
+if TYPE_CHECKING:  # pragma: no cover
+    from twin.interfaces import EngineCore, StepContextView
+
+INF = float("inf")
+MEMORY_MODES = ("slots", "region", "unified")
+
+
+def _prefetches(policy: Policy) -> bool:
+    """The policy overrides :meth:`Policy.prefetch` (which turns prefetching on)."""
+    return type(policy).prefetch is not Policy.prefetch
+
+
+def install_extensions(engine: "EngineCore", workload: Any) -> "Extensions | None":
+    """Install what the policies and the configuration need (None: nothing, the default path)."""
+    cfg = engine.config
+    cache, sched = engine.cache, engine.scheduler
+    memory = cache.adapter_memory or cfg.adapter_memory or "slots"
+    if memory not in MEMORY_MODES:
+        raise ValueError(f"adapter memory must be one of {MEMORY_MODES}, got {memory!r}")
+    prefix = cache.prefix_kv
+    if prefix is None:
+        prefix = bool(cfg.prefix_caching)
+    conv = workload_column(workload, "conversation_id", engine.n)
+    if prefix and (conv is None or not (conv >= 0).any()):
+        prefix = False
+    sources = [p for p in (sched, cache) if _prefetches(p)]
+    events = sched.uses_events or cache.uses_events
+    if memory == "slots" and not prefix and not sources and not events:
+        return None
+    return Extensions(engine, workload, memory, prefix, sources)
+
+
+class Extensions:
+    """The installed extensions of one engine (see the module docstring)."""
+
+    def __init__(self, engine: "EngineCore", workload: Any, memory: str, prefix: bool, sources: list) -> None:
+        self.e = e = engine
+        self.mem = engine.adapters
+        self.cache = engine.cache
+        self.memory = memory
+        self.prefetch_sources = sources
+        self.blocked = 0
+        self.reclaimed_blocks = 0
+        if memory != "slots":
+            self._place_adapters(memory)
+        self.pool_blocks = e.total_blocks
+        # ---- prefix-KV reuse
+        self.prefix: HistoryKV | None = None
+        if prefix:
+            n = e.n
+            self.prefix = HistoryKV(e, workload_column(workload, "conversation_id", n),
+                                    workload_column(workload, "turn", n), workload_column(workload, "prefix_tokens", n),
+                                    self.cache.host_kv_tokens)
+        # ---- prefetching
+        self.loader: AsyncLoader | None = None
+        if sources:
+            self.loader = AsyncLoader(e, sources, sync=any(s.prefetch_sync for s in sources),
+                                      max_inflight=max(s.max_inflight for s in sources))
+        #: the engine calls :meth:`admit` and :meth:`reclaim_for_step`
+        self.handles_admission = self.mem.placement is not None or self.prefix is not None
+
+    def _place_adapters(self, memory: str) -> None:
+        """Adapter memory instead of vLLM's slots: resize the KV pool, place the adapters,
+        re-apply the start-up check and the rejection rules."""
+        e, mem = self.e, self.mem
+        cfg = e.config
+        bs = e.block_size
+        n_ad = max(e.n_adapters, 1)
+        slots0 = cfg.max_loras
+        pool_tokens = cfg.kv_capacity_tokens or e.profile.kv_capacity_tokens(0, 0)
+        if memory == "unified":
+            e.resize_kv_pool(pool_tokens, max(slots0, n_ad))
+            mem.use_placement(UnifiedPool(e, self), n_ad)
+            e.recheck_admission(mem.placement.ab)
+            return
+        share = self.cache.lora_share
+        per_tok = int(e.profile.components["kv"].params.get("kv_bytes_per_token")
+                      or e.profile.model.kv_bytes_per_token)
+        kv_tokens = e.kv_tokens
+        if cfg.adapter_region_bytes:
+            region = int(cfg.adapter_region_bytes)
+            kv_tokens = max(pool_tokens - region // per_tok, 0) // bs * bs
+        elif share:
+            region = int(pool_tokens * per_tok * share)
+            kv_tokens = int(pool_tokens * (1 - share)) // bs * bs
+        else:  # the memory vLLM gives its slots (already left out of the KV capacity)
+            region = slots0 * e.profile.adapter_bytes(max(e.max_lora_rank, 1))
+        e.resize_kv_pool(kv_tokens, max(slots0, n_ad))
+        placement = self.cache.adapter_placement or cfg.adapter_placement or "contiguous"
+        mem.use_placement(RegionPlacement(e, region, placement), n_ad)
+        e.recheck_admission()
+
+    # ------------------------------------------------------------------ prefetch
+    def after_schedule(self, ctx: "StepContextView", now: float) -> None:
+        """Hook point after each step's admissions: the prefetch decisions."""
+        self.loader.decide(now, ctx)
+
+    # ------------------------------------------------------------------ history KV
+    def on_finish(self, rid: int, now: float) -> None:
+        """Hook point when a request finishes: keep its KV as its conversation's history."""
+        self.prefix.on_finish(rid, now)
+
+    # ------------------------------------------------------------------ memory
+    def history_reclaimable(self, exclude: Any = None) -> int:
+        p = self.prefix
+        if p is None:
+            return 0
+        return p.hbm_blocks - (p.hbm_blocks_of(exclude) if exclude is not None else 0) - sum(
+            n.blocks for n in p.nodes.values() if n.tier == "loading" and n is not exclude)
+
+    def reclaimable(self, exclude_node: Any = None, exclude_adapter: int = -1) -> int:
+        """Pool blocks that evicting idle adapters (unified pool) and history KV would free."""
+        r = self.history_reclaimable(exclude_node)
+        pl = self.mem.placement
+        if self.memory == "unified":
+            ab = pl.ab
+            r += sum(ab[v] for v in self.mem.evictable() if v != exclude_adapter)
+        return r
+
+    def reclaim(self, n: int, now: float, pin: int = -1) -> int:
+        """Free at least ``n`` pool blocks if possible; returns the blocks freed.
+
+        The cache policy decides the order when it implements ``reclaim_blocks(n, now)``;
+        otherwise history KV goes first (least recently used; swapped to host when the
+        policy sets ``history_to_host``), then idle adapters in the policy's victim order.
+        ``pin`` is the adapter of the request being admitted: a policy's ``reclaim_blocks``
+        must not evict it; if the victim order evicts it here, its blocks are reclaimed again.
+        """
+        cache = self.cache
+        if cache.reclaim_blocks is not None:
+            freed = cache.reclaim_blocks(n, now, pin)
+        else:
+            freed = 0
+            p = self.prefix
+            if p is not None and p.hbm_blocks:
+                to_host = cache.history_to_host
+                for node in sorted(p.hbm_nodes(), key=lambda x: x.last_access):
+                    if freed >= n:
+                        break
+                    freed += p.swap_out(node, now) if to_host else p.drop(node, now)
+            if self.memory == "unified":
+                mem, ab = self.mem, self.mem.placement.ab
+                while freed < n and mem.evictable():
+                    v = mem.evict_victim(now)
+                    freed += ab[v]
+                    if v == pin:
+                        n += ab[v]
+        self.reclaimed_blocks += freed
+        return freed
+
+    def reclaim_for_step(self, n: int) -> bool:
+        """Hook point when the running batch lacks ``n`` blocks: shrink the caches before preempting."""
+        return self.reclaim(n, self.e.now) >= n
+
+    def admit(self, ctx: "StepContextView", rid: int, a: int, T: int, nb: int) -> "Admit | int":
+        """Hook point of ``Engine._try_admit``: memory for the adapter and the first chunk,
+        and the prefix hit; returns an :class:`Admit` failure, or the number of prompt
+        tokens served from history KV."""
+        e, mem = self.e, self.mem
+        h, node = (self.prefix.match(rid, T) if self.prefix is not None else (0, None))
+        if h:
+            k = min(T - h, ctx.budget)
+            nb = -(-(h + k) // e.block_size)
+        pl = mem.placement
+        need_ad = 0
+        if pl is not None and a >= 0 and not mem.resident[a]:
+            if self.memory == "unified":
+                need_ad = pl.ab[a]
+            elif not pl.can_place(a):
+                self.blocked += 1
+                return Admit.NO_SLOT
+        node_blocks = self.prefix.hbm_blocks_of(node) if node is not None else 0
+        free = e.total_blocks - e.used_blocks + node_blocks
+        need = nb + need_ad
+        if need > free:
+            avail = free + self.reclaimable(node, a)
+            if need > avail:
+                if need_ad and nb <= avail:
+                    self.blocked += 1
+                    return Admit.NO_SLOT
+                return Admit.NO_KV
+        now = e.now
+        if node is not None:
+            self.prefix.take(node, h, rid, ctx, now)
+        short = need - (e.total_blocks - e.used_blocks)
+        if short > 0:
+            self.reclaim(short, now, pin=a)
+        return h
+
+    # ------------------------------------------------------------------ checks and stats
+    def check(self) -> None:
+        """Hook point of ``Engine.assert_invariants``: memory placement, history KV, pool accounting."""
+        e, mem = self.e, self.mem
+        if mem.placement is not None:
+            mem.placement.check()
+        if self.prefix is not None:
+            self.prefix.check()
+        ad_blocks = mem.placement.adapter_blocks if self.memory == "unified" else 0
+        hist = self.prefix.hbm_blocks if self.prefix is not None else 0
+        assert e.total_blocks + ad_blocks + hist == self.pool_blocks, \
+            f"pool accounting: KV {e.total_blocks} + adapters {ad_blocks} + history {hist} != {self.pool_blocks}"
+        for a in mem.loading:
+            assert mem.resident[a], "a loading adapter holds no memory"
+
+    def stats(self) -> dict[str, Any]:
+        """The extensions' counters, then the policies' :meth:`stats` (for the run summary)."""
+        out: dict[str, Any] = {"adapter_memory": self.memory, "reclaimed_blocks": self.reclaimed_blocks,
+                               "admissions_blocked_by_adapter_memory": self.blocked}
+        if self.mem.placement is not None:
+            out.update(self.mem.placement.stats())
+        if self.prefix is not None:
+            out.update(self.prefix.stats())
+        if self.loader is not None:
+            out.update(self.loader.stats())
+        out.update(self.cache.stats())
+        out.update(self.e.scheduler.stats())
+        return out

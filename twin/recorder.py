@@ -1,0 +1,75 @@
+"""The engine's step records: segments of identical decode steps and the ITL samples.
+
+Steps are recorded as segments: a row covers ``n_steps`` consecutive identical decode
+steps (one row per step otherwise), so ``steps.parquet`` stays small on long runs. The
+summary built from them is :func:`twin.metrics.summarize`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+STEP_COLUMNS = ("t_start", "t_end", "n_steps", "duration_s", "batch_size", "prefill_tokens", "decode_tokens",
+                "distinct_adapters", "kv_blocks_used", "adapter_mem_bytes", "loads_started", "link_bytes")
+
+
+class Recorder:
+    """Collects step segments and ITL samples during a run (cheap appends only)."""
+
+    def __init__(self, record_steps: bool = True) -> None:
+        self.record_steps = record_steps
+        self.rows: list[tuple] = []
+        self.itl_d: list[float] = []      # single-step durations with decode tokens
+        self.itl_w: list[int] = []
+        self.itl_runs: list[tuple[np.ndarray, int]] = []
+        self.preemptions = 0
+        self.n_steps = 0
+        self.n_segments = 0
+        self._bar = None
+        self._last_wall = 0.0
+
+    def step(self, t0, t1, k, d, durs, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes):
+        """One step (k == 1) or a run of k decode steps of duration ``d`` each (or ``durs``)."""
+        self.n_steps += k
+        self.n_segments += 1
+        if n_dec:
+            if durs is not None:
+                self.itl_runs.append((np.asarray(durs), n_dec))
+            else:
+                self.itl_d.append(total if k == 1 else d)
+                self.itl_w.append(n_dec * k)
+        if self.record_steps:
+            self.rows.append((t0, t1, k, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes))
+
+    def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
+        d = [np.asarray(self.itl_d, float)] + [r[0] for r in self.itl_runs]
+        w = [np.asarray(self.itl_w, np.int64)] + [np.full(len(r[0]), r[1], np.int64) for r in self.itl_runs]
+        return np.concatenate(d), np.concatenate(w)
+
+    def steps_frame(self) -> "pd.DataFrame":
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
+
+    def progress(self, t: float, total: float) -> None:
+        w = time.perf_counter()
+        if w - self._last_wall < 0.25:
+            return
+        self._last_wall = w
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=round(total, 1), unit="sim-s", desc="simulating", leave=False)
+        self._bar.n = round(min(t, total), 1)
+        self._bar.refresh()
+
+    def close_progress(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

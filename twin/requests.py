@@ -1,0 +1,166 @@
+"""The request table: per-request columns, states, rejection rules and the start-up check.
+
+The engine's step loop (:mod:`twin.engine`) reads and writes these columns; this module
+holds everything about requests that does not depend on the step loop:
+
+* the workload columns (arrival, prompt, output, adapter as a dense index, rank), each as a
+  compact ``array.array`` (``*_a``: fast scalar reads from Python) with a numpy view;
+* the outcome columns (first scheduled, first token, finish) and the sparse facts
+  (adapter-load wait, preemption counts, last token before a preemption);
+* :class:`RequestState` and the rejection rules vLLM applies at arrival
+  (:data:`REJECT_REASONS`), with the prefix counts of the requests that join the queue;
+* :func:`check_startup` / :class:`StartupError`: vLLM refuses to start when the KV cache
+  cannot hold one ``max_model_len`` request.
+"""
+
+from __future__ import annotations
+
+from array import array
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from twin.config import ConfigError
+
+
+class RequestState(IntEnum):
+    """States kept in ``RequestTable.state`` (waiting and running are derived from the engine's queues)."""
+
+    PENDING = 0
+    FINISHED = 3
+    REJECTED = 4
+
+
+PENDING, FINISHED, REJECTED = RequestState.PENDING, RequestState.FINISHED, RequestState.REJECTED
+
+#: why a request was rejected at arrival (index = ``RequestTable.reject_reason``; 0: accepted)
+REJECT_REASONS = ("", "prompt + output exceed max_model_len", "request can never fit in the KV cache",
+                  "unknown adapter (not served)", "adapter rank exceeds max_lora_rank",
+                  "LoRA request but LoRA is disabled")
+WORKLOAD_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "adapter_id", "adapter_rank")
+
+
+class StartupError(ConfigError):
+    """The server would refuse to start with this configuration (as vLLM does)."""
+
+
+def check_startup(kv_tokens: int, max_model_len: int, slots: int, max_rank: int) -> None:
+    """vLLM refuses to start when the KV cache cannot hold one ``max_model_len`` request."""
+    if kv_tokens < max_model_len:
+        raise StartupError(
+            f"the KV cache left after the weights and {slots} LoRA slots of max rank {max_rank} holds "
+            f"{kv_tokens} tokens, less than one max_model_len={max_model_len} request; vLLM would refuse to "
+            f"start. Lower --slots or the max LoRA rank, lower max_model_len, or use a GPU with more memory")
+
+
+def as_array(code: str, values: Any) -> array:
+    """A compact ``array.array`` copy of a numpy column (fast scalar reads from Python)."""
+    out = array(code)
+    out.frombytes(np.ascontiguousarray(values, dtype=np.float64 if code == "d" else np.int64).tobytes())
+    return out
+
+
+def _view(a: array, dtype: type) -> np.ndarray:
+    return np.frombuffer(a, dtype) if len(a) else np.zeros(0, dtype)
+
+
+def workload_columns(workload: Any) -> dict[str, np.ndarray]:
+    """Numpy columns of a :class:`~traces.workload.Workload` or of a mapping of columns."""
+    if hasattr(workload, "df"):
+        df = workload.df
+        return {c: df[c].to_numpy() for c in WORKLOAD_COLUMNS}
+    cols = dict(workload)
+    n = len(cols["arrival_s"])
+    cols.setdefault("request_id", np.arange(n, dtype=np.int64))
+    cols.setdefault("adapter_id", np.full(n, -1, np.int64))
+    cols.setdefault("adapter_rank", np.zeros(n, np.int64))
+    arr = np.asarray(cols["arrival_s"], np.float64)
+    if n and np.any(np.diff(arr) < 0):
+        raise ValueError("workload arrays must be sorted by arrival_s")
+    return cols
+
+
+def workload_column(workload: Any, name: str, n: int) -> np.ndarray | None:
+    """An optional column (e.g. ``conversation_id``) of a workload, or None when it has none."""
+    if hasattr(workload, "df"):
+        return workload.df[name].to_numpy() if name in workload.df.columns else None
+    try:
+        v = workload[name]
+    except (KeyError, TypeError):
+        return None
+    return np.asarray(v) if len(v) == n else None
+
+
+class RequestTable:
+    """Per-request columns of one run (see the module docstring)."""
+
+    def __init__(self, workload: Any) -> None:
+        cols = workload_columns(workload)
+        self.n = n = len(cols["arrival_s"])
+        self.arrival_a = as_array("d", cols["arrival_s"])
+        self.prompt_a = as_array("q", cols["prompt_tokens"])
+        self.output_a = as_array("q", cols["output_tokens"])
+        self.arrival = _view(self.arrival_a, np.float64)
+        self.prompt = _view(self.prompt_a, np.int64)
+        self.output = _view(self.output_a, np.int64)
+        self.request_id = np.asarray(cols["request_id"], np.int64)
+        raw_adapter = np.asarray(cols["adapter_id"], np.int64)
+        raw_rank = np.asarray(cols["adapter_rank"], np.int64)
+        # adapters: dense ids 0..A-1 for the adapters the workload uses
+        used = np.unique(raw_adapter[raw_adapter >= 0])
+        self.adapter_ids = used
+        dense = np.where(raw_adapter >= 0, np.searchsorted(used, raw_adapter), -1).astype(np.int64)
+        self.adapter_a = as_array("q", dense)
+        self.adapter = _view(self.adapter_a, np.int64)
+        ranks = np.zeros(len(used), np.int64)
+        if len(used):
+            ranks[dense[raw_adapter >= 0]] = raw_rank[raw_adapter >= 0]
+        self.adapter_rank = ranks
+        self.rank = raw_rank
+        self.n_adapters = len(used)
+        # outcomes (written once per event)
+        self.state = np.zeros(n, np.int8)   # RequestState values
+        self.reject_reason = np.zeros(n, np.int8)
+        nan = np.full(n, np.nan)
+        self.first_sched_a = as_array("d", nan)
+        self.first_token_a = as_array("d", nan)
+        self.finish_a = as_array("d", nan)
+        self.first_sched = _view(self.first_sched_a, np.float64)
+        self.first_token = _view(self.first_token_a, np.float64)
+        self.finish = _view(self.finish_a, np.float64)
+        # sparse per-request facts (few requests have them)
+        self.load_wait_d: dict[int, float] = {}     # adapter-load wait on the critical path
+        self.preempt_d: dict[int, int] = {}         # preemption counts
+        self.last_token_d: dict[int, float] = {}    # last token time of preempted requests
+        self.seen = bytearray(n)                    # admitted at least once
+        # prefix counts of requests that join the waiting queue (not rejected)
+        self.ok_cum = as_array("q", np.zeros(n + 1, np.int64))
+
+    def apply_rejection_rules(self, max_model_len: int, block_size: int, total_blocks: int,
+                              served_adapters: int | None, enable_lora: bool, max_lora_rank: int,
+                              adapter_blocks: np.ndarray | None = None) -> None:
+        """Mark the requests vLLM would refuse (they are counted when they arrive).
+
+        ``adapter_blocks`` (unified pool): KV blocks of each dense adapter; a request and its
+        adapter must then fit in the pool together. Updates ``state``, ``reject_reason`` and
+        ``ok_cum`` in place."""
+        reason = np.zeros(self.n, np.int8)
+        reason[self.prompt + self.output > max_model_len] = 1
+        need_blocks = -(-(self.prompt + self.output - 1) // block_size)
+        reason[(reason == 0) & (need_blocks > total_blocks)] = 2
+        has = self.adapter >= 0
+        if served_adapters is not None:
+            raw = np.where(has, self.adapter_ids[np.maximum(self.adapter, 0)] if self.n_adapters else -1, -1)
+            reason[(reason == 0) & has & (raw >= served_adapters)] = 3
+        if enable_lora:
+            reason[(reason == 0) & has & (self.rank > max_lora_rank)] = 4
+        else:
+            reason[(reason == 0) & has] = 5
+        if adapter_blocks is not None and self.n:
+            ab = np.asarray(list(adapter_blocks) + [0], np.int64)[np.where(has, self.adapter, -1)]
+            reason[(reason == 0) & (need_blocks + ab > total_blocks)] = 2
+        self.reject_reason[:] = reason
+        self.state[:] = PENDING
+        self.state[reason > 0] = REJECTED
+        self.ok_cum[:] = as_array("q", np.concatenate(([0], np.cumsum(reason == 0))))
