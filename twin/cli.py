@@ -156,7 +156,7 @@ def _optional_commands(sub) -> None:
     """Commands contributed by the other packages (each in its own module)."""
     import importlib
 
-    for mod in ("traces.cli", "calibration.cli", "twin.validate_cli", "twin.compare", "twin.sweep_cli"):
+    for mod in ("traces.cli", "calibration.cli", "twin.validation.cli", "twin.compare", "twin.sweep_cli"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:
