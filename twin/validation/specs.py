@@ -92,7 +92,7 @@ def attach_peer(real: pd.DataFrame, peer: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def select_runs(real: pd.DataFrame, filt: str | None = None, limit: int | None = None,
-                only_ok: bool = False, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
+                run_ids: Iterable[str] | None = None) -> pd.DataFrame:
     """Runs to validate. ``filt``: a pandas query (``"adapter_slots <= 32 and source == 'ml_test'"``)
     when it contains a comparison, else a substring of ``run_id``. ``limit``: ``N`` runs evenly
     spread over the (filtered) table, so a small limit still covers slots, rates and loads.
@@ -105,8 +105,6 @@ def select_runs(real: pd.DataFrame, filt: str | None = None, limit: int | None =
             df = df.query(filt, engine="python")
         else:
             df = df[df["run_id"].str.contains(filt, regex=False)]
-    if only_ok:
-        df = df[df["status"] == "ok"]
     if limit is not None and limit < len(df):
         idx = np.unique(np.linspace(0, len(df) - 1, int(limit)).round().astype(int))
         df = df.iloc[idx]
