@@ -23,6 +23,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from calibration.fitting.vllm085 import SERVING_RUN_OUTPUT_TOKENS, SERVING_RUN_PROMPT_TOKENS
+from traces.datadir import require
+from traces.workload import Workload
+from twin.config import EngineConfig
+from twin.perf.profile import load_profile
+from twin.registry import make_cache, make_scheduler
+from twin.simulate import simulate
+
 WINDOW_S = 600.0
 
 
@@ -35,10 +43,7 @@ def select_runs(table: pd.DataFrame, every: int = 1, only_swapping: bool = True)
     return t.reset_index(drop=True).iloc[::max(int(every), 1)]
 
 
-def _workload(N: int, rate: float, seed: int):
-    from calibration.fitting.vllm085 import SERVING_RUN_OUTPUT_TOKENS, SERVING_RUN_PROMPT_TOKENS
-    from traces.workload import Workload
-
+def _workload(N: int, rate: float, seed: int) -> Workload:
     rng = np.random.default_rng(seed)
     counts = rng.poisson(rate * WINDOW_S, size=N)
     ids = np.repeat(np.arange(N, dtype=np.int64), counts)
@@ -53,13 +58,9 @@ def _workload(N: int, rate: float, seed: int):
 def replay_serving_runs(table: pd.DataFrame, profile: str | None = None, seed: int = 1,
                         variants: tuple[bool, ...] = (False, True)) -> pd.DataFrame:
     """Simulate each run of ``table`` (rows of scheduler_overhead.csv) with vLLM's FCFS and LRU,
-    once per ``activation_order_reloads`` value in ``variants``."""
-    from policies.lru import LRUCache
-    from twin.config import EngineConfig
-    from twin.perf.profile import load_profile
-    from twin.simulate import simulate
-    from twin.validate import _capped_fcfs
-
+    once per ``activation_order_reloads`` value in ``variants``. The scheduler is the registered
+    ``fcfs+client-cap`` (:mod:`policies.client_cap`) without a cap: vLLM's FCFS on a server whose
+    served adapters are in the CPU tier from start-up."""
     prof = load_profile(profile)
     rows: list[dict[str, Any]] = []
     for _, r in table.iterrows():
@@ -75,10 +76,11 @@ def replay_serving_runs(table: pd.DataFrame, profile: str | None = None, seed: i
                                "real_completed": float(r["completed_requests"]),
                                "real_itl_ms": float(r["mean_itl_ms"])}
         for on in variants:
-            cache = LRUCache()
+            cache = make_cache("lru")
             cache.activation_order_reloads = on
             # vLLM's FCFS, no client cap, every served adapter in the CPU tier from start-up
-            s = simulate(wl, prof, cfg, scheduler_obj=_capped_fcfs(None), cache_obj=cache, horizon_s=WINDOW_S,
+            sched = make_scheduler("fcfs+client-cap", client_cap=None, preload_cpu=True)
+            s = simulate(wl, prof, cfg, scheduler_obj=sched, cache_obj=cache, horizon_s=WINDOW_S,
                          record_steps=False).summary
             k = "order" if on else "plain"
             # the real count excludes the start-up activations, which leave min(N, G) adapters resident
@@ -107,6 +109,4 @@ def summary(runs: pd.DataFrame) -> dict[str, Any]:
 
 
 def read_table(data_dir: str | Path | None = None) -> pd.DataFrame:
-    from traces.datadir import require
-
     return pd.read_csv(require("calibration/vllm085_h100/scheduler_overhead.csv", data_dir))

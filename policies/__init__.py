@@ -17,3 +17,4 @@ ablations and baselines); ``common`` holds the output-length predictor and stati
 from policies import fcfs, lru  # noqa: F401,E402  (registration side effects)
 from policies import (adapter_aware, caches, chameleon, fastlibra, sjf,  # noqa: F401,E402
                       slora)
+from policies import client_cap  # noqa: F401,E402

@@ -11,8 +11,9 @@ import pytest
 
 from tests.helpers import constant_profile
 from traces.workload import Workload
-from twin import validate as V
+from twin import validation as V
 from twin.config import EngineConfig
+from twin.registry import make_cache, make_scheduler
 from twin.simulate import simulate
 
 
@@ -83,7 +84,7 @@ def test_engine_settings_of_the_runs():
 
 
 def test_startup_check_predicts_memory_failures():
-    prof = V._profile(None)
+    prof = V.cached_profile(None)
     ok, kv, _ = V.predict_startup(V.spec_from_row(_row()), prof)
     assert ok and kv > prof.model.max_model_len
     ok, kv, msg = V.predict_startup(V.spec_from_row(_row(adapter_slots=384, served_adapters=384, max_cpu_loras=384,
@@ -95,12 +96,26 @@ def test_startup_check_predicts_memory_failures():
 
 
 # --------------------------------------------------------------------------- the client's in-flight cap
+CAPPED = "fcfs+client-cap"
+
+
+def test_client_cap_is_a_registered_scheduler():
+    from policies.client_cap import CLIENT_MAX_INFLIGHT, ClientCappedFCFS
+    from policies.fcfs import FCFSScheduler
+
+    s = make_scheduler(CAPPED)
+    assert isinstance(s, ClientCappedFCFS) and isinstance(s, FCFSScheduler)
+    assert s.get_params() == {"client_cap": CLIENT_MAX_INFLIGHT, "preload_cpu": True} and CLIENT_MAX_INFLIGHT == 28232
+    assert make_scheduler(CAPPED, client_cap=None, preload_cpu=False).get_params() == {"client_cap": None,
+                                                                                       "preload_cpu": False}
+
+
 def test_client_cap_drops_arrivals_beyond_the_cap():
     """10 requests at once, a cap of 4: the last 6 fail at the client and stay unfinished."""
     prof = constant_profile(c0=0.01, cpu_s=0.0, disk_s=0.0)
     w = Workload.from_arrays(np.linspace(0, 0.001, 10), [10] * 10, [5] * 10, [0, 1] * 5, [8] * 10)
-    sched = V._capped_fcfs(4)
-    res = simulate(w, prof, EngineConfig(max_loras=2), scheduler_obj=sched, cache_obj=V._lru())
+    sched = make_scheduler(CAPPED, client_cap=4)
+    res = simulate(w, prof, EngineConfig(max_loras=2), scheduler_obj=sched, cache_obj=make_cache("lru"))
     r = res.requests
     assert sched.n_dropped == 6
     assert (r["outcome"] == "finished").sum() == 4
@@ -120,7 +135,8 @@ def test_client_cap_matches_no_cap_below_the_cap():
     prof = constant_profile(c0=0.01, c_prefill=1e-5, cpu_s=0.001, disk_s=0.01)
     w = _random_workload(3, 300, 60, 50, 6)
     cfg = EngineConfig(max_loras=2, max_num_seqs=64)
-    a = simulate(w, prof, cfg, scheduler_obj=V._capped_fcfs(10_000, preload=False), cache_obj=V._lru())
+    a = simulate(w, prof, cfg, scheduler_obj=make_scheduler(CAPPED, client_cap=10_000, preload_cpu=False),
+                 cache_obj=make_cache("lru"))
     b = simulate(w, prof, cfg, policy="vllm")
     pd.testing.assert_frame_equal(a.requests, b.requests)
 
@@ -129,16 +145,16 @@ def test_client_cap_never_exceeded():
     prof = constant_profile(c0=0.02, c_prefill=1e-5, cpu_s=0.001, disk_s=0.0)
     n = 2000
     w = _random_workload(4, n, 20, 80, 8)
-    sched = V._capped_fcfs(50)
     seen = []
 
-    class Probe(type(sched)):
+    class Probe(type(make_scheduler(CAPPED))):
         def on_arrivals(self, lo, hi):
             super().on_arrivals(lo, hi)
             seen.append(self.engine.n_waiting + len(self.engine.running))
 
-    probe = Probe()
-    res = simulate(w, prof, EngineConfig(max_loras=3, max_num_seqs=32), scheduler_obj=probe, cache_obj=V._lru())
+    probe = Probe(client_cap=50)
+    res = simulate(w, prof, EngineConfig(max_loras=3, max_num_seqs=32), scheduler_obj=probe,
+                   cache_obj=make_cache("lru"))
     assert max(seen) <= 50 and probe.n_dropped > 0
     s = res.summary
     assert s["requests_finished"] + s["requests_unfinished"] == n
@@ -147,8 +163,8 @@ def test_client_cap_never_exceeded():
 def test_preloaded_cpu_tier_means_no_disk_loads():
     prof = constant_profile(c0=0.01, cpu_s=0.001, disk_s=0.5)
     w = Workload.from_arrays([0.0, 1.0, 2.0], [10] * 3, [2] * 3, [0, 1, 2], [8] * 3)
-    res = simulate(w, prof, EngineConfig(max_loras=1, max_cpu_loras=3), scheduler_obj=V._capped_fcfs(None),
-                   cache_obj=V._lru())
+    res = simulate(w, prof, EngineConfig(max_loras=1, max_cpu_loras=3),
+                   scheduler_obj=make_scheduler(CAPPED, client_cap=None), cache_obj=make_cache("lru"))
     assert res.summary["adapter_loads_from_disk"] == 0 and res.summary["adapter_loads_from_cpu"] == 3
     res = simulate(w, prof, EngineConfig(max_loras=1, max_cpu_loras=3), policy="vllm")
     assert res.summary["adapter_loads_from_disk"] == 3
@@ -250,7 +266,7 @@ def test_profile_follows_the_runs_model():
     assert V.profile_for_model("no-such-model") is None
     real = pd.DataFrame([_row(model="qwen-2.5-7b-instruct")])
     with pytest.raises(ValueError, match="calibrated profile"):
-        V._check_profile_model(V._profile("llama-3.1-8b_h100_vllm085"), real)
+        V.check_profile_model(V.cached_profile("llama-3.1-8b_h100_vllm085"), real)
 
 
 def test_step_at_real_mix_is_the_model_at_the_runs_composition():

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from twin import validate as V
+from twin import validation as V
 
 pytestmark = [pytest.mark.data, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import calibration.cli
 import traces.cli
 import twin.compare
-import twin.validate_cli
+import twin.validation.cli
 from traces.flags import add_arguments, from_namespace
 from twin.config import ConfigError
 from twin.perf.profile import load_profile
@@ -25,7 +25,7 @@ from twin.scenario import RunConfig, build_engine_config, build_workload
 from twin.simulate import simulate
 
 #: the modules that add the other commands (``traces``, ``calibrate``, ``validate``, ``compare``)
-COMMAND_MODULES = (traces.cli, calibration.cli, twin.validate_cli, twin.compare)
+COMMAND_MODULES = (traces.cli, calibration.cli, twin.validation.cli, twin.compare)
 
 SUMMARY_ROWS = [
     ("requests arrived / finished", lambda s: f"{s['requests_arrived']} / {s['requests_finished']}"),

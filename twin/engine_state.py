@@ -76,6 +76,7 @@ class EngineState:
         self._first_sched_a, self._first_token_a, self._finish_a = t.first_sched_a, t.first_token_a, t.finish_a
         self.load_wait_d, self.preempt_d, self.last_token_d = t.load_wait_d, t.preempt_d, t.last_token_d
         self._seen = t.seen
+        self._dropped: np.ndarray | None = None  # requests that failed before the queue (drop_arrivals)
         self._ok_cum = t.ok_cum
         cfg = self.config
         self.served = cfg.served_adapters if cfg.served_adapters is not None else t.n_adapters
@@ -242,11 +243,15 @@ class EngineState:
             idx = np.setdiff1d(idx, np.fromiter(run.keys(), np.int64, len(run)), assume_unique=True)
         return idx
 
-    def drop_arrivals(self, count: int) -> None:
-        """``count`` of the requests that just arrived failed before the server's queue (e.g.
-        at a client with an in-flight cap): they never join the waiting queue (the scheduler
-        does not offer them) and stay unfinished in the tables."""
-        self.n_waiting -= count
+    def drop_arrivals(self, rids: "np.ndarray") -> None:
+        """Requests ``rids``, which just arrived, failed before the server's queue (e.g. at a
+        client with an in-flight cap): they leave the waiting count (the scheduler must not
+        offer them) and stay unfinished in the tables."""
+        rids = np.asarray(rids, np.int64)
+        if self._dropped is None:
+            self._dropped = np.zeros(self.n, bool)
+        self._dropped[rids] = True
+        self.n_waiting -= len(rids)
 
     def reclaimable_blocks(self) -> int:
         """Pool blocks that evicting idle adapters (unified pool) and history KV would free."""
@@ -318,8 +323,10 @@ class EngineState:
         assert ad.n_active == int((act > 0).sum()) <= self.config.max_loras, "too many adapters in the batch"
         assert len(self.dec) == self.n_dec == sum(1 for r in self.running if r not in self.prefilling), \
             "decode aggregate out of sync"
-        arrived = self.state[: self.arr_ptr]
-        waiting = int((arrived == PENDING).sum()) - sum(1 for r in self.running if r < self.arr_ptr)
+        arrived = self.state[: self.arr_ptr] == PENDING
+        if self._dropped is not None:
+            arrived &= ~self._dropped[: self.arr_ptr]
+        waiting = int(arrived.sum()) - sum(1 for r in self.running if r < self.arr_ptr)
         assert waiting == self.n_waiting, f"waiting count out of sync ({waiting} != {self.n_waiting})"
         assert all(self.state[r] == PENDING for r in self.running), "running set out of sync"
         if self.extensions is not None:

@@ -1,9 +1,15 @@
-"""``twin validate``: score the twin against real vLLM runs (see :mod:`twin.validate`)."""
+"""``twin validate``: score the twin against real vLLM runs (see :mod:`twin.validation`)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from policies.client_cap import CLIENT_MAX_INFLIGHT
+from twin.validation.output import json_summary, write_outputs
+from twin.validation.report import format_report
+from twin.validation.runner import run_validation
 
 
 def register_cli(subparsers) -> None:
@@ -28,8 +34,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--nominal", action="store_true",
                    help="always use the nominal offered load (ignore requests_sent)")
     p.add_argument("--client-cap", default=None,
-                   help="requests the real client can hold in flight (default 28232: one TCP connection per request, "
-                        "Linux's default ephemeral port range); 'none' disables the cap")
+                   help=f"requests the real client can hold in flight (default {CLIENT_MAX_INFLIGHT}: one TCP "
+                        "connection per request, Linux's default ephemeral port range); 'none' disables the cap")
     p.add_argument("--no-preload", action="store_true",
                    help="adapters start on disk (stock vLLM) instead of in the CPU tier (the real runs' server)")
     p.add_argument("--no-figures", action="store_true", help="with --out: skip the figures")
@@ -40,20 +46,20 @@ def register_cli(subparsers) -> None:
     p.set_defaults(func=cmd_validate)
 
 
+def _client_cap(value: str | None) -> int | None:
+    """``--client-cap``: a count, or none/0/off for no cap; default :data:`CLIENT_MAX_INFLIGHT`."""
+    if value is None:
+        return CLIENT_MAX_INFLIGHT
+    return None if value.lower() in ("none", "0", "off") else int(value)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    import os
-
-    from twin.validate import CLIENT_MAX_INFLIGHT, format_report, json_summary, run_validation, write_outputs
-
     peer = False if (args.peer or "").lower() == "none" else args.peer
     jobs = args.jobs or os.cpu_count() or 1
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    cap = CLIENT_MAX_INFLIGHT
-    if args.client_cap is not None:
-        cap = None if args.client_cap.lower() in ("none", "0", "off") else int(args.client_cap)
     res = run_validation(args.real, peer, args.profile, jobs=jobs, limit=args.limit, filt=args.filter,
                          seed=args.seed, use_sent=not args.nominal, progress=progress, data_dir=args.data_dir,
-                         client_cap=cap, preload_cpu=not args.no_preload)
+                         client_cap=_client_cap(args.client_cap), preload_cpu=not args.no_preload)
     paths = write_outputs(res, args.out, figures=not args.no_figures) if args.out else []
     if args.json:
         print(json_summary(res))

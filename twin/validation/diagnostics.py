@@ -1,0 +1,109 @@
+"""Diagnostics of the twin's internal state against the real runs' gauges.
+
+:func:`diagnostics` compares the twin's time-averaged running requests and KV tokens per
+running request with the real runs' Prometheus gauges; :func:`step_at_real_mix` evaluates the
+profile's step (:meth:`twin.perf.profile.Profile.step_s`, the engine's own formula) at each
+KV-saturated real run's mean step composition, which separates the step model's error from the
+twin's dynamics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from twin.perf.profile import Profile
+from twin.validation.profiles import cached_profile
+from twin.validation.specs import spec_from_row
+
+#: A run whose mean KV usage reaches this is KV-saturated (:func:`step_at_real_mix`).
+SATURATED_KV_USAGE = 0.9
+
+_STEP_MIX_COLUMNS = {"ts_mean_kv_usage", "ts_mean_running", "ts_mean_waiting", "input_tok_s", "output_tok_s",
+                     "twin_kv_tokens", "real_itl", "rates", "served_adapters", "adapter_slots", "max_lora_rank",
+                     "pool_mean_input_tokens", "pool_mean_output_tokens"}
+
+
+def _step_at_mix(r: pd.Series, prof: Profile) -> dict[str, Any]:
+    """One saturated run's mean step composition and the profile's step there."""
+    spec = spec_from_row(r)
+    itl = float(r["real_itl"]) / 1000.0
+    G, n = spec.slots, spec.served
+    share = spec.adapter_rates / spec.adapter_rates.sum()
+    R, W = float(r["ts_mean_running"]), float(r["ts_mean_waiting"])
+    A = min(float(G), float(np.sum(1.0 - (1.0 - share) ** R)))
+    pre = float(r.get("ts_preemptions", np.nan))
+    pre = pre if math.isfinite(pre) else 0.0  # not recorded: no recompute term
+    rec = pre / spec.window_s * (spec.mean_in + spec.mean_out / 2)
+    D = float(r["output_tok_s"]) * itl
+    P = (float(r["input_tok_s"]) + rec) * itl
+    C = float(r["ts_mean_kv_usage"]) * float(r["twin_kv_tokens"])
+    step = prof.step_s(prefill_tokens=P, n_dec=D, ctx_tokens=C, n_req=R, active=A, max_rank=spec.max_rank,
+                       slots=G, running=R, waiting=W, served=n)
+    return {"run_id": r["run_id"], "slots": G, "running": R, "prefill_tokens": P, "decode_tokens": D,
+            "context_tokens": C, "adapters": A, "model_step_ms": step * 1000.0,
+            "real_itl_ms": itl * 1000.0, "ratio": itl / step}
+
+
+def step_at_real_mix(runs: pd.DataFrame, prof: Profile) -> pd.DataFrame:
+    """The profile's step at each KV-saturated real run's own mean step composition.
+
+    Separates the step model's error from the twin's dynamics (running batch, preemptions,
+    request lengths): in a run whose KV cache stays full (mean usage >= 0.9) every step decodes
+    the running batch and admits what KV frees, so steps are alike and the mean step is the
+    model at the mean composition (checked on the twin's own steps: 88.04 ms at its mean mix
+    against its mean step of 88.06 ms in the 16-slot / 32-adapter rate-3.2 run). Per step, from
+    the real run's figures with ``itl`` its mean ITL (every running decode gets one token per
+    step, so the ITL is the step): ``D = output_tok_s * itl`` decode tokens,
+    ``P = (input_tok_s + recompute) * itl`` prefill tokens (``recompute`` = preemptions per
+    second x (mean prompt + half the mean output) tokens), ``C`` = mean KV usage x the KV
+    capacity, ``R`` running and ``W`` waiting (the gauges), ``A`` = the expected distinct
+    adapters among ``R`` requests drawn at the adapters' rates, at most the slots. The step is
+    :meth:`twin.perf.profile.Profile.step_s` of that composition. Returns one row per run with
+    ``model_step_ms``, ``real_itl_ms`` and their ``ratio``.
+    """
+    if not _STEP_MIX_COLUMNS <= set(runs.columns):
+        return pd.DataFrame()
+    sat = runs[(runs["ts_mean_kv_usage"] >= SATURATED_KV_USAGE) & runs["real_itl"].notna()]
+    return pd.DataFrame([_step_at_mix(r, prof) for _, r in sat.iterrows()])
+
+
+def _saturated_summary(mix: pd.DataFrame) -> dict[str, Any]:
+    """Medians of :func:`step_at_real_mix`'s ratio, overall and by slot range."""
+    G = mix["slots"]
+    bins = {f"slots {lo + 1}-{hi}": (G > lo) & (G <= hi) for lo, hi in ((0, 32), (32, 96), (96, 448))}
+    return {"runs": int(len(mix)), "median": float(mix["ratio"].median()),
+            "median_gap_ms": float((mix["real_itl_ms"] - mix["model_step_ms"]).median()),
+            "by_slots": {k: {"runs": int(m.sum()), "median": float(mix.loc[m, "ratio"].median())}
+                         for k, m in bins.items() if m.any()},
+            "note": "real mean ITL over the profile's step (scheduler + backbone + LoRA) evaluated at the "
+                    "run's mean step composition, KV-saturated runs only (see step_at_real_mix)"}
+
+
+def diagnostics(runs: pd.DataFrame, profile_name: str | None = None) -> dict[str, Any]:
+    """Internal state, twin against the real runs' Prometheus gauges (time averages over the hour):
+    mean running requests and KV tokens held per running request (real: mean KV usage x the KV
+    capacity, which the profile reproduces within ~1 % of the probes). Medians over scored runs.
+    With a profile, also :func:`step_at_real_mix` (the step model at the KV-saturated runs' own
+    step composition)."""
+    sc = runs[runs["scored"]]
+    out: dict[str, Any] = {}
+    need = {"ts_mean_running", "twin_mean_running", "ts_mean_kv_usage", "twin_mean_kv_usage", "twin_kv_tokens"}
+    if not len(sc) or not need <= set(sc.columns):
+        return out
+    if profile_name is not None:
+        mix = step_at_real_mix(sc, cached_profile(profile_name))
+        if len(mix):
+            out["saturated_runs_real_itl_over_model_step_at_real_mix"] = _saturated_summary(mix)
+    busy = sc[(sc["ts_mean_running"] > 1) & (sc["twin_mean_running"] > 1)]
+    if len(busy):
+        real_kv = busy["ts_mean_kv_usage"] * busy["twin_kv_tokens"] / busy["ts_mean_running"]
+        twin_kv = busy["twin_mean_kv_usage"] * busy["twin_kv_tokens"] / busy["twin_mean_running"]
+        out["kv_tokens_per_running_request"] = {"real_median": float(real_kv.median()),
+                                                "twin_median": float(twin_kv.median()), "runs": int(len(busy))}
+        out["mean_running_twin_over_real_median"] = float((busy["twin_mean_running"]
+                                                           / busy["ts_mean_running"]).median())
+    return out

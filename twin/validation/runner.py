@@ -1,0 +1,114 @@
+"""The whole validation (:func:`run_validation`): load, select, re-create every run in a
+process pool, score.
+
+Runs are independent: each worker process re-creates runs with
+:func:`twin.validation.recreate.simulate_run` (the profile loaded once per process), longest
+first so the pool's tail is short. A run whose simulation raises is reported in its row
+(``twin_status`` ``error``, column ``error``) and the validation goes on.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from policies.client_cap import CLIENT_MAX_INFLIGHT
+from twin.validation.profiles import cached_profile, check_profile_model, profile_for_model
+from twin.validation.recreate import simulate_run
+from twin.validation.scoring import score, summarize
+from twin.validation.specs import (START_FAILURE_STATUSES, RunSpec, attach_peer, default_peer_csv, default_real_csv,
+                                   load_peer, load_real, select_runs, spec_from_row)
+
+
+@dataclass
+class ValidationResult:
+    runs: pd.DataFrame            # one row per real run (real, twin, peer figures, SMAPE terms)
+    summary: dict[str, Any]
+    wall_s: float = 0.0
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def _worker(args: tuple[dict, dict]) -> dict[str, Any]:
+    spec_d, opts = args
+    spec = RunSpec(**spec_d)
+    try:
+        return simulate_run(spec, **opts)
+    except Exception as e:  # noqa: BLE001 -- reported per run, the validation goes on
+        return {"run_id": spec.run_id, "twin_status": "error", "error": f"{type(e).__name__}: {e}"}
+    finally:
+        gc.collect()  # the engine's reference cycles hold a run's arrays until collected
+
+
+def _progress_bar(total: int):
+    from tqdm import tqdm  # optional dependency, only for a progress bar
+
+    return tqdm(total=total, unit="run", desc="validating", leave=False)
+
+
+def run_all(specs: list[RunSpec], sim_opts: dict[str, Any], jobs: int, progress: bool) -> list[dict[str, Any]]:
+    """:func:`simulate_run` of every spec with ``sim_opts``, in ``jobs`` worker processes."""
+    # longest runs first so the pool's tail is short
+    order = sorted(specs, key=lambda s: -(s.requests_sent or s.nominal_requests))
+    tasks = [(asdict(s), sim_opts) for s in order]
+    bar = _progress_bar(len(tasks)) if progress and tasks else None
+    out: list[dict[str, Any]] = []
+    if jobs <= 1 or len(tasks) <= 1:
+        for t in tasks:
+            out.append(_worker(t))
+            bar and bar.update(1)
+    else:
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        with ctx.Pool(jobs) as pool:
+            for r in pool.imap_unordered(_worker, tasks, chunksize=1):
+                out.append(r)
+                bar and bar.update(1)
+    if bar is not None:
+        bar.close()
+    return out
+
+
+def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os.PathLike | None | bool = None,
+                   profile: str | None = None, jobs: int = 1, limit: int | None = None, filt: str | None = None,
+                   seed: int = 0, use_sent: bool = True, progress: bool = False,
+                   data_dir: str | os.PathLike | None = None,
+                   client_cap: int | None = CLIENT_MAX_INFLIGHT, preload_cpu: bool = True,
+                   run_ids: Iterable[str] | None = None) -> ValidationResult:
+    """Re-create the runs of ``real_csv`` with the twin and score them (see :mod:`twin.validation`).
+
+    ``peer_csv``: the published twin's predictions (None: the ``peer_twin_*.csv`` beside the real
+    file; False: none). ``jobs``: worker processes (runs are independent). ``client_cap`` and
+    ``preload_cpu`` go to the scheduler ``fcfs+client-cap`` (:mod:`policies.client_cap`)."""
+    t0 = time.perf_counter()
+    real_csv = Path(real_csv) if real_csv else default_real_csv(data_dir)
+    real = load_real(real_csv)
+    if peer_csv is None:
+        peer_csv = default_peer_csv(real_csv)
+    peer = load_peer(peer_csv) if peer_csv else None
+    real = attach_peer(real, peer)
+    sel = select_runs(real, filt, limit, run_ids=run_ids)
+    if not len(sel):
+        raise ValueError(f"no run of {real_csv} matches the selection (filter {filt!r}, limit {limit})")
+    if profile is None:
+        profile = profile_for_model(sel["model"].dropna().iloc[0] if sel["model"].notna().any() else None)
+    prof = cached_profile(profile)
+    check_profile_model(prof, sel)
+    specs = [spec_from_row(row, seed, use_sent) for _, row in sel.iterrows()
+             if row["status"] == "ok" or row["status"] in START_FAILURE_STATUSES]
+    sim_opts = dict(profile_name=profile, client_cap=client_cap, preload_cpu=preload_cpu)
+    results = run_all(specs, sim_opts, jobs, progress)
+    tw = pd.DataFrame(results) if results else pd.DataFrame({"run_id": []})
+    runs = score(sel.merge(tw, on="run_id", how="left"))
+    summary = summarize(runs, prof.name, str(real_csv), str(peer_csv) if peer_csv else None)
+    summary["wall_s"] = time.perf_counter() - t0
+    opts = dict(real=str(real_csv), peer=str(peer_csv) if peer_csv else None, profile=prof.name, jobs=jobs,
+                limit=limit, filter=filt, seed=seed, use_sent=use_sent, client_cap=client_cap,
+                preload_cpu=preload_cpu)
+    summary["options"] = opts
+    return ValidationResult(runs, summary, summary["wall_s"], opts)

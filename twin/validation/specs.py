@@ -1,0 +1,175 @@
+"""The real-run tables and what the twin needs of one run (:class:`RunSpec`).
+
+Every row of a real-run table (``validation/vllm085_*.csv`` in the data directory, see its
+README) is one one-hour vLLM 0.8.5 run; the published twin's predictions for the same
+scenarios sit beside it (``peer_twin_*.csv``). This module reads both, joins them on
+:data:`RUN_KEYS`, selects runs (:func:`select_runs`) and turns a row into a :class:`RunSpec`
+(:func:`spec_from_row`): the run's configuration only, never its measured figures.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from traces.arguments import parse_list
+from traces.datadir import require
+from twin.validation.metrics import METRICS
+
+WINDOW_S = 3600.0
+
+#: Key columns that identify a scenario in both the real and the peer table.
+RUN_KEYS = ("source", "ranks", "rates", "served_adapters", "adapter_slots", "max_lora_rank")
+
+#: Real-run statuses that mean "the server could not start with this configuration" (memory).
+START_FAILURE_STATUSES = ("failed_kv_insufficient", "failed_no_kv_memory", "failed_cuda_oom",
+                          "failed_sampler_warmup_oom")
+
+
+# --------------------------------------------------------------------------- the tables
+def default_real_csv(data_dir: str | os.PathLike | None = None) -> Path:
+    return require("validation/vllm085_h100_llama31_8b.csv", data_dir)
+
+
+def default_peer_csv(real_csv: str | os.PathLike) -> Path | None:
+    """The ``peer_twin_*.csv`` beside ``real_csv`` for the same model (None if there is none)."""
+    real_csv = Path(real_csv)
+    stem = real_csv.stem
+    parts = stem.split("_")
+    # vllm085_h100_llama31_8b -> model tag after the GPU part
+    tag = "_".join(parts[2:]) if len(parts) > 2 else stem
+    cand = real_csv.parent / f"peer_twin_{tag}.csv"
+    if cand.exists():
+        return cand
+    for p in sorted(real_csv.parent.glob("peer_twin_*.csv")):
+        if tag and tag in p.stem:
+            return p
+    return None
+
+
+def load_real(path: str | os.PathLike) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    missing = [c for c in (*RUN_KEYS, "status", "scenario", "run_dir", "offered_req_s", "pool_mean_input_tokens",
+                           "pool_mean_output_tokens") if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: not a real-run validation table (missing columns {missing})")
+    for c in ("ranks", "rates"):
+        df[c] = df[c].astype(str)
+    df["run_id"] = [f"{s}/{sc}/{rd}" for s, sc, rd in zip(df["source"], df["scenario"], df["run_dir"])]
+    if df["run_id"].duplicated().any():
+        df["run_id"] = df["run_id"] + "#" + df.groupby("run_id").cumcount().astype(str)
+    return df
+
+
+def load_peer(path: str | os.PathLike) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    for c in ("ranks", "rates"):
+        df[c] = df[c].astype(str)
+    df["peer_rps"] = df["finished_requests"] / WINDOW_S
+    df = df.drop_duplicates(list(RUN_KEYS), keep="first")
+    return df
+
+
+def attach_peer(real: pd.DataFrame, peer: pd.DataFrame | None) -> pd.DataFrame:
+    """Real runs with the published twin's predictions (columns ``peer_<metric>``)."""
+    out = real.copy()
+    cols = {m.peer: f"peer_{m.name}" for m in METRICS if m.peer}
+    if peer is None:
+        for c in cols.values():
+            out[c] = np.nan
+        out["has_peer"] = False
+        return out
+    p = peer[list(RUN_KEYS) + list(cols)].rename(columns=cols)
+    out = out.merge(p, on=list(RUN_KEYS), how="left")
+    out["has_peer"] = out[list(cols.values())[0]].notna()
+    return out
+
+
+def select_runs(real: pd.DataFrame, filt: str | None = None, limit: int | None = None,
+                run_ids: Iterable[str] | None = None) -> pd.DataFrame:
+    """Runs to validate. ``filt``: a pandas query (``"adapter_slots <= 32 and source == 'ml_test'"``)
+    when it contains a comparison, else a substring of ``run_id``. ``limit``: ``N`` runs evenly
+    spread over the (filtered) table, so a small limit still covers slots, rates and loads.
+    ``run_ids``: only these runs (``source/scenario/run_dir``)."""
+    df = real
+    if run_ids is not None:
+        df = df[df["run_id"].isin(set(run_ids))]
+    if filt:
+        if any(op in filt for op in ("==", "!=", "<", ">", " in ", "~")):
+            df = df.query(filt, engine="python")
+        else:
+            df = df[df["run_id"].str.contains(filt, regex=False)]
+    if limit is not None and limit < len(df):
+        idx = np.unique(np.linspace(0, len(df) - 1, int(limit)).round().astype(int))
+        df = df.iloc[idx]
+    return df
+
+
+# --------------------------------------------------------------------------- one run
+def adapter_rates(rates: Iterable[float] | str, served: int) -> np.ndarray:
+    """Per-adapter rates (req/s): the rate list over the ``served`` adapters, round-robin."""
+    r = np.asarray(parse_list(rates, float, "rates"), float)
+    return r[np.arange(served) % r.size]
+
+
+@dataclass
+class RunSpec:
+    """What the twin needs to re-create one real run (its configuration only)."""
+
+    run_id: str
+    model: str
+    ranks: list[int]
+    rates: list[float]
+    served: int
+    slots: int
+    max_rank: int
+    cpu_slots: int
+    max_num_seqs: int
+    mean_in: float
+    mean_out: float
+    requests_sent: float | None
+    window_s: float = WINDOW_S
+    seed: int = 0
+
+    @property
+    def adapter_rates(self) -> np.ndarray:
+        """Per-adapter rates (req/s): the rate list over the served adapters, round-robin."""
+        return adapter_rates(self.rates, self.served)
+
+    @property
+    def nominal_requests(self) -> float:
+        return float(self.adapter_rates.sum() * self.window_s)
+
+
+def _finite_or(value, cast, default):
+    """``cast(value)`` when ``value`` is a finite number, else ``default``."""
+    return cast(value) if value is not None and np.isfinite(float(value)) else default
+
+
+def spec_from_row(row: pd.Series | dict, seed: int = 0, use_sent: bool = True) -> RunSpec:
+    """The configuration of one real-run row; ``use_sent``: keep ``requests_sent`` (the offered
+    count), else the nominal Poisson load. The seed mixes the run id with ``seed``."""
+    g = row.get
+    served = int(g("served_adapters"))
+    sent = _finite_or(g("requests_sent"), float, None) if use_sent else None
+    run_id = str(g("run_id"))
+    return RunSpec(run_id=run_id, model=str(g("model")), ranks=parse_list(g("ranks"), int, "ranks"),
+                   rates=parse_list(g("rates"), float, "rates"), served=served, slots=int(g("adapter_slots")),
+                   max_rank=int(g("max_lora_rank")), cpu_slots=_finite_or(g("max_cpu_loras"), int, served),
+                   max_num_seqs=_finite_or(g("max_num_seqs"), int, 2048),
+                   mean_in=float(g("pool_mean_input_tokens")), mean_out=float(g("pool_mean_output_tokens")),
+                   requests_sent=sent, window_s=_finite_or(g("benchmark_time_s"), float, WINDOW_S),
+                   seed=(zlib.crc32(run_id.encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF)
+
+
+def nominal_requests(row: pd.Series | dict) -> float:
+    """The nominal request count of a real-run row: its per-adapter rates over its window."""
+    win = row.get("benchmark_time_s", WINDOW_S)
+    win = float(win) if win == win and win is not None else WINDOW_S
+    return float(adapter_rates(row["rates"], int(row["served_adapters"])).sum() * win)
