@@ -193,6 +193,13 @@ class AdapterMemory:
         act, loading = self.active, self.loading
         return [a for a, r in enumerate(self.resident) if r and not act[a] and a not in loading]
 
+    def slot_blocked_by_loads(self, a: int) -> bool:
+        """True when adapter ``a`` needs a fixed slot but every slot is held by an adapter in
+        use or by an asynchronous load still in flight (nothing is evictable): ``a`` must wait
+        for the load to finish (:mod:`twin.prefetch`). Only possible while loads are in flight."""
+        return (self.placement is None and not self.resident[a] and self.n_resident >= self.gpu_slots
+                and not self.evictable())
+
     def _load(self, a: int, now: float) -> Load:
         if self.placement is not None:  # evicts through the policy until the adapter fits
             if not self.placement.allocate(a, now):

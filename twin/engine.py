@@ -350,8 +350,9 @@ class Engine(EngineState):
             return Admit.NO_SEQ
         a = self.adapter_a[rid]
         ad = self.adapters
-        if a >= 0 and not ad.active[a] and ad.n_active >= self.config.max_loras:
-            return Admit.NO_SLOT
+        if a >= 0 and not ad.active[a] and (ad.n_active >= self.config.max_loras
+                                             or (ad.loading and ad.slot_blocked_by_loads(a))):
+            return Admit.NO_SLOT  # (or every free slot is taken by a prefetch still in flight)
         T = self.resume_T.pop(rid, None) or self.prompt_a[rid]
         k = T if T < budget else budget
         nb = -(-k // self.block_size)
