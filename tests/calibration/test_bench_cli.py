@@ -15,7 +15,7 @@ from calibration.bench.config import SMALL_HIDDEN, resolve_config, resolve_spec,
 from calibration.bench.schema import LINEAR_OPS_COLUMNS, TABLES
 from twin.model_spec import ALL_TARGETS, get_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run_py(code: str) -> subprocess.CompletedProcess:

@@ -96,7 +96,7 @@ def test_kernels_compile_for_gpu_targets_without_a_gpu():
             "print('compiled', len(r))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent, env=env,
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], env=env,
                        capture_output=True, text=True, timeout=300)
     if r.returncode == 0 and r.stdout.startswith("SKIP:"):
         pytest.skip(r.stdout.strip())

@@ -13,7 +13,7 @@ from calibration.fitting.core import FitError, ParamSpec, fit_params, grouped_fo
 from twin.perf.forms import FORMS, make_component
 from twin.perf.profile import Profile, available_profiles, load_profile
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ("llama-3.1-8b_h100_vllm085", "qwen-2.5-7b_h100_vllm085", "llama-2-7b_h100_vllm050", "llama-2-7b_a40_vidur")
 
 
