@@ -88,7 +88,8 @@ class Engine(EngineState):
                          record_steps, check_invariants)
         self.proc = self.env.process(self._run())
         #: per request: 0 never admitted (or no adapter), 1 its adapter was resident (in a GPU slot,
-        #: not still loading) when the request was first admitted, 2 it was not (twin/metrics.py)
+        #: not still loading, not loaded by the admitting step) when the request was first admitted,
+        #: 2 it was not (twin/metrics.py)
         self.adapter_hit_code = bytearray(self.n)
         if progress:  # the bar counts finished requests of those not rejected up front (twin/recorder.py)
             self.rec.progress_requests = int(np.count_nonzero(self.state != REJECTED))
@@ -390,7 +391,8 @@ class Engine(EngineState):
             self._seen[rid] = 1
             self._first_sched_a[rid] = now
             if a >= 0:
-                self.adapter_hit_code[rid] = 1 if ad.resident[a] and a not in ad.loading else 2
+                # resident: in a slot, not loading, and not placed there by this step's own loads
+                self.adapter_hit_code[rid] = 1 if ad.resident[a] and ad.loaded_at[a] != now and a not in ad.loading else 2
         if a >= 0:
             ld = ad.acquire(a, now)
             if ld is not None:

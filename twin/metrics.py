@@ -10,8 +10,8 @@ Definitions (as vLLM's ``benchmark_serving`` computes them, over *finished* requ
   plus the gaps after preemptions); this is exact for the token population of the run.
 * queueing delay = first scheduled - arrival; load wait = time the request's own adapter
   load held its first step.
-* adapter hit, per request: its adapter was resident (in a GPU slot, not still loading) when
-  the request was first admitted; ``adapter_hit_rate_requests`` is the share of admitted
+* adapter hit, per request: its adapter was resident (in a GPU slot, not still loading, not
+  loaded by the step that admits the request) when the request was first admitted; ``adapter_hit_rate_requests`` is the share of admitted
   requests with an adapter that hit. ``adapter_hit_rate`` counts *activations* instead (an
   adapter joining a batch it was not in): hits / activations; a request whose adapter is
   already in the batch is no activation, so the request-level rate is the higher one.
@@ -98,8 +98,8 @@ def requests_frame(e: "Engine") -> "pd.DataFrame":
 
 
 def adapter_hits(e: "Engine") -> "pd.arrays.BooleanArray":
-    """Per request: True when its adapter was resident (in a GPU slot, not still loading) at its
-    first admission, False when it had to be loaded, NA when never admitted or without adapter."""
+    """Per request: True when its adapter was resident (in a GPU slot, not still loading, not loaded
+    by the admitting step) at its first admission, False when it had to be loaded, NA when never admitted or without adapter."""
     import pandas as pd
 
     code = np.frombuffer(bytes(e.adapter_hit_code), np.uint8)
