@@ -96,3 +96,36 @@ def test_run_figures(tmp_path):
     assert all(p.stat().st_size > 10_000 for p in paths)
     t, n = waiting_curve(res.requests)
     assert n.min() >= 0 and n[-1] == 0  # everyone waiting was admitted in the end
+
+
+def test_compare_writes_under_runs_and_says_where(tmp_path, monkeypatch, capsys):
+    """Without --out, twin compare writes its table, figure and sustained rates under
+    runs/compare/<trace> (ignored by git), never into results/, and prints the paths."""
+    pytest.importorskip("matplotlib")
+    from twin.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    rc = main(["compare", "--policies", "vllm", "--rps", "1,2", "--duration", "10", "--slo", "1",
+               "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    where = tmp_path / "runs" / "compare" / "synthetic"
+    assert {p.name for p in where.iterdir()} == {"compare.csv", "compare.png", "sustained.json"}
+    assert not (tmp_path / "results").exists()
+    assert "wrote runs/compare/synthetic/compare.csv" in out
+    assert "hit rate req." in out and "hit rate act." in out
+
+
+def test_compare_progress_bar_counts_the_runs(capsys):
+    """The compare progress bar (stderr) counts the unloaded reference run and every
+    (policy, rate) run."""
+    pytest.importorskip("tqdm")
+    from twin.compare import CompareConfig, compare
+    from twin.scenario import RunConfig
+
+    rows, sustained, slo = compare(RunConfig(duration=10.0), CompareConfig(policies=["vllm"], rps=[1.0, 2.0]),
+                                   progress=True)
+    err = capsys.readouterr().err
+    assert len(rows) == 2 and slo > 0
+    assert "0/3 [" in err  # 1 unloaded reference + 2 runs
+    assert "unloaded reference" in err and "vllm at 2 req/s" in err
