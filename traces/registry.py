@@ -66,22 +66,50 @@ class TraceSpec:
     file: str | None = None          # path inside the data directory (real traces)
     fmt: str | None = None           # loader format (real traces)
     defaults: dict[str, Any] = field(default_factory=dict)  # option defaults of this name
+    #: scenario options ``twin run`` and ``twin compare`` use for this name when not given
+    #: (``rps``, ``duration``, ``ranks``: a set-up sized for one GPU; :func:`run_defaults`)
+    run_defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def fetch(self) -> str | None:
         return self.name if self.name in SOURCES else None
 
 
-def _real(name: str, fmt: str, desc: str, **defaults: Any) -> TraceSpec:
-    return TraceSpec(name, "real", desc, SOURCES[name].dest, fmt, defaults)
+def _real(name: str, fmt: str, desc: str, run_defaults: dict[str, Any] | None = None, **defaults: Any) -> TraceSpec:
+    return TraceSpec(name, "real", desc, SOURCES[name].dest, fmt, defaults, dict(run_defaults or {}))
+
+
+def run_defaults(name_or_path: str) -> dict[str, Any]:
+    """The scenario defaults of a built-in name for ``twin run``/``twin compare`` (empty for
+    paths and for names without any)."""
+    spec = BUILTINS.get(name_or_path)
+    return copy.deepcopy(spec.run_defaults) if spec is not None else {}
 
 
 def _synth(name: str, desc: str, **defaults: Any) -> TraceSpec:
     return TraceSpec(name, "synthetic", desc, None, None, defaults)
 
 
+#: The embedded default scenario (``twin run``). Moderate by measurement (README "Defaults"): vllm
+#: on 16 slots sustains 1.52 req/s with P99 TTFT within 5x the unloaded mean
+#: (``twin compare --policies vllm --rps 0.5,0.75,1,1.25,1.5,1.75,2,2.5``), so 1 req/s is about
+#: two thirds of it. Ranks 8/16/32 are those the default profile's adapter loads and KV
+#: reservation were measured at (its LoRA step cost at rank 8; 16 and 32 through the kernels'
+#: block counts).
+SYNTHETIC_DEFAULTS: dict[str, Any] = {"rps": 1.0, "ranks": [8, 16, 32]}
+#: The scenario of the headline ``twin run --trace splitwise --policy chameleon`` (a set-up sized
+#: for one GPU, :attr:`TraceSpec.run_defaults`): the trace's own 5.4 req/s is beyond what one H100
+#: serves (about 4 req/s with chameleon at ranks 8..128, mean TTFT 869 s); chameleon sustains
+#: 3.35 req/s on the first 600 s at ranks 8/16/32 (``twin compare --trace splitwise --policies
+#: chameleon,vllm --rps 1,2,3,4,5``), so 2.2 req/s is about two thirds of it.
+#: ``--rps``/``--duration``/``--ranks`` replace these; ``get_workload("splitwise")`` and
+#: ``twin traces show splitwise`` give the trace as recorded.
+SPLITWISE_RUN_DEFAULTS: dict[str, Any] = {"rps": 2.2, "duration": 600.0, "ranks": [8, 16, 32]}
+
 BUILTINS: dict[str, TraceSpec] = {s.name: s for s in [
-    _real("splitwise", "azure-llm", "Azure LLM inference 2023, conversation service (Splitwise; 19,366 req, 1 h)"),
+    _real("splitwise", "azure-llm", "Azure LLM inference 2023, conversation service (Splitwise; 19,366 req, 1 h); "
+          "twin run/compare replay its first 600 s rescaled to a 2.2 req/s hourly mean, adapters of ranks 8/16/32, "
+          "unless --duration/--rps/--ranks are given (README 'Defaults')", run_defaults=SPLITWISE_RUN_DEFAULTS),
     _real("splitwise-code", "azure-llm", "Azure LLM inference 2023, coding service (Splitwise; 8,819 req, 1 h)"),
     _real("splitwise-2024", "azure-llm", "Azure LLM inference 2024, conversation, one week"),
     _real("splitwise-code-2024", "azure-llm", "Azure LLM inference 2024, code, one week"),
@@ -96,8 +124,9 @@ BUILTINS: dict[str, TraceSpec] = {s.name: s for s in [
     _real("sharegpt", "sharegpt", "ShareGPT V3 conversations (multi-turn lengths; Poisson starts)"),
     _real("wildchat", "wildchat", "WildChat(-1M) conversations with timestamps"),
     _real("burstgpt", "burstgpt", "BurstGPT ChatGPT/GPT-4 request log with timestamps"),
-    _synth("synthetic", "embedded default: 100 adapters ranks 8-128 (N/5 each), powerlaw popularity, Poisson 2 req/s "
-           "(moderate for 16 slots of an H100 with Llama-3.1-8B), 300 s, Splitwise-like lengths", rps=2.0),
+    _synth("synthetic", "embedded default: 100 adapters of ranks 8/16/32 (a third each), powerlaw popularity, "
+           "Poisson 1 req/s (about two thirds of the rate vllm sustains on 16 slots of an H100 with Llama-3.1-8B; "
+           "README 'Defaults'), 300 s, Splitwise-like lengths", **SYNTHETIC_DEFAULTS),
     _synth("splitwise-synth", "generator fitted on the Splitwise conv trace (rate profile, renewal CV, copula lengths)",
            arrival="fitted", fit="splitwise_conv_fit", rps=None, duration=3600.0, lengths="splitwise"),
     _synth("splitwise-code-synth", "generator fitted on the Splitwise code trace",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,6 +20,7 @@ import twin.compare
 import twin.validation.cli
 from traces.flags import add_arguments, from_namespace
 from twin.config import ConfigError
+from twin.figures import write_run_figures
 from twin.perf.profile import load_profile
 from twin.registry import describe_all
 from twin.scenario import RunConfig, build_engine_config, build_workload
@@ -36,9 +38,11 @@ SUMMARY_ROWS = [
     ("ITL ms mean / p99", lambda s: f"{_f(s['itl_ms_mean'])} / {_f(s['itl_ms_p99'])}"),
     ("TPOT ms mean", lambda s: _f(s["tpot_ms_mean"])),
     ("E2E ms mean / p99", lambda s: f"{_f(s['e2e_ms_mean'])} / {_f(s['e2e_ms_p99'])}"),
-    ("adapter hit rate", lambda s: _f(s["adapter_hit_rate"], 3)),
+    ("adapter hit rate requests / activations",
+     lambda s: f"{_f(s.get('adapter_hit_rate_requests'), 3)} / {_f(s['adapter_hit_rate'], 3)}"),
     ("adapter loads cpu / disk", lambda s: f"{s['adapter_loads_from_cpu']} / {s['adapter_loads_from_disk']}"),
-    ("link GB", lambda s: _f(s["link_gb"], 3)),
+    ("link GB / utilization", lambda s: f"{_f(s['link_gb'], 3)} / {_f(s.get('link_utilization'), 3)}"),
+    ("GPU busy fraction", lambda s: _f(s.get("gpu_busy_fraction"), 3)),
     ("preemptions", lambda s: str(s["preemptions"])),
     ("KV capacity (tokens)", lambda s: str(s["kv_capacity_tokens"])),
     ("simulated s / wall s", lambda s: f"{_f(s['simulated_s'], 1)} / {_f(s['wall_s'], 3)}"),
@@ -65,6 +69,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     add_arguments(p, RunConfig)
     p.add_argument("--out", default=None, help="write requests.parquet, steps.parquet, summary.json here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--plot", action="store_true",
+                   help="write latency.png (TTFT, ITL) and timeline.png (requests, KV, adapters, link) into --out "
+                        "(without --out: into a new temporary directory, printed)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on simulated time (default: on for a terminal)")
 
@@ -80,12 +87,18 @@ def cmd_run(args: argparse.Namespace) -> int:
                    extra={"trace": run.trace, "workload": workload.meta, "config": cfg.to_dict()})
     if args.out:
         res.write(args.out)
+    figures = []
+    if args.plot:
+        fig_dir = args.out or tempfile.mkdtemp(prefix="twin-run-")
+        figures = write_run_figures(fig_dir, res.requests, res.steps, res.summary)
     if args.json:
         print(json.dumps(res.summary, indent=2, default=str))
     else:
         print(format_summary(res.summary))
         if args.out:
             print(f"wrote {Path(args.out) / 'requests.parquet'}, steps.parquet, summary.json")
+    if figures:
+        print(f"figures: {', '.join(str(f) for f in figures)}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -13,8 +13,9 @@ P99 TTFT stays within the SLO, interpolated linearly between the swept rates (Ch
 the *unloaded* mean TTFT, measured by replaying the same trace at ``--unloaded-rps`` under
 the first policy (Chameleon §6: "SLO = 5x the latency of a request on an unloaded system").
 
-Writes ``compare.csv`` and ``compare.png`` (P99 TTFT, goodput and hit rate against the
-rate, one line per policy) into ``--out`` (default ``results/compare/<trace>``).
+Writes ``compare.csv``, ``sustained.json`` and ``compare.png`` (P99 TTFT, P99 TBT, goodput and
+the request-level adapter hit rate against the rate, one line per policy) into ``--out``
+(default ``runs/compare/<trace>``, printed at the end); a progress bar counts the runs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from concurrent.futures import ProcessPoolExecutor
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ import pandas as pd
 
 from traces.arguments import parse_list
 from traces.flags import add_arguments, from_namespace
+from twin.figures import compare_figure
 from twin.model_spec import ALL_TARGETS, QKVO
 from twin.perf.profile import Profile, load_profile
 from twin.registry import PRESETS, load_entry_points, resolve_policy
@@ -39,7 +42,8 @@ from twin.simulate import simulate
 
 COLUMNS = [("ttft_ms_p50", "TTFT p50 ms", 0), ("ttft_ms_p99", "TTFT p99 ms", 0), ("itl_ms_p50", "TBT p50 ms", 1),
            ("itl_ms_p99", "TBT p99 ms", 1), ("throughput_rps", "thr req/s", 2), ("goodput_rps", "SLO thr req/s", 2),
-           ("slo_attainment", "SLO att.", 3), ("adapter_hit_rate", "hit rate", 3)]
+           ("slo_attainment", "SLO att.", 3), ("adapter_hit_rate_requests", "hit rate req.", 3),
+           ("adapter_hit_rate", "hit rate act.", 3)]
 
 
 def parse_names(text: str) -> list[str]:
@@ -74,6 +78,10 @@ class CompareConfig:
     jobs: int = field(default=1, metadata={"help": "runs in parallel (processes)"})
 
 
+#: where ``twin compare`` writes without ``--out`` (relative to the working directory; ``runs/``
+#: is ignored by git, so a sweep never lands among the committed results)
+DEFAULT_OUT = "runs/compare"
+
 #: scenario options that ``twin compare`` sets itself (the rate) or per policy
 NOT_COMPARE_OPTIONS = ("rps", "policy", "scheduler", "cache", "horizon", "ttft_slo", "tbt_slo")
 
@@ -83,8 +91,11 @@ def register_cli(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p, CompareConfig)
     add_arguments(p, RunConfig, exclude=NOT_COMPARE_OPTIONS)
-    p.add_argument("--out", default=None, help="output directory (default results/compare/<trace>)")
+    p.add_argument("--out", default=None,
+                   help=f"output directory for compare.csv, compare.png, sustained.json (default {DEFAULT_OUT}/<trace>)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar over the runs (default: on for a terminal)")
     p.set_defaults(func=cmd_compare)
 
 
@@ -163,38 +174,17 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def write_figure(rows: list[dict[str, Any]], slo_s: float, path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pols = list(dict.fromkeys(r["policy"] for r in rows))
-    fig, axes = plt.subplots(1, 4, figsize=(17, 4))
-    for pol in pols:
-        rs = sorted((r for r in rows if r["policy"] == pol), key=lambda r: r["rps"])
-        x = [r["rps"] for r in rs]
-        for ax, key, scale in ((axes[0], "ttft_ms_p99", 1e-3), (axes[1], "itl_ms_p99", 1.0),
-                               (axes[2], "goodput_rps", 1.0), (axes[3], "adapter_hit_rate", 1.0)):
-            y = [(r[key] * scale) if r.get(key) is not None else float("nan") for r in rs]
-            ax.plot(x, y, marker="o", label=pol)
-    axes[0].axhline(slo_s, color="k", ls="--", lw=0.8, label=f"SLO {slo_s:.2f} s")
-    axes[0].set_yscale("log")
-    for ax, t in zip(axes, ("P99 TTFT (s)", "P99 TBT (ms)", "throughput within SLO (req/s)", "adapter hit rate")):
-        ax.set_xlabel("request rate (req/s)")
-        ax.set_title(t)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
+    """Save :func:`twin.figures.compare_figure` as ``path`` (PNG)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    compare_figure(rows, slo_s, title).savefig(path, dpi=110)
     return path
 
 
-def compare(run: RunConfig, options: CompareConfig) -> tuple[list[dict[str, Any]], dict[str, float], float]:
+def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
+            ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
     """Every preset of ``options.policies`` at every rate of ``options.rps``: the summary rows,
-    the sustained throughput per preset and the TTFT SLO (s)."""
+    the sustained throughput per preset and the TTFT SLO (s). ``progress``: a progress bar
+    (tqdm, on stderr) over the runs, the unloaded reference run included."""
     pols, rates = options.policies, options.rps
     if not pols or not rates:
         raise ValueError("--policies and --rps need at least one value each")
@@ -202,16 +192,36 @@ def compare(run: RunConfig, options: CompareConfig) -> tuple[list[dict[str, Any]
     unknown = [p for p in pols if p not in PRESETS]
     if unknown:
         raise KeyError(f"unknown policies {unknown}; presets: {', '.join(sorted(PRESETS))}")
+    jobs = [(p, r) for p in pols for r in rates]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(jobs) + (options.slo is None), unit="run", desc="compare", leave=False)
     slo = options.slo
     if slo is None:
+        if bar is not None:
+            bar.set_postfix_str(f"unloaded reference, {pols[0]} at {options.unloaded_rps:g} req/s")
         slo = options.slo_x * unloaded_mean_ttft(run, options, pols[0])
-    jobs = [(p, r) for p in pols for r in rates]
+        if bar is not None:
+            bar.update()
+    rows: list[dict[str, Any] | None] = [None] * len(jobs)
     if options.jobs > 1:
         with ProcessPoolExecutor(options.jobs) as ex:
-            rows = list(ex.map(run_one, [run] * len(jobs), [options] * len(jobs), [p for p, _ in jobs],
-                               [r for _, r in jobs], [slo] * len(jobs)))
+            futures = {ex.submit(run_one, run, options, p, r, slo): i for i, (p, r) in enumerate(jobs)}
+            for fut in as_completed(futures):
+                rows[futures[fut]] = fut.result()
+                if bar is not None:
+                    bar.update()
     else:
-        rows = [run_one(run, options, p, r, slo) for p, r in jobs]
+        for i, (p, r) in enumerate(jobs):
+            if bar is not None:
+                bar.set_postfix_str(f"{p} at {r:g} req/s")
+            rows[i] = run_one(run, options, p, r, slo)
+            if bar is not None:
+                bar.update()
+    if bar is not None:
+        bar.close()
     sustained = {p: sustained_rps(rates, [r["ttft_ms_p99"] for r in rows if r["policy"] == p], slo) for p in pols}
     return rows, sustained, slo
 
@@ -219,8 +229,9 @@ def compare(run: RunConfig, options: CompareConfig) -> tuple[list[dict[str, Any]
 def cmd_compare(args: argparse.Namespace) -> int:
     run = from_namespace(RunConfig, args, exclude=NOT_COMPARE_OPTIONS)
     options = from_namespace(CompareConfig, args)
-    rows, sustained, slo = compare(run, options)
-    out = Path(args.out) if args.out else Path("results") / "compare" / Path(run.trace).stem
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    rows, sustained, slo = compare(run, options, progress=progress)
+    out = Path(args.out) if args.out else Path(DEFAULT_OUT) / Path(run.trace).stem
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "compare.csv", index=False)
     fig = write_figure(rows, slo, out / "compare.png", f"{run.trace} (profile {run.profile or 'default'}), "

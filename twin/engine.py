@@ -50,7 +50,7 @@ from twin.adapters import Load
 from twin.config import EngineConfig
 from twin.engine_state import EngineState
 from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
-from twin.requests import FINISHED
+from twin.requests import FINISHED, REJECTED
 from twin.requests import StartupError, check_startup  # noqa: F401  (re-exported for twin.validate)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,6 +87,12 @@ class Engine(EngineState):
         super().__init__(workload, profile, config, scheduler, cache, horizon_s, max_run_steps, progress,
                          record_steps, check_invariants)
         self.proc = self.env.process(self._run())
+        #: per request: 0 never admitted (or no adapter), 1 its adapter was resident (in a GPU slot,
+        #: not still loading, not loaded by the admitting step) when the request was first admitted,
+        #: 2 it was not (twin/metrics.py)
+        self.adapter_hit_code = bytearray(self.n)
+        if progress:  # the bar counts finished requests of those not rejected up front (twin/recorder.py)
+            self.rec.progress_requests = int(np.count_nonzero(self.state != REJECTED))
 
     # ------------------------------------------------------------------ SimPy process
     def _run(self):
@@ -137,7 +143,7 @@ class Engine(EngineState):
             if check:
                 self.assert_invariants()
             if progress:
-                self.rec.progress(env.now, horizon if horizon < INF else float(self.arrival[-1]) if self.n else 1.0)
+                self.rec.progress(env.now, horizon, self.n_finished)
         self.rec.close_progress()
 
     def _tick(self, now: float) -> None:
@@ -384,6 +390,9 @@ class Engine(EngineState):
         if not self._seen[rid]:
             self._seen[rid] = 1
             self._first_sched_a[rid] = now
+            if a >= 0:
+                # resident: in a slot, not loading, and not placed there by this step's own loads
+                self.adapter_hit_code[rid] = 1 if ad.resident[a] and ad.loaded_at[a] != now and a not in ad.loading else 2
         if a >= 0:
             ld = ad.acquire(a, now)
             if ld is not None:

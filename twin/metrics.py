@@ -10,6 +10,17 @@ Definitions (as vLLM's ``benchmark_serving`` computes them, over *finished* requ
   plus the gaps after preemptions); this is exact for the token population of the run.
 * queueing delay = first scheduled - arrival; load wait = time the request's own adapter
   load held its first step.
+* adapter hit, per request: its adapter was resident (in a GPU slot, not still loading, not
+  loaded by the step that admits the request) when the request was first admitted; ``adapter_hit_rate_requests`` is the share of admitted
+  requests with an adapter that hit. ``adapter_hit_rate`` counts *activations* instead (an
+  adapter joining a batch it was not in): hits / activations; a request whose adapter is
+  already in the batch is no activation, so the request-level rate is the higher one.
+* GPU busy fraction = time in engine steps (adapter loads on a step's path included) /
+  simulated time; a continuously batching server steps whenever any request is in flight,
+  so this is the share of time with work, not of compute capacity used.
+* link utilization = time the host-to-GPU link carries adapter loads / simulated time.
+
+Every summary key, with its unit, is listed in README.md ("Metrics").
 
 The step records themselves (segments of identical decode steps) are kept by
 :class:`twin.recorder.Recorder`.
@@ -82,7 +93,17 @@ def requests_frame(e: "Engine") -> "pd.DataFrame":
         "load_wait_s": e.load_wait,
         "preemptions": e.preemptions,
         "tokens_emitted": e.emitted,
+        "adapter_hit": adapter_hits(e),
     })
+
+
+def adapter_hits(e: "Engine") -> "pd.arrays.BooleanArray":
+    """Per request: True when its adapter was resident (in a GPU slot, not still loading, not loaded
+    by the admitting step) at its first admission, False when it had to be loaded, NA when never admitted or without adapter."""
+    import pandas as pd
+
+    code = np.frombuffer(bytes(e.adapter_hit_code), np.uint8)
+    return pd.arrays.BooleanArray(code == 1, code == 0)
 
 
 def _stats(x: np.ndarray, prefix: str, out: dict[str, Any], scale: float = 1000.0) -> None:
@@ -148,12 +169,17 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
     ad = e.adapters
     s["adapter_activations"] = int(ad.activations)
     s["adapter_hit_rate"] = (ad.hits / ad.activations) if ad.activations else None
+    code = np.frombuffer(bytes(e.adapter_hit_code), np.uint8)
+    hits, misses = int(np.count_nonzero(code == 1)), int(np.count_nonzero(code == 2))
+    s["adapter_hit_rate_requests"] = hits / (hits + misses) if hits + misses else None
     s["adapter_loads"] = int(ad.loads_cpu + ad.loads_disk)
     s["adapter_loads_from_cpu"] = int(ad.loads_cpu)
     s["adapter_loads_from_disk"] = int(ad.loads_disk)
     s["adapter_reloads_in_batch"] = int(ad.reloads)  # of adapter_loads: vLLM's activation order (policies/lru.py)
     s["adapter_evictions"] = int(ad.evictions)
     s["link_gb"] = e.link.bytes_moved / 1e9
+    s["link_utilization"] = min(1.0, e.link.busy_s / window)
+    s["gpu_busy_fraction"] = min(1.0, e.rec.busy_s / window)
     s["preemptions"] = int(e.rec.preemptions)
     s["engine_steps"] = int(e.rec.n_steps)
     s["step_segments"] = int(e.rec.n_segments)

@@ -31,13 +31,16 @@ class Recorder:
         self.preemptions = 0
         self.n_steps = 0
         self.n_segments = 0
+        self.busy_s = 0.0  # time in steps, adapter loads on the step's path included (GPU busy fraction)
         self._bar = None
         self._last_wall = 0.0
+        self.progress_requests = 0  # requests the progress bar counts (set by the engine)
 
     def step(self, t0, t1, k, d, durs, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes):
         """One step (k == 1) or a run of k decode steps of duration ``d`` each (or ``durs``)."""
         self.n_steps += k
         self.n_segments += 1
+        self.busy_s += t1 - t0
         if n_dec:
             if durs is not None:
                 self.itl_runs.append((np.asarray(durs), n_dec))
@@ -57,16 +60,27 @@ class Recorder:
 
         return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
 
-    def progress(self, t: float, total: float) -> None:
+    def progress(self, t: float, horizon: float, finished: int) -> None:
+        """Progress bar: simulated seconds up to the horizon when there is one, else requests
+        finished out of :attr:`progress_requests` (so the bar keeps moving while the queue drains
+        after the last arrival, and reaches 100 % only when the run ends)."""
         w = time.perf_counter()
         if w - self._last_wall < 0.25:
             return
         self._last_wall = w
+        timed = horizon != float("inf")
         if self._bar is None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=round(total, 1), unit="sim-s", desc="simulating", leave=False)
-        self._bar.n = round(min(t, total), 1)
+            if timed:
+                self._bar = tqdm(total=round(horizon, 1), unit="sim-s", desc="simulating", leave=False)
+            else:
+                self._bar = tqdm(total=self.progress_requests, unit="req", desc="requests finished", leave=False)
+        if timed:
+            self._bar.n = round(min(t, horizon), 1)
+        else:
+            self._bar.n = finished
+            self._bar.set_postfix_str(f"{t:.1f} sim-s", refresh=False)
         self._bar.refresh()
 
     def close_progress(self) -> None:

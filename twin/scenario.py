@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from traces.arguments import parse_list
-from traces.registry import get_workload
+from traces.registry import get_workload, run_defaults
 from traces.workload import Workload
 from twin.config import EngineConfig
 from twin.perf.profile import Profile, kv_tokens_for_memory
@@ -99,8 +99,17 @@ class RunConfig:
         return max(1, min(n_adapters, DEFAULT_ADAPTER_SLOTS) if n_adapters else 1)
 
 
+def with_trace_defaults(run: RunConfig) -> RunConfig:
+    """``run`` with its trace's scenario defaults (:func:`traces.registry.run_defaults`, e.g. the
+    rate, window and ranks ``splitwise`` is replayed with) in the options left unset."""
+    unset = {k: v for k, v in run_defaults(run.trace).items() if getattr(run, k) is None}
+    return dataclasses.replace(run, **unset) if unset else run
+
+
 def build_workload(run: RunConfig) -> Workload:
-    """The workload of a scenario (:func:`traces.registry.get_workload`)."""
+    """The workload of a scenario (:func:`traces.registry.get_workload`), the trace's scenario
+    defaults applied (:func:`with_trace_defaults`)."""
+    run = with_trace_defaults(run)
     return get_workload(run.trace, data_dir=run.data_dir, rps=run.rps, duration=run.duration, adapters=run.adapters,
                         ranks=run.ranks, popularity=run.popularity, seed=run.seed, **dict(run.trace_options))
 

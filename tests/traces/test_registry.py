@@ -21,8 +21,8 @@ def test_synthetic_default():
     w = get_workload()
     df = w.df
     assert w.meta["source"] == "synthetic" and w.meta["seed"] == 0
-    assert abs(len(df) / 300.0 - 2.0) < 0.3 and df["arrival_s"].max() < 300.0
-    assert df["adapter_id"].nunique() > 60 and set(df["adapter_rank"].unique()) == {8, 16, 32, 64, 128}
+    assert abs(len(df) / 300.0 - 1.0) < 0.2 and df["arrival_s"].max() < 300.0  # README "Defaults"
+    assert df["adapter_id"].nunique() > 60 and set(df["adapter_rank"].unique()) == {8, 16, 32}
     assert 900 < df["prompt_tokens"].mean() < 1400          # Splitwise-like lengths (conv mean 1155)
 
 

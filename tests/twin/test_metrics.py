@@ -1,0 +1,131 @@
+"""The metrics added for issue 16: per-request adapter hits, the request-level hit rate, GPU busy
+fraction and link utilization, the run progress bar during the drain, and the run figures."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tests.helpers import random_workload
+from traces.workload import Workload
+from twin.config import EngineConfig
+from twin.simulate import simulate
+
+
+def _run(w, slots=4, **kw):
+    return simulate(w, None, EngineConfig(max_loras=slots), **kw)
+
+
+def test_request_hits_by_hand():
+    """Adapter 0: request 0 loads it (miss); request 1 arrives while request 0 runs (no new
+    activation, hit); request 2 arrives long after both finished and finds it still in its slot
+    (an activation and a hit). Adapter 1: request 3 is admitted in the same step as request 4 of
+    the same adapter: the step loads it, so both miss."""
+    w = Workload.from_arrays([0.0, 0.05, 500.0, 600.0, 600.0], [100, 100, 100, 100, 100], [200, 200, 20, 20, 20],
+                             [0, 0, 0, 1, 1], [8, 8, 8, 8, 8])
+    res = _run(w)
+    hit = res.requests["adapter_hit"]
+    assert str(hit.dtype) == "boolean"
+    assert hit.tolist() == [False, True, True, False, False]
+    s = res.summary
+    assert s["adapter_activations"] == 3 and math.isclose(s["adapter_hit_rate"], 1 / 3)
+    assert math.isclose(s["adapter_hit_rate_requests"], 2 / 5)
+
+
+def test_request_hits_agree_with_load_waits():
+    """On a random workload: a request that missed and is the one whose admission started the
+    load waited for it; a request that hit never waited for an adapter load; requests never
+    admitted have no value."""
+    w = random_workload(n=400, rps=6.0, adapters=30, seed=3)
+    res = _run(w, slots=4, horizon_s=40.0)
+    r = res.requests
+    admitted = np.isfinite(r["first_scheduled_s"].to_numpy())
+    hit = r["adapter_hit"]
+    assert hit[~admitted].isna().all() and hit[admitted].notna().all()
+    h = hit[admitted].astype(bool).to_numpy()
+    waited = r["load_wait_s"].to_numpy()[admitted] > 0
+    assert not (h & waited).any(), "a request counted as a hit waited for an adapter load"
+    assert waited.sum() > 0 and h.sum() > 0
+    assert math.isclose(res.summary["adapter_hit_rate_requests"], h.mean())
+
+
+def test_busy_fraction_and_link_utilization():
+    w = random_workload(n=200, rps=3.0, adapters=40, seed=1)
+    res = _run(w, slots=4)
+    s, st = res.summary, res.steps
+    busy = float((st["t_end"] - st["t_start"]).sum()) / s["simulated_s"]
+    assert math.isclose(s["gpu_busy_fraction"], min(1.0, busy), rel_tol=1e-9)
+    assert 0 < s["gpu_busy_fraction"] <= 1
+    assert 0 < s["link_utilization"] < s["gpu_busy_fraction"]
+    assert math.isclose(s["link_utilization"], res.engine.link.busy_s / s["simulated_s"])
+    # a lighter load keeps the engine idle longer
+    light = _run(random_workload(n=200, rps=0.3, adapters=40, seed=1), slots=4).summary
+    assert light["gpu_busy_fraction"] < s["gpu_busy_fraction"]
+
+
+def test_progress_bar_counts_finished_requests_through_the_drain(monkeypatch):
+    """Without a horizon the bar counts finished requests, so past the last arrival (the drain)
+    it shows what is left instead of sitting at 100 %."""
+    pytest.importorskip("tqdm")
+    import twin.recorder as recorder
+
+    clock = iter(range(1, 1000))
+    monkeypatch.setattr(recorder.time, "perf_counter", lambda: float(next(clock)))
+    rec = recorder.Recorder()
+    rec.progress_requests = 10
+    rec.progress(5.0, float("inf"), 2)
+    rec.progress(500.0, float("inf"), 7)  # long after the last arrival: 7 of 10 done
+    assert rec._bar.n == 7 and rec._bar.total == 10
+    rec.close_progress()
+    rec = recorder.Recorder()
+    rec.progress(30.0, 60.0, 0)  # with a horizon: simulated seconds up to it
+    assert rec._bar.total == 60.0 and rec._bar.n == 30.0
+    rec.close_progress()
+
+
+def test_run_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    from twin.figures import LATENCY_PNG, TIMELINE_PNG, waiting_curve, write_run_figures
+
+    w = random_workload(n=150, rps=4.0, adapters=20, seed=2)
+    res = _run(w, slots=4)
+    paths = write_run_figures(tmp_path, res.requests, res.steps, res.summary)
+    assert [p.name for p in paths] == [LATENCY_PNG, TIMELINE_PNG]
+    assert all(p.stat().st_size > 10_000 for p in paths)
+    t, n = waiting_curve(res.requests)
+    assert n.min() >= 0 and n[-1] == 0  # everyone waiting was admitted in the end
+
+
+def test_compare_writes_under_runs_and_says_where(tmp_path, monkeypatch, capsys):
+    """Without --out, twin compare writes its table, figure and sustained rates under
+    runs/compare/<trace> (ignored by git), never into results/, and prints the paths."""
+    pytest.importorskip("matplotlib")
+    from twin.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    rc = main(["compare", "--policies", "vllm", "--rps", "1,2", "--duration", "10", "--slo", "1",
+               "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    where = tmp_path / "runs" / "compare" / "synthetic"
+    assert {p.name for p in where.iterdir()} == {"compare.csv", "compare.png", "sustained.json"}
+    assert not (tmp_path / "results").exists()
+    assert "wrote runs/compare/synthetic/compare.csv" in out
+    assert "hit rate req." in out and "hit rate act." in out
+
+
+def test_compare_progress_bar_counts_the_runs(capsys):
+    """The compare progress bar (stderr) counts the unloaded reference run and every
+    (policy, rate) run."""
+    pytest.importorskip("tqdm")
+    from twin.compare import CompareConfig, compare
+    from twin.scenario import RunConfig
+
+    rows, sustained, slo = compare(RunConfig(duration=10.0), CompareConfig(policies=["vllm"], rps=[1.0, 2.0]),
+                                   progress=True)
+    err = capsys.readouterr().err
+    assert len(rows) == 2 and slo > 0
+    assert "0/3 [" in err  # 1 unloaded reference + 2 runs
+    assert "unloaded reference" in err and "vllm at 2 req/s" in err
