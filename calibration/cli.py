@@ -64,7 +64,9 @@ def register_cli(subparsers) -> None:
     rep.add_argument("--measurements", metavar="DIR",
                      help="measurement directory for the figures (default: the profile's provenance directory "
                           "inside $TWIN_DATA_DIR)")
-    rep.add_argument("--out-dir", metavar="DIR", help="where figures go (default: results/calibration/<name>)")
+    rep.add_argument("--out-dir", metavar="DIR", help="where figures go (default: results/calibration/<name>, "
+                                                         "the committed figures: replaced only when the measurements "
+                                                         "are found)")
     rep.add_argument("--no-figures", action="store_true", help="print only")
     rep.add_argument("--json", action="store_true", help="print the fit-quality summary as JSON")
     rep.add_argument("--markdown", action="store_true", help="print the fit-quality tables as Markdown")
