@@ -64,6 +64,9 @@ def _checked(parse: Callable[[str], Any], flag: str) -> Callable[[str], Any]:
         try:
             return parse(text)
         except ValueError as e:
+            if parse in (int, float):
+                kind = "an integer" if parse is int else "a number"
+                raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
             raise argparse.ArgumentTypeError(str(e).removeprefix(f"{flag}: ")) from None
 
     convert.__name__ = getattr(parse, "__name__", "value")

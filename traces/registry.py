@@ -410,7 +410,7 @@ def check_size(cfg: SynthConfig, name: str, replay: bool = False) -> None:
 def _file_format(path: Path) -> str:
     """The format of a trace file: ``workload`` for workload columns in a workload extension,
     else the sniffed raw format; errors name the file."""
-    if path.is_file() and path.stat().st_size == 0:
+    if path.is_file() and (path.stat().st_size == 0 or (path.stat().st_size < 4096 and not path.read_bytes().strip())):
         raise WorkloadError(f"{path}: the file is empty; give a workload ({', '.join(FILE_SUFFIXES)} with the "
                             f"workload columns) or a raw trace")
     if path.is_file() and path.suffix.lower() != ".parquet":

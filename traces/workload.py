@@ -209,6 +209,11 @@ def read_workload_file(path: str | Path) -> "Workload":
                         f"{', '.join(FILE_SUFFIXES)}")
 
 
+def _show(v: Any) -> str:
+    """A cell as the file wrote it (numpy scalars as Python values)."""
+    return repr(v.item() if hasattr(v, "item") else v)
+
+
 def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
     """The workload columns of a file's table (cells as text or JSON values), every value
     checked; ``where(i)`` names data row ``i`` (0-based) as the file does."""
@@ -235,7 +240,7 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
         bad = np.isnan(nums) & ~empty
         if bad.any():
             i = int(bad.argmax())
-            raise WorkloadError(f"{path}: {where(i)}, column {col}: {cells.iloc[i]!r} is not a number")
+            raise WorkloadError(f"{path}: {where(i)}, column {col}: {_show(cells.iloc[i])} is not a number")
         if empty.any():
             if col in FILE_DEFAULTS:
                 nums[empty] = FILE_DEFAULTS[col]
@@ -248,16 +253,16 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
         inf = ~np.isfinite(nums)
         if inf.any():
             i = int(inf.argmax())
-            raise WorkloadError(f"{path}: {where(i)}, column {col}: {cells.iloc[i]!r} is not a finite number")
+            raise WorkloadError(f"{path}: {where(i)}, column {col}: {_show(cells.iloc[i])} is not a finite number")
         if COLUMNS[col] == "int64":
             frac = (nums != np.floor(nums)) | (np.abs(nums) > 2.0 ** 53)
             if frac.any():
                 i = int(frac.argmax())
-                raise WorkloadError(f"{path}: {where(i)}, column {col}: {cells.iloc[i]!r} is not an integer")
+                raise WorkloadError(f"{path}: {where(i)}, column {col}: {_show(cells.iloc[i])} is not an integer")
         low = nums < FILE_MINIMUM[col]
         if low.any():
             i = int(low.argmax())
-            raise WorkloadError(f"{path}: {where(i)}, column {col}: {cells.iloc[i]!r} is below the minimum "
+            raise WorkloadError(f"{path}: {where(i)}, column {col}: {_show(cells.iloc[i])} is below the minimum "
                                 f"{FILE_MINIMUM[col]}")
         out[col] = nums.astype(COLUMNS[col])
     frame = pd.DataFrame(out)

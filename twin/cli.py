@@ -121,7 +121,7 @@ def resolve_run(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     run, recorded = resolve_run(args)
-    if args.out:
+    if args.out is not None:
         check_out_dir(args.out)
     profile = load_profile(run.profile)
     check_model(run, profile)

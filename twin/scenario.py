@@ -347,6 +347,10 @@ def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile:
     slots = cfg.max_loras if cfg.enable_lora else 0
     max_rank = (cfg.max_lora_rank or top_rank) if slots else 0
     kv = cfg.kv_capacity_tokens or profile.kv_capacity_tokens(slots, max_rank)
+    if kv < max_len and kv < 16 * cfg.block_size:
+        raise ConfigError(f"the KV cache holds {max(kv, 0)} tokens: {profile.model.name}'s weights and {slots} adapter "
+                          f"slots of rank {max_rank} leave no room for it ({profile.name}); vLLM would refuse to "
+                          f"start: lower --slots or --max-lora-rank (or the --ranks), or set --kv-tokens")
     if kv < max_len:
         how = ("lower --max-model-len (at most " + str(kv) + ")" +
                (", lower --slots or --max-lora-rank" if slots and max_rank else "") +

@@ -61,6 +61,9 @@ def read_table(path: str | os.PathLike, what: str) -> pd.DataFrame:
         raise FileNotFoundError(f"{what} {p} does not exist")
     if p.is_dir():
         raise ValueError(f"{what} {p} is a directory; give the CSV file")
+    with open(p, "rb") as fh:
+        if b"\0" in fh.read(4096):
+            raise ValueError(f"{what} {p} is not a text file (a binary file, not a CSV table)")
     try:
         df = pd.read_csv(p)
     except pd.errors.EmptyDataError:
