@@ -183,7 +183,9 @@ def _read_jsonl(path: Path) -> tuple[pd.DataFrame, list[int]]:
     if not records:
         raise WorkloadError(f"{path}: the file holds no requests (no JSON object); one object per line, e.g. "
                             f'{{"arrival_s": 0.5, "prompt_tokens": 300, "output_tokens": 40}}')
-    return pd.DataFrame.from_records(records), lines
+    cols = list(dict.fromkeys(k for rec in records for k in rec))
+    # object columns keep null as None (an empty cell) and a missing key reads as one
+    return pd.DataFrame({c: pd.Series([rec.get(c) for rec in records], dtype=object) for c in cols}), lines
 
 
 def read_workload_file(path: str | Path) -> "Workload":

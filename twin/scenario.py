@@ -289,8 +289,14 @@ def build_workload(run: RunConfig) -> Workload:
     """The workload of a scenario (:func:`traces.registry.get_workload`), after :func:`check_run`;
     an empty workload is refused."""
     check_run(run)
-    w = get_workload(run.trace, data_dir=run.data_dir, rps=run.rps, duration=run.duration, adapters=run.adapters,
-                     ranks=run.ranks, popularity=run.popularity, seed=run.seed, **dict(run.trace_options))
+    options = {"rps": run.rps, "duration": run.duration, "adapters": run.adapters, "ranks": run.ranks,
+               "popularity": run.popularity}
+    for key, value in run.trace_options:  # --trace-opt duration=5 is --duration 5
+        if key in options and options[key] is None:
+            options[key] = value
+        elif key not in options:
+            options[key] = value
+    w = get_workload(run.trace, data_dir=run.data_dir, seed=run.seed, **options)
     if not len(w):
         raise ConfigError(f"the workload of --trace {run.trace} holds no request (with --duration {run.duration}, "
                           f"--rps {run.rps}); lengthen --duration or raise --rps")
