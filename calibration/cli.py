@@ -165,6 +165,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     try:
+        if args.every < 1:
+            raise ValueError(f"--every {args.every}: must be >= 1 (replay every k-th run)")
+        if args.out and Path(args.out).is_dir():
+            raise ValueError(f"--out {args.out}: is a directory; give a CSV file")
         table = select_runs(read_table(args.data_dir), args.every, only_swapping=not args.all_runs)
         runs = replay_serving_runs(table, args.profile)
     except (FileNotFoundError, KeyError, ValueError) as e:

@@ -526,6 +526,8 @@ def report(name_or_path: str, measurements: str | None = None, out_dir: str | No
     if figures and measurements and (meas is None or not meas.is_dir()):
         raise FileNotFoundError(f"--measurements {measurements}: not a directory; give the directory of the "
                                 f"calibration tables (e.g. $TWIN_DATA_DIR/calibration/vllm085_h100)")
+    if figures and od.exists() and not od.is_dir():
+        raise FileNotFoundError(f"--out-dir {od}: is a file, not a directory; give a directory for the figures")
     if figures and meas is None and _is_committed(od, d["name"]):
         raise FileNotFoundError(
             f"the measurements of {d['name']} are not found (set TWIN_DATA_DIR to the data directory or pass "

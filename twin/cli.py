@@ -205,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"twin {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except OSError as e:  # an output path the command could not use (a file where a directory goes, ...)
+        where = f" {e.filename}" if e.filename else ""
+        print(f"twin {args.command}: error: cannot use{where}: {e.strerror or e}; give another path",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

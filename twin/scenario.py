@@ -128,6 +128,9 @@ class RunConfig:
         return max(1, min(n_adapters, DEFAULT_ADAPTER_SLOTS) if n_adapters else 1)
 
 
+#: most adapters a scenario may ask for (per-adapter tables are allocated for each)
+MAX_ADAPTERS = 1_000_000
+
 RUN_FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
@@ -263,6 +266,9 @@ def check_run(run: RunConfig) -> None:
         if v < low or (v == low and not inclusive):
             bound = f">= {low:g}" if inclusive else f"> {low:g}"
             raise ConfigError(f"{option_name(name)} {v:g}: must be {bound}; give {fix}")
+    if run.adapters is not None and run.adapters > MAX_ADAPTERS:
+        raise ConfigError(f"--adapters {run.adapters}: more than the {MAX_ADAPTERS:,} adapters a workload may have "
+                          f"(the popularity tables hold one entry per adapter); give fewer")
     if run.max_batched_tokens < run.max_num_seqs:
         raise ConfigError(f"--max-batched-tokens {run.max_batched_tokens} is below --max-num-seqs "
                           f"{run.max_num_seqs} (vLLM refuses a step budget smaller than the running requests); raise "
