@@ -343,7 +343,8 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
         try:
             cfg.kv_capacity_tokens = kv_tokens_for_memory(profile, run.gpu_mem_gb, slots, max_rank)
         except ValueError as e:
-            raise ConfigError(f"--gpu-mem-gb {run.gpu_mem_gb:g}: {e}") from None
+            raise ConfigError(f"--gpu-mem-gb {run.gpu_mem_gb:g}: {e}; give a larger --gpu-mem-gb"
+                              + (", fewer --slots or a lower --max-lora-rank" if slots and max_rank else "")) from None
     check_server(run, cfg, workload, profile)
     return cfg
 
