@@ -400,6 +400,9 @@ def check_size(cfg: SynthConfig, name: str, replay: bool = False) -> None:
         n = expected_requests(cfg, replay)
     except (KeyError, TypeError, ValueError, FileNotFoundError):
         return  # an invalid option is reported by the generator itself
+    if n > MAX_REQUESTS and cfg.arrivals.n_requests is not None:
+        raise OptionError(f"the workload of {name} would hold n_requests={cfg.arrivals.n_requests} requests, more "
+                          f"than the {MAX_REQUESTS:,} a run may generate; give a smaller n_requests")
     if n > MAX_REQUESTS:
         raise OptionError(f"the workload of {name} would hold about {n:.3g} requests (rate "
                           f"{cfg.arrivals.rps if cfg.arrivals.rps is not None else 'of the trace'} req/s x duration "

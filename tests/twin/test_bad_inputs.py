@@ -109,7 +109,7 @@ CASES: list[tuple[str, str]] = [
     ("run --no-progress --duration -1", "--duration -1: must be > 0"),
     ("run --no-progress --duration 1e12", "more than the 5,000,000 a run may generate"),
     ("run --no-progress --duration 1e5 --rps 1000", "more than the 5,000,000 a run may generate"),
-    (R + "--trace-opt n_requests=100000000", "more than the 5,000,000 a run may generate"),
+    (R + "--trace-opt n_requests=100000000", "would hold n_requests=100000000 requests, more than the 5,000,000"),
     (R + "--rps 0", "--rps 0: must be > 0"),
     (R + "--rps -1", "--rps -1: must be > 0"),
     (R + "--rps nan", "--rps nan: must be a finite number"),
