@@ -127,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_model(run, profile)
     workload = build_workload(run)
     cfg = build_engine_config(run, workload, profile)
-    scenario = resolved_scenario(run, profile, cfg)
+    scenario = resolved_scenario(run, profile, cfg, workload)
     for w in replay_warnings(recorded, scenario):
         print(f"twin run: warning: {w}", file=sys.stderr)
     if args.dump_config:

@@ -417,11 +417,45 @@ def profile_reference(run: RunConfig, profile: Profile) -> str:
     return profile.name if profile.name in available_profiles() else "embedded"
 
 
-def resolved_scenario(run: RunConfig, profile: Profile, cfg: EngineConfig | None = None) -> dict[str, Any]:
-    """Every :class:`RunConfig` field (the policy, profile and slot defaults resolved), the
-    profile's content hash and the policy's parameters."""
+#: generation settings of a synthetic preset pinned into a resolved scenario (option -> (section, field))
+_PINNED_OPTIONS = {"lengths": ("lengths", "dist"), "length_scale": ("lengths", "scale"),
+                   "mean_in": ("lengths", "mean_in"), "mean_out": ("lengths", "mean_out"),
+                   "max_total": ("lengths", "max_total"), "max_prompt": ("lengths", "max_prompt"),
+                   "max_output": ("lengths", "max_output")}
+
+
+def _pin_synthetic(d: dict[str, Any], workload: Workload) -> None:
+    """Write a synthetic preset's own settings (rate, duration, adapters, ranks, popularity,
+    length model) into the scenario, so a later change of the preset's defaults does not change
+    a replay."""
+    c = workload.meta.get("config") if workload.meta.get("kind") == "synthetic" else None
+    if not isinstance(c, dict):
+        return
+    a, ad, ln = c.get("arrivals", {}), c.get("adapters", {}), c.get("lengths", {})
+    if a.get("n_requests") is None and d["duration"] is None:
+        d["duration"] = a.get("duration_s")
+    if a.get("process") in ("poisson", "gamma", "onoff") and d["rps"] is None:
+        d["rps"] = a.get("rps")
+    for key, value in (("adapters", ad.get("n_adapters")), ("ranks", ad.get("ranks")),
+                       ("popularity", ad.get("popularity"))):
+        if d[key] is None:
+            d[key] = value
+    opts = d["trace_options"]
+    for key, (section, name) in _PINNED_OPTIONS.items():
+        value = c.get(section, {}).get(name)
+        if key not in opts and value is not None:
+            opts[key] = value
+
+
+def resolved_scenario(run: RunConfig, profile: Profile, cfg: EngineConfig | None = None,
+                      workload: Workload | None = None) -> dict[str, Any]:
+    """Every :class:`RunConfig` field (the policy, profile and slot defaults resolved, and a
+    synthetic preset's own rate, duration, adapters and length model), the profile's content
+    hash and the policy's parameters."""
     d = dataclasses.asdict(run)
     d["trace_options"] = {k: v for k, v in run.trace_options}
+    if workload is not None:
+        _pin_synthetic(d, workload)
     d["policy"] = run.policy or "vllm"
     d["profile"] = profile_reference(run, profile)
     if cfg is not None:

@@ -36,9 +36,11 @@ def test_summary_embeds_the_resolved_scenario(tmp_path):
                     "--out", str(tmp_path)])
     sc = s["scenario"]
     assert set(RUN_FIELDS) <= set(sc) and set(RECORDED) <= set(sc)
-    assert sc["policy"] == "slora" and sc["duration"] == 20.0 and sc["trace_options"] == {"length_scale": 0.5}
+    assert sc["policy"] == "slora" and sc["duration"] == 20.0 and sc["trace_options"]["length_scale"] == 0.5
     assert sc["profile"] == "llama-3.1-8b_h100_vllm085" and len(sc["profile_sha256"]) == 64
     assert sc["slots"] == 16  # the default, resolved
+    assert (sc["rps"], sc["adapters"], sc["popularity"]) == (2.0, 100, "powerlaw")  # the preset's own, pinned
+    assert sc["trace_options"]["lengths"] == "splitwise"
     assert sc["scheduler_params"] == {"lookahead_tokens": None, "max_lookahead": 32}
     assert sc["cache_params"]["adapter_memory"] == "unified"
     assert json.loads((tmp_path / "summary.json").read_text())["scenario"] == sc
@@ -48,7 +50,7 @@ def _same_run(a: Path, b: Path) -> None:
     for name in ("requests.parquet", "steps.parquet"):
         pd.testing.assert_frame_equal(pd.read_parquet(a / name), pd.read_parquet(b / name), check_exact=True)
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
-    volatile = {"wall_s", "sim_wall_s", "x_realtime"}
+    volatile = {"wall_s", "sim_wall_s", "x_realtime", "workload"}  # workload: its meta lists the pinned options
     assert {k: v for k, v in sa.items() if k not in volatile} == {k: v for k, v in sb.items() if k not in volatile}
 
 
@@ -80,7 +82,8 @@ def test_flags_override_the_file(tmp_path):
     s = summary_of(["run", "--config", str(tmp_path / "s.toml"), "--rps", "1.5", "--trace-opt", "length_scale=0.25"])
     sc = s["scenario"]
     assert (sc["duration"], sc["rps"], sc["slots"]) == (10.0, 1.5, 4)
-    assert sc["trace_options"] == {"length_scale": 0.25, "lengths": "sharegpt"}
+    assert {k: sc["trace_options"][k] for k in ("length_scale", "lengths")} == {"length_scale": 0.25,
+                                                                                "lengths": "sharegpt"}
     assert s == {**s, **summary_of(["run", "--duration", "10", "--rps", "1.5", "--slots", "4", "--trace-opt",
                                     "length_scale=0.25", "--trace-opt", "lengths=sharegpt"]),
                  "wall_s": s["wall_s"], "x_realtime": s["x_realtime"]}
@@ -102,6 +105,7 @@ def test_dump_config_prints_toml_and_does_no_run(tmp_path):
     assert rc == 0, err
     d = tomllib.loads(out)
     assert d["rps"] == 3.0 and d["duration"] == 30.0 and d["policy"] == "vllm" and "requests_arrived" not in out
+    assert d["adapters"] == 100 and d["ranks"] == [8, 16, 32, 64, 128]
     assert "# horizon =" in out  # unset options are listed as comments
     assert not (tmp_path / "o").exists()
 
@@ -131,3 +135,19 @@ def test_every_run_option_has_a_flag_and_a_scenario_key():
     d = tomllib.loads(out)
     for name in names:
         assert name in d or f"# {name} =" in out, name
+
+
+def test_a_replay_does_not_follow_a_changed_preset_default(tmp_path, monkeypatch):
+    """The synthetic preset's own rate, adapters and length model are pinned in the scenario: a
+    later change of the preset (the default scenario's numbers) does not change a replay."""
+    from traces import registry
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert run_cli(["run", "--no-progress", "--duration", "20", "--out", str(first)])[0] == 0
+    spec = registry.BUILTINS["synthetic"]
+    monkeypatch.setitem(registry.BUILTINS, "synthetic",
+                        dataclasses.replace(spec, defaults={**spec.defaults, "rps": 5.0, "popularity": "uniform"}))
+    assert summary_of(["run", "--duration", "20"])["requests_arrived"] != \
+        json.loads((first / "summary.json").read_text())["requests_arrived"]  # the preset did change
+    assert run_cli(["run", "--no-progress", "--config", str(first / "summary.json"), "--out", str(second)])[0] == 0
+    _same_run(first, second)
