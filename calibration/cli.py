@@ -64,7 +64,9 @@ def register_cli(subparsers) -> None:
     rep.add_argument("--measurements", metavar="DIR",
                      help="measurement directory for the figures (default: the profile's provenance directory "
                           "inside $TWIN_DATA_DIR)")
-    rep.add_argument("--out-dir", metavar="DIR", help="where figures go (default: results/calibration/<name>)")
+    rep.add_argument("--out-dir", metavar="DIR", help="where figures go (default: results/calibration/<name>, "
+                                                         "the committed figures: replaced only when the measurements "
+                                                         "are found)")
     rep.add_argument("--no-figures", action="store_true", help="print only")
     rep.add_argument("--json", action="store_true", help="print the fit-quality summary as JSON")
     rep.add_argument("--markdown", action="store_true", help="print the fit-quality tables as Markdown")
@@ -163,6 +165,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     try:
+        if args.every < 1:
+            raise ValueError(f"--every {args.every}: must be >= 1 (replay every k-th run)")
+        if args.out and Path(args.out).is_dir():
+            raise ValueError(f"--out {args.out}: is a directory; give a CSV file")
         table = select_runs(read_table(args.data_dir), args.every, only_swapping=not args.all_runs)
         runs = replay_serving_runs(table, args.profile)
     except (FileNotFoundError, KeyError, ValueError) as e:

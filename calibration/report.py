@@ -33,13 +33,43 @@ def load_profile_dict(name_or_path: str) -> tuple[dict[str, Any], Path]:
     if p.suffix == ".json" or p.exists():
         if not p.exists():
             raise FileNotFoundError(f"profile file {p} does not exist; `twin calibrate list` shows the shipped ones")
-        return json.loads(p.read_text()), p
+        return _read_json(p), p
     avail = available_profiles()
     path = avail.get(name_or_path)
     if path is None:
         raise KeyError(f"unknown profile {name_or_path!r}; fitted profiles: "
                        f"{', '.join(k for k, v in avail.items() if v is not None)} (or give a JSON file)")
-    return json.loads(path.read_text()), path
+    return _read_json(path), path
+
+
+def _read_json(p: Path) -> dict[str, Any]:
+    """A profile file's JSON object; ``ValueError`` naming the file otherwise."""
+    try:
+        d = json.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"profile file {p} is not a text file (not UTF-8 JSON)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"profile file {p} is not valid JSON ({e})") from None
+    except IsADirectoryError:
+        raise ValueError(f"profile file {p} is a directory") from None
+    if not isinstance(d, dict) or "components" not in d or "name" not in d:
+        raise ValueError(f"profile file {p} is not a LoRA Twin profile (no name/components); `twin calibrate list` "
+                         f"shows the shipped ones")
+    return d
+
+
+def committed_figures_dir(name: str) -> Path:
+    """Where the committed figures of a profile live (``results/calibration/<name>``)."""
+    return ROOT / "results" / "calibration" / name
+
+
+def _is_committed(out_dir: Path, name: str) -> bool:
+    committed = (ROOT / "results" / "calibration").resolve()
+    try:
+        out_dir.resolve().relative_to(committed)
+        return True
+    except ValueError:
+        return False
 
 
 def _fmt(v: Any) -> str:
@@ -485,8 +515,25 @@ def _figures_curves(d: dict[str, Any], out: Path, skip: tuple[str, ...] = ()) ->
 
 def report(name_or_path: str, measurements: str | None = None, out_dir: str | None = None, figures: bool = True,
            as_json: bool = False, as_markdown: bool = False) -> int:
-    """Print the profile's constants and fit quality; write a figure per model. Returns an exit code."""
+    """Print the profile's constants and fit quality; write a figure per model. Returns an exit code.
+
+    The committed figures (``results/calibration/<name>``) are drawn with the measurements; when
+    these are not found, the report refuses to replace them (``FileNotFoundError`` before anything
+    is printed) and draws curve-only figures only into an explicit ``out_dir`` elsewhere."""
     d, _ = load_profile_dict(name_or_path)
+    meas = _measurements_dir(d, measurements) if figures else None
+    od = Path(out_dir) if out_dir else committed_figures_dir(d["name"])
+    if figures and measurements and (meas is None or not meas.is_dir()):
+        raise FileNotFoundError(f"--measurements {measurements}: not a directory; give the directory of the "
+                                f"calibration tables (e.g. $TWIN_DATA_DIR/calibration/vllm085_h100)")
+    if figures and od.exists() and not od.is_dir():
+        raise FileNotFoundError(f"--out-dir {od}: is a file, not a directory; give a directory for the figures")
+    if figures and meas is None and _is_committed(od, d["name"]):
+        raise FileNotFoundError(
+            f"the measurements of {d['name']} are not found (set TWIN_DATA_DIR to the data directory or pass "
+            f"--measurements DIR), and without them the figures would show the fitted curves only: the committed "
+            f"figures in {od} are left as they are. Pass --out-dir DIR to draw the curves elsewhere, or --no-figures "
+            f"to print the fit quality only")
     if as_markdown:
         print(markdown(d))
     elif as_json:
@@ -495,8 +542,6 @@ def report(name_or_path: str, measurements: str | None = None, out_dir: str | No
         print("\n".join(summary_lines(d)))
     if not figures:
         return 0
-    meas = _measurements_dir(d, measurements)
-    od = Path(out_dir) if out_dir else ROOT / "results" / "calibration" / d["name"]
     if meas is None:
         print("\n(measurements not found: set TWIN_DATA_DIR or pass --measurements; drawing model curves only)",
               file=sys.stderr)

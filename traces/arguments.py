@@ -16,10 +16,11 @@ _SEPARATORS = re.compile(r"[,/\s]+")
 
 
 def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value",
-               minimum: float | None = None) -> list[T]:
+               minimum: float | None = None, dashes: bool = True) -> list[T]:
     """A list from ``"8,16,32"``, ``"8/16/32"``, ``"8-16-32"`` (the real-run tables' form),
-    or an iterable of values. ``minimum`` refuses smaller items. Raises ``ValueError``
-    naming ``name`` and showing the expected form."""
+    or an iterable of values. ``minimum`` refuses smaller items. ``dashes=False`` refuses the
+    dashed form (on a command line ``8-128`` reads as a range: the caller asks for commas).
+    Raises ``ValueError`` naming ``name`` and showing the expected form."""
     if value is None:
         raise ValueError(f"{name}: a list is required, e.g. 8,16,32")
     if isinstance(value, str):
@@ -28,8 +29,13 @@ def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value"
             raise ValueError(f"{name}: values must be >= {minimum:g}, got {value!r}")
         parts = [p for p in _SEPARATORS.split(text) if p]
         if len(parts) == 1 and "-" in parts[0][1:] and "e-" not in parts[0].lower():
+            if not dashes:
+                raise ValueError(f"{name}: {value!r} is ambiguous (a range or a list?); list the values with "
+                                 f"commas, e.g. {parts[0].replace('-', ',')}")
             parts = [p for p in parts[0].split("-") if p]  # the tables' 8-16-32 form
         items: list[Any] = parts
+    elif isinstance(value, (bytes, dict)):
+        raise ValueError(f"{name}: expected a list, e.g. 8,16,32, got {value!r}")
     else:
         try:
             items = list(value)
@@ -40,8 +46,12 @@ def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value"
     out: list[T] = []
     for x in items:
         try:
+            if isinstance(x, bool) or (cast is int and isinstance(x, float) and not x.is_integer()):
+                raise ValueError(x)
             v = cast(x) if not isinstance(x, str) else cast(x.strip())
-        except (TypeError, ValueError):
+            if isinstance(v, float) and v != v:
+                raise ValueError(x)
+        except (TypeError, ValueError, OverflowError):
             kind = getattr(cast, "__name__", "number")
             raise ValueError(f"{name}: {x!r} is not a valid {kind}; give comma-separated values, "
                              f"e.g. 8,16,32") from None

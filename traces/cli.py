@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from traces.fetch import FetchError, fetch
@@ -78,25 +80,69 @@ def _workload(args: argparse.Namespace):
     return get_workload(args.trace, data_dir=args.data_dir, seed=args.seed, **opts)
 
 
+def check_plot_file(plot: str) -> None:
+    """``--plot FILE``: refused before any work when it is a directory or cannot be written."""
+    path = Path(plot)
+    if path.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise ValueError(f"--plot {plot}: give a .png, .pdf or .svg file")
+    if path.is_dir():
+        raise ValueError(f"--plot {plot}: is a directory; give a file")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"--plot {plot}: {parent} is a file, so no directory can be created under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--plot {plot}: {parent} is not writable")
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     try:
+        if args.bin_s is not None and not args.bin_s > 0:
+            raise ValueError(f"--bin-s {args.bin_s}: must be > 0 (seconds per bin of the rate series)")
+        if args.plot:
+            check_plot_file(args.plot)
         w = _workload(args)
     except (KeyError, FileNotFoundError, ValueError, TypeError) as e:
         return _err(e)
     s = summarize(w, bin_s=args.bin_s)
     print(to_json(s) if args.json else format_summary(s))
     if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_summary(w, args.plot, s)
         print(f"figure written to {args.plot}", file=sys.stderr)
     return 0
 
 
+def check_out_file(out: str) -> None:
+    """``--out FILE.parquet``: refused before generating when it is a directory, sits under a
+    file, or its directory cannot be written."""
+    path = Path(out)
+    if path.suffix.lower() != ".parquet":
+        raise ValueError(f"--out {out}: a workload is saved as Parquet; give a FILE.parquet")
+    if path.is_dir():
+        raise ValueError(f"--out {out}: is a directory; give a FILE.parquet")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"--out {out}: {parent} is a file, so no directory can be created under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {parent} is not writable")
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     try:
+        check_out_file(args.out)
         w = _workload(args)
     except (KeyError, FileNotFoundError, ValueError, TypeError) as e:
         return _err(e)
-    w.save(args.out)
+    try:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        w.save(args.out)
+    except OSError as e:
+        print(f"error: could not write the workload to {args.out} ({e.strerror or e})", file=sys.stderr)
+        return 2
     print(format_summary(summarize(w)))
     print(f"workload written to {args.out}", file=sys.stderr)
     return 0

@@ -64,6 +64,9 @@ def _checked(parse: Callable[[str], Any], flag: str) -> Callable[[str], Any]:
         try:
             return parse(text)
         except ValueError as e:
+            if parse in (int, float):
+                kind = "an integer" if parse is int else "a number"
+                raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
             raise argparse.ArgumentTypeError(str(e).removeprefix(f"{flag}: ")) from None
 
     convert.__name__ = getattr(parse, "__name__", "value")
@@ -80,9 +83,13 @@ def _flag_fields(cls: type, only: Collection[str] | None, exclude: Collection[st
 
 
 def add_arguments(parser: Any, cls: type, only: Collection[str] | None = None,
-                  exclude: Collection[str] = ()) -> None:
+                  exclude: Collection[str] = (), unset_defaults: bool = False) -> None:
     """Add one flag per field of the dataclass ``cls`` that carries ``help`` metadata
-    (restricted to ``only``, minus ``exclude``) to ``parser`` (a parser or an argument group)."""
+    (restricted to ``only``, minus ``exclude``) to ``parser`` (a parser or an argument group).
+
+    ``unset_defaults``: a flag not given leaves ``None`` in the namespace (the help still shows
+    the field's default, which :func:`from_namespace` fills in), so a command can tell the
+    flags given on the command line from the others (e.g. to let them override a scenario file)."""
     hints = typing.get_type_hints(cls)
     for f in _flag_fields(cls, only, exclude):
         md = f.metadata
@@ -95,6 +102,8 @@ def add_arguments(parser: Any, cls: type, only: Collection[str] | None = None,
             if key in md:
                 kwargs[key] = md[key]
         value_type = _value_type(hints[f.name])
+        if unset_defaults:
+            default = None
         if value_type is bool and "parse" not in md:
             kwargs.update(action=argparse.BooleanOptionalAction, default=default)
         else:
@@ -109,12 +118,17 @@ def add_arguments(parser: Any, cls: type, only: Collection[str] | None = None,
         parser.add_argument(flag_name(f), **kwargs)
 
 
+def given_values(cls: type, namespace: argparse.Namespace, exclude: Collection[str] = ()) -> dict[str, Any]:
+    """The fields of ``cls`` the namespace holds a value for (not ``None``: a flag left unset)."""
+    return {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)
+            if f.init and f.name not in exclude and getattr(namespace, f.name, None) is not None}
+
+
 def from_namespace(cls: type[T], namespace: argparse.Namespace, exclude: Collection[str] = (),
                    **overrides: Any) -> T:
     """An instance of the dataclass ``cls`` from the parsed ``namespace``: each field takes the
-    namespace's value of the same name when present (and not in ``exclude``), else its default;
-    ``overrides`` win over both."""
-    values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)
-              if f.init and f.name not in exclude and hasattr(namespace, f.name)}
+    namespace's value of the same name when present and not ``None`` (and not in ``exclude``),
+    else its default; ``overrides`` win over both."""
+    values = given_values(cls, namespace, exclude)
     values.update(overrides)
     return cls(**values)

@@ -15,11 +15,19 @@ arrival options (default Poisson, 4 req/s, 300 s) and later turns from the think
 
 Every workload's ``meta`` holds ``source``, ``seed`` and ``options``; :func:`regenerate`
 rebuilds it from them.
+
+A path with a workload extension (``.csv``, ``.jsonl``, ``.parquet``) whose columns are the
+workload's (:mod:`traces.workload`) is read as a workload; other files are sniffed as raw
+traces. Empty, header-only or unreadable files are refused naming the file. Workloads too large
+to generate are refused before anything is drawn: the expected request count (rate x duration,
+or ``n_requests``) must stay within :data:`MAX_REQUESTS`.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,12 +40,21 @@ from traces.adapters import assign_adapters, map_keys_to_adapters
 from traces.arrivals import rescale_to_rps, time_window
 from traces.conversations import ConversationConfig, exclusive_group_cumsum, fill_turn_arrivals
 from traces.fetch import SOURCES, fetch_command
-from traces.lengths import LengthConfig, build_length_model, sample_lengths, scale_lengths
+from traces.lengths import LengthConfig, build_length_model, load_fitted, sample_lengths, scale_lengths
 from traces.loaders import LOADERS, TraceTable, detect_format
-from traces.synth import (ArrivalConfig, AdapterConfig, OPTIONS, SynthConfig, apply_options, generate_arrivals,
-                          synthesize)
-from traces.workload import Workload
+from traces.synth import (DEFAULT_RATES, ArrivalConfig, AdapterConfig, OPTIONS, SynthConfig, apply_options,
+                          generate_arrivals, synthesize)
+from traces.workload import FILE_SUFFIXES, Workload, WorkloadError
 from traces.datadir import data_dir as _data_dir
+
+#: Most requests a generated workload may have (about 0.7 GB of workload table, and the engine's
+#: per-request arrays on top): larger ones are refused before anything is drawn.
+MAX_REQUESTS = 5_000_000
+
+
+class OptionError(TypeError, ValueError):
+    """An unknown or misapplied workload option (a ``TypeError`` as before, and a ``ValueError``
+    so that commands report it as bad input)."""
 
 #: options for real traces beyond the synthesis options
 REAL_OPTIONS: dict[str, str] = {
@@ -198,10 +215,10 @@ def _trace_lengths_loader(data_dir: str | os.PathLike | None) -> Callable[[str],
         spec, path = resolve(name, data_dir)
         if spec is not None and spec.kind == "synthetic":
             raise ValueError(f"empirical lengths need a real trace or a file, not the synthetic {name!r}")
-        if path.suffix == ".parquet" and detect_format(path) == "workload":
+        if _file_format(path) == "workload":
             df = Workload.load(path).df
         else:
-            tab = LOADERS[spec.fmt if spec else detect_format(path)](path)
+            tab = LOADERS[spec.fmt if spec else _file_format(path)](path)
             if not tab.has_lengths:
                 raise ValueError(f"{name} has no request lengths to resample")
             df = tab.df
@@ -217,7 +234,7 @@ def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
         elif k in REAL_OPTIONS:
             real[k] = v
         else:
-            raise TypeError(f"unknown workload option {k!r}; valid: {', '.join(sorted(OPTIONS))}, "
+            raise OptionError(f"unknown workload option {k!r}; valid: {', '.join(sorted(OPTIONS))}, "
                             f"{', '.join(sorted(REAL_OPTIONS))}")
     return synth, real
 
@@ -318,6 +335,7 @@ def _table_to_workload(table: TraceTable, cfg: SynthConfig, real: dict[str, Any]
             a2.rps, a2.process = rps, (ac.process if retime else "poisson")
             warm = cc.warmup_s() if ac.n_requests is None else 0.0
             a2.duration_s += warm
+            check_size(dataclasses.replace(cfg, arrivals=a2), str(table.meta.get("path", "the trace")))
             starts, _, ainfo = generate_arrivals(a2, cfg.adapters.n_adapters, r_arr, divisor)
             starts = starts - warm
             info["arrivals"] = {"process": a2.process, "rps": rps, "conversation_rate": rps / divisor, **ainfo}
@@ -387,6 +405,90 @@ def _table_to_workload(table: TraceTable, cfg: SynthConfig, real: dict[str, Any]
     return w, info
 
 
+def expected_requests(cfg: SynthConfig, replay: bool = False) -> float:
+    """Requests the arrival options of ``cfg`` generate, on average (``replay``: the process
+    re-times a dataset, whose default rate is 4 req/s)."""
+    a = cfg.arrivals
+    if a.n_requests is not None:
+        return float(a.n_requests)
+    if a.process == "per-adapter":
+        rates = [float(r) for r in (a.rates or DEFAULT_RATES)]
+        n = max(cfg.adapters.n_adapters, 1)
+        rate = a.rps if a.rps is not None else sum(rates[i % len(rates)] for i in range(min(n, 10 ** 6))) \
+            * (n / min(n, 10 ** 6))
+    elif a.process == "fitted":
+        rate = a.rps if a.rps is not None else float(load_fitted(a.fit)["arrivals"]["mean_rps"]) if a.fit else 0.0
+    else:
+        rate = a.rps if a.rps is not None else (4.0 if replay else 0.0)
+    return float(rate) * float(a.duration_s)
+
+
+def check_size(cfg: SynthConfig, name: str, replay: bool = False) -> None:
+    """Refuse, before drawing anything, a workload expected to exceed :data:`MAX_REQUESTS`."""
+    try:
+        n = expected_requests(cfg, replay)
+    except (KeyError, TypeError, ValueError, FileNotFoundError):
+        return  # an invalid option is reported by the generator itself
+    if n > MAX_REQUESTS and cfg.arrivals.n_requests is not None:
+        raise OptionError(f"the workload of {name} would hold n_requests={cfg.arrivals.n_requests} requests, more "
+                          f"than the {MAX_REQUESTS:,} a run may generate; give a smaller n_requests")
+    if n > MAX_REQUESTS:
+        raise OptionError(f"the workload of {name} would hold about {n:.3g} requests (rate "
+                          f"{cfg.arrivals.rps if cfg.arrivals.rps is not None else 'of the trace'} req/s x duration "
+                          f"{cfg.arrivals.duration_s:g} s), more than the {MAX_REQUESTS:,} a run may generate; "
+                          f"lower --duration or --rps")
+
+
+def _file_format(path: Path) -> str:
+    """The format of a trace file: ``workload`` for workload columns in a workload extension,
+    else the sniffed raw format; errors name the file."""
+    if path.is_file() and (path.stat().st_size == 0 or (path.stat().st_size < 4096 and not path.read_bytes().strip())):
+        raise WorkloadError(f"{path}: the file is empty; give a workload ({', '.join(FILE_SUFFIXES)} with the "
+                            f"workload columns) or a raw trace")
+    if path.is_file() and path.suffix.lower() != ".parquet":
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+        try:
+            head.decode("utf-8")
+            text = b"\0" not in head
+        except UnicodeDecodeError as e:
+            text = e.start > len(head) - 4  # a character cut at the end of the chunk
+        if not text:
+            raise WorkloadError(f"{path}: a binary file, not a trace; give a workload ({', '.join(FILE_SUFFIXES)} "
+                                f"with the workload columns) or a raw trace in one of the formats of `twin traces "
+                                f"list`")
+    if path.is_file() and path.suffix.lower() in (".csv", ".jsonl"):
+        cols = _first_columns(path)
+        if cols is not None and ({"arrival_s", "prompt_tokens", "output_tokens"} & set(cols)):
+            return "workload"
+    try:
+        return detect_format(path)
+    except (FileNotFoundError, WorkloadError):
+        raise
+    except Exception as e:  # pyarrow/json/decoding errors of a file that is no trace at all
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+        if str(path) in msg:
+            raise WorkloadError(msg) from None
+        raise WorkloadError(f"{path}: not a readable trace or workload file ({msg}); give a workload "
+                            f"({', '.join(FILE_SUFFIXES)}) or a raw trace (`twin traces list`)") from None
+
+
+def _first_columns(path: Path) -> list[str] | None:
+    """The header of a CSV or the keys of a JSON Lines file's first object (None if unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                if path.suffix.lower() == ".csv":
+                    return [c.strip().strip('"') for c in line.strip().split(",")]
+                obj = json.loads(line)
+                return [str(k) for k in obj] if isinstance(obj, dict) else None
+    except (UnicodeDecodeError, ValueError, OSError):
+        return None
+    return None
+
+
 # --------------------------------------------------------------------------- entry points
 def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike | None = None,
                  rps: float | None = None, duration: float | None = None, adapters: int | None = None,
@@ -408,14 +510,15 @@ def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike
     record = {"source": name_or_path, "seed": int(seed), "options": _jsonable(given)}
     if spec is not None and spec.kind == "synthetic":
         if real_opts:
-            raise TypeError(f"options {sorted(real_opts)} apply to real traces, not to the synthetic {spec.name!r}")
+            raise OptionError(f"options {sorted(real_opts)} apply to real traces, not to the synthetic {spec.name!r}")
         cfg = apply_options(SynthConfig(seed=seed), {**spec.defaults, **synth_opts, "seed": seed})
         if cfg.arrivals.process in ("per-adapter", "fitted") and "rps" not in synth_opts:
             cfg.arrivals.rps = None  # per-adapter: the rates list decides; fitted: the fitted mean rate
+        check_size(cfg, spec.name)
         w = synthesize(cfg, _trace_lengths_loader(data_dir))
         w.meta.update(record, kind="synthetic", name=spec.name, description=spec.description)
         return w
-    fmt = spec.fmt if spec is not None else detect_format(path)
+    fmt = spec.fmt if spec is not None else _file_format(path)
     if fmt == "workload":
         return _from_saved(path, given, synth_opts, real_opts, seed, record)
     defaults = dict(spec.defaults) if spec is not None else {}
@@ -434,7 +537,14 @@ def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike
     try:
         table = LOADERS[fmt](path, **loader_kwargs)
     except TypeError as e:
-        raise TypeError(f"option(s) {sorted(loader_kwargs)} do not apply to {fmt} traces: {e}") from e
+        raise OptionError(f"option(s) {sorted(loader_kwargs)} do not apply to {fmt} traces: {e}") from e
+    except (FileNotFoundError, OptionError):
+        raise
+    except (ValueError, KeyError, IndexError, UnicodeDecodeError, OSError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        raise WorkloadError(msg if str(path) in str(msg) else f"{path}: cannot read it as a {fmt} trace ({msg})") from None
+    if not len(table):
+        raise WorkloadError(f"{path}: the trace holds no requests (a header but no rows?)")
     w, info = _table_to_workload(table, cfg, real_opts, merged, data_dir)
     w.meta.update(record, kind="real", name=spec.name if spec else None, format=fmt, loader=table.meta,
                   transform=_jsonable(info), config=cfg.to_dict())
@@ -448,7 +558,7 @@ def _from_saved(path: Path, given: dict[str, Any], synth_opts: dict[str, Any], r
     allowed = {"rps", "duration", "adapters", "ranks", "popularity", "window_start"}
     extra = set(given) - allowed
     if extra:
-        raise TypeError(f"a saved workload can only be rescaled, windowed or get new adapters; options {sorted(extra)} "
+        raise OptionError(f"a saved workload can only be rescaled, windowed or get new adapters; options {sorted(extra)} "
                         f"do not apply (regenerate it from its meta instead)")
     if not given:
         return w

@@ -18,6 +18,19 @@ column             dtype    meaning
 
 Saved as Parquet with the generation parameters (source, seed, options) in the file's
 key-value metadata under ``lora_twin``, so any run can be regenerated.
+
+**Workload files** (:func:`read_workload_file`, ``twin run --trace FILE``): ``.parquet``,
+``.csv`` (a header row of column names) or ``.jsonl`` (one JSON object per line), chosen by the
+extension. ``arrival_s``, ``prompt_tokens`` and ``output_tokens`` are required; the other
+columns are optional (``request_id``: the row order; ``adapter_id``: -1, the base model;
+``adapter_rank``: 0; ``conversation_id``/``turn``: -1; ``prefix_tokens``: 0), an empty cell
+or ``null`` takes the default, and a column outside the schema is refused. A bad value is
+reported with its row (1-based, data rows; the file line is given too) and column: not a
+number, not an integer, NaN/infinite, negative (``arrival_s`` >= 0, token counts >= 1,
+``adapter_id``/``conversation_id``/``turn`` >= -1, ``adapter_rank``/``prefix_tokens`` >= 0).
+**Rows need not be sorted**: the table is sorted by ``arrival_s`` (ties by ``request_id``, which
+defaults to the row order), as every workload is. A file with a header but no rows is refused ("holds
+no requests").
 """
 
 from __future__ import annotations
@@ -43,6 +56,14 @@ COLUMNS: dict[str, str] = {
 }
 OPTIONAL_DEFAULTS = {"conversation_id": -1, "turn": -1, "prefix_tokens": 0, "adapter_rank": 0}
 META_KEY = b"lora_twin"
+#: columns a workload file must have (the others take :data:`FILE_DEFAULTS`)
+REQUIRED_FILE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+FILE_DEFAULTS = {**OPTIONAL_DEFAULTS, "adapter_id": -1}
+#: smallest value of each column in a workload file
+FILE_MINIMUM = {"request_id": 0, "arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1, "adapter_id": -1,
+                "adapter_rank": 0, "conversation_id": -1, "turn": -1, "prefix_tokens": 0}
+#: extensions of workload files
+FILE_SUFFIXES = (".parquet", ".csv", ".jsonl")
 
 
 class WorkloadError(ValueError):
@@ -101,15 +122,181 @@ class Workload:
 
     @classmethod
     def load(cls, path: str | Path) -> "Workload":
-        import pyarrow.parquet as pq
+        """A workload file (``.parquet``, ``.csv``, ``.jsonl``; see the module docstring)."""
+        return read_workload_file(path)
 
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"workload file {path} does not exist")
+
+def _read_parquet(path: Path) -> "Workload":
+    import pyarrow.parquet as pq
+
+    try:
         table = pq.read_table(path)
-        md = table.schema.metadata or {}
+    except Exception as e:  # pyarrow raises ArrowInvalid/OSError/... for a file that is not Parquet
+        raise WorkloadError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0] if str(e) else e!r})"
+                            ) from None
+    md = table.schema.metadata or {}
+    try:
         meta = json.loads(md[META_KEY]) if META_KEY in md else {}
-        return cls(table.to_pandas(), meta)
+    except (ValueError, UnicodeDecodeError):
+        meta = {}
+    df = table.to_pandas()
+    if META_KEY in md and set(COLUMNS) <= set(df.columns):
+        return Workload(df, meta if isinstance(meta, dict) else {})
+    return Workload(_checked_frame(df.astype(object).where(df.notna(), None), path,
+                                   lambda i: f"row {i + 1}"), meta if isinstance(meta, dict) else {})
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise WorkloadError(f"{path}: the file is empty; a workload CSV has a header row ({', '.join(COLUMNS)}) "
+                            f"and one row per request") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{path}: not a text file (not UTF-8); give a CSV workload") from None
+    except (pd.errors.ParserError, ValueError) as e:
+        raise WorkloadError(f"{path}: not a readable CSV file ({str(e).strip().splitlines()[0]})") from None
+    df.columns = [str(c).strip() for c in df.columns]
+    return df
+
+
+def _read_jsonl(path: Path) -> tuple[pd.DataFrame, list[int]]:
+    records, lines = [], []
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{path}: not a text file (not UTF-8); give a JSON Lines workload") from None
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise WorkloadError(f"{path}: line {n}: not valid JSON ({e.msg if hasattr(e, 'msg') else e}); a JSON "
+                                f"Lines workload has one object per line, e.g. "
+                                f'{{"arrival_s": 0.5, "prompt_tokens": 300, "output_tokens": 40}}') from None
+        if not isinstance(rec, dict):
+            raise WorkloadError(f"{path}: line {n}: expected a JSON object with the workload columns, got "
+                                f"{type(rec).__name__}")
+        records.append(rec)
+        lines.append(n)
+    if not records:
+        raise WorkloadError(f"{path}: the file holds no requests (no JSON object); one object per line, e.g. "
+                            f'{{"arrival_s": 0.5, "prompt_tokens": 300, "output_tokens": 40}}')
+    cols = list(dict.fromkeys(k for rec in records for k in rec))
+    # object columns keep null as None (an empty cell) and a missing key reads as one
+    return pd.DataFrame({c: pd.Series([rec.get(c) for rec in records], dtype=object) for c in cols}), lines
+
+
+def read_workload_file(path: str | Path) -> "Workload":
+    """Read a workload file by its extension (``.parquet``, ``.csv``, ``.jsonl``); every problem
+    is a :class:`WorkloadError` naming the file (and the row and column of a bad value)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"workload file {path} does not exist")
+    if path.is_dir():
+        raise WorkloadError(f"{path} is a directory; give a workload file ({', '.join(FILE_SUFFIXES)})")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return _read_parquet(path)
+    if suffix == ".csv":
+        df = _read_csv(path)
+        return Workload(_checked_frame(df, path, lambda i: f"row {i + 1} (line {i + 2})"),
+                        {"source": str(path), "kind": "file", "format": "csv"})
+    if suffix == ".jsonl":
+        df, lines = _read_jsonl(path)
+        return Workload(_checked_frame(df, path, lambda i: f"row {i + 1} (line {lines[i]})"),
+                        {"source": str(path), "kind": "file", "format": "jsonl"})
+    raise WorkloadError(f"{path}: unknown workload file type {suffix or '(no extension)'!r}; give "
+                        f"{', '.join(FILE_SUFFIXES)}")
+
+
+def _show(v: Any) -> str:
+    """A cell as the file wrote it (numpy scalars as Python values)."""
+    return repr(v.item() if hasattr(v, "item") else v)
+
+
+def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
+    """The workload columns of a file's table (cells as text or JSON values), every value
+    checked; ``where(i)`` names data row ``i`` (0-based) as the file does."""
+    cols = [str(c) for c in df.columns]
+    unknown = [c for c in cols if c not in COLUMNS]
+    missing = [c for c in REQUIRED_FILE_COLUMNS if c not in cols]
+    if missing:
+        raise WorkloadError(f"{path}: missing column(s) {', '.join(missing)} (found {', '.join(cols[:12]) or 'none'}); "
+                            f"a workload needs {', '.join(REQUIRED_FILE_COLUMNS)} and may have "
+                            f"{', '.join(c for c in COLUMNS if c not in REQUIRED_FILE_COLUMNS)}")
+    if unknown:
+        raise WorkloadError(f"{path}: unknown column(s) {', '.join(unknown)}; the workload columns are "
+                            f"{', '.join(COLUMNS)}")
+    if len(df) == 0:
+        raise WorkloadError(f"{path}: the file holds no requests (a header but no rows)")
+    out = {}
+    for col in COLUMNS:
+        if col not in df.columns:
+            continue
+        cells = df[col]
+        text = cells.map(lambda v: "" if v is None else (str(v).strip() if not isinstance(v, bool) else "bool"))
+        empty = (text == "").to_numpy()
+        nums = pd.to_numeric(text.where(~empty, "0"), errors="coerce").to_numpy(dtype=float)
+        bad = np.isnan(nums) & ~empty
+        if bad.any():
+            i = int(bad.argmax())
+            raise WorkloadError(f"{path}: {where(i)}, column {col}: {_show(cells.iloc[i])} is not a number")
+        if empty.any():
+            if col in FILE_DEFAULTS:
+                nums[empty] = FILE_DEFAULTS[col]
+            elif col == "request_id":
+                raise WorkloadError(f"{path}: {where(int(empty.argmax()))}, column request_id: empty; give every "
+                                    f"request an id or drop the column")
+            else:
+                i = int(empty.argmax())
+                raise WorkloadError(f"{path}: {where(i)}, column {col}: empty (the column is required)")
+        inf = ~np.isfinite(nums)
+        if inf.any():
+            i = int(inf.argmax())
+            raise WorkloadError(f"{path}: {where(i)}, column {col}: {_show(cells.iloc[i])} is not a finite number")
+        if COLUMNS[col] == "int64":
+            frac = (nums != np.floor(nums)) | (np.abs(nums) > 2.0 ** 53)
+            if frac.any():
+                i = int(frac.argmax())
+                raise WorkloadError(f"{path}: {where(i)}, column {col}: {_show(cells.iloc[i])} is not an integer")
+        low = nums < FILE_MINIMUM[col]
+        if low.any():
+            i = int(low.argmax())
+            raise WorkloadError(f"{path}: {where(i)}, column {col}: {_show(cells.iloc[i])} is below the minimum "
+                                f"{FILE_MINIMUM[col]}")
+        out[col] = nums.astype(COLUMNS[col])
+    frame = pd.DataFrame(out)
+    for col, default in FILE_DEFAULTS.items():
+        if col not in frame:
+            frame[col] = np.full(len(frame), default, np.int64)
+    if "prefix_tokens" in frame:
+        over = (frame["prefix_tokens"] >= frame["prompt_tokens"]).to_numpy()
+        if over.any():
+            i = int(over.argmax())
+            raise WorkloadError(f"{path}: {where(i)}, column prefix_tokens: {frame['prefix_tokens'].iloc[i]} is not "
+                                f"below prompt_tokens ({frame['prompt_tokens'].iloc[i]})")
+    if "request_id" in frame and frame["request_id"].duplicated().any():
+        i = int(frame["request_id"].duplicated().to_numpy().argmax())
+        raise WorkloadError(f"{path}: {where(i)}, column request_id: {frame['request_id'].iloc[i]} repeats an "
+                            f"earlier id")
+    if True:
+        has = (frame["adapter_id"] >= 0).to_numpy()
+        rank = frame["adapter_rank"].to_numpy()
+        norank = has & (rank < 1)
+        if norank.any():
+            i = int(norank.argmax())
+            raise WorkloadError(f"{path}: {where(i)}, column adapter_rank: a request for adapter "
+                                f"{frame['adapter_id'].iloc[i]} needs adapter_rank >= 1")
+        first = pd.Series(rank[has]).groupby(frame["adapter_id"].to_numpy()[has]).transform("first").to_numpy()
+        clash = np.flatnonzero(has)[first != rank[has]]
+        if clash.size:
+            i = int(clash[0])
+            raise WorkloadError(f"{path}: {where(i)}, column adapter_rank: adapter {frame['adapter_id'].iloc[i]} "
+                                f"has rank {rank[i]} here and {first[np.flatnonzero(has) == i][0]} earlier; one rank "
+                                f"per adapter")
+    return frame
 
 
 def validate(df: pd.DataFrame) -> pd.DataFrame:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -18,12 +19,13 @@ import calibration.cli
 import traces.cli
 import twin.compare
 import twin.validation.cli
-from traces.flags import add_arguments, from_namespace
+from traces.flags import add_arguments, given_values
 from twin.config import ConfigError
 from twin.figures import write_run_figures
 from twin.perf.profile import load_profile
 from twin.registry import describe_all
-from twin.scenario import RunConfig, build_engine_config, build_workload
+from twin.scenario import (RunConfig, build_engine_config, build_workload, check_model, check_run, with_trace_defaults,
+                           load_scenario_file, replay_warnings, resolved_scenario, to_toml)
 from twin.simulate import simulate
 
 #: the modules that add the other commands (``traces``, ``calibrate``, ``validate``, ``compare``)
@@ -65,8 +67,14 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``twin run``: every :class:`RunConfig` field, and where the results go."""
-    add_arguments(p, RunConfig)
+    """The flags of ``twin run``: every :class:`RunConfig` field (unset ones stay ``None`` so
+    that they do not override ``--config``), the scenario file and where the results go."""
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="scenario file (TOML, YAML or JSON, a run's summary.json too) with twin run's options under "
+                        "RunConfig's field names (rps, max_num_seqs, trace_options, ...); flags override it")
+    p.add_argument("--dump-config", action="store_true",
+                   help="print the resolved scenario as TOML (a --config file) and exit")
+    add_arguments(p, RunConfig, unset_defaults=True)
     p.add_argument("--out", default=None, help="write requests.parquet, steps.parquet, summary.json here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--plot", action="store_true",
@@ -76,27 +84,86 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="progress bar on simulated time (default: on for a terminal)")
 
 
+OUT_FILES = ("requests.parquet", "steps.parquet", "summary.json")
+
+
+def check_out_dir(out: str) -> Path:
+    """``--out``: refused before any work when it names a file, sits under a file, or cannot be
+    created or written."""
+    path = Path(out).expanduser()
+    if not str(out).strip():
+        raise ConfigError("--out: empty; give a directory for the results, e.g. --out runs/a")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {out}: is an existing file, not a directory; give a directory (new or existing)")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--out {out}: {parent} is a file, so no directory can be created under it; give another "
+                          f"path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {parent} is not writable; give a directory you can write to")
+    for name in OUT_FILES:
+        f = path / name
+        if f.exists() and (f.is_dir() or not os.access(f, os.W_OK)):
+            raise ConfigError(f"--out {out}: {f} exists and cannot be replaced; remove it or give another directory")
+    return path
+
+
+def resolve_run(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
+    """The scenario: :class:`RunConfig` defaults, then ``--config``, then the flags given;
+    returns it with the file's recorded facts (profile hash, policy parameters)."""
+    values: dict[str, Any] = {}
+    recorded: dict[str, Any] = {}
+    if args.config:
+        values, recorded = load_scenario_file(args.config)
+    given = given_values(RunConfig, args)
+    if "trace_options" in given and "trace_options" in values:
+        given["trace_options"] = list({**dict(values["trace_options"]), **dict(given["trace_options"])}.items())
+    values.update(given)
+    run = RunConfig(**values)
+    check_run(run)
+    return run, recorded
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    run = from_namespace(RunConfig, args)
+    run, recorded = resolve_run(args)
+    run = with_trace_defaults(run)  # e.g. the rate and window splitwise is replayed with, recorded in the scenario
+    if args.out is not None:
+        check_out_dir(args.out)
     profile = load_profile(run.profile)
+    check_model(run, profile)
     workload = build_workload(run)
     cfg = build_engine_config(run, workload, profile)
+    scenario = resolved_scenario(run, profile, cfg, workload)
+    for w in replay_warnings(recorded, scenario):
+        print(f"twin run: warning: {w}", file=sys.stderr)
+    if args.dump_config:
+        print(to_toml(scenario), end="")
+        return 0
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     res = simulate(workload, profile, cfg, policy=run.policy, scheduler=run.scheduler, cache=run.cache,
                    horizon_s=run.horizon, ttft_slo_s=run.ttft_slo, tbt_slo_s=run.tbt_slo, progress=progress,
-                   extra={"trace": run.trace, "workload": workload.meta, "config": cfg.to_dict()})
-    if args.out:
-        res.write(args.out)
-    figures = []
-    if args.plot:
-        fig_dir = args.out or tempfile.mkdtemp(prefix="twin-run-")
-        figures = write_run_figures(fig_dir, res.requests, res.steps, res.summary)
+                   extra={"trace": run.trace, "workload": workload.meta, "config": cfg.to_dict(),
+                          "scenario": scenario})
     if args.json:
         print(json.dumps(res.summary, indent=2, default=str))
     else:
         print(format_summary(res.summary))
-        if args.out:
+    if args.out:
+        try:
+            res.write(args.out)
+        except OSError as e:
+            where = e.filename or args.out
+            print(f"twin run: error: could not write the results to {where} ({e.strerror or e}); the summary above "
+                  f"is all that is kept", file=sys.stderr)
+            return 2
+        if not args.json:
             print(f"wrote {Path(args.out) / 'requests.parquet'}, steps.parquet, summary.json")
+    figures = []
+    if args.plot:
+        fig_dir = args.out or tempfile.mkdtemp(prefix="twin-run-")
+        figures = write_run_figures(fig_dir, res.requests, res.steps, res.summary)
     if figures:
         print(f"figures: {', '.join(str(f) for f in figures)}", file=sys.stderr if args.json else sys.stdout)
     return 0
@@ -131,18 +198,31 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: what a command raises for bad input (reported as ``twin CMD: error: ...``, exit 2)
+INPUT_ERRORS = (ConfigError, KeyError, FileNotFoundError, ValueError, NotADirectoryError, IsADirectoryError,
+                PermissionError)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed the usage and the error (or the help)
+        return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except (ConfigError, KeyError, FileNotFoundError, ValueError) as e:
+    except INPUT_ERRORS as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"twin {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except OSError as e:  # an output path the command could not use (a file where a directory goes, ...)
+        where = f" {e.filename}" if e.filename else ""
+        print(f"twin {args.command}: error: cannot use{where}: {e.strerror or e}; give another path",
+              file=sys.stderr)
         return 2
 
 

@@ -90,7 +90,7 @@ def register_cli(subparsers) -> None:
     p = subparsers.add_parser("compare", help="compare policies over a sweep of request rates (table + figure)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p, CompareConfig)
-    add_arguments(p, RunConfig, exclude=NOT_COMPARE_OPTIONS)
+    add_arguments(p, RunConfig, exclude=NOT_COMPARE_OPTIONS, unset_defaults=True)
     p.add_argument("--out", default=None,
                    help=f"output directory for compare.csv, compare.png, sustained.json (default {DEFAULT_OUT}/<trace>)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")

@@ -73,6 +73,16 @@ class EngineConfig:
                               "as vLLM requires")
         if self.tensor_parallel < 1:
             raise ConfigError("tensor_parallel must be >= 1")
+        if self.kv_capacity_tokens is not None and self.kv_capacity_tokens < 1:
+            raise ConfigError(f"kv_capacity_tokens must be >= 1 (or None: from the profile), got "
+                              f"{self.kv_capacity_tokens}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max_model_len must be >= 1 (or None: the model's), got {self.max_model_len}")
+        if self.max_lora_rank is not None and self.max_lora_rank < 1:
+            raise ConfigError(f"max_lora_rank must be >= 1 (or None: the largest rank served), got "
+                              f"{self.max_lora_rank}")
+        if self.served_adapters is not None and self.served_adapters < 0:
+            raise ConfigError(f"served_adapters must be >= 0, got {self.served_adapters}")
         if self.adapter_memory not in ("slots", "region", "unified"):
             raise ConfigError(f"adapter_memory must be 'slots', 'region' or 'unified', got {self.adapter_memory!r}")
         if self.adapter_placement not in ("contiguous", "paged"):

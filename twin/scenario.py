@@ -5,20 +5,45 @@ the commands derive their flags from it (:func:`traces.flags.add_arguments`), so
 and ``twin compare`` share names, defaults and meaning. :func:`build_workload` and
 :func:`build_engine_config` turn a scenario into the workload and the :class:`EngineConfig`
 a simulation takes.
+
+**Checks before any work.** :func:`check_run` refuses every option value that makes no sense
+(a non-positive rate, duration, horizon, SLO, slot count or KV size, an ambiguous rank list,
+an unknown policy or workload option, ...) with a :class:`ConfigError` that names the flag and
+the fix; :func:`build_workload` refuses workloads too large to generate
+(:data:`traces.registry.MAX_REQUESTS`) and empty ones; :func:`check_server` refuses server
+set-ups vLLM would not start (weights larger than the GPU memory, a KV cache smaller than one
+``max_model_len`` request, a tensor-parallel degree that does not divide the model's heads).
+
+**Scenario files.** A scenario is a mapping of :class:`RunConfig` field names to values (TOML,
+YAML or JSON; :func:`load_scenario_file`). Every ``summary.json`` carries the resolved scenario
+(:func:`resolved_scenario`) under ``"scenario"``: every field, the profile's name and content
+hash and the policy's parameters, so ``twin run --config RUN/summary.json`` replays the run;
+:func:`to_toml` writes it as TOML (``twin run --dump-config``).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import hashlib
+import json
+import math
+import re
+import tomllib
+import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from traces.adapters import parse_popularity
 from traces.arguments import parse_list
-from traces.registry import get_workload, run_defaults
+from traces.flags import flag_name
+from traces.registry import REAL_OPTIONS, get_workload, run_defaults
+from traces.synth import OPTIONS
 from traces.workload import Workload
-from twin.config import EngineConfig
-from twin.perf.profile import Profile, kv_tokens_for_memory
+from twin.config import ConfigError, EngineConfig
+from twin.perf.profile import Profile, available_profiles, kv_tokens_for_memory
+from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy
 
 #: GPU adapter slots when none are given, capped at the number of adapters. With max rank
 #: 128, 32 slots would leave Llama-3.1-8B on an H100 less KV than one 131,072-token request,
@@ -26,9 +51,9 @@ from twin.perf.profile import Profile, kv_tokens_for_memory
 DEFAULT_ADAPTER_SLOTS = 16
 
 
-def parse_ranks(text: str) -> list[int]:
-    """Adapter ranks such as ``8,16,32`` or ``8-16-32``."""
-    return parse_list(text, int, "--ranks", minimum=1)
+def parse_ranks(text: Any) -> list[int]:
+    """Adapter ranks such as ``8,16,32`` (a dashed ``8-128`` is refused: a range or a list?)."""
+    return parse_list(text, int, "--ranks", minimum=1, dashes=False)
 
 
 def parse_workload_option(text: str) -> tuple[str, Any]:
@@ -36,9 +61,11 @@ def parse_workload_option(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ValueError(f"--trace-opt takes KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
+    if not key.strip():
+        raise ValueError(f"--trace-opt takes KEY=VALUE, got {text!r} (no key)")
     try:
         return key.strip(), ast.literal_eval(value)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return key.strip(), value
 
 
@@ -55,12 +82,13 @@ class RunConfig:
     the profile's own value)."""
 
     # workload
-    trace: str = field(default="synthetic", metadata={"help": "trace name (`twin traces list`) or a file path"})
+    trace: str = field(default="synthetic", metadata={"help": "trace name (`twin traces list`) or a file path "
+                                                              "(workload .parquet/.csv/.jsonl or a raw trace)"})
     rps: float | None = field(default=None, metadata={"help": "target mean request rate (rescales a trace)"})
     duration: float | None = field(default=None, metadata={"help": "seconds of arrivals to keep/generate"})
-    adapters: int | None = field(default=None, metadata={"help": "number of adapters"})
+    adapters: int | None = field(default=None, metadata={"help": "number of adapters (0: the base model only)"})
     ranks: list[int] | None = field(default=None, metadata={
-        "help": "adapter ranks, e.g. 8,16,32,64,128", "parse": parse_ranks})
+        "help": "adapter ranks, comma-separated, e.g. 8,16,32,64,128", "parse": parse_ranks})
     popularity: str | None = field(default=None, metadata={
         "help": "adapter popularity, e.g. powerlaw, zipf:1.2, U-P"})
     trace_options: list[tuple[str, Any]] = field(default_factory=list, metadata={
@@ -80,10 +108,11 @@ class RunConfig:
         "help": f"GPU adapter slots (max_loras; default {DEFAULT_ADAPTER_SLOTS}, at most the number of adapters)"})
     cpu_slots: int | None = _engine_field("max_cpu_loras", "--cpu-slots")
     max_lora_rank: int | None = _engine_field("max_lora_rank")
+    max_model_len: int | None = _engine_field("max_model_len")
     max_num_seqs: int = _engine_field("max_num_seqs")
     max_batched_tokens: int = _engine_field("max_num_batched_tokens", "--max-batched-tokens")
     gpu_mem_gb: float | None = field(default=None, metadata={
-        "help": "GPU memory; the KV capacity follows from it (default: the profile's GPU)"})
+        "help": "GPU memory (GB); the KV capacity follows from it (default: the profile's GPU)"})
     kv_tokens: int | None = _engine_field("kv_capacity_tokens", help="override the KV capacity (tokens)")
     tp: int = _engine_field("tensor_parallel")
     # run
@@ -99,30 +128,484 @@ class RunConfig:
         return max(1, min(n_adapters, DEFAULT_ADAPTER_SLOTS) if n_adapters else 1)
 
 
+#: most adapters a scenario may ask for (per-adapter tables are allocated for each)
+MAX_ADAPTERS = 1_000_000
+
+RUN_FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+def option_name(name: str) -> str:
+    """The flag of a :class:`RunConfig` field (``max_batched_tokens`` -> ``--max-batched-tokens``)."""
+    return flag_name(RUN_FIELDS[name])
+
+
+# --------------------------------------------------------------------------- option checks
+#: numeric options: (integer?, lower bound, bound allowed?, what to give)
+_NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
+    "rps": (False, 0, False, "the mean request rate in requests per second, e.g. --rps 2"),
+    "duration": (False, 0, False, "seconds of arrivals, e.g. --duration 300"),
+    "adapters": (True, 0, True, "a number of adapters, e.g. --adapters 100 (0: the base model only)"),
+    "seed": (True, 0, True, "a non-negative integer, e.g. --seed 0"),
+    "slots": (True, 1, True, "at least one GPU adapter slot, e.g. --slots 16"),
+    "cpu_slots": (True, 1, True, "at least as many CPU slots as GPU slots, e.g. --cpu-slots 64"),
+    "max_lora_rank": (True, 1, True, "a rank of at least 1, e.g. --max-lora-rank 128"),
+    "max_model_len": (True, 1, True, "a context length in tokens, e.g. --max-model-len 8192"),
+    "max_num_seqs": (True, 1, True, "at least one running request, e.g. --max-num-seqs 256"),
+    "max_batched_tokens": (True, 1, True, "a token budget per step, e.g. --max-batched-tokens 2048"),
+    "gpu_mem_gb": (False, 0, False, "the GPU memory in GB, e.g. --gpu-mem-gb 80"),
+    "kv_tokens": (True, 1, True, "a KV capacity in tokens, e.g. --kv-tokens 200000 (or leave it to the profile)"),
+    "tp": (True, 1, True, "a tensor-parallel degree that divides the model's heads, e.g. --tp 2"),
+    "horizon": (False, 0, False, "the simulated seconds to stop at, e.g. --horizon 600 (or leave it out to "
+                                 "run until every request finished)"),
+    "ttft_slo": (False, 0, False, "a TTFT SLO in seconds, e.g. --ttft-slo 2"),
+    "tbt_slo": (False, 0, False, "a time-between-tokens SLO in seconds, e.g. --tbt-slo 0.1"),
+}
+
+
+def _check_type(name: str, value: Any) -> Any:
+    """``value`` as the type of field ``name`` (a scenario file's value), or ConfigError."""
+    hint = typing.get_type_hints(RunConfig)[name]
+    flag = option_name(name)
+    if value is None:
+        if type(None) in typing.get_args(hint):
+            return None
+        raise ConfigError(f"{flag}: a value is required (default {RUN_FIELDS[name].default!r})")
+    if name == "ranks":
+        try:
+            return parse_ranks(value)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if name == "trace_options":
+        return _trace_options(value)
+    base = next((a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)), hint)
+    if base is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{flag}: expected true or false, got {value!r}")
+        return value
+    if base is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(f"{flag}: expected an integer, got {value!r}")
+        return int(value)
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{flag}: expected a number, got {value!r}")
+        return float(value)
+    if base is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{flag}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _trace_options(value: Any) -> list[tuple[str, Any]]:
+    """``trace_options`` from a file: a table ``{key = value}``, ``["key=value", ...]`` or ``[[key, value], ...]``."""
+    if isinstance(value, dict):
+        return [(str(k), v) for k, v in value.items()]
+    if isinstance(value, (list, tuple)):
+        out = []
+        for item in value:
+            if isinstance(item, str):
+                try:
+                    out.append(parse_workload_option(item))
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
+            elif isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str):
+                out.append((item[0], item[1]))
+            else:
+                raise ConfigError(f"--trace-opt / trace_options: expected KEY=VALUE entries, got {item!r}")
+        return out
+    raise ConfigError(f"--trace-opt / trace_options: expected a table of KEY = VALUE, got {value!r}")
+
+
+#: workload options that must be > 0 when given
+_POSITIVE_OPTIONS = {"rps", "duration", "n_requests", "length_scale", "mean_in", "mean_out", "cv", "on_s", "off_s",
+                     "tpot_s", "mean_turns", "max_turns", "max_total", "max_prompt", "max_output"}
+
+
+def _check_trace_options(options: list[tuple[str, Any]]) -> None:
+    known = sorted(OPTIONS) + sorted(REAL_OPTIONS)
+    for key, value in options:
+        if key not in OPTIONS and key not in REAL_OPTIONS:
+            raise ConfigError(f"--trace-opt: unknown workload option {key!r}; known options: {', '.join(known)} "
+                              f"(`twin traces synth --help` describes them)")
+        if key in OPTIONS:
+            conv = OPTIONS[key][2]
+            try:
+                v = conv(value)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise ConfigError(f"--trace-opt {key}={value!r}: {e}; {OPTIONS[key][3]}") from None
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"--trace-opt {key}={value!r}: must be a finite number")
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                raise ConfigError(f"--trace-opt {key}={value!r}: must be >= 0")
+            if key in _POSITIVE_OPTIONS and v is not None and v == 0:
+                raise ConfigError(f"--trace-opt {key}={value!r}: must be > 0")
+            if key == "popularity":
+                _check_popularity(v, f"--trace-opt {key}")
+
+
+def _check_popularity(value: str, flag: str = "--popularity") -> None:
+    try:
+        parse_popularity(value)
+    except (ValueError, TypeError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        raise ConfigError(f"{flag}: {msg}") from None
+
+
+def check_run(run: RunConfig) -> None:
+    """Refuse option values that make no sense, naming the flag and the fix (no work done)."""
+    for name in RUN_FIELDS:
+        setattr(run, name, _check_type(name, getattr(run, name)))
+    for name, (integer, low, inclusive, fix) in _NUMERIC.items():
+        v = getattr(run, name)
+        if v is None:
+            continue
+        if not math.isfinite(v):
+            raise ConfigError(f"{option_name(name)} {v}: must be a finite number; give {fix}")
+        if v < low or (v == low and not inclusive):
+            bound = f">= {low:g}" if inclusive else f"> {low:g}"
+            raise ConfigError(f"{option_name(name)} {v:g}: must be {bound}; give {fix}")
+    if run.adapters is not None and run.adapters > MAX_ADAPTERS:
+        raise ConfigError(f"--adapters {run.adapters}: more than the {MAX_ADAPTERS:,} adapters a workload may have "
+                          f"(the popularity tables hold one entry per adapter); give fewer")
+    if run.max_batched_tokens < run.max_num_seqs:
+        raise ConfigError(f"--max-batched-tokens {run.max_batched_tokens} is below --max-num-seqs "
+                          f"{run.max_num_seqs} (vLLM refuses a step budget smaller than the running requests); raise "
+                          f"--max-batched-tokens or lower --max-num-seqs")
+    if run.slots is not None and run.cpu_slots is not None and run.cpu_slots < run.slots:
+        raise ConfigError(f"--cpu-slots {run.cpu_slots} is below --slots {run.slots} (vLLM requires max_cpu_loras >= "
+                          f"max_loras); raise --cpu-slots or lower --slots")
+    if run.popularity is not None:
+        _check_popularity(run.popularity)
+    if not run.trace.strip():
+        raise ConfigError("--trace: empty; give a trace name (`twin traces list`) or a file path")
+    _check_trace_options(run.trace_options)
+    given = {"rps", "duration", "adapters", "ranks", "popularity"}
+    twice = [k for k, _ in run.trace_options if k in given and getattr(run, k) is not None]
+    if twice:
+        raise ConfigError(f"--trace-opt {twice[0]}=... repeats {option_name(twice[0])}; give it once")
+    load_entry_points()
+    if run.policy is not None and run.policy not in PRESETS:
+        raise ConfigError(f"unknown policy {run.policy!r}; available presets: {', '.join(sorted(PRESETS))}; "
+                          f"or mix with --scheduler and --cache (`twin policies`)")
+    if run.scheduler is not None and run.scheduler not in SCHEDULERS:
+        raise ConfigError(f"--scheduler: unknown scheduler {run.scheduler!r}; available: "
+                          f"{', '.join(sorted(SCHEDULERS))} (`twin policies`)")
+    if run.cache is not None and run.cache not in CACHES:
+        raise ConfigError(f"--cache: unknown adapter-cache policy {run.cache!r}; available: "
+                          f"{', '.join(sorted(CACHES))} (`twin policies`)")
+
+
+# --------------------------------------------------------------------------- workload and server
 def with_trace_defaults(run: RunConfig) -> RunConfig:
     """``run`` with its trace's scenario defaults (:func:`traces.registry.run_defaults`, e.g. the
     rate, window and ranks ``splitwise`` is replayed with) in the options left unset."""
-    unset = {k: v for k, v in run_defaults(run.trace).items() if getattr(run, k) is None}
+    given = {k for k, _ in run.trace_options}
+    unset = {k: v for k, v in run_defaults(run.trace).items() if getattr(run, k) is None and k not in given}
     return dataclasses.replace(run, **unset) if unset else run
 
 
 def build_workload(run: RunConfig) -> Workload:
-    """The workload of a scenario (:func:`traces.registry.get_workload`), the trace's scenario
-    defaults applied (:func:`with_trace_defaults`)."""
+    """The workload of a scenario (:func:`traces.registry.get_workload`), after :func:`check_run`,
+    with the trace's scenario defaults applied (:func:`with_trace_defaults`); an empty workload is refused."""
+    check_run(run)
     run = with_trace_defaults(run)
-    return get_workload(run.trace, data_dir=run.data_dir, rps=run.rps, duration=run.duration, adapters=run.adapters,
-                        ranks=run.ranks, popularity=run.popularity, seed=run.seed, **dict(run.trace_options))
+    options = {"rps": run.rps, "duration": run.duration, "adapters": run.adapters, "ranks": run.ranks,
+               "popularity": run.popularity}
+    for key, value in run.trace_options:  # --trace-opt duration=5 is --duration 5
+        if key in options and options[key] is None:
+            options[key] = value
+        elif key not in options:
+            options[key] = value
+    w = get_workload(run.trace, data_dir=run.data_dir, seed=run.seed, **options)
+    if not len(w):
+        raise ConfigError(f"the workload of --trace {run.trace} holds no request (with --duration {run.duration}, "
+                          f"--rps {run.rps}); lengthen --duration or raise --rps")
+    return w
+
+
+def check_model(run: RunConfig, profile: Profile) -> None:
+    """Options that depend on the model only: the tensor-parallel degree and ``max_model_len``."""
+    m = profile.model
+    if run.tp > 1 and (m.heads % run.tp or (m.kv_heads % run.tp and run.tp % m.kv_heads)):
+        ok = [d for d in range(1, m.heads + 1) if m.heads % d == 0 and (m.kv_heads % d == 0 or d % m.kv_heads == 0)]
+        raise ConfigError(f"--tp {run.tp} does not divide {m.name}'s {m.heads} attention heads and {m.kv_heads} KV "
+                          f"heads (vLLM refuses it); use one of {', '.join(map(str, ok))}")
+    if run.max_model_len is not None and run.max_model_len > m.max_model_len:
+        raise ConfigError(f"--max-model-len {run.max_model_len} exceeds {m.name}'s context length "
+                          f"{m.max_model_len} (vLLM refuses it); give at most {m.max_model_len}")
 
 
 def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) -> EngineConfig:
     """The server settings of a scenario; with ``gpu_mem_gb`` (and no ``kv_tokens``) the KV
-    capacity follows from the GPU memory (:func:`twin.perf.profile.kv_tokens_for_memory`)."""
+    capacity follows from the GPU memory (:func:`twin.perf.profile.kv_tokens_for_memory`).
+    Refuses set-ups vLLM would not start (:func:`check_server`)."""
+    check_model(run, profile)
     n_adapters = int(workload.df["adapter_id"].max() + 1) if len(workload.df) else 0
     slots = run.adapter_slots(n_adapters)
     cfg = EngineConfig(max_num_batched_tokens=run.max_batched_tokens, max_num_seqs=run.max_num_seqs,
                        max_loras=slots, max_cpu_loras=run.cpu_slots, max_lora_rank=run.max_lora_rank,
-                       kv_capacity_tokens=run.kv_tokens, tensor_parallel=run.tp)
+                       max_model_len=run.max_model_len, kv_capacity_tokens=run.kv_tokens, tensor_parallel=run.tp)
     if run.gpu_mem_gb is not None and run.kv_tokens is None:
         max_rank = run.max_lora_rank or int(workload.df["adapter_rank"].max() or 0)
-        cfg.kv_capacity_tokens = kv_tokens_for_memory(profile, run.gpu_mem_gb, slots, max_rank)
+        try:
+            cfg.kv_capacity_tokens = kv_tokens_for_memory(profile, run.gpu_mem_gb, slots, max_rank)
+        except ValueError as e:
+            raise ConfigError(f"--gpu-mem-gb {run.gpu_mem_gb:g}: {e}; give a larger --gpu-mem-gb"
+                              + (", fewer --slots or a lower --max-lora-rank" if slots and max_rank else "")) from None
+    check_server(run, cfg, workload, profile)
     return cfg
+
+
+def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Profile) -> None:
+    """vLLM's start-up checks with the flags to change: KV for one ``max_model_len`` request,
+    CPU slots, ranks and lengths the server accepts."""
+    if cfg.max_cpu_loras is not None and cfg.max_cpu_loras < cfg.max_loras:
+        raise ConfigError(f"--cpu-slots {cfg.max_cpu_loras} is below the {cfg.max_loras} GPU adapter slots (vLLM "
+                          f"requires max_cpu_loras >= max_loras); raise --cpu-slots or lower --slots")
+    cfg.validate()
+    df = workload.df
+    ranks = df.loc[df["adapter_id"] >= 0, "adapter_rank"]
+    top_rank = int(ranks.max()) if len(ranks) else 0
+    if cfg.max_lora_rank is not None and top_rank > cfg.max_lora_rank:
+        raise ConfigError(f"--max-lora-rank {cfg.max_lora_rank} is below the workload's largest adapter rank "
+                          f"{top_rank}: vLLM would reject every request of those adapters; raise --max-lora-rank to "
+                          f"{top_rank} or give smaller --ranks")
+    max_len = cfg.max_model_len or profile.model.max_model_len
+    slots = cfg.max_loras if cfg.enable_lora else 0
+    max_rank = (cfg.max_lora_rank or top_rank) if slots else 0
+    kv = cfg.kv_capacity_tokens or profile.kv_capacity_tokens(slots, max_rank)
+    if kv < max_len and kv < 16 * cfg.block_size:
+        raise ConfigError(f"the KV cache holds {max(kv, 0)} tokens: {profile.model.name}'s weights and {slots} adapter "
+                          f"slots of rank {max_rank} leave no room for it ({profile.name}); vLLM would refuse to "
+                          f"start: lower --slots or --max-lora-rank (or the --ranks), or set --kv-tokens")
+    if kv < max_len:
+        how = ("lower --max-model-len (at most " + str(kv) + ")" +
+               (", lower --slots or --max-lora-rank" if slots and max_rank else "") +
+               (", raise --kv-tokens" if run.kv_tokens is not None else
+                ", give a larger --gpu-mem-gb" if run.gpu_mem_gb is not None else ", or set --kv-tokens"))
+        raise ConfigError(f"the KV cache holds {kv} tokens, less than one --max-model-len {max_len} request "
+                          f"({profile.model.name}, {slots} adapter slots of rank {max_rank}); vLLM would refuse to "
+                          f"start: {how}")
+    total = (df["prompt_tokens"] + df["output_tokens"]).to_numpy()
+    if len(total) and total.min() > max_len:
+        raise ConfigError(f"every request of the workload is longer than --max-model-len {max_len} (the shortest "
+                          f"has {int(total.min())} tokens): vLLM would reject them all; raise --max-model-len")
+
+
+# --------------------------------------------------------------------------- scenario files
+#: keys of a resolved scenario that record facts rather than options (checked when replayed)
+RECORDED = ("profile_sha256", "scheduler_params", "cache_params")
+
+
+class ScenarioFileError(ConfigError):
+    """A scenario file that cannot be read (named in the message)."""
+
+
+def profile_sha256(profile: Profile) -> str:
+    """SHA-256 of the profile's content (its JSON with sorted keys)."""
+    return hashlib.sha256(json.dumps(profile.raw, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _plain(x: Any) -> Any:
+    """JSON-compatible copy (tuples as lists, numpy scalars as numbers)."""
+    return json.loads(json.dumps(x, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+def policy_params(run: RunConfig) -> dict[str, Any]:
+    """``scheduler_params`` and ``cache_params``: ``get_params()`` of the policy the scenario builds."""
+    s, c, _ = resolve_policy(run.policy, run.scheduler, run.cache)
+    return {"scheduler_params": _plain(s.get_params()), "cache_params": _plain(c.get_params())}
+
+
+def profile_reference(run: RunConfig, profile: Profile) -> str:
+    """The name (or path) that loads ``profile`` again: the default resolved to its name."""
+    if run.profile not in (None, "", "default"):
+        return run.profile
+    return profile.name if profile.name in available_profiles() else "embedded"
+
+
+#: generation settings of a synthetic preset pinned into a resolved scenario (option -> (section, field))
+_PINNED_OPTIONS = {"lengths": ("lengths", "dist"), "length_scale": ("lengths", "scale"),
+                   "mean_in": ("lengths", "mean_in"), "mean_out": ("lengths", "mean_out"),
+                   "max_total": ("lengths", "max_total"), "max_prompt": ("lengths", "max_prompt"),
+                   "max_output": ("lengths", "max_output")}
+
+
+def _pin_synthetic(d: dict[str, Any], workload: Workload) -> None:
+    """Write a synthetic preset's own settings (rate, duration, adapters, ranks, popularity,
+    length model) into the scenario, so a later change of the preset's defaults does not change
+    a replay."""
+    c = workload.meta.get("config") if workload.meta.get("kind") == "synthetic" else None
+    if not isinstance(c, dict):
+        return
+    a, ad, ln = c.get("arrivals", {}), c.get("adapters", {}), c.get("lengths", {})
+    if a.get("n_requests") is None and d["duration"] is None:
+        d["duration"] = a.get("duration_s")
+    if a.get("process") in ("poisson", "gamma", "onoff") and d["rps"] is None:
+        d["rps"] = a.get("rps")
+    for key, value in (("adapters", ad.get("n_adapters")), ("ranks", ad.get("ranks")),
+                       ("popularity", ad.get("popularity"))):
+        if d[key] is None:
+            d[key] = value
+    opts = d["trace_options"]
+    for key, (section, name) in _PINNED_OPTIONS.items():
+        value = c.get(section, {}).get(name)
+        if key not in opts and value is not None:
+            opts[key] = value
+
+
+def resolved_scenario(run: RunConfig, profile: Profile, cfg: EngineConfig | None = None,
+                      workload: Workload | None = None) -> dict[str, Any]:
+    """Every :class:`RunConfig` field (the policy, profile and slot defaults resolved, and a
+    synthetic preset's own rate, duration, adapters and length model), the profile's content
+    hash and the policy's parameters."""
+    d = dataclasses.asdict(run)
+    d["trace_options"] = {k: v for k, v in run.trace_options}
+    if workload is not None:
+        _pin_synthetic(d, workload)
+    d["policy"] = run.policy or "vllm"
+    d["profile"] = profile_reference(run, profile)
+    if cfg is not None:
+        d["slots"] = cfg.max_loras
+    d = _plain(d)
+    d["profile_sha256"] = profile_sha256(profile)
+    d.update(policy_params(run))
+    return d
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
+    suffix = path.suffix.lower()
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ScenarioFileError(f"--config {path}: file not found") from None
+    except OSError as e:
+        raise ScenarioFileError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+    if not raw.strip():
+        raise ScenarioFileError(f"--config {path}: the file is empty; give a scenario (`twin run --dump-config` "
+                                f"prints one)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ScenarioFileError(f"--config {path}: not a text file (not UTF-8); give a TOML, YAML or JSON "
+                                f"scenario") from None
+    if suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ScenarioFileError(f"--config {path}: not valid TOML ({e})") from None
+    elif suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ScenarioFileError(f"--config {path}: YAML scenarios need PyYAML (pip install 'lora-twin[yaml]'); "
+                                    f"or write the scenario as TOML") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ScenarioFileError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    elif suffix == ".json":
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ScenarioFileError(f"--config {path}: not valid JSON ({e})") from None
+    else:
+        raise ScenarioFileError(f"--config {path}: unknown scenario format {suffix or '(no extension)'!r}; give a "
+                                f".toml, .yaml/.yml or .json file (a run's summary.json works too)")
+    if not isinstance(data, dict):
+        raise ScenarioFileError(f"--config {path}: expected a table of options, got {type(data).__name__}")
+    return data
+
+
+def load_scenario_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(options, recorded)`` of a scenario file: TOML, YAML or JSON; a run's ``summary.json``
+    gives its ``scenario``. Options are checked as :class:`RunConfig` values; unknown keys are
+    refused, listing the known ones."""
+    path = Path(path)
+    data = _read_mapping(path)
+    if "scenario" in data and isinstance(data["scenario"], dict) and "requests_arrived" in data:
+        data = data["scenario"]
+    options: dict[str, Any] = {}
+    recorded: dict[str, Any] = {}
+    unknown = []
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name in RUN_FIELDS:
+            try:
+                options[name] = _check_type(name, value)
+            except ConfigError as e:
+                raise ScenarioFileError(f"--config {path}: {name}: {e}") from None
+        elif name in RECORDED:
+            recorded[name] = value
+        else:
+            unknown.append(str(key))
+    if unknown:
+        raise ScenarioFileError(f"--config {path}: unknown option(s) {', '.join(unknown)}; a scenario takes "
+                                f"{', '.join(RUN_FIELDS)}")
+    return options, recorded
+
+
+def replay_warnings(recorded: dict[str, Any], scenario: dict[str, Any]) -> list[str]:
+    """Differences between a replayed file's recorded facts and the scenario as built now."""
+    out = []
+    for key in RECORDED:
+        if key in recorded and _strip_none(recorded[key]) != _strip_none(scenario.get(key)):
+            what = "the profile's content" if key == "profile_sha256" else key.replace("_", " ")
+            out.append(f"{what} differ(s) from the scenario file's; the results may differ from the recorded run")
+    return out
+
+
+def _strip_none(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _strip_none(v) for k, v in x.items() if v is not None}
+    if isinstance(x, (list, tuple)):
+        return [_strip_none(v) for v in x]
+    return x
+
+
+# --------------------------------------------------------------------------- TOML
+def _toml_key(k: Any) -> str:
+    k = str(k)
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k, ensure_ascii=False)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("nan" if v != v else ("inf" if v > 0 else "-inf"))
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v if x is not None) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
+    return json.dumps(str(v))
+
+
+def to_toml(scenario: dict[str, Any]) -> str:
+    """The scenario as TOML: options first (unset ones as comments, with their help), then the
+    tables (``trace_options``, the policy's parameters)."""
+    lines = ["# LoRA Twin scenario: `twin run --config THIS_FILE` (command-line flags override it)"]
+    tables = []
+    for key, value in scenario.items():
+        if isinstance(value, dict):
+            tables.append((key, value))
+            continue
+        if value is None:
+            help_text = RUN_FIELDS[key].metadata.get("help", "") if key in RUN_FIELDS else ""
+            lines.append(f"# {key} =  (unset: {help_text})")
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for key, table in tables:
+        lines += ["", f"[{key}]"]
+        for k, v in table.items():
+            if v is None:
+                lines.append(f"# {k} =  (None)")
+            else:
+                lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"

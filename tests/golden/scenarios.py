@@ -25,8 +25,8 @@ from typing import Any
 import pandas as pd
 
 GOLDEN = Path(__file__).with_name("golden.json")
-#: summary keys that measure the machine, not the twin
-VOLATILE = {"wall_s", "sim_wall_s", "x_realtime", "workload", "config"}
+#: summary keys that measure the machine, not the twin, or restate its inputs (workload, config, scenario)
+VOLATILE = {"wall_s", "sim_wall_s", "x_realtime", "workload", "config", "scenario"}
 
 PRESETS_SHORT = ["vllm", "slora", "slora+sjf", "chameleon", "chameleon-nocache", "chameleon-nosched",
                  "chameleon-lru", "chameleon-fairshare", "chameleon-static", "chameleon-output-only",

@@ -88,7 +88,7 @@ def test_one_slot_default_capped_at_the_adapters():
 
 
 def test_list_flags_use_the_shared_parser(capsys):
-    args = make_parser().parse_args(["run", "--ranks", "8-16-32", "--trace-opt", "length_scale=0.5",
+    args = make_parser().parse_args(["run", "--ranks", "8,16,32", "--trace-opt", "length_scale=0.5",
                                      "--trace-opt", "lengths=sharegpt"])
     run = from_namespace(RunConfig, args)
     assert run.ranks == [8, 16, 32]
@@ -96,6 +96,9 @@ def test_list_flags_use_the_shared_parser(capsys):
     with pytest.raises(SystemExit):
         make_parser().parse_args(["run", "--ranks", "8,x"])
     assert "argument --ranks: 'x' is not a valid int" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["run", "--ranks", "8-16-32"])  # a range or a list? commas only on the CLI
+    assert "list the values with commas, e.g. 8,16,32" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         make_parser().parse_args(["run", "--trace-opt", "novalue"])
     assert "--trace-opt takes KEY=VALUE" in capsys.readouterr().err

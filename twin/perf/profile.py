@@ -179,31 +179,63 @@ def available_profiles() -> dict[str, Path | None]:
 
 @lru_cache(maxsize=32)
 def _load_file(path: str) -> dict[str, Any]:
-    with open(path) as f:
-        return json.load(f)
+    """A profile file's JSON; ``ValueError`` naming the file when it is not a readable JSON object."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except IsADirectoryError:
+        raise ValueError(f"profile file {path} is a directory; give a profile JSON file") from None
+    except OSError as e:
+        raise ValueError(f"profile file {path} cannot be read ({e.strerror or e})") from None
+    if not raw.strip():
+        raise ValueError(f"profile file {path} is empty; give a profile JSON file (`twin calibrate list` shows the "
+                         f"shipped ones)")
+    try:
+        d = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"profile file {path} is not a text file (not UTF-8 JSON); give a profile JSON file") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"profile file {path} is not valid JSON ({e}); give a profile JSON file") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"profile file {path} holds a JSON {type(d).__name__}, not a profile object")
+    return d
+
+
+def _from_file(path: str, origin: str) -> Profile:
+    d = _load_file(path)
+    if d.get("schema") != PROFILE_SCHEMA:
+        raise ValueError(f"profile file {origin} is not a LoRA Twin profile (schema {d.get('schema')!r}, expected "
+                         f"{PROFILE_SCHEMA!r}); `twin calibrate fit` writes one")
+    try:
+        return Profile.from_dict(d, origin)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        msg = f"missing key {e.args[0]!r}" if isinstance(e, KeyError) and e.args else str(e)
+        raise ValueError(f"profile file {origin} is not a valid profile: {msg}") from None
 
 
 def load_profile(name_or_path: str | None = None) -> Profile:
-    """Resolve ``name_or_path``: None/'default', a shipped profile name, or a JSON file."""
+    """Resolve ``name_or_path``: None/'default', a shipped profile name, or a JSON file.
+    Raises ``KeyError`` for an unknown name (listing the shipped ones), ``FileNotFoundError``
+    and ``ValueError`` naming the file for a missing, unreadable or malformed one."""
     if name_or_path in (None, "", "default"):
         avail = available_profiles()
         # a fitted profile of the default model takes precedence over the hand-set constants
         for cand in ("llama-3.1-8b_h100_vllm085",):
             if avail.get(cand):
-                return Profile.from_dict(_load_file(str(avail[cand])), str(avail[cand]))
+                return _from_file(str(avail[cand]), str(avail[cand]))
         return Profile.from_dict(DEFAULT_PROFILE, "embedded default")
     p = Path(name_or_path)
     if p.suffix == ".json" or p.exists():
         if not p.exists():
             raise FileNotFoundError(f"profile file {p} does not exist; `twin calibrate list` shows the shipped ones")
-        return Profile.from_dict(_load_file(str(p.resolve())), str(p))
+        return _from_file(str(p.resolve()), str(p))
     avail = available_profiles()
     if name_or_path == "embedded":
         return Profile.from_dict(DEFAULT_PROFILE, "embedded default")
     if name_or_path not in avail:
         raise KeyError(f"unknown profile {name_or_path!r}; available: {', '.join(avail)} "
                        f"(or give a path to a profile JSON file)")
-    return Profile.from_dict(_load_file(str(avail[name_or_path])), str(avail[name_or_path]))
+    return _from_file(str(avail[name_or_path]), str(avail[name_or_path]))
 
 
 def kv_tokens_for_memory(profile: Profile, gpu_mem_gb: float, slots: int, max_rank: int,
@@ -219,8 +251,15 @@ def kv_tokens_for_memory(profile: Profile, gpu_mem_gb: float, slots: int, max_ra
     model = profile.model
     kv = profile.components["kv"].params
     per_rank = kv.get("slot_bytes_per_rank") or profile.adapter_bytes(max(max_rank, 1)) / max(max_rank, 1)
-    free = (utilization * gpu_mem_gb * 1e9 - model.weight_bytes - runtime_overhead_gb * 1e9
-            - slots * per_rank * max_rank)
-    if free <= 0:
-        return 0
-    return int(free // model.kv_bytes_per_token // 16 * 16)
+    if not (gpu_mem_gb > 0 and math.isfinite(gpu_mem_gb)):
+        raise ValueError(f"GPU memory must be a positive number of GB, got {gpu_mem_gb}")
+    fixed = model.weight_bytes + runtime_overhead_gb * 1e9 + slots * per_rank * max_rank
+    free = utilization * gpu_mem_gb * 1e9 - fixed
+    tokens = int(free // model.kv_bytes_per_token // 16 * 16) if free > 0 else 0
+    if tokens < 16:
+        need = (fixed + 16 * model.kv_bytes_per_token) / utilization / 1e9
+        raise ValueError(f"{gpu_mem_gb:g} GB cannot hold {model.name}'s weights ({model.weight_bytes / 1e9:.1f} GB), "
+                         f"the {runtime_overhead_gb:g} GB runtime reserve and {slots} adapter slots of rank {max_rank} "
+                         f"({slots * per_rank * max_rank / 1e9:.1f} GB) at {utilization:.0%} utilization: it needs more "
+                         f"than {need:.1f} GB")
+    return tokens

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from policies.client_cap import CLIENT_MAX_INFLIGHT
 from twin.validation.output import json_summary, write_outputs
@@ -50,10 +51,42 @@ def _client_cap(value: str | None) -> int | None:
     """``--client-cap``: a count, or none/0/off for no cap; default :data:`CLIENT_MAX_INFLIGHT`."""
     if value is None:
         return CLIENT_MAX_INFLIGHT
-    return None if value.lower() in ("none", "0", "off") else int(value)
+    if value.strip().lower() in ("none", "0", "off"):
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"--client-cap {value!r}: give a number of requests, e.g. --client-cap "
+                         f"{CLIENT_MAX_INFLIGHT}, or none") from None
+    if n < 0:
+        raise ValueError(f"--client-cap {n}: must be >= 0 (0 or none: no cap)")
+    return n
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad option values before any run (``ValueError`` naming the flag and the fix)."""
+    for flag, value, low in (("--jobs", args.jobs, 1), ("--limit", args.limit, 1), ("--seed", args.seed, 0),
+                             ("--top", args.top, 0)):
+        if value is not None and value < low:
+            raise ValueError(f"{flag} {value}: must be >= {low}")
+    _client_cap(args.client_cap)
+    if args.out:
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out}: is an existing file, not a directory; give a directory")
+        parent = out
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise ValueError(f"--out {out}: {parent} is a file, so no directory can be created under it")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ValueError(f"--out {out}: {parent} is not writable")
+    if args.filter is not None and not args.filter.strip():
+        raise ValueError("--filter: empty; give a pandas query or a substring of the run id")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    check_args(args)
     peer = False if (args.peer or "").lower() == "none" else args.peer
     jobs = args.jobs or os.cpu_count() or 1
     progress = sys.stderr.isatty() if args.progress is None else args.progress

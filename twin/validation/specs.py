@@ -53,8 +53,32 @@ def default_peer_csv(real_csv: str | os.PathLike) -> Path | None:
     return None
 
 
+def read_table(path: str | os.PathLike, what: str) -> pd.DataFrame:
+    """A CSV table; ``ValueError`` naming the file (and ``what`` it should be) when it is
+    missing, empty, binary or not CSV."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{what} {p} does not exist")
+    if p.is_dir():
+        raise ValueError(f"{what} {p} is a directory; give the CSV file")
+    with open(p, "rb") as fh:
+        if b"\0" in fh.read(4096):
+            raise ValueError(f"{what} {p} is not a text file (a binary file, not a CSV table)")
+    try:
+        df = pd.read_csv(p)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{what} {p} is empty; give the CSV table") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} {p} is not a text file (not UTF-8 CSV)") from None
+    except (pd.errors.ParserError, ValueError, OSError) as e:
+        raise ValueError(f"{what} {p} is not a readable CSV table ({str(e).strip().splitlines()[0]})") from None
+    if df.empty:
+        raise ValueError(f"{what} {p} holds no runs (a header but no rows)")
+    return df
+
+
 def load_real(path: str | os.PathLike) -> pd.DataFrame:
-    df = pd.read_csv(path)
+    df = read_table(path, "real-run table (--real)")
     missing = [c for c in (*RUN_KEYS, "status", "scenario", "run_dir", "offered_req_s", "pool_mean_input_tokens",
                            "pool_mean_output_tokens") if c not in df.columns]
     if missing:
@@ -68,7 +92,11 @@ def load_real(path: str | os.PathLike) -> pd.DataFrame:
 
 
 def load_peer(path: str | os.PathLike) -> pd.DataFrame:
-    df = pd.read_csv(path)
+    df = read_table(path, "published twin's table (--peer)")
+    missing = [c for c in (*RUN_KEYS, "finished_requests") if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: not a published twin's prediction table (missing columns {missing}); give "
+                         f"--peer FILE with them or --peer none")
     for c in ("ranks", "rates"):
         df[c] = df[c].astype(str)
     df["peer_rps"] = df["finished_requests"] / WINDOW_S
@@ -102,7 +130,12 @@ def select_runs(real: pd.DataFrame, filt: str | None = None, limit: int | None =
         df = df[df["run_id"].isin(set(run_ids))]
     if filt:
         if any(op in filt for op in ("==", "!=", "<", ">", " in ", "~")):
-            df = df.query(filt, engine="python")
+            try:
+                df = df.query(filt, engine="python")
+            except Exception as e:  # pandas raises NameError/SyntaxError/TypeError/... for a bad query
+                msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ValueError(f"--filter {filt!r}: not a valid query on the real-run table ({msg}); columns: "
+                                 f"{', '.join(map(str, real.columns))}") from None
         else:
             df = df[df["run_id"].str.contains(filt, regex=False)]
     if limit is not None and limit < len(df):

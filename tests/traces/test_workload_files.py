@@ -1,0 +1,92 @@
+"""Workloads from CSV and JSON Lines files (issue 16, item 3): the same table as a saved
+Parquet workload, optional columns with their defaults, unsorted rows sorted, and errors that
+name the file, the row and the column."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from traces.registry import get_workload
+from traces.workload import COLUMNS, Workload, WorkloadError, read_workload_file
+
+
+def _workload() -> Workload:
+    return get_workload("synthetic", duration=20, adapters=5, ranks=[8, 16], seed=1)
+
+
+def test_csv_jsonl_and_parquet_give_the_same_workload(tmp_path):
+    w = _workload()
+    w.save(tmp_path / "w.parquet")
+    w.df.to_csv(tmp_path / "w.csv", index=False)
+    with open(tmp_path / "w.jsonl", "w") as fh:
+        for rec in w.df.to_dict(orient="records"):
+            fh.write(json.dumps({k: (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}) + "\n")
+    frames = [read_workload_file(tmp_path / f"w.{ext}").df for ext in ("parquet", "csv", "jsonl")]
+    for df in frames:
+        pd.testing.assert_frame_equal(df, w.df, check_exact=True)
+    for ext in ("csv", "jsonl"):  # and through the trace registry (twin run --trace FILE)
+        pd.testing.assert_frame_equal(get_workload(str(tmp_path / f"w.{ext}")).df, w.df, check_exact=True)
+
+
+def test_optional_columns_take_their_defaults_and_rows_are_sorted(tmp_path):
+    (tmp_path / "w.csv").write_text("arrival_s,prompt_tokens,output_tokens,adapter_id,adapter_rank\n"
+                                    "2.5,100,10,,\n1.0,30,10,3,8\n0.2,50,5,3,8\n")
+    df = read_workload_file(tmp_path / "w.csv").df
+    assert list(df.columns) == list(COLUMNS)
+    assert df["arrival_s"].tolist() == [0.2, 1.0, 2.5]
+    assert df["request_id"].tolist() == [2, 1, 0]  # ids follow the file's rows
+    assert df["adapter_id"].tolist() == [3, 3, -1] and df["adapter_rank"].tolist() == [8, 8, 0]
+    assert (df["conversation_id"] == -1).all() and (df["prefix_tokens"] == 0).all()
+
+
+def test_a_workload_csv_runs(tmp_path, capsys):
+    from twin.cli import main
+
+    (tmp_path / "w.csv").write_text("arrival_s,prompt_tokens,output_tokens,adapter_id,adapter_rank\n"
+                                    "0.0,100,10,0,8\n0.5,300,20,1,16\n0.7,50,5,-1,0\n")
+    assert main(["run", "--trace", str(tmp_path / "w.csv"), "--json", "--no-progress"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["requests_arrived"] == s["requests_finished"] == 3
+
+
+@pytest.mark.parametrize("name,text,fragment", [
+    ("m.csv", "arrival_s,output_tokens\n0,1\n", "missing column(s) prompt_tokens"),
+    ("u.csv", "arrival_s,prompt_tokens,output_tokens,lora\n0,1,1,2\n", "unknown column(s) lora"),
+    ("h.csv", "arrival_s,prompt_tokens,output_tokens\n", "the file holds no requests"),
+    ("e.csv", "", "the file is empty"),
+    ("n.csv", "arrival_s,prompt_tokens,output_tokens\n0,1,1\n1,x,1\n", "row 2 (line 3), column prompt_tokens: 'x' is "
+                                                                       "not a number"),
+    ("neg.csv", "arrival_s,prompt_tokens,output_tokens\n0,1,1\n1,1,-2\n", "row 2 (line 3), column output_tokens: "
+                                                                          "'-2' is below the minimum 1"),
+    ("inf.csv", "arrival_s,prompt_tokens,output_tokens\ninf,1,1\n", "row 1 (line 2), column arrival_s: 'inf' is not "
+                                                                    "a finite number"),
+    ("big.csv", "arrival_s,prompt_tokens,output_tokens\n0,1e30,1\n", "column prompt_tokens: '1e30' is not an integer"),
+    ("pre.csv", "arrival_s,prompt_tokens,output_tokens,prefix_tokens\n0,10,1,10\n", "column prefix_tokens: 10 is not "
+                                                                                    "below prompt_tokens (10)"),
+    ("j.jsonl", '{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}\n\n{"arrival_s": null, "prompt_tokens": 1, '
+                '"output_tokens": 1}\n', "row 2 (line 3), column arrival_s: empty (the column is required)"),
+    ("k.jsonl", '{"arrival_s": 0, "prompt_tokens": [1], "output_tokens": 1}\n', "column prompt_tokens: [1] is not a "
+                                                                                  "number"),
+    ("w.txt", "arrival_s,prompt_tokens,output_tokens\n0,1,1\n", "unknown workload file type '.txt'"),
+])
+def test_bad_workload_files_name_the_file_row_and_column(tmp_path, name, text, fragment):
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(WorkloadError) as e:
+        read_workload_file(p)
+    assert str(p) in str(e.value) and fragment in str(e.value), str(e.value)
+
+
+def test_a_parquet_without_metadata_is_checked_like_a_csv(tmp_path):
+    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [10, 0], "output_tokens": [1, 1]}).to_parquet(
+        tmp_path / "w.parquet", index=False)
+    with pytest.raises(WorkloadError, match="row 2, column prompt_tokens: 0 is below the minimum 1"):
+        read_workload_file(tmp_path / "w.parquet")
+    pd.DataFrame({"arrival_s": [1.0, 0.0], "prompt_tokens": [10, 20], "output_tokens": [1, 2]}).to_parquet(
+        tmp_path / "v.parquet", index=False)
+    df = read_workload_file(tmp_path / "v.parquet").df
+    assert df["prompt_tokens"].tolist() == [20, 10] and np.all(df["adapter_id"] == -1)

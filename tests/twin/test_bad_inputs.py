@@ -1,0 +1,434 @@
+"""Every bad input a clear error before any work: exit code 2, the option, file or row named and
+the fix; never a traceback, never a silent acceptance (issue 16, item 3).
+
+``CASES`` is the table of bad inputs tried (the issue note lists them with their messages): each
+row is a command line (``{d}`` is a directory of prepared files, see :func:`files`) and a
+fragment the error must contain. A property-based test then drives random argument lists and
+random files through ``twin.cli.main``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from twin.cli import main
+from twin.config import ConfigError
+from twin.scenario import RunConfig, check_run
+
+GARBAGE = bytes(range(256)) * 2
+
+#: prepared files: name -> content
+FILES: dict[str, bytes] = {
+    "empty.csv": b"",
+    "header.csv": b"arrival_s,prompt_tokens,output_tokens\n",
+    "header.jsonl": b"\n\n",
+    "garbage.bin": GARBAGE,
+    "garbage.csv": GARBAGE,
+    "garbage.parquet": GARBAGE,
+    "garbage.json": GARBAGE,
+    "garbage.toml": GARBAGE,
+    "text.toml": b"this is = = not toml\n",
+    "empty.toml": b"",
+    "list.json": b"[1, 2, 3]\n",
+    "badtype.toml": b'rps = "fast"\n',
+    "unknownkey.toml": b"rpz = 3\n",
+    "zero.toml": b"rps = 0\n",
+    "ranks.toml": b'ranks = "8-128"\n',
+    "scenario.ini": b"[run]\nrps = 2\n",
+    "missing.csv": b"arrival_s,prompt_tokens\n0.5,10\n",
+    "extra.csv": b"arrival_s,prompt_tokens,output_tokens,adaptor_id\n0.5,10,5,1\n",
+    "nonnum.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,100,10\n1.0,abc,10\n",
+    "neg.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,100,10\n1.0,-3,10\n",
+    "nan.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,100,10\nnan,3,10\n",
+    "frac.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,100.5,10\n",
+    "negarrival.csv": b"arrival_s,prompt_tokens,output_tokens\n-1,100,10\n",
+    "norank.csv": b"arrival_s,prompt_tokens,output_tokens,adapter_id\n0.5,100,10,3\n",
+    "tworanks.csv": b"arrival_s,prompt_tokens,output_tokens,adapter_id,adapter_rank\n0.5,10,5,1,8\n0.7,10,5,1,16\n",
+    "dupid.csv": b"request_id,arrival_s,prompt_tokens,output_tokens\n1,0.5,10,5\n1,0.7,10,5\n",
+    "emptycell.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,,10\n",
+    "bad.jsonl": b'{"arrival_s": 0.1, "prompt_tokens": 10, "output_tokens": 5}\n{"arrival_s": 0.2, "prompt_tokens": "x", '
+                 b'"output_tokens": 5}\n',
+    "notobj.jsonl": b'{"arrival_s": 0.1, "prompt_tokens": 10, "output_tokens": 5}\n[1, 2]\n',
+    "broken.jsonl": b'{"arrival_s": 0.1, "prompt_tokens": 10, "output_tokens": 5}\n{"arrival_s": \n',
+    "bool.jsonl": b'{"arrival_s": 0.1, "prompt_tokens": true, "output_tokens": 5}\n',
+    "azure_header.csv": b"TIMESTAMP,ContextTokens,GeneratedTokens\n",
+    "notrace.csv": b"a,b,c\n1,2,3\n",
+    "notprofile.json": b'{"schema": "something-else"}\n',
+    "brokenprofile.json": b'{"schema": "lora-twin-profile/1", "name": "x", "model": "llama-3.1-8b"}\n',
+    "afile": b"x",
+}
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Path:
+    for name, content in FILES.items():
+        (tmp_path / name).write_bytes(content)
+    (tmp_path / "adir").mkdir()
+    return tmp_path
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+R = "run --no-progress --duration 5 "
+#: (command line, fragment of the error). ``{d}``: the directory of :data:`FILES`.
+CASES: list[tuple[str, str]] = [
+    # GPU memory and KV capacity
+    (R + "--gpu-mem-gb 24", "--gpu-mem-gb 24: 24 GB cannot hold llama-3.1-8b's weights"),
+    (R + "--gpu-mem-gb 10", "10 GB cannot hold llama-3.1-8b's weights (16.1 GB)"),
+    (R + "--gpu-mem-gb 0", "--gpu-mem-gb 0: must be > 0"),
+    (R + "--gpu-mem-gb -80", "--gpu-mem-gb -80: must be > 0"),
+    (R + "--gpu-mem-gb 40", "less than one --max-model-len 131072 request"),
+    (R + "--gpu-mem-gb inf", "--gpu-mem-gb inf: must be a finite number"),
+    (R + "--kv-tokens 0", "--kv-tokens 0: must be >= 1"),
+    (R + "--kv-tokens 1000", "lower --max-model-len (at most 1000)"),
+    (R + "--slots 64 --ranks 128", "vLLM would refuse to start"),
+    # lists
+    (R + "--ranks -8", "argument --ranks: values must be >= 1"),
+    (R + "--ranks 8-128", "list the values with commas, e.g. 8,128"),
+    (R + "--ranks 8,x", "'x' is not a valid int"),
+    (R + "--ranks 0", "values must be >= 1"),
+    (R + "--ranks ,", "--ranks: empty list"),
+    # times, rates, SLOs
+    ("run --no-progress --horizon -5", "--horizon -5: must be > 0"),
+    ("run --no-progress --horizon 0", "--horizon 0: must be > 0"),
+    ("run --no-progress --duration 0", "--duration 0: must be > 0"),
+    ("run --no-progress --duration -1", "--duration -1: must be > 0"),
+    ("run --no-progress --duration 1e12", "more than the 5,000,000 a run may generate"),
+    ("run --no-progress --duration 1e5 --rps 1000", "more than the 5,000,000 a run may generate"),
+    (R + "--trace-opt n_requests=100000000", "would hold n_requests=100000000 requests, more than the 5,000,000"),
+    (R + "--rps 0", "--rps 0: must be > 0"),
+    (R + "--rps -1", "--rps -1: must be > 0"),
+    (R + "--rps nan", "--rps nan: must be a finite number"),
+    (R + "--ttft-slo -1", "--ttft-slo -1: must be > 0"),
+    (R + "--tbt-slo 0", "--tbt-slo 0: must be > 0"),
+    # server
+    (R + "--tp 3", "--tp 3 does not divide llama-3.1-8b's 32 attention heads and 8 KV heads"),
+    (R + "--tp 64", "use one of 1, 2, 4, 8, 16, 32"),
+    (R + "--tp 0", "--tp 0: must be >= 1"),
+    (R + "--slots 0", "--slots 0: must be >= 1"),
+    (R + "--slots -1", "--slots -1: must be >= 1"),
+    (R + "--adapters -3", "--adapters -3: must be >= 0"),
+    (R + "--max-num-seqs 0", "--max-num-seqs 0: must be >= 1"),
+    (R + "--max-batched-tokens 100", "--max-batched-tokens 100 is below --max-num-seqs 256"),
+    (R + "--max-model-len 100", "every request of the workload is longer than --max-model-len 100"),
+    (R + "--max-model-len 999999999", "exceeds llama-3.1-8b's context length 131072"),
+    (R + "--max-model-len 0", "--max-model-len 0: must be >= 1"),
+    (R + "--cpu-slots 2", "--cpu-slots 2 is below the 16 GPU adapter slots"),
+    (R + "--slots 8 --cpu-slots 4", "--cpu-slots 4 is below --slots 8"),
+    (R + "--max-lora-rank 8", "--max-lora-rank 8 is below the workload's largest adapter rank 32"),
+    (R + "--seed -1", "--seed -1: must be >= 0"),
+    # names
+    (R + "--trace nosuch", "unknown trace 'nosuch'; built-in names: splitwise"),
+    (R + "--policy nosuch", "unknown policy 'nosuch'; available presets:"),
+    (R + "--scheduler nosuch", "unknown scheduler 'nosuch'; available: adapter-aware"),
+    (R + "--cache nosuch", "unknown adapter-cache policy 'nosuch'; available: chameleon"),
+    (R + "--profile nosuch", "unknown profile 'nosuch'; available: default"),
+    (R + "--popularity foo", "--popularity: unknown popularity law 'foo'"),
+    (R + "--trace-opt foo=1", "--trace-opt: unknown workload option 'foo'; known options: adapters"),
+    (R + "--trace-opt cv=abc", "--trace-opt cv='abc'"),
+    (R + "--trace-opt length_scale=-1", "--trace-opt length_scale=-1: must be >= 0"),
+    (R + "--trace-opt novalue", "--trace-opt takes KEY=VALUE"),
+    (R + "--trace-opt arrival=nosuch", "unknown arrival process 'nosuch'"),
+    (R + "--trace-opt rps=3 --rps 2", "--trace-opt rps=... repeats --rps"),
+    ("run --no-progress --trace-opt duration=0", "--trace-opt duration=0: must be > 0"),
+    (R + "--trace-opt rps=0", "--trace-opt rps=0: must be > 0"),
+    (R + "--trace-opt max_total=10", "rejects almost every draw of copula"),
+    (R + "--trace-opt popularity=bad", "--trace-opt popularity: unknown popularity law"),
+    (R + "--trace-opt window_start=5", "apply to real traces, not to the synthetic 'synthetic'"),
+    ("run --bogus-flag", "unrecognized arguments: --bogus-flag"),
+    (R + "--rps fast", "argument --rps: expected a number, got 'fast'"),
+    (R + "--slots 2.5", "argument --slots: expected an integer, got '2.5'"),
+    # --trace FILE
+    (R + "--trace {d}/nosuch.csv", "trace file {d}/nosuch.csv does not exist"),
+    (R + "--trace {d}/empty.csv", "{d}/empty.csv: the file is empty"),
+    (R + "--trace {d}/header.csv", "{d}/header.csv: the file holds no requests"),
+    (R + "--trace {d}/header.jsonl", "{d}/header.jsonl: the file is empty"),
+    (R + "--trace {d}/garbage.bin", "{d}/garbage.bin: a binary file, not a trace"),
+    (R + "--trace {d}/garbage.csv", "{d}/garbage.csv: a binary file, not a trace"),
+    (R + "--trace {d}/garbage.parquet", "{d}/garbage.parquet: not a readable trace or workload file"),
+    (R + "--trace {d}/garbage.json", "{d}/garbage.json: a binary file"),
+    (R + "--trace {d}/missing.csv", "{d}/missing.csv: missing column(s) output_tokens"),
+    (R + "--trace {d}/extra.csv", "{d}/extra.csv: unknown column(s) adaptor_id"),
+    (R + "--trace {d}/nonnum.csv", "{d}/nonnum.csv: row 2 (line 3), column prompt_tokens: 'abc' is not a number"),
+    (R + "--trace {d}/neg.csv", "row 2 (line 3), column prompt_tokens: '-3' is below the minimum 1"),
+    (R + "--trace {d}/nan.csv", "row 2 (line 3), column arrival_s: 'nan' is not a number"),
+    (R + "--trace {d}/frac.csv", "row 1 (line 2), column prompt_tokens: '100.5' is not an integer"),
+    (R + "--trace {d}/negarrival.csv", "row 1 (line 2), column arrival_s: '-1' is below the minimum 0"),
+    (R + "--trace {d}/norank.csv", "column adapter_rank: a request for adapter 3 needs adapter_rank >= 1"),
+    (R + "--trace {d}/tworanks.csv", "row 2 (line 3), column adapter_rank: adapter 1 has rank 16 here"),
+    (R + "--trace {d}/dupid.csv", "row 2 (line 3), column request_id: 1 repeats an earlier id"),
+    (R + "--trace {d}/emptycell.csv", "row 1 (line 2), column prompt_tokens: empty"),
+    (R + "--trace {d}/bad.jsonl", "{d}/bad.jsonl: row 2 (line 2), column prompt_tokens: 'x' is not a number"),
+    (R + "--trace {d}/notobj.jsonl", "{d}/notobj.jsonl: line 2: expected a JSON object"),
+    (R + "--trace {d}/broken.jsonl", "{d}/broken.jsonl: line 2: not valid JSON"),
+    (R + "--trace {d}/bool.jsonl", "row 1 (line 1), column prompt_tokens: True is not a number"),
+    (R + "--trace {d}/azure_header.csv", "{d}/azure_header.csv: the trace holds no requests"),
+    (R + "--trace {d}/notrace.csv", "{d}/notrace.csv: unrecognised trace format"),
+    (R + "--trace {d}/adir", "{d}/adir: directory holds no trace files"),
+    # --profile FILE
+    (R + "--profile {d}/garbage.json", "profile file {d}/garbage.json is not a text file"),
+    (R + "--profile {d}/empty.csv", "profile file {d}/empty.csv is empty"),
+    (R + "--profile {d}/garbage.bin", "profile file {d}/garbage.bin is not a text file"),
+    (R + "--profile {d}/list.json", "holds a JSON list, not a profile object"),
+    (R + "--profile {d}/notprofile.json", "is not a LoRA Twin profile"),
+    (R + "--profile {d}/brokenprofile.json", "is not a valid profile: missing key 'components'"),
+    (R + "--profile {d}/nosuch.json", "profile file {d}/nosuch.json does not exist"),
+    # --config FILE
+    ("run --config {d}/garbage.toml", "--config {d}/garbage.toml: not a text file"),
+    ("run --config {d}/text.toml", "--config {d}/text.toml: not valid TOML"),
+    ("run --config {d}/empty.toml", "--config {d}/empty.toml: the file is empty"),
+    ("run --config {d}/list.json", "expected a table of options, got list"),
+    ("run --config {d}/badtype.toml", "--config {d}/badtype.toml: rps: --rps: expected a number, got 'fast'"),
+    ("run --config {d}/unknownkey.toml", "unknown option(s) rpz; a scenario takes trace, rps"),
+    ("run --config {d}/zero.toml", "--rps 0: must be > 0"),
+    ("run --config {d}/ranks.toml", "list the values with commas"),
+    ("run --config {d}/scenario.ini", "unknown scenario format '.ini'"),
+    ("run --config {d}/nosuch.toml", "--config {d}/nosuch.toml: file not found"),
+    ("run --config {d}/garbage.bin", "--config {d}/garbage.bin: not a text file"),
+    # --out
+    (R + "--out {d}/afile", "--out {d}/afile: is an existing file, not a directory"),
+    (R + "--out {d}/afile/sub", "{d}/afile is a file, so no directory can be created under it"),
+    (R + "--out ''", "--out: empty"),
+    # twin traces
+    ("traces show {d}/garbage.bin", "{d}/garbage.bin: a binary file, not a trace"),
+    ("traces show {d}/header.csv", "{d}/header.csv: the file holds no requests"),
+    ("traces synth --out {d}/afile/x.parquet --duration 5", "{d}/afile is a file"),
+    ("traces synth --out {d}/w.csv --duration 5", "a workload is saved as Parquet"),
+    ("traces synth --out {d}/w.parquet --duration 1e12", "more than the 5,000,000 a run may generate"),
+    ("traces show synthetic --duration 5 --plot {d}/afile/x.png", "{d}/afile is a file"),
+    ("traces show synthetic --duration 5 --bin-s 0", "--bin-s 0.0: must be > 0"),
+    ("traces show synthetic --duration 5 --bin-s -1", "--bin-s -1.0: must be > 0"),
+    (R + "--adapters 100000000", "more than the 1,000,000 adapters a workload may have"),
+    ("calibrate report llama-3.1-8b_h100_vllm085 --out-dir {d}/afile", "--out-dir {d}/afile: is a file"),
+    ("calibrate replay --every 0", "--every 0: must be >= 1"),
+    # twin compare
+    ("compare --policies vllm --rps 1 --duration 5 --out {d}/afile", "cannot use {d}/afile: File exists"),
+    ("compare --policies vllm --rps 0 --duration 5", "--rps 0: must be > 0"),
+    ("compare --policies nosuch --rps 1 --duration 5", "unknown policies ['nosuch']"),
+    ("compare --policies vllm --rps 1 --duration 5 --tp 3", "--tp 3 does not divide"),
+    # twin calibrate
+    ("calibrate report nosuch", "unknown profile 'nosuch'"),
+    ("calibrate report {d}/garbage.json", "profile file {d}/garbage.json is not a text file"),
+    ("calibrate report {d}/list.json", "is not a LoRA Twin profile"),
+    ("calibrate report llama-3.1-8b_h100_vllm085 --measurements {d}/nosuchdir", "--measurements {d}/nosuchdir: not a "
+                                                                                 "directory"),
+    # twin validate (no data needed: the errors come before the tables are read)
+    ("validate --real {d}/garbage.bin --limit 1", "real-run table (--real) {d}/garbage.bin is not a text file"),
+    ("validate --real {d}/empty.csv --limit 1", "real-run table (--real) {d}/empty.csv is empty"),
+    ("validate --real {d}/header.csv --limit 1", "real-run table (--real) {d}/header.csv holds no runs"),
+    ("validate --real {d}/notrace.csv --limit 1", "not a real-run validation table (missing columns"),
+    ("validate --real {d}/nosuch.csv", "real-run table (--real) {d}/nosuch.csv does not exist"),
+    ("validate --limit 0", "--limit 0: must be >= 1"),
+    ("validate --jobs -1 --limit 1", "--jobs -1: must be >= 1"),
+    ("validate --client-cap abc --limit 1", "--client-cap 'abc': give a number of requests"),
+    ("validate --out {d}/afile --limit 1", "--out {d}/afile: is an existing file"),
+]
+
+
+@pytest.mark.parametrize("line,fragment", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_a_clear_error(files, line, fragment):
+    d = str(files)
+    rc, out, err = run_cli(shlex.split(line.format(d=d)))
+    assert rc == 2, (rc, out[-500:], err[-500:])
+    assert fragment.format(d=d) in err, err
+    assert "Traceback" not in err
+
+
+DATA_CASES = [
+    ("validate --filter 'nosuchcol == 3' --limit 1", "--filter 'nosuchcol == 3': not a valid query on the real-run "
+                                                     "table (name 'nosuchcol' is not defined); columns: model, source"),
+    ("validate --peer {d}/garbage.csv --limit 1", "published twin's table (--peer) {d}/garbage.csv is not a text file"),
+    ("validate --peer {d}/notrace.csv --limit 1", "not a published twin's prediction table"),
+    ("validate --filter 'source == 1 +' --limit 1", "not a valid query on the real-run table"),
+]
+
+
+@pytest.mark.parametrize("line,fragment", DATA_CASES, ids=[c[0] for c in DATA_CASES])
+def test_bad_validation_input_is_a_clear_error(real_data, files, line, fragment):
+    d = str(files)
+    rc, out, err = run_cli(shlex.split(line.format(d=d)))
+    assert rc == 2 and fragment.format(d=d) in err, err
+
+
+def test_committed_calibration_figures_are_not_replaced_without_measurements(tmp_path, monkeypatch, capsys):
+    """Item 8: without the measurements, ``calibrate report`` refuses to overwrite the committed
+    figures, and draws the curves only into a directory given with --out-dir."""
+    from calibration.report import committed_figures_dir
+
+    monkeypatch.setenv("TWIN_DATA_DIR", str(tmp_path / "no-data"))
+    committed = committed_figures_dir("llama-3.1-8b_h100_vllm085")
+    before = {p.name: p.stat().st_mtime_ns for p in committed.glob("*.png")}
+    assert main(["calibrate", "report", "llama-3.1-8b_h100_vllm085"]) == 2
+    err = capsys.readouterr().err
+    assert "measurements of llama-3.1-8b_h100_vllm085 are not found" in err and "--out-dir DIR" in err
+    assert {p.name: p.stat().st_mtime_ns for p in committed.glob("*.png")} == before
+    assert main(["calibrate", "report", "llama-3.1-8b_h100_vllm085", "--out-dir", str(committed)]) == 2
+    assert main(["calibrate", "report", "llama-3.1-8b_h100_vllm085", "--out-dir", str(tmp_path / "figs")]) == 0
+    assert list((tmp_path / "figs").glob("*.png"))
+    assert main(["calibrate", "report", "llama-3.1-8b_h100_vllm085", "--no-figures"]) == 0
+
+
+def test_results_are_kept_when_writing_fails(tmp_path, monkeypatch):
+    """A write that fails after the run: the summary is printed, the error names the path, exit 2."""
+    import twin.simulate
+
+    def fail(self, out_dir):
+        raise PermissionError(13, "Permission denied", str(Path(out_dir) / "requests.parquet"))
+
+    monkeypatch.setattr(twin.simulate.SimResult, "write", fail)
+    rc, out, err = run_cli(["run", "--no-progress", "--duration", "5", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "throughput (req/s)" in out
+    assert f"could not write the results to {tmp_path / 'o' / 'requests.parquet'} (Permission denied)" in err
+
+
+def test_smaller_gpu_gives_smaller_kv(capsys):
+    kv = []
+    for gb in (80, 60, 48):
+        rc, out, err = run_cli(["run", "--no-progress", "--duration", "5", "--gpu-mem-gb", str(gb),
+                                "--max-model-len", "8192", "--json"])
+        assert rc == 0, err
+        kv.append(json.loads(out)["kv_capacity_tokens"])
+    assert kv[0] > kv[1] > kv[2] > 0
+
+
+def test_base_model_only_with_zero_adapters():
+    """``--adapters 0`` is a documented set-up (the base model only), not an error."""
+    rc, out, err = run_cli(["run", "--no-progress", "--duration", "5", "--adapters", "0", "--json"])
+    s = json.loads(out)
+    assert rc == 0 and s["requests_arrived"] > 0 and s["adapter_loads"] == 0
+
+
+# --------------------------------------------------------------------------- property-based
+FLAG_VALUES = {
+    "--rps": st.sampled_from(["2", "0", "-1", "nan", "inf", "1e9", "0.5", "x"]),
+    "--duration": st.sampled_from(["2", "0", "-1", "1e12", "nan", "3"]),
+    "--horizon": st.sampled_from(["5", "0", "-5", "inf"]),
+    "--adapters": st.sampled_from(["0", "1", "5", "-3", "2.5"]),
+    "--ranks": st.sampled_from(["8", "8,16", "8-128", "-8", "0", "", "x", "8,,16"]),
+    "--popularity": st.sampled_from(["uniform", "zipf:1.2", "foo", "U-P", ""]),
+    "--trace-opt": st.sampled_from(["length_scale=0.5", "foo=1", "cv=abc", "novalue", "lengths=sharegpt",
+                                    "length_scale=-1", "=3", "arrival=gamma", "duration=2", "rps=0",
+                                    "n_requests=1e9", "max_total=10"]),
+    "--seed": st.sampled_from(["0", "1", "-1", "x"]),
+    "--policy": st.sampled_from(["vllm", "slora", "nosuch", "chameleon"]),
+    "--scheduler": st.sampled_from(["fcfs", "sjf", "nosuch"]),
+    "--cache": st.sampled_from(["lru", "none", "nosuch"]),
+    "--profile": st.sampled_from(["default", "nosuch", "qwen-2.5-7b_h100_vllm085", "{file}"]),
+    "--slots": st.sampled_from(["1", "4", "0", "-1", "64"]),
+    "--cpu-slots": st.sampled_from(["1", "100", "0"]),
+    "--max-lora-rank": st.sampled_from(["8", "128", "0"]),
+    "--max-model-len": st.sampled_from(["100", "8192", "0", "999999999"]),
+    "--max-num-seqs": st.sampled_from(["1", "256", "0"]),
+    "--max-batched-tokens": st.sampled_from(["100", "2048", "0"]),
+    "--gpu-mem-gb": st.sampled_from(["24", "80", "0", "-80", "nan"]),
+    "--kv-tokens": st.sampled_from(["0", "1000", "300000"]),
+    "--tp": st.sampled_from(["1", "2", "3", "0"]),
+    "--ttft-slo": st.sampled_from(["1", "-1", "0"]),
+    "--tbt-slo": st.sampled_from(["0.1", "0"]),
+    "--trace": st.sampled_from(["synthetic", "chameleon", "nosuch", "{file}", "sharegpt-synth"]),
+    "--config": st.sampled_from(["{file}"]),
+    "--out": st.sampled_from(["{file}", "{file}/sub", "{tmp}/out"]),
+}
+TOKENS = st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=8)
+FILE_SUFFIXES = [".csv", ".jsonl", ".parquet", ".json", ".toml", ".yaml", ".bin"]
+
+
+@st.composite
+def file_contents(draw) -> bytes:
+    kind = draw(st.sampled_from(["bytes", "csv", "jsonl", "toml", "json", "empty"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=200))
+    if kind == "empty":
+        return b""
+    cols = draw(st.lists(st.sampled_from(["arrival_s", "prompt_tokens", "output_tokens", "adapter_id",
+                                          "adapter_rank", "request_id", "x"]), min_size=1, max_size=5, unique=True))
+    cells = st.sampled_from(["0", "1", "2.5", "-1", "nan", "", "abc", "100", "1e30", "3"])
+    rows = draw(st.lists(st.lists(cells, min_size=len(cols), max_size=len(cols)), max_size=4))
+    if kind == "csv":
+        return (",".join(cols) + "\n" + "".join(",".join(r) + "\n" for r in rows)).encode()
+    if kind == "jsonl":
+        return "".join(json.dumps(dict(zip(cols, r))) + "\n" for r in rows).encode()
+    keys = draw(st.lists(st.sampled_from(["rps", "duration", "ranks", "slots", "trace", "horizon", "nosuch",
+                                          "trace_options", "max_num_seqs", "seed"]), max_size=4, unique=True))
+    vals = st.sampled_from(['2', '0', '-1', '"x"', '[8, 16]', '"8-128"', 'true', '{length_scale = 0.5}', '1.5',
+                            '"synthetic"', '3'])
+    pairs = [(k, draw(vals)) for k in keys]
+    if kind == "toml":
+        return "".join(f"{k} = {v}\n" for k, v in pairs).encode()
+    return ("{" + ", ".join(f'"{k}": {v.replace(" = ", ": ").replace("length_scale", chr(34) + "length_scale" + chr(34))}'
+                            for k, v in pairs) + "}").encode()
+
+
+@st.composite
+def argument_lists(draw, tmp: Path) -> tuple[list[str], Path]:
+    """A random ``twin run`` command line (always a tiny --duration and --horizon) and its file."""
+    path = tmp / f"input{draw(st.sampled_from(FILE_SUFFIXES))}"
+    path.write_bytes(draw(file_contents()))
+    argv = ["run", "--no-progress", "--json"]
+    if draw(st.booleans()):  # the random file through one of the file arguments
+        argv += [draw(st.sampled_from(["--trace", "--config", "--profile"])), str(path)]
+    for _ in range(draw(st.integers(0, 4))):
+        choice = draw(st.integers(0, 9))
+        if choice == 0:
+            argv.append(draw(TOKENS))  # a stray token or unknown flag
+        elif choice == 1:
+            argv.append("--" + draw(st.text(alphabet="abcdefgh-", min_size=1, max_size=8)))
+        else:
+            flag = draw(st.sampled_from(sorted(FLAG_VALUES)))
+            argv += [flag, draw(FLAG_VALUES[flag]).format(file=path, tmp=tmp)]
+    argv += ["--duration", draw(st.sampled_from(["2", "3"])), "--horizon", "20"]
+    return argv, path
+
+
+def classify(argv: list[str]) -> str | None:
+    """Our own validators' verdict on the flags parsed (None: valid as far as check_run sees)."""
+    from traces.flags import from_namespace
+    from twin.cli import make_parser
+
+    try:
+        with redirect_stderr(io.StringIO()):
+            args = make_parser().parse_args(argv)
+    except SystemExit:
+        return "argparse"
+    if args.config:
+        return None  # the file's options are checked by the run itself
+    try:
+        check_run(from_namespace(RunConfig, args))
+    except (ConfigError, ValueError, KeyError) as e:
+        return str(e)
+    return None
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_command_lines_never_crash(tmp_path_factory, data):
+    tmp = tmp_path_factory.mktemp("prop")
+    argv, _ = data.draw(argument_lists(tmp))
+    verdict = classify(argv)
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main(argv)  # no exception may escape
+    assert rc in (0, 2), (argv, rc, err.getvalue()[-800:])
+    assert "Traceback" not in err.getvalue()
+    if verdict is not None:
+        assert rc == 2, (argv, verdict)
+    if rc == 2:
+        assert err.getvalue().strip(), argv  # an error is never silent
+    else:
+        s = json.loads(out.getvalue())
+        assert s["requests_arrived"] == s["requests_finished"] + s["requests_rejected"] + s["requests_unfinished"]
