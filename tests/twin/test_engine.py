@@ -317,3 +317,20 @@ def test_decode_run_fast_path_is_exact(profile):
     assert a.summary["engine_steps"] == b.summary["engine_steps"]
     for k in ("itl_ms_p99", "itl_ms_p50", "itl_ms_mean", "simulated_s"):
         assert repr(a.summary[k]) == repr(b.summary[k]), k
+
+
+@pytest.mark.parametrize("policy", ["vllm", "chameleon+prefetch", "ema-prefetch"])
+def test_direct_clock_is_exact(policy, monkeypatch):
+    """Moving SimPy's clock directly when no other event is pending gives exactly the results
+    of a timeout event per wait (also with asynchronous loads, whose events keep the queue busy)."""
+    from twin.engine import Engine
+
+    prof = constant_profile(c0=0.008, c_prefill=2e-5, c_decode=5e-5, c_ctx=1e-8, k6=1.5, lora_pct=180, sched=1e-4,
+                            k2=3e-7, kv_tokens=8000)
+    w = random_workload(n=300, rps=8.0, adapters=24, seed=11)
+    cfg = EngineConfig(max_loras=4, max_num_seqs=64, max_model_len=2048)
+    a = simulate(w, prof, cfg, policy=policy, check_invariants=True)
+    monkeypatch.setattr(Engine, "direct_clock", False)
+    b = simulate(w, prof, cfg, policy=policy, check_invariants=True)
+    assert a.summary["adapter_loads"] > 10
+    _same_run(a, b)
