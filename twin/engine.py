@@ -266,7 +266,7 @@ class Engine(EngineState):
         k_max = min(self.max_run_steps, heap[0][0] - g) if heap else self.max_run_steps
         # KV: cumulative block needs of steps 1.. must stay within the free pool
         free = self.total_blocks - self.used_blocks
-        if n_dec:
+        if n_dec and free // n_dec * bs < k_max:  # (else the pool lasts beyond k_max steps whatever j is)
             full = free // n_dec
             rem = free - full * n_dec
             cnt = self.res_cnt
