@@ -311,15 +311,13 @@ class Engine(EngineState):
         bs = self.block_size
         running = self.running
         L = len(running)
-        order_a = np.fromiter(running, np.int64, L)
-        order = order_a.tolist()
-        ispref = self._pref_np[order_a]
-        needy = (self._base_np[order_a] + self.g) % bs == 0
+        order = np.fromiter(running, np.int64, L)
+        ispref = self._pref_np[order]
+        needy = (self._base_np[order] + self.g) % bs == 0
         needy[ispref != 0] = False
         cum = np.zeros(L + 1, np.int64)
         np.cumsum(needy, out=cum[1:])
         pref_pos = np.flatnonzero(ispref).tolist()
-        cum_l = cum.tolist()
         free = self.total_blocks - self.used_blocks
         budget = self.config.max_num_batched_tokens
         chunks: list[tuple[int, int]] = []
@@ -332,18 +330,18 @@ class Engine(EngineState):
             if i + budget < stop:
                 stop = i + budget
             # the first decoder in [i, stop) that needs a block when none is left
-            x = int(np.searchsorted(cum, cum_l[i] + free, side="right")) - 1
+            x = int(np.searchsorted(cum, int(cum[i]) + free, side="right")) - 1
             if x < stop:
                 stop = x
             if stop > i:  # decoders i..stop-1: one token each, blocks as their lengths require
-                nb = cum_l[stop] - cum_l[i]
+                nb = int(cum[stop] - cum[i])
                 free -= nb
                 need_total += nb
                 budget -= stop - i
                 i = stop
                 if i >= j or budget <= 0:
                     break
-            rid = order[i]
+            rid = int(order[i])
             pref = rid in self.prefilling
             if pref:
                 k = min(self.T[rid] - self.c[rid], budget)
@@ -354,7 +352,7 @@ class Engine(EngineState):
             self_preempted = False
             while nd > free:
                 j -= 1
-                victim = order[j]
+                victim = int(order[j])
                 free += self._preempt(victim, now)
                 if victim == rid:
                     self_preempted = True
@@ -456,23 +454,22 @@ class Engine(EngineState):
         if a >= 0 and not ad.active[a] and (ad.n_active >= self.config.max_loras
                                              or (ad.loading and ad.slot_blocked_by_loads(a))):
             return NO_SLOT  # (or every free slot is taken by a prefetch still in flight)
-        T = self.resume_T.pop(rid, None) or self.prompt_a[rid]
+        resume = self.resume_T  # (a preempted request's entry leaves it only when it is admitted)
+        T = resume.get(rid) or self.prompt_a[rid]
         k = T if T < budget else budget
         nb = -(-k // self.block_size)
         h = 0
         if self._admit_hook is not None:  # adapter memory, prefix-KV reuse (twin/extensions.py)
             h = self._admit_hook(ctx, rid, a, T, nb)
             if h.__class__ is Admit:
-                if T != self.prompt_a[rid]:
-                    self.resume_T[rid] = T
                 return h
             if h:  # h prompt tokens served from history KV: prefill starts there
                 k = min(T - h, budget)
                 nb = -(-(h + k) // self.block_size)
         if nb > self.total_blocks - self.used_blocks:
-            if T != self.prompt_a[rid]:
-                self.resume_T[rid] = T
             return NO_KV
+        if resume:
+            resume.pop(rid, None)
         self.used_blocks += nb
         self.T[rid] = T
         self.c[rid] = h
