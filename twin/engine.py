@@ -35,6 +35,13 @@ is a multiple of the block size). A run of pure-decode steps in which nothing ca
 SimPy timeout; its step durations are summed one by one by :meth:`Profile.decode_run`
 (a Python loop, in the same order as single steps) and recorded as a segment.
 ``max_run_steps=1`` disables this; a test checks both give identical results.
+
+Other exact shortcuts, each with a switch and a test against the plain way: the walk over
+the running requests when KV runs out goes in bulk between the positions where something
+happens (``bulk_preempt_walk``); a wait with no other SimPy event pending moves the clock
+directly instead of scheduling a timeout (``direct_clock``); a decode run's step durations
+are a few float operations on the run's constants when the profile's forms allow it
+(:meth:`Profile._decode_run_fast`, compared with ``max_run_steps=1``).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ import numpy as np
 from twin.adapters import Load
 from twin.config import EngineConfig
 from twin.engine_state import EngineState
+from twin.preemption import PreemptionWalk
 from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
 from twin.requests import FINISHED
 from twin.requests import StartupError, check_startup  # noqa: F401  (re-exported for twin.validate)
@@ -84,14 +92,12 @@ class StepContext:
         return self.engine._try_admit(self, rid)
 
 
-class Engine(EngineState):
+class Engine(PreemptionWalk, EngineState):
     """Simulates one vLLM-like server over a workload: the step loop over an
     :class:`~twin.engine_state.EngineState`. Use :func:`twin.simulate.simulate`.
     Policies see the engine through :class:`twin.interfaces.EngineView`.
     """
 
-    #: walk the running requests in bulk when KV runs out (False: one at a time; same results)
-    bulk_preempt_walk = True
     #: move SimPy's clock directly when no other event is pending (False: a timeout event per wait)
     direct_clock = True
 
@@ -295,112 +301,6 @@ class Engine(EngineState):
         while now + total > end:
             total = math.nextafter(total, -INF)
         return StepPlan([], [], [], k, d, durs, total, 0, n_dec)
-
-    def _preempt_until_fits(self, now: float) -> tuple[int, list[tuple[int, int]], int]:
-        """vLLM v1's running loop when KV runs out: preempt the last running request
-        until the allocation of the current one fits (exact order).
-
-        The walk over the running requests is done in bulk between the positions where
-        anything but bookkeeping happens (a prefilling request, a decoder that needs a block
-        when none is free, the end of the token budget): between them every request is a
-        decoder that takes one token and, when its length is a multiple of the block size,
-        one free block (prefix sums). :meth:`_preempt_walk_stepwise` is the same walk one
-        request at a time (``bulk_preempt_walk = False``; a test checks both agree)."""
-        if not self.bulk_preempt_walk:
-            return self._preempt_walk_stepwise(now)
-        bs = self.block_size
-        running = self.running
-        L = len(running)
-        order = np.fromiter(running, np.int64, L)
-        ispref = self._pref_np[order]
-        needy = (self._base_np[order] + self.g) % bs == 0
-        needy[ispref != 0] = False
-        cum = np.zeros(L + 1, np.int64)
-        np.cumsum(needy, out=cum[1:])
-        pref_pos = np.flatnonzero(ispref).tolist()
-        free = self.total_blocks - self.used_blocks
-        budget = self.config.max_num_batched_tokens
-        chunks: list[tuple[int, int]] = []
-        need_total = 0
-        i, j, pp, npp = 0, L, 0, len(pref_pos)
-        while i < j and budget > 0:
-            while pp < npp and pref_pos[pp] < i:
-                pp += 1
-            stop = pref_pos[pp] if pp < npp and pref_pos[pp] < j else j
-            if i + budget < stop:
-                stop = i + budget
-            # the first decoder in [i, stop) that needs a block when none is left
-            x = int(np.searchsorted(cum, int(cum[i]) + free, side="right")) - 1
-            if x < stop:
-                stop = x
-            if stop > i:  # decoders i..stop-1: one token each, blocks as their lengths require
-                nb = int(cum[stop] - cum[i])
-                free -= nb
-                need_total += nb
-                budget -= stop - i
-                i = stop
-                if i >= j or budget <= 0:
-                    break
-            rid = int(order[i])
-            pref = rid in self.prefilling
-            if pref:
-                k = min(self.T[rid] - self.c[rid], budget)
-                nd = -(-(self.c[rid] + k) // bs) - self.held[rid]
-            else:
-                k = 1
-                nd = 1 if needy[i] else 0
-            self_preempted = False
-            while nd > free:
-                j -= 1
-                victim = int(order[j])
-                free += self._preempt(victim, now)
-                if victim == rid:
-                    self_preempted = True
-                    break
-            if self_preempted:
-                break
-            free -= nd
-            need_total += nd
-            budget -= k
-            if pref:
-                chunks.append((rid, k))
-            i += 1
-        return budget, chunks, need_total
-
-    def _preempt_walk_stepwise(self, now: float) -> tuple[int, list[tuple[int, int]], int]:
-        """:meth:`_preempt_until_fits` one running request at a time (the reference walk)."""
-        bs = self.block_size
-        g = self.g
-        order = list(self.running)
-        free = self.total_blocks - self.used_blocks
-        budget = self.config.max_num_batched_tokens
-        chunks: list[tuple[int, int]] = []
-        need_total = 0
-        i = 0
-        while i < len(order) and budget > 0:
-            rid = order[i]
-            if rid in self.prefilling:
-                k = min(self.T[rid] - self.c[rid], budget)
-                nd = -(-(self.c[rid] + k) // bs) - self.held[rid]
-            else:
-                k = 1
-                nd = 1 if (self.dec[rid][0] + g) % bs == 0 else 0
-            self_preempted = False
-            while nd > free:
-                victim = order.pop()
-                free += self._preempt(victim, now)
-                if victim == rid:
-                    self_preempted = True
-                    break
-            if self_preempted:
-                break
-            free -= nd
-            need_total += nd
-            budget -= k
-            if rid in self.prefilling:
-                chunks.append((rid, k))
-            i += 1
-        return budget, chunks, need_total
 
     def _preempt(self, rid: int, now: float) -> int:
         """Recompute preemption: free the blocks, back to the front of the waiting queue."""
