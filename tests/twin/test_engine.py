@@ -334,3 +334,20 @@ def test_direct_clock_is_exact(policy, monkeypatch):
     b = simulate(w, prof, cfg, policy=policy, check_invariants=True)
     assert a.summary["adapter_loads"] > 10
     _same_run(a, b)
+
+
+def test_inline_shuffle_draws_as_random_shuffle():
+    """The adapters' inline shuffle gives random.Random.shuffle's order and leaves the
+    generator in the same state (the vLLM activation-order model draws from it)."""
+    import random
+
+    from twin.adapters import shuffle
+
+    for seed in range(5):
+        a, b = random.Random(seed), random.Random(seed)
+        for n in list(range(0, 70)) + [127, 128, 129, 300, 1000]:
+            x, y = list(range(n)), list(range(n))
+            a.shuffle(x)
+            shuffle(b, y)
+            assert x == y, (seed, n)
+        assert a.random() == b.random()
