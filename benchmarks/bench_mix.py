@@ -68,7 +68,7 @@ def load_specs(n: int) -> list:
     try:
         csv = default_real_csv()
     except FileNotFoundError as e:
-        raise SystemExit(f"bench_mix needs the real validation table: {e}. Set TWIN_DATA_DIR to the data directory")
+        raise SystemExit(f"bench_mix needs the real validation table: {e}")
     real = attach_peer(load_real(csv), None)
     sel = select_runs(real, run_ids=RUNS[:n]).set_index("run_id")
     missing = [r for r in RUNS[:n] if r not in sel.index]
