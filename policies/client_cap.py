@@ -19,6 +19,7 @@ client_cap=None)``.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,7 @@ class ClientCappedFCFS(FCFSScheduler):
         self.dropped = bytearray(engine.n)
         self.n_dropped = 0
         super().bind(engine)
+        self.ok_cum = array("q", np.concatenate(([0], np.cumsum(engine.reject_reason == 0))).astype(np.int64).tobytes())
         if self.preload_cpu:
             engine.adapters.preload_cpu(range(engine.n_adapters))
 
@@ -73,7 +75,19 @@ class ClientCappedFCFS(FCFSScheduler):
     def on_arrivals(self, lo: int, hi: int) -> None:
         e = self.engine
         over = e.n_waiting + len(e.running) - self.cap  # the engine counted [lo, hi) already
-        if over > 0:
+        if over > 0 and self.ok_cum[hi] - self.ok_cum[lo] == hi - lo:
+            # every arrival of [lo, hi) is valid (the usual case): the last `over` fail, as below
+            a = hi - over if over < hi - lo else lo
+            ones = b"\x01" * (hi - a)
+            self.dropped[a:hi] = ones
+            self.admitted[a:hi] = ones
+            e.drop_arrivals(np.arange(a, hi, dtype=np.int64))
+            self.n_dropped += hi - a
+            q, qptr, qend, dr = self.q, self.qptr, self.qend, self.dropped
+            for g in sorted(set(self.grp[a:hi])):
+                if qptr[g] < qend[g] and dr[q[qptr[g]]]:
+                    self._push_head(g)
+        elif over > 0:
             # the last `over` valid arrivals of [lo, hi) fail at the client
             ok = np.nonzero(e.reject_reason[lo:hi] == 0)[0] + lo
             drop = ok[len(ok) - over:] if over < len(ok) else ok

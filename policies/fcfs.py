@@ -25,6 +25,9 @@ from twin.registry import Preset, register_preset, register_scheduler
 from twin.interfaces import Admit, EngineView, Scheduler
 
 INF = math.inf
+OK, NO_SLOT = Admit.OK, Admit.NO_SLOT  # plain names: an enum member looked up on its class is slow
+#: outcomes after which the blocked head stays blocked until a finish ends the run
+_STAYS_BLOCKED = frozenset((Admit.NO_KV, Admit.NO_SEQ, Admit.NO_BUDGET))
 
 
 @register_scheduler
@@ -101,11 +104,11 @@ class FCFSScheduler(Scheduler):
             while self.front:
                 rid = self.front.popleft()
                 r = ctx.try_admit(rid)
-                if r == Admit.OK:
+                if r == OK:
                     self._push_head(self.grp[rid])
                     continue
                 kept.append(rid)
-                if r != Admit.NO_SLOT:
+                if r != NO_SLOT:
                     stop = r
                     break
             kept.extend(self.front)
@@ -113,17 +116,19 @@ class FCFSScheduler(Scheduler):
             if stop is not None:
                 return stop
         arrived = e.arr_ptr
+        lora, max_loras, ad = self.lora, self.max_loras, e.adapters
+        try_admit = ctx.try_admit
         while True:
-            rid = self._eligible_head() if self._slots_full() else self._global_head()
+            rid = self._eligible_head() if lora and ad.n_active >= max_loras else self._global_head()
             if rid < 0 or rid >= arrived:
                 return None
-            r = ctx.try_admit(rid)
-            if r != Admit.OK:
+            r = try_admit(rid)
+            if r != OK:
                 return r
             self._admitted(rid)
 
     def next_change_time(self, stop: Admit | None) -> float:
-        if stop in (Admit.NO_KV, Admit.NO_SEQ, Admit.NO_BUDGET):
+        if stop in _STAYS_BLOCKED:
             return INF  # the blocked head stays blocked until a finish ends the run
         rid = self._eligible_head() if self._slots_full() else self._global_head()
         return self.engine.arrival_a[rid] if rid >= 0 else INF

@@ -15,6 +15,7 @@ Where things live (one concept per module):
                           preemption, adapter slots. **A request's TTFT is decided in
                           ``Engine._emit_after_prefill`` (first token = end of the step that
                           computes the last prompt token).**
+* ``twin.preemption``  -- the engine's walk over the running requests when KV runs out.
 * ``twin.adapters``    -- GPU slots, CPU tier, disk, and the host-to-GPU link.
 * ``twin.extensions``  -- hook points for adapter memory layouts (``twin.adapter_placement``),
                           prefetch (``twin.prefetch``) and prefix-KV reuse (``twin.prefix_kv``).

@@ -26,6 +26,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from twin.perf.profile import Profile
 
 
+def shuffle(rng: random.Random, x: list) -> None:
+    """``rng.shuffle(x)``, with the same draws and the same result (CPython's algorithm with its
+    ``_randbelow`` written inline: a Python call less per element; a test compares them)."""
+    getrandbits = rng.getrandbits
+    for i in range(len(x) - 1, 0, -1):
+        n = i + 1
+        k = n.bit_length()
+        j = getrandbits(k)
+        while j >= n:
+            j = getrandbits(k)
+        x[i], x[j] = x[j], x[i]
+
+
 class HostLink:
     """The host-to-GPU link: a FIFO SimPy resource plus byte and busy-time counters."""
 
@@ -256,13 +269,13 @@ class AdapterMemory:
             n_idle += sum(1 for d in self._idle_now if d != victim and res[d] and not act[d])
         rng = self._order_rng
         # this walk: a's position among the batch is uniform; the adapters after it are untouched
-        rng.shuffle(batch)
+        shuffle(rng, batch)
         untouched = batch[rng.randrange(len(batch) + 1):]
         if not untouched:
             return []
         # ages from the previous walk: a random order of the untouched and the idle adapters
         ages = list(range(len(untouched) + n_idle))
-        rng.shuffle(ages)
+        shuffle(rng, ages)
         idle_oldest = min(ages[len(untouched):])
         out: list[int] = []
         i = 0

@@ -35,13 +35,22 @@ is a multiple of the block size). A run of pure-decode steps in which nothing ca
 SimPy timeout; its step durations are summed one by one by :meth:`Profile.decode_run`
 (a Python loop, in the same order as single steps) and recorded as a segment.
 ``max_run_steps=1`` disables this; a test checks both give identical results.
+
+Other exact shortcuts, each with a switch and a test against the plain way: the walk over
+the running requests when KV runs out goes in bulk between the positions where something
+happens (``bulk_preempt_walk``); a wait with no other SimPy event pending moves the clock
+directly instead of scheduling a timeout (``direct_clock``); a decode run's step durations
+are a few float operations on the run's constants when the profile's forms allow it
+(:meth:`Profile._decode_run_fast`, compared with ``max_run_steps=1``).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from array import array
+from bisect import bisect_right
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,6 +58,7 @@ import numpy as np
 from twin.adapters import Load
 from twin.config import EngineConfig
 from twin.engine_state import EngineState
+from twin.preemption import PreemptionWalk
 from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
 from twin.requests import FINISHED, REJECTED
 from twin.requests import StartupError, check_startup  # noqa: F401  (re-exported for twin.validate)
@@ -58,34 +68,50 @@ if TYPE_CHECKING:  # pragma: no cover
     from twin.perf.profile import Profile
 
 INF = math.inf
+# the outcomes as plain names (an enum member looked up on its class costs half a microsecond)
+OK, NO_BUDGET, NO_SEQ, NO_SLOT, NO_KV = Admit.OK, Admit.NO_BUDGET, Admit.NO_SEQ, Admit.NO_SLOT, Admit.NO_KV
 
 
-@dataclass
 class StepContext:
-    """What :meth:`Scheduler.schedule_waiting` may use during one step."""
+    """What :meth:`Scheduler.schedule_waiting` may use during one step: the token ``budget``
+    left, the requests ``admitted``, the prefill ``chunks`` ``(rid, tokens)``, the adapter
+    ``loads`` the step waits for and the requests ``load_rids`` that wait with them, ``now``."""
 
-    engine: "Engine"
-    budget: int
-    admitted: list[int] = field(default_factory=list)
-    chunks: list[tuple[int, int]] = field(default_factory=list)  # (rid, tokens) of prefill work
-    loads: list[Load] = field(default_factory=list)
-    load_rids: list[int] = field(default_factory=list)
+    __slots__ = ("engine", "budget", "admitted", "chunks", "loads", "load_rids", "now")
+
+    def __init__(self, engine: "Engine", budget: int, chunks: list[tuple[int, int]], now: float) -> None:
+        self.engine = engine
+        self.budget = budget
+        self.admitted: list[int] = []
+        self.chunks = chunks
+        self.loads: list[Load] = []
+        self.load_rids: list[int] = []
+        self.now = now
 
     def try_admit(self, rid: int) -> Admit:
         return self.engine._try_admit(self, rid)
 
 
-class Engine(EngineState):
+class Engine(PreemptionWalk, EngineState):
     """Simulates one vLLM-like server over a workload: the step loop over an
     :class:`~twin.engine_state.EngineState`. Use :func:`twin.simulate.simulate`.
     Policies see the engine through :class:`twin.interfaces.EngineView`.
     """
+
+    #: move SimPy's clock directly when no other event is pending (False: a timeout event per wait)
+    direct_clock = True
 
     def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
                  progress: bool = False, record_steps: bool = True, check_invariants: bool = False) -> None:
         super().__init__(workload, profile, config, scheduler, cache, horizon_s, max_run_steps, progress,
                          record_steps, check_invariants)
+        # per-request columns of the running set for the bulk preemption walk: 1 while the
+        # request is prefilling; a decoder's ``base`` (computed tokens = base + g)
+        self._pref_flag = bytearray(self.n)
+        self._pref_np = np.frombuffer(self._pref_flag, np.uint8) if self.n else np.zeros(0, np.uint8)
+        self._base_a = array("q", bytes(8 * self.n))
+        self._base_np = np.frombuffer(self._base_a, np.int64) if self.n else np.zeros(0, np.int64)
         self.proc = self.env.process(self._run())
         #: per request: 0 never admitted (or no adapter), 1 its adapter was resident (in a GPU slot,
         #: not still loading, not loaded by the admitting step) when the request was first admitted,
@@ -101,6 +127,10 @@ class Engine(EngineState):
         check = self.check_invariants
         progress = self.progress
         idle_ticks = 0
+        # SimPy's queue: when it is empty, nothing else can happen while the engine waits, and
+        # the wait is the clock moving to ``now + delay`` (what ``env.timeout`` followed by
+        # ``env.step`` would do: the same float addition), without an event
+        queue = env._queue if self.direct_clock else None
         while True:
             now = env.now
             if now >= horizon:
@@ -121,7 +151,10 @@ class Engine(EngineState):
                     idle_ticks = idle_ticks + 1 if self.n_waiting else 1 << 30
                     if idle_ticks > 16:
                         break
-                yield env.timeout(max(t_next - now, 0.0))
+                if queue is not None and not queue:
+                    env._now = env._now + max(t_next - now, 0.0)
+                else:
+                    yield env.timeout(max(t_next - now, 0.0))
                 continue
             load_s = 0.0
             if plan.loads:  # synchronous loads, on the step's critical path
@@ -138,7 +171,10 @@ class Engine(EngineState):
                     lw[rid] = lw.get(rid, 0.0) + load_s
             if check:
                 self.assert_invariants(mid_step=True)
-            yield env.timeout(plan.total_s)
+            if queue is not None and not queue:
+                env._now = env._now + plan.total_s
+            else:
+                yield env.timeout(plan.total_s)
             self._complete_step(plan, now, load_s)
             if check:
                 self.assert_invariants()
@@ -159,7 +195,7 @@ class Engine(EngineState):
         while hi < n and hi - lo < 8 and arr[hi] <= now:
             hi += 1
         if hi < n and arr[hi] <= now:
-            hi = int(np.searchsorted(self.arrival, now, side="right"))
+            hi = bisect_right(arr, now, hi)
         self.arr_ptr = hi
         self._next_arr_t = arr[hi] if hi < n else INF
         ok = self._ok_cum
@@ -195,7 +231,7 @@ class Engine(EngineState):
         for rid, k in chunks:
             self.held[rid] = -(-(self.c[rid] + k) // bs)
         # 2. waiting requests (vLLM: only when nothing was preempted this step)
-        ctx = StepContext(self, budget, chunks=chunks)
+        ctx = StepContext(self, budget, chunks, now)
         stop: Admit | None = None
         if not preempted and self.n_waiting and budget > 0:
             stop = self.scheduler.schedule_waiting(ctx)
@@ -242,7 +278,7 @@ class Engine(EngineState):
         k_max = min(self.max_run_steps, heap[0][0] - g) if heap else self.max_run_steps
         # KV: cumulative block needs of steps 1.. must stay within the free pool
         free = self.total_blocks - self.used_blocks
-        if n_dec:
+        if n_dec and free // n_dec * bs < k_max:  # (else the pool lasts beyond k_max steps whatever j is)
             full = free // n_dec
             rem = free - full * n_dec
             cnt = self.res_cnt
@@ -272,48 +308,13 @@ class Engine(EngineState):
             total = math.nextafter(total, -INF)
         return StepPlan([], [], [], k, d, durs, total, 0, n_dec)
 
-    def _preempt_until_fits(self, now: float) -> tuple[int, list[tuple[int, int]], int]:
-        """vLLM v1's running loop when KV runs out: preempt the last running request
-        until the allocation of the current one fits (exact order)."""
-        bs = self.block_size
-        g = self.g
-        order = list(self.running)
-        free = self.total_blocks - self.used_blocks
-        budget = self.config.max_num_batched_tokens
-        chunks: list[tuple[int, int]] = []
-        need_total = 0
-        i = 0
-        while i < len(order) and budget > 0:
-            rid = order[i]
-            if rid in self.prefilling:
-                k = min(self.T[rid] - self.c[rid], budget)
-                nd = -(-(self.c[rid] + k) // bs) - self.held[rid]
-            else:
-                k = 1
-                nd = 1 if (self.dec[rid][0] + g) % bs == 0 else 0
-            self_preempted = False
-            while nd > free:
-                victim = order.pop()
-                free += self._preempt(victim, now)
-                if victim == rid:
-                    self_preempted = True
-                    break
-            if self_preempted:
-                break
-            free -= nd
-            need_total += nd
-            budget -= k
-            if rid in self.prefilling:
-                chunks.append((rid, k))
-            i += 1
-        return budget, chunks, need_total
-
     def _preempt(self, rid: int, now: float) -> int:
         """Recompute preemption: free the blocks, back to the front of the waiting queue."""
         bs = self.block_size
         del self.running[rid]
         if rid in self.prefilling:
             del self.prefilling[rid]
+            self._pref_flag[rid] = 0
             freed = self.held.pop(rid)
             self.c.pop(rid)
             self.resume_T[rid] = self.T.pop(rid)  # prompt (+ tokens emitted before an earlier preemption)
@@ -351,31 +352,30 @@ class Engine(EngineState):
         """vLLM v1's checks for one waiting request (see :class:`~twin.interfaces.Admit`)."""
         budget = ctx.budget
         if budget <= 0:
-            return Admit.NO_BUDGET
+            return NO_BUDGET
         if len(self.running) >= self.config.max_num_seqs:
-            return Admit.NO_SEQ
+            return NO_SEQ
         a = self.adapter_a[rid]
         ad = self.adapters
         if a >= 0 and not ad.active[a] and (ad.n_active >= self.config.max_loras
                                              or (ad.loading and ad.slot_blocked_by_loads(a))):
-            return Admit.NO_SLOT  # (or every free slot is taken by a prefetch still in flight)
-        T = self.resume_T.pop(rid, None) or self.prompt_a[rid]
+            return NO_SLOT  # (or every free slot is taken by a prefetch still in flight)
+        resume = self.resume_T  # (a preempted request's entry leaves it only when it is admitted)
+        T = resume.get(rid) or self.prompt_a[rid]
         k = T if T < budget else budget
         nb = -(-k // self.block_size)
         h = 0
         if self._admit_hook is not None:  # adapter memory, prefix-KV reuse (twin/extensions.py)
             h = self._admit_hook(ctx, rid, a, T, nb)
             if h.__class__ is Admit:
-                if T != self.prompt_a[rid]:
-                    self.resume_T[rid] = T
                 return h
             if h:  # h prompt tokens served from history KV: prefill starts there
                 k = min(T - h, budget)
                 nb = -(-(h + k) // self.block_size)
         if nb > self.total_blocks - self.used_blocks:
-            if T != self.prompt_a[rid]:
-                self.resume_T[rid] = T
-            return Admit.NO_KV
+            return NO_KV
+        if resume:
+            resume.pop(rid, None)
         self.used_blocks += nb
         self.T[rid] = T
         self.c[rid] = h
@@ -385,8 +385,9 @@ class Engine(EngineState):
         ctx.admitted.append(rid)
         self.running[rid] = None
         self.prefilling[rid] = None
+        self._pref_flag[rid] = 1
         self.n_waiting -= 1
-        now = self.env.now
+        now = ctx.now
         if not self._seen[rid]:
             self._seen[rid] = 1
             self._first_sched_a[rid] = now
@@ -398,7 +399,7 @@ class Engine(EngineState):
             if ld is not None:
                 ctx.loads.append(ld)
                 ctx.load_rids.append(rid)
-        return Admit.OK
+        return OK
 
     def _complete_step(self, plan: "StepPlan", t0: float, load_s: float) -> None:
         """End of a step (or run of steps): emit tokens, record TTFTs and finishes."""
@@ -444,6 +445,7 @@ class Engine(EngineState):
         cr = self.c.pop(rid)
         held = self.held.pop(rid)
         del self.prefilling[rid]
+        self._pref_flag[rid] = 0
         e = cr + 1 - self.prompt_a[rid]  # tokens emitted so far (prompt + emitted = T = cr)
         if e >= out:
             self.used_blocks -= held
@@ -455,6 +457,7 @@ class Engine(EngineState):
         base = cr - self.g
         fg = self.g + out - e
         self.dec[rid] = (base, fg)
+        self._base_a[rid] = base
         self.dec_base_sum += base
         self.n_dec += 1
         self.res_cnt[(-base) % self.block_size] += 1

@@ -27,7 +27,9 @@ class Recorder:
         self.rows: list[tuple] = []
         self.itl_d: list[float] = []      # single-step durations with decode tokens
         self.itl_w: list[int] = []
-        self.itl_runs: list[tuple[np.ndarray, int]] = []
+        self.itl_run_d: list[float] = []  # per-step durations of runs whose steps differ, run after run
+        self.itl_run_n: list[int] = []    # each such run's decode tokens per step ...
+        self.itl_run_k: list[int] = []    # ... and its steps
         self.preemptions = 0
         self.n_steps = 0
         self.n_segments = 0
@@ -43,7 +45,9 @@ class Recorder:
         self.busy_s += t1 - t0
         if n_dec:
             if durs is not None:
-                self.itl_runs.append((np.asarray(durs), n_dec))
+                self.itl_run_d.extend(durs)
+                self.itl_run_n.append(n_dec)
+                self.itl_run_k.append(len(durs))
             else:
                 self.itl_d.append(total if k == 1 else d)
                 self.itl_w.append(n_dec * k)
@@ -51,9 +55,10 @@ class Recorder:
             self.rows.append((t0, t1, k, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes))
 
     def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
-        d = [np.asarray(self.itl_d, float)] + [r[0] for r in self.itl_runs]
-        w = [np.asarray(self.itl_w, np.int64)] + [np.full(len(r[0]), r[1], np.int64) for r in self.itl_runs]
-        return np.concatenate(d), np.concatenate(w)
+        d = np.concatenate((np.asarray(self.itl_d, float), np.asarray(self.itl_run_d, float)))
+        w = np.concatenate((np.asarray(self.itl_w, np.int64),
+                            np.repeat(np.asarray(self.itl_run_n, np.int64), np.asarray(self.itl_run_k, np.int64))))
+        return d, w
 
     def steps_frame(self) -> "pd.DataFrame":
         import pandas as pd

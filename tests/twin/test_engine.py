@@ -267,3 +267,87 @@ def test_engine_implements_the_engine_view():
     members |= {n for cls in (EngineView, EngineCore) for n in vars(cls) if not n.startswith("_")}
     missing = sorted(m for m in members if not hasattr(e, m))
     assert not missing, missing
+
+
+def _same_run(a, b) -> None:
+    """Two simulations gave identical results: every request, every step record, the summary."""
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
+    sa = {k: repr(v) for k, v in a.summary.items() if k not in ("wall_s", "x_realtime")}
+    sb = {k: repr(v) for k, v in b.summary.items() if k not in ("wall_s", "x_realtime")}
+    assert sa == sb
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bulk_preemption_walk_is_exact(seed, monkeypatch):
+    """The bulk walk over the running requests when KV runs out (prefix sums between the
+    positions where something happens) gives exactly the one-request-at-a-time walk."""
+    from twin.engine import Engine
+
+    prof = constant_profile(c0=0.008, c_prefill=2e-5, c_decode=5e-5, c_ctx=1e-8, k6=1.5, lora_pct=180, sched=1e-4,
+                            k2=3e-7, kv_tokens=5000)
+    w = random_workload(n=500, rps=30.0, adapters=6, seed=seed, max_prompt=900, max_out=400)
+    cfg = EngineConfig(max_loras=4, max_num_seqs=256, max_num_batched_tokens=512, max_model_len=2048)
+    a = simulate(w, prof, cfg, check_invariants=True)
+    monkeypatch.setattr(Engine, "bulk_preempt_walk", False)
+    b = simulate(w, prof, cfg, check_invariants=True)
+    assert a.summary["preemptions"] > 50, "the scenario must exercise the preemption walk"
+    _same_run(a, b)
+
+
+@pytest.mark.parametrize("profile", ["llama-3.1-8b_h100_vllm085", "percent"])
+def test_decode_run_fast_path_is_exact(profile):
+    """A decode run's step durations written out on the run's constants (context term added
+    last, LoRA term once or as a percentage of the base) equal single steps bit for bit: the
+    shipped profile (roofline backbone, kernel-grid LoRA, queue scheduler) and a percent-LoRA one."""
+    from twin.perf.profile import load_profile
+
+    if profile == "percent":
+        prof = constant_profile(c0=0.008, c_decode=5e-5, c_ctx=3e-8, k6=1.5, lora_pct=180, sched=1e-4, k2=3e-7)
+    else:
+        prof = load_profile(profile)
+    assert prof._ctx_coef and prof._ctx_coef > 0
+    w = random_workload(n=300, rps=4.0, adapters=10, seed=7, max_prompt=1200, max_out=400)
+    cfg = EngineConfig(max_loras=4, max_num_seqs=64, max_model_len=4096, kv_capacity_tokens=200_000)
+    a = simulate(w, prof, cfg, horizon_s=60.0)
+    b = simulate(w, prof, cfg, horizon_s=60.0, max_run_steps=1)
+    assert a.summary["engine_steps"] > 3 * a.summary["step_segments"], "runs of several decode steps"
+    cols = ["outcome", "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "tokens_emitted"]
+    pd.testing.assert_frame_equal(a.requests[cols], b.requests[cols], check_exact=True)
+    assert a.summary["engine_steps"] == b.summary["engine_steps"]
+    for k in ("itl_ms_p99", "itl_ms_p50", "itl_ms_mean", "simulated_s"):
+        assert repr(a.summary[k]) == repr(b.summary[k]), k
+
+
+@pytest.mark.parametrize("policy", ["vllm", "chameleon+prefetch", "ema-prefetch"])
+def test_direct_clock_is_exact(policy, monkeypatch):
+    """Moving SimPy's clock directly when no other event is pending gives exactly the results
+    of a timeout event per wait (also with asynchronous loads, whose events keep the queue busy)."""
+    from twin.engine import Engine
+
+    prof = constant_profile(c0=0.008, c_prefill=2e-5, c_decode=5e-5, c_ctx=1e-8, k6=1.5, lora_pct=180, sched=1e-4,
+                            k2=3e-7, kv_tokens=8000)
+    w = random_workload(n=300, rps=8.0, adapters=24, seed=11)
+    cfg = EngineConfig(max_loras=4, max_num_seqs=64, max_model_len=2048)
+    a = simulate(w, prof, cfg, policy=policy, check_invariants=True)
+    monkeypatch.setattr(Engine, "direct_clock", False)
+    b = simulate(w, prof, cfg, policy=policy, check_invariants=True)
+    assert a.summary["adapter_loads"] > 10
+    _same_run(a, b)
+
+
+def test_inline_shuffle_draws_as_random_shuffle():
+    """The adapters' inline shuffle gives random.Random.shuffle's order and leaves the
+    generator in the same state (the vLLM activation-order model draws from it)."""
+    import random
+
+    from twin.adapters import shuffle
+
+    for seed in range(5):
+        a, b = random.Random(seed), random.Random(seed)
+        for n in list(range(0, 70)) + [127, 128, 129, 300, 1000]:
+            x, y = list(range(n)), list(range(n))
+            a.shuffle(x)
+            shuffle(b, y)
+            assert x == y, (seed, n)
+        assert a.random() == b.random()

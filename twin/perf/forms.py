@@ -60,6 +60,11 @@ class PerfModel:
     param_names: ClassVar[tuple[str, ...]] = ()
     #: parameters whose term grows with the waiting queue (scheduler forms); None: assume all
     waiting_params: ClassVar[tuple[str, ...] | None] = None
+    #: backbone forms whose scalar path adds ``c * ctx_tokens`` last, so that
+    #: ``scalar()(P, D, C) == scalar()(P, D, 0) + c * C`` bit for bit: the name of ``c`` (None: not so)
+    ctx_last_param: ClassVar[str | None] = None
+    #: lora forms: whether the extra time depends on the base step time (``base_s``)
+    uses_base: ClassVar[bool] = True
     units: ClassVar[dict[str, str]] = {}
     params: dict[str, float] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -94,6 +99,7 @@ class LinearBackbone(PerfModel):
     per-context-token attention cost (memory bound KV reads).
     """
 
+    ctx_last_param: ClassVar[str | None] = "c_ctx"
     kind: ClassVar[str] = "backbone"
     form: ClassVar[str] = "linear"
     param_names: ClassVar[tuple[str, ...]] = ("c0", "c_prefill", "c_decode", "c_ctx")
@@ -143,6 +149,14 @@ class PercentLora(PerfModel):
             extra = base_s * ((k6 * n_adapters + k7 + rc * (max_rank - 8)) / 100.0) - base_s
             return extra if extra > 0.0 else 0.0
         return f
+
+    def base_factor(self, n_adapters, max_rank) -> float | None:
+        """``f`` of ``extra = base_s * f - base_s`` (as the scalar path computes it), None for no adapter."""
+        if n_adapters <= 0:
+            return None
+        p = self.params
+        k6, k7, rc = float(p["k6"]), float(p["k7"]), float(p.get("rank_coef", 0.0))
+        return (k6 * n_adapters + k7 + rc * (max_rank - 8)) / 100.0
 
 
 @register_form
@@ -248,6 +262,7 @@ class GraphLinearBackbone(PerfModel):
     ``c_eager`` once. ``graph_max_tokens`` is a setting of the serving software, not fitted.
     """
 
+    ctx_last_param: ClassVar[str | None] = "c_ctx"
     kind: ClassVar[str] = "backbone"
     form: ClassVar[str] = "graph_linear"
     param_names: ClassVar[tuple[str, ...]] = ("c0", "c_eager", "c_prefill", "c_decode", "c_ctx", "graph_max_tokens")
@@ -279,6 +294,7 @@ class GraphRooflineBackbone(PerfModel):
     CUDA-graph capture size ``g`` run eagerly (``c_eager``, see ``graph_linear``).
     """
 
+    ctx_last_param: ClassVar[str | None] = "c_ctx"
     kind: ClassVar[str] = "backbone"
     form: ClassVar[str] = "graph_roofline"
     param_names: ClassVar[tuple[str, ...]] = ("c0", "c_eager", "c_mem", "c_tok", "c_seq", "c_ctx", "graph_max_tokens")
@@ -320,6 +336,7 @@ class AdditiveLora(PerfModel):
     several ranks exist.
     """
 
+    uses_base: ClassVar[bool] = False
     kind: ClassVar[str] = "lora"
     form: ClassVar[str] = "additive"
     param_names: ClassVar[tuple[str, ...]] = ("l0", "l_adapter", "l_token")
@@ -386,6 +403,7 @@ class KernelGridLora(PerfModel):
     show.
     """
 
+    uses_base: ClassVar[bool] = False
     kind: ClassVar[str] = "lora"
     form: ClassVar[str] = "kernel_grid"
     param_names: ClassVar[tuple[str, ...]] = ("l0", "l_cta", "l_active", "l_adapter", "l_token", "layers", "hidden",
