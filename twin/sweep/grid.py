@@ -110,16 +110,27 @@ class GridSpec:
             for seed in self.seeds:
                 for mr in self.max_rank_for(sc["ranks"]):
                     tid = f"{sc['key']}|seed={seed}|maxrank={mr}"
-                    out.append({"task_id": tid, "task_hash": hashlib.sha1(tid.encode()).hexdigest()[:16],
-                                "scenario": sc, "seed": int(seed), "max_rank": int(mr),
+                    out.append({"task_id": tid, "scenario": sc, "seed": int(seed), "max_rank": int(mr),
                                 "slots": sorted(int(x) for x in self.slots), "served": sorted(int(x) for x in self.served),
                                 "window_s": float(self.window_s), "profile": self.profile, "engine": dict(self.engine),
                                 "early_stop_walk": self.early_stop_walk, "early_stop_run": self.early_stop_run,
                                 "ratio": float(self.ratio), "ttft_slo_s": self.ttft_slo_s, "tbt_slo_s": self.tbt_slo_s})
+        for t in out:
+            t["task_hash"] = task_hash(t)
         return out
 
     def n_runs_max(self) -> int:
         return len(self.tasks()) * len(self.configs())
+
+
+def task_hash(task: dict[str, Any]) -> str:
+    """Hash of everything that changes a task's rows (its scenario, configurations, window, profile
+    name and content, seed, options): the shard name, so a shard is reused only for the same task."""
+    from twin.sweep.scenario import profile_hash
+
+    d = {k: v for k, v in task.items() if k != "task_hash"}
+    d["profile_hash"] = profile_hash(task.get("profile"))
+    return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _fmt(x: float) -> str:

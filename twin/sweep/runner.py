@@ -166,7 +166,9 @@ def select_tasks(tasks: list[dict], limit: int | None = None, shard: str | None 
 def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", jobs: int = 1,
               address: str | None = None, resume: bool = True, limit: int | None = None,
               shard: str | None = None, every: int | None = None, progress: bool = True,
-              on_result: Callable[[list[dict]], None] | None = None) -> SweepReport:
+              on_result: Callable[[list[dict]], None] | None = None, check_grid: bool = True) -> SweepReport:
+    """Run ``grid`` into ``out`` (see the module docstring). ``check_grid=False`` lets several grids
+    share one directory (a cache: shards are named by the hash of their task's content)."""
     if executor not in _EXEC:
         raise ValueError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
     out = Path(out)
@@ -179,7 +181,7 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
     if meta_p.exists():
         old = json.loads(meta_p.read_text())
         if old.get("grid_digest") != meta["grid_digest"] or old.get("profile_hash") != meta["profile_hash"]:
-            if resume:
+            if resume and check_grid:
                 raise SystemExit(f"{out} holds a sweep of another grid or profile "
                                  f"({old.get('grid', {}).get('name')}, digest {old.get('grid_digest')}); "
                                  f"use another --out or --no-resume to start over")
