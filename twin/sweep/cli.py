@@ -25,6 +25,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
     p.add_argument("--every", type=int, default=None, help="run one task in N (an evenly spread fraction)")
     p.add_argument("--shard", default=None, help="i/k: run the i-th of k interleaved parts of the grid")
+    p.add_argument("--exclude", default=None,
+                   help="scenario keys to leave out (KEY,KEY), or a real-run CSV whose ml_test scenarios are held out")
     p.add_argument("--list", action="store_true", help="list the named grids and exit")
     p.add_argument("--dry-run", action="store_true", help="print the grid's size and exit")
     p.add_argument("--summary", action="store_true", help="summarize the results already in --out and exit")
@@ -36,7 +38,8 @@ def register_cli(subparsers) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from twin.sweep.grid import NAMED_GRIDS, load_grid
-    from twin.sweep.runner import MissingExtra, read_results, run_sweep, summarize_results, select_tasks
+    from twin.sweep.runner import (MissingExtra, exclusion_keys, read_results, run_sweep, select_tasks,
+                                   summarize_results)
 
     if args.list:
         for name, fn in NAMED_GRIDS.items():
@@ -50,7 +53,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         s = summarize_results(read_results(out))
         print(json.dumps(s, indent=2) if args.json else "\n".join(f"{k:<26} {v}" for k, v in s.items()))
         return 0
-    tasks = select_tasks(grid.tasks(), args.limit, args.shard, args.every)
+    exclude = exclusion_keys(args.exclude)
+    tasks = select_tasks(grid.tasks(), args.limit, args.shard, args.every, exclude)
     if args.dry_run:
         d = {"grid": grid.name, "tasks": len(tasks), "configs_per_task": len(grid.configs()),
              "runs_max": len(tasks) * len(grid.configs()), "profile": grid.profile, "digest": grid.digest()}
@@ -59,7 +63,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     try:
         rep = run_sweep(grid, out, args.executor, args.jobs, args.address, args.resume, args.limit, args.shard,
-                        args.every, progress)
+                        args.every, progress, exclude=exclude)
     except MissingExtra as e:
         print(f"twin sweep: error: {e}", file=sys.stderr)
         return 2

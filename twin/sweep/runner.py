@@ -150,9 +150,12 @@ class SweepReport:
 
 
 def select_tasks(tasks: list[dict], limit: int | None = None, shard: str | None = None,
-                 every: int | None = None) -> list[dict]:
-    """A subset of tasks: ``shard='i/k'`` (the i-th of k interleaved parts), ``every=k`` (one task in
-    k, evenly spread: a measured fraction of the grid), ``limit`` (the first N after those)."""
+                 every: int | None = None, exclude: set[str] | None = None) -> list[dict]:
+    """A subset of tasks: ``exclude`` (scenario keys left out, e.g. held-out test scenarios),
+    ``shard='i/k'`` (the i-th of k interleaved parts), ``every=k`` (one task in k, evenly spread: a
+    measured fraction of the grid), ``limit`` (the first N after those)."""
+    if exclude:
+        tasks = [t for t in tasks if t["scenario"]["key"] not in exclude]
     if shard:
         i, k = (int(x) for x in shard.split("/"))
         tasks = tasks[i::k]
@@ -166,7 +169,8 @@ def select_tasks(tasks: list[dict], limit: int | None = None, shard: str | None 
 def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", jobs: int = 1,
               address: str | None = None, resume: bool = True, limit: int | None = None,
               shard: str | None = None, every: int | None = None, progress: bool = True,
-              on_result: Callable[[list[dict]], None] | None = None, check_grid: bool = True) -> SweepReport:
+              on_result: Callable[[list[dict]], None] | None = None, check_grid: bool = True,
+              exclude: set[str] | None = None) -> SweepReport:
     """Run ``grid`` into ``out`` (see the module docstring). ``check_grid=False`` lets several grids
     share one directory (a cache: shards are named by the hash of their task's content)."""
     if executor not in _EXEC:
@@ -193,7 +197,7 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
                                            "executor": executor, "jobs": jobs})
     meta_p.write_text(json.dumps(meta, indent=1, default=str))
 
-    all_tasks = select_tasks(grid.tasks(), limit, shard, every)
+    all_tasks = select_tasks(grid.tasks(), limit, shard, every, exclude)
     done = done_tasks(out)
     todo = [t for t in all_tasks if t["task_hash"] not in done]
     # heaviest first (more offered load = longer runs) so the pool's tail is short
@@ -226,6 +230,24 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
         k: v for k, v in rep.to_dict().items() if k != "out"})
     meta_p.write_text(json.dumps(meta, indent=1, default=str))
     return rep
+
+
+def exclusion_keys(spec: str | None) -> set[str]:
+    """Scenario keys from ``KEY,KEY`` or from a CSV with a ``scenario`` column (e.g. the real-run
+    table: its ``ml_test`` scenarios are the held-out test set)."""
+    if not spec:
+        return set()
+    out: set[str] = set()
+    for part in spec.split(","):
+        p = Path(part)
+        if p.suffix == ".csv" and p.exists():
+            df = pd.read_csv(p)
+            if "source" in df:
+                df = df[df["source"] == "ml_test"]
+            out |= set(df["scenario"].astype(str))
+        elif part:
+            out.add(part)
+    return out
 
 
 def summarize_results(df: pd.DataFrame) -> dict[str, Any]:

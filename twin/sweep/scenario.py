@@ -45,6 +45,7 @@ from twin.validate import (  # noqa: F401  (re-exported for the sweep and the co
     build_config,
     build_workload,
     load_real,
+    profile_for_model,
     predict_startup,
     smape,
     smape_terms,
