@@ -27,6 +27,9 @@ def register_cli(subparsers) -> None:
     p.add_argument("--shard", default=None, help="i/k: run the i-th of k interleaved parts of the grid")
     p.add_argument("--exclude", default=None,
                    help="scenario keys to leave out (KEY,KEY), or a real-run CSV whose ml_test scenarios are held out")
+    p.add_argument("--order", choices=("heavy", "shuffle", "grid"), default="heavy",
+                   help="task order: heaviest first (default: short tail), shuffled (any prefix is a random "
+                        "sample: for measuring a fraction), or the grid's order")
     p.add_argument("--list", action="store_true", help="list the named grids and exit")
     p.add_argument("--dry-run", action="store_true", help="print the grid's size and exit")
     p.add_argument("--summary", action="store_true", help="summarize the results already in --out and exit")
@@ -63,7 +66,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     try:
         rep = run_sweep(grid, out, args.executor, args.jobs, args.address, args.resume, args.limit, args.shard,
-                        args.every, progress, exclude=exclude)
+                        args.every, progress, exclude=exclude, order=args.order)
     except MissingExtra as e:
         print(f"twin sweep: error: {e}", file=sys.stderr)
         return 2

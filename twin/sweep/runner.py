@@ -170,7 +170,7 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
               address: str | None = None, resume: bool = True, limit: int | None = None,
               shard: str | None = None, every: int | None = None, progress: bool = True,
               on_result: Callable[[list[dict]], None] | None = None, check_grid: bool = True,
-              exclude: set[str] | None = None) -> SweepReport:
+              exclude: set[str] | None = None, order: str = "heavy") -> SweepReport:
     """Run ``grid`` into ``out`` (see the module docstring). ``check_grid=False`` lets several grids
     share one directory (a cache: shards are named by the hash of their task's content)."""
     if executor not in _EXEC:
@@ -200,8 +200,14 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
     all_tasks = select_tasks(grid.tasks(), limit, shard, every, exclude)
     done = done_tasks(out)
     todo = [t for t in all_tasks if t["task_hash"] not in done]
-    # heaviest first (more offered load = longer runs) so the pool's tail is short
-    todo.sort(key=lambda t: -sum(t["scenario"]["rates"]))
+    if order == "heavy":  # heaviest first (more offered load = longer runs) so the pool's tail is short
+        todo.sort(key=lambda t: -sum(t["scenario"]["rates"]))
+    elif order == "shuffle":  # a random order (fixed seed): any prefix of the sweep is a random sample
+        import random
+
+        random.Random(0).shuffle(todo)
+    elif order != "grid":
+        raise ValueError(f"unknown order {order!r}; choose heavy, shuffle or grid")
     bar = None
     if progress and todo:
         from tqdm import tqdm
