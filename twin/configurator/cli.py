@@ -52,6 +52,9 @@ def register_cli(subparsers) -> None:
     t.add_argument("--profile", default=None, help="profile the sweeps ran with (default: from the data)")
     t.add_argument("--cv", type=int, default=5, help="folds of the halving grid search (default 5)")
     t.add_argument("--no-search", action="store_true", help="fit the default hyper-parameters only")
+    t.add_argument("--features", default=None,
+                   help="feature columns (default: the published 8); add mean_input_tokens,mean_output_tokens "
+                        "for the request-length mix (numeric columns of the labels)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_train)
@@ -161,7 +164,12 @@ def cmd_train(args) -> int:
     prov = {"profile": profile, "rule": str(lab["rule"].iloc[0]) if "rule" in lab else args.rule,
             "sources": [str(s) for s in srcs], **meta,
             "command": "twin configure train " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else srcs)}
-    model = train(lab, args.kind, seed=args.seed, cv=args.cv, search=not args.no_search, provenance=prov, grid=grid)
+    feats = [f.strip() for f in args.features.split(",")] if args.features else None
+    if feats:
+        missing = [f for f in feats if f not in lab]
+        if missing:
+            raise ValueError(f"--features: {missing} not in the labels (columns: {sorted(lab.columns)})")
+    model = train(lab, args.kind, features=feats, seed=args.seed, cv=args.cv, search=not args.no_search, provenance=prov, grid=grid)
     out = Path(args.out) if args.out else shipped_model_path(profile or "model", args.kind)
     save_model(model, out)
     info = {"model": str(out), "kind": args.kind, "scenarios": len(lab), "profile": profile,

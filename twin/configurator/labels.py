@@ -125,7 +125,7 @@ def label_scenarios(df: pd.DataFrame, rule: str = "throughput90", ratio: float =
             continue
         d = dict(zip(keys, key))
         first = g.iloc[0]
-        for c in FEATURES + ("rates", "ranks"):
+        for c in FEATURES + ("rates", "ranks", "mean_input_tokens", "mean_output_tokens"):
             if c in g:
                 d[c] = first[c]
         d.update(lab)

@@ -172,6 +172,9 @@ def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -
     """Recommendation for one feature dict: raw and snapped served / slots, throughput, uncertainty
     (spread across the forest's trees: 10th-90th percentile), and with ``explain`` the rule path."""
     feats = model["features"]
+    missing = [f for f in feats if f not in x]
+    if missing:
+        raise ValueError(f"the model needs features {missing} (it was trained on {feats})")
     xv = np.asarray([float(x[f]) for f in feats], float)
     targets = model["targets"]
     outs, paths = [], []

@@ -222,7 +222,7 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
         runs += len(rows)
         sim += sum(1 for r in rows if r.get("status") == "ok")
         early += sum(1 for r in rows if r.get("early_stop"))
-        cpu += sum(float(r.get("wall_s") or 0.0) for r in rows)
+        cpu += sum(float(r.get("cpu_s") or r.get("wall_s") or 0.0) for r in rows)
         if on_result:
             on_result(rows)
         if bar is not None:
@@ -266,6 +266,9 @@ def summarize_results(df: pd.DataFrame) -> dict[str, Any]:
             "errors": int((df["status"] == "error").sum()),
             "early_stopped": int(sim["early_stop"].astype(bool).sum()),
             "starving": int(sim["starving"].astype(bool).sum()),
-            "cpu_s": float(df["wall_s"].fillna(0).sum()),
-            "cpu_s_per_simulated_run": float(sim["wall_s"].mean()) if len(sim) else None,
-            "cpu_s_per_full_run": float(full["wall_s"].mean()) if len(full) else None}
+            "wall_s": float(df["wall_s"].fillna(0).sum()),
+            "cpu_s": float(df["cpu_s"].fillna(0).sum()) if "cpu_s" in df else None,
+            "cpu_s_per_task": float(df.groupby("task_hash")["cpu_s"].sum().mean()) if "cpu_s" in df else None,
+            "wall_s_per_simulated_run": float(sim["wall_s"].mean()) if len(sim) else None,
+            "cpu_s_per_simulated_run": float(sim["cpu_s"].mean()) if len(sim) and "cpu_s" in sim else None,
+            "cpu_s_per_full_run": float(full["cpu_s"].mean()) if len(full) and "cpu_s" in full else None}

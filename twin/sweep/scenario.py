@@ -227,6 +227,7 @@ def run_config(scenario: dict[str, Any], served: int, slots: int, max_rank: int,
         row.update(status="start_failure", startup_reason=msg, wall_s=0.0)
         return row
     t0 = time.perf_counter()
+    c0 = time.process_time()
     wl, _ = build_workload(spec)
     cfg = build_config(spec)
     if engine_overrides:
@@ -277,6 +278,7 @@ def run_config(scenario: dict[str, Any], served: int, slots: int, max_rank: int,
         row["throughput_ratio"] = row["total_tok_s"] / row["offered_tok_s"] if row["offered_tok_s"] > 0 else math.nan
         row["starving"] = bool(row["throughput_ratio"] < ratio) if row["offered_tok_s"] > 0 else False
     row["wall_s"] = time.perf_counter() - t0
+    row["cpu_s"] = time.process_time() - c0  # CPU time of this process (wall_s also counts waiting for a core)
     return row
 
 
