@@ -251,6 +251,9 @@ def cmd_evaluate(args) -> int:
         res["per_scenario"].to_csv(out / "per_scenario.csv", index=False, float_format="%.6g")
         res["crossings"].to_csv(out / "crossings.csv", index=False, float_format="%.4f")
         (out / "summary.json").write_text(json.dumps(res["summary"], indent=1, default=_jd))
+        from twin.configurator.evaluate import make_figures
+
+        make_figures(res, out)
     if args.json:
         print(json.dumps(res["summary"], indent=1, default=_jd))
     else:

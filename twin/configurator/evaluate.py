@@ -256,3 +256,65 @@ def format_table(tab: pd.DataFrame) -> str:
     lines.append("SMAPE % in the published convention 100*mean(|p-y|/(|p|+|y|)), snapped to the grid "
                  "(* = raw prediction); regret = real tok/s at the recommendation / real optimum")
     return "\n".join(lines)
+
+
+def make_figures(res: dict[str, Any], out_dir: str | os.PathLike) -> list[Path]:
+    """``recommendations.png`` (per scenario: real optimum and each predictor's served / slots) and
+    ``crossings.png`` (twin vs real throughput / offered at the real 90 % crossings)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    paths: list[Path] = []
+    per = res["per_scenario"]
+    if len(per):
+        truth = res["truth"].sort_values("scenario")
+        names = list(dict.fromkeys(per["predictor"]))
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+        x = np.arange(len(truth))
+        w = 0.8 / (len(names) + 1)
+        for ax, col, real_col, lab in ((axes[0], "served", "served_adapters", "served adapters"),
+                                       (axes[1], "slots", "adapter_slots", "adapter slots")):
+            ax.bar(x, truth[real_col], w, label="real optimum", color="k")
+            for i, n in enumerate(names):
+                d = per[per["predictor"] == n].set_index("scenario").reindex(truth["scenario"])
+                ax.bar(x + (i + 1) * w, d[col], w, label=n)
+            ax.set_xticks(x + 0.4)
+            ax.set_xticklabels([s.replace("_size_", "\n") for s in truth["scenario"]], rotation=60, fontsize=6)
+            ax.set_yscale("log", base=2)
+            ax.set_title(lab)
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        p = out / "recommendations.png"
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        paths.append(p)
+    cr = res.get("crossings")
+    if cr is not None and len(cr):
+        c = cr.dropna(subset=["twin_ratio"])
+        fig, ax = plt.subplots(figsize=(5.5, 5))
+        for side, mk in (("last_above", "o"), ("first_below", "s")):
+            for ub, fc in ((False, None), (True, "none")):
+                s = c[(c["side"] == side) & (c["twin_ratio_is_upper_bound"] == ub)]
+                if len(s):
+                    ax.scatter(s["real_ratio"], s["twin_ratio"], marker=mk, s=22,
+                               facecolors=fc if fc else None, edgecolors="C0" if side == "last_above" else "C3",
+                               color="C0" if side == "last_above" else "C3",
+                               label=f"{side}{' (twin: upper bound, stopped early)' if ub else ''}")
+        ax.axhline(0.9, color="grey", lw=0.8)
+        ax.axvline(0.9, color="grey", lw=0.8)
+        ax.plot([0, 1.05], [0, 1.05], "k:", lw=0.8)
+        ax.set_xlim(0.5, 1.02)
+        ax.set_ylim(0.5, 1.02)
+        ax.set_xlabel("real throughput / offered")
+        ax.set_ylabel("twin throughput / offered")
+        ax.set_title("at the real 90 % crossings (ml_test grid)", fontsize=9)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        p = out / "crossings.png"
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        paths.append(p)
+    return paths
