@@ -58,6 +58,8 @@ LAYERS: dict[str, int] = {
     "calibration.bench.cli": 4,
     "calibration.bench.__main__": 4,
     "twin.validation.cli": 4,
+    "twin.sweep.cli": 4,
+    "twin.configurator.cli": 4,
 }
 #: The layer of the command-line modules: the only place a project import may sit inside a function.
 CLI_LAYER = 4

@@ -18,6 +18,8 @@ from typing import Any, Callable
 import calibration.cli
 import traces.cli
 import twin.compare
+import twin.configurator.cli
+import twin.sweep.cli
 import twin.validation.cli
 from traces.flags import add_arguments, given_values
 from twin.config import ConfigError
@@ -28,8 +30,10 @@ from twin.scenario import (RunConfig, build_engine_config, build_workload, check
                            load_scenario_file, replay_warnings, resolved_scenario, to_toml)
 from twin.simulate import simulate
 
-#: the modules that add the other commands (``traces``, ``calibrate``, ``validate``, ``compare``)
-COMMAND_MODULES = (traces.cli, calibration.cli, twin.validation.cli, twin.compare)
+#: the modules that add the other commands (``traces``, ``calibrate``, ``validate``, ``compare``, ``sweep``,
+#: ``configure``)
+COMMAND_MODULES = (traces.cli, calibration.cli, twin.validation.cli, twin.compare, twin.sweep.cli,
+                   twin.configurator.cli)
 
 SUMMARY_ROWS = [
     ("requests arrived / finished", lambda s: f"{s['requests_arrived']} / {s['requests_finished']}"),

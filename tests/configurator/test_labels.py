@@ -1,0 +1,87 @@
+"""Optimum labels: the published throughput90 rule, robust, slo; reproduced on the real ml_test runs."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from twin.configurator.labels import features_of, label_scenarios, real_optima, slot_candidates
+
+
+def _runs(spec, scenario="s", offered_per_adapter=100.0):
+    """spec: {slots: [(served, throughput_ratio or None for a failed run, status)]}"""
+    rows = []
+    for g, runs in spec.items():
+        for n, ratio, *status in runs:
+            off = offered_per_adapter * n
+            st = status[0] if status else "ok"
+            rows.append({"scenario": scenario, "adapter_slots": g, "served_adapters": n, "status": st,
+                         "offered_tok_s": off, "total_tok_s": (ratio * off) if ratio is not None else math.nan,
+                         "slo_attainment": 1.0 - 0.1 * n / 64, "early_stop": False})
+    return pd.DataFrame(rows)
+
+
+def test_walk_keeps_last_passing_and_stops_at_first_failure():
+    df = _runs({16: [(16, 1.0), (32, 0.95), (64, 0.8), (96, 0.95)]})
+    c = slot_candidates(df)
+    assert int(c.iloc[0]["served_adapters"]) == 32  # 96 passes again but the walk stopped at 64
+    assert c.iloc[0]["next_ratio"] == pytest.approx(0.8)
+
+
+def test_first_failure_is_kept():
+    df = _runs({16: [(16, 0.5), (32, 0.3)], 32: [(32, 0.4)]})
+    lab = label_scenarios(df)
+    # both slot values start starving; the higher throughput candidate wins: 16 slots at 16 -> 800, 32 at 32 -> 1280
+    assert (lab.iloc[0]["served_adapters"], lab.iloc[0]["adapter_slots"]) == (32, 32)
+    assert lab.iloc[0]["margin"] == pytest.approx(0.4 - 0.9)
+
+
+def test_failed_runs_are_skipped_and_highest_throughput_wins():
+    df = _runs({16: [(16, 1.0), (32, None, "failed_port_in_use"), (64, 0.91), (96, 0.5)],
+                32: [(32, 1.0), (64, 0.99), (96, 0.7)]})
+    lab = label_scenarios(df)
+    assert (lab.iloc[0]["served_adapters"], lab.iloc[0]["adapter_slots"]) == (64, 32)  # 0.99*6400 > 0.91*6400
+
+
+def test_robust_prefers_fewer_slots_within_tolerance():
+    df = _runs({16: [(16, 1.0), (64, 0.995), (96, 0.6)], 32: [(32, 1.0), (64, 1.0), (96, 0.5)]})
+    assert label_scenarios(df, "throughput90").iloc[0]["adapter_slots"] == 32
+    assert label_scenarios(df, "robust").iloc[0]["adapter_slots"] == 16
+
+
+def test_slo_rule():
+    df = _runs({16: [(16, 1.0), (32, 1.0), (64, 0.95)]})
+    lab = label_scenarios(df, "slo", slo_share=0.7)  # attainment 1 - 0.1 n / 64: 64 -> 0.9, all >= 0.7
+    assert lab.iloc[0]["served_adapters"] == 64
+    lab = label_scenarios(df, "slo", slo_share=0.96)  # only 16 (0.975)
+    assert lab.iloc[0]["served_adapters"] == 16
+
+
+def test_early_stopped_run_counts_as_starving():
+    df = _runs({16: [(16, 1.0), (32, 1.0)]})
+    df.loc[1, ["total_tok_s", "early_stop"]] = [math.nan, True]
+    df["tok_s_upper"] = [math.nan, 2000.0]
+    c = slot_candidates(df)
+    assert int(c.iloc[0]["served_adapters"]) == 16 and c.iloc[0]["next_ratio"] == pytest.approx(2000 / 3200)
+
+
+def test_features():
+    f = features_of([0.4, 0.05, 0.00625], [8, 16, 32])
+    assert f["rate_max"] == 0.4 and f["rank_min"] == 8 and f["rank_mean"] == pytest.approx(56 / 3)
+    assert f["rank_std"] == pytest.approx(pd.Series([8, 16, 32]).std(ddof=0))
+
+
+@pytest.mark.data
+def test_throughput90_reproduces_is_optimum_est_on_real_ml_test(real_data):
+    from twin.sweep.scenario import load_real
+
+    real = load_real(real_data / "validation" / "vllm085_h100_llama31_8b.csv")
+    lab = real_optima(real, "ml_test")
+    est = real[(real["source"] == "ml_test") & real["is_optimum_est"].astype(bool)]
+    assert len(lab) == 9 and len(est) == 9
+    m = lab.merge(est[["scenario", "served_adapters", "adapter_slots"]], on="scenario", suffixes=("", "_real"))
+    assert len(m) == 9
+    assert (m["served_adapters"] == m["served_adapters_real"]).all()
+    assert (m["adapter_slots"] == m["adapter_slots_real"]).all()

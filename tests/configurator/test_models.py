@@ -1,0 +1,150 @@
+"""Configurator models: training, JSON without scikit-learn, rules, predict / rules CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from twin.configurator.labels import FEATURES, features_of
+from twin.configurator.models import (format_rules, load_model, predict, rules_predict, save_model, snap_config,
+                                      train)
+from twin.sweep.grid import PUBLISHED_GRID, rank_multisets, rate_triples
+
+ROOT = Path(__file__).resolve().parents[2]
+GRID = {"served": list(PUBLISHED_GRID), "slots": list(PUBLISHED_GRID)}
+
+
+def synthetic_labels(n: int = 80) -> pd.DataFrame:
+    """Labels from a known rule: served falls with the total rate, slots grow with the top rank."""
+    rows = []
+    trip, ranks = rate_triples(), rank_multisets()
+    for i in range(n):
+        r, k = trip[(i * 7) % len(trip)], ranks[i % len(ranks)]
+        f = features_of(r, k)
+        served = 384 if f["rate_max"] < 0.2 else 160 if f["rate_max"] < 0.5 else 64 if f["rate_max"] < 1 else 32
+        slots = 32 if f["rank_max"] == 32 else 64
+        slots = min(slots, served)
+        rows.append({**f, "scenario": f"s{i}", "served_adapters": served, "adapter_slots": slots,
+                     "throughput_tok_s": 1000.0 * min(f["rate_mean"] * served, 12.0) + 100.0})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    lab = synthetic_labels()
+    d = tmp_path_factory.mktemp("models")
+    out = {}
+    for kind in ("rf", "cart"):
+        m = train(lab, kind, cv=3, provenance={"profile": "test-profile", "rule": "throughput90"}, grid=GRID)
+        out[kind] = save_model(m, d / f"test-profile.{kind}.json")
+    return lab, out
+
+
+def test_train_fits_the_known_rule(models):
+    lab, paths = models
+    for kind, p in paths.items():
+        m = load_model(p)
+        assert m["kind"] == kind and m["provenance"]["scenarios"] == len(lab)
+        assert "best_params" in m["provenance"]
+        hits = 0
+        for _, r in lab.iterrows():
+            res = predict(m, {f: r[f] for f in FEATURES})
+            hits += (res["served_adapters"], res["adapter_slots"]) == (r["served_adapters"], r["adapter_slots"])
+        assert hits >= 0.9 * len(lab)
+
+
+def test_cart_rules(models):
+    _, paths = models
+    m = load_model(paths["cart"])
+    assert 1 <= len(m["rules"]) <= 30
+    text = format_rules(m)
+    assert text.count("\nR") == len(m["rules"]) and "THEN served" in text
+    # the rules agree with the tree on every point
+    rng = np.random.default_rng(0)
+    trip, ranks = rate_triples(), rank_multisets()
+    for _ in range(50):
+        x = features_of(trip[rng.integers(len(trip))], ranks[rng.integers(len(ranks))])
+        r = rules_predict(m["rules"], x)
+        p = predict(m, x)
+        assert r is not None
+        assert r["predict"]["served_adapters"] == pytest.approx(p["served_adapters_raw"])
+
+
+def test_predict_without_sklearn(models):
+    _, paths = models
+    code = ("import sys; sys.modules['sklearn'] = None\n"
+            "from twin.configurator.models import load_model, predict\n"
+            "from twin.configurator.labels import features_of\n"
+            f"m = load_model({str(paths['rf'])!r})\n"
+            "print(predict(m, features_of([0.4, 0.05, 0.00625], [8, 16, 32]))['served_adapters'])\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip()) in PUBLISHED_GRID
+
+
+def test_snap():
+    assert snap_config(150, 40, list(PUBLISHED_GRID), list(PUBLISHED_GRID)) == (160, 32)
+    assert snap_config(20, 300, list(PUBLISHED_GRID), list(PUBLISHED_GRID)) == (16, 16)
+
+
+def _cli():
+    from twin.configurator.cli import register_cli
+
+    p = argparse.ArgumentParser()
+    register_cli(p.add_subparsers())
+    return p
+
+
+def test_predict_and_rules_cli(models, capsys):
+    _, paths = models
+    p = _cli()
+    ns = p.parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--model",
+                       str(paths["rf"]), "--json", "--explain", "--adapters", "1000", "--gpu-hour-usd", "3"])
+    assert ns.func(ns) == 0
+    d = json.loads(capsys.readouterr().out)
+    for k in ("served_adapters", "adapter_slots", "throughput_tok_s", "uncertainty", "rule_path", "gpus_needed",
+              "usd_per_million_tokens"):
+        assert k in d
+    ns = p.parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--model",
+                       str(paths["cart"]), "--explain"])
+    assert ns.func(ns) == 0
+    assert "rule path" in capsys.readouterr().out
+    ns = p.parse_args(["configure", "rules", "--model", str(paths["cart"])])
+    assert ns.func(ns) == 0
+    assert "IF" in capsys.readouterr().out
+
+
+def test_dataset_and_train_cli_on_a_sweep(tmp_path, capsys):
+    from twin.sweep.grid import load_grid
+    from twin.sweep.runner import run_sweep
+
+    run_sweep(load_grid("smoke"), tmp_path / "sw", progress=False)
+    p = _cli()
+    ns = p.parse_args(["configure", "dataset", str(tmp_path / "sw"), "--out", str(tmp_path / "lab.csv"), "--json"])
+    assert ns.func(ns) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["scenarios"] == 2
+    for rule in ("robust", "slo"):
+        ns = p.parse_args(["configure", "dataset", str(tmp_path / "sw"), "--rule", rule, "--slo-share", "0.5"])
+        assert ns.func(ns) == 0
+    capsys.readouterr()
+    ns = p.parse_args(["configure", "train", str(tmp_path / "sw"), "--kind", "cart", "--out",
+                       str(tmp_path / "m.json"), "--json"])
+    assert ns.func(ns) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["scenarios"] == 2 and Path(d["model"]).exists()
+    m = load_model(tmp_path / "m.json")
+    assert m["grid"]["slots"] == [8, 16] and m["provenance"]["sweeps"][0]["grid"] == "smoke"
+
+
+def test_unknown_model_kind_is_refused():
+    with pytest.raises(ValueError, match="unknown model kind"):
+        train(synthetic_labels(12), "figs", search=False)

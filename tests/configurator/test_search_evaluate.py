@@ -1,0 +1,76 @@
+"""`configure search` (the twin as optimiser) and `configure evaluate` on the real ml_test runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from twin.configurator.models import save_model, train
+from twin.sweep.grid import PUBLISHED_GRID
+
+from tests.configurator.test_models import synthetic_labels
+
+
+def _cli():
+    from twin.configurator.cli import register_cli
+
+    p = argparse.ArgumentParser()
+    register_cli(p.add_subparsers())
+    return p
+
+
+def test_search_cli_and_cache(tmp_path, capsys):
+    p = _cli()
+    argv = ["configure", "search", "--rates", "0.8,0.4,0.1", "--ranks", "8,16,32", "--window", "120", "--served",
+            "8,16,32", "--slots", "8,16", "--cache", str(tmp_path), "--json"]
+    ns = p.parse_args(argv)
+    assert ns.func(ns) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["served_adapters"] in (8, 16, 32) and d["adapter_slots"] in (8, 16) and d["throughput_tok_s"] > 0
+    shards = list((tmp_path / "shards").glob("*.parquet"))
+    assert len(shards) == 1
+    mtime = shards[0].stat().st_mtime
+    ns = p.parse_args(argv)
+    assert ns.func(ns) == 0  # cached: nothing re-run
+    assert json.loads(capsys.readouterr().out) == d
+    assert shards[0].stat().st_mtime == mtime
+
+
+@pytest.mark.data
+def test_evaluate_on_real_ml_test(real_data, tmp_path, capsys):
+    m = train(synthetic_labels(), "rf", cv=3, provenance={"profile": "test", "rule": "throughput90"},
+              grid={"served": list(PUBLISHED_GRID), "slots": list(PUBLISHED_GRID)})
+    path = save_model(m, tmp_path / "m.json")
+    p = _cli()
+    ns = p.parse_args(["configure", "evaluate", "--real", str(real_data / "validation/vllm085_h100_llama31_8b.csv"),
+                       "--model", str(path), "--no-search", "--json", "--out", str(tmp_path / "ev")])
+    assert ns.func(ns) == 0
+    d = json.loads(capsys.readouterr().out)
+    for k in ("scenarios", "smape_served", "smape_slots", "smape_throughput", "regret_mean", "regret_min",
+              "starving", "model", "profile"):
+        assert k in d
+    assert d["scenarios"] == 9 and 0 <= d["regret_min"] <= d["regret_mean"] <= 1.0 + 1e-9
+    names = [r["predictor"] for r in d["table"]]
+    assert "constant (training median)" in names and "published random forest" in names
+    assert (tmp_path / "ev" / "evaluation.csv").exists()
+
+
+@pytest.mark.data
+def test_regret_of_the_real_optimum_is_one(real_data):
+    import pandas as pd
+
+    from twin.configurator.evaluate import real_grid, score_predictor
+    from twin.configurator.labels import real_optima
+    from twin.sweep.scenario import load_real
+
+    real = load_real(real_data / "validation/vllm085_h100_llama31_8b.csv")
+    truth = real_optima(real, "ml_test")
+    perfect = pd.DataFrame({"scenario": truth["scenario"], "served_raw": truth["served_adapters"],
+                            "slots_raw": truth["adapter_slots"], "throughput": truth["throughput_tok_s"]})
+    s, _ = score_predictor("oracle", perfect, truth, real_grid(real[real["source"] == "ml_test"]),
+                           list(PUBLISHED_GRID), list(PUBLISHED_GRID))
+    assert s["smape_served"] == 0 and s["smape_slots"] == 0 and s["regret_min"] == pytest.approx(1.0)
+    assert s["starving"] == 0
+    assert s["starving_incl_overloaded"] == 2  # the two overloaded scenarios' optima starve by the rule's own line

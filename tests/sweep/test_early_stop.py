@@ -1,0 +1,66 @@
+"""Run-level early stopping: the early decision always equals the full run's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from twin.sweep.scenario import get_profile, max_token_rate, run_config
+
+PROFILE = "llama-3.1-8b_h100_vllm085"
+
+# (rates, ranks, served, slots): overloaded, near the line and light cases, small windows
+CASES = [
+    ([3.2, 1.6, 0.8], [8, 16, 32], 16, 8),
+    ([3.2, 1.6, 0.8], [8, 16, 32], 32, 16),
+    ([3.2, 1.6, 0.1], [8, 8, 32], 24, 16),
+    ([1.6, 0.8, 0.4], [16, 16, 16], 32, 8),
+    ([0.8, 0.4, 0.05], [8, 8, 32], 64, 32),
+    ([0.8, 0.4, 0.1], [8, 16, 32], 32, 8),
+    ([0.4, 0.1, 0.05], [8, 16, 16], 64, 16),
+    ([3.2, 0.8, 0.4], [8, 8, 16], 48, 32),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_early_decision_equals_full_run(case, seed):
+    rates, ranks, served, slots = CASES[case]
+    sc = {"key": f"es{case}", "rates": rates, "ranks": ranks, "lengths": [222.0, 197.0]}
+    kw = dict(seed=seed, window_s=90.0, profile=PROFILE, chunk_s=3.0)
+    full = run_config(sc, served, slots, max(ranks), early_stop=False, **kw)
+    early = run_config(sc, served, slots, max(ranks), early_stop=True, **kw)
+    assert full["status"] == early["status"] == "ok"
+    assert early["starving"] == full["starving"]
+    if early["early_stop"]:
+        assert full["starving"]
+        # the bound at the stop is above what the run finally achieves, and below the line
+        assert full["total_tok_s"] <= early["tok_s_upper"] + 1e-6
+        assert early["tok_s_upper"] < 0.9 * early["offered_tok_s"]
+    else:  # a chunked run that was not stopped is the full run, bit for bit
+        assert early["total_tok_s"] == full["total_tok_s"]
+        assert early["ttft_ms_mean"] == full["ttft_ms_mean"]
+
+
+def test_early_stop_triggers_on_overload():
+    sc = {"key": "overload", "rates": [3.2, 3.2, 3.2], "ranks": [8, 8, 8], "lengths": [222.0, 197.0]}
+    r = run_config(sc, 64, 16, 8, early_stop=True, window_s=300.0, profile=PROFILE, chunk_s=5.0)
+    assert r["early_stop"] and r["starving"] and r["early_stop_t"] < 300.0
+
+
+def test_max_token_rate_bounds_every_step():
+    """The rate bound is above tokens / duration of any step the profile can produce."""
+    from twin.config import EngineConfig
+
+    prof = get_profile(PROFILE)
+    cfg = EngineConfig(max_num_batched_tokens=2048, max_num_seqs=2048, max_loras=32, max_lora_rank=32,
+                       served_adapters=64)
+    rmax = max_token_rate(prof, cfg)
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        T = int(rng.integers(1, 2049))
+        D = int(rng.integers(0, T + 1))
+        P = T - D
+        d = prof.step_s(P, D, int(rng.integers(0, 500_000)), max(D + (P > 0), 1), int(rng.integers(0, 33)), 32, 32,
+                        int(rng.integers(0, 2049)), int(rng.integers(0, 30_000)), 64)
+        assert T / d <= rmax * (1 + 1e-9)

@@ -1,0 +1,87 @@
+"""Grid specifications: named grids, TOML / YAML files, enumeration."""
+
+from __future__ import annotations
+
+import pytest
+
+from twin.sweep.grid import NAMED_GRIDS, load_grid, rank_multisets, rate_triples, scenario_key
+
+
+def test_published_axes():
+    assert len(rate_triples()) == 120
+    ms = rank_multisets()
+    assert len(ms) == 7
+    assert [8, 16, 32] in ms and [32, 32, 8] not in ms and all(m.count(32) <= 1 for m in ms)
+    g = load_grid("adapter-twin-llama")
+    assert len(g.scenarios()) == 840
+    assert len(g.configs()) == 55  # slots <= served over the 10 x 10 published grid
+    assert g.n_runs_max() == 840 * 55
+    assert load_grid("adapter-twin-qwen").profile.startswith("qwen")
+
+
+def test_scenario_key_matches_real_folders():
+    assert scenario_key([0.4, 0.05, 0.00625], [8, 16, 32]) == "rate_0.4-0.05-0.00625_size_8-16-32"
+    assert scenario_key([3.2, 1.6, 0.025], [16, 16, 16]) == "rate_3.2-1.6-0.025_size_16-16-16"
+    assert scenario_key([3.2, 1.6, 0.1], [8, 8, 32], [300, 100], "vllm") == \
+        "rate_3.2-1.6-0.1_size_8-8-32_len_300-100_policy_vllm"
+
+
+TOML = """
+name = "tiny"
+profile = "llama-3.1-8b_h100_vllm085"
+window_s = 60
+seeds = [0, 1]
+[scenarios]
+rates = [[0.4, 0.05, 0.00625]]
+rank_values = [8, 16]
+[configs]
+served = [8, 16]
+slots = [8, 16]
+engine = { max_num_seqs = 512 }
+[early_stop]
+run = false
+[slo]
+ttft_s = 2.0
+"""
+
+
+def test_toml_grid(tmp_path):
+    p = tmp_path / "g.toml"
+    p.write_text(TOML)
+    g = load_grid(p)
+    assert g.name == "tiny" and g.window_s == 60 and g.seeds == [0, 1]
+    assert g.ranks == [[8, 8, 8], [8, 8, 16]]  # 3-multisets of {8, 16} with at most one 16
+    assert len(g.tasks()) == 1 * 2 * 2
+    assert g.configs() == [(8, 8), (8, 16), (16, 16)]
+    assert g.engine == {"max_num_seqs": 512} and g.early_stop_run is False and g.ttft_slo_s == 2.0
+    t = g.tasks()[0]
+    assert t["max_rank"] == max(t["scenario"]["ranks"])
+
+
+def test_yaml_grid_same_as_toml(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    import tomllib
+
+    d = tomllib.loads(TOML)
+    p = tmp_path / "g.yaml"
+    p.write_text(yaml.safe_dump(d))
+    q = tmp_path / "g.toml"
+    q.write_text(TOML)
+    assert load_grid(p).digest() == load_grid(q).digest()
+
+
+def test_grid_errors(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text('[configs]\nservd = [8]\n')
+    with pytest.raises(ValueError, match="servd"):
+        load_grid(p)
+    p.write_text('[configs]\nengine = { not_a_field = 1 }\n')
+    with pytest.raises(ValueError, match="not_a_field"):
+        load_grid(p)
+    with pytest.raises(ValueError, match="unknown grid"):
+        load_grid("no-such-grid")
+
+
+def test_named_grids_build():
+    for name in NAMED_GRIDS:
+        assert load_grid(name).tasks()

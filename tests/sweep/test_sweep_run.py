@@ -1,0 +1,105 @@
+"""The smoke grid end to end: local and Dask executors, identical results, shards, resume."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pandas as pd
+import pytest
+
+from twin.sweep.grid import load_grid
+from twin.sweep.runner import read_results, run_sweep
+
+KEY = ["task_hash", "adapter_slots", "served_adapters"]
+RESULT_COLS = ["status", "offered_tok_s", "total_tok_s", "throughput_ratio", "early_stop", "starving", "requests",
+               "ttft_ms_mean", "itl_ms_mean", "slo_attainment", "preemptions", "adapter_loads", "run_seed"]
+
+
+def _norm(df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values(KEY).reset_index(drop=True)[KEY + RESULT_COLS]
+
+
+@pytest.fixture(scope="module")
+def local_smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke_local")
+    rep = run_sweep(load_grid("smoke"), out, "local", jobs=1, progress=False)
+    return out, rep
+
+
+def test_smoke_local(local_smoke):
+    out, rep = local_smoke
+    df = read_results(out)
+    assert rep.tasks_run == 2 and rep.runs == len(df)
+    assert set(df["status"]) == {"ok"}
+    assert df["profile_hash"].nunique() == 1 and df["twin_version"].notna().all()
+    # the walk stops at the first starving run of each slot value
+    for (_, g), sub in df.groupby(["task_hash", "adapter_slots"]):
+        sub = sub.sort_values("served_adapters")
+        starving = sub["starving"].astype(bool).tolist()
+        assert True not in starving[:-1]
+    meta = json.loads((out / "sweep.json").read_text())
+    assert meta["grid"]["name"] == "smoke"
+
+
+def test_resume_recomputes_nothing(local_smoke, tmp_path):
+    out, _ = local_smoke
+    before = read_results(out)
+    rep = run_sweep(load_grid("smoke"), out, "local", jobs=1, progress=False)
+    assert rep.tasks_run == 0 and rep.tasks_done_before == 2
+    # an interrupted sweep: one shard missing -> only that task runs again
+    shards = sorted((out / "shards").glob("*.parquet"))
+    shards[0].unlink()
+    rep = run_sweep(load_grid("smoke"), out, "local", jobs=1, progress=False)
+    assert rep.tasks_run == 1
+    pd.testing.assert_frame_equal(_norm(read_results(out)), _norm(before))
+
+
+def test_resume_refuses_another_grid(local_smoke, tmp_path):
+    out, _ = local_smoke
+    g = load_grid("smoke")
+    g.window_s = 30.0
+    with pytest.raises(SystemExit, match="another grid"):
+        run_sweep(g, out, "local", progress=False)
+
+
+def test_local_pool_identical(local_smoke, tmp_path):
+    out, _ = local_smoke
+    run_sweep(load_grid("smoke"), tmp_path, "local", jobs=2, progress=False)
+    pd.testing.assert_frame_equal(_norm(read_results(tmp_path)), _norm(read_results(out)))
+
+
+def test_dask_identical(local_smoke, tmp_path):
+    pytest.importorskip("dask.distributed")
+    out, _ = local_smoke
+    rep = run_sweep(load_grid("smoke"), tmp_path, "dask", jobs=2, progress=False)
+    assert rep.tasks_run == 2
+    pd.testing.assert_frame_equal(_norm(read_results(tmp_path)), _norm(read_results(out)))
+
+
+def test_ray_identical(local_smoke, tmp_path):
+    pytest.importorskip("ray")
+    out, _ = local_smoke
+    run_sweep(load_grid("smoke"), tmp_path, "ray", jobs=2, progress=False)
+    pd.testing.assert_frame_equal(_norm(read_results(tmp_path)), _norm(read_results(out)))
+
+
+def test_cli(tmp_path, capsys):
+    from twin.sweep.cli import register_cli
+
+    p = argparse.ArgumentParser()
+    register_cli(p.add_subparsers())
+    ns = p.parse_args(["sweep", "--list"])
+    assert ns.func(ns) == 0
+    assert "adapter-twin-llama" in capsys.readouterr().out
+    ns = p.parse_args(["sweep", "adapter-twin-llama", "--dry-run", "--json"])
+    ns.func(ns)
+    d = json.loads(capsys.readouterr().out)
+    assert d["tasks"] == 840 and d["runs_max"] == 46200
+    ns = p.parse_args(["sweep", "smoke", "--out", str(tmp_path), "--limit", "1", "--json", "--no-progress"])
+    assert ns.func(ns) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["tasks_run"] == 1
+    ns = p.parse_args(["sweep", "smoke", "--out", str(tmp_path), "--summary", "--json"])
+    ns.func(ns)
+    assert json.loads(capsys.readouterr().out)["tasks"] == 1

@@ -1,0 +1,1 @@
+"""`twin configure`: optimum labels, datasets, interpretable configurators, evaluation, search."""

@@ -1,0 +1,296 @@
+"""``twin configure``: labels, datasets, interpretable configurators, search and evaluation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from twin.configurator.models import KINDS
+
+DEFAULT_PROFILE = "llama-3.1-8b_h100_vllm085"
+
+
+def _jd(o: Any):
+    import numpy as np
+
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.bool_):
+        return bool(o)
+    return str(o)
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "configure", help="pick served adapters and GPU adapter slots: labels, models, search, evaluation",
+        description="Optimum labels from sweeps (throughput90, robust, slo), interpretable configurators "
+                    "(random forest, <= 30-leaf tree as plain rules), recommendations, the twin used directly "
+                    "as the optimiser, and evaluation on real runs.")
+    sub = p.add_subparsers(dest="configure_command")
+
+    d = sub.add_parser("dataset", help="optimum labels (one row per scenario) from sweep results")
+    d.add_argument("sweeps", nargs="+", help="sweep directories (twin sweep --out), shard files or CSV tables")
+    d.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90")
+    d.add_argument("--ratio", type=float, default=0.9, help="starvation line: throughput / offered (default 0.9)")
+    d.add_argument("--tolerance", type=float, default=0.01, help="robust: throughput tolerance (default 1 %%)")
+    d.add_argument("--slo-share", type=float, default=0.9, help="slo: minimum SLO attainment (default 0.9)")
+    d.add_argument("--out", default=None, help="write the labels (.csv or .parquet)")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_dataset)
+
+    t = sub.add_parser("train", help="train a configurator (grid search, saved as JSON with provenance)")
+    t.add_argument("dataset", nargs="+", help="labels (.csv/.parquet from `configure dataset`) or sweep directories")
+    t.add_argument("--kind", choices=KINDS, default="rf",
+                   help="rf (random forest), cart (<= 30 leaves, exported as rules)")
+    t.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90",
+                   help="label rule when sweep directories are given")
+    t.add_argument("--out", default=None, help="model file (default: twin/configurator/models/<profile>.<kind>.json)")
+    t.add_argument("--profile", default=None, help="profile the sweeps ran with (default: from the data)")
+    t.add_argument("--cv", type=int, default=5, help="folds of the halving grid search (default 5)")
+    t.add_argument("--no-search", action="store_true", help="fit the default hyper-parameters only")
+    t.add_argument("--features", default=None,
+                   help="feature columns (default: the published 8); add mean_input_tokens,mean_output_tokens "
+                        "for the request-length mix (numeric columns of the labels)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_train)
+
+    pr = sub.add_parser("predict", help="recommend served adapters and slots for a scenario")
+    _scenario_args(pr)
+    pr.add_argument("--model", default=None, help="model file (default: the shipped configurator of --profile)")
+    pr.add_argument("--profile", default=DEFAULT_PROFILE)
+    pr.add_argument("--kind", choices=("rf", "cart"), default="rf", help="shipped model kind (default rf)")
+    pr.add_argument("--explain", action="store_true", help="print the rule path")
+    pr.add_argument("--adapters", type=int, default=None,
+                    help="adapters to host: GPUs needed at the recommended served adapters")
+    pr.add_argument("--gpu-hour-usd", type=float, default=None, help="GPU price: cost per million tokens")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=cmd_predict)
+
+    r = sub.add_parser("rules", help="print the <= 30-rule configurator")
+    r.add_argument("--model", default=None, help="model file with rules (default: the shipped cart model)")
+    r.add_argument("--profile", default=DEFAULT_PROFILE)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_rules)
+
+    e = sub.add_parser("evaluate", help="score configurators on real runs (SMAPE, regret, starvation)")
+    e.add_argument("--real", default=None,
+                   help="real-run table in the validation format (default: validation/vllm085_h100_llama31_8b.csv)")
+    e.add_argument("--profile", default=None, help="profile (default: the model's fitted profile)")
+    e.add_argument("--model", default=None, help="model file (default: the shipped configurators of the profile)")
+    e.add_argument("--source", default="ml_test", help="rows of the table to use (column source; '' = all)")
+    e.add_argument("--no-search", action="store_true", help="leave out the twin-as-optimiser baseline")
+    e.add_argument("--search-cache", default=None, help="sweep directory caching the search runs")
+    e.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
+    e.add_argument("--jobs", type=int, default=1)
+    e.add_argument("--out", default=None, help="write evaluation.csv, per_scenario.csv, crossings.csv, summary.json")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_evaluate)
+
+    s = sub.add_parser("search", help="the twin used directly as the optimiser (walks the grid; no model)")
+    _scenario_args(s)
+    s.add_argument("--profile", default=DEFAULT_PROFILE)
+    s.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90")
+    s.add_argument("--cache", default=None, help="sweep directory caching the runs (default sweeps/search-cache)")
+    s.add_argument("--window", type=float, default=3600.0)
+    s.add_argument("--served", default=None, help="served-adapter grid (default: the published one)")
+    s.add_argument("--slots", default=None, help="slot grid (default: the published one)")
+    s.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
+    s.add_argument("--jobs", type=int, default=1)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_search)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def _scenario_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rates", required=True, help="per-adapter rate triple (req/s), e.g. 0.4,0.05,0.00625")
+    p.add_argument("--ranks", required=True, help="rank triple, e.g. 8,16,32")
+
+
+def _pair(args) -> tuple[list[float], list[int]]:
+    from traces.arguments import parse_list
+
+    return parse_list(args.rates, float, "--rates", 0.0), parse_list(args.ranks, int, "--ranks", 1)
+
+
+def cmd_dataset(args) -> int:
+    from twin.configurator.dataset import build_dataset, load_runs
+
+    runs = load_runs(args.sweeps)
+    lab = build_dataset(runs, args.rule, ratio=args.ratio, tolerance=args.tolerance, slo_share=args.slo_share)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        (lab.to_parquet if out.suffix == ".parquet" else lab.to_csv)(out, index=False)
+    if args.json:
+        print(json.dumps({"rule": args.rule, "scenarios": len(lab), "labels": lab.to_dict(orient="records")},
+                         default=_jd, indent=1))
+    else:
+        cols = [c for c in ("scenario", "served_adapters", "adapter_slots", "throughput_tok_s", "ratio_at_label",
+                            "margin", "next_ratio") if c in lab]
+        print(lab[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print(f"{len(lab)} scenarios labelled ({args.rule}) from {len(runs)} runs"
+              + (f"; wrote {args.out}" if args.out else ""))
+    return 0
+
+
+def cmd_train(args) -> int:
+    import pandas as pd
+
+    from twin.configurator.dataset import build_dataset, load_runs, sweep_meta
+    from twin.configurator.models import save_model, shipped_model_path, train
+
+    srcs = args.dataset
+    meta: dict[str, Any] = {}
+    if all(Path(s).is_dir() for s in srcs):
+        runs = load_runs(srcs)
+        lab = build_dataset(runs, args.rule)
+        meta = sweep_meta(srcs)
+    else:
+        lab = pd.concat([pd.read_parquet(s) if s.endswith(".parquet") else pd.read_csv(s) for s in srcs],
+                        ignore_index=True)
+    profile = args.profile or (str(lab["profile"].iloc[0]) if "profile" in lab else None)
+    grid = {}
+    if meta.get("sweeps"):
+        grid = {"served": sorted(meta["sweeps"][0]["served"]), "slots": sorted(meta["sweeps"][0]["slots"])}
+    if not grid:
+        from twin.sweep.grid import PUBLISHED_GRID
+
+        grid = {"served": list(PUBLISHED_GRID), "slots": list(PUBLISHED_GRID)}
+    prov = {"profile": profile, "rule": str(lab["rule"].iloc[0]) if "rule" in lab else args.rule,
+            "sources": [str(s) for s in srcs], **meta,
+            "command": "twin configure train " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else srcs)}
+    feats = [f.strip() for f in args.features.split(",")] if args.features else None
+    if feats:
+        missing = [f for f in feats if f not in lab]
+        if missing:
+            raise ValueError(f"--features: {missing} not in the labels (columns: {sorted(lab.columns)})")
+    model = train(lab, args.kind, features=feats, seed=args.seed, cv=args.cv, search=not args.no_search, provenance=prov, grid=grid)
+    out = Path(args.out) if args.out else shipped_model_path(profile or "model", args.kind)
+    save_model(model, out)
+    info = {"model": str(out), "kind": args.kind, "scenarios": len(lab), "profile": profile,
+            **{k: model["provenance"].get(k) for k in ("best_params", "cv_smape_served_slots_mean")},
+            "bytes": out.stat().st_size}
+    print(json.dumps(info, indent=1, default=_jd) if args.json else
+          "\n".join(f"{k:<28} {v}" for k, v in info.items()))
+    return 0
+
+
+def _load_for(args, kind: str):
+    from twin.configurator.models import load_model
+
+    return load_model(args.model or args.profile, kind)
+
+
+def cmd_predict(args) -> int:
+    from twin.configurator.labels import features_of
+    from twin.configurator.models import predict
+
+    rates, ranks = _pair(args)
+    model = _load_for(args, args.kind)
+    res = predict(model, features_of(rates, ranks), explain=args.explain)
+    res["rates"], res["ranks"] = rates, ranks
+    tp = res["throughput_tok_s"]
+    if args.adapters:
+        res["gpus_needed"] = int(math.ceil(args.adapters / res["served_adapters"]))
+    if args.gpu_hour_usd:
+        res["usd_per_million_tokens"] = args.gpu_hour_usd / (tp * 3600 / 1e6) if tp > 0 else None
+    if args.json:
+        print(json.dumps(res, indent=1, default=_jd))
+        return 0
+    print(f"serve {res['served_adapters']} adapters with {res['adapter_slots']} GPU adapter slots "
+          f"(raw {res['served_adapters_raw']:.1f} / {res['adapter_slots_raw']:.1f}); expected throughput "
+          f"{tp:.0f} tok/s  [{res['model']} configurator, profile {res['profile']}, rule {res['rule']}]")
+    u = res.get("uncertainty")
+    if u:
+        print(f"spread across {u['trees']} trees (p10-p90): served {u['served_adapters']['p10']:.0f}-"
+              f"{u['served_adapters']['p90']:.0f}, slots {u['adapter_slots']['p10']:.0f}-{u['adapter_slots']['p90']:.0f}, "
+              f"throughput {u['throughput_tok_s']['p10']:.0f}-{u['throughput_tok_s']['p90']:.0f} tok/s")
+    if "gpus_needed" in res:
+        print(f"{args.adapters} adapters need {res['gpus_needed']} GPUs at this configuration")
+    if res.get("usd_per_million_tokens"):
+        print(f"cost: {res['usd_per_million_tokens']:.3f} USD per million tokens at {args.gpu_hour_usd} USD/GPU-h")
+    if args.explain:
+        print("rule path: " + (" AND ".join(res.get("rule_path") or []) or "(root)")
+              + (f"  ({res['rule_path_note']})" if res.get("rule_path_note") else ""))
+    return 0
+
+
+def cmd_rules(args) -> int:
+    from twin.configurator.models import format_rules
+
+    model = _load_for(args, "cart")
+    if not model.get("rules"):
+        print(f"twin configure rules: {model.get('_path')} has no rules (train with --kind cart)", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"rules": model["rules"], "provenance": model["provenance"]}, indent=1, default=_jd))
+    else:
+        print(format_rules(model))
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from twin.configurator.evaluate import evaluate, format_table
+
+    real = args.real
+    if real is None:
+        from traces.datadir import require
+
+        real = require("validation/vllm085_h100_llama31_8b.csv")
+    res = evaluate(real, args.profile, args.model, args.source or "", args.search_cache, not args.no_search,
+                   args.executor, args.jobs, progress=sys.stderr.isatty())
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        res["table"].to_csv(out / "evaluation.csv", index=False, float_format="%.4g")
+        res["per_scenario"].to_csv(out / "per_scenario.csv", index=False, float_format="%.6g")
+        res["crossings"].to_csv(out / "crossings.csv", index=False, float_format="%.4f")
+        (out / "summary.json").write_text(json.dumps(res["summary"], indent=1, default=_jd))
+        from twin.configurator.evaluate import make_figures
+
+        make_figures(res, out)
+    if args.json:
+        print(json.dumps(res["summary"], indent=1, default=_jd))
+    else:
+        s = res["summary"]
+        print(f"twin configure evaluate: {s['scenarios']} scenarios of {s['real']} (source {s['source']}), "
+              f"profile {s['profile']}")
+        print(format_table(res["table"]))
+        if "crossings" in s:
+            c = s["crossings"]
+            print(f"real 90 % crossings: {c['points']} points, {c['with_twin']} reached by the twin's walk, "
+                  f"{c['same_side']} on the same side of the line")
+    return 0
+
+
+def cmd_search(args) -> int:
+    from traces.arguments import parse_list
+    from twin.configurator.search import search
+    from twin.sweep.grid import PUBLISHED_GRID
+
+    pair = _pair(args)
+    kw = {"window_s": args.window}
+    kw["served"] = parse_list(args.served, int, "--served", 1) if args.served else list(PUBLISHED_GRID)
+    kw["slots"] = parse_list(args.slots, int, "--slots", 1) if args.slots else list(PUBLISHED_GRID)
+    labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
+                          progress=sys.stderr.isatty(), **kw)
+    lab = labels.iloc[0].to_dict()
+    res = {"served_adapters": int(lab["served_adapters"]), "adapter_slots": int(lab["adapter_slots"]),
+           "throughput_tok_s": float(lab["throughput_tok_s"]), "ratio_at_label": lab["ratio_at_label"],
+           "margin": lab["margin"], "next_ratio": lab["next_ratio"], "rule": args.rule, "profile": args.profile,
+           "runs": int(len(runs)), "runs_simulated": int((runs["status"] == "ok").sum()),
+           "cpu_s": float(runs["wall_s"].fillna(0).sum())}
+    if args.json:
+        print(json.dumps(res, indent=1, default=_jd))
+    else:
+        print(f"serve {res['served_adapters']} adapters with {res['adapter_slots']} slots: "
+              f"{res['throughput_tok_s']:.0f} tok/s ({res['ratio_at_label']:.3f} of offered; next run "
+              f"{res['next_ratio']:.3f}) [{args.rule}, twin walk of {res['runs']} runs, {res['cpu_s']:.0f} CPU-s]")
+    return 0

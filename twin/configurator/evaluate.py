@@ -1,0 +1,319 @@
+"""``twin configure evaluate``: score configurators on real runs (any table in the validation format).
+
+For every scenario of the selected real runs (``source == ml_test`` by default) the real optimum is
+the ``throughput90`` label of the measured grid (it reproduces ``is_optimum_est``). Each predictor
+recommends (served adapters, slots) and a throughput; scored per predictor:
+
+* SMAPE in the published convention (``100 * mean(|p - y| / (|p| + |y|))``) of served adapters,
+  slots (raw and snapped to the grid) and throughput (predicted vs the real optimum's);
+* regret = real throughput at the recommended (snapped) configuration / the real optimum's
+  throughput, from the measured grid (a recommendation that does not start counts 0; a real run
+  that failed for reasons unrelated to the configuration leaves it unknown);
+* starving recommendations (``starving``): the real run at the recommended configuration serves
+  less than 90 % of its offered tokens while the real optimum does not (in an overloaded scenario
+  even the optimum starves: ``starving_incl_overloaded`` counts those too), or does not start.
+
+Predictors: the trained model (random forest), its <= 30-rule tree, a constant predictor (the
+training labels' median), the twin used directly as the optimiser (``twin configure search``), and
+the published numbers (SMAPE only, as printed in the paper).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from twin.configurator.labels import FEATURES, real_optima
+from twin.configurator.models import smape_pct, snap_config
+from twin.sweep.grid import PUBLISHED_GRID
+from twin.configurator.labels import from_real
+from twin.sweep.scenario import START_FAILURE_STATUSES
+from twin.configurator.models import predict
+from traces.arguments import parse_list
+from twin.configurator.search import search
+from twin.configurator.models import load_model
+from twin.sweep.scenario import load_real, profile_for_model
+
+#: The published figures on the real test scenarios (SMAPE in their convention, %).
+PUBLISHED = {
+    "llama": {"published random forest": {"smape_served": 0.05, "smape_slots": 6.73},
+              "published <= 30-rule tree": {"smape_served": 3.70, "smape_slots": 10.86},
+              "published twin as optimiser": {"smape_served": 0.00, "smape_slots": 7.16}},
+    "qwen": {"published random forest": {"smape_served": 1.01, "smape_slots": 7.15},
+             "published <= 30-rule tree": {"smape_served": 1.01, "smape_slots": 12.41}},
+}
+
+
+def _model_family(profile: str | None, real: pd.DataFrame) -> str | None:
+    text = (profile or "") + " " + " ".join(map(str, real.get("model", pd.Series(dtype=str)).dropna().unique()))
+    text = text.lower()
+    return "llama" if "llama" in text else "qwen" if "qwen" in text else None
+
+
+def real_grid(real: pd.DataFrame) -> dict[tuple[str, int, int], pd.Series]:
+
+    df = from_real(real)
+    return {(r["scenario"], int(r["served_adapters"]), int(r["adapter_slots"])): r for _, r in df.iterrows()}
+
+
+def score_recommendation(grid: dict, scenario: str, served: int, slots: int, opt_tp: float) -> tuple[float, bool | None]:
+    """(regret, starving) of a recommendation against the measured grid."""
+
+    r = grid.get((scenario, int(served), int(slots)))
+    if r is None:
+        return math.nan, None
+    if r["status"] == "ok":
+        ratio = float(r["total_tok_s"]) / float(r["offered_tok_s"])
+        return float(r["total_tok_s"]) / opt_tp, bool(ratio < 0.9)
+    if r["status"] in START_FAILURE_STATUSES:
+        return 0.0, True
+    return math.nan, None
+
+
+def score_predictor(name: str, preds: pd.DataFrame, truth: pd.DataFrame, grid: dict,
+                    served_grid: list[int], slot_grid: list[int]) -> tuple[dict[str, Any], pd.DataFrame]:
+    """``preds``: one row per scenario with ``served_raw``, ``slots_raw``, ``throughput``."""
+    m = truth.merge(preds, on="scenario", how="inner")
+    rows = []
+    for _, r in m.iterrows():
+        n, g = snap_config(r["served_raw"], r["slots_raw"], served_grid, slot_grid)
+        reg, starv = score_recommendation(grid, r["scenario"], n, g, float(r["throughput_tok_s"]))
+        opt_starves = float(r["ratio_at_label"]) < 0.9
+        # a violation: the recommendation starves (or does not start) where the real optimum does not
+        viol = None if starv is None else bool(starv and (not opt_starves or reg == 0.0))
+        rows.append({"predictor": name, "scenario": r["scenario"], "real_served": int(r["served_adapters"]),
+                     "real_slots": int(r["adapter_slots"]), "real_tok_s": float(r["throughput_tok_s"]),
+                     "served_raw": float(r["served_raw"]), "slots_raw": float(r["slots_raw"]),
+                     "served": n, "slots": g, "pred_tok_s": float(r["throughput"]), "regret": reg,
+                     "starving": starv, "violation": viol})
+    d = pd.DataFrame(rows)
+    reg = d["regret"].dropna()
+    out = {"predictor": name, "scenarios": int(len(d)),
+           "smape_served": smape_pct(d["served"], d["real_served"]),
+           "smape_slots": smape_pct(d["slots"], d["real_slots"]),
+           "smape_served_raw": smape_pct(d["served_raw"], d["real_served"]),
+           "smape_slots_raw": smape_pct(d["slots_raw"], d["real_slots"]),
+           "smape_throughput": smape_pct(d["pred_tok_s"], d["real_tok_s"]),
+           "regret_mean": float(reg.mean()) if len(reg) else math.nan,
+           "regret_min": float(reg.min()) if len(reg) else math.nan,
+           "regret_known": int(len(reg)),
+           "starving": int(d["violation"].fillna(False).astype(bool).sum()),
+           "starving_incl_overloaded": int(d["starving"].fillna(False).astype(bool).sum())}
+    return out, d
+
+
+def model_predictions(model: dict[str, Any], truth: pd.DataFrame) -> pd.DataFrame:
+
+    rows = []
+    for _, r in truth.iterrows():
+        p = predict(model, {f: float(r[f]) for f in FEATURES})
+        rows.append({"scenario": r["scenario"], "served_raw": p["served_adapters_raw"],
+                     "slots_raw": p["adapter_slots_raw"], "throughput": p["throughput_tok_s"]})
+    return pd.DataFrame(rows)
+
+
+def constant_predictions(model: dict[str, Any], truth: pd.DataFrame) -> pd.DataFrame:
+    c = model["constant"]
+    return pd.DataFrame({"scenario": truth["scenario"], "served_raw": c["served_adapters"],
+                         "slots_raw": c["adapter_slots"], "throughput": c["throughput_tok_s"]})
+
+
+def search_predictions(truth: pd.DataFrame, profile: str | None, cache: str | os.PathLike | None, executor: str,
+                       jobs: int, progress: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+
+    pairs = [(parse_list(a, float, "rates"), parse_list(b, int, "ranks")) for a, b in zip(truth["rates"], truth["ranks"])]
+    labels, runs = search(pairs, profile, cache, executor, jobs, progress=progress)
+    p = labels.rename(columns={"served_adapters": "served_raw", "adapter_slots": "slots_raw",
+                               "throughput_tok_s": "throughput"})[["scenario", "served_raw", "slots_raw", "throughput"]]
+    return p, runs
+
+
+def crossings(real: pd.DataFrame, twin_runs: pd.DataFrame | None, source: str = "ml_test") -> pd.DataFrame:
+    """At each real 90 % crossing of the measured grid (per scenario and slot value: the last run
+    at or above the line and the first below it), the real throughput / offered and the twin's at
+    the same configuration (from the search runs, where its walk reached it)."""
+
+    df = from_real(real[real["source"] == source] if source else real)
+    df = df[df["status"] == "ok"]
+    tw = {}
+    if twin_runs is not None and len(twin_runs):
+        for _, r in twin_runs[twin_runs["status"] == "ok"].iterrows():
+            ratio = r["throughput_ratio"]
+            if (ratio is None or not np.isfinite(ratio)) and r.get("early_stop"):
+                ratio = -float(r["tok_s_upper"]) / float(r["offered_tok_s"])  # negative: an upper bound
+            tw[(r["scenario"], int(r["served_adapters"]), int(r["adapter_slots"]))] = ratio
+    rows = []
+    for (sc, g), sub in df.groupby(["scenario", "adapter_slots"]):
+        sub = sub.sort_values("served_adapters")
+        ratios = (sub["total_tok_s"] / sub["offered_tok_s"]).to_numpy()
+        served = sub["served_adapters"].to_numpy()
+        for i in range(len(sub) - 1):
+            if ratios[i] >= 0.9 > ratios[i + 1]:
+                for side, j in (("last_above", i), ("first_below", i + 1)):
+                    t = tw.get((sc, int(served[j]), int(g)), math.nan)
+                    rows.append({"scenario": sc, "adapter_slots": int(g), "side": side,
+                                 "served_adapters": int(served[j]), "real_ratio": float(ratios[j]),
+                                 "twin_ratio": abs(t) if t == t else math.nan,
+                                 "twin_ratio_is_upper_bound": bool(t == t and t < 0),
+                                 "same_side": (bool((abs(t) >= 0.9) == (ratios[j] >= 0.9)) if t == t and t >= 0
+                                               else (True if t == t and ratios[j] < 0.9 else None))})
+                break
+    return pd.DataFrame(rows)
+
+
+def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path: str | None = None,
+             source: str = "ml_test", search_cache: str | os.PathLike | None = None, run_search: bool = True,
+             executor: str = "local", jobs: int = 1, progress: bool = False) -> dict[str, Any]:
+    """Evaluate the configurators of ``profile`` (or ``model_path``) on the real runs of ``real_csv``."""
+
+    real = load_real(real_csv)
+    sel = real[real["source"] == source] if source else real
+    if not len(sel):
+        raise ValueError(f"{real_csv}: no rows with source == {source!r}")
+    if profile is None:
+        profile = profile_for_model(sel["model"].dropna().iloc[0] if sel["model"].notna().any() else None)
+    truth = real_optima(real, source)
+    grid = real_grid(sel)
+    served_grid = sorted(sel["served_adapters"].unique().astype(int).tolist()) or list(PUBLISHED_GRID)
+    slot_grid = sorted(sel["adapter_slots"].unique().astype(int).tolist()) or list(PUBLISHED_GRID)
+    table, per = [], []
+    primary = None
+    models = {}
+    try:
+        models["rf"] = load_model(model_path or profile, "rf")
+    except FileNotFoundError:
+        if model_path:
+            raise
+    if not model_path:
+        try:
+            models["cart"] = load_model(profile, "cart")
+        except FileNotFoundError:
+            pass
+    for kind, m in models.items():
+        label = {"rf": "random forest", "cart": "<= 30-rule tree"}.get(m["kind"], m["kind"])
+        s, d = score_predictor(label, model_predictions(m, truth), truth, grid, served_grid, slot_grid)
+        s["model"] = m.get("_path")
+        table.append(s)
+        per.append(d)
+        if primary is None:
+            primary = s
+    if models:
+        m = next(iter(models.values()))
+        s, d = score_predictor("constant (training median)", constant_predictions(m, truth), truth, grid,
+                               served_grid, slot_grid)
+        table.append(s)
+        per.append(d)
+    twin_runs = None
+    if run_search:
+        sp, twin_runs = search_predictions(truth, profile, search_cache, executor, jobs, progress)
+        s, d = score_predictor("twin as optimiser (search)", sp, truth, grid, served_grid, slot_grid)
+        table.append(s)
+        per.append(d)
+        if primary is None:
+            primary = s
+    fam = _model_family(profile, sel)
+    for name, v in PUBLISHED.get(fam, {}).items():
+        table.append({"predictor": name, "scenarios": 9, **v})
+    tab = pd.DataFrame(table)
+    summary = {"scenarios": int(len(truth)), "profile": profile, "real": str(real_csv), "source": source,
+               "model": (primary or {}).get("model") or (primary or {}).get("predictor"),
+               **{k: (primary or {}).get(k) for k in ("smape_served", "smape_slots", "smape_throughput",
+                                                       "smape_served_raw", "smape_slots_raw", "regret_mean",
+                                                       "regret_min", "starving")},
+               "table": tab.to_dict(orient="records")}
+    cross = crossings(real, twin_runs, source) if twin_runs is not None else pd.DataFrame()
+    if len(cross):
+        both = cross.dropna(subset=["twin_ratio"])
+        summary["crossings"] = {"points": int(len(cross)), "with_twin": int(len(both)),
+                                "same_side": int(both["same_side"].fillna(False).astype(bool).sum())}
+    return {"summary": summary, "table": tab, "per_scenario": pd.concat(per, ignore_index=True) if per else
+            pd.DataFrame(), "truth": truth, "crossings": cross}
+
+
+def format_table(tab: pd.DataFrame) -> str:
+    cols = [("predictor", 30, "s"), ("smape_served", 9, ".2f"), ("smape_slots", 9, ".2f"),
+            ("smape_served_raw", 9, ".2f"), ("smape_slots_raw", 9, ".2f"), ("smape_throughput", 9, ".2f"),
+            ("regret_mean", 8, ".3f"), ("regret_min", 8, ".3f"), ("starving", 6, ".0f")]
+    hdr = ["predictor".ljust(30), "served", "slots", "served*", "slots*", "tok/s", "regret", "min", "starve"]
+    lines = [" ".join(h.rjust(w) if i else h for i, (h, (_, w, _)) in enumerate(zip(hdr, cols)))]
+    for _, r in tab.iterrows():
+        cells = []
+        for c, w, f in cols:
+            v = r.get(c)
+            if f == "s":
+                cells.append(str(v)[:w].ljust(w))
+            elif v is None or (isinstance(v, float) and not np.isfinite(v)):
+                cells.append("-".rjust(w))
+            else:
+                cells.append(format(float(v), f).rjust(w))
+        lines.append(" ".join(cells))
+    lines.append("SMAPE % in the published convention 100*mean(|p-y|/(|p|+|y|)), snapped to the grid "
+                 "(* = raw prediction); regret = real tok/s at the recommendation / real optimum")
+    return "\n".join(lines)
+
+
+def make_figures(res: dict[str, Any], out_dir: str | os.PathLike) -> list[Path]:
+    """``recommendations.png`` (per scenario: real optimum and each predictor's served / slots) and
+    ``crossings.png`` (twin vs real throughput / offered at the real 90 % crossings)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    paths: list[Path] = []
+    per = res["per_scenario"]
+    if len(per):
+        truth = res["truth"].sort_values("scenario")
+        names = list(dict.fromkeys(per["predictor"]))
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+        x = np.arange(len(truth))
+        w = 0.8 / (len(names) + 1)
+        for ax, col, real_col, lab in ((axes[0], "served", "served_adapters", "served adapters"),
+                                       (axes[1], "slots", "adapter_slots", "adapter slots")):
+            ax.bar(x, truth[real_col], w, label="real optimum", color="k")
+            for i, n in enumerate(names):
+                d = per[per["predictor"] == n].set_index("scenario").reindex(truth["scenario"])
+                ax.bar(x + (i + 1) * w, d[col], w, label=n)
+            ax.set_xticks(x + 0.4)
+            ax.set_xticklabels([s.replace("_size_", "\n") for s in truth["scenario"]], rotation=60, fontsize=6)
+            ax.set_yscale("log", base=2)
+            ax.set_title(lab)
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        p = out / "recommendations.png"
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        paths.append(p)
+    cr = res.get("crossings")
+    if cr is not None and len(cr):
+        c = cr.dropna(subset=["twin_ratio"])
+        fig, ax = plt.subplots(figsize=(5.5, 5))
+        for side, mk in (("last_above", "o"), ("first_below", "s")):
+            for ub, fc in ((False, None), (True, "none")):
+                s = c[(c["side"] == side) & (c["twin_ratio_is_upper_bound"] == ub)]
+                if len(s):
+                    ax.scatter(s["real_ratio"], s["twin_ratio"], marker=mk, s=22,
+                               facecolors=fc if fc else None, edgecolors="C0" if side == "last_above" else "C3",
+                               color="C0" if side == "last_above" else "C3",
+                               label=f"{side}{' (twin: upper bound, stopped early)' if ub else ''}")
+        ax.axhline(0.9, color="grey", lw=0.8)
+        ax.axvline(0.9, color="grey", lw=0.8)
+        ax.plot([0, 1.05], [0, 1.05], "k:", lw=0.8)
+        ax.set_xlim(0.5, 1.02)
+        ax.set_ylim(0.5, 1.02)
+        ax.set_xlabel("real throughput / offered")
+        ax.set_ylabel("twin throughput / offered")
+        ax.set_title("at the real 90 % crossings (ml_test grid)", fontsize=9)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        p = out / "crossings.png"
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        paths.append(p)
+    return paths

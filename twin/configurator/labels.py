@@ -1,0 +1,175 @@
+"""Optimum labels from a table of runs (a sweep's results or a real-run table).
+
+Rules (:data:`RULES`):
+
+* ``throughput90`` -- the published rule, exactly: per scenario and slot value, walk served
+  adapters upwards while the run's total token throughput is at least ``ratio`` (0.9) x the
+  offered tokens and keep the last such run; if even the first run fails, keep it. Across slot
+  values, keep the candidate with the highest throughput.
+* ``robust`` -- among the same per-slot candidates, the fewest slots whose throughput is within
+  ``tolerance`` (1 %) of the best candidate's.
+* ``slo`` -- the run with the highest throughput among those with SLO attainment (TTFT / TBT
+  SLOs of the sweep) at least ``slo_share`` (and not starving).
+
+Runs that did not produce a result (start-up failures, errors, real runs that failed for any
+reason) are skipped in the walk, as the published labels do. Every label carries its margin to
+the 90 % line: ``ratio_at_label - ratio`` (how far the chosen run is above the line) and the
+ratio of the next run of its walk (``next_ratio``; for a run that stopped early, its upper bound).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from traces.arguments import parse_list
+
+RULES = ("throughput90", "robust", "slo")
+FEATURES = ("rate_max", "rate_min", "rate_mean", "rate_std", "rank_max", "rank_min", "rank_mean", "rank_std")
+TARGETS = ("served_adapters", "adapter_slots", "throughput_tok_s")
+GROUP_CANDIDATES = ("scenario", "policy", "seed", "max_lora_rank", "profile", "mean_input_tokens",
+                    "mean_output_tokens")
+
+
+def features_of(rates, ranks) -> dict[str, float]:
+    """The published 8 features: max, min, mean, std (population) of the rate and rank triples."""
+    r = np.asarray([float(x) for x in rates], float)
+    k = np.asarray([float(x) for x in ranks], float)
+    return {"rate_max": float(r.max()), "rate_min": float(r.min()), "rate_mean": float(r.mean()),
+            "rate_std": float(r.std()), "rank_max": float(k.max()), "rank_min": float(k.min()),
+            "rank_mean": float(k.mean()), "rank_std": float(k.std())}
+
+
+def from_real(real: pd.DataFrame) -> pd.DataFrame:
+    """A real-run table (validation format) in the sweep's column names. The offered tokens are
+    ``offered_tok_s_est`` (what ``is_optimum_est`` uses); runs without a result get status != ok."""
+
+    df = real.copy()
+    df["offered_tok_s"] = df["offered_tok_s_est"].astype(float)
+    df["throughput_ratio"] = df["total_tok_s"].astype(float) / df["offered_tok_s"]
+    df["early_stop"] = False
+    feats = [features_of(parse_list(a, float, "rates"), parse_list(b, int, "ranks"))
+             for a, b in zip(df["rates"].astype(str), df["ranks"].astype(str))]
+    for f in FEATURES:
+        df[f] = [x[f] for x in feats]
+    return df
+
+
+def _group_keys(df: pd.DataFrame) -> list[str]:
+    return [c for c in GROUP_CANDIDATES if c in df.columns and df[c].notna().all()]
+
+
+def _passes(row: pd.Series, ratio: float, strict: bool) -> bool:
+    tp, off = row.get("total_tok_s"), row.get("offered_tok_s")
+    if row.get("early_stop") and (tp is None or not np.isfinite(tp)):
+        return False  # stopped early: decided starving
+    if tp is None or off is None or not np.isfinite(tp) or not np.isfinite(off):
+        return False
+    return tp > ratio * off if strict else tp >= ratio * off
+
+
+def slot_candidates(g: pd.DataFrame, ratio: float = 0.9, strict: bool = False) -> pd.DataFrame:
+    """The per-slot candidates of one scenario (the walk of the published rule), with margins."""
+    out = []
+    ok = g[g["status"] == "ok"]
+    for slots, sub in ok.groupby("adapter_slots", sort=True):
+        sub = sub.sort_values("served_adapters")
+        cand = None
+        nxt = None
+        for i, (_, row) in enumerate(sub.iterrows()):
+            if _passes(row, ratio, strict):
+                cand = row
+                continue
+            if cand is None:
+                cand = row
+                # the first run fails: its own ratio is the margin, and nothing follows it
+                nxt = None
+            else:
+                nxt = row
+            break
+        if cand is None:
+            continue
+        c = cand.copy()
+        c["ratio_at_label"] = _ratio(cand)
+        c["next_served"] = float(nxt["served_adapters"]) if nxt is not None else math.nan
+        c["next_ratio"] = _ratio(nxt) if nxt is not None else math.nan
+        out.append(c)
+    return pd.DataFrame(out)
+
+
+def _ratio(row: pd.Series | None) -> float:
+    if row is None:
+        return math.nan
+    tp, off = row.get("total_tok_s"), row.get("offered_tok_s")
+    if (tp is None or not np.isfinite(tp)) and row.get("early_stop"):
+        ub = row.get("tok_s_upper")
+        return float(ub / off) if ub is not None and np.isfinite(ub) and off else math.nan
+    return float(tp / off) if tp is not None and off else math.nan
+
+
+def label_scenarios(df: pd.DataFrame, rule: str = "throughput90", ratio: float = 0.9, tolerance: float = 0.01,
+                    slo_share: float = 0.9, strict: bool = False) -> pd.DataFrame:
+    """One label row per scenario (and policy / seed / max rank / profile when present):
+    the features, ``served_adapters``, ``adapter_slots``, ``throughput_tok_s``, ``ratio_at_label``,
+    ``margin`` (to the 90 % line), ``next_ratio``, ``rule``."""
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}; choose from {', '.join(RULES)}")
+    keys = _group_keys(df)
+    rows = []
+    for key, g in df.groupby(keys, sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        lab = _label_one(g, rule, ratio, tolerance, slo_share, strict)
+        if lab is None:
+            continue
+        d = dict(zip(keys, key))
+        first = g.iloc[0]
+        for c in FEATURES + ("rates", "ranks", "mean_input_tokens", "mean_output_tokens"):
+            if c in g:
+                d[c] = first[c]
+        d.update(lab)
+        d["rule"] = rule
+        rows.append(d)
+    return pd.DataFrame(rows)
+
+
+def _label_one(g: pd.DataFrame, rule: str, ratio: float, tolerance: float, slo_share: float,
+               strict: bool) -> dict[str, Any] | None:
+    if rule == "slo":
+        if "slo_attainment" not in g:
+            raise ValueError("the slo rule needs slo_attainment (sweep with [slo] ttft_s / tbt_s)")
+        ok = g[(g["status"] == "ok") & g["total_tok_s"].notna() & (g["slo_attainment"] >= slo_share)]
+        ok = ok[~ok.get("starving", pd.Series(False, index=ok.index)).astype(bool)]
+        if not len(ok):
+            return None
+        best = ok.loc[ok["total_tok_s"].idxmax()]
+        return _lab(best, ratio, n_candidates=len(ok))
+    cands = slot_candidates(g, ratio, strict)
+    if not len(cands):
+        return None
+    tp = cands["total_tok_s"].astype(float)
+    if rule == "throughput90":
+        best = cands.loc[tp.idxmax()]
+    else:  # robust
+        top = float(tp.max())
+        close = cands[tp >= (1.0 - tolerance) * top]
+        best = close.sort_values(["adapter_slots", "total_tok_s"], ascending=[True, False]).iloc[0]
+    return _lab(best, ratio, n_candidates=len(cands))
+
+
+def _lab(best: pd.Series, ratio: float, n_candidates: int) -> dict[str, Any]:
+    r = best.get("ratio_at_label", _ratio(best))
+    return {"served_adapters": int(best["served_adapters"]), "adapter_slots": int(best["adapter_slots"]),
+            "throughput_tok_s": float(best["total_tok_s"]), "offered_tok_s": float(best["offered_tok_s"]),
+            "ratio_at_label": float(r), "margin": float(r - ratio),
+            "next_served": float(best.get("next_served", math.nan)),
+            "next_ratio": float(best.get("next_ratio", math.nan)),
+            "slo_attainment": float(best.get("slo_attainment", math.nan)) if "slo_attainment" in best else math.nan,
+            "n_candidates": int(n_candidates)}
+
+
+def real_optima(real: pd.DataFrame, source: str = "ml_test", rule: str = "throughput90", **kw) -> pd.DataFrame:
+    """Labels of a real-run table's scenarios (``source`` rows) under ``rule``."""
+    df = from_real(real[real["source"] == source]) if source else from_real(real)
+    return label_scenarios(df.drop(columns=[c for c in ("seed", "policy", "profile") if c in df]), rule, **kw)

@@ -1,0 +1,277 @@
+"""Configurator models: training (scikit-learn), a JSON format that predicts without scikit-learn,
+plain rules of the <= 30-leaf tree, prediction with uncertainty.
+
+Every model predicts the three targets of a label (:data:`twin.configurator.labels.TARGETS`) from
+the scenario features. The trees are fitted on ``log`` targets (served adapters, slots and
+throughput span two orders of magnitude and are scored by a relative error, SMAPE), multi-output,
+so one tree recommends a whole configuration; a prediction is snapped to the sweep's grid
+(nearest value in log scale, slots <= served).
+
+Model file (``*.json``): ``{"schema", "kind", "features", "targets", "log_targets", "trees":
+[{"left", "right", "feature", "threshold", "value"}...], "grid": {"served", "slots"},
+"constant": {...}, "provenance": {...}}``. The random forest keeps every tree (the spread across
+trees is the uncertainty); the CART model also carries ``rules`` (one per leaf).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from twin.configurator.labels import FEATURES, TARGETS
+
+SCHEMA = "lora-twin-configurator/1"
+MODEL_DIR = Path(__file__).resolve().parent / "models"
+KINDS = ("rf", "cart")
+
+
+def smape_pct(pred, true) -> float:
+    """The published convention: ``100 * mean(|p - y| / (|p| + |y|))``."""
+    p = np.asarray(pred, float)
+    y = np.asarray(true, float)
+    den = np.abs(p) + np.abs(y)
+    t = np.where(den > 0, np.abs(p - y) / np.where(den > 0, den, 1), 0.0)
+    t = t[np.isfinite(t)]
+    return float(100 * t.mean()) if t.size else float("nan")
+
+
+def snap(value: float, grid: list[int]) -> int:
+    """Nearest grid value in log scale."""
+    g = np.asarray(sorted(grid), float)
+    if not np.isfinite(value) or value <= 0:
+        return int(g[0])
+    return int(g[np.argmin(np.abs(np.log(g) - math.log(value)))])
+
+
+def snap_config(served: float, slots: float, served_grid: list[int], slot_grid: list[int]) -> tuple[int, int]:
+    n = snap(served, served_grid)
+    g = snap(slots, slot_grid)
+    if g > n:
+        g = max([x for x in slot_grid if x <= n] or [min(slot_grid)])
+    return n, g
+
+
+# --------------------------------------------------------------------------- tree export / evaluation
+def export_tree(est) -> dict[str, Any]:
+    t = est.tree_
+    val = t.value[:, :, 0] if t.value.ndim == 3 else t.value
+    return {"left": t.children_left.tolist(), "right": t.children_right.tolist(), "feature": t.feature.tolist(),
+            "threshold": [float(x) for x in t.threshold], "value": np.round(val, 6).tolist(),
+            "n": t.n_node_samples.tolist()}
+
+
+def tree_apply(tree: dict[str, Any], x: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """The leaf value of one feature vector and the node path."""
+    node = 0
+    path = [0]
+    left, right, feat, thr = tree["left"], tree["right"], tree["feature"], tree["threshold"]
+    while left[node] != -1:
+        node = left[node] if x[feat[node]] <= thr[node] else right[node]
+        path.append(node)
+    return np.asarray(tree["value"][node], float), path
+
+
+def tree_rules(tree: dict[str, Any], features: list[str], targets: list[str], log_targets: bool) -> list[dict]:
+    """One rule per leaf: its conditions (merged per feature into an interval) and prediction."""
+    rules: list[dict] = []
+
+    def rec(node: int, bounds: dict[str, list[float]]):
+        if tree["left"][node] == -1:
+            v = np.asarray(tree["value"][node], float)
+            pred = np.exp(v) if log_targets else v
+            conds = []
+            for f, (lo, hi) in bounds.items():
+                if lo > -math.inf:
+                    conds.append({"feature": f, "op": ">", "value": lo})
+                if hi < math.inf:
+                    conds.append({"feature": f, "op": "<=", "value": hi})
+            rules.append({"leaf": node, "conditions": conds, "samples": int(tree["n"][node]),
+                          "predict": {t: float(p) for t, p in zip(targets, pred)}})
+            return
+        f = features[tree["feature"][node]]
+        thr = float(tree["threshold"][node])
+        lo, hi = bounds.get(f, [-math.inf, math.inf])
+        b = dict(bounds)
+        b[f] = [lo, min(hi, thr)]
+        rec(tree["left"][node], b)
+        b = dict(bounds)
+        b[f] = [max(lo, thr), hi]
+        rec(tree["right"][node], b)
+
+    rec(0, {})
+    return rules
+
+
+def format_rules(model: dict[str, Any]) -> str:
+    """The rules as text: ``IF ... THEN served ~ N, slots ~ G (throughput T tok/s) [k scenarios]``."""
+    grid = model.get("grid") or {}
+    lines = [f"# {model['kind']} configurator, profile {model['provenance'].get('profile')}, rule "
+             f"{model['provenance'].get('rule')}, {len(model['rules'])} rules"]
+    for i, r in enumerate(model["rules"], 1):
+        conds = " AND ".join(f"{c['feature']} {c['op']} {c['value']:.6g}" for c in r["conditions"]) or "always"
+        p = r["predict"]
+        n, g = p.get("served_adapters", math.nan), p.get("adapter_slots", math.nan)
+        if grid:
+            n, g = snap_config(n, g, grid["served"], grid["slots"])
+        lines.append(f"R{i:02d} IF {conds} THEN served {n}, slots {g} (throughput "
+                     f"{p.get('throughput_tok_s', math.nan):.0f} tok/s) [{r['samples']} scenarios]")
+    return "\n".join(lines)
+
+
+def rules_predict(rules: list[dict], x: dict[str, float]) -> dict | None:
+    """The rule whose conditions hold for ``x`` (rules of a tree partition the feature space)."""
+    for r in rules:
+        ok = True
+        for c in r["conditions"]:
+            v = x[c["feature"]]
+            if (c["op"] == "<=" and not v <= c["value"]) or (c["op"] == ">" and not v > c["value"]):
+                ok = False
+                break
+        if ok:
+            return r
+    return None
+
+
+# --------------------------------------------------------------------------- save / load
+def save_model(model: dict[str, Any], path: str | os.PathLike) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(model, separators=(",", ":")))
+    return p
+
+
+def shipped_model_path(profile: str, kind: str = "rf") -> Path:
+    return MODEL_DIR / f"{profile}.{kind}.json"
+
+
+def load_model(path_or_profile: str | os.PathLike, kind: str = "rf") -> dict[str, Any]:
+    """A model file, or the shipped configurator of a profile name."""
+    p = Path(path_or_profile)
+    if not p.exists():
+        p = shipped_model_path(str(path_or_profile), kind)
+    if not p.exists():
+        avail = sorted(x.name for x in MODEL_DIR.glob("*.json")) if MODEL_DIR.exists() else []
+        raise FileNotFoundError(f"no configurator model {path_or_profile!r} ({kind}); shipped: {avail or 'none'}; "
+                                f"train one with `twin configure train`")
+    m = json.loads(p.read_text())
+    if m.get("schema") != SCHEMA:
+        raise ValueError(f"{p}: not a configurator model (schema {m.get('schema')!r})")
+    m["_path"] = str(p)
+    return m
+
+
+# --------------------------------------------------------------------------- prediction
+def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -> dict[str, Any]:
+    """Recommendation for one feature dict: raw and snapped served / slots, throughput, uncertainty
+    (spread across the forest's trees: 10th-90th percentile), and with ``explain`` the rule path."""
+    feats = model["features"]
+    missing = [f for f in feats if f not in x]
+    if missing:
+        raise ValueError(f"the model needs features {missing} (it was trained on {feats})")
+    xv = np.asarray([float(x[f]) for f in feats], float)
+    targets = model["targets"]
+    outs, paths = [], []
+    for tree in model["trees"]:
+        v, path = tree_apply(tree, xv)
+        outs.append(v)
+        paths.append(path)
+    V = np.asarray(outs)
+    mean = V.mean(axis=0)
+    pred = np.exp(mean) if model.get("log_targets") else mean
+    per_tree = np.exp(V) if model.get("log_targets") else V
+    res: dict[str, Any] = {"model": model.get("kind"), "profile": model["provenance"].get("profile"),
+                           "rule": model["provenance"].get("rule")}
+    raw = {t: float(p) for t, p in zip(targets, pred)}
+    grid = model.get("grid") or {}
+    n, g = snap_config(raw["served_adapters"], raw["adapter_slots"], grid.get("served", [16]), grid.get("slots", [16]))
+    res.update(served_adapters=n, adapter_slots=g, throughput_tok_s=raw["throughput_tok_s"],
+               served_adapters_raw=raw["served_adapters"], adapter_slots_raw=raw["adapter_slots"])
+    if len(model["trees"]) > 1:
+        lo, hi = np.percentile(per_tree, [10, 90], axis=0)
+        res["uncertainty"] = {t: {"p10": float(a), "p90": float(b)} for t, a, b in zip(targets, lo, hi)}
+        res["uncertainty"]["trees"] = len(model["trees"])
+    if explain:
+        if model.get("rules"):
+            r = rules_predict(model["rules"], x)
+            res["rule_path"] = [f"{c['feature']} {c['op']} {c['value']:.6g}" for c in r["conditions"]] if r else []
+        else:
+            tree = model["trees"][0]
+            res["rule_path"] = [f"{feats[tree['feature'][a]]} {'<=' if b == tree['left'][a] else '>'} "
+                                f"{tree['threshold'][a]:.6g}" for a, b in zip(paths[0][:-1], paths[0][1:])]
+            res["rule_path_note"] = "path through the forest's first tree"
+    return res
+
+
+# --------------------------------------------------------------------------- training
+def _smape_scorer(log_targets: bool, cols: tuple[int, ...] = (0, 1)):
+    from sklearn.metrics import make_scorer
+
+    def score(y_true, y_pred):
+        yt = np.exp(y_true) if log_targets else y_true
+        yp = np.exp(y_pred) if log_targets else y_pred
+        return -float(np.mean([smape_pct(yp[:, c], yt[:, c]) for c in cols]))
+
+    return make_scorer(score)
+
+
+def _estimator(kind: str, seed: int):
+    if kind == "rf":
+        from sklearn.ensemble import RandomForestRegressor
+
+        return RandomForestRegressor(random_state=seed, n_jobs=1), {
+            "n_estimators": [50], "max_depth": [None, 8], "min_samples_leaf": [1, 2, 4], "max_features": [1.0, 0.6]}
+    if kind == "cart":
+        from sklearn.tree import DecisionTreeRegressor
+
+        return DecisionTreeRegressor(random_state=seed), {
+            "max_leaf_nodes": [8, 12, 16, 20, 24, 30], "min_samples_leaf": [1, 2, 4]}
+    raise ValueError(f"unknown model kind {kind!r}; choose from {', '.join(KINDS)}")
+
+
+def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = None, seed: int = 0,
+          cv: int = 5, search: bool = True, provenance: dict[str, Any] | None = None,
+          grid: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """Fit a model on label rows (from :func:`twin.configurator.dataset.build_dataset`), tuned by a
+    ``cv``-fold halving grid search scored by SMAPE (served and slots) when ``search``."""
+    feats = list(features or FEATURES)
+    X = labels[feats].to_numpy(float)
+    Y = np.log(labels[list(TARGETS)].to_numpy(float))
+    est, params = _estimator(kind, seed)
+    info: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    n_cv = min(cv, len(labels))
+    if search and n_cv >= 2 and len(labels) >= 6:
+        from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+        from sklearn.model_selection import HalvingGridSearchCV, KFold
+
+        gs = HalvingGridSearchCV(est, params, cv=KFold(n_cv, shuffle=True, random_state=seed),
+                                 scoring=_smape_scorer(True), random_state=seed, min_resources="exhaust", factor=2,
+                                 n_jobs=1)
+        gs.fit(X, Y)
+        est = gs.best_estimator_
+        info = {"best_params": {k: (v if not isinstance(v, np.generic) else v.item())
+                                for k, v in gs.best_params_.items()},
+                "cv_smape_served_slots_mean": -float(gs.best_score_), "cv_folds": n_cv}
+    else:
+        est.fit(X, Y)
+    trees = [export_tree(e) for e in est.estimators_] if kind == "rf" else [export_tree(est)]
+    y_lab = labels[list(TARGETS)]
+    import sklearn
+
+    model: dict[str, Any] = {
+        "schema": SCHEMA, "kind": kind, "features": feats, "targets": list(TARGETS), "log_targets": True,
+        "trees": trees, "grid": grid or {},
+        "constant": {t: float(np.exp(np.log(y_lab[t].astype(float)).median())) for t in TARGETS},
+        "provenance": {**(provenance or {}), "scenarios": int(len(labels)), "estimator": type(est).__name__,
+                       "sklearn": sklearn.__version__, "seed": seed, "fit_s": time.perf_counter() - t0,
+                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **info}}
+    if kind == "cart":
+        model["rules"] = tree_rules(trees[0], feats, list(TARGETS), True)
+    return model

@@ -1,0 +1,84 @@
+"""``twin configure search``: the twin used directly as the optimiser (no trained model).
+
+For each scenario (rate triple x rank triple), the twin walks the configuration grid exactly as a
+sweep task does (:func:`twin.sweep.walk.run_task`) and the optimum rule picks the configuration.
+Results are cached in a sweep directory (shards named by their task's content), so a second
+search of the same scenario with the same profile and grid costs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from twin.sweep.grid import PUBLISHED_GRID, GridSpec
+from twin.sweep.grid import scenario_key
+from twin.configurator.labels import label_scenarios
+from twin.sweep import runner
+
+DEFAULT_CACHE = Path("sweeps") / "search-cache"
+
+
+def search_grid(scenarios: Iterable[tuple[list[float], list[int]]], profile: str | None, window_s: float = 3600.0,
+                served: Iterable[int] = PUBLISHED_GRID, slots: Iterable[int] = PUBLISHED_GRID,
+                seeds: Iterable[int] = (0,), lengths: tuple[float, float] = (222.0, 197.0),
+                policy: str = "fcfs+client-cap", model: str = "") -> GridSpec:
+    """A grid holding exactly the given scenarios (no cross product of rates and ranks)."""
+    sc = list(scenarios)
+    g = GridSpec(name="search", profile=profile, window_s=float(window_s), seeds=[int(s) for s in seeds],
+                 served=sorted(int(x) for x in served), slots=sorted(int(x) for x in slots),
+                 lengths=[[float(lengths[0]), float(lengths[1])]], policy=[policy], model=model)
+    g.rates = [list(x) for x in dict.fromkeys(tuple(map(float, r)) for r, _ in sc)]
+    g.ranks = [list(x) for x in dict.fromkeys(tuple(map(int, k)) for _, k in sc)]
+    return g
+
+
+def _pairs_tasks(g: GridSpec, pairs: list[tuple[list[float], list[int]]]) -> list[dict[str, Any]]:
+
+    want = {scenario_key(r, k, g.lengths[0], g.policy[0]) for r, k in pairs}
+    out, seen = [], set()
+    for t in g.tasks():
+        if t["scenario"]["key"] in want and t["task_hash"] not in seen:
+            seen.add(t["task_hash"])
+            out.append(t)
+    return out
+
+
+def search(pairs: list[tuple[list[float], list[int]]], profile: str | None, cache: str | os.PathLike | None = None,
+           executor: str = "local", jobs: int = 1, rule: str = "throughput90", progress: bool = False,
+           **grid_kw: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Search every ``(rates, ranks)`` pair; returns ``(labels, runs)``: one label row per scenario
+    (and seed) under ``rule``, and the runs behind them."""
+
+    g = search_grid(pairs, profile, **grid_kw)
+    tasks = _pairs_tasks(g, pairs)
+    cache = Path(cache or DEFAULT_CACHE)
+    done = runner.done_tasks(cache)
+    todo = [t for t in tasks if t["task_hash"] not in done]
+    if todo:
+        _run_tasks(todo, cache, executor, jobs, progress)
+    hashes = {t["task_hash"] for t in tasks}
+    files = [runner.shard_dir(cache) / f"{h}.parquet" for h in sorted(hashes)]
+    runs = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    labels = label_scenarios(runs, rule)
+    return labels, runs
+
+
+def _run_tasks(tasks: list[dict], cache: Path, executor: str, jobs: int, progress: bool) -> None:
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(tasks), unit="scenario", desc="search")
+    tasks = sorted(tasks, key=lambda t: -sum(t["scenario"]["rates"]))
+    for rows in runner._EXEC[executor](tasks, jobs):
+        if rows:
+            runner.write_shard(cache, rows[0]["task_hash"], rows)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()

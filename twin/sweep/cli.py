@@ -1,0 +1,80 @@
+"""``twin sweep``: run a grid of scenarios x configurations (see :mod:`twin.sweep`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "sweep", help="run a grid of scenarios x configurations through the twin (Parquet shards, resume)",
+        description="Run a named grid (adapter-twin-llama, adapter-twin-qwen, adapter-twin-llama-ext, smoke) or a "
+                    "TOML/YAML grid file. One task = one scenario's walk over its configurations (slots x served "
+                    "adapters); a walk stops at its first starving run and a run stops as soon as it is decided "
+                    "starving. One Parquet shard per task under OUT/shards; an interrupted sweep resumes.")
+    p.add_argument("grid", nargs="?", default="smoke", help="named grid or grid file (default: smoke)")
+    p.add_argument("--out", default=None, help="output directory (default: sweeps/<grid name>)")
+    p.add_argument("--executor", choices=("local", "dask", "ray"), default="local",
+                   help="local worker processes (default), a Dask cluster or a Ray cluster")
+    p.add_argument("--jobs", type=int, default=1, help="workers (local processes, or local Dask/Ray workers)")
+    p.add_argument("--address", default=None, help="scheduler address of a running Dask / Ray cluster")
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help="skip tasks whose shard exists (default); --no-resume starts over")
+    p.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
+    p.add_argument("--every", type=int, default=None, help="run one task in N (an evenly spread fraction)")
+    p.add_argument("--shard", default=None, help="i/k: run the i-th of k interleaved parts of the grid")
+    p.add_argument("--exclude", default=None,
+                   help="scenario keys to leave out (KEY,KEY), or a real-run CSV whose ml_test scenarios are held out")
+    p.add_argument("--order", choices=("heavy", "shuffle", "grid"), default="heavy",
+                   help="task order: heaviest first (default: short tail), shuffled (any prefix is a random "
+                        "sample: for measuring a fraction), or the grid's order")
+    p.add_argument("--list", action="store_true", help="list the named grids and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the grid's size and exit")
+    p.add_argument("--summary", action="store_true", help="summarize the results already in --out and exit")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar with ETA (default: on for a terminal)")
+    p.set_defaults(func=cmd_sweep)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from twin.sweep.grid import NAMED_GRIDS, load_grid
+    from twin.sweep.runner import (MissingExtra, exclusion_keys, read_results, run_sweep, select_tasks,
+                                   summarize_results)
+
+    if args.list:
+        for name, fn in NAMED_GRIDS.items():
+            g = fn()
+            print(f"{name:<24} {len(g.tasks()):>5} tasks, <= {g.n_runs_max():>6} runs, profile {g.profile}, "
+                  f"window {g.window_s:g} s")
+        return 0
+    grid = load_grid(args.grid)
+    out = args.out or f"sweeps/{grid.name}"
+    if args.summary:
+        s = summarize_results(read_results(out))
+        print(json.dumps(s, indent=2) if args.json else "\n".join(f"{k:<26} {v}" for k, v in s.items()))
+        return 0
+    exclude = exclusion_keys(args.exclude)
+    tasks = select_tasks(grid.tasks(), args.limit, args.shard, args.every, exclude)
+    if args.dry_run:
+        d = {"grid": grid.name, "tasks": len(tasks), "configs_per_task": len(grid.configs()),
+             "runs_max": len(tasks) * len(grid.configs()), "profile": grid.profile, "digest": grid.digest()}
+        print(json.dumps(d, indent=2) if args.json else "\n".join(f"{k:<18} {v}" for k, v in d.items()))
+        return 0
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    try:
+        rep = run_sweep(grid, out, args.executor, args.jobs, args.address, args.resume, args.limit, args.shard,
+                        args.every, progress, exclude=exclude, order=args.order)
+    except MissingExtra as e:
+        print(f"twin sweep: error: {e}", file=sys.stderr)
+        return 2
+    d = rep.to_dict()
+    if args.json:
+        print(json.dumps(d, indent=2))
+    else:
+        print(f"sweep {grid.name}: {rep.tasks_run} tasks run ({rep.tasks_done_before} already done of "
+              f"{rep.tasks_total}), {rep.runs} runs ({rep.runs_simulated} simulated, {rep.runs_early_stopped} "
+              f"stopped early), {rep.cpu_s / 3600:.3f} CPU-h in {rep.wall_s:.1f} s wall -> {out}")
+    return 0

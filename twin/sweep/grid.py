@@ -1,0 +1,267 @@
+"""Sweep grids: scenario axes x configuration axes, named or read from a TOML / YAML file.
+
+A grid file (TOML shown; YAML has the same keys)::
+
+    name = "my-grid"
+    profile = "llama-3.1-8b_h100_vllm085"   # profile name or JSON path
+    window_s = 3600
+    seeds = [0]
+
+    [scenarios]
+    rate_values = [3.2, 1.6, 0.8, 0.4, 0.1]   # every 3-combination (descending) ...
+    # rates = [[0.4, 0.05, 0.00625]]          # ... or explicit triples
+    rank_values = [8, 16, 32]                 # every 3-multiset with at most `max_largest` of the largest
+    max_largest = 1
+    # ranks = [[8, 16, 32]]
+    lengths = [[222, 197]]                    # mean input / output tokens (ShareGPT-like)
+    arrival = ["poisson"]
+    policy = ["fcfs+client-cap"]              # or any preset of `twin policies`
+
+    [configs]
+    served = [16, 32, 64]
+    slots = [16, 32, 64]                      # only slots <= served are run
+    max_lora_rank = "max"                     # the scenario's largest rank, or a list of ranks
+    engine = { max_num_seqs = 2048 }          # any EngineConfig field, fixed for every run
+
+    [early_stop]
+    walk = true       # a slot value's walk over served adapters stops at the first starving run
+    run = true        # a run stops as soon as it is decided starving (bounds always correct)
+    ratio = 0.9
+
+    [slo]
+    ttft_s = 10.0
+    tbt_s = 0.2
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from twin.sweep.scenario import profile_hash
+from twin.config import EngineConfig
+
+#: The published per-adapter rates (req/s) and ranks.
+PUBLISHED_RATES = (3.2, 1.6, 0.8, 0.4, 0.1, 0.05, 0.025, 0.0125, 0.00625, 0.003125)
+PUBLISHED_RANKS = (8, 16, 32)
+#: The published grid of served adapters and GPU adapter slots.
+PUBLISHED_GRID = (16, 32, 64, 96, 128, 160, 192, 256, 320, 384)
+
+
+@dataclass
+class GridSpec:
+    name: str = "grid"
+    profile: str | None = None
+    window_s: float = 3600.0
+    seeds: list[int] = field(default_factory=lambda: [0])
+    rates: list[list[float]] = field(default_factory=list)
+    ranks: list[list[int]] = field(default_factory=list)
+    lengths: list[list[float]] = field(default_factory=lambda: [[222.0, 197.0]])
+    arrival: list[str] = field(default_factory=lambda: ["poisson"])
+    policy: list[str] = field(default_factory=lambda: ["fcfs+client-cap"])
+    served: list[int] = field(default_factory=lambda: list(PUBLISHED_GRID))
+    slots: list[int] = field(default_factory=lambda: list(PUBLISHED_GRID))
+    max_lora_rank: Any = "max"
+    engine: dict[str, Any] = field(default_factory=dict)
+    early_stop_walk: bool = True
+    early_stop_run: bool = True
+    ratio: float = 0.9
+    ttft_slo_s: float | None = None
+    tbt_slo_s: float | None = None
+    model: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def digest(self) -> str:
+        """Hash of everything that changes results (the resume check)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    # ------------------------------------------------------------------ enumeration
+    def scenarios(self) -> list[dict[str, Any]]:
+        """Every scenario (rates x ranks x lengths x arrival x policy) with its key."""
+        out = []
+        for rates, ranks, lengths, arrival, policy in itertools.product(self.rates, self.ranks, self.lengths,
+                                                                        self.arrival, self.policy):
+            if arrival != "poisson":
+                raise ValueError(f"arrival process {arrival!r} is not supported by the sweep yet (use 'poisson')")
+            key = scenario_key(rates, ranks, lengths, policy)
+            out.append({"key": key, "rates": [float(r) for r in rates], "ranks": [int(r) for r in ranks],
+                        "lengths": [float(x) for x in lengths], "arrival": arrival, "policy": policy,
+                        "model": self.model})
+        return out
+
+    def max_rank_for(self, ranks: list[int]) -> list[int]:
+        if self.max_lora_rank in (None, "max"):
+            return [int(max(ranks))]
+        v = self.max_lora_rank if isinstance(self.max_lora_rank, (list, tuple)) else [self.max_lora_rank]
+        return [int(x) for x in v if int(x) >= max(ranks)]
+
+    def configs(self) -> list[tuple[int, int]]:
+        """(slots, served) pairs with slots <= served, slot-major, served ascending."""
+        return [(g, n) for g in sorted(self.slots) for n in sorted(self.served) if g <= n]
+
+    def tasks(self) -> list[dict[str, Any]]:
+        """One task per scenario x seed x max rank: its walk over the configurations."""
+        out = []
+        for sc in self.scenarios():
+            for seed in self.seeds:
+                for mr in self.max_rank_for(sc["ranks"]):
+                    tid = f"{sc['key']}|seed={seed}|maxrank={mr}"
+                    out.append({"task_id": tid, "scenario": sc, "seed": int(seed), "max_rank": int(mr),
+                                "slots": sorted(int(x) for x in self.slots), "served": sorted(int(x) for x in self.served),
+                                "window_s": float(self.window_s), "profile": self.profile, "engine": dict(self.engine),
+                                "early_stop_walk": self.early_stop_walk, "early_stop_run": self.early_stop_run,
+                                "ratio": float(self.ratio), "ttft_slo_s": self.ttft_slo_s, "tbt_slo_s": self.tbt_slo_s})
+        for t in out:
+            t["task_hash"] = task_hash(t)
+        return out
+
+    def n_runs_max(self) -> int:
+        return len(self.tasks()) * len(self.configs())
+
+
+def task_hash(task: dict[str, Any]) -> str:
+    """Hash of everything that changes a task's rows (its scenario, configurations, window, profile
+    name and content, seed, options): the shard name, so a shard is reused only for the same task."""
+
+    d = {k: v for k, v in task.items() if k != "task_hash"}
+    d["profile_hash"] = profile_hash(task.get("profile"))
+    return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _fmt(x: float) -> str:
+    s = repr(float(x))
+    return s[:-2] if s.endswith(".0") else s
+
+
+def scenario_key(rates, ranks, lengths=None, policy: str | None = None) -> str:
+    """``rate_0.4-0.05-0.00625_size_8-16-32`` (the real runs' folder names), with the lengths and the
+    policy appended when they are not the published ones."""
+    key = "rate_" + "-".join(_fmt(r) for r in rates) + "_size_" + "-".join(str(int(r)) for r in ranks)
+    if lengths is not None and [round(float(x), 3) for x in lengths] != [222.0, 197.0]:
+        key += "_len_" + "-".join(_fmt(x) for x in lengths)
+    if policy not in (None, "", "fcfs+client-cap"):
+        key += f"_policy_{policy}"
+    return key
+
+
+def rate_triples(values=PUBLISHED_RATES, k: int = 3) -> list[list[float]]:
+    """Every k-combination of distinct rates, each in descending order (120 for the published ten)."""
+    vals = sorted({float(v) for v in values}, reverse=True)
+    return [list(c) for c in itertools.combinations(vals, k)]
+
+
+def rank_multisets(values=PUBLISHED_RANKS, k: int = 3, max_largest: int = 1) -> list[list[int]]:
+    """Every k-multiset of ranks with at most ``max_largest`` copies of the largest (7 for 8/16/32)."""
+    vals = sorted(int(v) for v in values)
+    top = vals[-1]
+    return [list(c) for c in itertools.combinations_with_replacement(vals, k) if c.count(top) <= max_largest]
+
+
+# --------------------------------------------------------------------------- named grids
+def _published(name: str, profile: str, model: str) -> GridSpec:
+    return GridSpec(name=name, profile=profile, model=model, rates=rate_triples(), ranks=rank_multisets())
+
+
+NAMED_GRIDS = {
+    "adapter-twin-llama": lambda: _published("adapter-twin-llama", "llama-3.1-8b_h100_vllm085", "llama-3.1-8b"),
+    "adapter-twin-qwen": lambda: _published("adapter-twin-qwen", "qwen-2.5-7b_h100_vllm085", "qwen-2.5-7b"),
+    # the published grid plus the slot values it could not reach (8; 160-224 where vLLM starts)
+    "adapter-twin-llama-ext": lambda: GridSpec(
+        name="adapter-twin-llama-ext", profile="llama-3.1-8b_h100_vllm085", model="llama-3.1-8b",
+        rates=rate_triples(), ranks=rank_multisets(), slots=sorted(set(PUBLISHED_GRID) | {8, 176, 208, 224})),
+    # two scenarios, served 8-32 x slots 8-16, a 120 s window: seconds, for CI
+    "smoke": lambda: GridSpec(name="smoke", profile="llama-3.1-8b_h100_vllm085", model="llama-3.1-8b",
+                              window_s=120.0, rates=[[3.2, 1.6, 0.8], [0.8, 0.4, 0.1]],
+                              ranks=[[8, 16, 32]], served=[8, 16, 32], slots=[8, 16], ttft_slo_s=5.0, tbt_slo_s=0.2),
+}
+
+
+_SCEN_KEYS = {"rates", "rate_values", "rate_arity", "ranks", "rank_values", "rank_arity", "max_largest", "lengths",
+              "arrival", "policy"}
+_CONF_KEYS = {"served", "slots", "max_lora_rank", "engine"}
+_TOP_KEYS = {"name", "profile", "window_s", "seeds", "model", "scenarios", "configs", "early_stop", "slo"}
+
+
+def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
+    unknown = set(d) - _TOP_KEYS
+    if unknown:
+        raise ValueError(f"grid: unknown keys {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+    sc = dict(d.get("scenarios") or {})
+    cf = dict(d.get("configs") or {})
+    for k in set(sc) - _SCEN_KEYS:
+        raise ValueError(f"grid [scenarios]: unknown key {k!r}; allowed: {sorted(_SCEN_KEYS)}")
+    for k in set(cf) - _CONF_KEYS:
+        raise ValueError(f"grid [configs]: unknown key {k!r}; allowed: {sorted(_CONF_KEYS)}")
+    g = GridSpec(name=str(d.get("name", default_name)), profile=d.get("profile"),
+                 window_s=float(d.get("window_s", 3600.0)), seeds=[int(s) for s in d.get("seeds", [0])],
+                 model=str(d.get("model", "")))
+    if "rates" in sc:
+        g.rates = [[float(x) for x in r] for r in sc["rates"]]
+    else:
+        g.rates = rate_triples(sc.get("rate_values", PUBLISHED_RATES), int(sc.get("rate_arity", 3)))
+    if "ranks" in sc:
+        g.ranks = [[int(x) for x in r] for r in sc["ranks"]]
+    else:
+        g.ranks = rank_multisets(sc.get("rank_values", PUBLISHED_RANKS), int(sc.get("rank_arity", 3)),
+                                 int(sc.get("max_largest", 1)))
+    if "lengths" in sc:
+        g.lengths = [[float(x) for x in pair] for pair in sc["lengths"]]
+    if "arrival" in sc:
+        g.arrival = list(sc["arrival"]) if isinstance(sc["arrival"], list) else [sc["arrival"]]
+    if "policy" in sc:
+        g.policy = list(sc["policy"]) if isinstance(sc["policy"], list) else [sc["policy"]]
+    if "served" in cf:
+        g.served = [int(x) for x in cf["served"]]
+    if "slots" in cf:
+        g.slots = [int(x) for x in cf["slots"]]
+    if "max_lora_rank" in cf:
+        g.max_lora_rank = cf["max_lora_rank"]
+    if "engine" in cf:
+
+        fields = set(EngineConfig.__dataclass_fields__)
+        bad = set(cf["engine"]) - fields
+        if bad:
+            raise ValueError(f"grid [configs.engine]: {sorted(bad)} are not EngineConfig fields")
+        g.engine = dict(cf["engine"])
+    es = d.get("early_stop") or {}
+    g.early_stop_walk = bool(es.get("walk", True))
+    g.early_stop_run = bool(es.get("run", True))
+    g.ratio = float(es.get("ratio", 0.9))
+    slo = d.get("slo") or {}
+    g.ttft_slo_s = slo.get("ttft_s")
+    g.tbt_slo_s = slo.get("tbt_s")
+    if not g.rates or not g.ranks:
+        raise ValueError("grid: no scenario (empty rates or ranks)")
+    return g
+
+
+def load_grid(name_or_path: str | os.PathLike) -> GridSpec:
+    """A named grid (:data:`NAMED_GRIDS`) or a ``.toml`` / ``.yaml`` / ``.yml`` / ``.json`` file."""
+    s = str(name_or_path)
+    if s in NAMED_GRIDS:
+        return NAMED_GRIDS[s]()
+    p = Path(s)
+    if not p.exists():
+        raise ValueError(f"unknown grid {s!r}: not a named grid ({', '.join(NAMED_GRIDS)}) nor a file")
+    suf = p.suffix.lower()
+    if suf == ".toml":
+        import tomllib
+
+        d = tomllib.loads(p.read_text())
+    elif suf in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise SystemExit("YAML grid files need PyYAML: pip install 'lora-twin[sweep]' (or pip install pyyaml)")
+        d = yaml.safe_load(p.read_text())
+    elif suf == ".json":
+        d = json.loads(p.read_text())
+    else:
+        raise ValueError(f"grid file {p}: use .toml, .yaml/.yml or .json")
+    return grid_from_dict(d or {}, default_name=p.stem)

@@ -1,0 +1,274 @@
+"""Run a grid: executors (local processes, Dask, Ray), Parquet shards, resume, progress.
+
+Output directory layout::
+
+    OUT/sweep.json                  grid, its digest, profile hash, twin version, started/finished
+    OUT/shards/<task_hash>.parquet  one shard per finished task (a scenario's walk), one row per run
+
+A shard is written (to a temporary name, then renamed) as soon as its task's result arrives, so
+an interrupted sweep loses at most the tasks in flight; ``--resume`` (the default when
+``OUT/sweep.json`` matches the grid) skips every task whose shard exists. Results do not depend
+on the executor or the number of workers: every run is seeded by its key
+(:func:`twin.sweep.scenario.run_seed`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import pandas as pd
+
+from twin.sweep.grid import GridSpec
+from twin.sweep.walk import run_task
+from twin.sweep.scenario import profile_hash, twin_version
+
+EXECUTORS = ("local", "dask", "ray")
+
+
+class MissingExtra(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------- shards
+def shard_dir(out: Path) -> Path:
+    return Path(out) / "shards"
+
+
+def done_tasks(out: Path) -> set[str]:
+    d = shard_dir(out)
+    return {p.stem for p in d.glob("*.parquet")} if d.exists() else set()
+
+
+def write_shard(out: Path, task_hash: str, rows: list[dict[str, Any]]) -> Path:
+    d = shard_dir(out)
+    d.mkdir(parents=True, exist_ok=True)
+    df = pd.DataFrame(rows)
+    for c in ("startup_reason", "error", "traceback"):
+        if c in df:
+            df[c] = df[c].astype(str)
+    tmp = d / f".{task_hash}.parquet.tmp"
+    df.to_parquet(tmp, index=False)
+    final = d / f"{task_hash}.parquet"
+    os.replace(tmp, final)
+    return final
+
+
+def read_results(out: str | os.PathLike) -> pd.DataFrame:
+    """Every row of a sweep directory (or of one shard file) as one table."""
+    p = Path(out)
+    files = [p] if p.is_file() else sorted(shard_dir(p).glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no sweep shards under {p}")
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+
+
+# --------------------------------------------------------------------------- executors
+def _local(tasks: list[dict], jobs: int, **_: Any) -> Iterator[list[dict]]:
+    if jobs <= 1 or len(tasks) <= 1:
+        for t in tasks:
+            yield run_task(t)
+        return
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    with ctx.Pool(jobs, maxtasksperchild=20) as pool:
+        yield from pool.imap_unordered(run_task, tasks, chunksize=1)
+
+
+def _dask(tasks: list[dict], jobs: int, address: str | None = None, **_: Any) -> Iterator[list[dict]]:
+    try:
+        from dask.distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise MissingExtra("the Dask executor needs dask.distributed: pip install 'lora-twin[sweep]' "
+                           "(or pip install 'dask[distributed]')") from None
+    cluster = None
+    if address:
+        client = Client(address)
+    else:
+        cluster = LocalCluster(n_workers=max(jobs, 1), threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        client = Client(cluster)
+    try:
+        futs = [client.submit(run_task, t, pure=False, key=f"sweep-{t['task_hash']}") for t in tasks]
+        for f in as_completed(futs):
+            yield f.result()
+            f.release()
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def _ray(tasks: list[dict], jobs: int, address: str | None = None, **_: Any) -> Iterator[list[dict]]:
+    try:
+        import ray
+    except ImportError:
+        raise MissingExtra("the Ray executor needs ray: pip install 'lora-twin[ray]' (or pip install ray)") from None
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address)
+        else:
+            ray.init(num_cpus=max(jobs, 1), include_dashboard=False)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1)(run_task)
+        pending = [remote.remote(t) for t in tasks]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for r in done:
+                yield ray.get(r)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+_EXEC: dict[str, Callable[..., Iterator[list[dict]]]] = {"local": _local, "dask": _dask, "ray": _ray}
+
+
+# --------------------------------------------------------------------------- the sweep
+@dataclass
+class SweepReport:
+    out: Path
+    tasks_total: int
+    tasks_done_before: int
+    tasks_run: int
+    runs: int
+    runs_simulated: int
+    runs_early_stopped: int
+    cpu_s: float
+    wall_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["out"] = str(self.out)
+        return d
+
+
+def select_tasks(tasks: list[dict], limit: int | None = None, shard: str | None = None,
+                 every: int | None = None, exclude: set[str] | None = None) -> list[dict]:
+    """A subset of tasks: ``exclude`` (scenario keys left out, e.g. held-out test scenarios),
+    ``shard='i/k'`` (the i-th of k interleaved parts), ``every=k`` (one task in k, evenly spread: a
+    measured fraction of the grid), ``limit`` (the first N after those)."""
+    if exclude:
+        tasks = [t for t in tasks if t["scenario"]["key"] not in exclude]
+    if shard:
+        i, k = (int(x) for x in shard.split("/"))
+        tasks = tasks[i::k]
+    if every and every > 1:
+        tasks = tasks[::every]
+    if limit is not None:
+        tasks = tasks[:limit]
+    return tasks
+
+
+def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", jobs: int = 1,
+              address: str | None = None, resume: bool = True, limit: int | None = None,
+              shard: str | None = None, every: int | None = None, progress: bool = True,
+              on_result: Callable[[list[dict]], None] | None = None, check_grid: bool = True,
+              exclude: set[str] | None = None, order: str = "heavy") -> SweepReport:
+    """Run ``grid`` into ``out`` (see the module docstring). ``check_grid=False`` lets several grids
+    share one directory (a cache: shards are named by the hash of their task's content)."""
+    if executor not in _EXEC:
+        raise ValueError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta_p = out / "sweep.json"
+
+    meta = {"grid": grid.to_dict(), "grid_digest": grid.digest(), "profile_hash": profile_hash(grid.profile),
+            "twin_version": twin_version()}
+    if meta_p.exists():
+        old = json.loads(meta_p.read_text())
+        if old.get("grid_digest") != meta["grid_digest"] or old.get("profile_hash") != meta["profile_hash"]:
+            if resume and check_grid:
+                raise SystemExit(f"{out} holds a sweep of another grid or profile "
+                                 f"({old.get('grid', {}).get('name')}, digest {old.get('grid_digest')}); "
+                                 f"use another --out or --no-resume to start over")
+        meta["history"] = old.get("history", [])
+    if not resume and shard_dir(out).exists():
+        for p in shard_dir(out).glob("*.parquet"):
+            p.unlink()
+    meta.setdefault("history", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                           "executor": executor, "jobs": jobs})
+    meta_p.write_text(json.dumps(meta, indent=1, default=str))
+
+    all_tasks = select_tasks(grid.tasks(), limit, shard, every, exclude)
+    done = done_tasks(out)
+    todo = [t for t in all_tasks if t["task_hash"] not in done]
+    if order == "heavy":  # heaviest first (more offered load = longer runs) so the pool's tail is short
+        todo.sort(key=lambda t: -sum(t["scenario"]["rates"]))
+    elif order == "shuffle":  # a random order (fixed seed): any prefix of the sweep is a random sample
+        import random
+
+        random.Random(0).shuffle(todo)
+    elif order != "grid":
+        raise ValueError(f"unknown order {order!r}; choose heavy, shuffle or grid")
+    bar = None
+    if progress and todo:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), unit="task", desc=f"sweep {grid.name}", smoothing=0.05)
+    t0 = time.perf_counter()
+    runs = sim = early = 0
+    cpu = 0.0
+    for rows in _EXEC[executor](todo, jobs, address=address):
+        if rows:
+            write_shard(out, rows[0]["task_hash"], rows)
+        runs += len(rows)
+        sim += sum(1 for r in rows if r.get("status") == "ok")
+        early += sum(1 for r in rows if r.get("early_stop"))
+        cpu += sum(float(r.get("cpu_s") or r.get("wall_s") or 0.0) for r in rows)
+        if on_result:
+            on_result(rows)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(runs=runs, early=early, cpu_h=f"{cpu / 3600:.2f}")
+    if bar is not None:
+        bar.close()
+    wall = time.perf_counter() - t0
+    rep = SweepReport(out, len(all_tasks), len(all_tasks) - len(todo), len(todo), runs, sim, early, cpu, wall)
+    meta["history"][-1].update(finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **{
+        k: v for k, v in rep.to_dict().items() if k != "out"})
+    meta_p.write_text(json.dumps(meta, indent=1, default=str))
+    return rep
+
+
+def exclusion_keys(spec: str | None) -> set[str]:
+    """Scenario keys from ``KEY,KEY`` or from a CSV with a ``scenario`` column (e.g. the real-run
+    table: its ``ml_test`` scenarios are the held-out test set)."""
+    if not spec:
+        return set()
+    out: set[str] = set()
+    for part in spec.split(","):
+        p = Path(part)
+        if p.suffix == ".csv" and p.exists():
+            df = pd.read_csv(p)
+            if "source" in df:
+                df = df[df["source"] == "ml_test"]
+            out |= set(df["scenario"].astype(str))
+        elif part:
+            out.add(part)
+    return out
+
+
+def summarize_results(df: pd.DataFrame) -> dict[str, Any]:
+    """Cost and outcome figures of a sweep table."""
+    ok = df["status"] == "ok"
+    sim = df[ok]
+    full = sim[~sim["early_stop"].astype(bool)]
+    return {"tasks": int(df["task_hash"].nunique()), "runs": int(len(df)), "simulated": int(ok.sum()),
+            "start_failures": int((df["status"] == "start_failure").sum()),
+            "errors": int((df["status"] == "error").sum()),
+            "early_stopped": int(sim["early_stop"].astype(bool).sum()),
+            "starving": int(sim["starving"].astype(bool).sum()),
+            "wall_s": float(df["wall_s"].fillna(0).sum()),
+            "cpu_s": float(df["cpu_s"].fillna(0).sum()) if "cpu_s" in df else None,
+            "cpu_s_per_task": float(df.groupby("task_hash")["cpu_s"].sum().mean()) if "cpu_s" in df else None,
+            "wall_s_per_simulated_run": float(sim["wall_s"].mean()) if len(sim) else None,
+            "cpu_s_per_simulated_run": float(sim["cpu_s"].mean()) if len(sim) and "cpu_s" in sim else None,
+            "cpu_s_per_full_run": float(full["cpu_s"].mean()) if len(full) and "cpu_s" in full else None}

@@ -1,0 +1,284 @@
+"""One sweep run: re-create the published scenario for one configuration and simulate it.
+
+This is the ONLY module of :mod:`twin.sweep` / :mod:`twin.configurator` that imports the
+validation helpers (``twin validate`` re-creates the real runs; the sweep re-creates the same
+kind of run for configurations nobody measured). When ``twin/validate.py`` moves to
+``twin/validation/``, change the one import block below.
+
+A run is the scenario of the published adapter twin: ``served`` adapters, per-adapter Poisson
+rates from the rate triple round-robin (then shuffled), ranks from the rank triple round-robin,
+ShareGPT-like lengths with the given means, a ``window_s`` arrival window with requests in flight
+at its end cancelled, vLLM's start-up check, the real client's in-flight cap and CPU preload
+(the ``fcfs+client-cap`` scheduler with LRU adapters), ``max_num_seqs`` 2048, chunked prefill with
+2048 batched tokens.
+
+**Run-level early stopping** (:func:`run_config` with ``early_stop=True``): the engine is built
+the way :func:`twin.simulate.simulate` builds it and advanced in chunks of simulated time
+(``engine.env.run(until=t)``; SimPy processes the same events in the same order, so a chunked run
+is bit-identical to a whole one). Between chunks, an upper bound on the run's final total token
+throughput is computed from public engine state (:func:`throughput_upper_bound`); as soon as it
+is below ``ratio`` x the offered tokens the run is decided *starving* and stops. The bound is
+always correct (see its docstring), so the early decision always equals the full run's; the
+test ``tests/sweep/test_early_stop.py`` checks it on many seeded cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+import zlib
+from typing import Any
+
+import numpy as np
+
+from twin.registry import make_cache, make_scheduler, resolve_policy
+from twin.validation import (  # noqa: F401  (re-exported for the sweep and the configurator)
+    CLIENT_MAX_INFLIGHT,
+    START_FAILURE_STATUSES,
+    WINDOW_S,
+    RunSpec,
+    build_config,
+    build_workload,
+    load_real,
+    profile_for_model,
+    predict_startup,
+    smape,
+    smape_terms,
+    spec_from_row,
+)
+from twin.perf.profile import load_profile
+import twin
+from twin.requests import FINISHED
+from twin.engine import Engine
+from twin.metrics import summarize
+
+#: The published scenario's policy: vLLM FCFS behind the client's in-flight cap, LRU adapters.
+DEFAULT_POLICY = "fcfs+client-cap"
+#: ShareGPT pool means of the published runs (input, output tokens).
+DEFAULT_LENGTHS = (222.0, 197.0)
+#: Throughput / offered share below which a run starves (the published optimum rule).
+STARVE_RATIO = 0.9
+
+_PROFILES: dict[str, Any] = {}
+_PROFILE_HASH: dict[str, str] = {}
+
+
+def get_profile(name: str | None):
+    """The profile (cached per process)."""
+
+    key = name or ""
+    if key not in _PROFILES:
+        _PROFILES[key] = load_profile(name)
+    return _PROFILES[key]
+
+
+def profile_hash(name: str | None) -> str:
+    """Short SHA-256 of the profile's content (provenance of every row)."""
+    key = name or ""
+    if key not in _PROFILE_HASH:
+        prof = get_profile(name)
+        try:
+            d = prof.to_dict()
+        except Exception:  # noqa: BLE001
+            d = prof.raw
+        _PROFILE_HASH[key] = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return _PROFILE_HASH[key]
+
+
+def twin_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("lora-twin")
+    except Exception:  # noqa: BLE001
+
+        return getattr(twin, "__version__", "unknown")
+
+
+def run_seed(scenario_key: str, served: int, seed: int) -> int:
+    """The seed of a run: a hash of the scenario key, the served adapters and the seed index.
+
+    Independent of the slots and of the executor, so every slot value of a scenario sees the same
+    workload for a given number of served adapters (common random numbers) and a run gives the
+    same result whoever runs it."""
+    return zlib.crc32(f"{scenario_key}|served={served}|seed={seed}".encode()) & 0x7FFFFFFF
+
+
+def make_spec(scenario: dict[str, Any], served: int, slots: int, max_rank: int, seed: int,
+              window_s: float, cpu_slots: int | None = None, max_num_seqs: int = 2048) -> RunSpec:
+    mean_in, mean_out = scenario.get("lengths") or DEFAULT_LENGTHS
+    key = scenario["key"]
+    return RunSpec(run_id=f"{key}/_{slots}_{served}_{max_rank}_/seed{seed}", model=str(scenario.get("model", "")),
+                   ranks=[int(r) for r in scenario["ranks"]], rates=[float(r) for r in scenario["rates"]],
+                   served=int(served), slots=int(slots), max_rank=int(max_rank),
+                   cpu_slots=int(cpu_slots if cpu_slots else served), max_num_seqs=int(max_num_seqs),
+                   mean_in=float(mean_in), mean_out=float(mean_out), requests_sent=None, window_s=float(window_s),
+                   seed=run_seed(key, served, seed))
+
+
+def _policy_objects(policy: str | None):
+    """(scheduler, cache, preload) for a policy name: the published one or any registered preset."""
+    if policy in (None, "", DEFAULT_POLICY, "validation"):
+        return (make_scheduler("fcfs+client-cap", client_cap=CLIENT_MAX_INFLIGHT, preload_cpu=True),
+                make_cache("lru"))
+    s, c, _ = resolve_policy(policy, None, None)
+    return s, c
+
+
+# --------------------------------------------------------------------------- bounds
+_RMAX: dict[tuple, float] = {}
+
+
+def max_token_rate(profile, cfg) -> float:
+    """An upper bound on the tokens per second the engine can compute (prefill + decode).
+
+    A step computes ``T <= max(max_num_batched_tokens, max_num_seqs)`` tokens and lasts at least
+    the profile's step time for ``T`` tokens with no context, no waiting requests and the fewest
+    adapters (every component of the step-time model is non-negative and non-decreasing in
+    context, waiting and running requests, active adapters and decode rows: the probes below take
+    the minimum over the splits and adapter counts anyway). The bound is ``max_T T / step_min(T)``."""
+    slots = int(cfg.max_loras)
+    rank = int(cfg.max_lora_rank or 0)
+    served = int(cfg.served_adapters or slots)
+    tmax = int(max(cfg.max_num_batched_tokens, cfg.max_num_seqs))
+    key = (profile.name, id(profile), slots, rank, served, tmax)
+    if key in _RMAX:
+        return _RMAX[key]
+    best = 0.0
+    ts = sorted(set([1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 513, 768, 1024, 1536, 2048, tmax]
+                    + list(range(1, tmax + 1, 97))))
+    for T in ts:
+        if T > tmax:
+            continue
+        mins = []
+        for active in (0, 1):
+            for P, D in ((T, 0), (0, T), (T - 1, 1) if T > 1 else (T, 0)):
+                n_req = max(D + (1 if P else 0), 1)
+                mins.append(profile.step_s(P, D, 0, n_req, active, rank, slots, 0, 0, served))
+        d = min(mins)
+        if d <= 0:
+            return math.inf
+        best = max(best, T / d)
+    _RMAX[key] = best
+    return best
+
+
+def throughput_upper_bound(eng, window_s: float, r_max: float, tokens: np.ndarray, unfinishable: np.ndarray | None = None) -> float:
+    """An always-correct upper bound (tokens) on the finished tokens the run will have at its end,
+    from the engine's state at ``eng.env.now = t``:
+
+    ``F(t) + sum(tokens of running requests) + rho * (r_max * (W - t) + one step past W)``.
+
+    Why it holds: a request counts ``p + o`` tokens when it finishes (also in the step that ends
+    just past the window, at most one step). A request finishing after ``t`` either runs at ``t``
+    (counted in full in the second term: the step in progress at ``t`` only holds running
+    requests) or is admitted after ``t``, so all its ``p + o - 1`` computed tokens (prefill and
+    decodes; a preempted request recomputes) are computed after ``t``: at most ``r_max`` per second
+    (:func:`max_token_rate`), and ``p + o <= rho (p + o - 1)`` with ``rho = m / (m - 1)``, ``m``
+    the smallest ``p + o`` of the requests not finished. Requests that failed at the client
+    (``unfinishable``) never finish and are left out of the running term (they never run)."""
+
+    t = float(eng.env.now)
+    state = eng.state
+    fin = state == FINISHED
+    F = float(tokens[fin].sum())
+    run_ids = list(eng.running)
+    R = float(tokens[run_ids].sum()) if run_ids else 0.0
+    rest = ~fin
+    if unfinishable is not None:
+        rest &= ~unfinishable
+    if not rest.any():
+        return F
+    m = float(tokens[rest].min())
+    rho = m / (m - 1.0) if m > 1 else 2.0
+    tmax = float(max(eng.config.max_num_batched_tokens, eng.config.max_num_seqs))
+    budget = r_max * max(window_s - t, 0.0) + tmax
+    remaining = float(tokens[rest].sum()) - R  # cannot finish more than exists
+    return F + R + min(rho * budget, max(remaining, 0.0))
+
+
+# --------------------------------------------------------------------------- one run
+def run_config(scenario: dict[str, Any], served: int, slots: int, max_rank: int, *, seed: int = 0,
+               window_s: float = WINDOW_S, profile: str | None = None, policy: str | None = None,
+               early_stop: bool = False, ratio: float = STARVE_RATIO, chunk_s: float | None = None,
+               ttft_slo_s: float | None = None, tbt_slo_s: float | None = None,
+               engine_overrides: dict[str, Any] | None = None, cpu_slots: int | None = None) -> dict[str, Any]:
+    """Simulate one configuration of a scenario; returns one result row (see :data:`ROW_COLUMNS`).
+
+    With ``early_stop``, the run stops as soon as the upper bound on its throughput falls below
+    ``ratio`` x offered (``early_stop`` True in the row; ``total_tok_s`` is then NaN and
+    ``tok_s_upper`` holds the bound at the stop)."""
+
+    prof = get_profile(profile)
+    spec = make_spec(scenario, served, slots, max_rank, seed, window_s, cpu_slots)
+    row: dict[str, Any] = {"served_adapters": int(served), "adapter_slots": int(slots), "max_lora_rank": int(max_rank),
+                           "seed": int(seed), "run_seed": int(spec.seed), "profile": prof.name,
+                           "profile_hash": profile_hash(profile), "twin_version": twin_version(),
+                           "early_stop": False, "status": "ok", "startup_reason": ""}
+    ok, kv, msg = predict_startup(spec, prof)
+    row["kv_tokens"] = int(kv)
+    if not ok:
+        row.update(status="start_failure", startup_reason=msg, wall_s=0.0)
+        return row
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    wl, _ = build_workload(spec)
+    cfg = build_config(spec)
+    if engine_overrides:
+        cfg = dataclasses.replace(cfg, **engine_overrides)
+    sched, cache = _policy_objects(policy)
+    df = wl.df
+    arr = df["arrival_s"].to_numpy()
+    tokens = (df["prompt_tokens"].to_numpy() + df["output_tokens"].to_numpy()).astype(np.float64)
+    in_window = arr <= window_s
+    offered_tok = float(tokens[in_window].sum())
+    row["requests"] = int(in_window.sum())
+    row["offered_tok_s"] = offered_tok / window_s
+    eng = Engine(wl, prof, cfg, sched, cache, horizon_s=window_s, record_steps=False)
+    stopped = False
+    if early_stop:
+        r_max = max_token_rate(prof, cfg)
+        step = chunk_s or max(window_s / 40.0, 1.0)
+        target = ratio * offered_tok
+        t = step
+        dropped = getattr(sched, "dropped", None)
+        while t < window_s:
+            eng.env.run(until=t)
+            if not eng.proc.is_alive:
+                break
+            unf = np.frombuffer(dropped, np.uint8).astype(bool) if dropped is not None and len(dropped) else None
+            ub = throughput_upper_bound(eng, window_s, r_max, tokens, unf)
+            if ub < target:
+                stopped = True
+                row.update(early_stop=True, early_stop_t=float(eng.env.now), tok_s_upper=ub / window_s,
+                           total_tok_s=math.nan, throughput_ratio=math.nan, starving=True,
+                           tok_s_at_stop=float(tokens[eng.state == _finished_code()].sum()) / window_s)
+                break
+            t += step
+    if not stopped:
+        if eng.proc.is_alive:
+            eng.env.run(until=eng.proc)
+        eng.finalize()
+        s = summarize(eng, time.perf_counter() - t0, ttft_slo_s, tbt_slo_s)
+        row.update(total_tok_s=s["total_tok_s"], input_tok_s=s["input_tok_s"], output_tok_s=s["output_tok_s"],
+                   throughput_rps=s["throughput_rps"], requests_finished=s["requests_finished"],
+                   requests_unfinished=s["requests_unfinished"], requests_rejected=s["requests_rejected"],
+                   ttft_ms_mean=s["ttft_ms_mean"], ttft_ms_p50=s["ttft_ms_p50"], ttft_ms_p99=s["ttft_ms_p99"],
+                   itl_ms_mean=s["itl_ms_mean"], itl_ms_p99=s["itl_ms_p99"], tpot_ms_mean=s["tpot_ms_mean"],
+                   ttft_ms_incl_unfinished=s["ttft_ms_incl_unfinished"],
+                   slo_attainment=s.get("slo_attainment", math.nan),
+                   adapter_loads=s["adapter_loads"], preemptions=s["preemptions"], engine_steps=s["engine_steps"])
+        row["client_failed"] = int(getattr(sched, "n_dropped", 0))
+        row["throughput_ratio"] = row["total_tok_s"] / row["offered_tok_s"] if row["offered_tok_s"] > 0 else math.nan
+        row["starving"] = bool(row["throughput_ratio"] < ratio) if row["offered_tok_s"] > 0 else False
+    row["wall_s"] = time.perf_counter() - t0
+    row["cpu_s"] = time.process_time() - c0  # CPU time of this process (wall_s also counts waiting for a core)
+    return row
+
+
+def _finished_code() -> int:
+
+    return FINISHED
