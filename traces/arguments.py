@@ -7,7 +7,9 @@ mistakes with a message that names the option.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
@@ -74,3 +76,42 @@ def parse_bool(value: Any, name: str = "value") -> bool:
         if v in ("0", "false", "no", "off"):
             return False
     raise ValueError(f"{name}: expected true or false, got {value!r}")
+
+
+def _creatable_under(flag: str, given: Any, path: Path) -> None:
+    """The nearest existing ancestor of ``path`` is a directory we may write into."""
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {given}: {parent} is a file, so no directory can be created under it; "
+                         f"give another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {given}: {parent} is not writable; give a path you can write to")
+
+
+def check_writable_dir(flag: str, value: Any) -> Path:
+    """An output directory option (``--out``), checked before any work: not empty, not an
+    existing file, creatable and writable. Raises ``ValueError`` naming ``flag``."""
+    if value is None or not str(value).strip():
+        raise ValueError(f"{flag}: empty; give a directory, e.g. {flag} runs/a")
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {value}: is an existing file, not a directory; give a directory (new or existing)")
+    _creatable_under(flag, value, path)
+    return path
+
+
+def check_writable_file(flag: str, value: Any, suffixes: tuple[str, ...] = ()) -> Path:
+    """An output file option (``--plot FILE``), checked before any work: one of ``suffixes``
+    (when given), not a directory, its folder creatable and writable."""
+    if value is None or not str(value).strip():
+        raise ValueError(f"{flag}: empty; give a file name")
+    path = Path(value).expanduser()
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise ValueError(f"{flag} {value}: give a {', '.join(suffixes[:-1])} or {suffixes[-1]} file"
+                         if len(suffixes) > 1 else f"{flag} {value}: give a {suffixes[0]} file")
+    if path.is_dir():
+        raise ValueError(f"{flag} {value}: is a directory; give a file")
+    _creatable_under(flag, value, path.parent)
+    return path

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from traces.arguments import check_writable_file
 from traces.fetch import FetchError, fetch
 from traces.registry import REAL_OPTIONS, get_workload, list_traces
 from traces.stats import format_summary, plot_summary, summarize, to_json
@@ -82,18 +82,7 @@ def _workload(args: argparse.Namespace):
 
 def check_plot_file(plot: str) -> None:
     """``--plot FILE``: refused before any work when it is a directory or cannot be written."""
-    path = Path(plot)
-    if path.suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise ValueError(f"--plot {plot}: give a .png, .pdf or .svg file")
-    if path.is_dir():
-        raise ValueError(f"--plot {plot}: is a directory; give a file")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"--plot {plot}: {parent} is a file, so no directory can be created under it")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--plot {plot}: {parent} is not writable")
+    check_writable_file("--plot", plot, (".png", ".pdf", ".svg"))
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -117,18 +106,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 def check_out_file(out: str) -> None:
     """``--out FILE.parquet``: refused before generating when it is a directory, sits under a
     file, or its directory cannot be written."""
-    path = Path(out)
-    if path.suffix.lower() != ".parquet":
+    if Path(out).suffix.lower() != ".parquet":
         raise ValueError(f"--out {out}: a workload is saved as Parquet; give a FILE.parquet")
-    if path.is_dir():
-        raise ValueError(f"--out {out}: is a directory; give a FILE.parquet")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"--out {out}: {parent} is a file, so no directory can be created under it")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out}: {parent} is not writable")
+    check_writable_file("--out", out)
 
 
 def cmd_synth(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ import twin.compare
 import twin.configurator.cli
 import twin.sweep.cli
 import twin.validation.cli
+from traces.arguments import check_writable_dir
 from traces.flags import add_arguments, given_values
 from twin.config import ConfigError
 from twin.figures import write_run_figures
@@ -94,19 +95,10 @@ OUT_FILES = ("requests.parquet", "steps.parquet", "summary.json")
 def check_out_dir(out: str) -> Path:
     """``--out``: refused before any work when it names a file, sits under a file, or cannot be
     created or written."""
-    path = Path(out).expanduser()
-    if not str(out).strip():
-        raise ConfigError("--out: empty; give a directory for the results, e.g. --out runs/a")
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"--out {out}: is an existing file, not a directory; give a directory (new or existing)")
-    parent = path
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"--out {out}: {parent} is a file, so no directory can be created under it; give another "
-                          f"path")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {parent} is not writable; give a directory you can write to")
+    try:
+        path = check_writable_dir("--out", out)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     for name in OUT_FILES:
         f = path / name
         if f.exists() and (f.is_dir() or not os.access(f, os.W_OK)):

@@ -12,26 +12,13 @@ from twin.registry import PRESETS
 from tests.helpers import constant_profile
 from traces.workload import Workload
 from twin.config import EngineConfig
+from twin.policy_checks import conversation_workload
 from twin.simulate import simulate
 
 
 def conv_workload(n_conv=40, turns=3, adapters=10, seed=0, gap=4.0, rps=3.0):
-    """Multi-turn conversations: turn k's prompt re-sends turn k-1's prompt + output."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    starts = np.cumsum(rng.exponential(1 / rps, n_conv))
-    for c in range(n_conv):
-        a = int(rng.integers(0, adapters))
-        t, prefix = float(starts[c]), 0
-        for k in range(int(rng.integers(1, turns + 1))):
-            new, out = int(rng.integers(20, 400)), int(rng.integers(5, 120))
-            rows.append((t, prefix + new, out, a, (8, 16, 32)[a % 3], c, k, prefix))
-            prefix += new + out
-            t += gap + rng.exponential(gap)
-    rows.sort()
-    arr = np.array(rows, dtype=float)
-    return Workload.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4], conversation_id=arr[:, 5],
-                                turn=arr[:, 6], prefix_tokens=arr[:, 7])
+    """Multi-turn conversations (the conformance battery's builder, with this module's defaults)."""
+    return conversation_workload(n_conv, turns, adapters, seed, gap_s=gap, rps=rps)
 
 
 PROF = dict(c0=0.008, c_prefill=4e-5, c_decode=1e-4, c_ctx=1e-8, k6=1.5, lora_pct=150, sched=1e-4, k2=3e-7,

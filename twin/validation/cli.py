@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from policies.client_cap import CLIENT_MAX_INFLIGHT
+from traces.arguments import check_writable_dir
 from twin.validation.output import json_summary, write_outputs
 from twin.validation.report import format_report
 from twin.validation.runner import run_validation
@@ -71,16 +71,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} {value}: must be >= {low}")
     _client_cap(args.client_cap)
     if args.out:
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out}: is an existing file, not a directory; give a directory")
-        parent = out
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir():
-            raise ValueError(f"--out {out}: {parent} is a file, so no directory can be created under it")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise ValueError(f"--out {out}: {parent} is not writable")
+        check_writable_dir("--out", args.out)
     if args.filter is not None and not args.filter.strip():
         raise ValueError("--filter: empty; give a pandas query or a substring of the run id")
 
