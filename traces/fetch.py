@@ -88,6 +88,20 @@ SOURCES: dict[str, Source] = {s.name: s for s in [
 ]}
 
 
+def extract_safely(tf: tarfile.TarFile, dest: Path) -> None:
+    """Extract regular files and directories only, all inside ``dest``: the ``data`` filter where
+    this Python has it (3.11.4+, 3.10.12+), the same checks by hand before."""
+    if hasattr(tarfile, "data_filter"):
+        tf.extractall(dest, filter="data")
+        return
+    root = Path(dest).resolve()
+    for m in tf.getmembers():
+        target = (root / m.name).resolve()
+        if not (m.isfile() or m.isdir()) or (target != root and root not in target.parents):
+            raise FetchError(f"refusing to extract {m.name!r}: only files and folders inside {dest} are extracted")
+    tf.extractall(dest)
+
+
 def fetch_command(name: str) -> str:
     return f"twin traces fetch {name}"
 
@@ -161,7 +175,7 @@ def fetch(name: str, root: str | os.PathLike | None = None, *, force: bool = Fal
             tmp = dest.with_name(dest.name + ".extract")
             shutil.rmtree(tmp, ignore_errors=True)
             with tarfile.open(arch, "r:xz") as tf:
-                tf.extractall(tmp, filter="data")
+                extract_safely(tf, tmp)
             if dest.exists():
                 shutil.rmtree(dest)
             os.replace(tmp, dest)

@@ -81,3 +81,25 @@ def test_pinned_digests_match_the_shared_copies(real_data):
     for name in ("splitwise", "splitwise-code"):
         p = real_data / SOURCES[name].dest
         assert hashlib.sha256(p.read_bytes()).hexdigest() == SOURCES[name].sha256
+
+
+def test_extraction_without_the_data_filter_refuses_escaping_members(tmp_path, monkeypatch):
+    """Pythons before 3.11.4 have no ``filter="data"``: the same checks are made by hand."""
+    import io
+    import tarfile
+
+    from traces.fetch import FetchError, extract_safely
+
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    good, bad = tmp_path / "good.tar", tmp_path / "bad.tar"
+    for path, name in ((good, "dir/a.txt"), (bad, "../evil.txt")):
+        with tarfile.open(path, "w") as tf:
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tf.addfile(info, io.BytesIO(b"ok"))
+    with tarfile.open(good) as tf:
+        extract_safely(tf, tmp_path / "out")
+    assert (tmp_path / "out" / "dir" / "a.txt").read_text() == "ok"
+    with tarfile.open(bad) as tf, pytest.raises(FetchError, match="refusing to extract"):
+        extract_safely(tf, tmp_path / "out2")
+    assert not (tmp_path / "evil.txt").exists()
