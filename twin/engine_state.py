@@ -44,6 +44,8 @@ class EngineState:
     def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
                  progress: bool = False, record_steps: bool = True, check_invariants: bool = False) -> None:
+        if cache.kv_block_size and cache.kv_block_size != config.block_size:  # the system's block size
+            config = dataclasses.replace(config, block_size=int(cache.kv_block_size))
         config.validate()
         self.config = config
         if config.tensor_parallel > 1:  # each GPU computes 1/TP of the step (twin/tensor_parallel.py)

@@ -278,6 +278,13 @@ class AdapterCachePolicy(Policy):
     history_to_host: bool = False
     #: host memory for swapped history KV, in tokens
     host_kv_tokens: float = INF
+    #: a waiting request whose adapter or history KV is not in GPU memory has them copied in the
+    #: background and waits (``Admit.NOT_READY``) while ready requests run (FastLibra §2);
+    #: False: the copies are synchronous loads of the admitting step (vLLM)
+    async_swap_in: bool = False
+    #: tokens per KV block this system uses (e.g. 32 for FastLibra's vLLM baseline, §6); None:
+    #: ``EngineConfig.block_size``
+    kv_block_size: int | None = None
     #: vLLM's worker activates the batch's adapters one by one in set (hash) order, so an LRU
     #: eviction can hit an adapter of the batch not yet touched in this step, which is then
     #: reloaded (see :meth:`twin.adapters.AdapterMemory.activation_reloads`)
