@@ -80,6 +80,7 @@ BS_WINDOW_S = 5.0
 
 
 def sigmoid(x: float) -> float:
+    """The logistic function (0 below x = -700, where ``exp`` would overflow)."""
     return 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0
 
 
@@ -94,8 +95,9 @@ def lora_eval(prob: np.ndarray, bs: float, now_lora: int) -> float:
 
 
 def node_eval(lora_term: float, cost: float, prob: float, t: float) -> float:
-    """``Eval = LoRA_Eval * cost * prob * (1 - sigmoid(t))``."""
-    return lora_term * cost * prob * (1.0 - sigmoid(t))
+    """``Eval = LoRA_Eval * cost * prob * (1 - sigmoid(t))``, the decay computed as ``sigmoid(-t)``
+    (equal, without the rounding of ``1 - sigmoid(t)`` to 0 beyond t = 37 that would tie old nodes)."""
+    return lora_term * cost * prob * sigmoid(-t)
 
 
 @register_cache

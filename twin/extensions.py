@@ -270,7 +270,10 @@ class Extensions:
                 short = need_ad - (e.total_blocks - e.used_blocks)
                 if short > 0:
                     self.reclaim(short, now, pin=a)
-                if not self._swapper.start(a, now, evict=False, demand=True):
+                # unified pool: only into the blocks just reclaimed (a policy's reclaim may free
+                # fewer than asked, e.g. an adapter whose KV child is still loading stays);
+                # a region evicts idle adapters inside it
+                if not self._swapper.start(a, now, evict=self.memory != "unified", demand=True):
                     self.blocked += 1
                     return Admit.NO_SLOT
                 self.swap_in_adapters += 1
