@@ -38,7 +38,7 @@ class Admit(IntEnum):
     NO_SEQ = 2      # max_num_seqs running already
     NO_SLOT = 3     # adapter not in the batch and max_loras distinct adapters already are
     NO_KV = 4       # not enough free KV blocks for the first chunk
-    NOT_READY = 5   # policy-specific: adapter not resident yet (async loading)
+    NOT_READY = 5   # adapter or history KV still being copied in (async loading / async_swap_in): skip it
 
 
 class StepContextView(Protocol):

@@ -15,7 +15,9 @@ A node lives in one tier:
 * ``host`` -- swapped out to host memory (FastLibra §4: "swap out leaves in HBM"). A hit
   copies it back over the host link on the critical path of the admitting step (a
   synchronous :class:`~twin.adapters.Load`); the swapper of a cache policy can also bring
-  it back in the background (:meth:`HistoryKV.swap_in`, asynchronous over the link).
+  it back in the background (:meth:`HistoryKV.swap_in`, asynchronous over the link), and with
+  a policy's ``async_swap_in`` the next turn waits for such a background copy instead
+  (:meth:`twin.extensions.Extensions._await_swaps`).
 * ``loading`` -- an asynchronous swap-in in flight (blocks already reserved); a hit waits for it.
 
 Swap-outs (GPU -> host) use the other direction of the full-duplex PCIe link, so they do
