@@ -193,6 +193,7 @@ def shape_model_heldout(directory: Path, gpu_dir: str, k: int = 5) -> dict[str, 
     table = read_op_table(directory, gpu_dir)
     out: dict[str, Any] = {}
     pooled_y, pooled_p = [], []
+    by_tp: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
     for stem in sorted(table["table"].unique()):
         name = _table_model(stem)
         others = table[table["table"] != stem]
@@ -208,6 +209,8 @@ def shape_model_heldout(directory: Path, gpu_dir: str, k: int = 5) -> dict[str, 
                 continue
             pred = shape_lin(shape, spec, tp, meas["num_tokens"].to_numpy())["lin_ms"].to_numpy()
             per_tp[str(tp)] = quality(meas["lin_ms"].to_numpy(), pred)
+            by_tp.setdefault(str(tp), ([], []))[0].append(meas["lin_ms"].to_numpy())
+            by_tp[str(tp)][1].append(pred)
             ys.append(meas["lin_ms"].to_numpy())
             ps.append(pred)
         out[spec.name] = {"all": quality(np.concatenate(ys), np.concatenate(ps)), "by_tp": per_tp,
@@ -216,7 +219,8 @@ def shape_model_heldout(directory: Path, gpu_dir: str, k: int = 5) -> dict[str, 
         pooled_p += ps
     if not out:
         raise FitError(f"the shape model needs Vidur tables of at least two known models in {directory}/{gpu_dir}")
-    return {"models": out, "all": quality(np.concatenate(pooled_y), np.concatenate(pooled_p))}
+    return {"models": out, "all": quality(np.concatenate(pooled_y), np.concatenate(pooled_p)),
+            "by_tp": {tp: quality(np.concatenate(ys), np.concatenate(ps)) for tp, (ys, ps) in by_tp.items()}}
 
 
 def linear_ops(directory: Path, gpu: str, spec: ModelSpec, tp: int = 1,
@@ -302,7 +306,8 @@ def _tp_backbones(directory: Path, gpu: str, spec: ModelSpec, shape: dict[str, A
                   "graph_max_tokens": float(GRAPH_MAX_TOKENS)}
         out[str(tp)] = {"params": params, "units": dict(units),
                         "fit": {"train": f[f["chosen"]]["train"], "heldout": f[f["chosen"]]["heldout"],
-                                "target": f"Vidur linear-op time per step of one rank at TP {tp} ({source})"},
+                                "target": f"Vidur linear-op time per step of one rank at TP {tp} ({source})",
+                                "linear_ops": {"form": f["chosen"], "params_ms": p}},
                         "method": f"linear ops: {f['chosen']} fitted to Vidur's {GPUS[gpu]['ops'].upper()} TP-{tp} "
                                   f"timings ({source}); LM head and KV reads per rank (1/{tp} of the vocabulary, "
                                   f"{max(1, spec.kv_heads // tp)} of {spec.kv_heads} KV heads); overhead, c_eager "
@@ -429,6 +434,11 @@ def fit_vidur(directory: str | Path, model: str | ModelSpec = "llama-2-7b", gpu:
                                      "(leave one model out, every TP degree)")
         backbone["selection"]["heldout"] = "leave one profiled model out of the shape model's fit"
     tp_tables = _tp_backbones(d, gpu, spec, shape, k, overhead, c_eager, c_seq_ref, bw, s_per_flop, backbone["units"])
+    if shape is not None:
+        for t, v in tp_tables.items():  # as at TP 1: the shape model's error on models it did not see
+            v["fit"]["fit_to_shape_model"] = v["fit"].pop("heldout")
+            v["fit"]["heldout"] = {"all": ho["by_tp"][t]}
+        backbone["fit"]["heldout"].update({f"TP {t}": ho["by_tp"][t] for t in tp_tables})
     if tp_tables:
         backbone["tensor_parallel"] = tp_tables
         if shape is None:
