@@ -156,3 +156,19 @@ def test_shape_model_predicts_a_model_it_never_saw(real_data):
         for tp, table in bb["tensor_parallel"].items():
             assert table["fit"]["heldout"]["all"]["mape_pct"] == pytest.approx(ho["by_tp"][tp]["mape_pct"])
             assert table["fit"]["heldout"]["all"]["mape_pct"] < SHAPE_MODEL_MAPE_PCT
+
+
+def test_testbeds_tables_match_the_committed_results():
+    """``python -m calibration.testbeds`` prints the tables committed in results/calibration/testbeds.md."""
+    import io
+
+    from calibration.testbeds import main
+    from twin.tensor_parallel import kv_capacity_tokens
+
+    buf = io.StringIO()
+    assert main(buf) == 0
+    text = buf.getvalue()
+    assert (ROOT / "results" / "calibration" / "testbeds.md").read_text().endswith(text)
+    p = load_profile("llama-30b_a100-80gb_vidur")
+    assert f"| llama-30b | A100-80GB | 2 | Vidur TP table | 32.50 | {kv_capacity_tokens(p, 2, 0, 0):,} |" in text
+    assert "| llama-2-13b | A100-48GB | 5 | analytical split |" in text
