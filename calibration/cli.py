@@ -137,6 +137,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             raw = prof.raw
             rows.append({"name": name, "model": prof.model.name, "gpu": prof.gpu, "software": prof.software,
                          "version": raw.get("version"), "path": str(path) if path else "(embedded)",
+                         "gpu_memory_bytes": raw.get("gpu_memory_bytes"),
                          "description": raw.get("description", DEFAULT_PROFILE["description"] if path is None else "")})
         except Exception as e:  # a broken file is listed with its problem rather than hiding it
             rows.append({"name": name, "model": "?", "gpu": "?", "software": "?", "version": None,

@@ -1,10 +1,19 @@
-"""Profile of Llama-2-7B on an A40 (Chameleon's set-up) from Vidur's operator timings.
+"""Testbed profiles from Vidur's operator timings: Llama-2-7B on an A40 (Chameleon's set-up) and
+Llama-7B/13B/30B on A100s of 24, 48 and 80 GB (Chameleon's scaling study).
 
-Measured (``vidur_linear_ops/<gpu>/llama-2-7b-hf_mlp.csv``): the GPU time of every linear
+Measured (``vidur_linear_ops/<gpu>/<model>_mlp.csv``): the GPU time of every linear
 operator of one layer (QKV and output projections, gated-MLP up/down, activation, norms,
 rotary embedding, residual adds) and of the embedding, for 1-4096 tokens, tensor-parallel
-degree 1. The per-step time of the linear part of the model is
-``lin(T) = 32 x sum(layer ops at T) + embedding(T)``; the backbone is fitted to it.
+degrees 1, 2, 4 and 8 (each rank's shard). The per-step time of the linear part of the model is
+``lin(T) = layers x sum(layer ops at T) + embedding(T)``; the backbone is fitted to it at TP 1,
+and at each TP degree for the profile's ``tensor_parallel`` tables
+(:func:`twin.tensor_parallel.tp_profile` uses them instead of its analytical split).
+
+A model Vidur did not profile on the GPU (Llama-13B and 30B on the A100) gets its ``lin(T)`` from
+a *shape model* (:func:`fit_shape_model`) fitted with ``curve_fit`` on the GPU's tables of the
+models it did profile, every TP degree: one roofline over all GEMM shapes and one line per
+element-wise operator. Its held-out error (:func:`shape_model_heldout`) is measured on a model it
+never saw. The 24 and 48 GB A100s are capped 80 GB A100s (same compute, less memory).
 
 Estimated (not in the data), each with the numbers recorded in the profile's notes:
 
@@ -25,8 +34,10 @@ Estimated (not in the data), each with the numbers recorded in the profile's not
   Llama-2-7B fit;
 * **loads**: fixed costs from the H100 measurements (software), CPU->GPU bandwidth of the
   A40's PCIe 4.0 x16 link (25 GB/s effective);
-* **KV capacity**: ``0.9 x 46068 MiB`` (A40) minus weights, minus the runtime reserve and
-  LoRA slot buffers measured for Llama-2-7B with vLLM 0.5.0 on the H100.
+* **KV capacity**: ``0.9 x 46068 MiB`` (A40; 24/48/80 GiB on the A100s) minus weights, minus the
+  runtime reserve and LoRA slot buffers measured for Llama-2-7B with vLLM 0.5.0 on the H100;
+* **tensor parallelism** (A100): two all-reduces per layer with an estimated latency and NVLink
+  bus bandwidth (:data:`A100_ALLREDUCE`), added by :mod:`twin.tensor_parallel`.
 """
 
 from __future__ import annotations

@@ -157,3 +157,18 @@ def test_a_form_with_its_own_shard_is_split_by_it():
     q2 = tp_profile(q, 2)
     assert q2.components["lora"].params["l0"] == pytest.approx(1e-2)
     assert "own shard" in q2.raw["tensor_parallel_split"]["lora"]
+
+
+def test_gpu_memory_option_sizes_each_rank():
+    """``--gpu-mem-gb`` per GPU: 0.9 x memory - weights / tp - the 5 GB runtime reserve - per-rank LoRA buffers."""
+    from twin.tensor_parallel import kv_tokens_for_memory
+
+    p = load_profile(A100_7B)
+    spr = p.components["kv"].params["slot_bytes_per_rank"]
+    for tp in (1, 2, 4):
+        share = lora_buffer_share(p.model, tp)
+        free = 0.9 * 80e9 - 6.74e9 * 2 / tp - 5e9 - 8 * spr * share * 16
+        hand = int(free // (2 * 32 * (32 // tp) * 128 * 2) // 16 * 16)
+        assert kv_tokens_for_memory(p, 80, 8, 16, tp) == hand
+    with pytest.raises(TensorParallelError, match="use one of"):
+        kv_tokens_for_memory(p, 80, 8, 16, 3)
