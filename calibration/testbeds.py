@@ -20,13 +20,13 @@ from twin.perf.profile import available_profiles, load_profile
 from twin.tensor_parallel import kv_capacity_tokens, measured_degrees, valid_degrees
 
 MODELS = ("llama-2-7b", "llama-2-13b", "llama-30b")
-GPUS = ("a100-24gb", "a100-48gb", "a100-80gb")
+MEMORY_VARIANTS = ("a100-24gb", "a100-48gb", "a100-80gb")
 SLOTS, RANK = 16, 32
 
 
 def testbed_profiles() -> list[str]:
     """Names of the A40 and A100 Vidur-based profiles shipped."""
-    names = ["llama-2-7b_a40_vidur"] + [f"{m}_{g}_vidur" for m in MODELS for g in GPUS]
+    names = ["llama-2-7b_a40_vidur"] + [f"{m}_{g}_vidur" for m in MODELS for g in MEMORY_VARIANTS]
     avail = available_profiles()
     return [n for n in names if avail.get(n) is not None]
 
@@ -59,7 +59,7 @@ def kv_capacity_table(out: TextIO) -> None:
               f"{SLOTS} slots of rank {RANK} | starts (one max_model_len request) |\n")
     out.write("|---|---|---|---|---|---|---|---|\n")
     for m in MODELS:
-        for g in GPUS:
+        for g in MEMORY_VARIANTS:
             name = f"{m}_{g}_vidur"
             if available_profiles().get(name) is None:
                 continue
