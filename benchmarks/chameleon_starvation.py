@@ -70,7 +70,11 @@ def sample(engine: Engine, sched: ChameleonScheduler, every_s: float, rows: list
                          "waiting": len(q), "oldest_wait_s": now - arr[q[0]] if q else 0.0,
                          "phase1_tokens": p1, "phase2_tokens": p2,
                          "pool_account": sched.used[-1] if sched.leftover_charge == "pool" else 0.0,
-                         "running": len(engine.running), "free_blocks": engine.free_blocks})
+                         "running": len(engine.running), "free_blocks": engine.free_blocks,
+                         "reclaimable_blocks": engine.reclaimable_blocks(),
+                         **{f"stop_p{ph}_{why}": sum(v for (p_, q_, w_), v in sched.stop_counts.items()
+                                                     if p_ == ph and q_ == i and (w_ == "quota") == (why == "quota"))
+                            for ph in (1, 2) for why in ("quota", "engine")}})
         if engine.arr_ptr < engine.n or engine.n_waiting or engine.running:
             engine.push_event(now + every_s, cb)
 
@@ -80,8 +84,10 @@ def sample(engine: Engine, sched: ChameleonScheduler, every_s: float, rows: list
 def run_one(run: RunConfig, workload, label: str, preset: str, kw: dict, sample_s: float, targets: str):
     prof = load_compare_profile(run.profile, targets)
     cfg = build_engine_config(run, workload, prof)
-    if run_system := getattr(run, "system", None):  # pragma: no cover - once the S-LoRA engine exists
-        cfg = dataclasses.replace(cfg, system=run_system)
+    system = getattr(run, "system", None)  # once `twin run --system` exists (the S-LoRA engine)
+    if system is not None and "system" in {f.name for f in dataclasses.fields(EngineConfig)} \
+            and getattr(cfg, "system", None) != system:
+        cfg = dataclasses.replace(cfg, system=system)
     sched, cache, _ = resolve_policy(preset, None, None)
     if kw:
         if not isinstance(sched, ChameleonScheduler):
@@ -114,13 +120,24 @@ def class_table(results: dict[str, SimResult], classes: np.ndarray) -> pd.DataFr
 
 def bound_table(ts: pd.DataFrame) -> pd.DataFrame:
     """Per variant and queue, over the samples where the queue had waiting requests: the
-    share of them in which it held at least its quota (quota-bound: only phase 2's leftover
-    can admit it), the mean free KV blocks then (memory-bound when ~0), and its mean
-    waiting count and largest oldest-request wait."""
+    share of them in which it held at least its quota (only phase 2's leftover can admit it
+    then), the mean free KV blocks and free + reclaimable (idle cached adapters) blocks, how
+    often ``put_batch`` stopped the queue in phase 1 / phase 2 for its budget (``quota``:
+    the quota, or the leftover in phase 2) or for the engine's refusal (``engine``: memory,
+    NO_KV / NO_SLOT), and its mean waiting count and largest oldest-request wait."""
+    ts = ts.copy()
+    g0 = ts.groupby(["variant", "queue"], sort=False)
+    for c in ("stop_p1_quota", "stop_p1_engine", "stop_p2_quota", "stop_p2_engine"):
+        ts[c] = g0[c].diff().fillna(ts[c])  # stops within each sampling interval
     w = ts[ts["waiting"] > 0]
     g = w.groupby(["variant", "queue"], sort=False)
-    return pd.DataFrame({"samples_waiting": g.size(), "over_quota_share": g.apply(lambda d: (d["used"] >= d["quota"]).mean()),
-                         "free_blocks_mean": g["free_blocks"].mean(), "waiting_mean": g["waiting"].mean(),
+    return pd.DataFrame({"samples_waiting": g.size(),
+                         "over_quota_share": g.apply(lambda d: (d["used"] >= d["quota"]).mean()),
+                         "free_blocks_mean": g["free_blocks"].mean(),
+                         "free+reclaimable_mean": (g["free_blocks"].mean() + g["reclaimable_blocks"].mean()),
+                         "p1_quota_stops": g["stop_p1_quota"].sum(), "p1_engine_stops": g["stop_p1_engine"].sum(),
+                         "p2_quota_stops": g["stop_p2_quota"].sum(), "p2_engine_stops": g["stop_p2_engine"].sum(),
+                         "waiting_mean": g["waiting"].mean(),
                          "oldest_wait_max_s": g["oldest_wait_s"].max()}).reset_index()
 
 
@@ -149,7 +166,7 @@ def figure(ts: pd.DataFrame, path: Path, t0: float | None, t1: float | None) -> 
         axes[0][j].legend(fontsize=6, ncol=2)
         axes[1][j].legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=60)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        ts.to_csv(out / "timeseries.csv", index=False)
+        ts.to_csv(out / "timeseries.csv", index=False, float_format="%.5g")
         tab.to_csv(out / "classes.csv", index=False)
         t0, t1 = (float(x) for x in a.window.split(",")) if a.window else (worst["t"] - 60, worst["t"] + 30)
         figure(ts, out / "timeseries.png", t0, t1)

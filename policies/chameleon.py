@@ -194,6 +194,8 @@ class ChameleonScheduler(Scheduler):
         self.squashes = 0
         self.idle_admits = 0
         self.admitted_tokens = [[0.0], [0.0]]  # per phase (1, 2), per queue: tokens admitted so far
+        #: why put_batch stopped, per (phase, queue, reason): "quota" or the engine's refusal (a diagnostic)
+        self.stop_counts: dict[tuple[int, int, str], int] = {}
         self.pending_bypass: dict[int, int] = {}  # bypasser -> head it went before
         self._squashed_for: dict[int, int] = {}   # squashed bypasser -> its head (re-queued behind it)
         self._last_steps = 0
@@ -429,6 +431,8 @@ class ChameleonScheduler(Scheduler):
             rid = q[0]
             s = self.need(rid, acct)
             if consumed + s > budget and not (alone and self.used[acct] <= 0 and not consumed):
+                key = (phase, i, "quota")
+                self.stop_counts[key] = self.stop_counts.get(key, 0) + 1
                 return consumed, None
             r = ctx.try_admit(rid)
             if r == Admit.OK:
@@ -437,6 +441,8 @@ class ChameleonScheduler(Scheduler):
                 consumed += s
                 self._count(phase, i, s)
                 continue
+            key = (phase, i, r.name)
+            self.stop_counts[key] = self.stop_counts.get(key, 0) + 1
             if phase == 1 and self.bypass and r in _MEMORY_REFUSALS and self._adapter_missing(rid):
                 took, stop = self._bypass(ctx, i, rid, budget - consumed, acct)
                 consumed += took

@@ -304,3 +304,38 @@ def test_options_are_parameters_and_bad_values_are_refused():
         ChameleonScheduler(leftover_from="some")
     with pytest.raises(ValueError, match="accuracy"):
         ChameleonScheduler(accuracy=1.5)
+
+
+def test_starvation_diagnostic_runs_and_sampling_changes_nothing(tmp_path, capsys):
+    """benchmarks/chameleon_starvation.py: per-queue samples over time, TTFT per class, and a run
+    sampled every second gives the same per-request table as an unsampled one."""
+    import importlib.util
+    from pathlib import Path
+
+    from twin.compare import load_compare_profile
+    from twin.scenario import RunConfig, build_engine_config, build_workload
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "chameleon_starvation.py"
+    spec = importlib.util.spec_from_file_location("chameleon_starvation", path)
+    cs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cs)
+    args = ["--rps", "3", "--duration", "60", "--trace-opt", "length_scale=0.25", "--variant", "slora",
+            "--variant", "pool=chameleon:leftover_charge=pool", "--out", str(tmp_path)]
+    assert cs.main(args) == 0
+    out = capsys.readouterr().out
+    assert "over_quota_share" in out and "ttft_p99_s" in out
+    ts = __import__("pandas").read_csv(tmp_path / "timeseries.csv")
+    assert set(ts["variant"]) == {"pool"} and {"quota", "used", "waiting", "oldest_wait_s"} <= set(ts.columns)
+    assert (tmp_path / "timeseries.png").exists() and (tmp_path / "classes.csv").exists()
+    run = RunConfig(trace="chameleon", rps=3, duration=60, adapters=100, ranks=[8, 16, 32, 64, 128],
+                    popularity="U-P", trace_options=[("length_scale", 0.25)], profile="llama-2-7b_a40_vidur")
+    w = build_workload(run)
+    sampled, _, ts = cs.run_one(run, w, "a", "chameleon", {}, 1.0, "qkvo")
+    prof = load_compare_profile(run.profile, "qkvo")
+    plain = simulate(w, prof, build_engine_config(run, w, prof), policy="chameleon", record_steps=False)
+    cols = ["first_scheduled_s", "first_token_s", "finish_s"]
+    assert len(ts) > 100 and sampled.requests[cols].equals(plain.requests[cols])
+    import dataclasses
+
+    if "system" not in {f.name for f in dataclasses.fields(RunConfig)}:  # no serving-system option yet
+        assert cs.main(["--system", "slora", "--duration", "10"]) == 2
