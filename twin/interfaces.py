@@ -120,6 +120,10 @@ class EngineView(Protocol):
 
     def kv_blocks_held(self, rid: int) -> int: ...
 
+    def adapter_tokens(self, a: int) -> int:
+        """Memory of adapter ``a`` in KV-token units (S-LoRA's unified-pool slots: ``4 * rank``
+        for a q,k,v,o adapter); 0 for the base model (``a < 0``)."""
+
     def waiting_ids(self) -> "np.ndarray": ...
 
     def reclaimable_blocks(self) -> int: ...

@@ -42,8 +42,9 @@ from traces.registry import REAL_OPTIONS, get_workload, run_defaults
 from traces.synth import OPTIONS
 from traces.workload import Workload
 from twin.config import ConfigError, EngineConfig
-from twin.perf.profile import Profile, available_profiles, kv_tokens_for_memory
+from twin.perf.profile import Profile, available_profiles
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy
+from twin.tensor_parallel import kv_tokens_for_memory, tp_profile, valid_degrees
 
 #: GPU adapter slots when none are given, capped at the number of adapters. With max rank
 #: 128, 32 slots would leave Llama-3.1-8B on an H100 less KV than one 131,072-token request,
@@ -328,8 +329,8 @@ def build_workload(run: RunConfig) -> Workload:
 def check_model(run: RunConfig, profile: Profile) -> None:
     """Options that depend on the model only: the tensor-parallel degree and ``max_model_len``."""
     m = profile.model
-    if run.tp > 1 and (m.heads % run.tp or (m.kv_heads % run.tp and run.tp % m.kv_heads)):
-        ok = [d for d in range(1, m.heads + 1) if m.heads % d == 0 and (m.kv_heads % d == 0 or d % m.kv_heads == 0)]
+    if run.tp > 1 and run.tp not in valid_degrees(m):  # twin/tensor_parallel.py: vLLM's QKVParallelLinear rule
+        ok = valid_degrees(m)
         raise ConfigError(f"--tp {run.tp} does not divide {m.name}'s {m.heads} attention heads and {m.kv_heads} KV "
                           f"heads (vLLM refuses it); use one of {', '.join(map(str, ok))}")
     if run.max_model_len is not None and run.max_model_len > m.max_model_len:
@@ -342,6 +343,8 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
     capacity follows from the GPU memory (:func:`twin.perf.profile.kv_tokens_for_memory`).
     Refuses set-ups vLLM would not start (:func:`check_server`)."""
     check_model(run, profile)
+    single_gpu = profile
+    profile = tp_profile(profile, run.tp)  # weights, KV heads and LoRA buffers per GPU (twin/tensor_parallel.py)
     n_adapters = int(workload.df["adapter_id"].max() + 1) if len(workload.df) else 0
     slots = run.adapter_slots(n_adapters)
     cfg = EngineConfig(max_num_batched_tokens=run.max_batched_tokens, max_num_seqs=run.max_num_seqs,
@@ -350,12 +353,30 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
     if run.gpu_mem_gb is not None and run.kv_tokens is None:
         max_rank = run.max_lora_rank or int(workload.df["adapter_rank"].max() or 0)
         try:
-            cfg.kv_capacity_tokens = kv_tokens_for_memory(profile, run.gpu_mem_gb, slots, max_rank)
+            cfg.kv_capacity_tokens = kv_tokens_for_memory(profile, run.gpu_mem_gb, slots, max_rank, run.tp)
         except ValueError as e:
             raise ConfigError(f"--gpu-mem-gb {run.gpu_mem_gb:g}: {e}; give a larger --gpu-mem-gb"
                               + (", fewer --slots or a lower --max-lora-rank" if slots and max_rank else "")) from None
-    check_server(run, cfg, workload, profile)
+    try:
+        check_server(run, cfg, workload, profile)
+    except ConfigError as e:
+        raise ConfigError(str(e) + _tp_hint(run, cfg, workload, single_gpu)) from None
     return cfg
+
+
+def _tp_hint(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Profile) -> str:
+    """When the weights leave no KV room on one GPU of the profile: the smallest ``--tp`` that holds one
+    ``max_model_len`` request (profiles sized by their own GPU memory only)."""
+    if run.kv_tokens is not None or run.gpu_mem_gb is not None:
+        return ""
+    slots = cfg.max_loras if cfg.enable_lora else 0
+    ranks = workload.df.loc[workload.df["adapter_id"] >= 0, "adapter_rank"]
+    max_rank = (cfg.max_lora_rank or (int(ranks.max()) if len(ranks) else 0)) if slots else 0
+    need = cfg.max_model_len or profile.model.max_model_len
+    for d in valid_degrees(profile.model, 8):
+        if d > run.tp and tp_profile(profile, d).kv_capacity_tokens(slots, max_rank) >= need:
+            return f"; or split the weights over more GPUs: --tp {d} holds it ({profile.name} on {profile.gpu})"
+    return ""
 
 
 def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Profile) -> None:
