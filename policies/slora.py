@@ -115,4 +115,4 @@ class NoCache(AdapterCachePolicy):
 UNIFIED = {"adapter_memory": "unified"}
 
 register_preset(Preset("slora", "slora", "none", "S-LoRA: FIFO + prefetch of queued requests' adapters, unified "
-                       "memory pool, no adapter cache", "Sheng et al., MLSys'24", cache_opts=dict(UNIFIED)))
+                       "memory pool, no adapter cache", "Sheng et al., MLSys'24", cache_opts=dict(UNIFIED), system="slora"))
