@@ -66,6 +66,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+from bisect import bisect_right
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -163,7 +164,7 @@ class SLoRAStepContext:
     adapter ``loads`` its prefill waits for, ``now``; ``try_admit`` applies S-LoRA's test."""
 
     __slots__ = ("engine", "budget", "admitted", "chunks", "loads", "load_rids", "now", "pairs", "adapters",
-                 "adapter_slots")
+                 "adapter_slots", "failed")
 
     def __init__(self, engine: "SLoRAEngine", budget: int, now: float) -> None:
         self.engine = engine
@@ -177,6 +178,8 @@ class SLoRAStepContext:
         self.adapters = set(engine.adapters.batch)
         ab = engine.adapters.placement.ab
         self.adapter_slots = sum(ab[a] for a in self.adapters)
+        #: candidates refused for memory: (left, has, room) -- the test was ``need < room``
+        self.failed: list[tuple[int, int, int]] = []
 
     def try_admit(self, rid: int) -> Admit:
         return self.engine._try_admit(self, rid)
@@ -283,6 +286,7 @@ class SLoRAEngine(EngineState):
         self._poll0 = 0.0                    # idle polls at _poll0 + k * poll_s
         self._poll_k = 0
         self._stop: Admit | None = None
+        self._failed: list[tuple[int, int, int]] = []
 
     # ------------------------------------------------------------------ view (overrides EngineState)
     @property
@@ -397,6 +401,7 @@ class SLoRAEngine(EngineState):
 
     def _admit(self, now: float) -> SLoRAStepContext | None:
         """One call of ``generate_new_batch``: the mini-batch, or None (nothing admissible)."""
+        self._failed = []
         if not self.n_waiting:
             self._stop = None
             return None
@@ -405,8 +410,51 @@ class SLoRAEngine(EngineState):
         self._stop = self.scheduler.schedule_waiting(ctx)
         if not ctx.admitted:
             self.n_failed += 1
+            self._failed = ctx.failed
             return None
         return ctx
+
+    def first_pass_step(self, failed: list[tuple[int, int, int]], limit: int) -> float:
+        """The first number of decode steps ``s`` (1..``limit``, no finish in between) after which
+        one of the ``failed`` candidates ``(left, has, room)`` would pass S-LoRA's test (inf if none).
+
+        With the running requests sorted by ``left`` (``l_j``, ``h_j`` now), after ``s`` decodes
+        they are ``(l_j - s, h_j + s)`` and the candidate ``(L, H)`` sits after the ``p(s)`` requests
+        with ``l_j >= L + s``. A running request's own term ``T_j = sum_{i<=j} h_i + (j+1) l_j`` does
+        not change with ``s``; behind the candidate it becomes ``T_j + H + l_j - s``; the candidate's
+        is ``sum_{i<p} h_i + p s + H + (p+1) L``. So ``need(s) = max(max_{j<p} T_j, candidate,
+        H - s + max_{j>=p} (T_j + l_j))``: prefix and suffix maxima make each ``s`` O(log n). The
+        need may rise or fall with ``s`` (the candidate's window slides along the running requests'
+        growth), so every ``s`` is evaluated; a test compares with :func:`reservation_need`."""
+        pairs = sorted(self._running_pairs(), key=lambda p: -p[0])
+        n = len(pairs)
+        neg_l = [-l for l, _ in pairs]
+        pre_h = [0] * (n + 1)
+        pre_max = [-INF] * (n + 1)
+        cum = 0
+        for j, (l, h) in enumerate(pairs):
+            cum += h
+            pre_h[j + 1] = cum
+            t = cum + (j + 1) * l
+            pre_max[j + 1] = t if t > pre_max[j] else pre_max[j]
+        suf = [-INF] * (n + 1)
+        for j in range(n - 1, -1, -1):
+            t = pre_h[j + 1] + (j + 1) * pairs[j][0] + pairs[j][0]
+            suf[j] = t if t > suf[j + 1] else suf[j + 1]
+        best = INF
+        for L, H, room in failed:
+            for s in range(1, min(limit, best - 1 if best < INF else limit) + 1):
+                p = bisect_right(neg_l, -(L + s))  # running with l_j >= L + s
+                need = pre_h[p] + p * s + H + (p + 1) * L
+                if pre_max[p] > need:
+                    need = pre_max[p]
+                c = H - s + suf[p]
+                if c > need:
+                    need = c
+                if need < room:
+                    best = s
+                    break
+        return best
 
     def _try_admit(self, ctx: SLoRAStepContext, rid: int) -> Admit:
         """S-LoRA's test for one waiting request (``_can_add_new_req``; module docstring)."""
@@ -423,6 +471,7 @@ class SLoRAEngine(EngineState):
         need = reservation_need(ctx.pairs + [pair])
         room = self.kv_tokens - ctx.adapter_slots
         if not need < room - new_ad:
+            ctx.failed.append((pair[0], pair[1], room - new_ad))
             return NO_SLOT if new_ad and need < room else NO_KV
         # admitted: the mini-batch grows
         ctx.pairs.append(pair)
@@ -563,6 +612,8 @@ class SLoRAEngine(EngineState):
         t_evt = min(self._async_until, self._next_tick, self.horizon)
         if not counting:  # admission is attempted at every iteration: until its outcome may change
             t_evt = min(t_evt, self.scheduler.next_change_time(self._stop))
+            if self._failed and k_max > 1:  # a refused candidate may pass as the running requests progress
+                k_max = min(k_max, self.first_pass_step(self._failed, k_max))
         max_r = self._batch_max_rank()
         ctx_tok = self.used_blocks
         t = now
