@@ -49,6 +49,7 @@ fitted fixed activation cost (``cpu_fixed_s``) is vLLM's own bookkeeping and is 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
@@ -87,8 +88,11 @@ class PunicaLoraCost:
         bb = profile.backbone_s
         t_one = float(bb(0, 1, 0))
         per_tok = (float(bb(4096, 0, 0)) - float(bb(2048, 0, 0))) / 2048.0
+        # a profile without a decode or per-token prefill cost (hand-made test profiles) implies an
+        # infinite rate: that part of the LoRA cost is then zero, as its backbone's is
         return cls(layers=m.layers, s_in=float(sum(s[0] for s in shapes)), s_out=float(sum(s[1] for s in shapes)),
-                   n_proj=len(shapes), bw_eff=m.weight_bytes / t_one, flops_eff=2.0 * m.params_b * 1e9 / per_tok)
+                   n_proj=len(shapes), bw_eff=m.weight_bytes / t_one if t_one > 0 else math.inf,
+                   flops_eff=2.0 * m.params_b * 1e9 / per_tok if per_tok > 0 else math.inf)
 
     @property
     def c_rank(self) -> float:
