@@ -107,6 +107,50 @@ def reservation_need(pairs: list[tuple[int, int]]) -> int:
     return need
 
 
+def first_pass_step(running: list[tuple[int, int]], failed: list[tuple[int, int, int]], limit: int) -> float:
+    """The first number of decode steps ``s`` (1..``limit``, no finish in between) after which one
+    of the ``failed`` candidates ``(left, has, room)``, each tested alone against the ``running``
+    pairs ``(left, has)``, would pass S-LoRA's test ``need < room`` (inf if none).
+
+    With the running requests sorted by ``left`` (``l_j``, ``h_j`` now), after ``s`` decodes
+    they are ``(l_j - s, h_j + s)`` and the candidate ``(L, H)`` sits after the ``p(s)`` requests
+    with ``l_j >= L + s``. A running request's own term ``T_j = sum_{i<=j} h_i + (j+1) l_j`` does
+    not change with ``s``; behind the candidate it becomes ``T_j + H + l_j - s``; the candidate's
+    is ``sum_{i<p} h_i + p s + H + (p+1) L``. So ``need(s) = max(max_{j<p} T_j, candidate,
+    H - s + max_{j>=p} (T_j + l_j))``: prefix and suffix maxima make each ``s`` O(log n). The
+    need may rise or fall with ``s`` (the candidate's window slides along the running requests'
+    growth), so every ``s`` is evaluated; a test compares with :func:`reservation_need`."""
+    pairs = sorted(running, key=lambda p: -p[0])
+    n = len(pairs)
+    neg_l = [-l for l, _ in pairs]
+    pre_h = [0] * (n + 1)
+    pre_max = [-INF] * (n + 1)
+    cum = 0
+    for j, (l, h) in enumerate(pairs):
+        cum += h
+        pre_h[j + 1] = cum
+        t = cum + (j + 1) * l
+        pre_max[j + 1] = t if t > pre_max[j] else pre_max[j]
+    suf = [-INF] * (n + 1)
+    for j in range(n - 1, -1, -1):
+        t = pre_h[j + 1] + (j + 1) * pairs[j][0] + pairs[j][0]
+        suf[j] = t if t > suf[j + 1] else suf[j + 1]
+    best = INF
+    for L, H, room in failed:
+        for s in range(1, min(limit, best - 1 if best < INF else limit) + 1):
+            p = bisect_right(neg_l, -(L + s))  # running with l_j >= L + s
+            need = pre_h[p] + p * s + H + (p + 1) * L
+            if pre_max[p] > need:
+                need = pre_max[p]
+            c = H - s + suf[p]
+            if c > need:
+                need = c
+            if need < room:
+                best = s
+                break
+    return best
+
+
 class SLoRAPool(UnifiedPool):
     """S-LoRA's unified pool (``mem_allocator.py``) in token slots: an adapter takes
     ``ceil(bytes / KV bytes per token)`` slots (``4r`` for q, k, v, o of a multi-head model).
@@ -415,46 +459,8 @@ class SLoRAEngine(EngineState):
         return ctx
 
     def first_pass_step(self, failed: list[tuple[int, int, int]], limit: int) -> float:
-        """The first number of decode steps ``s`` (1..``limit``, no finish in between) after which
-        one of the ``failed`` candidates ``(left, has, room)`` would pass S-LoRA's test (inf if none).
-
-        With the running requests sorted by ``left`` (``l_j``, ``h_j`` now), after ``s`` decodes
-        they are ``(l_j - s, h_j + s)`` and the candidate ``(L, H)`` sits after the ``p(s)`` requests
-        with ``l_j >= L + s``. A running request's own term ``T_j = sum_{i<=j} h_i + (j+1) l_j`` does
-        not change with ``s``; behind the candidate it becomes ``T_j + H + l_j - s``; the candidate's
-        is ``sum_{i<p} h_i + p s + H + (p+1) L``. So ``need(s) = max(max_{j<p} T_j, candidate,
-        H - s + max_{j>=p} (T_j + l_j))``: prefix and suffix maxima make each ``s`` O(log n). The
-        need may rise or fall with ``s`` (the candidate's window slides along the running requests'
-        growth), so every ``s`` is evaluated; a test compares with :func:`reservation_need`."""
-        pairs = sorted(self._running_pairs(), key=lambda p: -p[0])
-        n = len(pairs)
-        neg_l = [-l for l, _ in pairs]
-        pre_h = [0] * (n + 1)
-        pre_max = [-INF] * (n + 1)
-        cum = 0
-        for j, (l, h) in enumerate(pairs):
-            cum += h
-            pre_h[j + 1] = cum
-            t = cum + (j + 1) * l
-            pre_max[j + 1] = t if t > pre_max[j] else pre_max[j]
-        suf = [-INF] * (n + 1)
-        for j in range(n - 1, -1, -1):
-            t = pre_h[j + 1] + (j + 1) * pairs[j][0] + pairs[j][0]
-            suf[j] = t if t > suf[j + 1] else suf[j + 1]
-        best = INF
-        for L, H, room in failed:
-            for s in range(1, min(limit, best - 1 if best < INF else limit) + 1):
-                p = bisect_right(neg_l, -(L + s))  # running with l_j >= L + s
-                need = pre_h[p] + p * s + H + (p + 1) * L
-                if pre_max[p] > need:
-                    need = pre_max[p]
-                c = H - s + suf[p]
-                if c > need:
-                    need = c
-                if need < room:
-                    best = s
-                    break
-        return best
+        """:func:`first_pass_step` over the running requests now."""
+        return first_pass_step(self._running_pairs(), failed, limit)
 
     def _try_admit(self, ctx: SLoRAStepContext, rid: int) -> Admit:
         """S-LoRA's test for one waiting request (``_can_add_new_req``; module docstring)."""
