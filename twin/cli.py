@@ -49,7 +49,6 @@ SUMMARY_ROWS = [
      lambda s: f"{_f(s.get('adapter_hit_rate_requests'), 3)} / {_f(s['adapter_hit_rate'], 3)}"),
     ("adapter loads cpu / disk", lambda s: f"{s['adapter_loads_from_cpu']} / {s['adapter_loads_from_disk']}"),
     ("link GB / utilization", lambda s: f"{_f(s['link_gb'], 3)} / {_f(s.get('link_utilization'), 3)}"),
-    ("link transfers / mean load ms", lambda s: f"{s.get('link_transfers', '-')} / {_f(s.get('link_load_ms_mean'), 2)}"),
     ("GPU busy fraction", lambda s: _f(s.get("gpu_busy_fraction"), 3)),
     ("preemptions", lambda s: str(s["preemptions"])),
     ("KV capacity (tokens)", lambda s: str(s["kv_capacity_tokens"])),

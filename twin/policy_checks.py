@@ -19,7 +19,9 @@ third-party package needs nothing from this project's tests) and fails with an
   (the default) gives exactly the results of stepping one step at a time (``max_run_steps=1``).
 
 A scheduler is checked with the ``lru`` cache, a cache with the ``fcfs`` scheduler, and a
-:class:`twin.registry.Preset` as its pair. A third-party package checks its policies in its
+:class:`twin.registry.Preset` as its pair, on the preset's serving system (``vllm`` for a
+scheduler or cache alone); :func:`on_system` checks a policy on another system (e.g.
+``on_system(MyScheduler, "slora")``: S-LoRA's engine, ``twin/slora_engine.py``). A third-party package checks its policies in its
 own tests like this::
 
     from twin.policy_checks import check_cache, check_scheduler, parametrize_with_checks

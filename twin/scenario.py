@@ -43,6 +43,7 @@ from traces.synth import OPTIONS
 from traces.workload import Workload
 from twin.config import ConfigError, EngineConfig
 from twin.perf.profile import Profile, available_profiles, kv_tokens_for_memory, parse_lora_targets
+from twin.slora_engine import check_slora_config
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
 
 #: GPU adapter slots when none are given, capped at the number of adapters. With max rank
@@ -120,6 +121,8 @@ class RunConfig:
     tp: int = _engine_field("tensor_parallel")
     lora_targets: str | None = _engine_field("lora_targets")
     max_total_tokens: int | None = _engine_field("max_total_tokens")
+    slora_max_prompt_len: int = _engine_field("slora_max_prompt_len")
+    slora_max_total_len: int = _engine_field("slora_max_total_len")
     # run
     horizon: float | None = field(default=None, metadata={
         "help": "stop the simulation at this time; requests in flight count as unfinished"})
@@ -161,6 +164,8 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
     "kv_tokens": (True, 1, True, "a KV capacity in tokens, e.g. --kv-tokens 200000 (or leave it to the profile)"),
     "tp": (True, 1, True, "a tensor-parallel degree that divides the model's heads, e.g. --tp 2"),
     "max_total_tokens": (True, 2, True, "S-LoRA's pool in token slots, e.g. --max-total-tokens 65000"),
+    "slora_max_prompt_len": (True, 1, True, "a prompt length in tokens, e.g. --slora-max-prompt-len 2048"),
+    "slora_max_total_len": (True, 1, True, "a request length in tokens, e.g. --slora-max-total-len 3072"),
     "horizon": (False, 0, False, "the simulated seconds to stop at, e.g. --horizon 600 (or leave it out to "
                                  "run until every request finished)"),
     "ttft_slo": (False, 0, False, "a TTFT SLO in seconds, e.g. --ttft-slo 2"),
@@ -316,10 +321,13 @@ def _check_system(run: RunConfig) -> None:
             parse_lora_targets(run.lora_targets)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    if system == "slora" and run.tp > 1:
-        raise ConfigError(f"--tp {run.tp} with the S-LoRA system (--system slora, or preset {run.policy!r}): the "
-                          f"released S-LoRA runs on one GPU (LoraTpPartAdapter asserts world_size == 1); give --tp 1 "
-                          f"or --system vllm")
+    if system == "slora":
+        why = "--system slora" if run.system else f"preset {run.policy!r} runs on S-LoRA"
+        if run.tp > 1:
+            raise ConfigError(f"--tp {run.tp} with the S-LoRA system ({why}): the released S-LoRA runs on one GPU "
+                              f"(LoraTpPartAdapter asserts world_size == 1); give --tp 1 or --system vllm")
+        _, cache, _ = resolve_policy(run.policy, run.scheduler, run.cache)
+        check_slora_config(EngineConfig(), cache)
     if system != "slora" and run.max_total_tokens is not None:
         raise ConfigError("--max-total-tokens sizes S-LoRA's pool (--system slora); on the vLLM engine give "
                           "--kv-tokens")
@@ -375,7 +383,8 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
     cfg = EngineConfig(max_num_batched_tokens=run.max_batched_tokens, max_num_seqs=run.max_num_seqs,
                        max_loras=slots, max_cpu_loras=run.cpu_slots, max_lora_rank=run.max_lora_rank,
                        max_model_len=run.max_model_len, kv_capacity_tokens=run.kv_tokens, tensor_parallel=run.tp,
-                       lora_targets=run.lora_targets, max_total_tokens=run.max_total_tokens)
+                       lora_targets=run.lora_targets, max_total_tokens=run.max_total_tokens,
+                       slora_max_prompt_len=run.slora_max_prompt_len, slora_max_total_len=run.slora_max_total_len)
     if run.gpu_mem_gb is not None and run.kv_tokens is None:
         max_rank = run.max_lora_rank or int(workload.df["adapter_rank"].max() or 0)
         try:

@@ -236,3 +236,18 @@ def test_summary_names_the_system():
     assert run(w).summary["system"] == "slora"
     assert simulate(w, constant_profile(), EngineConfig(), policy="slora", system="vllm").summary["system"] == "vllm"
     assert simulate(w, constant_profile(), EngineConfig(), policy="vllm").summary["system"] == "vllm"
+
+
+def test_cli_names_the_system(capsys):
+    from twin.cli import main
+
+    assert main(["policies"]) == 0
+    out = capsys.readouterr().out
+    assert "chameleon              [system slora]" in out and "fastlibra              [system vllm]" in out
+    assert main(["run", "--policy", "slora", "--duration", "20", "--no-progress"]) == 0
+    assert "system                                   slora" in capsys.readouterr().out
+    assert main(["run", "--policy", "vllm", "--system", "slora", "--duration", "20", "--max-total-tokens", "50000",
+                 "--json", "--no-progress"]) == 0
+    assert '"system": "slora"' in capsys.readouterr().out
+    assert main(["run", "--policy", "vllm", "--max-total-tokens", "50000"]) == 2
+    assert "--max-total-tokens sizes S-LoRA's pool" in capsys.readouterr().err
