@@ -68,6 +68,8 @@ class EngineConfig:
     slora_max_wait_tokens: int = field(default=10, metadata=_help(
         "S-LoRA: decodes between admission attempts (max_wait_tokens, hard-coded 10)"))
     slora_poll_s: float = field(default=0.01, metadata=_help("S-LoRA: idle router poll interval (s)"))
+    slora_prefetch: bool = field(default=False, metadata=_help(
+        "S-LoRA --prefetch (off in S-LoRA's paper runs): the scheduler's prefetch() at decode counters 5 and 7"))
     slora_max_prompt_len: int = field(default=2048, metadata=_help(
         "S-LoRA's HTTP server refuses longer prompts"))
     slora_max_total_len: int = field(default=3072, metadata=_help(

@@ -49,12 +49,20 @@ Follows ``S-LoRA/S-LoRA`` at ``c1ddf48`` as summarised in ``shared/refs/slora.md
   profile's scheduler term with the running requests (S-LoRA's router looks at the queue only
   when it admits).
 
-Not modelled: S-LoRA's prefetch (``--prefetch``, off in every paper run): a policy's
-``prefetch()`` is not called on this engine. Prefix-KV reuse and fixed adapter regions are
-vLLM-engine extensions; a cache policy that needs them is refused with the fix.
+* **Prefetch** [13] (``--prefetch``, off in every paper run; ``EngineConfig.slora_prefetch``): before
+  the decodes at counters 5 and 7, the adapters the scheduler's ``prefetch()`` names (S-LoRA's:
+  the FIFO prefix that fits one mini-batch) are copied asynchronously (2x their bytes over the
+  link) into slots no reservation or resident adapter holds; the latest prefetch's adapters are
+  kept by the offloads; a request whose adapter is still copying waits for the rest in its
+  prefill. A cache policy's own predictive prefetch (``chameleon+prefetch``) is asked at the same
+  moments whatever the flag. Adapters in flight hold their slots: the admission test counts them
+  (S-LoRA does not, and could run out of slots there).
+
+Prefix-KV reuse and fixed adapter regions are vLLM-engine extensions; a cache policy that needs
+them is refused with the fix.
 
 Speed: runs of decode steps in which nothing can change -- no finish, no admission due, no
-event, tick or horizon, and, after a failed admission, nothing that could change its outcome
+arrival, event, tick or horizon, and, after a failed admission, nothing that could change its outcome
 (``Scheduler.next_change_time``; S-LoRA's ``need`` is constant while the running set is, since
 every request's ``has`` grows by one and ``left`` falls by one each decode) -- are advanced at
 once, each step's duration summed in the same order as single steps (``max_run_steps=1`` steps
@@ -75,7 +83,8 @@ from twin.adapter_placement import UnifiedPool
 from twin.adapters import AdapterMemory, HostLink
 from twin.config import ConfigError, EngineConfig
 from twin.engine_state import EngineState
-from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
+from twin.interfaces import Admit, AdapterCachePolicy, Policy, Scheduler
+from twin.prefetch import AsyncLoader
 from twin.perf.slora_forms import SLORA_TARGETS, PunicaLoraCost, slora_load_s
 from twin.requests import FINISHED, PENDING, REJECTED, REJECT_REASONS
 
@@ -107,10 +116,11 @@ def reservation_need(pairs: list[tuple[int, int]]) -> int:
     return need
 
 
-def first_pass_step(running: list[tuple[int, int]], failed: list[tuple[int, int, int]], limit: int) -> float:
-    """The first number of decode steps ``s`` (1..``limit``, no finish in between) after which one
-    of the ``failed`` candidates ``(left, has, room)``, each tested alone against the ``running``
-    pairs ``(left, has)``, would pass S-LoRA's test ``need < room`` (inf if none).
+def first_pass_step(running: list[tuple[int, int]], failed: list[tuple[int, int, int, int]], limit: int) -> float:
+    """The first number of decode steps ``s`` (1..``limit``, no finish in between) after which the
+    outcome of one of the ``failed`` candidates ``(left, has, room, room_without)`` changes, each
+    tested alone against the ``running`` pairs ``(left, has)``: admitted (``need < room``), refused
+    for its adapter's slots (``NO_SLOT``: ``need < room_without``) or for KV (``NO_KV``); inf if none.
 
     With the running requests sorted by ``left`` (``l_j``, ``h_j`` now), after ``s`` decodes
     they are ``(l_j - s, h_j + s)`` and the candidate ``(L, H)`` sits after the ``p(s)`` requests
@@ -136,7 +146,9 @@ def first_pass_step(running: list[tuple[int, int]], failed: list[tuple[int, int,
         t = pre_h[j + 1] + (j + 1) * pairs[j][0] + pairs[j][0]
         suf[j] = t if t > suf[j + 1] else suf[j + 1]
     best = INF
-    for L, H, room in failed:
+    for L, H, room, room_wo in failed:
+        need0 = reservation_need(running + [(L, H)])
+        cat0 = 0 if need0 < room else 1 if need0 < room_wo else 2
         for s in range(1, min(limit, best - 1 if best < INF else limit) + 1):
             p = bisect_right(neg_l, -(L + s))  # running with l_j >= L + s
             need = pre_h[p] + p * s + H + (p + 1) * L
@@ -145,7 +157,7 @@ def first_pass_step(running: list[tuple[int, int]], failed: list[tuple[int, int,
             c = H - s + suf[p]
             if c > need:
                 need = c
-            if need < room:
+            if (0 if need < room else 1 if need < room_wo else 2) != cat0:
                 best = s
                 break
     return best
@@ -165,7 +177,20 @@ class SLoRAPool(UnifiedPool):
         return self.ab[a] + extra_blocks <= self.e.kv_tokens
 
     def allocate(self, a: int, now: float, evict: bool = True) -> bool:
-        self.e.lend_blocks(self.ab[a])
+        """Slots for adapter ``a``: always granted to an admitted request (its reservation was
+        tested); a prefetch gets them only from slots no reservation or resident adapter holds
+        (after evicting idle adapters when ``evict``)."""
+        e = self.e
+        if not e._admitting:
+            if self.ab[a] > e.unreserved_slots():
+                if not evict:
+                    return False
+                mem = self.mem
+                while self.ab[a] > e.unreserved_slots() and mem.evictable():
+                    mem.evict_victim(now)
+                if self.ab[a] > e.unreserved_slots():
+                    return False
+        e.lend_blocks(self.ab[a])
         self.adapter_blocks += self.ab[a]
         self.allocations += 1
         return True
@@ -176,12 +201,12 @@ class SLoRAExtensions:
     extension is installed on this engine): the pool's counters and the policies' stats."""
 
     prefix = None
-    loader = None
     handles_admission = False
 
-    def __init__(self, engine: "SLoRAEngine") -> None:
+    def __init__(self, engine: "SLoRAEngine", loader: "SLoRAPrefetcher | None") -> None:
         self.e = engine
         self.pool_blocks = engine.kv_tokens
+        self.loader = loader
 
     def reclaimable(self, exclude_node: Any = None, exclude_adapter: int = -1) -> int:
         ab = self.e.adapters.placement.ab
@@ -197,9 +222,34 @@ class SLoRAExtensions:
                                "slora_admission_attempts": e.n_attempts, "slora_failed_admissions": e.n_failed,
                                "slora_prefills": e.n_prefills, "slora_idle_polls": e.n_polls,
                                "slora_reservation_evictions": e.n_reservation_evictions}
+        if self.loader is not None:
+            out.update(self.loader.stats())
         out.update(e.cache.stats())
         out.update(e.scheduler.stats())
         return out
+
+
+class SLoRAPrefetcher(AsyncLoader):
+    """S-LoRA's ``--prefetch`` (``manager.py``, ``infer_adapter.py``): the adapters the policies
+    name (``prefetch()``; S-LoRA's own: the FIFO prefix of the queue that fits one mini-batch) are
+    copied on a separate stream -- asynchronously over the host link, twice the adapter's bytes
+    like every S-LoRA load -- into slots no reservation holds, when the decode counter is 5 or 7."""
+
+    def start(self, a: int, now: float, ctx: Any = None, evict: bool = True) -> bool:
+        mem = self.mem
+        if a < 0 or mem.resident[a] or len(mem.loading) >= self.max_inflight:
+            return False
+        if not mem.placement.allocate(a, now, evict):
+            return False
+        mem.fetch(a)
+        mem.mark_resident(a)
+        self.started += 1
+        nbytes = 2 * mem.bytes[a]
+        gen = self.e.link.transfer(nbytes, mem.cpu_load_s[mem.ranks_l[a]])
+        self.e.push_event(self.e.link.free_at, lambda t, a=a: self._done(a, t))
+        mem.loading[a] = self.e.env.process(gen)
+        self.e._prefetched.add(a)
+        return True
 
 
 class SLoRAStepContext:
@@ -222,8 +272,9 @@ class SLoRAStepContext:
         self.adapters = set(engine.adapters.batch)
         ab = engine.adapters.placement.ab
         self.adapter_slots = sum(ab[a] for a in self.adapters)
-        #: candidates refused for memory: (left, has, room) -- the test was ``need < room``
-        self.failed: list[tuple[int, int, int]] = []
+        #: candidates refused for memory: (left, has, room, room without the adapter's slots) --
+        #: ``need < room`` admits, ``need < room without`` is NO_SLOT (the adapter is what does not fit)
+        self.failed: list[tuple[int, int, int, int]] = []
 
     def try_admit(self, rid: int) -> Admit:
         return self.engine._try_admit(self, rid)
@@ -270,7 +321,8 @@ class SLoRAEngine(EngineState):
         self.batch_max_tokens = int(cfg.slora_batch_max_tokens or max(self.kv_tokens // 6, 3072))
         # S-LoRA has no limit on the distinct adapters of a batch and nothing here costs per slot:
         # policies that read max_loras see every adapter allowed at once
-        self.config = dataclasses.replace(cfg, max_loras=max(self.n_adapters, 1) + 1, block_size=1)
+        self.config = dataclasses.replace(cfg, max_loras=max(self.n_adapters, 1) + 1, block_size=1,
+                                          max_num_batched_tokens=self.batch_max_tokens)
         self._apply_rejection_rules()
 
     def _apply_rejection_rules(self, adapter_blocks: list[int] | None = None) -> None:
@@ -311,9 +363,14 @@ class SLoRAEngine(EngineState):
         mem.preload_cpu(range(self.n_adapters))  # --lora-dirs are read into pinned memory at start-up
         mem.cpu_load_s = {r: slora_load_s(self.profile, self.profile.adapter_bytes(r)) for r in mem.cpu_load_s}
         mem.use_placement(SLoRAPool(self), n_ad)
-        self.extensions = SLoRAExtensions(self)
+        # the scheduler's prefetch is S-LoRA's --prefetch (off in the paper runs: slora_prefetch);
+        # a cache policy's own predictive prefetch (chameleon+prefetch) is that policy's feature
+        sources = [p for p in ((scheduler,) if cfg.slora_prefetch else ()) + (cache,)
+                   if type(p).prefetch is not Policy.prefetch]
+        loader = SLoRAPrefetcher(self, sources, max_inflight=max(p.max_inflight for p in sources)) if sources else None
+        self.extensions = SLoRAExtensions(self, loader)
         self._admit_hook = self._reclaim = self._finish_hook = None
-        self._prefetch_on = False
+        self._prefetch_on = loader is not None
         cache.bind(self)
         scheduler.bind(self)
         self._sched_ticks = scheduler.tick_interval
@@ -330,7 +387,9 @@ class SLoRAEngine(EngineState):
         self._poll0 = 0.0                    # idle polls at _poll0 + k * poll_s
         self._poll_k = 0
         self._stop: Admit | None = None
-        self._failed: list[tuple[int, int, int]] = []
+        self._failed: list[tuple[int, int, int, int]] = []
+        self._admitting = False               # admission loads always get their slots
+        self._prefetched: set[int] = set()    # adapters of the latest prefetch (kept by offloads)
 
     # ------------------------------------------------------------------ view (overrides EngineState)
     @property
@@ -434,6 +493,14 @@ class SLoRAEngine(EngineState):
         self.scheduler.on_arrivals(lo, hi)
 
     # ------------------------------------------------------------------ admission
+    def unreserved_slots(self) -> int:
+        """Slots that neither the running requests' reservations nor resident adapters hold."""
+        return self.kv_tokens - reservation_need(self._running_pairs()) - self.adapters.placement.adapter_blocks
+
+    def _loading_slots(self, exclude: set[int]) -> int:
+        ab = self.adapters.placement.ab
+        return sum(ab[a] for a in self.adapters.loading if a not in exclude)
+
     def _running_pairs(self) -> list[tuple[int, int]]:
         """``(left, has)`` of every running request (``_init_cache_list``): has + left = inp + out - 1."""
         g = self.g
@@ -458,7 +525,7 @@ class SLoRAEngine(EngineState):
             return None
         return ctx
 
-    def first_pass_step(self, failed: list[tuple[int, int, int]], limit: int) -> float:
+    def first_pass_step(self, failed: list[tuple[int, int, int, int]], limit: int) -> float:
         """:func:`first_pass_step` over the running requests now."""
         return first_pass_step(self._running_pairs(), failed, limit)
 
@@ -476,9 +543,12 @@ class SLoRAEngine(EngineState):
         pair = (out_left - 1, T + 1)
         need = reservation_need(ctx.pairs + [pair])
         room = self.kv_tokens - ctx.adapter_slots
+        if self.adapters.loading:  # prefetches in flight hold their slots (they cannot be evicted)
+            room -= self._loading_slots(ctx.adapters | ({a} if a >= 0 else set()))
         if not need < room - new_ad:
-            ctx.failed.append((pair[0], pair[1], room - new_ad))
-            return NO_SLOT if new_ad and need < room else NO_KV
+            slot = bool(new_ad) and need < room
+            ctx.failed.append((pair[0], pair[1], room - new_ad, room))
+            return NO_SLOT if slot else NO_KV
         # admitted: the mini-batch grows
         ctx.pairs.append(pair)
         if new_ad:
@@ -499,7 +569,9 @@ class SLoRAEngine(EngineState):
             if a >= 0:
                 self.adapter_hit_code[rid] = 1 if ad.resident[a] and ad.loaded_at[a] != now else 2
         if a >= 0:
+            self._admitting = True
             ld = ad.acquire(a, now)
+            self._admitting = False
             if ld is not None:
                 ld.nbytes *= 2  # load_lora_A then load_lora_B: each layer's w_combined copied twice
                 ctx.loads.append(ld)
@@ -513,7 +585,7 @@ class SLoRAEngine(EngineState):
         the reservations, the batch's adapters and the idle adapters fit in ``N_tok``."""
         mem = self.adapters
         ab = mem.placement.ab
-        idle = mem.placement.adapter_blocks - sum(ab[a] for a in mem.batch)
+        idle = mem.placement.adapter_blocks - sum(ab[a] for a in mem.batch)  # (loading ones included)
         while idle > self.kv_tokens - adapter_slots - need and mem.evictable():
             v = mem.evict_victim(now)
             idle -= ab[v]
@@ -552,6 +624,9 @@ class SLoRAEngine(EngineState):
         load_s = 0.0
         if ctx.loads:
             for ld in ctx.loads:
+                if ld.wait is not None:  # a prefetch still in flight: the prefill waits for it
+                    yield ld.wait
+                    continue
                 yield env.process(self.link.transfer(ld.nbytes, ld.link_s))
             load_s = env.now - now
             lw = self.load_wait_d
@@ -611,11 +686,22 @@ class SLoRAEngine(EngineState):
             heapq.heappop(heap)
         k_max = heap[0][0] - g if heap else 1
         if counting:
-            k_max = min(k_max, self.config.slora_max_wait_tokens - self.counter)
+            wait_max = self.config.slora_max_wait_tokens
+            k_max = min(k_max, wait_max - self.counter)
+            if self._prefetch_on:  # S-LoRA prefetches before the decodes at counters max/2 and max - 3
+                marks = (wait_max // 2, wait_max - 3)
+                if self.counter in marks:
+                    self._prefetched = set()
+                    self.extensions.loader.decide(now, None)
+                later = [m - self.counter for m in marks if m > self.counter]
+                if later:
+                    k_max = min(k_max, min(later))
         if self._stalled:
             k_max = 1  # the first decode after a prefill carries the stalled requests' gap
         k_max = min(k_max, self.max_run_steps)
-        t_evt = min(self._async_until, self._next_tick, self.horizon)
+        # arrivals end a run too: a policy hears of them (on_arrivals) at the step boundary after
+        # them, as when stepping one iteration at a time (Chameleon refreshes its queues there)
+        t_evt = min(self._async_until, self._next_tick, self.horizon, self._next_arr_t)
         if not counting:  # admission is attempted at every iteration: until its outcome may change
             t_evt = min(t_evt, self.scheduler.next_change_time(self._stop))
             if self._failed and k_max > 1:  # a refused candidate may pass as the running requests progress
@@ -700,8 +786,9 @@ class SLoRAEngine(EngineState):
         """``offload_adapters``: idle resident adapters go when the cache policy says so."""
         mem = self.adapters
         pol = mem.policy
+        keep = self._prefetched
         for a in mem.evictable():
-            if pol.evict_when_idle(a):
+            if a not in keep and pol.evict_when_idle(a):
                 mem.evict(a, now)
 
     def _batch_emptied(self, now: float) -> None:

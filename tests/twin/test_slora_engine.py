@@ -56,14 +56,19 @@ def test_reservation_admits_strictly_below_the_pool():
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 300)), min_size=0, max_size=8),
-       st.integers(0, 60), st.integers(1, 300), st.integers(0, 1500))
-def test_first_pass_step_is_exact(running, L, H, room):
+       st.integers(0, 60), st.integers(1, 300), st.integers(0, 1500), st.integers(0, 200))
+def test_first_pass_step_is_exact(running, L, H, room, slots):
     """The shortcut that skips decodes after a failed admission finds the first step at which
-    the candidate would pass, exactly as recomputing S-LoRA's need after every decode."""
+    the candidate's outcome (admitted / NO_SLOT / NO_KV) changes, exactly as recomputing
+    S-LoRA's need after every decode."""
     limit = min([l for l, _ in running], default=30)
-    want = next((s for s in range(1, limit + 1)
-                 if reservation_need([(l - s, h + s) for l, h in running] + [(L, H)]) < room), float("inf"))
-    assert first_pass_step(running, [(L, H, room)], limit) == want
+
+    def cat(s):
+        need = reservation_need([(l - s, h + s) for l, h in running] + [(L, H)])
+        return 0 if need < room else 1 if need < room + slots else 2
+
+    want = next((s for s in range(1, limit + 1) if cat(s) != cat(0)), float("inf"))
+    assert first_pass_step(running, [(L, H, room, room + slots)], limit) == want
 
 
 # ---------------------------------------------------------------------- when admission runs
@@ -251,3 +256,21 @@ def test_cli_names_the_system(capsys):
     assert '"system": "slora"' in capsys.readouterr().out
     assert main(["run", "--policy", "vllm", "--max-total-tokens", "50000"]) == 2
     assert "--max-total-tokens sizes S-LoRA's pool" in capsys.readouterr().err
+
+
+def test_prefetch_at_decode_counters_five_and_seven():
+    # r1 waits while r0 decodes; with --prefetch its adapter is copied before the decode at
+    # counter 5, so its prefill (after 10 decodes) waits for no load
+    w = Workload.from_arrays([0.0, 0.001], [10, 10], [40, 5], [0, 1], [16, 16])
+    off = run(w).requests
+    res = run(w, slora_prefetch=True)
+    on = res.requests
+    assert off.loc[1, "load_wait_s"] > 0 and on.loc[1, "load_wait_s"] == 0.0
+    assert res.summary["prefetches"] == 1 and bool(on.loc[1, "adapter_hit"])
+    assert on.loc[1, "first_scheduled_s"] == off.loc[1, "first_scheduled_s"]  # admitted at the same iteration
+    assert on.loc[1, "ttft_s"] == pytest.approx(off.loc[1, "ttft_s"] - off.loc[1, "load_wait_s"])
+    for policy in ("slora", "chameleon", "chameleon+prefetch"):
+        a = run(pressure_workload(4), n_tok=5000, policy=policy, slora_prefetch=True)
+        b = run(pressure_workload(4), n_tok=5000, policy=policy, slora_prefetch=True, steps=1)
+        pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+        assert a.summary["prefetches"] > 0, policy
