@@ -121,6 +121,7 @@ class RunConfig:
     tp: int = _engine_field("tensor_parallel")
     lora_targets: str | None = _engine_field("lora_targets")
     max_total_tokens: int | None = _engine_field("max_total_tokens")
+    slora_prefetch: bool = _engine_field("slora_prefetch")
     slora_max_prompt_len: int = _engine_field("slora_max_prompt_len")
     slora_max_total_len: int = _engine_field("slora_max_total_len")
     # run
@@ -384,7 +385,8 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
                        max_loras=slots, max_cpu_loras=run.cpu_slots, max_lora_rank=run.max_lora_rank,
                        max_model_len=run.max_model_len, kv_capacity_tokens=run.kv_tokens, tensor_parallel=run.tp,
                        lora_targets=run.lora_targets, max_total_tokens=run.max_total_tokens,
-                       slora_max_prompt_len=run.slora_max_prompt_len, slora_max_total_len=run.slora_max_total_len)
+                       slora_max_prompt_len=run.slora_max_prompt_len, slora_max_total_len=run.slora_max_total_len,
+                       slora_prefetch=run.slora_prefetch)
     if run.gpu_mem_gb is not None and run.kv_tokens is None:
         max_rank = run.max_lora_rank or int(workload.df["adapter_rank"].max() or 0)
         try:
