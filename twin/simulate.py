@@ -82,6 +82,8 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     eng.run()
     wall = time.perf_counter() - t0
     summary = summarize(eng, wall, ttft_slo_s, tbt_slo_s)
+    if system == "slora" and extra and "config" in extra:  # the engine's settings (1-token slots, its limits)
+        extra = {**extra, "config": eng.config.to_dict()}
     summary = {"policy": label, "system": system, "scheduler": scheduler_obj.name, "cache": cache_obj.name,
                "profile": prof.name, **summary, **(extra or {})}
     return SimResult(summary, eng)

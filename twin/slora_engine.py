@@ -454,9 +454,11 @@ class SLoRAEngine(EngineState):
                         self._poll_k = k
                         t_poll = self._poll0 + k * poll
                     nothing = self._next_arr_t == INF and self._async_until == INF
+                    # nothing can arrive or change: nothing is left, or the rest wait (unfinished) --
+                    # also after 16,000 failed idle polls (160 s at 10 ms) with only policy ticks pending
                     if nothing and (not self.n_waiting or (self._next_tick == INF and idle_fails > 0)
-                                    or idle_fails > 16 * 1000):
-                        break  # nothing can arrive or change: the rest wait (unfinished) or nothing is left
+                                    or idle_fails > 16_000):
+                        break
                     t_next = min(t_poll, self._async_until, self._next_tick, horizon)
                     if queue is not None and not queue:
                         env._now = env._now + max(t_next - now, 0.0)
