@@ -42,8 +42,9 @@ from traces.registry import REAL_OPTIONS, get_workload, run_defaults
 from traces.synth import OPTIONS
 from traces.workload import Workload
 from twin.config import ConfigError, EngineConfig
-from twin.perf.profile import Profile, available_profiles
-from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy
+from twin.perf.profile import Profile, available_profiles, parse_lora_targets
+from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
+from twin.slora_engine import check_slora_config
 from twin.tensor_parallel import kv_tokens_for_memory, tp_profile, valid_degrees
 
 #: GPU adapter slots when none are given, capped at the number of adapters. With max rank
@@ -102,6 +103,9 @@ class RunConfig:
         "help": "preset: scheduler + cache (`twin policies`); default vllm"})
     scheduler: str | None = field(default=None, metadata={"help": "override the preset's scheduler"})
     cache: str | None = field(default=None, metadata={"help": "override the preset's adapter-cache policy"})
+    system: str | None = field(default=None, metadata={
+        "help": "serving system: vllm (vLLM v1 engine) or slora (S-LoRA's router and unified pool); default: the "
+                "preset's (`twin policies`)"})
     # server
     profile: str | None = field(default=None, metadata={
         "help": "profile name (`twin calibrate list`) or JSON file"})
@@ -116,6 +120,11 @@ class RunConfig:
         "help": "GPU memory (GB); the KV capacity follows from it (default: the profile's GPU)"})
     kv_tokens: int | None = _engine_field("kv_capacity_tokens", help="override the KV capacity (tokens)")
     tp: int = _engine_field("tensor_parallel")
+    lora_targets: str | None = _engine_field("lora_targets")
+    max_total_tokens: int | None = _engine_field("max_total_tokens")
+    slora_prefetch: bool = _engine_field("slora_prefetch")
+    slora_max_prompt_len: int = _engine_field("slora_max_prompt_len")
+    slora_max_total_len: int = _engine_field("slora_max_total_len")
     # run
     horizon: float | None = field(default=None, metadata={
         "help": "stop the simulation at this time; requests in flight count as unfinished"})
@@ -156,6 +165,9 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
     "gpu_mem_gb": (False, 0, False, "the GPU memory in GB, e.g. --gpu-mem-gb 80"),
     "kv_tokens": (True, 1, True, "a KV capacity in tokens, e.g. --kv-tokens 200000 (or leave it to the profile)"),
     "tp": (True, 1, True, "a tensor-parallel degree that divides the model's heads, e.g. --tp 2"),
+    "max_total_tokens": (True, 2, True, "S-LoRA's pool in token slots, e.g. --max-total-tokens 65000"),
+    "slora_max_prompt_len": (True, 1, True, "a prompt length in tokens, e.g. --slora-max-prompt-len 2048"),
+    "slora_max_total_len": (True, 1, True, "a request length in tokens, e.g. --slora-max-total-len 3072"),
     "horizon": (False, 0, False, "the simulated seconds to stop at, e.g. --horizon 600 (or leave it out to "
                                  "run until every request finished)"),
     "ttft_slo": (False, 0, False, "a TTFT SLO in seconds, e.g. --ttft-slo 2"),
@@ -296,6 +308,31 @@ def check_run(run: RunConfig) -> None:
     if run.cache is not None and run.cache not in CACHES:
         raise ConfigError(f"--cache: unknown adapter-cache policy {run.cache!r}; available: "
                           f"{', '.join(sorted(CACHES))} (`twin policies`)")
+    _check_system(run)
+
+
+def _check_system(run: RunConfig) -> None:
+    """``--system``, ``--lora-targets`` and ``--max-total-tokens``: a known name, a combination
+    the system can run (S-LoRA: one GPU; ``--max-total-tokens`` is S-LoRA's pool)."""
+    try:
+        system = resolve_system(run.policy, run.system)
+    except KeyError as e:
+        raise ConfigError(f"--system: {e.args[0]}") from None
+    if run.lora_targets is not None:
+        try:
+            parse_lora_targets(run.lora_targets)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if system == "slora":
+        why = "--system slora" if run.system else f"preset {run.policy!r} runs on S-LoRA"
+        if run.tp > 1:
+            raise ConfigError(f"--tp {run.tp} with the S-LoRA system ({why}): the released S-LoRA runs on one GPU "
+                              f"(LoraTpPartAdapter asserts world_size == 1); give --tp 1 or --system vllm")
+        _, cache, _ = resolve_policy(run.policy, run.scheduler, run.cache)
+        check_slora_config(EngineConfig(), cache)
+    if system != "slora" and run.max_total_tokens is not None:
+        raise ConfigError("--max-total-tokens sizes S-LoRA's pool (--system slora); on the vLLM engine give "
+                          "--kv-tokens")
 
 
 # --------------------------------------------------------------------------- workload and server
@@ -349,7 +386,10 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
     slots = run.adapter_slots(n_adapters)
     cfg = EngineConfig(max_num_batched_tokens=run.max_batched_tokens, max_num_seqs=run.max_num_seqs,
                        max_loras=slots, max_cpu_loras=run.cpu_slots, max_lora_rank=run.max_lora_rank,
-                       max_model_len=run.max_model_len, kv_capacity_tokens=run.kv_tokens, tensor_parallel=run.tp)
+                       max_model_len=run.max_model_len, kv_capacity_tokens=run.kv_tokens, tensor_parallel=run.tp,
+                       lora_targets=run.lora_targets, max_total_tokens=run.max_total_tokens,
+                       slora_max_prompt_len=run.slora_max_prompt_len, slora_max_total_len=run.slora_max_total_len,
+                       slora_prefetch=run.slora_prefetch)
     if run.gpu_mem_gb is not None and run.kv_tokens is None:
         max_rank = run.max_lora_rank or int(workload.df["adapter_rank"].max() or 0)
         try:
