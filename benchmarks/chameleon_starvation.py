@@ -15,9 +15,10 @@ Sampling uses the engine's timed events (``EngineView.push_event``); they only s
 decode steps, which the engine sums exactly as single steps, so results are those of an
 unsampled run.
 
-Server: ``--system NAME`` selects the serving system when ``twin run`` has the option
-(``EngineConfig.system``); without it the presets run on the vLLM engine with S-LoRA's unified
-pool of KV and adapter weights (``adapter_memory="unified"``, set by these presets).
+Server: each preset runs on its own serving system (the ``chameleon*`` and ``slora`` presets on
+the S-LoRA engine, ``twin/slora_engine.py``); ``--system vllm`` runs them on the vLLM engine with
+S-LoRA's unified pool of KV and adapter weights (``adapter_memory="unified"``), as the first
+diagnosis in ``results/policies/chameleon-as-written.md`` did.
 
     PYTHONPATH=. python benchmarks/chameleon_starvation.py --rps 1.1 --duration 600 \\
         --out results/policies/chameleon-as-written
@@ -26,7 +27,6 @@ pool of KV and adapter weights (``adapter_memory="unified"``, set by these prese
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,13 +38,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from policies.chameleon import ChameleonScheduler  # noqa: E402
-from twin.config import ConfigError, EngineConfig  # noqa: E402
-from twin.engine import Engine  # noqa: E402
+from twin.config import ConfigError  # noqa: E402
 from twin.metrics import summarize  # noqa: E402
 from twin.compare import load_compare_profile  # noqa: E402
-from twin.registry import resolve_policy  # noqa: E402
+from twin.registry import resolve_policy, resolve_system  # noqa: E402
 from twin.scenario import RunConfig, build_engine_config, build_workload, parse_workload_option  # noqa: E402
-from twin.simulate import SimResult  # noqa: E402
+from twin.simulate import ENGINES, SimResult  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
@@ -84,17 +83,14 @@ def sample(engine: Engine, sched: ChameleonScheduler, every_s: float, rows: list
 def run_one(run: RunConfig, workload, label: str, preset: str, kw: dict, sample_s: float, targets: str):
     prof = load_compare_profile(run.profile, targets)
     cfg = build_engine_config(run, workload, prof)
-    system = getattr(run, "system", None)  # once `twin run --system` exists (the S-LoRA engine)
-    if system is not None and "system" in {f.name for f in dataclasses.fields(EngineConfig)} \
-            and getattr(cfg, "system", None) != system:
-        cfg = dataclasses.replace(cfg, system=system)
+    system = resolve_system(preset, run.system)
     sched, cache, _ = resolve_policy(preset, None, None)
     if kw:
         if not isinstance(sched, ChameleonScheduler):
             raise ConfigError(f"--variant {label}: options {kw} are Chameleon scheduler options, but preset {preset!r} "
                               f"uses the {sched.name!r} scheduler")
         sched = type(sched)(**{**sched.get_params(), **kw})
-    eng = Engine(workload, prof, cfg, sched, cache, record_steps=False)
+    eng = ENGINES[system](workload, prof, cfg, sched, cache, record_steps=False)
     rows: list[dict] = []
     if isinstance(sched, ChameleonScheduler):
         sample(eng, sched, sample_s, rows)
@@ -182,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora-targets", default="qkvo", help="adapted modules: qkvo (the paper's adapter sizes, "
                    "S-LoRA's 4r slots), all, or a comma-separated list")
     p.add_argument("--ttft-slo", type=float, default=None)
-    p.add_argument("--system", default=None, help="serving system (when `twin run` has --system)")
+    p.add_argument("--system", default=None, help="serving system for every variant: vllm or slora "
+                   "(default: each preset's own)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variant", action="append", default=None, metavar="LABEL=PRESET[:KEY=VALUE,...]",
                    help="a run (repeatable); default: slora, chameleon")
@@ -191,15 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     try:
-        fields = {f.name for f in dataclasses.fields(RunConfig)}
-        if a.system is not None and "system" not in fields:
-            raise ConfigError("--system: this twin has no serving-system option yet (`twin run --system`); the "
-                              "presets run on the vLLM engine with the unified pool; leave --system out")
-        extra = {"system": a.system} if a.system is not None else {}
         run = RunConfig(trace=a.trace, rps=a.rps, duration=a.duration, adapters=a.adapters,
                         ranks=[int(x) for x in a.ranks.split(",")], popularity=a.popularity,
                         trace_options=[parse_workload_option(o) for o in a.trace_opt], seed=a.seed,
-                        profile=a.profile, ttft_slo=a.ttft_slo, **extra)
+                        profile=a.profile, ttft_slo=a.ttft_slo, system=a.system)
         workload = build_workload(run)
         variants = [parse_variant(v) for v in (a.variant or ["slora", "chameleon"])]
     except (ConfigError, ValueError) as e:

@@ -262,7 +262,9 @@ def test_chameleon_refresh_builds_queues_and_quotas():
     s = res.summary
     assert s["chameleon_refreshes"] >= 1 and 1 <= s["chameleon_queues"] <= 4
     assert len(s["chameleon_cutoffs"]) == s["chameleon_queues"] - 1
-    assert sum(s["chameleon_quotas"]) == pytest.approx(res.engine.pool_blocks * res.engine.block_size, rel=1e-6)
+    # the summary rounds each quota to a token: their sum is the pool within half a token per queue
+    assert sum(s["chameleon_quotas"]) == pytest.approx(res.engine.pool_blocks * res.engine.block_size,
+                                                       abs=0.5 * len(s["chameleon_quotas"]))
     st = simulate(w, prof, EngineConfig(max_loras=4, max_model_len=4096), policy="chameleon-static").summary
     assert st["chameleon_queues"] == 4 and len(set(st["chameleon_quotas"])) == 1
 
