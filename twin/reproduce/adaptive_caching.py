@@ -16,9 +16,10 @@ result):
 * *cache of C entries*: ``C`` GPU adapter slots (``--slots C``) for C in :data:`CACHE_SIZES`.
   The twin's cache entry is the adapter's weights, not a whole model copy: the backbone stays
   resident, which the study's per-entry GPT-2 copy only multiplies;
-* *misses read from disk*: no host-memory adapter cache beyond the GPU's (``--cpu-slots C``), so
-  every miss of an adapter not in a slot loads from the twin's disk tier (its profile's disk and
-  host-link constants: Llama-2-7B adapters, not GPT-2's -- the absolute load times differ);
+* *misses read from disk*: the host-memory adapter tier is as small as vLLM allows
+  (``--cpu-slots C``: ``max_cpu_loras >= max_loras``), so most misses load from the twin's disk
+  tier (its profile's disk and host-link constants: Llama-2-7B adapters, not GPT-2's -- the
+  absolute load times differ); a miss whose adapter is still in the C host slots loads from host;
 * *served in turn*: Poisson arrivals at :data:`UTILISATION` / (mean no-cache latency measured by
   the twin), so requests rarely queue behind each other;
 * profile :data:`PROFILE` (no T4 / GPT-2 profile exists; the A40 is the closest PCIe GPU modelled);
@@ -111,7 +112,7 @@ def run(runner: Runner, quick: bool) -> Outcome:
                 if label == "no cache" and size != CACHE_SIZES[0]:
                     continue
                 s = point(label, r, rps)
-                points.append({"experiment": "cache", "workload": w, "policy": label, "cache_size": size, **s})
+                points.append({**s, "experiment": "cache", "workload": w, "policy": label, "cache_size": size})
                 hit[(w, label, size)] = s["adapter_hit_rate_requests"] or 0.0
                 if size == P99_CACHE_SIZE:
                     p99[(w, label)] = s["ttft_ms_p99"]
@@ -143,7 +144,12 @@ def run(runner: Runner, quick: bool) -> Outcome:
              "hit_rate": {f"{w}/{x}/{c}": v for (w, x, c), v in hit.items()},
              "p99_ms": {f"{w}/{x}": v for (w, x), v in p99.items()}, "substitutions": subs}
     notes = [f"rate {rps:.3g} req/s = {UTILISATION:g} / the no-cache mean latency "
-             f"({probe['ttft_ms_mean']:.1f} ms at 1 req/s)."]
+             f"({probe['ttft_ms_mean']:.1f} ms at 1 req/s).",
+             "EMA minus LRU hit rate (points, mean over cache sizes): " + ", ".join(
+                 f"{w} {100 * np.mean([hit[(w, 'EMA', c)] - hit[(w, 'LRU', c)] for c in CACHE_SIZES]):+.1f}"
+                 for w in POPULARITIES) + "; EMA's P99 with synchronous minus asynchronous prefetch "
+             f"({P99_CACHE_SIZE} entries): " + ", ".join(f"{w} {p99[(w, 'EMA')] - p99[(w, 'EMA-async')]:+.1f} ms"
+                                                         for w in POPULARITIES) + "."]
     return Outcome("adaptive-caching", "LRU / LFU / EMA adapter caches under uniform, Zipf and bursty popularity",
                    rows, setup, points, notes)
 

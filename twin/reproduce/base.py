@@ -171,13 +171,14 @@ class Runner:
 
     def point(self, run: RunConfig, policy: str | None, rps: float | None = None, *, scheduler: str | None = None,
               cache: str | None = None, slo_s: float | None = None, accuracy: float | None = None,
-              lora_targets: str | None = None) -> dict[str, Any]:
+              lora_targets: str | None = None, memory: bool = False) -> dict[str, Any]:
         """The summary (plus :func:`_request_metrics`) of ``run`` at ``rps`` under the preset
         ``policy`` (``scheduler``/``cache`` override its parts). ``slo_s`` is the TTFT SLO, given to
-        schedulers that plan with one (Chameleon's quotas) as ``twin compare`` does."""
+        schedulers that plan with one (Chameleon's quotas) as ``twin compare`` does. ``memory``:
+        record the steps and add ``kv_use_peak``, the largest share of the KV blocks in use."""
         if rps is not None:
             run = dataclasses.replace(run, rps=float(rps))
-        key = (repr(run), policy, scheduler, cache, slo_s, accuracy, lora_targets)
+        key = (repr(run), policy, scheduler, cache, slo_s, accuracy, lora_targets, memory)
         if key in self.memo:
             return self.memo[key]
         if self.bar is not None:
@@ -190,8 +191,11 @@ class Runner:
             s.slo_s = slo_s
         if accuracy is not None and hasattr(s, "accuracy"):
             s.accuracy = accuracy
-        res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=False)
+        res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=memory)
         out = {k: v for k, v in res.summary.items() if not isinstance(v, (dict, list))}
+        if memory:
+            blocks = res.summary["kv_capacity_tokens"] / cfg.block_size
+            out["kv_use_peak"] = float(res.steps["kv_blocks_used"].max() / blocks) if len(res.steps) else float("nan")
         out.update({"preset": policy or label, "rps": run.rps, **_request_metrics(res)})
         self.memo[key] = out
         if self.bar is not None:

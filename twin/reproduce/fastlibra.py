@@ -127,7 +127,7 @@ def measure(runner: Runner, quick: bool, presets: dict[str, str]) -> dict[str, A
         for label, preset in {"FastLibra": fl, **names}.items():
             pts = [runner.point(run, preset, r) for r in rates] if rates[-1] > 0 else []
             for r_, p in zip(rates, pts):
-                out["points"].append({"experiment": "rates", "scenario": scen, "system": label, **p, "rps": r_})
+                out["points"].append({**p, "experiment": "rates", "scenario": scen, "system": label, "rps": r_})
             means[label] = {q: float(np.mean([p[q] for p in pts if p[q] is not None])) if pts else float("nan")
                             for q in ("ttft_ms_mean", "tpot_ms_mean")}
         out["workloads"][scen] = {"trace": run.trace, "peaks_rps": peaks, "rates_rps": rates, "means": means}
