@@ -149,6 +149,19 @@ def _memory_note(e: dict[str, Any]) -> str:
             f"of its blocks.")
 
 
+def _rank_note(pair: tuple[dict[str, Any], dict[str, Any]]) -> str:
+    """P99 TTFT by rank at the high load, S-LoRA then Chameleon (where the tail comes from)."""
+    b, c = pair
+    cells = [f"rank {r}: {b.get(f'ttft_ms_p99_rank{r}', float('nan')) / 1000:.1f} / "
+             f"{c.get(f'ttft_ms_p99_rank{r}', float('nan')) / 1000:.1f} s" for r in RANKS]
+    return "P99 TTFT by adapter rank at the high load, S-LoRA / Chameleon: " + ", ".join(cells) + "."
+
+
+def _load_note(label: str, s: dict[str, Any]) -> str:
+    return (f"{label}: {s['adapter_loads_from_disk']} adapter loads from disk and {s['adapter_loads_from_cpu']} from "
+            f"host memory, host link {100 * (s.get('link_utilization') or 0):.1f} % busy")
+
+
 def _tag(points: list[dict[str, Any]], what: str, s: dict[str, Any], **extra: Any) -> None:
     points.append({**s, "experiment": what, **extra})
 
@@ -191,7 +204,7 @@ def run_fig11(runner: Runner, quick: bool) -> Outcome:
              f"({e['low']['e2e_ms_mean'] / 1000:.2f} s); S-LoRA's knee {e['knee'].rate:.3g} req/s "
              f"(first failing probe {e['knee'].failed if e['knee'].failed is None else round(e['knee'].failed, 3)} "
              f"req/s).",
-             _memory_note(e)]
+             _memory_note(e), _rank_note(got["high"])]
     return Outcome("chameleon-fig11", "Chameleon vs S-LoRA: TTFT at three loads and throughput within the SLO "
                    "(Fig. 11)", rows, setup, points, notes)
 
@@ -223,7 +236,9 @@ def run_caches(runner: Runner, quick: bool) -> Outcome:
     setup = _setup(e, [base, *CACHE_POLICIES.values()])
     setup["medium_rps"] = rps
     notes = [f"medium load = {LOAD_FRACTIONS['medium']:g} x S-LoRA's knee {e['knee'].rate:.3g} req/s = {rps:.3g} "
-             f"req/s; TTFT SLO {slo_s:.2f} s."]
+             f"req/s; TTFT SLO {slo_s:.2f} s.",
+             "; ".join([_load_note("S-LoRA", b), _load_note("Chameleon", got["Chameleon"])]) +
+             " (a load from disk is an adapter's first use in the twin; the paper's adapters sit in host memory)."]
     return Outcome("chameleon-caches", "Chameleon's cache policies at the medium load (§6.3-6.4)", rows, setup,
                    points, notes)
 

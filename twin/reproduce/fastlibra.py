@@ -186,13 +186,25 @@ def run_ablation(runner: Runner, quick: bool) -> Outcome:
     for q, key in (("ttft_ms_mean", "ttft"), ("tpot_ms_mean", "tpot")):
         for v in ABLATIONS:
             rows.append(row(PAPER_ABLATION[f"{key}_{v}"],
-                            _mean([ratio(W[s]["means"][v][q], W[s]["means"]["FastLibra"][q]) for s in W]), 2))
+                            _mean([ratio(W[s]["means"][v][q], W[s]["means"]["FastLibra"][q]) for s in W]), 3))
     for v in ABLATIONS:
         rows.append(row(PAPER_ABLATION[f"peak_{v}"],
                         _mean([pct_change(W[s]["peaks_rps"][v], W[s]["peaks_rps"]["FastLibra"]) for s in W])))
     setup = _setup(m, [FASTLIBRA, *ABLATIONS.values()])
+    notes = []
+    for scen in W:
+        pts = [p for p in m["points"] if p["scenario"] == scen]
+        cells = []
+        for system in ("FastLibra", *ABLATIONS):
+            mine = [p for p in pts if p["system"] == system]
+            swaps = sum(int(p.get("fastlibra_swaps_out") or 0) for p in mine)
+            hits = _mean([float(p.get("prefix_hit_rate") if p.get("prefix_hit_rate") is not None else "nan")
+                          for p in mine])
+            what = f"prefix hits {100 * hits:.1f} %" if hits == hits else "no prefix lookups"
+            cells.append(f"{system} {swaps} swap-outs, {what}")
+        notes.append(f"{scen} (over its rates): " + "; ".join(cells))
     return Outcome("fastlibra-ablation", "FastLibra ablations WOM / WOS / WOL (§6 ablation)", rows, setup,
-                   m["points"], [])
+                   m["points"], notes)
 
 
 def figure(outcome: Outcome):

@@ -84,10 +84,11 @@ def readme(outcomes: list[Outcome], command: str, engine_note: str) -> str:
         lines += table_lines(o.rows, markdown=True)
         lines.append("")
         lines += [f"- {n}" for n in o.notes]
-        presets = o.setup.get("presets") or {}
-        if presets:
-            lines.append("- presets and the system each runs on: " +
-                         ", ".join(f"`{p}` ({s})" for p, s in presets.items()))
+        by_system: dict[str, list[str]] = {}
+        for p, system in (o.setup.get("presets") or {}).items():
+            by_system.setdefault(system, []).append(p)
+        for system, presets in by_system.items():
+            lines.append(f"- on {system}: " + ", ".join(f"`{p}`" for p in presets))
         for a, b in (o.setup.get("substitutions") or {}).items():
             lines.append(f"- stand-in: `{a}` is not registered on this branch; `{b}` was used")
         lines += ["- sources: " + "; ".join(dict.fromkeys(r.source for r in o.rows)), "",
