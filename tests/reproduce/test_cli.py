@@ -75,7 +75,7 @@ def test_all_writes_readme(quick_all):
     assert "twin reproduce all --quick --out" in text
     for name in REPRODUCTIONS:
         assert f"## {name}" in text and f"({name}/figure.png)" in text
-    assert "| metric | condition | unit | paper | twin |" in text
+    assert "| metric | condition | unit | paper | twin | within 10 points |" in text
 
 
 def test_single_name_prints_one_object(capsys, monkeypatch):
@@ -110,3 +110,18 @@ def test_out_onto_a_file_refused_before_work(tmp_path, capsys):
     assert main(["reproduce", "chameleon-fig11", "--out", str(f)]) == 2
     err = capsys.readouterr().err
     assert "--out" in err and "Traceback" not in err
+
+
+def test_verdicts():
+    from twin.reproduce.base import Row
+    from twin.reproduce.report import verdict
+
+    assert verdict(Row("m", "c", "%", -24.6, -16.0)) == "yes"
+    assert verdict(Row("m", "c", "%", -24.6, 46.0)) == "no"
+    assert verdict(Row("m", "c", "x", 1.5, 1.41)) == "yes"
+    assert verdict(Row("m", "c", "x", 1.5, 1.0)) == "no"
+    assert verdict(Row("m", "c", "", "yes", "yes")) == "yes"
+    assert verdict(Row("m", "c", "", "yes", "no")) == "no"
+    assert verdict(Row("m", "c", "req/s", 8.6, 1.6)) == "n/a"
+    assert verdict(Row("m", "c", "ms", "12-13", 46.0)) == "n/a"
+    assert verdict(Row("m", "c", "%", -60.3, None)) == "n/a"

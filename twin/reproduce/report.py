@@ -23,12 +23,31 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+#: the issue's tolerance: within 10 percentage points (``%`` rows; 0.10 for ``x`` ratios, i.e. 10
+#: points of the relative change)
+TOLERANCE = {"%": 10.0, "x": 0.10}
+
+
+def verdict(r: Row) -> str:
+    """Whether the twin's value meets the paper's: ``yes``/``no`` within :data:`TOLERANCE` for
+    relative rows, the same answer for findings; ``n/a`` for absolute rates and times (another
+    GPU, model and scale than the paper's) and for unmeasured rows."""
+    if r.twin is None:
+        return "n/a"
+    if isinstance(r.paper, str):
+        return "yes" if r.paper == r.twin else ("n/a" if r.unit else "no")
+    if r.unit in TOLERANCE and isinstance(r.twin, (int, float)):
+        return "yes" if abs(r.twin - r.paper) <= TOLERANCE[r.unit] else "no"
+    return "n/a"
+
+
 def table_lines(rows: list[Row], markdown: bool = False) -> list[str]:
-    """The rows as aligned text (or a Markdown table)."""
+    """The rows as aligned text (or a Markdown table, with the :func:`verdict` of each row)."""
     cells = [list(HEAD)] + [[r.metric, r.condition, r.unit, _cell(r.paper), _cell(r.twin)] for r in rows]
     if markdown:
-        out = ["| " + " | ".join(cells[0]) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * 2) + "|"]
-        return out + ["| " + " | ".join(c) + " |" for c in cells[1:]]
+        out = ["| " + " | ".join(cells[0]) + " | within 10 points |",
+               "|" + "|".join(["---"] * 3 + ["---:"] * 2 + ["---"]) + "|"]
+        return out + ["| " + " | ".join(c) + f" | {verdict(r)} |" for c, r in zip(cells[1:], rows)]
     w = [max(len(c[i]) for c in cells) for i in range(len(HEAD))]
     lines = ["  ".join(c[i].rjust(w[i]) if i >= 3 else c[i].ljust(w[i]) for i in range(len(HEAD))).rstrip()
              for c in cells]
@@ -75,7 +94,10 @@ def readme(outcomes: list[Outcome], command: str, engine_note: str) -> str:
              engine_note, "",
              "Each table puts the paper's number beside the twin's. Paper numbers are only printed, never used as "
              "inputs: loads are placed relative to the twin's own knee and SLOs follow the papers' definitions on "
-             "the twin's own measurements (`twin/reproduce/`, module docstrings). One reproduction alone: "
+             "the twin's own measurements (`twin/reproduce/`, module docstrings). The last column applies the "
+             "issue's target: within 10 percentage points for relative rows (0.10 for ratios), the same answer for "
+             "findings, n/a for absolute rates and times (another GPU, model and scale than the paper's). "
+             "One reproduction alone: "
              "`twin reproduce NAME [--quick] [--out DIR] [--json]`; `twin reproduce --list` names them.", ""]
     for o in outcomes:
         variant = o.setup.get("variant", "full")
