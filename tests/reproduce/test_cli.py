@@ -125,3 +125,12 @@ def test_verdicts():
     assert verdict(Row("m", "c", "req/s", 8.6, 1.6)) == "n/a"
     assert verdict(Row("m", "c", "ms", "12-13", 46.0)) == "n/a"
     assert verdict(Row("m", "c", "%", -60.3, None)) == "n/a"
+
+
+def test_rerun_writes_identical_files(tmp_path, monkeypatch):
+    """No host timing leaks into the files: a regenerated results directory only changes when the twin does."""
+    monkeypatch.setitem(adaptive_caching.REQUESTS, "quick", 60)
+    for d in ("a", "b"):
+        assert main(["reproduce", "adaptive-caching", "--quick", "--out", str(tmp_path / d), "--no-progress"]) == 0
+    for f in ("rows.csv", "points.csv", "summary.json"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f

@@ -144,6 +144,10 @@ def _request_metrics(res) -> dict[str, Any]:
     return out
 
 
+#: summary keys that time the host, not the simulation: left out, so a rerun writes identical files
+HOST_TIMINGS = ("wall_s", "x_realtime")
+
+
 class Runner:
     """Runs simulation points by name, remembers them (a repeated point is not simulated twice,
     e.g. the knee shared by ``chameleon-fig11`` and ``chameleon-caches`` under ``all``) and
@@ -192,7 +196,8 @@ class Runner:
         if accuracy is not None and hasattr(s, "accuracy"):
             s.accuracy = accuracy
         res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=memory)
-        out = {k: v for k, v in res.summary.items() if not isinstance(v, (dict, list))}
+        out = {k: v for k, v in res.summary.items()
+               if not isinstance(v, (dict, list)) and k not in HOST_TIMINGS}
         if memory:
             blocks = res.summary["kv_capacity_tokens"] / cfg.block_size
             out["kv_use_peak"] = float(res.steps["kv_blocks_used"].max() / blocks) if len(res.steps) else float("nan")
