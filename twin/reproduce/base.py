@@ -199,7 +199,8 @@ class Runner:
         out = {k: v for k, v in res.summary.items()
                if not isinstance(v, (dict, list)) and k not in HOST_TIMINGS}
         if memory:
-            blocks = res.summary["kv_capacity_tokens"] / cfg.block_size
+            # the pool in the engine's own KV units (S-LoRA counts 1-token slots, vLLM blocks)
+            blocks = res.summary.get("pool_blocks") or res.summary["kv_capacity_tokens"] / cfg.block_size
             out["kv_use_peak"] = float(res.steps["kv_blocks_used"].max() / blocks) if len(res.steps) else float("nan")
         out.update({"preset": policy or label, "rps": run.rps, **_request_metrics(res)})
         self.memo[key] = out
