@@ -45,7 +45,8 @@ def register_cli(subparsers) -> None:
     fit.add_argument("--out", metavar="FILE", help="profile JSON to write (default: calibration/profiles/<name>.json)")
     fit.add_argument("--format", choices=("auto", "vllm085", "vllm050", "vidur"), default="auto",
                      help="table format (default: detected from the directory's files)")
-    fit.add_argument("--gpu", default="a40", help="GPU of the Vidur operator timings (vidur format; default a40)")
+    fit.add_argument("--gpu", default="a40", help="GPU of the Vidur operator timings (vidur format: a40, a100-80gb, "
+                                                   "a100-48gb, a100-24gb (capped A100s), h100; default a40)")
     fit.add_argument("--reference", action="append", metavar="PROFILE",
                      help="(vidur) fitted profile(s) the estimated parts come from; default: "
                           "llama-3.1-8b_h100_vllm085 and llama-2-7b_h100_vllm050")
@@ -136,6 +137,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             raw = prof.raw
             rows.append({"name": name, "model": prof.model.name, "gpu": prof.gpu, "software": prof.software,
                          "version": raw.get("version"), "path": str(path) if path else "(embedded)",
+                         "gpu_memory_bytes": raw.get("gpu_memory_bytes"),
                          "description": raw.get("description", DEFAULT_PROFILE["description"] if path is None else "")})
         except Exception as e:  # a broken file is listed with its problem rather than hiding it
             rows.append({"name": name, "model": "?", "gpu": "?", "software": "?", "version": None,

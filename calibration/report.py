@@ -18,7 +18,7 @@ import numpy as np
 from calibration.fitting import components as C
 from calibration.fitting import vllm050, vllm085
 from calibration.fitting.tables import Vllm085Tables
-from calibration.fitting.vidur import read_ops
+from calibration.fitting.vidur import GPUS, linear_ops
 from calibration.fitting.vllm050 import kv_probes
 from traces.datadir import data_dir
 from twin.model_spec import get_model
@@ -440,17 +440,25 @@ def _figures_vidur(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
 
     plt = _plt()
     spec = get_model(d["model"])
-    gpu = d["gpu"].split("-")[0].lower()
-    ops = read_ops(meas, gpu, spec)
+    gpu = d.get("provenance", {}).get("vidur_gpu") or d["gpu"].split("-")[0].lower()
+    ops, source = linear_ops(meas, gpu, spec)
     bm = _model(d, "backbone")
     fitp = d["components"]["backbone"]["fit"]["linear_ops_forms"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.scatter(ops["num_tokens"], ops["lin_ms"], s=8, label=f"Vidur {gpu.upper()}: linear ops per step")
+    what = "Vidur" if source == "measured" else "shape model of Vidur's"
+    ax.scatter(ops["num_tokens"], ops["lin_ms"], s=8, label=f"{what} {GPUS[gpu]['ops'].upper()}: linear ops per step")
     x = np.linspace(1, ops["num_tokens"].max(), 400)
     rp = fitp["roofline"]["params"]
     ax.plot(x, rp["a"] + np.maximum(rp["c_mem"], rp["c_tok"] * x), "C1-", label="roofline fit (linear ops)")
     ax.plot(x, np.asarray(bm.predict(x, np.zeros_like(x), np.zeros_like(x))) * 1e3, "C3--", lw=1,
             label="profile prefill step (+ estimated overheads)")
+    for i, (tp, table) in enumerate(sorted(d["components"]["backbone"].get("tensor_parallel", {}).items())):
+        ops_tp, _ = linear_ops(meas, gpu, spec, int(tp))
+        lo = table["fit"]["linear_ops"]
+        lp = lo["params_ms"]
+        ax.scatter(ops_tp["num_tokens"], ops_tp["lin_ms"], s=4, color=f"C{4 + i}", label=f"TP {tp} (one rank)")
+        ax.plot(x, lp["a"] + (np.maximum(lp["c_mem"], lp["c_tok"] * x) if lo["form"] == "roofline"
+                              else lp["c_tok"] * x), color=f"C{4 + i}", lw=1)
     ax.set(xlabel="tokens in the step", ylabel="ms", title=f"backbone on {d['gpu']}")
     ax.legend(fontsize=7)
     paths = [_save(fig, out / "backbone.png")]

@@ -18,3 +18,11 @@ from policies import fcfs, lru  # noqa: F401,E402  (registration side effects)
 from policies import (adapter_aware, caches, chameleon, fastlibra, sjf,  # noqa: F401,E402
                       slora)
 from policies import client_cap  # noqa: F401,E402
+
+# Chameleon is built on S-LoRA (MICRO'25 §5): its presets run on the S-LoRA engine (twin/slora_engine.py)
+import dataclasses as _dc  # noqa: E402
+
+from twin.registry import PRESETS as _PRESETS  # noqa: E402
+
+for _name in [n for n in _PRESETS if n.startswith("chameleon")]:
+    _PRESETS[_name] = _dc.replace(_PRESETS[_name], system="slora")

@@ -1,59 +1,105 @@
 """Chameleon: adaptive caching and scheduling for many-adapter LLM inference.
 
 Iliakopoulou et al., *Chameleon: Adaptive Caching and Scheduling for Many-Adapter LLM
-Inference Environments*, MICRO 2025. Chameleon extends S-LoRA (unified memory pool,
-iteration-level batching) with
+Inference Environments*, MICRO 2025 (the project's summary: ``shared/refs/chameleon.md``).
+Chameleon extends S-LoRA (unified memory pool of KV and adapter weights, iteration-level
+batching) with a scheduler and a cache. Each rule below follows the paper as written; where
+the paper leaves a choice open or where we depart from it, the choice is a named constructor
+argument (listed by ``get_params()``) with its reason here.
 
-**a scheduler** (§4.3, :class:`ChameleonScheduler`):
+**The scheduler** (§4.3, :class:`ChameleonScheduler`):
 
 1. *Weighted request size* (WRS)::
 
        WRS = (A * in/max_in + B * out_pred/max_out) * rank/max_rank,   A = 0.4, B = 0.6
 
    (``in``: prompt tokens, ``out_pred``: predicted output tokens, ``rank``: the adapter's rank;
-   the maxima are those seen so far). The ``chameleon-output-only`` variant uses
-   ``WRS = out_pred/max_out``.
-2. *Queues*: K-means over the WRS of recent requests with ``K`` in 1..4; the cut-offs between
-   queues are the midpoints between consecutive centroids. The paper picks "the K with
-   minimal WCSS", which is always the largest K (WCSS never grows with K); here the default
-   rule is the **elbow**: the smallest K whose next queue would reduce the WCSS by less than
-   ``elbow`` (10%) of the one-queue WCSS (``k_rule="min-wcss"`` gives the paper's literal rule,
-   ``k=`` forces a K). ``chameleon-static``: 4 equal-population queues with equal quotas.
-3. *Quotas*: every queue gets at least the tokens an M/M/1 queue needs to meet the SLO::
+   the maxima -- whose source the paper does not give -- are those seen so far). ``wrs="output"``
+   (the ``chameleon-output-only`` variant) ranks by ``out_pred/max_out`` alone.
+2. *Output predictor*: ``accuracy=0.8`` by default, the paper's BERT proxy model's ~80 %
+   (:class:`policies.common.OutputPredictor`: a wrong guess is another request's length).
+3. *Queues*: K-means over the WRS of the requests of the last ``refresh_s`` with K in 1..4;
+   the cut-offs are the midpoints between consecutive sorted centroids; queue 1 holds the
+   smallest WRS. **Departure** ``k_rule="elbow"`` (default): the paper picks "the K with
+   minimal WCSS", which is always the largest K since WCSS never grows with K; the elbow
+   takes the smallest K whose next queue would cut the WCSS by less than ``elbow`` (10 %) of
+   the one-queue WCSS. ``k_rule="min-wcss"`` is the literal rule, ``k=`` forces a K.
+   ``static=True`` (``chameleon-static``): 4 equal-population queues with equal quotas.
+4. *Request size in quota tokens*: a request borrows ``in + out_pred`` tokens at admission and
+   returns them at completion, plus its adapter's memory in KV-token units
+   (:meth:`twin.interfaces.EngineView.adapter_tokens`: S-LoRA's ``4 * rank`` slots).
+   ``adapter_charge`` (the paper says quotas "count the adapter's memory" but not how shared
+   adapters count): ``"queue"`` (default) charges an adapter once per queue while any running
+   request of that queue uses it -- S-LoRA's admission counts ``4r`` per *distinct* adapter of
+   the batch (``slora.md`` §2) --; ``"request"`` charges it to every request; ``"none"``
+   leaves adapters out (the twin's earlier reading).
+5. *Quotas*: every queue gets at least the tokens an M/M/1 queue needs to meet the SLO::
 
-       Tok_min_i >= S_i * D_i * (1/SLO + lambda_i)
+       Tok_min_i = S_i * D_i * (1/SLO + lambda_i)
 
-   with ``S_i`` the mean request size in tokens (prompt + predicted output), ``D_i`` the mean
-   service time of its requests (predicted output x measured iteration time) and
-   ``lambda_i`` its arrival rate over the refresh window. The rest of the token capacity
-   (the KV pool) is split in proportion to the queues' token demand ``lambda_i * S_i``; if
-   the minima exceed the capacity they are scaled down proportionally.
-4. *Batch formation* (Algorithm 1): phase 1 admits each queue's requests in FIFO order
-   while the queue's running tokens stay within its quota; phase 2 pools the spare quota
-   and hands it to the queues from the smallest downwards. (A queue with nothing running
-   may always admit its head, so a request larger than its quota cannot starve.)
-5. *Opportunistic bypass*: when a queue's head cannot run because its adapter does not fit
-   in memory, a younger request of the same queue whose adapter is resident may go first,
-   but only when the head's predicted wait exceeds the bypasser's predicted run time. If
-   the prediction proves wrong -- the bypasser still runs when the head's predicted wait has
-   elapsed and the head still waits -- the bypasser is squashed (preempted, recomputed
-   later).
-6. Queues, cut-offs and quotas are recomputed every ``T_refresh = 5 min``.
+   with ``S_i`` the **largest** request size of the queue over the refresh window (tokens:
+   prompt + predicted output + adapter tokens; ``size_stat="mean"`` is the twin's earlier
+   reading), ``D_i`` the mean predicted service time of its requests (predicted output x the
+   measured time per engine step) and ``lambda_i`` its arrival rate over the window. ``SLO``
+   is ``slo_s`` or 5x an unloaded request's estimated service time (the paper: "5x the mean
+   low-load execution time"). The capacity ``Tok_total`` is the KV pool in tokens (adapters
+   included, as in S-LoRA's unified pool). The paper splits the remainder ``Tok_total -
+   sum(Tok_min)`` "in proportion to initial weights", which it does not define:
+   ``remainder="demand"`` (default) weighs each queue by its token demand ``lambda_i * S_i``,
+   ``remainder="equal"`` splits it evenly. When the minima exceed the capacity (unspecified)
+   they are scaled down proportionally.
+6. *Batch formation* (Algorithm 1), every step: ``put_batch(q, budget)`` scans a queue in
+   FIFO order and **stops** at the first request whose size exceeds the budget left (no
+   skipping); it also stops at a request the engine refuses for memory. Quotas bound
+   occupancy, so a queue's phase-1 budget is ``quota - tokens it holds``.
+   *Phase 1*: from the smallest queue to the largest, ``put_batch(q, quota_q - used_q)``; if
+   ``q`` is now **empty**, its unused quota joins ``leftover``; a queue blocked by a request
+   that does not fit contributes nothing. *Phase 2*: from the smallest queue, while
+   ``leftover > 0``, ``put_batch(q, leftover)`` and subtract what it took.
+   Options: ``leftover_from="emptied"`` (Algorithm 1; ``"all"``: the spare quota of every
+   queue, the twin's earlier reading); ``leftover_charge`` -- the paper does not say which
+   queue is charged for tokens taken from the leftover: ``"queue"`` (default) charges the
+   request's own queue (it may then sit above its quota until they return), ``"pool"``
+   charges a separate borrowing account, so the queue's own quota stays free;
+   ``oversize_head="wait"`` (Algorithm 1: a head larger than its queue's remaining quota waits
+   for leftover; ``"admit-alone"``: a queue with nothing running may admit its head whatever
+   its size, the twin's earlier rule). **Departure** ``idle_admit=True``: when nothing at all
+   runs and Algorithm 1 admits nothing (every non-empty queue's head exceeds its quota and no
+   queue is empty), the head of the smallest non-empty queue is admitted -- otherwise the
+   server would stay idle for ever (a deadlock the paper's rules allow when ``Tok_min_i <
+   S_i``).
+7. *Opportunistic bypass* (``bypass=True``): the trigger is a queue head R1 that fits its
+   quota but that the engine refuses for memory (``NO_SLOT`` or ``NO_KV``: the pool is full
+   after every idle cached adapter was counted as evictable) while its adapter is not
+   resident. A younger R2 of the **same queue** (within the queue's quota, scanning at most
+   ``max_scan`` requests) goes first when R1's predicted wait for memory exceeds R2's
+   predicted execution time; the engine decides whether R2 (cached adapter, or one that
+   fits) can run. *Squash*: at every finish while R2 runs, if the memory R1 needs is there
+   once R2's own memory (its KV, and its adapter when it is the last user) is counted, R2 is
+   squashed (its progress lost) and queued right behind R1; the prediction is also checked at
+   R1's predicted wait. Predicted times: ``predicted output x time per step``; R1's wait
+   frees running requests in predicted finish order until its adapter and first prompt chunk
+   fit.
+8. Queues, cut-offs and quotas are recomputed every ``T_refresh = refresh_s = 300`` s.
 
-**a cache** (§4.2, :class:`ChameleonCache`): adapters stay in otherwise idle GPU memory of
+**The cache** (§4.2, :class:`ChameleonCache`): adapters stay in otherwise idle GPU memory of
 the unified pool, resized every step against the batch's memory needs (the engine evicts
-idle adapters before it would preempt, :meth:`twin.extensions.Extensions.reclaim`); an adapter
-with running requests is never evicted; the adapters of queued requests are kept unless
-memory forces it; among the others the victim has the lowest::
+idle adapters before it would refuse or preempt, :meth:`twin.extensions.Extensions.reclaim`);
+an adapter with running requests is never evicted; the adapters of queued requests are kept
+unless memory forces it; among the others the victim has the lowest::
 
     Score = F * Frequency + R * Recency + S * Size,   F = 0.45, R = 0.10, S = 0.45
 
-over features normalised to [0, 1] among the candidates (frequency: requests so far;
-recency: 1 for the most recently used, 0 for the least; size: bytes, since a larger adapter
-costs more to bring back). ``fairshare`` weighs the three equally. ``chameleon+prefetch`` adds
-the optional predictive prefetch: a histogram of each adapter's request inter-arrival times
-(as in Shahrad et al., "Serverless in the Wild", ATC'20) gives a pre-warm time (the 5th
-percentile): when an adapter has been idle that long it is prefetched into free memory.
+over features normalised to [0, 1] among the candidates (the paper gives no normalisation):
+frequency = the adapter's requests that arrived within the last ``freq_window_s`` (the paper's
+"specific time frame", unspecified; default 300 s, the scheduler's refresh period, the
+paper's other notion of "recent"; ``None`` counts every request so far, the twin's earlier
+reading) divided by the largest such count; recency = 1 for the most recently used, 0 for
+the least (linear in the last-use time); size = bytes / the largest (a larger adapter costs
+more to bring back). ``fairshare`` weighs the three equally. ``chameleon+prefetch`` adds the
+optional predictive prefetch: a histogram of each adapter's request inter-arrival times (as in
+Shahrad et al., "Serverless in the Wild", ATC'20) gives a pre-warm time (the 5th percentile):
+when an adapter has been idle that long it is prefetched into free memory.
 """
 
 from __future__ import annotations
@@ -66,14 +112,20 @@ from typing import Iterable
 import numpy as np
 
 from policies.caches import IdleTracking
-from policies.common import ArrivalStats, OutputPredictor, kmeans_1d, waiting_adapter_counts
-from twin.adapter_placement import UnifiedPool
+from policies.common import OutputPredictor, WindowedArrivalCounts, kmeans_1d, waiting_adapter_counts
 from twin.interfaces import Admit, EngineView, Scheduler
 from twin.registry import Preset, register_cache, register_preset, register_scheduler
 from twin.requests import RequestState
 
 INF = math.inf
 A_IN, B_OUT = 0.4, 0.6
+_MEMORY_REFUSALS = (Admit.NO_SLOT, Admit.NO_KV)
+_GLOBAL_STOPS = (Admit.NO_BUDGET, Admit.NO_SEQ)
+
+_CHOICES = {"k_rule": ("elbow", "min-wcss"), "wrs": ("full", "output"), "size_stat": ("max", "mean"),
+            "adapter_charge": ("queue", "request", "none"), "leftover_from": ("emptied", "all"),
+            "leftover_charge": ("queue", "pool"), "oversize_head": ("wait", "admit-alone"),
+            "remainder": ("demand", "equal")}
 
 
 @register_scheduler
@@ -85,15 +137,21 @@ class ChameleonScheduler(Scheduler):
     prefetch_evicts = False
 
     def __init__(self, k: int | None = None, k_rule: str = "elbow", elbow: float = 0.1, refresh_s: float = 300.0,
-                 slo_s: float | None = None, accuracy: float = 1.0, seed: int = 0, min_samples: int = 100,
+                 slo_s: float | None = None, accuracy: float = 0.8, seed: int = 0, min_samples: int = 100,
                  bypass: bool = True, static: bool = False, wrs: str = "full", max_scan: int = 16,
-                 prefetch_heads: int = 2) -> None:
+                 prefetch_heads: int = 2, size_stat: str = "max", adapter_charge: str = "queue",
+                 leftover_from: str = "emptied", leftover_charge: str = "queue", oversize_head: str = "wait",
+                 idle_admit: bool = True, remainder: str = "demand") -> None:
         if k is not None and not 1 <= k <= 4:
-            raise ValueError("Chameleon uses 1 to 4 queues")
-        if k_rule not in ("elbow", "min-wcss"):
-            raise ValueError("k_rule must be 'elbow' or 'min-wcss'")
-        if wrs not in ("full", "output"):
-            raise ValueError("wrs must be 'full' or 'output'")
+            raise ValueError(f"Chameleon uses 1 to 4 queues, got k={k}")
+        for key, val in (("k_rule", k_rule), ("wrs", wrs), ("size_stat", size_stat),
+                         ("adapter_charge", adapter_charge), ("leftover_from", leftover_from),
+                         ("leftover_charge", leftover_charge), ("oversize_head", oversize_head),
+                         ("remainder", remainder)):
+            if val not in _CHOICES[key]:
+                raise ValueError(f"chameleon: {key} must be one of {_CHOICES[key]}, got {val!r}")
+        if not 0.0 <= accuracy <= 1.0:
+            raise ValueError(f"chameleon: accuracy must be in [0, 1], got {accuracy}")
         super().__init__()
         self.k, self.k_rule, self.elbow = k, k_rule, elbow
         self.refresh_s = refresh_s
@@ -105,6 +163,13 @@ class ChameleonScheduler(Scheduler):
         self.wrs = wrs
         self.max_scan = max_scan
         self.prefetch_heads = prefetch_heads
+        self.size_stat = size_stat
+        self.adapter_charge = adapter_charge
+        self.leftover_from = leftover_from
+        self.leftover_charge = leftover_charge
+        self.oversize_head = oversize_head
+        self.idle_admit = idle_admit
+        self.remainder = remainder
 
     # ------------------------------------------------------------------ set-up
     def bind(self, engine: EngineView) -> None:
@@ -117,17 +182,25 @@ class ChameleonScheduler(Scheduler):
         self.cuts: list[float] = []
         self.queues: list[deque[int]] = [deque()]
         self.quota: list[float] = [INF]
-        self.used: list[int] = [0]
+        self.used: list[float] = [0.0, 0.0]    # per queue, then the phase-2 borrowing account
+        self.ad_users: list[dict[int, int]] = [{}, {}]  # per account: running requests per adapter
         self.qof: dict[int, int] = {}          # queue of each waiting or running request
+        self.acct: dict[int, int] = {}         # account charged for each running request
         self.arrived: list[int] = []           # valid arrivals, in order (statistics window)
         self.initialized = False
         self.n_queues = 1
         self.refreshes = 0
         self.bypasses = 0
         self.squashes = 0
+        self.idle_admits = 0
+        self.admitted_tokens = [[0.0], [0.0]]  # per phase (1, 2), per queue: tokens admitted so far
+        #: why put_batch stopped, per (phase, queue, reason): "quota" or the engine's refusal (a diagnostic)
+        self.stop_counts: dict[tuple[int, int, str], int] = {}
+        self.pending_bypass: dict[int, int] = {}  # bypasser -> head it went before
+        self._squashed_for: dict[int, int] = {}   # squashed bypasser -> its head (re-queued behind it)
         self._last_steps = 0
         self._last_t = 0.0
-        self._t_step = None
+        self._t_step: float | None = None
         self._time_dependent = False
         self.slo_target_s = self.slo_s
         if self.slo_target_s is None:  # 5x an unloaded request's service estimate (the paper's SLO)
@@ -140,8 +213,14 @@ class ChameleonScheduler(Scheduler):
         return self.refresh_s
 
     def capacity_tokens(self) -> int:
+        """``Tok_total``: the pool in tokens (KV and, in a unified pool, adapters)."""
         e = self.engine
         return int(e.pool_blocks * e.block_size)
+
+    @property
+    def pool_account(self) -> int:
+        """Index of the account charged for phase-2 admissions under ``leftover_charge="pool"``."""
+        return len(self.queues)
 
     # ------------------------------------------------------------------ WRS and queues
     def weighted_size(self, rid: int) -> float:
@@ -156,6 +235,49 @@ class ChameleonScheduler(Scheduler):
 
     def queue_of(self, rid: int) -> int:
         return bisect.bisect_right(self.cuts, self.weighted_size(rid))
+
+    def request_tokens(self, rid: int) -> int:
+        """A request's size in quota tokens when it brings its adapter: prompt + predicted
+        output + the adapter's memory in KV-token units (the paper's S in tokens)."""
+        return self.tok[rid] + (self.engine.adapter_tokens(self.engine.adapter_a[rid])
+                                if self.adapter_charge != "none" else 0)
+
+    def need(self, rid: int, acct: int) -> int:
+        """Quota tokens ``rid`` would borrow from account ``acct`` (its adapter counted unless
+        a running request charged to the same account already brought it)."""
+        s = self.tok[rid]
+        ch = self.adapter_charge
+        if ch == "none":
+            return s
+        a = self.engine.adapter_a[rid]
+        if a < 0 or (ch == "queue" and self.ad_users[acct].get(a, 0)):
+            return s
+        return s + self.engine.adapter_tokens(a)
+
+    def charge(self, rid: int, acct: int) -> None:
+        self.used[acct] += self.need(rid, acct)
+        self.acct[rid] = acct
+        a = self.engine.adapter_a[rid]
+        if a >= 0:
+            u = self.ad_users[acct]
+            u[a] = u.get(a, 0) + 1
+
+    def release(self, rid: int) -> None:
+        acct = self.acct.pop(rid, None)
+        if acct is None or acct >= len(self.used):
+            return
+        a = self.engine.adapter_a[rid]
+        back = self.tok[rid]
+        if a >= 0:
+            u = self.ad_users[acct]
+            u[a] -= 1
+            if u[a] == 0:
+                del u[a]
+                if self.adapter_charge == "queue":
+                    back += self.engine.adapter_tokens(a)
+            if self.adapter_charge == "request":
+                back += self.engine.adapter_tokens(a)
+        self.used[acct] -= back
 
     def on_arrivals(self, lo: int, hi: int) -> None:
         e = self.engine
@@ -204,6 +326,13 @@ class ChameleonScheduler(Scheduler):
         cents = fits[k - 1][0]
         return len(cents), cents
 
+    def queue_minimum(self, sizes: np.ndarray, outs: np.ndarray, lam: float, t_step: float) -> float:
+        """``Tok_min = S * D * (1/SLO + lambda)`` of one queue (§4.3) from its recent requests'
+        sizes in tokens and predicted outputs; ``S`` their maximum (``size_stat="max"``) or mean."""
+        S = float(sizes.max() if self.size_stat == "max" else sizes.mean())
+        D = float(outs.mean()) * t_step
+        return S * D * (1.0 / self.slo_target_s + lam)
+
     def refresh(self, now: float) -> None:
         """Recompute queues, cut-offs and quotas from the recent requests (§4.3)."""
         e = self.engine
@@ -224,7 +353,7 @@ class ChameleonScheduler(Scheduler):
             self.cuts = ((cents[1:] + cents[:-1]) / 2).tolist()
             lab = np.searchsorted(np.asarray(self.cuts), w, side="right")
             span = max(now - float(arr[recent[0]]), 1e-9) if recent else 1.0
-            tok = np.array([self.tok[r] for r in recent], float)
+            size = np.array([self.request_tokens(r) for r in recent], float)
             out = np.array([self.pred[r] for r in recent], float)
             tok_min = np.zeros(k)
             demand = np.zeros(k)
@@ -233,11 +362,9 @@ class ChameleonScheduler(Scheduler):
                 if not m.any():
                     continue
                 lam = m.sum() / span
-                S = tok[m].mean()
-                D = out[m].mean() * t_step
-                tok_min[i] = S * D * (1.0 / self.slo_target_s + lam)
-                demand[i] = lam * S
-            quota = self.split_quotas(tok_min, demand, total)
+                tok_min[i] = self.queue_minimum(size[m], out[m], lam, t_step)
+                demand[i] = lam * size[m].mean()
+            quota = self.split_quotas(tok_min, demand if self.remainder == "demand" else np.ones(k), total)
         self.n_queues = k
         self.quota = list(quota)
         self.initialized = True
@@ -250,55 +377,123 @@ class ChameleonScheduler(Scheduler):
             q = self.queue_of(r)
             self.qof[r] = q
             self.queues[q].append(r)
-        self.used = [0] * k
+        for r in list(self._squashed_for):  # a squashed bypasser stays right behind its head
+            h = self._squashed_for[r]
+            q = self.queues[self.qof[r]]
+            if h in self.qof and self.qof[h] == self.qof[r] and r in q and h in q:
+                q.remove(r)
+                q.insert(q.index(h) + 1, r)
+        old_pool = self.acct
+        pool = len(self.used) - 1
+        self.used = [0.0] * (k + 1)
+        self.ad_users = [{} for _ in range(k + 1)]
+        self.acct = {}
+        self.admitted_tokens = [self._resize(self.admitted_tokens[0], k), self._resize(self.admitted_tokens[1], k)]
         for r in e.running:
             if r in self.qof:
                 q = self.queue_of(r)
                 self.qof[r] = q
-                self.used[q] += self.tok[r]
+                self.charge(r, k if old_pool.get(r) == pool else q)
+
+    def _count(self, phase: int, i: int, tokens: float) -> None:
+        """Tokens admitted in ``phase`` (1 or 2) from queue ``i`` (a diagnostic counter)."""
+        xs = self.admitted_tokens[phase - 1]
+        if i >= len(xs):
+            xs.extend([0.0] * (i + 1 - len(xs)))
+        xs[i] += tokens
 
     @staticmethod
-    def split_quotas(tok_min: np.ndarray, demand: np.ndarray, total: float) -> list[float]:
-        """Per-queue token quotas: the M/M/1 minima, then the remainder by token demand."""
+    def _resize(xs: list[float], k: int) -> list[float]:
+        return (xs + [0.0] * k)[:k]
+
+    @staticmethod
+    def split_quotas(tok_min: np.ndarray, weights: np.ndarray, total: float) -> list[float]:
+        """Per-queue token quotas: the M/M/1 minima, then the remainder in proportion to
+        ``weights`` (the paper's undefined "initial weights"); minima above the capacity
+        are scaled down proportionally (unspecified in the paper)."""
         s = float(tok_min.sum())
         if s >= total and s > 0:
             return (total * tok_min / s).tolist()
         rem = total - s
-        d = float(demand.sum())
-        share = demand / d if d > 0 else np.full(len(tok_min), 1.0 / max(len(tok_min), 1))
+        d = float(weights.sum())
+        share = weights / d if d > 0 else np.full(len(tok_min), 1.0 / max(len(tok_min), 1))
         return (tok_min + rem * share).tolist()
 
-    # ------------------------------------------------------------------ batch formation
+    # ------------------------------------------------------------------ batch formation (Algorithm 1)
+    def put_batch(self, ctx, i: int, budget: float, acct: int, phase: int) -> tuple[float, Admit | None]:
+        """Admit queue ``i``'s requests in FIFO order while they fit ``budget`` (charged to
+        ``acct``); stop at the first that does not fit or that the engine refuses. Returns
+        the tokens consumed and the engine's refusal (None: the budget or the queue ran out)."""
+        q = self.queues[i]
+        consumed = 0.0
+        alone = phase == 1 and self.oversize_head == "admit-alone"
+        while q:
+            rid = q[0]
+            s = self.need(rid, acct)
+            if consumed + s > budget and not (alone and self.used[acct] <= 0 and not consumed):
+                key = (phase, i, "quota")
+                self.stop_counts[key] = self.stop_counts.get(key, 0) + 1
+                return consumed, None
+            r = ctx.try_admit(rid)
+            if r == Admit.OK:
+                q.popleft()
+                self.charge(rid, acct)
+                consumed += s
+                self._count(phase, i, s)
+                continue
+            key = (phase, i, r.name)
+            self.stop_counts[key] = self.stop_counts.get(key, 0) + 1
+            if phase == 1 and self.bypass and r in _MEMORY_REFUSALS and self._adapter_missing(rid):
+                took, stop = self._bypass(ctx, i, rid, budget - consumed, acct)
+                consumed += took
+                if stop in _GLOBAL_STOPS:
+                    return consumed, stop
+            return consumed, r
+        return consumed, None
+
     def schedule_waiting(self, ctx) -> Admit | None:
-        """Algorithm 1: quota admission per queue, then the pooled spare quota from the
-        small queue downwards; bypass when a queue head's adapter does not fit."""
+        """Algorithm 1 (see the module docstring, item 6)."""
         self._time_dependent = False
-        for phase in (1, 2):
-            spare = sum(max(q - u, 0) for q, u in zip(self.quota, self.used)) if phase == 2 else 0.0
-            for i, q in enumerate(self.queues):
-                while q:
+        n_before = len(ctx.admitted)
+        stop: Admit | None = None
+        leftover = 0.0
+        for i, q in enumerate(self.queues):  # phase 1: smallest queue first, each within its quota
+            took, r = self.put_batch(ctx, i, self.quota[i] - self.used[i], i, 1)
+            if r in _GLOBAL_STOPS:
+                return r
+            stop = r or stop
+            if not q or self.leftover_from == "all":
+                leftover += max(self.quota[i] - self.used[i], 0.0)
+        pool = self.leftover_charge == "pool"
+        for i, q in enumerate(self.queues):  # phase 2: the pooled leftover, smallest queue first
+            if leftover <= 0:
+                break
+            if not q:
+                continue
+            took, r = self.put_batch(ctx, i, leftover, self.pool_account if pool else i, 2)
+            leftover -= took
+            if r in _GLOBAL_STOPS:
+                return r
+            stop = r or stop
+        if self.idle_admit and len(ctx.admitted) == n_before and not self.engine.running:
+            for i, q in enumerate(self.queues):  # nothing runs, nothing fits a quota: avoid a deadlock
+                if q:
                     rid = q[0]
-                    s = self.tok[rid]
-                    if phase == 1:
-                        if self.used[i] + s > self.quota[i] and self.used[i] > 0:
-                            break
-                    elif s > spare:
-                        break
                     r = ctx.try_admit(rid)
                     if r == Admit.OK:
                         q.popleft()
-                        self.used[i] += s
-                        if phase == 2:
-                            spare -= s
-                        continue
-                    if r == Admit.NO_SLOT:
-                        if phase == 1 and self.bypass:
-                            r2 = self._bypass(ctx, i, rid)
-                            if r2 is not None:
-                                return r2
-                        break
+                        self._count(1, i, self.need(rid, i))
+                        self.charge(rid, i)
+                        self.idle_admits += 1
+                        return None
                     return r
-        return None
+        return stop
+
+    def _adapter_missing(self, rid: int) -> bool:
+        """``rid``'s adapter is not (yet) usable in GPU memory."""
+        a = self.engine.adapter_a[rid]
+        mem = self.engine.adapters
+        return a >= 0 and (not mem.resident[a] or a in mem.loading)
 
     def remaining_s(self, rid: int, t_step: float) -> float:
         """Predicted time until running request ``rid`` finishes."""
@@ -306,63 +501,60 @@ class ChameleonScheduler(Scheduler):
         emitted = e.emitted_now(rid) if e.is_decoding(rid) else 0
         return max(self.pred[rid] - emitted, 1) * t_step
 
+    def head_need_tokens(self, head: int) -> int:
+        """Pool tokens the head needs to be admitted: its adapter and its first prompt chunk."""
+        e = self.engine
+        return e.adapter_tokens(e.adapter_a[head]) + min(e.tokens_known(head), e.config.max_num_batched_tokens)
+
     def predicted_wait(self, head: int) -> float:
         """When the head's adapter is predicted to fit: running requests finish in predicted
-        order, freeing their KV blocks (and their adapter's, when they are its last user),
-        until the deficit of the pool is covered."""
+        order, freeing their KV (and their adapter's memory, when they are its last user),
+        until the head's adapter and first chunk fit in the pool (free + reclaimable)."""
         e = self.engine
         t_step = self._t_step or float(e.profile.backbone_s(0, 1, 0))
-        mem = e.adapters
         runs = sorted(e.running, key=lambda r: self.remaining_s(r, t_step))
         if not runs:
             return 0.0
-        pl = mem.placement
-        if not isinstance(pl, UnifiedPool):  # slots: the first adapter whose last request ends
-            left = {}
-            for r in runs:
-                a = e.adapter_a[r]
-                left[a] = left.get(a, 0) + 1
-            for r in runs:
-                a = e.adapter_a[r]
-                left[a] -= 1
-                if a >= 0 and left[a] == 0:
-                    return self.remaining_s(r, t_step)
-            return self.remaining_s(runs[-1], t_step)
-        a = e.adapter_a[head]
-        need = pl.ab[a] + -(-min(e.tokens_known(head), e.config.max_num_batched_tokens) // e.block_size)
-        deficit = need - (e.total_blocks - e.used_blocks) - e.reclaimable_blocks()
-        users = {}
+        users: dict[int, int] = {}
         for r in runs:
             b = e.adapter_a[r]
             users[b] = users.get(b, 0) + 1
+        if getattr(e.adapters, "placement", None) is None:  # vLLM slots: the first adapter whose last request ends
+            for r in runs:
+                b = e.adapter_a[r]
+                users[b] -= 1
+                if b >= 0 and users[b] == 0:
+                    return self.remaining_s(r, t_step)
+            return self.remaining_s(runs[-1], t_step)
         bs = e.block_size
+        deficit = self.head_need_tokens(head) - (e.free_blocks + e.reclaimable_blocks()) * bs
         for r in runs:
-            deficit -= e.kv_blocks_held(r)
+            deficit -= e.kv_blocks_held(r) * bs
             b = e.adapter_a[r]
             if b >= 0:
                 users[b] -= 1
                 if users[b] == 0:
-                    deficit -= pl.ab[b]
+                    deficit -= e.adapter_tokens(b)
             if deficit <= 0:
                 return self.remaining_s(r, t_step)
         return self.remaining_s(runs[-1], t_step)
 
-    def _bypass(self, ctx, i: int, head: int) -> Admit | None:
+    def _bypass(self, ctx, i: int, head: int, budget: float, acct: int) -> tuple[float, Admit | None]:
+        """§4.3 opportunistic bypass: younger requests of queue ``i`` that fit its quota and are
+        predicted to finish before the head's memory frees go first."""
         e = self.engine
-        mem = e.adapters
         q = self.queues[i]
         wait = self.predicted_wait(head)
         t_step = self._t_step or float(e.profile.backbone_s(0, 1, 0))
         now = e.now
+        consumed = 0.0
         j = 1
         scanned = 0
         while j < len(q) and scanned < self.max_scan:
             rid = q[j]
             scanned += 1
-            a = e.adapter_a[rid]
-            s = self.tok[rid]
-            fits = a < 0 or (mem.resident[a] and a not in mem.loading)
-            if not fits or (self.used[i] + s > self.quota[i] and self.used[i] > 0):
+            s = self.need(rid, acct)
+            if consumed + s > budget:
                 j += 1
                 continue
             # the head's predicted wait changes from step to step (running requests progress,
@@ -374,36 +566,77 @@ class ChameleonScheduler(Scheduler):
             r = ctx.try_admit(rid)
             if r == Admit.OK:
                 del q[j]
-                self.used[i] += s
+                self.charge(rid, acct)
+                consumed += s
+                self._count(1, i, s)
                 self.bypasses += 1
-                e.push_event(now + wait, lambda t, b=rid, h=head: self._check_squash(b, h))
+                self.pending_bypass[rid] = head
+                e.push_event(now + wait, lambda t, b=rid, h=head: self._check_squash(b, h, deadline=True))
                 continue
-            if r == Admit.NO_SLOT:
-                j += 1
-                continue
-            return r
-        return None
+            if r in _GLOBAL_STOPS:
+                return consumed, r
+            j += 1
+        return consumed, None
 
-    def _check_squash(self, bypasser: int, head: int) -> None:
-        """The prediction proved wrong: the bypasser outlived the head's predicted wait."""
+    def _head_waiting(self, head: int) -> bool:
         e = self.engine
-        if bypasser in e.running and head not in e.running and e.state[head] == RequestState.PENDING and head in self.qof:
+        return head not in e.running and e.state[head] == RequestState.PENDING and head in self.qof
+
+    def head_fits_without(self, head: int, bypasser: int) -> bool:
+        """The head's memory is there once the bypasser's own (its KV, and its adapter when it
+        is that adapter's last running request) is counted as free."""
+        e = self.engine
+        bs = e.block_size
+        b = e.adapter_a[bypasser]
+        last_user = b >= 0 and b != e.adapter_a[head] and sum(1 for r in e.running if e.adapter_a[r] == b) == 1
+        if getattr(e.adapters, "placement", None) is None:  # vLLM slots: a slot for the head's adapter
+            return e.adapters.n_active - last_user < e.config.max_loras
+        free = (e.free_blocks + e.reclaimable_blocks() + e.kv_blocks_held(bypasser)) * bs
+        if last_user:
+            free += e.adapter_tokens(b)
+        need = self.head_need_tokens(head)
+        if e.adapter_a[head] >= 0 and not self._adapter_missing(head):
+            need -= e.adapter_tokens(e.adapter_a[head])
+        return need <= free
+
+    def _check_squash(self, bypasser: int, head: int, deadline: bool = False) -> None:
+        """Squash the bypasser when the head's memory appeared before it finished (§4.3), or
+        when it outlived the head's predicted wait while the head still waits (``deadline``)."""
+        e = self.engine
+        if self.pending_bypass.get(bypasser) != head:
+            return
+        if bypasser not in e.running or not self._head_waiting(head):
+            self.pending_bypass.pop(bypasser, None)
+            return
+        if deadline or self.head_fits_without(head, bypasser):
+            self.pending_bypass.pop(bypasser, None)
             self.squashes += 1
+            self._squashed_for[bypasser] = head
             e.squash(bypasser)
 
     # ------------------------------------------------------------------ events
     def on_preempt(self, rid: int) -> None:
+        self.release(rid)
         q = self.qof.get(rid, 0)
         if q >= len(self.queues):
             q = self.queue_of(rid)
         self.qof[rid] = q
-        self.used[q] -= self.tok[rid]
-        self.queues[q].appendleft(rid)
+        dq = self.queues[q]
+        head = self._squashed_for.get(rid)
+        if head is not None and dq and dq[0] == head:
+            dq.insert(1, rid)  # a squashed bypasser waits right behind the head it bypassed
+        else:
+            dq.appendleft(rid)
 
     def on_finish(self, rid: int) -> None:
-        q = self.qof.pop(rid, None)
-        if q is not None and q < len(self.used):
-            self.used[q] -= self.tok[rid]
+        self.qof.pop(rid, None)
+        self.release(rid)
+        self._squashed_for.pop(rid, None)
+        self.pending_bypass.pop(rid, None)
+        if self.pending_bypass:  # memory appeared: is a bypassed head now able to run?
+            now = self.engine.now
+            for b, h in list(self.pending_bypass.items()):
+                self.engine.push_event(now, lambda t, b=b, h=h: self._check_squash(b, h))
 
     def prefetch(self, now: float) -> Iterable[int]:
         """S-LoRA's prefetch, for the requests at the heads of Chameleon's queues."""
@@ -426,7 +659,8 @@ class ChameleonScheduler(Scheduler):
         return {"chameleon_queues": self.n_queues, "chameleon_cutoffs": [round(c, 4) for c in self.cuts],
                 "chameleon_quotas": [round(q) if q < INF else None for q in self.quota],
                 "chameleon_refreshes": self.refreshes, "chameleon_bypasses": self.bypasses,
-                "chameleon_squashes": self.squashes}
+                "chameleon_squashes": self.squashes, "chameleon_idle_admits": self.idle_admits,
+                "chameleon_phase2_tokens": [round(x) for x in self.admitted_tokens[1]]}
 
 
 @register_scheduler
@@ -460,8 +694,13 @@ class ChameleonCache(IdleTracking):
     adapter_memory = "unified"
     F, R, S = 0.45, 0.10, 0.45
 
-    def __init__(self, F: float | None = None, R: float | None = None, S: float | None = None, **memory) -> None:
+    def __init__(self, F: float | None = None, R: float | None = None, S: float | None = None,
+                 freq_window_s: float | None = 300.0, **memory) -> None:
         super().__init__(**memory)
+        if freq_window_s is not None and not freq_window_s > 0:
+            raise ValueError(f"{self.name}: freq_window_s must be positive seconds or None, got {freq_window_s}")
+        #: the time frame of the frequency feature (the paper's is unspecified; see the module docstring)
+        self.freq_window_s = freq_window_s
         if F is not None:
             self.F = F
         if R is not None:
@@ -472,7 +711,7 @@ class ChameleonCache(IdleTracking):
 
     def bind(self, engine: EngineView) -> None:
         super().bind(engine)
-        self.stats_ = ArrivalStats(engine)
+        self.stats_ = WindowedArrivalCounts(engine, self.freq_window_s)
         self.size = np.asarray(engine.adapters.bytes, float)
 
     def on_active(self, a: int, now: float) -> None:
@@ -484,7 +723,8 @@ class ChameleonCache(IdleTracking):
         self.last_use[a] = now
 
     def scores(self, cands: list[int], now: float) -> np.ndarray:
-        """``F*Frequency + R*Recency + S*Size`` over features normalised among ``cands``."""
+        """``F*Frequency + R*Recency + S*Size`` over features normalised among ``cands``
+        (frequency: requests within the last ``freq_window_s``)."""
         self.stats_.update()
         c = np.asarray(cands, np.int64)
         freq = self.stats_.count[c].astype(float)

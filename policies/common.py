@@ -71,6 +71,45 @@ class ArrivalStats:
         self.ptr = hi
 
 
+class WindowedArrivalCounts:
+    """Per-adapter request counts over the last ``window_s`` seconds (arrivals in
+    ``(now - window_s, now]``), brought up to date lazily from the engine's arrival pointer.
+
+    Chameleon's cache scores an adapter's "usage frequency over a specific time frame"
+    (MICRO'25 §4.2). ``window_s=None`` counts every request so far (as :class:`ArrivalStats`)."""
+
+    def __init__(self, engine: "EngineView", window_s: float | None) -> None:
+        if window_s is not None and not window_s > 0:
+            raise ValueError(f"the frequency window must be positive seconds (or None), got {window_s}")
+        self.e = engine
+        self.window_s = window_s
+        self.count = np.zeros(engine.n_adapters, np.int64)
+        self.ptr = 0
+        self.lo = 0  # oldest counted arrival (requests lo..ptr-1 with an adapter are counted)
+
+    def update(self) -> None:
+        e = self.e
+        hi = e.arr_ptr
+        if hi > self.ptr:
+            ad = e.adapter[self.ptr:hi]
+            ad = ad[ad >= 0]
+            if len(ad):
+                self.count += np.bincount(ad, minlength=len(self.count))
+            self.ptr = hi
+        if self.window_s is None:
+            return
+        cut = e.now - self.window_s
+        arr = e.arrival
+        lo = self.lo
+        j = lo + int(np.searchsorted(arr[lo:self.ptr], cut, side="right"))  # arrivals at or before now - window leave
+        if j > lo:
+            ad = e.adapter[lo:j]
+            ad = ad[ad >= 0]
+            if len(ad):
+                self.count -= np.bincount(ad, minlength=len(self.count))
+            self.lo = j
+
+
 def waiting_adapter_counts(engine: "EngineView") -> np.ndarray:
     """Waiting requests per adapter (Chameleon keeps the adapters of queued requests)."""
     ad = engine.adapter[engine.waiting_ids()]

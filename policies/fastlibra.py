@@ -21,26 +21,41 @@ Efficient LoRA and KV Cache Management* (FastLibra), 2025:
       LoRA_Eval = max(1, Low_lora / Now_lora)      (for adapter nodes; 1 for KV nodes)
       Low_lora  = sum_i (1 - (1 - prob_i)^BS)
 
-  ``prob_i`` is adapter ``i``'s share of the recent requests (sliding ``window_s``), so
-  ``Low_lora`` is the expected number of distinct adapters in a batch of ``BS`` requests
-  (``BS``: the running batch size); ``Now_lora`` is the number of adapters in HBM -- with
-  fewer adapters in HBM than a batch is expected to need, adapters are worth more than KV.
+  ``prob_i`` is adapter ``i``'s share of the requests that arrived in the last ``window_s``
+  (the counting window is unspecified in the paper; ours is a sliding 60 s), so ``Low_lora``
+  is the expected number of distinct adapters in a batch of ``BS`` requests; ``Now_lora`` is
+  the number of adapters in HBM -- with fewer adapters in HBM than a batch is expected to need,
+  adapters are worth more than KV. ``BS`` is the batch size "observed over the last 5 s": our
+  reading is the **mean** of the running batch size sampled at every swapper tick (100 ms) in
+  the last ``bs_window_s`` = 5 s (the paper does not say mean, last or maximum;
+  :meth:`FastLibraCache.recent_batch_size`).
   ``cost`` is the time to bring the node back (adapter: CPU->GPU copy, plus the disk read
-  when not in the CPU tier; KV node: its host->GPU copy). A KV node's ``prob`` is its
-  adapter's ``prob_i`` divided by the number of live conversations of that adapter (the
-  chance that the adapter's next request continues this conversation). ``t`` is the time
-  since the node was last used, in units of ``t_scale_s``.
+  when not in the CPU tier; KV node: its host->GPU copy). A KV node's ``prob`` is **its own
+  visit frequency** from the tree: the requests in the window that created or matched the
+  node's history path, over the requests that arrived in the window (the same denominator as
+  the adapters', so both are "the chance that a query visits this node";
+  :meth:`twin.prefix_kv.HistoryKV.visits_since`).
+  ``t`` is the time since the node was last used in units of ``decay_unit_s`` (default 60 s, see
+  :data:`DEFAULT_DECAY_UNIT_S` for the reason; the paper does not give the unit).
+* **Asynchronous swap-in** (§2): a query whose LoRA or history KV is in host memory has them
+  copied in the background and waits while ready queries run (``async_swap_in``,
+  :meth:`twin.extensions.Extensions._await_swaps`); the swapper's own swap-ins are background
+  copies too.
 
 Ablations (§6): ``fastlibra-wom`` no dependency tree (any node may be swapped, KV may stay
 in HBM without its adapter), ``fastlibra-wos`` LRU instead of the cost model,
-``fastlibra-wol`` without the LoRA quantity term (``LoRA_Eval = 1``). Baselines: vLLM with a
-static partition (adapters 20% of the pool, KV 80%, LRU in each: :class:`PartitionLRUCache`)
-and S-LoRA, which drops history KV (the ``slora`` preset).
+``fastlibra-wol`` without the LoRA quantity term (``LoRA_Eval = 1``). Baselines (§6): vLLM
+with a static partition (adapters 20% of the pool, KV 80%), block size 32, prefix caching of
+history KV, LRU in each part with swap-out of history KV and adapters to host memory and
+synchronous swap-in on reuse (:class:`PartitionLRUCache`, preset ``vllm-partition``); S-LoRA,
+which drops history KV and frees an adapter when no running request uses it (the ``slora``
+preset).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Iterable
 
 import numpy as np
@@ -50,25 +65,39 @@ from twin.registry import Preset, register_cache, register_preset
 from twin.interfaces import AdapterCachePolicy, EngineView
 
 INF = math.inf
+#: Unit of ``t`` in the decay ``1 - sigmoid(t)`` (FastLibra §4.3 leaves it unspecified). The decay
+#: falls from 0.5 at t = 0 to 0.27 at one unit and 0.0067 at five. In seconds, a node idle for 10 s
+#: keeps 4.5e-5 of a fresh node's value, so the other factors (cost: ~2x between ranks; prob: a
+#: few x between nodes) can never reorder two nodes idle a few seconds apart -- the ranking is
+#: pure recency (``tests/policies/test_fastlibra.py::test_decay_unit_changes_the_ranking``). The
+#: reuse distances of the paper's workloads are tens of seconds (a chat user's think time between
+#: turns; an adapter's requests a few seconds apart at 20-100 LoRAs), so we take one minute: over
+#: a typical reuse gap the decay halves a node's value instead of erasing it, and frequency and
+#: cost still count. A choice, not a fitted constant: ``decay_unit_s`` changes it.
+DEFAULT_DECAY_UNIT_S = 60.0
+#: BS is the batch size "observed over the last 5 s" (§4.3)
+BS_WINDOW_S = 5.0
 
 
 def sigmoid(x: float) -> float:
+    """The logistic function (0 below x = -700, where ``exp`` would overflow)."""
     return 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0
 
 
-def low_lora(prob: np.ndarray, bs: int) -> float:
+def low_lora(prob: np.ndarray, bs: float) -> float:
     """Expected distinct adapters in a batch of ``bs`` requests: sum_i 1 - (1 - p_i)^bs."""
     return float(np.sum(1.0 - (1.0 - np.asarray(prob, float)) ** bs))
 
 
-def lora_eval(prob: np.ndarray, bs: int, now_lora: int) -> float:
+def lora_eval(prob: np.ndarray, bs: float, now_lora: int) -> float:
     """FastLibra's LoRA quantity term ``max(1, Low_lora / Now_lora)``."""
     return max(1.0, low_lora(prob, bs) / max(now_lora, 1))
 
 
 def node_eval(lora_term: float, cost: float, prob: float, t: float) -> float:
-    """``Eval = LoRA_Eval * cost * prob * (1 - sigmoid(t))``."""
-    return lora_term * cost * prob * (1.0 - sigmoid(t))
+    """``Eval = LoRA_Eval * cost * prob * (1 - sigmoid(t))``, the decay computed as ``sigmoid(-t)``
+    (equal, without the rounding of ``1 - sigmoid(t)`` to 0 beyond t = 37 that would tie old nodes)."""
+    return lora_term * cost * prob * sigmoid(-t)
 
 
 @register_cache
@@ -83,13 +112,21 @@ class FastLibraCache(AdapterCachePolicy):
     cost_model = True
     lora_term = True
 
+    async_swap_in = True
+
     def __init__(self, busy: float = 0.95, idle: float = 0.70, interval_s: float = 0.1, window_s: float = 60.0,
-                 t_scale_s: float = 1.0, **memory) -> None:
+                 decay_unit_s: float = DEFAULT_DECAY_UNIT_S, bs_window_s: float = BS_WINDOW_S, **memory) -> None:
         super().__init__(**memory)
+        if decay_unit_s <= 0 or bs_window_s <= 0 or window_s <= 0:
+            raise ValueError("fastlibra: decay_unit_s, bs_window_s and window_s must be > 0 "
+                             f"(got {decay_unit_s}, {bs_window_s}, {window_s})")
         self.busy, self.idle = busy, idle
         self.interval_s = interval_s
         self.window_s = window_s
-        self.t_scale_s = t_scale_s
+        self.decay_unit_s = decay_unit_s
+        self.bs_window_s = bs_window_s
+        self._bs_samples: deque[tuple[float, int]] = deque()
+        self._bs_sum = 0
         self.last_use: dict[int, float] = {}
         self.swaps_out = 0
         self.swaps_in = 0
@@ -131,10 +168,40 @@ class FastLibraCache(AdapterCachePolicy):
         s = self.count.sum()
         return self.count / s if s > 0 else np.zeros_like(self.count)
 
+    def sample_batch_size(self, now: float) -> None:
+        """Record the running batch size (every swapper tick) and drop samples older than ``bs_window_s``."""
+        b = len(self.engine.running)
+        q = self._bs_samples
+        q.append((now, b))
+        self._bs_sum += b
+        lo = now - self.bs_window_s
+        while q and q[0][0] <= lo:
+            self._bs_sum -= q.popleft()[1]
+
+    def recent_batch_size(self) -> float:
+        """BS of ``Low_lora``: the mean running batch size over the last ``bs_window_s`` (at
+        least 1; the current batch before the first sample)."""
+        q = self._bs_samples
+        bs = self._bs_sum / len(q) if q else float(len(self.engine.running))
+        return max(bs, 1.0)
+
+    def node_prob(self, node, now: float) -> float:
+        """A KV node's own visit frequency: visits of its history path in the window over the
+        requests that arrived in the window."""
+        self._window(now)
+        total = self.count.sum()
+        if total <= 0:
+            return 0.0
+        return self._store().visits_since(node, now - self.window_s) / float(total)
+
     def on_active(self, a: int, now: float) -> None:
         self.last_use[a] = now
 
     def on_idle(self, a: int, now: float) -> None:
+        self.last_use[a] = now
+
+    def on_load(self, a: int, now: float) -> None:
+        """A swap-in ends: the node's last-used time is updated (§4.1: "created, matched or swapped")."""
         self.last_use[a] = now
 
     # ------------------------------------------------------------------ the tree and values
@@ -148,23 +215,18 @@ class FastLibraCache(AdapterCachePolicy):
         if not self.cost_model:  # WoS: LRU -- the value is the last use time
             return [self.last_use.get(x, -INF) if k == "lora" else x.last_access for k, x in nodes]
         prob = self.probs(now)
-        bs = max(len(e.running), 1)
-        term = lora_eval(prob, bs, mem.n_resident) if self.lora_term else 1.0
+        term = lora_eval(prob, self.recent_batch_size(), mem.n_resident) if self.lora_term else 1.0
         store = self._store()
-        convs: dict[int, int] = {}
-        if store is not None:
-            for n in store.nodes.values():
-                convs[n.adapter] = convs.get(n.adapter, 0) + 1
+        unit = self.decay_unit_s
         out = []
         for k, x in nodes:
             if k == "lora":
                 cost = self._cpu[x] + (0.0 if x in mem.cpu else self._disk[x])
-                t = (now - self.last_use.get(x, 0.0)) / self.t_scale_s
+                t = (now - self.last_use.get(x, 0.0)) / unit
                 out.append(node_eval(term, cost, float(prob[x]), t))
             else:
-                p = float(prob[x.adapter]) / max(convs.get(x.adapter, 1), 1) if x.adapter >= 0 else 0.0
-                t = (now - x.last_access) / self.t_scale_s
-                out.append(node_eval(1.0, store.transfer_s(x.tokens), p, t))
+                t = (now - x.last_access) / unit
+                out.append(node_eval(1.0, store.transfer_s(x.tokens), self.node_prob(x, now), t))
         return out
 
     def swap_out_candidates(self, pin: int = -1) -> list:
@@ -235,6 +297,7 @@ class FastLibraCache(AdapterCachePolicy):
         e = self.engine
         pool = e.pool_blocks
         self._swapin_loras = []
+        self.sample_batch_size(now)
         if self.usage() > self.busy:
             target = int(math.ceil((1 - self.busy) * pool))
             need = target - (e.total_blocks - e.used_blocks)
@@ -303,19 +366,25 @@ class FastLibraWoL(FastLibraCache):
 
 @register_cache
 class PartitionLRUCache(LRUCache):
-    """vLLM baseline of FastLibra: a static partition of the pool (adapters ``lora_share`` =
-    20%, KV the rest), LRU among the idle adapters of the adapter part and LRU among the
-    history KV of the KV part (dropped when the KV part runs short; vLLM 0.8.5 has no host
-    KV tier)."""
+    """vLLM baseline of FastLibra (§6, as the authors configured it): a static partition of the
+    pool (adapters ``lora_share`` = 20%, KV the rest), KV blocks of 32 tokens, prefix caching
+    that reuses conversations' history KV, and LRU in each part with swap-out to host memory
+    instead of discarding (the authors added it to vLLM): the least recently used idle adapter
+    leaves the adapter part for the CPU tier, the least recently used history KV leaves the KV
+    part for host memory (:meth:`twin.extensions.Extensions.reclaim`). Reuse swaps them back
+    synchronously on the admitting step's critical path, as vLLM loads a LoRA (and swaps KV)
+    inside the step."""
 
     name = "partition-lru"
-    description = "static LoRA/KV partition (LoRA share 0.2), LRU in each part (FastLibra's vLLM baseline)"
-    citation = "FastLibra §6 baseline (vLLM with prefix caching)"
+    description = ("static LoRA/KV partition (LoRA share 0.2), block 32, prefix caching, LRU swap-out of history KV "
+                   "and adapters to host memory (FastLibra's vLLM baseline)")
+    citation = "FastLibra §6 baseline (vLLM with prefix caching and host swapping)"
     adapter_memory = "region"
     adapter_placement = "paged"
     lora_share = 0.2
     prefix_kv = True
-    history_to_host = False
+    history_to_host = True
+    kv_block_size = 32
 
 
 register_preset(Preset("fastlibra", "fcfs", "fastlibra", "FastLibra: unified pool of adapters and history KV, "
@@ -326,5 +395,6 @@ register_preset(Preset("fastlibra-wos", "fcfs", "fastlibra-wos", "FastLibra with
                        "FastLibra §6"))
 register_preset(Preset("fastlibra-wol", "fcfs", "fastlibra-wol", "FastLibra without the LoRA quantity term",
                        "FastLibra §6"))
-register_preset(Preset("vllm-partition", "fcfs", "partition-lru", "vLLM with prefix caching and a static LoRA/KV "
-                       "partition (0.2), LRU in each part (FastLibra's baseline)", "FastLibra §6"))
+register_preset(Preset("vllm-partition", "fcfs", "partition-lru", "vLLM with prefix caching, a static LoRA/KV "
+                       "partition (0.2), block 32, LRU swap-out of history KV and adapters to host memory "
+                       "(FastLibra's baseline)", "FastLibra §6"))

@@ -4,7 +4,11 @@ Waiting requests are tried in queue order -- preempted requests at the front (th
 recently preempted first), then arrivals in arrival order. A request whose adapter would
 exceed ``max_loras`` distinct adapters in the batch is *skipped* and keeps its place;
 the scan stops at the first request that fails for any other reason (no KV blocks for
-its first chunk, ``max_num_seqs`` reached, token budget spent).
+its first chunk, ``max_num_seqs`` reached, token budget spent). A request whose adapter or
+history KV is still being swapped in (``Admit.NOT_READY``, caches with ``async_swap_in`` such
+as FastLibra's) is skipped too and keeps its place, as vLLM v1 skips requests waiting for
+their KV (``WAITING_FOR_REMOTE_KVS``, ``skipped_waiting_requests``): the scan goes on past it
+in arrival order (:meth:`FCFSScheduler._scan_past_not_ready`), so ready requests run while it waits.
 
 Data structures follow the events, not the queue length: requests sit in per-adapter
 FIFO arrays (a pointer per adapter), the oldest arrived request is a pointer into the
@@ -25,7 +29,7 @@ from twin.registry import Preset, register_preset, register_scheduler
 from twin.interfaces import Admit, EngineView, Scheduler
 
 INF = math.inf
-OK, NO_SLOT = Admit.OK, Admit.NO_SLOT  # plain names: an enum member looked up on its class is slow
+OK, NO_SLOT, NOT_READY = Admit.OK, Admit.NO_SLOT, Admit.NOT_READY  # plain names (an enum member lookup is slow)
 #: outcomes after which the blocked head stays blocked until a finish ends the run
 _STAYS_BLOCKED = frozenset((Admit.NO_KV, Admit.NO_SEQ, Admit.NO_BUDGET))
 
@@ -85,8 +89,16 @@ class FCFSScheduler(Scheduler):
 
     def _admitted(self, rid: int) -> None:
         a = self.grp[rid]
-        self.admitted[rid] = 1
-        self.qptr[a] += 1
+        adm = self.admitted
+        adm[rid] = 1
+        q, p = self.q, self.qptr[a]
+        if q[p] != rid:  # admitted past a skipped (not ready) head of its adapter's queue
+            return
+        p += 1
+        end = self.qend[a]
+        while p < end and adm[q[p]]:
+            p += 1
+        self.qptr[a] = p
         self._push_head(a)
 
     def _slots_full(self) -> bool:
@@ -108,7 +120,7 @@ class FCFSScheduler(Scheduler):
                     self._push_head(self.grp[rid])
                     continue
                 kept.append(rid)
-                if r != NO_SLOT:
+                if r != NO_SLOT and r != NOT_READY:
                     stop = r
                     break
             kept.extend(self.front)
@@ -124,12 +136,41 @@ class FCFSScheduler(Scheduler):
                 return None
             r = try_admit(rid)
             if r != OK:
-                return r
+                return self._scan_past_not_ready(ctx, rid) if r == NOT_READY else r
             self._admitted(rid)
+
+    def _scan_past_not_ready(self, ctx, first: int) -> Admit:
+        """The rest of the scan after ``first`` was not ready (its swap-in is in flight): the
+        waiting requests after it in arrival order, skipping the not-ready ones, stopping at the
+        first other failure. Only caches with ``async_swap_in`` get here."""
+        e = self.engine
+        skipped = {first}
+        vl, adm, grp, arrived = self.valid_list, self.admitted, self.grp, e.arr_ptr
+        lora, max_loras, ad, base = self.lora, self.max_loras, e.adapters, self.base_group
+        p = self.gptr
+        while p < len(vl):
+            rid = vl[p]
+            p += 1
+            if rid >= arrived:
+                break
+            if adm[rid] or rid in skipped:
+                continue
+            if lora and ad.n_active >= max_loras and grp[rid] != base and not ad.active[grp[rid]]:
+                continue  # a new adapter with every slot taken: skipped, as in the heap path
+            r = ctx.try_admit(rid)
+            if r == OK:
+                self._admitted(rid)
+            elif r == NOT_READY:
+                skipped.add(rid)
+            else:
+                return r
+        return NOT_READY
 
     def next_change_time(self, stop: Admit | None) -> float:
         if stop in _STAYS_BLOCKED:
             return INF  # the blocked head stays blocked until a finish ends the run
+        if stop == NOT_READY:  # skipped requests become ready at their swap's event (it ends the run)
+            return self.engine.next_arrival_time()
         rid = self._eligible_head() if self._slots_full() else self._global_head()
         return self.engine.arrival_a[rid] if rid >= 0 else INF
 

@@ -96,4 +96,5 @@ class SJFScheduler(Scheduler):
 
 
 register_preset(Preset("slora+sjf", "sjf", "none", "S-LoRA with muServe-style SJF scheduling (Chameleon's baseline)",
-                       "Chameleon MICRO'25 §6; muServe ATC'24", cache_opts={"adapter_memory": "unified"}))
+                       "Chameleon MICRO'25 §6; muServe ATC'24", cache_opts={"adapter_memory": "unified"},
+                       system="slora"))

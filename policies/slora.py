@@ -114,5 +114,6 @@ class NoCache(AdapterCachePolicy):
 
 UNIFIED = {"adapter_memory": "unified"}
 
-register_preset(Preset("slora", "slora", "none", "S-LoRA: FIFO + prefetch of queued requests' adapters, unified "
-                       "memory pool, no adapter cache", "Sheng et al., MLSys'24", cache_opts=dict(UNIFIED)))
+register_preset(Preset("slora", "slora", "none", "S-LoRA: FIFO with head-of-line stop, reservation admission, unified "
+                       "memory pool, no adapter cache (prefetch only on --system vllm; off in S-LoRA's paper runs)",
+                       "Sheng et al., MLSys'24", cache_opts=dict(UNIFIED), system="slora"))

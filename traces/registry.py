@@ -123,6 +123,43 @@ SYNTHETIC_DEFAULTS: dict[str, Any] = {"rps": 1.0, "ranks": [8, 16, 32]}
 #: ``twin traces show splitwise`` give the trace as recorded.
 SPLITWISE_RUN_DEFAULTS: dict[str, Any] = {"rps": 2.2, "duration": 600.0, "ranks": [8, 16, 32]}
 
+#: FastLibra's three workloads (Zhang et al., 2025, §6), synthesised: LMSYS-33k, OPUS-100,
+#: Taskmaster and the Azure Functions trace (MAFT) are not in the data directory (with the
+#: 2019 Azure Functions files at hand, ``--trace azure-functions`` maps its top-n functions to n
+#: adapters, :mod:`traces.loaders.azure_functions`). Common: 50 LoRAs (the paper's 20/50/100 with
+#: ``--adapters``), ranks 32 and 64 (the paper draws each at random from {32, 64}; here the two
+#: alternate over adapter ids and popularity is a seeded permutation independent of rank),
+#: 600 s. Where a number is published we use it; otherwise it is an estimate, said so:
+#:
+#: * chatbot -- LMSYS-Chat-1M's published statistics (Zheng et al., ICLR 2024, Table 1): 2.0
+#:   turns per conversation, 69.5 tokens per user prompt, 214.5 per response; per-turn lengths
+#:   drawn with ShareGPT's shape matched to those means; every turn resends the history
+#:   (:mod:`traces.conversations`); think time between turns 30 s (the twin's default: LMSYS's
+#:   timestamps are not here); Poisson conversation starts (the paper scales LMSYS's timestamps);
+#:   adapter popularity Zipf(1) (LMSYS's per-model counts are skewed -- a few models take most
+#:   conversations -- but the shares are not here); contexts capped at 4096 tokens (Llama-2's).
+#: * translation -- one request per sentence pair, no history; lengths an estimate (an
+#:   instruction of ~15 tokens plus a ~25-token OPUS sentence in, ~25 tokens out), drawn
+#:   log-normally with the Splitwise-fitted spread.
+#: * agent -- Taskmaster-1 dialogues have about 20 utterances of about 10 words (Byrne et al.,
+#:   2019; approximate, not checked against the data here): mean 10 user/agent exchanges
+#:   (geometric, at most 30) of ~15 tokens each way, the longest conversations of the three.
+#: * MAFT stand-in (translation, agent) -- Azure Functions' per-function invocation counts span
+#:   orders of magnitude and arrivals are bursty (Shahrad et al., ATC 2020); the top-n functions
+#:   mapped to n LoRAs are drawn Zipf(1) over the adapters, the arrivals (conversation starts for
+#:   the agent) a gamma renewal with CV 2. Not fitted to the trace.
+#:
+#: Default rates are moderate for ``fastlibra`` on the default profile (README "FastLibra").
+FASTLIBRA_COMMON: dict[str, Any] = {"adapters": 50, "ranks": [32, 64], "duration": 600.0, "popularity": "zipf:1.0"}
+FASTLIBRA_CHATBOT: dict[str, Any] = {**FASTLIBRA_COMMON, "rps": 2.0, "conversations": True, "mean_turns": 2.0,
+                                     "lengths": "sharegpt", "mean_in": 69.5, "mean_out": 214.5, "max_total": 4096}
+FASTLIBRA_TRANSLATION: dict[str, Any] = {**FASTLIBRA_COMMON, "rps": 4.0, "arrival": "gamma", "cv": 2.0,
+                                         "lengths": "lognormal", "mean_in": 40.0, "mean_out": 25.0,
+                                         "max_total": 4096}
+FASTLIBRA_AGENT: dict[str, Any] = {**FASTLIBRA_COMMON, "rps": 2.0, "arrival": "gamma", "cv": 2.0,
+                                   "conversations": True, "mean_turns": 10.0, "max_turns": 30, "lengths": "lognormal",
+                                   "mean_in": 15.0, "mean_out": 15.0, "max_total": 4096}
+
 BUILTINS: dict[str, TraceSpec] = {s.name: s for s in [
     _real("splitwise", "azure-llm", "Azure LLM inference 2023, conversation service (Splitwise; 19,366 req, 1 h); "
           "twin run/compare replay its first 600 s rescaled to a 2.2 req/s hourly mean, adapters of ranks 8/16/32, "
@@ -156,12 +193,25 @@ BUILTINS: dict[str, TraceSpec] = {s.name: s for s in [
            duration=3600.0, lengths="sharegpt", mean_in=222.0, mean_out=196.0),
     _synth("chameleon", "Chameleon: 100 adapters ranks 8-128 (N/5 each), U-P popularity, Poisson, Splitwise-like "
            "lengths scaled by 0.5", popularity="U-P", length_scale=0.5),
-    _synth("fastlibra-uniform", "FastLibra Uniform: 2000 adapters, uniform popularity, ShareGPT-like lengths",
-           adapters=2000, popularity="uniform", lengths="sharegpt"),
-    _synth("fastlibra-distinct", "FastLibra Distinct: 2000 adapters, round-robin, ShareGPT-like lengths",
-           adapters=2000, popularity="distinct", lengths="sharegpt"),
-    _synth("fastlibra-skewed", "FastLibra Skewed-0.1: 2000 adapters, Gaussian popularity (std 0.1 N)",
-           adapters=2000, popularity="skewed:0.1", lengths="sharegpt"),
+    _synth("fastlibra-chatbot", "FastLibra chatbot (LMSYS-like, synthesised): multi-turn, every turn resends the "
+           "history; LMSYS-Chat-1M's published means (2.0 turns, 69.5 prompt / 214.5 response tokens per turn) on "
+           "ShareGPT-shaped lengths; 50 LoRAs (--adapters 20|50|100) of ranks 32/64, Zipf popularity, Poisson starts",
+           **FASTLIBRA_CHATBOT),
+    _synth("fastlibra-translation", "FastLibra translation (synthesised): one turn per request, short sentence "
+           "lengths (estimate: 40 prompt / 25 output tokens); Azure-Functions-like arrivals (Zipf over the top-n "
+           "functions = n LoRAs, bursty gamma CV 2); 50 LoRAs (--adapters 20|50|100) of ranks 32/64",
+           **FASTLIBRA_TRANSLATION),
+    _synth("fastlibra-agent", "FastLibra personal agent (Taskmaster-like, synthesised): the longest conversations "
+           "(mean 10 exchanges of ~15/15 tokens, estimate), every turn resends the history; Azure-Functions-like "
+           "conversation starts; 50 LoRAs (--adapters 20|50|100) of ranks 32/64", **FASTLIBRA_AGENT),
+    _synth("fastlibra-many-uniform", "FastLibra's many-adapter study set-up: 2000 adapters, uniform popularity; "
+           "lengths ShareGPT-like (our choice, the study names none)", adapters=2000, popularity="uniform",
+           lengths="sharegpt"),
+    _synth("fastlibra-many-distinct", "FastLibra's many-adapter study set-up: 2000 adapters, round-robin; "
+           "lengths ShareGPT-like (our choice)", adapters=2000, popularity="distinct", lengths="sharegpt"),
+    _synth("fastlibra-many-skewed", "FastLibra's many-adapter study set-up: 2000 adapters, Skewed-0.1 (Gaussian "
+           "popularity, std 0.1 N); lengths ShareGPT-like (our choice)", adapters=2000, popularity="skewed:0.1",
+           lengths="sharegpt"),
     _synth("multiturn-synth", "multi-turn conversations (mean 3 turns, 30 s think time) with shared prefixes, "
            "ShareGPT-like lengths", conversations=True, lengths="sharegpt", max_total=8192),
 ]}

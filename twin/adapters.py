@@ -165,8 +165,10 @@ class AdapterMemory:
         self.active[a] += 1
         return None
 
-    def release(self, a: int, now: float) -> None:
-        """A request of adapter ``a`` left the batch (finished or preempted)."""
+    def release(self, a: int, now: float, evict_idle: bool = True) -> None:
+        """A request of adapter ``a`` left the batch (finished or preempted). ``evict_idle=False``
+        defers the policy's ``evict_when_idle`` to the caller (S-LoRA offloads idle adapters only
+        after a decode in which a request finished, ``twin/slora_engine.py``)."""
         self.active[a] -= 1
         if self.active[a] == 0:
             self.n_active -= 1
@@ -179,7 +181,7 @@ class AdapterMemory:
             if a in self.cpu:
                 self.cpu.move_to_end(a)
             self.policy.on_idle(a, now)
-            if self.policy.evict_when_idle(a):
+            if evict_idle and self.policy.evict_when_idle(a):
                 self.evict(a, now)
 
     def evict(self, a: int, now: float) -> None:

@@ -63,7 +63,8 @@ def _f(x: Any, nd: int = 1) -> str:
 
 def format_summary(s: dict[str, Any]) -> str:
     """A readable two-column table of the main figures."""
-    rows = [("policy", f"{s.get('policy')} (profile {s.get('profile')})"), ("trace", str(s.get("trace", "-")))]
+    rows = [("policy", f"{s.get('policy')} (profile {s.get('profile')})"), ("system", str(s.get("system", "vllm"))),
+            ("trace", str(s.get("trace", "-")))]
     rows += [(k, fn(s)) for k, fn in SUMMARY_ROWS]
     if "slo_attainment" in s:
         rows.append(("SLO attainment", _f(s["slo_attainment"], 3)))
@@ -139,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(to_toml(scenario), end="")
         return 0
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    res = simulate(workload, profile, cfg, policy=run.policy, scheduler=run.scheduler, cache=run.cache,
+    res = simulate(workload, profile, cfg, policy=run.policy, scheduler=run.scheduler, cache=run.cache, system=run.system,
                    horizon_s=run.horizon, ttft_slo_s=run.ttft_slo, tbt_slo_s=run.tbt_slo, progress=progress,
                    extra={"trace": run.trace, "workload": workload.meta, "config": cfg.to_dict(),
                           "scenario": scenario})
@@ -177,7 +178,8 @@ def cmd_policies(args: argparse.Namespace) -> int:
         for r in rows:
             if r["kind"] == kind:
                 cite = f"  [{r['citation']}]" if r["citation"] else ""
-                print(f"  {r['name']:<{w}}  {r['description']}{cite}")
+                system = f"[system {r['system']}] " if "system" in r else ""
+                print(f"  {r['name']:<{w}}  {system}{r['description']}{cite}")
     return 0
 
 

@@ -34,9 +34,8 @@ import pandas as pd
 from traces.arguments import parse_list
 from traces.flags import add_arguments, from_namespace
 from twin.figures import compare_figure
-from twin.model_spec import ALL_TARGETS, QKVO
 from twin.perf.profile import Profile, load_profile
-from twin.registry import PRESETS, load_entry_points, resolve_policy
+from twin.registry import PRESETS, load_entry_points, resolve_policy, resolve_system
 from twin.scenario import RunConfig, build_engine_config, build_workload
 from twin.simulate import simulate
 
@@ -67,8 +66,6 @@ class CompareConfig:
         "help": "comma-separated presets, e.g. slora,chameleon", "parse": parse_names, "required": True})
     rps: list[float] = field(default_factory=list, metadata={
         "help": "comma-separated request rates, e.g. 6,8,9", "parse": parse_rates, "required": True})
-    lora_targets: str | None = field(default=None, metadata={
-        "help": "adapter target modules (sets the adapter size): qkvo, all, or a comma list of module names"})
     slo: float | None = field(default=None, metadata={
         "help": "TTFT SLO in seconds (default: --slo-x x unloaded mean)"})
     slo_x: float = field(default=5.0, metadata={"help": "SLO as a multiple of the unloaded mean TTFT"})
@@ -102,10 +99,7 @@ def register_cli(subparsers) -> None:
 def load_compare_profile(profile: str | None, lora_targets: str | None) -> Profile:
     """The profile, with its adapter target modules replaced when ``lora_targets`` is given."""
     prof = load_profile(profile)
-    if lora_targets:
-        t = lora_targets
-        prof.lora_targets = QKVO if t == "qkvo" else ALL_TARGETS if t == "all" else tuple(t.split(","))
-    return prof
+    return prof.with_lora_targets(lora_targets) if lora_targets else prof
 
 
 def _policy_objects(name: str, slo_s: float | None, accuracy: float | None):
@@ -120,11 +114,12 @@ def _policy_objects(name: str, slo_s: float | None, accuracy: float | None):
 def run_one(run: RunConfig, options: CompareConfig, policy: str, rps: float, slo_s: float | None) -> dict[str, Any]:
     """One simulation of ``run`` at rate ``rps``; returns the summary row (picklable, for --jobs)."""
     run = dataclasses.replace(run, rps=rps)
-    prof = load_compare_profile(run.profile, options.lora_targets)
+    prof = load_compare_profile(run.profile, None)
     w = build_workload(run)
     cfg = build_engine_config(run, w, prof)
     s, c, label = _policy_objects(policy, slo_s, options.accuracy)
-    res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=False)
+    res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=False,
+                   system=resolve_system(policy, run.system))
     row = {"policy": policy, "rps": rps, **{k: res.summary.get(k) for k, _, _ in COLUMNS},
            "requests": res.summary["requests_arrived"], "finished": res.summary["requests_finished"],
            "wall_s": res.summary["wall_s"]}
@@ -134,10 +129,11 @@ def run_one(run: RunConfig, options: CompareConfig, policy: str, rps: float, slo
 def unloaded_mean_ttft(run: RunConfig, options: CompareConfig, policy: str) -> float:
     """Mean TTFT of the trace replayed at a low rate (the SLO reference)."""
     run = dataclasses.replace(run, rps=options.unloaded_rps)
-    prof = load_compare_profile(run.profile, options.lora_targets)
+    prof = load_compare_profile(run.profile, None)
     w = build_workload(run)
     s, c, _ = _policy_objects(policy, None, options.accuracy)
-    res = simulate(w, prof, build_engine_config(run, w, prof), scheduler_obj=s, cache_obj=c, record_steps=False)
+    res = simulate(w, prof, build_engine_config(run, w, prof), scheduler_obj=s, cache_obj=c, record_steps=False,
+                   system=resolve_system(policy, run.system))
     return float(res.summary["ttft_ms_mean"]) / 1000.0
 
 

@@ -55,6 +55,25 @@ class EngineConfig:
         "size of the adapter region in bytes (default: the memory of max_loras slots)"))
     prefix_caching: bool = field(default=False, metadata=_help(
         "keep the history KV of conversations for their next turn (twin/prefix_kv.py)"))
+    lora_targets: str | None = field(default=None, metadata=_help(
+        "projections the adapters adapt: qkvo, all, or a comma list of module names; sets the adapter bytes and "
+        "the LoRA compute (default: the profile's on --system vllm, qkvo on --system slora)"))
+    # S-LoRA engine (--system slora, twin/slora_engine.py); S-LoRA's defaults
+    max_total_tokens: int | None = field(default=None, metadata=_help(
+        "S-LoRA's pool in token slots, N_tok (--max_total_token_num; default: the GPU memory left after the "
+        "weights)"))
+    slora_batch_max_tokens: int | None = field(default=None, metadata=_help(
+        "S-LoRA: prompt tokens of one prefill mini-batch (default max(N_tok/6, 3072))"))
+    running_max_req_size: int = field(default=1000, metadata=_help("S-LoRA: most running requests"))
+    slora_max_wait_tokens: int = field(default=10, metadata=_help(
+        "S-LoRA: decodes between admission attempts (max_wait_tokens, hard-coded 10)"))
+    slora_poll_s: float = field(default=0.01, metadata=_help("S-LoRA: idle router poll interval (s)"))
+    slora_prefetch: bool = field(default=False, metadata=_help(
+        "S-LoRA --prefetch (off in S-LoRA's paper runs): the scheduler's prefetch() at decode counters 5 and 7"))
+    slora_max_prompt_len: int = field(default=2048, metadata=_help(
+        "S-LoRA's HTTP server refuses longer prompts"))
+    slora_max_total_len: int = field(default=3072, metadata=_help(
+        "S-LoRA's HTTP server refuses prompt + output above this"))
 
     def validate(self) -> None:
         if self.max_num_batched_tokens < 1:

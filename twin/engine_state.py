@@ -44,6 +44,8 @@ class EngineState:
     def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
                  progress: bool = False, record_steps: bool = True, check_invariants: bool = False) -> None:
+        if cache.kv_block_size and cache.kv_block_size != config.block_size:  # the system's block size
+            config = dataclasses.replace(config, block_size=int(cache.kv_block_size))
         config.validate()
         self.config = config
         if config.tensor_parallel > 1:  # each GPU computes 1/TP of the step (twin/tensor_parallel.py)
@@ -228,6 +230,21 @@ class EngineState:
         if d is not None:
             return -(-(d[0] + self.g) // self.block_size)
         return self.held.get(rid, 0)
+
+    def adapter_tokens(self, a: int) -> int:
+        """Memory of adapter ``a`` in KV-token units: ``ceil(bytes / KV bytes per token)``, which is
+        S-LoRA's ``4 * rank`` pool slots for a q,k,v,o adapter (``slora.md`` §3: a slot holds one
+        hidden-size vector per layer in the key and in the value buffer; an adapter's A and B
+        take 4r of them); 0 for the base model (``a < 0``). Independent of where the adapter
+        lives, so schedulers can count adapters in the units of the KV pool (Chameleon's quotas)."""
+        if a < 0:
+            return 0
+        toks = self.__dict__.get("_adapter_tokens")
+        if toks is None:
+            p = self.profile
+            per_tok = int(p.components["kv"].params.get("kv_bytes_per_token") or p.model.kv_bytes_per_token)
+            toks = self._adapter_tokens = [-(-int(b) // per_tok) for b in self.adapters.bytes]
+        return toks[a]
 
     def waiting_ids(self) -> np.ndarray:
         """Indices of the requests waiting now (arrived, not finished/rejected, not running)."""

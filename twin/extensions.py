@@ -13,7 +13,14 @@ Otherwise :class:`Extensions` provides:
   ``prefetch``; asynchronous over the host link, or synchronous when the policy sets
   ``prefetch_sync = True``;
 * **prefix-KV reuse** (:mod:`twin.prefix_kv`): when the cache policy sets ``prefix_kv = True``
-  (or ``EngineConfig.prefix_caching``) and the workload has conversations.
+  (or ``EngineConfig.prefix_caching``) and the workload has conversations;
+* **asynchronous swap-in** (FastLibra §2/§4: "a query whose LoRA/KVs are not yet in HBM waits
+  while other ready queries run", the copies on separate torch streams): when the cache policy
+  sets ``async_swap_in = True``, a waiting request whose adapter or matched history KV is not in
+  HBM starts their copies in the background over the host link (:meth:`Extensions._await_swaps`)
+  and is refused with ``Admit.NOT_READY``; the scheduler skips it (``policies/fcfs.py``) and
+  admits it at the first step after the copies end. Without it (vLLM), such copies are
+  synchronous loads on the admitting step's critical path, stalling the whole batch.
 
 The engine declares the hook points and calls them (as SimPy's ``BaseResource`` calls
 ``_do_put``/``_do_get``): :meth:`Extensions.admit` in ``Engine._try_admit`` (memory for the
@@ -64,6 +71,9 @@ def install_extensions(engine: "EngineCore", workload: Any) -> "Extensions | Non
         prefix = False
     sources = [p for p in (sched, cache) if _prefetches(p)]
     events = sched.uses_events or cache.uses_events
+    if cache.async_swap_in and memory == "slots":
+        raise ValueError(f"cache policy {cache.name!r} swaps in asynchronously (async_swap_in), which needs adapter "
+                         "memory 'unified' or 'region' (vLLM's slots load in the step)")
     if memory == "slots" and not prefix and not sources and not events:
         return None
     return Extensions(engine, workload, memory, prefix, sources)
@@ -95,6 +105,14 @@ class Extensions:
         if sources:
             self.loader = AsyncLoader(e, sources, sync=any(s.prefetch_sync for s in sources),
                                       max_inflight=max(s.max_inflight for s in sources))
+        # ---- asynchronous swap-in of waiting requests' adapters and history KV
+        self.async_swap = bool(self.cache.async_swap_in)
+        self._swapper = (self.loader if self.loader is not None else AsyncLoader(e, [])) if self.async_swap else None
+        self._swap_wait_since: dict[int, float] = {}   # waiting request -> when its first swap started
+        self._swap_adapter_for: dict[int, int] = {}    # waiting request -> adapter swapped in for it
+        self.swap_in_adapters = 0
+        self.swap_in_kv = 0
+        self.swap_waits = 0
         #: the engine calls :meth:`admit` and :meth:`reclaim_for_step`
         self.handles_admission = self.mem.placement is not None or self.prefix is not None
 
@@ -116,15 +134,20 @@ class Extensions:
         per_tok = int(e.profile.components["kv"].params.get("kv_bytes_per_token")
                       or e.profile.model.kv_bytes_per_token)
         kv_tokens = e.kv_tokens
+        max_loras = max(slots0, n_ad)
         if cfg.adapter_region_bytes:
             region = int(cfg.adapter_region_bytes)
             kv_tokens = max(pool_tokens - region // per_tok, 0) // bs * bs
         elif share:
             region = int(pool_tokens * per_tok * share)
             kv_tokens = int(pool_tokens * (1 - share)) // bs * bs
+            # a static LoRA share in vLLM is its LoRA slots (``max_loras``, each padded to
+            # ``max_lora_rank``): as many as the share holds, and vLLM's scheduler skips a request
+            # whose adapter would exceed them (policies/fcfs.py) instead of blocking the queue
+            max_loras = max(1, region // e.profile.adapter_bytes(max(e.max_lora_rank, 1)))
         else:  # the memory vLLM gives its slots (already left out of the KV capacity)
             region = slots0 * e.profile.adapter_bytes(max(e.max_lora_rank, 1))
-        e.resize_kv_pool(kv_tokens, max(slots0, n_ad))
+        e.resize_kv_pool(kv_tokens, max_loras)
         placement = self.cache.adapter_placement or cfg.adapter_placement or "contiguous"
         mem.use_placement(RegionPlacement(e, region, placement), n_ad)
         e.recheck_admission()
@@ -219,12 +242,68 @@ class Extensions:
                     return Admit.NO_SLOT
                 return Admit.NO_KV
         now = e.now
+        if self.async_swap:
+            r = self._await_swaps(rid, a, node, need_ad, now)
+            if r is not None:
+                return r
         if node is not None:
             self.prefix.take(node, h, rid, ctx, now)
         short = need - (e.total_blocks - e.used_blocks)
         if short > 0:
             self.reclaim(short, now, pin=a)
         return h
+
+    def _await_swaps(self, rid: int, a: int, node: Any, need_ad: int, now: float) -> "Admit | None":
+        """Asynchronous swap-in (FastLibra §2, §4.1 steps 1-2): start the background copies of
+        ``rid``'s adapter (if not in HBM) and of its matched history node (if in host memory),
+        and return ``Admit.NOT_READY`` while any of them is in flight; None when both are in HBM.
+
+        Memory for them is reclaimed now in the cache policy's order, never from running
+        requests (the admission check before this made sure it is reclaimable). The adapter's
+        copy is queued first on the FIFO host link, so a KV node never lands before its parent
+        LoRA (FastLibra's dependency tree). When ``rid`` is admitted, the time it waited counts
+        as its load wait, and an activation it waited for counts as a miss."""
+        e, mem = self.e, self.mem
+        waiting = False
+        if a >= 0:
+            if not mem.resident[a]:
+                short = need_ad - (e.total_blocks - e.used_blocks)
+                if short > 0:
+                    self.reclaim(short, now, pin=a)
+                # unified pool: only into the blocks just reclaimed (a policy's reclaim may free
+                # fewer than asked, e.g. an adapter whose KV child is still loading stays);
+                # a region evicts idle adapters inside it
+                if not self._swapper.start(a, now, evict=self.memory != "unified", demand=True):
+                    self.blocked += 1
+                    return Admit.NO_SLOT
+                self.swap_in_adapters += 1
+                self._swap_adapter_for[rid] = a
+                waiting = True
+            elif a in mem.loading:
+                self._swap_adapter_for[rid] = a
+                waiting = True
+        if node is not None and node.tier != "hbm":
+            if node.tier == "host":
+                short = node.blocks - (e.total_blocks - e.used_blocks)
+                if short > 0:
+                    self.reclaim(short, now, pin=a)
+                if not self.prefix.swap_in(node, now):
+                    return Admit.NO_KV
+                self.swap_in_kv += 1
+            waiting = True
+        if waiting:
+            self._swap_wait_since.setdefault(rid, now)
+            return Admit.NOT_READY
+        t0 = self._swap_wait_since.pop(rid, None)
+        if t0 is not None:  # admitted after waiting for its swaps
+            self.swap_waits += 1
+            lw = e.load_wait_d
+            lw[rid] = lw.get(rid, 0.0) + (now - t0)
+            if self._swap_adapter_for.pop(rid, -1) == a:  # it waited for its adapter: a miss
+                mem.loaded_at[a] = now  # (twin/engine.py: adapter_hit_code; "loaded by the admitting step")
+                if not mem.active[a]:
+                    mem.hits -= 1       # (AdapterMemory.acquire counts the activation as a hit next)
+        return None
 
     # ------------------------------------------------------------------ checks and stats
     def check(self) -> None:
@@ -245,12 +324,19 @@ class Extensions:
         """The extensions' counters, then the policies' :meth:`stats` (for the run summary)."""
         out: dict[str, Any] = {"adapter_memory": self.memory, "reclaimed_blocks": self.reclaimed_blocks,
                                "admissions_blocked_by_adapter_memory": self.blocked}
+        if self.cache.kv_block_size:  # the system's own block size replaced EngineConfig.block_size
+            out["kv_block_size"] = self.e.block_size
+        if self.memory == "region" and self.cache.lora_share:
+            out["lora_slots"] = self.e.config.max_loras
         if self.mem.placement is not None:
             out.update(self.mem.placement.stats())
         if self.prefix is not None:
             out.update(self.prefix.stats())
         if self.loader is not None:
             out.update(self.loader.stats())
+        if self.async_swap:
+            out.update({"swap_in_adapters": self.swap_in_adapters, "swap_in_kv": self.swap_in_kv,
+                        "swap_waits": self.swap_waits})
         out.update(self.cache.stats())
         out.update(self.e.scheduler.stats())
         return out

@@ -38,7 +38,7 @@ class Admit(IntEnum):
     NO_SEQ = 2      # max_num_seqs running already
     NO_SLOT = 3     # adapter not in the batch and max_loras distinct adapters already are
     NO_KV = 4       # not enough free KV blocks for the first chunk
-    NOT_READY = 5   # policy-specific: adapter not resident yet (async loading)
+    NOT_READY = 5   # adapter or history KV still being copied in (async loading / async_swap_in): skip it
 
 
 class StepContextView(Protocol):
@@ -119,6 +119,10 @@ class EngineView(Protocol):
     def is_decoding(self, rid: int) -> bool: ...
 
     def kv_blocks_held(self, rid: int) -> int: ...
+
+    def adapter_tokens(self, a: int) -> int:
+        """Memory of adapter ``a`` in KV-token units (S-LoRA's unified-pool slots: ``4 * rank``
+        for a q,k,v,o adapter); 0 for the base model (``a < 0``)."""
 
     def waiting_ids(self) -> "np.ndarray": ...
 
@@ -278,6 +282,13 @@ class AdapterCachePolicy(Policy):
     history_to_host: bool = False
     #: host memory for swapped history KV, in tokens
     host_kv_tokens: float = INF
+    #: a waiting request whose adapter or history KV is not in GPU memory has them copied in the
+    #: background and waits (``Admit.NOT_READY``) while ready requests run (FastLibra §2);
+    #: False: the copies are synchronous loads of the admitting step (vLLM)
+    async_swap_in: bool = False
+    #: tokens per KV block this system uses (e.g. 32 for FastLibra's vLLM baseline, §6); None:
+    #: ``EngineConfig.block_size``
+    kv_block_size: int | None = None
     #: vLLM's worker activates the batch's adapters one by one in set (hash) order, so an LRU
     #: eviction can hit an adapter of the batch not yet touched in this step, which is then
     #: reloaded (see :meth:`twin.adapters.AdapterMemory.activation_reloads`)

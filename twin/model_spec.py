@@ -86,7 +86,12 @@ MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
         ModelSpec("llama-2-7b", 4096, 32, 32, 32, 11008, 32000, 4096, params_b=6.74),
+        # Llama-2-13B (Touvron et al. 2023b, Table 1 and the released config.json); LLaMA-1 13B has the same
+        # shape with a 2048-token context
         ModelSpec("llama-2-13b", 5120, 40, 40, 40, 13824, 32000, 4096, params_b=13.0),
+        # LLaMA-1 30B ("33B", Touvron et al. 2023a, Table 2: dim 6656, 52 heads, 60 layers; released
+        # config.json: intermediate 17920, vocab 32000, 2048 positions; 32.5 B parameters)
+        ModelSpec("llama-30b", 6656, 60, 52, 52, 17920, 32000, 2048, params_b=32.5),
         ModelSpec("llama-2-70b", 8192, 80, 64, 8, 28672, 32000, 4096, params_b=69.0),
         ModelSpec("llama-3.1-8b", 4096, 32, 32, 8, 14336, 128256, 131072, params_b=8.03),
         ModelSpec("llama-3.1-70b", 8192, 80, 64, 8, 28672, 128256, 131072, params_b=70.6),
@@ -96,6 +101,8 @@ MODELS: dict[str, ModelSpec] = {
 ALIASES = {
     "llama-7b": "llama-2-7b",
     "llama-13b": "llama-2-13b",
+    "llama-33b": "llama-30b",
+    "llama-1-30b": "llama-30b",
     "llama-70b": "llama-2-70b",
     "llama-3.1-8b-instruct": "llama-3.1-8b",
     "qwen-2.5-7b-instruct": "qwen-2.5-7b",

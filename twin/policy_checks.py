@@ -19,7 +19,9 @@ third-party package needs nothing from this project's tests) and fails with an
   (the default) gives exactly the results of stepping one step at a time (``max_run_steps=1``).
 
 A scheduler is checked with the ``lru`` cache, a cache with the ``fcfs`` scheduler, and a
-:class:`twin.registry.Preset` as its pair. A third-party package checks its policies in its
+:class:`twin.registry.Preset` as its pair, on the preset's serving system (``vllm`` for a
+scheduler or cache alone); :func:`on_system` checks a policy on another system (e.g.
+``on_system(MyScheduler, "slora")``: S-LoRA's engine, ``twin/slora_engine.py``). A third-party package checks its policies in its
 own tests like this::
 
     from twin.policy_checks import check_cache, check_scheduler, parametrize_with_checks
@@ -38,6 +40,7 @@ own tests like this::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 import math
@@ -147,6 +150,8 @@ class Subject:
     kind: str  # 'scheduler', 'cache' or 'preset'
     make_scheduler: Callable[[], Scheduler]
     make_cache: Callable[[], AdapterCachePolicy]
+    #: the serving system the checks run on (``twin.registry.SYSTEMS``; a preset's own by default)
+    system: str = "vllm"
 
     def under_test(self) -> list[Policy]:
         """Fresh instances of the policies whose parameters are checked."""
@@ -172,7 +177,7 @@ def as_subject(policy: Any) -> Subject:
     if isinstance(policy, Preset):
         p = policy
         return Subject(f"preset {p.name}", "preset", lambda: make_scheduler(p.scheduler, **p.scheduler_opts),
-                       lambda: make_cache(p.cache, **dict(p.cache_opts)))
+                       lambda: make_cache(p.cache, **dict(p.cache_opts)), p.system)
     cls = policy if isinstance(policy, type) else type(policy)
     if issubclass(cls, Scheduler):
         return Subject(f"scheduler {cls.name or cls.__name__}", "scheduler", _factory(policy),
@@ -183,14 +188,25 @@ def as_subject(policy: Any) -> Subject:
     raise TypeError(f"{policy!r} is neither a Scheduler, an AdapterCachePolicy nor a Preset")
 
 
+def on_system(policy: Any, system: str) -> Subject:
+    """``policy`` (as :func:`as_subject` takes it) checked on serving system ``system``."""
+    subject = as_subject(policy)
+    return dataclasses.replace(subject, label=f"{subject.label} on {system}", system=system)
+
+
 def run_scenario(subject: Subject, scenario: Scenario, check_invariants: bool = False,
                  max_run_steps: int | None = None, scheduler: Scheduler | None = None,
                  cache: AdapterCachePolicy | None = None) -> SimResult:
-    """One run of ``subject`` (fresh instances unless given) on ``scenario``."""
-    return simulate(scenario.workload(), battery_profile(), scenario.config(),
+    """One run of ``subject`` (fresh instances unless given) on ``scenario``, on the subject's
+    system (S-LoRA has no prefix-KV reuse: the conversations run without it there)."""
+    cfg = scenario.config()
+    if subject.system == "slora":
+        cfg = dataclasses.replace(cfg, prefix_caching=False)
+    return simulate(scenario.workload(), battery_profile(), cfg,
                     scheduler_obj=subject.make_scheduler() if scheduler is None else scheduler,
                     cache_obj=subject.make_cache() if cache is None else cache,
-                    horizon_s=scenario.horizon_s, max_run_steps=max_run_steps, check_invariants=check_invariants)
+                    horizon_s=scenario.horizon_s, max_run_steps=max_run_steps, check_invariants=check_invariants,
+                    system=subject.system)
 
 
 def _assert_same_requests(a: SimResult, b: SimResult, what: str, label: str) -> None:

@@ -59,12 +59,17 @@ class AsyncLoader:
         mem.evict_victim(now)
         return True
 
-    def start(self, a: int, now: float, ctx: "StepContextView | None" = None, evict: bool = True) -> bool:
-        """Prefetch adapter ``a`` (False when resident, loading, or there is no room)."""
+    def start(self, a: int, now: float, ctx: "StepContextView | None" = None, evict: bool = True,
+              demand: bool = False) -> bool:
+        """Prefetch adapter ``a`` (False when resident, loading, or there is no room).
+
+        ``demand``: an asynchronous swap-in for a waiting request
+        (:meth:`twin.extensions.Extensions.admit` with ``async_swap_in``): not limited by
+        ``max_inflight`` and not counted as a prefetch."""
         mem = self.mem
         if a < 0 or mem.resident[a]:
             return False
-        if not self.sync and len(mem.loading) >= self.max_inflight:
+        if not demand and not self.sync and len(mem.loading) >= self.max_inflight:
             return False
         if not self._room(a, now, evict):
             return False
@@ -73,6 +78,8 @@ class AsyncLoader:
         link_s = mem.cpu_load_s[mem.ranks_l[a]]
         if mem.placement is not None:
             link_s += mem.placement.load_extra_s(a)
+        if demand:
+            return self._background(a, now, disk_s, link_s)
         self.started += 1
         pol = mem.policy
         if self.sync:
@@ -81,6 +88,11 @@ class AsyncLoader:
             if not mem.active[a]:
                 pol.on_idle(a, now)
             return True
+        return self._background(a, now, disk_s, link_s)
+
+    def _background(self, a: int, now: float, disk_s: float, link_s: float) -> bool:
+        """The copy of adapter ``a`` (memory already held) in the background; ``loading`` until it ends."""
+        mem = self.mem
         env = self.e.env
         if disk_s:
             proc = env.process(self._after_disk(a, disk_s, link_s, mem.bytes[a]))

@@ -15,7 +15,9 @@ A node lives in one tier:
 * ``host`` -- swapped out to host memory (FastLibra §4: "swap out leaves in HBM"). A hit
   copies it back over the host link on the critical path of the admitting step (a
   synchronous :class:`~twin.adapters.Load`); the swapper of a cache policy can also bring
-  it back in the background (:meth:`HistoryKV.swap_in`, asynchronous over the link).
+  it back in the background (:meth:`HistoryKV.swap_in`, asynchronous over the link), and with
+  a policy's ``async_swap_in`` the next turn waits for such a background copy instead
+  (:meth:`twin.extensions.Extensions._await_swaps`).
 * ``loading`` -- an asynchronous swap-in in flight (blocks already reserved); a hit waits for it.
 
 Swap-outs (GPU -> host) use the other direction of the full-duplex PCIe link, so they do
@@ -85,6 +87,14 @@ class HistoryKV:
         self.dropped = 0
         self.swapped_out_bytes = 0
         self.swapped_in_bytes = 0
+        #: requests already counted as lookups (a request retried at later steps counts once)
+        self._looked_up: set[int] = set()
+        #: the tree's per-node visit metadata (FastLibra §4.1: "visit frequency, last-used time
+        #: and size"): per conversation, the times of the requests that visited its history path
+        #: -- the request that created it (a first turn, or a turn that found no history) and each
+        #: later turn that matched it; one visit per request (see :meth:`visits_since`)
+        self.visit_times: dict[int, list[float]] = {}
+        self._visited: set[int] = set()
 
     # -- costs
     def transfer_s(self, tokens: int) -> float:
@@ -100,6 +110,8 @@ class HistoryKV:
         if cv < 0:
             return
         e = self.e
+        if rid not in self._visited:  # created by a request that did not match it (one visit per request)
+            self._visit(cv, rid, now)
         old = self.nodes.pop(cv, None)
         if old is not None:
             self._release(old)
@@ -128,7 +140,9 @@ class HistoryKV:
         cv = self.conv[rid]
         if cv < 0:
             return 0, None
-        self.lookups += 1
+        if rid not in self._looked_up:
+            self._looked_up.add(rid)
+            self.lookups += 1
         node = self.nodes.get(cv)
         if node is None or node.turn >= self.turn[rid]:
             return 0, None
@@ -140,6 +154,7 @@ class HistoryKV:
         self.hits += 1
         self.hit_tokens += h
         node.hits += 1
+        self._visit(node.conv, rid, now)
         del self.nodes[node.conv]
         if node.tier == "hbm":
             self.e.return_blocks(node.blocks)
@@ -161,6 +176,25 @@ class HistoryKV:
     def hbm_blocks_of(self, node: HistoryNode) -> int:
         """Blocks the node holds in the pool now (a hit frees them for the request)."""
         return node.blocks if node.tier in ("hbm", "loading") else 0
+
+    # -- visit frequency (FastLibra's per-node metadata)
+    def _visit(self, cv: int, rid: int, now: float) -> None:
+        self._visited.add(rid)
+        self.visit_times.setdefault(cv, []).append(now)
+
+    def visits_since(self, node: HistoryNode, t0: float) -> int:
+        """Visits of ``node``'s history path at times ``>= t0`` (its own visit frequency in a
+        window). A conversation's node is the path of all its turns so far, so every turn that
+        created or matched it visited it; old visit times are pruned as the window moves."""
+        ts = self.visit_times.get(node.conv)
+        if not ts:
+            return 0
+        i = 0
+        while i < len(ts) and ts[i] < t0:
+            i += 1
+        if i:
+            del ts[:i]
+        return len(ts)
 
     # -- tier moves (a cache policy's swapper or the reclaimer calls these)
     def _release(self, node: HistoryNode) -> None:

@@ -45,6 +45,24 @@ class Preset:
     citation: str = ""
     scheduler_opts: dict[str, Any] = field(default_factory=dict)
     cache_opts: dict[str, Any] = field(default_factory=dict)
+    #: the serving system its paper builds on (:data:`SYSTEMS`): the engine it runs on
+    system: str = "vllm"
+
+
+#: serving systems: the engine each runs (``twin.simulate.ENGINES``)
+SYSTEMS = {"vllm": "vLLM 0.8.5 v1 engine (twin/engine.py)", "slora": "S-LoRA router and unified pool (twin/slora_engine.py)"}
+
+
+def resolve_system(policy: str | None = None, system: str | None = None) -> str:
+    """``system`` when given, else the preset's (``vllm`` without a preset); ``KeyError``
+    naming the choices for an unknown one."""
+    if system is None:
+        load_entry_points()
+        p = PRESETS.get(policy or "vllm")
+        system = p.system if p is not None else "vllm"
+    if system not in SYSTEMS:
+        raise KeyError(f"unknown serving system {system!r}; choose one of {', '.join(SYSTEMS)} (--system)")
+    return system
 
 
 PRESETS: dict[str, Preset] = {}
@@ -143,6 +161,6 @@ def describe_all() -> list[dict[str, str]]:
             rows.append({"kind": kind, "name": n, "description": cls.description, "citation": cls.citation})
     for n, p in sorted(PRESETS.items()):
         rows.append({"kind": "preset", "name": n, "description": p.description or f"{p.scheduler} + {p.cache}",
-                     "citation": p.citation})
+                     "citation": p.citation, "system": p.system})
     return rows
 

@@ -37,7 +37,12 @@ PENDING, FINISHED, REJECTED = RequestState.PENDING, RequestState.FINISHED, Reque
 #: why a request was rejected at arrival (index = ``RequestTable.reject_reason``; 0: accepted)
 REJECT_REASONS = ("", "prompt + output exceed max_model_len", "request can never fit in the KV cache",
                   "unknown adapter (not served)", "adapter rank exceeds max_lora_rank",
-                  "LoRA request but LoRA is disabled")
+                  "LoRA request but LoRA is disabled",
+                  # the S-LoRA engine's HTTP-server checks (twin/slora_engine.py)
+                  "prompt longer than the S-LoRA server's max prompt length",
+                  "prompt + output exceed the S-LoRA server's max request length",
+                  "prompt + output + 1 exceed S-LoRA's max_total_token_num",
+                  "request and its adapter can never fit S-LoRA's pool")
 WORKLOAD_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "adapter_id", "adapter_rank")
 
 

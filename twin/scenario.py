@@ -42,8 +42,10 @@ from traces.registry import REAL_OPTIONS, get_workload, run_defaults
 from traces.synth import OPTIONS
 from traces.workload import Workload
 from twin.config import ConfigError, EngineConfig
-from twin.perf.profile import Profile, available_profiles, kv_tokens_for_memory
-from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy
+from twin.perf.profile import Profile, available_profiles, parse_lora_targets
+from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
+from twin.slora_engine import check_slora_config
+from twin.tensor_parallel import kv_tokens_for_memory, tp_profile, valid_degrees
 
 #: GPU adapter slots when none are given, capped at the number of adapters. With max rank
 #: 128, 32 slots would leave Llama-3.1-8B on an H100 less KV than one 131,072-token request,
@@ -101,6 +103,9 @@ class RunConfig:
         "help": "preset: scheduler + cache (`twin policies`); default vllm"})
     scheduler: str | None = field(default=None, metadata={"help": "override the preset's scheduler"})
     cache: str | None = field(default=None, metadata={"help": "override the preset's adapter-cache policy"})
+    system: str | None = field(default=None, metadata={
+        "help": "serving system: vllm (vLLM v1 engine) or slora (S-LoRA's router and unified pool); default: the "
+                "preset's (`twin policies`)"})
     # server
     profile: str | None = field(default=None, metadata={
         "help": "profile name (`twin calibrate list`) or JSON file"})
@@ -115,6 +120,11 @@ class RunConfig:
         "help": "GPU memory (GB); the KV capacity follows from it (default: the profile's GPU)"})
     kv_tokens: int | None = _engine_field("kv_capacity_tokens", help="override the KV capacity (tokens)")
     tp: int = _engine_field("tensor_parallel")
+    lora_targets: str | None = _engine_field("lora_targets")
+    max_total_tokens: int | None = _engine_field("max_total_tokens")
+    slora_prefetch: bool = _engine_field("slora_prefetch")
+    slora_max_prompt_len: int = _engine_field("slora_max_prompt_len")
+    slora_max_total_len: int = _engine_field("slora_max_total_len")
     # run
     horizon: float | None = field(default=None, metadata={
         "help": "stop the simulation at this time; requests in flight count as unfinished"})
@@ -155,6 +165,9 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
     "gpu_mem_gb": (False, 0, False, "the GPU memory in GB, e.g. --gpu-mem-gb 80"),
     "kv_tokens": (True, 1, True, "a KV capacity in tokens, e.g. --kv-tokens 200000 (or leave it to the profile)"),
     "tp": (True, 1, True, "a tensor-parallel degree that divides the model's heads, e.g. --tp 2"),
+    "max_total_tokens": (True, 2, True, "S-LoRA's pool in token slots, e.g. --max-total-tokens 65000"),
+    "slora_max_prompt_len": (True, 1, True, "a prompt length in tokens, e.g. --slora-max-prompt-len 2048"),
+    "slora_max_total_len": (True, 1, True, "a request length in tokens, e.g. --slora-max-total-len 3072"),
     "horizon": (False, 0, False, "the simulated seconds to stop at, e.g. --horizon 600 (or leave it out to "
                                  "run until every request finished)"),
     "ttft_slo": (False, 0, False, "a TTFT SLO in seconds, e.g. --ttft-slo 2"),
@@ -295,6 +308,31 @@ def check_run(run: RunConfig) -> None:
     if run.cache is not None and run.cache not in CACHES:
         raise ConfigError(f"--cache: unknown adapter-cache policy {run.cache!r}; available: "
                           f"{', '.join(sorted(CACHES))} (`twin policies`)")
+    _check_system(run)
+
+
+def _check_system(run: RunConfig) -> None:
+    """``--system``, ``--lora-targets`` and ``--max-total-tokens``: a known name, a combination
+    the system can run (S-LoRA: one GPU; ``--max-total-tokens`` is S-LoRA's pool)."""
+    try:
+        system = resolve_system(run.policy, run.system)
+    except KeyError as e:
+        raise ConfigError(f"--system: {e.args[0]}") from None
+    if run.lora_targets is not None:
+        try:
+            parse_lora_targets(run.lora_targets)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if system == "slora":
+        why = "--system slora" if run.system else f"preset {run.policy!r} runs on S-LoRA"
+        if run.tp > 1:
+            raise ConfigError(f"--tp {run.tp} with the S-LoRA system ({why}): the released S-LoRA runs on one GPU "
+                              f"(LoraTpPartAdapter asserts world_size == 1); give --tp 1 or --system vllm")
+        _, cache, _ = resolve_policy(run.policy, run.scheduler, run.cache)
+        check_slora_config(EngineConfig(), cache)
+    if system != "slora" and run.max_total_tokens is not None:
+        raise ConfigError("--max-total-tokens sizes S-LoRA's pool (--system slora); on the vLLM engine give "
+                          "--kv-tokens")
 
 
 # --------------------------------------------------------------------------- workload and server
@@ -328,8 +366,8 @@ def build_workload(run: RunConfig) -> Workload:
 def check_model(run: RunConfig, profile: Profile) -> None:
     """Options that depend on the model only: the tensor-parallel degree and ``max_model_len``."""
     m = profile.model
-    if run.tp > 1 and (m.heads % run.tp or (m.kv_heads % run.tp and run.tp % m.kv_heads)):
-        ok = [d for d in range(1, m.heads + 1) if m.heads % d == 0 and (m.kv_heads % d == 0 or d % m.kv_heads == 0)]
+    if run.tp > 1 and run.tp not in valid_degrees(m):  # twin/tensor_parallel.py: vLLM's QKVParallelLinear rule
+        ok = valid_degrees(m)
         raise ConfigError(f"--tp {run.tp} does not divide {m.name}'s {m.heads} attention heads and {m.kv_heads} KV "
                           f"heads (vLLM refuses it); use one of {', '.join(map(str, ok))}")
     if run.max_model_len is not None and run.max_model_len > m.max_model_len:
@@ -342,20 +380,43 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
     capacity follows from the GPU memory (:func:`twin.perf.profile.kv_tokens_for_memory`).
     Refuses set-ups vLLM would not start (:func:`check_server`)."""
     check_model(run, profile)
+    single_gpu = profile
+    profile = tp_profile(profile, run.tp)  # weights, KV heads and LoRA buffers per GPU (twin/tensor_parallel.py)
     n_adapters = int(workload.df["adapter_id"].max() + 1) if len(workload.df) else 0
     slots = run.adapter_slots(n_adapters)
     cfg = EngineConfig(max_num_batched_tokens=run.max_batched_tokens, max_num_seqs=run.max_num_seqs,
                        max_loras=slots, max_cpu_loras=run.cpu_slots, max_lora_rank=run.max_lora_rank,
-                       max_model_len=run.max_model_len, kv_capacity_tokens=run.kv_tokens, tensor_parallel=run.tp)
+                       max_model_len=run.max_model_len, kv_capacity_tokens=run.kv_tokens, tensor_parallel=run.tp,
+                       lora_targets=run.lora_targets, max_total_tokens=run.max_total_tokens,
+                       slora_max_prompt_len=run.slora_max_prompt_len, slora_max_total_len=run.slora_max_total_len,
+                       slora_prefetch=run.slora_prefetch)
     if run.gpu_mem_gb is not None and run.kv_tokens is None:
         max_rank = run.max_lora_rank or int(workload.df["adapter_rank"].max() or 0)
         try:
-            cfg.kv_capacity_tokens = kv_tokens_for_memory(profile, run.gpu_mem_gb, slots, max_rank)
+            cfg.kv_capacity_tokens = kv_tokens_for_memory(profile, run.gpu_mem_gb, slots, max_rank, run.tp)
         except ValueError as e:
             raise ConfigError(f"--gpu-mem-gb {run.gpu_mem_gb:g}: {e}; give a larger --gpu-mem-gb"
                               + (", fewer --slots or a lower --max-lora-rank" if slots and max_rank else "")) from None
-    check_server(run, cfg, workload, profile)
+    try:
+        check_server(run, cfg, workload, profile)
+    except ConfigError as e:
+        raise ConfigError(str(e) + _tp_hint(run, cfg, workload, single_gpu)) from None
     return cfg
+
+
+def _tp_hint(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Profile) -> str:
+    """When the weights leave no KV room on one GPU of the profile: the smallest ``--tp`` that holds one
+    ``max_model_len`` request (profiles sized by their own GPU memory only)."""
+    if run.kv_tokens is not None or run.gpu_mem_gb is not None:
+        return ""
+    slots = cfg.max_loras if cfg.enable_lora else 0
+    ranks = workload.df.loc[workload.df["adapter_id"] >= 0, "adapter_rank"]
+    max_rank = (cfg.max_lora_rank or (int(ranks.max()) if len(ranks) else 0)) if slots else 0
+    need = cfg.max_model_len or profile.model.max_model_len
+    for d in valid_degrees(profile.model, 8):
+        if d > run.tp and tp_profile(profile, d).kv_capacity_tokens(slots, max_rank) >= need:
+            return f"; or split the weights over more GPUs: --tp {d} holds it ({profile.name} on {profile.gpu})"
+    return ""
 
 
 def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Profile) -> None:

@@ -16,7 +16,11 @@ from twin.config import EngineConfig
 from twin.engine import Engine
 from twin.metrics import requests_frame, summarize
 from twin.perf.profile import Profile, load_profile
-from twin.registry import resolve_policy
+from twin.registry import resolve_policy, resolve_system
+from twin.slora_engine import SLoRAEngine
+
+#: the engine of each serving system (``twin.registry.SYSTEMS``)
+ENGINES = {"vllm": Engine, "slora": SLoRAEngine}
 
 
 @dataclass
@@ -50,12 +54,14 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
              policy: str | None = None, scheduler: str | None = None, cache: str | None = None,
              horizon_s: float | None = None, ttft_slo_s: float | None = None, tbt_slo_s: float | None = None,
              max_run_steps: int | None = None, progress: bool = False, record_steps: bool = True,
-             scheduler_obj=None, cache_obj=None, check_invariants: bool = False, extra: dict[str, Any] | None = None) -> SimResult:
+             scheduler_obj=None, cache_obj=None, check_invariants: bool = False, extra: dict[str, Any] | None = None,
+             system: str | None = None) -> SimResult:
     """Replay ``workload`` through the engine and collect the results.
 
     ``policy`` names a preset (``twin policies``); ``scheduler``/``cache`` override its parts.
     ``horizon_s`` stops the run (requests in flight are counted as unfinished); None runs
-    until every request has finished.
+    until every request has finished. ``system`` picks the engine (``vllm``, ``slora``; default:
+    the preset's system, ``vllm`` for policy objects).
     """
 
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
@@ -66,12 +72,18 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
         cache_obj = cache_obj or c
     else:
         label = f"{scheduler_obj.name}+{cache_obj.name}"
+    system = resolve_system(policy, system)
+    if cfg.lora_targets is not None:  # the adapters' modules: bytes and compute (both systems)
+        prof = prof.with_lora_targets(cfg.lora_targets)
     t0 = time.perf_counter()
-    eng = Engine(workload, prof, cfg, scheduler_obj, cache_obj, horizon_s=horizon_s, max_run_steps=max_run_steps,
-                 progress=progress, record_steps=record_steps, check_invariants=check_invariants)
+    eng = ENGINES[system](workload, prof, cfg, scheduler_obj, cache_obj, horizon_s=horizon_s,
+                          max_run_steps=max_run_steps, progress=progress, record_steps=record_steps,
+                          check_invariants=check_invariants)
     eng.run()
     wall = time.perf_counter() - t0
     summary = summarize(eng, wall, ttft_slo_s, tbt_slo_s)
-    summary = {"policy": label, "scheduler": scheduler_obj.name, "cache": cache_obj.name, "profile": prof.name,
-               **summary, **(extra or {})}
+    if system == "slora" and extra and "config" in extra:  # the engine's settings (1-token slots, its limits)
+        extra = {**extra, "config": eng.config.to_dict()}
+    summary = {"policy": label, "system": system, "scheduler": scheduler_obj.name, "cache": cache_obj.name,
+               "profile": prof.name, **summary, **(extra or {})}
     return SimResult(summary, eng)

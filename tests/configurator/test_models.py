@@ -148,3 +148,40 @@ def test_dataset_and_train_cli_on_a_sweep(tmp_path, capsys):
 def test_unknown_model_kind_is_refused():
     with pytest.raises(ValueError, match="unknown model kind"):
         train(synthetic_labels(12), "figs", search=False)
+
+
+def test_predict_takes_extra_features_the_model_was_trained_on(tmp_path, capsys):
+    """A model trained with ``--features`` beyond the triples needs them at prediction
+    (``--feature NAME=VALUE``); without them the error names the flag, and the value matters."""
+    lab = synthetic_labels()
+    lab["mean_input_tokens"] = [100.0 if i % 2 else 800.0 for i in range(len(lab))]
+    # longer prompts halve the served adapters: the tree must split on the extra feature
+    lab.loc[lab["mean_input_tokens"] > 400, "served_adapters"] //= 2
+    feats = list(FEATURES) + ["mean_input_tokens"]
+    m = train(lab, "cart", features=feats, cv=3, search=False,
+              provenance={"profile": "test-profile", "rule": "throughput90"}, grid=GRID)
+    path = save_model(m, tmp_path / "extra.cart.json")
+    p = _cli()
+    base = ["configure", "predict", "--rates", "0.1,0.05,0.00625", "--ranks", "8,16,32", "--model", str(path), "--json"]
+    ns = p.parse_args(base)
+    with pytest.raises(ValueError, match="--feature mean_input_tokens="):
+        ns.func(ns)
+    served = {}
+    for v in ("100", "800"):
+        ns = p.parse_args(base + ["--feature", f"mean_input_tokens={v}"])
+        assert ns.func(ns) == 0
+        served[v] = json.loads(capsys.readouterr().out)["served_adapters"]
+    assert served["800"] < served["100"]
+    for bad in ("mean_input_tokens", "=3", "mean_input_tokens=abc"):
+        ns = p.parse_args(base + ["--feature", bad])
+        with pytest.raises(ValueError, match="--feature"):
+            ns.func(ns)
+
+
+def test_predict_refuses_a_feature_the_model_does_not_use(models):
+    _, paths = models
+    p = _cli()
+    ns = p.parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--model",
+                       str(paths["rf"]), "--feature", "mean_input_tokens=222"])
+    with pytest.raises(ValueError, match="does not use it"):
+        ns.func(ns)

@@ -187,46 +187,54 @@ def _two_queues(s, quotas, used):
     s.queues = [deque([1, 2]), deque([4])]
     s.tok = {1: 100, 2: 100, 4: 600}
     s.qof = {1: 0, 2: 0, 4: 1}
-    s.quota, s.used = list(quotas), list(used)
+    s.quota, s.used = list(quotas), list(used) + [0]
+    s.ad_users = [{}, {}, {}]
     s.n_queues = 2
 
 
 def test_algorithm1_two_cases():
     """Algorithm 1, the two cases of Figure 10 (numbers ours). Small queue: two requests of
-    100 tokens; large queue: one of 600 with 100 tokens already running there.
+    100 tokens; large queue: one of 600 with 100 tokens already running there. Adapters are
+    left out of the quota here (``adapter_charge="none"``; tests/policies/test_chameleon.py
+    counts them).
 
     Case 1 -- quotas (300, 500): phase 1 admits both small requests (200 <= 300) and not the
-    large one (100 + 600 > 500); phase 2 pools the spare (300-200) + (500-100) = 500 < 600:
-    the large request waits.
-    Case 2 -- quotas (400, 500): the small queue leaves 200 spare, the pool is 600 and the
-    large request gets in during phase 2, on the small queue's unused tokens."""
-    e, s = _chameleon_engine()
+    large one (100 + 600 > 500); the emptied small queue leaves 100: the large request waits.
+    Case 2 -- quotas (400, 500): the emptied small queue leaves 200 < 600: the large request
+    still waits (Algorithm 1 pools only emptied queues' quota); pooling every queue's spare
+    (``leftover_from="all"``, the twin's earlier reading) gives 200 + 400 = 600 and admits it."""
+    e, s = _chameleon_engine(adapter_charge="none")
     _two_queues(s, (300, 500), (0, 100))
     ctx = FakeCtx()
     s.schedule_waiting(ctx)
-    assert ctx.admitted == [1, 2] and list(s.queues[1]) == [4] and s.used == [200, 100]
+    assert ctx.admitted == [1, 2] and list(s.queues[1]) == [4] and s.used == [200, 100, 0]
     _two_queues(s, (400, 500), (0, 100))
     ctx = FakeCtx()
     s.schedule_waiting(ctx)
-    assert ctx.admitted == [1, 2, 4] and s.used == [200, 700]
+    assert ctx.admitted == [1, 2] and s.used == [200, 100, 0]
+    e, s = _chameleon_engine(adapter_charge="none", leftover_from="all")
+    _two_queues(s, (400, 500), (0, 100))
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [1, 2, 4] and s.used == [200, 700, 0]
 
 
 def test_bypass_only_when_wait_exceeds_run_time_and_squash_when_wrong():
     from collections import deque
 
-    e, s = _chameleon_engine()
+    e, s = _chameleon_engine(adapter_charge="none", accuracy=1.0)
     mem = e.adapters
     mem.resident[1] = True  # request 1..3 use adapter 1 (resident); request 4 (adapter 2) does not fit
     s.queues = [deque([4, 1, 5])]
     s.tok = {1: 110, 4: 650, 5: 55}
-    s.quota, s.used, s.qof = [10_000], [0], {1: 0, 4: 0, 5: 0}
-    s._t_step = 0.05  # request 1: 10 predicted tokens -> 0.5 s; request 5 (adapter 3, not resident) cannot bypass
+    s.quota, s.used, s.qof = [10_000], [0, 0], {1: 0, 4: 0, 5: 0}
+    s._t_step = 0.05  # request 1: 10 predicted tokens -> 0.5 s; request 5 (adapter 3) does not fit either
     s.predicted_wait = lambda head: 0.3  # shorter than request 1's run: no bypass
-    ctx = FakeCtx(refuse={4: Admit.NO_SLOT})
+    ctx = FakeCtx(refuse={4: Admit.NO_SLOT, 5: Admit.NO_SLOT})
     s.schedule_waiting(ctx)
     assert ctx.admitted == [] and s.bypasses == 0
     s.predicted_wait = lambda head: 2.0  # longer: request 1 goes first
-    ctx = FakeCtx(refuse={4: Admit.NO_SLOT})
+    ctx = FakeCtx(refuse={4: Admit.NO_SLOT, 5: Admit.NO_SLOT})
     s.schedule_waiting(ctx)
     assert ctx.admitted == [1] and s.bypasses == 1 and list(s.queues[0]) == [4, 5]
     assert e.next_event_time == pytest.approx(2.0)  # the squash check at the predicted wait
@@ -234,10 +242,11 @@ def test_bypass_only_when_wait_exceeds_run_time_and_squash_when_wrong():
     squashed = []
     e.squash = squashed.append
     e.running[1] = None
-    s._check_squash(1, 4)
+    s._check_squash(1, 4, deadline=True)
     assert squashed == [1] and s.squashes == 1
     del e.running[1]
-    s._check_squash(1, 4)  # finished in time: nothing to do
+    s.pending_bypass[1] = 4
+    s._check_squash(1, 4, deadline=True)  # finished in time: nothing to do
     assert squashed == [1]
 
 
@@ -253,7 +262,7 @@ def test_chameleon_refresh_builds_queues_and_quotas():
     s = res.summary
     assert s["chameleon_refreshes"] >= 1 and 1 <= s["chameleon_queues"] <= 4
     assert len(s["chameleon_cutoffs"]) == s["chameleon_queues"] - 1
-    assert sum(s["chameleon_quotas"]) == pytest.approx(res.engine.pool_blocks * 16, rel=1e-6)
+    assert sum(s["chameleon_quotas"]) == pytest.approx(res.engine.pool_blocks * res.engine.block_size, rel=1e-6)
     st = simulate(w, prof, EngineConfig(max_loras=4, max_model_len=4096), policy="chameleon-static").summary
     assert st["chameleon_queues"] == 4 and len(set(st["chameleon_quotas"])) == 1
 

@@ -61,7 +61,7 @@ def test_unified_pool_reclaims_idle_adapters_before_preempting():
     w = Workload.from_arrays(np.sort(rng.uniform(0, 20, n)), rng.integers(50, 600, n), rng.integers(20, 200, n),
                              rng.integers(0, 12, n), np.full(n, 8))
     res = simulate(w, prof, EngineConfig(max_loras=2, max_num_seqs=32, max_model_len=2048), policy="chameleon",
-                   check_invariants=True)
+                   check_invariants=True, system="vllm")  # the vLLM engine's unified-pool extension
     s = res.summary
     assert s["adapter_memory"] == "unified" and s["reclaimed_blocks"] > 0
     e = res.engine
@@ -78,7 +78,7 @@ def test_async_prefetch_hides_load_sync_does_not():
     w = Workload.from_arrays([0.0, 0.001], [10, 10], [40, 2], [0, 1], [8, 8])
     cfg = EngineConfig(max_loras=2, max_num_seqs=1, max_num_batched_tokens=64, max_model_len=2048)
     base = simulate(w, prof, cfg, scheduler="fcfs", cache="none", check_invariants=True).requests
-    pre = simulate(w, prof, cfg, policy="slora", check_invariants=True)
+    pre = simulate(w, prof, cfg, policy="slora", check_invariants=True, system="vllm")  # the vLLM engine's prefetch
     r = pre.requests
     assert base.loc[1, "load_wait_s"] == pytest.approx(0.07)  # disk 0.05 + copy 0.02 on the critical path
     assert r.loc[1, "load_wait_s"] == 0.0 and pre.summary["prefetches"] >= 1
@@ -92,7 +92,7 @@ def test_request_admitted_while_its_adapter_loads_waits_for_the_rest():
     # r0 (adapter 0) runs 8 steps (max_num_seqs=1); r1 (adapter 1) waits in the queue
     w = Workload.from_arrays([0.0, 0.001], [10, 10], [8, 2], [0, 1], [8, 8])
     cfg = EngineConfig(max_loras=2, max_num_seqs=1, max_num_batched_tokens=64, max_model_len=2048)
-    res = simulate(w, prof, cfg, policy="slora", check_invariants=True)
+    res = simulate(w, prof, cfg, policy="slora", check_invariants=True, system="vllm")  # the vLLM engine's prefetch
     assert res.summary["prefetch_late_hits"] == 1
     r = res.requests
     assert 0.05 < r.loc[1, "load_wait_s"] < 0.15
@@ -126,7 +126,7 @@ def test_prefix_reuse_serves_later_turns_from_history_kv():
     w = Workload.from_arrays([0.0, 5.0], [1000, 1500], [11, 5], [0, 0], [8, 8], conversation_id=[7, 7],
                              turn=[0, 1], prefix_tokens=[0, 1011])
     cfg = EngineConfig(max_loras=2, max_num_seqs=8, max_model_len=4096)
-    drop = simulate(w, prof, cfg, policy="slora", check_invariants=True)
+    drop = simulate(w, prof, cfg, policy="slora", check_invariants=True, system="vllm")
     keep = simulate(w, prof, cfg, policy="fastlibra", check_invariants=True)
     assert keep.summary["prefix_hits"] == 1 and keep.summary["prefix_hit_tokens"] == 1010  # 1000 + 11 - 1 computed
     # turn 1 prefills 1500 tokens without reuse (2048-token budget: one step), 490 with it

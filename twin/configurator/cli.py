@@ -70,6 +70,9 @@ def register_cli(subparsers) -> None:
     pr.add_argument("--adapters", type=int, default=None,
                     help="adapters to host: GPUs needed at the recommended served adapters")
     pr.add_argument("--gpu-hour-usd", type=float, default=None, help="GPU price: cost per million tokens")
+    pr.add_argument("--feature", action="append", default=[], metavar="NAME=VALUE",
+                    help="value of a feature beyond the rate and rank triples, for a model trained with "
+                         "`train --features` (e.g. mean_input_tokens=222); repeat for several")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_predict)
 
@@ -182,6 +185,21 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _extra_features(items: list[str]) -> dict[str, float]:
+    """``--feature NAME=VALUE`` flags as a feature dict (numeric values only)."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"--feature {item!r}: expected NAME=VALUE, e.g. --feature mean_input_tokens=222")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--feature {item!r}: the value must be a number") from None
+    return out
+
+
 def _load_for(args, kind: str):
     from twin.configurator.models import load_model
 
@@ -194,7 +212,18 @@ def cmd_predict(args) -> int:
 
     rates, ranks = _pair(args)
     model = _load_for(args, args.kind)
-    res = predict(model, features_of(rates, ranks), explain=args.explain)
+    x = features_of(rates, ranks)
+    extra = _extra_features(args.feature)
+    unused = sorted(set(extra) - set(model["features"]))
+    if unused:
+        raise ValueError(f"--feature {unused[0]}: this model does not use it (its features: "
+                         f"{', '.join(model['features'])}); drop the flag or pick a model trained with it")
+    x.update(extra)
+    missing = [f for f in model["features"] if f not in x]
+    if missing:
+        raise ValueError(f"the model was trained on features {missing} beyond the rate and rank triples; "
+                         f"give them as --feature NAME=VALUE (e.g. --feature {missing[0]}=...)")
+    res = predict(model, x, explain=args.explain)
     res["rates"], res["ranks"] = rates, ranks
     tp = res["throughput_tok_s"]
     if args.adapters:

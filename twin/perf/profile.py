@@ -16,6 +16,8 @@ profiles shipped in ``calibration/profiles`` and the embedded :data:`DEFAULT_PRO
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from twin.perf.forms import PerfModel, make_component
-from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
+from twin.model_spec import ALL_TARGETS, QKVO, ModelSpec, get_model
 
 PROFILE_SCHEMA = "lora-twin-profile/1"
 KINDS = ("backbone", "lora", "scheduler", "load", "kv")
@@ -211,6 +213,19 @@ class Profile:
                 break
         return k, t, durs[0], durs
 
+    def with_lora_targets(self, targets: "Sequence[str] | str") -> "Profile":
+        """A copy whose adapters adapt ``targets`` (``'qkvo'``, ``'all'``, a comma list or a
+        sequence of module names): the adapter bytes *and* the LoRA compute follow them (the
+        ``kernel_grid`` form counts the blocks of those projections only)."""
+        t = parse_lora_targets(targets)
+        comps = dict(self.components)
+        lo = comps["lora"]
+        if hasattr(type(lo), "targets"):
+            lo = copy.copy(lo)
+            lo.targets = None if t == ALL_TARGETS else t
+            comps["lora"] = lo
+        return dataclasses.replace(self, components=comps, lora_targets=t)
+
     def adapter_bytes(self, rank: int) -> int:
         return self.model.adapter_bytes(rank, self.lora_targets)
 
@@ -235,6 +250,21 @@ class Profile:
         d = dict(self.raw)
         d["components"] = {k: v.to_dict() for k, v in self.components.items()}
         return d
+
+
+def parse_lora_targets(targets: "Sequence[str] | str") -> tuple[str, ...]:
+    """``'qkvo'``, ``'all'``, ``'q_proj,v_proj'`` or a sequence of module names -> module names;
+    ``ValueError`` naming an unknown module."""
+    if isinstance(targets, str):
+        t = targets.strip()
+        names = QKVO if t == "qkvo" else ALL_TARGETS if t == "all" else tuple(x.strip() for x in t.split(",") if x.strip())
+    else:
+        names = tuple(targets)
+    bad = [m for m in names if m not in ALL_TARGETS]
+    if bad or not names:
+        raise ValueError(f"--lora-targets: unknown module {bad[0] if bad else '(none)'!r}; give qkvo, all, or a comma "
+                         f"list of {', '.join(ALL_TARGETS)}")
+    return tuple(m for m in ALL_TARGETS if m in names)
 
 
 def available_profiles() -> dict[str, Path | None]:

@@ -1,0 +1,341 @@
+"""Chameleon as written (MICRO'25 §4.2-4.3; ``policies/chameleon.py``), one rule per test on
+hand-made small cases: quota usage in memory tokens with adapters, S_i the queue's largest
+request, Algorithm 1's phase 2 pooling only emptied queues, heads waiting for leftover (and
+the idle guard), the bypass reachable on the unified pool, the cache's frequency over a time
+frame, and the predictor's default accuracy."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+import policies  # noqa: F401  (registers the policies)
+from policies.chameleon import ChameleonCache, ChameleonScheduler
+from policies.common import WindowedArrivalCounts
+from tests.helpers import constant_profile
+from traces.workload import Workload
+from twin.config import EngineConfig
+from twin.engine import Engine
+from twin.interfaces import Admit
+from twin.perf.profile import Profile, load_profile
+from twin.registry import make_cache
+from twin.simulate import simulate
+
+QKVO = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+class FakeCtx:
+    """A step context that admits every request except those it is told to refuse."""
+
+    def __init__(self, refuse=None):
+        self.admitted = []
+        self.refuse = refuse or {}
+
+    def try_admit(self, rid):
+        r = self.refuse.get(rid, Admit.OK)
+        if r == Admit.OK:
+            self.admitted.append(rid)
+        return r
+
+
+def _engine(n_queues: int = 1, **kw):
+    """Six requests; adapters 0 (rank 32), 1 (rank 8, requests 1-3), 2 (rank 128), 3 (rank 8)."""
+    prof = constant_profile(c0=0.01, kv_tokens=40_000)
+    w = Workload.from_arrays(np.arange(6) * 0.1, [512, 100, 100, 100, 600, 50], [100, 10, 10, 10, 50, 5],
+                             [0, 1, 1, 1, 2, 3], [32, 8, 8, 8, 128, 8])
+    s = ChameleonScheduler(**kw)
+    e = Engine(w, prof, EngineConfig(max_loras=4, max_model_len=4096), s, make_cache("chameleon"))
+    s.queues = [deque() for _ in range(n_queues)]
+    s.used = [0.0] * (n_queues + 1)
+    s.ad_users = [{} for _ in range(n_queues + 1)]
+    return e, s
+
+
+def test_adapter_tokens_are_slora_slots():
+    """A q,k,v,o adapter of rank r takes 4r KV-token slots (S-LoRA's unified pool): Llama-2-7B,
+    rank 8 -> 32, rank 128 -> 512; with the MLP adapted too it is ceil(bytes / KV bytes per token)."""
+    base = load_profile("llama-2-7b_a40_vidur")
+    prof = Profile.from_dict({**base.raw, "lora_targets": QKVO})
+    w = Workload.from_arrays([0.0, 0.1], [10, 10], [2, 2], [0, 1], [8, 128])
+    e = Engine(w, prof, EngineConfig(max_loras=2, max_model_len=4096), ChameleonScheduler(), make_cache("chameleon"))
+    assert [e.adapter_tokens(a) for a in (0, 1, -1)] == [32, 512, 0]
+    e2 = Engine(w, base, EngineConfig(max_loras=2, max_model_len=4096), ChameleonScheduler(), make_cache("chameleon"))
+    per_tok = base.model.kv_bytes_per_token
+    assert e2.adapter_tokens(0) == -(-base.adapter_bytes(8) // per_tok) > 32
+
+
+def test_quota_usage_counts_each_distinct_adapter_once_per_queue():
+    """Requests 1 and 2 share adapter 1: the first borrows prompt + predicted output + the
+    adapter's tokens, the second only its own tokens; the adapter's tokens come back with
+    the last of them. ``adapter_charge="request"`` charges every request; ``"none"`` none."""
+    e, s = _engine(accuracy=1.0)
+    at = e.adapter_tokens(1)
+    assert at > 0 and s.tok[1] == 110
+    assert s.need(1, 0) == 110 + at
+    s.charge(1, 0)
+    assert s.used[0] == 110 + at and s.need(2, 0) == 110
+    s.charge(2, 0)
+    assert s.used[0] == 220 + at
+    assert s.need(3, 1) == 110 + at  # another account has not brought the adapter
+    s.release(1)
+    assert s.used[0] == 110 + at
+    s.release(2)
+    assert s.used[0] == 0
+    e, s = _engine(accuracy=1.0, adapter_charge="request")
+    s.charge(1, 0)
+    s.charge(2, 0)
+    assert s.used[0] == 220 + 2 * at
+    s.release(2)
+    s.release(1)
+    assert s.used[0] == 0
+    e, s = _engine(accuracy=1.0, adapter_charge="none")
+    assert s.need(1, 0) == 110
+
+
+def test_queue_minimum_uses_the_largest_request():
+    """Tok_min = S * D * (1/SLO + lambda) with S the queue's largest request (tokens):
+    sizes 100 and 500, predicted outputs 10 and 30 (D = 20 * 0.05 s = 1 s), SLO 2 s, lambda 3/s:
+    500 * 1 * 3.5 = 1750; the mean (300) gives 1050."""
+    _, s = _engine(slo_s=2.0)
+    sizes, outs = np.array([100.0, 500.0]), np.array([10.0, 30.0])
+    assert s.queue_minimum(sizes, outs, 3.0, 0.05) == pytest.approx(1750.0)
+    _, s = _engine(slo_s=2.0, size_stat="mean")
+    assert s.queue_minimum(sizes, outs, 3.0, 0.05) == pytest.approx(1050.0)
+
+
+def _three_queues(s, quotas, used, queues, tok):
+    s.queues = [deque(q) for q in queues]
+    s.tok = dict(tok)
+    s.qof = {r: i for i, q in enumerate(queues) for r in q}
+    s.quota = list(quotas)
+    s.used = list(used) + [0.0]
+    s.ad_users = [{} for _ in range(len(quotas) + 1)]
+    s.n_queues = len(quotas)
+
+
+def test_phase2_pools_only_queues_emptied_in_phase1():
+    """Quotas 300 / 500 / 400. Queue 0 admits its 100-token request and is empty (spare 200);
+    queue 1's head (600) exceeds its quota and blocks it (spare 500, not pooled); queue 2 is
+    empty from the start (spare 400). Leftover 600: queue 1's head gets in during phase 2.
+    With queue 2 busy instead (its 450-token head over its 400 quota), the leftover is
+    queue 0's 200: nobody else gets in, although 1100 tokens of quota are unused."""
+    e, s = _engine(n_queues=3, adapter_charge="none")
+    _three_queues(s, (300, 500, 400), (0, 0, 0), [[1], [4], []], {1: 100, 4: 600})
+    ctx = FakeCtx()
+    assert s.schedule_waiting(ctx) is None
+    assert ctx.admitted == [1, 4] and s.used[:3] == [100, 600, 0]
+    assert s.admitted_tokens[1][1] == 600  # queue 1's head came from phase 2
+    _three_queues(s, (300, 500, 400), (0, 0, 0), [[1], [4], [5]], {1: 100, 4: 600, 5: 450})
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [1] and [list(q) for q in s.queues] == [[], [4], [5]]
+    # the twin's earlier reading pooled every queue's spare: 200 + 500 + 400 = 1100, both get in
+    e, s = _engine(n_queues=3, adapter_charge="none", leftover_from="all")
+    _three_queues(s, (300, 500, 400), (0, 0, 0), [[1], [4], [5]], {1: 100, 4: 600, 5: 450})
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [1, 4, 5]
+
+
+def test_put_batch_stops_at_the_first_request_that_does_not_fit():
+    """FIFO with a stop: quota 250, requests of 100, 200, 50: only the first is admitted
+    (no skipping to the 50-token request)."""
+    e, s = _engine(n_queues=2, adapter_charge="none")
+    _three_queues(s, (250, 0), (0, 0), [[1, 4, 5], [2]], {1: 100, 4: 200, 5: 50, 2: 10})
+    s.used[1] = 10  # queue 1 is busy and over its (zero) quota: no leftover, no idle guard
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [1]
+
+
+def test_phase2_charge_goes_to_the_queue_or_to_the_pool_account():
+    """Queue 0 (quota 100) holds 100; queue 1 is empty (spare 500). Phase 2 admits queue 0's
+    200-token request from the leftover: charged to queue 0 (``leftover_charge="queue"``,
+    which is then over its quota) or to the borrowing account (``"pool"``)."""
+    e, s = _engine(n_queues=2, adapter_charge="none")
+    _three_queues(s, (100, 500), (100, 0), [[1], []], {1: 200})
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [1] and s.used == [300, 0, 0]
+    s.release(1)
+    assert s.used == [100, 0, 0]
+    e, s = _engine(n_queues=2, adapter_charge="none", leftover_charge="pool")
+    _three_queues(s, (100, 500), (100, 0), [[1], []], {1: 200})
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [1] and s.used == [100, 0, 200]
+    s.release(1)
+    assert s.used == [100, 0, 0]
+
+
+def test_oversize_head_waits_unless_the_server_is_idle():
+    """A head larger than its queue's quota waits for leftover (Algorithm 1) -- but when nothing
+    runs at all the idle guard admits it (else a deadlock). ``oversize_head="admit-alone"``
+    (the earlier rule) admits it whenever its own queue has nothing running."""
+    e, s = _engine(n_queues=2, adapter_charge="none")
+    _three_queues(s, (100, 100), (0, 50), [[4], [5]], {4: 650, 5: 80})
+    e.running[0] = None  # something runs: no idle guard
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [] and s.idle_admits == 0
+    del e.running[0]
+    s.queues[1].clear()
+    s.used[1] = 0  # nothing runs; queue 1 empty -> leftover 100 + 100 = 200 < 650
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [4] and s.idle_admits == 1
+    e, s = _engine(n_queues=2, adapter_charge="none", oversize_head="admit-alone")
+    _three_queues(s, (100, 100), (0, 50), [[4], [5]], {4: 650, 5: 80})
+    e.running[0] = None
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [4] and s.idle_admits == 0
+
+
+@pytest.mark.parametrize("head_prompt", [300, 600])
+def test_bypass_fires_on_the_unified_pool(head_prompt):
+    """A real engine with a unified pool of 2,048 tokens (128 blocks), adapters of rank 8 and
+    128 on q,k,v,o of Llama-2-7B (32 and 512 pool tokens). r0 (adapter 0) runs a 1,500-token
+    prompt and 400 output tokens (94 blocks + 2 for its adapter: 32 free); r1 (adapter 1,
+    rank 128: 32 blocks) cannot be admitted while r0 holds the pool: with a 300-token prompt
+    (19 blocks) the engine answers NO_SLOT (the prompt alone would fit), with 600 tokens (38
+    blocks) NO_KV -- both are memory refusals with the adapter missing, the bypass trigger. r2
+    (adapter 0, resident, 3 output tokens) is younger in the same queue and predicted to
+    finish long before r0 frees memory: it bypasses r1. Everything finishes; the invariants
+    hold at every step; without bypass r2 waits behind r1."""
+    base = load_profile("llama-2-7b_a40_vidur")
+    prof = Profile.from_dict({**base.raw, "lora_targets": QKVO})
+    w = Workload.from_arrays([0.0, 0.5, 0.6], [1500, head_prompt, 40], [400, 5, 3], [0, 1, 0], [8, 128, 8])
+    cfg = EngineConfig(max_loras=2, max_model_len=2048, kv_capacity_tokens=2048)
+    res = simulate(w, prof, cfg, scheduler_obj=ChameleonScheduler(accuracy=1.0), cache_obj=ChameleonCache(),
+                   check_invariants=True)
+    s = res.summary
+    assert s["requests_finished"] == 3
+    assert (s["admissions_blocked_by_adapter_memory"] >= 1) == (head_prompt == 300)  # NO_SLOT, else NO_KV
+    assert s["chameleon_bypasses"] == 1
+    r = res.requests.set_index("request_id")
+    assert r.loc[2, "first_scheduled_s"] < r.loc[1, "first_scheduled_s"]  # r2 went first
+    # the same with bypass off: FIFO, r2 waits behind r1
+    res2 = simulate(w, prof, cfg, scheduler_obj=ChameleonScheduler(accuracy=1.0, bypass=False),
+                    cache_obj=ChameleonCache(), check_invariants=True)
+    r2 = res2.requests.set_index("request_id")
+    assert res2.summary["chameleon_bypasses"] == 0
+    assert r2.loc[2, "first_scheduled_s"] >= r2.loc[1, "first_scheduled_s"] > r.loc[2, "first_scheduled_s"]
+
+
+def test_squash_when_the_heads_memory_appears_before_the_bypasser_ends():
+    """Bypasser b runs; when a finish leaves enough memory for the head once b's own is
+    counted, b is squashed and queued right behind the head."""
+    e, s = _engine(n_queues=1, adapter_charge="none")
+    s.queues[0] = deque([4])
+    s.qof = {4: 0, 1: 0}
+    s.pending_bypass = {1: 4}
+    e.running[1] = None
+    squashed = []
+
+    def squash(rid):
+        squashed.append(rid)
+        del e.running[rid]
+        s.on_preempt(rid)
+
+    e.squash = squash
+    s.head_fits_without = lambda head, b: False
+    s._check_squash(1, 4)
+    assert squashed == [] and s.pending_bypass == {1: 4}
+    s.head_fits_without = lambda head, b: True
+    s.charge(1, 0)
+    s._check_squash(1, 4)
+    assert squashed == [1] and s.squashes == 1 and list(s.queues[0]) == [4, 1] and s.used[0] == 0
+
+
+def test_cache_frequency_counts_only_the_time_frame():
+    """Adapter 0 had 5 requests at t < 10 s, adapter 1 had 2 at t = 95-96 s. At t = 100 with
+    a 30 s frame, adapter 0 counts 0 and adapter 1 counts 2 (adapter 0 is the victim's
+    frequency-wise); cumulative (``None``), 5 and 2."""
+    arr = [1, 2, 3, 4, 5, 95, 96]
+    w = Workload.from_arrays(arr, [10] * 7, [2] * 7, [0] * 5 + [1] * 2, [8] * 7)
+    prof = constant_profile(c0=0.01, kv_tokens=40_000)
+    e = Engine(w, prof, EngineConfig(max_loras=2, max_model_len=4096), ChameleonScheduler(), make_cache("chameleon"))
+    e.arr_ptr = 7
+    e.env._now = 100.0
+    c = WindowedArrivalCounts(e, 30.0)
+    c.update()
+    assert c.count.tolist() == [0, 2]
+    e.env._now = 120.0  # the frame moves on: adapter 1's requests drop out after 30 s
+    c.update()
+    assert c.count.tolist() == [0, 2]
+    e.env._now = 126.5
+    c.update()
+    assert c.count.tolist() == [0, 0]
+    e.env._now = 100.0
+    cum = WindowedArrivalCounts(e, None)
+    cum.update()
+    assert cum.count.tolist() == [5, 2]
+    assert ChameleonCache().freq_window_s == 300.0
+    assert ChameleonCache(freq_window_s=None).get_params()["freq_window_s"] is None
+    with pytest.raises(ValueError, match="freq_window_s"):
+        ChameleonCache(freq_window_s=0)
+
+
+def test_predictor_accuracy_defaults_to_eighty_percent():
+    """The paper's predictor is about 80 % accurate: by default a fifth of the predictions are
+    another request's output length."""
+    assert ChameleonScheduler().accuracy == 0.8
+    rng = np.random.default_rng(1)
+    n = 2000
+    w = Workload.from_arrays(np.arange(n) * 0.01, rng.integers(10, 500, n), rng.integers(1, 2000, n))
+    prof = constant_profile(c0=0.01, kv_tokens=400_000)
+    s = ChameleonScheduler()
+    Engine(w, prof, EngineConfig(max_loras=1, max_model_len=4096, enable_lora=False), s, make_cache("lru"))
+    frac = float(np.mean(s.pred.pred == w.df["output_tokens"].to_numpy()))
+    assert 0.78 < frac < 0.83
+
+
+def test_options_are_parameters_and_bad_values_are_refused():
+    s = ChameleonScheduler(leftover_charge="pool", size_stat="mean")
+    p = s.get_params()
+    for k in ("size_stat", "adapter_charge", "leftover_from", "leftover_charge", "oversize_head", "idle_admit",
+              "remainder", "accuracy", "k_rule"):
+        assert k in p
+    assert type(s)(**p).get_params() == p
+    with pytest.raises(ValueError, match="leftover_from"):
+        ChameleonScheduler(leftover_from="some")
+    with pytest.raises(ValueError, match="accuracy"):
+        ChameleonScheduler(accuracy=1.5)
+
+
+def test_starvation_diagnostic_runs_and_sampling_changes_nothing(tmp_path, capsys):
+    """benchmarks/chameleon_starvation.py: per-queue samples over time, TTFT per class, and a run
+    sampled every second gives the same per-request table as an unsampled one."""
+    import importlib.util
+    from pathlib import Path
+
+    from twin.compare import load_compare_profile
+    from twin.scenario import RunConfig, build_engine_config, build_workload
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "chameleon_starvation.py"
+    spec = importlib.util.spec_from_file_location("chameleon_starvation", path)
+    cs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cs)
+    args = ["--rps", "3", "--duration", "60", "--trace-opt", "length_scale=0.25", "--variant", "slora",
+            "--variant", "pool=chameleon:leftover_charge=pool", "--out", str(tmp_path)]
+    assert cs.main(args) == 0
+    out = capsys.readouterr().out
+    assert "over_quota_share" in out and "ttft_p99_s" in out
+    ts = __import__("pandas").read_csv(tmp_path / "timeseries.csv")
+    assert set(ts["variant"]) == {"pool"} and {"quota", "used", "waiting", "oldest_wait_s"} <= set(ts.columns)
+    assert (tmp_path / "timeseries.png").exists() and (tmp_path / "classes.csv").exists()
+    run = RunConfig(trace="chameleon", rps=3, duration=60, adapters=100, ranks=[8, 16, 32, 64, 128],
+                    popularity="U-P", trace_options=[("length_scale", 0.25)], profile="llama-2-7b_a40_vidur")
+    w = build_workload(run)
+    sampled, _, ts = cs.run_one(run, w, "a", "chameleon", {}, 1.0, "qkvo")
+    prof = load_compare_profile(run.profile, "qkvo")
+    plain = simulate(w, prof, build_engine_config(run, w, prof), policy="chameleon", record_steps=False)
+    cols = ["first_scheduled_s", "first_token_s", "finish_s"]
+    assert len(ts) > 100 and sampled.requests[cols].equals(plain.requests[cols])
+    import dataclasses
+
+    if "system" not in {f.name for f in dataclasses.fields(RunConfig)}:  # no serving-system option yet
+        assert cs.main(["--system", "slora", "--duration", "10"]) == 2

@@ -1,0 +1,236 @@
+"""FastLibra's corrections (issue 15, item 4) on small hand-made cases: a KV node's own visit
+frequency, BS as the mean batch of the last 5 s, the unit of the time decay, asynchronous
+swap-in, the vLLM baseline's host swapping with LRU and block 32, and the paper's workloads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import policies  # noqa: F401
+from policies.fastlibra import DEFAULT_DECAY_UNIT_S, FastLibraCache, lora_eval, node_eval
+from tests.helpers import constant_profile
+from traces.arrivals import interarrival_cv
+from traces.registry import get_workload
+from traces.workload import Workload
+from twin.config import EngineConfig
+from twin.engine import Engine
+from twin.prefix_kv import HistoryNode
+from twin.registry import make_cache, make_scheduler
+from twin.simulate import simulate
+
+
+def _engine(cache, workload, kv_tokens=200_000, **cfg):
+    prof = constant_profile(c0=0.01, kv_tokens=kv_tokens, disk_s=0.5, cpu_s=0.1)
+    c = make_cache(cache) if isinstance(cache, str) else cache
+    return Engine(workload, prof, EngineConfig(max_loras=4, max_model_len=4096, **cfg), make_scheduler("fcfs"), c)
+
+
+def _conversations(n_conv=2, adapter=0):
+    """``n_conv`` one-turn conversations of one adapter, plus 8 other requests (10 arrivals in 0..0.9 s)."""
+    n = 10
+    conv = [i if i < n_conv else -1 for i in range(n)]
+    return Workload.from_arrays(np.arange(n) * 0.1, [100] * n, [10] * n, [adapter] * n_conv + [1] * (n - n_conv),
+                                [8] * n, conversation_id=conv, turn=[0] * n, prefix_tokens=[0] * n)
+
+
+def _kv(conv, adapter=0, last=0.5, tier="hbm"):
+    return HistoryNode(conv=conv, adapter=adapter, tokens=160, blocks=10, turn=0, created=0.0, last_access=last,
+                       tier=tier)
+
+
+def test_kv_node_probability_is_its_own_visit_frequency():
+    """Two history nodes of the same adapter: the one visited three times in the window has three
+    times the probability of the one visited once (visits / requests arrived in the window); the
+    old rule gave both the adapter's probability halved."""
+    e = _engine("fastlibra", _conversations())
+    c, store = e.cache, e.history
+    e.arr_ptr = 10                      # 10 requests arrived in the window
+    a, b = _kv(0), _kv(1)
+    store.visit_times = {0: [0.1, 0.4, 0.8], 1: [0.7]}
+    assert c.node_prob(a, 1.0) == pytest.approx(3 / 10)
+    assert c.node_prob(b, 1.0) == pytest.approx(1 / 10)
+    # its value uses it: Eval = cost * prob * (1 - sigmoid(t)), LoRA_Eval = 1 for KV nodes
+    t = (1.0 - a.last_access) / c.decay_unit_s
+    assert c.values(1.0, [("kv", a)])[0] == pytest.approx(node_eval(1.0, store.transfer_s(160), 0.3, t))
+    # visits older than the window no longer count
+    # window (0.75, 60.75]: one visit (0.8) over the two requests that arrived in it (0.8, 0.9)
+    assert c.node_prob(a, 60.75) == pytest.approx(1 / 2)
+    e2 = _engine(make_cache("fastlibra", window_s=0.5), _conversations())
+    e2.arr_ptr = 10
+    e2.history.visit_times = {0: [0.1, 0.4, 0.8]}
+    # window (0.5, 1.0]: one visit (0.8) over the 5 requests that arrived in it (0.5 .. 0.9)
+    assert e2.cache.node_prob(_kv(0), 1.0) == pytest.approx(1 / 5)
+
+
+def test_visits_are_recorded_once_per_request_by_the_store():
+    """A conversation's turns each visit its history path once: turn 0 creates it, turn 1 matches it."""
+    prof = constant_profile(c0=0.01, kv_tokens=40_000, disk_s=0.0, cpu_s=0.0)
+    w = Workload.from_arrays([0.0, 5.0], [1000, 1500], [11, 5], [0, 0], [8, 8], conversation_id=[7, 7],
+                             turn=[0, 1], prefix_tokens=[0, 1011])
+    res = simulate(w, prof, EngineConfig(max_loras=2, max_num_seqs=8, max_model_len=4096), policy="fastlibra",
+                   check_invariants=True)
+    store = res.engine.history
+    assert len(store.visit_times[7]) == 2 and store.lookups == 2 and store.hits == 1
+
+
+def test_bs_is_the_mean_batch_size_over_the_last_5_s():
+    e = _engine("fastlibra", _conversations())
+    c = e.cache
+    for t, b in ((0.0, 2), (1.0, 4), (3.0, 6), (6.0, 0)):
+        e.running = dict.fromkeys(range(b))
+        c.sample_batch_size(t)
+    # window (1, 6]: samples 6 (t=3) and 0 (t=6): mean 3, not the current batch (0 -> 1)
+    assert c.recent_batch_size() == pytest.approx(3.0)
+    e.arr_ptr = 10
+    prob = c.probs(6.0)
+    want = lora_eval(prob, 3.0, e.adapters.n_resident)
+    assert want != lora_eval(prob, 1.0, e.adapters.n_resident)
+    a = 1
+    t = (6.0 - c.last_use.get(a, 0.0)) / c.decay_unit_s
+    cost = c._cpu[a] + (0.0 if a in e.adapters.cpu else c._disk[a])
+    assert c.values(6.0, [("lora", a)])[0] == pytest.approx(node_eval(want, cost, float(prob[a]), t))
+    with pytest.raises(ValueError, match="bs_window_s"):
+        make_cache("fastlibra", bs_window_s=0)
+
+
+def test_decay_unit_changes_the_ranking():
+    """Node A: probability 0.5, idle 20 s; node B: probability 0.05, idle 1 s, same cost. With t in
+    seconds the decay alone decides (B first: pure recency); with t in minutes (the default) the
+    ten times more frequent node A ranks first."""
+    def rank(unit):
+        a = node_eval(1.0, 0.01, 0.5, 20.0 / unit)
+        b = node_eval(1.0, 0.01, 0.05, 1.0 / unit)
+        return "A" if a > b else "B"
+    assert rank(1.0) == "B"
+    assert rank(DEFAULT_DECAY_UNIT_S) == "A"
+    # over the same pair, the ranking flips once as the unit grows
+    flips = [rank(u) for u in (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 600.0)]
+    assert flips == sorted(flips, reverse=True) and flips[0] == "B" and flips[-1] == "A"
+    # and through the policy: the parameter reaches values()
+    for unit, first in ((1.0, "B"), (60.0, "A")):
+        e = _engine(make_cache("fastlibra", decay_unit_s=unit), _conversations())
+        e.arr_ptr = 10
+        e.history.visit_times = {0: [0.0] * 10, 1: [19.0]}  # A: 10 visits, B: 1
+        na, nb = _kv(0, last=0.0), _kv(1, last=19.0)
+        va, vb = e.cache.values(20.0, [("kv", na), ("kv", nb)])
+        assert ("A" if va > vb else "B") == first
+
+
+def _swap_workload():
+    """Request 0 (adapter 0) decodes for 100 steps; request 1 (adapter 1, not in HBM) arrives at
+    0.1 s; request 2 (adapter 0) at 0.15 s."""
+    return Workload.from_arrays([0.0, 0.1, 0.15], [10, 10, 10], [100, 2, 2], [0, 1, 0], [8, 8, 8])
+
+
+class _SyncFastLibra(FastLibraCache):
+    """FastLibra with synchronous swap-in (the copies on the admitting step), for comparison."""
+
+    name = "test-fastlibra-sync"
+    async_swap_in = False
+
+
+def _swap_run(cache):
+    prof = constant_profile(c0=0.01, kv_tokens=200_000, disk_s=0.0, cpu_s=0.3)
+    cfg = EngineConfig(max_loras=4, max_model_len=4096)
+    for mrs in (None, 1):  # exact: the same with decode-run skipping and one step at a time
+        r = simulate(_swap_workload(), prof, cfg, scheduler_obj=make_scheduler("fcfs"), cache_obj=cache(),
+                     check_invariants=True, max_run_steps=mrs)
+        if mrs is None:
+            fast = r
+    assert fast.requests["ttft_s"].tolist() == r.requests["ttft_s"].tolist()
+    assert fast.requests["e2e_s"].tolist() == r.requests["e2e_s"].tolist()
+    return fast
+
+
+def test_async_swap_in_lets_a_ready_request_run_while_another_waits():
+    """Adapter 0 is copied for request 0 in [0, 0.3]; request 1's adapter 1 queues behind it on
+    the host link, [0.3, 0.6]. Asynchronous: request 2 (adapter 0, ready at 0.3) runs at once
+    -- first token at 0.31, TTFT 0.16 s -- and request 0's decode steps never wait for adapter 1.
+    Synchronous: adapter 1's copy sits on the step that admits request 1, stalling the batch."""
+    idle = {"idle": 0.0}  # no swapper prefetch: only the demand path
+    a = _swap_run(lambda: FastLibraCache(**idle))
+    s = _swap_run(lambda: _SyncFastLibra(**idle))
+    ra, rs = a.requests, s.requests
+    assert ra.loc[2, "ttft_s"] == pytest.approx(0.3 + 0.01 - 0.15, abs=1e-9)
+    assert ra.loc[1, "ttft_s"] == pytest.approx(0.6 + 0.01 - 0.1, abs=1e-9)
+    assert ra.loc[1, "load_wait_s"] == pytest.approx(0.5, abs=1e-9)  # waited from 0.1 to 0.6
+    assert rs.loc[2, "ttft_s"] > ra.loc[2, "ttft_s"] + 0.25               # stuck behind adapter 1's copy
+    # request 0: 100 decode steps of 10 ms after its first token, none stalled with async swap-in
+    assert ra.loc[0, "e2e_s"] - ra.loc[0, "ttft_s"] == pytest.approx(99 * 0.01, abs=1e-6)
+    assert rs.loc[0, "e2e_s"] - rs.loc[0, "ttft_s"] > 99 * 0.01 + 0.25
+    assert a.summary["swap_waits"] == 3 and a.summary["swap_in_adapters"] == 2
+    # the requests that waited for their adapter count as misses
+    assert a.summary["adapter_hit_rate_requests"] == 0.0 and a.summary["adapter_hit_rate"] == 0.0
+
+
+def test_async_swap_in_of_history_kv():
+    """A conversation's history KV swapped to host is copied back in the background while the
+    next turn waits; another request runs meanwhile."""
+    prof = constant_profile(c0=0.01, kv_tokens=200_000, disk_s=0.0, cpu_s=0.0)
+    w = Workload.from_arrays([0.0, 5.0, 5.0], [1000, 1500, 10], [11, 5, 3], [0, 0, 0], [8, 8, 8],
+                             conversation_id=[7, 7, -1], turn=[0, 1, 0], prefix_tokens=[0, 1011, 0])
+    cfg = EngineConfig(max_loras=2, max_num_seqs=8, max_model_len=4096)
+    eng = Engine(w, prof, cfg, make_scheduler("fcfs"), make_cache("fastlibra", idle=0.0), check_invariants=True)
+    node_store = eng.history
+
+    def to_host(t):  # at 4 s the swapper would have swapped the idle conversation out
+        for n in list(node_store.hbm_nodes()):
+            node_store.swap_out(n, t)
+    eng.push_event(4.0, to_host)
+    eng.run()
+    copy_s = node_store.transfer_s(1010)
+    assert node_store.host_hits == 0 and node_store.hits == 1     # served from HBM after the swap-in
+    assert eng.extensions.swap_in_kv == 1
+    ttft1 = eng.first_token[1] - 5.0
+    ttft2 = eng.first_token[2] - 5.0
+    assert ttft2 == pytest.approx(0.01, abs=1e-9)                 # the ready request did not wait
+    assert ttft1 >= copy_s
+
+
+def test_vllm_partition_swaps_history_kv_to_host_lru_and_back():
+    """vllm-partition: blocks of 32 tokens, 20 % of the pool for LoRA slots. Two conversations
+    leave history KV; a long request needs the KV part: the least recently used history (A)
+    goes to host memory, not away; A's next turn copies it back (a host hit), B's is an HBM hit."""
+    prof = constant_profile(c0=0.01, kv_tokens=10_000, disk_s=0.0, cpu_s=0.001)
+    w = Workload.from_arrays([0.0, 1.0, 2.0, 3.0, 3.5], [1000, 1000, 6500, 1500, 1500], [10, 10, 5, 5, 5],
+                             [0, 0, 1, 0, 0], [8, 8, 8, 8, 8], conversation_id=[0, 1, -1, 0, 1],
+                             turn=[0, 0, 0, 1, 1], prefix_tokens=[0, 0, 0, 1010, 1010])
+    cfg = EngineConfig(max_loras=2, max_num_seqs=8, max_model_len=7000)
+    res = simulate(w, prof, cfg, policy="vllm-partition", check_invariants=True)
+    s = res.summary
+    assert s["kv_block_size"] == 32 and res.engine.block_size == 32
+    assert s["kv_capacity_tokens"] == 8000                       # 80 % of the 10,000-token pool
+    assert s["history_dropped"] == 0 and s["history_stored"] == 4
+    assert s["prefix_hits"] == 2 and s["prefix_host_hits"] == 1
+    per_tok = 131072
+    assert s["kv_swapped_out_gb"] == pytest.approx(1009 * per_tok / 1e9)   # only A's node went out
+    assert s["kv_swapped_in_gb"] == pytest.approx(1009 * per_tok / 1e9)    # and came back on reuse
+    r = res.requests
+    # A's turn waits for the synchronous copy, B's does not
+    assert r.loc[3, "load_wait_s"] > 0 and r.loc[4, "load_wait_s"] == 0
+
+
+def test_fastlibra_workloads_statistics():
+    """The named workloads carry the statistics they document."""
+    w = get_workload("fastlibra-chatbot", duration=1200.0, rps=2.0, seed=0)
+    df = w.df
+    new = (df["prompt_tokens"] - df["prefix_tokens"]).to_numpy()
+    assert abs(new.mean() / 69.5 - 1) < 0.15 and abs(df["output_tokens"].mean() / 214.5 - 1) < 0.15
+    first = df[df["turn"] == 0]
+    early = first[first["arrival_s"] < 600]["conversation_id"]
+    turns = df[df["conversation_id"].isin(early)].groupby("conversation_id")["turn"].max() + 1
+    assert abs(turns.mean() - 2.0) < 0.25
+    assert (df["prefix_tokens"][df["turn"] > 0] > 0).all()         # every later turn resends the history
+    assert set(df["adapter_rank"].unique()) <= {32, 64} and df["adapter_id"].nunique() <= 50
+    assert get_workload("fastlibra-chatbot", duration=300.0, adapters=20, seed=0).df["adapter_id"].nunique() <= 20
+    assert get_workload("fastlibra-chatbot", duration=300.0, adapters=100, seed=0).df["adapter_id"].nunique() > 50
+    t = get_workload("fastlibra-translation", duration=600.0, seed=0).df
+    assert "conversation_id" not in t or (t["conversation_id"] < 0).all() or t["turn"].max() == 0
+    assert abs(interarrival_cv(t["arrival_s"].to_numpy()) - 2.0) < 0.4   # bursty, Azure-Functions-like
+    top = t["adapter_id"].value_counts(normalize=True)
+    assert top.iloc[0] > 0.1 and top.iloc[0] > 5 * top.iloc[-1]         # a skewed per-function popularity
+    g = get_workload("fastlibra-agent", duration=1200.0, seed=0).df
+    starts = g[(g["turn"] == 0) & (g["arrival_s"] < 300)]["conversation_id"]
+    agent_turns = g[g["conversation_id"].isin(starts)].groupby("conversation_id")["turn"].max() + 1
+    assert agent_turns.mean() > 2 * turns.mean()                        # the longest conversations

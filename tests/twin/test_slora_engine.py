@@ -1,0 +1,276 @@
+"""The S-LoRA engine (``twin/slora_engine.py``) against S-LoRA's semantics (``shared/refs/slora.md``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tests.helpers import constant_profile
+from traces.workload import Workload
+from twin.config import ConfigError, EngineConfig
+from twin.perf.forms import KernelGridLora
+from twin.perf.profile import load_profile
+from twin.perf.slora_forms import PunicaLoraCost, slora_load_s
+from twin.scenario import RunConfig, check_run
+from twin.simulate import simulate
+from twin.slora_engine import first_pass_step, reservation_need
+
+STEP = 0.01  # every step of the constant profile (no prefill/decode/LoRA term)
+
+
+def run(w, n_tok=None, policy="slora", cache=None, steps=None, **cfg):
+    prof = constant_profile(c0=STEP, kv_tokens=200_000)
+    return simulate(w, prof, EngineConfig(max_total_tokens=n_tok, **cfg), policy=policy, cache=cache,
+                    check_invariants=True, max_run_steps=steps)
+
+
+def base(arrivals, prompts, outputs):
+    n = len(arrivals)
+    return Workload.from_arrays(arrivals, prompts, outputs, [-1] * n, [0] * n)
+
+
+# ---------------------------------------------------------------------- the reservation formula
+def test_reservation_need_hand_example():
+    # running (left 20, has 100) and a candidate (10, 50): sorted by left, terms 100 + 1*20 = 120
+    # and 150 + 2*10 = 170 -> 170; three requests: (30,5),(20,100),(10,50): 35, 105+40=145, 155+30=185
+    assert reservation_need([(20, 100), (10, 50)]) == 170
+    assert reservation_need([(10, 50), (30, 5), (20, 100)]) == 185
+    assert reservation_need([]) == 0
+
+
+def test_reservation_admits_strictly_below_the_pool():
+    # r0 (prompt 100, output 50) is prefilled at 0 (the first poll), its first token at 0.01; r1
+    # (prompt 40, output 30) is tried after 10 decodes (0.11): r0 is (left 38, has 111), r1 enters
+    # as (29, 41): need = max(111 + 38, 152 + 2*29) = 210
+    w = base([0.0, 0.001], [100, 40], [50, 30])
+    assert run(w, n_tok=211).requests.loc[1, "first_scheduled_s"] == pytest.approx(0.11)  # 210 < 211
+    # with 210 slots it fails and is retried at every iteration; s decodes later, while r0 has more
+    # left than r1, need = 210 + s; once 38 - s < 29, r1 comes first: need = max(41 + 29,
+    # 152 + s + 2*(38 - s)) = 228 - s, below 210 from s = 19: admitted at 0.11 + 0.19
+    late = run(w, n_tok=210).requests
+    assert late.loc[1, "first_scheduled_s"] == pytest.approx(0.30)
+    assert late.loc[1, "first_scheduled_s"] < late.loc[0, "finish_s"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 300)), min_size=0, max_size=8),
+       st.integers(0, 60), st.integers(1, 300), st.integers(0, 1500), st.integers(0, 200))
+def test_first_pass_step_is_exact(running, L, H, room, slots):
+    """The shortcut that skips decodes after a failed admission finds the first step at which
+    the candidate's outcome (admitted / NO_SLOT / NO_KV) changes, exactly as recomputing
+    S-LoRA's need after every decode."""
+    limit = min([l for l, _ in running], default=30)
+
+    def cat(s):
+        need = reservation_need([(l - s, h + s) for l, h in running] + [(L, H)])
+        return 0 if need < room else 1 if need < room + slots else 2
+
+    want = next((s for s in range(1, limit + 1) if cat(s) != cat(0)), float("inf"))
+    assert first_pass_step(running, [(L, H, room, room + slots)], limit) == want
+
+
+# ---------------------------------------------------------------------- when admission runs
+def test_idle_poll_and_admission_every_ten_decodes():
+    # r0 arrives at 3 ms on an idle server: the router polls every 10 ms -> admitted at 10 ms;
+    # r1 arrives during r0's decodes: admitted only after 10 decodes since r0's prefill
+    w = base([0.003, 0.025], [10, 10], [40, 5])
+    r = run(w).requests
+    assert r.loc[0, "first_scheduled_s"] == pytest.approx(0.01)
+    assert r.loc[0, "first_token_s"] == pytest.approx(0.02)
+    assert r.loc[1, "first_scheduled_s"] == pytest.approx(0.02 + 10 * STEP)
+    # r0 stalled through r1's prefill: its tokens come 40 - 1 decodes + 1 prefill after its first
+    assert r.loc[0, "finish_s"] == pytest.approx(0.02 + 40 * STEP)
+
+
+def test_failed_admission_is_retried_every_iteration():
+    # r1 (100, 30) against r0 (100, 50) in 260 slots: refused at 0.11 (need 270); s decodes later the
+    # need is 288 - s (see above), below 260 from s = 29: admitted at 0.40, not at a multiple of 11
+    # iterations (a failed attempt does not count, so the next iteration tries again)
+    w = base([0.0, 0.001], [100, 100], [50, 30])
+    r = run(w, n_tok=260).requests
+    assert r.loc[1, "first_scheduled_s"] == pytest.approx(0.40)
+
+
+def test_head_of_line_stop():
+    # at 0.11 r0 (300, 200) is (188, 311): r1 (1000, 100) needs 1312 + 2*99 = 1510 > 1400 slots and
+    # only more as r0 grows, until r0 finishes (2.00; the router then polls: 2.01); r2 (5, 5),
+    # arrived after r1, needs 325 and would fit, but FIFO stops at r1
+    w = base([0.0, 0.001, 0.002], [300, 1000, 5], [200, 100, 5])
+    r = run(w, n_tok=1400).requests
+    assert r.loc[0, "finish_s"] == pytest.approx(2.00)
+    assert r.loc[1, "first_scheduled_s"] == pytest.approx(2.01)
+    assert r.loc[2, "first_scheduled_s"] == r.loc[1, "first_scheduled_s"]
+    # SJF orders the queue its own way: the short r2 goes first (the test is the same)
+    r_sjf = run(w, n_tok=1400, policy="slora+sjf").requests
+    assert r_sjf.loc[2, "first_scheduled_s"] == pytest.approx(0.11)
+
+
+# ---------------------------------------------------------------------- iterations and the pool
+def pressure_workload(seed: int, n: int = 60) -> Workload:
+    rng = np.random.default_rng(seed)
+    ad = rng.integers(-1, 10, n)
+    return Workload.from_arrays(np.cumsum(rng.exponential(0.05, n)), rng.integers(1, 1200, n),
+                                rng.integers(1, 300, n), ad, np.where(ad >= 0, np.array([8, 16, 32, 64])[ad % 4], 0))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.sampled_from(["slora", "chameleon", "slora+sjf"]))
+def test_pool_never_overflows_no_preemption_no_mixed_steps(seed, policy):
+    """Invariants at every step (pool KV + adapters <= N_tok, reservations + adapters <= N_tok)
+    under pressure; no preemption; prefill and decode never share an iteration; every request
+    is finished or rejected with a reason."""
+    res = run(pressure_workload(seed), n_tok=4000, policy=policy)
+    s, steps = res.summary, res.steps
+    assert s["preemptions"] == 0 or policy == "chameleon"  # only Chameleon's own squash preempts
+    assert not ((steps["prefill_tokens"] > 0) & (steps["decode_tokens"] > 0)).any()
+    assert (steps["kv_blocks_used"] <= 4000).all()
+    assert s["requests_finished"] + s["requests_rejected"] == s["requests_arrived"]
+
+
+def test_decode_runs_are_exact():
+    for policy in ("slora", "chameleon"):
+        for n_tok in (3000, 60_000):
+            a = run(pressure_workload(3), n_tok=n_tok, policy=policy)
+            b = run(pressure_workload(3), n_tok=n_tok, policy=policy, steps=1)
+            pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+            assert a.summary["step_segments"] < b.summary["step_segments"]
+
+
+# ---------------------------------------------------------------------- adapters
+def adapter_workload():
+    # adapter 0 (rank 16) twice, apart; adapter 1 in between
+    return Workload.from_arrays([0.0, 1.0, 3.0], [50, 50, 50], [5, 5, 5], [0, 1, 0], [16, 8, 16])
+
+
+def test_eager_eviction_and_load_volume():
+    res = run(adapter_workload())
+    s, e = res.summary, res.engine
+    assert s["adapter_loads"] == 3 and s["adapter_evictions"] == 3  # none cache: evicted after each finish
+    assert not any(e.adapters.resident)
+    prof = e.profile
+    nbytes = 2 * (2 * prof.adapter_bytes(16) + prof.adapter_bytes(8))  # each load moves 2x the adapter
+    assert s["link_gb"] == pytest.approx(nbytes / 1e9)
+    assert res.requests.loc[0, "load_wait_s"] == pytest.approx(slora_load_s(prof, prof.adapter_bytes(16)))
+    # q, k, v, o only (S-LoRA): 4r slots per adapter would be Llama-2-7B; here slots follow the bytes
+    assert prof.lora_targets == ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def test_a_cache_policy_keeps_idle_adapters_in_the_pool():
+    res = run(adapter_workload(), cache="lru")
+    s = res.summary
+    assert s["adapter_loads"] == 2 and s["adapter_evictions"] == 0  # adapter 0 hit at its second request
+    assert res.requests.loc[2, "adapter_hit"]
+
+
+def test_idle_cached_adapters_give_way_to_reservations():
+    # 12 adapters of rank 64 cached by LRU in a small pool: admissions evict them, never overflow
+    rng = np.random.default_rng(1)
+    n = 80
+    ad = rng.integers(0, 12, n)
+    w = Workload.from_arrays(np.cumsum(rng.exponential(0.05, n)), rng.integers(10, 400, n), rng.integers(5, 100, n),
+                             ad, np.full(n, 64))
+    res = run(w, n_tok=6_000, cache="lru")
+    assert res.summary["slora_reservation_evictions"] > 0
+
+
+def test_rejection_reasons():
+    w = base([0.0, 0.1, 0.2, 0.3], [2100, 2000, 900, 10], [10, 1100, 200, 10])
+    r = run(w, n_tok=1000).requests
+    assert list(r["reject_reason"]) == ["prompt longer than the S-LoRA server's max prompt length",
+                                        "prompt + output exceed the S-LoRA server's max request length",
+                                        "prompt + output + 1 exceed S-LoRA's max_total_token_num", ""]
+    # configurable limits
+    r2 = run(w, n_tok=1000, slora_max_prompt_len=4096, slora_max_total_len=4096).requests
+    assert r2.loc[0, "reject_reason"] == "prompt + output + 1 exceed S-LoRA's max_total_token_num"
+    # a request whose adapter never fits beside it (S-LoRA would block its queue forever)
+    wa = Workload.from_arrays([0.0], [500], [400], [0], [128])
+    assert run(wa, n_tok=1000).requests.loc[0, "reject_reason"] == "request and its adapter can never fit S-LoRA's pool"
+
+
+def test_tensor_parallel_is_refused():
+    with pytest.raises(ConfigError, match="world_size == 1"):
+        check_run(RunConfig(policy="slora", tp=2))
+    with pytest.raises(ConfigError, match="world_size == 1"):
+        check_run(RunConfig(policy="vllm", system="slora", tp=2))
+    with pytest.raises(ConfigError, match="unknown serving system"):
+        check_run(RunConfig(system="tgi"))
+    with pytest.raises(ConfigError, match="world_size == 1"):
+        simulate(base([0.0], [10], [5]), constant_profile(), EngineConfig(tensor_parallel=2), policy="slora")
+
+
+# ---------------------------------------------------------------------- LoRA compute
+def test_punica_cost_follows_ranks_not_resident_adapters():
+    c = PunicaLoraCost.from_profile(load_profile(None).with_lora_targets("qkvo"))
+    fixed = c.decode_s(0, 32, 8)
+    assert c.decode_s(256, 32, 8) - fixed == pytest.approx(2 * (c.decode_s(128, 32, 8) - fixed))
+    assert c.decode_s(128, 64, 8) > c.decode_s(128, 32, 8)  # the expand is padded to the max rank
+    # engine: a decode step's time depends on the batch's ranks, not on the adapters resident
+    prof = load_profile(None)
+    e = simulate(adapter_workload(), prof, EngineConfig(), policy="slora", cache="lru").engine
+    e.rank_sum = 64
+    before = e._decode_s(4, 1000, 32)
+    for a in range(e.n_adapters):  # every adapter resident (idle, cached)
+        if not e.adapters.resident[a]:
+            e.adapters.placement.allocate(a, 0.0)
+            e.adapters.mark_resident(a)
+    assert e._decode_s(4, 1000, 32) == before
+    # (vLLM's kernel grid pays for every slot)
+    assert prof.lora_s(0.0, 2, 32, 4, 64, 4) > prof.lora_s(0.0, 2, 32, 4, 8, 4)
+
+
+def test_lora_targets_drive_compute_on_both_systems():
+    prof = load_profile(None)
+    qkvo, full = PunicaLoraCost.from_profile(prof.with_lora_targets("qkvo")), PunicaLoraCost.from_profile(prof)
+    assert full.decode_s(128, 32, 8) > qkvo.decode_s(128, 32, 8)
+    g_all, g_qkvo = prof.components["lora"], prof.with_lora_targets("qkvo").components["lora"]
+    assert isinstance(g_all, KernelGridLora)
+    assert g_qkvo.predict(0.0, 4, 32, 16, 8, 16) < g_all.predict(0.0, 4, 32, 16, 8, 16)
+    assert prof.with_lora_targets("all").lora_s(0.0, 4, 32, 16, 8, 16) == prof.lora_s(0.0, 4, 32, 16, 8, 16)
+    w = pressure_workload(7)
+    for system in ("vllm", "slora"):
+        t = [simulate(w, prof, EngineConfig(max_total_tokens=60_000 if system == "slora" else None,
+                                            lora_targets=lt), policy="slora", system=system).summary["tpot_ms_mean"]
+             for lt in ("qkvo", "all")]
+        assert t[1] > t[0], system
+
+
+def test_summary_names_the_system():
+    w = base([0.0], [10], [5])
+    assert run(w).summary["system"] == "slora"
+    assert simulate(w, constant_profile(), EngineConfig(), policy="slora", system="vllm").summary["system"] == "vllm"
+    assert simulate(w, constant_profile(), EngineConfig(), policy="vllm").summary["system"] == "vllm"
+
+
+def test_cli_names_the_system(capsys):
+    from twin.cli import main
+
+    assert main(["policies"]) == 0
+    out = capsys.readouterr().out
+    assert "chameleon              [system slora]" in out and "fastlibra              [system vllm]" in out
+    assert main(["run", "--policy", "slora", "--duration", "20", "--no-progress"]) == 0
+    assert "system                                   slora" in capsys.readouterr().out
+    assert main(["run", "--policy", "vllm", "--system", "slora", "--duration", "20", "--max-total-tokens", "50000",
+                 "--json", "--no-progress"]) == 0
+    assert '"system": "slora"' in capsys.readouterr().out
+    assert main(["run", "--policy", "vllm", "--max-total-tokens", "50000"]) == 2
+    assert "--max-total-tokens sizes S-LoRA's pool" in capsys.readouterr().err
+
+
+def test_prefetch_at_decode_counters_five_and_seven():
+    # r1 waits while r0 decodes; with --prefetch its adapter is copied before the decode at
+    # counter 5, so its prefill (after 10 decodes) waits for no load
+    w = Workload.from_arrays([0.0, 0.001], [10, 10], [40, 5], [0, 1], [16, 16])
+    off = run(w).requests
+    res = run(w, slora_prefetch=True)
+    on = res.requests
+    assert off.loc[1, "load_wait_s"] > 0 and on.loc[1, "load_wait_s"] == 0.0
+    assert res.summary["prefetches"] == 1 and bool(on.loc[1, "adapter_hit"])
+    assert on.loc[1, "first_scheduled_s"] == off.loc[1, "first_scheduled_s"]  # admitted at the same iteration
+    assert on.loc[1, "ttft_s"] == pytest.approx(off.loc[1, "ttft_s"] - off.loc[1, "load_wait_s"])
+    for policy in ("slora", "chameleon", "chameleon+prefetch"):
+        a = run(pressure_workload(4), n_tok=5000, policy=policy, slora_prefetch=True)
+        b = run(pressure_workload(4), n_tok=5000, policy=policy, slora_prefetch=True, steps=1)
+        pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+        assert a.summary["prefetches"] > 0, policy

@@ -1,0 +1,880 @@
+"""The S-LoRA engine: S-LoRA's router loop as a SimPy process (``--system slora``).
+
+Follows ``S-LoRA/S-LoRA`` at ``c1ddf48`` as summarised in ``shared/refs/slora.md`` (its
+"Modelling checklist" item numbers in brackets):
+
+* **Rejection at the HTTP server** (``httpserver/manager.py:generate``): a prompt longer than
+  ``slora_max_prompt_len`` (2048), prompt + output above ``slora_max_total_len`` (3072), or
+  prompt + output + 1 above ``N_tok`` is refused at arrival, with its reason. A request that
+  passes those checks but can never pass the admission test with its adapter
+  (prompt + output + the adapter's slots >= ``N_tok``) would block S-LoRA's FIFO forever; it is
+  rejected at arrival too (a departure, so that every request is accounted for).
+* **When admission runs** [2] (``RouterManager._step``): with no running batch, every
+  ``poll_s`` (10 ms) from the moment the batch emptied; with a running batch, only once
+  ``max_wait_tokens`` (10) decodes have run since the last prefill, and then at every
+  iteration until a mini-batch is admitted (a failed attempt decodes without counting).
+* **Admission** [1, 4-6] (``ReqQueue.generate_new_batch`` / ``_can_add_new_req``): the
+  scheduler policy orders the waiting requests and offers them to :meth:`SLoRAStepContext.try_admit`,
+  which applies S-LoRA's test: running requests count as ``(has, left) = (input + generated,
+  max_new - generated - 1)``, new ones as ``(input + 1, max_new - 1)``; sorted by ``left``
+  (largest first), ``need = max_i(sum_{j<=i} has_j + (i+1) * left_i)`` must stay strictly below
+  ``N_tok - sum over the distinct adapters of running and new requests of their slots``; the
+  mini-batch's prompt tokens stay within ``batch_max_tokens`` (default ``max(N_tok/6, 3072)``) and
+  the running requests within ``running_max_req_size`` (1000). The FIFO scheduler (``slora``,
+  ``fcfs``) stops at the first refusal (head-of-line blocking); other schedulers order the
+  queue their own way (Chameleon's queues, SJF) -- the test is always this one.
+  **A request's admission is decided in** :meth:`SLoRAEngine._try_admit`.
+* **Separate iterations** [3]: an iteration is either the prefill of the new mini-batch only
+  (the running requests stall) or a decode of every running request; never both.
+  **A request's TTFT is decided in** :meth:`SLoRAEngine._complete_prefill`: its first token is
+  emitted at the end of its prefill (loads included).
+* **One pool** [7-9] of ``N_tok`` slots: one per KV token, ``ceil(adapter bytes / KV bytes per
+  token)`` per adapter (``4r`` for S-LoRA's own set-ups: q, k, v, o of a multi-head model).
+  ``N_tok`` is ``max_total_tokens``, else ``kv_capacity_tokens``, else the GPU memory the profile
+  leaves after the weights and the runtime (no LoRA slots). The KV of a request is its prompt at
+  prefill plus one slot per decode, all freed when it finishes. No preemption.
+* **Adapters** [11, 12] (``infer_adapter.py``): every adapter sits in pinned host memory from the
+  start; the missing adapters of a mini-batch are copied synchronously right before its prefill,
+  ``2L`` copies moving twice the adapter's bytes over the host link
+  (:func:`twin.perf.slora_forms.slora_load_s`), queued on the contended link. After a decode in
+  which a request finished, and when the batch empties, the adapters no running request uses
+  are offered to the cache policy: ``none`` (S-LoRA) evicts them all (``evict_when_idle``),
+  a cache (Chameleon's, LRU) keeps them in the pool's idle memory. Idle adapters are evicted,
+  in the cache policy's victim order, when an admission's reservation needs their slots: after
+  every admission, reservations + resident adapters <= ``N_tok``, so the pool never overflows.
+  A request that finishes in its prefill does not trigger eviction (as in S-LoRA).
+* **Compute** [14]: base model from the profile's backbone, LoRA from
+  :class:`twin.perf.slora_forms.PunicaLoraCost` (tokens x each request's own rank over the
+  adapted projections, padded to the max rank where S-LoRA's kernels pad), CPU time from the
+  profile's scheduler term with the running requests (S-LoRA's router looks at the queue only
+  when it admits).
+
+* **Prefetch** [13] (``--prefetch``, off in every paper run; ``EngineConfig.slora_prefetch``): before
+  the decodes at counters 5 and 7, the adapters the scheduler's ``prefetch()`` names (S-LoRA's:
+  the FIFO prefix that fits one mini-batch) are copied asynchronously (2x their bytes over the
+  link) into slots no reservation or resident adapter holds; the latest prefetch's adapters are
+  kept by the offloads; a request whose adapter is still copying waits for the rest in its
+  prefill. A cache policy's own predictive prefetch (``chameleon+prefetch``) is asked at the same
+  moments whatever the flag. Adapters in flight hold their slots: the admission test counts them
+  (S-LoRA does not, and could run out of slots there).
+
+Prefix-KV reuse and fixed adapter regions are vLLM-engine extensions; a cache policy that needs
+them is refused with the fix.
+
+Speed: runs of decode steps in which nothing can change -- no finish, no admission due, no
+arrival, event, tick or horizon, and, after a failed admission, nothing that could change its outcome
+(``Scheduler.next_change_time``; S-LoRA's ``need`` is constant while the running set is, since
+every request's ``has`` grows by one and ``left`` falls by one each decode) -- are advanced at
+once, each step's duration summed in the same order as single steps (``max_run_steps=1`` steps
+one at a time; a test compares both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from bisect import bisect_right
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from twin.adapter_placement import UnifiedPool
+from twin.adapters import AdapterMemory, HostLink
+from twin.config import ConfigError, EngineConfig
+from twin.engine_state import EngineState
+from twin.interfaces import Admit, AdapterCachePolicy, Policy, Scheduler
+from twin.prefetch import AsyncLoader
+from twin.perf.slora_forms import SLORA_TARGETS, PunicaLoraCost, slora_load_s
+from twin.requests import FINISHED, PENDING, REJECTED, REJECT_REASONS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from traces.workload import Workload
+    from twin.perf.profile import Profile
+
+INF = math.inf
+OK, NO_BUDGET, NO_SEQ, NO_SLOT, NO_KV = Admit.OK, Admit.NO_BUDGET, Admit.NO_SEQ, Admit.NO_SLOT, Admit.NO_KV
+#: S-LoRA's rejection reasons, as indices into :data:`twin.requests.REJECT_REASONS`
+R_PROMPT, R_TOTAL, R_POOL, R_NEVER = (REJECT_REASONS.index(r) for r in (
+    "prompt longer than the S-LoRA server's max prompt length",
+    "prompt + output exceed the S-LoRA server's max request length",
+    "prompt + output + 1 exceed S-LoRA's max_total_token_num",
+    "request and its adapter can never fit S-LoRA's pool"))
+R_UNSERVED = REJECT_REASONS.index("unknown adapter (not served)")
+
+
+def reservation_need(pairs: list[tuple[int, int]]) -> int:
+    """S-LoRA's ``_can_add_new_req`` peak: ``pairs`` of ``(left, has)``, sorted by ``left``
+    largest first; ``max_i(sum_{j<=i} has_j + (i+1) * left_i)`` (0 for no pair)."""
+    need = 0
+    cum = 0
+    for i, (left, has) in enumerate(sorted(pairs, key=lambda p: -p[0])):
+        cum += has
+        v = cum + (i + 1) * left
+        if v > need:
+            need = v
+    return need
+
+
+def first_pass_step(running: list[tuple[int, int]], failed: list[tuple[int, int, int, int]], limit: int) -> float:
+    """The first number of decode steps ``s`` (1..``limit``, no finish in between) after which the
+    outcome of one of the ``failed`` candidates ``(left, has, room, room_without)`` changes, each
+    tested alone against the ``running`` pairs ``(left, has)``: admitted (``need < room``), refused
+    for its adapter's slots (``NO_SLOT``: ``need < room_without``) or for KV (``NO_KV``); inf if none.
+
+    With the running requests sorted by ``left`` (``l_j``, ``h_j`` now), after ``s`` decodes
+    they are ``(l_j - s, h_j + s)`` and the candidate ``(L, H)`` sits after the ``p(s)`` requests
+    with ``l_j >= L + s``. A running request's own term ``T_j = sum_{i<=j} h_i + (j+1) l_j`` does
+    not change with ``s``; behind the candidate it becomes ``T_j + H + l_j - s``; the candidate's
+    is ``sum_{i<p} h_i + p s + H + (p+1) L``. So ``need(s) = max(max_{j<p} T_j, candidate,
+    H - s + max_{j>=p} (T_j + l_j))``: prefix and suffix maxima make each ``s`` O(log n). The
+    need may rise or fall with ``s`` (the candidate's window slides along the running requests'
+    growth), so every ``s`` is evaluated; a test compares with :func:`reservation_need`."""
+    pairs = sorted(running, key=lambda p: -p[0])
+    n = len(pairs)
+    neg_l = [-l for l, _ in pairs]
+    pre_h = [0] * (n + 1)
+    pre_max = [-INF] * (n + 1)
+    cum = 0
+    for j, (l, h) in enumerate(pairs):
+        cum += h
+        pre_h[j + 1] = cum
+        t = cum + (j + 1) * l
+        pre_max[j + 1] = t if t > pre_max[j] else pre_max[j]
+    suf = [-INF] * (n + 1)
+    for j in range(n - 1, -1, -1):
+        t = pre_h[j + 1] + (j + 1) * pairs[j][0] + pairs[j][0]
+        suf[j] = t if t > suf[j + 1] else suf[j + 1]
+    best = INF
+    for L, H, room, room_wo in failed:
+        need0 = reservation_need(running + [(L, H)])
+        cat0 = 0 if need0 < room else 1 if need0 < room_wo else 2
+        for s in range(1, min(limit, best - 1 if best < INF else limit) + 1):
+            p = bisect_right(neg_l, -(L + s))  # running with l_j >= L + s
+            need = pre_h[p] + p * s + H + (p + 1) * L
+            if pre_max[p] > need:
+                need = pre_max[p]
+            c = H - s + suf[p]
+            if c > need:
+                need = c
+            if (0 if need < room else 1 if need < room_wo else 2) != cat0:
+                best = s
+                break
+    return best
+
+
+class SLoRAPool(UnifiedPool):
+    """S-LoRA's unified pool (``mem_allocator.py``) in token slots: an adapter takes
+    ``ceil(bytes / KV bytes per token)`` slots (``4r`` for q, k, v, o of a multi-head model).
+    Room is made by the engine at admission (:meth:`SLoRAEngine._evict_for_reservations`),
+    never inside :meth:`allocate`."""
+
+    def __init__(self, engine: "SLoRAEngine") -> None:
+        super().__init__(engine, None)
+        self.pool_blocks = engine.kv_tokens
+
+    def can_place(self, a: int, extra_blocks: int = 0) -> bool:
+        return self.ab[a] + extra_blocks <= self.e.kv_tokens
+
+    def allocate(self, a: int, now: float, evict: bool = True) -> bool:
+        """Slots for adapter ``a``: always granted to an admitted request (its reservation was
+        tested); a prefetch gets them only from slots no reservation or resident adapter holds
+        (after evicting idle adapters when ``evict``)."""
+        e = self.e
+        if not e._admitting:
+            if self.ab[a] > e.unreserved_slots():
+                if not evict:
+                    return False
+                mem = self.mem
+                while self.ab[a] > e.unreserved_slots() and mem.evictable():
+                    mem.evict_victim(now)
+                if self.ab[a] > e.unreserved_slots():
+                    return False
+        e.lend_blocks(self.ab[a])
+        self.adapter_blocks += self.ab[a]
+        self.allocations += 1
+        return True
+
+
+class SLoRAExtensions:
+    """What the engine's summary and checks read from ``engine.extensions`` (no vLLM
+    extension is installed on this engine): the pool's counters and the policies' stats."""
+
+    prefix = None
+    handles_admission = False
+
+    def __init__(self, engine: "SLoRAEngine", loader: "SLoRAPrefetcher | None") -> None:
+        self.e = engine
+        self.pool_blocks = engine.kv_tokens
+        self.loader = loader
+
+    def reclaimable(self, exclude_node: Any = None, exclude_adapter: int = -1) -> int:
+        ab = self.e.adapters.placement.ab
+        return sum(ab[v] for v in self.e.adapters.evictable() if v != exclude_adapter)
+
+    def check(self) -> None:
+        self.e.adapters.placement.check()
+
+    def stats(self) -> dict[str, Any]:
+        e = self.e
+        out: dict[str, Any] = {"adapter_memory": "unified", "pool_blocks": e.kv_tokens,
+                               "slora_batch_max_tokens": e.batch_max_tokens,
+                               "slora_admission_attempts": e.n_attempts, "slora_failed_admissions": e.n_failed,
+                               "slora_prefills": e.n_prefills, "slora_idle_polls": e.n_polls,
+                               "slora_reservation_evictions": e.n_reservation_evictions}
+        if self.loader is not None:
+            out.update(self.loader.stats())
+        out.update(e.cache.stats())
+        out.update(e.scheduler.stats())
+        return out
+
+
+class SLoRAPrefetcher(AsyncLoader):
+    """S-LoRA's ``--prefetch`` (``manager.py``, ``infer_adapter.py``): the adapters the policies
+    name (``prefetch()``; S-LoRA's own: the FIFO prefix of the queue that fits one mini-batch) are
+    copied on a separate stream -- asynchronously over the host link, twice the adapter's bytes
+    like every S-LoRA load -- into slots no reservation holds, when the decode counter is 5 or 7."""
+
+    def start(self, a: int, now: float, ctx: Any = None, evict: bool = True) -> bool:
+        mem = self.mem
+        if a < 0 or mem.resident[a] or len(mem.loading) >= self.max_inflight:
+            return False
+        if not mem.placement.allocate(a, now, evict):
+            return False
+        mem.fetch(a)
+        mem.mark_resident(a)
+        self.started += 1
+        nbytes = 2 * mem.bytes[a]
+        gen = self.e.link.transfer(nbytes, mem.cpu_load_s[mem.ranks_l[a]])
+        self.e.push_event(self.e.link.free_at, lambda t, a=a: self._done(a, t))
+        mem.loading[a] = self.e.env.process(gen)
+        self.e._prefetched.add(a)
+        return True
+
+
+class SLoRAStepContext:
+    """What :meth:`Scheduler.schedule_waiting` may use during one admission attempt: the prompt
+    tokens left in ``batch_max_tokens`` (``budget``), the mini-batch ``admitted`` so far, the
+    adapter ``loads`` its prefill waits for, ``now``; ``try_admit`` applies S-LoRA's test."""
+
+    __slots__ = ("engine", "budget", "admitted", "chunks", "loads", "load_rids", "now", "pairs", "adapters",
+                 "adapter_slots", "failed")
+
+    def __init__(self, engine: "SLoRAEngine", budget: int, now: float) -> None:
+        self.engine = engine
+        self.budget = budget
+        self.admitted: list[int] = []
+        self.chunks: list[tuple[int, int]] = []
+        self.loads: list = []
+        self.load_rids: list[int] = []
+        self.now = now
+        self.pairs = engine._running_pairs()
+        self.adapters = set(engine.adapters.batch)
+        ab = engine.adapters.placement.ab
+        self.adapter_slots = sum(ab[a] for a in self.adapters)
+        #: candidates refused for memory: (left, has, room, room without the adapter's slots) --
+        #: ``need < room`` admits, ``need < room without`` is NO_SLOT (the adapter is what does not fit)
+        self.failed: list[tuple[int, int, int, int]] = []
+
+    def try_admit(self, rid: int) -> Admit:
+        return self.engine._try_admit(self, rid)
+
+
+class SLoRAEngine(EngineState):
+    """Simulates one S-LoRA server (see the module docstring). Use :func:`twin.simulate.simulate`
+    with ``system="slora"``. Policies see it through :class:`twin.interfaces.EngineView`."""
+
+    #: move SimPy's clock directly when no other event is pending (False: a timeout event per wait)
+    direct_clock = True
+
+    def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
+                 cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
+                 progress: bool = False, record_steps: bool = True, check_invariants: bool = False) -> None:
+        check_slora_config(config, cache)
+        if config.lora_targets is None:  # S-LoRA adapts q, k, v, o only (LoraLayerWeight)
+            profile = profile.with_lora_targets(SLORA_TARGETS)
+        self.lora_cost = PunicaLoraCost.from_profile(profile)
+        super().__init__(workload, profile, config, scheduler, cache, horizon_s, max_run_steps, progress,
+                         record_steps, check_invariants)
+        self.proc = self.env.process(self._run())
+        self.adapter_hit_code = bytearray(self.n)
+        self._emitted0: dict[int, int] = {}   # tokens emitted before the current admission (squashed requests)
+        self._stalled = 0                     # decoding requests that stalled through the last prefill
+        self._stall_s = 0.0                   # ... and how long (loads + prefill)
+        self.n_attempts = self.n_failed = self.n_prefills = self.n_polls = self.n_reservation_evictions = 0
+        if progress:
+            self.rec.progress_requests = int(np.count_nonzero(self.state != REJECTED))
+
+    # ------------------------------------------------------------------ set-up (overrides EngineState)
+    def _size_kv_cache(self) -> None:
+        """``N_tok`` and S-LoRA's limits; the HTTP server's rejections (module docstring)."""
+        cfg, profile = self.config, self.profile
+        ranks = self.adapter_rank
+        self.max_model_len = cfg.slora_max_total_len
+        self.max_lora_rank = int(ranks.max()) if len(ranks) else 0
+        self.kv_tokens = int(cfg.max_total_tokens or cfg.kv_capacity_tokens or profile.kv_capacity_tokens(0, 0))
+        if self.kv_tokens < 2:
+            raise ConfigError(f"S-LoRA's pool holds {self.kv_tokens} token slots: {profile.model.name}'s weights leave "
+                              f"no room ({profile.name}); set --max-total-tokens or use a GPU with more memory")
+        self.block_size = 1  # one slot per KV token
+        self.total_blocks = self.kv_tokens
+        self.batch_max_tokens = int(cfg.slora_batch_max_tokens or max(self.kv_tokens // 6, 3072))
+        # S-LoRA has no limit on the distinct adapters of a batch and nothing here costs per slot:
+        # policies that read max_loras see every adapter allowed at once
+        self.config = dataclasses.replace(cfg, max_loras=max(self.n_adapters, 1) + 1, block_size=1,
+                                          max_num_batched_tokens=self.batch_max_tokens)
+        self._apply_rejection_rules()
+
+    def _apply_rejection_rules(self, adapter_blocks: list[int] | None = None) -> None:
+        cfg, t = self.config, self.requests
+        p, o = t.prompt, t.output
+        slots = np.asarray(self.adapter_slots_of(), np.int64)
+        has = t.adapter >= 0
+        ab = np.where(has, np.append(slots, 0)[np.where(has, t.adapter, len(slots))], 0)
+        reason = np.zeros(t.n, np.int8)
+        reason[p > cfg.slora_max_prompt_len] = R_PROMPT
+        reason[(reason == 0) & (p + o > cfg.slora_max_total_len)] = R_TOTAL
+        reason[(reason == 0) & (p + o + 1 > self.kv_tokens)] = R_POOL
+        if cfg.served_adapters is not None and t.n_adapters:
+            raw = np.where(has, t.adapter_ids[np.maximum(t.adapter, 0)], -1)
+            reason[(reason == 0) & has & (raw >= cfg.served_adapters)] = R_UNSERVED
+        # a lone request enters as (p + 1, o - 1): need = p + o, which must stay < N_tok - its adapter
+        reason[(reason == 0) & (p + o >= self.kv_tokens - ab)] = R_NEVER
+        t.reject_reason[:] = reason
+        t.state[:] = PENDING
+        t.state[reason > 0] = REJECTED
+        t.ok_cum[:] = type(t.ok_cum)("q", np.concatenate(([0], np.cumsum(reason == 0))).astype(np.int64).tobytes())
+
+    def adapter_slots_of(self) -> list[int]:
+        """Pool slots of each dense adapter: ``ceil(bytes / KV bytes per token)``."""
+        per_tok = int(self.profile.components["kv"].params.get("kv_bytes_per_token")
+                      or self.profile.model.kv_bytes_per_token)
+        return [-(-self.profile.adapter_bytes(int(r)) // per_tok) for r in self.adapter_rank]
+
+    def _attach_policies(self, workload: "Workload", scheduler: Scheduler, cache: AdapterCachePolicy) -> None:
+        """Pinned host memory for every adapter, the unified pool, then the policies."""
+        cfg = self.config
+        self.link = HostLink(self.env)
+        self.cache = cache
+        self.scheduler = scheduler
+        n_ad = max(self.n_adapters, 1)
+        mem = self.adapters = AdapterMemory(self.adapter_rank, self.profile, n_ad, n_ad, cache, self.link, 1,
+                                            self.max_lora_rank)
+        mem.preload_cpu(range(self.n_adapters))  # --lora-dirs are read into pinned memory at start-up
+        mem.cpu_load_s = {r: slora_load_s(self.profile, self.profile.adapter_bytes(r)) for r in mem.cpu_load_s}
+        mem.use_placement(SLoRAPool(self), n_ad)
+        # the scheduler's prefetch is S-LoRA's --prefetch (off in the paper runs: slora_prefetch);
+        # a cache policy's own predictive prefetch (chameleon+prefetch) is that policy's feature
+        sources = [p for p in ((scheduler,) if cfg.slora_prefetch else ()) + (cache,)
+                   if type(p).prefetch is not Policy.prefetch]
+        loader = SLoRAPrefetcher(self, sources, max_inflight=max(p.max_inflight for p in sources)) if sources else None
+        self.extensions = SLoRAExtensions(self, loader)
+        self._admit_hook = self._reclaim = self._finish_hook = None
+        self._prefetch_on = loader is not None
+        cache.bind(self)
+        scheduler.bind(self)
+        self._sched_ticks = scheduler.tick_interval
+        self._cache_ticks = cache.tick_interval
+        self._next_tick = min(t for t in (self._sched_ticks, self._cache_ticks, INF) if t is not None)
+
+    def _init_step_state(self) -> None:
+        super()._init_step_state()
+        self.inp: dict[int, int] = {}        # running: tokens prefilled at its admission
+        self.fin: dict[int, int] = {}        # running: decode count g at which it finishes
+        self.base_sum = 0                    # sum over running of (inp - g at join): KV = base_sum + n * g
+        self.rank_sum = 0                    # sum of the running requests' ranks (decode LoRA cost)
+        self.counter = 0                     # has_wait_tokens
+        self._poll0 = 0.0                    # idle polls at _poll0 + k * poll_s
+        self._poll_k = 0
+        self._stop: Admit | None = None
+        self._failed: list[tuple[int, int, int, int]] = []
+        self._admitting = False               # admission loads always get their slots
+        self._prefetched: set[int] = set()    # adapters of the latest prefetch (kept by offloads)
+
+    # ------------------------------------------------------------------ view (overrides EngineState)
+    @property
+    def pool_blocks(self) -> int:
+        return self.kv_tokens
+
+    def reclaimable_blocks(self) -> int:
+        return self.extensions.reclaimable()
+
+    def is_decoding(self, rid: int) -> bool:
+        return rid in self.fin
+
+    def kv_blocks_held(self, rid: int) -> int:
+        d = self.dec.get(rid)
+        return self.inp[rid] + self.g - d[0] if d is not None else 0
+
+    def emitted_now(self, rid: int) -> int:
+        if self.state[rid] == FINISHED:
+            return int(self.output_a[rid])
+        if rid in self.dec:
+            return self._emitted0.get(rid, 0) + 1 + self.g - self.dec[rid][0]
+        if rid in self.resume_T:
+            return self.resume_T[rid] - int(self.prompt_a[rid])
+        return 0
+
+    # ------------------------------------------------------------------ the router loop
+    def _run(self):
+        env = self.env
+        horizon = self.horizon
+        check = self.check_invariants
+        poll = self.config.slora_poll_s
+        wait_max = self.config.slora_max_wait_tokens
+        queue = env._queue if self.direct_clock else None
+        idle_fails = 0
+        while True:
+            now = env.now
+            if now >= horizon:
+                break
+            if now >= self._next_arr_t:
+                self._ingest(now)
+            if now >= self._next_tick:
+                self._tick(now)
+            if now >= self._async_until:
+                self._fire_events(now)
+            ctx = None
+            if not self.running:
+                t_poll = self._poll0 + self._poll_k * poll
+                if now >= t_poll:  # (a) no running batch: an admission attempt at each poll
+                    self.n_polls += 1
+                    ctx = self._admit(now)
+                    if ctx is None:
+                        self._poll_k += 1
+                        idle_fails = idle_fails + 1 if self.n_waiting else 0
+                if ctx is None:
+                    t_poll = self._poll0 + self._poll_k * poll
+                    if not self.n_waiting and self._next_arr_t < INF:  # no one waits: the first poll at/after the arrival
+                        k = max(self._poll_k, math.ceil((self._next_arr_t - self._poll0) / poll))
+                        while self._poll0 + k * poll < self._next_arr_t:
+                            k += 1
+                        while k > self._poll_k and self._poll0 + (k - 1) * poll >= self._next_arr_t:
+                            k -= 1
+                        self._poll_k = k
+                        t_poll = self._poll0 + k * poll
+                    nothing = self._next_arr_t == INF and self._async_until == INF
+                    # nothing can arrive or change: nothing is left, or the rest wait (unfinished) --
+                    # also after 16,000 failed idle polls (160 s at 10 ms) with only policy ticks pending
+                    if nothing and (not self.n_waiting or (self._next_tick == INF and idle_fails > 0)
+                                    or idle_fails > 16_000):
+                        break
+                    t_next = min(t_poll, self._async_until, self._next_tick, horizon)
+                    if queue is not None and not queue:
+                        env._now = env._now + max(t_next - now, 0.0)
+                    else:
+                        yield env.timeout(max(t_next - now, 0.0))
+                    continue
+            elif self.counter >= wait_max:  # (c) admission due: every iteration until it succeeds
+                ctx = self._admit(now)
+            if ctx is not None:
+                idle_fails = 0
+                yield from self._prefill(ctx, now)
+            else:
+                yield from self._decode(now, self.counter < wait_max)
+            if check:
+                self.assert_invariants()
+            if self.progress:
+                self.rec.progress(env.now, horizon, self.n_finished)
+        self.rec.close_progress()
+
+    def _tick(self, now: float) -> None:
+        for interval, obj in ((self._sched_ticks, self.scheduler), (self._cache_ticks, self.cache)):
+            if interval is not None:
+                obj.on_tick(now)
+        self._next_tick = now + min(t for t in (self._sched_ticks, self._cache_ticks) if t is not None)
+
+    def _ingest(self, now: float) -> None:
+        """Requests that arrived by ``now`` join the waiting queue (rejected ones are counted)."""
+        lo = self.arr_ptr
+        hi = int(np.searchsorted(self.arrival, now, side="right"))
+        self.arr_ptr = hi
+        self._next_arr_t = self.arrival_a[hi] if hi < self.n else INF
+        ok = self._ok_cum
+        self.n_waiting += ok[hi] - ok[lo]
+        self.scheduler.on_arrivals(lo, hi)
+
+    # ------------------------------------------------------------------ admission
+    def unreserved_slots(self) -> int:
+        """Slots that neither the running requests' reservations nor resident adapters hold."""
+        return self.kv_tokens - reservation_need(self._running_pairs()) - self.adapters.placement.adapter_blocks
+
+    def _loading_slots(self, exclude: set[int]) -> int:
+        ab = self.adapters.placement.ab
+        return sum(ab[a] for a in self.adapters.loading if a not in exclude)
+
+    def _running_pairs(self) -> list[tuple[int, int]]:
+        """``(left, has)`` of every running request (``_init_cache_list``): has + left = inp + out - 1."""
+        g = self.g
+        out = []
+        for rid, (j0, fg) in self.dec.items():
+            left = fg - g - 1
+            out.append((left, self.inp[rid] + (fg - j0) - left))
+        return out
+
+    def _admit(self, now: float) -> SLoRAStepContext | None:
+        """One call of ``generate_new_batch``: the mini-batch, or None (nothing admissible)."""
+        self._failed = []
+        if not self.n_waiting:
+            self._stop = None
+            return None
+        self.n_attempts += 1
+        ctx = SLoRAStepContext(self, self.batch_max_tokens, now)
+        self._stop = self.scheduler.schedule_waiting(ctx)
+        if not ctx.admitted:
+            self.n_failed += 1
+            self._failed = ctx.failed
+            return None
+        return ctx
+
+    def first_pass_step(self, failed: list[tuple[int, int, int, int]], limit: int) -> float:
+        """:func:`first_pass_step` over the running requests now."""
+        return first_pass_step(self._running_pairs(), failed, limit)
+
+    def _try_admit(self, ctx: SLoRAStepContext, rid: int) -> Admit:
+        """S-LoRA's test for one waiting request (``_can_add_new_req``; module docstring)."""
+        if len(self.running) >= self.config.running_max_req_size:
+            return NO_SEQ
+        T = self.resume_T.get(rid) or self.prompt_a[rid]
+        if T > ctx.budget:
+            return NO_BUDGET
+        out_left = self.output_a[rid] - (T - self.prompt_a[rid])
+        a = self.adapter_a[rid]
+        ab = self.adapters.placement.ab
+        new_ad = ab[a] if a >= 0 and a not in ctx.adapters else 0
+        pair = (out_left - 1, T + 1)
+        need = reservation_need(ctx.pairs + [pair])
+        room = self.kv_tokens - ctx.adapter_slots
+        if self.adapters.loading:  # prefetches in flight hold their slots (they cannot be evicted)
+            room -= self._loading_slots(ctx.adapters | ({a} if a >= 0 else set()))
+        if not need < room - new_ad:
+            slot = bool(new_ad) and need < room
+            ctx.failed.append((pair[0], pair[1], room - new_ad, room))
+            return NO_SLOT if slot else NO_KV
+        # admitted: the mini-batch grows
+        ctx.pairs.append(pair)
+        if new_ad:
+            ctx.adapters.add(a)
+            ctx.adapter_slots += new_ad
+        ctx.budget -= T
+        ctx.chunks.append((rid, T))
+        ctx.admitted.append(rid)
+        self.running[rid] = None
+        self.prefilling[rid] = None
+        self.resume_T.pop(rid, None)
+        self.n_waiting -= 1
+        now = ctx.now
+        ad = self.adapters
+        if not self._seen[rid]:
+            self._seen[rid] = 1
+            self._first_sched_a[rid] = now
+            if a >= 0:
+                self.adapter_hit_code[rid] = 1 if ad.resident[a] and ad.loaded_at[a] != now else 2
+        if a >= 0:
+            self._admitting = True
+            ld = ad.acquire(a, now)
+            self._admitting = False
+            if ld is not None:
+                ld.nbytes *= 2  # load_lora_A then load_lora_B: each layer's w_combined copied twice
+                ctx.loads.append(ld)
+                ctx.load_rids.append(rid)
+            self.rank_sum += int(self.adapter_rank[a])
+        self._evict_for_reservations(reservation_need(ctx.pairs), ctx.adapter_slots, now)
+        return OK
+
+    def _evict_for_reservations(self, need: int, adapter_slots: int, now: float) -> None:
+        """Idle cached adapters give their slots back, in the cache policy's victim order, until
+        the reservations, the batch's adapters and the idle adapters fit in ``N_tok``."""
+        mem = self.adapters
+        ab = mem.placement.ab
+        idle = mem.placement.adapter_blocks - sum(ab[a] for a in mem.batch)  # (loading ones included)
+        while idle > self.kv_tokens - adapter_slots - need and mem.evictable():
+            v = mem.evict_victim(now)
+            idle -= ab[v]
+            self.n_reservation_evictions += 1
+
+    # ------------------------------------------------------------------ iterations
+    def _step_cpu_s(self) -> float:
+        return self.profile.scheduler_s(len(self.running), 0, 0, self.served)
+
+    def _prefill_s(self, ctx: SLoRAStepContext) -> float:
+        ranks = self.adapter_rank
+        tok = tok_rank = n_lora = max_r = max_len = 0
+        for rid, T in ctx.chunks:
+            tok += T
+            a = self.adapter_a[rid]
+            if a >= 0:
+                r = int(ranks[a])
+                tok_rank += T * r
+                n_lora += 1
+                max_r = r if r > max_r else max_r
+                max_len = T if T > max_len else max_len
+        lora = self.lora_cost.prefill_s(tok_rank, tok, max_r, n_lora, max_len) if n_lora else 0.0
+        return self._step_cpu_s() + (self.profile.backbone_s(tok, 0, 0) + lora)
+
+    def _decode_s(self, n: int, ctx_tok: int, max_r: int) -> float:
+        return self._step_cpu_s() + (self.profile.backbone_s(0, n, ctx_tok)
+                                     + self.lora_cost.decode_s(self.rank_sum, max_r, n))
+
+    def _batch_max_rank(self) -> int:
+        ranks = self.adapter_rank
+        return max((int(ranks[a]) for a in self.adapters.batch), default=0)
+
+    def _prefill(self, ctx: SLoRAStepContext, now: float):
+        """Load the mini-batch's missing adapters (synchronously, over the link), prefill it."""
+        env = self.env
+        load_s = 0.0
+        if ctx.loads:
+            for ld in ctx.loads:
+                if ld.wait is not None:  # a prefetch still in flight: the prefill waits for it
+                    yield ld.wait
+                    continue
+                yield env.process(self.link.transfer(ld.nbytes, ld.link_s))
+            load_s = env.now - now
+            lw = self.load_wait_d
+            for rid in ctx.load_rids:
+                lw[rid] = lw.get(rid, 0.0) + load_s
+        d = self._prefill_s(ctx)
+        stalled = len(self.dec)
+        queue = env._queue if self.direct_clock else None
+        if queue is not None and not queue:
+            env._now = env._now + d
+        else:
+            yield env.timeout(d)
+        self._complete_prefill(ctx, now, d, load_s)
+        self._stalled, self._stall_s = stalled, (env.now - now) if stalled else 0.0
+
+    def _complete_prefill(self, ctx: SLoRAStepContext, t0: float, d: float, load_s: float) -> None:
+        """End of a prefill: each request of the mini-batch emits its first token here
+        (*its TTFT is decided here*) and joins the decode batch, or finishes (output 1)."""
+        now = self.env.now
+        self.n_prefills += 1
+        self.counter = 0
+        g = self.g
+        prefill_tok = 0
+        for rid, T in ctx.chunks:
+            prefill_tok += T
+            del self.prefilling[rid]
+            if rid not in self.preempt_d or self._first_token_a[rid] != self._first_token_a[rid]:
+                self._first_token_a[rid] = now          # <- TTFT is decided here
+            else:
+                self.gap_itl.append(now - self.last_token_d[rid])  # resumed after a squash
+            e0 = T - int(self.prompt_a[rid])
+            out_left = int(self.output_a[rid]) - e0
+            if out_left <= 1:
+                self._finish(rid, now, evict=False)
+                continue
+            self._emitted0[rid] = e0
+            self.inp[rid] = T
+            fg = g + out_left - 1
+            self.dec[rid] = (g, fg)
+            self.fin[rid] = fg
+            self.base_sum += T - g
+            self.n_dec += 1
+            heapq.heappush(self.fin_heap, (fg, rid))
+        self.used_blocks = self.base_sum + self.n_dec * g
+        if not self.running:
+            self._batch_emptied(now)
+        self.rec.step(t0, now, 1, d, None, d + load_s, len(self.running), prefill_tok, 0, self.adapters.n_active,
+                      self.used_blocks, self.adapters.resident_bytes, len(ctx.loads),
+                      sum(ld.nbytes for ld in ctx.loads))
+
+    def _decode(self, now: float, counting: bool):
+        """Decode steps of every running request: one, or a run in which nothing can change."""
+        env = self.env
+        g, n = self.g, self.n_dec
+        heap, dec = self.fin_heap, self.dec
+        while heap and (heap[0][1] not in dec or dec[heap[0][1]][1] != heap[0][0]):
+            heapq.heappop(heap)
+        k_max = heap[0][0] - g if heap else 1
+        if counting:
+            wait_max = self.config.slora_max_wait_tokens
+            k_max = min(k_max, wait_max - self.counter)
+            if self._prefetch_on:  # S-LoRA prefetches before the decodes at counters max/2 and max - 3
+                marks = (wait_max // 2, wait_max - 3)
+                if self.counter in marks:
+                    self._prefetched = set()
+                    self.extensions.loader.decide(now, None)
+                later = [m - self.counter for m in marks if m > self.counter]
+                if later:
+                    k_max = min(k_max, min(later))
+        if self._stalled:
+            k_max = 1  # the first decode after a prefill carries the stalled requests' gap
+        k_max = min(k_max, self.max_run_steps)
+        # arrivals end a run too: a policy hears of them (on_arrivals) at the step boundary after
+        # them, as when stepping one iteration at a time (Chameleon refreshes its queues there)
+        t_evt = min(self._async_until, self._next_tick, self.horizon, self._next_arr_t)
+        if not counting:  # admission is attempted at every iteration: until its outcome may change
+            t_evt = min(t_evt, self.scheduler.next_change_time(self._stop))
+            if self._failed and k_max > 1:  # a refused candidate may pass as the running requests progress
+                k_max = min(k_max, self.first_pass_step(self._failed, k_max))
+        max_r = self._batch_max_rank()
+        ctx_tok = self.used_blocks
+        t = now
+        k = 0
+        durs: list[float] = []
+        while k < k_max:
+            d = self._decode_s(n, ctx_tok, max_r)
+            durs.append(d)
+            t += d
+            k += 1
+            ctx_tok += n
+            if t >= t_evt:
+                break
+        total = t - now
+        while now + total < t:
+            total = math.nextafter(total, INF)
+        while now + total > t:
+            total = math.nextafter(total, -INF)
+        queue = env._queue if self.direct_clock else None
+        if queue is not None and not queue:
+            env._now = env._now + total
+        else:
+            yield env.timeout(total)
+        self._complete_decode(now, k, durs, counting)
+
+    def _complete_decode(self, t0: float, k: int, durs: list[float], counting: bool) -> None:
+        now = self.env.now
+        n = self.n_dec
+        self.g = g1 = self.g + k
+        if counting:
+            self.counter += k
+        if self._stalled:  # stalled requests: one ITL sample each of (prefill + this decode)
+            self.gap_itl.extend([self._stall_s + durs[0]] * self._stalled)
+            rec_n = n - self._stalled
+            self._stalled = 0
+        else:
+            rec_n = n
+        same = all(x == durs[0] for x in durs)
+        self.rec.step(t0, now, k, durs[0], None if same else durs, now - t0 if k == 1 else durs[0], len(self.running),
+                      0, rec_n, self.adapters.n_active, self.base_sum + n * g1, self.adapters.resident_bytes, 0, 0)
+        heap, dec = self.fin_heap, self.dec
+        finished = False
+        while heap and heap[0][0] <= g1:
+            fg, rid = heapq.heappop(heap)
+            dd = dec.get(rid)
+            if dd is not None and dd[1] == fg:
+                self._finish(rid, now, evict=True)
+                finished = True
+        self.used_blocks = self.base_sum + self.n_dec * g1
+        if finished:
+            self._evict_idle(now)  # offload_adapters after a decode in which a request finished
+        if not self.running:
+            self._batch_emptied(now)
+
+    def _finish(self, rid: int, now: float, evict: bool) -> None:
+        del self.running[rid]
+        if rid in self.dec:
+            j0, _ = self.dec.pop(rid)
+            self.fin.pop(rid)
+            self.base_sum -= self.inp.pop(rid) - j0
+            self.n_dec -= 1
+        self._emitted0.pop(rid, None)
+        self.state[rid] = FINISHED
+        self._finish_a[rid] = now
+        self.n_finished += 1
+        a = self.adapter_a[rid]
+        if a >= 0:
+            self.rank_sum -= int(self.adapter_rank[a])
+            self._release(a, now, evict)
+        self.scheduler.on_finish(rid)
+
+    def _release(self, a: int, now: float, evict: bool) -> None:
+        """The request leaves the batch; its adapter, when idle, is offered to the cache policy now
+        (after a decode) or at the next offload (a finish in a prefill, a squash)."""
+        self.adapters.release(a, now, evict_idle=evict)
+
+    def _evict_idle(self, now: float) -> None:
+        """``offload_adapters``: idle resident adapters go when the cache policy says so."""
+        mem = self.adapters
+        pol = mem.policy
+        keep = self._prefetched
+        for a in mem.evictable():
+            if a not in keep and pol.evict_when_idle(a):
+                mem.evict(a, now)
+
+    def _batch_emptied(self, now: float) -> None:
+        """``_filter_runing_batch`` with an empty batch: offload, then poll every ``poll_s``."""
+        self._evict_idle(now)
+        self._poll0 = now
+        self._poll_k = 1
+
+    def squash(self, rid: int) -> None:
+        """A policy's preemption of running request ``rid`` (Chameleon's squash of a bypasser):
+        its KV is freed and it waits again, to recompute prompt + emitted tokens."""
+        if rid not in self.running or rid not in self.dec:
+            return
+        now = self.env.now
+        e = self.emitted_now(rid)
+        j0, _ = self.dec.pop(rid)
+        self.fin.pop(rid)
+        self.base_sum -= self.inp.pop(rid) - j0
+        self.n_dec -= 1
+        del self.running[rid]
+        self._emitted0.pop(rid, None)
+        self.used_blocks = self.base_sum + self.n_dec * self.g
+        self.resume_T[rid] = int(self.prompt_a[rid]) + e
+        self.last_token_d[rid] = now
+        self.n_waiting += 1
+        self.preempt_d[rid] = self.preempt_d.get(rid, 0) + 1
+        self.rec.preemptions += 1
+        a = self.adapter_a[rid]
+        if a >= 0:
+            self.rank_sum -= int(self.adapter_rank[a])
+            self._release(a, now, False)
+        self.scheduler.on_preempt(rid)
+        if not self.running:
+            self._batch_emptied(now)
+
+    def run(self) -> None:
+        self.env.run(until=self.proc)
+        self.finalize()
+
+    # ------------------------------------------------------------------ checks
+    def assert_invariants(self, mid_step: bool = False) -> None:
+        """S-LoRA's pool: KV + resident adapters <= N_tok, reservations + resident adapters
+        <= N_tok, no prefill left over, the decode aggregate and the counts in sync."""
+        g = self.g
+        kv = sum(self.inp[r] + g - self.dec[r][0] for r in self.running)
+        assert kv == self.used_blocks, f"KV accounting: held {kv} != used {self.used_blocks}"
+        mem = self.adapters
+        pl = mem.placement
+        ad_slots = pl.adapter_blocks
+        assert self.total_blocks == self.kv_tokens - ad_slots, "pool accounting: KV capacity != N_tok - adapters"
+        assert kv + ad_slots <= self.kv_tokens, f"pool overflow: KV {kv} + adapters {ad_slots} > {self.kv_tokens}"
+        need = reservation_need(self._running_pairs())
+        assert need + ad_slots <= self.kv_tokens, f"reservations {need} + adapters {ad_slots} > {self.kv_tokens}"
+        assert not self.prefilling, "a prefill outlived its iteration"
+        assert len(self.running) <= self.config.running_max_req_size, "more running requests than running_max_req_size"
+        assert len(self.dec) == self.n_dec == len(self.running), "decode aggregate out of sync"
+        assert self.rank_sum == sum(int(self.adapter_rank[self.adapter_a[r]]) for r in self.running
+                                    if self.adapter_a[r] >= 0), "rank sum out of sync"
+        res = np.asarray(mem.resident, bool)
+        act = np.asarray(mem.active, np.int64)
+        assert bool(np.all(res[act > 0])), "an adapter in use is not resident"
+        assert mem.n_active == int((act > 0).sum()), "active adapter count out of sync"
+        arrived = self.state[: self.arr_ptr] == PENDING
+        if self._dropped is not None:
+            arrived &= ~self._dropped[: self.arr_ptr]
+        waiting = int(arrived.sum()) - sum(1 for r in self.running if r < self.arr_ptr)
+        assert waiting == self.n_waiting, f"waiting count out of sync ({waiting} != {self.n_waiting})"
+        assert all(self.state[r] == PENDING for r in self.running), "running set out of sync"
+        pl.check()
+
+
+def check_slora_config(config: EngineConfig, cache: AdapterCachePolicy) -> None:
+    """Refuse what the S-LoRA engine cannot run, naming the fix (before any work)."""
+    if config.tensor_parallel > 1:
+        raise ConfigError(f"--tp {config.tensor_parallel} with --system slora: the released S-LoRA runs on one GPU "
+                          f"(LoraTpPartAdapter asserts world_size == 1); use --tp 1 or --system vllm")
+    if cache.adapter_memory not in (None, "unified"):
+        raise ConfigError(f"cache policy {cache.name!r} keeps adapters in a {cache.adapter_memory!r} memory, a vLLM-engine "
+                          f"layout; S-LoRA keeps them in its unified pool: use --system vllm with it")
+    if cache.prefix_kv or config.prefix_caching:
+        raise ConfigError(f"prefix-KV reuse (cache policy {cache.name!r} or prefix_caching) is a vLLM-engine extension; "
+                          f"S-LoRA frees a request's KV when it finishes: use --system vllm with it")
+    for name in ("slora_max_prompt_len", "slora_max_total_len", "running_max_req_size", "slora_max_wait_tokens"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {getattr(config, name)}")
+    if not config.slora_poll_s > 0:
+        raise ConfigError(f"slora_poll_s must be > 0, got {config.slora_poll_s}")
