@@ -26,7 +26,7 @@ from traces.registry import list_traces
 from twin.compare import load_compare_profile
 from twin.config import ConfigError
 from twin.perf.profile import available_profiles
-from twin.registry import PRESETS, load_entry_points, resolve_policy
+from twin.registry import PRESETS, load_entry_points, resolve_policy, resolve_system
 from twin.scenario import RunConfig, build_engine_config, build_workload
 from twin.simulate import simulate
 
@@ -119,9 +119,8 @@ def pick(kind: str, preferred: str, fallback: str, substitutions: dict[str, str]
 
 
 def system_of(preset: str) -> str:
-    """The serving system a preset runs on (its ``system`` field where presets have one; this
-    branch has only the vLLM v1 engine)."""
-    return str(getattr(PRESETS.get(preset), "system", None) or "vllm-v1 engine (no `system` field on this branch)")
+    """The serving system a preset runs on (its ``system`` field, :func:`twin.registry.resolve_system`)."""
+    return f"the {resolve_system(preset)} engine"
 
 
 # --------------------------------------------------------------------------- simulations
@@ -195,7 +194,8 @@ class Runner:
             s.slo_s = slo_s
         if accuracy is not None and hasattr(s, "accuracy"):
             s.accuracy = accuracy
-        res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=memory)
+        res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=memory,
+                       system=resolve_system(policy, run.system))  # the preset's engine, as twin.compare.run_one
         out = {k: v for k, v in res.summary.items()
                if not isinstance(v, (dict, list)) and k not in HOST_TIMINGS}
         if memory:

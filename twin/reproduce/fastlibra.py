@@ -13,7 +13,8 @@ reading).
 * workloads :data:`WORKLOADS` by name; where the paper's named workload is not registered, the
   stand-in of :data:`STAND_INS` is used (recorded in ``setup["substitutions"]``) with the
   options of :data:`STAND_IN_OPTIONS`;
-* profile :data:`PROFILE` (the paper's NPU is not modelled: a GPU with the same 64 GB HBM);
+* profile :data:`PROFILE` with :data:`GPU_MEM_GB` (the paper's NPU is not modelled: the A100, the
+  closest in FP16 compute, with the NPU's 64 GB of memory);
 * presets :data:`FASTLIBRA`, :data:`VLLM`, :data:`SLORA` and the ablations :data:`ABLATIONS`;
 * peak throughput: :func:`twin.reproduce.base.knee_search` on mean TTFT < :data:`TTFT_LIMIT_S`;
 * the rates: ``k/RATES x`` FastLibra's peak, ``k = 1..RATES`` (10 in the full run, as the paper).
@@ -43,8 +44,10 @@ STAND_IN_OPTIONS: dict[str, dict[str, Any]] = {
     "fastlibra-translation": {"adapters": 50, "ranks": [32, 64]},
     "fastlibra-agent": {"adapters": 50, "ranks": [32, 64], "trace_options": [("mean_turns", 6.0)]},
 }
-#: >>> STAND-IN profile: a 64 GB GPU with Llama-2-7B (the paper's 64 GB NPU is not modelled) <<<
-PROFILE = "llama-2-7b_h100_vllm050"
+#: the paper's NPU (256 TFLOPS FP16, 64 GB HBM) is not modelled: the closest profile is an A100 (312 TFLOPS
+#: FP16) with Llama-2-7B, given the NPU's 64 GB of memory (``--gpu-mem-gb``: the KV capacity follows)
+PROFILE = "llama-2-7b_a100-80gb_vidur"
+GPU_MEM_GB = 64.0
 FASTLIBRA = "fastlibra"
 #: FastLibra's vLLM baseline (static LoRA/KV partition with prefix caching, LRU) and S-LoRA
 VLLM = "vllm-partition"
@@ -93,8 +96,10 @@ class Effort:
     bisections: int
 
 
-FULL = Effort(duration_s=600.0, rates=10, bisections=4)
-QUICK = Effort(duration_s=60.0, rates=3, bisections=1)
+#: 120 s of arrivals per point bounds a full run to a few CPU-minutes (the peaks reach tens of req/s:
+#: thousands of requests per point); the paper's own run length is unspecified (its timelines span ~1,800 s)
+FULL = Effort(duration_s=120.0, rates=10, bisections=3)
+QUICK = Effort(duration_s=30.0, rates=3, bisections=1)
 #: first rate of the peak search (req/s); the search doubles or halves from it
 PEAK_SEARCH_START = 1.0
 
@@ -103,8 +108,8 @@ def scenario(name: str, effort: Effort, subs: dict[str, str]) -> RunConfig:
     """The run of one of :data:`WORKLOADS` (a stand-in with its options when the name is missing)."""
     trace = pick("trace", name, STAND_INS[name], subs)
     opts = STAND_IN_OPTIONS[name] if trace != name else {}
-    return RunConfig(trace=trace, profile=pick("profile", PROFILE, PROFILE, subs), duration=effort.duration_s, seed=0,
-                     **opts)
+    return RunConfig(trace=trace, profile=pick("profile", PROFILE, PROFILE, subs), gpu_mem_gb=GPU_MEM_GB,
+                     duration=effort.duration_s, seed=0, **opts)
 
 
 def measure(runner: Runner, quick: bool, presets: dict[str, str]) -> dict[str, Any]:
@@ -142,6 +147,7 @@ def _mean(xs: list[float]) -> float:
 def _setup(m: dict[str, Any], presets: list[str]) -> dict[str, Any]:
     effort = m["effort"]
     return {"workloads": {k: v["trace"] for k, v in m["workloads"].items()}, "profile": PROFILE,
+            "gpu_mem_gb": GPU_MEM_GB,
             "presets": {p: system_of(p) for p in presets}, "duration_s": effort.duration_s, "rates": effort.rates,
             "ttft_limit_s": TTFT_LIMIT_S,
             "peaks_rps": {k: v["peaks_rps"] for k, v in m["workloads"].items()},
