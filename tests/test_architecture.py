@@ -7,7 +7,7 @@ The project's packages sit in one direction, bottom to top (:data:`LAYERS`):
    and its memory/extension modules, metrics, ``simulate``;
 2. ``policies`` -- the built-in schedulers and cache policies;
 3. the layers that use them -- ``calibration``, ``twin.validation``, ``twin.compare``,
-   ``twin.sweep``, ``twin.configurator``;
+   ``twin.sweep``, ``twin.configurator``, ``twin.reproduce``;
 4. the command-line modules (:data:`CLI_MODULES`).
 
 Three rules, one test each:
@@ -51,6 +51,7 @@ LAYERS: dict[str, int] = {
     "twin.compare": 3,
     "twin.sweep": 3,
     "twin.configurator": 3,
+    "twin.reproduce": 3,
     "twin.cli": 4,
     "twin.__main__": 4,
     "traces.cli": 4,
@@ -60,6 +61,7 @@ LAYERS: dict[str, int] = {
     "twin.validation.cli": 4,
     "twin.sweep.cli": 4,
     "twin.configurator.cli": 4,
+    "twin.reproduce.cli": 4,
 }
 #: The layer of the command-line modules: the only place a project import may sit inside a function.
 CLI_LAYER = 4

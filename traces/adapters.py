@@ -22,6 +22,13 @@ Popularity specs (:func:`parse_popularity`), all a distribution over *popularity
   discretised per index and truncated to ``[0, M)``; smaller ``x`` is more skewed.
 * ``distinct``: FastLibra's Distinct: request ``j`` (in arrival order) goes to adapter
   ``j mod N`` (round-robin, every adapter equally often and never twice in a row).
+* ``bursty[:B]`` (default ``B = 50``): the adaptive-LoRA-caching study's "bursty" pattern,
+  whose parameters the study does not give (Dasari et al. §3; these are assumptions): the
+  requests, in arrival order, are cut into bursts of ``B`` consecutive requests; each burst
+  draws a hot set of ``max(1, round(N * BURST_HOT_FRACTION))`` adapters uniformly at random,
+  sends a share :data:`BURST_HOT_SHARE` of its requests to it (uniform within the set) and the
+  rest uniformly over all adapters. Over a long run every adapter is equally popular; what
+  changes is which few are hot at a time, so recency matters more than frequency.
 
 For the single-level forms the popularity positions are mapped to adapter ids through a
 seeded random permutation, so popularity is independent of the rank. Two-level specs
@@ -42,15 +49,22 @@ DEFAULT_RANKS: tuple[int, ...] = (8, 16, 32, 64, 128)
 DEFAULT_POWERLAW_ALPHA = 0.5
 DEFAULT_ZIPF_S = 1.0
 DEFAULT_SKEW_X = 0.1
+DEFAULT_BURST_REQUESTS = 50
+#: ``bursty``: share of a burst's requests that go to its hot set, and the hot set's size as a
+#: fraction of the adapters (assumptions: the adaptive-caching study gives no burst parameters)
+BURST_HOT_SHARE = 0.9
+BURST_HOT_FRACTION = 0.1
 
 _ALIASES = {"u": "uniform", "uniform": "uniform", "p": "powerlaw", "powerlaw": "powerlaw", "power-law": "powerlaw",
             "power": "powerlaw", "z": "zipf", "zipf": "zipf", "skewed": "skewed", "skew": "skewed",
             "s": "skewed", "distinct": "distinct", "round-robin": "distinct", "roundrobin": "distinct",
-            "d": "distinct"}
+            "d": "distinct", "bursty": "bursty", "burst": "bursty"}
 _DEFAULT_PARAM = {"uniform": None, "powerlaw": DEFAULT_POWERLAW_ALPHA, "zipf": DEFAULT_ZIPF_S,
-                  "skewed": DEFAULT_SKEW_X, "distinct": None}
-POPULARITY_HELP = ("uniform | powerlaw[:alpha] | zipf[:s] | skewed[:x] | distinct | R-A two-level over ranks "
-                   "then adapters, e.g. U-U, U-P, P-P, P:0.3-zipf:1.2")
+                  "skewed": DEFAULT_SKEW_X, "distinct": None, "bursty": DEFAULT_BURST_REQUESTS}
+POPULARITY_HELP = ("uniform | powerlaw[:alpha] | zipf[:s] | skewed[:x] | distinct | bursty[:B] | R-A two-level over "
+                   "ranks then adapters, e.g. U-U, U-P, P-P, P:0.3-zipf:1.2")
+#: laws that depend on the arrival order (not a fixed distribution): single-level only
+SEQUENTIAL_LAWS = ("distinct", "bursty")
 
 
 class PopularityError(ValueError):
@@ -93,6 +107,8 @@ def _parse_dist(text: str, spec: str) -> Dist:
             raise PopularityError(f"popularity parameter {arg!r} in {spec!r} is not a number") from e
         if not np.isfinite(param) or param < 0 or (kind in ("powerlaw", "skewed") and param == 0):
             raise PopularityError(f"popularity parameter of {kind} must be > 0 (>= 0 for zipf), got {param}")
+        if kind == "bursty" and (param < 1 or not param.is_integer()):
+            raise PopularityError(f"bursty:B takes the burst length in requests, an integer >= 1 (got {arg!r})")
         return Dist(kind, param)
     return Dist(kind, _DEFAULT_PARAM[kind])
 
@@ -113,8 +129,9 @@ def parse_popularity(spec: str | Popularity | None) -> Popularity:
             raise PopularityError(f"two-level popularity {s!r} must be RANKLAW-ADAPTERLAW, e.g. U-P; "
                                   f"use {POPULARITY_HELP}")
         rank, adapter = _parse_dist(parts[0], s), _parse_dist(parts[1], s)
-        if "distinct" in (rank.kind, adapter.kind):
-            raise PopularityError(f"'distinct' cannot be one level of a two-level spec ({s!r})")
+        for kind in SEQUENTIAL_LAWS:
+            if kind in (rank.kind, adapter.kind):
+                raise PopularityError(f"{kind!r} cannot be one level of a two-level spec ({s!r})")
         return Popularity(adapter=adapter, rank=rank)
     return Popularity(_parse_dist(s, s))
 
@@ -124,7 +141,7 @@ def position_probabilities(dist: Dist, m: int) -> np.ndarray:
     if m < 1:
         raise PopularityError("a popularity law needs at least one adapter")
     i = np.arange(m, dtype=float)
-    if dist.kind in ("uniform", "distinct"):
+    if dist.kind in ("uniform", "distinct", "bursty"):  # the sequential laws' long-run shares
         p = np.full(m, 1.0 / m)
     elif dist.kind == "powerlaw":
         a = float(dist.param)
@@ -192,8 +209,8 @@ def assign_adapters(n_requests: int, n_adapters: int, rng: np.random.Generator,
     """Adapter id and rank of each of ``n_requests`` requests (in arrival order).
 
     ``n_adapters = 0`` gives base-model requests (id -1, rank 0). ``distinct`` assigns
-    round-robin in arrival order; every other law draws i.i.d. from
-    :func:`adapter_probabilities`.
+    round-robin in arrival order, ``bursty`` burst by burst (:func:`bursty_adapters`); every
+    other law draws i.i.d. from :func:`adapter_probabilities`.
     """
     if n_adapters == 0:
         return np.full(n_requests, -1, np.int64), np.zeros(n_requests, np.int64)
@@ -201,10 +218,26 @@ def assign_adapters(n_requests: int, n_adapters: int, rng: np.random.Generator,
     pop = parse_popularity(popularity)
     if pop.rank is None and pop.adapter.kind == "distinct":
         ids = np.arange(n_requests, dtype=np.int64) % n_adapters
+    elif pop.rank is None and pop.adapter.kind == "bursty":
+        ids = bursty_adapters(n_requests, n_adapters, int(pop.adapter.param), rng)
     else:
         p = adapter_probabilities(pop, rank_of, rng, rank_order=list(dict.fromkeys(int(r) for r in ranks)))
         ids = rng.choice(n_adapters, size=n_requests, p=p).astype(np.int64)
     return ids, rank_of[ids]
+
+
+def bursty_adapters(n_requests: int, n_adapters: int, burst: int, rng: np.random.Generator) -> np.ndarray:
+    """Adapter ids of the ``bursty:B`` law (module docstring): bursts of ``burst`` requests, each
+    sending :data:`BURST_HOT_SHARE` of its requests to a hot set of
+    ``max(1, round(n_adapters * BURST_HOT_FRACTION))`` adapters drawn afresh per burst."""
+    hot_n = max(1, int(round(n_adapters * BURST_HOT_FRACTION)))
+    ids = np.empty(n_requests, np.int64)
+    for start in range(0, n_requests, burst):
+        k = min(burst, n_requests - start)
+        hot = rng.choice(n_adapters, size=hot_n, replace=False)
+        to_hot = rng.random(k) < BURST_HOT_SHARE
+        ids[start:start + k] = np.where(to_hot, hot[rng.integers(0, hot_n, k)], rng.integers(0, n_adapters, k))
+    return ids
 
 
 def map_keys_to_adapters(keys: np.ndarray, n_adapters: int, ranks: Sequence[int] = DEFAULT_RANKS,

@@ -130,7 +130,7 @@ OPTIONS: dict[str, tuple[str, str, Callable[[Any], Any], str]] = {
     "adapters": ("adapters", "n_adapters", int, "number of adapters (0: base model only)"),
     "ranks": ("adapters", "ranks", parse_ranks, "adapter ranks cycled over adapter ids, e.g. 8,16,32,64,128"),
     "popularity": ("adapters", "popularity", str, "adapter popularity: uniform | powerlaw[:a] | zipf[:s] | "
-                   "skewed[:x] | distinct | U-U | U-P | P-P ..."),
+                   "skewed[:x] | distinct | bursty[:B] | U-U | U-P | P-P ..."),
     "lengths": ("lengths", "dist", str, "length model: splitwise | splitwise-code | sharegpt | lognormal[:SRC] | "
                 "fixed:small|medium|large|P/O | empirical:NAME|PATH"),
     "mean_in": ("lengths", "mean_in", _opt_float, "target mean prompt tokens (sharegpt, lognormal)"),

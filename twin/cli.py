@@ -19,6 +19,7 @@ import calibration.cli
 import traces.cli
 import twin.compare
 import twin.configurator.cli
+import twin.reproduce.cli
 import twin.sweep.cli
 import twin.validation.cli
 from traces.arguments import check_writable_dir
@@ -32,9 +33,9 @@ from twin.scenario import (RunConfig, build_engine_config, build_workload, check
 from twin.simulate import simulate
 
 #: the modules that add the other commands (``traces``, ``calibrate``, ``validate``, ``compare``, ``sweep``,
-#: ``configure``)
+#: ``configure``, ``reproduce``)
 COMMAND_MODULES = (traces.cli, calibration.cli, twin.validation.cli, twin.compare, twin.sweep.cli,
-                   twin.configurator.cli)
+                   twin.configurator.cli, twin.reproduce.cli)
 
 SUMMARY_ROWS = [
     ("requests arrived / finished", lambda s: f"{s['requests_arrived']} / {s['requests_finished']}"),

@@ -117,3 +117,24 @@ from hypothesis import strategies as st  # noqa: E402
 def test_probabilities_are_distributions(n, spec):
     p = adapter_probabilities(spec, assign_ranks(n), np.random.default_rng(n))
     assert p.shape == (n,) and np.all(p >= 0) and abs(p.sum() - 1.0) < 1e-9
+
+
+def test_bursty_hot_set_per_burst():
+    """bursty:B: within each burst of B requests the hot set (10 % of the adapters) takes about
+    90 % of the requests; over the run every adapter is about equally popular."""
+    n, burst = 40, 100
+    ids, ranks = assign_adapters(200 * burst, n, np.random.default_rng(5), popularity=f"bursty:{burst}")
+    assert np.all(ranks == assign_ranks(n)[ids])
+    shares = [np.sort(np.bincount(ids[s:s + burst], minlength=n))[::-1][:4].sum() / burst
+              for s in range(0, ids.size, burst)]
+    assert 0.85 < np.mean(shares) < 0.97
+    counts = np.bincount(ids, minlength=n)
+    assert counts.min() > 0.6 * counts.mean() and counts.max() < 1.4 * counts.mean()
+    again, _ = assign_adapters(200 * burst, n, np.random.default_rng(5), popularity=f"bursty:{burst}")
+    assert np.array_equal(ids, again)
+
+
+@pytest.mark.parametrize("spec", ["bursty:0", "bursty:2.5", "bursty-U", "U-bursty"])
+def test_bursty_refused_forms(spec):
+    with pytest.raises(PopularityError):
+        parse_popularity(spec)

@@ -1,0 +1,65 @@
+"""The reproduction building blocks: the knee search, the low-load reference, names by registry,
+and that the papers' numbers are never inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from twin.config import ConfigError
+from twin.reproduce import adaptive_caching
+from twin.reproduce.base import (LOW_LOAD_OCCUPANCY, PaperNumber, Runner, knee_search, low_load_reference,
+                                 pct_change, pick, ratio)
+from twin.scenario import RunConfig
+
+
+@pytest.mark.parametrize("true_knee, start", [(3.3, 1.0), (3.3, 10.0), (0.4, 2.0), (7.0, 7.0)])
+def test_knee_search_brackets_the_knee(true_knee, start):
+    """On a step at ``true_knee`` the result passes, the first failing probe fails, and the bracket
+    halves with every bisection."""
+    k = knee_search(lambda r: {"r": r}, lambda s: s["r"] <= true_knee, start, bisections=6)
+    assert k.rate <= true_knee < k.failed
+    width = k.failed - k.rate
+    assert width <= max(start, true_knee) * 2 / 2 ** 6 + 1e-12
+    assert all(met == (r <= true_knee) for r, met in k.probes)
+
+
+def test_knee_search_limits():
+    assert knee_search(lambda r: {}, lambda s: True, 1.0, 3, max_doublings=4).failed is None
+    k = knee_search(lambda r: {}, lambda s: False, 1.0, 3, max_doublings=4)
+    assert k.rate == 0.0 and len(k.probes) == 5
+
+
+def test_changes_and_ratios():
+    assert pct_change(80.0, 100.0) == pytest.approx(-20.0)
+    assert ratio(3.0, 2.0) == 1.5
+    assert pct_change(None, 1.0) != pct_change(None, 1.0)  # NaN
+    assert ratio(1.0, 0.0) != ratio(1.0, 0.0)
+
+
+def test_pick_falls_back_and_records():
+    subs: dict[str, str] = {}
+    assert pick("preset", "slora", "vllm", subs) == "slora" and subs == {}
+    assert pick("trace", "no-such-workload", "synthetic", subs) == "synthetic"
+    assert subs == {"no-such-workload": "synthetic"}
+    with pytest.raises(ConfigError, match="neither profile"):
+        pick("profile", "no-such-profile", "nor-this-one", {})
+
+
+def test_low_load_reference_is_low():
+    run = RunConfig(trace="synthetic", adapters=4, ranks=[8], seed=0)
+    s = low_load_reference(Runner(), run, "vllm", requests=30)
+    assert s["rps"] * s["e2e_ms_mean"] / 1000.0 <= LOW_LOAD_OCCUPANCY + 1e-9
+    assert s["requests_finished"] == s["requests_arrived"] > 0
+
+
+def test_paper_numbers_are_not_inputs(monkeypatch):
+    """The twin's column is the same with every paper number replaced (and runs are deterministic)."""
+    first = [r.twin for r in adaptive_caching.run(Runner(), True).rows]
+    fake = {k: dataclasses.replace(p, value=-999.0) for k, p in adaptive_caching.PAPER.items()}
+    monkeypatch.setattr(adaptive_caching, "PAPER", fake)
+    rows = adaptive_caching.run(Runner(), True).rows
+    assert [r.twin for r in rows] == first
+    assert all(r.paper == -999.0 for r in rows)
+    assert isinstance(next(iter(fake.values())), PaperNumber)

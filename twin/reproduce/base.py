@@ -1,0 +1,292 @@
+"""Building blocks of a reproduction: the paper's numbers, result rows, the simulation runner,
+the low-load reference and the knee search.
+
+**Nothing measured by a paper is an input.** A paper module keeps the numbers it reproduces in
+one table of :class:`PaperNumber` (with the section or figure they come from); they are only
+ever printed beside the twin's. Loads are placed relative to the *twin's* knee
+(:func:`knee_search`) and SLOs follow the paper's *definitions* applied to the twin's own
+measurements (e.g. Chameleon's "5x the mean low-load execution time", :func:`low_load_reference`).
+
+**Names, not objects.** Every workload, preset and profile is chosen by name through the public
+registries (:func:`pick`), so presets, engines and profiles that other work registers later are
+picked up; where the paper's name does not exist (yet) the closest existing one is used and
+recorded in the outcome's set-up (``setup["substitutions"]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from traces.registry import list_traces
+from twin.compare import load_compare_profile
+from twin.config import ConfigError
+from twin.perf.profile import available_profiles
+from twin.registry import PRESETS, load_entry_points, resolve_policy, resolve_system
+from twin.scenario import RunConfig, build_engine_config, build_workload
+from twin.simulate import simulate
+
+
+@dataclass(frozen=True)
+class PaperNumber:
+    """One number (or stated finding) of a paper, with where it is stated."""
+
+    metric: str
+    condition: str
+    unit: str
+    value: float | str
+    source: str
+
+
+@dataclass
+class Row:
+    """One reproduced number: the paper's value beside the twin's."""
+
+    metric: str
+    condition: str
+    unit: str
+    paper: float | str
+    twin: float | str | None
+    source: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        """The five keys of ``twin reproduce --json``."""
+        return {"metric": self.metric, "condition": self.condition, "unit": self.unit, "paper": self.paper,
+                "twin": self.twin}
+
+
+def row(paper: PaperNumber, twin: float | str | None, digits: int = 1) -> Row:
+    """The row of ``paper`` with the twin's value (numbers rounded to ``digits``; None/NaN: not measured)."""
+    if isinstance(twin, (float, np.floating)):
+        twin = None if not math.isfinite(float(twin)) else round(float(twin), digits)
+    return Row(paper.metric, paper.condition, paper.unit, paper.value, twin, paper.source)
+
+
+def yes_no(flag: bool) -> str:
+    """A qualitative finding's value."""
+    return "yes" if flag else "no"
+
+
+def pct_change(value: float | None, base: float | None) -> float:
+    """``100 * (value / base - 1)`` (NaN when either is missing or the base is 0)."""
+    if value is None or base is None or base == 0 or not math.isfinite(value) or not math.isfinite(base):
+        return float("nan")
+    return 100.0 * (value / base - 1.0)
+
+
+def ratio(value: float | None, base: float | None) -> float:
+    """``value / base`` (NaN when either is missing or the base is 0)."""
+    if value is None or base is None or base == 0:
+        return float("nan")
+    return value / base
+
+
+@dataclass
+class Outcome:
+    """What one reproduction produced: the rows, how it was set up, every simulated point and
+    the notes that explain the differences."""
+
+    name: str
+    title: str
+    rows: list[Row]
+    setup: dict[str, Any]
+    points: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        """``{"name": ..., "rows": [...]}`` as ``twin reproduce --json`` prints it."""
+        return {"name": self.name, "rows": [r.as_json() for r in self.rows]}
+
+
+# --------------------------------------------------------------------------- names
+def pick(kind: str, preferred: str, fallback: str, substitutions: dict[str, str]) -> str:
+    """``preferred`` when a ``kind`` ("trace", "preset" or "profile") of that name is registered,
+    else ``fallback`` (recorded in ``substitutions``); a ConfigError when neither exists."""
+    load_entry_points()
+    known = {"trace": lambda: {t["name"] for t in list_traces()}, "preset": lambda: set(PRESETS),
+             "profile": lambda: set(available_profiles())}[kind]()
+    if preferred in known:
+        return preferred
+    if fallback in known:
+        substitutions[preferred] = fallback
+        return fallback
+    raise ConfigError(f"twin reproduce: neither {kind} {preferred!r} nor its stand-in {fallback!r} is registered; "
+                      f"install the package that provides it (known {kind}s: {', '.join(sorted(known))})")
+
+
+def system_of(preset: str) -> str:
+    """The serving system a preset runs on (its ``system`` field, :func:`twin.registry.resolve_system`)."""
+    return f"the {resolve_system(preset)} engine"
+
+
+# --------------------------------------------------------------------------- simulations
+def _request_metrics(res) -> dict[str, Any]:
+    """Per-request figures a summary lacks: load waits of misses, P99 TTFT and mean miss load by
+    rank, and the mean TTFT without the adapter-load wait (the execution part)."""
+    df = res.requests
+    out: dict[str, Any] = {}
+    done = df[df["outcome"] == "finished"]
+    hit = done["adapter_hit"]
+    miss = done[hit.eq(False).fillna(False).to_numpy(bool)]
+    waits = miss["load_wait_s"].to_numpy(float) * 1000.0
+    out["miss_load_ms_max"] = float(waits.max()) if waits.size else float("nan")
+    out["miss_load_ms_p99"] = float(np.percentile(waits, 99)) if waits.size else float("nan")
+    out["exec_ms_mean"] = float(((done["ttft_s"] - done["load_wait_s"]) * 1000.0).mean()) if len(done) else float("nan")
+    for r, g in done.groupby("adapter_rank"):
+        out[f"ttft_ms_p99_rank{int(r)}"] = float(np.percentile(g["ttft_s"] * 1000.0, 99))
+        m = miss[miss["adapter_rank"] == r]["load_wait_s"].to_numpy(float) * 1000.0
+        out[f"miss_load_ms_mean_rank{int(r)}"] = float(m.mean()) if m.size else float("nan")
+    return out
+
+
+#: summary keys that time the host, not the simulation: left out, so a rerun writes identical files
+HOST_TIMINGS = ("wall_s", "x_realtime")
+
+
+class Runner:
+    """Runs simulation points by name, remembers them (a repeated point is not simulated twice,
+    e.g. the knee shared by ``chameleon-fig11`` and ``chameleon-caches`` under ``all``) and
+    counts them on an optional progress bar (tqdm, stderr)."""
+
+    def __init__(self, progress: bool = False, label: str = "reproduce") -> None:
+        self.progress = progress
+        self.label = label
+        self.memo: dict[tuple, dict[str, Any]] = {}
+        self.bar = None
+
+    def start(self, label: str) -> None:
+        """Begin a reproduction: a fresh progress bar (when enabled) named ``label``."""
+        self.close()
+        self.label = label
+        if self.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(unit="run", desc=label, leave=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def point(self, run: RunConfig, policy: str | None, rps: float | None = None, *, scheduler: str | None = None,
+              cache: str | None = None, slo_s: float | None = None, accuracy: float | None = None,
+              lora_targets: str | None = None, memory: bool = False) -> dict[str, Any]:
+        """The summary (plus :func:`_request_metrics`) of ``run`` at ``rps`` under the preset
+        ``policy`` (``scheduler``/``cache`` override its parts). ``slo_s`` is the TTFT SLO, given to
+        schedulers that plan with one (Chameleon's quotas) as ``twin compare`` does. ``memory``:
+        record the steps and add ``kv_use_peak``, the largest share of the KV blocks in use."""
+        if rps is not None:
+            run = dataclasses.replace(run, rps=float(rps))
+        key = (repr(run), policy, scheduler, cache, slo_s, accuracy, lora_targets, memory)
+        if key in self.memo:
+            return self.memo[key]
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{policy or scheduler}+{cache or ''} at {run.rps:.3g} req/s")
+        prof = load_compare_profile(run.profile, lora_targets)
+        w = build_workload(run)
+        cfg = build_engine_config(run, w, prof)
+        s, c, label = resolve_policy(policy, scheduler, cache)
+        if slo_s is not None and hasattr(s, "slo_s"):
+            s.slo_s = slo_s
+        if accuracy is not None and hasattr(s, "accuracy"):
+            s.accuracy = accuracy
+        res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=memory,
+                       system=resolve_system(policy, run.system))  # the preset's engine, as twin.compare.run_one
+        out = {k: v for k, v in res.summary.items()
+               if not isinstance(v, (dict, list)) and k not in HOST_TIMINGS}
+        if memory:
+            # the pool in the engine's own KV units (S-LoRA counts 1-token slots, vLLM blocks)
+            blocks = res.summary.get("pool_blocks") or res.summary["kv_capacity_tokens"] / cfg.block_size
+            out["kv_use_peak"] = float(res.steps["kv_blocks_used"].max() / blocks) if len(res.steps) else float("nan")
+        out.update({"preset": policy or label, "rps": run.rps, **_request_metrics(res)})
+        self.memo[key] = out
+        if self.bar is not None:
+            self.bar.update()
+        return out
+
+
+# --------------------------------------------------------------------------- references
+#: "low load": requests in flight on average (Little's law: rate x mean E2E) at most this, so a
+#: request almost never shares the GPU with another (a definition, not a paper number)
+LOW_LOAD_OCCUPANCY = 0.1
+#: requests of the low-load reference run
+LOW_LOAD_REQUESTS = 200
+#: first guess of the low-load rate (req/s), corrected once from its own E2E
+LOW_LOAD_FIRST_RPS = 0.05
+
+
+def low_load_reference(runner: Runner, run: RunConfig, policy: str, requests: int = LOW_LOAD_REQUESTS,
+                       ) -> dict[str, Any]:
+    """The summary of ``run`` under ``policy`` at a rate low enough that on average at most
+    :data:`LOW_LOAD_OCCUPANCY` requests are in flight: a run at :data:`LOW_LOAD_FIRST_RPS`, then
+    (when its rate x mean E2E exceeds the bound) one at ``LOW_LOAD_OCCUPANCY / E2E``. Its
+    ``e2e_ms_mean`` is the "mean low-load execution time"; ``rps`` the rate used."""
+    rps = LOW_LOAD_FIRST_RPS
+    s = runner.point(dataclasses.replace(run, duration=requests / rps), policy, rps)
+    e2e = s["e2e_ms_mean"] / 1000.0
+    if rps * e2e > LOW_LOAD_OCCUPANCY:
+        rps = LOW_LOAD_OCCUPANCY / e2e
+        s = runner.point(dataclasses.replace(run, duration=requests / rps), policy, rps)
+    return s
+
+
+@dataclass
+class Knee:
+    """The highest rate that met the condition (``rate``), the lowest that failed (``failed``,
+    None when none did up to the doubling limit) and every probe ``(rate, met)``."""
+
+    rate: float
+    failed: float | None
+    probes: list[tuple[float, bool]]
+
+
+def knee_search(point: Callable[[float], dict[str, Any]], ok: Callable[[dict[str, Any]], bool], start: float,
+                bisections: int, max_doublings: int = 10) -> Knee:
+    """The highest Poisson rate whose run meets ``ok`` (e.g. P99 TTFT within the SLO).
+
+    From ``start``: double while the condition holds (halve while it fails) to bracket the knee
+    between a passing rate and a failing one, then bisect ``bisections`` times; the result is the
+    last passing rate, within ``(failed - rate)`` (``start * 2**-bisections`` or finer relative
+    to the bracket) of the true knee of this workload and horizon. A rate 0 means even
+    ``start / 2**max_doublings`` fails.
+    """
+    probes: list[tuple[float, bool]] = []
+
+    def test(r: float) -> bool:
+        met = bool(ok(point(r)))
+        probes.append((r, met))
+        return met
+
+    r = float(start)
+    if test(r):
+        lo, hi = r, None
+        for _ in range(max_doublings):
+            r *= 2.0
+            if test(r):
+                lo = r
+            else:
+                hi = r
+                break
+        if hi is None:
+            return Knee(lo, None, probes)
+    else:
+        lo, hi = None, r
+        for _ in range(max_doublings):
+            r /= 2.0
+            if test(r):
+                lo = r
+                break
+            hi = r
+        if lo is None:
+            return Knee(0.0, hi, probes)
+    for _ in range(bisections):
+        mid = 0.5 * (lo + hi)
+        if test(mid):
+            lo = mid
+        else:
+            hi = mid
+    return Knee(lo, hi, probes)

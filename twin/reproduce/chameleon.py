@@ -1,0 +1,286 @@
+"""Chameleon (Iliakopoulou et al., MICRO'25): ``chameleon-fig11`` and ``chameleon-caches``.
+
+**The paper's experiment** (``shared/refs/chameleon.md`` §4): one A40 (48 GB), Llama-7B,
+100 adapters of ranks 8/16/32/64/128 (20 each), U-P popularity (uniform over ranks, power law
+within a rank), Splitwise conversation lengths scaled down by a constant so that peak memory
+matches the GPU, Poisson arrivals; TTFT SLO = 5x the mean low-load execution time, TBT SLO
+150 ms; loads 6/8/9 RPS against S-LoRA's knee of 8.6 RPS; throughput = the highest load whose
+P99 TTFT stays within the SLO.
+
+**In the twin** (every value below is a name or a definition, none a paper result):
+
+* workload :data:`WORKLOAD` (the registered ``chameleon`` synthetic workload: Splitwise-like
+  lengths times its own ``length_scale``, see ``twin traces list``) with the paper's adapters
+  and popularity set explicitly (:data:`ADAPTERS`, :data:`RANKS`, :data:`POPULARITY`);
+* profile :data:`PROFILE` (A40-48GB, Llama-2-7B);
+* TTFT SLO = :data:`SLO_X` x the mean E2E of S-LoRA at low load
+  (:func:`twin.reproduce.base.low_load_reference`), TBT SLO :data:`TBT_SLO_S`;
+* S-LoRA's knee: :func:`twin.reproduce.base.knee_search` on P99 TTFT <= SLO; the three loads
+  are :data:`LOAD_FRACTIONS` of it (6, 8 and 9 RPS relative to 8.6 RPS: conditions of the
+  paper's experiment, not results);
+* throughput within the SLO: the same knee search for each system;
+* lengths: the registered workload's own length scale (``length_scale`` 0.5 of ``chameleon``,
+  chosen when that workload was added, not here). The paper's rule ("scaled so that peak memory
+  matches the GPU") is not turned into a search; instead the outcome reports how full S-LoRA's
+  KV pool gets at its knee (``kv_use_peak_at_slora_knee``), the quantity the rule constrains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from twin.reproduce.base import (Knee, Outcome, PaperNumber, Row, Runner, knee_search, low_load_reference,
+                                 pct_change, pick, ratio, row, system_of, yes_no)
+from twin.scenario import RunConfig
+
+# ------------------------------------------------------------------ the paper's set-up (names and definitions)
+#: the Chameleon workload (Splitwise-like lengths scaled down; U-P popularity)
+WORKLOAD = "chameleon"
+#: A40-48GB with Llama-2-7B (Chameleon §6's testbed)
+PROFILE = "llama-2-7b_a40_vidur"
+ADAPTERS = 100
+RANKS = [8, 16, 32, 64, 128]
+POPULARITY = "U-P"
+#: presets by name (the systems of Chameleon §6)
+BASELINE = "slora"
+CHAMELEON = "chameleon"
+ABLATIONS = {"ChameleonNoSched": "chameleon-nosched", "ChameleonNoCache": "chameleon-nocache"}
+CACHE_POLICIES = {"LRU": "chameleon-lru", "FairShare": "chameleon-fairshare", "Chameleon": "chameleon"}
+#: TTFT SLO = SLO_X x the mean low-load execution time (Chameleon §6's definition)
+SLO_X = 5.0
+#: TBT SLO (Chameleon §6's definition), seconds
+TBT_SLO_S = 0.150
+#: the paper's loads relative to S-LoRA's knee: 6, 8 and 9 RPS over 8.6 RPS (§6.1, conditions)
+LOAD_FRACTIONS = {"low": 0.70, "medium": 0.93, "high": 1.05}
+
+# ------------------------------------------------------------------ the paper's numbers (never inputs)
+SRC_FIG11 = "Chameleon MICRO'25 §6.1, Fig. 11"
+PAPER: dict[str, PaperNumber] = {
+    "p99_low": PaperNumber("P99 TTFT vs S-LoRA", "Chameleon, low load (6 RPS)", "%", -14.7, SRC_FIG11),
+    "p99_medium": PaperNumber("P99 TTFT vs S-LoRA", "Chameleon, medium load (8 RPS)", "%", -24.6, SRC_FIG11),
+    "p99_high": PaperNumber("P99 TTFT vs S-LoRA", "Chameleon, high load (9 RPS)", "%", -80.7, SRC_FIG11),
+    "p50_low": PaperNumber("P50 TTFT vs S-LoRA", "Chameleon, low load (6 RPS)", "%", -13.9, SRC_FIG11),
+    "p50_medium": PaperNumber("P50 TTFT vs S-LoRA", "Chameleon, medium load (8 RPS)", "%", -20.9, SRC_FIG11),
+    "p50_high": PaperNumber("P50 TTFT vs S-LoRA", "Chameleon, high load (9 RPS)", "%", -48.1, SRC_FIG11),
+    "knee_slora": PaperNumber("throughput within the TTFT SLO", "S-LoRA", "req/s", 8.6, SRC_FIG11),
+    "knee_chameleon": PaperNumber("throughput within the TTFT SLO", "Chameleon", "req/s", 12.9, SRC_FIG11),
+    "thr_Chameleon": PaperNumber("throughput within the TTFT SLO vs S-LoRA", "Chameleon", "x", 1.5, SRC_FIG11),
+    "thr_ChameleonNoSched": PaperNumber("throughput within the TTFT SLO vs S-LoRA", "ChameleonNoSched", "x", 1.2,
+                                        "Chameleon MICRO'25 §6.2 (ablation)"),
+    "thr_ChameleonNoCache": PaperNumber("throughput within the TTFT SLO vs S-LoRA", "ChameleonNoCache", "x", 1.05,
+                                        "Chameleon MICRO'25 §6.2 (ablation)"),
+    "tbt": PaperNumber("P99 TBT within 150 ms", "S-LoRA and Chameleon, high load", "", "yes", SRC_FIG11),
+}
+SRC_CACHE = "Chameleon MICRO'25 §6.4 (cache policies)"
+PAPER_CACHES: dict[str, PaperNumber] = {
+    "LRU": PaperNumber("P99 TTFT vs S-LoRA", "Chameleon-LRU, medium load (8 RPS)", "%", -18.0, SRC_CACHE),
+    "FairShare": PaperNumber("P99 TTFT vs S-LoRA", "Chameleon-FairShare, medium load (8 RPS)", "%", -22.0, SRC_CACHE),
+    "Chameleon": PaperNumber("P99 TTFT vs S-LoRA", "Chameleon, medium load (8 RPS)", "%", -26.0, SRC_CACHE),
+    "rank128": PaperNumber("P99 TTFT of rank-128 requests vs FairShare", "Chameleon, medium load (8 RPS)", "%",
+                           -12.0, SRC_CACHE),
+    "hits": PaperNumber("requests that hit the adapter cache", "Chameleon (load unspecified; twin: medium)", "%",
+                        75.0, "Chameleon MICRO'25 §6.3 (loading)"),
+    "miss_ms": PaperNumber("longest adapter-load wait of a miss", "Chameleon (twin: medium load)", "ms", 6.0,
+                           "Chameleon MICRO'25 §6.3 (loading)"),
+    "slora_ms": PaperNumber("longest adapter-load wait", "S-LoRA (twin: medium load)", "ms", 30.0,
+                            "Chameleon MICRO'25 §6.3 (loading)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Effort:
+    """How long and how finely a run measures: seconds of arrivals per point, knee bisections, low-load requests."""
+
+    duration_s: float
+    bisections: int
+    low_load_requests: int
+
+
+FULL = Effort(duration_s=600.0, bisections=5, low_load_requests=200)
+QUICK = Effort(duration_s=120.0, bisections=2, low_load_requests=60)
+
+
+def experiment(runner: Runner, quick: bool) -> dict[str, Any]:
+    """The shared set-up: scenario, SLO and S-LoRA's knee (the runner remembers the runs, so
+    both reproductions of a process share them)."""
+    effort = QUICK if quick else FULL
+    subs: dict[str, str] = {}
+    run = RunConfig(trace=pick("trace", WORKLOAD, WORKLOAD, subs), profile=pick("profile", PROFILE, PROFILE, subs),
+                    adapters=ADAPTERS, ranks=list(RANKS), popularity=POPULARITY, duration=effort.duration_s, seed=0)
+    base = pick("preset", BASELINE, BASELINE, subs)
+    low = low_load_reference(runner, run, base, effort.low_load_requests)
+    slo_s = SLO_X * low["e2e_ms_mean"] / 1000.0
+    start = 1000.0 / low["e2e_ms_mean"]  # one request in flight on average at low-load service time
+
+    def knee_of(preset: str) -> Knee:
+        return knee_search(lambda r: runner.point(run, preset, r, slo_s=slo_s),
+                           lambda s: s["ttft_ms_p99"] is not None and s["ttft_ms_p99"] <= slo_s * 1000.0,
+                           start, effort.bisections)
+
+    knee = knee_of(base)
+    loads = {k: f * knee.rate for k, f in LOAD_FRACTIONS.items()}
+    # the paper scales lengths so that peak memory matches the GPU: how full the KV pool gets at the knee
+    peak = runner.point(run, base, knee.rate, slo_s=slo_s, memory=True)["kv_use_peak"] if knee.rate > 0 else None
+    return {"run": run, "effort": effort, "baseline": base, "slo_s": slo_s, "low": low, "knee": knee,
+            "kv_use_peak_at_knee": peak,
+            "knee_of": knee_of, "loads": loads, "substitutions": subs}
+
+
+def _setup(e: dict[str, Any], presets: list[str]) -> dict[str, Any]:
+    run: RunConfig = e["run"]
+    return {"workload": run.trace, "profile": run.profile, "adapters": run.adapters, "ranks": run.ranks,
+            "popularity": run.popularity, "duration_s": run.duration, "seed": run.seed,
+            "presets": {p: system_of(p) for p in presets},
+            "low_load_rps": e["low"]["rps"], "low_load_e2e_ms_mean": e["low"]["e2e_ms_mean"],
+            "ttft_slo_s": e["slo_s"], "tbt_slo_s": TBT_SLO_S, "slora_knee_rps": e["knee"].rate,
+            "slora_knee_bracket": [e["knee"].rate, e["knee"].failed], "loads_rps": e["loads"],
+            "kv_use_peak_at_slora_knee": e["kv_use_peak_at_knee"],
+            "substitutions": e["substitutions"]}
+
+
+def _memory_note(e: dict[str, Any]) -> str:
+    peak = e["kv_use_peak_at_knee"]
+    what = "-" if peak is None else f"{100 * peak:.0f} %"
+    return (f"lengths: the {e['run'].trace} workload's own length scale (Splitwise-like lengths scaled down); the "
+            f"paper scales them so that peak memory matches the GPU: at S-LoRA's knee the KV pool peaks at {what} "
+            f"of its blocks.")
+
+
+def _rank_note(pair: tuple[dict[str, Any], dict[str, Any]]) -> str:
+    """P99 TTFT by rank at the high load, S-LoRA then Chameleon (where the tail comes from)."""
+    b, c = pair
+    cells = [f"rank {r}: {b.get(f'ttft_ms_p99_rank{r}', float('nan')) / 1000:.1f} / "
+             f"{c.get(f'ttft_ms_p99_rank{r}', float('nan')) / 1000:.1f} s" for r in RANKS]
+    return "P99 TTFT by adapter rank at the high load, S-LoRA / Chameleon: " + ", ".join(cells) + "."
+
+
+def _load_note(label: str, s: dict[str, Any]) -> str:
+    return (f"{label}: {s['adapter_loads_from_disk']} adapter loads from disk and {s['adapter_loads_from_cpu']} from "
+            f"host memory, host link {100 * (s.get('link_utilization') or 0):.1f} % busy")
+
+
+def _tag(points: list[dict[str, Any]], what: str, s: dict[str, Any], **extra: Any) -> None:
+    points.append({**s, "experiment": what, **extra})
+
+
+def run_fig11(runner: Runner, quick: bool) -> Outcome:
+    """P50/P99 TTFT vs S-LoRA at 0.70/0.93/1.05 of S-LoRA's knee; throughput within the SLO of
+    Chameleon, ChameleonNoSched and ChameleonNoCache relative to S-LoRA's."""
+    e = experiment(runner, quick)
+    run, slo_s, base = e["run"], e["slo_s"], e["baseline"]
+    subs = e["substitutions"]
+    cham = pick("preset", CHAMELEON, CHAMELEON, subs)
+    points: list[dict[str, Any]] = []
+    rows: list[Row] = []
+    got: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for load, rps in e["loads"].items():
+        b = runner.point(run, base, rps, slo_s=slo_s)
+        c = runner.point(run, cham, rps, slo_s=slo_s)
+        _tag(points, "loads", b, load=load)
+        _tag(points, "loads", c, load=load)
+        got[load] = (b, c)
+    for q in ("p99", "p50"):
+        for load, (b, c) in got.items():
+            rows.append(row(PAPER[f"{q}_{load}"], pct_change(c[f"ttft_ms_{q}"], b[f"ttft_ms_{q}"])))
+    tbt_ok = all(x["itl_ms_p99"] is not None and x["itl_ms_p99"] <= TBT_SLO_S * 1000.0 for x in got["high"])
+    knees = {"S-LoRA": e["knee"]}
+    presets = {"Chameleon": cham, **{k: pick("preset", v, v, subs) for k, v in ABLATIONS.items()}}
+    for label, preset in presets.items():
+        knees[label] = e["knee_of"](preset)
+    for label, k in knees.items():
+        for r_, met in k.probes:
+            points.append({"experiment": "knee", "system": label, "rps": r_, "met_slo": met})
+    rows.append(row(PAPER["knee_slora"], knees["S-LoRA"].rate, 2))
+    rows.append(row(PAPER["knee_chameleon"], knees["Chameleon"].rate, 2))
+    for label in presets:
+        rows.append(row(PAPER[f"thr_{label}"], ratio(knees[label].rate, knees["S-LoRA"].rate), 2))
+    rows.append(row(PAPER["tbt"], yes_no(tbt_ok)))
+    setup = _setup(e, [base, *presets.values()])
+    setup["knees_rps"] = {k: v.rate for k, v in knees.items()}
+    notes = [f"TTFT SLO {slo_s:.2f} s = {SLO_X:g} x the mean E2E of {base} at {e['low']['rps']:.3g} req/s "
+             f"({e['low']['e2e_ms_mean'] / 1000:.2f} s); S-LoRA's knee {e['knee'].rate:.3g} req/s "
+             f"(first failing probe {e['knee'].failed if e['knee'].failed is None else round(e['knee'].failed, 3)} "
+             f"req/s).",
+             _memory_note(e), _rank_note(got["high"])]
+    return Outcome("chameleon-fig11", "Chameleon vs S-LoRA: TTFT at three loads and throughput within the SLO "
+                   "(Fig. 11)", rows, setup, points, notes)
+
+
+def run_caches(runner: Runner, quick: bool) -> Outcome:
+    """LRU, FairShare and Chameleon caches (with Chameleon's scheduler) at the medium load: P99
+    TTFT vs S-LoRA; Chameleon's hit rate and longest miss wait, S-LoRA's longest load wait."""
+    e = experiment(runner, quick)
+    run, slo_s, base = e["run"], e["slo_s"], e["baseline"]
+    subs = e["substitutions"]
+    rps = e["loads"]["medium"]
+    b = runner.point(run, base, rps, slo_s=slo_s)
+    points: list[dict[str, Any]] = []
+    _tag(points, "medium", b, system="S-LoRA")
+    rows: list[Row] = []
+    got: dict[str, dict[str, Any]] = {}
+    for label, preset in CACHE_POLICIES.items():
+        s = runner.point(run, pick("preset", preset, preset, subs), rps, slo_s=slo_s)
+        got[label] = s
+        _tag(points, "medium", s, system=label)
+        rows.append(row(PAPER_CACHES[label], pct_change(s["ttft_ms_p99"], b["ttft_ms_p99"])))
+    top = max(RANKS)
+    rows.append(row(PAPER_CACHES["rank128"], pct_change(got["Chameleon"].get(f"ttft_ms_p99_rank{top}"),
+                                                        got["FairShare"].get(f"ttft_ms_p99_rank{top}"))))
+    hits = got["Chameleon"].get("adapter_hit_rate_requests")
+    rows.append(row(PAPER_CACHES["hits"], None if hits is None else 100.0 * hits))
+    rows.append(row(PAPER_CACHES["miss_ms"], got["Chameleon"]["miss_load_ms_max"]))
+    rows.append(row(PAPER_CACHES["slora_ms"], b["miss_load_ms_max"]))
+    setup = _setup(e, [base, *CACHE_POLICIES.values()])
+    setup["medium_rps"] = rps
+    notes = [f"medium load = {LOAD_FRACTIONS['medium']:g} x S-LoRA's knee {e['knee'].rate:.3g} req/s = {rps:.3g} "
+             f"req/s; TTFT SLO {slo_s:.2f} s.",
+             "; ".join([_load_note("S-LoRA", b), _load_note("Chameleon", got["Chameleon"])]) +
+             " (a load from disk is an adapter's first use in the twin; the paper's adapters sit in host memory)."]
+    return Outcome("chameleon-caches", "Chameleon's cache policies at the medium load (§6.3-6.4)", rows, setup,
+                   points, notes)
+
+
+def figure_fig11(outcome: Outcome):
+    """P50/P99 TTFT of S-LoRA and Chameleon at the three loads; throughput within the SLO per system."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4), layout="tight")
+    (a, b) = fig.subplots(1, 2)
+    pts = [p for p in outcome.points if p["experiment"] == "loads"]
+    loads = list(LOAD_FRACTIONS)
+    x = np.arange(len(loads))
+    for i, (preset, q) in enumerate([(p, q) for p in dict.fromkeys(p["preset"] for p in pts) for q in ("p50", "p99")]):
+        ys = [next(p[f"ttft_ms_{q}"] for p in pts if p["preset"] == preset and p["load"] == ld) / 1000 for ld in loads]
+        a.bar(x + (i - 1.5) * 0.2, ys, 0.2, label=f"{preset} {q.upper()}")
+    a.axhline(outcome.setup["ttft_slo_s"], color="k", ls="--", lw=1, label="TTFT SLO")
+    a.set_xticks(x, [f"{ld}\n{outcome.setup['loads_rps'][ld]:.2f} req/s" for ld in loads])
+    a.set_ylabel("TTFT (s)")
+    a.set_title("TTFT at 0.70 / 0.93 / 1.05 of S-LoRA's knee")
+    a.legend(fontsize=8)
+    knees = outcome.setup["knees_rps"]
+    b.bar(list(knees), list(knees.values()), color="tab:green")
+    b.set_ylabel("req/s")
+    b.set_title("throughput within the TTFT SLO (P99)")
+    b.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"{outcome.name}: {outcome.setup['workload']} on {outcome.setup['profile']}")
+    return fig
+
+
+def figure_caches(outcome: Outcome):
+    """P99 TTFT and request hit rate per cache policy at the medium load."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), layout="tight")
+    (a, b) = fig.subplots(1, 2)
+    pts = outcome.points
+    names = [p["system"] for p in pts]
+    a.bar(names, [p["ttft_ms_p99"] / 1000 for p in pts], color="tab:blue")
+    a.set_ylabel("P99 TTFT (s)")
+    a.set_title(f"medium load ({outcome.setup['medium_rps']:.2f} req/s)")
+    b.bar(names, [100 * (p.get("adapter_hit_rate_requests") or 0) for p in pts], color="tab:orange")
+    b.set_ylabel("requests hitting a resident adapter (%)")
+    fig.suptitle(f"{outcome.name}: {outcome.setup['workload']} on {outcome.setup['profile']}")
+    return fig

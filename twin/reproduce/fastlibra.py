@@ -1,0 +1,237 @@
+"""FastLibra (Zhang et al., 2025): ``fastlibra-ttft`` and ``fastlibra-ablation``.
+
+**The paper's experiment** (``shared/refs/fastlibra.md`` §7-9): Llama-7B on one 64 GB NPU,
+20/50/100 LoRAs of rank 32 or 64, three workloads (chatbot: LMSYS-like multi-turn; translation
+and personal agent: Azure Functions arrivals); baselines vLLM (static 20/80 LoRA/KV split,
+prefix caching, LRU swapping to host, block 32) and S-LoRA (unified pool, no history-KV reuse).
+Average TTFT and TPOT are averaged over 10 sending rates from 0 up to FastLibra's peak
+throughput; peak throughput is the largest rate with TTFT < 500 ms (the mean, the likely
+reading).
+
+**In the twin** (names and definitions only; none is a paper result):
+
+* workloads :data:`WORKLOADS` by name; where the paper's named workload is not registered, the
+  stand-in of :data:`STAND_INS` is used (recorded in ``setup["substitutions"]``) with the
+  options of :data:`STAND_IN_OPTIONS`;
+* profile :data:`PROFILE` with :data:`GPU_MEM_GB` (the paper's NPU is not modelled: the A100, the
+  closest in FP16 compute, with the NPU's 64 GB of memory);
+* presets :data:`FASTLIBRA`, :data:`VLLM`, :data:`SLORA` and the ablations :data:`ABLATIONS`;
+* peak throughput: :func:`twin.reproduce.base.knee_search` on mean TTFT < :data:`TTFT_LIMIT_S`;
+* the rates: ``k/RATES x`` FastLibra's peak, ``k = 1..RATES`` (10 in the full run, as the paper).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from twin.reproduce.base import (Outcome, PaperNumber, Row, Runner, knee_search, pct_change, pick, ratio, row,
+                                 system_of, yes_no)
+from twin.scenario import RunConfig
+
+# ------------------------------------------------------------------ the paper's set-up (names and definitions)
+#: scenario -> the paper's workload name
+WORKLOADS = {"chatbot": "fastlibra-chatbot", "translation": "fastlibra-translation", "agent": "fastlibra-agent"}
+#: >>> STAND-INS until the paper's named workloads are registered (switch by registering them) <<<
+STAND_INS = {"fastlibra-chatbot": "multiturn-synth", "fastlibra-translation": "sharegpt-synth",
+             "fastlibra-agent": "multiturn-synth"}
+#: options given to a stand-in only: 50 LoRAs of ranks 32/64 (the paper's middle count), the
+#: agent's conversations longer than the chatbot's (the paper: "the longest conversations")
+STAND_IN_OPTIONS: dict[str, dict[str, Any]] = {
+    "fastlibra-chatbot": {"adapters": 50, "ranks": [32, 64]},
+    "fastlibra-translation": {"adapters": 50, "ranks": [32, 64]},
+    "fastlibra-agent": {"adapters": 50, "ranks": [32, 64], "trace_options": [("mean_turns", 6.0)]},
+}
+#: the paper's NPU (256 TFLOPS FP16, 64 GB HBM) is not modelled: the closest profile is an A100 (312 TFLOPS
+#: FP16) with Llama-2-7B, given the NPU's 64 GB of memory (``--gpu-mem-gb``: the KV capacity follows)
+PROFILE = "llama-2-7b_a100-80gb_vidur"
+GPU_MEM_GB = 64.0
+FASTLIBRA = "fastlibra"
+#: FastLibra's vLLM baseline (static LoRA/KV partition with prefix caching, LRU) and S-LoRA
+VLLM = "vllm-partition"
+SLORA = "slora"
+ABLATIONS = {"WOM": "fastlibra-wom", "WOS": "fastlibra-wos", "WOL": "fastlibra-wol"}
+#: peak throughput: the largest rate with mean TTFT below this (FastLibra §8's definition), s
+TTFT_LIMIT_S = 0.5
+
+# ------------------------------------------------------------------ the paper's numbers (never inputs)
+SRC = "FastLibra §6.3 (main comparison)"
+SRC_ABL = "FastLibra §6 ablation table"
+PAPER: dict[str, PaperNumber] = {
+    "ttft_vllm": PaperNumber("mean TTFT vs vLLM", "FastLibra, mean of the three workloads", "%", -60.3, SRC),
+    "ttft_slora": PaperNumber("mean TTFT vs S-LoRA", "FastLibra, mean of the three workloads", "%", -50.1, SRC),
+    "tpot_vllm": PaperNumber("mean TPOT vs vLLM", "FastLibra, mean of the three workloads", "%", -33.9, SRC),
+    "tpot_slora": PaperNumber("mean TPOT vs S-LoRA", "FastLibra, mean of the three workloads", "%", -28.6, SRC),
+    "peak_vllm": PaperNumber("peak throughput (TTFT < 500 ms) vs vLLM", "FastLibra, mean of the workloads", "x", 1.7,
+                             SRC),
+    "peak_slora": PaperNumber("peak throughput (TTFT < 500 ms) vs S-LoRA", "FastLibra, mean of the workloads", "x",
+                              1.6, SRC),
+    "ttft_vllm_translation": PaperNumber("mean TTFT vs vLLM", "FastLibra, translation", "%", -68.9, SRC),
+    "ttft_vllm_others": PaperNumber("mean TTFT vs vLLM", "FastLibra, chatbot and agent (mean)", "%", -52.5, SRC),
+    "ttft_slora_agent": PaperNumber("mean TTFT vs S-LoRA", "FastLibra, agent", "%", -81.1, SRC),
+    "ttft_slora_others": PaperNumber("mean TTFT vs S-LoRA", "FastLibra, chatbot and translation (mean)", "%", -34.6,
+                                     SRC),
+    "slora_beats_chatbot": PaperNumber("S-LoRA's mean TTFT below vLLM's", "chatbot", "", "yes", SRC),
+    "slora_beats_translation": PaperNumber("S-LoRA's mean TTFT below vLLM's", "translation", "", "yes", SRC),
+    "slora_beats_agent": PaperNumber("S-LoRA's mean TTFT below vLLM's", "agent", "", "no", SRC),
+}
+PAPER_ABLATION: dict[str, PaperNumber] = {
+    **{f"ttft_{k}": PaperNumber("mean TTFT normalised to FastLibra", f"{k}, mean of the workloads", "x", v, SRC_ABL)
+       for k, v in (("WOM", 1.27), ("WOS", 1.24), ("WOL", 1.13))},
+    **{f"tpot_{k}": PaperNumber("mean TPOT normalised to FastLibra", f"{k}, mean of the workloads", "x", v, SRC_ABL)
+       for k, v in (("WOM", 1.18), ("WOS", 1.15), ("WOL", 1.11))},
+    **{f"peak_{k}": PaperNumber("peak throughput vs FastLibra", f"{k}, mean of the workloads", "%", v, SRC_ABL)
+       for k, v in (("WOM", -19.8), ("WOS", -17.2), ("WOL", -13.1))},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Effort:
+    """Simulated seconds of arrivals per point, rates averaged over, peak-search bisections."""
+
+    duration_s: float
+    rates: int
+    bisections: int
+
+
+#: 60 s of arrivals per point bounds a full run to a few CPU-minutes (the peaks reach tens of req/s:
+#: thousands of requests per point, and the peak search probes up to twice the peak); the paper's own
+#: run length is unspecified (its timelines span ~1,800 s)
+FULL = Effort(duration_s=60.0, rates=10, bisections=2)
+QUICK = Effort(duration_s=30.0, rates=3, bisections=1)
+#: first rate of the peak search (req/s); the search doubles or halves from it
+PEAK_SEARCH_START = 1.0
+
+
+def scenario(name: str, effort: Effort, subs: dict[str, str]) -> RunConfig:
+    """The run of one of :data:`WORKLOADS` (a stand-in with its options when the name is missing)."""
+    trace = pick("trace", name, STAND_INS[name], subs)
+    opts = STAND_IN_OPTIONS[name] if trace != name else {}
+    return RunConfig(trace=trace, profile=pick("profile", PROFILE, PROFILE, subs), gpu_mem_gb=GPU_MEM_GB,
+                     duration=effort.duration_s, seed=0, **opts)
+
+
+def measure(runner: Runner, quick: bool, presets: dict[str, str]) -> dict[str, Any]:
+    """Per workload: FastLibra's peak, the rates ``k/R`` of it, and for every preset of
+    ``presets`` (label -> preset name) its own peak and its TTFT/TPOT at each rate."""
+    effort = QUICK if quick else FULL
+    subs: dict[str, str] = {}
+    fl = pick("preset", FASTLIBRA, FASTLIBRA, subs)
+    names = {label: pick("preset", p, p, subs) for label, p in presets.items()}
+    ok = lambda s: s["ttft_ms_mean"] is not None and s["ttft_ms_mean"] < TTFT_LIMIT_S * 1000.0  # noqa: E731
+    out: dict[str, Any] = {"effort": effort, "substitutions": subs, "workloads": {}, "points": [], "presets": names}
+    for scen, wname in WORKLOADS.items():
+        run = scenario(wname, effort, subs)
+        peaks = {}
+        for label, preset in {"FastLibra": fl, **names}.items():
+            k = knee_search(lambda r: runner.point(run, preset, r), ok, PEAK_SEARCH_START, effort.bisections)
+            peaks[label] = k.rate
+        rates = [peaks["FastLibra"] * (i + 1) / effort.rates for i in range(effort.rates)]
+        means: dict[str, dict[str, float]] = {}
+        for label, preset in {"FastLibra": fl, **names}.items():
+            pts = [runner.point(run, preset, r) for r in rates] if rates[-1] > 0 else []
+            for r_, p in zip(rates, pts):
+                out["points"].append({**p, "experiment": "rates", "scenario": scen, "system": label, "rps": r_})
+            means[label] = {q: float(np.mean([p[q] for p in pts if p[q] is not None])) if pts else float("nan")
+                            for q in ("ttft_ms_mean", "tpot_ms_mean")}
+        out["workloads"][scen] = {"trace": run.trace, "peaks_rps": peaks, "rates_rps": rates, "means": means}
+    return out
+
+
+def _mean(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return float(np.mean(xs)) if xs else float("nan")
+
+
+def _setup(m: dict[str, Any], presets: list[str]) -> dict[str, Any]:
+    effort = m["effort"]
+    return {"workloads": {k: v["trace"] for k, v in m["workloads"].items()}, "profile": PROFILE,
+            "gpu_mem_gb": GPU_MEM_GB,
+            "presets": {p: system_of(p) for p in presets}, "duration_s": effort.duration_s, "rates": effort.rates,
+            "ttft_limit_s": TTFT_LIMIT_S,
+            "peaks_rps": {k: v["peaks_rps"] for k, v in m["workloads"].items()},
+            "rates_rps": {k: v["rates_rps"] for k, v in m["workloads"].items()},
+            "substitutions": m["substitutions"]}
+
+
+def run_ttft(runner: Runner, quick: bool) -> Outcome:
+    """Mean TTFT and TPOT (averaged over the rates) and peak throughput of FastLibra vs vLLM and S-LoRA."""
+    m = measure(runner, quick, {"vLLM": VLLM, "S-LoRA": SLORA})
+    W = m["workloads"]
+    rows: list[Row] = []
+    change = {(q, base, s): pct_change(W[s]["means"]["FastLibra"][q], W[s]["means"][base][q])
+              for q in ("ttft_ms_mean", "tpot_ms_mean") for base in ("vLLM", "S-LoRA") for s in W}
+    for key, q, base in (("ttft_vllm", "ttft_ms_mean", "vLLM"), ("ttft_slora", "ttft_ms_mean", "S-LoRA"),
+                         ("tpot_vllm", "tpot_ms_mean", "vLLM"), ("tpot_slora", "tpot_ms_mean", "S-LoRA")):
+        rows.append(row(PAPER[key], _mean([change[(q, base, s)] for s in W])))
+    for key, base in (("peak_vllm", "vLLM"), ("peak_slora", "S-LoRA")):
+        rows.append(row(PAPER[key], _mean([ratio(W[s]["peaks_rps"]["FastLibra"], W[s]["peaks_rps"][base])
+                                           for s in W]), 2))
+    rows.append(row(PAPER["ttft_vllm_translation"], change[("ttft_ms_mean", "vLLM", "translation")]))
+    rows.append(row(PAPER["ttft_vllm_others"], _mean([change[("ttft_ms_mean", "vLLM", s)]
+                                                      for s in ("chatbot", "agent")])))
+    rows.append(row(PAPER["ttft_slora_agent"], change[("ttft_ms_mean", "S-LoRA", "agent")]))
+    rows.append(row(PAPER["ttft_slora_others"], _mean([change[("ttft_ms_mean", "S-LoRA", s)]
+                                                       for s in ("chatbot", "translation")])))
+    for s in W:
+        sl, vl = W[s]["means"]["S-LoRA"]["ttft_ms_mean"], W[s]["means"]["vLLM"]["ttft_ms_mean"]
+        rows.append(row(PAPER[f"slora_beats_{s}"], yes_no(sl < vl) if sl == sl and vl == vl else None))
+    setup = _setup(m, [FASTLIBRA, VLLM, SLORA])
+    notes = [f"{s}: FastLibra's peak {W[s]['peaks_rps']['FastLibra']:.3g} req/s (vLLM {W[s]['peaks_rps']['vLLM']:.3g}, "
+             f"S-LoRA {W[s]['peaks_rps']['S-LoRA']:.3g}) on {W[s]['trace']}" for s in W]
+    return Outcome("fastlibra-ttft", "FastLibra vs vLLM and S-LoRA: TTFT, TPOT and peak throughput (§6.3)", rows,
+                   setup, m["points"], notes)
+
+
+def run_ablation(runner: Runner, quick: bool) -> Outcome:
+    """WOM/WOS/WOL: mean TTFT and TPOT normalised to FastLibra's, peak throughput change."""
+    m = measure(runner, quick, dict(ABLATIONS))
+    W = m["workloads"]
+    rows: list[Row] = []
+    for q, key in (("ttft_ms_mean", "ttft"), ("tpot_ms_mean", "tpot")):
+        for v in ABLATIONS:
+            rows.append(row(PAPER_ABLATION[f"{key}_{v}"],
+                            _mean([ratio(W[s]["means"][v][q], W[s]["means"]["FastLibra"][q]) for s in W]), 3))
+    for v in ABLATIONS:
+        rows.append(row(PAPER_ABLATION[f"peak_{v}"],
+                        _mean([pct_change(W[s]["peaks_rps"][v], W[s]["peaks_rps"]["FastLibra"]) for s in W])))
+    setup = _setup(m, [FASTLIBRA, *ABLATIONS.values()])
+    notes = []
+    for scen in W:
+        pts = [p for p in m["points"] if p["scenario"] == scen]
+        cells = []
+        for system in ("FastLibra", *ABLATIONS):
+            mine = [p for p in pts if p["system"] == system]
+            swaps = sum(int(p.get("fastlibra_swaps_out") or 0) for p in mine)
+            hits = _mean([float(p.get("prefix_hit_rate") if p.get("prefix_hit_rate") is not None else "nan")
+                          for p in mine])
+            what = f"prefix hits {100 * hits:.1f} %" if hits == hits else "no prefix lookups"
+            cells.append(f"{system} {swaps} swap-outs, {what}")
+        notes.append(f"{scen} (over its rates): " + "; ".join(cells))
+    return Outcome("fastlibra-ablation", "FastLibra ablations WOM / WOS / WOL (§6 ablation)", rows, setup,
+                   m["points"], notes)
+
+
+def figure(outcome: Outcome):
+    """Mean TTFT against the rate, one panel per workload, one line per system."""
+    from matplotlib.figure import Figure
+
+    scen = list(dict.fromkeys(p["scenario"] for p in outcome.points))
+    fig = Figure(figsize=(4.2 * len(scen), 3.6), layout="tight")
+    axes = fig.subplots(1, len(scen), squeeze=False)
+    for ax, s in zip(axes[0], scen):
+        pts = [p for p in outcome.points if p["scenario"] == s]
+        for system in dict.fromkeys(p["system"] for p in pts):
+            xs = [p["rps"] for p in pts if p["system"] == system]
+            ys = [p["ttft_ms_mean"] for p in pts if p["system"] == system]
+            ax.plot(xs, ys, marker="o", label=system)
+        ax.axhline(TTFT_LIMIT_S * 1000, color="k", ls="--", lw=1)
+        ax.set_yscale("log")
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel("mean TTFT (ms)")
+        ax.set_title(f"{s} ({outcome.setup['workloads'][s]})", fontsize=9)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{outcome.name} ({outcome.setup['profile']})")
+    return fig
