@@ -65,3 +65,17 @@ def test_constant_is_fitted_on_the_fit_split_only():
     assert got["runs"] >= 20
     # the ml_test rows do not move it
     assert fit_prompt_output_corr(real[real["source"] == "dt_modelling"], prof, m)["rho"] == got["rho"]
+
+
+def test_cli_refuses_a_correlation_out_of_range():
+    import argparse
+
+    from twin.validation.cli import check_args, register_cli
+
+    parser = argparse.ArgumentParser(prog="twin")
+    register_cli(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["validate"]).length_corr == PROMPT_OUTPUT_CORR
+    args = parser.parse_args(["validate", "--length-corr", "1.5"])
+    with pytest.raises(ValueError, match="--length-corr"):
+        check_args(args)
+    check_args(parser.parse_args(["validate", "--length-corr", "0"]))
