@@ -23,7 +23,7 @@ from calibration.fitting.vllm050 import kv_probes
 from traces.datadir import data_dir
 from twin.model_spec import get_model
 from twin.perf.forms import make_component
-from twin.perf.profile import KINDS, available_profiles
+from twin.perf.profile import KINDS, OPTIONAL_KINDS, available_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,7 +97,7 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
     prov = d.get("provenance", {})
     if prov.get("command"):
         out.append(f"  fitted by: {prov['command']}")
-    for kind in KINDS:
+    for kind in [k for k in KINDS + OPTIONAL_KINDS if k in d["components"]]:
         c = d["components"][kind]
         out.append("")
         out.append(f"[{kind}] form {c['form']}: {c.get('equation', '')}")
@@ -159,7 +159,7 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
 def quality_table(d: dict[str, Any]) -> dict[str, Any]:
     """Compact JSON summary: per component the chosen form, held-out quality and the published twin's."""
     res: dict[str, Any] = {"profile": d["name"], "components": {}}
-    for kind in KINDS:
+    for kind in [k for k in KINDS + OPTIONAL_KINDS if k in d["components"]]:
         c = d["components"][kind]
         res["components"][kind] = {"form": c["form"], "heldout": c.get("fit", {}).get("heldout", {}),
                                    "train": c.get("fit", {}).get("train")}
@@ -181,7 +181,7 @@ def markdown(d: dict[str, Any]) -> str:
     lines = [f"### {d['name']}", "", f"{d.get('description', '')}", "",
              f"Command: `{d.get('provenance', {}).get('command', '')}`", "",
              "| component | chosen form | held-out R2 / MAPE | candidates (held-out MAPE %) |", "|---|---|---|---|"]
-    for kind in KINDS:
+    for kind in [k for k in KINDS + OPTIONAL_KINDS if k in d["components"]]:
         c = d["components"][kind]
         held = c.get("fit", {}).get("heldout", {})
         main = held.get("all") if isinstance(held.get("all"), dict) else None

@@ -8,7 +8,10 @@ plus the model dimensions. The engine asks it:
 * :meth:`Profile.lora_s` -- extra LoRA compute of that step (distinct adapters, ranks);
 * :meth:`Profile.scheduler_s` -- scheduler CPU time per step;
 * :meth:`Profile.load_s` -- adapter load time (rank/bytes, from ``disk`` or ``cpu``);
-* :meth:`Profile.kv_capacity_tokens` -- KV capacity given adapter slots and max rank.
+* :meth:`Profile.kv_capacity_tokens` -- KV capacity given adapter slots and max rank;
+* optionally :attr:`Profile.mixed_s` -- the per-slot serving time of a step that carries a
+  prefill per distinct adapter (component ``mixed``, :class:`twin.perf.forms.PrefillAdaptersMixed`); a profile
+  without it (or :meth:`Profile.without` ``("mixed")``) gives the step without that term.
 
 ``twin run --profile NAME|FILE`` picks one; :func:`load_profile` resolves names against the
 profiles shipped in ``calibration/profiles`` and the embedded :data:`DEFAULT_PROFILE`.
@@ -30,6 +33,8 @@ from twin.model_spec import ALL_TARGETS, QKVO, ModelSpec, get_model
 
 PROFILE_SCHEMA = "lora-twin-profile/1"
 KINDS = ("backbone", "lora", "scheduler", "load", "kv")
+#: components a profile may add to :data:`KINDS` (absent: the term is 0)
+OPTIONAL_KINDS = ("mixed",)
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 
 #: The embedded default: Llama-3.1-8B on an H100 with vLLM 0.8.5, hand-set from public
@@ -82,6 +87,8 @@ class Profile:
         self.scheduler_s = c["scheduler"].scalar()
         self._load = c["load"].predict
         self._kv = c["kv"].predict
+        #: per-slot time of a step with a prefill (None: the profile has no such component)
+        self.mixed_s = c["mixed"].scalar() if "mixed" in c else None
         # a decode run's steps differ only in their context tokens (and the waiting count at
         # arrivals): when the backbone adds its context term last and the LoRA term does not
         # depend on the base time (or is a percentage of it), a step is a few float operations
@@ -104,10 +111,14 @@ class Profile:
         kernels launch thread blocks for every slot, :class:`twin.perf.forms.KernelGridLora`)
         and ``max_rank`` (``max_lora_rank``: vLLM pads every slot's A/B buffers to it and the
         kernels run over the padded rank). The scheduler term sees ``running`` and ``waiting``
-        requests and the ``served`` adapters. The engine, its decode-run fast path
+        requests and the ``served`` adapters. A step with prefill tokens adds the profile's
+        ``mixed`` term (per distinct adapter; :class:`twin.perf.forms.PrefillAdaptersMixed`) when it
+        has one. The engine, its decode-run fast path
         (:meth:`decode_run`) and the validation diagnostic all use this formula."""
         base = self.backbone_s(prefill_tokens, n_dec, ctx_tokens)
         comp = base + self.lora_s(base, active, max_rank, prefill_tokens + n_dec, slots, n_req)
+        if prefill_tokens > 0 and self.mixed_s is not None:  # never in a decode run (see :meth:`decode_run`)
+            comp = comp + self.mixed_s(prefill_tokens, active, slots)
         return self.scheduler_s(running, waiting, slots, served) + comp
 
     def decode_run(self, t: float, k_max: int, t_end: float, n_dec: int, ctx_tokens: int, active: int,
@@ -225,6 +236,19 @@ class Profile:
             lo.targets = None if t == ALL_TARGETS else t
             comps["lora"] = lo
         return dataclasses.replace(self, components=comps, lora_targets=t)
+
+    def without(self, *kinds: str) -> "Profile":
+        """This profile without the optional components ``kinds`` (e.g. ``"mixed"``): the off
+        switch of a mechanism; the other components are the same objects."""
+        bad = [k for k in kinds if k not in OPTIONAL_KINDS]
+        if bad:
+            raise ValueError(f"only optional components can be removed ({', '.join(OPTIONAL_KINDS)}), not {bad}")
+        raw = dict(self.raw)
+        if "components" in raw:
+            raw["components"] = {k: v for k, v in raw["components"].items() if k not in kinds}
+        return Profile(name=self.name, model=self.model,
+                       components={k: v for k, v in self.components.items() if k not in kinds}, gpu=self.gpu,
+                       software=self.software, lora_targets=self.lora_targets, raw=raw)
 
     def adapter_bytes(self, rank: int) -> int:
         return self.model.adapter_bytes(rank, self.lora_targets)

@@ -11,6 +11,7 @@ from traces.arguments import check_writable_dir
 from twin.validation.output import json_summary, write_outputs
 from twin.validation.report import format_report
 from twin.validation.runner import run_validation
+from twin.validation.specs import PROMPT_OUTPUT_CORR
 
 
 def register_cli(subparsers) -> None:
@@ -39,6 +40,10 @@ def register_cli(subparsers) -> None:
                         "connection per request, Linux's default ephemeral port range); 'none' disables the cap")
     p.add_argument("--no-preload", action="store_true",
                    help="adapters start on disk (stock vLLM) instead of in the CPU tier (the real runs' server)")
+    p.add_argument("--length-corr", type=float, default=PROMPT_OUTPUT_CORR,
+                   help=f"Gaussian-copula correlation of prompt and output length in the re-created request pools "
+                        f"(default {PROMPT_OUTPUT_CORR}: fitted on the dt_modelling runs' KV gauges, "
+                        f"twin.validation.length_coupling; 0: independent lengths)")
     p.add_argument("--no-figures", action="store_true", help="with --out: skip the figures")
     p.add_argument("--top", type=int, default=8, help="largest errors listed in the table")
     p.add_argument("--data-dir", default=None, help="data directory (default $TWIN_DATA_DIR)")
@@ -70,6 +75,8 @@ def check_args(args: argparse.Namespace) -> None:
         if value is not None and value < low:
             raise ValueError(f"{flag} {value}: must be >= {low}")
     _client_cap(args.client_cap)
+    if not -1.0 < args.length_corr < 1.0:
+        raise ValueError(f"--length-corr {args.length_corr}: must be a correlation strictly between -1 and 1")
     if args.out:
         check_writable_dir("--out", args.out)
     if args.filter is not None and not args.filter.strip():
@@ -83,7 +90,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     res = run_validation(args.real, peer, args.profile, jobs=jobs, limit=args.limit, filt=args.filter,
                          seed=args.seed, use_sent=not args.nominal, progress=progress, data_dir=args.data_dir,
-                         client_cap=_client_cap(args.client_cap), preload_cpu=not args.no_preload)
+                         client_cap=_client_cap(args.client_cap), preload_cpu=not args.no_preload,
+                         length_corr=args.length_corr)
     paths = write_outputs(res, args.out, figures=not args.no_figures) if args.out else []
     if args.json:
         print(json_summary(res))

@@ -15,7 +15,7 @@ from twin.validation.metrics import METRICS
 from twin.validation.runner import ValidationResult
 
 PER_RUN_COLUMNS = ["run_id", "source", "scenario", "run_dir", "ranks", "rates", "served_adapters", "adapter_slots",
-                   "max_lora_rank", "status", "twin_status", "load_basis", "client", "sent_fraction", "requests_sent",
+                   "max_lora_rank", "status", "twin_status", "split", "load_basis", "client", "sent_fraction", "requests_sent",
                    "nominal_requests", "twin_requests", "twin_finished", "twin_unfinished", "twin_preemptions",
                    "twin_adapter_loads", "twin_client_failed", "twin_kv_tokens", "has_peer", "ts_mean_running",
                    "twin_mean_running", "ts_mean_kv_usage", "twin_mean_kv_usage", "ts_preemptions"]

@@ -31,6 +31,7 @@ left after the weights and the LoRA slot buffers, from the profile, against one
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -53,17 +54,18 @@ from twin.validation.specs import RunSpec
 #: The registered scheduler that stands for the real runs' server and client.
 SCHEDULER = "fcfs+client-cap"
 
-_LENGTH_MODELS: dict[tuple[float, float], ShareGPTLengths] = {}
+_LENGTH_MODELS: dict[tuple[float, float, float], ShareGPTLengths] = {}
 
 
-def sharegpt_model(mean_in: float, mean_out: float) -> ShareGPTLengths:
+def sharegpt_model(mean_in: float, mean_out: float, corr: float = 0.0) -> ShareGPTLengths:
     """ShareGPT-like length model with the given means (cached per pair of means).
 
     Uses :func:`traces.lengths.sharegpt_like`'s model (the committed CDF knots); when those
     are not committed, builds the same model from the data directory's ``lengths/``
-    histograms (:func:`sharegpt_from_histograms`), under the real runs' filters.
+    histograms (:func:`sharegpt_from_histograms`), under the real runs' filters. ``corr``: the
+    Gaussian-copula prompt-output coupling (:data:`twin.validation.specs.PROMPT_OUTPUT_CORR`).
     """
-    key = (round(mean_in, 6), round(mean_out, 6))
+    key = (round(mean_in, 6), round(mean_out, 6), float(corr))
     m = _LENGTH_MODELS.get(key)
     if m is not None:
         return m
@@ -72,6 +74,8 @@ def sharegpt_model(mean_in: float, mean_out: float) -> ShareGPTLengths:
     except FileNotFoundError:
         base = sharegpt_from_histograms()
     m = base.solve(mean_in, mean_out)
+    if corr:
+        m = replace(m, prompt_output_corr=float(corr))
     _LENGTH_MODELS[key] = m
     return m
 
@@ -110,7 +114,7 @@ def build_workload(spec: RunSpec) -> tuple[Workload, str]:
     t = rng.uniform(0.0, spec.window_s, size=ids.size)
     order = np.argsort(t, kind="stable")
     t, ids = t[order], ids[order].astype(np.int64)
-    p, o = sharegpt_model(spec.mean_in, spec.mean_out).sample(t.size, rng)
+    p, o = sharegpt_model(spec.mean_in, spec.mean_out, spec.length_corr).sample(t.size, rng)
     wl = Workload.from_arrays(t, p, o, ids, ranks[ids],
                               meta={"source": "validation", "run": spec.run_id, "load_basis": basis})
     return wl, basis

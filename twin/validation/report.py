@@ -9,7 +9,7 @@ import pandas as pd
 
 from twin.validation.metrics import METRICS
 from twin.validation.runner import ValidationResult
-from twin.validation.scoring import SUBSETS
+from twin.validation.scoring import FIT_TEST_METRICS, SUBSETS
 
 
 def fmt(x: Any, nd: int = 1) -> str:
@@ -46,6 +46,21 @@ def _subset_lines(s: dict[str, Any]) -> list[str]:
             peer = (f"{r.get('n_peer', 0):>6}{fmt(r.get('smape_on_peer_runs')):>8}{fmt(r.get('peer_smape')):>8}"
                     f"{fmt(r.get('peer_smape_standard')):>10}") if m.peer else f"{'':>6}{'':>8}{'-':>8}{'-':>10}"
             lines.append(f"  {m.label:<24}{r['n']:>5}{fmt(r['smape']):>8}{fmt(r['smape_standard']):>8}{peer}")
+    return lines
+
+
+def _fit_test_lines(s: dict[str, Any]) -> list[str]:
+    """The fit (dt_modelling) and test (ml_test) splits side by side, SMAPE in percent."""
+    ft = s.get("fit_test") or {}
+    if not any(ft.get(k, {}).get("runs") for k in ("fit", "test")):
+        return []
+    labels = {m.name: m.label for m in METRICS}
+    hdr = f"  {'split':<6}{'runs':>6}" + "".join(f"{labels[k][:22]:>24}" for k in FIT_TEST_METRICS)
+    lines = ["", "fit / test split (SMAPE %, published convention; fit = dt_modelling, test = ml_test, never fitted):",
+             hdr, "  " + "-" * (len(hdr) - 2)]
+    for name in ("fit", "test"):
+        d = ft.get(name, {})
+        lines.append(f"  {name:<6}{d.get('runs', 0):>6}" + "".join(f"{fmt(d.get(k)):>24}" for k in FIT_TEST_METRICS))
     return lines
 
 
@@ -98,6 +113,7 @@ def format_report(res: ValidationResult, top: int = 8) -> str:
              f"({s['runs_in_table']} runs selected), profile {s['profile']}",
              f"SMAPE in the published twin's convention {s['smape_convention'].split(' (')[0]}; "
              f"'std' = standard SMAPE (x2). 'peer' = the published twin on the same runs."]
+    lines += _fit_test_lines(s)
     lines += _subset_lines(s)
     lines += _startup_lines(s["start_failures"])
     lines += _diagnostic_lines(s.get("diagnostics") or {})

@@ -7,6 +7,12 @@ of the nominal count), ``overloaded`` (below), ``sent_unknown`` (runs without
 ``requests_sent``); ``peer_runs`` are the runs the published twin has a prediction for;
 ``dt_modelling`` the 1-hour runs it replayed one by one.
 
+The real runs are split (:data:`SPLIT_OF_SOURCE`, per-run column ``split``): ``fit`` = the
+``dt_modelling`` runs, which may identify a handful of mechanism constants (each with a physical
+meaning and unit, documented where it is used); ``test`` = the ``ml_test`` runs, never used for
+fitting or for choosing between alternatives. Both are subsets (``fit``, ``test``) and the
+summary's ``fit_test`` block gives their headline SMAPEs side by side.
+
 Runs whose server failed to start for lack of memory
 (:data:`twin.validation.specs.START_FAILURE_STATUSES`) are scored as a classification
 (:func:`startup_classification`); runs that failed for reasons unrelated to the configuration
@@ -26,9 +32,15 @@ from twin.validation.specs import START_FAILURE_STATUSES, nominal_requests
 
 KEPT_UP_FRACTION = 0.95
 
-SUBSETS = ("all", "kept_up", "overloaded", "sent_unknown", "peer_runs", "dt_modelling")
+SUBSETS = ("all", "fit", "test", "kept_up", "overloaded", "sent_unknown", "peer_runs", "dt_modelling")
+#: the train/test split of the real runs by their ``source``
+SPLIT_OF_SOURCE = {"dt_modelling": "fit", "ml_test": "test"}
+#: the figures the ``fit_test`` block of the summary reports per split
+FIT_TEST_METRICS = ("throughput", "itl", "ttft_mean", "ttft_p99", "ttft_incl_unfinished")
 SUBSET_HELP = {
     "all": "all successful runs",
+    "fit": "fit split: dt_modelling runs (may fit mechanism constants)",
+    "test": "test split: ml_test runs (never fitted)",
     "kept_up": "client kept up (requests_sent >= 95 % of nominal)",
     "overloaded": "client fell behind (requests_sent < 95 % of nominal)",
     "sent_unknown": "requests_sent not recorded (ml_test)",
@@ -78,6 +90,8 @@ def score(runs: pd.DataFrame) -> pd.DataFrame:
     runs["sent_fraction"] = sent / runs["nominal_requests"]
     runs["client"] = np.where(sent.isna(), "sent_unknown",
                               np.where(runs["sent_fraction"] >= KEPT_UP_FRACTION, "kept_up", "overloaded"))
+    src = runs["source"] if "source" in runs else pd.Series("", index=runs.index)
+    runs["split"] = src.map(SPLIT_OF_SOURCE).fillna("")
     runs["real_start_failure"] = runs["status"].isin(START_FAILURE_STATUSES)
     runs["scored"] = ok & twin_ok
     return runs
@@ -88,6 +102,8 @@ def subset_mask(runs: pd.DataFrame, name: str) -> pd.Series:
     ok = runs["status"] == "ok"
     if name == "all":
         return ok
+    if name in ("fit", "test"):
+        return ok & (runs["split"] == name)
     if name in ("kept_up", "overloaded", "sent_unknown"):
         return ok & (runs["client"] == name)
     if name == "peer_runs":
@@ -179,6 +195,9 @@ def summarize(runs: pd.DataFrame, profile_name: str, real_csv: str, peer_csv: st
         "peer_smape_ttft_incl_unfinished": a["ttft_incl_unfinished"].get("peer_smape"),
         "ours_on_peer_runs": {k: a[k].get("smape_on_peer_runs") for k in ("throughput", "request_throughput", "itl",
                                                                           "ttft_incl_unfinished")},
+        "fit_test": {name: {"runs": subsets[name]["scored"],
+                            **{k: subsets[name]["metrics"][k]["smape"] for k in FIT_TEST_METRICS}}
+                     for name in ("fit", "test")},
         "dt_modelling": {k: {"ours": dt[k].get("smape_on_peer_runs"), "peer": dt[k].get("peer_smape"),
                              "n": dt[k].get("n_peer")} for k in ("throughput", "itl", "ttft_incl_unfinished")},
         "start_failures_predicted": su["fraction"],

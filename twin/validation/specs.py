@@ -153,7 +153,8 @@ def adapter_rates(rates: Iterable[float] | str, served: int) -> np.ndarray:
 
 @dataclass
 class RunSpec:
-    """What the twin needs to re-create one real run (its configuration only)."""
+    """What the twin needs to re-create one real run (its configuration only; ``length_corr``:
+    the prompt-output length coupling of the request pool, :data:`PROMPT_OUTPUT_CORR`)."""
 
     run_id: str
     model: str
@@ -169,6 +170,7 @@ class RunSpec:
     requests_sent: float | None
     window_s: float = WINDOW_S
     seed: int = 0
+    length_corr: float = 0.0
 
     @property
     def adapter_rates(self) -> np.ndarray:
@@ -185,7 +187,17 @@ def _finite_or(value, cast, default):
     return cast(value) if value is not None and np.isfinite(float(value)) else default
 
 
-def spec_from_row(row: pd.Series | dict, seed: int = 0, use_sent: bool = True) -> RunSpec:
+#: Gaussian-copula correlation of prompt and output length in the real runs' ShareGPT request
+#: pool (dimensionless). Fitted on the fit split only (the 22 ``dt_modelling`` runs without a
+#: queue and with KV usage < 0.5): it makes the KV tokens per running request of the length
+#: model equal the real gauges' median, 366 tokens (independent lengths: 442; the real means
+#: per request are matched either way). ``twin.validation.length_coupling.fit_prompt_output_corr``
+#: recomputes it; ``twin validate --length-corr 0`` turns it off.
+PROMPT_OUTPUT_CORR = -0.37
+
+
+def spec_from_row(row: pd.Series | dict, seed: int = 0, use_sent: bool = True,
+                  length_corr: float = PROMPT_OUTPUT_CORR) -> RunSpec:
     """The configuration of one real-run row; ``use_sent``: keep ``requests_sent`` (the offered
     count), else the nominal Poisson load. The seed mixes the run id with ``seed``."""
     g = row.get
@@ -198,7 +210,7 @@ def spec_from_row(row: pd.Series | dict, seed: int = 0, use_sent: bool = True) -
                    max_num_seqs=_finite_or(g("max_num_seqs"), int, 2048),
                    mean_in=float(g("pool_mean_input_tokens")), mean_out=float(g("pool_mean_output_tokens")),
                    requests_sent=sent, window_s=_finite_or(g("benchmark_time_s"), float, WINDOW_S),
-                   seed=(zlib.crc32(run_id.encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF)
+                   seed=(zlib.crc32(run_id.encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF, length_corr=float(length_corr))
 
 
 def nominal_requests(row: pd.Series | dict) -> float:

@@ -287,7 +287,10 @@ def test_step_at_real_mix_is_the_model_at_the_runs_composition():
         P = (6000.0 + 1.0 * (222.0 + 98.0)) * itl
         D = 5200.0 * itl
         base = prof.backbone_s(P, D, 0.97 * 250_000)
-        itl = prof.scheduler_s(600.0, 5000.0, 32, 96) + base + prof.lora_s(base, A, 16, P + D, 32, 600.0)
+        comp = base + prof.lora_s(base, A, 16, P + D, 32, 600.0)
+        if prof.mixed_s is not None:  # the profile's per-adapter cost of a step with a prefill
+            comp = comp + prof.mixed_s(P, A, 32)
+        itl = prof.scheduler_s(600.0, 5000.0, 32, 96) + comp
     light = dict(run, run_id="light", ts_mean_kv_usage=0.5)
     runs = pd.DataFrame([dict(run, real_itl=itl * 1000), dict(run, run_id="slow", real_itl=itl * 1000 * 1.5), light])
     runs["real_itl"] = runs["real_itl"].fillna(itl * 1000)

@@ -49,6 +49,9 @@ def test_throughput_and_itl_within_guard(result):
     assert s["runs"] == int((result.runs["status"] == "ok").sum())
     assert s["smape_throughput"] <= 5.0, f"throughput SMAPE {s['smape_throughput']:.2f} % > 5 %"
     assert s["smape_itl"] <= 10.0, f"mean ITL SMAPE {s['smape_itl']:.2f} % > 10 %"
+    # the fit (dt_modelling) and test (ml_test) splits are reported apart and together make up the runs
+    ft = s["fit_test"]
+    assert ft["fit"]["runs"] > 0 and ft["test"]["runs"] > 0 and ft["fit"]["runs"] + ft["test"]["runs"] == s["runs"]
     # sanity of the published twin's figures on the same runs (they come from the data, not the twin)
     assert 0 < s["peer_smape_throughput"] < 10 and 0 < s["peer_smape_itl"] < 20
 
