@@ -39,7 +39,7 @@ COMMAND_MODULES = (traces.cli, calibration.cli, twin.validation.cli, twin.compar
 
 SUMMARY_ROWS = [
     ("requests arrived / finished", lambda s: f"{s['requests_arrived']} / {s['requests_finished']}"),
-    ("rejected / unfinished", lambda s: f"{s['requests_rejected']} / {s['requests_unfinished']}"),
+    ("rejected / unfinished", lambda s: f"{s['requests_rejected']} / {s['requests_unfinished']}" + _reasons(s)),
     ("throughput (req/s)", lambda s: _f(s["throughput_rps"], 3)),
     ("tokens/s in / out", lambda s: f"{_f(s['input_tok_s'], 1)} / {_f(s['output_tok_s'], 1)}"),
     ("TTFT ms mean / p50 / p99", lambda s: f"{_f(s['ttft_ms_mean'])} / {_f(s['ttft_ms_p50'])} / {_f(s['ttft_ms_p99'])}"),
@@ -49,12 +49,18 @@ SUMMARY_ROWS = [
     ("adapter hit rate requests / activations",
      lambda s: f"{_f(s.get('adapter_hit_rate_requests'), 3)} / {_f(s['adapter_hit_rate'], 3)}"),
     ("adapter loads cpu / disk", lambda s: f"{s['adapter_loads_from_cpu']} / {s['adapter_loads_from_disk']}"),
-    ("link GB / utilization", lambda s: f"{_f(s['link_gb'], 3)} / {_f(s.get('link_utilization'), 3)}"),
+    ("link GB / utilization", lambda s: f"{_f(s['link_gb'], 3)} / {_f(s.get('link_utilization'), 4)}"),
     ("GPU busy fraction", lambda s: _f(s.get("gpu_busy_fraction"), 3)),
     ("preemptions", lambda s: str(s["preemptions"])),
     ("KV capacity (tokens)", lambda s: str(s["kv_capacity_tokens"])),
     ("simulated s / wall s", lambda s: f"{_f(s['simulated_s'], 1)} / {_f(s['wall_s'], 3)}"),
 ]
+
+
+def _reasons(s: dict[str, Any]) -> str:
+    """The rejections by reason, e.g. `` (110: prompt longer than ...)``; nothing when none."""
+    r = s.get("reject_reasons") or {}
+    return " (" + "; ".join(f"{n}: {why}" for why, n in r.items()) + ")" if r else ""
 
 
 def _f(x: Any, nd: int = 1) -> str:
