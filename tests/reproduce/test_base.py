@@ -56,6 +56,7 @@ def test_low_load_reference_is_low():
 
 def test_paper_numbers_are_not_inputs(monkeypatch):
     """The twin's column is the same with every paper number replaced (and runs are deterministic)."""
+    monkeypatch.setitem(adaptive_caching.REQUESTS, "quick", 60)
     first = [r.twin for r in adaptive_caching.run(Runner(), True).rows]
     fake = {k: dataclasses.replace(p, value=-999.0) for k, p in adaptive_caching.PAPER.items()}
     monkeypatch.setattr(adaptive_caching, "PAPER", fake)

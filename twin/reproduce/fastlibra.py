@@ -100,7 +100,8 @@ class Effort:
 #: thousands of requests per point, and the peak search probes up to twice the peak); the paper's own
 #: run length is unspecified (its timelines span ~1,800 s)
 FULL = Effort(duration_s=60.0, rates=10, bisections=2)
-QUICK = Effort(duration_s=30.0, rates=3, bisections=1)
+#: the --quick variant CI and the notebook run: a smoke-scale version of the same experiment
+QUICK = Effort(duration_s=15.0, rates=3, bisections=1)
 #: first rate of the peak search (req/s); the search doubles or halves from it
 PEAK_SEARCH_START = 1.0
 
