@@ -7,6 +7,7 @@ import copy
 import numpy as np
 
 from traces.workload import Workload
+from twin.interfaces import Admit
 from twin.perf.profile import DEFAULT_PROFILE, Profile
 
 
@@ -32,3 +33,17 @@ def random_workload(n=300, rps=5.0, adapters=12, seed=0, max_prompt=1500, max_ou
     ad = rng.integers(0, adapters, n)
     rk = np.asarray(ranks)[ad % len(ranks)]
     return Workload.from_arrays(arr, rng.integers(1, max_prompt, n), rng.integers(1, max_out, n), ad, rk)
+
+
+class FakeCtx:
+    """A step context that admits every request except those it is told to refuse."""
+
+    def __init__(self, refuse=None):
+        self.admitted = []
+        self.refuse = refuse or {}
+
+    def try_admit(self, rid):
+        r = self.refuse.get(rid, Admit.OK)
+        if r == Admit.OK:
+            self.admitted.append(rid)
+        return r

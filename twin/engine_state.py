@@ -146,6 +146,11 @@ class EngineState:
         self._reclaim = ext.reclaim_for_step if ext is not None and ext.handles_admission else None
         self._finish_hook = ext.on_finish if ext is not None and ext.prefix is not None else None
         self._prefetch_on = ext is not None and ext.loader is not None
+        self._bind_policies(scheduler, cache)
+
+    def _bind_policies(self, scheduler: Scheduler, cache: AdapterCachePolicy) -> None:
+        """The policies' :meth:`bind` (they see the engine from now on) and their tick timers;
+        the last step of every engine's ``_attach_policies``."""
         cache.bind(self)
         scheduler.bind(self)
         self._sched_ticks = scheduler.tick_interval

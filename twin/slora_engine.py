@@ -371,11 +371,7 @@ class SLoRAEngine(EngineState):
         self.extensions = SLoRAExtensions(self, loader)
         self._admit_hook = self._reclaim = self._finish_hook = None
         self._prefetch_on = loader is not None
-        cache.bind(self)
-        scheduler.bind(self)
-        self._sched_ticks = scheduler.tick_interval
-        self._cache_ticks = cache.tick_interval
-        self._next_tick = min(t for t in (self._sched_ticks, self._cache_ticks, INF) if t is not None)
+        self._bind_policies(scheduler, cache)
 
     def _init_step_state(self) -> None:
         super()._init_step_state()

@@ -14,30 +14,15 @@ import pytest
 import policies  # noqa: F401  (registers the policies)
 from policies.chameleon import ChameleonCache, ChameleonScheduler
 from policies.common import WindowedArrivalCounts
-from tests.helpers import constant_profile
+from tests.helpers import FakeCtx, constant_profile
 from traces.workload import Workload
 from twin.config import EngineConfig
 from twin.engine import Engine
-from twin.interfaces import Admit
 from twin.perf.profile import Profile, load_profile
 from twin.registry import make_cache
 from twin.simulate import simulate
 
 QKVO = ["q_proj", "k_proj", "v_proj", "o_proj"]
-
-
-class FakeCtx:
-    """A step context that admits every request except those it is told to refuse."""
-
-    def __init__(self, refuse=None):
-        self.admitted = []
-        self.refuse = refuse or {}
-
-    def try_admit(self, rid):
-        r = self.refuse.get(rid, Admit.OK)
-        if r == Admit.OK:
-            self.admitted.append(rid)
-        return r
 
 
 def _engine(n_queues: int = 1, **kw):

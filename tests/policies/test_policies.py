@@ -16,7 +16,7 @@ from policies.chameleon import ChameleonScheduler
 from policies.common import OutputPredictor, kmeans_1d
 from policies.lru import LRUCache
 from twin.registry import PRESETS, Preset, describe_all, make_cache, make_scheduler, resolve_policy
-from tests.helpers import constant_profile
+from tests.helpers import FakeCtx, constant_profile
 from traces.workload import Workload
 from twin.config import EngineConfig
 from twin.engine import Engine
@@ -167,18 +167,6 @@ def test_quota_split_mm1_minimum_then_demand():
     # the minimum itself: S = 600 tokens, D = 100 tokens * 0.05 s, SLO 2 s, lambda 3/s
     S, D, slo, lam = 600.0, 100 * 0.05, 2.0, 3.0
     assert S * D * (1 / slo + lam) == pytest.approx(10500.0)
-
-
-class FakeCtx:
-    def __init__(self, refuse=None):
-        self.admitted = []
-        self.refuse = refuse or {}
-
-    def try_admit(self, rid):
-        r = self.refuse.get(rid, Admit.OK)
-        if r == Admit.OK:
-            self.admitted.append(rid)
-        return r
 
 
 def _two_queues(s, quotas, used):
