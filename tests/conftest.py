@@ -23,3 +23,21 @@ def real_data() -> Path:
         pytest.skip(f"real data not found in {d}: set TWIN_DATA_DIR to the shared data directory "
                     f"(CI points it at ../shared/data)")
     return d
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_reproduction_points(tmp_path_factory):
+    """One ``twin reproduce`` point cache for the session (``$TWIN_REPRODUCE_CACHE``, inherited by the
+    notebook kernels): ``tests/reproduce`` and the reproduction notebooks run the same ``--quick``
+    points, which are simulated once. The cache is keyed by the code's fingerprint, so a point is only
+    ever reused by the code that made it; tests of re-run determinism switch it off."""
+    from twin.reproduce.point_cache import CACHE_ENV
+
+    if os.environ.get(CACHE_ENV):
+        yield
+        return
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("reproduce-points"))
+    try:
+        yield
+    finally:
+        os.environ.pop(CACHE_ENV, None)

@@ -57,10 +57,10 @@ def test_low_load_reference_is_low():
 def test_paper_numbers_are_not_inputs(monkeypatch):
     """The twin's column is the same with every paper number replaced (and runs are deterministic)."""
     monkeypatch.setitem(adaptive_caching.REQUESTS, "quick", 60)
-    first = [r.twin for r in adaptive_caching.run(Runner(), True).rows]
+    first = [r.twin for r in adaptive_caching.run(Runner(cache=False), True).rows]
     fake = {k: dataclasses.replace(p, value=-999.0) for k, p in adaptive_caching.PAPER.items()}
     monkeypatch.setattr(adaptive_caching, "PAPER", fake)
-    rows = adaptive_caching.run(Runner(), True).rows
+    rows = adaptive_caching.run(Runner(cache=False), True).rows
     assert [r.twin for r in rows] == first
     assert all(r.paper == -999.0 for r in rows)
     assert isinstance(next(iter(fake.values())), PaperNumber)

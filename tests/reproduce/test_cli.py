@@ -130,6 +130,7 @@ def test_verdicts():
 def test_rerun_writes_identical_files(tmp_path, monkeypatch):
     """No host timing leaks into the files: a regenerated results directory only changes when the twin does."""
     monkeypatch.setitem(adaptive_caching.REQUESTS, "quick", 60)
+    monkeypatch.delenv("TWIN_REPRODUCE_CACHE", raising=False)  # both runs simulate
     for d in ("a", "b"):
         assert main(["reproduce", "adaptive-caching", "--quick", "--out", str(tmp_path / d), "--no-progress"]) == 0
     for f in ("rows.csv", "points.csv", "summary.json"):

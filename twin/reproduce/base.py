@@ -27,6 +27,7 @@ from twin.compare import load_compare_profile
 from twin.config import ConfigError
 from twin.perf.profile import available_profiles
 from twin.registry import PRESETS, load_entry_points, resolve_policy, resolve_system
+from twin.reproduce.point_cache import PointCache
 from twin.scenario import RunConfig, build_engine_config, build_workload
 from twin.simulate import simulate
 
@@ -152,10 +153,14 @@ class Runner:
     e.g. the knee shared by ``chameleon-fig11`` and ``chameleon-caches`` under ``all``) and
     counts them on an optional progress bar (tqdm, stderr)."""
 
-    def __init__(self, progress: bool = False, label: str = "reproduce") -> None:
+    def __init__(self, progress: bool = False, label: str = "reproduce", cache: PointCache | None | bool = None,
+                 ) -> None:
+        """``cache``: a :class:`PointCache` on disk shared across processes; None takes the one
+        ``$TWIN_REPRODUCE_CACHE`` names (if any); False: none."""
         self.progress = progress
         self.label = label
         self.memo: dict[tuple, dict[str, Any]] = {}
+        self.cache = PointCache.from_env() if cache is None else (cache or None)
         self.bar = None
 
     def start(self, label: str) -> None:
@@ -184,6 +189,11 @@ class Runner:
         key = (repr(run), policy, scheduler, cache, slo_s, accuracy, lora_targets, memory)
         if key in self.memo:
             return self.memo[key]
+        if self.cache is not None and (stored := self.cache.get(key)) is not None:
+            self.memo[key] = stored
+            if self.bar is not None:
+                self.bar.update()
+            return stored
         if self.bar is not None:
             self.bar.set_postfix_str(f"{policy or scheduler}+{cache or ''} at {run.rps:.3g} req/s")
         prof = load_compare_profile(run.profile, lora_targets)
@@ -204,6 +214,8 @@ class Runner:
             out["kv_use_peak"] = float(res.steps["kv_blocks_used"].max() / blocks) if len(res.steps) else float("nan")
         out.update({"preset": policy or label, "rps": run.rps, **_request_metrics(res)})
         self.memo[key] = out
+        if self.cache is not None:
+            self.cache.put(key, out)
         if self.bar is not None:
             self.bar.update()
         return out

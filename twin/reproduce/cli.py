@@ -23,6 +23,7 @@ import sys
 from traces.arguments import check_writable_dir
 from twin.config import ConfigError
 from twin.reproduce.base import Outcome, Runner
+from twin.reproduce.point_cache import PointCache
 from twin.reproduce.registry import ALL, REPRODUCTIONS, resolve_names, run_reproduction
 from twin.reproduce.report import format_outcome, readme, write_outcome
 
@@ -37,6 +38,10 @@ def register_cli(subparsers) -> None:
     p.add_argument("--json", action="store_true", help='print {"name": ..., "rows": [...]} as JSON')
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar over the simulations (default: on for a terminal)")
+    p.add_argument("--cache", default=None, metavar="DIR",
+                   help="keep every simulated point in DIR and reuse the points an earlier run of the same code "
+                        "left there (keyed by a fingerprint of the code and profiles; default: $TWIN_REPRODUCE_CACHE, "
+                        "else none)")
     p.set_defaults(func=cmd_reproduce)
 
 
@@ -67,7 +72,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.out is not None:
         out = check_writable_dir("--out", args.out)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    runner = Runner(progress=progress)
+    cache = PointCache(check_writable_dir("--cache", args.cache)) if args.cache is not None else None
+    runner = Runner(progress=progress, cache=cache)
     outcomes = []
     for name in names:
         o = run_reproduction(name, quick=args.quick, runner=runner)

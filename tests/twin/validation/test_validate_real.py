@@ -21,7 +21,7 @@ from twin import validation as V
 
 pytestmark = [pytest.mark.data, pytest.mark.slow]
 
-EVERY = 7
+EVERY = 12
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,71 @@
+"""The disk memo of reproduction points: a point read back equals the simulated one, other code
+never reads it, and an interrupted write leaves nothing behind."""
+
+from __future__ import annotations
+
+import math
+
+from twin.cli import main
+from twin.reproduce import base, point_cache
+from twin.reproduce.base import Runner
+from twin.reproduce.point_cache import PointCache, code_fingerprint
+from twin.scenario import RunConfig
+
+RUN = RunConfig(trace="synthetic", adapters=4, ranks=[8], seed=3, duration=20.0)
+
+
+def test_point_read_back_equals_the_simulated_point(tmp_path, monkeypatch):
+    first = Runner(cache=PointCache(tmp_path)).point(RUN, "vllm", 2.0)
+    assert first["requests_finished"] > 0
+
+    def no_simulation(*a, **k):
+        raise AssertionError("a cached point was simulated again")
+
+    monkeypatch.setattr(base, "simulate", no_simulation)
+    cache = PointCache(tmp_path)
+    again = Runner(cache=cache).point(RUN, "vllm", 2.0)
+    assert cache.hits == 1 and cache.misses == 0
+    assert list(again) == list(first)
+    for k, v in first.items():
+        if isinstance(v, float) and math.isnan(v):
+            assert math.isnan(again[k]), k
+        else:
+            assert again[k] == v, k
+
+
+def test_other_code_or_another_point_is_a_miss(tmp_path, monkeypatch):
+    Runner(cache=PointCache(tmp_path)).point(RUN, "vllm", 2.0)
+    cache = PointCache(tmp_path)
+    assert cache.get((repr(RUN), "vllm", None, None, None, None, None, False)) is None  # rps not replaced: other key
+    monkeypatch.setattr(point_cache, "code_fingerprint", lambda: "edited code")
+    runner = Runner(cache=cache)
+    calls = []
+    real = base.simulate
+    monkeypatch.setattr(base, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    runner.point(RUN, "vllm", 2.0)
+    assert calls == [1], "a point stored by other code was read back"
+
+
+def test_non_finite_values_round_trip(tmp_path):
+    cache = PointCache(tmp_path)
+    cache.put(("k",), {"a": float("nan"), "b": float("inf"), "c": 1.5, "d": "x", "e": None, "f": 3})
+    got = cache.get(("k",))
+    assert math.isnan(got["a"]) and got["b"] == math.inf and got[
+        "c"] == 1.5 and got["d"] == "x" and got["e"] is None and got["f"] == 3
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_fingerprint_is_stable_and_env_selects_the_cache(tmp_path, monkeypatch):
+    assert code_fingerprint() == code_fingerprint() and len(code_fingerprint()) == 64
+    monkeypatch.setenv(point_cache.CACHE_ENV, str(tmp_path))
+    assert Runner().cache.directory == tmp_path
+    assert Runner(cache=False).cache is None
+    monkeypatch.setenv(point_cache.CACHE_ENV, "")
+    assert Runner().cache is None
+
+
+def test_cli_cache_option_errors_before_work(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert main(["reproduce", "adaptive-caching", "--quick", "--cache", str(f)]) == 2
+    assert "--cache" in capsys.readouterr().err
