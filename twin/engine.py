@@ -50,7 +50,6 @@ import heapq
 import math
 from array import array
 from bisect import bisect_right
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -68,8 +67,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from twin.perf.profile import Profile
 
 INF = math.inf
+_FINISHED = int(FINISHED)
 # the outcomes as plain names (an enum member looked up on its class costs half a microsecond)
 OK, NO_BUDGET, NO_SEQ, NO_SLOT, NO_KV = Admit.OK, Admit.NO_BUDGET, Admit.NO_SEQ, Admit.NO_SLOT, Admit.NO_KV
+_NO_LOADS: tuple = ()  # the loads (and their requests) of a step that admits no one
 
 
 class StepContext:
@@ -117,6 +118,8 @@ class Engine(PreemptionWalk, EngineState):
         #: not still loading, not loaded by the admitting step) when the request was first admitted,
         #: 2 it was not (twin/metrics.py)
         self.adapter_hit_code = bytearray(self.n)
+        # the state column written through a memoryview (a numpy item assignment costs twice as much)
+        self._state_mv = memoryview(self.state) if self.n else None
         if progress:  # the bar counts finished requests of those not rejected up front (twin/recorder.py)
             self.rec.progress_requests = int(np.count_nonzero(self.state != REJECTED))
 
@@ -132,7 +135,7 @@ class Engine(PreemptionWalk, EngineState):
         # ``env.step`` would do: the same float addition), without an event
         queue = env._queue if self.direct_clock else None
         while True:
-            now = env.now
+            now = env._now
             if now >= horizon:
                 break
             if now >= self._next_arr_t:
@@ -208,12 +211,13 @@ class Engine(PreemptionWalk, EngineState):
         bs = self.block_size
         preempted = False
         # 1. running requests: decodes (1 token each) then prefill chunks, KV allocation
-        budget = self.config.max_num_batched_tokens - self.n_dec
+        budget = self._max_batched - self.n_dec
         need = self.res_cnt[g % bs]
         chunks: list[tuple[int, int]] = []
-        if self.prefilling:
+        prefilling = self.prefilling
+        if prefilling:
             T, c, held = self.T, self.c, self.held
-            for rid in self.prefilling:
+            for rid in prefilling:
                 if budget <= 0:
                     break
                 cr = c[rid]
@@ -228,12 +232,21 @@ class Engine(PreemptionWalk, EngineState):
             preempted = True
             budget, chunks, need = self._preempt_until_fits(now)
         self.used_blocks += need
-        for rid, k in chunks:
-            self.held[rid] = -(-(self.c[rid] + k) // bs)
+        if chunks:
+            held, c = self.held, self.c
+            for rid, k in chunks:
+                held[rid] = -(-(c[rid] + k) // bs)
         # 2. waiting requests (vLLM: only when nothing was preempted this step)
+        admit = not preempted and self.n_waiting and budget > 0
+        if not admit and not self._prefetch_on:  # no step context needed: no one can join
+            if not self.running:
+                return None
+            if chunks or preempted or self.max_run_steps == 1:
+                return self._single_step(chunks, _NO_LOADS, _NO_LOADS)
+            return self._decode_run(now, None)
         ctx = StepContext(self, budget, chunks, now)
         stop: Admit | None = None
-        if not preempted and self.n_waiting and budget > 0:
+        if admit:
             stop = self.scheduler.schedule_waiting(ctx)
         if not self.running:
             return None
@@ -241,7 +254,7 @@ class Engine(PreemptionWalk, EngineState):
             self.extensions.after_schedule(ctx, now)
         # 3./4. duration: one step, or a run of identical decode steps
         if ctx.chunks or ctx.loads or preempted or self.max_run_steps == 1:
-            return self._single_step(now, ctx, preempted)
+            return self._single_step(ctx.chunks, ctx.loads, ctx.load_rids)
         return self._decode_run(now, stop)
 
     def _step_time(self, prefill_tokens: int, n_dec: int, ctx_tok: int, waiting: int, n_req: int) -> float:
@@ -249,14 +262,18 @@ class Engine(PreemptionWalk, EngineState):
         return self.profile.step_s(prefill_tokens, n_dec, ctx_tok, n_req, self.adapters.n_active, self.max_lora_rank,
                                    self.config.max_loras, len(self.running), waiting, self.served)
 
-    def _single_step(self, now: float, ctx: StepContext, preempted: bool) -> "StepPlan":
+    def _single_step(self, chunks: list[tuple[int, int]], loads: "list[Load]", load_rids: list[int]) -> "StepPlan":
+        """One step of the current batch: the decoders' tokens plus the prefill ``chunks``."""
+        n_dec = self.n_dec
         prefill = 0
-        ctx_tok = self.dec_base_sum + self.n_dec * self.g
-        for rid, k in ctx.chunks:
+        ctx_tok = self.dec_base_sum + n_dec * self.g
+        c = self.c
+        for rid, k in chunks:
             prefill += k
-            ctx_tok += self.c[rid]
-        d = self._step_time(prefill, self.n_dec, ctx_tok, self.n_waiting, self.n_dec + len(ctx.chunks))
-        return StepPlan(ctx.chunks, ctx.loads, ctx.load_rids, 1, d, None, d, prefill, self.n_dec)
+            ctx_tok += c[rid]
+        d = self.profile.step_s(prefill, n_dec, ctx_tok, n_dec + len(chunks), self.adapters.n_active,
+                                self.max_lora_rank, self._max_loras, len(self.running), self.n_waiting, self.served)
+        return StepPlan(chunks, loads, load_rids, 1, d, None, d, prefill, n_dec)
 
     def _decode_run(self, now: float, stop: Admit | None) -> "StepPlan":
         """A run of pure-decode steps that ends at the first step after which anything can
@@ -298,7 +315,7 @@ class Engine(PreemptionWalk, EngineState):
         varying = self._ctx_matters or (self._waiting_matters and self._next_arr_t < INF)
         k, end, d, durs = self.profile.decode_run(
             now, k_max, t_evt, n_dec, self.dec_base_sum + n_dec * g, self.adapters.n_active, self.max_lora_rank,
-            self.config.max_loras, len(self.running), self.served, self.n_waiting, varying,
+            self._max_loras, len(self.running), self.served, self.n_waiting, varying,
             self.arrival_a, self._ok_cum, self.arr_ptr, self._next_arr_t)
         total = end - now
         # SimPy adds the delay to the clock: pick the delay that lands exactly on `end`
@@ -306,7 +323,7 @@ class Engine(PreemptionWalk, EngineState):
             total = math.nextafter(total, INF)
         while now + total > end:
             total = math.nextafter(total, -INF)
-        return StepPlan([], [], [], k, d, durs, total, 0, n_dec)
+        return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, k, d, durs, total, 0, n_dec)
 
     def _preempt(self, rid: int, now: float) -> int:
         """Recompute preemption: free the blocks, back to the front of the waiting queue."""
@@ -353,17 +370,18 @@ class Engine(PreemptionWalk, EngineState):
         budget = ctx.budget
         if budget <= 0:
             return NO_BUDGET
-        if len(self.running) >= self.config.max_num_seqs:
+        if len(self.running) >= self._max_seqs:
             return NO_SEQ
         a = self.adapter_a[rid]
         ad = self.adapters
-        if a >= 0 and not ad.active[a] and (ad.n_active >= self.config.max_loras
+        if a >= 0 and not ad.active[a] and (ad.n_active >= self._max_loras
                                              or (ad.loading and ad.slot_blocked_by_loads(a))):
             return NO_SLOT  # (or every free slot is taken by a prefetch still in flight)
         resume = self.resume_T  # (a preempted request's entry leaves it only when it is admitted)
-        T = resume.get(rid) or self.prompt_a[rid]
+        T = (resume.get(rid) if resume else None) or self.prompt_a[rid]
         k = T if T < budget else budget
-        nb = -(-k // self.block_size)
+        bs = self.block_size
+        nb = -(-k // bs)
         h = 0
         if self._admit_hook is not None:  # adapter memory, prefix-KV reuse (twin/extensions.py)
             h = self._admit_hook(ctx, rid, a, T, nb)
@@ -371,12 +389,13 @@ class Engine(PreemptionWalk, EngineState):
                 return h
             if h:  # h prompt tokens served from history KV: prefill starts there
                 k = min(T - h, budget)
-                nb = -(-(h + k) // self.block_size)
-        if nb > self.total_blocks - self.used_blocks:
+                nb = -(-(h + k) // bs)
+        used = self.used_blocks
+        if nb > self.total_blocks - used:
             return NO_KV
         if resume:
             resume.pop(rid, None)
-        self.used_blocks += nb
+        self.used_blocks = used + nb
         self.T[rid] = T
         self.c[rid] = h
         self.held[rid] = nb
@@ -388,8 +407,9 @@ class Engine(PreemptionWalk, EngineState):
         self._pref_flag[rid] = 1
         self.n_waiting -= 1
         now = ctx.now
-        if not self._seen[rid]:
-            self._seen[rid] = 1
+        seen = self._seen
+        if not seen[rid]:
+            seen[rid] = 1
             self._first_sched_a[rid] = now
             if a >= 0:
                 # resident: in a slot, not loading, and not placed there by this step's own loads
@@ -403,22 +423,24 @@ class Engine(PreemptionWalk, EngineState):
 
     def _complete_step(self, plan: "StepPlan", t0: float, load_s: float) -> None:
         """End of a step (or run of steps): emit tokens, record TTFTs and finishes."""
-        now = self.env.now
-        bs = self.block_size
+        now = self.env._now
         k = plan.k
         g0 = self.g
         self.g = g1 = g0 + k
         if k > 1:  # allocations of steps 1..k-1 of the run
+            bs = self.block_size
             full, part = divmod(k - 1, bs)
-            cnt = self.res_cnt
             extra = full * self.n_dec
-            for j in range(1, part + 1):
-                extra += cnt[(g0 + j) % bs]
+            if part:
+                cnt = self.res_cnt
+                for j in range(1, part + 1):
+                    extra += cnt[(g0 + j) % bs]
             self.used_blocks += extra
         # prefill chunks: emit a token when a request has computed all its known tokens
-        if plan.chunks:
+        chunks = plan.chunks
+        if chunks:
             c, T = self.c, self.T
-            for rid, kk in plan.chunks:
+            for rid, kk in chunks:
                 cr = c[rid] + kk
                 c[rid] = cr
                 if cr == T[rid]:
@@ -427,18 +449,21 @@ class Engine(PreemptionWalk, EngineState):
         heap = self.fin_heap
         if heap and heap[0][0] <= g1:
             dec = self.dec
+            pop = heapq.heappop
             while heap and heap[0][0] <= g1:
-                fg, rid = heapq.heappop(heap)
+                fg, rid = pop(heap)
                 dd = dec.get(rid)
                 if dd is not None and dd[1] == fg:
                     self._finish_decoder(rid, now)
+        loads = plan.loads
         self.rec.step(t0, now, k, plan.d, plan.durs, plan.total_s + load_s, len(self.running), plan.prefill_tokens,
                       plan.n_dec, self.adapters.n_active, self.used_blocks, self.adapters.resident_bytes,
-                      len(plan.loads), sum(ld.nbytes for ld in plan.loads) if plan.loads else 0)
+                      len(loads), sum(ld.nbytes for ld in loads) if loads else 0)
 
     def _emit_after_prefill(self, rid: int, now: float) -> None:
-        if rid not in self.preempt_d or self._first_token_a[rid] != self._first_token_a[rid]:
-            self._first_token_a[rid] = now          # <- TTFT is decided here
+        fta = self._first_token_a
+        if rid not in self.preempt_d or fta[rid] != fta[rid]:
+            fta[rid] = now          # <- TTFT is decided here
         else:
             self.gap_itl.append(now - self.last_token_d[rid])  # resumed after a preemption
         out = self.output_a[rid]
@@ -449,13 +474,14 @@ class Engine(PreemptionWalk, EngineState):
         e = cr + 1 - self.prompt_a[rid]  # tokens emitted so far (prompt + emitted = T = cr)
         if e >= out:
             self.used_blocks -= held
-            self.T.pop(rid)
+            del self.T[rid]
             self._finished(rid, now)
             return
         # join the decode aggregate: computed = base + g; finishes after out - e more steps
         self.T[rid] = cr + 1
-        base = cr - self.g
-        fg = self.g + out - e
+        g = self.g
+        base = cr - g
+        fg = g + out - e
         self.dec[rid] = (base, fg)
         self._base_a[rid] = base
         self.dec_base_sum += base
@@ -464,18 +490,29 @@ class Engine(PreemptionWalk, EngineState):
         heapq.heappush(self.fin_heap, (fg, rid))
 
     def _finish_decoder(self, rid: int, now: float) -> None:
+        """A decoding request emitted its last token: it leaves the decode aggregate and the batch."""
         base, _ = self.dec.pop(rid)
-        comp = base + self.g
+        bs = self.block_size
         self.n_dec -= 1
         self.dec_base_sum -= base
-        self.res_cnt[(-base) % self.block_size] -= 1
-        self.used_blocks -= -(-comp // self.block_size)
-        self.T.pop(rid)
-        self._finished(rid, now)
+        self.res_cnt[(-base) % bs] -= 1
+        self.used_blocks -= -(-(base + self.g) // bs)
+        del self.T[rid]
+        # (_finished, written out: one call less per finish)
+        del self.running[rid]
+        self._state_mv[rid] = _FINISHED
+        self._finish_a[rid] = now
+        self.n_finished += 1
+        a = self.adapter_a[rid]
+        if a >= 0:
+            self.adapters.release(a, now)
+        if self._finish_hook is not None:  # keep history KV (twin/prefix_kv.py)
+            self._finish_hook(rid, now)
+        self.scheduler.on_finish(rid)
 
     def _finished(self, rid: int, now: float) -> None:
         del self.running[rid]
-        self.state[rid] = FINISHED
+        self._state_mv[rid] = _FINISHED
         self._finish_a[rid] = now
         self.n_finished += 1
         a = self.adapter_a[rid]
@@ -490,16 +527,23 @@ class Engine(PreemptionWalk, EngineState):
         self.finalize()
 
 
-@dataclass
 class StepPlan:
-    """What one step (``k == 1``) or run of ``k`` identical decode steps does."""
+    """What one step (``k == 1``) or run of ``k`` identical decode steps does: its prefill
+    ``chunks`` ``(rid, tokens)``, the adapter ``loads`` it waits for and the requests
+    ``load_rids`` that wait with them, the duration ``d`` of its first (or only) step, the
+    per-step durations ``durs`` of a run whose steps differ (else None), the total
+    ``total_s``, its ``prefill_tokens`` and decoding requests ``n_dec``."""
 
-    chunks: list[tuple[int, int]]
-    loads: list[Load]
-    load_rids: list[int]
-    k: int
-    d: float                    # duration of the first (or only) step
-    durs: list[float] | None    # per-step durations of a run whose steps differ
-    total_s: float
-    prefill_tokens: int
-    n_dec: int
+    __slots__ = ("chunks", "loads", "load_rids", "k", "d", "durs", "total_s", "prefill_tokens", "n_dec")
+
+    def __init__(self, chunks: list[tuple[int, int]], loads: "list[Load] | tuple", load_rids: "list[int] | tuple",
+                 k: int, d: float, durs: list[float] | None, total_s: float, prefill_tokens: int, n_dec: int) -> None:
+        self.chunks = chunks
+        self.loads = loads
+        self.load_rids = load_rids
+        self.k = k
+        self.d = d
+        self.durs = durs
+        self.total_s = total_s
+        self.prefill_tokens = prefill_tokens
+        self.n_dec = n_dec
