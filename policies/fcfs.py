@@ -47,7 +47,10 @@ class FCFSScheduler(Scheduler):
         self.base_group = A  # requests without an adapter
         grp = np.where(e.adapter >= 0, e.adapter, A)
         self.valid = np.nonzero(e.reject_reason == 0)[0]
-        order = self.valid[np.argsort(grp[self.valid], kind="stable")]
+        keys = grp[self.valid]
+        if A < np.iinfo(np.int16).max:  # the same stable order; numpy radix-sorts 16-bit keys
+            keys = keys.astype(np.int16)
+        order = self.valid[np.argsort(keys, kind="stable")]
         counts = np.bincount(grp[self.valid], minlength=A + 1)
         starts = np.concatenate(([0], np.cumsum(counts)))
         self.q = array("q", order.astype(np.int64).tobytes())

@@ -113,6 +113,13 @@ class Engine(PreemptionWalk, EngineState):
         self._pref_np = np.frombuffer(self._pref_flag, np.uint8) if self.n else np.zeros(0, np.uint8)
         self._base_a = array("q", bytes(8 * self.n))
         self._base_np = np.frombuffer(self._base_a, np.int64) if self.n else np.zeros(0, np.int64)
+        # the running requests in admission order as columns, for the bulk walk: every admission
+        # appends its request and a 1 (alive); leaving the batch clears the 1 (``_rid_seq``: a
+        # request's position); the order is the alive entries from ``_run_lo`` on (_running_order)
+        self._run_seq_rid = array("q")
+        self._run_alive = bytearray()
+        self._rid_seq = array("q", bytes(8 * self.n))
+        self._run_lo = 0
         self.proc = self.env.process(self._run())
         #: per request: 0 never admitted (or no adapter), 1 its adapter was resident (in a GPU slot,
         #: not still loading, not loaded by the admitting step) when the request was first admitted,
@@ -292,6 +299,21 @@ class Engine(PreemptionWalk, EngineState):
             if dd is not None and dd[1] == fg:
                 break
             heapq.heappop(heap)
+        if heap and heap[0][0] - g == 1:
+            # a decoder finishes after the next step: the run is that one step, whatever the
+            # KV pool and the external events (what :meth:`Profile.decode_run` returns for
+            # ``k_max == 1``: its one duration is :meth:`Profile.step_s` of the batch)
+            running = len(self.running)
+            d = self.profile.step_s(0, n_dec, self.dec_base_sum + n_dec * g, n_dec, self.adapters.n_active,
+                                    self.max_lora_rank, self._max_loras, running, self.n_waiting, self.served)
+            end = now + d
+            total = end - now
+            while now + total < end:
+                total = math.nextafter(total, INF)
+            while now + total > end:
+                total = math.nextafter(total, -INF)
+            varying = self._ctx_matters or (self._waiting_matters and self._next_arr_t < INF)
+            return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, 1, d, [d] if varying else None, total, 0, n_dec)
         k_max = min(self.max_run_steps, heap[0][0] - g) if heap else self.max_run_steps
         # KV: cumulative block needs of steps 1.. must stay within the free pool
         free = self.total_blocks - self.used_blocks
@@ -329,6 +351,7 @@ class Engine(PreemptionWalk, EngineState):
         """Recompute preemption: free the blocks, back to the front of the waiting queue."""
         bs = self.block_size
         del self.running[rid]
+        self._run_alive[self._rid_seq[rid]] = 0
         if rid in self.prefilling:
             del self.prefilling[rid]
             self._pref_flag[rid] = 0
@@ -403,6 +426,10 @@ class Engine(PreemptionWalk, EngineState):
         ctx.chunks.append((rid, k))
         ctx.admitted.append(rid)
         self.running[rid] = None
+        alive = self._run_alive
+        self._rid_seq[rid] = len(alive)
+        alive.append(1)
+        self._run_seq_rid.append(rid)
         self.prefilling[rid] = None
         self._pref_flag[rid] = 1
         self.n_waiting -= 1
@@ -500,6 +527,7 @@ class Engine(PreemptionWalk, EngineState):
         del self.T[rid]
         # (_finished, written out: one call less per finish)
         del self.running[rid]
+        self._run_alive[self._rid_seq[rid]] = 0
         self._state_mv[rid] = _FINISHED
         self._finish_a[rid] = now
         self.n_finished += 1
@@ -512,6 +540,7 @@ class Engine(PreemptionWalk, EngineState):
 
     def _finished(self, rid: int, now: float) -> None:
         del self.running[rid]
+        self._run_alive[self._rid_seq[rid]] = 0
         self._state_mv[rid] = _FINISHED
         self._finish_a[rid] = now
         self.n_finished += 1
@@ -521,6 +550,26 @@ class Engine(PreemptionWalk, EngineState):
         if self._finish_hook is not None:  # keep history KV (twin/prefix_kv.py)
             self._finish_hook(rid, now)
         self.scheduler.on_finish(rid)
+
+    def _running_order(self) -> np.ndarray:
+        """The running requests in admission order (``list(self.running)``) as an int64 array,
+        from the admission columns: a vectorised mask instead of converting the dict's keys."""
+        alive = self._run_alive
+        lo, n = self._run_lo, len(alive)
+        while lo < n and not alive[lo]:  # a low-water mark past requests that left the batch
+            lo += 1
+        self._run_lo = lo
+        if lo == n:
+            return np.zeros(0, np.int64)
+        seq = np.frombuffer(self._run_seq_rid, np.int64)[lo:]
+        mask = np.frombuffer(alive, np.bool_)[lo:]
+        order = seq[mask]
+        del seq, mask  # (release the buffers: the columns grow at the next admission)
+        return order
+
+    def assert_invariants(self, mid_step: bool = False) -> None:
+        super().assert_invariants(mid_step)
+        assert self._running_order().tolist() == list(self.running), "running-order columns out of sync"
 
     def run(self) -> None:
         self.env.run(until=self.proc)
