@@ -345,7 +345,7 @@ def test_inline_shuffle_draws_as_random_shuffle():
 
     for seed in range(5):
         a, b = random.Random(seed), random.Random(seed)
-        for n in list(range(0, 70)) + [127, 128, 129, 300, 1000]:
+        for n in list(range(0, 70)) + [127, 128, 129, 300, 1000, 1024, 1025, 1500]:  # (past the bit table)
             x, y = list(range(n)), list(range(n))
             a.shuffle(x)
             shuffle(b, y)
