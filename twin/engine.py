@@ -41,7 +41,11 @@ the running requests when KV runs out goes in bulk between the positions where s
 happens (``bulk_preempt_walk``); a wait with no other SimPy event pending moves the clock
 directly instead of scheduling a timeout (``direct_clock``); a decode run's step durations
 are a few float operations on the run's constants when the profile's forms allow it
-(:meth:`Profile._decode_run_fast`, compared with ``max_run_steps=1``).
+(:meth:`Profile._decode_run_fast`, compared with ``max_run_steps=1``); a run that a finish
+ends after its first step is that step's :meth:`Profile.step_s`, without the run machinery
+(compared with ``max_run_steps=1``); a step that no waiting request can join builds no
+:class:`StepContext`; the bulk walk reads the running order from columns kept per admission
+(``Engine._running_order``, checked against the running dict by ``assert_invariants``).
 """
 
 from __future__ import annotations
