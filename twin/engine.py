@@ -105,6 +105,9 @@ class Engine(PreemptionWalk, EngineState):
 
     #: move SimPy's clock directly when no other event is pending (False: a timeout event per wait)
     direct_clock = True
+    #: departed entries the running-order columns may hold beyond 4x the running ones before
+    #: they are compacted (``_running_order``)
+    run_columns_slack = 1024
 
     def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
@@ -569,6 +572,13 @@ class Engine(PreemptionWalk, EngineState):
         mask = np.frombuffer(alive, np.bool_)[lo:]
         order = seq[mask]
         del seq, mask  # (release the buffers: the columns grow at the next admission)
+        if n - lo > 4 * len(order) + self.run_columns_slack:  # mostly departed entries: keep the running ones
+            self._run_seq_rid = array("q", order.tobytes())
+            self._run_alive = bytearray(b"\x01") * len(order)
+            pos = np.frombuffer(self._rid_seq, np.int64)
+            pos[order] = np.arange(len(order), dtype=np.int64)
+            del pos
+            self._run_lo = 0
         return order
 
     def assert_invariants(self, mid_step: bool = False) -> None:

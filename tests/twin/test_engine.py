@@ -377,11 +377,15 @@ def test_one_step_decode_run_is_exact(monkeypatch):
         assert repr(a.summary[k]) == repr(b.summary[k]), k
 
 
-def test_running_order_columns_follow_the_running_dict():
+@pytest.mark.parametrize("slack", [1024, 0])
+def test_running_order_columns_follow_the_running_dict(slack, monkeypatch):
     """The per-admission columns the bulk preemption walk reads give the running requests in
-    admission order (``list(running)``) through admissions, finishes and preemptions (also
-    checked at every step by ``assert_invariants``)."""
+    admission order (``list(running)``) through admissions, finishes, preemptions and the
+    columns' compaction (``slack`` 0: compacted at most walks; also checked at every step by
+    ``assert_invariants``)."""
     from twin.engine import Engine
+
+    monkeypatch.setattr(Engine, "run_columns_slack", slack)
 
     prof = constant_profile(c0=0.008, c_prefill=2e-5, c_decode=5e-5, c_ctx=1e-8, sched=1e-4, kv_tokens=4000)
     w = random_workload(n=300, rps=30.0, adapters=4, seed=2, max_prompt=600, max_out=300)
