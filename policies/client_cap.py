@@ -81,10 +81,12 @@ class ClientCappedFCFS(FCFSScheduler):
             ones = b"\x01" * (hi - a)
             self.dropped[a:hi] = ones
             self.admitted[a:hi] = ones
-            e.drop_arrivals(np.arange(a, hi, dtype=np.int64))
+            e.drop_arrivals(range(a, hi))
             self.n_dropped += hi - a
             q, qptr, qend, dr = self.q, self.qptr, self.qend, self.dropped
-            for g in sorted(set(self.grp[a:hi])):
+            # adapters whose queue now starts with a dropped request: their head moves on (in
+            # arrival order of the drops; the heap's pops do not depend on the push order)
+            for g in self.grp[a:hi]:
                 if qptr[g] < qend[g] and dr[q[qptr[g]]]:
                     self._push_head(g)
         elif over > 0:

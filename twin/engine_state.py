@@ -275,13 +275,18 @@ class EngineState:
             idx = np.setdiff1d(idx, np.fromiter(run.keys(), np.int64, len(run)), assume_unique=True)
         return idx
 
-    def drop_arrivals(self, rids: "np.ndarray") -> None:
+    def drop_arrivals(self, rids: "np.ndarray | range") -> None:
         """Requests ``rids``, which just arrived, failed before the server's queue (e.g. at a
         client with an in-flight cap): they leave the waiting count (the scheduler must not
-        offer them) and stay unfinished in the tables."""
-        rids = np.asarray(rids, np.int64)
+        offer them) and stay unfinished in the tables. ``rids`` may be a ``range`` of step 1
+        (marked as a slice)."""
         if self._dropped is None:
             self._dropped = np.zeros(self.n, bool)
+        if rids.__class__ is range and rids.step == 1:
+            self._dropped[rids.start:rids.stop] = True
+            self.n_waiting -= len(rids)
+            return
+        rids = np.asarray(rids, np.int64)
         self._dropped[rids] = True
         self.n_waiting -= len(rids)
 
