@@ -19,6 +19,7 @@ client_cap=None)``.
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from typing import Any
 
@@ -65,12 +66,14 @@ class ClientCappedFCFS(FCFSScheduler):
             engine.adapters.preload_cpu(range(engine.n_adapters))
 
     def _push_head(self, a: int) -> None:
-        # skip requests that failed at the client (they are never admitted)
+        # skip requests that failed at the client (they are never admitted), then
+        # FCFSScheduler._push_head written out (one call less per admission)
         p, q, end, dr = self.qptr[a], self.q, self.qend[a], self.dropped
         while p < end and dr[q[p]]:
             p += 1
         self.qptr[a] = p
-        super()._push_head(a)
+        if p < end:
+            heapq.heappush(self.heap, (q[p], a))
 
     def on_arrivals(self, lo: int, hi: int) -> None:
         e = self.engine
