@@ -47,7 +47,10 @@ class FCFSScheduler(Scheduler):
         self.base_group = A  # requests without an adapter
         grp = np.where(e.adapter >= 0, e.adapter, A)
         self.valid = np.nonzero(e.reject_reason == 0)[0]
-        order = self.valid[np.argsort(grp[self.valid], kind="stable")]
+        keys = grp[self.valid]
+        if A < np.iinfo(np.int16).max:  # the same stable order; numpy radix-sorts 16-bit keys
+            keys = keys.astype(np.int16)
+        order = self.valid[np.argsort(keys, kind="stable")]
         counts = np.bincount(grp[self.valid], minlength=A + 1)
         starts = np.concatenate(([0], np.cumsum(counts)))
         self.q = array("q", order.astype(np.int64).tobytes())
@@ -57,6 +60,7 @@ class FCFSScheduler(Scheduler):
         self.admitted = bytearray(e.n)
         self.gptr = 0
         self.valid_list = array("q", self.valid.astype(np.int64).tobytes())
+        self.n_valid = len(self.valid_list)
         self.front: deque[int] = deque()
         self.heap: list[tuple[int, int]] = []
         self._push_head(A)
@@ -70,12 +74,12 @@ class FCFSScheduler(Scheduler):
             heapq.heappush(self.heap, (self.q[p], a))
 
     def _global_head(self) -> int:
-        vl, adm = self.valid_list, self.admitted
+        vl, adm, n = self.valid_list, self.admitted, self.n_valid
         p = self.gptr
-        while p < len(vl) and adm[vl[p]]:
+        while p < n and adm[vl[p]]:
             p += 1
         self.gptr = p
-        return vl[p] if p < len(vl) else -1
+        return vl[p] if p < n else -1
 
     def _eligible_head(self) -> int:
         """First request (arrival order) of an adapter in the batch, or of the base model."""

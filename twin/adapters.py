@@ -26,15 +26,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from twin.perf.profile import Profile
 
 
+#: ``(i + 1).bit_length()`` for every index ``i`` of a shuffle (grown on demand)
+_SHUFFLE_BITS: list[int] = [(i + 1).bit_length() for i in range(1024)]
+
+
 def shuffle(rng: random.Random, x: list) -> None:
     """``rng.shuffle(x)``, with the same draws and the same result (CPython's algorithm with its
-    ``_randbelow`` written inline: a Python call less per element; a test compares them)."""
+    ``_randbelow`` written inline: a Python call less per element, the bit counts from a table;
+    a test compares them)."""
     getrandbits = rng.getrandbits
-    for i in range(len(x) - 1, 0, -1):
-        n = i + 1
-        k = n.bit_length()
+    n = len(x)
+    if n < 2:
+        return
+    bits = _SHUFFLE_BITS
+    if n > len(bits):
+        bits.extend((i + 1).bit_length() for i in range(len(bits), n))
+    for i, k in zip(range(n - 1, 0, -1), bits[n - 1:0:-1]):
         j = getrandbits(k)
-        while j >= n:
+        while j > i:  # (j >= i + 1: out of range, draw again)
             j = getrandbits(k)
         x[i], x[j] = x[j], x[i]
 

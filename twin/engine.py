@@ -41,7 +41,11 @@ the running requests when KV runs out goes in bulk between the positions where s
 happens (``bulk_preempt_walk``); a wait with no other SimPy event pending moves the clock
 directly instead of scheduling a timeout (``direct_clock``); a decode run's step durations
 are a few float operations on the run's constants when the profile's forms allow it
-(:meth:`Profile._decode_run_fast`, compared with ``max_run_steps=1``).
+(:meth:`Profile._decode_run_fast`, compared with ``max_run_steps=1``); a run that a finish
+ends after its first step is that step's :meth:`Profile.step_s`, without the run machinery
+(compared with ``max_run_steps=1``); a step that no waiting request can join builds no
+:class:`StepContext`; the bulk walk reads the running order from columns kept per admission
+(``Engine._running_order``, checked against the running dict by ``assert_invariants``).
 """
 
 from __future__ import annotations
@@ -50,7 +54,6 @@ import heapq
 import math
 from array import array
 from bisect import bisect_right
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -68,8 +71,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from twin.perf.profile import Profile
 
 INF = math.inf
+_FINISHED = int(FINISHED)
 # the outcomes as plain names (an enum member looked up on its class costs half a microsecond)
 OK, NO_BUDGET, NO_SEQ, NO_SLOT, NO_KV = Admit.OK, Admit.NO_BUDGET, Admit.NO_SEQ, Admit.NO_SLOT, Admit.NO_KV
+_NO_LOADS: tuple = ()  # the loads (and their requests) of a step that admits no one
 
 
 class StepContext:
@@ -100,6 +105,9 @@ class Engine(PreemptionWalk, EngineState):
 
     #: move SimPy's clock directly when no other event is pending (False: a timeout event per wait)
     direct_clock = True
+    #: departed entries the running-order columns may hold beyond 4x the running ones before
+    #: they are compacted (``_running_order``)
+    run_columns_slack = 1024
 
     def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
@@ -112,11 +120,20 @@ class Engine(PreemptionWalk, EngineState):
         self._pref_np = np.frombuffer(self._pref_flag, np.uint8) if self.n else np.zeros(0, np.uint8)
         self._base_a = array("q", bytes(8 * self.n))
         self._base_np = np.frombuffer(self._base_a, np.int64) if self.n else np.zeros(0, np.int64)
+        # the running requests in admission order as columns, for the bulk walk: every admission
+        # appends its request and a 1 (alive); leaving the batch clears the 1 (``_rid_seq``: a
+        # request's position); the order is the alive entries from ``_run_lo`` on (_running_order)
+        self._run_seq_rid = array("q")
+        self._run_alive = bytearray()
+        self._rid_seq = array("q", bytes(8 * self.n))
+        self._run_lo = 0
         self.proc = self.env.process(self._run())
         #: per request: 0 never admitted (or no adapter), 1 its adapter was resident (in a GPU slot,
         #: not still loading, not loaded by the admitting step) when the request was first admitted,
         #: 2 it was not (twin/metrics.py)
         self.adapter_hit_code = bytearray(self.n)
+        # the state column written through a memoryview (a numpy item assignment costs twice as much)
+        self._state_mv = memoryview(self.state) if self.n else None
         if progress:  # the bar counts finished requests of those not rejected up front (twin/recorder.py)
             self.rec.progress_requests = int(np.count_nonzero(self.state != REJECTED))
 
@@ -132,7 +149,7 @@ class Engine(PreemptionWalk, EngineState):
         # ``env.step`` would do: the same float addition), without an event
         queue = env._queue if self.direct_clock else None
         while True:
-            now = env.now
+            now = env._now
             if now >= horizon:
                 break
             if now >= self._next_arr_t:
@@ -208,12 +225,13 @@ class Engine(PreemptionWalk, EngineState):
         bs = self.block_size
         preempted = False
         # 1. running requests: decodes (1 token each) then prefill chunks, KV allocation
-        budget = self.config.max_num_batched_tokens - self.n_dec
+        budget = self._max_batched - self.n_dec
         need = self.res_cnt[g % bs]
         chunks: list[tuple[int, int]] = []
-        if self.prefilling:
+        prefilling = self.prefilling
+        if prefilling:
             T, c, held = self.T, self.c, self.held
-            for rid in self.prefilling:
+            for rid in prefilling:
                 if budget <= 0:
                     break
                 cr = c[rid]
@@ -228,12 +246,21 @@ class Engine(PreemptionWalk, EngineState):
             preempted = True
             budget, chunks, need = self._preempt_until_fits(now)
         self.used_blocks += need
-        for rid, k in chunks:
-            self.held[rid] = -(-(self.c[rid] + k) // bs)
+        if chunks:
+            held, c = self.held, self.c
+            for rid, k in chunks:
+                held[rid] = -(-(c[rid] + k) // bs)
         # 2. waiting requests (vLLM: only when nothing was preempted this step)
+        admit = not preempted and self.n_waiting and budget > 0
+        if not admit and not self._prefetch_on:  # no step context needed: no one can join
+            if not self.running:
+                return None
+            if chunks or preempted or self.max_run_steps == 1:
+                return self._single_step(chunks, _NO_LOADS, _NO_LOADS)
+            return self._decode_run(now, None)
         ctx = StepContext(self, budget, chunks, now)
         stop: Admit | None = None
-        if not preempted and self.n_waiting and budget > 0:
+        if admit:
             stop = self.scheduler.schedule_waiting(ctx)
         if not self.running:
             return None
@@ -241,7 +268,7 @@ class Engine(PreemptionWalk, EngineState):
             self.extensions.after_schedule(ctx, now)
         # 3./4. duration: one step, or a run of identical decode steps
         if ctx.chunks or ctx.loads or preempted or self.max_run_steps == 1:
-            return self._single_step(now, ctx, preempted)
+            return self._single_step(ctx.chunks, ctx.loads, ctx.load_rids)
         return self._decode_run(now, stop)
 
     def _step_time(self, prefill_tokens: int, n_dec: int, ctx_tok: int, waiting: int, n_req: int) -> float:
@@ -249,14 +276,18 @@ class Engine(PreemptionWalk, EngineState):
         return self.profile.step_s(prefill_tokens, n_dec, ctx_tok, n_req, self.adapters.n_active, self.max_lora_rank,
                                    self.config.max_loras, len(self.running), waiting, self.served)
 
-    def _single_step(self, now: float, ctx: StepContext, preempted: bool) -> "StepPlan":
+    def _single_step(self, chunks: list[tuple[int, int]], loads: "list[Load]", load_rids: list[int]) -> "StepPlan":
+        """One step of the current batch: the decoders' tokens plus the prefill ``chunks``."""
+        n_dec = self.n_dec
         prefill = 0
-        ctx_tok = self.dec_base_sum + self.n_dec * self.g
-        for rid, k in ctx.chunks:
+        ctx_tok = self.dec_base_sum + n_dec * self.g
+        c = self.c
+        for rid, k in chunks:
             prefill += k
-            ctx_tok += self.c[rid]
-        d = self._step_time(prefill, self.n_dec, ctx_tok, self.n_waiting, self.n_dec + len(ctx.chunks))
-        return StepPlan(ctx.chunks, ctx.loads, ctx.load_rids, 1, d, None, d, prefill, self.n_dec)
+            ctx_tok += c[rid]
+        d = self.profile.step_s(prefill, n_dec, ctx_tok, n_dec + len(chunks), self.adapters.n_active,
+                                self.max_lora_rank, self._max_loras, len(self.running), self.n_waiting, self.served)
+        return StepPlan(chunks, loads, load_rids, 1, d, None, d, prefill, n_dec)
 
     def _decode_run(self, now: float, stop: Admit | None) -> "StepPlan":
         """A run of pure-decode steps that ends at the first step after which anything can
@@ -275,6 +306,21 @@ class Engine(PreemptionWalk, EngineState):
             if dd is not None and dd[1] == fg:
                 break
             heapq.heappop(heap)
+        if heap and heap[0][0] - g == 1:
+            # a decoder finishes after the next step: the run is that one step, whatever the
+            # KV pool and the external events (what :meth:`Profile.decode_run` returns for
+            # ``k_max == 1``: its one duration is :meth:`Profile.step_s` of the batch)
+            running = len(self.running)
+            d = self.profile.step_s(0, n_dec, self.dec_base_sum + n_dec * g, n_dec, self.adapters.n_active,
+                                    self.max_lora_rank, self._max_loras, running, self.n_waiting, self.served)
+            end = now + d
+            total = end - now
+            while now + total < end:
+                total = math.nextafter(total, INF)
+            while now + total > end:
+                total = math.nextafter(total, -INF)
+            varying = self._ctx_matters or (self._waiting_matters and self._next_arr_t < INF)
+            return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, 1, d, [d] if varying else None, total, 0, n_dec)
         k_max = min(self.max_run_steps, heap[0][0] - g) if heap else self.max_run_steps
         # KV: cumulative block needs of steps 1.. must stay within the free pool
         free = self.total_blocks - self.used_blocks
@@ -298,7 +344,7 @@ class Engine(PreemptionWalk, EngineState):
         varying = self._ctx_matters or (self._waiting_matters and self._next_arr_t < INF)
         k, end, d, durs = self.profile.decode_run(
             now, k_max, t_evt, n_dec, self.dec_base_sum + n_dec * g, self.adapters.n_active, self.max_lora_rank,
-            self.config.max_loras, len(self.running), self.served, self.n_waiting, varying,
+            self._max_loras, len(self.running), self.served, self.n_waiting, varying,
             self.arrival_a, self._ok_cum, self.arr_ptr, self._next_arr_t)
         total = end - now
         # SimPy adds the delay to the clock: pick the delay that lands exactly on `end`
@@ -306,12 +352,13 @@ class Engine(PreemptionWalk, EngineState):
             total = math.nextafter(total, INF)
         while now + total > end:
             total = math.nextafter(total, -INF)
-        return StepPlan([], [], [], k, d, durs, total, 0, n_dec)
+        return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, k, d, durs, total, 0, n_dec)
 
     def _preempt(self, rid: int, now: float) -> int:
         """Recompute preemption: free the blocks, back to the front of the waiting queue."""
         bs = self.block_size
         del self.running[rid]
+        self._run_alive[self._rid_seq[rid]] = 0
         if rid in self.prefilling:
             del self.prefilling[rid]
             self._pref_flag[rid] = 0
@@ -353,17 +400,18 @@ class Engine(PreemptionWalk, EngineState):
         budget = ctx.budget
         if budget <= 0:
             return NO_BUDGET
-        if len(self.running) >= self.config.max_num_seqs:
+        if len(self.running) >= self._max_seqs:
             return NO_SEQ
         a = self.adapter_a[rid]
         ad = self.adapters
-        if a >= 0 and not ad.active[a] and (ad.n_active >= self.config.max_loras
+        if a >= 0 and not ad.active[a] and (ad.n_active >= self._max_loras
                                              or (ad.loading and ad.slot_blocked_by_loads(a))):
             return NO_SLOT  # (or every free slot is taken by a prefetch still in flight)
         resume = self.resume_T  # (a preempted request's entry leaves it only when it is admitted)
-        T = resume.get(rid) or self.prompt_a[rid]
+        T = (resume.get(rid) if resume else None) or self.prompt_a[rid]
         k = T if T < budget else budget
-        nb = -(-k // self.block_size)
+        bs = self.block_size
+        nb = -(-k // bs)
         h = 0
         if self._admit_hook is not None:  # adapter memory, prefix-KV reuse (twin/extensions.py)
             h = self._admit_hook(ctx, rid, a, T, nb)
@@ -371,12 +419,13 @@ class Engine(PreemptionWalk, EngineState):
                 return h
             if h:  # h prompt tokens served from history KV: prefill starts there
                 k = min(T - h, budget)
-                nb = -(-(h + k) // self.block_size)
-        if nb > self.total_blocks - self.used_blocks:
+                nb = -(-(h + k) // bs)
+        used = self.used_blocks
+        if nb > self.total_blocks - used:
             return NO_KV
         if resume:
             resume.pop(rid, None)
-        self.used_blocks += nb
+        self.used_blocks = used + nb
         self.T[rid] = T
         self.c[rid] = h
         self.held[rid] = nb
@@ -384,12 +433,17 @@ class Engine(PreemptionWalk, EngineState):
         ctx.chunks.append((rid, k))
         ctx.admitted.append(rid)
         self.running[rid] = None
+        alive = self._run_alive
+        self._rid_seq[rid] = len(alive)
+        alive.append(1)
+        self._run_seq_rid.append(rid)
         self.prefilling[rid] = None
         self._pref_flag[rid] = 1
         self.n_waiting -= 1
         now = ctx.now
-        if not self._seen[rid]:
-            self._seen[rid] = 1
+        seen = self._seen
+        if not seen[rid]:
+            seen[rid] = 1
             self._first_sched_a[rid] = now
             if a >= 0:
                 # resident: in a slot, not loading, and not placed there by this step's own loads
@@ -403,22 +457,24 @@ class Engine(PreemptionWalk, EngineState):
 
     def _complete_step(self, plan: "StepPlan", t0: float, load_s: float) -> None:
         """End of a step (or run of steps): emit tokens, record TTFTs and finishes."""
-        now = self.env.now
-        bs = self.block_size
+        now = self.env._now
         k = plan.k
         g0 = self.g
         self.g = g1 = g0 + k
         if k > 1:  # allocations of steps 1..k-1 of the run
+            bs = self.block_size
             full, part = divmod(k - 1, bs)
-            cnt = self.res_cnt
             extra = full * self.n_dec
-            for j in range(1, part + 1):
-                extra += cnt[(g0 + j) % bs]
+            if part:
+                cnt = self.res_cnt
+                for j in range(1, part + 1):
+                    extra += cnt[(g0 + j) % bs]
             self.used_blocks += extra
         # prefill chunks: emit a token when a request has computed all its known tokens
-        if plan.chunks:
+        chunks = plan.chunks
+        if chunks:
             c, T = self.c, self.T
-            for rid, kk in plan.chunks:
+            for rid, kk in chunks:
                 cr = c[rid] + kk
                 c[rid] = cr
                 if cr == T[rid]:
@@ -427,18 +483,21 @@ class Engine(PreemptionWalk, EngineState):
         heap = self.fin_heap
         if heap and heap[0][0] <= g1:
             dec = self.dec
+            pop = heapq.heappop
             while heap and heap[0][0] <= g1:
-                fg, rid = heapq.heappop(heap)
+                fg, rid = pop(heap)
                 dd = dec.get(rid)
                 if dd is not None and dd[1] == fg:
                     self._finish_decoder(rid, now)
+        loads = plan.loads
         self.rec.step(t0, now, k, plan.d, plan.durs, plan.total_s + load_s, len(self.running), plan.prefill_tokens,
                       plan.n_dec, self.adapters.n_active, self.used_blocks, self.adapters.resident_bytes,
-                      len(plan.loads), sum(ld.nbytes for ld in plan.loads) if plan.loads else 0)
+                      len(loads), sum(ld.nbytes for ld in loads) if loads else 0)
 
     def _emit_after_prefill(self, rid: int, now: float) -> None:
-        if rid not in self.preempt_d or self._first_token_a[rid] != self._first_token_a[rid]:
-            self._first_token_a[rid] = now          # <- TTFT is decided here
+        fta = self._first_token_a
+        if rid not in self.preempt_d or fta[rid] != fta[rid]:
+            fta[rid] = now          # <- TTFT is decided here
         else:
             self.gap_itl.append(now - self.last_token_d[rid])  # resumed after a preemption
         out = self.output_a[rid]
@@ -449,13 +508,14 @@ class Engine(PreemptionWalk, EngineState):
         e = cr + 1 - self.prompt_a[rid]  # tokens emitted so far (prompt + emitted = T = cr)
         if e >= out:
             self.used_blocks -= held
-            self.T.pop(rid)
+            del self.T[rid]
             self._finished(rid, now)
             return
         # join the decode aggregate: computed = base + g; finishes after out - e more steps
         self.T[rid] = cr + 1
-        base = cr - self.g
-        fg = self.g + out - e
+        g = self.g
+        base = cr - g
+        fg = g + out - e
         self.dec[rid] = (base, fg)
         self._base_a[rid] = base
         self.dec_base_sum += base
@@ -464,18 +524,18 @@ class Engine(PreemptionWalk, EngineState):
         heapq.heappush(self.fin_heap, (fg, rid))
 
     def _finish_decoder(self, rid: int, now: float) -> None:
+        """A decoding request emitted its last token: it leaves the decode aggregate and the batch."""
         base, _ = self.dec.pop(rid)
-        comp = base + self.g
+        bs = self.block_size
         self.n_dec -= 1
         self.dec_base_sum -= base
-        self.res_cnt[(-base) % self.block_size] -= 1
-        self.used_blocks -= -(-comp // self.block_size)
-        self.T.pop(rid)
-        self._finished(rid, now)
-
-    def _finished(self, rid: int, now: float) -> None:
+        self.res_cnt[(-base) % bs] -= 1
+        self.used_blocks -= -(-(base + self.g) // bs)
+        del self.T[rid]
+        # (_finished, written out: one call less per finish)
         del self.running[rid]
-        self.state[rid] = FINISHED
+        self._run_alive[self._rid_seq[rid]] = 0
+        self._state_mv[rid] = _FINISHED
         self._finish_a[rid] = now
         self.n_finished += 1
         a = self.adapter_a[rid]
@@ -485,21 +545,68 @@ class Engine(PreemptionWalk, EngineState):
             self._finish_hook(rid, now)
         self.scheduler.on_finish(rid)
 
+    def _finished(self, rid: int, now: float) -> None:
+        del self.running[rid]
+        self._run_alive[self._rid_seq[rid]] = 0
+        self._state_mv[rid] = _FINISHED
+        self._finish_a[rid] = now
+        self.n_finished += 1
+        a = self.adapter_a[rid]
+        if a >= 0:
+            self.adapters.release(a, now)
+        if self._finish_hook is not None:  # keep history KV (twin/prefix_kv.py)
+            self._finish_hook(rid, now)
+        self.scheduler.on_finish(rid)
+
+    def _running_order(self) -> np.ndarray:
+        """The running requests in admission order (``list(self.running)``) as an int64 array,
+        from the admission columns: a vectorised mask instead of converting the dict's keys."""
+        alive = self._run_alive
+        lo, n = self._run_lo, len(alive)
+        while lo < n and not alive[lo]:  # a low-water mark past requests that left the batch
+            lo += 1
+        self._run_lo = lo
+        if lo == n:
+            return np.zeros(0, np.int64)
+        seq = np.frombuffer(self._run_seq_rid, np.int64)[lo:]
+        mask = np.frombuffer(alive, np.bool_)[lo:]
+        order = seq[mask]
+        del seq, mask  # (release the buffers: the columns grow at the next admission)
+        if n - lo > 4 * len(order) + self.run_columns_slack:  # mostly departed entries: keep the running ones
+            self._run_seq_rid = array("q", order.tobytes())
+            self._run_alive = bytearray(b"\x01") * len(order)
+            pos = np.frombuffer(self._rid_seq, np.int64)
+            pos[order] = np.arange(len(order), dtype=np.int64)
+            del pos
+            self._run_lo = 0
+        return order
+
+    def assert_invariants(self, mid_step: bool = False) -> None:
+        super().assert_invariants(mid_step)
+        assert self._running_order().tolist() == list(self.running), "running-order columns out of sync"
+
     def run(self) -> None:
         self.env.run(until=self.proc)
         self.finalize()
 
 
-@dataclass
 class StepPlan:
-    """What one step (``k == 1``) or run of ``k`` identical decode steps does."""
+    """What one step (``k == 1``) or run of ``k`` identical decode steps does: its prefill
+    ``chunks`` ``(rid, tokens)``, the adapter ``loads`` it waits for and the requests
+    ``load_rids`` that wait with them, the duration ``d`` of its first (or only) step, the
+    per-step durations ``durs`` of a run whose steps differ (else None), the total
+    ``total_s``, its ``prefill_tokens`` and decoding requests ``n_dec``."""
 
-    chunks: list[tuple[int, int]]
-    loads: list[Load]
-    load_rids: list[int]
-    k: int
-    d: float                    # duration of the first (or only) step
-    durs: list[float] | None    # per-step durations of a run whose steps differ
-    total_s: float
-    prefill_tokens: int
-    n_dec: int
+    __slots__ = ("chunks", "loads", "load_rids", "k", "d", "durs", "total_s", "prefill_tokens", "n_dec")
+
+    def __init__(self, chunks: list[tuple[int, int]], loads: "list[Load] | tuple", load_rids: "list[int] | tuple",
+                 k: int, d: float, durs: list[float] | None, total_s: float, prefill_tokens: int, n_dec: int) -> None:
+        self.chunks = chunks
+        self.loads = loads
+        self.load_rids = load_rids
+        self.k = k
+        self.d = d
+        self.durs = durs
+        self.total_s = total_s
+        self.prefill_tokens = prefill_tokens
+        self.n_dec = n_dec

@@ -48,6 +48,7 @@ class EngineState:
             config = dataclasses.replace(config, block_size=int(cache.kv_block_size))
         config.validate()
         self.config = config
+        self._cache_limits()
         if config.tensor_parallel > 1:  # each GPU computes 1/TP of the step (twin/tensor_parallel.py)
             profile = tp_profile(profile, config.tensor_parallel)
         self.profile = profile
@@ -64,6 +65,14 @@ class EngineState:
         self._read_step_model()
 
     # ------------------------------------------------------------------ set-up steps
+    def _cache_limits(self) -> None:
+        """The config's per-step limits as plain attributes (read every step; refreshed
+        whenever ``self.config`` is replaced)."""
+        cfg = self.config
+        self._max_batched = cfg.max_num_batched_tokens
+        self._max_seqs = cfg.max_num_seqs
+        self._max_loras = cfg.max_loras
+
     def _load_requests(self, workload: "Workload") -> None:
         """The request table, and the engine's direct references to its columns."""
         t = self.requests = RequestTable(workload)
@@ -171,6 +180,7 @@ class EngineState:
         """An extension's adapter memory replaces vLLM's slots: the KV pool becomes
         ``kv_tokens`` and up to ``max_loras`` distinct adapters may join a batch."""
         self.config = dataclasses.replace(self.config, max_loras=max_loras)
+        self._cache_limits()
         self.kv_tokens = kv_tokens
         self.total_blocks = kv_tokens // self.block_size
 
@@ -265,13 +275,18 @@ class EngineState:
             idx = np.setdiff1d(idx, np.fromiter(run.keys(), np.int64, len(run)), assume_unique=True)
         return idx
 
-    def drop_arrivals(self, rids: "np.ndarray") -> None:
+    def drop_arrivals(self, rids: "np.ndarray | range") -> None:
         """Requests ``rids``, which just arrived, failed before the server's queue (e.g. at a
         client with an in-flight cap): they leave the waiting count (the scheduler must not
-        offer them) and stay unfinished in the tables."""
-        rids = np.asarray(rids, np.int64)
+        offer them) and stay unfinished in the tables. ``rids`` may be a ``range`` of step 1
+        (marked as a slice)."""
         if self._dropped is None:
             self._dropped = np.zeros(self.n, bool)
+        if rids.__class__ is range and rids.step == 1:
+            self._dropped[rids.start:rids.stop] = True
+            self.n_waiting -= len(rids)
+            return
+        rids = np.asarray(rids, np.int64)
         self._dropped[rids] = True
         self.n_waiting -= len(rids)
 

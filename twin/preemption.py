@@ -34,7 +34,7 @@ class PreemptionWalk:
         bs = self.block_size
         running = self.running
         L = len(running)
-        order = np.fromiter(running, np.int64, L)
+        order = self._running_order()  # == np.fromiter(running, np.int64, L), from columns kept per admission
         ispref = self._pref_np[order]
         needy = (self._base_np[order] + self.g) % bs == 0
         needy[ispref != 0] = False

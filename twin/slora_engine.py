@@ -323,6 +323,7 @@ class SLoRAEngine(EngineState):
         # policies that read max_loras see every adapter allowed at once
         self.config = dataclasses.replace(cfg, max_loras=max(self.n_adapters, 1) + 1, block_size=1,
                                           max_num_batched_tokens=self.batch_max_tokens)
+        self._cache_limits()
         self._apply_rejection_rules()
 
     def _apply_rejection_rules(self, adapter_blocks: list[int] | None = None) -> None:

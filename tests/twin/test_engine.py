@@ -345,9 +345,94 @@ def test_inline_shuffle_draws_as_random_shuffle():
 
     for seed in range(5):
         a, b = random.Random(seed), random.Random(seed)
-        for n in list(range(0, 70)) + [127, 128, 129, 300, 1000]:
+        for n in list(range(0, 70)) + [127, 128, 129, 300, 1000, 1024, 1025, 1500]:  # (past the bit table)
             x, y = list(range(n)), list(range(n))
             a.shuffle(x)
             shuffle(b, y)
             assert x == y, (seed, n)
         assert a.random() == b.random()
+
+
+def test_one_step_decode_run_is_exact(monkeypatch):
+    """A decode run that a finish ends after its first step is that step's :meth:`Profile.step_s`
+    (no run machinery): the same results as stepping one iteration at a time, and the path is
+    taken (fewer calls of the run entry point than decode-run segments)."""
+    from twin.perf.profile import Profile, load_profile
+
+    prof = load_profile("llama-3.1-8b_h100_vllm085")
+    w = random_workload(n=400, rps=12.0, adapters=10, seed=5, max_prompt=400, max_out=8)
+    cfg = EngineConfig(max_loras=4, max_num_seqs=64, max_model_len=4096, kv_capacity_tokens=200_000)
+    calls = []
+    orig = Profile.decode_run
+    monkeypatch.setattr(Profile, "decode_run", lambda self, *a, **k: calls.append(1) or orig(self, *a, **k))
+    a = simulate(w, prof, cfg, check_invariants=True)
+    monkeypatch.setattr(Profile, "decode_run", orig)
+    b = simulate(w, prof, cfg, max_run_steps=1)
+    st = a.steps
+    runs = int(((st.prefill_tokens == 0) & (st.decode_tokens > 0)).sum())
+    assert len(calls) < runs - 50, "one-step runs must skip the run entry point"
+    cols = ["outcome", "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "tokens_emitted"]
+    pd.testing.assert_frame_equal(a.requests[cols], b.requests[cols], check_exact=True)
+    for k in ("itl_ms_p99", "itl_ms_p50", "itl_ms_mean", "simulated_s", "engine_steps", "adapter_loads"):
+        assert repr(a.summary[k]) == repr(b.summary[k]), k
+
+
+@pytest.mark.parametrize("slack", [1024, 0])
+def test_running_order_columns_follow_the_running_dict(slack, monkeypatch):
+    """The per-admission columns the bulk preemption walk reads give the running requests in
+    admission order (``list(running)``) through admissions, finishes, preemptions and the
+    columns' compaction (``slack`` 0: compacted at most walks; also checked at every step by
+    ``assert_invariants``)."""
+    from twin.engine import Engine
+
+    monkeypatch.setattr(Engine, "run_columns_slack", slack)
+
+    prof = constant_profile(c0=0.008, c_prefill=2e-5, c_decode=5e-5, c_ctx=1e-8, sched=1e-4, kv_tokens=4000)
+    w = random_workload(n=300, rps=30.0, adapters=4, seed=2, max_prompt=600, max_out=300)
+    cfg = EngineConfig(max_loras=4, max_num_seqs=128, max_num_batched_tokens=512, max_model_len=2048)
+    seen = []
+    orig = Engine._preempt_until_fits
+
+    def spy(self, now):
+        seen.append(self._running_order().tolist() == list(self.running))
+        return orig(self, now)
+
+    Engine._preempt_until_fits = spy
+    try:
+        res = simulate(w, prof, cfg, check_invariants=True)
+    finally:
+        Engine._preempt_until_fits = orig
+    assert res.summary["preemptions"] > 10 and len(seen) > 10 and all(seen)
+
+
+def test_dense_adapter_ids_match_unique_and_searchsorted():
+    """The presence-table remap of adapter ids gives ``np.unique`` and ``np.searchsorted``'s arrays
+    (small ids), and the sort path is kept for huge ids."""
+    from twin.requests import dense_adapter_ids
+
+    rng = np.random.default_rng(0)
+    cases = [rng.integers(-1, 50, 2000), rng.integers(-1, 10**12, 500), np.full(7, -1), np.zeros(0, np.int64),
+             np.array([5, 5, -1, 3, 70000])]
+    for raw in cases:
+        raw = np.asarray(raw, np.int64)
+        used, dense = dense_adapter_ids(raw)
+        want = np.unique(raw[raw >= 0])
+        assert used.dtype == want.dtype and np.array_equal(used, want)
+        assert dense.dtype == np.int64
+        assert np.array_equal(dense, np.where(raw >= 0, np.searchsorted(want, raw), -1))
+
+
+def test_fcfs_queue_order_with_16_bit_keys():
+    """FCFS's per-adapter queues (a stable sort on 16-bit adapter keys) are the stable sort on
+    64-bit keys: every adapter's requests in arrival order."""
+    from policies.fcfs import FCFSScheduler
+    from twin.engine import Engine
+    from policies.lru import LRUCache
+
+    w = random_workload(n=3000, rps=50.0, adapters=300, seed=4)
+    eng = Engine(w, constant_profile(), EngineConfig(max_loras=8), FCFSScheduler(), LRUCache())
+    s = eng.scheduler
+    grp = np.where(eng.adapter >= 0, eng.adapter, eng.n_adapters)
+    valid = np.nonzero(eng.reject_reason == 0)[0]
+    want = valid[np.argsort(grp[valid].astype(np.int64), kind="stable")]
+    assert np.array_equal(np.frombuffer(s.q, np.int64), want)

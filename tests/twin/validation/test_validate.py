@@ -160,6 +160,30 @@ def test_client_cap_never_exceeded():
     assert s["requests_finished"] + s["requests_unfinished"] == n
 
 
+def test_client_cap_range_drops_match_the_general_drops():
+    """The cap's usual case (every arrival of the step valid: the last ones dropped as a range,
+    their adapters' heads moved in arrival order) gives exactly the general path (the valid
+    arrivals found one by one, adapters taken in sorted order), which a probe forces."""
+    from array import array
+
+    prof = constant_profile(c0=0.02, c_prefill=1e-5, cpu_s=0.001, disk_s=0.0)
+    w = _random_workload(5, 2000, 20, 80, 8)
+    capped = type(make_scheduler(CAPPED))
+
+    class General(capped):
+        def bind(self, engine):
+            super().bind(engine)
+            self.ok_cum = array("q", range(0, 2 * (engine.n + 1), 2))  # never "all valid"
+
+    cfg = EngineConfig(max_loras=3, max_num_seqs=32)
+    a = simulate(w, prof, cfg, scheduler_obj=capped(client_cap=40), cache_obj=make_cache("lru"))
+    general = General(client_cap=40)
+    b = simulate(w, prof, cfg, scheduler_obj=general, cache_obj=make_cache("lru"))
+    assert general.n_dropped > 100
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
+
+
 def test_preloaded_cpu_tier_means_no_disk_loads():
     prof = constant_profile(c0=0.01, cpu_s=0.001, disk_s=0.5)
     w = Workload.from_arrays([0.0, 1.0, 2.0], [10] * 3, [2] * 3, [0, 1, 2], [8] * 3)
