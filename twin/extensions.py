@@ -113,6 +113,15 @@ class Extensions:
         self.swap_in_adapters = 0
         self.swap_in_kv = 0
         self.swap_waits = 0
+        #: FastLibra §8's TTFT breakdown (queueing / LoRA cold start / KV cold start): per waiting
+        #: request, whether it waited for its adapter and for its history KV; at admission its wait
+        #: counts as a LoRA cold start when it waited for its adapter (its KV copy, queued behind the
+        #: adapter's on the FIFO link, overlaps it), else as a KV cold start
+        self._swap_waited_for: dict[int, list[bool]] = {}
+        self.lora_cold_starts = 0
+        self.lora_cold_start_s = 0.0
+        self.kv_cold_starts = 0
+        self.kv_cold_start_s = 0.0
         #: the engine calls :meth:`admit` and :meth:`reclaim_for_step`
         self.handles_admission = self.mem.placement is not None or self.prefix is not None
 
@@ -293,12 +302,22 @@ class Extensions:
             waiting = True
         if waiting:
             self._swap_wait_since.setdefault(rid, now)
+            why = self._swap_waited_for.setdefault(rid, [False, False])
+            why[0] = why[0] or rid in self._swap_adapter_for
+            why[1] = why[1] or (node is not None and node.tier != "hbm")
             return Admit.NOT_READY
         t0 = self._swap_wait_since.pop(rid, None)
         if t0 is not None:  # admitted after waiting for its swaps
             self.swap_waits += 1
             lw = e.load_wait_d
             lw[rid] = lw.get(rid, 0.0) + (now - t0)
+            for_lora, for_kv = self._swap_waited_for.pop(rid, (False, False))
+            if for_lora:
+                self.lora_cold_starts += 1
+                self.lora_cold_start_s += now - t0
+            elif for_kv:
+                self.kv_cold_starts += 1
+                self.kv_cold_start_s += now - t0
             if self._swap_adapter_for.pop(rid, -1) == a:  # it waited for its adapter: a miss
                 mem.loaded_at[a] = now  # (twin/engine.py: adapter_hit_code; "loaded by the admitting step")
                 if not mem.active[a]:
@@ -336,7 +355,9 @@ class Extensions:
             out.update(self.loader.stats())
         if self.async_swap:
             out.update({"swap_in_adapters": self.swap_in_adapters, "swap_in_kv": self.swap_in_kv,
-                        "swap_waits": self.swap_waits})
+                        "swap_waits": self.swap_waits, "lora_cold_starts": self.lora_cold_starts,
+                        "lora_cold_start_s": self.lora_cold_start_s, "kv_cold_starts": self.kv_cold_starts,
+                        "kv_cold_start_s": self.kv_cold_start_s})
         out.update(self.cache.stats())
         out.update(self.e.scheduler.stats())
         return out

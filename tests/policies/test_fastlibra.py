@@ -188,6 +188,31 @@ def test_async_swap_in_of_history_kv():
     assert ttft1 >= copy_s
 
 
+def test_ttft_breakdown_separates_lora_and_kv_cold_starts():
+    """FastLibra §8 breaks TTFT into queueing, LoRA cold start and KV cold start. The adapter
+    case: requests 0-2 each wait for an adapter copy (0.3 + 0.5 + 0.15 s, their load waits), no
+    KV. The history case: turn 1 of conversation 7 finds its KV in host memory and waits for the
+    copy back (a KV cold start, although ``prefix_host_hits`` stays 0: the hit is served from HBM
+    after the asynchronous swap-in)."""
+    res = _swap_run(lambda: FastLibraCache(idle=0.0))
+    a = res.summary
+    assert a["lora_cold_starts"] == 3 and a["kv_cold_starts"] == 0 and a["kv_cold_start_s"] == 0.0
+    assert a["lora_cold_start_s"] == pytest.approx(0.3 + 0.5 + 0.15, abs=1e-9)
+    assert a["lora_cold_start_s"] == pytest.approx(res.requests["load_wait_s"].sum(), abs=1e-9)
+    prof = constant_profile(c0=0.01, kv_tokens=200_000, disk_s=0.0, cpu_s=0.0)
+    w = Workload.from_arrays([0.0, 5.0, 5.0], [1000, 1500, 10], [11, 5, 3], [0, 0, 0], [8, 8, 8],
+                             conversation_id=[7, 7, -1], turn=[0, 1, 0], prefix_tokens=[0, 1011, 0])
+    eng = Engine(w, prof, EngineConfig(max_loras=2, max_num_seqs=8, max_model_len=4096), make_scheduler("fcfs"),
+                 make_cache("fastlibra", idle=0.0), check_invariants=True)
+    eng.push_event(4.0, lambda t: [eng.history.swap_out(n, t) for n in list(eng.history.hbm_nodes())])
+    eng.run()
+    st = eng.extensions.stats()
+    wait = float(eng.load_wait[1])
+    assert st["kv_cold_starts"] == 1 and st["prefix_host_hits"] == 0
+    assert st["lora_cold_starts"] == 1 and st["lora_cold_start_s"] == 0.0   # turn 0's adapter (0 s copies here)
+    assert st["kv_cold_start_s"] == pytest.approx(wait) and wait >= eng.history.transfer_s(1010)
+
+
 def test_vllm_partition_swaps_history_kv_to_host_lru_and_back():
     """vllm-partition: blocks of 32 tokens, 20 % of the pool for LoRA slots. Two conversations
     leave history KV; a long request needs the KV part: the least recently used history (A)
