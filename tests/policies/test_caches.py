@@ -218,3 +218,36 @@ def test_paged_loads_slightly_slower():
     assert ld.link_s == pytest.approx(0.1 + pl.alloc.pages_for(e.adapters.bytes[0]) * 2e-6)
     e2 = engine_with("lru", [8, 16, 32], slots=3, adapter_memory="region", adapter_placement="contiguous")
     assert e2.adapters.acquire(0, 0.0).link_s == pytest.approx(0.1)
+
+
+def test_fastlibra_ablations_change_the_swap_out_choice():
+    """Each ablation reaches its own ranking (no code path makes it the full policy): a KV node
+    of adapter 0 and the idle adapter 1 compete for one swap-out. prob = (.4, .3, .3), BS = 8:
+    Low_lora = 2.867 with 2 adapters in HBM, LoRA_Eval = 1.43. The KV node is worth 1.2x adapter
+    1 without the LoRA term: FastLibra (term on) swaps the KV node out; WoL (term off) swaps
+    adapter 1 out; WoS (LRU) swaps adapter 1 out, used at 0 s, before the KV node, used at 0.5 s."""
+    prob = np.array([0.4, 0.3, 0.3])
+    victims = {}
+    for cache in ("fastlibra", "fastlibra-wol", "fastlibra-wos"):
+        e, kv0, _ = _fastlibra_tree(cache)
+        c = e.cache
+        kv0.last_access = 0.5
+        c.probs = lambda now: prob
+        c.recent_batch_size = lambda: 8.0
+        now = 1.0
+        lora1 = ("lora", 1)
+        c.lora_term = False  # adapter 1's value without the LoRA term (instance attribute, removed below)
+        base = c.values(now, [lora1])[0] if c.cost_model else 1.0
+        del c.lora_term
+        store = e.history
+        decay = node_eval(1.0, store.transfer_s(kv0.tokens), 1.0, (now - kv0.last_access) / c.decay_unit_s)
+        c.node_prob = lambda node, t, p=1.2 * base / decay: p
+        cands = [("kv", kv0), lora1]
+        out = c.swap_out_candidates()
+        assert all(x in out for x in cands)
+        vals = c.values(now, cands)
+        victims[cache] = cands[int(np.argmin(vals))]
+    assert lora_eval(prob, 8.0, 2) == pytest.approx(1.0 + 0.4334, abs=1e-3)
+    assert victims["fastlibra"][0] == "kv"
+    assert victims["fastlibra-wol"] == ("lora", 1)
+    assert victims["fastlibra-wos"] == ("lora", 1)
