@@ -131,6 +131,13 @@ class FastLibraCache(AdapterCachePolicy):
         self.swaps_out = 0
         self.swaps_in = 0
         self._swapin_loras: list[int] = []
+        # sampled at every swapper tick: HBM usage, busy ticks, and the HBM history-KV blocks that
+        # are invalid (their adapter not in HBM; FastLibra §1, the WoM ablation's 48.6 %, §6)
+        self.ticks = 0
+        self._usage_sum = 0.0
+        self.busy_ticks = 0
+        self._kv_blocks_sum = 0
+        self._invalid_blocks_sum = 0
 
     def bind(self, engine: EngineView) -> None:
         super().bind(engine)
@@ -292,12 +299,29 @@ class FastLibraCache(AdapterCachePolicy):
         pool = e.pool_blocks
         return 1.0 - (e.total_blocks - e.used_blocks) / pool if pool else 0.0
 
+    def sample_memory(self) -> None:
+        """Record the HBM usage and the history-KV blocks in HBM (or being copied there), and those
+        of them that are invalid: their adapter is not in HBM (nor being copied there), so they hold
+        blocks no query can use until it comes back."""
+        u = self.usage()
+        self.ticks += 1
+        self._usage_sum += u
+        self.busy_ticks += u > self.busy
+        store = self._store()
+        if store is None or not store.hbm_blocks:
+            return
+        res = self.engine.adapters.resident
+        self._kv_blocks_sum += store.hbm_blocks
+        self._invalid_blocks_sum += sum(n.blocks for n in store.nodes.values()
+                                        if n.tier != "host" and n.adapter >= 0 and not res[n.adapter])
+
     def on_tick(self, now: float) -> None:
         """The swapper (every 100 ms): busy -> swap out leaves, idle -> swap in roots."""
         e = self.engine
         pool = e.pool_blocks
         self._swapin_loras = []
         self.sample_batch_size(now)
+        self.sample_memory()
         if self.usage() > self.busy:
             target = int(math.ceil((1 - self.busy) * pool))
             need = target - (e.total_blocks - e.used_blocks)
@@ -337,7 +361,12 @@ class FastLibraCache(AdapterCachePolicy):
         return "hbm"
 
     def stats(self) -> dict:
-        return {"fastlibra_swaps_out": self.swaps_out, "fastlibra_kv_swaps_in": self.swaps_in}
+        t = self.ticks
+        return {"fastlibra_swaps_out": self.swaps_out, "fastlibra_kv_swaps_in": self.swaps_in,
+                "fastlibra_hbm_usage_mean": self._usage_sum / t if t else None,
+                "fastlibra_busy_tick_share": self.busy_ticks / t if t else None,
+                "fastlibra_invalid_kv_share": (self._invalid_blocks_sum / self._kv_blocks_sum
+                                               if self._kv_blocks_sum else None)}
 
 
 @register_cache

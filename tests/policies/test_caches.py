@@ -251,3 +251,25 @@ def test_fastlibra_ablations_change_the_swap_out_choice():
     assert victims["fastlibra"][0] == "kv"
     assert victims["fastlibra-wol"] == ("lora", 1)
     assert victims["fastlibra-wos"] == ("lora", 1)
+
+
+def test_fastlibra_invalid_kv_share_counts_hbm_kv_without_its_adapter():
+    """WoM may swap adapter 0 out while its KV node stays in HBM: that node is invalid (FastLibra
+    §1; the paper measures 48.6 % invalid KVs under WoM). With the tree, adapter 0 is not a
+    swap-out candidate while the node is in HBM, so every sample finds 0 invalid blocks."""
+    e, kv0, _ = _fastlibra_tree("fastlibra-wom")
+    c = e.cache
+    c.sample_memory()
+    e.adapters.evict(0, 1.0)
+    c.sample_memory()
+    s = c.stats()
+    assert s["fastlibra_invalid_kv_share"] == pytest.approx(10 / 20)  # 0 of 10 blocks, then 10 of 10
+    assert s["fastlibra_hbm_usage_mean"] == pytest.approx(np.mean([c.usage() + e.adapters.placement.ab[0] /
+                                                                    e.pool_blocks, c.usage()]))
+    e, kv0, _ = _fastlibra_tree("fastlibra")
+    c = e.cache
+    e.used_blocks = e.total_blocks - 1  # busy: the swapper swaps every leaf out, the KV node before adapter 0
+    c.on_tick(1.0)
+    assert kv0.tier == "host" and not e.adapters.resident[0]
+    s = c.stats()
+    assert s["fastlibra_busy_tick_share"] == 1.0 and s["fastlibra_invalid_kv_share"] == 0.0

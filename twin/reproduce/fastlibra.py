@@ -84,6 +84,8 @@ PAPER_ABLATION: dict[str, PaperNumber] = {
        for k, v in (("WOM", 1.18), ("WOS", 1.15), ("WOL", 1.11))},
     **{f"peak_{k}": PaperNumber("peak throughput vs FastLibra", f"{k}, mean of the workloads", "%", v, SRC_ABL)
        for k, v in (("WOM", -19.8), ("WOS", -17.2), ("WOL", -13.1))},
+    "invalid_WOM": PaperNumber("invalid KVs (HBM history KV whose LoRA is not in HBM)", "WOM, mean of the workloads",
+                               "%", 48.6, SRC_ABL),
 }
 
 
@@ -139,6 +141,11 @@ def measure(runner: Runner, quick: bool, presets: dict[str, str]) -> dict[str, A
                             for q in ("ttft_ms_mean", "tpot_ms_mean")}
         out["workloads"][scen] = {"trace": run.trace, "peaks_rps": peaks, "rates_rps": rates, "means": means}
     return out
+
+
+def _num(x: Any) -> float:
+    """A summary value as a float (NaN when missing)."""
+    return float(x) if x is not None else float("nan")
 
 
 def _mean(xs: list[float]) -> float:
@@ -198,6 +205,11 @@ def run_ablation(runner: Runner, quick: bool) -> Outcome:
     for v in ABLATIONS:
         rows.append(row(PAPER_ABLATION[f"peak_{v}"],
                         _mean([pct_change(W[s]["peaks_rps"][v], W[s]["peaks_rps"]["FastLibra"]) for s in W])))
+    # invalid KVs: the share of HBM history-KV blocks whose adapter is not in HBM (sampled every
+    # swapper tick), over the rates, for workloads with history KV
+    rows.append(row(PAPER_ABLATION["invalid_WOM"], _mean(
+        [100 * _mean([_num(p.get("fastlibra_invalid_kv_share")) for p in m["points"]
+                      if p["scenario"] == s and p["system"] == "WOM"]) for s in W])))
     setup = _setup(m, [FASTLIBRA, *ABLATIONS.values()])
     notes = []
     for scen in W:
@@ -206,10 +218,16 @@ def run_ablation(runner: Runner, quick: bool) -> Outcome:
         for system in ("FastLibra", *ABLATIONS):
             mine = [p for p in pts if p["system"] == system]
             swaps = sum(int(p.get("fastlibra_swaps_out") or 0) for p in mine)
-            hits = _mean([float(p.get("prefix_hit_rate") if p.get("prefix_hit_rate") is not None else "nan")
-                          for p in mine])
-            what = f"prefix hits {100 * hits:.1f} %" if hits == hits else "no prefix lookups"
-            cells.append(f"{system} {swaps} swap-outs, {what}")
+            hits = _mean([_num(p.get("prefix_hit_rate")) for p in mine])
+            what = f"prefix hits {100 * hits:.1f} % (any tier)" if hits == hits else "no prefix lookups"
+            cold = (f"cold starts LoRA {sum(int(p.get('lora_cold_starts') or 0) for p in mine)} "
+                    f"({sum(float(p.get('lora_cold_start_s') or 0.0) for p in mine):.1f} s) / "
+                    f"KV {sum(int(p.get('kv_cold_starts') or 0) for p in mine)} "
+                    f"({sum(float(p.get('kv_cold_start_s') or 0.0) for p in mine):.1f} s)")
+            use = _mean([_num(p.get("fastlibra_hbm_usage_mean")) for p in mine])
+            busy = _mean([_num(p.get("fastlibra_busy_tick_share")) for p in mine])
+            cells.append(f"{system} {swaps} swap-outs, {what}, {cold}, HBM use {100 * use:.0f} % "
+                         f"(> 95 % in {100 * busy:.0f} % of ticks)")
         notes.append(f"{scen} (over its rates): " + "; ".join(cells))
     return Outcome("fastlibra-ablation", "FastLibra ablations WOM / WOS / WOL (§6 ablation)", rows, setup,
                    m["points"], notes)
