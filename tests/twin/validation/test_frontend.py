@@ -88,3 +88,18 @@ def test_fit_runs_are_fit_split_runs_without_a_queue():
     assert (runs["ts_max_waiting"] == 0).all() and (runs["served_adapters"] <= MAX_SERVED).all()
     # the ml_test rows do not change the selection
     assert frontend_fit_runs(real[real["source"] == "dt_modelling"])["run_id"].tolist() == runs["run_id"].tolist()
+
+
+def test_a_profile_file_is_found_by_its_name_afterwards(tmp_path):
+    """``twin validate --profile FILE``: the summary's diagnostics look the profile up by name."""
+    import json
+
+    from twin.perf.profile import PROFILE_DIR
+    from twin.validation.profiles import cached_profile
+
+    d = json.loads((PROFILE_DIR / "llama-3.1-8b_h100_vllm085.json").read_text())
+    d["name"] = "a-copy-under-another-name"
+    f = tmp_path / "copy.json"
+    f.write_text(json.dumps(d))
+    p = cached_profile(str(f))
+    assert cached_profile("a-copy-under-another-name") is p
