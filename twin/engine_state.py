@@ -41,6 +41,11 @@ class EngineState:
     same schema (the latter keeps pandas out of long benchmark runs).
     """
 
+    #: the requests' front-end path outside the engine (s): added to the client-observed first
+    #: token and finish by :mod:`twin.metrics`, never to the engine's own clock
+    #: (:func:`twin.simulate.simulate`'s ``frontend_s``)
+    frontend_s: float = 0.0
+
     def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
                  progress: bool = False, record_steps: bool = True, check_invariants: bool = False) -> None:

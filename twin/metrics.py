@@ -3,6 +3,9 @@
 Definitions (as vLLM's ``benchmark_serving`` computes them, over *finished* requests):
 
 * TTFT = first token time - arrival; E2E = finish - arrival;
+* the *client-observed* times add the run's front-end latency ``e.frontend_s`` (the request's path
+  outside the engine, API server and client; :func:`twin.simulate.simulate`'s ``frontend_s``,
+  default 0) to the first token and the finish: TTFT and E2E grow by it, TPOT and ITL do not;
 * TPOT (per request) = (E2E - TTFT) / (output tokens - 1), requests with >= 2 tokens;
 * ITL = time between consecutive tokens of a request. The mean ITL over all tokens of
   finished requests is ``sum(E2E - TTFT) / sum(output - 1)`` (exact). ITL percentiles come
@@ -68,8 +71,9 @@ def requests_frame(e: "Engine") -> "pd.DataFrame":
     import pandas as pd
 
     oc = outcomes(e)
-    ttft = e.first_token - e.arrival
-    e2e = e.finish - e.arrival
+    fs = e.frontend_s  # client-observed times: the front-end path outside the engine
+    ttft = e.first_token - e.arrival + fs
+    e2e = e.finish - e.arrival + fs
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(e.output > 1, (e.finish - e.first_token) / (e.output - 1), np.nan)
     reason = np.array(REJECT_REASONS, dtype=object)[e.reject_reason]
@@ -84,8 +88,8 @@ def requests_frame(e: "Engine") -> "pd.DataFrame":
         "outcome": OUTCOME_NAMES[oc],
         "reject_reason": reason,
         "first_scheduled_s": e.first_sched,
-        "first_token_s": e.first_token,
-        "finish_s": e.finish,
+        "first_token_s": e.first_token + fs,
+        "finish_s": e.finish + fs,
         "ttft_s": ttft,
         "e2e_s": e2e,
         "tpot_s": tpot,
@@ -137,6 +141,8 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
     }
     s["total_tok_s"] = s["input_tok_s"] + s["output_tok_s"]
     arr, ft, fn, out = e.arrival[fin], e.first_token[fin], e.finish[fin], e.output[fin]
+    if e.frontend_s:  # client-observed first token and finish (the module docstring)
+        ft, fn = ft + e.frontend_s, fn + e.frontend_s
     ttft = ft - arr
     _stats(ttft, "ttft_ms", s)
     multi = out > 1

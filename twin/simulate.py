@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,14 +56,19 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
              horizon_s: float | None = None, ttft_slo_s: float | None = None, tbt_slo_s: float | None = None,
              max_run_steps: int | None = None, progress: bool = False, record_steps: bool = True,
              scheduler_obj=None, cache_obj=None, check_invariants: bool = False, extra: dict[str, Any] | None = None,
-             system: str | None = None) -> SimResult:
+             system: str | None = None, frontend_s: float = 0.0) -> SimResult:
     """Replay ``workload`` through the engine and collect the results.
 
     ``policy`` names a preset (``twin policies``); ``scheduler``/``cache`` override its parts.
     ``horizon_s`` stops the run (requests in flight are counted as unfinished); None runs
     until every request has finished. ``system`` picks the engine (``vllm``, ``slora``; default:
-    the preset's system, ``vllm`` for policy objects).
+    the preset's system, ``vllm`` for policy objects). ``frontend_s``: the front-end latency of
+    each request outside the engine (API server and client path, seconds; 0: the engine's own
+    times): the client-observed first token and finish are that much later (TTFT and E2E grow,
+    TPOT and ITL do not; :mod:`twin.metrics`); reported as ``frontend_ms`` when set.
     """
+    if not (frontend_s >= 0.0 and math.isfinite(frontend_s)):
+        raise ValueError(f"frontend_s {frontend_s!r}: give the front-end latency in seconds, >= 0 (0: off)")
 
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     cfg = config or EngineConfig()
@@ -79,6 +85,7 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     eng = ENGINES[system](workload, prof, cfg, scheduler_obj, cache_obj, horizon_s=horizon_s,
                           max_run_steps=max_run_steps, progress=progress, record_steps=record_steps,
                           check_invariants=check_invariants)
+    eng.frontend_s = float(frontend_s)
     eng.run()
     wall = time.perf_counter() - t0
     summary = summarize(eng, wall, ttft_slo_s, tbt_slo_s)
@@ -86,4 +93,6 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
         extra = {**extra, "config": eng.config.to_dict()}
     summary = {"policy": label, "system": system, "scheduler": scheduler_obj.name, "cache": cache_obj.name,
                "profile": prof.name, **summary, **(extra or {})}
+    if frontend_s:
+        summary["frontend_ms"] = float(frontend_s) * 1000
     return SimResult(summary, eng)

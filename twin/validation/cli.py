@@ -11,7 +11,7 @@ from traces.arguments import check_writable_dir
 from twin.validation.output import json_summary, write_outputs
 from twin.validation.report import format_report
 from twin.validation.runner import run_validation
-from twin.validation.specs import PROMPT_OUTPUT_CORR
+from twin.validation.specs import FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR
 
 
 def register_cli(subparsers) -> None:
@@ -44,6 +44,10 @@ def register_cli(subparsers) -> None:
                    help=f"Gaussian-copula correlation of prompt and output length in the re-created request pools "
                         f"(default {PROMPT_OUTPUT_CORR}: fitted on the dt_modelling runs' KV gauges, "
                         f"twin.validation.length_coupling; 0: independent lengths)")
+    p.add_argument("--frontend-ms", type=float, default=FRONTEND_LATENCY_S * 1000,
+                   help=f"front-end latency of each request outside the engine, in ms (API server and client "
+                        f"path; default {FRONTEND_LATENCY_S * 1000:g}: fitted on the dt_modelling runs without a "
+                        f"queue, twin.validation.frontend; 0: the engine's own TTFT)")
     p.add_argument("--no-figures", action="store_true", help="with --out: skip the figures")
     p.add_argument("--top", type=int, default=8, help="largest errors listed in the table")
     p.add_argument("--data-dir", default=None, help="data directory (default $TWIN_DATA_DIR)")
@@ -77,6 +81,8 @@ def check_args(args: argparse.Namespace) -> None:
     _client_cap(args.client_cap)
     if not -1.0 < args.length_corr < 1.0:
         raise ValueError(f"--length-corr {args.length_corr}: must be a correlation strictly between -1 and 1")
+    if not (args.frontend_ms >= 0 and args.frontend_ms < 1e6):
+        raise ValueError(f"--frontend-ms {args.frontend_ms}: give a latency in milliseconds, >= 0 (0: off)")
     if args.out:
         check_writable_dir("--out", args.out)
     if args.filter is not None and not args.filter.strip():
@@ -91,7 +97,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     res = run_validation(args.real, peer, args.profile, jobs=jobs, limit=args.limit, filt=args.filter,
                          seed=args.seed, use_sent=not args.nominal, progress=progress, data_dir=args.data_dir,
                          client_cap=_client_cap(args.client_cap), preload_cpu=not args.no_preload,
-                         length_corr=args.length_corr)
+                         length_corr=args.length_corr, frontend_s=args.frontend_ms / 1000)
     paths = write_outputs(res, args.out, figures=not args.no_figures) if args.out else []
     if args.json:
         print(json_summary(res))

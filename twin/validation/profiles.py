@@ -16,10 +16,13 @@ _PROFILES: dict[str, Profile] = {}
 
 
 def cached_profile(name: str | None) -> Profile:
-    """:func:`twin.perf.profile.load_profile` of ``name``, once per process."""
+    """:func:`twin.perf.profile.load_profile` of ``name``, once per process. A profile given as a
+    JSON file is also found under its own name afterwards (the summary's diagnostics look it up
+    by name)."""
     key = name or ""
     if key not in _PROFILES:
-        _PROFILES[key] = load_profile(name)
+        p = _PROFILES[key] = load_profile(name)
+        _PROFILES.setdefault(p.name, p)
     return _PROFILES[key]
 
 

@@ -154,7 +154,8 @@ def adapter_rates(rates: Iterable[float] | str, served: int) -> np.ndarray:
 @dataclass
 class RunSpec:
     """What the twin needs to re-create one real run (its configuration only; ``length_corr``:
-    the prompt-output length coupling of the request pool, :data:`PROMPT_OUTPUT_CORR`)."""
+    the prompt-output length coupling of the request pool, :data:`PROMPT_OUTPUT_CORR`;
+    ``frontend_s``: the requests' path outside the engine, :data:`FRONTEND_LATENCY_S`)."""
 
     run_id: str
     model: str
@@ -171,6 +172,7 @@ class RunSpec:
     window_s: float = WINDOW_S
     seed: int = 0
     length_corr: float = 0.0
+    frontend_s: float = 0.0
 
     @property
     def adapter_rates(self) -> np.ndarray:
@@ -195,9 +197,18 @@ def _finite_or(value, cast, default):
 #: recomputes it; ``twin validate --length-corr 0`` turns it off.
 PROMPT_OUTPUT_CORR = -0.37
 
+#: Front-end latency of one request outside the engine (seconds): the real client's HTTP request,
+#: vLLM 0.8.5's API server (request parsing, tokenisation, hand-over to the engine core) and the
+#: way back of its tokens (engine-core output, detokenisation, the streamed chunk the client
+#: reads). The client's TTFT and E2E include it; its ITL does not. Fitted on the fit split only
+#: (:func:`twin.validation.frontend.fit_frontend_latency`): the median, over the 9
+#: ``dt_modelling`` runs that never queued (``ts_max_waiting`` 0) with at most 16 served adapters,
+#: of real mean TTFT - the twin's engine TTFT. ``twin validate --frontend-ms 0`` turns it off.
+FRONTEND_LATENCY_S = 0.0075
+
 
 def spec_from_row(row: pd.Series | dict, seed: int = 0, use_sent: bool = True,
-                  length_corr: float = PROMPT_OUTPUT_CORR) -> RunSpec:
+                  length_corr: float = PROMPT_OUTPUT_CORR, frontend_s: float = FRONTEND_LATENCY_S) -> RunSpec:
     """The configuration of one real-run row; ``use_sent``: keep ``requests_sent`` (the offered
     count), else the nominal Poisson load. The seed mixes the run id with ``seed``."""
     g = row.get
@@ -210,7 +221,8 @@ def spec_from_row(row: pd.Series | dict, seed: int = 0, use_sent: bool = True,
                    max_num_seqs=_finite_or(g("max_num_seqs"), int, 2048),
                    mean_in=float(g("pool_mean_input_tokens")), mean_out=float(g("pool_mean_output_tokens")),
                    requests_sent=sent, window_s=_finite_or(g("benchmark_time_s"), float, WINDOW_S),
-                   seed=(zlib.crc32(run_id.encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF, length_corr=float(length_corr))
+                   seed=(zlib.crc32(run_id.encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF, length_corr=float(length_corr),
+                   frontend_s=float(frontend_s))
 
 
 def nominal_requests(row: pd.Series | dict) -> float:
