@@ -130,6 +130,7 @@ def test_figs_json_predicts_exactly_what_the_estimator_predicts(models):
         assert res["adapter_slots_raw"] == pytest.approx(want[i, 1], rel=1e-6)
         assert res["throughput_tok_s"] == pytest.approx(want[i, 2], rel=1e-6)
         assert "uncertainty" not in res and res["rule_path"][0] == "[tree 1]"
+        assert len(res["rule_path_by_tree"]) == len(m["trees"])
 
 
 def test_an_imodels_kind_without_imodels_names_the_extra(monkeypatch, tmp_path, capsys):

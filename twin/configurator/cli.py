@@ -254,8 +254,12 @@ def cmd_predict(args) -> int:
     if res.get("usd_per_million_tokens"):
         print(f"cost: {res['usd_per_million_tokens']:.3f} USD per million tokens at {args.gpu_hour_usd} USD/GPU-h")
     if args.explain:
-        print("rule path: " + (" AND ".join(res.get("rule_path") or []) or "(root)")
-              + (f"  ({res['rule_path_note']})" if res.get("rule_path_note") else ""))
+        if res.get("rule_path_by_tree"):  # a sum of trees (FIGS): one path per tree
+            print("rule paths (" + res["rule_path_note"] + "): " + " + ".join(
+                f"tree {k}: [{' AND '.join(steps) or 'root'}]" for k, steps in enumerate(res["rule_path_by_tree"], 1)))
+        else:
+            print("rule path: " + (" AND ".join(res.get("rule_path") or []) or "(root)")
+                  + (f"  ({res['rule_path_note']})" if res.get("rule_path_note") else ""))
     return 0
 
 

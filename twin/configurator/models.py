@@ -244,13 +244,15 @@ def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -
             r = rules_predict(model["rules"], x)
             res["rule_path"] = [f"{c['feature']} {c['op']} {c['value']:.6g}" for c in r["conditions"]] if r else []
         else:
-            shown = range(len(model["trees"])) if additive else range(1)
-            res["rule_path"] = []
-            for k in shown:
+            by_tree = []
+            for k in range(len(model["trees"]) if additive else 1):
                 tree = model["trees"][k]
-                steps = [f"{feats[tree['feature'][a]]} {'<=' if b == tree['left'][a] else '>'} "
-                         f"{tree['threshold'][a]:.6g}" for a, b in zip(paths[k][:-1], paths[k][1:])]
-                res["rule_path"] += ([f"[tree {k + 1}]"] if additive else []) + steps
+                by_tree.append([f"{feats[tree['feature'][a]]} {'<=' if b == tree['left'][a] else '>'} "
+                                f"{tree['threshold'][a]:.6g}" for a, b in zip(paths[k][:-1], paths[k][1:])])
+            res["rule_path"] = by_tree[0]
+            if additive:  # one path per tree; their leaf values add up to the prediction
+                res["rule_path"] = [c for k, steps in enumerate(by_tree) for c in [f"[tree {k + 1}]"] + steps]
+                res["rule_path_by_tree"] = by_tree
             res["rule_path_note"] = ("paths through every tree of the sum" if additive
                                      else "path through the forest's first tree")
     return res
