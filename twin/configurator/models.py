@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from twin.configurator.labels import FEATURES, TARGETS
+from twin.sweep.runner import MissingExtra
 
 SCHEMA = "lora-twin-configurator/1"
 MODEL_DIR = Path(__file__).resolve().parent / "models"
@@ -275,8 +276,6 @@ def _imodels(kind: str):
     try:
         import imodels
     except ImportError as e:
-        from twin.sweep.runner import MissingExtra
-
         raise MissingExtra(f"model kind {kind!r} needs imodels ({e}): {IMODELS_EXTRA}") from None
     return imodels
 
