@@ -21,6 +21,21 @@ ROOT = Path(__file__).resolve().parents[2]
 GRID = {"served": list(PUBLISHED_GRID), "slots": list(PUBLISHED_GRID)}
 
 
+def _has_imodels() -> bool:
+    try:
+        import imodels  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+HAS_IMODELS = _has_imodels()
+#: the kinds the model tests train: imodels' FIGS only where the optional extra is installed
+TEST_KINDS = ("rf", "cart") + (("figs",) if HAS_IMODELS else ())
+needs_imodels = pytest.mark.skipif(not HAS_IMODELS, reason="imodels is not installed (the optional extra: "
+                                                           "pip install 'lora-twin[configurator]')")
+
+
 def synthetic_labels(n: int = 80) -> pd.DataFrame:
     """Labels from a known rule: served falls with the total rate, slots grow with the top rank."""
     rows = []
@@ -41,7 +56,7 @@ def models(tmp_path_factory):
     lab = synthetic_labels()
     d = tmp_path_factory.mktemp("models")
     out = {}
-    for kind in ("rf", "cart"):
+    for kind in TEST_KINDS:
         m = train(lab, kind, cv=3, provenance={"profile": "test-profile", "rule": "throughput90"}, grid=GRID)
         out[kind] = save_model(m, d / f"test-profile.{kind}.json")
     return lab, out
@@ -79,15 +94,57 @@ def test_cart_rules(models):
 
 def test_predict_without_sklearn(models):
     _, paths = models
-    code = ("import sys; sys.modules['sklearn'] = None\n"
+    code = ("import sys; sys.modules['sklearn'] = None; sys.modules['imodels'] = None\n"
             "from twin.configurator.models import load_model, predict\n"
             "from twin.configurator.labels import features_of\n"
-            f"m = load_model({str(paths['rf'])!r})\n"
-            "print(predict(m, features_of([0.4, 0.05, 0.00625], [8, 16, 32]))['served_adapters'])\n")
+            f"for p in {[str(p) for p in paths.values()]!r}:\n"
+            "    m = load_model(p)\n"
+            "    print(predict(m, features_of([0.4, 0.05, 0.00625], [8, 16, 32]))['served_adapters'])\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
-    assert int(out.stdout.strip()) in PUBLISHED_GRID
+    got = [int(x) for x in out.stdout.split()]
+    assert len(got) == len(paths) and all(g in PUBLISHED_GRID for g in got)
+
+
+@needs_imodels
+def test_figs_json_predicts_exactly_what_the_estimator_predicts(models):
+    """The exported FIGS trees (a sum, ``combine == "sum"``) reproduce imodels' own prediction on
+    every training row, and the file stores the estimator's arguments."""
+    from twin.configurator.models import _estimator
+
+    lab, paths = models
+    m = load_model(paths["figs"])
+    assert m["kind"] == "figs" and m["combine"] == "sum" and m["provenance"]["estimator"] == "FIGSRegressor"
+    params = m["provenance"]["params"]
+    assert {"max_rules", "max_trees"} <= set(params) and params["max_rules"] <= 30
+    assert sum(sum(1 for f in t["feature"] if f >= 0) for t in m["trees"]) <= params["max_rules"]
+    est, _ = _estimator("figs", 0)
+    est.set_params(**{k: params[k] for k in ("max_rules", "max_trees", "max_depth", "min_impurity_decrease")})
+    X = lab[list(FEATURES)].to_numpy(float)
+    est.fit(X, np.log(lab[["served_adapters", "adapter_slots", "throughput_tok_s"]].to_numpy(float)))
+    want = np.exp(est.predict(X))
+    for i, (_, r) in enumerate(lab.iterrows()):
+        res = predict(m, {f: r[f] for f in FEATURES}, explain=True)
+        assert res["served_adapters_raw"] == pytest.approx(want[i, 0], rel=1e-6)
+        assert res["adapter_slots_raw"] == pytest.approx(want[i, 1], rel=1e-6)
+        assert res["throughput_tok_s"] == pytest.approx(want[i, 2], rel=1e-6)
+        assert "uncertainty" not in res and res["rule_path"][0] == "[tree 1]"
+        assert len(res["rule_path_by_tree"]) == len(m["trees"])
+
+
+def test_an_imodels_kind_without_imodels_names_the_extra(monkeypatch, tmp_path, capsys):
+    from twin.sweep.runner import MissingExtra
+
+    monkeypatch.setitem(sys.modules, "imodels", None)
+    with pytest.raises(MissingExtra, match=r"pip install 'lora-twin\[configurator\]'"):
+        train(synthetic_labels(12), "figs", search=False)
+    lab = tmp_path / "lab.csv"
+    synthetic_labels(12).to_csv(lab, index=False)
+    p = _cli()
+    ns = p.parse_args(["configure", "train", str(lab), "--kind", "figs", "--out", str(tmp_path / "m.json")])
+    assert ns.func(ns) == 2
+    assert "lora-twin[configurator]" in capsys.readouterr().err and not (tmp_path / "m.json").exists()
 
 
 def test_snap():
@@ -117,6 +174,12 @@ def test_predict_and_rules_cli(models, capsys):
                        str(paths["cart"]), "--explain"])
     assert ns.func(ns) == 0
     assert "rule path" in capsys.readouterr().out
+    if "figs" in paths:
+        ns = p.parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--model",
+                           str(paths["figs"]), "--explain", "--json"])
+        assert ns.func(ns) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["model"] == "figs" and d["served_adapters"] in PUBLISHED_GRID and d["rule_path"]
     ns = p.parse_args(["configure", "rules", "--model", str(paths["cart"])])
     assert ns.func(ns) == 0
     assert "IF" in capsys.readouterr().out
@@ -147,7 +210,7 @@ def test_dataset_and_train_cli_on_a_sweep(tmp_path, capsys):
 
 def test_unknown_model_kind_is_refused():
     with pytest.raises(ValueError, match="unknown model kind"):
-        train(synthetic_labels(12), "figs", search=False)
+        train(synthetic_labels(12), "xgboost", search=False)
 
 
 def test_predict_takes_extra_features_the_model_was_trained_on(tmp_path, capsys):

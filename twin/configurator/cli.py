@@ -47,7 +47,8 @@ def register_cli(subparsers) -> None:
     t = sub.add_parser("train", help="train a configurator (grid search, saved as JSON with provenance)")
     t.add_argument("dataset", nargs="+", help="labels (.csv/.parquet from `configure dataset`) or sweep directories")
     t.add_argument("--kind", choices=KINDS, default="rf",
-                   help="rf (random forest), cart (<= 30 leaves, exported as rules)")
+                   help="rf (random forest), cart (<= 30 leaves, exported as rules), figs (imodels' FIGS, a sum "
+                        "of small trees with <= 30 splits in all: pip install 'lora-twin[configurator]')")
     t.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90",
                    help="label rule when sweep directories are given")
     t.add_argument("--out", default=None, help="model file (default: twin/configurator/models/<profile>.<kind>.json)")
@@ -65,7 +66,7 @@ def register_cli(subparsers) -> None:
     _scenario_args(pr)
     pr.add_argument("--model", default=None, help="model file (default: the shipped configurator of --profile)")
     pr.add_argument("--profile", default=DEFAULT_PROFILE)
-    pr.add_argument("--kind", choices=("rf", "cart"), default="rf", help="shipped model kind (default rf)")
+    pr.add_argument("--kind", choices=KINDS, default="rf", help="shipped model kind (default rf)")
     pr.add_argument("--explain", action="store_true", help="print the rule path")
     pr.add_argument("--adapters", type=int, default=None,
                     help="adapters to host: GPUs needed at the recommended served adapters")
@@ -174,7 +175,14 @@ def cmd_train(args) -> int:
         missing = [f for f in feats if f not in lab]
         if missing:
             raise ValueError(f"--features: {missing} not in the labels (columns: {sorted(lab.columns)})")
-    model = train(lab, args.kind, features=feats, seed=args.seed, cv=args.cv, search=not args.no_search, provenance=prov, grid=grid)
+    from twin.sweep.runner import MissingExtra
+
+    try:
+        model = train(lab, args.kind, features=feats, seed=args.seed, cv=args.cv, search=not args.no_search,
+                      provenance=prov, grid=grid)
+    except MissingExtra as e:
+        print(f"twin configure train: error: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else shipped_model_path(profile or "model", args.kind)
     save_model(model, out)
     info = {"model": str(out), "kind": args.kind, "scenarios": len(lab), "profile": profile,
@@ -246,8 +254,12 @@ def cmd_predict(args) -> int:
     if res.get("usd_per_million_tokens"):
         print(f"cost: {res['usd_per_million_tokens']:.3f} USD per million tokens at {args.gpu_hour_usd} USD/GPU-h")
     if args.explain:
-        print("rule path: " + (" AND ".join(res.get("rule_path") or []) or "(root)")
-              + (f"  ({res['rule_path_note']})" if res.get("rule_path_note") else ""))
+        if res.get("rule_path_by_tree"):  # a sum of trees (FIGS): one path per tree
+            print("rule paths (" + res["rule_path_note"] + "): " + " + ".join(
+                f"tree {k}: [{' AND '.join(steps) or 'root'}]" for k, steps in enumerate(res["rule_path_by_tree"], 1)))
+        else:
+            print("rule path: " + (" AND ".join(res.get("rule_path") or []) or "(root)")
+                  + (f"  ({res['rule_path_note']})" if res.get("rule_path_note") else ""))
     return 0
 
 

@@ -8,9 +8,16 @@ so one tree recommends a whole configuration; a prediction is snapped to the swe
 (nearest value in log scale, slots <= served).
 
 Model file (``*.json``): ``{"schema", "kind", "features", "targets", "log_targets", "trees":
-[{"left", "right", "feature", "threshold", "value"}...], "grid": {"served", "slots"},
-"constant": {...}, "provenance": {...}}``. The random forest keeps every tree (the spread across
-trees is the uncertainty); the CART model also carries ``rules`` (one per leaf).
+[{"left", "right", "feature", "threshold", "value"}...], "combine", "grid": {"served", "slots"},
+"constant": {...}, "provenance": {...}}``. ``combine`` is ``"mean"`` (the random forest, which
+keeps every tree: the spread across trees is the uncertainty; CART, one tree, which also carries
+``rules``, one per leaf) or ``"sum"`` (FIGS: Tan et al., "Fast Interpretable Greedy-Tree Sums",
+imodels' ``FIGSRegressor``, a sum of small trees each fitted to the others' residuals; an optional
+extra, ``pip install 'lora-twin[configurator]'``). Files without ``combine`` are means.
+
+imodels' hierarchical-shrinkage tree and RuleFit are not offered: in imodels 3.0.4 both take one
+target only (``HSTreeRegressor.fit`` rejects a 3-column ``y``), and a configurator predicts the
+whole configuration (served, slots, throughput) from one model.
 """
 
 from __future__ import annotations
@@ -26,10 +33,14 @@ import numpy as np
 import pandas as pd
 
 from twin.configurator.labels import FEATURES, TARGETS
+from twin.sweep.runner import MissingExtra
 
 SCHEMA = "lora-twin-configurator/1"
 MODEL_DIR = Path(__file__).resolve().parent / "models"
-KINDS = ("rf", "cart")
+KINDS = ("rf", "cart", "figs")
+#: kinds whose estimator comes from the optional ``configurator`` extra (imodels)
+IMODELS_KINDS = ("figs",)
+IMODELS_EXTRA = "pip install 'lora-twin[configurator]'"
 
 
 def smape_pct(pred, true) -> float:
@@ -65,6 +76,37 @@ def export_tree(est) -> dict[str, Any]:
     return {"left": t.children_left.tolist(), "right": t.children_right.tolist(), "feature": t.feature.tolist(),
             "threshold": [float(x) for x in t.threshold], "value": np.round(val, 6).tolist(),
             "n": t.n_node_samples.tolist()}
+
+
+def export_figs_tree(root, n_outputs: int) -> dict[str, Any]:
+    """One FIGS tree (imodels ``Node`` objects, leaves have no children) in the format of
+    :func:`export_tree`: nodes numbered depth-first, leaf values = the tree's additive term."""
+    left: list[int] = []
+    right: list[int] = []
+    feat: list[int] = []
+    thr: list[float] = []
+    val: list[list[float]] = []
+    n: list[int] = []
+
+    def add(node) -> int:
+        i = len(left)
+        is_leaf = node.left is None and node.right is None
+        left.append(-1)
+        right.append(-1)
+        feat.append(-2 if is_leaf else int(node.feature))
+        thr.append(-2.0 if is_leaf else float(node.threshold))
+        v = np.zeros(n_outputs) if node.value is None else np.asarray(node.value, float).reshape(-1)
+        val.append(np.round(v, 9).tolist())
+        n.append(int(np.asarray(node.idxs).sum()) if node.idxs is not None else 0)
+        if not is_leaf:
+            if node.left is None or node.right is None:
+                raise ValueError("a FIGS split node with one child cannot be exported")
+            left[i] = add(node.left)
+            right[i] = add(node.right)
+        return i
+
+    add(root)
+    return {"left": left, "right": right, "feature": feat, "threshold": thr, "value": val, "n": n}
 
 
 def tree_apply(tree: dict[str, Any], x: np.ndarray) -> tuple[np.ndarray, list[int]]:
@@ -183,7 +225,8 @@ def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -
         outs.append(v)
         paths.append(path)
     V = np.asarray(outs)
-    mean = V.mean(axis=0)
+    additive = model.get("combine", "mean") == "sum"
+    mean = V.sum(axis=0) if additive else V.mean(axis=0)
     pred = np.exp(mean) if model.get("log_targets") else mean
     per_tree = np.exp(V) if model.get("log_targets") else V
     res: dict[str, Any] = {"model": model.get("kind"), "profile": model["provenance"].get("profile"),
@@ -193,7 +236,7 @@ def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -
     n, g = snap_config(raw["served_adapters"], raw["adapter_slots"], grid.get("served", [16]), grid.get("slots", [16]))
     res.update(served_adapters=n, adapter_slots=g, throughput_tok_s=raw["throughput_tok_s"],
                served_adapters_raw=raw["served_adapters"], adapter_slots_raw=raw["adapter_slots"])
-    if len(model["trees"]) > 1:
+    if len(model["trees"]) > 1 and not additive:  # a sum's terms are not alternatives: no spread
         lo, hi = np.percentile(per_tree, [10, 90], axis=0)
         res["uncertainty"] = {t: {"p10": float(a), "p90": float(b)} for t, a, b in zip(targets, lo, hi)}
         res["uncertainty"]["trees"] = len(model["trees"])
@@ -202,10 +245,17 @@ def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -
             r = rules_predict(model["rules"], x)
             res["rule_path"] = [f"{c['feature']} {c['op']} {c['value']:.6g}" for c in r["conditions"]] if r else []
         else:
-            tree = model["trees"][0]
-            res["rule_path"] = [f"{feats[tree['feature'][a]]} {'<=' if b == tree['left'][a] else '>'} "
-                                f"{tree['threshold'][a]:.6g}" for a, b in zip(paths[0][:-1], paths[0][1:])]
-            res["rule_path_note"] = "path through the forest's first tree"
+            by_tree = []
+            for k in range(len(model["trees"]) if additive else 1):
+                tree = model["trees"][k]
+                by_tree.append([f"{feats[tree['feature'][a]]} {'<=' if b == tree['left'][a] else '>'} "
+                                f"{tree['threshold'][a]:.6g}" for a, b in zip(paths[k][:-1], paths[k][1:])])
+            res["rule_path"] = by_tree[0]
+            if additive:  # one path per tree; their leaf values add up to the prediction
+                res["rule_path"] = [c for k, steps in enumerate(by_tree) for c in [f"[tree {k + 1}]"] + steps]
+                res["rule_path_by_tree"] = by_tree
+            res["rule_path_note"] = ("paths through every tree of the sum" if additive
+                                     else "path through the forest's first tree")
     return res
 
 
@@ -221,6 +271,15 @@ def _smape_scorer(log_targets: bool, cols: tuple[int, ...] = (0, 1)):
     return make_scorer(score)
 
 
+def _imodels(kind: str):
+    """imodels, or an error naming the extra that installs it."""
+    try:
+        import imodels
+    except ImportError as e:
+        raise MissingExtra(f"model kind {kind!r} needs imodels ({e}): {IMODELS_EXTRA}") from None
+    return imodels
+
+
 def _estimator(kind: str, seed: int):
     if kind == "rf":
         from sklearn.ensemble import RandomForestRegressor
@@ -232,7 +291,19 @@ def _estimator(kind: str, seed: int):
 
         return DecisionTreeRegressor(random_state=seed), {
             "max_leaf_nodes": [8, 12, 16, 20, 24, 30], "min_samples_leaf": [1, 2, 4]}
+    if kind == "figs":
+        # at most 30 splits in all, like the <= 30-rule tree
+        return _imodels(kind).FIGSRegressor(random_state=seed), {
+            "max_rules": [10, 20, 30], "max_trees": [None, 2]}
     raise ValueError(f"unknown model kind {kind!r}; choose from {', '.join(KINDS)}")
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return repr(v)
 
 
 def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = None, seed: int = 0,
@@ -240,6 +311,8 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
           grid: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """Fit a model on label rows (from :func:`twin.configurator.dataset.build_dataset`), tuned by a
     ``cv``-fold halving grid search scored by SMAPE (served and slots) when ``search``."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown model kind {kind!r}; choose from {', '.join(KINDS)}")
     feats = list(features or FEATURES)
     X = labels[feats].to_numpy(float)
     Y = np.log(labels[list(TARGETS)].to_numpy(float))
@@ -256,22 +329,38 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
                                  n_jobs=1)
         gs.fit(X, Y)
         est = gs.best_estimator_
-        info = {"best_params": {k: (v if not isinstance(v, np.generic) else v.item())
-                                for k, v in gs.best_params_.items()},
+        info = {"best_params": {k: _jsonable(v) for k, v in gs.best_params_.items()},
                 "cv_smape_served_slots_mean": -float(gs.best_score_), "cv_folds": n_cv}
     else:
         est.fit(X, Y)
-    trees = [export_tree(e) for e in est.estimators_] if kind == "rf" else [export_tree(est)]
+    if kind == "rf":
+        trees = [export_tree(e) for e in est.estimators_]
+    elif kind == "figs":
+        trees = [export_figs_tree(t, Y.shape[1]) for t in est.trees_]
+    else:
+        trees = [export_tree(est)]
     y_lab = labels[list(TARGETS)]
     import sklearn
 
     model: dict[str, Any] = {
         "schema": SCHEMA, "kind": kind, "features": feats, "targets": list(TARGETS), "log_targets": True,
-        "trees": trees, "grid": grid or {},
+        "trees": trees, "combine": "sum" if kind == "figs" else "mean", "grid": grid or {},
         "constant": {t: float(np.exp(np.log(y_lab[t].astype(float)).median())) for t in TARGETS},
         "provenance": {**(provenance or {}), "scenarios": int(len(labels)), "estimator": type(est).__name__,
+                       "params": {k: _jsonable(v) for k, v in est.get_params(deep=False).items()},
                        "sklearn": sklearn.__version__, "seed": seed, "fit_s": time.perf_counter() - t0,
                        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **info}}
+    if kind in IMODELS_KINDS:
+        model["provenance"]["imodels"] = getattr(_imodels(kind), "__version__", None) or _dist_version("imodels")
     if kind == "cart":
         model["rules"] = tree_rules(trees[0], feats, list(TARGETS), True)
     return model
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001
+        return None
