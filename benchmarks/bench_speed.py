@@ -103,6 +103,14 @@ def main(argv: list[str]) -> int:
 
     import numpy as np
 
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    unknown = [a for a in argv if a not in SCENARIOS]
+    if unknown:
+        print(f"bench_speed: unknown scenario {', '.join(map(repr, unknown))}; give any of "
+              f"{', '.join(SCENARIOS)} (or nothing for both)", file=sys.stderr)
+        return 2
     names = argv or ["overloaded", "reference"]
     tmp = tempfile.mkdtemp(prefix="twin-bench-")
     for name in names:
