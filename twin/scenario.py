@@ -130,6 +130,10 @@ class RunConfig:
         "help": "stop the simulation at this time; requests in flight count as unfinished"})
     ttft_slo: float | None = field(default=None, metadata={"help": "TTFT SLO in seconds (SLO attainment)"})
     tbt_slo: float | None = field(default=None, metadata={"help": "time-between-tokens SLO in seconds"})
+    frontend_ms: float = field(default=0.0, metadata={
+        "help": "front-end latency in ms: the request's path outside the engine (API server, tokeniser, streamed "
+                "chunk), added to the client-observed TTFT and E2E, not to ITL/TPOT; 0: the engine's own times "
+                "(twin validate uses 7.5, fitted on the real runs' fit split)"})
 
     def adapter_slots(self, n_adapters: int) -> int:
         """``slots``, or :data:`DEFAULT_ADAPTER_SLOTS` capped at ``n_adapters`` (at least 1)."""
@@ -172,6 +176,7 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
                                  "run until every request finished)"),
     "ttft_slo": (False, 0, False, "a TTFT SLO in seconds, e.g. --ttft-slo 2"),
     "tbt_slo": (False, 0, False, "a time-between-tokens SLO in seconds, e.g. --tbt-slo 0.1"),
+    "frontend_ms": (False, 0, True, "a front-end latency in ms, e.g. --frontend-ms 7.5 (0: the engine's own times)"),
 }
 
 

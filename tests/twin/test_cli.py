@@ -40,6 +40,29 @@ def test_run_table(capsys):
     assert "TTFT ms mean / p50 / p99" in out and "throughput (req/s)" in out
 
 
+@pytest.mark.parametrize("policy", ["vllm", "slora"])
+def test_run_frontend_latency_shifts_client_times_only(capsys, policy):
+    """``--frontend-ms`` (twin run and compare share it) adds exactly that latency to every
+    client-observed first token and finish; the engine's run, ITL and TPOT are untouched."""
+    runs = {}
+    for ms in ("0", "7.5"):
+        assert main(["run", "--json", "--no-progress", "--duration", "30", "--policy", policy,
+                     "--frontend-ms", ms]) == 0
+        runs[ms] = json.loads(capsys.readouterr().out)
+    a, b = runs["0"], runs["7.5"]
+    assert "frontend_ms" not in a and b["frontend_ms"] == 7.5
+    for k in ("ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p99", "e2e_ms_mean"):
+        assert b[k] == pytest.approx(a[k] + 7.5, abs=1e-6), k
+    for k in ("itl_ms_mean", "tpot_ms_mean", "engine_steps", "requests_finished", "throughput_rps"):
+        assert b[k] == a[k], k
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "abc"])
+def test_run_frontend_latency_bad_values_refused(capsys, value):
+    assert main(["run", "--frontend-ms", value, "--duration", "10"]) == 2
+    assert "--frontend-ms" in capsys.readouterr().err
+
+
 def test_unknown_policy_lists_available(capsys):
     assert main(["run", "--policy", "no-such-policy", "--duration", "10"]) == 2
     err = capsys.readouterr().err

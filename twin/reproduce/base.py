@@ -205,7 +205,8 @@ class Runner:
         if accuracy is not None and hasattr(s, "accuracy"):
             s.accuracy = accuracy
         res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=memory,
-                       system=resolve_system(policy, run.system))  # the preset's engine, as twin.compare.run_one
+                       system=resolve_system(policy, run.system),  # the preset's engine, as twin.compare.run_one
+                       frontend_s=run.frontend_ms / 1000.0)
         out = {k: v for k, v in res.summary.items()
                if not isinstance(v, (dict, list)) and k not in HOST_TIMINGS}
         if memory:
