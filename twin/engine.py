@@ -532,18 +532,7 @@ class Engine(PreemptionWalk, EngineState):
         self.res_cnt[(-base) % bs] -= 1
         self.used_blocks -= -(-(base + self.g) // bs)
         del self.T[rid]
-        # (_finished, written out: one call less per finish)
-        del self.running[rid]
-        self._run_alive[self._rid_seq[rid]] = 0
-        self._state_mv[rid] = _FINISHED
-        self._finish_a[rid] = now
-        self.n_finished += 1
-        a = self.adapter_a[rid]
-        if a >= 0:
-            self.adapters.release(a, now)
-        if self._finish_hook is not None:  # keep history KV (twin/prefix_kv.py)
-            self._finish_hook(rid, now)
-        self.scheduler.on_finish(rid)
+        self._finished(rid, now)
 
     def _finished(self, rid: int, now: float) -> None:
         del self.running[rid]

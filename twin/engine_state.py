@@ -171,6 +171,26 @@ class EngineState:
         self._cache_ticks = cache.tick_interval
         self._next_tick = min(t for t in (self._sched_ticks, self._cache_ticks, INF) if t is not None)
 
+    def _assert_queue_accounting(self) -> None:
+        """The waiting count and the running set agree with the request states (both engines'
+        ``assert_invariants``)."""
+        arrived = self.state[: self.arr_ptr] == PENDING
+        if self._dropped is not None:
+            arrived &= ~self._dropped[: self.arr_ptr]
+        waiting = int(arrived.sum()) - sum(1 for r in self.running if r < self.arr_ptr)
+        assert waiting == self.n_waiting, f"waiting count out of sync ({waiting} != {self.n_waiting})"
+        assert all(self.state[r] == PENDING for r in self.running), "running set out of sync"
+
+    def _clock_wait(self, d: float):
+        """Let ``d`` seconds pass: with ``direct_clock`` and SimPy's queue empty nothing else can
+        happen meanwhile, so the clock moves directly (``env.timeout`` + ``env.step`` would do the
+        same float addition) and None is returned; otherwise the timeout event to yield."""
+        env = self.env
+        if self.direct_clock and not env._queue:
+            env._now = env._now + d
+            return None
+        return env.timeout(d)
+
     def _read_step_model(self) -> None:
         """Which inputs of the step-time model can change during a decode run (looked up once)."""
         profile = self.profile
@@ -365,12 +385,7 @@ class EngineState:
         assert ad.n_active == int((act > 0).sum()) <= self.config.max_loras, "too many adapters in the batch"
         assert len(self.dec) == self.n_dec == sum(1 for r in self.running if r not in self.prefilling), \
             "decode aggregate out of sync"
-        arrived = self.state[: self.arr_ptr] == PENDING
-        if self._dropped is not None:
-            arrived &= ~self._dropped[: self.arr_ptr]
-        waiting = int(arrived.sum()) - sum(1 for r in self.running if r < self.arr_ptr)
-        assert waiting == self.n_waiting, f"waiting count out of sync ({waiting} != {self.n_waiting})"
-        assert all(self.state[r] == PENDING for r in self.running), "running set out of sync"
+        self._assert_queue_accounting()
         if self.extensions is not None:
             self.extensions.check()
 

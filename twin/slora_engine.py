@@ -419,7 +419,6 @@ class SLoRAEngine(EngineState):
         check = self.check_invariants
         poll = self.config.slora_poll_s
         wait_max = self.config.slora_max_wait_tokens
-        queue = env._queue if self.direct_clock else None
         idle_fails = 0
         while True:
             now = env.now
@@ -457,10 +456,8 @@ class SLoRAEngine(EngineState):
                                     or idle_fails > 16_000):
                         break
                     t_next = min(t_poll, self._async_until, self._next_tick, horizon)
-                    if queue is not None and not queue:
-                        env._now = env._now + max(t_next - now, 0.0)
-                    else:
-                        yield env.timeout(max(t_next - now, 0.0))
+                    if (wait := self._clock_wait(max(t_next - now, 0.0))) is not None:
+                        yield wait
                     continue
             elif self.counter >= wait_max:  # (c) admission due: every iteration until it succeeds
                 ctx = self._admit(now)
@@ -633,11 +630,8 @@ class SLoRAEngine(EngineState):
                 lw[rid] = lw.get(rid, 0.0) + load_s
         d = self._prefill_s(ctx)
         stalled = len(self.dec)
-        queue = env._queue if self.direct_clock else None
-        if queue is not None and not queue:
-            env._now = env._now + d
-        else:
-            yield env.timeout(d)
+        if (wait := self._clock_wait(d)) is not None:
+            yield wait
         self._complete_prefill(ctx, now, d, load_s)
         self._stalled, self._stall_s = stalled, (env.now - now) if stalled else 0.0
 
@@ -678,7 +672,6 @@ class SLoRAEngine(EngineState):
 
     def _decode(self, now: float, counting: bool):
         """Decode steps of every running request: one, or a run in which nothing can change."""
-        env = self.env
         g, n = self.g, self.n_dec
         heap, dec = self.fin_heap, self.dec
         while heap and (heap[0][1] not in dec or dec[heap[0][1]][1] != heap[0][0]):
@@ -723,11 +716,8 @@ class SLoRAEngine(EngineState):
             total = math.nextafter(total, INF)
         while now + total > t:
             total = math.nextafter(total, -INF)
-        queue = env._queue if self.direct_clock else None
-        if queue is not None and not queue:
-            env._now = env._now + total
-        else:
-            yield env.timeout(total)
+        if (wait := self._clock_wait(total)) is not None:
+            yield wait
         self._complete_decode(now, k, durs, counting)
 
     def _complete_decode(self, t0: float, k: int, durs: list[float], counting: bool) -> None:
@@ -850,12 +840,7 @@ class SLoRAEngine(EngineState):
         act = np.asarray(mem.active, np.int64)
         assert bool(np.all(res[act > 0])), "an adapter in use is not resident"
         assert mem.n_active == int((act > 0).sum()), "active adapter count out of sync"
-        arrived = self.state[: self.arr_ptr] == PENDING
-        if self._dropped is not None:
-            arrived &= ~self._dropped[: self.arr_ptr]
-        waiting = int(arrived.sum()) - sum(1 for r in self.running if r < self.arr_ptr)
-        assert waiting == self.n_waiting, f"waiting count out of sync ({waiting} != {self.n_waiting})"
-        assert all(self.state[r] == PENDING for r in self.running), "running set out of sync"
+        self._assert_queue_accounting()
         pl.check()
 
 
