@@ -211,6 +211,17 @@ class FastLibraCache(AdapterCachePolicy):
         """A swap-in ends: the node's last-used time is updated (§4.1: "created, matched or swapped")."""
         self.last_use[a] = now
 
+    def on_evict(self, a: int, now: float) -> None:
+        """A LoRA node is swapped out: its last-used time is updated (§4.1: "swapped")."""
+        self.last_use[a] = now
+
+    def on_history(self, node, what: str, now: float) -> None:
+        """A KV node is swapped out or its swap-in ends: its last-used time is updated (§4.1: a
+        node's metadata updates when it is "created, matched or swapped"; creation and matching
+        set it in :mod:`twin.prefix_kv`)."""
+        if what in ("swap_out", "swap_in"):
+            node.last_access = now
+
     # ------------------------------------------------------------------ the tree and values
     def _store(self):
         return self.engine.history

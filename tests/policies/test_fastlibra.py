@@ -259,3 +259,35 @@ def test_fastlibra_workloads_statistics():
     starts = g[(g["turn"] == 0) & (g["arrival_s"] < 300)]["conversation_id"]
     agent_turns = g[g["conversation_id"].isin(starts)].groupby("conversation_id")["turn"].max() + 1
     assert agent_turns.mean() > 2 * turns.mean()                        # the longest conversations
+
+
+def test_swaps_update_a_node_last_used_time():
+    """FastLibra §4.1: a node's metadata (last-used time) updates when it is created, matched or
+    swapped. A KV node created at 0.5 s and swapped out at 3 s is last used at 3 s; its swap-in,
+    ending at 7 s + the copy, moves it again; an adapter swapped out at 4 s is last used at 4 s.
+    The swap-in ranking sees it: t in Eval counts from the swap, not from the creation."""
+    e = _engine("fastlibra", _conversations())
+    c, store = e.cache, e.history
+    e.run()
+    node = next(iter(store.nodes.values()))
+    assert node.tier == "hbm" and node.last_access < 3.0
+    store.swap_out(node, 3.0)
+    assert node.tier == "host" and node.last_access == 3.0
+    e.arr_ptr = 10
+    store.visit_times[node.conv] = [2.0]
+    v = c.values(3.5, [("kv", node)])[0]
+    assert v == pytest.approx(node_eval(1.0, store.transfer_s(node.tokens), c.node_prob(node, 3.5),
+                                        0.5 / c.decay_unit_s))
+    assert store.swap_in(node, 7.0)
+    store._swapped_in(node, 7.25)
+    assert node.tier == "hbm" and node.last_access == 7.25
+    a = next(x for x in e.adapters.evictable())
+    e.adapters.evict(a, 4.0)
+    assert c.last_use[a] == 4.0
+    # stores of other policies (vllm-partition's LRU) keep last use = last real use
+    e2 = _engine("partition-lru", _conversations())
+    e2.run()
+    n2 = next(iter(e2.history.nodes.values()))
+    t_used = n2.last_access
+    e2.history.swap_out(n2, 3.0)
+    assert n2.last_access == t_used
