@@ -4,6 +4,7 @@ and that the papers' numbers are never inputs."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -23,6 +24,23 @@ def test_knee_search_brackets_the_knee(true_knee, start):
     width = k.failed - k.rate
     assert width <= max(start, true_knee) * 2 / 2 ** 6 + 1e-12
     assert all(met == (r <= true_knee) for r, met in k.probes)
+
+
+@pytest.mark.parametrize("true_knee", [3.3, 5.0, 27.0, 96.5, 0.7])
+@pytest.mark.parametrize("resolution", [0.5, 0.25, 0.05])
+def test_knee_search_resolution_bounds_the_bracket(true_knee, resolution):
+    """With ``resolution`` the search bisects until the bracket is within that share of the knee
+    found, and no further than one bisection past it; two fixed bisections from a doubling bracket
+    leave up to 25 % of the failing rate (the earlier FastLibra default)."""
+    k = knee_search(lambda r: {"r": r}, lambda s: s["r"] <= true_knee, 1.0, 0, resolution=resolution)
+    assert k.rate <= true_knee < k.failed
+    assert k.failed - k.rate <= resolution * k.rate + 1e-12
+    bis = [r for r, _ in k.probes if r not in {2.0 ** i for i in range(-10, 11)}]
+    assert len(bis) <= math.ceil(math.log2(1 / resolution))
+    coarse = knee_search(lambda r: {"r": r}, lambda s: s["r"] <= true_knee, 1.0, 2)
+    assert coarse.failed - coarse.rate <= 0.25 * coarse.failed
+    with pytest.raises(ValueError, match="resolution"):
+        knee_search(lambda r: {"r": r}, lambda s: True, 1.0, 0, resolution=0.0)
 
 
 def test_knee_search_limits():

@@ -258,15 +258,20 @@ class Knee:
 
 
 def knee_search(point: Callable[[float], dict[str, Any]], ok: Callable[[dict[str, Any]], bool], start: float,
-                bisections: int, max_doublings: int = 10) -> Knee:
+                bisections: int, max_doublings: int = 10, resolution: float | None = None) -> Knee:
     """The highest Poisson rate whose run meets ``ok`` (e.g. P99 TTFT within the SLO).
 
     From ``start``: double while the condition holds (halve while it fails) to bracket the knee
     between a passing rate and a failing one, then bisect ``bisections`` times; the result is the
     last passing rate, within ``(failed - rate)`` (``start * 2**-bisections`` or finer relative
-    to the bracket) of the true knee of this workload and horizon. A rate 0 means even
+    to the bracket) of the true knee of this workload and horizon. With ``resolution`` (a
+    fraction), bisection goes on after those until ``failed - rate <= resolution * rate``: the
+    knee is then known to within that share of itself (the doubling bracket is as wide as its
+    lower end, so ``ceil(log2(1 / resolution))`` bisections at most). A rate 0 means even
     ``start / 2**max_doublings`` fails.
     """
+    if resolution is not None and not resolution > 0:
+        raise ValueError(f"knee_search: resolution {resolution!r} must be > 0 (a fraction of the knee, e.g. 0.05)")
     probes: list[tuple[float, bool]] = []
 
     def test(r: float) -> bool:
@@ -297,6 +302,12 @@ def knee_search(point: Callable[[float], dict[str, Any]], ok: Callable[[dict[str
         if lo is None:
             return Knee(0.0, hi, probes)
     for _ in range(bisections):
+        mid = 0.5 * (lo + hi)
+        if test(mid):
+            lo = mid
+        else:
+            hi = mid
+    while resolution is not None and hi - lo > resolution * lo:
         mid = 0.5 * (lo + hi)
         if test(mid):
             lo = mid
