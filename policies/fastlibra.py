@@ -77,6 +77,8 @@ INF = math.inf
 DEFAULT_DECAY_UNIT_S = 60.0
 #: BS is the batch size "observed over the last 5 s" (§4.3)
 BS_WINDOW_S = 5.0
+#: FastLibra's LoRA compute: ``paged`` (the default, §2) or ``profile`` (the profile's own form: vLLM's kernel grid over its slots for the fitted profiles)
+LORA_COMPUTE = ("paged", "profile")
 
 
 def sigmoid(x: float) -> float:
@@ -113,13 +115,25 @@ class FastLibraCache(AdapterCachePolicy):
     lora_term = True
 
     async_swap_in = True
+    #: LoRA compute over adapter weights paged in the pool (§2: "LoRA weights are split into blocks
+    #: along the rank dimension", following S-LoRA's unified paging), not vLLM's slot kernels; see
+    #: :class:`twin.perf.slora_forms.PagedLora`
+    lora_compute = "paged"
 
     def __init__(self, busy: float = 0.95, idle: float = 0.70, interval_s: float = 0.1, window_s: float = 60.0,
-                 decay_unit_s: float = DEFAULT_DECAY_UNIT_S, bs_window_s: float = BS_WINDOW_S, **memory) -> None:
+                 decay_unit_s: float = DEFAULT_DECAY_UNIT_S, bs_window_s: float = BS_WINDOW_S,
+                 lora_compute: str = "paged", **memory) -> None:
         super().__init__(**memory)
         if decay_unit_s <= 0 or bs_window_s <= 0 or window_s <= 0:
             raise ValueError("fastlibra: decay_unit_s, bs_window_s and window_s must be > 0 "
                              f"(got {decay_unit_s}, {bs_window_s}, {window_s})")
+        if lora_compute not in LORA_COMPUTE:
+            raise ValueError(f"fastlibra: lora_compute {lora_compute!r} is not one of {', '.join(LORA_COMPUTE)} "
+                             "('paged': adapter weights paged in the pool, S-LoRA's kernels; 'profile': the "
+                             "profile's own LoRA form, vLLM's slot kernels for the fitted profiles)")
+        #: named departure ``profile``: the reading before (the profile's form; for the fitted
+        #: profiles vLLM's Triton kernels over max(32, adapters) slots padded to the largest rank)
+        self.lora_compute = lora_compute
         self.busy, self.idle = busy, idle
         self.interval_s = interval_s
         self.window_s = window_s

@@ -56,6 +56,8 @@ class EngineState:
         self._cache_limits()
         if config.tensor_parallel > 1:  # each GPU computes 1/TP of the step (twin/tensor_parallel.py)
             profile = tp_profile(profile, config.tensor_parallel)
+        if cache.lora_compute == "paged":  # adapters paged in the KV pool (FastLibra §2)
+            profile = profile.with_paged_lora()
         self.profile = profile
         self.env = simpy.Environment()
         self.horizon = INF if horizon_s is None else float(horizon_s)

@@ -289,6 +289,10 @@ class AdapterCachePolicy(Policy):
     #: tokens per KV block this system uses (e.g. 32 for FastLibra's vLLM baseline, §6); None:
     #: ``EngineConfig.block_size``
     kv_block_size: int | None = None
+    #: the LoRA compute the vLLM engine charges: None or ``"profile"`` (the profile's form, vLLM's
+    #: kernel grid over its slots for the fitted profiles) or ``"paged"`` (adapter weights paged in the KV pool, computed as S-LoRA does:
+    #: :class:`twin.perf.slora_forms.PagedLora`; FastLibra §2)
+    lora_compute: str | None = None
     #: vLLM's worker activates the batch's adapters one by one in set (hash) order, so an LRU
     #: eviction can hit an adapter of the batch not yet touched in this step, which is then
     #: reloaded (see :meth:`twin.adapters.AdapterMemory.activation_reloads`)

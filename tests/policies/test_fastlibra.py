@@ -20,6 +20,11 @@ from twin.registry import make_cache, make_scheduler
 from twin.simulate import simulate
 
 
+#: the profile's own LoRA term (none in the constant profile), so that step times stay c0 and the
+#: expected times are by hand; FastLibra's paged LoRA compute is tested in tests/twin/test_paged_lora.py
+HAND = {"lora_compute": "profile"}
+
+
 def _engine(cache, workload, kv_tokens=200_000, **cfg):
     prof = constant_profile(c0=0.01, kv_tokens=kv_tokens, disk_s=0.5, cpu_s=0.1)
     c = make_cache(cache) if isinstance(cache, str) else cache
@@ -148,7 +153,7 @@ def test_async_swap_in_lets_a_ready_request_run_while_another_waits():
     the host link, [0.3, 0.6]. Asynchronous: request 2 (adapter 0, ready at 0.3) runs at once
     -- first token at 0.31, TTFT 0.16 s -- and request 0's decode steps never wait for adapter 1.
     Synchronous: adapter 1's copy sits on the step that admits request 1, stalling the batch."""
-    idle = {"idle": 0.0}  # no swapper prefetch: only the demand path
+    idle = {"idle": 0.0, **HAND}  # no swapper prefetch: only the demand path
     a = _swap_run(lambda: FastLibraCache(**idle))
     s = _swap_run(lambda: _SyncFastLibra(**idle))
     ra, rs = a.requests, s.requests
@@ -171,7 +176,7 @@ def test_async_swap_in_of_history_kv():
     w = Workload.from_arrays([0.0, 5.0, 5.0], [1000, 1500, 10], [11, 5, 3], [0, 0, 0], [8, 8, 8],
                              conversation_id=[7, 7, -1], turn=[0, 1, 0], prefix_tokens=[0, 1011, 0])
     cfg = EngineConfig(max_loras=2, max_num_seqs=8, max_model_len=4096)
-    eng = Engine(w, prof, cfg, make_scheduler("fcfs"), make_cache("fastlibra", idle=0.0), check_invariants=True)
+    eng = Engine(w, prof, cfg, make_scheduler("fcfs"), make_cache("fastlibra", idle=0.0, **HAND), check_invariants=True)
     node_store = eng.history
 
     def to_host(t):  # at 4 s the swapper would have swapped the idle conversation out
@@ -194,7 +199,7 @@ def test_ttft_breakdown_separates_lora_and_kv_cold_starts():
     KV. The history case: turn 1 of conversation 7 finds its KV in host memory and waits for the
     copy back (a KV cold start, although ``prefix_host_hits`` stays 0: the hit is served from HBM
     after the asynchronous swap-in)."""
-    res = _swap_run(lambda: FastLibraCache(idle=0.0))
+    res = _swap_run(lambda: FastLibraCache(idle=0.0, **HAND))
     a = res.summary
     assert a["lora_cold_starts"] == 3 and a["kv_cold_starts"] == 0 and a["kv_cold_start_s"] == 0.0
     assert a["lora_cold_start_s"] == pytest.approx(0.3 + 0.5 + 0.15, abs=1e-9)
@@ -203,7 +208,7 @@ def test_ttft_breakdown_separates_lora_and_kv_cold_starts():
     w = Workload.from_arrays([0.0, 5.0, 5.0], [1000, 1500, 10], [11, 5, 3], [0, 0, 0], [8, 8, 8],
                              conversation_id=[7, 7, -1], turn=[0, 1, 0], prefix_tokens=[0, 1011, 0])
     eng = Engine(w, prof, EngineConfig(max_loras=2, max_num_seqs=8, max_model_len=4096), make_scheduler("fcfs"),
-                 make_cache("fastlibra", idle=0.0), check_invariants=True)
+                 make_cache("fastlibra", idle=0.0, **HAND), check_invariants=True)
     eng.push_event(4.0, lambda t: [eng.history.swap_out(n, t) for n in list(eng.history.hbm_nodes())])
     eng.run()
     st = eng.extensions.stats()

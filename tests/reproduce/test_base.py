@@ -9,10 +9,13 @@ import math
 import pytest
 
 from twin.config import ConfigError
-from twin.reproduce import adaptive_caching
+from twin.compare import load_compare_profile
+from twin.model_spec import QKVO
+from twin.reproduce import adaptive_caching, fastlibra
 from twin.reproduce.base import (LOW_LOAD_OCCUPANCY, PaperNumber, Runner, knee_search, low_load_reference,
                                  pct_change, pick, ratio)
-from twin.scenario import RunConfig
+from twin.scenario import RunConfig, build_engine_config, build_workload
+from twin.simulate import simulate
 
 
 @pytest.mark.parametrize("true_knee, start", [(3.3, 1.0), (3.3, 10.0), (0.4, 2.0), (7.0, 7.0)])
@@ -82,3 +85,14 @@ def test_paper_numbers_are_not_inputs(monkeypatch):
     assert [r.twin for r in rows] == first
     assert all(r.paper == -999.0 for r in rows)
     assert isinstance(next(iter(fake.values())), PaperNumber)
+
+
+def test_fastlibra_systems_serve_the_same_adapters():
+    """FastLibra's reproduction gives every system the same adapters: q, k, v, o (S-LoRA's only
+    targets), so FastLibra and vLLM do not compute and copy 2.4x larger adapters than S-LoRA."""
+    run = dataclasses.replace(fastlibra.scenario("fastlibra-chatbot", fastlibra.QUICK, {}), duration=3.0, rps=1.0)
+    prof = load_compare_profile(run.profile, None)
+    w = build_workload(run)
+    for preset, system in (("fastlibra", "vllm"), ("vllm-partition", "vllm"), ("slora", "slora")):
+        e = simulate(w, prof, build_engine_config(run, w, prof), policy=preset, system=system).engine
+        assert tuple(e.profile.lora_targets) == tuple(QKVO), preset

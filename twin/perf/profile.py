@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from twin.perf.forms import PerfModel, make_component
+from twin.perf.slora_forms import PagedLora
 from twin.model_spec import ALL_TARGETS, QKVO, ModelSpec, get_model
 
 PROFILE_SCHEMA = "lora-twin-profile/1"
@@ -236,6 +237,13 @@ class Profile:
             lo.targets = None if t == ALL_TARGETS else t
             comps["lora"] = lo
         return dataclasses.replace(self, components=comps, lora_targets=t)
+
+    def with_paged_lora(self) -> "Profile":
+        """A copy whose LoRA compute is :class:`twin.perf.slora_forms.PagedLora` (adapter weights
+        paged in the KV pool, FastLibra §2), with the constants this profile implies."""
+        comps = dict(self.components)
+        comps["lora"] = PagedLora.from_profile(self)
+        return dataclasses.replace(self, components=comps)
 
     def without(self, *kinds: str) -> "Profile":
         """This profile without the optional components ``kinds`` (e.g. ``"mixed"``): the off

@@ -51,9 +51,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, ClassVar, Iterable
+
+import numpy as np
 
 from twin.model_spec import QKVO
+from twin.perf.forms import PerfModel, _scalar_or_array, register_form
 
 if TYPE_CHECKING:  # pragma: no cover
     from twin.perf.profile import Profile
@@ -124,6 +127,74 @@ class PunicaLoraCost:
             return self.launches_s + n_req * max_len * max_rank * 2.0 * self.layers * (self.s_in + self.s_out) \
                 / self.flops_eff
         return self.launches_s + tok_rank * 2.0 * self.layers * self.s_in / self.flops_eff + n_tokens * max_rank * self.c_pad
+
+
+@register_form
+@dataclass
+class PagedLora(PerfModel):
+    """extra = [A > 0] * (launches + r*(R*c_rank + (T - R)*c_tok + T*c_pad)): LoRA compute over
+    adapter weights *paged in the KV pool* (S-LoRA's unified paging), for a vLLM-based system
+    that keeps them there -- FastLibra (``shared/refs/fastlibra.md`` §2: vLLM's BlockManager
+    extended so that "LoRA weights are split into blocks along the rank dimension", their other
+    dimensions matching KV blocks, following S-LoRA's unified paging).
+
+    Why not vLLM's kernel grid (:class:`twin.perf.forms.KernelGridLora`): vLLM 0.8.5's Triton
+    kernels read each adapter from its slot of the stacked ``lora_a/b_stacked`` buffers
+    (``max_loras`` slots, each padded to ``max_lora_rank``) and launch thread blocks for every
+    slot. Weights paged in rank-row blocks are in no slot, so those kernels cannot address them:
+    the system needs a kernel that gathers the rows from the pool, as S-LoRA's MBGMV does
+    (``shared/refs/slora.md`` §5). FastLibra does not describe its kernel, so this form is
+    S-LoRA's (:class:`PunicaLoraCost`, an estimate derived from the profile, see the module
+    docstring) on vLLM's mixed steps of ``T`` tokens over ``R`` requests:
+
+    * each request reads its adapter's rows once: ``R * r * c_rank`` (memory bound, the decode
+      term of :meth:`PunicaLoraCost.decode_s`);
+    * the ``T - R`` prompt tokens beyond one per request add their shrink arithmetic,
+      ``c_tok = 2 FLOP * L * S_in / FLOPS_eff`` per token and rank (the BGMV prefill term);
+    * every token's expand is padded to ``r``: ``T * r * c_pad``;
+    * ``launches``: a shrink and an expand launch per adapted projection and layer.
+
+    ``r`` is the rank the engine passes, vLLM's ``max_lora_rank`` (the largest rank served): the
+    vLLM engine does not sum its requests' own ranks, so the ``c_rank`` term is an upper bound of
+    S-LoRA's own-rank form (at most ``max_rank / min_rank`` x; 2x for ranks 32/64), its ``c_pad``
+    term equal to it when a batch holds a largest-rank request. It does not depend on the
+    slots (``max_loras``) nor on the adapters in the batch beyond ``A > 0``. For a pure decode
+    step (``T == R``) it equals ``PunicaLoraCost.decode_s(R * r, r, R)``.
+    """
+
+    uses_base: ClassVar[bool] = False
+    kind: ClassVar[str] = "lora"
+    form: ClassVar[str] = "paged"
+    param_names: ClassVar[tuple[str, ...]] = ("launches_s", "c_rank", "c_tok", "c_pad")
+    units: ClassVar[dict[str, str]] = {"launches_s": "s", "c_rank": "s/(request*rank)",
+                                      "c_tok": "s/(prompt token*rank)", "c_pad": "s/(token*rank)"}
+
+    @classmethod
+    def from_profile(cls, profile: "Profile") -> "PagedLora":
+        """The constants of :class:`PunicaLoraCost` for ``profile`` (its model, targets and rates)."""
+        c = PunicaLoraCost.from_profile(profile)
+        c_tok = 2.0 * c.layers * c.s_in / c.flops_eff
+        return cls(params={"launches_s": c.launches_s, "c_rank": c.c_rank, "c_tok": c_tok, "c_pad": c.c_pad},
+                   meta={"source": "estimate: S-LoRA's Punica form (twin/perf/slora_forms.py) on a paged pool"})
+
+    def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None):
+        p = self.params
+        T = np.asarray(lora_tokens, float)
+        R = T if requests is None else np.minimum(np.asarray(requests, float), T)
+        r = np.asarray(max_rank, float)
+        extra = p["launches_s"] + r * (R * p["c_rank"] + (T - R) * p["c_tok"] + T * p["c_pad"])
+        return _scalar_or_array(np.where(np.asarray(n_adapters) > 0, extra, 0.0 * extra))
+
+    def scalar(self):
+        p = self.params
+        l0, cr, ct, cp = (float(p[k]) for k in ("launches_s", "c_rank", "c_tok", "c_pad"))
+
+        def f(base_s, A, max_rank, T, slots=0, requests=None):
+            if A <= 0:
+                return 0.0
+            R = T if requests is None or requests > T else requests
+            return l0 + max_rank * (R * cr + (T - R) * ct + T * cp)
+        return f
 
 
 def slora_load_s(profile: "Profile", nbytes: int, copy_s: float = COPY_S) -> float:

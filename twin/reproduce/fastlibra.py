@@ -48,6 +48,11 @@ STAND_IN_OPTIONS: dict[str, dict[str, Any]] = {
 #: FP16) with Llama-2-7B, given the NPU's 64 GB of memory (``--gpu-mem-gb``: the KV capacity follows)
 PROFILE = "llama-2-7b_a100-80gb_vidur"
 GPU_MEM_GB = 64.0
+#: the adapters' target modules, the same on every system: the paper serves the same LoRAs on FastLibra,
+#: vLLM and S-LoRA (its targets are unspecified, fastlibra.md §7), and S-LoRA adapts q, k, v and o only
+#: (slora.md, "Adapted projections"; the S-LoRA engine's default) -- with vLLM's default (all seven
+#: projections) FastLibra and vLLM would compute and move adapters 2.4x the size of S-LoRA's
+LORA_TARGETS = "qkvo"
 FASTLIBRA = "fastlibra"
 #: FastLibra's vLLM baseline (static LoRA/KV partition with prefix caching, LRU) and S-LoRA
 VLLM = "vllm-partition"
@@ -118,7 +123,7 @@ def scenario(name: str, effort: Effort, subs: dict[str, str]) -> RunConfig:
     trace = pick("trace", name, STAND_INS[name], subs)
     opts = STAND_IN_OPTIONS[name] if trace != name else {}
     return RunConfig(trace=trace, profile=pick("profile", PROFILE, PROFILE, subs), gpu_mem_gb=GPU_MEM_GB,
-                     duration=effort.duration_s, seed=0, **opts)
+                     duration=effort.duration_s, seed=0, lora_targets=LORA_TARGETS, **opts)
 
 
 def measure(runner: Runner, quick: bool, presets: dict[str, str]) -> dict[str, Any]:
@@ -162,7 +167,7 @@ def _mean(xs: list[float]) -> float:
 def _setup(m: dict[str, Any], presets: list[str]) -> dict[str, Any]:
     effort = m["effort"]
     return {"workloads": {k: v["trace"] for k, v in m["workloads"].items()}, "profile": PROFILE,
-            "gpu_mem_gb": GPU_MEM_GB,
+            "gpu_mem_gb": GPU_MEM_GB, "lora_targets": LORA_TARGETS,
             "presets": {p: system_of(p) for p in presets}, "duration_s": effort.duration_s, "rates": effort.rates,
             "ttft_limit_s": TTFT_LIMIT_S, "peak_resolution": effort.peak_resolution,
             "peaks_rps": {k: v["peaks_rps"] for k, v in m["workloads"].items()},
