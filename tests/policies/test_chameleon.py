@@ -356,4 +356,8 @@ def test_starvation_diagnostic_runs_and_sampling_changes_nothing(tmp_path, capsy
     plain = simulate(w, prof, build_engine_config(run, w, prof), policy="chameleon", record_steps=False)
     cols = ["first_scheduled_s", "first_token_s", "finish_s"]
     assert len(ts) > 100 and sampled.requests[cols].equals(plain.requests[cols])
+    import dataclasses  # --ttft-slo is the SLO the quotas plan with (as twin reproduce gives it)
+    short = dataclasses.replace(run, duration=5, ttft_slo=3.0, slora_prefetch=True)
+    _, sched, _ = cs.run_one(short, build_workload(short), "a", "chameleon", {}, 1.0, "qkvo")
+    assert sched.slo_s == 3.0 and sched.slo_target_s == 3.0
     assert cs.main(["--system", "tpu", "--duration", "10"]) == 2  # unknown system: refused before work

@@ -77,6 +77,7 @@ def test_experiment_uses_the_searched_scale_or_the_workload_one(monkeypatch):
     assert e["length_rule"] == "peak-memory" and e["scale_probes"]
     assert dict(e["run"].trace_options)["length_scale"] == e["length_scale"] >= BOUNDARY
     assert e["mem_use_peak_at_knee"] >= chameleon.FULL_SHARE
+    assert e["run"].slora_prefetch is chameleon.QUEUED_PREFETCH is True  # the paper's queued-request prefetch
     w = chameleon.experiment(FakeRunner(), quick=True, length_rule="workload")
     assert w["length_scale"] == 0.5 and w["scale_probes"] == []
     with pytest.raises(ConfigError, match="length rule"):

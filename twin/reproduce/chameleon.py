@@ -9,6 +9,8 @@ P99 TTFT stays within the SLO.
 
 **In the twin** (every value below is a name or a definition, none a paper result):
 
+* queued-request prefetch on for every system (:data:`QUEUED_PREFETCH`, the paper's S-LoRA
+  baseline and Chameleon both prefetch the adapters of queued requests), histogram prefetch off;
 * workload :data:`WORKLOAD` (the registered ``chameleon`` synthetic workload: Splitwise-like
   lengths times its own ``length_scale``, see ``twin traces list``) with the paper's adapters
   and popularity set explicitly (:data:`ADAPTERS`, :data:`RANKS`, :data:`POPULARITY`);
@@ -68,6 +70,11 @@ SLO_X = 5.0
 TBT_SLO_S = 0.150
 #: the paper's loads relative to S-LoRA's knee: 6, 8 and 9 RPS over 8.6 RPS (§6.1, conditions)
 LOAD_FRACTIONS = {"low": 0.70, "medium": 0.93, "high": 1.05}
+#: S-LoRA's asynchronous prefetch of queued requests' adapters (``EngineConfig.slora_prefetch``):
+#: Chameleon's S-LoRA baseline has it and Chameleon keeps it (§1, §4.2 "queued-request prefetch";
+#: ``chameleon.md`` checklist 1); S-LoRA's own paper scripts leave ``--prefetch`` off (``slora.md``
+#: §4), which is the engine's default. Histogram prefetch stays off (the ``chameleon`` preset).
+QUEUED_PREFETCH = True
 #: how the length scale is set: "peak-memory" (the paper's rule, :func:`length_scale_search`) or
 #: "workload" (the registered workload's own ``length_scale``, the twin's earlier reading)
 LENGTH_RULES = ("peak-memory", "workload")
@@ -222,7 +229,8 @@ def experiment(runner: Runner, quick: bool, length_rule: str | None = None) -> d
     effort = QUICK if quick else FULL
     subs: dict[str, str] = {}
     run = RunConfig(trace=pick("trace", WORKLOAD, WORKLOAD, subs), profile=pick("profile", PROFILE, PROFILE, subs),
-                    adapters=ADAPTERS, ranks=list(RANKS), popularity=POPULARITY, duration=effort.duration_s, seed=0)
+                    adapters=ADAPTERS, ranks=list(RANKS), popularity=POPULARITY, duration=effort.duration_s, seed=0,
+                    slora_prefetch=QUEUED_PREFETCH)
     base = pick("preset", BASELINE, BASELINE, subs)
     own = workload_length_scale(run.trace)
     search = length_scale_search(runner, run, base, effort, own) if rule == "peak-memory" else ScaleSearch(own, [])
@@ -240,7 +248,7 @@ def experiment(runner: Runner, quick: bool, length_rule: str | None = None) -> d
 def _setup(e: dict[str, Any], presets: list[str]) -> dict[str, Any]:
     run: RunConfig = e["run"]
     return {"workload": run.trace, "profile": run.profile, "adapters": run.adapters, "ranks": run.ranks,
-            "popularity": run.popularity, "duration_s": run.duration, "seed": run.seed,
+            "popularity": run.popularity, "queued_prefetch": run.slora_prefetch, "duration_s": run.duration, "seed": run.seed,
             "presets": {p: system_of(p) for p in presets},
             "low_load_rps": e["low"]["rps"], "low_load_e2e_ms_mean": e["low"]["e2e_ms_mean"],
             "ttft_slo_s": e["slo_s"], "tbt_slo_s": TBT_SLO_S, "slora_knee_rps": e["knee"].rate,
