@@ -46,9 +46,10 @@ from typing import Any
 
 import numpy as np
 
+from traces.registry import BUILTINS
+from twin.config import ConfigError
 from twin.reproduce.base import (Knee, Outcome, PaperNumber, Row, Runner, knee_search, low_load_reference,
                                  pct_change, pick, ratio, row, system_of, yes_no)
-from twin.config import ConfigError
 from twin.scenario import RunConfig
 
 # ------------------------------------------------------------------ the paper's set-up (names and definitions)
@@ -134,8 +135,6 @@ QUICK = Effort(duration_s=120.0, bisections=2, low_load_requests=60, scale_bisec
 
 def workload_length_scale(trace: str) -> float:
     """The registered workload's own ``length_scale`` (1.0 when it has none)."""
-    from traces.registry import BUILTINS
-
     spec = BUILTINS.get(trace)
     return float(spec.defaults.get("length_scale", 1.0)) if spec is not None else 1.0
 
