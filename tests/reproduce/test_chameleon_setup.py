@@ -4,6 +4,7 @@ knee, and the pool's peak use counting adapter weights."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -93,3 +94,5 @@ def test_pool_use_peak_counts_adapters(monkeypatch):
     s = Runner(cache=False).point(run, "slora", 4.0, memory=True)
     assert 0 < s["kv_use_peak"] < s["mem_use_peak"] <= 1.0
     assert not math.isnan(s["mem_use_peak"])
+    v = Runner(cache=False).point(dataclasses.replace(run, duration=10.0), "vllm", 1.0, memory=True)
+    assert v["mem_use_peak"] is None  # adapters in vLLM's own slots: no unified pool to fill
