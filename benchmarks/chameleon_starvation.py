@@ -90,6 +90,8 @@ def run_one(run: RunConfig, workload, label: str, preset: str, kw: dict, sample_
             raise ConfigError(f"--variant {label}: options {kw} are Chameleon scheduler options, but preset {preset!r} "
                               f"uses the {sched.name!r} scheduler")
         sched = type(sched)(**{**sched.get_params(), **kw})
+    if run.ttft_slo is not None and hasattr(sched, "slo_s"):  # quotas plan with the TTFT SLO, as twin reproduce does
+        sched.slo_s = run.ttft_slo
     eng = ENGINES[system](workload, prof, cfg, sched, cache, record_steps=False)
     rows: list[dict] = []
     if isinstance(sched, ChameleonScheduler):
@@ -177,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="llama-2-7b_a40_vidur")
     p.add_argument("--lora-targets", default="qkvo", help="adapted modules: qkvo (the paper's adapter sizes, "
                    "S-LoRA's 4r slots), all, or a comma-separated list")
-    p.add_argument("--ttft-slo", type=float, default=None)
+    p.add_argument("--ttft-slo", type=float, default=None, help="TTFT SLO (s): SLO attainment, and the SLO "
+                   "Chameleon's quotas plan with (default: its own estimate, 5x an unloaded request's service time)")
+    p.add_argument("--slora-prefetch", action="store_true", help="S-LoRA's prefetch of queued requests' adapters "
+                   "(on in twin reproduce chameleon-*: the paper's S-LoRA baseline and Chameleon prefetch)")
     p.add_argument("--system", default=None, help="serving system for every variant: vllm or slora "
                    "(default: each preset's own)")
     p.add_argument("--seed", type=int, default=0)
@@ -191,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         run = RunConfig(trace=a.trace, rps=a.rps, duration=a.duration, adapters=a.adapters,
                         ranks=[int(x) for x in a.ranks.split(",")], popularity=a.popularity,
                         trace_options=[parse_workload_option(o) for o in a.trace_opt], seed=a.seed,
-                        profile=a.profile, ttft_slo=a.ttft_slo, system=a.system)
+                        profile=a.profile, ttft_slo=a.ttft_slo, system=a.system, slora_prefetch=a.slora_prefetch)
         workload = build_workload(run)
         variants = [parse_variant(v) for v in (a.variant or ["slora", "chameleon"])]
     except (ConfigError, ValueError) as e:

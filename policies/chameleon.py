@@ -58,9 +58,22 @@ argument (listed by ``get_params()``) with its reason here.
    ``leftover > 0``, ``put_batch(q, leftover)`` and subtract what it took.
    Options: ``leftover_from="emptied"`` (Algorithm 1; ``"all"``: the spare quota of every
    queue, the twin's earlier reading); ``leftover_charge`` -- the paper does not say which
-   queue is charged for tokens taken from the leftover: ``"queue"`` (default) charges the
-   request's own queue (it may then sit above its quota until they return), ``"pool"``
-   charges a separate borrowing account, so the queue's own quota stays free;
+   queue is charged for tokens taken from the leftover: ``"lender"`` (default) charges the
+   queues that gave them (the emptied queue with the most spare left; its quota is occupied
+   until they return), ``"queue"`` (the twin's earlier default) charges the request's own
+   queue (it may then sit above its quota until they return), ``"pool"`` charges a separate
+   borrowing account, so the queue's own quota stays free. *Why* ``"lender"``: the paper's
+   quotas are token budgets that requests **borrow** at admission and **return** at
+   completion, so that a quota bounds its queue's occupancy, and the quotas split
+   ``Tok_total`` (each queue an M/M/1 server with its own ``Tok`` tokens). The leftover *is*
+   the emptied queues' unused quota (``quota_q - consumed``), so tokens taken from it are
+   those queues' tokens; charging them to the lender keeps every token of the pool counted
+   against exactly one quota (the occupancy summed over queues never exceeds ``Tok_total``,
+   up to one request's overshoot of a lender's spare). Under ``"queue"`` and ``"pool"`` the
+   lender's quota still counts as free while its tokens are lent, so the quotas together
+   promise more memory than the pool holds and a queue within its quota can find the memory
+   gone (``results/policies/chameleon-as-written.md``: the middle queue's starvation at the
+   knee). At a refresh, running requests are re-charged to their own (new) queues;
    ``oversize_head="wait"`` (Algorithm 1: a head larger than its queue's remaining quota waits
    for leftover; ``"admit-alone"``: a queue with nothing running may admit its head whatever
    its size, the twin's earlier rule). **Departure** ``idle_admit=True``: when nothing at all
@@ -124,7 +137,7 @@ _GLOBAL_STOPS = (Admit.NO_BUDGET, Admit.NO_SEQ)
 
 _CHOICES = {"k_rule": ("elbow", "min-wcss"), "wrs": ("full", "output"), "size_stat": ("max", "mean"),
             "adapter_charge": ("queue", "request", "none"), "leftover_from": ("emptied", "all"),
-            "leftover_charge": ("queue", "pool"), "oversize_head": ("wait", "admit-alone"),
+            "leftover_charge": ("lender", "queue", "pool"), "oversize_head": ("wait", "admit-alone"),
             "remainder": ("demand", "equal")}
 
 
@@ -140,7 +153,7 @@ class ChameleonScheduler(Scheduler):
                  slo_s: float | None = None, accuracy: float = 0.8, seed: int = 0, min_samples: int = 100,
                  bypass: bool = True, static: bool = False, wrs: str = "full", max_scan: int = 16,
                  prefetch_heads: int = 2, size_stat: str = "max", adapter_charge: str = "queue",
-                 leftover_from: str = "emptied", leftover_charge: str = "queue", oversize_head: str = "wait",
+                 leftover_from: str = "emptied", leftover_charge: str = "lender", oversize_head: str = "wait",
                  idle_admit: bool = True, remainder: str = "demand") -> None:
         if k is not None and not 1 <= k <= 4:
             raise ValueError(f"Chameleon uses 1 to 4 queues, got k={k}")
@@ -420,15 +433,21 @@ class ChameleonScheduler(Scheduler):
         return (tok_min + rem * share).tolist()
 
     # ------------------------------------------------------------------ batch formation (Algorithm 1)
-    def put_batch(self, ctx, i: int, budget: float, acct: int, phase: int) -> tuple[float, Admit | None]:
+    def put_batch(self, ctx, i: int, budget: float, acct: int, phase: int,
+                  lenders: dict[int, float] | None = None) -> tuple[float, Admit | None]:
         """Admit queue ``i``'s requests in FIFO order while they fit ``budget`` (charged to
         ``acct``); stop at the first that does not fit or that the engine refuses. Returns
-        the tokens consumed and the engine's refusal (None: the budget or the queue ran out)."""
+        the tokens consumed and the engine's refusal (None: the budget or the queue ran out).
+        ``lenders`` (phase 2 under ``leftover_charge="lender"``): the spare quota of each queue
+        that gave to the leftover; each admission is charged to the lender with the most spare
+        left (the smaller queue on a tie) and reduces its spare."""
         q = self.queues[i]
         consumed = 0.0
         alone = phase == 1 and self.oversize_head == "admit-alone"
         while q:
             rid = q[0]
+            if lenders:
+                acct = max(lenders, key=lambda j: (lenders[j], -j))
             s = self.need(rid, acct)
             if consumed + s > budget and not (alone and self.used[acct] <= 0 and not consumed):
                 key = (phase, i, "quota")
@@ -440,6 +459,8 @@ class ChameleonScheduler(Scheduler):
                 self.charge(rid, acct)
                 consumed += s
                 self._count(phase, i, s)
+                if lenders:
+                    lenders[acct] -= s
                 continue
             key = (phase, i, r.name)
             self.stop_counts[key] = self.stop_counts.get(key, 0) + 1
@@ -457,20 +478,25 @@ class ChameleonScheduler(Scheduler):
         n_before = len(ctx.admitted)
         stop: Admit | None = None
         leftover = 0.0
+        spare: dict[int, float] = {}  # what each queue gave to the leftover
         for i, q in enumerate(self.queues):  # phase 1: smallest queue first, each within its quota
             took, r = self.put_batch(ctx, i, self.quota[i] - self.used[i], i, 1)
             if r in _GLOBAL_STOPS:
                 return r
             stop = r or stop
             if not q or self.leftover_from == "all":
-                leftover += max(self.quota[i] - self.used[i], 0.0)
-        pool = self.leftover_charge == "pool"
+                gave = max(self.quota[i] - self.used[i], 0.0)
+                leftover += gave
+                if gave > 0:
+                    spare[i] = gave
+        charge = self.leftover_charge
         for i, q in enumerate(self.queues):  # phase 2: the pooled leftover, smallest queue first
             if leftover <= 0:
                 break
             if not q:
                 continue
-            took, r = self.put_batch(ctx, i, leftover, self.pool_account if pool else i, 2)
+            acct = self.pool_account if charge == "pool" else i
+            took, r = self.put_batch(ctx, i, leftover, acct, 2, spare if charge == "lender" else None)
             leftover -= took
             if r in _GLOBAL_STOPS:
                 return r

@@ -66,8 +66,10 @@ LAYERS: dict[str, int] = {
 #: The layer of the command-line modules: the only place a project import may sit inside a function.
 CLI_LAYER = 4
 #: Optional heavy third-party packages (top-level names): a project module that imports one of
-#: them at file level may be imported inside a function.
-HEAVY_DEPENDENCIES = frozenset({"torch", "triton", "safetensors", "matplotlib", "tqdm", "joblib", "dask", "ray"})
+#: them at file level may be imported inside a function. ``sklearn`` is needed to train a
+#: configurator only: the saved models predict without it.
+HEAVY_DEPENDENCIES = frozenset({"torch", "triton", "safetensors", "matplotlib", "tqdm", "joblib", "dask", "ray",
+                                "sklearn"})
 
 
 @dataclass(frozen=True)

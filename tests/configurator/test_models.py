@@ -31,7 +31,7 @@ def _has_imodels() -> bool:
 
 HAS_IMODELS = _has_imodels()
 #: the kinds the model tests train: imodels' FIGS only where the optional extra is installed
-TEST_KINDS = ("rf", "cart") + (("figs",) if HAS_IMODELS else ())
+TEST_KINDS = ("rf", "cart", "hstree") + (("figs",) if HAS_IMODELS else ())
 needs_imodels = pytest.mark.skipif(not HAS_IMODELS, reason="imodels is not installed (the optional extra: "
                                                            "pip install 'lora-twin[configurator]')")
 
@@ -75,9 +75,10 @@ def test_train_fits_the_known_rule(models):
         assert hits >= 0.9 * len(lab)
 
 
-def test_cart_rules(models):
+@pytest.mark.parametrize("kind", ["cart", "hstree"])
+def test_cart_rules(models, kind):
     _, paths = models
-    m = load_model(paths["cart"])
+    m = load_model(paths[kind])
     assert 1 <= len(m["rules"]) <= 30
     text = format_rules(m)
     assert text.count("\nR") == len(m["rules"]) and "THEN served" in text
@@ -133,6 +134,32 @@ def test_figs_json_predicts_exactly_what_the_estimator_predicts(models):
         assert len(res["rule_path_by_tree"]) == len(m["trees"])
 
 
+def test_hstree_json_predicts_exactly_what_the_estimator_predicts(models):
+    """The exported hierarchical-shrinkage tree reproduces the estimator on every training row, and
+    needs no imodels (it is trained with imodels hidden)."""
+    from twin.configurator.hstree import HSTreeMultiRegressor
+
+    lab, paths = models
+    m = load_model(paths["hstree"])
+    assert m["kind"] == "hstree" and m["provenance"]["estimator"] == "HSTreeMultiRegressor"
+    params = m["provenance"]["params"]
+    assert params["max_leaf_nodes"] <= 30 and params["reg_param"] >= 0
+    est = HSTreeMultiRegressor(**params)
+    X = lab[list(FEATURES)].to_numpy(float)
+    est.fit(X, np.log(lab[["served_adapters", "adapter_slots", "throughput_tok_s"]].to_numpy(float)))
+    want = np.exp(est.predict(X))
+    for i, (_, r) in enumerate(lab.iterrows()):
+        res = predict(m, {f: r[f] for f in FEATURES})
+        assert res["served_adapters_raw"] == pytest.approx(want[i, 0], rel=1e-5)
+        assert res["adapter_slots_raw"] == pytest.approx(want[i, 1], rel=1e-5)
+
+
+def test_hstree_trains_without_imodels(monkeypatch):
+    monkeypatch.setitem(sys.modules, "imodels", None)
+    m = train(synthetic_labels(20), "hstree", search=False)
+    assert m["kind"] == "hstree" and m["rules"]
+
+
 def test_an_imodels_kind_without_imodels_names_the_extra(monkeypatch, tmp_path, capsys):
     from twin.sweep.runner import MissingExtra
 
@@ -183,6 +210,9 @@ def test_predict_and_rules_cli(models, capsys):
     ns = p.parse_args(["configure", "rules", "--model", str(paths["cart"])])
     assert ns.func(ns) == 0
     assert "IF" in capsys.readouterr().out
+    ns = p.parse_args(["configure", "rules", "--model", str(paths["hstree"]), "--kind", "hstree"])
+    assert ns.func(ns) == 0
+    assert "hstree configurator" in capsys.readouterr().out
 
 
 def test_dataset_and_train_cli_on_a_sweep(tmp_path, capsys):

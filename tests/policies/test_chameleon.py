@@ -110,7 +110,9 @@ def test_phase2_pools_only_queues_emptied_in_phase1():
     _three_queues(s, (300, 500, 400), (0, 0, 0), [[1], [4], []], {1: 100, 4: 600})
     ctx = FakeCtx()
     assert s.schedule_waiting(ctx) is None
-    assert ctx.admitted == [1, 4] and s.used[:3] == [100, 600, 0]
+    # charged to the lender with the most spare (queue 2: 400), which then holds 600 > its quota
+    # by one request's overshoot; queue 0's 200 spare and queue 2's 400 together paid for it
+    assert ctx.admitted == [1, 4] and s.used[:3] == [100, 0, 600]
     assert s.admitted_tokens[1][1] == 600  # queue 1's head came from phase 2
     _three_queues(s, (300, 500, 400), (0, 0, 0), [[1], [4], [5]], {1: 100, 4: 600, 5: 450})
     ctx = FakeCtx()
@@ -135,11 +137,43 @@ def test_put_batch_stops_at_the_first_request_that_does_not_fit():
     assert ctx.admitted == [1]
 
 
+def test_phase2_charge_goes_to_the_lender_by_default():
+    """Queue 0 (quota 100) holds 100; queue 1 is empty (spare 500). Phase 2 admits queue 0's
+    200-token request from the leftover and charges it to queue 1, the queue that lent it
+    (``leftover_charge="lender"``): queue 0 stays at its quota, and at the next iteration
+    queue 1 has only 300 left to lend, so a second 400-token request waits (under ``"queue"``
+    the whole 500 would be lent again). The tokens go back to queue 1 when the request ends."""
+    e, s = _engine(n_queues=2, adapter_charge="none")
+    assert s.leftover_charge == "lender"
+    _three_queues(s, (100, 500), (100, 0), [[1], []], {1: 200})
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [1] and s.used == [100, 200, 0]
+    s.queues[0].append(2)
+    s.tok[2] = 400
+    e.running[1] = None  # request 1 runs (no idle guard)
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [] and list(s.queues[0]) == [2]
+    s.release(1)
+    assert s.used == [100, 0, 0]
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [2] and s.used == [100, 400, 0]
+    # two lenders: each admission is charged to the one with the most spare left
+    e, s = _engine(n_queues=3, adapter_charge="none")
+    _three_queues(s, (100, 300, 250), (100, 0, 0), [[1, 2], [], []], {1: 200, 2: 200})
+    ctx = FakeCtx()
+    s.schedule_waiting(ctx)
+    assert ctx.admitted == [1, 2] and s.used == [100, 200, 200, 0]
+    assert sum(s.used) <= sum(s.quota)
+
+
 def test_phase2_charge_goes_to_the_queue_or_to_the_pool_account():
     """Queue 0 (quota 100) holds 100; queue 1 is empty (spare 500). Phase 2 admits queue 0's
     200-token request from the leftover: charged to queue 0 (``leftover_charge="queue"``,
     which is then over its quota) or to the borrowing account (``"pool"``)."""
-    e, s = _engine(n_queues=2, adapter_charge="none")
+    e, s = _engine(n_queues=2, adapter_charge="none", leftover_charge="queue")
     _three_queues(s, (100, 500), (100, 0), [[1], []], {1: 200})
     ctx = FakeCtx()
     s.schedule_waiting(ctx)
@@ -287,6 +321,8 @@ def test_options_are_parameters_and_bad_values_are_refused():
     assert type(s)(**p).get_params() == p
     with pytest.raises(ValueError, match="leftover_from"):
         ChameleonScheduler(leftover_from="some")
+    with pytest.raises(ValueError, match="leftover_charge"):
+        ChameleonScheduler(leftover_charge="lenders")
     with pytest.raises(ValueError, match="accuracy"):
         ChameleonScheduler(accuracy=1.5)
 
@@ -320,4 +356,8 @@ def test_starvation_diagnostic_runs_and_sampling_changes_nothing(tmp_path, capsy
     plain = simulate(w, prof, build_engine_config(run, w, prof), policy="chameleon", record_steps=False)
     cols = ["first_scheduled_s", "first_token_s", "finish_s"]
     assert len(ts) > 100 and sampled.requests[cols].equals(plain.requests[cols])
+    import dataclasses  # --ttft-slo is the SLO the quotas plan with (as twin reproduce gives it)
+    short = dataclasses.replace(run, duration=5, ttft_slo=3.0, slora_prefetch=True)
+    _, sched, _ = cs.run_one(short, build_workload(short), "a", "chameleon", {}, 1.0, "qkvo")
+    assert sched.slo_s == 3.0 and sched.slo_target_s == 3.0
     assert cs.main(["--system", "tpu", "--duration", "10"]) == 2  # unknown system: refused before work

@@ -47,7 +47,8 @@ def register_cli(subparsers) -> None:
     t = sub.add_parser("train", help="train a configurator (grid search, saved as JSON with provenance)")
     t.add_argument("dataset", nargs="+", help="labels (.csv/.parquet from `configure dataset`) or sweep directories")
     t.add_argument("--kind", choices=KINDS, default="rf",
-                   help="rf (random forest), cart (<= 30 leaves, exported as rules), figs (imodels' FIGS, a sum "
+                   help="rf (random forest), cart (<= 30 leaves, exported as rules), hstree (the cart tree with "
+                        "hierarchical shrinkage, lambda chosen by cross-validation), figs (imodels' FIGS, a sum "
                         "of small trees with <= 30 splits in all: pip install 'lora-twin[configurator]')")
     t.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90",
                    help="label rule when sweep directories are given")
@@ -80,6 +81,8 @@ def register_cli(subparsers) -> None:
     r = sub.add_parser("rules", help="print the <= 30-rule configurator")
     r.add_argument("--model", default=None, help="model file with rules (default: the shipped cart model)")
     r.add_argument("--profile", default=DEFAULT_PROFILE)
+    r.add_argument("--kind", choices=("cart", "hstree"), default="cart",
+                   help="shipped rule model: cart (default) or hstree (the same rules, shrunk leaf values)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_rules)
 
@@ -266,9 +269,10 @@ def cmd_predict(args) -> int:
 def cmd_rules(args) -> int:
     from twin.configurator.models import format_rules
 
-    model = _load_for(args, "cart")
+    model = _load_for(args, getattr(args, "kind", "cart"))
     if not model.get("rules"):
-        print(f"twin configure rules: {model.get('_path')} has no rules (train with --kind cart)", file=sys.stderr)
+        print(f"twin configure rules: {model.get('_path')} has no rules (train with --kind cart or hstree)",
+              file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps({"rules": model["rules"], "provenance": model["provenance"]}, indent=1, default=_jd))

@@ -15,9 +15,12 @@ keeps every tree: the spread across trees is the uncertainty; CART, one tree, wh
 imodels' ``FIGSRegressor``, a sum of small trees each fitted to the others' residuals; an optional
 extra, ``pip install 'lora-twin[configurator]'``). Files without ``combine`` are means.
 
-imodels' hierarchical-shrinkage tree and RuleFit are not offered: in imodels 3.0.4 both take one
-target only (``HSTreeRegressor.fit`` rejects a 3-column ``y``), and a configurator predicts the
-whole configuration (served, slots, throughput) from one model.
+``hstree`` is the <= 30-leaf CART tree with hierarchical shrinkage (Agarwal et al., ICML 2022;
+:mod:`twin.configurator.hstree`): the same rules as CART, leaf values pulled toward their ancestors'
+where a split rests on few scenarios. imodels' own ``HSTreeRegressor`` and ``RuleFitRegressor`` take
+one target only in imodels 3.0.4 (``fit`` rejects a 3-column ``y``), and a configurator predicts the
+whole configuration (served, slots, throughput) from one model, so ``hstree`` applies the shrinkage to
+scikit-learn's multi-output tree itself (no imodels needed); RuleFit is not offered.
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ from twin.sweep.runner import MissingExtra
 
 SCHEMA = "lora-twin-configurator/1"
 MODEL_DIR = Path(__file__).resolve().parent / "models"
-KINDS = ("rf", "cart", "figs")
+KINDS = ("rf", "cart", "hstree", "figs")
 #: kinds whose estimator comes from the optional ``configurator`` extra (imodels)
 IMODELS_KINDS = ("figs",)
 IMODELS_EXTRA = "pip install 'lora-twin[configurator]'"
+#: hierarchical shrinkage's lambda values tried by ``train`` (0 = the CART tree itself)
+HS_LAMBDAS = (0.0, 0.1, 1.0, 10.0, 25.0, 50.0, 100.0)
 
 
 def smape_pct(pred, true) -> float:
@@ -291,6 +296,15 @@ def _estimator(kind: str, seed: int):
 
         return DecisionTreeRegressor(random_state=seed), {
             "max_leaf_nodes": [8, 12, 16, 20, 24, 30], "min_samples_leaf": [1, 2, 4]}
+    if kind == "hstree":
+        from twin.configurator.hstree import HSTreeMultiRegressor
+
+        # lambda grid of the HS paper's experiments (Agarwal et al. 2022, sec. 4)
+        # the tree's structure is searched as CART's (lambda 0), then lambda by a full grid search
+        # over the HS paper's values (Agarwal et al. 2022, sec. 4) on that structure: halving
+        # small resources first favours heavy shrinkage and eliminates the right trees early
+        return HSTreeMultiRegressor(random_state=seed, reg_param=0.0), {
+            "max_leaf_nodes": [8, 12, 16, 20, 24, 30], "min_samples_leaf": [1, 2, 4]}
     if kind == "figs":
         # at most 30 splits in all, like the <= 30-rule tree
         return _imodels(kind).FIGSRegressor(random_state=seed), {
@@ -329,14 +343,25 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
                                  n_jobs=1)
         gs.fit(X, Y)
         est = gs.best_estimator_
-        info = {"best_params": {k: _jsonable(v) for k, v in gs.best_params_.items()},
-                "cv_smape_served_slots_mean": -float(gs.best_score_), "cv_folds": n_cv}
+        best, score = dict(gs.best_params_), gs.best_score_
+        if kind == "hstree":
+            from sklearn.model_selection import GridSearchCV
+
+            gl = GridSearchCV(est, {"reg_param": list(HS_LAMBDAS)}, cv=KFold(n_cv, shuffle=True, random_state=seed),
+                              scoring=_smape_scorer(True), n_jobs=1)
+            gl.fit(X, Y)
+            est, score = gl.best_estimator_, gl.best_score_
+            best.update(gl.best_params_)
+        info = {"best_params": {k: _jsonable(v) for k, v in best.items()},
+                "cv_smape_served_slots_mean": -float(score), "cv_folds": n_cv}
     else:
         est.fit(X, Y)
     if kind == "rf":
         trees = [export_tree(e) for e in est.estimators_]
     elif kind == "figs":
         trees = [export_figs_tree(t, Y.shape[1]) for t in est.trees_]
+    elif kind == "hstree":
+        trees = [{**export_tree(est.estimator_), "value": np.round(est.node_values_, 6).tolist()}]
     else:
         trees = [export_tree(est)]
     y_lab = labels[list(TARGETS)]
@@ -352,7 +377,7 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
                        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **info}}
     if kind in IMODELS_KINDS:
         model["provenance"]["imodels"] = getattr(_imodels(kind), "__version__", None) or _dist_version("imodels")
-    if kind == "cart":
+    if kind in ("cart", "hstree"):
         model["rules"] = tree_rules(trees[0], feats, list(TARGETS), True)
     return model
 

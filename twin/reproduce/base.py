@@ -144,6 +144,19 @@ def _request_metrics(res) -> dict[str, Any]:
     return out
 
 
+def _pool_use_peak(res, prof, cfg, blocks: float) -> float | None:
+    """The largest share of a unified pool (S-LoRA's ``max_total_token_num`` slots) in use at a
+    step: KV plus resident adapter weights in KV-token units (``adapter_mem_bytes`` / the KV
+    bytes of one pool slot, ``slora.md`` §3). None where adapters live outside the KV pool."""
+    if res.summary.get("adapter_memory") != "unified" or not len(res.steps):
+        return None
+    per_block = int(prof.components["kv"].params.get("kv_bytes_per_token") or prof.model.kv_bytes_per_token)
+    if res.summary.get("pool_blocks") is None:
+        per_block *= cfg.block_size
+    used = res.steps["kv_blocks_used"].to_numpy(float) + res.steps["adapter_mem_bytes"].to_numpy(float) / per_block
+    return float(used.max() / blocks)
+
+
 #: summary keys that time the host, not the simulation: left out, so a rerun writes identical files
 HOST_TIMINGS = ("wall_s", "x_realtime")
 
@@ -213,6 +226,7 @@ class Runner:
             # the pool in the engine's own KV units (S-LoRA counts 1-token slots, vLLM blocks)
             blocks = res.summary.get("pool_blocks") or res.summary["kv_capacity_tokens"] / cfg.block_size
             out["kv_use_peak"] = float(res.steps["kv_blocks_used"].max() / blocks) if len(res.steps) else float("nan")
+            out["mem_use_peak"] = _pool_use_peak(res, prof, cfg, blocks)
         out.update({"preset": policy or label, "rps": run.rps, **_request_metrics(res)})
         self.memo[key] = out
         if self.cache is not None:

@@ -9,6 +9,8 @@ P99 TTFT stays within the SLO.
 
 **In the twin** (every value below is a name or a definition, none a paper result):
 
+* queued-request prefetch on for every system (:data:`QUEUED_PREFETCH`, the paper's S-LoRA
+  baseline and Chameleon both prefetch the adapters of queued requests), histogram prefetch off;
 * workload :data:`WORKLOAD` (the registered ``chameleon`` synthetic workload: Splitwise-like
   lengths times its own ``length_scale``, see ``twin traces list``) with the paper's adapters
   and popularity set explicitly (:data:`ADAPTERS`, :data:`RANKS`, :data:`POPULARITY`);
@@ -19,19 +21,33 @@ P99 TTFT stays within the SLO.
   are :data:`LOAD_FRACTIONS` of it (6, 8 and 9 RPS relative to 8.6 RPS: conditions of the
   paper's experiment, not results);
 * throughput within the SLO: the same knee search for each system;
-* lengths: the registered workload's own length scale (``length_scale`` 0.5 of ``chameleon``,
-  chosen when that workload was added, not here). The paper's rule ("scaled so that peak memory
-  matches the GPU") is not turned into a search; instead the outcome reports how full S-LoRA's
-  KV pool gets at its knee (``kv_use_peak_at_slora_knee``), the quantity the rule constrains.
+* lengths: the paper's rule, "Splitwise lengths scaled down by a constant factor so that peak
+  memory equals GPU capacity", turned into a search (:func:`length_scale_search`,
+  :data:`LENGTH_RULE` ``"peak-memory"``). *Which load*: S-LoRA's knee, the load the experiment's
+  three loads are placed around (it is measured afresh at every candidate scale). *How
+  measured*: the largest share of S-LoRA's unified pool in use at any step of that run (KV plus
+  resident adapter weights, :func:`twin.reproduce.base.Runner.point` ``mem_use_peak``); the
+  peak "equals" the capacity when it reaches :data:`FULL_SHARE`. S-LoRA admits by reservation,
+  so a workload that needs more than the pool still peaks at the pool: the rule's scale is the
+  *smallest* scale-down at which the peak reaches the pool -- below it the peak falls short,
+  above it the demand exceeds the pool and requests wait for memory. The search halves the
+  scale from the workload's own (0.5) until the peak falls short, then bisects (geometric
+  midpoints) :attr:`Effort.scale_bisections` times and keeps the smallest scale that reached
+  the pool. ``LENGTH_RULE = "workload"`` keeps the registered workload's own 0.5 (the twin's
+  earlier reading; at 0.5 the pool is also full at the knee, but so it is at every scale from
+  about 0.14 up: the rule then says nothing, so 0.5 departs from "equals").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
 
+from traces.registry import BUILTINS
+from twin.config import ConfigError
 from twin.reproduce.base import (Knee, Outcome, PaperNumber, Row, Runner, knee_search, low_load_reference,
                                  pct_change, pick, ratio, row, system_of, yes_no)
 from twin.scenario import RunConfig
@@ -55,6 +71,18 @@ SLO_X = 5.0
 TBT_SLO_S = 0.150
 #: the paper's loads relative to S-LoRA's knee: 6, 8 and 9 RPS over 8.6 RPS (§6.1, conditions)
 LOAD_FRACTIONS = {"low": 0.70, "medium": 0.93, "high": 1.05}
+#: S-LoRA's asynchronous prefetch of queued requests' adapters (``EngineConfig.slora_prefetch``):
+#: Chameleon's S-LoRA baseline has it and Chameleon keeps it (§1, §4.2 "queued-request prefetch";
+#: ``chameleon.md`` checklist 1); S-LoRA's own paper scripts leave ``--prefetch`` off (``slora.md``
+#: §4), which is the engine's default. Histogram prefetch stays off (the ``chameleon`` preset).
+QUEUED_PREFETCH = True
+#: how the length scale is set: "peak-memory" (the paper's rule, :func:`length_scale_search`) or
+#: "workload" (the registered workload's own ``length_scale``, the twin's earlier reading)
+LENGTH_RULES = ("peak-memory", "workload")
+LENGTH_RULE = "peak-memory"
+#: the pool counts as full ("peak memory equals GPU capacity") when its peak use reaches this share
+#: (a definition: S-LoRA's reservations stop admission just short of the last slots)
+FULL_SHARE = 0.99
 
 # ------------------------------------------------------------------ the paper's numbers (never inputs)
 SRC_FIG11 = "Chameleon MICRO'25 §6.1, Fig. 11"
@@ -97,20 +125,29 @@ class Effort:
     duration_s: float
     bisections: int
     low_load_requests: int
+    #: geometric bisections of the length-scale search (:func:`length_scale_search`)
+    scale_bisections: int = 4
 
 
-FULL = Effort(duration_s=600.0, bisections=5, low_load_requests=200)
-QUICK = Effort(duration_s=120.0, bisections=2, low_load_requests=60)
+FULL = Effort(duration_s=600.0, bisections=5, low_load_requests=200, scale_bisections=4)
+QUICK = Effort(duration_s=120.0, bisections=2, low_load_requests=60, scale_bisections=2)
 
 
-def experiment(runner: Runner, quick: bool) -> dict[str, Any]:
-    """The shared set-up: scenario, SLO and S-LoRA's knee (the runner remembers the runs, so
-    both reproductions of a process share them)."""
-    effort = QUICK if quick else FULL
-    subs: dict[str, str] = {}
-    run = RunConfig(trace=pick("trace", WORKLOAD, WORKLOAD, subs), profile=pick("profile", PROFILE, PROFILE, subs),
-                    adapters=ADAPTERS, ranks=list(RANKS), popularity=POPULARITY, duration=effort.duration_s, seed=0)
-    base = pick("preset", BASELINE, BASELINE, subs)
+def workload_length_scale(trace: str) -> float:
+    """The registered workload's own ``length_scale`` (1.0 when it has none)."""
+    spec = BUILTINS.get(trace)
+    return float(spec.defaults.get("length_scale", 1.0)) if spec is not None else 1.0
+
+
+def at_scale(run: RunConfig, scale: float) -> RunConfig:
+    """``run`` with its lengths scaled by ``scale`` (the workload option ``length_scale``)."""
+    opts = [(k, v) for k, v in run.trace_options if k != "length_scale"]
+    return dataclasses.replace(run, trace_options=[*opts, ("length_scale", float(scale))])
+
+
+def reference(runner: Runner, run: RunConfig, base: str, effort: Effort) -> dict[str, Any]:
+    """At ``run``'s lengths: S-LoRA's low-load run, the TTFT SLO (``SLO_X`` x its mean E2E),
+    S-LoRA's knee on P99 TTFT <= SLO, and the peak pool use at that knee (KV, and KV plus adapters)."""
     low = low_load_reference(runner, run, base, effort.low_load_requests)
     slo_s = SLO_X * low["e2e_ms_mean"] / 1000.0
     start = 1000.0 / low["e2e_ms_mean"]  # one request in flight on average at low-load service time
@@ -121,32 +158,121 @@ def experiment(runner: Runner, quick: bool) -> dict[str, Any]:
                            start, effort.bisections)
 
     knee = knee_of(base)
+    mem = runner.point(run, base, knee.rate, slo_s=slo_s, memory=True) if knee.rate > 0 else {}
+    return {"low": low, "slo_s": slo_s, "knee": knee, "knee_of": knee_of,
+            "kv_use_peak_at_knee": mem.get("kv_use_peak"), "mem_use_peak_at_knee": mem.get("mem_use_peak")}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleSearch:
+    """The length scale the paper's rule gives and every scale tried: ``(scale, peak pool use at
+    S-LoRA's knee, S-LoRA's knee in req/s)``."""
+
+    scale: float
+    probes: list[tuple[float, float, float]]
+
+
+def length_scale_search(runner: Runner, run: RunConfig, base: str, effort: Effort, start: float) -> ScaleSearch:
+    """The paper's set-up rule (§6.1): lengths "scaled down by a constant factor so that peak
+    memory equals GPU capacity", at S-LoRA's knee (module docstring). ``full(s)``: S-LoRA's peak
+    pool use (KV + adapters) at its own knee, with lengths x ``s``, reaches :data:`FULL_SHARE`.
+    From ``start``: halve while full (double while not, up to 1: the trace unscaled), then
+    ``effort.scale_bisections`` geometric bisections; the smallest scale found full (or 1.0 when
+    even the unscaled trace leaves the pool short of full)."""
+    probes: list[tuple[float, float, float]] = []
+
+    def full(s: float) -> bool:
+        ref = reference(runner, at_scale(run, s), base, effort)
+        peak = ref["mem_use_peak_at_knee"]
+        probes.append((s, float("nan") if peak is None else float(peak), ref["knee"].rate))
+        return peak is not None and peak >= FULL_SHARE
+
+    s = float(start)
+    if full(s):
+        hi, lo = s, None
+        for _ in range(8):
+            s /= 2.0
+            if full(s):
+                hi = s
+            else:
+                lo = s
+                break
+        if lo is None:
+            return ScaleSearch(hi, probes)
+    else:
+        lo, hi = s, None
+        while s < 1.0:
+            s = min(2.0 * s, 1.0)
+            if full(s):
+                hi = s
+                break
+            lo = s
+        if hi is None:
+            return ScaleSearch(1.0, probes)
+    for _ in range(effort.scale_bisections):
+        mid = math.sqrt(lo * hi)
+        if full(mid):
+            hi = mid
+        else:
+            lo = mid
+    return ScaleSearch(hi, probes)
+
+
+def experiment(runner: Runner, quick: bool, length_rule: str | None = None) -> dict[str, Any]:
+    """The shared set-up: scenario (with the length scale of ``length_rule``, default
+    :data:`LENGTH_RULE`), SLO and S-LoRA's knee (the runner remembers the runs, so both
+    reproductions of a process share them)."""
+    rule = LENGTH_RULE if length_rule is None else length_rule
+    if rule not in LENGTH_RULES:
+        raise ConfigError(f"chameleon reproduction: unknown length rule {rule!r}; use one of {', '.join(LENGTH_RULES)}")
+    effort = QUICK if quick else FULL
+    subs: dict[str, str] = {}
+    run = RunConfig(trace=pick("trace", WORKLOAD, WORKLOAD, subs), profile=pick("profile", PROFILE, PROFILE, subs),
+                    adapters=ADAPTERS, ranks=list(RANKS), popularity=POPULARITY, duration=effort.duration_s, seed=0,
+                    slora_prefetch=QUEUED_PREFETCH)
+    base = pick("preset", BASELINE, BASELINE, subs)
+    own = workload_length_scale(run.trace)
+    search = length_scale_search(runner, run, base, effort, own) if rule == "peak-memory" else ScaleSearch(own, [])
+    run = at_scale(run, search.scale)
+    ref = reference(runner, run, base, effort)
+    knee = ref["knee"]
     loads = {k: f * knee.rate for k, f in LOAD_FRACTIONS.items()}
-    # the paper scales lengths so that peak memory matches the GPU: how full the KV pool gets at the knee
-    peak = runner.point(run, base, knee.rate, slo_s=slo_s, memory=True)["kv_use_peak"] if knee.rate > 0 else None
-    return {"run": run, "effort": effort, "baseline": base, "slo_s": slo_s, "low": low, "knee": knee,
-            "kv_use_peak_at_knee": peak,
-            "knee_of": knee_of, "loads": loads, "substitutions": subs}
+    return {"run": run, "effort": effort, "baseline": base, "slo_s": ref["slo_s"], "low": ref["low"], "knee": knee,
+            "kv_use_peak_at_knee": ref["kv_use_peak_at_knee"], "mem_use_peak_at_knee": ref["mem_use_peak_at_knee"],
+            "length_rule": rule, "length_scale": search.scale, "workload_length_scale": own,
+            "scale_probes": search.probes,
+            "knee_of": ref["knee_of"], "loads": loads, "substitutions": subs}
 
 
 def _setup(e: dict[str, Any], presets: list[str]) -> dict[str, Any]:
     run: RunConfig = e["run"]
     return {"workload": run.trace, "profile": run.profile, "adapters": run.adapters, "ranks": run.ranks,
-            "popularity": run.popularity, "duration_s": run.duration, "seed": run.seed,
+            "popularity": run.popularity, "queued_prefetch": run.slora_prefetch, "duration_s": run.duration, "seed": run.seed,
             "presets": {p: system_of(p) for p in presets},
             "low_load_rps": e["low"]["rps"], "low_load_e2e_ms_mean": e["low"]["e2e_ms_mean"],
             "ttft_slo_s": e["slo_s"], "tbt_slo_s": TBT_SLO_S, "slora_knee_rps": e["knee"].rate,
             "slora_knee_bracket": [e["knee"].rate, e["knee"].failed], "loads_rps": e["loads"],
             "kv_use_peak_at_slora_knee": e["kv_use_peak_at_knee"],
+            "mem_use_peak_at_slora_knee": e["mem_use_peak_at_knee"],
+            "length_rule": e["length_rule"], "length_scale": e["length_scale"],
+            "length_scale_probes": [list(p) for p in e["scale_probes"]],
             "substitutions": e["substitutions"]}
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{100 * x:.0f} %"
+
+
 def _memory_note(e: dict[str, Any]) -> str:
-    peak = e["kv_use_peak_at_knee"]
-    what = "-" if peak is None else f"{100 * peak:.0f} %"
-    return (f"lengths: the {e['run'].trace} workload's own length scale (Splitwise-like lengths scaled down); the "
-            f"paper scales them so that peak memory matches the GPU: at S-LoRA's knee the KV pool peaks at {what} "
-            f"of its blocks.")
+    peaks = (f"at S-LoRA's knee the pool peaks at {_pct(e['mem_use_peak_at_knee'])} of its slots with adapters, "
+             f"{_pct(e['kv_use_peak_at_knee'])} in KV alone")
+    if e["length_rule"] == "workload":
+        return (f"lengths: the {e['run'].trace} workload's own length scale {e['length_scale']:g} (Splitwise-like "
+                f"lengths scaled down); {peaks}.")
+    tried = ", ".join(f"{s:.3g} ({_pct(p)} at {k:.3g} req/s)" for s, p, k in e["scale_probes"])
+    return (f"lengths: Splitwise-like x {e['length_scale']:.3g}, the paper's rule (scaled down so that peak memory "
+            f"equals GPU capacity) searched at S-LoRA's knee: the smallest scale-down at which S-LoRA's peak pool use "
+            f"(KV + adapters) reaches {100 * FULL_SHARE:g} %; tried (scale: peak at the knee): {tried}; {peaks}.")
 
 
 def _rank_note(pair: tuple[dict[str, Any], dict[str, Any]]) -> str:
