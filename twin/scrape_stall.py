@@ -17,9 +17,10 @@ stays in the registry, so each scrape writes every combination seen since the st
 adapters, or many requests per adapter, the combinations repeat (8 adapters: at most 2^8 sets;
 16 adapters with ~90 running: all 16 almost always run); with dozens of adapters at a few
 requests each, nearly every arrival, admission and finish makes a new one, and the stall grows
-through the hour. The calibration runs show the scrape cycle doing exactly that: it stays at
-~10 ms with up to 64 adapters, and grows through the run from 11 to 19 ms with 192 adapters
-and from 11 to 66 ms with 300 (``adapter_overhead_windows.csv``, ``window_s`` - 2 s).
+through the hour. The calibration runs' scrape cycle (``adapter_overhead_windows.csv``,
+``window_s`` - 2 s, medians of the first and the last fifth of each run) grows the same way:
+7-11 ms throughout with 1-64 adapters, 11 -> 14-16 ms with 96-160, 12 -> 19 ms with 192 and
+23 -> 66 ms with 300 (``find_max_batch``), rising steadily through the run.
 
 The model (:func:`client_times`):
 
