@@ -45,6 +45,10 @@ class EngineState:
     #: token and finish by :mod:`twin.metrics`, never to the engine's own clock
     #: (:func:`twin.simulate.simulate`'s ``frontend_s``)
     frontend_s: float = 0.0
+    #: the metrics scrape's stall of the client-observed path (:mod:`twin.scrape_stall`): seconds
+    #: per label series (0: none) and the client's scrape period; :mod:`twin.metrics` only
+    scrape_s_per_label: float = 0.0
+    scrape_period_s: float = 2.0
 
     def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,

@@ -6,6 +6,9 @@ Definitions (as vLLM's ``benchmark_serving`` computes them, over *finished* requ
 * the *client-observed* times add the run's front-end latency ``e.frontend_s`` (the request's path
   outside the engine, API server and client; :func:`twin.simulate.simulate`'s ``frontend_s``,
   default 0) to the first token and the finish: TTFT and E2E grow by it, TPOT and ITL do not;
+* with ``e.scrape_s_per_label`` set, the client-observed times are also moved past the stalls of
+  the server's metrics scrape (:mod:`twin.scrape_stall`): TTFT and E2E grow, and the client's
+  TPOT and mean ITL follow the moved first token and finish;
 * TPOT (per request) = (E2E - TTFT) / (output tokens - 1), requests with >= 2 tokens;
 * ITL = time between consecutive tokens of a request. The mean ITL over all tokens of
   finished requests is ``sum(E2E - TTFT) / sum(output - 1)`` (exact). ITL percentiles come
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from twin.requests import FINISHED, REJECT_REASONS, REJECTED
+from twin.scrape_stall import client_times as scrape_client_times
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -66,16 +70,31 @@ def outcomes(e: "Engine") -> np.ndarray:
 OUTCOME_NAMES = np.array(["not_arrived", "finished", "rejected", "unfinished"], dtype=object)
 
 
+def client_times(e: "Engine") -> tuple[np.ndarray, np.ndarray]:
+    """Per request: the client-observed first token and finish (s). The engine's times plus the
+    front-end latency ``e.frontend_s``, moved past the metrics scrape's stalls when
+    ``e.scrape_s_per_label`` is set (:mod:`twin.scrape_stall`); computed once per run."""
+    cached = getattr(e, "_client_times", None)
+    if cached is not None:
+        return cached
+    t_end = e.horizon if e.horizon != float("inf") else float("inf")
+    ft, fn, stats = scrape_client_times(e.arrival, e.first_token, e.finish, e.adapter, t_end, e.frontend_s,
+                                        e.scrape_s_per_label, e.scrape_period_s)
+    e._client_times = (ft, fn)
+    e._scrape_stats = stats
+    return ft, fn
+
+
 def requests_frame(e: "Engine") -> "pd.DataFrame":
     """One row per request of the workload with its outcome and latencies."""
     import pandas as pd
 
     oc = outcomes(e)
-    fs = e.frontend_s  # client-observed times: the front-end path outside the engine
-    ttft = e.first_token - e.arrival + fs
-    e2e = e.finish - e.arrival + fs
+    ft_c, fn_c = client_times(e)  # client-observed times: the path outside the engine
+    ttft = ft_c - e.arrival
+    e2e = fn_c - e.arrival
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(e.output > 1, (e.finish - e.first_token) / (e.output - 1), np.nan)
+        tpot = np.where(e.output > 1, (fn_c - ft_c) / (e.output - 1), np.nan)
     reason = np.array(REJECT_REASONS, dtype=object)[e.reject_reason]
     reason[oc == 0] = ""
     return pd.DataFrame({
@@ -88,8 +107,8 @@ def requests_frame(e: "Engine") -> "pd.DataFrame":
         "outcome": OUTCOME_NAMES[oc],
         "reject_reason": reason,
         "first_scheduled_s": e.first_sched,
-        "first_token_s": e.first_token + fs,
-        "finish_s": e.finish + fs,
+        "first_token_s": ft_c,
+        "finish_s": fn_c,
         "ttft_s": ttft,
         "e2e_s": e2e,
         "tpot_s": tpot,
@@ -140,9 +159,8 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
         "output_tok_s": float(e.output[fin].sum()) / window,
     }
     s["total_tok_s"] = s["input_tok_s"] + s["output_tok_s"]
-    arr, ft, fn, out = e.arrival[fin], e.first_token[fin], e.finish[fin], e.output[fin]
-    if e.frontend_s:  # client-observed first token and finish (the module docstring)
-        ft, fn = ft + e.frontend_s, fn + e.frontend_s
+    ft_c, fn_c = client_times(e)  # client-observed first token and finish (the module docstring)
+    arr, ft, fn, out = e.arrival[fin], ft_c[fin], fn_c[fin], e.output[fin]
     ttft = ft - arr
     _stats(ttft, "ttft_ms", s)
     multi = out > 1
@@ -172,6 +190,7 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
         s["slo_attainment"] = float(ok.sum()) / max(sent, 1)
         s["goodput_rps"] = float(ok.sum()) / window
         s["ttft_slo_s"], s["tbt_slo_s"] = ttft_slo_s, tbt_slo_s
+    s.update(e._scrape_stats)  # the scrape stall's figures, when it is modelled
     ad = e.adapters
     s["adapter_activations"] = int(ad.activations)
     s["adapter_hit_rate"] = (ad.hits / ad.activations) if ad.activations else None

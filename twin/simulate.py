@@ -18,6 +18,7 @@ from twin.engine import Engine
 from twin.metrics import requests_frame, summarize
 from twin.perf.profile import Profile, load_profile
 from twin.registry import resolve_policy, resolve_system
+from twin.scrape_stall import SCRAPE_PERIOD_S, check_scrape
 from twin.slora_engine import SLoRAEngine
 
 #: the engine of each serving system (``twin.registry.SYSTEMS``)
@@ -56,7 +57,8 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
              horizon_s: float | None = None, ttft_slo_s: float | None = None, tbt_slo_s: float | None = None,
              max_run_steps: int | None = None, progress: bool = False, record_steps: bool = True,
              scheduler_obj=None, cache_obj=None, check_invariants: bool = False, extra: dict[str, Any] | None = None,
-             system: str | None = None, frontend_s: float = 0.0) -> SimResult:
+             system: str | None = None, frontend_s: float = 0.0, scrape_s_per_label: float = 0.0,
+             scrape_period_s: float = SCRAPE_PERIOD_S) -> SimResult:
     """Replay ``workload`` through the engine and collect the results.
 
     ``policy`` names a preset (``twin policies``); ``scheduler``/``cache`` override its parts.
@@ -66,9 +68,13 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     each request outside the engine (API server and client path, seconds; 0: the engine's own
     times): the client-observed first token and finish are that much later (TTFT and E2E grow,
     TPOT and ITL do not; :mod:`twin.metrics`); reported as ``frontend_ms`` when set.
+    ``scrape_s_per_label``: the server's metrics scrape every ``scrape_period_s`` stalls the
+    client-observed path for this many seconds per LoRA label series seen so far
+    (:mod:`twin.scrape_stall`; 0: off); reported as ``scrape_us_per_label`` when set.
     """
     if not (frontend_s >= 0.0 and math.isfinite(frontend_s)):
         raise ValueError(f"frontend_s {frontend_s!r}: give the front-end latency in seconds, >= 0 (0: off)")
+    check_scrape(scrape_s_per_label, scrape_period_s)
 
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     cfg = config or EngineConfig()
@@ -86,6 +92,7 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
                           max_run_steps=max_run_steps, progress=progress, record_steps=record_steps,
                           check_invariants=check_invariants)
     eng.frontend_s = float(frontend_s)
+    eng.scrape_s_per_label, eng.scrape_period_s = float(scrape_s_per_label), float(scrape_period_s)
     eng.run()
     wall = time.perf_counter() - t0
     summary = summarize(eng, wall, ttft_slo_s, tbt_slo_s)
@@ -95,4 +102,6 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
                "profile": prof.name, **summary, **(extra or {})}
     if frontend_s:
         summary["frontend_ms"] = float(frontend_s) * 1000
+    if scrape_s_per_label:
+        summary["scrape_us_per_label"] = float(scrape_s_per_label) * 1e6
     return SimResult(summary, eng)

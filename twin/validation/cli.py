@@ -11,7 +11,7 @@ from traces.arguments import check_writable_dir
 from twin.validation.output import json_summary, write_outputs
 from twin.validation.report import format_report
 from twin.validation.runner import run_validation
-from twin.validation.specs import FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR
+from twin.validation.specs import FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, SCRAPE_S_PER_LABEL
 
 
 def register_cli(subparsers) -> None:
@@ -48,6 +48,11 @@ def register_cli(subparsers) -> None:
                    help=f"front-end latency of each request outside the engine, in ms (API server and client "
                         f"path; default {FRONTEND_LATENCY_S * 1000:g}: fitted on the dt_modelling runs without a "
                         f"queue, twin.validation.frontend; 0: the engine's own TTFT)")
+    p.add_argument("--scrape-us", type=float, default=SCRAPE_S_PER_LABEL * 1e6,
+                   help=f"stall of the client-observed path while the server writes its metrics for the client's "
+                        f"scrape every 2 s, in microseconds per LoRA label series seen so far (default "
+                        f"{SCRAPE_S_PER_LABEL * 1e6:g}: fitted on the dt_modelling runs without a queue, "
+                        f"twin.validation.scrape_stall; 0: off)")
     p.add_argument("--no-figures", action="store_true", help="with --out: skip the figures")
     p.add_argument("--top", type=int, default=8, help="largest errors listed in the table")
     p.add_argument("--data-dir", default=None, help="data directory (default $TWIN_DATA_DIR)")
@@ -83,6 +88,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--length-corr {args.length_corr}: must be a correlation strictly between -1 and 1")
     if not (args.frontend_ms >= 0 and args.frontend_ms < 1e6):
         raise ValueError(f"--frontend-ms {args.frontend_ms}: give a latency in milliseconds, >= 0 (0: off)")
+    if not (args.scrape_us >= 0 and args.scrape_us < 1e6):
+        raise ValueError(f"--scrape-us {args.scrape_us}: give microseconds per label series, >= 0 (0: off)")
     if args.out:
         check_writable_dir("--out", args.out)
     if args.filter is not None and not args.filter.strip():
@@ -97,7 +104,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     res = run_validation(args.real, peer, args.profile, jobs=jobs, limit=args.limit, filt=args.filter,
                          seed=args.seed, use_sent=not args.nominal, progress=progress, data_dir=args.data_dir,
                          client_cap=_client_cap(args.client_cap), preload_cpu=not args.no_preload,
-                         length_corr=args.length_corr, frontend_s=args.frontend_ms / 1000)
+                         length_corr=args.length_corr, frontend_s=args.frontend_ms / 1000,
+                         scrape_s_per_label=args.scrape_us / 1e6)
     paths = write_outputs(res, args.out, figures=not args.no_figures) if args.out else []
     if args.json:
         print(json_summary(res))

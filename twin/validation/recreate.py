@@ -9,6 +9,9 @@
   tokens, ``max_num_seqs`` 2048, default ``max_model_len``, prefix caching off;
 * a 3600 s window: arrivals in ``[0, 3600)``, requests in flight at 3600 s are cancelled
   (unfinished, not counted as successful);
+* the stalls of the client-observed path while the server writes its metrics for the client's
+  scrape every 2 s (``spec.scrape_s_per_label``, :data:`twin.validation.specs.SCRAPE_S_PER_LABEL`,
+  :mod:`twin.scrape_stall`);
 * request lengths drawn from a ShareGPT-like distribution (the shared ``lengths/`` histograms
   under the real runs' filters) whose means match the run's prompt-pool means
   (``pool_mean_input_tokens`` / ``pool_mean_output_tokens``);
@@ -166,7 +169,7 @@ def simulate_run(spec: RunSpec, profile_name: str | None = None,
     cfg = build_config(spec)
     sched = make_scheduler(SCHEDULER, client_cap=client_cap, preload_cpu=preload_cpu)
     res = simulate(wl, prof, cfg, scheduler_obj=sched, cache_obj=make_cache("lru"), horizon_s=spec.window_s,
-                   record_steps=True, frontend_s=spec.frontend_s)
+                   record_steps=True, frontend_s=spec.frontend_s, scrape_s_per_label=spec.scrape_s_per_label)
     s = res.summary
     out.update(_time_averages(res.steps, spec.window_s, cfg.block_size, s["kv_capacity_tokens"]))
     out.update(twin_status="ok", load_basis=basis, twin_requests=len(wl), twin_finished=s["requests_finished"],

@@ -23,7 +23,8 @@ from policies.client_cap import CLIENT_MAX_INFLIGHT
 from twin.validation.profiles import cached_profile, check_profile_model, profile_for_model
 from twin.validation.recreate import simulate_run
 from twin.validation.scoring import score, summarize
-from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, START_FAILURE_STATUSES, RunSpec, attach_peer,
+from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, SCRAPE_S_PER_LABEL, START_FAILURE_STATUSES,
+                                   RunSpec, attach_peer,
                                    default_peer_csv, default_real_csv, load_peer, load_real, select_runs, spec_from_row)
 
 
@@ -81,14 +82,16 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
                    client_cap: int | None = CLIENT_MAX_INFLIGHT, preload_cpu: bool = True,
                    run_ids: Iterable[str] | None = None,
                    length_corr: float = PROMPT_OUTPUT_CORR,
-                   frontend_s: float = FRONTEND_LATENCY_S) -> ValidationResult:
+                   frontend_s: float = FRONTEND_LATENCY_S,
+                   scrape_s_per_label: float = SCRAPE_S_PER_LABEL) -> ValidationResult:
     """Re-create the runs of ``real_csv`` with the twin and score them (see :mod:`twin.validation`).
 
     ``peer_csv``: the published twin's predictions (None: the ``peer_twin_*.csv`` beside the real
     file; False: none). ``jobs``: worker processes (runs are independent). ``client_cap`` and
     ``preload_cpu`` go to the scheduler ``fcfs+client-cap`` (:mod:`policies.client_cap`).
     ``length_corr``: prompt-output length coupling of the re-created pools (0: independent).
-    ``frontend_s``: the requests' front-end latency outside the engine (0: the engine's times)."""
+    ``frontend_s``: the requests' front-end latency outside the engine (0: the engine's times).
+    ``scrape_s_per_label``: the metrics scrape's stall per LoRA label series (0: none)."""
     t0 = time.perf_counter()
     real_csv = Path(real_csv) if real_csv else default_real_csv(data_dir)
     real = load_real(real_csv)
@@ -103,7 +106,7 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
         profile = profile_for_model(sel["model"].dropna().iloc[0] if sel["model"].notna().any() else None)
     prof = cached_profile(profile)
     check_profile_model(prof, sel)
-    specs = [spec_from_row(row, seed, use_sent, length_corr, frontend_s) for _, row in sel.iterrows()
+    specs = [spec_from_row(row, seed, use_sent, length_corr, frontend_s, scrape_s_per_label) for _, row in sel.iterrows()
              if row["status"] == "ok" or row["status"] in START_FAILURE_STATUSES]
     sim_opts = dict(profile_name=profile, client_cap=client_cap, preload_cpu=preload_cpu)
     results = run_all(specs, sim_opts, jobs, progress)
@@ -113,6 +116,7 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
     summary["wall_s"] = time.perf_counter() - t0
     opts = dict(real=str(real_csv), peer=str(peer_csv) if peer_csv else None, profile=prof.name, jobs=jobs,
                 limit=limit, filter=filt, seed=seed, use_sent=use_sent, client_cap=client_cap,
-                preload_cpu=preload_cpu, length_corr=length_corr, frontend_s=frontend_s)
+                preload_cpu=preload_cpu, length_corr=length_corr, frontend_s=frontend_s,
+                scrape_s_per_label=scrape_s_per_label)
     summary["options"] = opts
     return ValidationResult(runs, summary, summary["wall_s"], opts)

@@ -155,7 +155,8 @@ def adapter_rates(rates: Iterable[float] | str, served: int) -> np.ndarray:
 class RunSpec:
     """What the twin needs to re-create one real run (its configuration only; ``length_corr``:
     the prompt-output length coupling of the request pool, :data:`PROMPT_OUTPUT_CORR`;
-    ``frontend_s``: the requests' path outside the engine, :data:`FRONTEND_LATENCY_S`)."""
+    ``frontend_s``: the requests' path outside the engine, :data:`FRONTEND_LATENCY_S`;
+    ``scrape_s_per_label``: the metrics scrape's stall, :data:`SCRAPE_S_PER_LABEL`)."""
 
     run_id: str
     model: str
@@ -173,6 +174,7 @@ class RunSpec:
     seed: int = 0
     length_corr: float = 0.0
     frontend_s: float = 0.0
+    scrape_s_per_label: float = 0.0
 
     @property
     def adapter_rates(self) -> np.ndarray:
@@ -206,9 +208,19 @@ PROMPT_OUTPUT_CORR = -0.37
 #: of real mean TTFT - the twin's engine TTFT. ``twin validate --frontend-ms 0`` turns it off.
 FRONTEND_LATENCY_S = 0.0075
 
+#: The server's metrics scrape stalls the client-observed path for this long per LoRA label
+#: series it writes (seconds per series; :mod:`twin.scrape_stall`): every (waiting adapters,
+#: running adapters) combination seen since the start is one series of vLLM 0.8.5's
+#: ``vllm:lora_requests_info``, written at every scrape (every 2 s) from the API server's event
+#: loop. Fitted on the fit split only (:func:`twin.validation.scrape_stall.fit_scrape_stall`,
+#: scipy ``curve_fit`` of the real P99 TTFT of the 18 ``dt_modelling`` runs that never queued).
+#: ``twin validate --scrape-us 0`` turns it off.
+SCRAPE_S_PER_LABEL = 12.7e-6
+
 
 def spec_from_row(row: pd.Series | dict, seed: int = 0, use_sent: bool = True,
-                  length_corr: float = PROMPT_OUTPUT_CORR, frontend_s: float = FRONTEND_LATENCY_S) -> RunSpec:
+                  length_corr: float = PROMPT_OUTPUT_CORR, frontend_s: float = FRONTEND_LATENCY_S,
+                  scrape_s_per_label: float = SCRAPE_S_PER_LABEL) -> RunSpec:
     """The configuration of one real-run row; ``use_sent``: keep ``requests_sent`` (the offered
     count), else the nominal Poisson load. The seed mixes the run id with ``seed``."""
     g = row.get
@@ -222,7 +234,7 @@ def spec_from_row(row: pd.Series | dict, seed: int = 0, use_sent: bool = True,
                    mean_in=float(g("pool_mean_input_tokens")), mean_out=float(g("pool_mean_output_tokens")),
                    requests_sent=sent, window_s=_finite_or(g("benchmark_time_s"), float, WINDOW_S),
                    seed=(zlib.crc32(run_id.encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF, length_corr=float(length_corr),
-                   frontend_s=float(frontend_s))
+                   frontend_s=float(frontend_s), scrape_s_per_label=float(scrape_s_per_label))
 
 
 def nominal_requests(row: pd.Series | dict) -> float:

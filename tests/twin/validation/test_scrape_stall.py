@@ -1,0 +1,139 @@
+"""The metrics scrape's stall of the client-observed path (issue 17): twin/scrape_stall.py and its fit."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import random_workload
+from twin.config import EngineConfig
+from twin.scrape_stall import client_times, delay_past_stalls, label_times, stall_windows
+from twin.simulate import simulate
+from twin.validation.specs import SCRAPE_S_PER_LABEL, spec_from_row
+
+
+def test_label_times_count_new_waiting_running_pairs():
+    """Adapter 0 arrives (waiting {0}), runs (running {0}), adapter 1 arrives and runs, both
+    finish; the second round of adapter 0 repeats pairs already seen, so it adds none."""
+    arrival = np.array([0.0, 2.0, 10.0])
+    first = np.array([1.0, 3.0, 11.0])
+    finish = np.array([5.0, 4.0, 12.0])
+    adapter = np.array([0, 1, 0])
+    t = label_times(arrival, first, finish, adapter, horizon=100.0)
+    # pairs (waiting, running): t0 ({0},{}), t1 ({},{0}), t2 ({1},{0}), t3 ({},{0,1}), t4 ({},{0}) seen,
+    # t5 ({},{}) new; t10 ({0},{}) seen, t11 ({},{0}) seen, t12 ({},{}) seen
+    np.testing.assert_array_equal(t, [0.0, 1.0, 2.0, 3.0, 5.0])
+    # requests without adapter and events after the horizon do not count
+    t2 = label_times(arrival, first, finish, np.array([-1, 1, 0]), horizon=3.5)
+    np.testing.assert_array_equal(t2, [2.0, 3.0])
+
+
+def test_stall_windows_grow_with_the_series_seen():
+    labels = np.array([0.5, 1.0, 1.5, 3.0])
+    s, e = stall_windows(labels, s_per_label=0.1, period_s=2.0, until=7.0)
+    # t=0: 0 series -> no stall; next at 2.0: 3 series -> 0.3 s; next at 4.3: 4 series -> 0.4 s; 6.7: 0.4 s
+    np.testing.assert_allclose(s, [0.0, 2.0, 4.3, 6.7])
+    np.testing.assert_allclose(e - s, [0.0, 0.3, 0.4, 0.4])
+    moved = delay_past_stalls(np.array([1.9, 2.0, 2.1, 2.3, 4.5, np.nan]), s, e)
+    np.testing.assert_allclose(moved, [1.9, 2.3, 2.3, 2.3, 4.7, np.nan])
+
+
+def test_client_times_move_arrivals_and_tokens_past_stalls():
+    """A request arriving inside a stall enters at its end (its engine timeline moves with it);
+    a first token inside a stall reaches the client at the stall's end; then the front-end latency."""
+    # adapters 0..8 one after the other: 3 new series for the first, 2 for each next one, 19 before
+    # 2.0 s -> the scrape at 2.0 s stalls 19 x 0.05 = 0.95 s; 2 more series at 2.1 and 2.11 s
+    # (adapter 1 still waiting), so the scrapes at 4.95 and 8.0 s stall 1.05 s each
+    arrival = np.concatenate([np.arange(9) * 0.1 + 0.05, [2.1, 1.8, 9.5]])
+    first = arrival + 0.01
+    first[10] = 2.2  # its first token falls into the stall [2.0, 2.95)
+    finish = first + 0.02
+    adapter = np.concatenate([np.arange(9), [0, 1, 2]])
+    ft, fn, stats = client_times(arrival, first, finish, adapter, 10.0, 0.005, 0.05, 2.0)
+    assert stats["scrape_label_series"] == 21 and stats["scrape_stall_max_ms"] == pytest.approx(1050)
+    assert ft[9] == pytest.approx(2.95 + 0.01 + 0.005)  # arrived at 2.1, in the stall: enters at 2.95
+    assert fn[9] == pytest.approx(2.95 + 0.03 + 0.005)
+    assert ft[10] == pytest.approx(2.95 + 0.005)       # first token at 2.2 held until 2.95
+    assert fn[10] == pytest.approx(2.95 + 0.005)       # its finish (2.22) too
+    assert ft[11] == pytest.approx(9.51 + 0.005)       # outside every stall: only the front end
+    np.testing.assert_allclose(ft[:9], first[:9] + 0.005)
+    ft0, fn0, st0 = client_times(arrival, first, finish, adapter, 10.0, 0.005, 0.0, 2.0)
+    np.testing.assert_array_equal(ft0, first + 0.005)
+    np.testing.assert_array_equal(fn0, finish + 0.005)
+    assert st0 == {}
+
+
+def _pair(s_per_label: float):
+    w = random_workload(n=400, rps=4.0, adapters=40, seed=7, max_prompt=600, max_out=120)
+    cfg = EngineConfig(max_loras=40, max_cpu_loras=40)
+    a = simulate(w, None, cfg, frontend_s=0.0075)
+    b = simulate(w, None, cfg, frontend_s=0.0075, scrape_s_per_label=s_per_label)
+    return a, b
+
+
+def test_the_stall_lengthens_ttft_and_leaves_the_engine_alone():
+    a, b = _pair(2e-4)
+    sa, sb = a.summary, b.summary
+    for k in ("engine_steps", "requests_finished", "preemptions", "adapter_loads", "total_tok_s"):
+        assert sa[k] == sb[k]
+    assert sb["scrape_us_per_label"] == pytest.approx(200.0) and "scrape_us_per_label" not in sa
+    assert sb["scrape_label_series"] > 100 and sb["scrape_stall_max_ms"] > 20
+    ra, rb = a.requests, b.requests
+    fin = (ra["outcome"] == "finished").to_numpy()
+    d = (rb["ttft_s"] - ra["ttft_s"]).to_numpy()[fin]
+    assert (d >= -1e-12).all() and (d > 1e-4).sum() > 5
+    assert sb["ttft_ms_p99"] > sa["ttft_ms_p99"] and sb["ttft_ms_mean"] > sa["ttft_ms_mean"]
+    np.testing.assert_allclose(rb["ttft_s"], rb["first_token_s"] - rb["arrival_s"], atol=1e-12)
+
+
+def test_zero_stall_is_the_run_without_it_exactly():
+    a, b = _pair(0.0)
+    assert a.summary == {**b.summary, "wall_s": a.summary["wall_s"], "x_realtime": a.summary["x_realtime"]}
+
+
+@pytest.mark.parametrize("kw", [dict(scrape_s_per_label=-1e-6), dict(scrape_s_per_label=float("nan")),
+                                dict(scrape_s_per_label=float("inf")), dict(scrape_period_s=0.0),
+                                dict(scrape_period_s=float("nan"))])
+def test_bad_scrape_settings_are_refused(kw):
+    with pytest.raises(ValueError, match="scrape_"):
+        simulate(random_workload(n=5, seed=1), None, EngineConfig(max_loras=4), **kw)
+
+
+def test_spec_and_cli_carry_the_constant():
+    from twin.validation.cli import check_args, register_cli
+
+    row = dict(run_id="x", model="llama-3.1-8b-instruct", ranks="8", rates="0.1", served_adapters=1,
+               adapter_slots=1, max_lora_rank=8, max_cpu_loras=1, max_num_seqs=2048, pool_mean_input_tokens=222.0,
+               pool_mean_output_tokens=196.0, requests_sent=float("nan"), benchmark_time_s=3600.0)
+    assert spec_from_row(row).scrape_s_per_label == SCRAPE_S_PER_LABEL
+    assert spec_from_row(row, scrape_s_per_label=0.0).scrape_s_per_label == 0.0
+    assert 1e-6 < SCRAPE_S_PER_LABEL < 1e-4  # microseconds per series written
+    parser = argparse.ArgumentParser(prog="twin")
+    register_cli(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["validate"]).scrape_us == pytest.approx(SCRAPE_S_PER_LABEL * 1e6)
+    for bad in ("-1", "nan"):
+        with pytest.raises(ValueError, match="--scrape-us"):
+            check_args(parser.parse_args(["validate", "--scrape-us", bad]))
+    check_args(parser.parse_args(["validate", "--scrape-us", "0"]))
+
+
+DATA = os.environ.get("TWIN_DATA_DIR")
+
+
+@pytest.mark.data
+@pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR is not set: the real runs are needed")
+def test_fit_runs_are_fit_split_runs_without_a_queue():
+    from twin.validation.scrape_stall import scrape_fit_runs
+    from twin.validation.specs import load_real
+
+    real = load_real(Path(DATA) / "validation" / "vllm085_h100_llama31_8b.csv")
+    runs = scrape_fit_runs(real)
+    assert len(runs) == 18
+    assert set(runs["source"]) == {"dt_modelling"} and (runs["ts_max_waiting"] == 0).all()
+    assert sorted(set(runs["served_adapters"])) == [8, 16, 32, 64, 128]
+    # the ml_test rows do not change the selection
+    assert scrape_fit_runs(real[real["source"] == "dt_modelling"])["run_id"].tolist() == runs["run_id"].tolist()
