@@ -77,8 +77,7 @@ def client_times(e: "Engine") -> tuple[np.ndarray, np.ndarray]:
     cached = getattr(e, "_client_times", None)
     if cached is not None:
         return cached
-    t_end = e.horizon if e.horizon != float("inf") else float("inf")
-    ft, fn, stats = scrape_client_times(e.arrival, e.first_token, e.finish, e.adapter, t_end, e.frontend_s,
+    ft, fn, stats = scrape_client_times(e.arrival, e.first_token, e.finish, e.adapter, e.horizon, e.frontend_s,
                                         e.scrape_s_per_label, e.scrape_period_s)
     e._client_times = (ft, fn)
     e._scrape_stats = stats
