@@ -49,7 +49,8 @@ def register_cli(subparsers) -> None:
     t.add_argument("--kind", choices=KINDS, default="rf",
                    help="rf (random forest), cart (<= 30 leaves, exported as rules), hstree (the cart tree with "
                         "hierarchical shrinkage, lambda chosen by cross-validation), figs (imodels' FIGS, a sum "
-                        "of small trees with <= 30 splits in all: pip install 'lora-twin[configurator]')")
+                        "of small trees with <= 30 splits in all), rulefit (imodels' RuleFit per target: a linear model over the "
+                        "features and <= 30 rules; figs and rulefit need pip install 'lora-twin[configurator]')")
     t.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90",
                    help="label rule when sweep directories are given")
     t.add_argument("--out", default=None, help="model file (default: twin/configurator/models/<profile>.<kind>.json)")
@@ -78,11 +79,12 @@ def register_cli(subparsers) -> None:
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_predict)
 
-    r = sub.add_parser("rules", help="print the <= 30-rule configurator")
+    r = sub.add_parser("rules", help="print the <= 30-rule configurator (or a RuleFit model's terms)")
     r.add_argument("--model", default=None, help="model file with rules (default: the shipped cart model)")
     r.add_argument("--profile", default=DEFAULT_PROFILE)
-    r.add_argument("--kind", choices=("cart", "hstree"), default="cart",
-                   help="shipped rule model: cart (default) or hstree (the same rules, shrunk leaf values)")
+    r.add_argument("--kind", choices=("cart", "hstree", "rulefit"), default="cart",
+                   help="shipped rule model: cart (default), hstree (the same rules, shrunk leaf values) or "
+                        "rulefit (per target: rules and linear terms with non-zero coefficients, by importance)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_rules)
 
@@ -257,7 +259,16 @@ def cmd_predict(args) -> int:
     if res.get("usd_per_million_tokens"):
         print(f"cost: {res['usd_per_million_tokens']:.3f} USD per million tokens at {args.gpu_hour_usd} USD/GPU-h")
     if args.explain:
-        if res.get("rule_path_by_tree"):  # a sum of trees (FIGS): one path per tree
+        if res.get("terms"):  # a rule ensemble (RuleFit): per target, the terms that add up at this scenario
+            for t, v in res["terms"].items():
+                total = v.get("log_prediction", v.get("prediction"))
+                print(f"{t}: " + ("exp" if "log_prediction" in v else "") + f"({total:+.4f}) = " + " ".join(
+                    f"{term['contribution']:+.4f}" + (" [intercept]" if term["term"] == "intercept" else
+                                                       f" [{term['coef']:+.4g} * {term['feature']}]"
+                                                       if term["term"] == "linear" else
+                                                       f" [R{term['rule']}: {' AND '.join(term['conditions'])}]")
+                    for term in v["terms"]))
+        elif res.get("rule_path_by_tree"):  # a sum of trees (FIGS): one path per tree
             print("rule paths (" + res["rule_path_note"] + "): " + " + ".join(
                 f"tree {k}: [{' AND '.join(steps) or 'root'}]" for k, steps in enumerate(res["rule_path_by_tree"], 1)))
         else:
@@ -270,8 +281,17 @@ def cmd_rules(args) -> int:
     from twin.configurator.models import format_rules
 
     model = _load_for(args, getattr(args, "kind", "cart"))
+    if model.get("rule_ensembles"):
+        from twin.configurator.models import format_rule_ensembles
+
+        if args.json:
+            print(json.dumps({"rule_ensembles": model["rule_ensembles"], "provenance": model["provenance"]},
+                             indent=1, default=_jd))
+        else:
+            print(format_rule_ensembles(model))
+        return 0
     if not model.get("rules"):
-        print(f"twin configure rules: {model.get('_path')} has no rules (train with --kind cart or hstree)",
+        print(f"twin configure rules: {model.get('_path')} has no rules (train with --kind cart, hstree or rulefit)",
               file=sys.stderr)
         return 2
     if args.json:

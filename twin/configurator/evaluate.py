@@ -190,14 +190,15 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
         if model_path:
             raise
     if not model_path:
-        for kind in ("cart", "hstree", "figs"):  # the other shipped kinds, where shipped
+        for kind in ("cart", "hstree", "figs", "rulefit"):  # the other shipped kinds, where shipped
             try:
                 models[kind] = load_model(profile, kind)
             except FileNotFoundError:
                 pass
     for kind, m in models.items():
         label = {"rf": "random forest", "cart": "<= 30-rule tree",
-                 "hstree": "HS-shrunk 30-rule tree", "figs": "FIGS (imodels, <= 30 splits)"}.get(
+                 "hstree": "HS-shrunk 30-rule tree", "figs": "FIGS (imodels, <= 30 splits)",
+                 "rulefit": "RuleFit (imodels, per target)"}.get(
             m["kind"], m["kind"])
         s, d = score_predictor(label, model_predictions(m, truth), truth, grid, served_grid, slot_grid)
         s["model"] = m.get("_path")

@@ -20,7 +20,17 @@ extra, ``pip install 'lora-twin[configurator]'``). Files without ``combine`` are
 where a split rests on few scenarios. imodels' own ``HSTreeRegressor`` and ``RuleFitRegressor`` take
 one target only in imodels 3.0.4 (``fit`` rejects a 3-column ``y``), and a configurator predicts the
 whole configuration (served, slots, throughput) from one model, so ``hstree`` applies the shrinkage to
-scikit-learn's multi-output tree itself (no imodels needed); RuleFit is not offered.
+scikit-learn's multi-output tree itself (no imodels needed).
+
+``rulefit`` (Friedman and Popescu 2008; imodels' ``RuleFitRegressor``, one per target because it
+takes one target only; :mod:`twin.configurator.rulefit`; the optional extra) is a rule ensemble, not
+a tree: its file has ``"trees": []``, ``"combine": "rule_ensemble"`` and ``"rule_ensembles"``, one per
+target in the order of ``targets``: ``{"target", "intercept", "linear": [{"feature", "coef", "clip":
+[lo, hi], "std", "importance"}], "rules": [{"conditions": [{"feature", "op", "value"}], "coef",
+"support", "importance"}]}``. A target's (log) prediction is ``intercept + sum of coef * min(max(x,
+lo), hi)`` over the linear terms (``null`` = an open bound) ``+ sum of coef`` over the rules whose
+conditions (``op`` one of ``<=``, ``<``, ``>``, ``>=``) all hold; ``importance`` is Friedman and
+Popescu's (eq. 28-29), by which ``twin configure rules`` sorts the terms.
 """
 
 from __future__ import annotations
@@ -40,9 +50,9 @@ from twin.sweep.runner import MissingExtra
 
 SCHEMA = "lora-twin-configurator/1"
 MODEL_DIR = Path(__file__).resolve().parent / "models"
-KINDS = ("rf", "cart", "hstree", "figs")
+KINDS = ("rf", "cart", "hstree", "figs", "rulefit")
 #: kinds whose estimator comes from the optional ``configurator`` extra (imodels)
-IMODELS_KINDS = ("figs",)
+IMODELS_KINDS = ("figs", "rulefit")
 IMODELS_EXTRA = "pip install 'lora-twin[configurator]'"
 #: hierarchical shrinkage's lambda values tried by ``train`` (0 = the CART tree itself)
 HS_LAMBDAS = (0.0, 0.1, 1.0, 10.0, 25.0, 50.0, 100.0)
@@ -186,6 +196,64 @@ def rules_predict(rules: list[dict], x: dict[str, float]) -> dict | None:
     return None
 
 
+# --------------------------------------------------------------------------- rule ensembles (rulefit)
+def condition_holds(cond: dict[str, Any], x: dict[str, float]) -> bool:
+    """One ``{"feature", "op", "value"}`` condition of a rule at the feature dict ``x``."""
+    v, t, op = float(x[cond["feature"]]), float(cond["value"]), cond["op"]
+    if op == "<=":
+        return v <= t
+    if op == "<":
+        return v < t
+    if op == ">":
+        return v > t
+    if op == ">=":
+        return v >= t
+    raise ValueError(f"rule condition {cond}: unknown operator {op!r} (<=, <, >, >=)")
+
+
+def format_condition(cond: dict[str, Any]) -> str:
+    return f"{cond['feature']} {cond['op']} {cond['value']:.6g}"
+
+
+def ensemble_terms(ens: dict[str, Any], x: dict[str, float]) -> tuple[float, list[dict[str, Any]]]:
+    """A rule ensemble's (log) prediction at ``x`` and its terms there: the intercept, every linear
+    term (``coef * min(max(x, lo), hi)``) and every rule whose conditions all hold (``coef``)."""
+    terms: list[dict[str, Any]] = [{"term": "intercept", "contribution": float(ens["intercept"])}]
+    for lt in ens["linear"]:
+        lo, hi = lt["clip"]
+        v = float(x[lt["feature"]])
+        v = v if lo is None or v >= lo else float(lo)
+        v = v if hi is None or v <= hi else float(hi)
+        terms.append({"term": "linear", "feature": lt["feature"], "value": v, "coef": lt["coef"],
+                      "contribution": lt["coef"] * v})
+    for i, r in enumerate(ens["rules"]):
+        if all(condition_holds(c, x) for c in r["conditions"]):
+            terms.append({"term": "rule", "rule": i + 1, "conditions": [format_condition(c) for c in r["conditions"]],
+                          "contribution": float(r["coef"])})
+    return float(sum(t["contribution"] for t in terms)), terms
+
+
+def format_rule_ensembles(model: dict[str, Any]) -> str:
+    """The terms of a ``rulefit`` model with non-zero coefficients, per target, by importance."""
+    prov = model["provenance"]
+    n_rules = sum(len(e["rules"]) for e in model["rule_ensembles"])
+    n_lin = sum(len(e["linear"]) for e in model["rule_ensembles"])
+    lines = [f"# {model['kind']} configurator, profile {prov.get('profile')}, rule {prov.get('rule')}, "
+             f"{n_rules} rules and {n_lin} linear terms over {len(model['rule_ensembles'])} targets"]
+    for ens in model["rule_ensembles"]:
+        log = model.get("log_targets")
+        lines.append(f"## {ens['target']} = {'exp(' if log else ''}{ens['intercept']:+.4f} + the terms below"
+                     f"{')' if log else ''}  [{len(ens['rules'])} rules, {len(ens['linear'])} linear]")
+        items = [(lt["importance"], f"{lt['coef']:+.4g} * {lt['feature']}"
+                  + (f" (clipped to [{lt['clip'][0]:.6g}, {lt['clip'][1]:.6g}])"
+                     if None not in lt["clip"] else "")) for lt in ens["linear"]]
+        items += [(r["importance"], f"{r['coef']:+.4f} IF " + " AND ".join(format_condition(c) for c in r["conditions"])
+                   + f"  [support {r['support']:.2f}]") for r in ens["rules"]]
+        for k, (imp, text) in enumerate(sorted(items, key=lambda t: -t[0]), 1):
+            lines.append(f"T{k:02d} importance {imp:.4f}: {text}")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- save / load
 def save_model(model: dict[str, Any], path: str | os.PathLike) -> Path:
     p = Path(path)
@@ -224,6 +292,8 @@ def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -
         raise ValueError(f"the model needs features {missing} (it was trained on {feats})")
     xv = np.asarray([float(x[f]) for f in feats], float)
     targets = model["targets"]
+    if model.get("rule_ensembles"):
+        return _predict_rule_ensembles(model, x, explain)
     outs, paths = [], []
     for tree in model["trees"]:
         v, path = tree_apply(tree, xv)
@@ -234,13 +304,7 @@ def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -
     mean = V.sum(axis=0) if additive else V.mean(axis=0)
     pred = np.exp(mean) if model.get("log_targets") else mean
     per_tree = np.exp(V) if model.get("log_targets") else V
-    res: dict[str, Any] = {"model": model.get("kind"), "profile": model["provenance"].get("profile"),
-                           "rule": model["provenance"].get("rule")}
-    raw = {t: float(p) for t, p in zip(targets, pred)}
-    grid = model.get("grid") or {}
-    n, g = snap_config(raw["served_adapters"], raw["adapter_slots"], grid.get("served", [16]), grid.get("slots", [16]))
-    res.update(served_adapters=n, adapter_slots=g, throughput_tok_s=raw["throughput_tok_s"],
-               served_adapters_raw=raw["served_adapters"], adapter_slots_raw=raw["adapter_slots"])
+    res = _recommendation(model, {t: float(p) for t, p in zip(targets, pred)})
     if len(model["trees"]) > 1 and not additive:  # a sum's terms are not alternatives: no spread
         lo, hi = np.percentile(per_tree, [10, 90], axis=0)
         res["uncertainty"] = {t: {"p10": float(a), "p90": float(b)} for t, a, b in zip(targets, lo, hi)}
@@ -261,6 +325,40 @@ def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -
                 res["rule_path_by_tree"] = by_tree
             res["rule_path_note"] = ("paths through every tree of the sum" if additive
                                      else "path through the forest's first tree")
+    return res
+
+
+def _recommendation(model: dict[str, Any], raw: dict[str, float]) -> dict[str, Any]:
+    res: dict[str, Any] = {"model": model.get("kind"), "profile": model["provenance"].get("profile"),
+                           "rule": model["provenance"].get("rule")}
+    grid = model.get("grid") or {}
+    n, g = snap_config(raw["served_adapters"], raw["adapter_slots"], grid.get("served", [16]), grid.get("slots", [16]))
+    res.update(served_adapters=n, adapter_slots=g, throughput_tok_s=raw["throughput_tok_s"],
+               served_adapters_raw=raw["served_adapters"], adapter_slots_raw=raw["adapter_slots"])
+    return res
+
+
+def _predict_rule_ensembles(model: dict[str, Any], x: dict[str, float], explain: bool) -> dict[str, Any]:
+    """:func:`predict` for a ``rulefit`` model: one rule ensemble per target; ``explain`` adds each
+    target's terms at ``x`` (``terms``: intercept, linear terms, the rules that hold) and, as
+    ``rule_path``, the rules that hold with their contributions."""
+    log = bool(model.get("log_targets"))
+    raw, terms = {}, {}
+    for t, ens in zip(model["targets"], model["rule_ensembles"]):
+        if ens["target"] != t:
+            raise ValueError(f"{model.get('_path', 'model')}: rule ensemble for {ens['target']!r} where "
+                             f"{t!r} is expected (targets {model['targets']})")
+        total, tt = ensemble_terms(ens, x)
+        raw[t] = math.exp(total) if log else total
+        terms[t] = {"log_prediction" if log else "prediction": total, "terms": tt}
+    res = _recommendation(model, raw)
+    if explain:
+        res["terms"] = terms
+        res["rule_path"] = [f"[{t}] " + (" AND ".join(term["conditions"]) or "always")
+                            + f" ({term['contribution']:+.4f})"
+                            for t, v in terms.items() for term in v["terms"] if term["term"] == "rule"]
+        res["rule_path_note"] = ("rules that hold, per target, with their additive contribution to the "
+                                 + ("log " if log else "") + "prediction")
     return res
 
 
@@ -309,6 +407,12 @@ def _estimator(kind: str, seed: int):
         # at most 30 splits in all, like the <= 30-rule tree
         return _imodels(kind).FIGSRegressor(random_state=seed), {
             "max_rules": [10, 20, 30], "max_trees": [None, 2]}
+    if kind == "rulefit":
+        _imodels(kind)  # the extra's error before any work
+        from twin.configurator.rulefit import RuleFitMultiRegressor
+
+        # terms per target (rules + linear) and the mean leaves of the rule-generating trees
+        return RuleFitMultiRegressor(random_state=seed), {"max_rules": [10, 20, 30], "tree_size": [4, 8]}
     raise ValueError(f"unknown model kind {kind!r}; choose from {', '.join(KINDS)}")
 
 
@@ -322,15 +426,21 @@ def _jsonable(v: Any) -> Any:
 
 def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = None, seed: int = 0,
           cv: int = 5, search: bool = True, provenance: dict[str, Any] | None = None,
-          grid: dict[str, list[int]] | None = None) -> dict[str, Any]:
+          grid: dict[str, list[int]] | None = None, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fit a model on label rows (from :func:`twin.configurator.dataset.build_dataset`), tuned by a
-    ``cv``-fold halving grid search scored by SMAPE (served and slots) when ``search``."""
+    ``cv``-fold halving grid search scored by SMAPE (served and slots) when ``search``. ``params``
+    sets estimator hyper-parameters outside the searched grid (e.g. RuleFit's ``n_estimators``)."""
     if kind not in KINDS:
         raise ValueError(f"unknown model kind {kind!r}; choose from {', '.join(KINDS)}")
     feats = list(features or FEATURES)
     X = labels[feats].to_numpy(float)
     Y = np.log(labels[list(TARGETS)].to_numpy(float))
-    est, params = _estimator(kind, seed)
+    est, grid_params = _estimator(kind, seed)
+    if params:
+        clash = sorted(set(params) & set(grid_params)) if search else []
+        if clash:
+            raise ValueError(f"params {clash} are searched by the grid search; drop them or train with search=False")
+        est.set_params(**params)
     info: dict[str, Any] = {}
     t0 = time.perf_counter()
     n_cv = min(cv, len(labels))
@@ -338,7 +448,7 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
         from sklearn.experimental import enable_halving_search_cv  # noqa: F401
         from sklearn.model_selection import HalvingGridSearchCV, KFold
 
-        gs = HalvingGridSearchCV(est, params, cv=KFold(n_cv, shuffle=True, random_state=seed),
+        gs = HalvingGridSearchCV(est, grid_params, cv=KFold(n_cv, shuffle=True, random_state=seed),
                                  scoring=_smape_scorer(True), random_state=seed, min_resources="exhaust", factor=2,
                                  n_jobs=1)
         gs.fit(X, Y)
@@ -362,6 +472,8 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
         trees = [export_figs_tree(t, Y.shape[1]) for t in est.trees_]
     elif kind == "hstree":
         trees = [{**export_tree(est.estimator_), "value": np.round(est.node_values_, 6).tolist()}]
+    elif kind == "rulefit":
+        trees = []
     else:
         trees = [export_tree(est)]
     y_lab = labels[list(TARGETS)]
@@ -369,7 +481,7 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
 
     model: dict[str, Any] = {
         "schema": SCHEMA, "kind": kind, "features": feats, "targets": list(TARGETS), "log_targets": True,
-        "trees": trees, "combine": "sum" if kind == "figs" else "mean", "grid": grid or {},
+        "trees": trees, "combine": {"figs": "sum", "rulefit": "rule_ensemble"}.get(kind, "mean"), "grid": grid or {},
         "constant": {t: float(np.exp(np.log(y_lab[t].astype(float)).median())) for t in TARGETS},
         "provenance": {**(provenance or {}), "scenarios": int(len(labels)), "estimator": type(est).__name__,
                        "params": {k: _jsonable(v) for k, v in est.get_params(deep=False).items()},
@@ -379,6 +491,12 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
         model["provenance"]["imodels"] = getattr(_imodels(kind), "__version__", None) or _dist_version("imodels")
     if kind in ("cart", "hstree"):
         model["rules"] = tree_rules(trees[0], feats, list(TARGETS), True)
+    if kind == "rulefit":
+        from twin.configurator.rulefit import export_rule_ensemble
+
+        model["rule_ensembles"] = [export_rule_ensemble(e, feats, t) for e, t in zip(est.estimators_, TARGETS)]
+        model["provenance"]["rules"] = sum(len(e["rules"]) for e in model["rule_ensembles"])
+        model["provenance"]["linear_terms"] = sum(len(e["linear"]) for e in model["rule_ensembles"])
     return model
 
 
