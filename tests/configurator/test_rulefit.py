@@ -197,3 +197,16 @@ def test_rulefit_without_imodels_names_the_extra(monkeypatch, tmp_path, capsys):
 def test_params_may_not_override_the_searched_grid():
     with pytest.raises(ValueError, match="searched by the grid search"):
         train(synthetic_labels(12), "cart", params={"max_leaf_nodes": 8})
+
+
+@needs_imodels
+@pytest.mark.data
+def test_evaluate_scores_a_rulefit_model_on_real_ml_test(fitted, real_data, capsys):
+    _, _, path, _ = fitted
+    ns = _cli().parse_args(["configure", "evaluate", "--real", str(real_data / "validation/vllm085_h100_llama31_8b.csv"),
+                            "--model", str(path), "--no-search", "--json"])
+    assert ns.func(ns) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["scenarios"] == 9 and d["model"] == str(path)
+    row = d["table"][0]
+    assert row["predictor"] == "RuleFit (imodels, per target)" and 0 <= row["regret_min"] <= 1.0 + 1e-9
