@@ -285,7 +285,8 @@ def load_model(path_or_profile: str | os.PathLike, kind: str = "rf") -> dict[str
 # --------------------------------------------------------------------------- prediction
 def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -> dict[str, Any]:
     """Recommendation for one feature dict: raw and snapped served / slots, throughput, uncertainty
-    (spread across the forest's trees: 10th-90th percentile), and with ``explain`` the rule path."""
+    (spread across the forest's trees: 10th-90th percentile), and with ``explain`` the rule path (a
+    ``rulefit`` model: the terms that add up to each target, :func:`_predict_rule_ensembles`)."""
     feats = model["features"]
     missing = [f for f in feats if f not in x]
     if missing:
@@ -329,6 +330,7 @@ def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -
 
 
 def _recommendation(model: dict[str, Any], raw: dict[str, float]) -> dict[str, Any]:
+    """The raw targets and served / slots snapped to the model's grid (slots <= served)."""
     res: dict[str, Any] = {"model": model.get("kind"), "profile": model["provenance"].get("profile"),
                            "rule": model["provenance"].get("rule")}
     grid = model.get("grid") or {}
