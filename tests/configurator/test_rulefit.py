@@ -142,7 +142,13 @@ def test_predict_explain_and_rules_cli(fitted, capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"serve {d['served_adapters']} adapters with {d['adapter_slots']} GPU adapter slots")
     for t in TARGETS:
-        assert f"\n{t}: exp(" in out and "[intercept]" in out
+        assert f"\n{t} = exp(" in out
+    lines = out.splitlines()
+    k = lines.index(next(line for line in lines if line.startswith("served_adapters = exp(")))
+    served_terms = [float(line.split()[0]) for line in lines[k + 1:] if line.startswith("  ")][
+        :len(d["terms"]["served_adapters"]["terms"])]
+    assert lines[k + 1].endswith("intercept")
+    assert sum(served_terms) == pytest.approx(math.log(d["served_adapters_raw"]), abs=1e-3)
     ns = p.parse_args(["configure", "rules", "--model", str(path)])
     assert ns.func(ns) == 0
     text = capsys.readouterr().out

@@ -261,13 +261,15 @@ def cmd_predict(args) -> int:
     if args.explain:
         if res.get("terms"):  # a rule ensemble (RuleFit): per target, the terms that add up at this scenario
             for t, v in res["terms"].items():
-                total = v.get("log_prediction", v.get("prediction"))
-                print(f"{t}: " + ("exp" if "log_prediction" in v else "") + f"({total:+.4f}) = " + " ".join(
-                    f"{term['contribution']:+.4f}" + (" [intercept]" if term["term"] == "intercept" else
-                                                       f" [{term['coef']:+.4g} * {term['feature']}]"
-                                                       if term["term"] == "linear" else
-                                                       f" [R{term['rule']}: {' AND '.join(term['conditions'])}]")
-                    for term in v["terms"]))
+                log = "log_prediction" in v
+                total = v["log_prediction"] if log else v["prediction"]
+                print(f"{t} = " + (f"exp({total:+.4f}) = {math.exp(total):.6g}" if log else f"{total:.6g}")
+                      + f", {'the exponent is ' if log else ''}the sum of (R<k>: the target's rule k in `configure rules`):")
+                for term in v["terms"]:
+                    what = ("intercept" if term["term"] == "intercept" else
+                            f"{term['coef']:+.4g} * {term['feature']}" if term["term"] == "linear" else
+                            f"R{term['rule']}: {' AND '.join(term['conditions'])}")
+                    print(f"  {term['contribution']:+.4f}  {what}")
         elif res.get("rule_path_by_tree"):  # a sum of trees (FIGS): one path per tree
             print("rule paths (" + res["rule_path_note"] + "): " + " + ".join(
                 f"tree {k}: [{' AND '.join(steps) or 'root'}]" for k, steps in enumerate(res["rule_path_by_tree"], 1)))

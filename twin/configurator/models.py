@@ -244,11 +244,12 @@ def format_rule_ensembles(model: dict[str, Any]) -> str:
         log = model.get("log_targets")
         lines.append(f"## {ens['target']} = {'exp(' if log else ''}{ens['intercept']:+.4f} + the terms below"
                      f"{')' if log else ''}  [{len(ens['rules'])} rules, {len(ens['linear'])} linear]")
-        items = [(lt["importance"], f"{lt['coef']:+.4g} * {lt['feature']}"
+        items = [(lt["importance"], f"linear: {lt['coef']:+.4g} * {lt['feature']}"
                   + (f" (clipped to [{lt['clip'][0]:.6g}, {lt['clip'][1]:.6g}])"
                      if None not in lt["clip"] else "")) for lt in ens["linear"]]
-        items += [(r["importance"], f"{r['coef']:+.4f} IF " + " AND ".join(format_condition(c) for c in r["conditions"])
-                   + f"  [support {r['support']:.2f}]") for r in ens["rules"]]
+        items += [(r["importance"], f"R{i}: {r['coef']:+.4f} IF "
+                   + " AND ".join(format_condition(c) for c in r["conditions"]) + f"  [support {r['support']:.2f}]")
+                  for i, r in enumerate(ens["rules"], 1)]
         for k, (imp, text) in enumerate(sorted(items, key=lambda t: -t[0]), 1):
             lines.append(f"T{k:02d} importance {imp:.4f}: {text}")
     return "\n".join(lines)
