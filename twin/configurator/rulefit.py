@@ -9,8 +9,8 @@ where ``l_j(x_j) = min(max(x_j, lo_j), hi_j)`` is feature j winsorised to its tr
 (sec. 5, "robustness"; the 0.4 / std scaling of the paper is folded into ``b_j`` here), and each
 rule ``r_k`` is 1 where a conjunction of ``feature <= / > threshold`` conditions holds (the paths to
 the nodes of small gradient-boosted trees, sec. 3), 0 elsewhere. The lasso keeps few terms: imodels'
-``max_rules`` bounds the terms with a non-zero coefficient and picks the penalty under that bound by
-cross-validation. Importance (sec. 6, eq. 28-29): ``|b_j| * std(l_j)`` for a linear term and
+``max_rules`` bounds the terms with a non-zero coefficient, and the least penalty within that bound is
+used (``cv=False``; the configurator's grid search picks ``max_rules`` by cross-validated SMAPE). Importance (sec. 6, eq. 28-29): ``|b_j| * std(l_j)`` for a linear term and
 ``|a_k| * sqrt(s_k (1 - s_k))`` for a rule of support ``s_k``.
 
 imodels 3.0.4's ``RuleFitRegressor`` takes one target only; a configurator predicts served adapters,
