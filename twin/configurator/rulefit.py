@@ -10,8 +10,9 @@ where ``l_j(x_j) = min(max(x_j, lo_j), hi_j)`` is feature j winsorised to its tr
 rule ``r_k`` is 1 where a conjunction of ``feature <= / > threshold`` conditions holds (the paths to
 the nodes of small gradient-boosted trees, sec. 3), 0 elsewhere. The lasso keeps few terms: imodels'
 ``max_rules`` bounds the terms with a non-zero coefficient, and the least penalty within that bound is
-used (``cv=False``; the configurator's grid search picks ``max_rules`` by cross-validated SMAPE). Importance (sec. 6, eq. 28-29): ``|b_j| * std(l_j)`` for a linear term and
-``|a_k| * sqrt(s_k (1 - s_k))`` for a rule of support ``s_k``.
+used (``cv=False``; the configurator's grid search picks ``max_rules`` by cross-validated SMAPE).
+Importance (sec. 6, eq. 28-29): ``|b_j| * std(l_j)`` for a linear term and ``|a_k| * sqrt(s_k (1 - s_k))``
+for a rule of support ``s_k``.
 
 imodels 3.0.4's ``RuleFitRegressor`` takes one target only; a configurator predicts served adapters,
 slots and throughput together, so :class:`RuleFitMultiRegressor` fits one RuleFit per target (on
