@@ -1,6 +1,7 @@
 """The Chameleon reproduction's set-up rules (``twin/reproduce/chameleon.py``): the length scale
-from the paper's rule "scaled down so that peak memory equals GPU capacity", searched at S-LoRA's
-knee, and the pool's peak use counting adapter weights."""
+from the paper's rule "scaled down so that peak memory equals GPU capacity", searched at
+Chameleon's knee (default) or S-LoRA's, the pool's peak use counting adapter weights, and the
+pool's use split into the requests' own memory and cached adapters."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def test_experiment_uses_the_searched_scale_or_the_workload_one(monkeypatch):
     monkeypatch.setattr(chameleon, "low_load_reference",
                         lambda runner, run, base, n: runner.point(run, base, 0.01))
     e = chameleon.experiment(FakeRunner(), quick=True)
-    assert e["length_rule"] == "peak-memory" and e["scale_probes"]
+    assert e["length_rule"] == chameleon.LENGTH_RULE == "peak-memory-top" and e["scale_probes"]
     assert dict(e["run"].trace_options)["length_scale"] == e["length_scale"] >= BOUNDARY
     assert e["mem_use_peak_at_knee"] >= chameleon.FULL_SHARE
     assert e["run"].slora_prefetch is chameleon.QUEUED_PREFETCH is True  # the paper's queued-request prefetch

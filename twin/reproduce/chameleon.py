@@ -22,20 +22,37 @@ P99 TTFT stays within the SLO.
   paper's experiment, not results);
 * throughput within the SLO: the same knee search for each system;
 * lengths: the paper's rule, "Splitwise lengths scaled down by a constant factor so that peak
-  memory equals GPU capacity", turned into a search (:func:`length_scale_search`,
-  :data:`LENGTH_RULE` ``"peak-memory"``). *Which load*: S-LoRA's knee, the load the experiment's
-  three loads are placed around (it is measured afresh at every candidate scale). *How
-  measured*: the largest share of S-LoRA's unified pool in use at any step of that run (KV plus
+  memory equals GPU capacity", turned into a search (:func:`length_scale_search`).
+  *How measured*: the largest share of the unified pool in use at any step of a run (KV plus
   resident adapter weights, :func:`twin.reproduce.base.Runner.point` ``mem_use_peak``); the
-  peak "equals" the capacity when it reaches :data:`FULL_SHARE`. S-LoRA admits by reservation,
-  so a workload that needs more than the pool still peaks at the pool: the rule's scale is the
-  *smallest* scale-down at which the peak reaches the pool -- below it the peak falls short,
-  above it the demand exceeds the pool and requests wait for memory. The search halves the
-  scale from the workload's own (0.5) until the peak falls short, then bisects (geometric
-  midpoints) :attr:`Effort.scale_bisections` times and keeps the smallest scale that reached
-  the pool. ``LENGTH_RULE = "workload"`` keeps the registered workload's own 0.5 (the twin's
-  earlier reading; at 0.5 the pool is also full at the knee, but so it is at every scale from
-  about 0.14 up: the rule then says nothing, so 0.5 departs from "equals").
+  peak "equals" the capacity when it reaches :data:`FULL_SHARE`. Admission by reservation
+  (S-LoRA) or by quota (Chameleon) means a workload that needs more than the pool still peaks at
+  the pool, so the rule's scale is the *smallest* scale-down at which the peak reaches the pool
+  -- below it the peak falls short, above it the demand exceeds the pool and requests wait for
+  memory. The search halves the scale from the workload's own (0.5) until the peak falls short,
+  then bisects (geometric midpoints) :attr:`Effort.scale_bisections` times and keeps the
+  smallest scale that reached the pool; every candidate re-measures the low-load E2E, the SLO
+  and the knee. *Which system, at which load* (the paper does not say): :data:`LENGTH_RULE`,
+  one of :data:`LENGTH_RULES`:
+
+  - ``"peak-memory-top"`` (default): **Chameleon's** peak at **Chameleon's own knee**, the top
+    of the paper's load range. *Why*: the one place the paper says its memory is full is "from
+    about 12.5 RPS, memory is mostly full and nothing is cached" (§6.1; ``chameleon.md`` §5),
+    under Chameleon, at the top of its sweep (~13 RPS, where Chameleon breaks its SLO at 12.9;
+    S-LoRA breaks it at 8.6). Reading the rule's "peak memory equals GPU capacity" as that same
+    event -- memory reaches capacity at the experiment's highest load, with the system run
+    there -- is the reading under which the paper's set-up sentence and its observation agree;
+    nothing in the paper places full memory at S-LoRA's knee. The peak counts cached adapters
+    (they are GPU memory in use): the twin's Chameleon never fills the pool with requests alone
+    (its quotas bound admission below the pool, so cached adapters keep 15-30 % of it at every
+    load, ``benchmarks/chameleon_memory.py``), so "full with nothing cached" is reached at no
+    scale tried (x0.1 to x0.5: the requests' own peak stays at 0.83-0.97 of the pool) and
+    cannot be the measure.
+  - ``"peak-memory"``: **S-LoRA's** peak at **S-LoRA's knee**, the load the experiment's three
+    loads are placed around (the twin's earlier reading, kept as an option).
+  - ``"workload"``: the registered workload's own 0.5 (the twin's first reading; at 0.5 the
+    pool is full at either knee, but so it is at every scale from about 0.14 up: the rule then
+    says nothing, so 0.5 departs from "equals").
 """
 
 from __future__ import annotations
@@ -76,10 +93,12 @@ LOAD_FRACTIONS = {"low": 0.70, "medium": 0.93, "high": 1.05}
 #: ``chameleon.md`` checklist 1); S-LoRA's own paper scripts leave ``--prefetch`` off (``slora.md``
 #: §4), which is the engine's default. Histogram prefetch stays off (the ``chameleon`` preset).
 QUEUED_PREFETCH = True
-#: how the length scale is set: "peak-memory" (the paper's rule, :func:`length_scale_search`) or
-#: "workload" (the registered workload's own ``length_scale``, the twin's earlier reading)
-LENGTH_RULES = ("peak-memory", "peak-memory-top", "workload")
-LENGTH_RULE = "peak-memory"
+#: how the length scale is set (module docstring): "peak-memory-top" (the paper's rule read at the
+#: top of its load range: Chameleon's peak pool use at Chameleon's knee reaches the pool; the
+#: deciding fact is §6.1's "from about 12.5 RPS memory is mostly full"), "peak-memory" (the rule
+#: read at S-LoRA's knee, the twin's earlier reading) or "workload" (the workload's own scale)
+LENGTH_RULES = ("peak-memory-top", "peak-memory", "workload")
+LENGTH_RULE = "peak-memory-top"
 #: the pool counts as full ("peak memory equals GPU capacity") when its peak use reaches this share
 #: (a definition: S-LoRA's reservations stop admission just short of the last slots)
 FULL_SHARE = 0.99
