@@ -46,7 +46,7 @@ P99 TTFT stays within the SLO.
     (they are GPU memory in use): the twin's Chameleon never fills the pool with requests alone
     (its quotas bound admission below the pool, so cached adapters keep 15-30 % of it at every
     load, ``benchmarks/chameleon_memory.py``), so "full with nothing cached" is reached at no
-    scale tried (x0.1 to x0.5: the requests' own peak stays at 0.83-0.97 of the pool) and
+    scale tried (x0.1 to x0.5: the requests' own peak stays at or below 0.97 of the pool) and
     cannot be the measure.
   - ``"peak-memory"``: **S-LoRA's** peak at **S-LoRA's knee**, the load the experiment's three
     loads are placed around (the twin's earlier reading, kept as an option).
@@ -312,7 +312,8 @@ def _memory_note(e: dict[str, Any]) -> str:
         return (f"lengths: the {e['run'].trace} workload's own length scale {e['length_scale']:g} (Splitwise-like "
                 f"lengths scaled down); {peaks}.")
     where = {"peak-memory": "S-LoRA's", "peak-memory-top": "Chameleon's"}[e["length_rule"]]
-    tried = ", ".join(f"{s:.3g} ({_pct(p)} at {k:.3g} req/s)" for s, p, k in e["scale_probes"])
+    tried = ", ".join(f"{s:.3g} ({'-' if not math.isfinite(p) else f'{100 * p:.1f} %'} at {k:.3g} req/s)"
+                      for s, p, k in e["scale_probes"])
     return (f"lengths: Splitwise-like x {e['length_scale']:.3g}, the paper's rule (scaled down so that peak memory "
             f"equals GPU capacity, rule {e['length_rule']!r}) searched at {where} knee: the smallest scale-down at "
             f"which {where} peak pool use (KV + adapters) at its own knee reaches {100 * FULL_SHARE:g} %; tried "
