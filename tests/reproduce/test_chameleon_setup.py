@@ -1,12 +1,14 @@
 """The Chameleon reproduction's set-up rules (``twin/reproduce/chameleon.py``): the length scale
-from the paper's rule "scaled down so that peak memory equals GPU capacity", searched at S-LoRA's
-knee, and the pool's peak use counting adapter weights."""
+from the paper's rule "scaled down so that peak memory equals GPU capacity", searched at
+Chameleon's knee (default) or S-LoRA's, the pool's peak use counting adapter weights, and the
+pool's use split into the requests' own memory and cached adapters."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from twin.config import ConfigError
@@ -75,7 +77,7 @@ def test_experiment_uses_the_searched_scale_or_the_workload_one(monkeypatch):
     monkeypatch.setattr(chameleon, "low_load_reference",
                         lambda runner, run, base, n: runner.point(run, base, 0.01))
     e = chameleon.experiment(FakeRunner(), quick=True)
-    assert e["length_rule"] == "peak-memory" and e["scale_probes"]
+    assert e["length_rule"] == chameleon.LENGTH_RULE == "peak-memory-top" and e["scale_probes"]
     assert dict(e["run"].trace_options)["length_scale"] == e["length_scale"] >= BOUNDARY
     assert e["mem_use_peak_at_knee"] >= chameleon.FULL_SHARE
     assert e["run"].slora_prefetch is chameleon.QUEUED_PREFETCH is True  # the paper's queued-request prefetch
@@ -96,3 +98,94 @@ def test_pool_use_peak_counts_adapters(monkeypatch):
     assert not math.isnan(s["mem_use_peak"])
     v = Runner(cache=False).point(dataclasses.replace(run, duration=10.0), "vllm", 1.0, memory=True)
     assert v["mem_use_peak"] is None  # adapters in vLLM's own slots: no unified pool to fill
+
+
+CHAMELEON_BOUNDARY = 0.1  # the fake Chameleon serves twice S-LoRA's knee and fills the pool from this scale up
+
+
+class FakeRunnerTwoSystems(FakeRunner):
+    """As :class:`FakeRunner` for S-LoRA; the fake Chameleon meets the SLO up to 2/scale req/s and
+    its pool peaks at min(1, scale / CHAMELEON_BOUNDARY)."""
+
+    def point(self, run: RunConfig, policy, rps=None, *, slo_s=None, memory=False, **kw):
+        out = super().point(run, policy, rps, slo_s=slo_s, memory=memory, **kw)
+        if policy == "chameleon":
+            scale = dict(run.trace_options).get("length_scale", 1.0)
+            out["ttft_ms_p99"] /= 2.0
+            if memory:
+                out["mem_use_peak"] = min(1.0, scale / CHAMELEON_BOUNDARY)
+        return out
+
+
+def test_scale_search_measures_the_named_system_at_its_own_knee():
+    """``system=`` measures that system's peak at that system's knee (the SLO still from S-LoRA's
+    low-load run): here Chameleon's boundary, not S-LoRA's, and Chameleon's knees in the probes."""
+    effort = chameleon.Effort(60.0, 2, 20, scale_bisections=4)
+    found = chameleon.length_scale_search(FakeRunnerTwoSystems(), RUN, "slora", effort, 0.5, system="chameleon")
+    assert CHAMELEON_BOUNDARY <= found.scale <= CHAMELEON_BOUNDARY * 2 ** (1 / 16) + 1e-12
+    assert all(k <= 2.0 / s + 1e-9 and k > 1.0 / s for s, _, k in found.probes)
+    default = chameleon.length_scale_search(FakeRunnerTwoSystems(), RUN, "slora", effort, 0.5)
+    assert BOUNDARY <= default.scale <= BOUNDARY * 2 ** (1 / 16) + 1e-12  # S-LoRA's, as before
+
+
+def test_experiment_top_rule_fills_chameleons_pool_at_chameleons_knee(monkeypatch):
+    monkeypatch.setattr(chameleon, "low_load_reference",
+                        lambda runner, run, base, n: runner.point(run, base, 0.01))
+    e = chameleon.experiment(FakeRunnerTwoSystems(), quick=True, length_rule="peak-memory-top")
+    assert e["length_rule"] == "peak-memory-top" and e["length_rule_system"] == "chameleon"
+    assert CHAMELEON_BOUNDARY <= e["length_scale"] < BOUNDARY
+    assert min(p for s, p, _ in e["scale_probes"] if s >= e["length_scale"]) >= chameleon.FULL_SHARE
+    # at that scale S-LoRA's knee leaves its pool short of full (the paper's facts, chameleon.md §5)
+    assert e["mem_use_peak_at_knee"] < chameleon.FULL_SHARE
+    s = chameleon.experiment(FakeRunnerTwoSystems(), quick=True, length_rule="peak-memory")
+    assert s["length_rule_system"] == "slora" and BOUNDARY <= s["length_scale"]
+
+
+@pytest.mark.parametrize("preset", ["slora", "chameleon"])
+def test_running_adapter_bytes_match_the_engine(preset):
+    """The adapters of running requests, rebuilt after the run from admission and finish times,
+    equal the engine's own count of active adapters at every sampled instant (timed engine events
+    only split runs of decode steps, so the run is the unsampled one)."""
+    from twin.metrics import summarize
+    from twin.registry import resolve_policy
+    from twin.reproduce.base import running_adapter_bytes
+    from twin.scenario import build_engine_config, build_workload
+    from twin.compare import load_compare_profile
+    from twin.simulate import ENGINES, SimResult
+
+    run = RunConfig(trace="chameleon", profile=chameleon.PROFILE, adapters=100, ranks=list(chameleon.RANKS),
+                    popularity="U-P", duration=20.0, seed=0, slora_prefetch=True,
+                    trace_options=[("length_scale", 0.13)], rps=22.0)
+    prof = load_compare_profile(run.profile, None)
+    w = build_workload(run)
+    sched, cache, _ = resolve_policy(preset, None, None)
+    eng = ENGINES["slora"](w, prof, build_engine_config(run, w, prof), sched, cache, record_steps=True)
+    seen: list[tuple[float, int]] = []
+
+    def sample(now: float) -> None:
+        m = eng.adapters
+        seen.append((now, sum(b for b, k in zip(m.bytes, m.active) if k > 0)))
+        if eng.arr_ptr < eng.n or eng.n_waiting or eng.running:
+            eng.push_event(now + 0.237, sample)
+
+    eng.push_event(0.237, sample)
+    eng.run()
+    res = SimResult(summarize(eng, 0.0, None, None), eng)
+    t = np.array([s[0] for s in seen])
+    assert len(t) > 50 and any(s[1] > 0 for s in seen)
+    assert running_adapter_bytes(res, t).tolist() == [float(s[1]) for s in seen]
+
+
+def test_pool_shares_split_requests_from_the_cache(monkeypatch):
+    """Chameleon keeps idle adapters (a cache share > 0, the requests' own peak below the pool's);
+    the shares are None where adapters live outside a unified pool (vLLM)."""
+    monkeypatch.delenv("TWIN_REPRODUCE_CACHE", raising=False)
+    run = RunConfig(trace="chameleon", profile=chameleon.PROFILE, adapters=100, ranks=list(chameleon.RANKS),
+                    popularity="U-P", duration=30.0, seed=0, slora_prefetch=True,
+                    trace_options=[("length_scale", 0.13)])
+    c = Runner(cache=False).point(run, "chameleon", 22.0, memory=True)
+    assert 0 < c["mem_demand_peak"] < c["mem_use_peak"] <= 1.0
+    assert 0 < c["mem_demand_mean"] < c["mem_use_mean"] and c["cache_share_mean"] > 0.05
+    assert 0 <= c["cache_empty_time"] < 1
+    v = Runner(cache=False).point(dataclasses.replace(run, duration=10.0), "vllm", 1.0, memory=True)
+    assert v["mem_demand_peak"] is None and v["cache_share_mean"] is None

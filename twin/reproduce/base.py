@@ -157,6 +157,61 @@ def _pool_use_peak(res, prof, cfg, blocks: float) -> float | None:
     return float(used.max() / blocks)
 
 
+def running_adapter_bytes(res, t: np.ndarray) -> np.ndarray:
+    """Bytes of the adapters that running requests use at each recorded step end ``t``: a request
+    runs from its first admission (``first_sched``, strictly before ``t``: admissions at a step's
+    end belong to the next step) until its finish (finishes at ``t`` are already released). A
+    squashed and re-admitted request counts as running in between (an overestimate; Chameleon
+    squashes at most a few per cent)."""
+    e = res.engine
+    first = np.asarray(e.first_sched, float)
+    finish = np.asarray(e.finish, float)
+    adapter = np.asarray(e.adapter)
+    nbytes = np.asarray(e.adapters.bytes, float)
+    out = np.zeros(len(t))
+    for a in np.unique(adapter[(adapter >= 0) & np.isfinite(first)]):
+        m = (adapter == a) & np.isfinite(first)
+        started = np.searchsorted(np.sort(first[m]), t, side="left")
+        ended = np.searchsorted(np.sort(np.where(np.isfinite(finish[m]), finish[m], np.inf)), t, side="right")
+        out += (started > ended) * nbytes[a]
+    return out
+
+
+def pool_shares(res, prof, cfg, blocks: float) -> dict[str, float | None]:
+    """How a unified pool (S-LoRA's slots) is used over a run, from the step records:
+    ``mem_demand_peak`` -- the largest share held by KV plus the adapters of *running* requests
+    (what the requests need; Chameleon's "nothing is cached" is this reaching the pool);
+    ``mem_use_mean`` / ``mem_demand_mean`` -- time-weighted means of the pool in use (cache
+    included) and of that demand; ``cache_share_mean`` -- time-weighted mean share held by
+    resident adapters no running request uses (Chameleon's cache; for S-LoRA the prefetched
+    adapters of queued requests); ``cache_empty_time`` -- the share of time in which they hold
+    under 5 % of the pool. None where adapters live outside the KV pool."""
+    keys = ("mem_demand_peak", "mem_use_mean", "mem_demand_mean", "cache_share_mean", "cache_empty_time")
+    if res.summary.get("adapter_memory") != "unified" or not len(res.steps):
+        return dict.fromkeys(keys)
+    st = res.steps
+    per_block = int(prof.components["kv"].params.get("kv_bytes_per_token") or prof.model.kv_bytes_per_token)
+    if res.summary.get("pool_blocks") is None:
+        per_block *= cfg.block_size
+    t1 = st["t_end"].to_numpy(float)
+    w = t1 - st["t_start"].to_numpy(float)
+    kv = st["kv_blocks_used"].to_numpy(float)
+    resident = st["adapter_mem_bytes"].to_numpy(float)
+    running = running_adapter_bytes(res, t1)
+    use = (kv + resident / per_block) / blocks
+    demand = (kv + running / per_block) / blocks
+    cached = np.maximum(resident - running, 0.0) / per_block / blocks
+    if not w.sum() > 0:
+        w = np.ones_like(w)
+    return {"mem_demand_peak": float(demand.max()), "mem_use_mean": float(np.average(use, weights=w)),
+            "mem_demand_mean": float(np.average(demand, weights=w)),
+            "cache_share_mean": float(np.average(cached, weights=w)),
+            "cache_empty_time": float(np.average(cached < CACHE_EMPTY_SHARE, weights=w))}
+
+
+#: "nothing is cached" (Chameleon §6.1): idle resident adapters hold less than this share of the pool
+CACHE_EMPTY_SHARE = 0.05
+
 #: summary keys that time the host, not the simulation: left out, so a rerun writes identical files
 HOST_TIMINGS = ("wall_s", "x_realtime")
 
@@ -196,7 +251,8 @@ class Runner:
         """The summary (plus :func:`_request_metrics`) of ``run`` at ``rps`` under the preset
         ``policy`` (``scheduler``/``cache`` override its parts). ``slo_s`` is the TTFT SLO, given to
         schedulers that plan with one (Chameleon's quotas) as ``twin compare`` does. ``memory``:
-        record the steps and add ``kv_use_peak``, the largest share of the KV blocks in use."""
+        record the steps and add ``kv_use_peak``, the largest share of the KV blocks in use, ``mem_use_peak``
+        (:func:`_pool_use_peak`) and the pool's use by requests and by cached adapters (:func:`pool_shares`)."""
         if rps is not None:
             run = dataclasses.replace(run, rps=float(rps))
         key = (repr(run), policy, scheduler, cache, slo_s, accuracy, lora_targets, memory)
@@ -227,6 +283,7 @@ class Runner:
             blocks = res.summary.get("pool_blocks") or res.summary["kv_capacity_tokens"] / cfg.block_size
             out["kv_use_peak"] = float(res.steps["kv_blocks_used"].max() / blocks) if len(res.steps) else float("nan")
             out["mem_use_peak"] = _pool_use_peak(res, prof, cfg, blocks)
+            out.update(pool_shares(res, prof, cfg, blocks))
         out.update({"preset": policy or label, "rps": run.rps, **_request_metrics(res)})
         self.memo[key] = out
         if self.cache is not None:

@@ -22,20 +22,37 @@ P99 TTFT stays within the SLO.
   paper's experiment, not results);
 * throughput within the SLO: the same knee search for each system;
 * lengths: the paper's rule, "Splitwise lengths scaled down by a constant factor so that peak
-  memory equals GPU capacity", turned into a search (:func:`length_scale_search`,
-  :data:`LENGTH_RULE` ``"peak-memory"``). *Which load*: S-LoRA's knee, the load the experiment's
-  three loads are placed around (it is measured afresh at every candidate scale). *How
-  measured*: the largest share of S-LoRA's unified pool in use at any step of that run (KV plus
+  memory equals GPU capacity", turned into a search (:func:`length_scale_search`).
+  *How measured*: the largest share of the unified pool in use at any step of a run (KV plus
   resident adapter weights, :func:`twin.reproduce.base.Runner.point` ``mem_use_peak``); the
-  peak "equals" the capacity when it reaches :data:`FULL_SHARE`. S-LoRA admits by reservation,
-  so a workload that needs more than the pool still peaks at the pool: the rule's scale is the
-  *smallest* scale-down at which the peak reaches the pool -- below it the peak falls short,
-  above it the demand exceeds the pool and requests wait for memory. The search halves the
-  scale from the workload's own (0.5) until the peak falls short, then bisects (geometric
-  midpoints) :attr:`Effort.scale_bisections` times and keeps the smallest scale that reached
-  the pool. ``LENGTH_RULE = "workload"`` keeps the registered workload's own 0.5 (the twin's
-  earlier reading; at 0.5 the pool is also full at the knee, but so it is at every scale from
-  about 0.14 up: the rule then says nothing, so 0.5 departs from "equals").
+  peak "equals" the capacity when it reaches :data:`FULL_SHARE`. Admission by reservation
+  (S-LoRA) or by quota (Chameleon) means a workload that needs more than the pool still peaks at
+  the pool, so the rule's scale is the *smallest* scale-down at which the peak reaches the pool
+  -- below it the peak falls short, above it the demand exceeds the pool and requests wait for
+  memory. The search halves the scale from the workload's own (0.5) until the peak falls short,
+  then bisects (geometric midpoints) :attr:`Effort.scale_bisections` times and keeps the
+  smallest scale that reached the pool; every candidate re-measures the low-load E2E, the SLO
+  and the knee. *Which system, at which load* (the paper does not say): :data:`LENGTH_RULE`,
+  one of :data:`LENGTH_RULES`:
+
+  - ``"peak-memory-top"`` (default): **Chameleon's** peak at **Chameleon's own knee**, the top
+    of the paper's load range. *Why*: the one place the paper says its memory is full is "from
+    about 12.5 RPS, memory is mostly full and nothing is cached" (§6.1; ``chameleon.md`` §5),
+    under Chameleon, at the top of its sweep (~13 RPS, where Chameleon breaks its SLO at 12.9;
+    S-LoRA breaks it at 8.6). Reading the rule's "peak memory equals GPU capacity" as that same
+    event -- memory reaches capacity at the experiment's highest load, with the system run
+    there -- is the reading under which the paper's set-up sentence and its observation agree;
+    nothing in the paper places full memory at S-LoRA's knee. The peak counts cached adapters
+    (they are GPU memory in use): the twin's Chameleon never fills the pool with requests alone
+    (its quotas bound admission below the pool, so cached adapters keep 15-30 % of it at every
+    load, ``benchmarks/chameleon_memory.py``), so "full with nothing cached" is reached at no
+    scale tried (x0.1 to x0.5: the requests' own peak stays at or below 0.97 of the pool) and
+    cannot be the measure.
+  - ``"peak-memory"``: **S-LoRA's** peak at **S-LoRA's knee**, the load the experiment's three
+    loads are placed around (the twin's earlier reading, kept as an option).
+  - ``"workload"``: the registered workload's own 0.5 (the twin's first reading; at 0.5 the
+    pool is full at either knee, but so it is at every scale from about 0.14 up: the rule then
+    says nothing, so 0.5 departs from "equals").
 """
 
 from __future__ import annotations
@@ -76,10 +93,12 @@ LOAD_FRACTIONS = {"low": 0.70, "medium": 0.93, "high": 1.05}
 #: ``chameleon.md`` checklist 1); S-LoRA's own paper scripts leave ``--prefetch`` off (``slora.md``
 #: §4), which is the engine's default. Histogram prefetch stays off (the ``chameleon`` preset).
 QUEUED_PREFETCH = True
-#: how the length scale is set: "peak-memory" (the paper's rule, :func:`length_scale_search`) or
-#: "workload" (the registered workload's own ``length_scale``, the twin's earlier reading)
-LENGTH_RULES = ("peak-memory", "workload")
-LENGTH_RULE = "peak-memory"
+#: how the length scale is set (module docstring): "peak-memory-top" (the paper's rule read at the
+#: top of its load range: Chameleon's peak pool use at Chameleon's knee reaches the pool; the
+#: deciding fact is §6.1's "from about 12.5 RPS memory is mostly full"), "peak-memory" (the rule
+#: read at S-LoRA's knee, the twin's earlier reading) or "workload" (the workload's own scale)
+LENGTH_RULES = ("peak-memory-top", "peak-memory", "workload")
+LENGTH_RULE = "peak-memory-top"
 #: the pool counts as full ("peak memory equals GPU capacity") when its peak use reaches this share
 #: (a definition: S-LoRA's reservations stop admission just short of the last slots)
 FULL_SHARE = 0.99
@@ -145,9 +164,9 @@ def at_scale(run: RunConfig, scale: float) -> RunConfig:
     return dataclasses.replace(run, trace_options=[*opts, ("length_scale", float(scale))])
 
 
-def reference(runner: Runner, run: RunConfig, base: str, effort: Effort) -> dict[str, Any]:
-    """At ``run``'s lengths: S-LoRA's low-load run, the TTFT SLO (``SLO_X`` x its mean E2E),
-    S-LoRA's knee on P99 TTFT <= SLO, and the peak pool use at that knee (KV, and KV plus adapters)."""
+def slo_reference(runner: Runner, run: RunConfig, base: str, effort: Effort) -> dict[str, Any]:
+    """At ``run``'s lengths: S-LoRA's low-load run, the TTFT SLO (``SLO_X`` x its mean E2E) and
+    ``knee_of(preset)``, the knee search of any preset on P99 TTFT <= SLO."""
     low = low_load_reference(runner, run, base, effort.low_load_requests)
     slo_s = SLO_X * low["e2e_ms_mean"] / 1000.0
     start = 1000.0 / low["e2e_ms_mean"]  # one request in flight on average at low-load service time
@@ -157,34 +176,52 @@ def reference(runner: Runner, run: RunConfig, base: str, effort: Effort) -> dict
                            lambda s: s["ttft_ms_p99"] is not None and s["ttft_ms_p99"] <= slo_s * 1000.0,
                            start, effort.bisections)
 
-    knee = knee_of(base)
-    mem = runner.point(run, base, knee.rate, slo_s=slo_s, memory=True) if knee.rate > 0 else {}
-    return {"low": low, "slo_s": slo_s, "knee": knee, "knee_of": knee_of,
-            "kv_use_peak_at_knee": mem.get("kv_use_peak"), "mem_use_peak_at_knee": mem.get("mem_use_peak")}
+    return {"low": low, "slo_s": slo_s, "knee_of": knee_of}
+
+
+def memory_at_knee(runner: Runner, run: RunConfig, preset: str, ref: dict[str, Any]) -> tuple[Knee, dict[str, Any]]:
+    """``preset``'s knee (on ``ref``'s SLO) and its run at that knee with the pool's use recorded
+    (:meth:`Runner.point` ``memory=True``; empty when even the lowest probe failed)."""
+    knee = ref["knee_of"](preset)
+    mem = runner.point(run, preset, knee.rate, slo_s=ref["slo_s"], memory=True) if knee.rate > 0 else {}
+    return knee, mem
+
+
+def reference(runner: Runner, run: RunConfig, base: str, effort: Effort) -> dict[str, Any]:
+    """At ``run``'s lengths: S-LoRA's low-load run, the TTFT SLO (``SLO_X`` x its mean E2E),
+    S-LoRA's knee on P99 TTFT <= SLO, and the peak pool use at that knee (KV, and KV plus adapters)."""
+    ref = slo_reference(runner, run, base, effort)
+    knee, mem = memory_at_knee(runner, run, base, ref)
+    return {**ref, "knee": knee, "kv_use_peak_at_knee": mem.get("kv_use_peak"),
+            "mem_use_peak_at_knee": mem.get("mem_use_peak")}
 
 
 @dataclasses.dataclass(frozen=True)
 class ScaleSearch:
-    """The length scale the paper's rule gives and every scale tried: ``(scale, peak pool use at
-    S-LoRA's knee, S-LoRA's knee in req/s)``."""
+    """The length scale a rule gives and every scale tried: ``(scale, peak pool use at the
+    measured system's knee, that knee in req/s)``."""
 
     scale: float
     probes: list[tuple[float, float, float]]
 
 
-def length_scale_search(runner: Runner, run: RunConfig, base: str, effort: Effort, start: float) -> ScaleSearch:
+def length_scale_search(runner: Runner, run: RunConfig, base: str, effort: Effort, start: float,
+                        system: str | None = None) -> ScaleSearch:
     """The paper's set-up rule (§6.1): lengths "scaled down by a constant factor so that peak
-    memory equals GPU capacity", at S-LoRA's knee (module docstring). ``full(s)``: S-LoRA's peak
-    pool use (KV + adapters) at its own knee, with lengths x ``s``, reaches :data:`FULL_SHARE`.
-    From ``start``: halve while full (double while not, up to 1: the trace unscaled), then
-    ``effort.scale_bisections`` geometric bisections; the smallest scale found full (or 1.0 when
-    even the unscaled trace leaves the pool short of full)."""
+    memory equals GPU capacity", read at a knee (module docstring, :data:`LENGTH_RULE`).
+    ``full(s)``: the peak pool use (KV + resident adapters) of ``system`` (default ``base``,
+    S-LoRA) at its own knee -- on the SLO defined from ``base``'s low-load run -- with lengths x
+    ``s``, reaches :data:`FULL_SHARE`. From ``start``: halve while full (double while not, up to
+    1: the trace unscaled), then ``effort.scale_bisections`` geometric bisections; the smallest
+    scale found full (or 1.0 when even the unscaled trace leaves the pool short of full)."""
     probes: list[tuple[float, float, float]] = []
+    measured = base if system is None else system
 
     def full(s: float) -> bool:
-        ref = reference(runner, at_scale(run, s), base, effort)
-        peak = ref["mem_use_peak_at_knee"]
-        probes.append((s, float("nan") if peak is None else float(peak), ref["knee"].rate))
+        r = at_scale(run, s)
+        knee, mem = memory_at_knee(runner, r, measured, slo_reference(runner, r, base, effort))
+        peak = mem.get("mem_use_peak")
+        probes.append((s, float("nan") if peak is None else float(peak), knee.rate))
         return peak is not None and peak >= FULL_SHARE
 
     s = float(start)
@@ -231,15 +268,19 @@ def experiment(runner: Runner, quick: bool, length_rule: str | None = None) -> d
                     adapters=ADAPTERS, ranks=list(RANKS), popularity=POPULARITY, duration=effort.duration_s, seed=0,
                     slora_prefetch=QUEUED_PREFETCH)
     base = pick("preset", BASELINE, BASELINE, subs)
+    cham = pick("preset", CHAMELEON, CHAMELEON, subs)
     own = workload_length_scale(run.trace)
-    search = length_scale_search(runner, run, base, effort, own) if rule == "peak-memory" else ScaleSearch(own, [])
+    measured = {"peak-memory": base, "peak-memory-top": cham}.get(rule)
+    search = (length_scale_search(runner, run, base, effort, own, system=measured) if measured is not None
+              else ScaleSearch(own, []))
     run = at_scale(run, search.scale)
     ref = reference(runner, run, base, effort)
     knee = ref["knee"]
     loads = {k: f * knee.rate for k, f in LOAD_FRACTIONS.items()}
     return {"run": run, "effort": effort, "baseline": base, "slo_s": ref["slo_s"], "low": ref["low"], "knee": knee,
             "kv_use_peak_at_knee": ref["kv_use_peak_at_knee"], "mem_use_peak_at_knee": ref["mem_use_peak_at_knee"],
-            "length_rule": rule, "length_scale": search.scale, "workload_length_scale": own,
+            "length_rule": rule, "length_rule_system": measured, "length_scale": search.scale,
+            "workload_length_scale": own,
             "scale_probes": search.probes,
             "knee_of": ref["knee_of"], "loads": loads, "substitutions": subs}
 
@@ -254,7 +295,8 @@ def _setup(e: dict[str, Any], presets: list[str]) -> dict[str, Any]:
             "slora_knee_bracket": [e["knee"].rate, e["knee"].failed], "loads_rps": e["loads"],
             "kv_use_peak_at_slora_knee": e["kv_use_peak_at_knee"],
             "mem_use_peak_at_slora_knee": e["mem_use_peak_at_knee"],
-            "length_rule": e["length_rule"], "length_scale": e["length_scale"],
+            "length_rule": e["length_rule"], "length_rule_system": e["length_rule_system"],
+            "length_scale": e["length_scale"],
             "length_scale_probes": [list(p) for p in e["scale_probes"]],
             "substitutions": e["substitutions"]}
 
@@ -269,10 +311,22 @@ def _memory_note(e: dict[str, Any]) -> str:
     if e["length_rule"] == "workload":
         return (f"lengths: the {e['run'].trace} workload's own length scale {e['length_scale']:g} (Splitwise-like "
                 f"lengths scaled down); {peaks}.")
-    tried = ", ".join(f"{s:.3g} ({_pct(p)} at {k:.3g} req/s)" for s, p, k in e["scale_probes"])
+    where = {"peak-memory": "S-LoRA's", "peak-memory-top": "Chameleon's"}[e["length_rule"]]
+    tried = ", ".join(f"{s:.3g} ({'-' if not math.isfinite(p) else f'{100 * p:.1f} %'} at {k:.3g} req/s)"
+                      for s, p, k in e["scale_probes"])
     return (f"lengths: Splitwise-like x {e['length_scale']:.3g}, the paper's rule (scaled down so that peak memory "
-            f"equals GPU capacity) searched at S-LoRA's knee: the smallest scale-down at which S-LoRA's peak pool use "
-            f"(KV + adapters) reaches {100 * FULL_SHARE:g} %; tried (scale: peak at the knee): {tried}; {peaks}.")
+            f"equals GPU capacity, rule {e['length_rule']!r}) searched at {where} knee: the smallest scale-down at "
+            f"which {where} peak pool use (KV + adapters) at its own knee reaches {100 * FULL_SHARE:g} %; tried "
+            f"(scale: peak at that knee): {tried}; {peaks}.")
+
+
+def _pool_note(label: str, pts: dict[str, dict[str, Any]]) -> str:
+    """How the pool is used at each load: mean use, the cached (idle) adapters' mean share, the
+    requests' own peak (KV + running adapters) and the requests that found their adapter resident."""
+    cells = [f"{ld} {_pct(s.get('mem_use_mean'))} in use, {_pct(s.get('cache_share_mean'))} cached, requests' peak "
+             f"{_pct(s.get('mem_demand_peak'))}, hits {_pct(s.get('adapter_hit_rate_requests'))}"
+             for ld, s in pts.items()]
+    return f"pool by load, {label}: " + "; ".join(cells)
 
 
 def _rank_note(pair: tuple[dict[str, Any], dict[str, Any]]) -> str:
@@ -303,8 +357,8 @@ def run_fig11(runner: Runner, quick: bool) -> Outcome:
     rows: list[Row] = []
     got: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     for load, rps in e["loads"].items():
-        b = runner.point(run, base, rps, slo_s=slo_s)
-        c = runner.point(run, cham, rps, slo_s=slo_s)
+        b = runner.point(run, base, rps, slo_s=slo_s, memory=True)
+        c = runner.point(run, cham, rps, slo_s=slo_s, memory=True)
         _tag(points, "loads", b, load=load)
         _tag(points, "loads", c, load=load)
         got[load] = (b, c)
@@ -330,7 +384,9 @@ def run_fig11(runner: Runner, quick: bool) -> Outcome:
              f"({e['low']['e2e_ms_mean'] / 1000:.2f} s); S-LoRA's knee {e['knee'].rate:.3g} req/s "
              f"(first failing probe {e['knee'].failed if e['knee'].failed is None else round(e['knee'].failed, 3)} "
              f"req/s).",
-             _memory_note(e), _rank_note(got["high"])]
+             _memory_note(e), _rank_note(got["high"]),
+             _pool_note("S-LoRA", {k: v[0] for k, v in got.items()}) + "; "
+             + _pool_note("Chameleon", {k: v[1] for k, v in got.items()})[len("pool by load, "):] + "."]
     return Outcome("chameleon-fig11", "Chameleon vs S-LoRA: TTFT at three loads and throughput within the SLO "
                    "(Fig. 11)", rows, setup, points, notes)
 
@@ -342,13 +398,13 @@ def run_caches(runner: Runner, quick: bool) -> Outcome:
     run, slo_s, base = e["run"], e["slo_s"], e["baseline"]
     subs = e["substitutions"]
     rps = e["loads"]["medium"]
-    b = runner.point(run, base, rps, slo_s=slo_s)
+    b = runner.point(run, base, rps, slo_s=slo_s, memory=True)
     points: list[dict[str, Any]] = []
     _tag(points, "medium", b, system="S-LoRA")
     rows: list[Row] = []
     got: dict[str, dict[str, Any]] = {}
     for label, preset in CACHE_POLICIES.items():
-        s = runner.point(run, pick("preset", preset, preset, subs), rps, slo_s=slo_s)
+        s = runner.point(run, pick("preset", preset, preset, subs), rps, slo_s=slo_s, memory=True)
         got[label] = s
         _tag(points, "medium", s, system=label)
         rows.append(row(PAPER_CACHES[label], pct_change(s["ttft_ms_p99"], b["ttft_ms_p99"])))
@@ -364,7 +420,8 @@ def run_caches(runner: Runner, quick: bool) -> Outcome:
     notes = [f"medium load = {LOAD_FRACTIONS['medium']:g} x S-LoRA's knee {e['knee'].rate:.3g} req/s = {rps:.3g} "
              f"req/s; TTFT SLO {slo_s:.2f} s.",
              "; ".join([_load_note("S-LoRA", b), _load_note("Chameleon", got["Chameleon"])]) +
-             " (a load from disk is an adapter's first use in the twin; the paper's adapters sit in host memory)."]
+             " (a load from disk is an adapter's first use in the twin; the paper's adapters sit in host memory).",
+             _pool_note("medium load", {"S-LoRA": b, **got}) + "."]
     return Outcome("chameleon-caches", "Chameleon's cache policies at the medium load (§6.3-6.4)", rows, setup,
                    points, notes)
 
