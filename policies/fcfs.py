@@ -13,7 +13,9 @@ in arrival order (:meth:`FCFSScheduler._scan_past_not_ready`), so ready requests
 Data structures follow the events, not the queue length: requests sit in per-adapter
 FIFO arrays (a pointer per adapter), the oldest arrived request is a pointer into the
 arrival order, and when all slots are taken a heap of the heads of the adapters in the
-batch yields the first eligible request in O(log n).
+batch yields the first eligible request in O(log n). The heap holds the heads' request
+indices (a request's adapter group is ``grp[rid]``: ordering by index is ordering by
+``(index, group)``, with int comparisons instead of tuple ones).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class FCFSScheduler(Scheduler):
         self.valid_list = array("q", self.valid.astype(np.int64).tobytes())
         self.n_valid = len(self.valid_list)
         self.front: deque[int] = deque()
-        self.heap: list[tuple[int, int]] = []
+        self.heap: list[int] = []  # heads (request indices) of adapter queues; stale ones are skipped
         self._push_head(A)
         self.max_loras = e.config.max_loras
         self.lora = e.config.enable_lora
@@ -71,7 +73,7 @@ class FCFSScheduler(Scheduler):
     def _push_head(self, a: int) -> None:
         p = self.qptr[a]
         if p < self.qend[a]:
-            heapq.heappush(self.heap, (self.q[p], a))
+            heapq.heappush(self.heap, self.q[p])
 
     def _global_head(self) -> int:
         vl, adm, n = self.valid_list, self.admitted, self.n_valid
@@ -84,9 +86,11 @@ class FCFSScheduler(Scheduler):
     def _eligible_head(self) -> int:
         """First request (arrival order) of an adapter in the batch, or of the base model."""
         heap, active, q, qptr, qend = self.heap, self.engine.adapters.active, self.q, self.qptr, self.qend
+        grp, base = self.grp, self.base_group
         while heap:
-            idx, a = heap[0]
-            if (a == self.base_group or active[a] > 0) and qptr[a] < qend[a] and q[qptr[a]] == idx:
+            idx = heap[0]
+            a = grp[idx]
+            if (a == base or active[a] > 0) and qptr[a] < qend[a] and q[qptr[a]] == idx:
                 return idx
             heapq.heappop(heap)
         return -1
@@ -134,14 +138,46 @@ class FCFSScheduler(Scheduler):
         arrived = e.arr_ptr
         lora, max_loras, ad = self.lora, self.max_loras, e.adapters
         try_admit = ctx.try_admit
+        # the scan of _eligible_head/_global_head and _admitted written out (the loop runs once
+        # per admission): the queues and the heap as locals
+        vl, adm, n_valid = self.valid_list, self.admitted, self.n_valid
+        heap, active, q, qptr, qend, grp, base = self.heap, ad.active, self.q, self.qptr, self.qend, self.grp, \
+            self.base_group
+        heappop, push_head = heapq.heappop, self._push_head
         while True:
-            rid = self._eligible_head() if lora and ad.n_active >= max_loras else self._global_head()
+            rid = -1
+            if lora and ad.n_active >= max_loras:  # _eligible_head
+                while heap:
+                    idx = heap[0]
+                    a = grp[idx]
+                    if (a == base or active[a] > 0) and qptr[a] < qend[a] and q[qptr[a]] == idx:
+                        rid = idx
+                        break
+                    heappop(heap)
+            else:  # _global_head
+                p = self.gptr
+                while p < n_valid and adm[vl[p]]:
+                    p += 1
+                self.gptr = p
+                if p < n_valid:
+                    rid = vl[p]
             if rid < 0 or rid >= arrived:
                 return None
             r = try_admit(rid)
             if r != OK:
                 return self._scan_past_not_ready(ctx, rid) if r == NOT_READY else r
-            self._admitted(rid)
+            # _admitted(rid)
+            a = grp[rid]
+            adm[rid] = 1
+            p = qptr[a]
+            if q[p] != rid:  # admitted past a skipped (not ready) head of its adapter's queue
+                continue
+            p += 1
+            end = qend[a]
+            while p < end and adm[q[p]]:
+                p += 1
+            qptr[a] = p
+            push_head(a)
 
     def _scan_past_not_ready(self, ctx, first: int) -> Admit:
         """The rest of the scan after ``first`` was not ready (its swap-in is in flight): the
