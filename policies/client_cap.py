@@ -73,7 +73,7 @@ class ClientCappedFCFS(FCFSScheduler):
             p += 1
         self.qptr[a] = p
         if p < end:
-            heapq.heappush(self.heap, (q[p], a))
+            heapq.heappush(self.heap, q[p])
 
     def on_arrivals(self, lo: int, hi: int) -> None:
         e = self.engine
@@ -86,12 +86,13 @@ class ClientCappedFCFS(FCFSScheduler):
             self.admitted[a:hi] = ones
             e.drop_arrivals(range(a, hi))
             self.n_dropped += hi - a
-            q, qptr, qend, dr = self.q, self.qptr, self.qend, self.dropped
+            q, qptr, qend, dr, push_head = self.q, self.qptr, self.qend, self.dropped, self._push_head
             # adapters whose queue now starts with a dropped request: their head moves on (in
             # arrival order of the drops; the heap's pops do not depend on the push order)
             for g in self.grp[a:hi]:
-                if qptr[g] < qend[g] and dr[q[qptr[g]]]:
-                    self._push_head(g)
+                p = qptr[g]
+                if p < qend[g] and dr[q[p]]:
+                    push_head(g)
         elif over > 0:
             # the last `over` valid arrivals of [lo, hi) fail at the client
             ok = np.nonzero(e.reject_reason[lo:hi] == 0)[0] + lo

@@ -13,7 +13,13 @@ in arrival order (:meth:`FCFSScheduler._scan_past_not_ready`), so ready requests
 Data structures follow the events, not the queue length: requests sit in per-adapter
 FIFO arrays (a pointer per adapter), the oldest arrived request is a pointer into the
 arrival order, and when all slots are taken a heap of the heads of the adapters in the
-batch yields the first eligible request in O(log n).
+batch yields the first eligible request in O(log n). The heap holds the heads' request
+indices (a request's adapter group is ``grp[rid]``: ordering by index is ordering by
+``(index, group)``, with int comparisons instead of tuple ones). It is read only while every
+slot is taken: an admission that leaves a slot free pushes nothing and marks it stale, and
+the next read rebuilds it from the heads of the adapters in the batch
+(:meth:`FCFSScheduler._rebuild_heap`) -- the same eligible heads, without a push per
+admission on servers whose slots are rarely all taken.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ class FCFSScheduler(Scheduler):
     description = "first come first served with adapter-slot skipping (vLLM 0.8.5 v1 default)"
     citation = "Kwon et al., SOSP'23 (vLLM); vLLM v1 scheduler"
 
+    #: skip the head heap's pushes while a slot is free and rebuild it when every slot is taken
+    #: (False: a push per admission; a test checks both give identical results)
+    lazy_heap = True
+
     def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         e = engine
@@ -62,7 +72,8 @@ class FCFSScheduler(Scheduler):
         self.valid_list = array("q", self.valid.astype(np.int64).tobytes())
         self.n_valid = len(self.valid_list)
         self.front: deque[int] = deque()
-        self.heap: list[tuple[int, int]] = []
+        self.heap: list[int] = []  # heads (request indices) of adapter queues; stale ones are skipped
+        self._heap_stale = False   # True: heads were not pushed; rebuild before reading
         self._push_head(A)
         self.max_loras = e.config.max_loras
         self.lora = e.config.enable_lora
@@ -71,7 +82,7 @@ class FCFSScheduler(Scheduler):
     def _push_head(self, a: int) -> None:
         p = self.qptr[a]
         if p < self.qend[a]:
-            heapq.heappush(self.heap, (self.q[p], a))
+            heapq.heappush(self.heap, self.q[p])
 
     def _global_head(self) -> int:
         vl, adm, n = self.valid_list, self.admitted, self.n_valid
@@ -81,12 +92,28 @@ class FCFSScheduler(Scheduler):
         self.gptr = p
         return vl[p] if p < n else -1
 
+    def _rebuild_heap(self) -> None:
+        """The heap anew (in place): the current head of every adapter in the batch and of the
+        base model, the entries :meth:`_eligible_head` would find valid in the maintained heap."""
+        q, qptr, qend, heap = self.q, self.qptr, self.qend, self.heap
+        heap.clear()
+        for a in (*self.engine.adapters.batch, self.base_group):
+            p = qptr[a]
+            if p < qend[a]:
+                heap.append(q[p])
+        heapq.heapify(heap)
+        self._heap_stale = False
+
     def _eligible_head(self) -> int:
         """First request (arrival order) of an adapter in the batch, or of the base model."""
+        if self._heap_stale:
+            self._rebuild_heap()
         heap, active, q, qptr, qend = self.heap, self.engine.adapters.active, self.q, self.qptr, self.qend
+        grp, base = self.grp, self.base_group
         while heap:
-            idx, a = heap[0]
-            if (a == self.base_group or active[a] > 0) and qptr[a] < qend[a] and q[qptr[a]] == idx:
+            idx = heap[0]
+            a = grp[idx]
+            if (a == base or active[a] > 0) and qptr[a] < qend[a] and q[qptr[a]] == idx:
                 return idx
             heapq.heappop(heap)
         return -1
@@ -134,14 +161,51 @@ class FCFSScheduler(Scheduler):
         arrived = e.arr_ptr
         lora, max_loras, ad = self.lora, self.max_loras, e.adapters
         try_admit = ctx.try_admit
+        # the scan of _eligible_head/_global_head and _admitted written out (the loop runs once
+        # per admission): the queues and the heap as locals
+        vl, adm, n_valid = self.valid_list, self.admitted, self.n_valid
+        heap, active, q, qptr, qend, grp, base = self.heap, ad.active, self.q, self.qptr, self.qend, self.grp, \
+            self.base_group
+        heappop, push_head, lazy = heapq.heappop, self._push_head, self.lazy_heap
         while True:
-            rid = self._eligible_head() if lora and ad.n_active >= max_loras else self._global_head()
+            rid = -1
+            if lora and ad.n_active >= max_loras:  # _eligible_head
+                if self._heap_stale:
+                    self._rebuild_heap()
+                while heap:
+                    idx = heap[0]
+                    a = grp[idx]
+                    if (a == base or active[a] > 0) and qptr[a] < qend[a] and q[qptr[a]] == idx:
+                        rid = idx
+                        break
+                    heappop(heap)
+            else:  # _global_head
+                p = self.gptr
+                while p < n_valid and adm[vl[p]]:
+                    p += 1
+                self.gptr = p
+                if p < n_valid:
+                    rid = vl[p]
             if rid < 0 or rid >= arrived:
                 return None
             r = try_admit(rid)
             if r != OK:
                 return self._scan_past_not_ready(ctx, rid) if r == NOT_READY else r
-            self._admitted(rid)
+            # _admitted(rid)
+            a = grp[rid]
+            adm[rid] = 1
+            p = qptr[a]
+            if q[p] != rid:  # admitted past a skipped (not ready) head of its adapter's queue
+                continue
+            p += 1
+            end = qend[a]
+            while p < end and adm[q[p]]:
+                p += 1
+            qptr[a] = p
+            if lazy and not (lora and ad.n_active >= max_loras):  # a slot is free: the heap is not read
+                self._heap_stale = True
+            elif not self._heap_stale:  # (a stale heap is rebuilt before it is read)
+                push_head(a)
 
     def _scan_past_not_ready(self, ctx, first: int) -> Admit:
         """The rest of the scan after ``first`` was not ready (its swap-in is in flight): the

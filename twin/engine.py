@@ -28,7 +28,8 @@ prefix-KV reuse) in :mod:`twin.extensions`, called at the hook points this modul
 
 Speed: the cost follows the events that change the batch, not the steps. Decoding
 requests are kept in aggregate: a global step counter ``g`` (each decoding request's
-computed length is ``base + g``), a heap of finish steps, and per-residue counts of
+computed length is ``base + g``), a heap of finish steps (``(step, rid)`` encoded as the int
+``step * n + rid``: the same order, int comparisons), and per-residue counts of
 which requests need a new KV block at which step (a request needs one when its length
 is a multiple of the block size). A run of pure-decode steps in which nothing can change
 (no finish, no KV exhaustion, no admissible arrival, no policy tick) is advanced as one
@@ -80,9 +81,12 @@ _NO_LOADS: tuple = ()  # the loads (and their requests) of a step that admits no
 class StepContext:
     """What :meth:`Scheduler.schedule_waiting` may use during one step: the token ``budget``
     left, the requests ``admitted``, the prefill ``chunks`` ``(rid, tokens)``, the adapter
-    ``loads`` the step waits for and the requests ``load_rids`` that wait with them, ``now``."""
+    ``loads`` the step waits for and the requests ``load_rids`` that wait with them, ``now``,
+    and ``try_admit(rid)``, vLLM's checks for one waiting request (the engine's
+    :meth:`Engine._try_admit` itself: the context is the engine's current one, so a policy's
+    offer costs one call)."""
 
-    __slots__ = ("engine", "budget", "admitted", "chunks", "loads", "load_rids", "now")
+    __slots__ = ("engine", "budget", "admitted", "chunks", "loads", "load_rids", "now", "try_admit")
 
     def __init__(self, engine: "Engine", budget: int, chunks: list[tuple[int, int]], now: float) -> None:
         self.engine = engine
@@ -92,9 +96,8 @@ class StepContext:
         self.loads: list[Load] = []
         self.load_rids: list[int] = []
         self.now = now
-
-    def try_admit(self, rid: int) -> Admit:
-        return self.engine._try_admit(self, rid)
+        engine._ctx = self
+        self.try_admit = engine._try_admit_bound
 
 
 class Engine(PreemptionWalk, EngineState):
@@ -127,6 +130,13 @@ class Engine(PreemptionWalk, EngineState):
         self._run_alive = bytearray()
         self._rid_seq = array("q", bytes(8 * self.n))
         self._run_lo = 0
+        #: the finish heap's entries are ``finish step * _fin_m + rid`` (ordered as ``(step, rid)``)
+        self._fin_m = max(self.n, 1)
+        self._ctx: StepContext | None = None  # the step context of the step being planned
+        self._try_admit_bound = self._try_admit  # (StepContext.try_admit; bound once)
+        # the scheduler's on_finish, None when it is Scheduler's no-op (a finish then calls nothing)
+        on_finish = scheduler.on_finish
+        self._on_finish = None if getattr(on_finish, "__func__", None) is Scheduler.on_finish else on_finish
         self.proc = self.env.process(self._run())
         #: per request: 0 never admitted (or no adapter), 1 its adapter was resident (in a GPU slot,
         #: not still loading, not loaded by the admitting step) when the request was first admitted,
@@ -300,13 +310,14 @@ class Engine(PreemptionWalk, EngineState):
         # next finish
         heap = self.fin_heap
         dec = self.dec
+        m = self._fin_m
         while heap:
-            fg, rid = heap[0]
+            fg, rid = divmod(heap[0], m)
             dd = dec.get(rid)
             if dd is not None and dd[1] == fg:
                 break
             heapq.heappop(heap)
-        if heap and heap[0][0] - g == 1:
+        if heap and heap[0] // m - g == 1:
             # a decoder finishes after the next step: the run is that one step, whatever the
             # KV pool and the external events (what :meth:`Profile.decode_run` returns for
             # ``k_max == 1``: its one duration is :meth:`Profile.step_s` of the batch)
@@ -321,7 +332,7 @@ class Engine(PreemptionWalk, EngineState):
                 total = math.nextafter(total, -INF)
             varying = self._ctx_matters or (self._waiting_matters and self._next_arr_t < INF)
             return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, 1, d, [d] if varying else None, total, 0, n_dec)
-        k_max = min(self.max_run_steps, heap[0][0] - g) if heap else self.max_run_steps
+        k_max = min(self.max_run_steps, heap[0] // m - g) if heap else self.max_run_steps
         # KV: cumulative block needs of steps 1.. must stay within the free pool
         free = self.total_blocks - self.used_blocks
         if n_dec and free // n_dec * bs < k_max:  # (else the pool lasts beyond k_max steps whatever j is)
@@ -395,18 +406,24 @@ class Engine(PreemptionWalk, EngineState):
         if rid in self.running:
             self._preempt(rid, self.env.now)
 
-    def _try_admit(self, ctx: StepContext, rid: int) -> Admit:
-        """vLLM v1's checks for one waiting request (see :class:`~twin.interfaces.Admit`)."""
+    def _try_admit(self, rid: int) -> Admit:
+        """vLLM v1's checks for one waiting request (see :class:`~twin.interfaces.Admit`), in the
+        current step context ``self._ctx``; ``ctx.try_admit`` is this method. The refusals that
+        need no arithmetic come first; an admission writes the request's state and nothing is
+        built for a refused one."""
+        ctx = self._ctx
         budget = ctx.budget
         if budget <= 0:
             return NO_BUDGET
-        if len(self.running) >= self._max_seqs:
+        running = self.running
+        if len(running) >= self._max_seqs:
             return NO_SEQ
         a = self.adapter_a[rid]
         ad = self.adapters
-        if a >= 0 and not ad.active[a] and (ad.n_active >= self._max_loras
-                                             or (ad.loading and ad.slot_blocked_by_loads(a))):
-            return NO_SLOT  # (or every free slot is taken by a prefetch still in flight)
+        if a >= 0:
+            active = ad.active
+            if not active[a] and (ad.n_active >= self._max_loras or (ad.loading and ad.slot_blocked_by_loads(a))):
+                return NO_SLOT  # (or every free slot is taken by a prefetch still in flight)
         resume = self.resume_T  # (a preempted request's entry leaves it only when it is admitted)
         T = (resume.get(rid) if resume else None) or self.prompt_a[rid]
         k = T if T < budget else budget
@@ -432,7 +449,7 @@ class Engine(PreemptionWalk, EngineState):
         ctx.budget = budget - k
         ctx.chunks.append((rid, k))
         ctx.admitted.append(rid)
-        self.running[rid] = None
+        running[rid] = None
         alive = self._run_alive
         self._rid_seq[rid] = len(alive)
         alive.append(1)
@@ -440,19 +457,24 @@ class Engine(PreemptionWalk, EngineState):
         self.prefilling[rid] = None
         self._pref_flag[rid] = 1
         self.n_waiting -= 1
-        now = ctx.now
         seen = self._seen
-        if not seen[rid]:
-            seen[rid] = 1
-            self._first_sched_a[rid] = now
-            if a >= 0:
+        if a >= 0:
+            now = ctx.now
+            if not seen[rid]:
+                seen[rid] = 1
+                self._first_sched_a[rid] = now
                 # resident: in a slot, not loading, and not placed there by this step's own loads
                 self.adapter_hit_code[rid] = 1 if ad.resident[a] and ad.loaded_at[a] != now and a not in ad.loading else 2
-        if a >= 0:
-            ld = ad.acquire(a, now)
-            if ld is not None:
-                ctx.loads.append(ld)
-                ctx.load_rids.append(rid)
+            if active[a]:  # its adapter is in the batch already (AdapterMemory.acquire: a count)
+                active[a] += 1
+            else:
+                ld = ad.acquire(a, now)
+                if ld is not None:
+                    ctx.loads.append(ld)
+                    ctx.load_rids.append(rid)
+        elif not seen[rid]:
+            seen[rid] = 1
+            self._first_sched_a[rid] = ctx.now
         return OK
 
     def _complete_step(self, plan: "StepPlan", t0: float, load_s: float) -> None:
@@ -473,68 +495,123 @@ class Engine(PreemptionWalk, EngineState):
         # prefill chunks: emit a token when a request has computed all its known tokens
         chunks = plan.chunks
         if chunks:
-            c, T = self.c, self.T
-            for rid, kk in chunks:
-                cr = c[rid] + kk
-                c[rid] = cr
-                if cr == T[rid]:
-                    self._emit_after_prefill(rid, now)
+            self._emit_after_prefill(chunks, now)
         # decoding requests that finish at g1
         heap = self.fin_heap
-        if heap and heap[0][0] <= g1:
-            dec = self.dec
-            pop = heapq.heappop
-            while heap and heap[0][0] <= g1:
-                fg, rid = pop(heap)
-                dd = dec.get(rid)
-                if dd is not None and dd[1] == fg:
-                    self._finish_decoder(rid, now)
+        if heap and heap[0] < (g1 + 1) * self._fin_m:  # a decoder finishes at g1
+            self._finish_decoders(g1, now)
         loads = plan.loads
+        ad = self.adapters
         self.rec.step(t0, now, k, plan.d, plan.durs, plan.total_s + load_s, len(self.running), plan.prefill_tokens,
-                      plan.n_dec, self.adapters.n_active, self.used_blocks, self.adapters.resident_bytes,
+                      plan.n_dec, ad.n_active, self.used_blocks, ad.resident_bytes,
                       len(loads), sum(ld.nbytes for ld in loads) if loads else 0)
 
-    def _emit_after_prefill(self, rid: int, now: float) -> None:
-        fta = self._first_token_a
-        if rid not in self.preempt_d or fta[rid] != fta[rid]:
-            fta[rid] = now          # <- TTFT is decided here
-        else:
-            self.gap_itl.append(now - self.last_token_d[rid])  # resumed after a preemption
-        out = self.output_a[rid]
-        cr = self.c.pop(rid)
-        held = self.held.pop(rid)
-        del self.prefilling[rid]
-        self._pref_flag[rid] = 0
-        e = cr + 1 - self.prompt_a[rid]  # tokens emitted so far (prompt + emitted = T = cr)
-        if e >= out:
-            self.used_blocks -= held
-            del self.T[rid]
-            self._finished(rid, now)
-            return
-        # join the decode aggregate: computed = base + g; finishes after out - e more steps
-        self.T[rid] = cr + 1
-        g = self.g
-        base = cr - g
-        fg = g + out - e
-        self.dec[rid] = (base, fg)
-        self._base_a[rid] = base
-        self.dec_base_sum += base
-        self.n_dec += 1
-        self.res_cnt[(-base) % self.block_size] += 1
-        heapq.heappush(self.fin_heap, (fg, rid))
+    def _emit_after_prefill(self, chunks: list[tuple[int, int]], now: float) -> None:
+        """The step's prefill ``chunks`` are computed: a request that computed all its known
+        tokens emits one now -- *its first token (TTFT) is decided here* -- and joins the decode
+        aggregate (computed = base + g; it finishes after ``output - emitted`` more steps), or
+        finishes when that was its last token.
 
-    def _finish_decoder(self, rid: int, now: float) -> None:
-        """A decoding request emitted its last token: it leaves the decode aggregate and the batch."""
-        base, _ = self.dec.pop(rid)
+        One pass over the chunks with the engine's counters in locals; they are written back
+        before anything outside the engine can run (an adapter going idle, a finish hook, the
+        scheduler's ``on_finish``), so every callback sees the state of request-by-request
+        processing."""
+        c, T = self.c, self.T
+        fta = None
+        for rid, kk in chunks:
+            cr = c[rid] + kk
+            c[rid] = cr
+            if cr != T[rid]:
+                continue
+            if fta is None:  # the first emit of the step: the columns and counters as locals
+                fta, preempt_d, output_a, prompt_a = self._first_token_a, self.preempt_d, self.output_a, self.prompt_a
+                held, prefilling, pref_flag = self.held, self.prefilling, self._pref_flag
+                dec, base_a, res_cnt, heap = self.dec, self._base_a, self.res_cnt, self.fin_heap
+                g, bs, m = self.g, self.block_size, self._fin_m
+                used, n_dec, base_sum = self.used_blocks, self.n_dec, self.dec_base_sum
+            if rid not in preempt_d or fta[rid] != fta[rid]:
+                fta[rid] = now          # <- TTFT is decided here
+            else:
+                self.gap_itl.append(now - self.last_token_d[rid])  # resumed after a preemption
+            out = output_a[rid]
+            del c[rid]
+            h = held.pop(rid)
+            del prefilling[rid]
+            pref_flag[rid] = 0
+            e = cr + 1 - prompt_a[rid]  # tokens emitted so far (prompt + emitted = T = cr)
+            if e >= out:
+                used -= h
+                del T[rid]
+                self.used_blocks, self.n_dec, self.dec_base_sum = used, n_dec, base_sum
+                self._finished(rid, now)
+                used, n_dec, base_sum = self.used_blocks, self.n_dec, self.dec_base_sum
+                continue
+            # join the decode aggregate: computed = base + g; finishes after out - e more steps
+            T[rid] = cr + 1
+            base = cr - g
+            fg = g + out - e
+            dec[rid] = (base, fg)
+            base_a[rid] = base
+            base_sum += base
+            n_dec += 1
+            res_cnt[(-base) % bs] += 1
+            heapq.heappush(heap, fg * m + rid)
+        if fta is not None:
+            self.used_blocks, self.n_dec, self.dec_base_sum = used, n_dec, base_sum
+
+    def _finish_decoders(self, g1: int, now: float) -> None:
+        """Decoding requests whose last token is emitted at step ``g1`` leave the decode aggregate
+        and the batch, in finish-heap order (entries of requests preempted since they were pushed
+        are stale and skipped). One loop with the counters in locals, written back before any
+        callback (see :meth:`_emit_after_prefill`); the common case -- the request's adapter still
+        has other requests in the batch, no finish hook, FCFS's no-op ``on_finish`` -- runs no call."""
+        heap, dec, T, running = self.fin_heap, self.dec, self.T, self.running
+        pop = heapq.heappop
+        m = self._fin_m
+        lim = (g1 + 1) * m  # entries below it finish at or before g1
         bs = self.block_size
-        self.n_dec -= 1
-        self.dec_base_sum -= base
-        self.res_cnt[(-base) % bs] -= 1
-        self.used_blocks -= -(-(base + self.g) // bs)
-        del self.T[rid]
-        self._finished(rid, now)
+        res_cnt = self.res_cnt
+        alive, rid_seq, state_mv, finish_a = self._run_alive, self._rid_seq, self._state_mv, self._finish_a
+        adapter_a, ad = self.adapter_a, self.adapters
+        active = ad.active
+        hook, on_finish = self._finish_hook, self._on_finish
+        calls = hook is not None or on_finish is not None
+        used, n_dec, base_sum, n_fin = self.used_blocks, self.n_dec, self.dec_base_sum, self.n_finished
+        while heap and heap[0] < lim:
+            fg, rid = divmod(pop(heap), m)
+            dd = dec.get(rid)
+            if dd is None or dd[1] != fg:
+                continue
+            base = dd[0]
+            del dec[rid]
+            n_dec -= 1
+            base_sum -= base
+            res_cnt[(-base) % bs] -= 1
+            used -= -(-(base + g1) // bs)
+            del T[rid]
+            # Engine._finished, written out
+            del running[rid]
+            alive[rid_seq[rid]] = 0
+            state_mv[rid] = _FINISHED
+            finish_a[rid] = now
+            n_fin += 1
+            a = adapter_a[rid]
+            if a >= 0 and active[a] > 1:  # AdapterMemory.release of an adapter that stays in the batch
+                active[a] -= 1
+                a = -1
+            if a >= 0 or calls:
+                self.used_blocks, self.n_dec, self.dec_base_sum, self.n_finished = used, n_dec, base_sum, n_fin
+                if a >= 0:
+                    ad.release(a, now)
+                if hook is not None:  # keep history KV (twin/prefix_kv.py)
+                    hook(rid, now)
+                if on_finish is not None:
+                    on_finish(rid)
+                used, n_dec, base_sum, n_fin = self.used_blocks, self.n_dec, self.dec_base_sum, self.n_finished
+        self.used_blocks, self.n_dec, self.dec_base_sum, self.n_finished = used, n_dec, base_sum, n_fin
 
     def _finished(self, rid: int, now: float) -> None:
+        """``rid`` emitted its last token: it leaves the batch."""
         del self.running[rid]
         self._run_alive[self._rid_seq[rid]] = 0
         self._state_mv[rid] = _FINISHED

@@ -135,7 +135,7 @@ class EngineState:
         self.n_dec = 0
         self.dec_base_sum = 0
         self.res_cnt = [0] * bs         # decoders needing a block at steps with g % bs == r
-        self.fin_heap: list[tuple[int, int]] = []  # (finish step, rid)
+        self.fin_heap: list = []        # (finish step, rid) (Engine: encoded as one int, see Engine._fin_m)
         self.used_blocks = 0
         self.n_waiting = 0
         self.arr_ptr = 0                # requests with index < arr_ptr have arrived
@@ -311,11 +311,13 @@ class EngineState:
         client with an in-flight cap): they leave the waiting count (the scheduler must not
         offer them) and stay unfinished in the tables. ``rids`` may be a ``range`` of step 1
         (marked as a slice)."""
-        if self._dropped is None:
-            self._dropped = np.zeros(self.n, bool)
+        if self._dropped is None:  # a bytearray seen as a bool array (a slice of it is set without numpy)
+            self._dropped_b = bytearray(self.n)
+            self._dropped = np.frombuffer(self._dropped_b, np.bool_)
         if rids.__class__ is range and rids.step == 1:
-            self._dropped[rids.start:rids.stop] = True
-            self.n_waiting -= len(rids)
+            n = len(rids)
+            self._dropped_b[rids.start:rids.stop] = b"\x01" * n
+            self.n_waiting -= n
             return
         rids = np.asarray(rids, np.int64)
         self._dropped[rids] = True

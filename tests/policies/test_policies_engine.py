@@ -198,3 +198,33 @@ def test_compare_command_writes_table_and_figure(tmp_path, capsys):
     df = pd.read_csv(tmp_path / "compare.csv")
     assert len(df) == 4 and set(df["policy"]) == {"vllm", "slora"}
     assert (tmp_path / "compare.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("capped", [False, True])
+def test_fcfs_lazy_head_heap_is_exact(capped):
+    """FCFS's head heap, rebuilt only when every slot is taken (``lazy_heap``), gives exactly the
+    results of pushing every admitted adapter's next head; slots alternate between full and free,
+    with preemptions and (``fcfs+client-cap``) arrivals that fail at the client."""
+    from policies.client_cap import ClientCappedFCFS
+    from policies.fcfs import FCFSScheduler
+    from tests.helpers import random_workload
+
+    prof = constant_profile(**{**PROF, "kv_tokens": 12_000})
+    w = random_workload(n=500, rps=7.0, adapters=16, seed=11)
+    cfg = EngineConfig(max_loras=4, max_num_seqs=24, max_model_len=4096)
+    out = []
+    for lazy in (True, False):
+        sched = ClientCappedFCFS(client_cap=40, preload_cpu=False) if capped else FCFSScheduler()
+        sched.lazy_heap = lazy
+        rebuilds = []
+        sched._rebuild_heap = (lambda f: lambda: (rebuilds.append(1), f())[1])(sched._rebuild_heap)
+        res = simulate(w, prof, cfg, scheduler_obj=sched, cache_obj=make_cache("lru"), check_invariants=True)
+        out.append((res, sched, len(rebuilds)))
+    (a, sa, na), (b, sb, nb) = out
+    assert a.summary["preemptions"] > 0, "the scenario must exercise preemption"
+    assert not capped or sa.n_dropped > 0, "the scenario must drop arrivals at the client"
+    assert na > 0 and nb == 0, "the lazy heap must have been rebuilt (and only the lazy one)"
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    for k, v in a.summary.items():
+        if k not in ("wall_s", "x_realtime"):
+            assert b.summary[k] == v, k
