@@ -566,6 +566,46 @@ class LoraQueueScheduler(PerfModel):
 
 @register_form
 @dataclass
+class LoraQueueWalkScheduler(LoraQueueScheduler):
+    """t = lora_queue(R, W, G, N) + k_walk*W*max(1 - G/N, 0)*[G > 0]  (host time per blocked waiting request).
+
+    :class:`LoraQueueScheduler` (the scheduler time the fork logs per step) plus ``k_walk``: engine
+    host time per step and *blocked* waiting request (one whose adapter cannot get a slot, so the
+    v1 scheduler skips it and puts it back at the head of the queue every step) that the logged
+    scheduler time does not hold. Identified on the calibration's queued 600 s serving runs, where
+    the token interval of a running request (Little's law: mean running / output token rate, which
+    the client's ITL confirms) exceeds ``duration / steps`` and the model in proportion to the
+    blocked queue, while the 300-slot windows (thousands waiting, none blocked) show no excess
+    (:mod:`calibration.fitting.serving_interval`). Used only by the profile variant
+    ``*_interval``; the default profiles keep ``lora_queue``.
+    """
+
+    form: ClassVar[str] = "lora_queue_walk"
+    waiting_params: ClassVar[tuple[str, ...]] = ("k2", "k_blocked", "k_walk")
+    param_names: ClassVar[tuple[str, ...]] = ("k0", "k1", "k1_sq", "k2", "k_blocked", "k_walk")
+    units: ClassVar[dict[str, str]] = {**LoraQueueScheduler.units, "k_walk": "s/blocked waiting request/step"}
+
+    def predict(self, running, waiting, slots, served):
+        p = self.params
+        frac = np.maximum(1.0 - slots / np.maximum(served, 1), 0.0)
+        blocked = np.where(slots > 0, frac, 0.0)
+        return _scalar_or_array(p["k0"] + p["k1"] * running + p["k1_sq"] * running * running + p["k2"] * waiting
+                                + (p["k_blocked"] + p["k_walk"]) * waiting * blocked)
+
+    def scalar(self):
+        p = self.params
+        k0, k1, k1s, k2, kb = (float(p[k]) for k in ("k0", "k1", "k1_sq", "k2", "k_blocked"))
+        kb = kb + float(p["k_walk"])
+
+        def f(R, W, G, N):
+            frac = 1.0 - G / (N if N > 1 else 1)
+            blocked = (frac if frac > 0.0 else 0.0) if G > 0 else 0.0
+            return k0 + k1 * R + k1s * R * R + k2 * W + kb * W * blocked
+        return f
+
+
+@register_form
+@dataclass
 class AffineMemoryKV(PerfModel):
     """tokens = floor((free_bytes - [G>0]*lora_fixed_bytes - G*(slot_fixed_bytes + slot_bytes_per_rank*r)) / kv_bytes_per_token / 16) * 16.
 
