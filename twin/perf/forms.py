@@ -398,7 +398,12 @@ class KernelGridLora(PerfModel):
     ``M <= graph_max_tokens``. The block counts come from the model's dimensions (fixed
     parameters); ``l_cta`` is the cost of a launched block that exits, ``l_active`` of one that
     works; ``l_adapter``, ``l_token`` and ``l0`` are optional per-adapter, per-token and fixed
-    costs. With the grid term, the ~19 ms LoRA overhead measured at 300 slots and 200 tokens
+    costs. ``n_tile_cost`` (optional, default 1: absent from the fitted profiles) prices the
+    working shrink blocks of the rank tiles beyond the first (``max_lora_rank`` > 16 needs
+    ``cdiv(rank, 16)`` tiles) relative to the first: such blocks read the same input slice, which
+    the first tile has brought into L2; the calibration measured rank 8 only, so it can only be
+    identified on end-to-end runs (the ``ranktile`` profile variant, issue 17).
+    With the grid term, the ~19 ms LoRA overhead measured at 300 slots and 200 tokens
     per step falls to ~0.3 ms at 8 slots, as the published 600 s serving runs at 8-448 slots
     show.
     """
@@ -412,7 +417,9 @@ class KernelGridLora(PerfModel):
                                       "l_active": "s/working thread block", "l_adapter": "s/distinct adapter",
                                       "l_token": "s/token", "layers": "count", "hidden": "features",
                                       "intermediate": "features", "q_dim": "features", "kv_dim": "features",
-                                      "vocab": "tokens", "graph_max_tokens": "tokens"}
+                                      "vocab": "tokens", "graph_max_tokens": "tokens",
+                                      "n_tile_cost": "working-block cost of a shrink rank tile beyond the first, "
+                                                     "relative to the first (optional, default 1)"}
     #: vLLM 0.8.5 kernel configuration (lora_shrink.py / lora_expand.py)
     SHRINK_BLOCK_M: ClassVar[int] = 32
     SHRINK_BLOCK_N: ClassVar[int] = 16
@@ -474,8 +481,10 @@ class KernelGridLora(PerfModel):
             + _cdiv(R, float(self.EXPAND_BLOCK_M)) * v_tiles)
         x = np.maximum(M - R, 0.0)
         A = np.asarray(A, float)
-        active = (s_slices * split * kr * (A + x / self.SHRINK_BLOCK_M) + e_tile * (A + x / self.EXPAND_BLOCK_M)
-                  + (head_split * kr + v_tiles) * A)
+        c = float(p.get("n_tile_cost", 1.0))
+        krw = kr if c == 1.0 else 1.0 + c * (kr - 1.0)  # working shrink blocks beyond the first rank tile
+        active = (s_slices * split * krw * (A + x / self.SHRINK_BLOCK_M) + e_tile * (A + x / self.EXPAND_BLOCK_M)
+                  + (head_split * krw + v_tiles) * A)
         return _scalar_or_array(per_slot), _scalar_or_array(active)
 
     def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None):
@@ -490,6 +499,7 @@ class KernelGridLora(PerfModel):
     def scalar(self):
         p = self.params
         l0, lc, lw, la, lt = (float(p[k]) for k in ("l0", "l_cta", "l_active", "l_adapter", "l_token"))
+        ntc = float(p.get("n_tile_cost", 1.0))
         e_tile, s_slices, v_tiles = self._constants()
         g = float(p["graph_max_tokens"])
         bms, bme = float(self.SHRINK_BLOCK_M), float(self.EXPAND_BLOCK_M)
@@ -508,7 +518,8 @@ class KernelGridLora(PerfModel):
             split = 64.0 if M < 128 else 8.0
             per_slot = (s_slices * split * -((-M) // bms) * kr + e_tile * -((-M) // bme)
                         + (64.0 if R < 128 else 8.0) * -((-R) // bms) * kr + -((-R) // bme) * v_tiles)
-            return per_slot, s_slices * split * kr, x, (64.0 if R < 128 else 8.0) * kr + v_tiles
+            krw = kr if ntc == 1.0 else 1.0 + ntc * (kr - 1.0)
+            return per_slot, s_slices * split * krw, x, (64.0 if R < 128 else 8.0) * krw + v_tiles
 
         def f(base_s, A, max_rank, T, slots=0, requests=None):
             if A <= 0:
