@@ -98,7 +98,7 @@ def ranktile_variant(raw: dict[str, Any], fit: dict[str, Any]) -> dict[str, Any]
     lo["units"]["n_tile_cost"] = "working-block cost of a shrink rank tile beyond the first, relative to the first"
     lo["n_tile_cost_fit"] = fit
     out["provenance"] = {**out.get("provenance", {}), "variant": {
-        "of": raw["name"], "command": "python -m twin.validation.rank_tile --write",
+        "of": raw["name"], "command": f"python -m twin.validation.rank_tile --base {raw['name']} --write",
         "changed": ["lora.n_tile_cost"],
         "data": "n_tile_cost: the dt_modelling (fit split) runs only, never ml_test; every other constant from "
                 "the calibration tables"}}
@@ -111,13 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-run", default="results/validation/per_run.csv",
                     help="a validation pass's per_run.csv (the fit split's real ITL and gauges; default: the committed pass)")
     ap.add_argument("--real", default=None, help="real-run table (default: under $TWIN_DATA_DIR)")
+    ap.add_argument("--base", default=BASE, help=f"profile the variant starts from (default {BASE}; e.g. "
+                                                 f"{BASE}_interval for both variants together)")
     ap.add_argument("--write", action="store_true", help="write the variant profile into calibration/profiles")
     a = ap.parse_args(argv)
     real_csv = a.real or str(Path(os.environ.get("TWIN_DATA_DIR", "")) / "validation" / "vllm085_h100_llama31_8b.csv")
     for p in (a.per_run, real_csv):
         if not Path(p).is_file():
             raise SystemExit(f"{p!r} not found (pass --per-run / --real or set TWIN_DATA_DIR)")
-    raw = load_profile(BASE).raw
+    raw = load_profile(a.base).raw
     fit = fit_rank_tile(pd.read_csv(a.per_run), pd.read_csv(real_csv), raw)
     print(json.dumps(fit, indent=1))
     if a.write:
