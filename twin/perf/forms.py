@@ -398,7 +398,12 @@ class KernelGridLora(PerfModel):
     ``M <= graph_max_tokens``. The block counts come from the model's dimensions (fixed
     parameters); ``l_cta`` is the cost of a launched block that exits, ``l_active`` of one that
     works; ``l_adapter``, ``l_token`` and ``l0`` are optional per-adapter, per-token and fixed
-    costs. With the grid term, the ~19 ms LoRA overhead measured at 300 slots and 200 tokens
+    costs. ``n_tile_cost`` (optional, default 1: absent from the fitted profiles) prices the
+    working shrink blocks of the rank tiles beyond the first (``max_lora_rank`` > 16 needs
+    ``cdiv(rank, 16)`` tiles) relative to the first: such blocks read the same input slice, which
+    the first tile has brought into L2; the calibration measured rank 8 only, so it can only be
+    identified on end-to-end runs (the ``ranktile`` profile variant, issue 17).
+    With the grid term, the ~19 ms LoRA overhead measured at 300 slots and 200 tokens
     per step falls to ~0.3 ms at 8 slots, as the published 600 s serving runs at 8-448 slots
     show.
     """
@@ -412,7 +417,9 @@ class KernelGridLora(PerfModel):
                                       "l_active": "s/working thread block", "l_adapter": "s/distinct adapter",
                                       "l_token": "s/token", "layers": "count", "hidden": "features",
                                       "intermediate": "features", "q_dim": "features", "kv_dim": "features",
-                                      "vocab": "tokens", "graph_max_tokens": "tokens"}
+                                      "vocab": "tokens", "graph_max_tokens": "tokens",
+                                      "n_tile_cost": "working-block cost of a shrink rank tile beyond the first, "
+                                                     "relative to the first (optional, default 1)"}
     #: vLLM 0.8.5 kernel configuration (lora_shrink.py / lora_expand.py)
     SHRINK_BLOCK_M: ClassVar[int] = 32
     SHRINK_BLOCK_N: ClassVar[int] = 16
@@ -474,8 +481,10 @@ class KernelGridLora(PerfModel):
             + _cdiv(R, float(self.EXPAND_BLOCK_M)) * v_tiles)
         x = np.maximum(M - R, 0.0)
         A = np.asarray(A, float)
-        active = (s_slices * split * kr * (A + x / self.SHRINK_BLOCK_M) + e_tile * (A + x / self.EXPAND_BLOCK_M)
-                  + (head_split * kr + v_tiles) * A)
+        c = float(p.get("n_tile_cost", 1.0))
+        krw = kr if c == 1.0 else 1.0 + c * (kr - 1.0)  # working shrink blocks beyond the first rank tile
+        active = (s_slices * split * krw * (A + x / self.SHRINK_BLOCK_M) + e_tile * (A + x / self.EXPAND_BLOCK_M)
+                  + (head_split * krw + v_tiles) * A)
         return _scalar_or_array(per_slot), _scalar_or_array(active)
 
     def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None):
@@ -490,6 +499,7 @@ class KernelGridLora(PerfModel):
     def scalar(self):
         p = self.params
         l0, lc, lw, la, lt = (float(p[k]) for k in ("l0", "l_cta", "l_active", "l_adapter", "l_token"))
+        ntc = float(p.get("n_tile_cost", 1.0))
         e_tile, s_slices, v_tiles = self._constants()
         g = float(p["graph_max_tokens"])
         bms, bme = float(self.SHRINK_BLOCK_M), float(self.EXPAND_BLOCK_M)
@@ -508,7 +518,8 @@ class KernelGridLora(PerfModel):
             split = 64.0 if M < 128 else 8.0
             per_slot = (s_slices * split * -((-M) // bms) * kr + e_tile * -((-M) // bme)
                         + (64.0 if R < 128 else 8.0) * -((-R) // bms) * kr + -((-R) // bme) * v_tiles)
-            return per_slot, s_slices * split * kr, x, (64.0 if R < 128 else 8.0) * kr + v_tiles
+            krw = kr if ntc == 1.0 else 1.0 + ntc * (kr - 1.0)
+            return per_slot, s_slices * split * krw, x, (64.0 if R < 128 else 8.0) * krw + v_tiles
 
         def f(base_s, A, max_rank, T, slots=0, requests=None):
             if A <= 0:
@@ -556,6 +567,46 @@ class LoraQueueScheduler(PerfModel):
     def scalar(self):
         p = self.params
         k0, k1, k1s, k2, kb = (float(p[k]) for k in ("k0", "k1", "k1_sq", "k2", "k_blocked"))
+
+        def f(R, W, G, N):
+            frac = 1.0 - G / (N if N > 1 else 1)
+            blocked = (frac if frac > 0.0 else 0.0) if G > 0 else 0.0
+            return k0 + k1 * R + k1s * R * R + k2 * W + kb * W * blocked
+        return f
+
+
+@register_form
+@dataclass
+class LoraQueueWalkScheduler(LoraQueueScheduler):
+    """t = lora_queue(R, W, G, N) + k_walk*W*max(1 - G/N, 0)*[G > 0]  (host time per blocked waiting request).
+
+    :class:`LoraQueueScheduler` (the scheduler time the fork logs per step) plus ``k_walk``: engine
+    host time per step and *blocked* waiting request (one whose adapter cannot get a slot, so the
+    v1 scheduler skips it and puts it back at the head of the queue every step) that the logged
+    scheduler time does not hold. Identified on the calibration's queued 600 s serving runs, where
+    the token interval of a running request (Little's law: mean running / output token rate, which
+    the client's ITL confirms) exceeds ``duration / steps`` and the model in proportion to the
+    blocked queue, while the 300-slot windows (thousands waiting, none blocked) show no excess
+    (:mod:`calibration.fitting.serving_interval`). Used only by the profile variant
+    ``*_interval``; the default profiles keep ``lora_queue``.
+    """
+
+    form: ClassVar[str] = "lora_queue_walk"
+    waiting_params: ClassVar[tuple[str, ...]] = ("k2", "k_blocked", "k_walk")
+    param_names: ClassVar[tuple[str, ...]] = ("k0", "k1", "k1_sq", "k2", "k_blocked", "k_walk")
+    units: ClassVar[dict[str, str]] = {**LoraQueueScheduler.units, "k_walk": "s/blocked waiting request/step"}
+
+    def predict(self, running, waiting, slots, served):
+        p = self.params
+        frac = np.maximum(1.0 - slots / np.maximum(served, 1), 0.0)
+        blocked = np.where(slots > 0, frac, 0.0)
+        return _scalar_or_array(p["k0"] + p["k1"] * running + p["k1_sq"] * running * running + p["k2"] * waiting
+                                + (p["k_blocked"] + p["k_walk"]) * waiting * blocked)
+
+    def scalar(self):
+        p = self.params
+        k0, k1, k1s, k2, kb = (float(p[k]) for k in ("k0", "k1", "k1_sq", "k2", "k_blocked"))
+        kb = kb + float(p["k_walk"])
 
         def f(R, W, G, N):
             frac = 1.0 - G / (N if N > 1 else 1)
