@@ -18,8 +18,9 @@ import argparse
 import math
 from typing import Any
 
-import numpy as np
 import pandas as pd
+
+from twin.validation.specs import script_inputs
 
 #: the real 90 % line and the issue's tolerance (points of throughput / offered)
 LINE = 0.9
@@ -78,12 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real", default=None, help="real-run table (default: the Llama validation table in $TWIN_DATA_DIR)")
     ap.add_argument("--source", default="dt_modelling", help="subset of the real runs (default: the fit split)")
     a = ap.parse_args(argv)
-    import os
-    from pathlib import Path
-    real_csv = a.real or str(Path(os.environ.get("TWIN_DATA_DIR", "")) / "validation" / "vllm085_h100_llama31_8b.csv")
-    for p in (a.per_run, real_csv):
-        if not Path(p).is_file():
-            raise SystemExit(f"{p!r} not found (pass --real or set TWIN_DATA_DIR)")
+    real_csv = script_inputs(a.real, a.per_run)
     pr = pd.read_csv(a.per_run)
     real = pd.read_csv(real_csv, usecols=["run_dir", "scenario", "source", "offered_tok_s_est"])
     pr = pr.merge(real, on=["run_dir", "scenario", "source"], how="left")

@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +32,7 @@ from scipy.optimize import curve_fit
 
 from twin.perf.profile import PROFILE_DIR, Profile, load_profile
 from twin.validation.diagnostics import _step_at_mix
+from twin.validation.specs import script_inputs
 
 BASE = "llama-3.1-8b_h100_vllm085"
 
@@ -115,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  f"{BASE}_interval for both variants together)")
     ap.add_argument("--write", action="store_true", help="write the variant profile into calibration/profiles")
     a = ap.parse_args(argv)
-    real_csv = a.real or str(Path(os.environ.get("TWIN_DATA_DIR", "")) / "validation" / "vllm085_h100_llama31_8b.csv")
-    for p in (a.per_run, real_csv):
-        if not Path(p).is_file():
-            raise SystemExit(f"{p!r} not found (pass --per-run / --real or set TWIN_DATA_DIR)")
+    real_csv = script_inputs(a.real, a.per_run)
     raw = load_profile(a.base).raw
     fit = fit_rank_tile(pd.read_csv(a.per_run), pd.read_csv(real_csv), raw)
     print(json.dumps(fit, indent=1))

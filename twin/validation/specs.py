@@ -37,6 +37,20 @@ def default_real_csv(data_dir: str | os.PathLike | None = None) -> Path:
     return require("validation/vllm085_h100_llama31_8b.csv", data_dir)
 
 
+def script_inputs(real: str | None, *files: str) -> Path:
+    """For a fit or report script's ``main``: the real-run table (``real``, else the default one
+    under ``$TWIN_DATA_DIR``), after checking it and ``files`` exist; a missing one ends the script
+    with a message naming it and the fix (SystemExit), before any work is done."""
+    try:
+        real_csv = Path(real) if real else default_real_csv()
+    except FileNotFoundError as e:
+        raise SystemExit(f"{e} (or pass --real)") from None
+    for f in (*files, real_csv):
+        if not Path(f).is_file():
+            raise SystemExit(f"{str(f)!r} not found (pass --real / the file's option, or set TWIN_DATA_DIR)")
+    return real_csv
+
+
 def default_peer_csv(real_csv: str | os.PathLike) -> Path | None:
     """The ``peer_twin_*.csv`` beside ``real_csv`` for the same model (None if there is none)."""
     real_csv = Path(real_csv)

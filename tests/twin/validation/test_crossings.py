@@ -1,0 +1,48 @@
+"""twin.validation.crossings: the twin at the real runs' 90 % crossings of a validation pass."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from twin.validation.crossings import crossings_from_per_run, main, summary
+
+
+def _per_run(real_ratios, twin_ratios, source="dt_modelling", slots=16):
+    served = [16, 32, 64, 96][: len(real_ratios)]
+    return pd.DataFrame({"scenario": "s", "source": source, "adapter_slots": slots, "served_adapters": served,
+                         "status": "ok", "offered_tok_s_est": 1000.0,
+                         "real_throughput": [1000.0 * r for r in real_ratios],
+                         "twin_throughput": [1000.0 * t for t in twin_ratios]})
+
+
+def test_the_first_crossing_of_each_walk_gives_both_sides_with_twin_minus_real_points():
+    cr = crossings_from_per_run(_per_run([0.99, 0.95, 0.85, 0.70], [0.99, 0.93, 0.90, 0.80]))
+    assert cr["side"].tolist() == ["last_above", "first_below"]
+    assert cr["served_adapters"].tolist() == [32, 64]
+    assert cr["twin_minus_real_points"].tolist() == pytest.approx([-2.0, 5.0])
+    assert cr["within_tolerance"].tolist() == [True, False]
+    s = summary(cr)
+    assert s["crossings"] == 2 and s["within_2_points"] == 1
+    assert s["median_last_above_points"] == pytest.approx(-2.0) and s["largest_abs_points"] == pytest.approx(5.0)
+
+
+def test_a_walk_that_never_crosses_and_other_subsets_give_no_row():
+    assert crossings_from_per_run(_per_run([0.99, 0.95, 0.92], [0.5, 0.5, 0.5])).empty
+    assert crossings_from_per_run(_per_run([0.99, 0.5], [0.99, 0.5], source="ml_test")).empty
+    assert summary(crossings_from_per_run(_per_run([0.99, 0.95], [0.9, 0.9]))) == {"crossings": 0}
+
+
+def test_a_table_without_the_offered_tokens_names_the_missing_column():
+    with pytest.raises(ValueError, match="offered_tok_s_est"):
+        crossings_from_per_run(_per_run([0.99, 0.5], [0.99, 0.5]).drop(columns="offered_tok_s_est"))
+
+
+def test_main_refuses_a_missing_file_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setenv("TWIN_DATA_DIR", str(tmp_path))
+    with pytest.raises(SystemExit, match="vllm085_h100_llama31_8b.csv not found"):
+        main([str(tmp_path / "per_run.csv")])
+    real = tmp_path / "real.csv"
+    real.write_text("run_dir,scenario,source,offered_tok_s_est\n")
+    with pytest.raises(SystemExit, match="per_run.csv' not found"):
+        main([str(tmp_path / "per_run.csv"), "--real", str(real)])
