@@ -130,7 +130,10 @@ class FCFSScheduler(Scheduler):
         while p < end and adm[q[p]]:
             p += 1
         self.qptr[a] = p
-        self._push_head(a)
+        if self.lazy_heap and not self._slots_full():  # a slot is free: the heap is not read
+            self._heap_stale = True
+        elif not self._heap_stale:  # (a stale heap is rebuilt before it is read)
+            self._push_head(a)
 
     def _slots_full(self) -> bool:
         return self.lora and self.engine.adapters.n_active >= self.max_loras
@@ -161,51 +164,14 @@ class FCFSScheduler(Scheduler):
         arrived = e.arr_ptr
         lora, max_loras, ad = self.lora, self.max_loras, e.adapters
         try_admit = ctx.try_admit
-        # the scan of _eligible_head/_global_head and _admitted written out (the loop runs once
-        # per admission): the queues and the heap as locals
-        vl, adm, n_valid = self.valid_list, self.admitted, self.n_valid
-        heap, active, q, qptr, qend, grp, base = self.heap, ad.active, self.q, self.qptr, self.qend, self.grp, \
-            self.base_group
-        heappop, push_head, lazy = heapq.heappop, self._push_head, self.lazy_heap
         while True:
-            rid = -1
-            if lora and ad.n_active >= max_loras:  # _eligible_head
-                if self._heap_stale:
-                    self._rebuild_heap()
-                while heap:
-                    idx = heap[0]
-                    a = grp[idx]
-                    if (a == base or active[a] > 0) and qptr[a] < qend[a] and q[qptr[a]] == idx:
-                        rid = idx
-                        break
-                    heappop(heap)
-            else:  # _global_head
-                p = self.gptr
-                while p < n_valid and adm[vl[p]]:
-                    p += 1
-                self.gptr = p
-                if p < n_valid:
-                    rid = vl[p]
+            rid = self._eligible_head() if lora and ad.n_active >= max_loras else self._global_head()
             if rid < 0 or rid >= arrived:
                 return None
             r = try_admit(rid)
             if r != OK:
                 return self._scan_past_not_ready(ctx, rid) if r == NOT_READY else r
-            # _admitted(rid)
-            a = grp[rid]
-            adm[rid] = 1
-            p = qptr[a]
-            if q[p] != rid:  # admitted past a skipped (not ready) head of its adapter's queue
-                continue
-            p += 1
-            end = qend[a]
-            while p < end and adm[q[p]]:
-                p += 1
-            qptr[a] = p
-            if lazy and not (lora and ad.n_active >= max_loras):  # a slot is free: the heap is not read
-                self._heap_stale = True
-            elif not self._heap_stale:  # (a stale heap is rebuilt before it is read)
-                push_head(a)
+            self._admitted(rid)
 
     def _scan_past_not_ready(self, ctx, first: int) -> Admit:
         """The rest of the scan after ``first`` was not ready (its swap-in is in flight): the

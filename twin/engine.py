@@ -420,10 +420,9 @@ class Engine(PreemptionWalk, EngineState):
             return NO_SEQ
         a = self.adapter_a[rid]
         ad = self.adapters
-        if a >= 0:
-            active = ad.active
-            if not active[a] and (ad.n_active >= self._max_loras or (ad.loading and ad.slot_blocked_by_loads(a))):
-                return NO_SLOT  # (or every free slot is taken by a prefetch still in flight)
+        if a >= 0 and not ad.active[a] and (ad.n_active >= self._max_loras
+                                             or (ad.loading and ad.slot_blocked_by_loads(a))):
+            return NO_SLOT  # (or every free slot is taken by a prefetch still in flight)
         resume = self.resume_T  # (a preempted request's entry leaves it only when it is admitted)
         T = (resume.get(rid) if resume else None) or self.prompt_a[rid]
         k = T if T < budget else budget
@@ -465,13 +464,10 @@ class Engine(PreemptionWalk, EngineState):
                 self._first_sched_a[rid] = now
                 # resident: in a slot, not loading, and not placed there by this step's own loads
                 self.adapter_hit_code[rid] = 1 if ad.resident[a] and ad.loaded_at[a] != now and a not in ad.loading else 2
-            if active[a]:  # its adapter is in the batch already (AdapterMemory.acquire: a count)
-                active[a] += 1
-            else:
-                ld = ad.acquire(a, now)
-                if ld is not None:
-                    ctx.loads.append(ld)
-                    ctx.load_rids.append(rid)
+            ld = ad.acquire(a, now)
+            if ld is not None:
+                ctx.loads.append(ld)
+                ctx.load_rids.append(rid)
         elif not seen[rid]:
             seen[rid] = 1
             self._first_sched_a[rid] = ctx.now
@@ -561,22 +557,13 @@ class Engine(PreemptionWalk, EngineState):
 
     def _finish_decoders(self, g1: int, now: float) -> None:
         """Decoding requests whose last token is emitted at step ``g1`` leave the decode aggregate
-        and the batch, in finish-heap order (entries of requests preempted since they were pushed
-        are stale and skipped). One loop with the counters in locals, written back before any
-        callback (see :meth:`_emit_after_prefill`); the common case -- the request's adapter still
-        has other requests in the batch, no finish hook, FCFS's no-op ``on_finish`` -- runs no call."""
-        heap, dec, T, running = self.fin_heap, self.dec, self.T, self.running
+        (then the batch, :meth:`_finished`), in finish-heap order; entries of requests preempted
+        since they were pushed are stale and skipped."""
+        heap, dec, T, res_cnt = self.fin_heap, self.dec, self.T, self.res_cnt
         pop = heapq.heappop
         m = self._fin_m
         lim = (g1 + 1) * m  # entries below it finish at or before g1
         bs = self.block_size
-        res_cnt = self.res_cnt
-        alive, rid_seq, state_mv, finish_a = self._run_alive, self._rid_seq, self._state_mv, self._finish_a
-        adapter_a, ad = self.adapter_a, self.adapters
-        active = ad.active
-        hook, on_finish = self._finish_hook, self._on_finish
-        calls = hook is not None or on_finish is not None
-        used, n_dec, base_sum, n_fin = self.used_blocks, self.n_dec, self.dec_base_sum, self.n_finished
         while heap and heap[0] < lim:
             fg, rid = divmod(pop(heap), m)
             dd = dec.get(rid)
@@ -584,31 +571,12 @@ class Engine(PreemptionWalk, EngineState):
                 continue
             base = dd[0]
             del dec[rid]
-            n_dec -= 1
-            base_sum -= base
+            self.n_dec -= 1
+            self.dec_base_sum -= base
             res_cnt[(-base) % bs] -= 1
-            used -= -(-(base + g1) // bs)
+            self.used_blocks -= -(-(base + g1) // bs)
             del T[rid]
-            # Engine._finished, written out
-            del running[rid]
-            alive[rid_seq[rid]] = 0
-            state_mv[rid] = _FINISHED
-            finish_a[rid] = now
-            n_fin += 1
-            a = adapter_a[rid]
-            if a >= 0 and active[a] > 1:  # AdapterMemory.release of an adapter that stays in the batch
-                active[a] -= 1
-                a = -1
-            if a >= 0 or calls:
-                self.used_blocks, self.n_dec, self.dec_base_sum, self.n_finished = used, n_dec, base_sum, n_fin
-                if a >= 0:
-                    ad.release(a, now)
-                if hook is not None:  # keep history KV (twin/prefix_kv.py)
-                    hook(rid, now)
-                if on_finish is not None:
-                    on_finish(rid)
-                used, n_dec, base_sum, n_fin = self.used_blocks, self.n_dec, self.dec_base_sum, self.n_finished
-        self.used_blocks, self.n_dec, self.dec_base_sum, self.n_finished = used, n_dec, base_sum, n_fin
+            self._finished(rid, now)
 
     def _finished(self, rid: int, now: float) -> None:
         """``rid`` emitted its last token: it leaves the batch."""
@@ -622,7 +590,8 @@ class Engine(PreemptionWalk, EngineState):
             self.adapters.release(a, now)
         if self._finish_hook is not None:  # keep history KV (twin/prefix_kv.py)
             self._finish_hook(rid, now)
-        self.scheduler.on_finish(rid)
+        if self._on_finish is not None:  # (None: the scheduler keeps Scheduler's no-op)
+            self._on_finish(rid)
 
     def _running_order(self) -> np.ndarray:
         """The running requests in admission order (``list(self.running)``) as an int64 array,
