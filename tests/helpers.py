@@ -47,3 +47,14 @@ class FakeCtx:
         if r == Admit.OK:
             self.admitted.append(rid)
         return r
+
+
+def real_run_row(**kw) -> dict:
+    """The smallest row of the real-run table that :func:`twin.validation.specs.spec_from_row` accepts
+    (one adapter, one slot, rank 8, the ShareGPT pool means, a one-hour run)."""
+    row = dict(run_id="x", model="llama-3.1-8b-instruct", ranks="8", rates="0.1", served_adapters=1,
+               adapter_slots=1, max_lora_rank=8, max_cpu_loras=1, max_num_seqs=2048, pool_mean_input_tokens=222.0,
+               pool_mean_output_tokens=196.0, requests_sent=float("nan"), benchmark_time_s=3600.0)
+    row.update(kw)
+    return row
+

@@ -7,10 +7,9 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
-from tests.helpers import random_workload
+from tests.helpers import random_workload, real_run_row
 from twin.config import EngineConfig
 from twin.simulate import simulate
 from twin.validation.specs import FRONTEND_LATENCY_S, spec_from_row
@@ -58,9 +57,7 @@ def test_bad_latency_is_refused(bad):
 def test_spec_and_cli_carry_the_constant():
     from twin.validation.cli import check_args, register_cli
 
-    row = dict(run_id="x", model="llama-3.1-8b-instruct", ranks="8", rates="0.1", served_adapters=1,
-               adapter_slots=1, max_lora_rank=8, max_cpu_loras=1, max_num_seqs=2048, pool_mean_input_tokens=222.0,
-               pool_mean_output_tokens=196.0, requests_sent=float("nan"), benchmark_time_s=3600.0)
+    row = real_run_row()
     assert spec_from_row(row).frontend_s == FRONTEND_LATENCY_S
     assert spec_from_row(row, frontend_s=0.0).frontend_s == 0.0
     assert 0.001 < FRONTEND_LATENCY_S < 0.05  # milliseconds, a request's path outside the engine

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from scipy.stats import spearmanr
 
+from tests.helpers import real_run_row
 from traces.lengths import ShareGPTLengths
 from twin.perf.profile import load_profile
 from twin.validation.length_coupling import BLOCK_ROUNDING_TOKENS, fit_prompt_output_corr, model_kv_per_running
@@ -43,9 +44,7 @@ def test_coupling_keeps_the_means_and_lowers_kv_per_running():
 
 
 def test_spec_carries_the_constant():
-    row = dict(run_id="x", model="llama-3.1-8b-instruct", ranks="8", rates="0.1", served_adapters=1,
-               adapter_slots=1, max_lora_rank=8, max_cpu_loras=1, max_num_seqs=2048, pool_mean_input_tokens=222.0,
-               pool_mean_output_tokens=196.0, requests_sent=float("nan"), benchmark_time_s=3600.0)
+    row = real_run_row()
     assert spec_from_row(row).length_corr == PROMPT_OUTPUT_CORR
     assert spec_from_row(row, length_corr=0.0).length_corr == 0.0
 

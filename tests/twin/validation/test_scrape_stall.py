@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import random_workload
+from tests.helpers import random_workload, real_run_row
 from twin.config import EngineConfig
 from twin.scrape_stall import client_times, delay_past_stalls, label_times, stall_windows
 from twin.simulate import simulate
@@ -106,9 +106,7 @@ def test_bad_scrape_settings_are_refused(kw):
 def test_spec_and_cli_carry_the_constant():
     from twin.validation.cli import check_args, register_cli
 
-    row = dict(run_id="x", model="llama-3.1-8b-instruct", ranks="8", rates="0.1", served_adapters=1,
-               adapter_slots=1, max_lora_rank=8, max_cpu_loras=1, max_num_seqs=2048, pool_mean_input_tokens=222.0,
-               pool_mean_output_tokens=196.0, requests_sent=float("nan"), benchmark_time_s=3600.0)
+    row = real_run_row()
     assert spec_from_row(row).scrape_s_per_label == SCRAPE_S_PER_LABEL
     assert spec_from_row(row, scrape_s_per_label=0.0).scrape_s_per_label == 0.0
     assert 1e-6 < SCRAPE_S_PER_LABEL < 1e-4  # microseconds per series written
