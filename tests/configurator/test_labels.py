@@ -59,6 +59,33 @@ def test_slo_rule():
     assert lab.iloc[0]["served_adapters"] == 16
 
 
+def test_slo_rule_with_percentile_slos():
+    """Without attainment (a sweep with no [slo]), percentile SLOs on the stored P99s decide; each
+    limit binds on its own, and a starving run never qualifies however low its percentiles."""
+    df = _runs({16: [(16, 1.0), (32, 1.0), (64, 0.95), (96, 0.5)]})
+    df["slo_attainment"] = math.nan
+    df["ttft_ms_p99"] = [200.0, 900.0, 4000.0, 100.0]
+    df["itl_ms_p99"] = [40.0, 60.0, 90.0, 20.0]
+    df["starving"] = [False, False, False, True]
+    assert label_scenarios(df, "slo", ttft_p99_s=5.0).iloc[0]["served_adapters"] == 64
+    assert label_scenarios(df, "slo", ttft_p99_s=1.0).iloc[0]["served_adapters"] == 32
+    assert label_scenarios(df, "slo", ttft_p99_s=5.0, itl_p99_s=0.05).iloc[0]["served_adapters"] == 16
+    assert label_scenarios(df, "slo", itl_p99_s=0.01).empty  # no run meets it: no label
+
+
+def test_slo_rule_errors_name_the_fix():
+    df = _runs({16: [(16, 1.0)]})
+    df["slo_attainment"] = math.nan
+    with pytest.raises(ValueError, match="--ttft-p99-s"):
+        label_scenarios(df, "slo")  # no attainment recorded: the message names the percentile option
+    with pytest.raises(ValueError, match="slo rule"):
+        label_scenarios(df, "throughput90", ttft_p99_s=5.0)
+    with pytest.raises(ValueError, match="positive"):
+        label_scenarios(df, "slo", ttft_p99_s=-1.0)
+    with pytest.raises(ValueError, match="ttft_ms_p99"):
+        label_scenarios(df, "slo", ttft_p99_s=5.0)  # the table has no P99 column
+
+
 def test_early_stopped_run_counts_as_starving():
     df = _runs({16: [(16, 1.0), (32, 1.0)]})
     df.loc[1, ["total_tok_s", "early_stop"]] = [math.nan, True]

@@ -40,6 +40,7 @@ def register_cli(subparsers) -> None:
     d.add_argument("--ratio", type=float, default=0.9, help="starvation line: throughput / offered (default 0.9)")
     d.add_argument("--tolerance", type=float, default=0.01, help="robust: throughput tolerance (default 1 %%)")
     d.add_argument("--slo-share", type=float, default=0.9, help="slo: minimum SLO attainment (default 0.9)")
+    _percentile_slo_args(d)
     d.add_argument("--out", default=None, help="write the labels (.csv or .parquet)")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_dataset)
@@ -53,6 +54,7 @@ def register_cli(subparsers) -> None:
                         "features and <= 30 rules; figs and rulefit need pip install 'lora-twin[configurator]')")
     t.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90",
                    help="label rule when sweep directories are given")
+    _percentile_slo_args(t)
     t.add_argument("--out", default=None, help="model file (default: twin/configurator/models/<profile>.<kind>.json)")
     t.add_argument("--profile", default=None, help="profile the sweeps ran with (default: from the data)")
     t.add_argument("--cv", type=int, default=5, help="folds of the halving grid search (default 5)")
@@ -122,6 +124,14 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", required=True, help="rank triple, e.g. 8,16,32")
 
 
+def _percentile_slo_args(p) -> None:
+    p.add_argument("--ttft-p99-s", type=float, default=None,
+                   help="slo: label with percentile SLOs on the stored summaries instead of the sweep's [slo] "
+                        "attainment: P99 TTFT at most this many seconds (e.g. 5, Chameleon's SLO)")
+    p.add_argument("--itl-p99-s", type=float, default=None,
+                   help="slo: P99 inter-token latency at most this many seconds (e.g. 0.15, Chameleon's TBT SLO)")
+
+
 def _pair(args) -> tuple[list[float], list[int]]:
     from traces.arguments import parse_list
 
@@ -132,7 +142,8 @@ def cmd_dataset(args) -> int:
     from twin.configurator.dataset import build_dataset, load_runs
 
     runs = load_runs(args.sweeps)
-    lab = build_dataset(runs, args.rule, ratio=args.ratio, tolerance=args.tolerance, slo_share=args.slo_share)
+    lab = build_dataset(runs, args.rule, ratio=args.ratio, tolerance=args.tolerance, slo_share=args.slo_share,
+                        ttft_p99_s=args.ttft_p99_s, itl_p99_s=args.itl_p99_s)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -159,7 +170,7 @@ def cmd_train(args) -> int:
     meta: dict[str, Any] = {}
     if all(Path(s).is_dir() for s in srcs):
         runs = load_runs(srcs)
-        lab = build_dataset(runs, args.rule)
+        lab = build_dataset(runs, args.rule, ttft_p99_s=args.ttft_p99_s, itl_p99_s=args.itl_p99_s)
         meta = sweep_meta(srcs)
     else:
         lab = pd.concat([pd.read_parquet(s) if s.endswith(".parquet") else pd.read_csv(s) for s in srcs],

@@ -9,7 +9,12 @@ Rules (:data:`RULES`):
 * ``robust`` -- among the same per-slot candidates, the fewest slots whose throughput is within
   ``tolerance`` (1 %) of the best candidate's.
 * ``slo`` -- the run with the highest throughput among those with SLO attainment (TTFT / TBT
-  SLOs of the sweep) at least ``slo_share`` (and not starving).
+  SLOs of the sweep) at least ``slo_share`` (and not starving). A sweep run without ``[slo]``
+  records no attainment; its runs can still be labelled with percentile SLOs on the stored
+  summaries (``ttft_p99_s`` / ``itl_p99_s``: the run's P99 TTFT and P99 inter-token latency of
+  finished requests at most these; starving runs, whose unfinished requests those percentiles do
+  not see, are left out as above). Chameleon's SLOs (MICRO'25 §6.1: 5 s TTFT, 150 ms TBT) are
+  the documented example.
 
 Runs that did not produce a result (start-up failures, errors, real runs that failed for any
 reason) are skipped in the walk, as the published labels do. Every label carries its margin to
@@ -110,12 +115,17 @@ def _ratio(row: pd.Series | None) -> float:
 
 
 def label_scenarios(df: pd.DataFrame, rule: str = "throughput90", ratio: float = 0.9, tolerance: float = 0.01,
-                    slo_share: float = 0.9, strict: bool = False) -> pd.DataFrame:
+                    slo_share: float = 0.9, strict: bool = False, ttft_p99_s: float | None = None,
+                    itl_p99_s: float | None = None) -> pd.DataFrame:
     """One label row per scenario (and policy / seed / max rank / profile when present):
     the features, ``served_adapters``, ``adapter_slots``, ``throughput_tok_s``, ``ratio_at_label``,
     ``margin`` (to the 90 % line), ``next_ratio``, ``rule``."""
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r}; choose from {', '.join(RULES)}")
+    if rule == "slo":
+        df = _slo_pass(df, slo_share, ttft_p99_s, itl_p99_s)
+    elif ttft_p99_s is not None or itl_p99_s is not None:
+        raise ValueError(f"--ttft-p99-s / --itl-p99-s apply to the slo rule, not {rule!r}")
     keys = _group_keys(df)
     rows = []
     for key, g in df.groupby(keys, sort=True, dropna=False):
@@ -134,12 +144,36 @@ def label_scenarios(df: pd.DataFrame, rule: str = "throughput90", ratio: float =
     return pd.DataFrame(rows)
 
 
+def _slo_pass(df: pd.DataFrame, slo_share: float, ttft_p99_s: float | None,
+              itl_p99_s: float | None) -> pd.DataFrame:
+    """``df`` with a boolean ``slo_ok`` column: the run meets the SLO (attainment of the sweep's
+    ``[slo]`` at least ``slo_share``, or the percentile SLOs when given). Errors name the fix."""
+    out = df.copy()
+    if ttft_p99_s is None and itl_p99_s is None:
+        att = pd.to_numeric(out["slo_attainment"], errors="coerce") if "slo_attainment" in out else None
+        if att is None or not att.notna().any():
+            raise ValueError("the slo rule needs SLO attainment, and these runs record none (their sweep had no "
+                             "[slo] ttft_s / tbt_s); give percentile SLOs instead, e.g. --ttft-p99-s 5 "
+                             "--itl-p99-s 0.15, or sweep with an [slo] table")
+        out["slo_ok"] = att >= slo_share
+        return out
+    ok = pd.Series(True, index=out.index)
+    for lim, col, flag in ((ttft_p99_s, "ttft_ms_p99", "--ttft-p99-s"), (itl_p99_s, "itl_ms_p99", "--itl-p99-s")):
+        if lim is None:
+            continue
+        if not (isinstance(lim, (int, float)) and math.isfinite(lim) and lim > 0):
+            raise ValueError(f"{flag} must be a positive number of seconds, got {lim!r}")
+        if col not in out:
+            raise ValueError(f"{flag} needs the runs' {col} column (sweep results of `twin sweep`)")
+        ok &= pd.to_numeric(out[col], errors="coerce") <= 1000.0 * float(lim)
+    out["slo_ok"] = ok
+    return out
+
+
 def _label_one(g: pd.DataFrame, rule: str, ratio: float, tolerance: float, slo_share: float,
                strict: bool) -> dict[str, Any] | None:
     if rule == "slo":
-        if "slo_attainment" not in g:
-            raise ValueError("the slo rule needs slo_attainment (sweep with [slo] ttft_s / tbt_s)")
-        ok = g[(g["status"] == "ok") & g["total_tok_s"].notna() & (g["slo_attainment"] >= slo_share)]
+        ok = g[(g["status"] == "ok") & g["total_tok_s"].notna() & g["slo_ok"].astype(bool)]
         ok = ok[~ok.get("starving", pd.Series(False, index=ok.index)).astype(bool)]
         if not len(ok):
             return None
