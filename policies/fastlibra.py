@@ -171,6 +171,8 @@ class FastLibraCache(AdapterCachePolicy):
         self.count = np.zeros(e.n_adapters)
         self.hi = 0
         self.lo = 0
+        self._win_now = -INF
+        self._total = self.count.sum()
         mem = e.adapters
         self._cpu = [mem.cpu_load_s[r] for r in mem.ranks_l]
         self._disk = [mem.disk_load_s[r] for r in mem.ranks_l]
@@ -181,8 +183,13 @@ class FastLibraCache(AdapterCachePolicy):
 
     # ------------------------------------------------------------------ statistics
     def _window(self, now: float) -> None:
+        """Move the counting window to ``(now - window_s, now]`` (requests arrived by now). A
+        repeated call at the same ``now`` with no new arrival changes nothing and returns at once
+        (a swap-out computes one probability per node at one ``now``)."""
         e = self.engine
         hi = e.arr_ptr
+        if now == self._win_now and hi == self.hi:
+            return
         if hi > self.hi:
             ad = e.adapter[self.hi:hi]
             ad = ad[ad >= 0]
@@ -195,6 +202,8 @@ class FastLibraCache(AdapterCachePolicy):
             ad = ad[ad >= 0]
             self.count -= np.bincount(ad, minlength=len(self.count))
             self.lo = lo
+        self._win_now = now
+        self._total = self.count.sum()
 
     def probs(self, now: float) -> np.ndarray:
         self._window(now)
@@ -222,7 +231,7 @@ class FastLibraCache(AdapterCachePolicy):
         """A KV node's own visit frequency: visits of its history path in the window over the
         requests that arrived in the window."""
         self._window(now)
-        total = self.count.sum()
+        total = self._total  # the window's count.sum(), kept by _window
         if total <= 0:
             return 0.0
         return self._store().visits_since(node, now - self.window_s) / float(total)
@@ -270,10 +279,6 @@ class FastLibraCache(AdapterCachePolicy):
             term = lora_eval(prob, self.recent_batch_size(), mem.n_resident) if self.lora_term else 1.0
         store = self._store()
         unit = self.decay_unit_s
-        # a KV node's probability is :meth:`node_prob` with the window's total computed once (the
-        # window already stands at ``now``: the same numbers as one node_prob call per node)
-        total = float(self.count.sum())
-        since = now - self.window_s
         out = []
         for k, x in nodes:
             if k == "lora":
@@ -282,8 +287,7 @@ class FastLibraCache(AdapterCachePolicy):
                 out.append(node_eval(term, cost, float(prob[x]), t))
             else:
                 t = (now - x.last_access) / unit
-                p = store.visits_since(x, since) / total if total > 0 else 0.0
-                out.append(node_eval(1.0, store.transfer_s(x.tokens), p, t))
+                out.append(node_eval(1.0, store.transfer_s(x.tokens), self.node_prob(x, now), t))
         return out
 
     def adapters_with_hbm_kv(self) -> set[int]:

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import policies  # noqa: F401
-from policies.fastlibra import node_eval
 from tests.helpers import constant_profile
 from traces.registry import get_workload
 from traces.workload import Workload
@@ -56,19 +55,22 @@ def _lora_cost(c, a: int) -> float:
     return c._cpu[a] + (0.0 if a in c.engine.adapters.cpu else c._disk[a])
 
 
-def test_values_compute_each_kv_probability_as_node_prob_does():
-    """values() computes a KV node's probability with the window's total taken once: bit for bit
-    what one node_prob call per node gives."""
+def test_window_shortcut_is_exact():
+    """A repeated probability at one ``now`` skips the window update (the swapper asks once per
+    node): the same numbers as a policy that computes the window afresh, and new arrivals at the
+    same ``now`` still move it."""
     e, node = _state("fastlibra")
-    store, c = e.history, e.cache
-    other = HistoryNode(conv=3, adapter=1, tokens=999, blocks=63, turn=0, created=0.0, last_access=4.0)
-    store.nodes[3] = other
-    store.visit_times[3] = [1.0, 2.5, 9.0]
-    nodes = [("kv", node), ("kv", other)]
-    got = c.values(NOW, nodes)
-    want = [node_eval(1.0, store.transfer_s(x.tokens), c.node_prob(x, NOW), (NOW - x.last_access) / c.decay_unit_s)
-            for _, x in nodes]
-    assert got == want  # exact
+    fresh, _ = _state("fastlibra")
+    c = e.cache
+    for _ in range(3):  # repeated calls at NOW, then one at a later time
+        assert c.node_prob(node, NOW) == fresh.cache.node_prob(node, NOW)
+    assert c.node_prob(node, NOW + 65.0) == 0.0  # the window (5, 75] holds no arrival
+    e2, node2 = _state("fastlibra")
+    e2.arr_ptr = 4
+    assert e2.cache.node_prob(node2, NOW) == pytest.approx(2 / 4)  # 4 arrivals counted
+    e2.arr_ptr = 8  # 4 more arrive at the same now: counted, not skipped
+    assert e2.cache.node_prob(node2, NOW) == pytest.approx(2 / 8) == fresh.cache.node_prob(node, NOW)
+    assert list(e2.cache.probs(NOW)) == list(fresh.cache.probs(NOW))
 
 
 def test_wol_drops_lora_eval_and_so_swaps_out_the_lora_fastlibra_keeps():
