@@ -459,7 +459,8 @@ class FastLibraCache(AdapterCachePolicy):
                 "fastlibra_busy_tick_share": self.busy_ticks / t if t else None,
                 "fastlibra_invalid_kv_share": (self._invalid_blocks_sum / self._kv_blocks_sum
                                                if self._kv_blocks_sum else None),
-                "fastlibra_swaps_out_lora": self.swaps_out_lora, "fastlibra_lora_swaps_out_with_kv": self.lora_out_with_kv,
+                "fastlibra_swaps_out_lora": self.swaps_out_lora,
+                "fastlibra_lora_swaps_out_with_kv": self.lora_out_with_kv,
                 "fastlibra_dependency_decisions": self.dependency_decisions,
                 "fastlibra_lora_eval_decisions": self.lora_eval_decisions,
                 "fastlibra_lora_eval_above_1_share": (self.lora_eval_above_1_ticks / t
