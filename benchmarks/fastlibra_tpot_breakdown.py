@@ -48,7 +48,8 @@ slora_forms.PunicaLoraCost.prefill_s = _count(_prefill)
 
 print(f"FastLibra lora_compute={args.lora_compute}, adapter targets {args.targets}")
 for trace, rps in POINTS:
-    run = dataclasses.replace(F.scenario(trace, F.FULL, {}), rps=rps,
+    # 60 s of arrivals from empty HBM, without the reproduction's warm-up (the README table's set-up)
+    run = dataclasses.replace(F.scenario(trace, F.FULL, {}), rps=rps, duration=F.FULL.duration_s,
                               lora_targets=None if args.targets == "default" else args.targets)
     prof = load_compare_profile(run.profile, None)
     w = build_workload(run)

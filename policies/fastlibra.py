@@ -144,6 +144,18 @@ class FastLibraCache(AdapterCachePolicy):
         self.last_use: dict[int, float] = {}
         self.swaps_out = 0
         self.swaps_in = 0
+        # what each design element of §3-§4 decided, the ablations' evidence (§9): LoRA swap-outs
+        # (the rest of ``swaps_out`` are KV nodes); LoRAs swapped out while a KV node of theirs stayed
+        # in HBM (each leaves invalid KVs: impossible with the tree, WoM only); swap-out decisions the
+        # tree changed (the lowest-valued node was a LoRA with a KV child in HBM, which the tree holds
+        # back); swap-out decisions LoRA_Eval changed (with the cost model: the choice with the term
+        # differs from the choice without it -- for WoL, would have differed); swapper ticks with
+        # LoRA_Eval > 1 (fewer LoRAs in HBM than a batch is expected to need)
+        self.swaps_out_lora = 0
+        self.lora_out_with_kv = 0
+        self.dependency_decisions = 0
+        self.lora_eval_decisions = 0
+        self.lora_eval_above_1_ticks = 0
         self._swapin_loras: list[int] = []
         # sampled at every swapper tick: HBM usage, busy ticks, and the HBM history-KV blocks that
         # are invalid (their adapter not in HBM; FastLibra §1, the WoM ablation's 48.6 %, §6)
@@ -159,6 +171,8 @@ class FastLibraCache(AdapterCachePolicy):
         self.count = np.zeros(e.n_adapters)
         self.hi = 0
         self.lo = 0
+        self._win_now = -INF
+        self._total = self.count.sum()
         mem = e.adapters
         self._cpu = [mem.cpu_load_s[r] for r in mem.ranks_l]
         self._disk = [mem.disk_load_s[r] for r in mem.ranks_l]
@@ -169,8 +183,13 @@ class FastLibraCache(AdapterCachePolicy):
 
     # ------------------------------------------------------------------ statistics
     def _window(self, now: float) -> None:
+        """Move the counting window to ``(now - window_s, now]`` (requests arrived by now). A
+        repeated call at the same ``now`` with no new arrival changes nothing and returns at once
+        (a swap-out computes one probability per node at one ``now``)."""
         e = self.engine
         hi = e.arr_ptr
+        if now == self._win_now and hi == self.hi:
+            return
         if hi > self.hi:
             ad = e.adapter[self.hi:hi]
             ad = ad[ad >= 0]
@@ -183,6 +202,8 @@ class FastLibraCache(AdapterCachePolicy):
             ad = ad[ad >= 0]
             self.count -= np.bincount(ad, minlength=len(self.count))
             self.lo = lo
+        self._win_now = now
+        self._total = self.count.sum()
 
     def probs(self, now: float) -> np.ndarray:
         self._window(now)
@@ -210,7 +231,7 @@ class FastLibraCache(AdapterCachePolicy):
         """A KV node's own visit frequency: visits of its history path in the window over the
         requests that arrived in the window."""
         self._window(now)
-        total = self.count.sum()
+        total = self._total  # the window's count.sum(), kept by _window
         if total <= 0:
             return 0.0
         return self._store().visits_since(node, now - self.window_s) / float(total)
@@ -240,14 +261,22 @@ class FastLibraCache(AdapterCachePolicy):
     def _store(self):
         return self.engine.history
 
-    def values(self, now: float, nodes: list) -> list[float]:
-        """Values of tree nodes: ``('lora', a)`` or ``('kv', HistoryNode)``."""
+    def lora_eval_now(self, now: float) -> float:
+        """``LoRA_Eval`` at ``now`` (computed whether or not this variant applies it)."""
+        return lora_eval(self.probs(now), self.recent_batch_size(), self.engine.adapters.n_resident)
+
+    def values(self, now: float, nodes: list, lora_term: float | None = None) -> list[float]:
+        """Values of tree nodes: ``('lora', a)`` or ``('kv', HistoryNode)``; ``lora_term``
+        replaces this variant's LoRA_Eval (the audit of :meth:`_audit_swap_out`)."""
         e = self.engine
         mem = e.adapters
         if not self.cost_model:  # WoS: LRU -- the value is the last use time
             return [self.last_use.get(x, -INF) if k == "lora" else x.last_access for k, x in nodes]
         prob = self.probs(now)
-        term = lora_eval(prob, self.recent_batch_size(), mem.n_resident) if self.lora_term else 1.0
+        if lora_term is not None:
+            term = lora_term
+        else:
+            term = lora_eval(prob, self.recent_batch_size(), mem.n_resident) if self.lora_term else 1.0
         store = self._store()
         unit = self.decay_unit_s
         out = []
@@ -261,13 +290,18 @@ class FastLibraCache(AdapterCachePolicy):
                 out.append(node_eval(1.0, store.transfer_s(x.tokens), self.node_prob(x, now), t))
         return out
 
+    def adapters_with_hbm_kv(self) -> set[int]:
+        """Adapters with a KV node in HBM (or being copied there): not leaves of the tree."""
+        store = self._store()
+        return {n.adapter for n in store.nodes.values() if n.tier in ("hbm", "loading")} if store is not None \
+            else set()
+
     def swap_out_candidates(self, pin: int = -1) -> list:
         """Leaves in HBM (with the dependency tree) or any HBM node (WoM)."""
         mem = self.engine.adapters
         store = self._store()
         kv = store.hbm_nodes() if store is not None else []
-        with_children = {n.adapter for n in store.nodes.values() if n.tier in ("hbm", "loading")} \
-            if (store is not None and self.dependency) else set()
+        with_children = self.adapters_with_hbm_kv() if self.dependency else set()
         loras = [a for a in mem.evictable() if a != pin and a not in with_children]
         return [("kv", n) for n in kv] + [("lora", a) for a in loras]
 
@@ -283,18 +317,49 @@ class FastLibraCache(AdapterCachePolicy):
                   (mem.resident[n.adapter] and n.adapter not in mem.loading)]
         return [("lora", a) for a in loras] + [("kv", n) for n in kv]
 
-    def _swap_out_one(self, now: float, pin: int = -1) -> int:
+    def _choose(self, now: float, pin: int = -1) -> tuple[list, list[float], int]:
+        """The swap-out candidates, their values and the index of the lowest (-1: none)."""
         cands = self.swap_out_candidates(pin)
         if not cands:
-            return 0
+            return cands, [], -1
         vals = self.values(now, cands)
-        k, x = cands[int(np.argmin(vals))]
+        return cands, vals, int(np.argmin(vals))
+
+    def swap_out_choice(self, now: float, pin: int = -1):
+        """The node the swapper would swap out next, ``('lora', a)`` or ``('kv', node)`` (None: none)."""
+        cands, _, i = self._choose(now, pin)
+        return cands[i] if i >= 0 else None
+
+    def _swap_out_one(self, now: float, pin: int = -1) -> int:
+        cands, vals, i = self._choose(now, pin)
+        if i < 0:
+            return 0
+        k, x = cands[i]
+        self._audit_swap_out(now, cands, vals, i, pin)
         self.swaps_out += 1
         if k == "kv":
             return self._store().swap_out(x, now)
+        self.swaps_out_lora += 1
+        if x in self.adapters_with_hbm_kv():
+            self.lora_out_with_kv += 1
         mem = self.engine.adapters
         mem.evict(x, now)
         return mem.placement.ab[x]
+
+    def _audit_swap_out(self, now: float, cands: list, vals: list[float], i: int, pin: int) -> None:
+        """Count whether LoRA_Eval and the tree changed this swap-out decision (the counters of
+        :meth:`stats`; they read the state and change nothing). LoRA_Eval: the choice under the
+        other setting of the term (FastLibra without it, WoL with it) differs. The tree: an
+        evictable LoRA it holds back (a KV node of its in HBM) has a lower value than the choice."""
+        if self.cost_model and any(k == "lora" for k, _ in cands):
+            term = self.lora_eval_now(now)
+            if term > 1.0 and int(np.argmin(self.values(now, cands, 1.0 if self.lora_term else term))) != i:
+                self.lora_eval_decisions += 1
+        if self.dependency:
+            held = self.adapters_with_hbm_kv()
+            held = [("lora", a) for a in self.engine.adapters.evictable() if a != pin and a in held]
+            if held and min(self.values(now, held)) < vals[i]:
+                self.dependency_decisions += 1
 
     # ------------------------------------------------------------------ engine callbacks
     def reclaim_blocks(self, n: int, now: float, pin: int = -1) -> int:
@@ -347,6 +412,8 @@ class FastLibraCache(AdapterCachePolicy):
         self._swapin_loras = []
         self.sample_batch_size(now)
         self.sample_memory()
+        if self.cost_model and self.lora_eval_now(now) > 1.0:
+            self.lora_eval_above_1_ticks += 1
         if self.usage() > self.busy:
             target = int(math.ceil((1 - self.busy) * pool))
             need = target - (e.total_blocks - e.used_blocks)
@@ -391,7 +458,13 @@ class FastLibraCache(AdapterCachePolicy):
                 "fastlibra_hbm_usage_mean": self._usage_sum / t if t else None,
                 "fastlibra_busy_tick_share": self.busy_ticks / t if t else None,
                 "fastlibra_invalid_kv_share": (self._invalid_blocks_sum / self._kv_blocks_sum
-                                               if self._kv_blocks_sum else None)}
+                                               if self._kv_blocks_sum else None),
+                "fastlibra_swaps_out_lora": self.swaps_out_lora,
+                "fastlibra_lora_swaps_out_with_kv": self.lora_out_with_kv,
+                "fastlibra_dependency_decisions": self.dependency_decisions,
+                "fastlibra_lora_eval_decisions": self.lora_eval_decisions,
+                "fastlibra_lora_eval_above_1_share": (self.lora_eval_above_1_ticks / t
+                                                      if t and self.cost_model else None)}
 
 
 @register_cache

@@ -144,6 +144,23 @@ def _request_metrics(res) -> dict[str, Any]:
     return out
 
 
+def window_metrics(requests, t0: float) -> dict[str, Any]:
+    """Mean TTFT and TPOT (as the summary defines them: finished requests; TPOT of those with
+    2+ tokens) of the requests that arrived at or after ``t0`` -- a run measured after a warm-up
+    of ``t0`` seconds -- with their count: ``measured_from_s``, ``measured_finished``,
+    ``measured_unfinished`` (arrived from ``t0`` on, not finished: rejected or in flight),
+    ``measured_ttft_ms_mean``, ``measured_tpot_ms_mean`` (None when no request qualifies)."""
+    late = requests[requests["arrival_s"].to_numpy(float) >= t0]
+    done = late[late["outcome"] == "finished"]
+    ttft = done["ttft_s"].to_numpy(float)
+    tpot = done["tpot_s"].to_numpy(float)
+    tpot = tpot[np.isfinite(tpot)]
+    return {"measured_from_s": float(t0), "measured_finished": int(len(done)),
+            "measured_unfinished": int(len(late) - len(done)),
+            "measured_ttft_ms_mean": float(ttft.mean()) * 1000.0 if ttft.size else None,
+            "measured_tpot_ms_mean": float(tpot.mean()) * 1000.0 if tpot.size else None}
+
+
 def _pool_use_peak(res, prof, cfg, blocks: float) -> float | None:
     """The largest share of a unified pool (S-LoRA's ``max_total_token_num`` slots) in use at a
     step: KV plus resident adapter weights in KV-token units (``adapter_mem_bytes`` / the KV
@@ -247,15 +264,20 @@ class Runner:
 
     def point(self, run: RunConfig, policy: str | None, rps: float | None = None, *, scheduler: str | None = None,
               cache: str | None = None, slo_s: float | None = None, accuracy: float | None = None,
-              lora_targets: str | None = None, memory: bool = False) -> dict[str, Any]:
+              lora_targets: str | None = None, memory: bool = False,
+              measure_from_s: float | None = None) -> dict[str, Any]:
         """The summary (plus :func:`_request_metrics`) of ``run`` at ``rps`` under the preset
         ``policy`` (``scheduler``/``cache`` override its parts). ``slo_s`` is the TTFT SLO, given to
         schedulers that plan with one (Chameleon's quotas) as ``twin compare`` does. ``memory``:
         record the steps and add ``kv_use_peak``, the largest share of the KV blocks in use, ``mem_use_peak``
-        (:func:`_pool_use_peak`) and the pool's use by requests and by cached adapters (:func:`pool_shares`)."""
+        (:func:`_pool_use_peak`) and the pool's use by requests and by cached adapters (:func:`pool_shares`).
+        ``measure_from_s``: a warm-up; add the ``measured_*`` figures of :func:`window_metrics` over the
+        requests that arrive from then on (the summary's own figures stay over the whole run)."""
         if rps is not None:
             run = dataclasses.replace(run, rps=float(rps))
         key = (repr(run), policy, scheduler, cache, slo_s, accuracy, lora_targets, memory)
+        if measure_from_s is not None:  # (points without a warm-up keep their keys in the on-disk cache)
+            key += (float(measure_from_s),)
         if key in self.memo:
             return self.memo[key]
         if self.cache is not None and (stored := self.cache.get(key)) is not None:
@@ -285,6 +307,8 @@ class Runner:
             out["mem_use_peak"] = _pool_use_peak(res, prof, cfg, blocks)
             out.update(pool_shares(res, prof, cfg, blocks))
         out.update({"preset": policy or label, "rps": run.rps, **_request_metrics(res)})
+        if measure_from_s is not None:
+            out.update(window_metrics(res.requests, float(measure_from_s)))
         self.memo[key] = out
         if self.cache is not None:
             self.cache.put(key, out)
