@@ -258,3 +258,12 @@ def test_evaluate_predicts_a_policy_model_for_the_published_policy(policy_models
     only_b = train(policy_labels(30).query("policy == @B"), "cart", search=False, provenance=PROV, grid=GRID)
     with pytest.raises(ValueError, match="trained without policy features"):
         model_predictions(only_b, truth)
+
+
+def test_the_grid_search_trains_on_a_few_scenarios():
+    """8 scenarios and 5 folds: the halving search's first round needs 2 scenarios per fold, so the
+    folds are capped at half the scenarios (scikit-learn refused 5 folds of 8 before)."""
+    lab = policy_labels(4)
+    assert len(lab) == 8
+    m = train(lab, "cart", cv=5, provenance=PROV, grid=GRID)
+    assert m["provenance"]["cv_folds"] == 4 and m["policies"] == [A, B]

@@ -108,3 +108,23 @@ def test_policy_demo_grid():
     assert sorted({t["scenario"]["policy"] for t in tasks}) == ["ema-prefetch", "fcfs+client-cap", "vllm-partition"]
     keys = {t["scenario"]["key"] for t in tasks}
     assert "rate_0.8-0.4-0.1_size_8-16-32" in keys and "rate_0.8-0.4-0.1_size_8-16-32_policy_vllm-partition" in keys
+
+
+def test_unreachable_lengths_are_refused_before_any_run(tmp_path):
+    """A lengths pair the ShareGPT-like model cannot reach under the real runs' filters is an error
+    naming the reachable range at grid time (otherwise every run would fail building its workload)."""
+    p = tmp_path / "g.toml"
+    p.write_text('[scenarios]\nrates = [[0.4, 0.1, 0.05]]\nranks = [[8, 16, 32]]\nlengths = [[222, 197], [600, 300]]\n')
+    with pytest.raises(ValueError, match=r"grid lengths \[600.0, 300.0\].*reachable range"):
+        load_grid(p).tasks()
+    p.write_text('[scenarios]\nrates = [[0.4, 0.1, 0.05]]\nranks = [[8, 16, 32]]\nlengths = [[222, 197], [400, 300]]\n')
+    assert len(load_grid(p).tasks()) == 2
+
+
+def test_the_shipped_policy_lengths_example_is_a_valid_grid():
+    from pathlib import Path
+
+    g = load_grid(Path(__file__).resolve().parents[2] / "results/configurator/policy_demo/policy_lengths.toml")
+    tasks = g.tasks()
+    assert len(tasks) == 8
+    assert {tuple(t["scenario"]["lengths"]) for t in tasks} == {(222.0, 197.0), (400.0, 300.0)}

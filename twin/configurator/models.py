@@ -477,7 +477,9 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
         est.set_params(**params)
     info: dict[str, Any] = {}
     t0 = time.perf_counter()
-    n_cv = min(cv, len(labels))
+    # the halving search's first round fits 2 scenarios per fold ("min_resources_" = 2 x folds): at most
+    # half as many folds as scenarios (8 scenarios and 5 folds used to fail inside scikit-learn)
+    n_cv = min(cv, len(labels) // 2)
     if search and n_cv >= 2 and len(labels) >= 6:
         from sklearn.experimental import enable_halving_search_cv  # noqa: F401
         from sklearn.model_selection import HalvingGridSearchCV, KFold

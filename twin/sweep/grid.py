@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from twin.registry import PRESETS, load_entry_points
-from twin.sweep.scenario import DEFAULT_POLICY, profile_hash
+from twin.sweep.scenario import DEFAULT_POLICY, check_lengths, profile_hash
 from twin.config import EngineConfig
 
 #: The published per-adapter rates (req/s) and ranks.
@@ -86,6 +86,7 @@ class GridSpec:
     def scenarios(self) -> list[dict[str, Any]]:
         """Every scenario (rates x ranks x lengths x arrival x policy) with its key."""
         check_policies(self.policy)
+        check_lengths(self.lengths)
         out = []
         for rates, ranks, lengths, arrival, policy in itertools.product(self.rates, self.ranks, self.lengths,
                                                                         self.arrival, self.policy):
