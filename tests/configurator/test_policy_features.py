@@ -267,3 +267,21 @@ def test_the_grid_search_trains_on_a_few_scenarios():
     assert len(lab) == 8
     m = train(lab, "cart", cv=5, provenance=PROV, grid=GRID)
     assert m["provenance"]["cv_folds"] == 4 and m["policies"] == [A, B]
+
+
+def test_search_walks_the_twin_with_the_policy_and_lengths(tmp_path, capsys):
+    p = _cli()
+    base = ["configure", "search", "--rates", "0.8,0.4,0.1", "--ranks", "8,16,32", "--served", "8,16", "--slots",
+            "8", "--window", "30", "--cache", str(tmp_path / "cache"), "--json"]
+    ns = p.parse_args(base + ["--policy", B, "--lengths", "300,150"])
+    assert ns.func(ns) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["policy"] == B and d["lengths"] == [300.0, 150.0] and d["runs"] >= 1
+    from twin.sweep.runner import read_results
+
+    runs = read_results(tmp_path / "cache")
+    assert set(runs["policy"]) == {B} and set(runs["mean_input_tokens"]) == {300.0}
+    for bad, msg in ((["--policy", "nope"], "unknown policy 'nope'"), (["--lengths", "600,300"], "reachable range")):
+        ns = p.parse_args(base + bad)
+        with pytest.raises(ValueError, match=msg):
+            ns.func(ns)

@@ -125,9 +125,11 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", required=True, help="rank triple, e.g. 8,16,32")
     p.add_argument("--policy", default=None,
                    help="scheduler/cache policy (a `twin policies` preset; default: the published "
-                        "fcfs+client-cap)")
+                        "fcfs+client-cap); predict: one the model was trained with")
     p.add_argument("--lengths", default=None, metavar="IN,OUT",
-                   help="request-length mix: mean input and output tokens (default: the published 222,197)")
+                   help="request-length mix: mean input and output tokens (the published ShareGPT pool is "
+                        "222,197, search's default); predict: needed by a model trained on the length features, "
+                        "and only 222,197 is accepted by one trained without them")
 
 
 def _lengths(args) -> tuple[float, float] | None:
@@ -391,10 +393,7 @@ def cmd_search(args) -> int:
 
     pair = _pair(args)
     kw: dict[str, Any] = {"window_s": args.window}
-    if args.policy is not None:
-        from twin.sweep.grid import check_policies
-
-        check_policies([args.policy])
+    if args.policy is not None:  # checked with the grid, before any run
         kw["policy"] = args.policy
     lengths = _lengths(args)
     if lengths is not None:

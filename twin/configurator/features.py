@@ -107,11 +107,6 @@ def trained_policy(model: dict[str, Any]) -> str:
     return str(model.get("policy") or DEFAULT_POLICY)
 
 
-def known_policies(model: dict[str, Any]) -> list[str]:
-    """The policies a model can recommend for."""
-    return model_policies(model) or [trained_policy(model)]
-
-
 def resolve_policy_name(model: dict[str, Any], policy: str | None) -> str:
     """The policy a prediction is for: ``policy``, or by default the published ``fcfs+client-cap``
     (a model without policy features: the one it was trained on). Errors name the known ones."""
