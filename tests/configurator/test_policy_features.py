@@ -41,7 +41,8 @@ def policy_models(tmp_path_factory):
     d = tmp_path_factory.mktemp("policy_models")
     paths = {}
     for kind in KINDS:
-        m = train(lab, kind, cv=3, search=kind in ("cart", "hstree"), provenance=PROV, grid=GRID)
+        m = train(lab, kind, cv=3, search=kind in ("cart", "hstree"), provenance=PROV, grid=GRID,
+                  params={"n_estimators": 20} if kind in ("rf", "rulefit") else None)
         paths[kind] = save_model(m, d / f"policy.{kind}.json")
     return lab, paths
 
@@ -178,6 +179,10 @@ def test_predict_cli_policy(policy_models, capsys):
     assert ns.func(ns) == 0
     text = capsys.readouterr().out
     assert "policy vllm-partition" in text and "policy is vllm-partition" in text
+    ns = p.parse_args(["configure", "rules", "--model", str(paths["cart"]), "--json"])
+    assert ns.func(ns) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["policies"] == [A, B] and any(c["feature"] == policy_column(B) for r in d["rules"] for c in r["conditions"])
     ns = p.parse_args(base + ["--model", str(paths["cart"]), "--policy", "sjf"])
     with pytest.raises(ValueError, match="knows fcfs"):
         ns.func(ns)

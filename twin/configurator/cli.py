@@ -345,7 +345,8 @@ def cmd_rules(args) -> int:
               file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"rules": model["rules"], "provenance": model["provenance"]}, indent=1, default=_jd))
+        pol = {"policies": model["policies"]} if model.get("policies") else {}  # the indicators' policies
+        print(json.dumps({"rules": model["rules"], **pol, "provenance": model["provenance"]}, indent=1, default=_jd))
     else:
         print(format_rules(model))
     return 0
