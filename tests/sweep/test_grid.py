@@ -85,3 +85,46 @@ def test_grid_errors(tmp_path):
 def test_named_grids_build():
     for name in NAMED_GRIDS:
         assert load_grid(name).tasks()
+
+
+def test_policy_names_are_checked_before_any_run(tmp_path):
+    """A policy axis naming no `twin policies` preset is refused up front (the walk would record every
+    run of the scenario as an error); the published policy and the presets are accepted."""
+    from twin.sweep.grid import check_policies
+
+    check_policies(["fcfs+client-cap", "vllm", "ema-prefetch", "vllm-partition"])
+    p = tmp_path / "g.toml"
+    p.write_text('[scenarios]\nrates = [[0.4, 0.1, 0.05]]\nranks = [[8, 16, 32]]\npolicy = ["fcfs+client-cap", "fcfs-lru"]\n')
+    with pytest.raises(ValueError, match="unknown policy 'fcfs-lru'.*twin policies"):
+        load_grid(p).tasks()
+
+
+def test_policy_demo_grid():
+    """The demonstration grid of the policy as a feature: 8 scenarios x 3 policies, one task each,
+    the non-published policies in the scenario key."""
+    g = load_grid("policy-demo")
+    tasks = g.tasks()
+    assert len(tasks) == 24 and g.window_s == 120.0
+    assert sorted({t["scenario"]["policy"] for t in tasks}) == ["ema-prefetch", "fcfs+client-cap", "vllm-partition"]
+    keys = {t["scenario"]["key"] for t in tasks}
+    assert "rate_0.8-0.4-0.1_size_8-16-32" in keys and "rate_0.8-0.4-0.1_size_8-16-32_policy_vllm-partition" in keys
+
+
+def test_unreachable_lengths_are_refused_before_any_run(tmp_path):
+    """A lengths pair the ShareGPT-like model cannot reach under the real runs' filters is an error
+    naming the reachable range at grid time (otherwise every run would fail building its workload)."""
+    p = tmp_path / "g.toml"
+    p.write_text('[scenarios]\nrates = [[0.4, 0.1, 0.05]]\nranks = [[8, 16, 32]]\nlengths = [[222, 197], [600, 300]]\n')
+    with pytest.raises(ValueError, match=r"grid lengths \[600.0, 300.0\].*reachable range"):
+        load_grid(p).tasks()
+    p.write_text('[scenarios]\nrates = [[0.4, 0.1, 0.05]]\nranks = [[8, 16, 32]]\nlengths = [[222, 197], [400, 300]]\n')
+    assert len(load_grid(p).tasks()) == 2
+
+
+def test_the_shipped_policy_lengths_example_is_a_valid_grid():
+    from pathlib import Path
+
+    g = load_grid(Path(__file__).resolve().parents[2] / "results/configurator/policy_demo/policy_lengths.toml")
+    tasks = g.tasks()
+    assert len(tasks) == 8
+    assert {tuple(t["scenario"]["lengths"]) for t in tasks} == {(222.0, 197.0), (400.0, 300.0)}

@@ -61,7 +61,8 @@ def register_cli(subparsers) -> None:
     t.add_argument("--no-search", action="store_true", help="fit the default hyper-parameters only")
     t.add_argument("--features", default=None,
                    help="feature columns (default: the published 8); add mean_input_tokens,mean_output_tokens "
-                        "for the request-length mix (numeric columns of the labels)")
+                        "for the request-length mix (numeric columns of the labels) and policy for one indicator "
+                        "column per scheduler/cache policy of the labels (added anyway when they hold several)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_train)
@@ -122,6 +123,25 @@ def register_cli(subparsers) -> None:
 def _scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", required=True, help="per-adapter rate triple (req/s), e.g. 0.4,0.05,0.00625")
     p.add_argument("--ranks", required=True, help="rank triple, e.g. 8,16,32")
+    p.add_argument("--policy", default=None,
+                   help="scheduler/cache policy (a `twin policies` preset; default: the published "
+                        "fcfs+client-cap); predict: one the model was trained with")
+    p.add_argument("--lengths", default=None, metavar="IN,OUT",
+                   help="request-length mix: mean input and output tokens (the published ShareGPT pool is "
+                        "222,197, search's default); predict: needed by a model trained on the length features, "
+                        "and only 222,197 is accepted by one trained without them")
+
+
+def _lengths(args) -> tuple[float, float] | None:
+    from traces.arguments import parse_list
+
+    if args.lengths is None:
+        return None
+    v = parse_list(args.lengths, float, "--lengths", 0.0)
+    if len(v) != 2 or min(v) <= 0:
+        raise ValueError(f"--lengths {args.lengths!r}: expected two positive numbers IN,OUT (mean input and output "
+                         f"tokens), e.g. --lengths 222,197")
+    return float(v[0]), float(v[1])
 
 
 def _percentile_slo_args(p) -> None:
@@ -188,7 +208,7 @@ def cmd_train(args) -> int:
             "command": "twin configure train " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else srcs)}
     feats = [f.strip() for f in args.features.split(",")] if args.features else None
     if feats:
-        missing = [f for f in feats if f not in lab]
+        missing = [f for f in feats if f not in lab and f != "policy"]  # policy: checked by train
         if missing:
             raise ValueError(f"--features: {missing} not in the labels (columns: {sorted(lab.columns)})")
     from twin.sweep.runner import MissingExtra
@@ -217,6 +237,8 @@ def _extra_features(items: list[str]) -> dict[str, float]:
         name = name.strip()
         if not sep or not name:
             raise ValueError(f"--feature {item!r}: expected NAME=VALUE, e.g. --feature mean_input_tokens=222")
+        if name == "policy" or name.startswith("policy="):
+            raise ValueError(f"--feature {item!r}: give the policy as --policy NAME (e.g. --policy fcfs+client-cap)")
         try:
             out[name] = float(value)
         except ValueError:
@@ -231,24 +253,35 @@ def _load_for(args, kind: str):
 
 
 def cmd_predict(args) -> int:
+    from twin.configurator.features import LENGTH_FEATURES, is_policy_column, length_columns
     from twin.configurator.labels import features_of
     from twin.configurator.models import predict
 
     rates, ranks = _pair(args)
+    lengths = _lengths(args)
     model = _load_for(args, args.kind)
     x = features_of(rates, ranks)
     extra = _extra_features(args.feature)
+    both = sorted(set(extra) & set(LENGTH_FEATURES))
+    if both and lengths is not None:
+        raise ValueError(f"--feature {both[0]} and --lengths both set the request-length mix; give only --lengths")
+    if not both:
+        x.update(length_columns(model, lengths))
     unused = sorted(set(extra) - set(model["features"]))
     if unused:
         raise ValueError(f"--feature {unused[0]}: this model does not use it (its features: "
                          f"{', '.join(model['features'])}); drop the flag or pick a model trained with it")
     x.update(extra)
-    missing = [f for f in model["features"] if f not in x]
+    missing = [f for f in model["features"] if f not in x and not is_policy_column(f)]  # indicators: --policy
     if missing:
+        lens = " or as --lengths IN,OUT (mean input and output tokens, e.g. --lengths 222,197)" if set(missing) & set(
+            LENGTH_FEATURES) else ""
         raise ValueError(f"the model was trained on features {missing} beyond the rate and rank triples; "
-                         f"give them as --feature NAME=VALUE (e.g. --feature {missing[0]}=...)")
-    res = predict(model, x, explain=args.explain)
+                         f"give them as --feature NAME=VALUE (e.g. --feature {missing[0]}=...){lens}")
+    res = predict(model, x, explain=args.explain, policy=args.policy)
     res["rates"], res["ranks"] = rates, ranks
+    if all(f in x for f in LENGTH_FEATURES):
+        res["lengths"] = [x[f] for f in LENGTH_FEATURES]
     tp = res["throughput_tok_s"]
     if args.adapters:
         res["gpus_needed"] = int(math.ceil(args.adapters / res["served_adapters"]))
@@ -259,7 +292,9 @@ def cmd_predict(args) -> int:
         return 0
     print(f"serve {res['served_adapters']} adapters with {res['adapter_slots']} GPU adapter slots "
           f"(raw {res['served_adapters_raw']:.1f} / {res['adapter_slots_raw']:.1f}); expected throughput "
-          f"{tp:.0f} tok/s  [{res['model']} configurator, profile {res['profile']}, rule {res['rule']}]")
+          f"{tp:.0f} tok/s  [{res['model']} configurator, profile {res['profile']}, rule {res['rule']}, "
+          f"policy {res['policy']}" + (f", lengths {res['lengths'][0]:g}/{res['lengths'][1]:g}" if "lengths" in res
+                                       else "") + "]")
     u = res.get("uncertainty")
     if u:
         print(f"spread across {u['trees']} trees (p10-p90): served {u['served_adapters']['p10']:.0f}-"
@@ -270,6 +305,8 @@ def cmd_predict(args) -> int:
     if res.get("usd_per_million_tokens"):
         print(f"cost: {res['usd_per_million_tokens']:.3f} USD per million tokens at {args.gpu_hour_usd} USD/GPU-h")
     if args.explain:
+        from twin.configurator.features import feature_label
+
         if res.get("terms"):  # a rule ensemble (RuleFit): per target, the terms that add up at this scenario
             for t, v in res["terms"].items():
                 log = "log_prediction" in v
@@ -278,7 +315,7 @@ def cmd_predict(args) -> int:
                       + f", {'the exponent is ' if log else ''}the sum of (R<k>: the target's rule k in `configure rules`):")
                 for term in v["terms"]:
                     what = ("intercept" if term["term"] == "intercept" else
-                            f"{term['coef']:+.4g} * {term['feature']}" if term["term"] == "linear" else
+                            f"{term['coef']:+.4g} * {feature_label(term['feature'])}" if term["term"] == "linear" else
                             f"R{term['rule']}: {' AND '.join(term['conditions'])}")
                     print(f"  {term['contribution']:+.4f}  {what}")
         elif res.get("rule_path_by_tree"):  # a sum of trees (FIGS): one path per tree
@@ -308,7 +345,8 @@ def cmd_rules(args) -> int:
               file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"rules": model["rules"], "provenance": model["provenance"]}, indent=1, default=_jd))
+        pol = {"policies": model["policies"]} if model.get("policies") else {}  # the indicators' policies
+        print(json.dumps({"rules": model["rules"], **pol, "provenance": model["provenance"]}, indent=1, default=_jd))
     else:
         print(format_rules(model))
     return 0
@@ -352,9 +390,15 @@ def cmd_search(args) -> int:
     from traces.arguments import parse_list
     from twin.configurator.search import search
     from twin.sweep.grid import PUBLISHED_GRID
+    from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY
 
     pair = _pair(args)
-    kw = {"window_s": args.window}
+    kw: dict[str, Any] = {"window_s": args.window}
+    if args.policy is not None:  # checked with the grid, before any run
+        kw["policy"] = args.policy
+    lengths = _lengths(args)
+    if lengths is not None:
+        kw["lengths"] = lengths
     kw["served"] = parse_list(args.served, int, "--served", 1) if args.served else list(PUBLISHED_GRID)
     kw["slots"] = parse_list(args.slots, int, "--slots", 1) if args.slots else list(PUBLISHED_GRID)
     labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
@@ -363,6 +407,7 @@ def cmd_search(args) -> int:
     res = {"served_adapters": int(lab["served_adapters"]), "adapter_slots": int(lab["adapter_slots"]),
            "throughput_tok_s": float(lab["throughput_tok_s"]), "ratio_at_label": lab["ratio_at_label"],
            "margin": lab["margin"], "next_ratio": lab["next_ratio"], "rule": args.rule, "profile": args.profile,
+           "policy": kw.get("policy", DEFAULT_POLICY), "lengths": list(kw.get("lengths", DEFAULT_LENGTHS)),
            "runs": int(len(runs)), "runs_simulated": int((runs["status"] == "ok").sum()),
            "cpu_s": float(runs["wall_s"].fillna(0).sum())}
     if args.json:

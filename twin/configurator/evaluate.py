@@ -29,6 +29,8 @@ import numpy as np
 import pandas as pd
 
 from twin.configurator.labels import FEATURES, real_optima
+from twin.configurator.features import LENGTH_FEATURES, length_columns
+from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY
 from twin.configurator.models import smape_pct, snap_config
 from twin.sweep.grid import PUBLISHED_GRID
 from twin.configurator.labels import from_real
@@ -108,10 +110,16 @@ def score_predictor(name: str, preds: pd.DataFrame, truth: pd.DataFrame, grid: d
 
 
 def model_predictions(model: dict[str, Any], truth: pd.DataFrame) -> pd.DataFrame:
-
+    """A model's recommendation per real scenario. The real runs are the published policy
+    (``fcfs+client-cap``) and ShareGPT pool: a model with the length-mix features gets the label
+    row's ``mean_input_tokens`` / ``mean_output_tokens`` where present, else the published pool
+    means (222 / 197); a model that cannot recommend for that policy is an error naming it."""
     rows = []
     for _, r in truth.iterrows():
-        p = predict(model, {f: float(r[f]) for f in FEATURES})
+        x = {f: float(r[f]) for f in FEATURES}
+        lengths = [float(r[f]) for f in LENGTH_FEATURES if f in r and pd.notna(r[f])]
+        x.update(length_columns(model, lengths if len(lengths) == 2 else DEFAULT_LENGTHS))
+        p = predict(model, x, policy=DEFAULT_POLICY)
         rows.append({"scenario": r["scenario"], "served_raw": p["served_adapters_raw"],
                      "slots_raw": p["adapter_slots_raw"], "throughput": p["throughput_tok_s"]})
     return pd.DataFrame(rows)

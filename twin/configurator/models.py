@@ -15,6 +15,13 @@ keeps every tree: the spread across trees is the uncertainty; CART, one tree, wh
 imodels' ``FIGSRegressor``, a sum of small trees each fitted to the others' residuals; an optional
 extra, ``pip install 'lora-twin[configurator]'``). Files without ``combine`` are means.
 
+Features (:mod:`twin.configurator.features`): the published 8 by default; the request-length mix
+(``mean_input_tokens``, ``mean_output_tokens``) and the policy may be added. The policy is one 0/1
+indicator column per policy of the training labels (``policy=<name>`` among ``features``), with
+``"policies": [...]`` in the file; a model of one policy without indicators records it as
+``"policy"`` (absent: the published ``fcfs+client-cap``). :func:`predict` takes the policy by
+name and refuses one the model cannot recommend for.
+
 ``hstree`` is the <= 30-leaf CART tree with hierarchical shrinkage (Agarwal et al., ICML 2022;
 :mod:`twin.configurator.hstree`): the same rules as CART, leaf values pulled toward their ancestors'
 where a split rests on few scenarios. imodels' own ``HSTreeRegressor`` and ``RuleFitRegressor`` take
@@ -45,7 +52,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from twin.configurator.labels import FEATURES, TARGETS
+from twin.configurator.features import (describe_condition, design_matrix, feature_label, policy_columns,
+                                        readable_conditions, simplify_policy_conditions, single_policy,
+                                        training_columns)
+from twin.configurator.labels import TARGETS
 from twin.sweep.runner import MissingExtra
 
 SCHEMA = "lora-twin-configurator/1"
@@ -172,7 +182,7 @@ def format_rules(model: dict[str, Any]) -> str:
     lines = [f"# {model['kind']} configurator, profile {model['provenance'].get('profile')}, rule "
              f"{model['provenance'].get('rule')}, {len(model['rules'])} rules"]
     for i, r in enumerate(model["rules"], 1):
-        conds = " AND ".join(f"{c['feature']} {c['op']} {c['value']:.6g}" for c in r["conditions"]) or "always"
+        conds = " AND ".join(readable_conditions(r["conditions"], model.get("policies"))) or "always"
         p = r["predict"]
         n, g = p.get("served_adapters", math.nan), p.get("adapter_slots", math.nan)
         if grid:
@@ -212,7 +222,8 @@ def condition_holds(cond: dict[str, Any], x: dict[str, float]) -> bool:
 
 
 def format_condition(cond: dict[str, Any]) -> str:
-    return f"{cond['feature']} {cond['op']} {cond['value']:.6g}"
+    """``feature op value``, or on a policy indicator ``policy is X`` / ``policy is not X``."""
+    return describe_condition(cond["feature"], cond["op"], cond["value"])
 
 
 def ensemble_terms(ens: dict[str, Any], x: dict[str, float]) -> tuple[float, list[dict[str, Any]]]:
@@ -244,7 +255,7 @@ def format_rule_ensembles(model: dict[str, Any]) -> str:
         log = model.get("log_targets")
         lines.append(f"## {ens['target']} = {'exp(' if log else ''}{ens['intercept']:+.4f} + the terms below"
                      f"{')' if log else ''}  [{len(ens['rules'])} rules, {len(ens['linear'])} linear]")
-        items = [(lt["importance"], f"linear: {lt['coef']:+.4g} * {lt['feature']}"
+        items = [(lt["importance"], f"linear: {lt['coef']:+.4g} * {feature_label(lt['feature'])}"
                   + (f" (clipped to [{lt['clip'][0]:.6g}, {lt['clip'][1]:.6g}])"
                      if None not in lt["clip"] else "")) for lt in ens["linear"]]
         items += [(r["importance"], f"R{i}: {r['coef']:+.4f} IF "
@@ -284,10 +295,23 @@ def load_model(path_or_profile: str | os.PathLike, kind: str = "rf") -> dict[str
 
 
 # --------------------------------------------------------------------------- prediction
-def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -> dict[str, Any]:
+def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False,
+            policy: str | None = None) -> dict[str, Any]:
     """Recommendation for one feature dict: raw and snapped served / slots, throughput, uncertainty
     (spread across the forest's trees: 10th-90th percentile), and with ``explain`` the rule path (a
-    ``rulefit`` model: the terms that add up to each target, :func:`_predict_rule_ensembles`)."""
+    ``rulefit`` model: the terms that add up to each target, :func:`_predict_rule_ensembles`).
+
+    ``policy`` names the scheduler / cache policy (default: the published ``fcfs+client-cap``); a
+    model with policy features sets its indicator columns from it, and an unknown policy (or, for a
+    model without policy features, any other than the one it was trained on) is an error naming
+    the known ones (:func:`twin.configurator.features.policy_columns`). ``policy`` is in the result."""
+    pol, indicators = policy_columns(model, policy)
+    res = _predict(model, {**x, **indicators}, explain)
+    res["policy"] = pol
+    return res
+
+
+def _predict(model: dict[str, Any], x: dict[str, float], explain: bool) -> dict[str, Any]:
     feats = model["features"]
     missing = [f for f in feats if f not in x]
     if missing:
@@ -314,13 +338,15 @@ def predict(model: dict[str, Any], x: dict[str, float], explain: bool = False) -
     if explain:
         if model.get("rules"):
             r = rules_predict(model["rules"], x)
-            res["rule_path"] = [f"{c['feature']} {c['op']} {c['value']:.6g}" for c in r["conditions"]] if r else []
+            res["rule_path"] = readable_conditions(r["conditions"], model.get("policies")) if r else []
         else:
             by_tree = []
             for k in range(len(model["trees"]) if additive else 1):
                 tree = model["trees"][k]
-                by_tree.append([f"{feats[tree['feature'][a]]} {'<=' if b == tree['left'][a] else '>'} "
-                                f"{tree['threshold'][a]:.6g}" for a, b in zip(paths[k][:-1], paths[k][1:])])
+                by_tree.append(simplify_policy_conditions(
+                    [describe_condition(feats[tree["feature"][a]], "<=" if b == tree["left"][a] else ">",
+                                        tree["threshold"][a]) for a, b in zip(paths[k][:-1], paths[k][1:])],
+                    model.get("policies")))
             res["rule_path"] = by_tree[0]
             if additive:  # one path per tree; their leaf values add up to the prediction
                 res["rule_path"] = [c for k, steps in enumerate(by_tree) for c in [f"[tree {k + 1}]"] + steps]
@@ -432,11 +458,16 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
           grid: dict[str, list[int]] | None = None, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fit a model on label rows (from :func:`twin.configurator.dataset.build_dataset`), tuned by a
     ``cv``-fold halving grid search scored by SMAPE (served and slots) when ``search``. ``params``
-    sets estimator hyper-parameters outside the searched grid (e.g. RuleFit's ``n_estimators``)."""
+    sets estimator hyper-parameters outside the searched grid (e.g. RuleFit's ``n_estimators``).
+
+    ``features`` defaults to the published 8; ``policy`` among them (or labels of more than one
+    policy) adds one indicator column per policy (:mod:`twin.configurator.features`), stored with
+    the list of policies as ``"policies"``; labels of one policy without indicators store it as
+    ``"policy"``."""
     if kind not in KINDS:
         raise ValueError(f"unknown model kind {kind!r}; choose from {', '.join(KINDS)}")
-    feats = list(features or FEATURES)
-    X = labels[feats].to_numpy(float)
+    feats, policies = training_columns(labels, features)
+    X = design_matrix(labels, feats)
     Y = np.log(labels[list(TARGETS)].to_numpy(float))
     est, grid_params = _estimator(kind, seed)
     if params:
@@ -446,7 +477,9 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
         est.set_params(**params)
     info: dict[str, Any] = {}
     t0 = time.perf_counter()
-    n_cv = min(cv, len(labels))
+    # the halving search's first round fits 2 scenarios per fold ("min_resources_" = 2 x folds): at most
+    # half as many folds as scenarios (8 scenarios and 5 folds used to fail inside scikit-learn)
+    n_cv = min(cv, len(labels) // 2)
     if search and n_cv >= 2 and len(labels) >= 6:
         from sklearn.experimental import enable_halving_search_cv  # noqa: F401
         from sklearn.model_selection import HalvingGridSearchCV, KFold
@@ -490,6 +523,10 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
                        "params": {k: _jsonable(v) for k, v in est.get_params(deep=False).items()},
                        "sklearn": sklearn.__version__, "seed": seed, "fit_s": time.perf_counter() - t0,
                        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **info}}
+    if policies:
+        model["policies"] = policies
+    elif single_policy(labels) is not None:
+        model["policy"] = single_policy(labels)
     if kind in IMODELS_KINDS:
         model["provenance"]["imodels"] = getattr(_imodels(kind), "__version__", None) or _dist_version("imodels")
     if kind in ("cart", "hstree"):

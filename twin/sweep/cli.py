@@ -10,7 +10,7 @@ import sys
 def register_cli(subparsers) -> None:
     p = subparsers.add_parser(
         "sweep", help="run a grid of scenarios x configurations through the twin (Parquet shards, resume)",
-        description="Run a named grid (adapter-twin-llama, adapter-twin-qwen, adapter-twin-llama-ext, smoke) or a "
+        description="Run a named grid (adapter-twin-llama, adapter-twin-qwen, adapter-twin-llama-ext, smoke, policy-demo) or a "
                     "TOML/YAML grid file. One task = one scenario's walk over its configurations (slots x served "
                     "adapters); a walk stops at its first starving run and a run stops as soon as it is decided "
                     "starving. One Parquet shard per task under OUT/shards; an interrupted sweep resumes.")

@@ -42,7 +42,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from twin.sweep.scenario import profile_hash
+from twin.registry import PRESETS, load_entry_points
+from twin.sweep.scenario import DEFAULT_POLICY, check_lengths, profile_hash
 from twin.config import EngineConfig
 
 #: The published per-adapter rates (req/s) and ranks.
@@ -84,6 +85,8 @@ class GridSpec:
     # ------------------------------------------------------------------ enumeration
     def scenarios(self) -> list[dict[str, Any]]:
         """Every scenario (rates x ranks x lengths x arrival x policy) with its key."""
+        check_policies(self.policy)
+        check_lengths(self.lengths)
         out = []
         for rates, ranks, lengths, arrival, policy in itertools.product(self.rates, self.ranks, self.lengths,
                                                                         self.arrival, self.policy):
@@ -123,6 +126,18 @@ class GridSpec:
 
     def n_runs_max(self) -> int:
         return len(self.tasks()) * len(self.configs())
+
+
+def check_policies(names: list[str]) -> None:
+    """Every name is the published policy (``fcfs+client-cap``) or a preset of ``twin policies``;
+    otherwise an error naming the presets, before any run (the walk would record every run of the
+    scenario as an error)."""
+    load_entry_points()
+    known = {DEFAULT_POLICY, "validation", *PRESETS}
+    bad = [str(n) for n in names if n not in known and n not in (None, "")]
+    if bad:
+        raise ValueError(f"unknown policy {bad[0]!r}; use {DEFAULT_POLICY!r} (the published runs) or a preset of "
+                         f"`twin policies`: {', '.join(sorted(PRESETS))}")
 
 
 def task_hash(task: dict[str, Any]) -> str:
@@ -179,6 +194,14 @@ NAMED_GRIDS = {
     "smoke": lambda: GridSpec(name="smoke", profile="llama-3.1-8b_h100_vllm085", model="llama-3.1-8b",
                               window_s=120.0, rates=[[3.2, 1.6, 0.8], [0.8, 0.4, 0.1]],
                               ranks=[[8, 16, 32]], served=[8, 16, 32], slots=[8, 16], ttft_slo_s=5.0, tbt_slo_s=0.2),
+    # the policy as a scenario axis (one configurator per policy, results/configurator/README.md): 8
+    # scenarios x 3 vLLM-engine policies (the published one, an EMA-popularity prefetching cache, a static
+    # LoRA/KV partition), served 8-96 x slots 8-16, a 120 s window: about 30 CPU-s
+    "policy-demo": lambda: GridSpec(
+        name="policy-demo", profile="llama-3.1-8b_h100_vllm085", model="llama-3.1-8b", window_s=120.0,
+        rates=[[3.2, 1.6, 0.8], [1.6, 0.8, 0.4], [0.8, 0.4, 0.1], [0.4, 0.1, 0.05]], ranks=[[8, 16, 32], [8, 8, 16]],
+        policy=["fcfs+client-cap", "ema-prefetch", "vllm-partition"], served=[8, 12, 16, 24, 32, 48, 64, 96],
+        slots=[8, 16]),
 }
 
 

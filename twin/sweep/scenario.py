@@ -50,6 +50,7 @@ from twin.validation import (  # noqa: F401  (re-exported for the sweep and the 
     spec_from_row,
 )
 from twin.perf.profile import load_profile
+from twin.validation.recreate import sharegpt_model
 import twin
 from twin.requests import FINISHED
 from twin.engine import Engine
@@ -126,6 +127,23 @@ def _policy_objects(policy: str | None):
                 make_cache("lru"))
     s, c, _ = resolve_policy(policy, None, None)
     return s, c
+
+
+
+def check_lengths(lengths: list[list[float]]) -> None:
+    """Every (mean input, mean output) pair of a grid can be drawn from the ShareGPT-like length
+    model under the real runs' filters (:func:`twin.validation.recreate.sharegpt_model`);
+    otherwise an error naming the reachable range, before any run (every run of the scenario would
+    fail building its workload)."""
+    for pair in lengths:
+        if len(pair) != 2 or not all(math.isfinite(float(v)) and float(v) > 0 for v in pair):
+            raise ValueError(f"grid lengths {pair!r}: expected [mean input tokens, mean output tokens], both > 0")
+        try:
+            sharegpt_model(float(pair[0]), float(pair[1]))
+        except FileNotFoundError:
+            return  # no length model here at all: every run reports it
+        except ValueError as e:
+            raise ValueError(f"grid lengths {[float(v) for v in pair]}: {e}; pick means within that range") from None
 
 
 # --------------------------------------------------------------------------- bounds

@@ -1,0 +1,199 @@
+"""Scenario features of a configurator beyond the published eight: the request-length mix and the
+scheduler / cache policy.
+
+The published approach (issue 14, "Features") describes a scenario by 8 numbers, the max, min,
+mean and std of its rate and rank triples (:data:`twin.configurator.labels.FEATURES`), and its
+models recommend for one policy only (vLLM FCFS behind the client's in-flight cap, LRU adapters:
+``fcfs+client-cap``). Here a model may also see
+
+* the request-length mix: ``mean_input_tokens`` and ``mean_output_tokens`` (numeric columns of
+  every sweep row, :func:`twin.sweep.walk.scenario_columns`; the published pool means are 222 /
+  197, :data:`twin.sweep.scenario.DEFAULT_LENGTHS`);
+* the policy (a ``twin policies`` preset name, the sweep grid's ``policy`` axis), a categorical
+  feature encoded as one 0/1 indicator column per policy seen in training, named
+  ``policy=<name>`` (one-hot encoding: every tree kind splits an indicator at 0.5, so a rule
+  reads "policy is X" / "policy is not X", :func:`describe_condition`).
+
+A model file stores the indicator columns among its ``features`` and the list of its policies as
+``"policies"``; a model trained on one policy without indicators stores it as ``"policy"`` (absent:
+the published ``fcfs+client-cap``, as every model trained before this module). Prediction builds
+the indicators from a policy name and refuses a policy the model never saw
+(:func:`policy_columns`), and a model without length features refuses a length mix other than
+the published one (:func:`length_columns`): neither is silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from twin.configurator.labels import FEATURES
+from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY
+
+#: the name that asks for the policy indicators in ``train --features``
+POLICY = "policy"
+#: prefix of an indicator column: ``policy=fcfs+client-cap``
+POLICY_PREFIX = "policy="
+#: the request-length mix (mean input / output tokens of the scenario's request pool)
+LENGTH_FEATURES = ("mean_input_tokens", "mean_output_tokens")
+
+
+def policy_column(name: str) -> str:
+    """The indicator column of a policy: ``policy=<name>``."""
+    return POLICY_PREFIX + str(name)
+
+
+def is_policy_column(feature: str) -> bool:
+    return str(feature).startswith(POLICY_PREFIX)
+
+
+def training_columns(labels: pd.DataFrame, features: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """``(feature columns, policies)`` of a model trained on ``labels``.
+
+    ``features`` defaults to the published 8; the name ``policy`` among them asks for the policy
+    indicators, and they are added anyway when the labels hold more than one policy (a model that
+    mixed several policies' optima without seeing which is which would recommend for none of them).
+    ``policies`` is empty when no indicators are used. Errors name the fix."""
+    requested = list(features or FEATURES)
+    numeric = [f for f in requested if f != POLICY]
+    bad = [f for f in numeric if is_policy_column(f)]
+    if bad:
+        raise ValueError(f"--features: {bad[0]!r} is an indicator column; name {POLICY!r} to encode every policy "
+                         f"of the labels")
+    missing = [f for f in numeric if f not in labels]
+    if missing:
+        raise ValueError(f"--features: {missing} not in the labels (columns: {sorted(map(str, labels.columns))})")
+    has_policy = POLICY in labels and labels[POLICY].notna().all()
+    policies = sorted(labels[POLICY].astype(str).unique().tolist()) if has_policy else []
+    want = POLICY in requested or len(policies) > 1
+    if want and not policies:
+        raise ValueError("--features names 'policy', but the labels have no policy column (labels of a `twin sweep` "
+                         "whose grid has a policy axis have one); drop 'policy' from --features")
+    if not want:
+        return numeric, []
+    return numeric + [policy_column(p) for p in policies], policies
+
+
+def design_matrix(labels: pd.DataFrame, columns: list[str]) -> np.ndarray:
+    """The feature matrix of ``labels`` for ``columns`` (indicators computed from the ``policy`` column)."""
+    cols = []
+    for c in columns:
+        if is_policy_column(c):
+            cols.append((labels[POLICY].astype(str) == c[len(POLICY_PREFIX):]).to_numpy(float))
+        else:
+            cols.append(labels[c].to_numpy(float))
+    return np.column_stack(cols) if cols else np.empty((len(labels), 0))
+
+
+def single_policy(labels: pd.DataFrame) -> str | None:
+    """The one policy of ``labels`` (a ``policy`` column with a single value), else None."""
+    if POLICY in labels and labels[POLICY].notna().all():
+        vals = labels[POLICY].astype(str).unique().tolist()
+        if len(vals) == 1:
+            return vals[0]
+    return None
+
+
+def model_policies(model: dict[str, Any]) -> list[str]:
+    """The policies a model's indicator columns encode (empty: no policy features)."""
+    return list(model.get("policies") or [])
+
+
+def trained_policy(model: dict[str, Any]) -> str:
+    """The one policy a model without policy features was trained on (the published by default)."""
+    return str(model.get("policy") or DEFAULT_POLICY)
+
+
+def resolve_policy_name(model: dict[str, Any], policy: str | None) -> str:
+    """The policy a prediction is for: ``policy``, or by default the published ``fcfs+client-cap``
+    (a model without policy features: the one it was trained on). Errors name the known ones."""
+    pols = model_policies(model)
+    if not pols:
+        own = trained_policy(model)
+        if policy not in (None, own):
+            raise ValueError(f"policy {policy!r}: this configurator was trained without policy features, on "
+                             f"{own!r} runs only, so it cannot recommend for another policy. Train one on a sweep "
+                             f"with a policy axis (e.g. `twin sweep policy-demo`, then `twin configure train "
+                             f"<sweep> --features ...,policy`), or drop --policy")
+        return own
+    name = DEFAULT_POLICY if policy is None else str(policy)
+    if name not in pols:
+        raise ValueError(f"policy {name!r}: this configurator was not trained with it; it knows "
+                         f"{', '.join(pols)} (--policy NAME)")
+    return name
+
+
+def policy_columns(model: dict[str, Any], policy: str | None) -> tuple[str, dict[str, float]]:
+    """``(policy, indicator values)`` of a prediction (no values for a model without policy features)."""
+    name = resolve_policy_name(model, policy)
+    return name, {policy_column(p): float(p == name) for p in model_policies(model)}
+
+
+def length_columns(model: dict[str, Any], lengths: tuple[float, float] | list[float] | None) -> dict[str, float]:
+    """The length-mix features of a prediction from ``lengths`` (mean input, output tokens); none
+    when ``lengths`` is None (a model trained on them then asks for them: ``--lengths``). A model
+    trained without them refuses a length mix other than the published pool means (222 / 197)
+    instead of ignoring it."""
+    used = [f for f in LENGTH_FEATURES if f in model["features"]]
+    if lengths is None:
+        return {}
+    vals = [float(v) for v in lengths]
+    if len(vals) != 2 or not all(math.isfinite(v) and v > 0 for v in vals):
+        raise ValueError(f"--lengths {lengths!r}: expected two positive numbers IN,OUT (mean input and output "
+                         f"tokens), e.g. --lengths 222,197")
+    if not used:
+        if [round(v, 3) for v in vals] != [round(float(v), 3) for v in DEFAULT_LENGTHS]:
+            raise ValueError(f"--lengths {vals[0]:g},{vals[1]:g}: this configurator was trained without the "
+                             f"length-mix features, on the published {DEFAULT_LENGTHS[0]:g} / {DEFAULT_LENGTHS[1]:g} "
+                             f"tokens only; train one with --features ...,mean_input_tokens,mean_output_tokens on a "
+                             f"sweep with a lengths axis, or drop --lengths")
+        return {}
+    return dict(zip(LENGTH_FEATURES, vals))
+
+
+def feature_label(feature: str) -> str:
+    """A feature as text: an indicator as ``[policy is X]``, anything else by its name."""
+    return f"[policy is {feature[len(POLICY_PREFIX):]}]" if is_policy_column(feature) else str(feature)
+
+
+def describe_condition(feature: str, op: str, value: float) -> str:
+    """One rule condition as text. On a policy indicator (0 or 1) a threshold condition reads
+    ``policy is X`` or ``policy is not X``; anything else ``feature op value``."""
+    v = float(value)
+    if is_policy_column(feature):
+        name = feature[len(POLICY_PREFIX):]
+        holds_at = {"<=": (0.0 <= v, 1.0 <= v), "<": (0.0 < v, 1.0 < v),
+                    ">": (0.0 > v, 1.0 > v), ">=": (0.0 >= v, 1.0 >= v)}.get(op)
+        if holds_at == (False, True):
+            return f"policy is {name}"
+        if holds_at == (True, False):
+            return f"policy is not {name}"
+    return f"{feature} {op} {v:.6g}"
+
+
+def readable_conditions(conditions: list[dict[str, Any]], policies: list[str] | None = None) -> list[str]:
+    """A rule's conditions (``{"feature", "op", "value"}``) as text: :func:`describe_condition`,
+    then :func:`simplify_policy_conditions`."""
+    return simplify_policy_conditions([describe_condition(c["feature"], c["op"], c["value"]) for c in conditions],
+                                      policies)
+
+
+def simplify_policy_conditions(texts: list[str], policies: list[str] | None = None) -> list[str]:
+    """The conditions of one rule or path as text, the policy ones simplified: one indicator is 1,
+    so ``policy is X`` makes every ``policy is not Y`` redundant (dropped), and ``policy is not``
+    every known policy (``policies``, the model's) but one reads ``policy is`` that one."""
+    neg = [t for t in texts if t.startswith("policy is not ")]
+    pos = [t for t in texts if t.startswith("policy is ") and t not in neg]
+    if pos:
+        return [t for t in texts if t not in neg]
+    if neg and policies:
+        left = [p for p in policies if f"policy is not {p}" not in neg]
+        if len(left) == 1:
+            at = texts.index(neg[0])
+            out = list(texts)
+            out[at] = f"policy is {left[0]}"
+            return [t for t in out if t not in neg]
+    return list(texts)
