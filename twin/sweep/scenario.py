@@ -129,7 +129,6 @@ def _policy_objects(policy: str | None):
     return s, c
 
 
-
 def check_lengths(lengths: list[list[float]]) -> None:
     """Every (mean input, mean output) pair of a grid can be drawn from the ShareGPT-like length
     model under the real runs' filters (:func:`twin.validation.recreate.sharegpt_model`);
