@@ -176,8 +176,14 @@ class Extensions:
         p = self.prefix
         if p is None:
             return 0
-        return p.hbm_blocks - (p.hbm_blocks_of(exclude) if exclude is not None else 0) - sum(
-            n.blocks for n in p.nodes.values() if n.tier == "loading" and n is not exclude)
+        # HBM history blocks not being copied in, less the excluded node's (the node a request is
+        # about to take); ``loading_blocks`` is kept by HistoryKV (one count, not a walk over the nodes)
+        loading = p.loading_blocks
+        if exclude is not None:
+            if exclude.tier == "loading":
+                return p.hbm_blocks - loading
+            return p.hbm_blocks - p.hbm_blocks_of(exclude) - loading
+        return p.hbm_blocks - loading
 
     def reclaimable(self, exclude_node: Any = None, exclude_adapter: int = -1) -> int:
         """Pool blocks that evicting idle adapters (unified pool) and history KV would free."""

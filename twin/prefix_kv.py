@@ -71,6 +71,9 @@ class HistoryKV:
         self.prefix = prefix.astype(np.int64).tolist()
         self.nodes: dict[int, HistoryNode] = {}
         self.hbm_blocks = 0
+        #: blocks of the nodes still being copied in (tier 'loading'; part of ``hbm_blocks``), kept
+        #: as a count so that the reclaimable memory an admission checks costs no walk over the nodes
+        self.loading_blocks = 0
         self.host_tokens = 0
         self.host_capacity_tokens = host_capacity_tokens
         kvp = engine.profile.components["kv"].params
@@ -162,6 +165,7 @@ class HistoryKV:
         elif node.tier == "loading":
             self.e.return_blocks(node.blocks)
             self.hbm_blocks -= node.blocks
+            self.loading_blocks -= node.blocks
             ctx.loads.append(Load(-1, "wait", 0.0, 0.0, 0, wait=node.proc))
             ctx.load_rids.append(rid)
         else:  # host: copy back on the critical path
@@ -201,6 +205,8 @@ class HistoryKV:
         if node.tier in ("hbm", "loading"):
             self.e.return_blocks(node.blocks)
             self.hbm_blocks -= node.blocks
+            if node.tier == "loading":
+                self.loading_blocks -= node.blocks
         elif node.tier == "host":
             self.host_tokens -= node.tokens
 
@@ -234,6 +240,7 @@ class HistoryKV:
             return False
         e.lend_blocks(node.blocks)
         self.hbm_blocks += node.blocks
+        self.loading_blocks += node.blocks
         self.host_tokens -= node.tokens
         node.tier = "loading"
         nbytes = self.node_bytes(node)
@@ -247,6 +254,7 @@ class HistoryKV:
     def _swapped_in(self, node: HistoryNode, now: float) -> None:
         if node.tier == "loading" and self.nodes.get(node.conv) is node:
             node.tier = "hbm"
+            self.loading_blocks -= node.blocks
             node.proc = None
             self.cache.on_history(node, "swap_in", now)
 
@@ -259,6 +267,8 @@ class HistoryKV:
     def check(self) -> None:
         hb = sum(n.blocks for n in self.nodes.values() if n.tier in ("hbm", "loading"))
         assert hb == self.hbm_blocks, f"history KV: HBM blocks {hb} != {self.hbm_blocks}"
+        lb = sum(n.blocks for n in self.nodes.values() if n.tier == "loading")
+        assert lb == self.loading_blocks, f"history KV: loading blocks {lb} != {self.loading_blocks}"
         ht = sum(n.tokens for n in self.nodes.values() if n.tier == "host")
         assert ht == self.host_tokens, "history KV: host tokens out of sync"
 
