@@ -7,7 +7,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -58,7 +58,8 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
              max_run_steps: int | None = None, progress: bool = False, record_steps: bool = True,
              scheduler_obj=None, cache_obj=None, check_invariants: bool = False, extra: dict[str, Any] | None = None,
              system: str | None = None, frontend_s: float = 0.0, scrape_s_per_label: float = 0.0,
-             scrape_period_s: float = SCRAPE_PERIOD_S) -> SimResult:
+             scrape_period_s: float = SCRAPE_PERIOD_S, stop_when: Callable[[Any], bool] | None = None,
+             stop_check_s: float = 5.0) -> SimResult:
     """Replay ``workload`` through the engine and collect the results.
 
     ``policy`` names a preset (``twin policies``); ``scheduler``/``cache`` override its parts.
@@ -71,6 +72,12 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     ``scrape_s_per_label``: the server's metrics scrape every ``scrape_period_s`` stalls the
     client-observed path for this many seconds per LoRA label series seen so far
     (:mod:`twin.scrape_stall`; 0: off); reported as ``scrape_us_per_label`` when set.
+    ``stop_when(engine)``: a decision rule checked every ``stop_check_s`` simulated seconds (the run
+    advances in chunks that end at a check or at the engine's end: SimPy processes the same events in
+    the same order, so a chunked run is bit-identical to a whole one, as in
+    :func:`twin.sweep.scenario.run_config`; a test compares them);
+    when it returns True the run stops there and the summary is only ``stopped_early: True`` and
+    ``stopped_at_s`` (with the policy, system and profile): the caller's rule decided the outcome.
     """
     if not (frontend_s >= 0.0 and math.isfinite(frontend_s)):
         raise ValueError(f"frontend_s {frontend_s!r}: give the front-end latency in seconds, >= 0 (0: off)")
@@ -93,6 +100,19 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
                           check_invariants=check_invariants)
     eng.frontend_s = float(frontend_s)
     eng.scrape_s_per_label, eng.scrape_period_s = float(scrape_s_per_label), float(scrape_period_s)
+    if stop_when is not None:
+        if not stop_check_s > 0:
+            raise ValueError(f"stop_check_s {stop_check_s!r}: give the check interval in simulated seconds, > 0")
+        env, t = eng.env, stop_check_s
+        while eng.proc.is_alive:
+            # to the next check, or to the engine's end if that comes first (the clock must not
+            # pass it: the summary's simulated time is the clock's)
+            env.run(until=env.any_of([eng.proc, env.timeout(max(t - env.now, 0.0))]))
+            if eng.proc.is_alive and stop_when(eng):
+                return SimResult({"policy": label, "system": system, "scheduler": scheduler_obj.name,
+                                  "cache": cache_obj.name, "profile": prof.name, "stopped_early": True,
+                                  "stopped_at_s": float(eng.env.now)}, eng)
+            t += stop_check_s
     eng.run()
     wall = time.perf_counter() - t0
     summary = summarize(eng, wall, ttft_slo_s, tbt_slo_s)

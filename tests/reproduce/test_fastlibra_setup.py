@@ -42,15 +42,18 @@ def test_runner_point_adds_the_measured_figures():
 
 class _StubRunner:
     """Answers points with a TTFT of 100 ms per req/s after the warm-up and 10 s over the whole run
-    (a transient that must not count), recording the warm-up each point was asked for."""
+    (a transient that must not count), recording the warm-up each point was asked for and the
+    TTFT limit a probe may stop at."""
 
     def __init__(self):
         self.warmups = set()
         self.durations = set()
+        self.limits = set()
 
-    def point(self, run, preset, rps, measure_from_s=None):
+    def point(self, run, preset, rps, measure_from_s=None, fail_above_ttft_s=None):
         self.warmups.add(measure_from_s)
         self.durations.add(run.duration)
+        self.limits.add(fail_above_ttft_s)
         return {"ttft_ms_mean": 1e4, "tpot_ms_mean": 1e3, "measured_ttft_ms_mean": 100.0 * rps,
                 "measured_tpot_ms_mean": 20.0}
 
@@ -62,6 +65,8 @@ def test_fastlibra_points_are_measured_after_the_warmup():
     stub = _StubRunner()
     m = fastlibra.measure(stub, True, {"WOL": "fastlibra-wol"})
     assert stub.warmups == {fastlibra.QUICK.warmup_s}
+    # the peak search's probes may stop at the 500 ms limit; the rates' points run to the end
+    assert stub.limits == {fastlibra.TTFT_LIMIT_S, None}
     assert stub.durations == {fastlibra.QUICK.warmup_s + fastlibra.QUICK.duration_s}
     for w in m["workloads"].values():
         # the peak follows the measured TTFT (< 500 ms below 5 req/s), not the whole run's 10 s

@@ -28,8 +28,11 @@ from twin.config import ConfigError
 from twin.perf.profile import available_profiles
 from twin.registry import PRESETS, load_entry_points, resolve_policy, resolve_system
 from twin.reproduce.point_cache import PointCache
+from twin.requests import REJECTED
 from twin.scenario import RunConfig, build_engine_config, build_workload
 from twin.simulate import simulate
+
+_REJECTED = int(REJECTED)
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,42 @@ def window_metrics(requests, t0: float) -> dict[str, Any]:
             "measured_tpot_ms_mean": float(tpot.mean()) * 1000.0 if tpot.size else None}
 
 
+def measured_ttft_mean_lower_bound(engine: Any, t0: float) -> float:
+    """A lower bound, from the engine's state now, on the final ``measured_ttft_ms_mean`` / 1000 of
+    :func:`window_metrics` (mean TTFT in seconds of the finished requests that arrived at or after
+    ``t0``), for a run that goes on until every request has finished (no horizon, no request
+    dropped after its arrival: every request not rejected up front finishes). Each such request
+    contributes its TTFT once known; one that arrived and has no first token yet, at least
+    ``now - arrival``; one that has not arrived, at least 0 (front-end latency only adds). The
+    final mean is over exactly these requests, so it is at least their sum over their count."""
+    arr = np.asarray(engine.arrival, float)
+    keep = (arr >= t0) & (np.asarray(engine.state) != _REJECTED)
+    n = int(np.count_nonzero(keep))
+    if not n:
+        return 0.0
+    now = float(engine.env.now)
+    a, ft = arr[keep], np.asarray(engine.first_token, float)[keep]
+    known = ft == ft
+    lower = np.where(known, ft - a, np.maximum(now - a, 0.0))
+    return float(lower.sum()) / n
+
+
+def ttft_mean_exceeds(limit_s: float, t0: float) -> Callable[[Any], bool]:
+    """A :func:`twin.simulate.simulate` ``stop_when`` rule for a run whose outcome is judged by
+    ``measured_ttft_ms_mean < limit_s`` (a peak search's probe): True once
+    :func:`measured_ttft_mean_lower_bound` reaches ``limit_s`` -- the full run would fail too. Never
+    True for a run with a horizon or a scheduler that drops requests after their arrival (the
+    client cap): there not every request finishes, so the bound does not hold."""
+
+    def rule(engine: Any) -> bool:
+        if engine.horizon != math.inf or getattr(engine.scheduler, "dropped", None) is not None \
+                or getattr(engine, "_dropped", None) is not None:
+            return False
+        return measured_ttft_mean_lower_bound(engine, t0) >= limit_s
+
+    return rule
+
+
 def _pool_use_peak(res, prof, cfg, blocks: float) -> float | None:
     """The largest share of a unified pool (S-LoRA's ``max_total_token_num`` slots) in use at a
     step: KV plus resident adapter weights in KV-token units (``adapter_mem_bytes`` / the KV
@@ -265,26 +304,37 @@ class Runner:
     def point(self, run: RunConfig, policy: str | None, rps: float | None = None, *, scheduler: str | None = None,
               cache: str | None = None, slo_s: float | None = None, accuracy: float | None = None,
               lora_targets: str | None = None, memory: bool = False,
-              measure_from_s: float | None = None) -> dict[str, Any]:
+              measure_from_s: float | None = None, fail_above_ttft_s: float | None = None) -> dict[str, Any]:
         """The summary (plus :func:`_request_metrics`) of ``run`` at ``rps`` under the preset
         ``policy`` (``scheduler``/``cache`` override its parts). ``slo_s`` is the TTFT SLO, given to
         schedulers that plan with one (Chameleon's quotas) as ``twin compare`` does. ``memory``:
         record the steps and add ``kv_use_peak``, the largest share of the KV blocks in use, ``mem_use_peak``
         (:func:`_pool_use_peak`) and the pool's use by requests and by cached adapters (:func:`pool_shares`).
         ``measure_from_s``: a warm-up; add the ``measured_*`` figures of :func:`window_metrics` over the
-        requests that arrive from then on (the summary's own figures stay over the whole run)."""
+        requests that arrive from then on (the summary's own figures stay over the whole run).
+        ``fail_above_ttft_s`` (with ``measure_from_s``; a peak search's probe judged by
+        ``measured_ttft_ms_mean``): stop the run as soon as that mean is known to reach this limit
+        (:func:`ttft_mean_exceeds`, an exact bound); the point is then only ``stopped_early: True``,
+        ``stopped_at_s`` and ``measured_ttft_ms_mean_lower`` (the bound, ms) beside the preset and rate.
+        Never stops a run where requests can be dropped after their arrival (:func:`ttft_mean_exceeds`)."""
+        if fail_above_ttft_s is not None and measure_from_s is None:
+            raise ValueError("Runner.point: fail_above_ttft_s judges the measured requests; give measure_from_s too")
         if rps is not None:
             run = dataclasses.replace(run, rps=float(rps))
         key = (repr(run), policy, scheduler, cache, slo_s, accuracy, lora_targets, memory)
         if measure_from_s is not None:  # (points without a warm-up keep their keys in the on-disk cache)
             key += (float(measure_from_s),)
-        if key in self.memo:
-            return self.memo[key]
-        if self.cache is not None and (stored := self.cache.get(key)) is not None:
-            self.memo[key] = stored
-            if self.bar is not None:
-                self.bar.update()
-            return stored
+        full_key = key  # a run to the end (also what a probe that did not stop is stored as)
+        if fail_above_ttft_s is not None:
+            key += (("fail_above_ttft_s", float(fail_above_ttft_s)),)
+        for k in dict.fromkeys((full_key, key)):  # a full run answers a probe too
+            if k in self.memo:
+                return self.memo[k]
+            if self.cache is not None and (stored := self.cache.get(k)) is not None:
+                self.memo[k] = stored
+                if self.bar is not None:
+                    self.bar.update()
+                return stored
         if self.bar is not None:
             self.bar.set_postfix_str(f"{policy or scheduler}+{cache or ''} at {run.rps:.3g} req/s")
         prof = load_compare_profile(run.profile, lora_targets)
@@ -295,9 +345,21 @@ class Runner:
             s.slo_s = slo_s
         if accuracy is not None and hasattr(s, "accuracy"):
             s.accuracy = accuracy
+        stop_when = None
+        if fail_above_ttft_s is not None:
+            stop_when = ttft_mean_exceeds(float(fail_above_ttft_s), float(measure_from_s))
         res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=memory,
                        system=resolve_system(policy, run.system),  # the preset's engine, as twin.compare.run_one
-                       frontend_s=run.frontend_ms / 1000.0)
+                       frontend_s=run.frontend_ms / 1000.0, stop_when=stop_when)
+        if res.summary.get("stopped_early"):
+            out = {**res.summary, "preset": policy or label, "rps": run.rps, "measured_from_s": float(measure_from_s),
+                   "measured_ttft_ms_mean_lower": 1000.0 * measured_ttft_mean_lower_bound(res.engine, measure_from_s)}
+            self.memo[key] = out
+            if self.cache is not None:
+                self.cache.put(key, out)
+            if self.bar is not None:
+                self.bar.update()
+            return out
         out = {k: v for k, v in res.summary.items()
                if not isinstance(v, (dict, list)) and k not in HOST_TIMINGS}
         if memory:
@@ -309,9 +371,9 @@ class Runner:
         out.update({"preset": policy or label, "rps": run.rps, **_request_metrics(res)})
         if measure_from_s is not None:
             out.update(window_metrics(res.requests, float(measure_from_s)))
-        self.memo[key] = out
+        self.memo[full_key] = out
         if self.cache is not None:
-            self.cache.put(key, out)
+            self.cache.put(full_key, out)
         if self.bar is not None:
             self.bar.update()
         return out

@@ -162,15 +162,19 @@ def measure(runner: Runner, quick: bool, presets: dict[str, str]) -> dict[str, A
     fl = pick("preset", FASTLIBRA, FASTLIBRA, subs)
     names = {label: pick("preset", p, p, subs) for label, p in presets.items()}
     # every point is measured over the arrivals after the warm-up (``measured_*``, base.window_metrics)
-    ok = lambda s: (s["measured_ttft_ms_mean"] is not None  # noqa: E731
+    ok = lambda s: (not s.get("stopped_early") and s["measured_ttft_ms_mean"] is not None  # noqa: E731
                     and s["measured_ttft_ms_mean"] < TTFT_LIMIT_S * 1000.0)
     point = lambda run, preset, r: runner.point(run, preset, r, measure_from_s=effort.warmup_s)  # noqa: E731
+    # a peak-search probe stops once its mean TTFT is known to reach the limit (an exact bound:
+    # past the peak the queue would otherwise be simulated until it drains)
+    probe = lambda run, preset, r: runner.point(run, preset, r, measure_from_s=effort.warmup_s,  # noqa: E731
+                                                fail_above_ttft_s=TTFT_LIMIT_S)
     out: dict[str, Any] = {"effort": effort, "substitutions": subs, "workloads": {}, "points": [], "presets": names}
     for scen, wname in WORKLOADS.items():
         run = scenario(wname, effort, subs)
         peaks = {}
         for label, preset in {"FastLibra": fl, **names}.items():
-            k = knee_search(lambda r: point(run, preset, r), ok, PEAK_SEARCH_START, 0,
+            k = knee_search(lambda r: probe(run, preset, r), ok, PEAK_SEARCH_START, 0,
                             resolution=effort.peak_resolution)
             peaks[label] = k.rate
         rates = [peaks["FastLibra"] * (i + 1) / effort.rates for i in range(effort.rates)]
