@@ -1,4 +1,4 @@
-"""Why the FastLibra ablations equal the full policy: TTFT breakdown and swapper decisions per variant.
+"""Why the FastLibra ablations stay close to the full policy: TTFT breakdown and swapper decisions per variant.
 
 One point per workload of ``twin reproduce fastlibra-ablation``'s set-up (64 GB, Llama-2-7B A100
 profile, 50 LoRAs, ``WARMUP_S`` of warm-up then 60 s measured) at a rate inside FastLibra's peak, for
@@ -6,7 +6,7 @@ profile, 50 LoRAs, ``WARMUP_S`` of warm-up then 60 s measured) at a rate inside 
 queueing, LoRA and KV cold starts (count and seconds waited) and their share of the TTFT sum,
 swap-outs (of which LoRAs, and LoRAs that left their KV in HBM), the decisions the dependency tree
 and LoRA_Eval changed, the share of ticks with LoRA_Eval > 1, HBM usage, busy ticks and the
-invalid-KV share (README "Why the FastLibra ablations equal the full policy"). About a minute of
+invalid-KV share (README "Why the FastLibra ablations stay close to the full policy"). About a minute of
 CPU. Run:
 
     PYTHONPATH=. python benchmarks/fastlibra_ablation_breakdown.py
