@@ -58,3 +58,14 @@ def real_run_row(**kw) -> dict:
     row.update(kw)
     return row
 
+
+
+def configure_parser():
+    """An argument parser with the ``twin configure`` subcommands (the configurator CLI's tests)."""
+    import argparse
+
+    from twin.configurator.cli import register_cli
+
+    p = argparse.ArgumentParser()
+    register_cli(p.add_subparsers())
+    return p

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.helpers import configure_parser
 from twin.configurator.labels import FEATURES, features_of
 from twin.configurator.models import (format_rules, load_model, predict, rules_predict, save_model, snap_config,
                                       train)
@@ -168,7 +168,7 @@ def test_an_imodels_kind_without_imodels_names_the_extra(monkeypatch, tmp_path, 
         train(synthetic_labels(12), "figs", search=False)
     lab = tmp_path / "lab.csv"
     synthetic_labels(12).to_csv(lab, index=False)
-    p = _cli()
+    p = configure_parser()
     ns = p.parse_args(["configure", "train", str(lab), "--kind", "figs", "--out", str(tmp_path / "m.json")])
     assert ns.func(ns) == 2
     assert "lora-twin[configurator]" in capsys.readouterr().err and not (tmp_path / "m.json").exists()
@@ -179,17 +179,9 @@ def test_snap():
     assert snap_config(20, 300, list(PUBLISHED_GRID), list(PUBLISHED_GRID)) == (16, 16)
 
 
-def _cli():
-    from twin.configurator.cli import register_cli
-
-    p = argparse.ArgumentParser()
-    register_cli(p.add_subparsers())
-    return p
-
-
 def test_predict_and_rules_cli(models, capsys):
     _, paths = models
-    p = _cli()
+    p = configure_parser()
     ns = p.parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--model",
                        str(paths["rf"]), "--json", "--explain", "--adapters", "1000", "--gpu-hour-usd", "3"])
     assert ns.func(ns) == 0
@@ -220,7 +212,7 @@ def test_dataset_and_train_cli_on_a_sweep(tmp_path, capsys):
     from twin.sweep.runner import run_sweep
 
     run_sweep(load_grid("smoke"), tmp_path / "sw", progress=False)
-    p = _cli()
+    p = configure_parser()
     ns = p.parse_args(["configure", "dataset", str(tmp_path / "sw"), "--out", str(tmp_path / "lab.csv"), "--json"])
     assert ns.func(ns) == 0
     d = json.loads(capsys.readouterr().out)
@@ -254,7 +246,7 @@ def test_predict_takes_extra_features_the_model_was_trained_on(tmp_path, capsys)
     m = train(lab, "cart", features=feats, cv=3, search=False,
               provenance={"profile": "test-profile", "rule": "throughput90"}, grid=GRID)
     path = save_model(m, tmp_path / "extra.cart.json")
-    p = _cli()
+    p = configure_parser()
     base = ["configure", "predict", "--rates", "0.1,0.05,0.00625", "--ranks", "8,16,32", "--model", str(path), "--json"]
     ns = p.parse_args(base)
     with pytest.raises(ValueError, match="--feature mean_input_tokens="):
@@ -273,7 +265,7 @@ def test_predict_takes_extra_features_the_model_was_trained_on(tmp_path, capsys)
 
 def test_predict_refuses_a_feature_the_model_does_not_use(models):
     _, paths = models
-    p = _cli()
+    p = configure_parser()
     ns = p.parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--model",
                        str(paths["rf"]), "--feature", "mean_input_tokens=222"])
     with pytest.raises(ValueError, match="does not use it"):

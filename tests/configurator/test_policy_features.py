@@ -4,13 +4,13 @@ and prints its policy conditions readably."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pandas as pd
 import pytest
 
 from tests.configurator.test_models import GRID, HAS_IMODELS, synthetic_labels
+from tests.helpers import configure_parser
 from twin.configurator.features import (describe_condition, length_columns, policy_column, readable_conditions,
                                         training_columns)
 from twin.configurator.labels import FEATURES, features_of
@@ -155,17 +155,9 @@ def test_condition_text_on_an_indicator():
     assert readable_conditions(conds) == ["rate_max > 0.3", "policy is c"]
 
 
-def _cli():
-    from twin.configurator.cli import register_cli
-
-    p = argparse.ArgumentParser()
-    register_cli(p.add_subparsers())
-    return p
-
-
 def test_predict_cli_policy(policy_models, capsys):
     _, paths = policy_models
-    p = _cli()
+    p = configure_parser()
     base = ["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32"]
     out = {}
     for pol in (A, B):
@@ -212,7 +204,7 @@ def test_length_mix_round_trips_through_predict(tmp_path, capsys):
     for _, r in lab.iterrows():
         x = {**_x(r), **length_columns(m, (r["mean_input_tokens"], r["mean_output_tokens"]))}
         assert predict(m, x)["served_adapters_raw"] == pytest.approx(r["served_adapters"], rel=1e-5)
-    p = _cli()
+    p = configure_parser()
     rates, ranks = rate_triples()[0], rank_multisets()[0]  # the first scenario of length_labels
     base = ["configure", "predict", "--rates", ",".join(map(str, rates)), "--ranks", ",".join(map(str, ranks)),
             "--model", str(path)]
@@ -241,7 +233,7 @@ def test_length_mix_round_trips_through_predict(tmp_path, capsys):
 
 
 def test_a_model_without_length_features_refuses_another_length_mix(capsys):
-    p = _cli()
+    p = configure_parser()
     base = ["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32"]
     ns = p.parse_args(base + ["--lengths", "800,197"])
     with pytest.raises(ValueError, match="trained without the length-mix features"):
@@ -275,7 +267,7 @@ def test_the_grid_search_trains_on_a_few_scenarios():
 
 
 def test_search_walks_the_twin_with_the_policy_and_lengths(tmp_path, capsys):
-    p = _cli()
+    p = configure_parser()
     base = ["configure", "search", "--rates", "0.8,0.4,0.1", "--ranks", "8,16,32", "--served", "8,16", "--slots",
             "8", "--window", "30", "--cache", str(tmp_path / "cache"), "--json"]
     ns = p.parse_args(base + ["--policy", B, "--lengths", "300,150"])

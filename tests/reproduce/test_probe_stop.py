@@ -7,7 +7,6 @@ both serving systems."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import policies  # noqa: F401  (registers the presets)

@@ -352,14 +352,9 @@ class Runner:
                        system=resolve_system(policy, run.system),  # the preset's engine, as twin.compare.run_one
                        frontend_s=run.frontend_ms / 1000.0, stop_when=stop_when)
         if res.summary.get("stopped_early"):
-            out = {**res.summary, "preset": policy or label, "rps": run.rps, "measured_from_s": float(measure_from_s),
-                   "measured_ttft_ms_mean_lower": 1000.0 * measured_ttft_mean_lower_bound(res.engine, measure_from_s)}
-            self.memo[key] = out
-            if self.cache is not None:
-                self.cache.put(key, out)
-            if self.bar is not None:
-                self.bar.update()
-            return out
+            return self._store(key, {**res.summary, "preset": policy or label, "rps": run.rps,
+                                     "measured_from_s": float(measure_from_s), "measured_ttft_ms_mean_lower":
+                                     1000.0 * measured_ttft_mean_lower_bound(res.engine, measure_from_s)})
         out = {k: v for k, v in res.summary.items()
                if not isinstance(v, (dict, list)) and k not in HOST_TIMINGS}
         if memory:
@@ -371,9 +366,13 @@ class Runner:
         out.update({"preset": policy or label, "rps": run.rps, **_request_metrics(res)})
         if measure_from_s is not None:
             out.update(window_metrics(res.requests, float(measure_from_s)))
-        self.memo[full_key] = out
+        return self._store(full_key, out)
+
+    def _store(self, key: tuple, out: dict[str, Any]) -> dict[str, Any]:
+        """Memoise a simulated point (and write it to the on-disk cache), count it on the bar."""
+        self.memo[key] = out
         if self.cache is not None:
-            self.cache.put(full_key, out)
+            self.cache.put(key, out)
         if self.bar is not None:
             self.bar.update()
         return out
