@@ -176,14 +176,11 @@ class Extensions:
         p = self.prefix
         if p is None:
             return 0
-        # HBM history blocks not being copied in, less the excluded node's (the node a request is
-        # about to take); ``loading_blocks`` is kept by HistoryKV (one count, not a walk over the nodes)
-        loading = p.loading_blocks
-        if exclude is not None:
-            if exclude.tier == "loading":
-                return p.hbm_blocks - loading
-            return p.hbm_blocks - p.hbm_blocks_of(exclude) - loading
-        return p.hbm_blocks - loading
+        # HBM history blocks not being copied in (``loading_blocks``: a count kept by HistoryKV, not a
+        # walk over the nodes), less the excluded node's when it is one of them (the node a request is
+        # about to take; a node still loading is already left out, one in host memory holds none)
+        excluded = exclude.blocks if exclude is not None and exclude.tier == "hbm" else 0
+        return p.hbm_blocks - p.loading_blocks - excluded
 
     def reclaimable(self, exclude_node: Any = None, exclude_adapter: int = -1) -> int:
         """Pool blocks that evicting idle adapters (unified pool) and history KV would free."""
