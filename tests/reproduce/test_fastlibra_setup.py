@@ -49,11 +49,13 @@ class _StubRunner:
         self.warmups = set()
         self.durations = set()
         self.limits = set()
+        self.caps = set()
 
-    def point(self, run, preset, rps, measure_from_s=None, fail_above_ttft_s=None):
+    def point(self, run, preset, rps, measure_from_s=None, fail_above_ttft_s=None, stop_at_s=None):
         self.warmups.add(measure_from_s)
         self.durations.add(run.duration)
         self.limits.add(fail_above_ttft_s)
+        self.caps.add(stop_at_s)
         return {"ttft_ms_mean": 1e4, "tpot_ms_mean": 1e3, "measured_ttft_ms_mean": 100.0 * rps,
                 "measured_tpot_ms_mean": 20.0}
 
@@ -65,8 +67,10 @@ def test_fastlibra_points_are_measured_after_the_warmup():
     stub = _StubRunner()
     m = fastlibra.measure(stub, True, {"WOL": "fastlibra-wol"})
     assert stub.warmups == {fastlibra.QUICK.warmup_s}
-    # the peak search's probes may stop at the 500 ms limit; the rates' points run to the end
+    # the peak search's probes may stop at the 500 ms limit; the rates' points run to the end or
+    # to the drain cap after the last arrival
     assert stub.limits == {fastlibra.TTFT_LIMIT_S, None}
+    assert stub.caps == {None, fastlibra.QUICK.warmup_s + fastlibra.QUICK.duration_s + fastlibra.DRAIN_CAP_S}
     assert stub.durations == {fastlibra.QUICK.warmup_s + fastlibra.QUICK.duration_s}
     for w in m["workloads"].values():
         # the peak follows the measured TTFT (< 500 ms below 5 req/s), not the whole run's 10 s

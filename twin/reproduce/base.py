@@ -28,8 +28,9 @@ from twin.config import ConfigError
 from twin.perf.profile import available_profiles
 from twin.registry import PRESETS, load_entry_points, resolve_policy, resolve_system
 from twin.reproduce.point_cache import PointCache
-from twin.requests import REJECTED
+from twin.requests import FINISHED, REJECTED
 from twin.scenario import RunConfig, build_engine_config, build_workload
+from twin.metrics import summarize
 from twin.simulate import simulate
 
 _REJECTED = int(REJECTED)
@@ -184,6 +185,15 @@ def measured_ttft_mean_lower_bound(engine: Any, t0: float) -> float:
     return float(lower.sum()) / n
 
 
+def every_request_finishes(engine: Any) -> bool:
+    """Whether the run of ``engine`` goes on until every request not rejected up front has finished:
+    no horizon, and no scheduler that drops requests after their arrival (the client cap) nor an
+    engine that drops arrivals. Only then does :func:`measured_ttft_mean_lower_bound` bound the
+    final mean."""
+    return engine.horizon == math.inf and getattr(engine.scheduler, "dropped", None) is None \
+        and getattr(engine, "_dropped", None) is None
+
+
 def ttft_mean_exceeds(limit_s: float, t0: float) -> Callable[[Any], bool]:
     """A :func:`twin.simulate.simulate` ``stop_when`` rule for a run whose outcome is judged by
     ``measured_ttft_ms_mean < limit_s`` (a peak search's probe): True once
@@ -192,12 +202,17 @@ def ttft_mean_exceeds(limit_s: float, t0: float) -> Callable[[Any], bool]:
     client cap): there not every request finishes, so the bound does not hold."""
 
     def rule(engine: Any) -> bool:
-        if engine.horizon != math.inf or getattr(engine.scheduler, "dropped", None) is not None \
-                or getattr(engine, "_dropped", None) is not None:
+        if not every_request_finishes(engine):
             return False
         return measured_ttft_mean_lower_bound(engine, t0) >= limit_s
 
     return rule
+
+
+def clock_reaches(t_s: float) -> Callable[[Any], bool]:
+    """A ``stop_when`` rule that stops a run at simulated time ``t_s`` (at the first check at or
+    after it) if it has not ended by then: a cap on how long a backlog is simulated draining."""
+    return lambda engine: engine.env.now >= t_s
 
 
 def _pool_use_peak(res, prof, cfg, blocks: float) -> float | None:
@@ -304,7 +319,8 @@ class Runner:
     def point(self, run: RunConfig, policy: str | None, rps: float | None = None, *, scheduler: str | None = None,
               cache: str | None = None, slo_s: float | None = None, accuracy: float | None = None,
               lora_targets: str | None = None, memory: bool = False,
-              measure_from_s: float | None = None, fail_above_ttft_s: float | None = None) -> dict[str, Any]:
+              measure_from_s: float | None = None, fail_above_ttft_s: float | None = None,
+              stop_at_s: float | None = None) -> dict[str, Any]:
         """The summary (plus :func:`_request_metrics`) of ``run`` at ``rps`` under the preset
         ``policy`` (``scheduler``/``cache`` override its parts). ``slo_s`` is the TTFT SLO, given to
         schedulers that plan with one (Chameleon's quotas) as ``twin compare`` does. ``memory``:
@@ -316,9 +332,21 @@ class Runner:
         ``measured_ttft_ms_mean``): stop the run as soon as that mean is known to reach this limit
         (:func:`ttft_mean_exceeds`, an exact bound); the point is then only ``stopped_early: True``,
         ``stopped_at_s`` and ``measured_ttft_ms_mean_lower`` (the bound, ms) beside the preset and rate.
-        Never stops a run where requests can be dropped after their arrival (:func:`ttft_mean_exceeds`)."""
-        if fail_above_ttft_s is not None and measure_from_s is None:
-            raise ValueError("Runner.point: fail_above_ttft_s judges the measured requests; give measure_from_s too")
+        Never stops a run where requests can be dropped after their arrival (:func:`ttft_mean_exceeds`).
+        ``stop_at_s`` (with ``measure_from_s``; a point past the preset's own peak whose backlog would be
+        simulated draining for hours): stop the run at this simulated time (:func:`clock_reaches`) if it
+        has not ended. A run that ends before is the full point (the same key and figures); one that is
+        cut gets ``stopped_early: True``, ``stopped_at_s``, the summary of the run up to then (counters,
+        requests finished, :func:`twin.metrics.summarize` at the stop), ``measured_arrived`` /
+        ``measured_finished`` and ``measured_ttft_ms_mean_lower``: the exact lower bound on the mean TTFT
+        the full run would measure (None where requests can be dropped); its ``measured_ttft_ms_mean`` and
+        ``measured_tpot_ms_mean`` are None (the requests finished by then are not a fair sample)."""
+        if (fail_above_ttft_s is not None or stop_at_s is not None) and measure_from_s is None:
+            raise ValueError("Runner.point: fail_above_ttft_s and stop_at_s judge the measured requests; "
+                             "give measure_from_s too")
+        if fail_above_ttft_s is not None and stop_at_s is not None:
+            raise ValueError("Runner.point: give fail_above_ttft_s (a peak-search probe) or stop_at_s (a capped "
+                             "rate point), not both")
         if rps is not None:
             run = dataclasses.replace(run, rps=float(rps))
         key = (repr(run), policy, scheduler, cache, slo_s, accuracy, lora_targets, memory)
@@ -327,6 +355,8 @@ class Runner:
         full_key = key  # a run to the end (also what a probe that did not stop is stored as)
         if fail_above_ttft_s is not None:
             key += (("fail_above_ttft_s", float(fail_above_ttft_s)),)
+        if stop_at_s is not None:
+            key += (("stop_at_s", float(stop_at_s)),)
         for k in dict.fromkeys((full_key, key)):  # a full run answers a probe too
             if k in self.memo:
                 return self.memo[k]
@@ -348,9 +378,14 @@ class Runner:
         stop_when = None
         if fail_above_ttft_s is not None:
             stop_when = ttft_mean_exceeds(float(fail_above_ttft_s), float(measure_from_s))
+        elif stop_at_s is not None:
+            stop_when = clock_reaches(float(stop_at_s))
         res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=memory,
                        system=resolve_system(policy, run.system),  # the preset's engine, as twin.compare.run_one
                        frontend_s=run.frontend_ms / 1000.0, stop_when=stop_when)
+        if res.summary.get("stopped_early") and stop_at_s is not None:
+            return self._store(key, self._cut_point(res, policy or label, run.rps, float(measure_from_s),
+                                                    slo_s))
         if res.summary.get("stopped_early"):
             return self._store(key, {**res.summary, "preset": policy or label, "rps": run.rps,
                                      "measured_from_s": float(measure_from_s), "measured_ttft_ms_mean_lower":
@@ -367,6 +402,23 @@ class Runner:
         if measure_from_s is not None:
             out.update(window_metrics(res.requests, float(measure_from_s)))
         return self._store(full_key, out)
+
+    @staticmethod
+    def _cut_point(res, preset: str, rps: float, t0: float, slo_s: float | None) -> dict[str, Any]:
+        """The point of a run cut at ``stop_at_s`` (see :meth:`point`): the summary up to the cut,
+        the measured requests' counts and the lower bound on their mean TTFT."""
+        e = res.engine
+        out = {k: v for k, v in summarize(e, 0.0, slo_s).items()
+               if not isinstance(v, (dict, list)) and k not in HOST_TIMINGS}
+        arr = np.asarray(e.arrival, float)
+        late = (arr >= t0) & (arr <= float(e.env.now))
+        bound = measured_ttft_mean_lower_bound(e, t0) if every_request_finishes(e) else None
+        out.update({**res.summary, "preset": preset, "rps": rps, "measured_from_s": t0,
+                    "measured_arrived": int(np.count_nonzero(late)),
+                    "measured_finished": int(np.count_nonzero(late & (np.asarray(e.state) == FINISHED))),
+                    "measured_ttft_ms_mean": None, "measured_tpot_ms_mean": None,
+                    "measured_ttft_ms_mean_lower": None if bound is None else 1000.0 * bound})
+        return out
 
     def _store(self, key: tuple, out: dict[str, Any]) -> dict[str, Any]:
         """Memoise a simulated point (and write it to the on-disk cache), count it on the bar."""

@@ -28,12 +28,29 @@ def _cell(v: Any) -> str:
 TOLERANCE = {"%": 10.0, "x": 0.10}
 
 
+def _bound(v: Any) -> tuple[str, float] | None:
+    """``(">=", x)`` / ``("<=", x)`` for a twin value written as a bound, else None."""
+    if isinstance(v, str) and v[:2] in (">=", "<="):
+        try:
+            return v[:2], float(v[2:])
+        except ValueError:
+            return None
+    return None
+
+
 def verdict(r: Row) -> str:
     """Whether the twin's value meets the paper's: ``yes``/``no`` within :data:`TOLERANCE` for
     relative rows, the same answer for findings; ``n/a`` for absolute rates and times (another
-    GPU, model and scale than the paper's) and for unmeasured rows."""
+    GPU, model and scale than the paper's) and for unmeasured rows. A bound (``">= x"``, a mean with a
+    point cut before its backlog drained) is ``no`` when it lies wholly outside the band, else ``n/a``."""
     if r.twin is None:
         return "n/a"
+    bound = _bound(r.twin)
+    if bound is not None and r.unit in TOLERANCE and isinstance(r.paper, (int, float)):
+        # a bound (">= x": the full run's value is at least x): "no" once it excludes the band
+        op, x = bound
+        outside = x > r.paper + TOLERANCE[r.unit] if op == ">=" else x < r.paper - TOLERANCE[r.unit]
+        return "no" if outside else "n/a"
     if isinstance(r.paper, str):
         return "yes" if r.paper == r.twin else ("n/a" if r.unit else "no")
     if r.unit in TOLERANCE and isinstance(r.twin, (int, float)):
