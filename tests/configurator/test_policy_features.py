@@ -113,7 +113,8 @@ def test_an_unknown_policy_is_refused_naming_the_known_ones(policy_models):
 
 def test_a_model_without_policy_features_refuses_another_policy():
     shipped = load_model(shipped_model_path("llama-3.1-8b_h100_vllm085", "rf"))
-    assert "policies" not in shipped and "policy" not in shipped
+    # no indicators; the one policy it was trained on is recorded as "policy" (absent: the published one)
+    assert "policies" not in shipped and shipped.get("policy", A) == A
     x = features_of([0.4, 0.05, 0.00625], [8, 16, 32])
     base = predict(shipped, x)
     assert base["policy"] == A and predict(shipped, x, policy=A) == base
