@@ -8,7 +8,8 @@ so one tree recommends a whole configuration; a prediction is snapped to the swe
 (nearest value in log scale, slots <= served).
 
 Model file (``*.json``): ``{"schema", "kind", "features", "targets", "log_targets", "trees":
-[{"left", "right", "feature", "threshold", "value"}...], "combine", "grid": {"served", "slots"},
+[{"left", "right", "feature", "threshold", "value", "n"}...] (per node; a split's "value" is null in
+forests and CART trees, only leaves are read), "combine", "grid": {"served", "slots"},
 "constant": {...}, "provenance": {...}}``. ``combine`` is ``"mean"`` (the random forest, which
 keeps every tree: the spread across trees is the uncertainty; CART, one tree, which also carries
 ``rules``, one per leaf) or ``"sum"`` (FIGS: Tan et al., "Fast Interpretable Greedy-Tree Sums",
@@ -95,11 +96,20 @@ def snap_config(served: float, slots: float, served_grid: list[int], slot_grid: 
 
 
 # --------------------------------------------------------------------------- tree export / evaluation
-def export_tree(est) -> dict[str, Any]:
+def leaf_values(values: np.ndarray, left: list[int]) -> list[list[float] | None]:
+    """Node values rounded to 6 decimals, kept at the leaves only (``None`` at a split): a
+    prediction and a rule read a leaf's value, never a split's."""
+    return [row if lc == -1 else None for row, lc in zip(np.round(values, 6).tolist(), left)]
+
+
+def export_tree(est, values: np.ndarray | None = None) -> dict[str, Any]:
+    """A fitted scikit-learn tree as JSON lists (``values``: node values other than the tree's own,
+    e.g. hierarchical shrinkage's)."""
     t = est.tree_
-    val = t.value[:, :, 0] if t.value.ndim == 3 else t.value
-    return {"left": t.children_left.tolist(), "right": t.children_right.tolist(), "feature": t.feature.tolist(),
-            "threshold": [float(x) for x in t.threshold], "value": np.round(val, 6).tolist(),
+    val = (t.value[:, :, 0] if t.value.ndim == 3 else t.value) if values is None else values
+    left = t.children_left.tolist()
+    return {"left": left, "right": t.children_right.tolist(), "feature": t.feature.tolist(),
+            "threshold": [float(x) for x in t.threshold], "value": leaf_values(val, left),
             "n": t.n_node_samples.tolist()}
 
 
@@ -507,7 +517,7 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
     elif kind == "figs":
         trees = [export_figs_tree(t, Y.shape[1]) for t in est.trees_]
     elif kind == "hstree":
-        trees = [{**export_tree(est.estimator_), "value": np.round(est.node_values_, 6).tolist()}]
+        trees = [export_tree(est.estimator_, values=np.asarray(est.node_values_))]
     elif kind == "rulefit":
         trees = []
     else:
