@@ -195,9 +195,7 @@ def measure(runner: Runner, quick: bool, presets: dict[str, str]) -> dict[str, A
             for r_, p in zip(rates, pts[label]):
                 out["points"].append({**p, "experiment": "rates", "scenario": scen, "system": label, "rps": r_})
         out["workloads"][scen] = {"trace": run.trace, "peaks_rps": peaks, "rates_rps": rates,
-                                  "means": means_over_rates(pts),
-                                  "cut_rps": {label: [r_ for r_, p in zip(rates, ps) if p.get("stopped_early")]
-                                              for label, ps in pts.items()}}
+                                  "means": means_over_rates(pts)}
     return out
 
 
@@ -212,7 +210,7 @@ def means_over_rates(pts: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str
     for label, ps in pts.items():
         ttft = [p["measured_ttft_ms_mean_lower"] if p.get("stopped_early") else p["measured_ttft_ms_mean"]
                 for p in ps]
-        ttft = [x for x in ttft] if all(x is not None for x in ttft) else []  # a cut point without a bound
+        ttft = ttft if all(x is not None for x in ttft) else []  # a cut point without a bound
         tpot = [p["measured_tpot_ms_mean"] for p, c in zip(ps, cut) if not c and p["measured_tpot_ms_mean"] is not None]
         out[label] = {"ttft_ms_mean": float(np.mean(ttft)) if ttft else float("nan"),
                       "tpot_ms_mean": float(np.mean(tpot)) if tpot else float("nan"),
@@ -376,16 +374,16 @@ def _cut_notes(m: dict[str, Any]) -> list[str]:
     notes = []
     cap = m["effort"].warmup_s + m["effort"].duration_s + DRAIN_CAP_S
     for s, w in m["workloads"].items():
-        for label, cut in w["cut_rps"].items():
-            if not cut:
-                continue
+        for label in w["means"]:
             mine = [p for p in m["points"] if p["scenario"] == s and p["system"] == label and p.get("stopped_early")]
+            if not mine:
+                continue
             cells = [f"{p['rps']:.3g} req/s: {p['measured_finished']} of {p['measured_arrived']} measured requests "
                      f"finished, mean TTFT >= {_num(p['measured_ttft_ms_mean_lower']) / 1000:.3g} s, "
                      f"{p['throughput_rps']:.3g} req/s served over the run" for p in mine]
             tp = w["means"][label]["tpot_rates"]
             notes.append(f"{s}: {label}'s backlog had not drained {DRAIN_CAP_S:.0f} s after the last arrival "
-                         f"(cut at {cap:.0f} s simulated) at {len(cut)} of {len(w['rates_rps'])} rates "
+                         f"(cut at {cap:.0f} s simulated) at {len(mine)} of {len(w['rates_rps'])} rates "
                          f"({'; '.join(cells)}); its mean TTFT over the rates is a lower bound, and every "
                          f"system's TPOT on {s} is averaged over the {tp} rates where none was cut")
     return notes
