@@ -270,3 +270,92 @@ def test_predict_refuses_a_feature_the_model_does_not_use(models):
                        str(paths["rf"]), "--feature", "mean_input_tokens=222"])
     with pytest.raises(ValueError, match="does not use it"):
         ns.func(ns)
+
+
+# --------------------------------------------------------------------------- float32 splits, file format
+def test_float32_split_threshold_takes_the_float32_branch_for_every_input():
+    """``x <= float32_split_threshold(t)`` holds exactly when ``float32(x) <= t``: checked at the
+    thresholds scikit-learn writes (midpoints of float32 values, float32 values themselves) on the
+    float64 values around each rounding boundary, ties to even included."""
+    from twin.configurator.models import float32_split_threshold
+
+    rng = np.random.default_rng(7)
+    a = rng.uniform(1e-4, 400, 400).astype(np.float32)
+    b = np.nextafter(a, np.float32(np.inf))
+    thresholds = list(a.astype(float)) + list((a.astype(float) + b.astype(float)) / 2) + [0.053125, 1.2750000357627869]
+    for t in thresholds:
+        tp = float32_split_threshold(t)
+        t32 = np.float32(t) if float(np.float32(t)) <= t else np.nextafter(np.float32(t), np.float32(-np.inf))
+        mid = (float(t32) + float(np.nextafter(t32, np.float32(np.inf)))) / 2
+        for x in (t, tp, mid, np.nextafter(mid, 0.0), np.nextafter(mid, np.inf), float(t32),
+                  float(np.nextafter(t32, np.float32(np.inf)))):
+            # scikit-learn's comparison: the float32 input widened to float64 against the float64 threshold
+            assert (float(x) <= tp) == (float(np.float32(x)) <= t), (t, x)
+
+
+def test_an_exported_tree_predicts_what_scikit_learn_predicts_at_its_split_points():
+    """Scenario features that fall on a split (a rate mean halfway between two training means, where
+    scikit-learn's float32 cast decides the branch) get scikit-learn's prediction from the JSON tree."""
+    from sklearn.tree import DecisionTreeRegressor
+
+    from twin.configurator.models import export_tree, tree_apply
+
+    rates = [features_of(r, k) for r, k in zip(rate_triples(), rank_multisets() * 20)]
+    X = np.asarray([[f["rate_mean"], f["rate_std"]] for f in rates], float)
+    y = np.log1p(np.arange(len(X)) % 17)
+    est = DecisionTreeRegressor(random_state=0).fit(X, y)
+    tree = export_tree(est)
+    splits = [i for i, lc in enumerate(est.tree_.children_left) if lc != -1]
+    points = []
+    for i in splits:  # the raw thresholds and the float64 values that round to them
+        t, f = float(est.tree_.threshold[i]), int(est.tree_.feature[i])
+        for v in (t, float(np.float32(t)), np.nextafter(t, np.inf), np.nextafter(float(np.float32(t)), np.inf)):
+            p = X[0].copy()
+            p[f] = v
+            points.append(p)
+    P = np.asarray(points)
+    want = est.predict(P)
+    got = np.asarray([tree_apply(tree, p)[0][0] for p in P])
+    assert np.allclose(got, np.round(want, 6), atol=1e-6)
+    plain = [est.tree_.value[_leaf_float64(est, p)][0][0] for p in P]  # a float64 walk of the raw thresholds
+    assert not np.allclose(plain, want), "the points must include one where float32 and float64 walks part"
+
+
+def _leaf_float64(est, x) -> int:
+    t, node = est.tree_, 0
+    while t.children_left[node] != -1:
+        node = t.children_left[node] if x[t.feature[node]] <= t.threshold[node] else t.children_right[node]
+    return node
+
+
+def test_model_files_store_leaf_values_only_and_load_the_old_per_node_format(models, tmp_path):
+    """A saved tree keeps values and counts per leaf (``leaf_value``, ``leaf_n``); loading gives the
+    per-node lists back, and a file of the earlier per-node format predicts the same."""
+    from twin.configurator.models import pack_tree, unpack_tree
+
+    lab, paths = models
+    stored = json.loads(Path(paths["rf"]).read_text())
+    tree = stored["trees"][0]
+    assert "value" not in tree and len(tree["leaf_value"]) == sum(lc == -1 for lc in tree["left"]) == len(tree["leaf_n"])
+    m = load_model(paths["rf"])
+    assert unpack_tree(pack_tree(m["trees"][0])) == m["trees"][0]
+    old = dict(stored, trees=[unpack_tree(t) for t in stored["trees"]])
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    m_old = load_model(tmp_path / "old.json")
+    for _, r in lab.head(20).iterrows():
+        x = {f: r[f] for f in FEATURES}
+        assert predict(m_old, x) == {k: v for k, v in predict(m, x).items()}
+    bad = dict(stored, trees=[dict(tree, leaf_value=tree["leaf_value"][:-1])])
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="damaged: retrain"):
+        load_model(tmp_path / "bad.json")
+
+
+def test_the_shipped_model_files_are_small_and_leaf_packed():
+    from twin.configurator.models import MODEL_DIR
+
+    files = sorted(MODEL_DIR.glob("*.json"))
+    assert files
+    for f in files:
+        assert f.stat().st_size < 1_000_000, f"{f.name}: {f.stat().st_size} bytes"
+        assert all("leaf_value" in t for t in json.loads(f.read_text())["trees"]), f.name

@@ -8,13 +8,19 @@ so one tree recommends a whole configuration; a prediction is snapped to the swe
 (nearest value in log scale, slots <= served).
 
 Model file (``*.json``): ``{"schema", "kind", "features", "targets", "log_targets", "trees":
-[{"left", "right", "feature", "threshold", "value", "n"}...] (per node; a split's "value" is null in
-forests and CART trees, only leaves are read), "combine", "grid": {"served", "slots"},
+[{"left", "right", "feature", "threshold", "leaf_value", "leaf_n"}...] ("left" to "threshold" per
+node, -1 / -2 at leaves; "leaf_value" and "leaf_n" per leaf in node order: a prediction and a rule
+read only a leaf's value and scenario count; files written before these two keys carry per-node
+"value" and "n", and load the same), "combine", "grid": {"served", "slots"},
 "constant": {...}, "provenance": {...}}``. ``combine`` is ``"mean"`` (the random forest, which
 keeps every tree: the spread across trees is the uncertainty; CART, one tree, which also carries
 ``rules``, one per leaf) or ``"sum"`` (FIGS: Tan et al., "Fast Interpretable Greedy-Tree Sums",
 imodels' ``FIGSRegressor``, a sum of small trees each fitted to the others' residuals; an optional
 extra, ``pip install 'lora-twin[configurator]'``). Files without ``combine`` are means.
+
+A split sends ``x`` left when ``x <= threshold`` in float64. For trees fitted by scikit-learn (the
+forest, CART, the HS tree) the stored threshold is the one that takes scikit-learn's branches,
+which compares float32 inputs (:func:`float32_split_threshold`); FIGS compares float64 itself.
 
 Features (:mod:`twin.configurator.features`): the published 8 by default; the request-length mix
 (``mean_input_tokens``, ``mean_output_tokens``) and the policy may be added. The policy is one 0/1
@@ -96,6 +102,29 @@ def snap_config(served: float, slots: float, served_grid: list[int], slot_grid: 
 
 
 # --------------------------------------------------------------------------- tree export / evaluation
+def float32_split_threshold(threshold: float) -> float:
+    """The float64 threshold ``t'`` with ``x <= t'`` exactly when ``float32(x) <= threshold``, for
+    every float64 ``x``.
+
+    scikit-learn's trees compare the input cast to float32 (``sklearn.tree._tree.DTYPE``; the cast
+    is in ``BaseDecisionTree._validate_X_predict``) with float64 thresholds, and its thresholds are
+    midpoints of float32 feature values. A scenario feature that falls on a midpoint (e.g. a rate
+    mean halfway between two training rate means) then takes the left branch in scikit-learn and
+    the right one in a plain float64 comparison. ``t'`` is the largest float64 that rounds (to
+    nearest, ties to even) to a float32 ``<= threshold``: just below the midpoint between that
+    float32 and the next one, or the midpoint itself when the float32 below is even."""
+    t = float(threshold)
+    t32 = np.float32(t)
+    if float(t32) > t:
+        t32 = np.nextafter(t32, np.float32(-np.inf))
+    above = np.nextafter(t32, np.float32(np.inf))
+    if not np.isfinite(above):
+        return math.inf
+    mid = (float(t32) + float(above)) / 2.0  # exact in float64
+    even = (int(np.asarray(t32).view(np.uint32)) & 1) == 0
+    return mid if even else float(np.nextafter(mid, -np.inf))
+
+
 def leaf_values(values: np.ndarray, left: list[int]) -> list[list[float] | None]:
     """Node values rounded to 6 decimals, kept at the leaves only (``None`` at a split): a
     prediction and a rule read a leaf's value, never a split's."""
@@ -104,13 +133,14 @@ def leaf_values(values: np.ndarray, left: list[int]) -> list[list[float] | None]
 
 def export_tree(est, values: np.ndarray | None = None) -> dict[str, Any]:
     """A fitted scikit-learn tree as JSON lists (``values``: node values other than the tree's own,
-    e.g. hierarchical shrinkage's)."""
+    e.g. hierarchical shrinkage's). Split thresholds are stored for a float64 comparison that
+    takes the branches scikit-learn takes (:func:`float32_split_threshold`)."""
     t = est.tree_
     val = (t.value[:, :, 0] if t.value.ndim == 3 else t.value) if values is None else values
     left = t.children_left.tolist()
     return {"left": left, "right": t.children_right.tolist(), "feature": t.feature.tolist(),
-            "threshold": [float(x) for x in t.threshold], "value": leaf_values(val, left),
-            "n": t.n_node_samples.tolist()}
+            "threshold": [float(x) if lc == -1 else float32_split_threshold(x) for x, lc in zip(t.threshold, left)],
+            "value": leaf_values(val, left), "n": t.n_node_samples.tolist()}
 
 
 def export_figs_tree(root, n_outputs: int) -> dict[str, Any]:
@@ -120,7 +150,7 @@ def export_figs_tree(root, n_outputs: int) -> dict[str, Any]:
     right: list[int] = []
     feat: list[int] = []
     thr: list[float] = []
-    val: list[list[float]] = []
+    val: list[list[float] | None] = []
     n: list[int] = []
 
     def add(node) -> int:
@@ -131,7 +161,7 @@ def export_figs_tree(root, n_outputs: int) -> dict[str, Any]:
         feat.append(-2 if is_leaf else int(node.feature))
         thr.append(-2.0 if is_leaf else float(node.threshold))
         v = np.zeros(n_outputs) if node.value is None else np.asarray(node.value, float).reshape(-1)
-        val.append(np.round(v, 9).tolist())
+        val.append(np.round(v, 9).tolist() if is_leaf else None)  # a split's value is never read
         n.append(int(np.asarray(node.idxs).sum()) if node.idxs is not None else 0)
         if not is_leaf:
             if node.left is None or node.right is None:
@@ -277,10 +307,43 @@ def format_rule_ensembles(model: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- save / load
+def pack_tree(tree: dict[str, Any]) -> dict[str, Any]:
+    """A tree as stored in a model file: the per-node lists (a leaf's threshold written as the integer
+    -2, scikit-learn's ``TREE_UNDEFINED``), and the values and scenario counts of the leaves only
+    (``leaf_value``, ``leaf_n``, in node order)."""
+    if "leaf_value" in tree:
+        return tree
+    leaves = [i for i, lc in enumerate(tree["left"]) if lc == -1]
+    return {"left": tree["left"], "right": tree["right"], "feature": tree["feature"],
+            "threshold": [-2 if lc == -1 else t for t, lc in zip(tree["threshold"], tree["left"])],
+            "leaf_value": [tree["value"][i] for i in leaves],
+            "leaf_n": [tree["n"][i] for i in leaves]}
+
+
+def unpack_tree(tree: dict[str, Any]) -> dict[str, Any]:
+    """The in-memory tree of :func:`pack_tree`'s: per-node ``value`` and ``n`` (``None`` at splits).
+    A tree with per-node lists (files written before ``leaf_value``) is returned as it is."""
+    if "leaf_value" not in tree:
+        return tree
+    leaves = [i for i, lc in enumerate(tree["left"]) if lc == -1]
+    if len(leaves) != len(tree["leaf_value"]) or len(leaves) != len(tree["leaf_n"]):
+        raise ValueError(f"a tree with {len(leaves)} leaves stores {len(tree['leaf_value'])} leaf values and "
+                         f"{len(tree['leaf_n'])} leaf counts; the model file is damaged: retrain it")
+    value: list[Any] = [None] * len(tree["left"])
+    n: list[Any] = [None] * len(tree["left"])
+    for i, v, k in zip(leaves, tree["leaf_value"], tree["leaf_n"]):
+        value[i], n[i] = v, k
+    return {"left": tree["left"], "right": tree["right"], "feature": tree["feature"],
+            "threshold": [float(t) for t in tree["threshold"]], "value": value, "n": n}
+
+
 def save_model(model: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write a model file (compact JSON; trees packed by :func:`pack_tree`)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(model, separators=(",", ":")))
+    stored = {k: v for k, v in model.items() if k != "_path"}
+    stored["trees"] = [pack_tree(t) for t in model.get("trees", [])]
+    p.write_text(json.dumps(stored, separators=(",", ":")))
     return p
 
 
@@ -300,6 +363,7 @@ def load_model(path_or_profile: str | os.PathLike, kind: str = "rf") -> dict[str
     m = json.loads(p.read_text())
     if m.get("schema") != SCHEMA:
         raise ValueError(f"{p}: not a configurator model (schema {m.get('schema')!r})")
+    m["trees"] = [unpack_tree(t) for t in m.get("trees", [])]
     m["_path"] = str(p)
     return m
 
