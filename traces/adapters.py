@@ -123,6 +123,9 @@ def parse_popularity(spec: str | Popularity | None) -> Popularity:
     s = str(spec).strip()
     if s.lower() in ("power-law",):
         return Popularity(_parse_dist("powerlaw", s))
+    if ":-" in s:  # ("zipf:-1" would otherwise read as the two-level spec "zipf:" then "1")
+        raise PopularityError(f"popularity parameter in {s!r} is negative: a law's parameter must be > 0 "
+                              f"(>= 0 for zipf); use {POPULARITY_HELP}")
     if "-" in s and s.lower() not in ("round-robin",):
         parts = s.split("-")
         if len(parts) != 2:

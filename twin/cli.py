@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         return func(args)
     except INPUT_ERRORS as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        if isinstance(e, OSError) and e.errno is not None and e.filename:  # raised by the OS, not by the twin
+            msg = f"cannot use {e.filename}: {e.strerror}; check the path (or give another)"
         print(f"twin {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except OSError as e:  # an output path the command could not use (a file where a directory goes, ...)

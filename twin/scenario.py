@@ -541,47 +541,51 @@ def resolved_scenario(run: RunConfig, profile: Profile, cfg: EngineConfig | None
     return d
 
 
-def _read_mapping(path: Path) -> dict[str, Any]:
+def read_mapping_file(path: Path, label: str = "--config", what: str = "scenario",
+                      yaml_extra: str = "yaml", example: str = "`twin run --dump-config` prints one",
+                      also: str = " (a run's summary.json works too)",
+                      error: type[ConfigError] = ScenarioFileError) -> dict[str, Any]:
+    """The table of options in a TOML, YAML or JSON file (by its extension), or ``error`` naming
+    ``label`` and the file and saying what to give instead: a missing, unreadable, empty, binary or
+    malformed file, YAML without PyYAML (the ``yaml_extra`` extra), or a document that is not a table."""
     suffix = path.suffix.lower()
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ScenarioFileError(f"--config {path}: file not found") from None
+        raise error(f"{label} {path}: file not found") from None
     except OSError as e:
-        raise ScenarioFileError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+        raise error(f"{label} {path}: cannot read it ({e.strerror or e})") from None
     if not raw.strip():
-        raise ScenarioFileError(f"--config {path}: the file is empty; give a scenario (`twin run --dump-config` "
-                                f"prints one)")
+        raise error(f"{label} {path}: the file is empty; give a {what} ({example})")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ScenarioFileError(f"--config {path}: not a text file (not UTF-8); give a TOML, YAML or JSON "
-                                f"scenario") from None
+        raise error(f"{label} {path}: not a text file (not UTF-8); give a TOML, YAML or JSON {what}") from None
     if suffix == ".toml":
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
-            raise ScenarioFileError(f"--config {path}: not valid TOML ({e})") from None
+            raise error(f"{label} {path}: not valid TOML ({e})") from None
     elif suffix in (".yaml", ".yml"):
         try:
             import yaml
         except ImportError:
-            raise ScenarioFileError(f"--config {path}: YAML scenarios need PyYAML (pip install 'lora-twin[yaml]'); "
-                                    f"or write the scenario as TOML") from None
+            raise error(f"{label} {path}: YAML {what}s need PyYAML (pip install 'lora-twin[{yaml_extra}]'); "
+                        f"or write the {what} as TOML") from None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ScenarioFileError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+            raise error(f"{label} {path}: not valid YAML ({str(e).splitlines()[0]})") from None
     elif suffix == ".json":
         try:
             data = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as e:
-            raise ScenarioFileError(f"--config {path}: not valid JSON ({e})") from None
+            raise error(f"{label} {path}: not valid JSON ({e})") from None
     else:
-        raise ScenarioFileError(f"--config {path}: unknown scenario format {suffix or '(no extension)'!r}; give a "
-                                f".toml, .yaml/.yml or .json file (a run's summary.json works too)")
+        raise error(f"{label} {path}: unknown {what} format {suffix or '(no extension)'!r}; give a "
+                    f".toml, .yaml/.yml or .json file{also}")
     if not isinstance(data, dict):
-        raise ScenarioFileError(f"--config {path}: expected a table of options, got {type(data).__name__}")
+        raise error(f"{label} {path}: expected a table of options, got {type(data).__name__}")
     return data
 
 
@@ -590,7 +594,7 @@ def load_scenario_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]
     gives its ``scenario``. Options are checked as :class:`RunConfig` values; unknown keys are
     refused, listing the known ones."""
     path = Path(path)
-    data = _read_mapping(path)
+    data = read_mapping_file(path)
     if "scenario" in data and isinstance(data["scenario"], dict) and "requests_arrived" in data:
         data = data["scenario"]
     options: dict[str, Any] = {}

@@ -359,3 +359,36 @@ def test_the_shipped_model_files_are_small_and_leaf_packed():
     for f in files:
         assert f.stat().st_size < 1_000_000, f"{f.name}: {f.stat().st_size} bytes"
         assert all("leaf_value" in t for t in json.loads(f.read_text())["trees"]), f.name
+
+
+@pytest.mark.parametrize("text, message", [
+    ("not json", r"not a configurator model \(not valid JSON"),
+    ("[1, 2]", r"not a configurator model \(schema None, expected 'lora-twin-configurator/1'\)"),
+    ('{"schema": "lora-twin-configurator/1"}', r"damaged configurator model \('kind' missing"),
+    ('{"schema": "lora-twin-configurator/1", "kind": "rf", "features": ["rate_max"], "targets": '
+     '["served_adapters", "adapter_slots", "throughput_tok_s"], "provenance": {}, "trees": [{"left": [1]}]}',
+     r"tree 0 lacks one of"),
+    ('{"schema": "lora-twin-configurator/1", "kind": "rf", "features": ["rate_max"], "targets": '
+     '["served_adapters", "adapter_slots", "throughput_tok_s"], "provenance": {}, "trees": [{"left": [5, -1, -1], '
+     '"right": [2, -1, -1], "feature": [0, -2, -2], "threshold": [0.5, -2, -2], "leaf_value": [[1, 1, 1], [2, 2, 2]], '
+     '"leaf_n": [1, 1]}]}', r"tree 0: a child or feature index out of range"),
+])
+def test_a_malformed_model_file_is_refused_naming_the_file_and_the_fix(tmp_path, text, message):
+    p = tmp_path / "m.json"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=message + r".*written by `twin configure train`"):
+        load_model(p)
+
+
+def test_dataset_and_train_refuse_what_is_not_a_sweep_naming_the_fix(tmp_path):
+    """A CSV without the run columns used to fail inside pandas ("No group keys passed!"), and a
+    missing labels file with a bare errno message."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    p = configure_parser()
+    for argv, message in ((["configure", "dataset", str(bad)], r"not a sweep's run table \(missing columns \['scenario'"),
+                          (["configure", "dataset", str(tmp_path / "none")], r"no such sweep directory or run table"),
+                          (["configure", "train", str(tmp_path / "none.csv")], r"no such sweep directory or labels file")):
+        ns = p.parse_args(argv)
+        with pytest.raises((ValueError, FileNotFoundError), match=message):
+            ns.func(ns)

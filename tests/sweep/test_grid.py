@@ -82,6 +82,49 @@ def test_grid_errors(tmp_path):
         load_grid("no-such-grid")
 
 
+@pytest.mark.parametrize("text, message", [
+    ('window_s = "abc"', r"window_s: 'abc' is not a number > 0; e.g. window_s = 3600"),
+    ("window_s = -5", r"window_s: -5 is not a number > 0"),
+    ('seeds = ["a"]', r"seeds: 'a' is not an integer >= 0"),
+    ('[scenarios]\nrates = "x"', r"\[scenarios\] rates: 'x' is not a list of non-empty lists; e.g. rates = "),
+    ("[scenarios]\nrates = [[0.1, -1, 0.2]]", r"\[scenarios\] rates: -1 is not a number > 0"),
+    ("[scenarios]\nranks = [[8, 16.5]]", r"\[scenarios\] ranks: 16.5 is not an integer > 0"),
+    ("[scenarios]\nrate_values = [0.1]\nrate_arity = 0", r"rate_arity: 0 is not an integer > 0"),
+    ("[scenarios]\nrate_values = [0.1]", r"rate_arity = 3: more than the 1 distinct rate_values"),
+    ("[configs]\nserved = [0]", r"\[configs\] served: 0 is not an integer > 0"),
+    ("[configs]\nserved = [16]\nslots = [32]", r"no configuration has slots <= served"),
+    ('[configs]\nmax_lora_rank = "big"', r"max_lora_rank: 'big' is not an integer > 0"),
+    ("[configs]\nengine = 3", r"engine: expected a table of EngineConfig fields"),
+    ("[early_stop]\nratio = 2", r"ratio: 2 is above 1"),
+    ("[early_stop]\nwalk = 1", r"walk: 1 is not true or false"),
+    ("[slo]\nttft = 3", r"\[slo\]: unknown key 'ttft'"),
+    ("[slo]\nttft_s = 0", r"\[slo\] ttft_s: 0 is not a number > 0"),
+    ("scenarios = 3", r"\[scenarios\]: expected a table of keys, got int"),
+])
+def test_a_bad_grid_value_is_refused_naming_the_key_before_any_run(tmp_path, text, message):
+    p = tmp_path / "bad.toml"
+    p.write_text(text + "\n")
+    with pytest.raises(ValueError, match=message):
+        load_grid(p)
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("g.toml", "[scenarios\n", r"grid file .*g.toml: not valid TOML"),
+    ("g.json", "not json", r"grid file .*g.json: not valid JSON"),
+    ("g.yaml", "rates: [\n", r"grid file .*g.yaml: not valid YAML"),
+    ("g.toml", "", r"grid file .*g.toml: the file is empty; give a grid \(`twin sweep --list`"),
+    ("g.json", "[1, 2]", r"grid file .*g.json: expected a table of options, got list"),
+    ("g.ini", "x = 1", r"grid file .*g.ini: unknown grid format '.ini'; give a .toml, .yaml/.yml or .json file$"),
+])
+def test_a_malformed_grid_file_is_refused_naming_the_file(tmp_path, name, text, message):
+    if name.endswith(".yaml"):
+        pytest.importorskip("yaml")
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_grid(p)
+
+
 def test_named_grids_build():
     for name in NAMED_GRIDS:
         assert load_grid(name).tasks()

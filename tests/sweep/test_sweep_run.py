@@ -103,3 +103,26 @@ def test_cli(tmp_path, capsys):
     ns = p.parse_args(["sweep", "smoke", "--out", str(tmp_path), "--summary", "--json"])
     ns.func(ns)
     assert json.loads(capsys.readouterr().out)["tasks"] == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--jobs", "0"], r"--jobs 0: must be >= 1"),
+    (["--shard", "3/2"], r"--shard 3/2: give i/k with 0 <= i < k"),
+    (["--shard", "1-4"], r"--shard 1-4: give i/k"),
+    (["--limit", "0"], r"--limit 0: must be >= 1"),
+    (["--every", "0"], r"--every 0: must be >= 1"),
+])
+def test_a_selection_that_makes_no_sense_is_refused_before_any_work(tmp_path, flags, message):
+    """``--jobs 0`` or ``--shard 3/2`` used to run with no worker limit or select nothing in silence."""
+    from twin.sweep.cli import register_cli
+
+    p = argparse.ArgumentParser()
+    register_cli(p.add_subparsers())
+    ns = p.parse_args(["sweep", "smoke", "--out", str(tmp_path / "sw"), "--no-progress"] + flags)
+    with pytest.raises(ValueError, match=message):
+        ns.func(ns)
+    assert not (tmp_path / "sw").exists()
+    with pytest.raises(ValueError, match=message):
+        kw = {"jobs": 0} if "--jobs" in flags else {"shard": flags[1]} if "--shard" in flags else \
+            {"limit": 0} if "--limit" in flags else {"every": 0}
+        run_sweep(load_grid("smoke"), tmp_path / "sw", "local", progress=False, **kw)

@@ -34,6 +34,13 @@ def test_parse_errors(spec):
         parse_popularity(spec)
 
 
+@pytest.mark.parametrize("spec", ["zipf:-1", "U-P:-2", "powerlaw:-0.5-U"])
+def test_a_negative_parameter_is_named_as_such(spec):
+    """``zipf:-1`` must not read as the two-level spec ``zipf:`` then ``1`` (an unknown law '1')."""
+    with pytest.raises(PopularityError, match=r"is negative: a law's parameter must be > 0"):
+        parse_popularity(spec)
+
+
 def test_zipf_top1_share():
     n, s = 100, 1.2
     expected = 1.0 / np.sum(np.arange(1, n + 1) ** -s)

@@ -187,6 +187,10 @@ def cmd_train(args) -> int:
     from twin.configurator.models import save_model, shipped_model_path, train
 
     srcs = args.dataset
+    for s in srcs:
+        if not Path(s).exists():
+            raise FileNotFoundError(f"{s}: no such sweep directory or labels file; give the --out directory of "
+                                    f"`twin sweep` or the CSV of `twin configure dataset`")
     meta: dict[str, Any] = {}
     if all(Path(s).is_dir() for s in srcs):
         runs = load_runs(srcs)

@@ -13,18 +13,31 @@ from twin.configurator.labels import label_scenarios
 from twin.sweep.runner import read_results
 
 
+#: the columns of a sweep's run rows that labelling reads (``twin sweep`` writes them)
+RUN_COLUMNS = ("scenario", "served_adapters", "adapter_slots", "status", "offered_tok_s", "total_tok_s")
+
+
 def load_runs(sources: Iterable[str | os.PathLike]) -> pd.DataFrame:
-    """Runs from sweep directories, shard files or CSV / Parquet tables."""
+    """Runs from sweep directories, shard files or CSV / Parquet tables; a table without the run
+    columns (:data:`RUN_COLUMNS`) is refused, naming what it lacks."""
 
     frames = []
     for s in sources:
         p = Path(s)
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no such sweep directory or run table; give the --out directory of "
+                                    f"`twin sweep` (or its results as .parquet / .csv)")
         if p.is_dir() or p.suffix == ".parquet":
-            frames.append(read_results(p))
+            f = read_results(p)
         elif p.suffix == ".csv":
-            frames.append(pd.read_csv(p))
+            f = pd.read_csv(p)
         else:
             raise FileNotFoundError(f"{p}: not a sweep directory, .parquet or .csv")
+        missing = [c for c in RUN_COLUMNS if c not in f.columns]
+        if missing:
+            raise ValueError(f"{p}: not a sweep's run table (missing columns {missing}); give the --out directory "
+                             f"of `twin sweep` (labels for `twin configure train` are its own CSV)")
+        frames.append(f)
     if not frames:
         raise ValueError("no sweep results given")
     return pd.concat(frames, ignore_index=True)

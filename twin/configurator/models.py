@@ -360,12 +360,48 @@ def load_model(path_or_profile: str | os.PathLike, kind: str = "rf") -> dict[str
         avail = sorted(x.name for x in MODEL_DIR.glob("*.json")) if MODEL_DIR.exists() else []
         raise FileNotFoundError(f"no configurator model {path_or_profile!r} ({kind}); shipped: {avail or 'none'}; "
                                 f"train one with `twin configure train`")
-    m = json.loads(p.read_text())
-    if m.get("schema") != SCHEMA:
-        raise ValueError(f"{p}: not a configurator model (schema {m.get('schema')!r})")
+    hint = "give a model file written by `twin configure train` (or --profile for a shipped one)"
+    try:
+        m = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"{p}: not a configurator model (not valid JSON: {e}); {hint}") from None
+    except OSError as e:
+        raise ValueError(f"{p}: cannot read the configurator model ({e.strerror or e}); {hint}") from None
+    if not isinstance(m, dict) or m.get("schema") != SCHEMA:
+        schema = m.get("schema") if isinstance(m, dict) else None
+        raise ValueError(f"{p}: not a configurator model (schema {schema!r}, expected {SCHEMA!r}); {hint}")
+    _check_model_file(m, p, hint)
     m["trees"] = [unpack_tree(t) for t in m.get("trees", [])]
     m["_path"] = str(p)
     return m
+
+
+def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
+    """The keys and list shapes prediction reads, so a damaged or hand-edited file is refused with
+    what is wrong instead of failing inside a prediction."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{p}: damaged configurator model ({what}); {hint}")
+
+    for k, typ in (("kind", str), ("features", list), ("targets", list), ("trees", list), ("provenance", dict)):
+        if not isinstance(m.get(k), typ):
+            raise bad(f"{k!r} missing or not a {typ.__name__}")
+    if list(m["targets"]) != list(TARGETS):
+        raise bad(f"targets {m['targets']}, expected {list(TARGETS)}")
+    n_feat = len(m["features"])
+    for i, t in enumerate(m["trees"]):
+        keys = ("left", "right", "feature", "threshold") + (("leaf_value", "leaf_n") if "leaf_value" in t else ("value", "n"))
+        if not isinstance(t, dict) or not all(isinstance(t.get(k), list) for k in keys):
+            raise bad(f"tree {i} lacks one of {list(keys)}")
+        n = len(t["left"])
+        if n == 0 or any(len(t[k]) != n for k in keys[:4]):
+            raise bad(f"tree {i}: node lists of different lengths")
+        if any(not (-1 <= c < n) for c in t["left"] + t["right"]) or \
+                any(f >= n_feat for f, c in zip(t["feature"], t["left"]) if c != -1):
+            raise bad(f"tree {i}: a child or feature index out of range")
+    if m.get("combine") == "rule_ensemble" and len(m.get("rule_ensembles") or []) != len(TARGETS):
+        raise bad(f"a rule ensemble per target expected ({len(TARGETS)})")
+    if not m["trees"] and m.get("combine") != "rule_ensemble":
+        raise bad("no trees")
 
 
 # --------------------------------------------------------------------------- prediction

@@ -41,8 +41,8 @@ def register_cli(subparsers) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from twin.sweep.grid import NAMED_GRIDS, load_grid
-    from twin.sweep.runner import (MissingExtra, exclusion_keys, read_results, run_sweep, select_tasks,
-                                   summarize_results)
+    from twin.sweep.runner import (MissingExtra, check_selection, exclusion_keys, read_results, run_sweep,
+                                   select_tasks, summarize_results)
 
     if args.list:
         for name, fn in NAMED_GRIDS.items():
@@ -50,6 +50,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{name:<24} {len(g.tasks()):>5} tasks, <= {g.n_runs_max():>6} runs, profile {g.profile}, "
                   f"window {g.window_s:g} s")
         return 0
+    check_selection(args.limit, args.shard, args.every, args.jobs)
     grid = load_grid(args.grid)
     out = args.out or f"sweeps/{grid.name}"
     if args.summary:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from typing import Any
 from twin.registry import PRESETS, load_entry_points
 from twin.sweep.scenario import DEFAULT_POLICY, check_lengths, profile_hash
 from twin.config import EngineConfig
+from twin.scenario import read_mapping_file
 
 #: The published per-adapter rates (req/s) and ranks.
 PUBLISHED_RATES = (3.2, 1.6, 0.8, 0.4, 0.1, 0.05, 0.025, 0.0125, 0.00625, 0.003125)
@@ -211,10 +213,42 @@ _CONF_KEYS = {"served", "slots", "max_lora_rank", "engine"}
 _TOP_KEYS = {"name", "profile", "window_s", "seeds", "model", "scenarios", "configs", "early_stop", "slo"}
 
 
+def _number(v: Any, where: str, kind: type = float, lo: float = 0.0, lo_ok: bool = False, example: str = "") -> Any:
+    """``v`` as a finite ``kind`` above ``lo`` (at or above with ``lo_ok``), else an error naming
+    the grid key ``where``, what it must be, and an example."""
+    bad = isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and float(v) != int(v))
+    x = None if bad else kind(v)
+    if x is None or not math.isfinite(x) or x < lo or (x == lo and not lo_ok):
+        what = ("an integer" if kind is int else "a number") + (f" >= {lo:g}" if lo_ok else f" > {lo:g}")
+        raise ValueError(f"grid {where}: {v!r} is not {what}" + (f"; e.g. {example}" if example else ""))
+    return x
+
+
+def _numbers(v: Any, where: str, kind: type = float, lo: float = 0.0, lo_ok: bool = False,
+             example: str = "") -> list[Any]:
+    """A non-empty list of :func:`_number` values (a single value is a list of one)."""
+    items = v if isinstance(v, (list, tuple)) else [v]
+    if not items:
+        raise ValueError(f"grid {where}: an empty list; give at least one value" + (f", e.g. {example}" if example else ""))
+    return [_number(x, where, kind, lo, lo_ok, example) for x in items]
+
+
+def _tuples(v: Any, where: str, kind: type, example: str) -> list[list[Any]]:
+    """A non-empty list of non-empty lists of positive numbers (per-adapter rate or rank tuples)."""
+    if not isinstance(v, (list, tuple)) or not v or not all(isinstance(t, (list, tuple)) and t for t in v):
+        raise ValueError(f"grid {where}: {v!r} is not a list of non-empty lists; e.g. {example}")
+    return [_numbers(t, where, kind, example=example) for t in v]
+
+
 def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
+    """A :class:`GridSpec` from a grid file's table; every key is checked (type and range) and an
+    error names the key, the value and what to give, before any run."""
     unknown = set(d) - _TOP_KEYS
     if unknown:
         raise ValueError(f"grid: unknown keys {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+    for k in ("scenarios", "configs", "early_stop", "slo"):
+        if d.get(k) is not None and not isinstance(d[k], dict):
+            raise ValueError(f"grid [{k}]: expected a table of keys, got {type(d[k]).__name__}")
     sc = dict(d.get("scenarios") or {})
     cf = dict(d.get("configs") or {})
     for k in set(sc) - _SCEN_KEYS:
@@ -222,45 +256,73 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
     for k in set(cf) - _CONF_KEYS:
         raise ValueError(f"grid [configs]: unknown key {k!r}; allowed: {sorted(_CONF_KEYS)}")
     g = GridSpec(name=str(d.get("name", default_name)), profile=d.get("profile"),
-                 window_s=float(d.get("window_s", 3600.0)), seeds=[int(s) for s in d.get("seeds", [0])],
+                 window_s=_number(d.get("window_s", 3600.0), "window_s", example="window_s = 3600"),
+                 seeds=_numbers(d.get("seeds", [0]), "seeds", int, lo_ok=True, example="seeds = [0, 1]"),
                  model=str(d.get("model", "")))
     if "rates" in sc:
-        g.rates = [[float(x) for x in r] for r in sc["rates"]]
+        g.rates = _tuples(sc["rates"], "[scenarios] rates", float, "rates = [[0.4, 0.05, 0.00625]]")
     else:
-        g.rates = rate_triples(sc.get("rate_values", PUBLISHED_RATES), int(sc.get("rate_arity", 3)))
+        vals = _numbers(sc.get("rate_values", PUBLISHED_RATES), "[scenarios] rate_values",
+                        example="rate_values = [3.2, 1.6, 0.8]")
+        k = _number(sc.get("rate_arity", 3), "[scenarios] rate_arity", int, example="rate_arity = 3")
+        if k > len(set(vals)):
+            raise ValueError(f"grid [scenarios] rate_arity = {k}: more than the {len(set(vals))} distinct rate_values; "
+                             f"give at least {k} rates or a smaller arity")
+        g.rates = rate_triples(vals, k)
     if "ranks" in sc:
-        g.ranks = [[int(x) for x in r] for r in sc["ranks"]]
+        g.ranks = _tuples(sc["ranks"], "[scenarios] ranks", int, "ranks = [[8, 16, 32]]")
     else:
-        g.ranks = rank_multisets(sc.get("rank_values", PUBLISHED_RANKS), int(sc.get("rank_arity", 3)),
-                                 int(sc.get("max_largest", 1)))
+        g.ranks = rank_multisets(
+            _numbers(sc.get("rank_values", PUBLISHED_RANKS), "[scenarios] rank_values", int, example="rank_values = [8, 16, 32]"),
+            _number(sc.get("rank_arity", 3), "[scenarios] rank_arity", int, example="rank_arity = 3"),
+            _number(sc.get("max_largest", 1), "[scenarios] max_largest", int, lo_ok=True, example="max_largest = 1"))
     if "lengths" in sc:
-        g.lengths = [[float(x) for x in pair] for pair in sc["lengths"]]
+        g.lengths = _tuples(sc["lengths"], "[scenarios] lengths", float, "lengths = [[222, 197]]")
     if "arrival" in sc:
         g.arrival = list(sc["arrival"]) if isinstance(sc["arrival"], list) else [sc["arrival"]]
     if "policy" in sc:
         g.policy = list(sc["policy"]) if isinstance(sc["policy"], list) else [sc["policy"]]
     if "served" in cf:
-        g.served = [int(x) for x in cf["served"]]
+        g.served = _numbers(cf["served"], "[configs] served", int, example="served = [16, 32, 64]")
     if "slots" in cf:
-        g.slots = [int(x) for x in cf["slots"]]
+        g.slots = _numbers(cf["slots"], "[configs] slots", int, example="slots = [16, 32]")
     if "max_lora_rank" in cf:
         g.max_lora_rank = cf["max_lora_rank"]
+        if g.max_lora_rank not in (None, "max"):
+            _numbers(g.max_lora_rank, "[configs] max_lora_rank", int, example='max_lora_rank = "max" or [16, 32]')
     if "engine" in cf:
-
+        if not isinstance(cf["engine"], dict):
+            raise ValueError(f"grid [configs] engine: expected a table of EngineConfig fields, e.g. "
+                             f"engine = {{ max_num_seqs = 2048 }}")
         fields = set(EngineConfig.__dataclass_fields__)
         bad = set(cf["engine"]) - fields
         if bad:
             raise ValueError(f"grid [configs.engine]: {sorted(bad)} are not EngineConfig fields")
         g.engine = dict(cf["engine"])
     es = d.get("early_stop") or {}
-    g.early_stop_walk = bool(es.get("walk", True))
-    g.early_stop_run = bool(es.get("run", True))
-    g.ratio = float(es.get("ratio", 0.9))
+    for k in set(es) - {"walk", "run", "ratio"}:
+        raise ValueError(f"grid [early_stop]: unknown key {k!r}; allowed: ['ratio', 'run', 'walk']")
+    for k in ("walk", "run"):
+        if not isinstance(es.get(k, True), bool):
+            raise ValueError(f"grid [early_stop] {k}: {es[k]!r} is not true or false")
+    g.early_stop_walk = es.get("walk", True)
+    g.early_stop_run = es.get("run", True)
+    g.ratio = _number(es.get("ratio", 0.9), "[early_stop] ratio", example="ratio = 0.9")
+    if g.ratio > 1:
+        raise ValueError(f"grid [early_stop] ratio: {g.ratio:g} is above 1 (a share of the offered tokens); e.g. ratio = 0.9")
     slo = d.get("slo") or {}
-    g.ttft_slo_s = slo.get("ttft_s")
+    for k in set(slo) - {"ttft_s", "tbt_s"}:
+        raise ValueError(f"grid [slo]: unknown key {k!r}; allowed: ['tbt_s', 'ttft_s']")
+    for k, example in (("ttft_s", "ttft_s = 10"), ("tbt_s", "tbt_s = 0.2")):
+        if slo.get(k) is not None:
+            _number(slo[k], f"[slo] {k}", example=example)
+    g.ttft_slo_s = slo.get("ttft_s")  # (as written: the value is part of the resume digest)
     g.tbt_slo_s = slo.get("tbt_s")
     if not g.rates or not g.ranks:
         raise ValueError("grid: no scenario (empty rates or ranks)")
+    if not g.configs():
+        raise ValueError(f"grid [configs]: no configuration has slots <= served (slots {sorted(g.slots)}, served "
+                         f"{sorted(g.served)}); give slot values at most the served adapters")
     return g
 
 
@@ -272,19 +334,6 @@ def load_grid(name_or_path: str | os.PathLike) -> GridSpec:
     p = Path(s)
     if not p.exists():
         raise ValueError(f"unknown grid {s!r}: not a named grid ({', '.join(NAMED_GRIDS)}) nor a file")
-    suf = p.suffix.lower()
-    if suf == ".toml":
-        import tomllib
-
-        d = tomllib.loads(p.read_text())
-    elif suf in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise SystemExit("YAML grid files need PyYAML: pip install 'lora-twin[sweep]' (or pip install pyyaml)")
-        d = yaml.safe_load(p.read_text())
-    elif suf == ".json":
-        d = json.loads(p.read_text())
-    else:
-        raise ValueError(f"grid file {p}: use .toml, .yaml/.yml or .json")
+    d = read_mapping_file(p, label="grid file", what="grid", yaml_extra="sweep",
+                          example="`twin sweep --list` names the built-in grids", also="")
     return grid_from_dict(d or {}, default_name=p.stem)

@@ -88,7 +88,11 @@ def _dask(tasks: list[dict], jobs: int, address: str | None = None, **_: Any) ->
                            "(or pip install 'dask[distributed]')") from None
     cluster = None
     if address:
-        client = Client(address)
+        try:
+            client = Client(address)
+        except OSError as e:  # (a TimeoutError after distributed's connect timeout, or a refused connection)
+            raise ValueError(f"--address {address}: cannot reach a Dask scheduler there ({e}); start one "
+                             f"(`dask scheduler`) or leave out --address for a local cluster of --jobs workers") from None
     else:
         cluster = LocalCluster(n_workers=max(jobs, 1), threads_per_worker=1, processes=True,
                                dashboard_address=None)
@@ -112,7 +116,11 @@ def _ray(tasks: list[dict], jobs: int, address: str | None = None, **_: Any) -> 
     started = False
     if not ray.is_initialized():
         if address:
-            ray.init(address=address)
+            try:
+                ray.init(address=address)
+            except (OSError, RuntimeError) as e:  # (ConnectionError where no Ray cluster answers)
+                raise ValueError(f"--address {address}: cannot reach a Ray cluster there ({e}); start one "
+                                 f"(`ray start --head`) or leave out --address for a local one") from None
         else:
             ray.init(num_cpus=max(jobs, 1), include_dashboard=False)
         started = True
@@ -150,11 +158,30 @@ class SweepReport:
         return d
 
 
+def check_selection(limit: int | None = None, shard: str | None = None, every: int | None = None,
+                    jobs: int | None = None) -> None:
+    """``--limit``, ``--shard``, ``--every`` and ``--jobs`` values that select nothing or make no
+    sense are refused before any work, with the form to give."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit {limit}: must be >= 1 (the number of tasks to run), or leave it out for all")
+    if every is not None and every < 1:
+        raise ValueError(f"--every {every}: must be >= 1 (one task in N), e.g. --every 10")
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"--jobs {jobs}: must be >= 1 (worker processes), e.g. --jobs 2")
+    if shard:
+        parts = str(shard).split("/")
+        ok = len(parts) == 2 and all(p.strip().isdigit() for p in parts)
+        if not ok or not 0 <= int(parts[0]) < int(parts[1]):
+            raise ValueError(f"--shard {shard}: give i/k with 0 <= i < k (the i-th of k interleaved parts), "
+                             f"e.g. --shard 0/4 ... --shard 3/4")
+
+
 def select_tasks(tasks: list[dict], limit: int | None = None, shard: str | None = None,
                  every: int | None = None, exclude: set[str] | None = None) -> list[dict]:
     """A subset of tasks: ``exclude`` (scenario keys left out, e.g. held-out test scenarios),
     ``shard='i/k'`` (the i-th of k interleaved parts), ``every=k`` (one task in k, evenly spread: a
     measured fraction of the grid), ``limit`` (the first N after those)."""
+    check_selection(limit, shard, every)
     if exclude:
         tasks = [t for t in tasks if t["scenario"]["key"] not in exclude]
     if shard:
@@ -176,6 +203,7 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
     share one directory (a cache: shards are named by the hash of their task's content)."""
     if executor not in _EXEC:
         raise ValueError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
+    check_selection(limit, shard, every, jobs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     meta_p = out / "sweep.json"
