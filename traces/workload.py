@@ -268,6 +268,7 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
                                 f"{FILE_MINIMUM[col]}")
         out[col] = nums.astype(COLUMNS[col])
     frame = pd.DataFrame(out)
+    rank_given = "adapter_rank" in frame
     for col, default in FILE_DEFAULTS.items():
         if col not in frame:
             frame[col] = np.full(len(frame), default, np.int64)
@@ -281,21 +282,24 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
         i = int(frame["request_id"].duplicated().to_numpy().argmax())
         raise WorkloadError(f"{path}: {where(i)}, column request_id: {frame['request_id'].iloc[i]} repeats an "
                             f"earlier id")
-    if True:
-        has = (frame["adapter_id"] >= 0).to_numpy()
-        rank = frame["adapter_rank"].to_numpy()
-        norank = has & (rank < 1)
-        if norank.any():
-            i = int(norank.argmax())
-            raise WorkloadError(f"{path}: {where(i)}, column adapter_rank: a request for adapter "
-                                f"{frame['adapter_id'].iloc[i]} needs adapter_rank >= 1")
-        first = pd.Series(rank[has]).groupby(frame["adapter_id"].to_numpy()[has]).transform("first").to_numpy()
-        clash = np.flatnonzero(has)[first != rank[has]]
-        if clash.size:
-            i = int(clash[0])
-            raise WorkloadError(f"{path}: {where(i)}, column adapter_rank: adapter {frame['adapter_id'].iloc[i]} "
-                                f"has rank {rank[i]} here and {first[np.flatnonzero(has) == i][0]} earlier; one rank "
-                                f"per adapter")
+    has = (frame["adapter_id"] >= 0).to_numpy()
+    rank = frame["adapter_rank"].to_numpy()
+    norank = has & (rank < 1)
+    if norank.any():
+        i = int(norank.argmax())
+        if not rank_given:
+            raise WorkloadError(f"{path}: requests name adapters (column adapter_id) but the file has no "
+                                f"adapter_rank column; add each adapter's LoRA rank (e.g. 8), or use adapter_id "
+                                f"-1 for base-model requests")
+        raise WorkloadError(f"{path}: {where(i)}, column adapter_rank: a request for adapter "
+                            f"{frame['adapter_id'].iloc[i]} needs adapter_rank >= 1")
+    first = pd.Series(rank[has]).groupby(frame["adapter_id"].to_numpy()[has]).transform("first").to_numpy()
+    clash = np.flatnonzero(has)[first != rank[has]]
+    if clash.size:
+        i = int(clash[0])
+        raise WorkloadError(f"{path}: {where(i)}, column adapter_rank: adapter {frame['adapter_id'].iloc[i]} "
+                            f"has rank {rank[i]} here and {first[np.flatnonzero(has) == i][0]} earlier; one rank "
+                            f"per adapter")
     return frame
 
 
