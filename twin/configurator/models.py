@@ -321,7 +321,7 @@ def pack_tree(tree: dict[str, Any]) -> dict[str, Any]:
 
 
 def unpack_tree(tree: dict[str, Any]) -> dict[str, Any]:
-    """The in-memory tree of :func:`pack_tree`'s: per-node ``value`` and ``n`` (``None`` at splits).
+    """A packed tree (:func:`pack_tree`) in its in-memory form: per-node ``value`` and ``n`` (``None`` at splits).
     A tree with per-node lists (files written before ``leaf_value``) is returned as it is."""
     if "leaf_value" not in tree:
         return tree
@@ -389,7 +389,8 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
         raise bad(f"targets {m['targets']}, expected {list(TARGETS)}")
     n_feat = len(m["features"])
     for i, t in enumerate(m["trees"]):
-        keys = ("left", "right", "feature", "threshold") + (("leaf_value", "leaf_n") if "leaf_value" in t else ("value", "n"))
+        leaf_keys = ("leaf_value", "leaf_n") if isinstance(t, dict) and "leaf_value" in t else ("value", "n")
+        keys = ("left", "right", "feature", "threshold") + leaf_keys
         if not isinstance(t, dict) or not all(isinstance(t.get(k), list) for k in keys):
             raise bad(f"tree {i} lacks one of {list(keys)}")
         n = len(t["left"])
