@@ -67,6 +67,15 @@ FILES: dict[str, bytes] = {
     "brokenprofile.json": b'{"schema": "lora-twin-profile/1", "name": "x", "model": "llama-3.1-8b"}\n',
     "afile": b"x",
 }
+_REAL_HEADER = (b"model,source,scenario,run_dir,ranks,rates,served_adapters,adapter_slots,max_lora_rank,status,"
+                b"offered_req_s,pool_mean_input_tokens,pool_mean_output_tokens\n")
+FILES.update({  # real-run tables (twin validate, twin configure evaluate) with one bad row
+    "real_rates.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,abc,16,16,32,ok,1,222,197\n",
+    "real_served.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,-5,16,32,ok,1,222,197\n",
+    "real_slots.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,,32,ok,1,222,197\n",
+    "real_lengths.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,long,197\n",
+    "real_status.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,weird,1,222,197\n",
+})
 
 
 @pytest.fixture
@@ -238,6 +247,16 @@ CASES: list[tuple[str, str]] = [
     ("validate --jobs -1 --limit 1", "--jobs -1: must be >= 1"),
     ("validate --client-cap abc --limit 1", "--client-cap 'abc': give a number of requests"),
     ("validate --out {d}/afile --limit 1", "--out {d}/afile: is an existing file"),
+    ("validate --real {d}/real_rates.csv", "{d}/real_rates.csv: row 1 (line 2), column rates: 'abc' is not a list of "
+                                           "positive numbers (e.g. 0.4-0.05-0.00625)"),
+    ("validate --real {d}/real_served.csv", "column served_adapters: -5 is not an integer >= 1"),
+    ("validate --real {d}/real_slots.csv", "column adapter_slots: an empty cell is not an integer >= 1"),
+    ("validate --real {d}/real_lengths.csv", "column pool_mean_input_tokens: 'long' is not a positive number"),
+    ("validate --real {d}/real_status.csv", "none of the 1 selected runs of {d}/real_status.csv can be scored "
+                                            "(statuses: weird 1)"),
+    ("configure evaluate --real {d}/real_served.csv --no-search", "column served_adapters: -5 is not an integer >= 1"),
+    ("configure evaluate --real {d}/real_status.csv --no-search", "none of the 1 rows of source 'ml_test' has status "
+                                                                  "ok (statuses: weird 1)"),
 ]
 
 

@@ -185,6 +185,10 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
         raise ValueError(f"{real_csv}: no rows with source == {source!r}")
     if profile is None:
         profile = profile_for_model(sel["model"].dropna().iloc[0] if sel["model"].notna().any() else None)
+    if not sel["status"].astype(str).eq("ok").any():
+        counts = ", ".join(f"{k} {v}" for k, v in sel["status"].astype(str).value_counts().items())
+        raise ValueError(f"{real_csv}: none of the {len(sel)} rows{f' of source {source!r}' if source else ''} has "
+                         f"status ok (statuses: {counts}); a scenario's real optimum needs its served runs")
     truth = real_optima(real, source)
     grid = real_grid(sel)
     served_grid = sorted(sel["served_adapters"].unique().astype(int).tolist()) or list(PUBLISHED_GRID)

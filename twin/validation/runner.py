@@ -108,6 +108,11 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
     check_profile_model(prof, sel)
     specs = [spec_from_row(row, seed, use_sent, length_corr, frontend_s, scrape_s_per_label) for _, row in sel.iterrows()
              if row["status"] == "ok" or row["status"] in START_FAILURE_STATUSES]
+    if not specs:
+        counts = ", ".join(f"{k} {v}" for k, v in sel["status"].astype(str).value_counts().items())
+        raise ValueError(f"none of the {len(sel)} selected runs of {real_csv} can be scored (statuses: {counts}); "
+                         f"the twin re-creates runs with status ok and start failures "
+                         f"({', '.join(START_FAILURE_STATUSES)}): select some of those")
     sim_opts = dict(profile_name=profile, client_cap=client_cap, preload_cpu=preload_cpu)
     results = run_all(specs, sim_opts, jobs, progress)
     tw = pd.DataFrame(results) if results else pd.DataFrame({"run_id": []})

@@ -99,10 +99,57 @@ def load_real(path: str | os.PathLike) -> pd.DataFrame:
         raise ValueError(f"{path}: not a real-run validation table (missing columns {missing})")
     for c in ("ranks", "rates"):
         df[c] = df[c].astype(str)
+    check_real_rows(df, path)
     df["run_id"] = [f"{s}/{sc}/{rd}" for s, sc, rd in zip(df["source"], df["scenario"], df["run_dir"])]
     if df["run_id"].duplicated().any():
         df["run_id"] = df["run_id"] + "#" + df.groupby("run_id").cumcount().astype(str)
     return df
+
+
+#: integer columns of a real-run row, each >= 1 (the configuration the run was started with)
+_REAL_INT_COLUMNS = ("served_adapters", "adapter_slots", "max_lora_rank")
+#: columns a run that served (status ``ok``) needs as positive numbers (its workload's lengths)
+_REAL_OK_COLUMNS = ("pool_mean_input_tokens", "pool_mean_output_tokens")
+
+
+def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
+    """Every row the twin re-creates (status ``ok`` or a start failure, :data:`START_FAILURE_STATUSES`;
+    other rows are only counted) is a configuration it can build: ``rates`` and ``ranks`` lists of
+    positive numbers (``0.4-0.05-0.00625``, ``8-16-32``), the served adapters, slots and max rank
+    integers >= 1, and for a run with status ``ok`` positive pool mean lengths. Otherwise an error
+    naming the file, the row (its CSV line), the column, the value and the form to give, before any
+    run is simulated."""
+    def bad(i: int, col: str, what: str) -> ValueError:
+        v = df[col].iloc[i]
+        shown = "an empty cell" if v is None or (isinstance(v, float) and v != v) else \
+            repr(v.item() if hasattr(v, "item") else v)
+        return ValueError(f"{path}: row {i + 1} (line {i + 2}), column {col}: {shown} {what}; fix the row or "
+                          f"leave it out of the table")
+
+    status = df["status"].astype(str)
+    used = (status.eq("ok") | status.isin(START_FAILURE_STATUSES)).to_numpy()
+    for col, cast, example in (("rates", float, "0.4-0.05-0.00625"), ("ranks", int, "8-16-32")):
+        for i in np.flatnonzero(used).tolist():
+            try:
+                vals = parse_list(df[col].iloc[i], cast, col)
+            except ValueError:
+                vals = []
+            if not vals or not all(np.isfinite(x) and x > 0 for x in vals):
+                raise bad(i, col, f"is not a list of positive {'numbers' if cast is float else 'integers'} "
+                                  f"(e.g. {example})")
+    for col in _REAL_INT_COLUMNS:
+        x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
+        with np.errstate(invalid="ignore"):
+            wrong = used & (~np.isfinite(x) | (x < 1) | (x != np.round(x)))
+        if wrong.any():
+            raise bad(int(np.argmax(wrong)), col, "is not an integer >= 1")
+    ok = status.eq("ok").to_numpy()
+    for col in _REAL_OK_COLUMNS:
+        x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
+        with np.errstate(invalid="ignore"):
+            wrong = ok & (~np.isfinite(x) | (x <= 0))
+        if wrong.any():
+            raise bad(int(np.argmax(wrong)), col, "is not a positive number (a run with status ok needs it)")
 
 
 def load_peer(path: str | os.PathLike) -> pd.DataFrame:
