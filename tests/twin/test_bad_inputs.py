@@ -254,6 +254,20 @@ CASES: list[tuple[str, str]] = [
     ("validate --real {d}/real_lengths.csv", "column pool_mean_input_tokens: 'long' is not a positive number"),
     ("validate --real {d}/real_status.csv", "none of the 1 selected runs of {d}/real_status.csv can be scored "
                                             "(statuses: weird 1)"),
+    # twin configure, twin sweep
+    ("configure search --rates 0.4 --ranks 8 --window -5 --cache {d}/sc", "--window -5: must be > 0"),
+    ("configure search --rates 0.4 --ranks 8 --jobs 0 --cache {d}/sc", "--jobs 0: must be >= 1"),
+    ("configure search --rates 0.4 --ranks 8 --served 16 --slots 32 --cache {d}/sc",
+     "no configuration has slots <= served adapters"),
+    ("configure predict --rates 0.4,0.1,0.05 --ranks 8,16,32 --adapters 0", "--adapters 0: must be >= 1"),
+    ("configure predict --rates 0.4,0.1,0.05 --ranks 8,16,32 --gpu-hour-usd -1", "--gpu-hour-usd -1: must be a price > 0"),
+    ("configure predict --rates 0.4,0.1,0.05 --ranks 8,16,32 --model {d}/garbage.json",
+     "{d}/garbage.json: not a configurator model (not valid JSON"),
+    ("configure dataset {d}/notrace.csv", "{d}/notrace.csv: not a sweep's run table (missing columns"),
+    ("sweep {d}/text.toml --out {d}/sw", "grid file {d}/text.toml: not valid TOML"),
+    ("sweep {d}/list.json --out {d}/sw", "grid file {d}/list.json: expected a table of options, got list"),
+    ("sweep smoke --shard 2/2 --out {d}/sw", "--shard 2/2: give i/k with 0 <= i < k"),
+    ("configure evaluate --real {d}/real_served.csv --jobs 0", "--jobs 0: must be >= 1"),
     ("configure evaluate --real {d}/real_served.csv --no-search", "column served_adapters: -5 is not an integer >= 1"),
     ("configure evaluate --real {d}/real_status.csv --no-search", "none of the 1 rows of source 'ml_test' has status "
                                                                   "ok (statuses: weird 1)"),
