@@ -100,6 +100,9 @@ def test_grid_errors(tmp_path):
     ("[slo]\nttft = 3", r"\[slo\]: unknown key 'ttft'"),
     ("[slo]\nttft_s = 0", r"\[slo\] ttft_s: 0 is not a number > 0"),
     ("scenarios = 3", r"\[scenarios\]: expected a table of keys, got int"),
+    ('[configs]\nengine = { max_num_seqs = "abc" }', r"\[configs.engine\] max_num_seqs: 'abc' is not an int"),
+    ("[configs]\nengine = { prefix_caching = 1 }", r"\[configs.engine\] prefix_caching: 1 is not a bool"),
+    ("[configs]\nengine = { max_model_len = 1.5 }", r"max_model_len: 1.5 is not an int \(or absent\)"),
 ])
 def test_a_bad_grid_value_is_refused_naming_the_key_before_any_run(tmp_path, text, message):
     p = tmp_path / "bad.toml"

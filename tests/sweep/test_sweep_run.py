@@ -126,3 +126,33 @@ def test_a_selection_that_makes_no_sense_is_refused_before_any_work(tmp_path, fl
         kw = {"jobs": 0} if "--jobs" in flags else {"shard": flags[1]} if "--shard" in flags else \
             {"limit": 0} if "--limit" in flags else {"every": 0}
         run_sweep(load_grid("smoke"), tmp_path / "sw", "local", progress=False, **kw)
+
+
+def test_an_impossible_engine_override_is_refused_before_any_run(tmp_path):
+    """``[configs.engine]`` values vLLM would refuse at every run (here more running requests than
+    the step's token budget) are an error up front, not a sweep of error rows."""
+    g = load_grid("smoke")
+    g.engine = {"max_num_seqs": 4096}
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(2048\) must be >= max_num_seqs \(4096\)"):
+        run_sweep(g, tmp_path / "sw", "local", progress=False)
+    assert not (tmp_path / "sw").exists()
+
+
+def test_runs_that_raise_are_counted_and_named_in_the_report(tmp_path, monkeypatch, capsys):
+    """A run that raises is kept as a row with status 'error'; the report counts them and the CLI
+    names the first, so a sweep of failed runs does not read as a success."""
+    import twin.sweep.walk as walk
+    from twin.sweep.cli import register_cli
+
+    def boom(*a, **k):
+        raise RuntimeError("the profile exploded")
+
+    monkeypatch.setattr(walk, "run_config", boom)
+    p = argparse.ArgumentParser()
+    register_cli(p.add_subparsers())
+    ns = p.parse_args(["sweep", "smoke", "--out", str(tmp_path / "sw"), "--limit", "1", "--no-progress"])
+    assert ns.func(ns) == 0
+    err = capsys.readouterr().err
+    assert "runs ended in an error (first: RuntimeError: the profile exploded)" in err
+    rep = json.loads((tmp_path / "sw" / "sweep.json").read_text())["history"][-1]
+    assert rep["runs_failed"] == rep["runs"] > 0 and rep["first_error"] == "RuntimeError: the profile exploded"

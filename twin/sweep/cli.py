@@ -78,4 +78,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"sweep {grid.name}: {rep.tasks_run} tasks run ({rep.tasks_done_before} already done of "
               f"{rep.tasks_total}), {rep.runs} runs ({rep.runs_simulated} simulated, {rep.runs_early_stopped} "
               f"stopped early), {rep.cpu_s / 3600:.3f} CPU-h in {rep.wall_s:.1f} s wall -> {out}")
+    if rep.runs_failed:  # kept as rows with status 'error' (a resumed sweep does not rerun them)
+        print(f"twin sweep: {rep.runs_failed} of {rep.runs} runs ended in an error (first: {rep.first_error}); their "
+              f"rows have status 'error' and the exception in column 'error'", file=sys.stderr)
     return 0

@@ -240,6 +240,23 @@ def _tuples(v: Any, where: str, kind: type, example: str) -> list[list[Any]]:
     return [_numbers(t, where, kind, example=example) for t in v]
 
 
+def _check_engine_value(name: str, v: Any) -> None:
+    """An ``[configs.engine]`` value of the type its :class:`~twin.config.EngineConfig` field
+    declares (``int``, ``float``, ``bool``, ``str``, optionally ``None``); a wrong type would make
+    every run of the sweep end in an error."""
+    decl = str(EngineConfig.__dataclass_fields__[name].type).replace(" ", "")
+    optional = decl.endswith("|None")
+    base = decl.removesuffix("|None")
+    if v is None and optional:
+        return
+    ok = {"int": isinstance(v, int) and not isinstance(v, bool), "bool": isinstance(v, bool),
+          "str": isinstance(v, str),
+          "float": isinstance(v, (int, float)) and not isinstance(v, bool)}.get(base, True)
+    if not ok:
+        raise ValueError(f"grid [configs.engine] {name}: {v!r} is not {'an' if base == 'int' else 'a'} {base}"
+                         f"{' (or absent)' if optional else ''}; `twin run --help` describes the field")
+
+
 def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
     """A :class:`GridSpec` from a grid file's table; every key is checked (type and range) and an
     error names the key, the value and what to give, before any run."""
@@ -298,6 +315,8 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
         bad = set(cf["engine"]) - fields
         if bad:
             raise ValueError(f"grid [configs.engine]: {sorted(bad)} are not EngineConfig fields")
+        for k, v in cf["engine"].items():
+            _check_engine_value(k, v)
         g.engine = dict(cf["engine"])
     es = d.get("early_stop") or {}
     for k in set(es) - {"walk", "run", "ratio"}:

@@ -25,7 +25,7 @@ import pandas as pd
 
 from twin.sweep.grid import GridSpec
 from twin.sweep.walk import run_task
-from twin.sweep.scenario import profile_hash, twin_version
+from twin.sweep.scenario import check_engine_overrides, profile_hash, twin_version
 
 EXECUTORS = ("local", "dask", "ray")
 
@@ -151,6 +151,9 @@ class SweepReport:
     runs_early_stopped: int
     cpu_s: float
     wall_s: float
+    #: runs that raised (their rows have status ``error`` and the exception in ``error``)
+    runs_failed: int = 0
+    first_error: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -204,6 +207,9 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
     if executor not in _EXEC:
         raise ValueError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
     check_selection(limit, shard, every, jobs)
+    grid_tasks = grid.tasks()
+    if grid_tasks:  # an impossible engine override would make every run an error
+        check_engine_overrides(grid_tasks[0])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     meta_p = out / "sweep.json"
@@ -225,7 +231,7 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
                                            "executor": executor, "jobs": jobs})
     meta_p.write_text(json.dumps(meta, indent=1, default=str))
 
-    all_tasks = select_tasks(grid.tasks(), limit, shard, every, exclude)
+    all_tasks = select_tasks(grid_tasks, limit, shard, every, exclude)
     done = done_tasks(out)
     todo = [t for t in all_tasks if t["task_hash"] not in done]
     if order == "heavy":  # heaviest first (more offered load = longer runs) so the pool's tail is short
@@ -242,12 +248,17 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
 
         bar = tqdm(total=len(todo), unit="task", desc=f"sweep {grid.name}", smoothing=0.05)
     t0 = time.perf_counter()
-    runs = sim = early = 0
+    runs = sim = early = failed = 0
+    first_error = ""
     cpu = 0.0
     for rows in _EXEC[executor](todo, jobs, address=address):
         if rows:
             write_shard(out, rows[0]["task_hash"], rows)
         runs += len(rows)
+        for r in rows:
+            if r.get("status") == "error":
+                failed += 1
+                first_error = first_error or str(r.get("error") or "")
         sim += sum(1 for r in rows if r.get("status") == "ok")
         early += sum(1 for r in rows if r.get("early_stop"))
         cpu += sum(float(r.get("cpu_s") or r.get("wall_s") or 0.0) for r in rows)
@@ -259,7 +270,8 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
-    rep = SweepReport(out, len(all_tasks), len(all_tasks) - len(todo), len(todo), runs, sim, early, cpu, wall)
+    rep = SweepReport(out, len(all_tasks), len(all_tasks) - len(todo), len(todo), runs, sim, early, cpu, wall,
+                      failed, first_error)
     meta["history"][-1].update(finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **{
         k: v for k, v in rep.to_dict().items() if k != "out"})
     meta_p.write_text(json.dumps(meta, indent=1, default=str))

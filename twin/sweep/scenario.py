@@ -120,6 +120,25 @@ def make_spec(scenario: dict[str, Any], served: int, slots: int, max_rank: int, 
                    seed=run_seed(key, served, seed))
 
 
+def check_engine_overrides(task: dict[str, Any]) -> None:
+    """The grid's ``[configs.engine]`` overrides give a configuration vLLM accepts at every
+    (slots, served) pair of ``task`` (:meth:`twin.config.EngineConfig.validate`, the check
+    :func:`run_config` would fail on in every run); otherwise an error naming the override."""
+    engine = task.get("engine") or {}
+    if not engine:
+        return
+    for g in task["slots"]:
+        for n in task["served"]:
+            if g > n:
+                continue
+            cfg = dataclasses.replace(build_config(make_spec(task["scenario"], n, g, task["max_rank"], task["seed"],
+                                                             task["window_s"])), **engine)
+            try:
+                cfg.validate()
+            except ValueError as e:
+                raise ValueError(f"grid [configs.engine] {engine}: {e} (at {g} slots, {n} served adapters)") from None
+
+
 def _policy_objects(policy: str | None):
     """(scheduler, cache, preload) for a policy name: the published one or any registered preset."""
     if policy in (None, "", DEFAULT_POLICY, "validation"):
