@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -176,6 +177,23 @@ def write_figure(rows: list[dict[str, Any]], slo_s: float, path: Path, title: st
     return path
 
 
+def check_compare_options(options: CompareConfig) -> None:
+    """The comparison's own options, each refused with its flag and the form to give before any run."""
+    def positive(v: float, flag: str, what: str) -> None:
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{flag} {v:g}: must be > 0; give {what}")
+
+    if options.slo is not None:
+        positive(options.slo, "--slo", "a TTFT SLO in seconds, e.g. --slo 5 (or leave it out: --slo-x x unloaded)")
+    positive(options.slo_x, "--slo-x", "a multiple of the unloaded mean TTFT, e.g. --slo-x 5")
+    positive(options.unloaded_rps, "--unloaded-rps", "the rate of the unloaded reference run, e.g. --unloaded-rps 0.2")
+    if options.accuracy is not None and not 0.0 <= options.accuracy <= 1.0:
+        raise ValueError(f"--accuracy {options.accuracy:g}: must be in [0, 1] (the share of output lengths the "
+                         f"predictor gets right, e.g. --accuracy 0.8)")
+    if options.jobs < 1:
+        raise ValueError(f"--jobs {options.jobs}: must be >= 1 (runs in parallel), e.g. --jobs 2")
+
+
 def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
             ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
     """Every preset of ``options.policies`` at every rate of ``options.rps``: the summary rows,
@@ -184,6 +202,7 @@ def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
     pols, rates = options.policies, options.rps
     if not pols or not rates:
         raise ValueError("--policies and --rps need at least one value each")
+    check_compare_options(options)
     load_entry_points()
     unknown = [p for p in pols if p not in PRESETS]
     if unknown:

@@ -231,6 +231,11 @@ CASES: list[tuple[str, str]] = [
     ("compare --policies vllm --rps 0 --duration 5", "--rps 0: must be > 0"),
     ("compare --policies nosuch --rps 1 --duration 5", "unknown policies ['nosuch']"),
     ("compare --policies vllm --rps 1 --duration 5 --tp 3", "--tp 3 does not divide"),
+    ("compare --policies vllm --rps 1 --duration 5 --slo -1", "--slo -1: must be > 0"),
+    ("compare --policies vllm --rps 1 --duration 5 --slo-x 0", "--slo-x 0: must be > 0"),
+    ("compare --policies vllm --rps 1 --duration 5 --unloaded-rps 0", "--unloaded-rps 0: must be > 0"),
+    ("compare --policies chameleon --rps 1 --duration 5 --accuracy 2", "--accuracy 2: must be in [0, 1]"),
+    ("compare --policies vllm --rps 1 --duration 5 --jobs 0", "--jobs 0: must be >= 1"),
     # twin calibrate
     ("calibrate report nosuch", "unknown profile 'nosuch'"),
     ("calibrate report {d}/garbage.json", "profile file {d}/garbage.json is not a text file"),
