@@ -14,6 +14,14 @@ if str(ROOT) not in sys.path:
 
 from traces.datadir import data_dir  # noqa: E402
 
+try:  # property-based tests draw the same examples on every run (the suite is deterministic)
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("lora-twin", derandomize=True, database=None)
+    _hypothesis_settings.load_profile("lora-twin")
+except ImportError:  # (hypothesis is in the test extra; a test module that needs it fails on its own)
+    pass
+
 
 @pytest.fixture(scope="session")
 def real_data() -> Path:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from twin.sweep.grid import NAMED_GRIDS, load_grid, rank_multisets, rate_triples, scenario_key
+from twin.sweep.grid import NAMED_GRIDS, grid_from_dict, load_grid, rank_multisets, rate_triples, scenario_key
 
 
 def test_published_axes():
@@ -174,3 +176,31 @@ def test_the_shipped_policy_lengths_example_is_a_valid_grid():
     tasks = g.tasks()
     assert len(tasks) == 8
     assert {tuple(t["scenario"]["lengths"]) for t in tasks} == {(222.0, 197.0), (400.0, 300.0)}
+
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 400), st.floats(allow_nan=True, allow_infinity=True),
+                     st.text(max_size=4))
+_VALUES = st.recursive(_SCALARS, lambda c: st.one_of(st.lists(c, max_size=4),
+                                                      st.dictionaries(st.text(max_size=4), c, max_size=3)),
+                       max_leaves=8)
+
+
+def _section(keys: list[str]):
+    return st.one_of(_VALUES, st.fixed_dictionaries({}, optional={k: _VALUES for k in keys}))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.fixed_dictionaries({}, optional={
+    **{k: _VALUES for k in ("name", "window_s", "seeds", "model")},
+    "scenarios": _section(["rates", "rate_values", "rate_arity", "ranks", "rank_values", "rank_arity", "max_largest",
+                           "lengths", "arrival", "policy"]),
+    "configs": _section(["served", "slots", "max_lora_rank", "engine"]),
+    "early_stop": _section(["walk", "run", "ratio"]),
+    "slo": _section(["ttft_s", "tbt_s"])}))
+def test_any_grid_table_gives_a_grid_or_a_clear_error(d):
+    """Whatever a grid file holds, reading it and enumerating its tasks either works or raises the
+    ValueError the CLI reports (never a TypeError or KeyError from inside)."""
+    try:
+        grid_from_dict(d).tasks()
+    except ValueError:
+        pass
