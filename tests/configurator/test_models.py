@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.helpers import configure_parser
 from twin.configurator.labels import FEATURES, features_of
@@ -371,7 +373,20 @@ def test_the_shipped_model_files_are_small_and_leaf_packed():
     ('{"schema": "lora-twin-configurator/1", "kind": "rf", "features": ["rate_max"], "targets": '
      '["served_adapters", "adapter_slots", "throughput_tok_s"], "provenance": {}, "trees": [{"left": [5, -1, -1], '
      '"right": [2, -1, -1], "feature": [0, -2, -2], "threshold": [0.5, -2, -2], "leaf_value": [[1, 1, 1], [2, 2, 2]], '
-     '"leaf_n": [1, 1]}]}', r"tree 0: a child or feature index out of range"),
+     '"leaf_n": [1, 1]}]}', r"tree 0, node 0: a child or feature index out of range"),
+    # a split that points back at itself: a walk would never reach a leaf
+    ('{"schema": "lora-twin-configurator/1", "kind": "rf", "features": ["rate_max"], "targets": '
+     '["served_adapters", "adapter_slots", "throughput_tok_s"], "provenance": {}, "trees": [{"left": [0, -1, -1], '
+     '"right": [2, -1, -1], "feature": [0, -2, -2], "threshold": [0.5, -2, -2], "leaf_value": [[1, 1, 1], [2, 2, 2]], '
+     '"leaf_n": [1, 1]}]}', r"tree 0, node 0: a child or feature index out of range \(children must follow"),
+    ('{"schema": "lora-twin-configurator/1", "kind": "rf", "features": ["rate_max"], "targets": '
+     '["served_adapters", "adapter_slots", "throughput_tok_s"], "provenance": {}, "trees": [{"left": [1, -1, -1], '
+     '"right": [2, -1, -1], "feature": [0, -2, -2], "threshold": [0.5, -2, -2], "leaf_value": [[1, 1], [2, 2, 2]], '
+     '"leaf_n": [1, 1]}]}', r"tree 0: a leaf value that is not 3 numbers"),
+    ('{"schema": "lora-twin-configurator/1", "kind": "rulefit", "features": ["rate_max"], "targets": '
+     '["served_adapters", "adapter_slots", "throughput_tok_s"], "provenance": {}, "trees": [], "combine": '
+     '"rule_ensemble", "rule_ensembles": [{"target": "served_adapters", "linear": [], "rules": []}, {}, {}]}',
+     r"a rule ensemble without its intercept, linear terms or rules"),
 ])
 def test_a_malformed_model_file_is_refused_naming_the_file_and_the_fix(tmp_path, text, message):
     p = tmp_path / "m.json"
@@ -392,3 +407,29 @@ def test_dataset_and_train_refuse_what_is_not_a_sweep_naming_the_fix(tmp_path):
         ns = p.parse_args(argv)
         with pytest.raises((ValueError, FileNotFoundError), match=message):
             ns.func(ns)
+
+
+_JSONISH = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(-3, 3), st.text(max_size=3)),
+                        lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=3), c, max_size=3)),
+                        max_leaves=6)
+_INDICES = st.lists(st.integers(-2, 4), min_size=1, max_size=5)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.fixed_dictionaries({
+    "left": _INDICES, "right": _INDICES, "feature": _INDICES,
+    "threshold": st.lists(st.one_of(st.floats(-1, 1), st.integers(-2, 2), st.none()), min_size=1, max_size=5),
+    "leaf_value": st.lists(st.one_of(st.lists(st.floats(-2, 2), max_size=4), _JSONISH), max_size=5),
+    "leaf_n": st.lists(_JSONISH, max_size=5)}), min_size=1, max_size=2))
+def test_any_damaged_tree_is_refused_or_predicts(tmp_path_factory, trees):
+    """Hand-edited trees (indices out of range, a split pointing back at itself, leaves of the wrong
+    size) load and predict, or are refused with the ValueError the CLI reports: never a hang in the
+    tree walk, never another exception."""
+    p = tmp_path_factory.mktemp("m") / "m.json"
+    p.write_text(json.dumps({"schema": "lora-twin-configurator/1", "kind": "rf", "features": list(FEATURES),
+                             "targets": ["served_adapters", "adapter_slots", "throughput_tok_s"], "provenance": {},
+                             "trees": trees}))
+    try:
+        predict(load_model(p), features_of([0.4, 0.05, 0.1], [8, 16, 32]), explain=True)
+    except ValueError:
+        pass

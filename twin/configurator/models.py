@@ -396,11 +396,45 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
         n = len(t["left"])
         if n == 0 or any(len(t[k]) != n for k in keys[:4]):
             raise bad(f"tree {i}: node lists of different lengths")
-        if any(not (-1 <= c < n) for c in t["left"] + t["right"]) or \
-                any(f >= n_feat for f, c in zip(t["feature"], t["left"]) if c != -1):
-            raise bad(f"tree {i}: a child or feature index out of range")
+        # a split's children come after it (scikit-learn's and FIGS' numbering), so every walk
+        # ends at a leaf; a leaf has no children
+        for j, (lc, rc, f) in enumerate(zip(t["left"], t["right"], t["feature"])):
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lc, rc, f)):
+                raise bad(f"tree {i}, node {j}: a child or feature index that is not an integer")
+            if lc == -1:
+                if rc != -1:
+                    raise bad(f"tree {i}, node {j}: a leaf (left -1) with a right child")
+            elif not (j < lc < n and j < rc < n and 0 <= f < n_feat):
+                raise bad(f"tree {i}, node {j}: a child or feature index out of range (children must follow "
+                          f"their split)")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in t["threshold"]):
+            raise bad(f"tree {i}: a threshold that is not a number")
+        leaf_vals = t["leaf_value"] if "leaf_value" in t else [v for v, lc in zip(t["value"], t["left"]) if lc == -1]
+        k = len(TARGETS)
+        if not all(isinstance(v, list) and len(v) == k and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                                for x in v) for v in leaf_vals):
+            raise bad(f"tree {i}: a leaf value that is not {k} numbers (one per target)")
     if m.get("combine") == "rule_ensemble" and len(m.get("rule_ensembles") or []) != len(TARGETS):
         raise bad(f"a rule ensemble per target expected ({len(TARGETS)})")
+    num = (int, float)
+
+    def conditions_ok(conds: Any) -> bool:
+        return isinstance(conds, list) and all(
+            isinstance(c, dict) and c.get("feature") in m["features"] and c.get("op") in ("<=", "<", ">", ">=")
+            and isinstance(c.get("value"), num) for c in conds)
+
+    for e in m.get("rule_ensembles") or []:
+        ok = isinstance(e, dict) and isinstance(e.get("intercept"), num) and isinstance(e.get("linear"), list) \
+            and isinstance(e.get("rules"), list)
+        ok = ok and all(isinstance(lt, dict) and lt.get("feature") in m["features"] and isinstance(lt.get("coef"), num)
+                        and isinstance(lt.get("clip"), list) and len(lt["clip"]) == 2 for lt in e["linear"])
+        ok = ok and all(isinstance(r, dict) and isinstance(r.get("coef"), num) and conditions_ok(r.get("conditions"))
+                        for r in e["rules"])
+        if not ok:
+            raise bad("a rule ensemble without its intercept, linear terms or rules in the documented form")
+    for r in m.get("rules") or []:
+        if not (isinstance(r, dict) and conditions_ok(r.get("conditions")) and isinstance(r.get("predict"), dict)):
+            raise bad("a rule without its conditions or prediction")
     if not m["trees"] and m.get("combine") != "rule_ensemble":
         raise bad("no trees")
 
