@@ -115,6 +115,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
     try:
         check_out_file(args.out)
         w = _workload(args)
+        if not len(w):  # (twin run refuses an empty workload file: write none)
+            raise ValueError(f"the workload of --trace {args.trace} holds no request; lengthen --duration or raise "
+                             f"--rps (nothing written to {args.out})")
     except (KeyError, FileNotFoundError, ValueError, TypeError) as e:
         return _err(e)
     try:

@@ -498,6 +498,8 @@ def sample_lengths(model: LengthModel, n: int, rng: np.random.Generator, scale: 
                    filt: LengthFilter | None = None, max_rounds: int = 200) -> tuple[np.ndarray, np.ndarray]:
     """``n`` pairs from ``model``, scaled by ``scale``, redrawn until all pass ``filt``."""
     filt = filt or LengthFilter()
+    if n <= 0:  # (a workload with no arrivals: nothing to draw)
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     ps, os_ = [], []
     have = 0
     drawn = 0

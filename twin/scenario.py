@@ -363,8 +363,10 @@ def build_workload(run: RunConfig) -> Workload:
             options[key] = value
     w = get_workload(run.trace, data_dir=run.data_dir, seed=run.seed, **options)
     if not len(w):
-        raise ConfigError(f"the workload of --trace {run.trace} holds no request (with --duration {run.duration}, "
-                          f"--rps {run.rps}); lengthen --duration or raise --rps")
+        given = ", ".join(f"--{k} {v:g}" for k, v in (("duration", options.get("duration")), ("rps", options.get("rps")))
+                          if isinstance(v, (int, float)))
+        raise ConfigError(f"the workload of --trace {run.trace} holds no request"
+                          f"{f' (with {given})' if given else ''}; lengthen --duration or raise --rps")
     return w
 
 

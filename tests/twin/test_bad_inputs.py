@@ -117,6 +117,10 @@ CASES: list[tuple[str, str]] = [
     ("run --no-progress --horizon 0", "--horizon 0: must be > 0"),
     ("run --no-progress --duration 0", "--duration 0: must be > 0"),
     ("run --no-progress --duration -1", "--duration -1: must be > 0"),
+    ("run --no-progress --rps 1e-9", "holds no request (with --rps 1e-09); lengthen --duration or raise --rps"),
+    ("run --no-progress --duration 1e-9", "holds no request (with --duration 1e-09)"),
+    ("traces synth --out {d}/w.parquet --rps 1e-9", "holds no request; lengthen --duration or raise --rps (nothing "
+                                                    "written to {d}/w.parquet)"),
     ("run --no-progress --duration 1e12", "more than the 5,000,000 a run may generate"),
     ("run --no-progress --duration 1e5 --rps 1000", "more than the 5,000,000 a run may generate"),
     (R + "--trace-opt n_requests=100000000", "would hold n_requests=100000000 requests, more than the 5,000,000"),
