@@ -90,6 +90,9 @@ def test_list(capsys):
     out = capsys.readouterr().out
     for name in REPRODUCTIONS:
         assert name in out
+    assert main(["reproduce", "--list", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [d["name"] for d in doc] == list(REPRODUCTIONS) and all(d["paper"] and d["description"] for d in doc)
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -59,6 +59,10 @@ def engine_note(outcomes: list[Outcome]) -> str:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    if args.list and args.json:
+        print(json.dumps([{"name": r.name, "paper": r.paper, "description": r.description}
+                          for r in REPRODUCTIONS.values()], indent=2))
+        return 0
     if args.list:
         w = max(len(n) for n in REPRODUCTIONS)
         for r in REPRODUCTIONS.values():
