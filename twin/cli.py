@@ -227,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
             msg = f"cannot use {e.filename}: {e.strerror}; check the path (or give another)"
         print(f"twin {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of stdout went away (`twin ... | head`): stop quietly
+        try:  # (and let the interpreter's final flush of stdout go nowhere)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
     except OSError as e:  # an output path the command could not use (a file where a directory goes, ...)
         where = f" {e.filename}" if e.filename else ""
         print(f"twin {args.command}: error: cannot use{where}: {e.strerror or e}; give another path",

@@ -92,6 +92,10 @@ def test_cli(tmp_path, capsys):
     ns = p.parse_args(["sweep", "--list"])
     assert ns.func(ns) == 0
     assert "adapter-twin-llama" in capsys.readouterr().out
+    ns = p.parse_args(["sweep", "--list", "--json"])
+    assert ns.func(ns) == 0
+    listed = {g["name"]: g for g in json.loads(capsys.readouterr().out)}
+    assert listed["adapter-twin-llama"]["tasks"] == 840 and listed["smoke"]["runs_max"] > 0
     ns = p.parse_args(["sweep", "adapter-twin-llama", "--dry-run", "--json"])
     ns.func(ns)
     d = json.loads(capsys.readouterr().out)

@@ -143,3 +143,21 @@ def test_flags_from_a_dataclass():
     assert "how many (default: 3)" in " ".join(p.format_help().split())
     with pytest.raises(ValueError, match="no field"):
         add_arguments(argparse.ArgumentParser(), Options, exclude=["nope"])
+
+
+def test_a_closed_stdout_pipe_stops_quietly(monkeypatch, capsys):
+    """`twin ... | head`: the reader going away is not reported as an unusable path."""
+    import argparse
+
+    import twin.cli as cli
+
+    def closed(_args: argparse.Namespace) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    parser = cli.make_parser()
+    monkeypatch.setattr(cli, "make_parser", lambda: parser)
+    parser.set_defaults(func=closed)
+    ns = parser.parse_args(["policies"])
+    monkeypatch.setattr(parser, "parse_args", lambda argv=None: argparse.Namespace(**{**vars(ns), "func": closed}))
+    assert cli.main(["policies"]) == 1
+    assert capsys.readouterr().err == ""

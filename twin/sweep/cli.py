@@ -44,6 +44,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from twin.sweep.runner import (MissingExtra, check_selection, exclusion_keys, read_results, run_sweep,
                                    select_tasks, summarize_results)
 
+    if args.list and args.json:
+        grids = [fn() for fn in NAMED_GRIDS.values()]
+        print(json.dumps([{"name": g.name, "tasks": len(g.tasks()), "runs_max": g.n_runs_max(), "profile": g.profile,
+                           "window_s": g.window_s} for g in grids], indent=2))
+        return 0
     if args.list:
         for name, fn in NAMED_GRIDS.items():
             g = fn()
