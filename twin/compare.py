@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from traces.flags import add_arguments, from_namespace
 from twin.figures import compare_figure
 from twin.perf.profile import Profile, load_profile
 from twin.registry import PRESETS, load_entry_points, resolve_policy, resolve_system
-from twin.scenario import RunConfig, build_engine_config, build_workload
+from twin.scenario import RunConfig, build_engine_config, build_workload, check_number
 from twin.simulate import simulate
 
 COLUMNS = [("ttft_ms_p50", "TTFT p50 ms", 0), ("ttft_ms_p99", "TTFT p99 ms", 0), ("itl_ms_p50", "TBT p50 ms", 1),
@@ -179,19 +178,16 @@ def write_figure(rows: list[dict[str, Any]], slo_s: float, path: Path, title: st
 
 def check_compare_options(options: CompareConfig) -> None:
     """The comparison's own options, each refused with its flag and the form to give before any run."""
-    def positive(v: float, flag: str, what: str) -> None:
-        if not (math.isfinite(v) and v > 0):
-            raise ValueError(f"{flag} {v:g}: must be > 0; give {what}")
-
     if options.slo is not None:
-        positive(options.slo, "--slo", "a TTFT SLO in seconds, e.g. --slo 5 (or leave it out: --slo-x x unloaded)")
-    positive(options.slo_x, "--slo-x", "a multiple of the unloaded mean TTFT, e.g. --slo-x 5")
-    positive(options.unloaded_rps, "--unloaded-rps", "the rate of the unloaded reference run, e.g. --unloaded-rps 0.2")
+        check_number("--slo", options.slo, 0, False, "a TTFT SLO in seconds, e.g. --slo 5 (or leave it out: --slo-x "
+                                                    "x unloaded)")
+    check_number("--slo-x", options.slo_x, 0, False, "a multiple of the unloaded mean TTFT, e.g. --slo-x 5")
+    check_number("--unloaded-rps", options.unloaded_rps, 0, False,
+                 "the rate of the unloaded reference run, e.g. --unloaded-rps 0.2")
     if options.accuracy is not None and not 0.0 <= options.accuracy <= 1.0:
         raise ValueError(f"--accuracy {options.accuracy:g}: must be in [0, 1] (the share of output lengths the "
                          f"predictor gets right, e.g. --accuracy 0.8)")
-    if options.jobs < 1:
-        raise ValueError(f"--jobs {options.jobs}: must be >= 1 (runs in parallel), e.g. --jobs 2")
+    check_number("--jobs", options.jobs, 1, True, "the runs in parallel, e.g. --jobs 2")
 
 
 def compare(run: RunConfig, options: CompareConfig, progress: bool = False,

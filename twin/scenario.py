@@ -271,19 +271,24 @@ def _check_popularity(value: str, flag: str = "--popularity") -> None:
         raise ConfigError(f"{flag}: {msg}") from None
 
 
+def check_number(flag: str, v: float, low: float, inclusive: bool, fix: str) -> None:
+    """A flag's number is finite and above ``low`` (or at it with ``inclusive``); otherwise a
+    :class:`ConfigError` naming the flag, the bound and ``fix`` (what to give)."""
+    if not math.isfinite(v):
+        raise ConfigError(f"{flag} {v}: must be a finite number; give {fix}")
+    if v < low or (v == low and not inclusive):
+        bound = f">= {low:g}" if inclusive else f"> {low:g}"
+        raise ConfigError(f"{flag} {v:g}: must be {bound}; give {fix}")
+
+
 def check_run(run: RunConfig) -> None:
     """Refuse option values that make no sense, naming the flag and the fix (no work done)."""
     for name in RUN_FIELDS:
         setattr(run, name, _check_type(name, getattr(run, name)))
     for name, (integer, low, inclusive, fix) in _NUMERIC.items():
         v = getattr(run, name)
-        if v is None:
-            continue
-        if not math.isfinite(v):
-            raise ConfigError(f"{option_name(name)} {v}: must be a finite number; give {fix}")
-        if v < low or (v == low and not inclusive):
-            bound = f">= {low:g}" if inclusive else f"> {low:g}"
-            raise ConfigError(f"{option_name(name)} {v:g}: must be {bound}; give {fix}")
+        if v is not None:
+            check_number(option_name(name), v, low, inclusive, fix)
     if run.adapters is not None and run.adapters > MAX_ADAPTERS:
         raise ConfigError(f"--adapters {run.adapters}: more than the {MAX_ADAPTERS:,} adapters a workload may have "
                           f"(the popularity tables hold one entry per adapter); give fewer")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from twin.configurator.models import KINDS
+from twin.scenario import check_number
 
 DEFAULT_PROFILE = "llama-3.1-8b_h100_vllm085"
 
@@ -261,8 +262,8 @@ def cmd_predict(args) -> int:
     from twin.configurator.labels import features_of
     from twin.configurator.models import predict
 
-    if args.adapters is not None and args.adapters < 1:
-        raise ValueError(f"--adapters {args.adapters}: must be >= 1 (the adapters to host, for the GPUs needed)")
+    if args.adapters is not None:
+        check_number("--adapters", args.adapters, 1, True, "the adapters to host (for the GPUs needed), e.g. 1000")
     if args.gpu_hour_usd is not None and not (math.isfinite(args.gpu_hour_usd) and args.gpu_hour_usd > 0):
         raise ValueError(f"--gpu-hour-usd {args.gpu_hour_usd:g}: must be a price > 0 in USD per GPU-hour, e.g. 2.5")
     rates, ranks = _pair(args)
@@ -412,12 +413,8 @@ def cmd_search(args) -> int:
         kw["lengths"] = lengths
     kw["served"] = parse_list(args.served, int, "--served", 1) if args.served else list(PUBLISHED_GRID)
     kw["slots"] = parse_list(args.slots, int, "--slots", 1) if args.slots else list(PUBLISHED_GRID)
-    if not (math.isfinite(args.window) and args.window > 0):
-        raise ValueError(f"--window {args.window:g}: must be > 0 (the simulated seconds of each run), e.g. --window 3600")
+    check_number("--window", args.window, 0, False, "the simulated seconds of each run, e.g. --window 3600")
     check_selection(jobs=args.jobs)
-    if min(kw["slots"]) > max(kw["served"]):
-        raise ValueError(f"--slots {','.join(map(str, kw['slots']))} and --served {','.join(map(str, kw['served']))}: "
-                         f"no configuration has slots <= served adapters; give slot values at most the served ones")
     labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
                           progress=sys.stderr.isatty(), **kw)
     lab = labels.iloc[0].to_dict()

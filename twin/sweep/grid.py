@@ -110,8 +110,15 @@ class GridSpec:
         """(slots, served) pairs with slots <= served, slot-major, served ascending."""
         return [(g, n) for g in sorted(self.slots) for n in sorted(self.served) if g <= n]
 
+    def check_configs(self) -> None:
+        """At least one configuration (slots <= served), else an error before any run."""
+        if not self.configs():
+            raise ValueError(f"no configuration has slots <= served adapters (slots {sorted(self.slots)}, served "
+                             f"{sorted(self.served)}); give slot values at most the served adapters")
+
     def tasks(self) -> list[dict[str, Any]]:
         """One task per scenario x seed x max rank: its walk over the configurations."""
+        self.check_configs()
         out = []
         for sc in self.scenarios():
             for seed in self.seeds:
@@ -309,8 +316,8 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
             _numbers(g.max_lora_rank, "[configs] max_lora_rank", int, example='max_lora_rank = "max" or [16, 32]')
     if "engine" in cf:
         if not isinstance(cf["engine"], dict):
-            raise ValueError(f"grid [configs] engine: expected a table of EngineConfig fields, e.g. "
-                             f"engine = {{ max_num_seqs = 2048 }}")
+            raise ValueError("grid [configs] engine: expected a table of EngineConfig fields, e.g. "
+                             "engine = { max_num_seqs = 2048 }")
         fields = set(EngineConfig.__dataclass_fields__)
         bad = set(cf["engine"]) - fields
         if bad:
@@ -339,9 +346,7 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
     g.tbt_slo_s = slo.get("tbt_s")
     if not g.rates or not g.ranks:
         raise ValueError("grid: no scenario (empty rates or ranks)")
-    if not g.configs():
-        raise ValueError(f"grid [configs]: no configuration has slots <= served (slots {sorted(g.slots)}, served "
-                         f"{sorted(g.served)}); give slot values at most the served adapters")
+    g.check_configs()
     return g
 
 
