@@ -33,6 +33,7 @@ import numpy as np
 
 from twin.registry import Preset, register_preset, register_scheduler
 from twin.interfaces import Admit, EngineView, Scheduler
+from twin.requests import as_array
 
 INF = math.inf
 OK, NO_SLOT, NOT_READY = Admit.OK, Admit.NO_SLOT, Admit.NOT_READY  # plain names (an enum member lookup is slow)
@@ -55,21 +56,26 @@ class FCFSScheduler(Scheduler):
         e = engine
         A = e.n_adapters
         self.base_group = A  # requests without an adapter
-        grp = np.where(e.adapter >= 0, e.adapter, A)
-        self.valid = np.nonzero(e.reject_reason == 0)[0]
-        keys = grp[self.valid]
+        grp = np.asarray(e.adapter, np.int64).copy()
+        grp[grp < 0] = A
+        accepted = e.reject_reason == 0
+        # (every request accepted, the usual case: no gathers through the index)
+        self.valid = np.arange(e.n, dtype=np.int64) if accepted.all() else np.flatnonzero(accepted)
+        keys = grp if len(self.valid) == e.n else grp[self.valid]
+        counts = np.bincount(keys, minlength=A + 1)
         if A < np.iinfo(np.int16).max:  # the same stable order; numpy radix-sorts 16-bit keys
             keys = keys.astype(np.int16)
-        order = self.valid[np.argsort(keys, kind="stable")]
-        counts = np.bincount(grp[self.valid], minlength=A + 1)
+        order = np.argsort(keys, kind="stable")
+        if len(self.valid) != e.n:
+            order = self.valid[order]
         starts = np.concatenate(([0], np.cumsum(counts)))
-        self.q = array("q", order.astype(np.int64).tobytes())
+        self.q = as_array("q", order)
         self.qptr = starts[:-1].tolist()
         self.qend = starts[1:].tolist()
-        self.grp = array("q", grp.astype(np.int64).tobytes())
+        self.grp = as_array("q", grp)
         self.admitted = bytearray(e.n)
         self.gptr = 0
-        self.valid_list = array("q", self.valid.astype(np.int64).tobytes())
+        self.valid_list = as_array("q", self.valid)
         self.n_valid = len(self.valid_list)
         self.front: deque[int] = deque()
         self.heap: list[int] = []  # heads (request indices) of adapter queues; stale ones are skipped

@@ -64,7 +64,7 @@ from twin.config import EngineConfig
 from twin.engine_state import EngineState
 from twin.preemption import PreemptionWalk
 from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
-from twin.requests import FINISHED, REJECTED
+from twin.requests import FINISHED, REJECTED, zeros_column
 from twin.requests import StartupError, check_startup  # noqa: F401  (re-exported for twin.validate)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -121,14 +121,14 @@ class Engine(PreemptionWalk, EngineState):
         # request is prefilling; a decoder's ``base`` (computed tokens = base + g)
         self._pref_flag = bytearray(self.n)
         self._pref_np = np.frombuffer(self._pref_flag, np.uint8) if self.n else np.zeros(0, np.uint8)
-        self._base_a = array("q", bytes(8 * self.n))
+        self._base_a = zeros_column(self.n)
         self._base_np = np.frombuffer(self._base_a, np.int64) if self.n else np.zeros(0, np.int64)
         # the running requests in admission order as columns, for the bulk walk: every admission
         # appends its request and a 1 (alive); leaving the batch clears the 1 (``_rid_seq``: a
         # request's position); the order is the alive entries from ``_run_lo`` on (_running_order)
         self._run_seq_rid = array("q")
         self._run_alive = bytearray()
-        self._rid_seq = array("q", bytes(8 * self.n))
+        self._rid_seq = zeros_column(self.n)
         self._run_lo = 0
         #: the finish heap's entries are ``finish step * _fin_m + rid`` (ordered as ``(step, rid)``)
         self._fin_m = max(self.n, 1)

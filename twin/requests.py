@@ -59,11 +59,21 @@ def check_startup(kv_tokens: int, max_model_len: int, slots: int, max_rank: int)
             f"start. Lower --slots or the max LoRA rank, lower max_model_len, or use a GPU with more memory")
 
 
-def as_array(code: str, values: Any) -> array:
-    """A compact ``array.array`` copy of a numpy column (fast scalar reads from Python)."""
-    out = array(code)
-    out.frombytes(np.ascontiguousarray(values, dtype=np.float64 if code == "d" else np.int64).tobytes())
-    return out
+def as_array(code: str, values: Any) -> memoryview:
+    """A column for fast scalar reads and writes from Python: a memoryview of ``values`` as a
+    contiguous float64 (``code`` "d") or int64 (otherwise) numpy array. No copy when ``values``
+    already is one (the engine reads the workload's columns in place and never writes them: a
+    read-only source gives a read-only view); indexing a memoryview is as fast as an
+    ``array.array`` and numpy views of it (``np.frombuffer``) share its memory."""
+    return memoryview(np.ascontiguousarray(values, dtype=np.float64 if code == "d" else np.int64))
+
+
+def zeros_column(n: int) -> memoryview:
+    """An int64 column of ``n`` zeros for scalar access (see :func:`as_array`). ``np.zeros``
+    asks the OS for zeroed pages, so only the pages that are written cost anything: a column
+    indexed by request touches only the requests that reach that code (unlike an
+    ``array.array``, which writes all of its memory up front)."""
+    return memoryview(np.zeros(n, np.int64))
 
 
 def _view(a: array, dtype: type) -> np.ndarray:
@@ -101,6 +111,13 @@ def dense_adapter_ids(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sorted distinct adapter ids ``>= 0`` of ``raw`` and each request's index among them
     (-1 without an adapter): ``np.unique`` and ``np.searchsorted``, computed with a presence
     table over the ids when they are small (a linear pass instead of two sorts; same arrays)."""
+    if len(raw) and 0 <= int(raw.min()) and int(raw.max()) < 4 * len(raw) + (1 << 16):
+        # every request names an adapter (the usual case): no masks
+        present = np.zeros(int(raw.max()) + 1, bool)
+        present[raw] = True
+        used = np.flatnonzero(present).astype(np.int64)
+        rank = np.cumsum(present, dtype=np.int64) - 1
+        return used, rank[raw]
     has = raw >= 0
     pos = raw[has]
     if len(pos) and int(pos.max()) < 4 * len(raw) + (1 << 16):
@@ -117,6 +134,10 @@ def dense_adapter_ids(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 class RequestTable:
     """Per-request columns of one run (see the module docstring)."""
+
+    #: :meth:`apply_rejection_rules` accepts every request at once when the maxima show no rule
+    #: can refuse one (False: the masks every time; a test checks both give the same columns)
+    decide_from_maxima = True
 
     def __init__(self, workload: Any) -> None:
         cols = workload_columns(workload)
@@ -137,17 +158,20 @@ class RequestTable:
         self.adapter = _view(self.adapter_a, np.int64)
         ranks = np.zeros(len(used), np.int64)
         if len(used):
-            ranks[dense[raw_adapter >= 0]] = raw_rank[raw_adapter >= 0]
+            if int(dense.min()) >= 0:  # (every request names an adapter: no masks)
+                ranks[dense] = raw_rank
+            else:
+                ranks[dense[raw_adapter >= 0]] = raw_rank[raw_adapter >= 0]
         self.adapter_rank = ranks
         self.rank = raw_rank
         self.n_adapters = len(used)
         # outcomes (written once per event)
         self.state = np.zeros(n, np.int8)   # RequestState values
         self.reject_reason = np.zeros(n, np.int8)
-        nan = np.full(n, np.nan)
-        self.first_sched_a = as_array("d", nan)
-        self.first_token_a = as_array("d", nan)
-        self.finish_a = as_array("d", nan)
+        nan = array("d", [np.nan])
+        self.first_sched_a = nan * n
+        self.first_token_a = nan * n
+        self.finish_a = nan * n
         self.first_sched = _view(self.first_sched_a, np.float64)
         self.first_token = _view(self.first_token_a, np.float64)
         self.finish = _view(self.finish_a, np.float64)
@@ -157,7 +181,7 @@ class RequestTable:
         self.last_token_d: dict[int, float] = {}    # last token time of preempted requests
         self.seen = bytearray(n)                    # admitted at least once
         # prefix counts of requests that join the waiting queue (not rejected)
-        self.ok_cum = as_array("q", np.zeros(n + 1, np.int64))
+        self.ok_cum = zeros_column(n + 1)
 
     def apply_rejection_rules(self, max_model_len: int, block_size: int, total_blocks: int,
                               served_adapters: int | None, enable_lora: bool, max_lora_rank: int,
@@ -167,9 +191,21 @@ class RequestTable:
         ``adapter_blocks`` (unified pool): KV blocks of each dense adapter; a request and its
         adapter must then fit in the pool together. Updates ``state``, ``reject_reason`` and
         ``ok_cum`` in place."""
+        total = self.prompt + self.output
+        if self.decide_from_maxima and self.n and adapter_blocks is None:
+            # the usual case, decided from maxima: no rule can refuse any request
+            longest = int(total.max())
+            if (longest <= max_model_len and -(-(longest - 1) // block_size) <= total_blocks
+                    and (served_adapters is None or not self.n_adapters
+                         or int(self.adapter_ids.max()) < served_adapters)
+                    and (not self.n_adapters if not enable_lora else int(self.rank.max()) <= max_lora_rank)):
+                self.reject_reason[:] = 0
+                self.state[:] = PENDING
+                np.frombuffer(self.ok_cum, np.int64)[1:] = np.arange(1, self.n + 1, dtype=np.int64)
+                return
         reason = np.zeros(self.n, np.int8)
-        reason[self.prompt + self.output > max_model_len] = 1
-        need_blocks = -(-(self.prompt + self.output - 1) // block_size)
+        reason[total > max_model_len] = 1
+        need_blocks = -(-(total - 1) // block_size)
         reason[(reason == 0) & (need_blocks > total_blocks)] = 2
         has = self.adapter >= 0
         if served_adapters is not None:
@@ -185,4 +221,4 @@ class RequestTable:
         self.reject_reason[:] = reason
         self.state[:] = PENDING
         self.state[reason > 0] = REJECTED
-        self.ok_cum[:] = as_array("q", np.concatenate(([0], np.cumsum(reason == 0))))
+        np.cumsum(reason == 0, out=np.frombuffer(self.ok_cum, np.int64)[1:])

@@ -344,7 +344,7 @@ class SLoRAEngine(EngineState):
         t.reject_reason[:] = reason
         t.state[:] = PENDING
         t.state[reason > 0] = REJECTED
-        t.ok_cum[:] = type(t.ok_cum)("q", np.concatenate(([0], np.cumsum(reason == 0))).astype(np.int64).tobytes())
+        np.cumsum(reason == 0, out=np.frombuffer(t.ok_cum, np.int64)[1:])
 
     def adapter_slots_of(self) -> list[int]:
         """Pool slots of each dense adapter: ``ceil(bytes / KV bytes per token)``."""

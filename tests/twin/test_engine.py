@@ -412,7 +412,9 @@ def test_dense_adapter_ids_match_unique_and_searchsorted():
 
     rng = np.random.default_rng(0)
     cases = [rng.integers(-1, 50, 2000), rng.integers(-1, 10**12, 500), np.full(7, -1), np.zeros(0, np.int64),
-             np.array([5, 5, -1, 3, 70000])]
+             np.array([5, 5, -1, 3, 70000]),
+             # every request names an adapter (the mask-free path), and huge ids without -1
+             rng.integers(0, 50, 2000), np.array([3, 0, 3, 7]), np.array([2]), rng.integers(0, 10**12, 300)]
     for raw in cases:
         raw = np.asarray(raw, np.int64)
         used, dense = dense_adapter_ids(raw)
@@ -436,3 +438,59 @@ def test_fcfs_queue_order_with_16_bit_keys():
     valid = np.nonzero(eng.reject_reason == 0)[0]
     want = valid[np.argsort(grp[valid].astype(np.int64), kind="stable")]
     assert np.array_equal(np.frombuffer(s.q, np.int64), want)
+
+
+@pytest.mark.parametrize("case", ["all accepted", "too long", "unserved", "rank", "lora off", "no adapters",
+                                  "base requests", "unified pool", "empty"])
+def test_rejection_rules_from_maxima_match_the_masks(case, monkeypatch):
+    """``apply_rejection_rules`` accepting every request from the maxima gives exactly the columns
+    of the rule-by-rule masks, and falls back to them whenever some rule can refuse a request."""
+    from twin.requests import RequestTable
+
+    df = random_workload(n=800, rps=40.0, adapters=12, seed=11).df
+    w = {c: df[c].to_numpy().copy()[:0 if case == "empty" else None] for c in df.columns}
+    args = dict(max_model_len=4096, block_size=16, total_blocks=10_000, served_adapters=None, enable_lora=True,
+                max_lora_rank=64, adapter_blocks=None)
+    if case == "too long":
+        w["prompt_tokens"][::97] = 5000
+    elif case == "unserved":
+        args["served_adapters"] = 6
+    elif case == "rank":
+        args["max_lora_rank"] = 8  # (ranks 8 and 16)
+    elif case == "lora off":
+        args["enable_lora"] = False
+    elif case == "no adapters":
+        w["adapter_id"][:] = -1
+    elif case == "base requests":
+        w["adapter_id"][::5] = -1
+    elif case == "unified pool":
+        args["adapter_blocks"] = np.full(12, 9_990, np.int64)
+    tables = []
+    for fast in (True, False):
+        monkeypatch.setattr(RequestTable, "decide_from_maxima", fast)
+        t = RequestTable(w)
+        t.apply_rejection_rules(**args)
+        tables.append(t)
+    a, b = tables
+    assert np.array_equal(a.reject_reason, b.reject_reason) and np.array_equal(a.state, b.state)
+    assert list(a.ok_cum) == list(b.ok_cum) and len(a.ok_cum) == a.n + 1
+    refused = int(np.count_nonzero(b.reject_reason))
+    assert (refused == 0) == (case in ("all accepted", "no adapters", "base requests", "empty")), refused
+
+
+def test_fcfs_queues_skip_rejected_requests():
+    """With requests refused at arrival, FCFS's queues hold exactly the accepted ones, each
+    adapter's in arrival order, and its arrival-order list is the accepted requests."""
+    from policies.fcfs import FCFSScheduler
+    from twin.engine import Engine
+    from policies.lru import LRUCache
+
+    w = random_workload(n=2000, rps=50.0, adapters=40, seed=5)
+    eng = Engine(w, constant_profile(), EngineConfig(max_loras=8, served_adapters=25), FCFSScheduler(), LRUCache())
+    s = eng.scheduler
+    valid = np.nonzero(eng.reject_reason == 0)[0]
+    assert 0 < len(valid) < eng.n
+    grp = np.where(eng.adapter >= 0, eng.adapter, eng.n_adapters)
+    want = valid[np.argsort(grp[valid], kind="stable")]
+    assert np.array_equal(np.frombuffer(s.q, np.int64), want)
+    assert list(s.valid_list) == valid.tolist()
