@@ -20,7 +20,6 @@ client_cap=None)``.
 from __future__ import annotations
 
 import heapq
-from array import array
 from typing import Any
 
 import numpy as np
@@ -61,7 +60,9 @@ class ClientCappedFCFS(FCFSScheduler):
         self.dropped = bytearray(engine.n)
         self.n_dropped = 0
         super().bind(engine)
-        self.ok_cum = array("q", np.concatenate(([0], np.cumsum(engine.reject_reason == 0))).astype(np.int64).tobytes())
+        ok_cum = np.zeros(engine.n + 1, np.int64)  # prefix counts of the requests not rejected at arrival
+        np.cumsum(engine.reject_reason == 0, out=ok_cum[1:])
+        self.ok_cum = memoryview(ok_cum)
         if self.preload_cpu:
             engine.adapters.preload_cpu(range(engine.n_adapters))
 
@@ -87,9 +88,10 @@ class ClientCappedFCFS(FCFSScheduler):
             e.drop_arrivals(range(a, hi))
             self.n_dropped += hi - a
             q, qptr, qend, dr, push_head = self.q, self.qptr, self.qend, self.dropped, self._push_head
-            # adapters whose queue now starts with a dropped request: their head moves on (in
-            # arrival order of the drops; the heap's pops do not depend on the push order)
-            for g in self.grp[a:hi]:
+            # adapters whose queue now starts with a dropped request: their head moves on (each
+            # adapter of the drops once, in any order: the heap holds distinct request indices, so
+            # its pops do not depend on the push order)
+            for g in set(self.grp[a:hi]):
                 p = qptr[g]
                 if p < qend[g] and dr[q[p]]:
                     push_head(g)

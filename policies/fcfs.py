@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from array import array
 from collections import deque
 
 import numpy as np
