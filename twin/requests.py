@@ -181,7 +181,7 @@ class RequestTable:
         self.last_token_d: dict[int, float] = {}    # last token time of preempted requests
         self.seen = bytearray(n)                    # admitted at least once
         # prefix counts of requests that join the waiting queue (not rejected)
-        self.ok_cum = zeros_column(n + 1)
+        self.ok_cum: "range | memoryview" = range(n + 1)  # every request accepted (until the rules say)
 
     def apply_rejection_rules(self, max_model_len: int, block_size: int, total_blocks: int,
                               served_adapters: int | None, enable_lora: bool, max_lora_rank: int,
@@ -189,8 +189,9 @@ class RequestTable:
         """Mark the requests vLLM would refuse (they are counted when they arrive).
 
         ``adapter_blocks`` (unified pool): KV blocks of each dense adapter; a request and its
-        adapter must then fit in the pool together. Updates ``state``, ``reject_reason`` and
-        ``ok_cum`` in place."""
+        adapter must then fit in the pool together. Updates ``state`` and ``reject_reason`` in
+        place and sets ``ok_cum``, the prefix counts of the accepted requests (a ``range`` when
+        every request is accepted)."""
         total = self.prompt + self.output
         if self.decide_from_maxima and self.n and adapter_blocks is None:
             # the usual case, decided from maxima: no rule can refuse any request
@@ -201,7 +202,7 @@ class RequestTable:
                     and (not self.n_adapters if not enable_lora else int(self.rank.max()) <= max_lora_rank)):
                 self.reject_reason[:] = 0
                 self.state[:] = PENDING
-                np.frombuffer(self.ok_cum, np.int64)[1:] = np.arange(1, self.n + 1, dtype=np.int64)
+                self.ok_cum = range(self.n + 1)  # (the prefix counts of all: an index is its count)
                 return
         reason = np.zeros(self.n, np.int8)
         reason[total > max_model_len] = 1
@@ -221,4 +222,5 @@ class RequestTable:
         self.reject_reason[:] = reason
         self.state[:] = PENDING
         self.state[reason > 0] = REJECTED
+        self.ok_cum = zeros_column(self.n + 1)
         np.cumsum(reason == 0, out=np.frombuffer(self.ok_cum, np.int64)[1:])

@@ -86,7 +86,7 @@ from twin.engine_state import EngineState
 from twin.interfaces import Admit, AdapterCachePolicy, Policy, Scheduler
 from twin.prefetch import AsyncLoader
 from twin.perf.slora_forms import SLORA_TARGETS, PunicaLoraCost, slora_load_s
-from twin.requests import FINISHED, PENDING, REJECTED, REJECT_REASONS
+from twin.requests import FINISHED, PENDING, REJECTED, REJECT_REASONS, zeros_column
 
 if TYPE_CHECKING:  # pragma: no cover
     from traces.workload import Workload
@@ -344,7 +344,9 @@ class SLoRAEngine(EngineState):
         t.reject_reason[:] = reason
         t.state[:] = PENDING
         t.state[reason > 0] = REJECTED
+        t.ok_cum = zeros_column(t.n + 1)
         np.cumsum(reason == 0, out=np.frombuffer(t.ok_cum, np.int64)[1:])
+        self._ok_cum = t.ok_cum
 
     def adapter_slots_of(self) -> list[int]:
         """Pool slots of each dense adapter: ``ceil(bytes / KV bytes per token)``."""

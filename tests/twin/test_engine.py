@@ -476,6 +476,7 @@ def test_rejection_rules_from_maxima_match_the_masks(case, monkeypatch):
     assert list(a.ok_cum) == list(b.ok_cum) and len(a.ok_cum) == a.n + 1
     refused = int(np.count_nonzero(b.reject_reason))
     assert (refused == 0) == (case in ("all accepted", "no adapters", "base requests", "empty")), refused
+    assert isinstance(a.ok_cum, range) == (refused == 0 and a.n > 0)  # (an index is its own prefix count)
 
 
 def test_fcfs_queues_skip_rejected_requests():

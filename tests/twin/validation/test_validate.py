@@ -162,7 +162,7 @@ def test_client_cap_never_exceeded():
 
 def test_client_cap_range_drops_match_the_general_drops():
     """The cap's usual case (every arrival of the step valid: the last ones dropped as a range,
-    their adapters' heads moved in arrival order) gives exactly the general path (the valid
+    each of their adapters' heads moved once, in set order) gives exactly the general path (the valid
     arrivals found one by one, adapters taken in sorted order), which a probe forces."""
     from array import array
 
