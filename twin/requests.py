@@ -87,9 +87,13 @@ def workload_columns(workload: Any) -> dict[str, np.ndarray]:
         return {c: df[c].to_numpy() for c in WORKLOAD_COLUMNS}
     cols = dict(workload)
     n = len(cols["arrival_s"])
-    cols.setdefault("request_id", np.arange(n, dtype=np.int64))
-    cols.setdefault("adapter_id", np.full(n, -1, np.int64))
-    cols.setdefault("adapter_rank", np.zeros(n, np.int64))
+    # (the defaults are built only for the columns that are missing)
+    if "request_id" not in cols:
+        cols["request_id"] = np.arange(n, dtype=np.int64)
+    if "adapter_id" not in cols:
+        cols["adapter_id"] = np.full(n, -1, np.int64)
+    if "adapter_rank" not in cols:
+        cols["adapter_rank"] = np.zeros(n, np.int64)
     arr = np.asarray(cols["arrival_s"], np.float64)
     if n and np.any(np.diff(arr) < 0):
         raise ValueError("workload arrays must be sorted by arrival_s")
