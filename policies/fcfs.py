@@ -32,7 +32,7 @@ import numpy as np
 
 from twin.registry import Preset, register_preset, register_scheduler
 from twin.interfaces import Admit, EngineView, Scheduler
-from twin.requests import as_array
+from twin.requests import as_column
 
 INF = math.inf
 OK, NO_SLOT, NOT_READY = Admit.OK, Admit.NO_SLOT, Admit.NOT_READY  # plain names (an enum member lookup is slow)
@@ -68,13 +68,13 @@ class FCFSScheduler(Scheduler):
         if len(self.valid) != e.n:
             order = self.valid[order]
         starts = np.concatenate(([0], np.cumsum(counts)))
-        self.q = as_array("q", order)
+        self.q = as_column("q", order)
         self.qptr = starts[:-1].tolist()
         self.qend = starts[1:].tolist()
-        self.grp = as_array("q", grp)
+        self.grp = as_column("q", grp)
         self.admitted = bytearray(e.n)
         self.gptr = 0
-        self.valid_list = as_array("q", self.valid)
+        self.valid_list = as_column("q", self.valid)
         self.n_valid = len(self.valid_list)
         self.front: deque[int] = deque()
         self.heap: list[int] = []  # heads (request indices) of adapter queues; stale ones are skipped

@@ -4,8 +4,9 @@ The engine's step loop (:mod:`twin.engine`) reads and writes these columns; this
 holds everything about requests that does not depend on the step loop:
 
 * the workload columns (arrival, prompt, output, adapter as a dense index, rank), each as a
-  compact ``array.array`` (``*_a``: fast scalar reads from Python) with a numpy view;
-* the outcome columns (first scheduled, first token, finish) and the sparse facts
+  memoryview of the workload's own array (``*_a``: fast scalar reads from Python, no copy;
+  :func:`as_column`) with a numpy view;
+* the outcome columns (first scheduled, first token, finish; ``array.array`` of NaN) and the sparse facts
   (adapter-load wait, preemption counts, last token before a preemption);
 * :class:`RequestState` and the rejection rules vLLM applies at arrival
   (:data:`REJECT_REASONS`), with the prefix counts of the requests that join the queue;
@@ -59,7 +60,7 @@ def check_startup(kv_tokens: int, max_model_len: int, slots: int, max_rank: int)
             f"start. Lower --slots or the max LoRA rank, lower max_model_len, or use a GPU with more memory")
 
 
-def as_array(code: str, values: Any) -> memoryview:
+def as_column(code: str, values: Any) -> memoryview:
     """A column for fast scalar reads and writes from Python: a memoryview of ``values`` as a
     contiguous float64 (``code`` "d") or int64 (otherwise) numpy array. No copy when ``values``
     already is one (the engine reads the workload's columns in place and never writes them: a
@@ -69,14 +70,14 @@ def as_array(code: str, values: Any) -> memoryview:
 
 
 def zeros_column(n: int) -> memoryview:
-    """An int64 column of ``n`` zeros for scalar access (see :func:`as_array`). ``np.zeros``
+    """An int64 column of ``n`` zeros for scalar access (see :func:`as_column`). ``np.zeros``
     asks the OS for zeroed pages, so only the pages that are written cost anything: a column
     indexed by request touches only the requests that reach that code (unlike an
     ``array.array``, which writes all of its memory up front)."""
     return memoryview(np.zeros(n, np.int64))
 
 
-def _view(a: array, dtype: type) -> np.ndarray:
+def _view(a: "array | memoryview", dtype: type) -> np.ndarray:
     return np.frombuffer(a, dtype) if len(a) else np.zeros(0, dtype)
 
 
@@ -146,9 +147,9 @@ class RequestTable:
     def __init__(self, workload: Any) -> None:
         cols = workload_columns(workload)
         self.n = n = len(cols["arrival_s"])
-        self.arrival_a = as_array("d", cols["arrival_s"])
-        self.prompt_a = as_array("q", cols["prompt_tokens"])
-        self.output_a = as_array("q", cols["output_tokens"])
+        self.arrival_a = as_column("d", cols["arrival_s"])
+        self.prompt_a = as_column("q", cols["prompt_tokens"])
+        self.output_a = as_column("q", cols["output_tokens"])
         self.arrival = _view(self.arrival_a, np.float64)
         self.prompt = _view(self.prompt_a, np.int64)
         self.output = _view(self.output_a, np.int64)
@@ -158,7 +159,7 @@ class RequestTable:
         # adapters: dense ids 0..A-1 for the adapters the workload uses
         used, dense = dense_adapter_ids(raw_adapter)
         self.adapter_ids = used
-        self.adapter_a = as_array("q", dense)
+        self.adapter_a = as_column("q", dense)
         self.adapter = _view(self.adapter_a, np.int64)
         ranks = np.zeros(len(used), np.int64)
         if len(used):
