@@ -464,14 +464,10 @@ class Engine(PreemptionWalk, EngineState):
                 self._first_sched_a[rid] = now
                 # resident: in a slot, not loading, and not placed there by this step's own loads
                 self.adapter_hit_code[rid] = 1 if ad.resident[a] and ad.loaded_at[a] != now and a not in ad.loading else 2
-            act = ad.active
-            if act[a]:  # another request of the adapter runs: AdapterMemory.acquire only counts it
-                act[a] += 1
-            else:
-                ld = ad.acquire(a, now)
-                if ld is not None:
-                    ctx.loads.append(ld)
-                    ctx.load_rids.append(rid)
+            ld = ad.acquire(a, now)
+            if ld is not None:
+                ctx.loads.append(ld)
+                ctx.load_rids.append(rid)
         elif not seen[rid]:
             seen[rid] = 1
             self._first_sched_a[rid] = ctx.now
@@ -591,11 +587,7 @@ class Engine(PreemptionWalk, EngineState):
         self.n_finished += 1
         a = self.adapter_a[rid]
         if a >= 0:
-            act = self.adapters.active
-            if act[a] > 1:  # other requests of the adapter run on: AdapterMemory.release only counts it
-                act[a] -= 1
-            else:
-                self.adapters.release(a, now)
+            self.adapters.release(a, now)
         if self._finish_hook is not None:  # keep history KV (twin/prefix_kv.py)
             self._finish_hook(rid, now)
         if self._on_finish is not None:  # (None: the scheduler keeps Scheduler's no-op)

@@ -99,7 +99,6 @@ class EngineState:
         self.load_wait_d, self.preempt_d, self.last_token_d = t.load_wait_d, t.preempt_d, t.last_token_d
         self._seen = t.seen
         self._dropped: np.ndarray | None = None  # requests that failed before the queue (drop_arrivals)
-        self._ok_cum = t.ok_cum
         cfg = self.config
         self.served = cfg.served_adapters if cfg.served_adapters is not None else t.n_adapters
 

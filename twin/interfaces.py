@@ -19,8 +19,6 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
-    from array import array
-
     import numpy as np
     import simpy
 
@@ -58,7 +56,7 @@ class EngineView(Protocol):
 
     Request columns are numpy arrays over all requests in arrival order (``adapter`` is the
     dense adapter index, -1 for the base model); the ``*_a`` twins are the same columns as
-    ``array.array`` for fast scalar reads in Python loops. ``state`` holds
+    memoryviews (the same memory) for fast scalar reads in Python loops. ``state`` holds
     :class:`twin.requests.RequestState` values. ``running`` maps the running requests in
     admission order (values unused); :meth:`waiting_ids` lists the waiting ones.
     """
@@ -73,10 +71,10 @@ class EngineView(Protocol):
     output: "np.ndarray"
     adapter: "np.ndarray"
     rank: "np.ndarray"
-    arrival_a: "array"
-    prompt_a: "array"
-    output_a: "array"
-    adapter_a: "array"
+    arrival_a: memoryview
+    prompt_a: memoryview
+    output_a: memoryview
+    adapter_a: memoryview
     adapter_rank: "np.ndarray"       # rank of each dense adapter
     state: "np.ndarray"
     reject_reason: "np.ndarray"

@@ -116,20 +116,16 @@ def dense_adapter_ids(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sorted distinct adapter ids ``>= 0`` of ``raw`` and each request's index among them
     (-1 without an adapter): ``np.unique`` and ``np.searchsorted``, computed with a presence
     table over the ids when they are small (a linear pass instead of two sorts; same arrays)."""
-    if len(raw) and 0 <= int(raw.min()) and int(raw.max()) < 4 * len(raw) + (1 << 16):
-        # every request names an adapter (the usual case): no masks
-        present = np.zeros(int(raw.max()) + 1, bool)
-        present[raw] = True
-        used = np.flatnonzero(present).astype(np.int64)
-        rank = np.cumsum(present, dtype=np.int64) - 1
-        return used, rank[raw]
     has = raw >= 0
-    pos = raw[has]
+    every = bool(has.all())  # every request names an adapter (the usual case): no masks
+    pos = raw if every else raw[has]
     if len(pos) and int(pos.max()) < 4 * len(raw) + (1 << 16):
         present = np.zeros(int(pos.max()) + 1, bool)
         present[pos] = True
         used = np.flatnonzero(present).astype(np.int64)
         rank = np.cumsum(present, dtype=np.int64) - 1
+        if every:
+            return used, rank[raw]
         dense = np.full(len(raw), -1, np.int64)
         dense[has] = rank[pos]
         return used, dense
