@@ -80,6 +80,9 @@ def register_cli(subparsers) -> None:
     pr.add_argument("--feature", action="append", default=[], metavar="NAME=VALUE",
                     help="value of a feature beyond the rate and rank triples, for a model trained with "
                          "`train --features` (e.g. mean_input_tokens=222); repeat for several")
+    pr.add_argument("--check", action="store_true",
+                    help="run the twin at the recommendation and step the served adapters down while it starves "
+                         "there (the model's own rule; about 2 CPU-s per simulated hour)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_predict)
 
@@ -100,6 +103,8 @@ def register_cli(subparsers) -> None:
     e.add_argument("--source", default="ml_test", help="rows of the table to use (column source; '' = all)")
     e.add_argument("--no-search", action="store_true", help="leave out the twin-as-optimiser baseline")
     e.add_argument("--search-cache", default=None, help="sweep directory caching the search runs")
+    e.add_argument("--check", action="store_true",
+                   help="also score every model after the twin's check of its recommendations (predict --check)")
     e.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
     e.add_argument("--jobs", type=int, default=1)
     e.add_argument("--out", default=None, help="write evaluation.csv, per_scenario.csv, crossings.csv, summary.json")
@@ -291,6 +296,8 @@ def cmd_predict(args) -> int:
     res["rates"], res["ranks"] = rates, ranks
     if all(f in x for f in LENGTH_FEATURES):
         res["lengths"] = [x[f] for f in LENGTH_FEATURES]
+    if args.check:
+        _check(res, model)
     tp = res["throughput_tok_s"]
     if args.adapters:
         res["gpus_needed"] = int(math.ceil(args.adapters / res["served_adapters"]))
@@ -299,6 +306,16 @@ def cmd_predict(args) -> int:
     if args.json:
         print(json.dumps(res, indent=1, default=_jd))
         return 0
+    c = res.get("check")
+    if c:
+        m0 = res["model_recommendation"]
+        tried = ", ".join(f"{st['served_adapters']}/{st['adapter_slots']}: "
+                          + (f"{'<= ' if st['ratio_is_upper_bound'] else ''}{st['ratio']:.3f} of offered"
+                             if st["status"] == "ok" else st["status"]) for st in c["steps"])
+        verdict = ("kept" if not c["changed"] else
+                   f"stepped down from {m0['served_adapters']} served adapters")
+        print(f"twin check ({tried}): {verdict}" + (" -- still starving at served = slots, the rule keeps it"
+                                                    if c["starving"] else ""))
     print(f"serve {res['served_adapters']} adapters with {res['adapter_slots']} GPU adapter slots "
           f"(raw {res['served_adapters_raw']:.1f} / {res['adapter_slots_raw']:.1f}); expected throughput "
           f"{tp:.0f} tok/s  [{res['model']} configurator, profile {res['profile']}, rule {res['rule']}, "
@@ -334,6 +351,26 @@ def cmd_predict(args) -> int:
             print("rule path: " + (" AND ".join(res.get("rule_path") or []) or "(root)")
                   + (f"  ({res['rule_path_note']})" if res.get("rule_path_note") else ""))
     return 0
+
+
+def _check(res: dict[str, Any], model: dict[str, Any]) -> None:
+    """``predict --check``: the twin's check of the recommendation (:mod:`twin.configurator.check`);
+    ``res`` then holds the checked configuration, the model's own under ``model_recommendation``, and
+    the twin's throughput where the check changed the configuration."""
+    from twin.configurator.check import check_recommendation
+    from twin.sweep.grid import PUBLISHED_GRID
+    from twin.sweep.scenario import DEFAULT_LENGTHS
+
+    grid = model.get("grid") or {}
+    lengths = tuple(res.get("lengths") or DEFAULT_LENGTHS)
+    c = check_recommendation(res["rates"], res["ranks"], res["served_adapters"], res["adapter_slots"], res["profile"],
+                             served_grid=grid.get("served") or list(PUBLISHED_GRID),
+                             slot_grid=grid.get("slots") or list(PUBLISHED_GRID), policy=res["policy"], lengths=lengths)
+    res["model_recommendation"] = {k: res[k] for k in ("served_adapters", "adapter_slots", "throughput_tok_s")}
+    res["check"] = {k: c[k] for k in ("changed", "starving", "steps", "scenario", "window_s", "ratio_line")}
+    res["served_adapters"], res["adapter_slots"] = c["served_adapters"], c["adapter_slots"]
+    if c["changed"] and math.isfinite(c["throughput_tok_s"]):
+        res["throughput_tok_s"] = c["throughput_tok_s"]
 
 
 def cmd_rules(args) -> int:
@@ -372,7 +409,7 @@ def cmd_evaluate(args) -> int:
 
         real = require("validation/vllm085_h100_llama31_8b.csv")
     res = evaluate(real, args.profile, args.model, args.source or "", args.search_cache, not args.no_search,
-                   args.executor, args.jobs, progress=sys.stderr.isatty())
+                   args.executor, args.jobs, progress=sys.stderr.isatty(), check=args.check)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

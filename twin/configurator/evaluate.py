@@ -174,10 +174,35 @@ def crossings(real: pd.DataFrame, twin_runs: pd.DataFrame | None, source: str = 
     return pd.DataFrame(rows)
 
 
+def checked_predictions(preds: pd.DataFrame, truth: pd.DataFrame, profile: str | None, served_grid: list[int],
+                        slot_grid: list[int], known: dict) -> tuple[pd.DataFrame, dict[str, float]]:
+    """A model's recommendations after the twin's check (:mod:`twin.configurator.check`): each
+    snapped recommendation is run in the twin and its served adapters stepped down while the twin
+    reads it starving. ``known`` (runs by scenario and configuration) is shared across models and
+    with the search's walk. The checked rows carry the checked configuration as their raw values
+    too, and the twin's throughput there where the check changed the configuration."""
+    from twin.configurator.check import check_recommendation
+
+    m = truth[["scenario", "rates", "ranks"]].merge(preds, on="scenario", how="inner")
+    rows, runs, cpu = [], 0, 0.0
+    for _, r in m.iterrows():
+        n, g = snap_config(r["served_raw"], r["slots_raw"], served_grid, slot_grid)
+        c = check_recommendation(parse_list(r["rates"], float, "rates"), parse_list(r["ranks"], int, "ranks"), n, g,
+                                 profile, served_grid=served_grid, slot_grid=slot_grid, known=known)
+        runs += sum(1 for st in c["steps"] if st["simulated"])
+        cpu += sum(st["cpu_s"] for st in c["steps"])
+        tp = c["throughput_tok_s"] if c["changed"] and math.isfinite(c["throughput_tok_s"]) else float(r["throughput"])
+        rows.append({"scenario": r["scenario"], "served_raw": float(c["served_adapters"]),
+                     "slots_raw": float(c["adapter_slots"]), "throughput": tp, "check_steps": len(c["steps"]) - 1})
+    return pd.DataFrame(rows), {"check_runs_simulated": runs, "check_cpu_s": cpu}
+
+
 def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path: str | None = None,
              source: str = "ml_test", search_cache: str | os.PathLike | None = None, run_search: bool = True,
-             executor: str = "local", jobs: int = 1, progress: bool = False) -> dict[str, Any]:
-    """Evaluate the configurators of ``profile`` (or ``model_path``) on the real runs of ``real_csv``."""
+             executor: str = "local", jobs: int = 1, progress: bool = False, check: bool = False) -> dict[str, Any]:
+    """Evaluate the configurators of ``profile`` (or ``model_path``) on the real runs of ``real_csv``.
+    With ``check``, every model is also scored after the twin's check of its recommendations
+    (rows named ``<model> + twin check``; :func:`checked_predictions`)."""
 
     real = load_real(real_csv)
     sel = real[real["source"] == source] if source else real
@@ -207,26 +232,44 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
                 models[kind] = load_model(profile, kind)
             except FileNotFoundError:
                 pass
+    twin_runs = None
+    if run_search:  # first: the check reuses the search walk's runs
+        sp, twin_runs = search_predictions(truth, profile, search_cache, executor, jobs, progress)
+    known = {}
+    if check:
+        from twin.configurator.check import known_from_runs
+
+        known = known_from_runs(twin_runs)
+    checked_summary = None
     for kind, m in models.items():
         label = {"rf": "random forest", "cart": "<= 30-rule tree",
                  "hstree": "HS-shrunk 30-rule tree", "figs": "FIGS (imodels, <= 30 splits)",
                  "rulefit": "RuleFit (imodels, per target)"}.get(
             m["kind"], m["kind"])
-        s, d = score_predictor(label, model_predictions(m, truth), truth, grid, served_grid, slot_grid)
+        preds = model_predictions(m, truth)
+        s, d = score_predictor(label, preds, truth, grid, served_grid, slot_grid)
         s["model"] = m.get("_path")
         table.append(s)
         per.append(d)
         if primary is None:
             primary = s
+        if check:
+            cp, cost = checked_predictions(preds, truth, profile, served_grid, slot_grid, known)
+            s, d = score_predictor(f"{label} + twin check", cp, truth, grid, served_grid, slot_grid)
+            s["model"] = m.get("_path")
+            s.update(cost)
+            s["changed_by_check"] = int((cp["check_steps"] > 0).sum())
+            table.append(s)
+            per.append(d)
+            if checked_summary is None:
+                checked_summary = s
     if models:
         m = next(iter(models.values()))
         s, d = score_predictor("constant (training median)", constant_predictions(m, truth), truth, grid,
                                served_grid, slot_grid)
         table.append(s)
         per.append(d)
-    twin_runs = None
     if run_search:
-        sp, twin_runs = search_predictions(truth, profile, search_cache, executor, jobs, progress)
         s, d = score_predictor("twin as optimiser (search)", sp, truth, grid, served_grid, slot_grid)
         table.append(s)
         per.append(d)
@@ -242,6 +285,10 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
                                                        "smape_served_raw", "smape_slots_raw", "regret_mean",
                                                        "regret_min", "starving")},
                "table": tab.to_dict(orient="records")}
+    if checked_summary is not None:  # the primary model after the twin's check
+        summary["checked"] = {k: checked_summary.get(k) for k in (
+            "predictor", "smape_served", "smape_slots", "smape_throughput", "regret_mean", "regret_min", "starving",
+            "changed_by_check", "check_runs_simulated", "check_cpu_s")}
     cross = crossings(real, twin_runs, source) if twin_runs is not None else pd.DataFrame()
     if len(cross):
         both = cross.dropna(subset=["twin_ratio"])
@@ -252,10 +299,10 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
 
 
 def format_table(tab: pd.DataFrame) -> str:
-    cols = [("predictor", 30, "s"), ("smape_served", 9, ".2f"), ("smape_slots", 9, ".2f"),
+    cols = [("predictor", 44, "s"), ("smape_served", 9, ".2f"), ("smape_slots", 9, ".2f"),
             ("smape_served_raw", 9, ".2f"), ("smape_slots_raw", 9, ".2f"), ("smape_throughput", 9, ".2f"),
             ("regret_mean", 8, ".3f"), ("regret_min", 8, ".3f"), ("starving", 6, ".0f")]
-    hdr = ["predictor".ljust(30), "served", "slots", "served*", "slots*", "tok/s", "regret", "min", "starve"]
+    hdr = ["predictor".ljust(44), "served", "slots", "served*", "slots*", "tok/s", "regret", "min", "starve"]
     lines = [" ".join(h.rjust(w) if i else h for i, (h, (_, w, _)) in enumerate(zip(hdr, cols)))]
     for _, r in tab.iterrows():
         cells = []
