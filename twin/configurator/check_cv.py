@@ -35,6 +35,13 @@ from twin.configurator.labels import FEATURES
 from twin.sweep.grid import PUBLISHED_GRID
 
 
+#: the per-scenario columns ``--out`` writes: the label, the held-out recommendation, the check
+OUT_COLUMNS = ["scenario", "fold", "served_adapters", "adapter_slots", "throughput_tok_s", "ratio_at_label",
+               "served_raw", "slots_raw", "served", "slots", "twin_ratio_at_rec", "starving_at_rec", "checked_served",
+               "checked_slots", "starving_after_check", "check_steps", "twin_tok_s_checked", "rel_tok_s_checked",
+               "check_cpu_s"]
+
+
 def _check_one(args: tuple) -> dict[str, Any]:
     rates, ranks, n, g, profile, grid, policy, lengths, window_s = args
     return check_recommendation(rates, ranks, n, g, profile, served_grid=grid, slot_grid=grid,
@@ -133,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check_cv: {e}", file=sys.stderr)
         return 2
     if a.out:
-        d.to_csv(a.out, index=False, float_format="%.6g")
+        d[OUT_COLUMNS].to_csv(a.out, index=False, float_format="%.6g")
         Path(a.out).with_suffix(".json").write_text(json.dumps(s, indent=1))
     print(json.dumps(s, indent=1))
     return 0
