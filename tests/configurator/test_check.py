@@ -140,3 +140,26 @@ def test_predict_check_cli(monkeypatch, capsys):
     ns = p.parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--check"])
     assert ns.func(ns) == 0
     assert "twin check (" in capsys.readouterr().out
+
+
+@pytest.mark.data
+def test_evaluate_check_adds_a_checked_row_per_model(real_data, tmp_path, monkeypatch, capsys):
+    """`evaluate --check` scores each model again after the check (the twin's runs replaced by rows
+    that starve above 128 served adapters): the checked rows recommend at most 128 where the model
+    said more, and the summary carries the primary model's checked figures."""
+    from twin.configurator.cli import register_cli
+
+    monkeypatch.setattr(chk, "run_config", lambda sc, n, g, max_rank, **kw: _row(0.95 if n <= 128 else 0.7))
+    p = argparse.ArgumentParser()
+    register_cli(p.add_subparsers())
+    ns = p.parse_args(["configure", "evaluate", "--real", str(real_data / "validation/vllm085_h100_llama31_8b.csv"),
+                       "--no-search", "--check", "--json", "--out", str(tmp_path / "ev")])
+    assert ns.func(ns) == 0
+    d = json.loads(capsys.readouterr().out)
+    names = [r["predictor"] for r in d["table"]]
+    assert "random forest + twin check" in names and d["checked"]["predictor"] == "random forest + twin check"
+    per = pd.read_csv(tmp_path / "ev" / "per_scenario.csv")
+    base = per[per["predictor"] == "random forest"].set_index("scenario")
+    chkd = per[per["predictor"] == "random forest + twin check"].set_index("scenario")
+    assert (chkd["served"] == base["served"].clip(upper=128)).all()
+    assert (chkd["slots"] == base["slots"]).all()

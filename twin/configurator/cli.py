@@ -314,8 +314,10 @@ def cmd_predict(args) -> int:
                              if st["status"] == "ok" else st["status"]) for st in c["steps"])
         verdict = ("kept" if not c["changed"] else
                    f"stepped down from {m0['served_adapters']} served adapters")
-        print(f"twin check ({tried}): {verdict}" + (" -- still starving at served = slots, the rule keeps it"
-                                                    if c["starving"] else ""))
+        last = c["steps"][-1]
+        why = ("" if not c["starving"] else " -- still starving at served = slots, which the rule keeps"
+               if last["status"] == "ok" else " -- no slot value of the grid starts")
+        print(f"twin check ({tried}): {verdict}{why}")
     print(f"serve {res['served_adapters']} adapters with {res['adapter_slots']} GPU adapter slots "
           f"(raw {res['served_adapters_raw']:.1f} / {res['adapter_slots_raw']:.1f}); expected throughput "
           f"{tp:.0f} tok/s  [{res['model']} configurator, profile {res['profile']}, rule {res['rule']}, "

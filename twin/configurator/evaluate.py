@@ -15,7 +15,8 @@ recommends (served adapters, slots) and a throughput; scored per predictor:
 
 Predictors: the trained model (random forest), its <= 30-rule tree, a constant predictor (the
 training labels' median), the twin used directly as the optimiser (``twin configure search``), and
-the published numbers (SMAPE only, as printed in the paper).
+the published numbers (SMAPE only, as printed in the paper). With ``check``, each model again after the
+twin's check of its recommendations (:mod:`twin.configurator.check`, rows ``<model> + twin check``).
 """
 
 from __future__ import annotations
