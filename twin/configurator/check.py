@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
+from twin.configurator.search import _pairs_tasks, search_grid
 from twin.sweep.grid import PUBLISHED_GRID
 from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY, START_FAILURE_STATUSES, run_config
 
@@ -55,8 +56,6 @@ def scenario_task(rates: list[float], ranks: list[int], profile: str | None, *, 
                   seed: int = 0) -> dict[str, Any]:
     """The task ``twin configure search`` would run for this scenario (its scenario dict, seed,
     maximum rank, window and profile), so that a check's run equals the search walk's run."""
-    from twin.configurator.search import _pairs_tasks, search_grid
-
     pair = (list(map(float, rates)), list(map(int, ranks)))
     g = search_grid([pair], profile, window_s=window_s, policy=policy, lengths=lengths, seeds=(seed,))
     tasks = _pairs_tasks(g, [pair])

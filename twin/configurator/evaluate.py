@@ -39,6 +39,7 @@ from twin.sweep.scenario import START_FAILURE_STATUSES
 from twin.configurator.models import predict
 from traces.arguments import parse_list
 from twin.configurator.search import search
+from twin.configurator.check import check_recommendation, known_from_runs
 from twin.configurator.models import load_model
 from twin.sweep.scenario import load_real, profile_for_model
 
@@ -182,8 +183,6 @@ def checked_predictions(preds: pd.DataFrame, truth: pd.DataFrame, profile: str |
     reads it starving. ``known`` (runs by scenario and configuration) is shared across models and
     with the search's walk. The checked rows carry the checked configuration as their raw values
     too, and the twin's throughput there where the check changed the configuration."""
-    from twin.configurator.check import check_recommendation
-
     m = truth[["scenario", "rates", "ranks"]].merge(preds, on="scenario", how="inner")
     rows, runs, cpu = [], 0, 0.0
     for _, r in m.iterrows():
@@ -238,8 +237,6 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
         sp, twin_runs = search_predictions(truth, profile, search_cache, executor, jobs, progress)
     known = {}
     if check:
-        from twin.configurator.check import known_from_runs
-
         known = known_from_runs(twin_runs)
     checked_summary = None
     for kind, m in models.items():
