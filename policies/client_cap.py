@@ -60,14 +60,8 @@ class ClientCappedFCFS(FCFSScheduler):
         self.dropped = bytearray(engine.n)
         self.n_dropped = 0
         super().bind(engine)
-        # prefix counts of the requests not rejected at arrival (an index is its count when all are)
-        accepted = engine.reject_reason == 0
-        if accepted.all():
-            self.ok_cum: "range | memoryview" = range(engine.n + 1)
-        else:
-            ok_cum = np.zeros(engine.n + 1, np.int64)
-            np.cumsum(accepted, out=ok_cum[1:])
-            self.ok_cum = memoryview(ok_cum)
+        # the engine's prefix counts of the requests not rejected at arrival
+        self.ok_cum: "range | memoryview" = engine.ok_cum
         if self.preload_cpu:
             engine.adapters.preload_cpu(range(engine.n_adapters))
 

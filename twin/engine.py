@@ -225,7 +225,7 @@ class Engine(PreemptionWalk, EngineState):
             hi = bisect_right(arr, now, hi)
         self.arr_ptr = hi
         self._next_arr_t = arr[hi] if hi < n else INF
-        ok = self._ok_cum
+        ok = self.ok_cum
         self.n_waiting += ok[hi] - ok[lo]
         self.scheduler.on_arrivals(lo, hi)
 
@@ -356,7 +356,7 @@ class Engine(PreemptionWalk, EngineState):
         k, end, d, durs = self.profile.decode_run(
             now, k_max, t_evt, n_dec, self.dec_base_sum + n_dec * g, self.adapters.n_active, self.max_lora_rank,
             self._max_loras, len(self.running), self.served, self.n_waiting, varying,
-            self.arrival_a, self._ok_cum, self.arr_ptr, self._next_arr_t)
+            self.arrival_a, self.ok_cum, self.arr_ptr, self._next_arr_t)
         total = end - now
         # SimPy adds the delay to the clock: pick the delay that lands exactly on `end`
         while now + total < end:

@@ -119,7 +119,7 @@ class EngineState:
         cfg = self.config
         self.requests.apply_rejection_rules(self.max_model_len, self.block_size, self.total_blocks,
                                             cfg.served_adapters, cfg.enable_lora, self.max_lora_rank, adapter_blocks)
-        self._ok_cum = self.requests.ok_cum
+        self.ok_cum = self.requests.ok_cum
 
     def _init_step_state(self) -> None:
         """Hot state of the running requests only (dicts keyed by request index)."""

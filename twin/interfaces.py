@@ -78,6 +78,7 @@ class EngineView(Protocol):
     adapter_rank: "np.ndarray"       # rank of each dense adapter
     state: "np.ndarray"
     reject_reason: "np.ndarray"
+    ok_cum: "range | memoryview"     # ok_cum[i]: requests before index i not rejected at arrival
     running: dict[int, None]
     n_waiting: int
     arr_ptr: int                     # requests with index < arr_ptr have arrived

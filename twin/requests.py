@@ -220,6 +220,11 @@ class RequestTable:
         if adapter_blocks is not None and self.n:
             ab = np.asarray(list(adapter_blocks) + [0], np.int64)[np.where(has, self.adapter, -1)]
             reason[(reason == 0) & (need_blocks + ab > total_blocks)] = 2
+        self.set_rejections(reason)
+
+    def set_rejections(self, reason: np.ndarray) -> None:
+        """Record each request's rejection reason (0: accepted), its state, and ``ok_cum``, the
+        prefix counts of the accepted requests (a column here, whatever the reasons)."""
         self.reject_reason[:] = reason
         self.state[:] = PENDING
         self.state[reason > 0] = REJECTED

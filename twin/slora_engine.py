@@ -86,7 +86,7 @@ from twin.engine_state import EngineState
 from twin.interfaces import Admit, AdapterCachePolicy, Policy, Scheduler
 from twin.prefetch import AsyncLoader
 from twin.perf.slora_forms import SLORA_TARGETS, PunicaLoraCost, slora_load_s
-from twin.requests import FINISHED, PENDING, REJECTED, REJECT_REASONS, zeros_column
+from twin.requests import FINISHED, REJECTED, REJECT_REASONS
 
 if TYPE_CHECKING:  # pragma: no cover
     from traces.workload import Workload
@@ -341,12 +341,8 @@ class SLoRAEngine(EngineState):
             reason[(reason == 0) & has & (raw >= cfg.served_adapters)] = R_UNSERVED
         # a lone request enters as (p + 1, o - 1): need = p + o, which must stay < N_tok - its adapter
         reason[(reason == 0) & (p + o >= self.kv_tokens - ab)] = R_NEVER
-        t.reject_reason[:] = reason
-        t.state[:] = PENDING
-        t.state[reason > 0] = REJECTED
-        t.ok_cum = zeros_column(t.n + 1)
-        np.cumsum(reason == 0, out=np.frombuffer(t.ok_cum, np.int64)[1:])
-        self._ok_cum = t.ok_cum
+        t.set_rejections(reason)
+        self.ok_cum = t.ok_cum
 
     def adapter_slots_of(self) -> list[int]:
         """Pool slots of each dense adapter: ``ceil(bytes / KV bytes per token)``."""
@@ -486,7 +482,7 @@ class SLoRAEngine(EngineState):
         hi = int(np.searchsorted(self.arrival, now, side="right"))
         self.arr_ptr = hi
         self._next_arr_t = self.arrival_a[hi] if hi < self.n else INF
-        ok = self._ok_cum
+        ok = self.ok_cum
         self.n_waiting += ok[hi] - ok[lo]
         self.scheduler.on_arrivals(lo, hi)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
+from twin.configurator.labels import run_ratio
 from twin.configurator.search import _pairs_tasks, search_grid
 from twin.sweep.grid import PUBLISHED_GRID
 from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY, START_FAILURE_STATUSES, run_config
@@ -75,14 +76,6 @@ def known_from_runs(runs) -> Known:
     return out
 
 
-def _ratio(r: dict[str, Any]) -> tuple[float, bool]:
-    """(throughput / offered, is an upper bound) of a run row."""
-    ratio = r.get("throughput_ratio")
-    if r.get("early_stop") and (ratio is None or not math.isfinite(float(ratio))):
-        return float(r["tok_s_upper"]) / float(r["offered_tok_s"]), True
-    return (float(ratio) if ratio is not None else math.nan), False
-
-
 def check_recommendation(rates: list[float], ranks: list[int], served: int, slots: int, profile: str | None, *,
                          served_grid: Iterable[int] = PUBLISHED_GRID, slot_grid: Iterable[int] = PUBLISHED_GRID,
                          policy: str = DEFAULT_POLICY, lengths: tuple[float, float] = DEFAULT_LENGTHS,
@@ -114,7 +107,7 @@ def check_recommendation(rates: list[float], ranks: list[int], served: int, slot
             known[(key, n, g)] = r
         status = str(r.get("status"))
         if status == "ok":
-            q, upper = _ratio(r)
+            q, upper = run_ratio(r)
             starving = bool(q < ratio)
         elif status in NO_START:
             q, upper, starving = math.nan, False, True

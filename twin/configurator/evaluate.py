@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from twin.configurator.labels import FEATURES, real_optima
+from twin.configurator.labels import FEATURES, real_optima, run_ratio
 from twin.configurator.features import LENGTH_FEATURES, length_columns
 from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY
 from twin.configurator.models import smape_pct, snap_config
@@ -153,10 +153,8 @@ def crossings(real: pd.DataFrame, twin_runs: pd.DataFrame | None, source: str = 
     tw = {}
     if twin_runs is not None and len(twin_runs):
         for _, r in twin_runs[twin_runs["status"] == "ok"].iterrows():
-            ratio = r["throughput_ratio"]
-            if (ratio is None or not np.isfinite(ratio)) and r.get("early_stop"):
-                ratio = -float(r["tok_s_upper"]) / float(r["offered_tok_s"])  # negative: an upper bound
-            tw[(r["scenario"], int(r["served_adapters"]), int(r["adapter_slots"]))] = ratio
+            ratio, upper = run_ratio(r)
+            tw[(r["scenario"], int(r["served_adapters"]), int(r["adapter_slots"]))] = -ratio if upper else ratio  # <0: a bound
     rows = []
     for (sc, g), sub in df.groupby(["scenario", "adapter_slots"]):
         sub = sub.sort_values("served_adapters")

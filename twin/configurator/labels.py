@@ -105,13 +105,17 @@ def slot_candidates(g: pd.DataFrame, ratio: float = 0.9, strict: bool = False) -
 
 
 def _ratio(row: pd.Series | None) -> float:
-    if row is None:
-        return math.nan
+    return math.nan if row is None else run_ratio(row)[0]
+
+
+def run_ratio(row: Any) -> tuple[float, bool]:
+    """(throughput / offered tokens, whether it is an upper bound) of a sweep run row (a Series or a
+    dict): a run stopped early by the throughput bound gives that bound."""
     tp, off = row.get("total_tok_s"), row.get("offered_tok_s")
     if (tp is None or not np.isfinite(tp)) and row.get("early_stop"):
         ub = row.get("tok_s_upper")
-        return float(ub / off) if ub is not None and np.isfinite(ub) and off else math.nan
-    return float(tp / off) if tp is not None and off else math.nan
+        return (float(ub / off) if ub is not None and np.isfinite(ub) and off else math.nan), True
+    return (float(tp / off) if tp is not None and off else math.nan), False
 
 
 def label_scenarios(df: pd.DataFrame, rule: str = "throughput90", ratio: float = 0.9, tolerance: float = 0.01,
