@@ -269,6 +269,12 @@ CASES: list[tuple[str, str]] = [
     ("configure search --rates 0.4 --ranks 8 --served 16 --slots 32 --cache {d}/sc",
      "no configuration has slots <= served adapters"),
     ("configure predict --rates 0.4,0.1,0.05 --ranks 8,16,32 --adapters 0", "--adapters 0: must be >= 1"),
+    ("configure predict --rates 0,0.1,0.05 --ranks 8,16,32", "--rates '0,0.1,0.05': 0 is not a rate"),
+    ("configure predict --rates inf,0.1,0.05 --ranks 8,16,32", "--rates 'inf,0.1,0.05': inf is not a rate"),
+    ("configure search --rates 0,0,0 --ranks 8 --cache {d}/sc", "--rates '0,0,0': 0 is not a rate"),
+    ("configure search --rates 0.4,0.1 --ranks 8,1024 --served 16 --slots 16 --cache {d}/sc",
+     "no configuration of the search ran: 1 runs (1 start_failure); the first says: the KV cache left after the "
+     "weights and 16 LoRA slots of max rank 1024 holds 0 tokens"),
     ("configure predict --rates 0.4,0.1,0.05 --ranks 8,16,32 --gpu-hour-usd -1", "--gpu-hour-usd -1: must be a price > 0"),
     ("configure predict --rates 0.4,0.1,0.05 --ranks 8,16,32 --model {d}/garbage.json",
      "{d}/garbage.json: not a configurator model (not valid JSON"),

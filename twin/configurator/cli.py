@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from twin.configurator.domain import describe, outside, training_domain
 from twin.configurator.models import KINDS
 from twin.scenario import check_number
 
@@ -159,9 +160,16 @@ def _percentile_slo_args(p) -> None:
 
 
 def _pair(args) -> tuple[list[float], list[int]]:
+    """The scenario's rate and rank lists: every rate a finite number of req/s above 0 (a class of
+    adapters without traffic is not served: leave it out), every rank a whole number >= 1."""
     from traces.arguments import parse_list
 
-    return parse_list(args.rates, float, "--rates", 0.0), parse_list(args.ranks, int, "--ranks", 1)
+    rates = parse_list(args.rates, float, "--rates", 0.0)
+    bad = [r for r in rates if not (math.isfinite(r) and r > 0)]
+    if bad:
+        raise ValueError(f"--rates {args.rates!r}: {bad[0]:g} is not a rate; give per-adapter request rates in req/s "
+                         f"above 0, e.g. --rates 0.4,0.05,0.00625 (leave out a class of adapters without traffic)")
+    return rates, parse_list(args.ranks, int, "--ranks", 1)
 
 
 def cmd_dataset(args) -> int:
@@ -294,6 +302,13 @@ def cmd_predict(args) -> int:
                          f"give them as --feature NAME=VALUE (e.g. --feature {missing[0]}=...){lens}")
     res = predict(model, x, explain=args.explain, policy=args.policy)
     res["rates"], res["ranks"] = rates, ranks
+    dom = training_domain(model)
+    off = outside(dom, x)
+    res["domain"] = None if dom is None else {"source": dom["source"], "outside": off}
+    if off and not args.json:
+        print(f"twin configure predict: warning: outside the model's training domain ({dom['source']}): "
+              f"{describe(off)}; the recommendation extrapolates. --check runs the twin at it; "
+              f"`twin configure search` finds the twin's own optimum", file=sys.stderr)
     if all(f in x for f in LENGTH_FEATURES):
         res["lengths"] = [x[f] for f in LENGTH_FEATURES]
     if args.check:
@@ -436,6 +451,19 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def _no_result(runs) -> str:
+    """Why a walk's runs gave no label: their statuses and the first run's reason."""
+    counts = ", ".join(f"{n} {st}" for st, n in runs["status"].value_counts().items())
+    why = ""
+    for col in ("startup_reason", "error"):
+        if col in runs:
+            v = runs[col].dropna()
+            if len(v):
+                why = "; the first says: " + str(v.iloc[0]).strip().splitlines()[0]
+                break
+    return f"{len(runs)} runs ({counts}){why}"
+
+
 def cmd_search(args) -> int:
     from traces.arguments import parse_list
     from twin.configurator.search import search
@@ -456,6 +484,8 @@ def cmd_search(args) -> int:
     check_selection(jobs=args.jobs)
     labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
                           progress=sys.stderr.isatty(), **kw)
+    if labels.empty:  # no run of the walk gave a result (the rule skips start failures and errors)
+        raise ValueError(f"no configuration of the search ran: {_no_result(runs)}")
     lab = labels.iloc[0].to_dict()
     res = {"served_adapters": int(lab["served_adapters"]), "adapter_slots": int(lab["adapter_slots"]),
            "throughput_tok_s": float(lab["throughput_tok_s"]), "ratio_at_label": lab["ratio_at_label"],

@@ -62,6 +62,7 @@ import pandas as pd
 from twin.configurator.features import (describe_condition, design_matrix, feature_label, policy_columns,
                                         readable_conditions, simplify_policy_conditions, single_policy,
                                         training_columns)
+from twin.configurator.domain import feature_box
 from twin.configurator.labels import TARGETS
 from twin.sweep.runner import MissingExtra
 
@@ -667,7 +668,8 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
         "provenance": {**(provenance or {}), "scenarios": int(len(labels)), "estimator": type(est).__name__,
                        "params": {k: _jsonable(v) for k, v in est.get_params(deep=False).items()},
                        "sklearn": sklearn.__version__, "seed": seed, "fit_s": time.perf_counter() - t0,
-                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **info}}
+                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "domain": feature_box(labels, feats), **info}}
     if policies:
         model["policies"] = policies
     elif single_policy(labels) is not None:
