@@ -6,18 +6,13 @@ import json
 
 import pytest
 
-from tests.configurator.test_models import GRID, synthetic_labels
-from tests.helpers import configure_parser
-from twin.configurator.domain import (
-    describe,
-    feature_box,
-    grid_box,
-    outside,
-    training_domain,
-)
+from twin.configurator.domain import describe, feature_box, grid_box, outside, training_domain
 from twin.configurator.labels import FEATURES, features_of
 from twin.configurator.models import load_model, save_model, train
 from twin.sweep.grid import rank_multisets, rate_triples
+
+from tests.configurator.test_models import GRID, synthetic_labels
+from tests.helpers import configure_parser
 
 INSIDE = ("0.4,0.05,0.00625", "8,16,32")
 
