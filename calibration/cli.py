@@ -110,6 +110,12 @@ def _command_line(args: argparse.Namespace, fmt: str, out: Path) -> str:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     try:
+        if args.folds < 2 or args.folds > 100:
+            raise ValueError(f"--folds {args.folds}: the held-out scoring needs 2 to 100 folds, e.g. --folds 5")
+        if args.vidur_dir is not None and not Path(args.vidur_dir).is_dir():
+            raise FileNotFoundError(f"--vidur-dir {args.vidur_dir}: not a directory; give the folder of Vidur's "
+                                    f"operator timings (calibration/vidur_linear_ops/<gpu>/ under TWIN_DATA_DIR), "
+                                    f"or leave it out")
         fmt = detect_format(Path(args.measurements)) if args.format == "auto" else args.format
         out_hint = Path(args.out) if args.out else None
         profile = fit_profile(args.measurements, args.model, fmt=fmt, gpu=args.gpu, references=args.reference,

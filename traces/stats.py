@@ -33,6 +33,10 @@ def auto_bin(duration_s: float) -> float:
     return 86400.0
 
 
+#: the most bins of a rate-over-time series
+MAX_BINS = 10_000_000
+
+
 def summarize(w: Workload, bin_s: float | None = None, top_k: tuple[int, ...] = (1, 5, 10)) -> dict[str, Any]:
     """The statistics ``twin traces show`` prints."""
     df = w.df
@@ -40,6 +44,9 @@ def summarize(w: Workload, bin_s: float | None = None, top_k: tuple[int, ...] = 
     n = len(df)
     dur = float(t.max() - t.min()) if n > 1 else 0.0
     b = bin_s or auto_bin(max(dur, 1.0))
+    if dur / b > MAX_BINS:
+        raise ValueError(f"--bin-s {b:g}: {dur / b:.3g} bins over the trace's {dur:g} s, more than {MAX_BINS:,}; "
+                         f"give a bin of at least {dur / MAX_BINS:.3g} s (e.g. --bin-s {auto_bin(max(dur, 1.0)):g})")
     counts = np.bincount(((t - (t.min() if n else 0)) // b).astype(np.int64), minlength=1) if n else np.zeros(1)
     ids = df["adapter_id"].to_numpy()
     with_adapter = ids[ids >= 0]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Callable
@@ -151,6 +152,13 @@ OPTIONS: dict[str, tuple[str, str, Callable[[Any], Any], str]] = {
 }
 
 
+#: options that must be > 0 when given (the others: >= 0)
+POSITIVE_OPTIONS = frozenset({"rps", "duration", "n_requests", "length_scale", "mean_in", "mean_out", "cv", "on_s",
+                              "off_s", "tpot_s", "mean_turns", "max_turns", "max_total", "max_prompt", "max_output"})
+#: the largest inter-arrival coefficient of variation of ``arrival=gamma`` (shape 1e-4)
+MAX_CV = 100.0
+
+
 def apply_options(cfg: SynthConfig, options: dict[str, Any]) -> SynthConfig:
     """A copy of ``cfg`` with the flat ``options`` applied (``None`` values are skipped).
 
@@ -188,6 +196,16 @@ def validate_config(cfg: SynthConfig) -> None:
         raise ValueError(f"adapters must be >= 0, got {cfg.adapters.n_adapters}")
     parse_popularity(cfg.adapters.popularity)
     assign_ranks(1, cfg.adapters.ranks)
+    for key, (section, name, _, help_text) in OPTIONS.items():
+        v = getattr(getattr(cfg, section), name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if not math.isfinite(v) or v < 0 or (v == 0 and key in POSITIVE_OPTIONS):
+            raise ValueError(f"{key} = {v!r}: must be a finite number {'> 0' if key in POSITIVE_OPTIONS else '>= 0'} "
+                             f"({help_text})")
+    if a.cv is not None and a.cv > MAX_CV:
+        raise ValueError(f"cv = {a.cv:g}: at most {MAX_CV:g} (a gamma renewal process this bursty has gaps that "
+                         f"underflow to 0); give e.g. cv = 2")
 
 
 def generate_arrivals(a: ArrivalConfig, n_adapters: int, rng: np.random.Generator, rate_divisor: float = 1.0,

@@ -238,7 +238,7 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
         cells = df[col]
         text = cells.map(lambda v: "" if v is None else (str(v).strip() if not isinstance(v, bool) else "bool"))
         empty = (text == "").to_numpy()
-        nums = pd.to_numeric(text.where(~empty, "0"), errors="coerce").to_numpy(dtype=float)
+        nums = pd.to_numeric(text.where(~empty, "0"), errors="coerce").to_numpy(dtype=float, copy=True)  # (written below)
         bad = np.isnan(nums) & ~empty
         if bad.any():
             i = int(bad.argmax())

@@ -218,7 +218,7 @@ def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
             bar.update()
     rows: list[dict[str, Any] | None] = [None] * len(jobs)
     if options.jobs > 1:
-        with ProcessPoolExecutor(options.jobs) as ex:
+        with ProcessPoolExecutor(min(options.jobs, len(jobs))) as ex:  # (no idle workers)
             futures = {ex.submit(run_one, run, options, p, r, slo): i for i, (p, r) in enumerate(jobs)}
             for fut in as_completed(futures):
                 rows[futures[fut]] = fut.result()

@@ -39,7 +39,7 @@ from traces.adapters import parse_popularity
 from traces.arguments import parse_list
 from traces.flags import flag_name
 from traces.registry import REAL_OPTIONS, get_workload, run_defaults
-from traces.synth import OPTIONS
+from traces.synth import OPTIONS, POSITIVE_OPTIONS
 from traces.workload import Workload
 from twin.config import ConfigError, EngineConfig
 from twin.perf.profile import Profile, available_profiles, parse_lora_targets
@@ -236,11 +236,6 @@ def _trace_options(value: Any) -> list[tuple[str, Any]]:
     raise ConfigError(f"--trace-opt / trace_options: expected a table of KEY = VALUE, got {value!r}")
 
 
-#: workload options that must be > 0 when given
-_POSITIVE_OPTIONS = {"rps", "duration", "n_requests", "length_scale", "mean_in", "mean_out", "cv", "on_s", "off_s",
-                     "tpot_s", "mean_turns", "max_turns", "max_total", "max_prompt", "max_output"}
-
-
 def _check_trace_options(options: list[tuple[str, Any]]) -> None:
     known = sorted(OPTIONS) + sorted(REAL_OPTIONS)
     for key, value in options:
@@ -257,7 +252,7 @@ def _check_trace_options(options: list[tuple[str, Any]]) -> None:
                 raise ConfigError(f"--trace-opt {key}={value!r}: must be a finite number")
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
                 raise ConfigError(f"--trace-opt {key}={value!r}: must be >= 0")
-            if key in _POSITIVE_OPTIONS and v is not None and v == 0:
+            if key in POSITIVE_OPTIONS and v is not None and v == 0:
                 raise ConfigError(f"--trace-opt {key}={value!r}: must be > 0")
             if key == "popularity":
                 _check_popularity(v, f"--trace-opt {key}")

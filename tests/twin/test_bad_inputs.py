@@ -66,6 +66,14 @@ FILES: dict[str, bytes] = {
     "notprofile.json": b'{"schema": "something-else"}\n',
     "brokenprofile.json": b'{"schema": "lora-twin-profile/1", "name": "x", "model": "llama-3.1-8b"}\n',
     "afile": b"x",
+    # sweep grids that used to hang, exhaust memory or run nothing
+    "explode.toml": b"[scenarios]\nrate_values = [" + ", ".join(str(0.1 * (i + 1)) for i in range(20)).encode()
+                    + b"]\nrate_arity = 10\nranks = [[8]]\n[configs]\nserved = [8]\nslots = [8]\n",
+    "bigserved.toml": b"window_s = 20\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8]]\n[configs]\n"
+                      b"served = [100000000]\nslots = [8]\n",
+    "lowrank.toml": b"window_s = 20\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8, 16]]\n[configs]\nserved = [4]\n"
+                    b"slots = [2]\nmax_lora_rank = [4]\n",
+    "nanrank.csv": b"arrival_s,prompt_tokens,output_tokens,adapter_id,adapter_rank\n0.5,10,5,1,8\n0.7,10,5,2,\n",
 }
 _REAL_HEADER = (b"model,source,scenario,run_dir,ranks,rates,served_adapters,adapter_slots,max_lora_rank,status,"
                 b"offered_req_s,pool_mean_input_tokens,pool_mean_output_tokens\n")
@@ -220,6 +228,25 @@ CASES: list[tuple[str, str]] = [
     (R + "--out ''", "--out: empty"),
     # twin traces
     ("traces show {d}/garbage.bin", "{d}/garbage.bin: a binary file, not a trace"),
+    ("traces synth --out {d}/w.parquet --duration 5 --conversations --max-turns 0", "max_turns = 0: must be a finite "
+                                                                                   "number > 0"),
+    ("traces synth --out {d}/w.parquet --duration 5 --conversations --think-s -1", "think_s = -1.0: must be a finite "
+                                                                                  "number >= 0"),
+    ("traces synth --out {d}/w.parquet --duration 5 --arrival gamma --cv 1e9", "cv = 1e+09: at most 100"),
+    (R + "--trace-opt arrival=gamma --trace-opt cv=1e9", "cv = 1e+09: at most 100"),
+    (R + "--trace {d}/nanrank.csv", "row 2 (line 3), column adapter_rank: a request for adapter 2 needs "
+                                    "adapter_rank >= 1"),
+    ("sweep {d}/explode.toml --dry-run", "grid: 184,756 rate tuples, more than 100,000"),
+    ("sweep {d}/bigserved.toml --dry-run", "grid: its busiest run expects ~600,000,000 requests"),
+    ("sweep {d}/lowrank.toml --dry-run", "grid [configs] max_lora_rank = [4]: below every scenario's largest rank"),
+    ("configure dataset {d}/adir --ratio 2", "--ratio 2: must be at most 1"),
+    ("configure dataset {d}/adir --ratio nan", "--ratio nan: must be a finite number"),
+    ("configure dataset {d}/adir --tolerance -1", "--tolerance -1: must be >= 0"),
+    ("configure dataset {d}/adir --slo-share 5", "--slo-share 5: must be at most 1"),
+    ("configure train {d}/adir --cv 0", "--cv 0: the grid search needs at least 2 folds"),
+    ("configure predict --rates 0.4,0.2 --ranks 8,16 --feature rate_max=nan", "the value must be a finite number"),
+    ("calibrate fit --measurements {d}/adir --model llama-3.1-8b --folds 0", "--folds 0: the held-out scoring needs "
+                                                                             "2 to 100 folds"),
     ("traces show {d}/header.csv", "{d}/header.csv: the file holds no requests"),
     ("traces synth --out {d}/afile/x.parquet --duration 5", "{d}/afile is a file"),
     ("traces synth --out {d}/w.csv --duration 5", "a workload is saved as Parquet"),
@@ -482,3 +509,23 @@ def test_random_command_lines_never_crash(tmp_path_factory, data):
     else:
         s = json.loads(out.getvalue())
         assert s["requests_arrived"] == s["requests_finished"] + s["requests_rejected"] + s["requests_unfinished"]
+
+
+@pytest.mark.parametrize("edit,fragment", [
+    (("backbone", "c_mem", float("nan")), "components.backbone.params.c_mem is nan; every constant of a profile must "
+                                          "be a finite number"),
+    (("backbone", "c0", -5.0), "the step time of one decode token is -4.99"),
+])
+def test_profile_with_nonsense_constants_is_refused(tmp_path, edit, fragment):
+    """A NaN constant used to hang the engine's loop; a negative intercept ran the clock backwards."""
+    from twin.perf.profile import load_profile
+
+    d = load_profile("llama-3.1-8b_h100_vllm085").to_dict()
+    comp, key, value = edit
+    assert key in d["components"][comp]["params"]
+    d["components"][comp]["params"][key] = value
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(d))
+    rc, out, err = run_cli(["run", "--no-progress", "--duration", "5", "--profile", str(path)])
+    assert rc == 2 and fragment in err, err
+    assert "Traceback" not in err

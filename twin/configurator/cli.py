@@ -172,9 +172,26 @@ def _pair(args) -> tuple[list[float], list[int]]:
     return rates, parse_list(args.ranks, int, "--ranks", 1)
 
 
+def _check_rule_args(args) -> None:
+    """``--ratio`` in (0, 1], ``--tolerance`` in [0, 1), ``--slo-share`` in (0, 1], before any table is read."""
+    check_number("--ratio", args.ratio, 0, False, "a share of the offered tokens in (0, 1], e.g. --ratio 0.9")
+    if args.ratio > 1:
+        raise ValueError(f"--ratio {args.ratio:g}: must be at most 1 (a share of the offered tokens), e.g. --ratio 0.9")
+    check_number("--tolerance", args.tolerance, 0, True, "a share of the best throughput in [0, 1), e.g. 0.01")
+    if args.tolerance >= 1:
+        raise ValueError(f"--tolerance {args.tolerance:g}: must be below 1 (a share of the best throughput), e.g. 0.01")
+    check_number("--slo-share", args.slo_share, 0, False, "a share of requests in (0, 1], e.g. --slo-share 0.9")
+    if args.slo_share > 1:
+        raise ValueError(f"--slo-share {args.slo_share:g}: must be at most 1 (a share of requests), e.g. 0.9")
+    for flag, v in (("--ttft-p99-s", args.ttft_p99_s), ("--itl-p99-s", args.itl_p99_s)):
+        if v is not None:
+            check_number(flag, v, 0, False, "a latency in seconds, e.g. 5")
+
+
 def cmd_dataset(args) -> int:
     from twin.configurator.dataset import build_dataset, load_runs
 
+    _check_rule_args(args)
     runs = load_runs(args.sweeps)
     lab = build_dataset(runs, args.rule, ratio=args.ratio, tolerance=args.tolerance, slo_share=args.slo_share,
                         ttft_p99_s=args.ttft_p99_s, itl_p99_s=args.itl_p99_s)
@@ -200,6 +217,13 @@ def cmd_train(args) -> int:
     from twin.configurator.dataset import build_dataset, load_runs, sweep_meta
     from twin.configurator.models import save_model, shipped_model_path, train
 
+    if args.cv < 2:
+        raise ValueError(f"--cv {args.cv}: the grid search needs at least 2 folds, e.g. --cv 5 (or --no-search)")
+    if args.seed < 0:
+        raise ValueError(f"--seed {args.seed}: must be >= 0, e.g. --seed 0")
+    for flag, v in (("--ttft-p99-s", args.ttft_p99_s), ("--itl-p99-s", args.itl_p99_s)):
+        if v is not None:
+            check_number(flag, v, 0, False, "a latency in seconds, e.g. 5")
     srcs = args.dataset
     for s in srcs:
         if not Path(s).exists():
@@ -261,6 +285,9 @@ def _extra_features(items: list[str]) -> dict[str, float]:
             out[name] = float(value)
         except ValueError:
             raise ValueError(f"--feature {item!r}: the value must be a number") from None
+        if not math.isfinite(out[name]):
+            raise ValueError(f"--feature {item!r}: the value must be a finite number, e.g. --feature "
+                             f"mean_input_tokens=222")
     return out
 
 

@@ -274,14 +274,47 @@ class Profile:
         if d.get("schema") != PROFILE_SCHEMA:
             raise ValueError(f"{origin}: not a LoRA Twin profile (schema {d.get('schema')!r}, "
                              f"expected {PROFILE_SCHEMA!r})")
+        bad = _non_finite(d["components"], "components")
+        if bad:
+            raise ValueError(f"{origin}: {bad[0]} is {bad[1]}; every constant of a profile must be a finite number "
+                             f"(refit it with `twin calibrate fit`)")
         comps = {k: make_component(k, v) for k, v in d["components"].items()}
-        return cls(name=d["name"], model=get_model(d["model"]), components=comps, gpu=d.get("gpu", ""),
+        prof = cls(name=d["name"], model=get_model(d["model"]), components=comps, gpu=d.get("gpu", ""),
                    software=d.get("software", ""), lora_targets=tuple(d.get("lora_targets", ALL_TARGETS)), raw=d)
+        prof._check_positive_steps(origin)
+        return prof
+
+    def _check_positive_steps(self, origin: str) -> None:
+        """The step time of a lone decode token and of a 512-token prefill is a finite number > 0
+        (a constant fitted or edited into nonsense, e.g. a negative intercept, would make the clock
+        run backwards)."""
+        for what, pre, dec in (("one decode token", 0, 1), ("a 512-token prefill", 512, 0)):
+            t = self.step_s(pre, dec, 512, 1, 0, 8, 1, 1, 0, 1)
+            if not (math.isfinite(t) and t > 0):
+                raise ValueError(f"{origin}: the step time of {what} is {t!r} s, not a duration > 0; check the "
+                                 f"profile's constants (refit it with `twin calibrate fit`)")
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.raw)
         d["components"] = {k: v.to_dict() for k, v in self.components.items()}
         return d
+
+
+def _non_finite(v: Any, where: str) -> tuple[str, str] | None:
+    """``(path, value)`` of the first number under ``v`` that is NaN or infinite, else None."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return where, repr(v)
+    if isinstance(v, dict):
+        items = v.items()
+    elif isinstance(v, (list, tuple)):
+        items = enumerate(v)
+    else:
+        return None
+    for k, x in items:
+        hit = _non_finite(x, f"{where}.{k}")
+        if hit:
+            return hit
+    return None
 
 
 def parse_lora_targets(targets: "Sequence[str] | str") -> tuple[str, ...]:

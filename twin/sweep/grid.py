@@ -43,6 +43,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points
 from twin.sweep.scenario import DEFAULT_POLICY, check_lengths, profile_hash
 from twin.config import EngineConfig
@@ -292,14 +293,17 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
         if k > len(set(vals)):
             raise ValueError(f"grid [scenarios] rate_arity = {k}: more than the {len(set(vals))} distinct rate_values; "
                              f"give at least {k} rates or a smaller arity")
+        _check_count(math.comb(len(set(vals)), k), "rate tuples", "rate_values / rate_arity")
         g.rates = rate_triples(vals, k)
     if "ranks" in sc:
         g.ranks = _tuples(sc["ranks"], "[scenarios] ranks", int, "ranks = [[8, 16, 32]]")
     else:
-        g.ranks = rank_multisets(
-            _numbers(sc.get("rank_values", PUBLISHED_RANKS), "[scenarios] rank_values", int, example="rank_values = [8, 16, 32]"),
-            _number(sc.get("rank_arity", 3), "[scenarios] rank_arity", int, example="rank_arity = 3"),
-            _number(sc.get("max_largest", 1), "[scenarios] max_largest", int, lo_ok=True, example="max_largest = 1"))
+        rv = _numbers(sc.get("rank_values", PUBLISHED_RANKS), "[scenarios] rank_values", int,
+                      example="rank_values = [8, 16, 32]")
+        rk = _number(sc.get("rank_arity", 3), "[scenarios] rank_arity", int, example="rank_arity = 3")
+        _check_count(math.comb(len(set(rv)) + rk - 1, rk), "rank multisets", "rank_values / rank_arity")
+        g.ranks = rank_multisets(rv, rk, _number(sc.get("max_largest", 1), "[scenarios] max_largest", int, lo_ok=True,
+                                                 example="max_largest = 1"))
     if "lengths" in sc:
         g.lengths = _tuples(sc["lengths"], "[scenarios] lengths", float, "lengths = [[222, 197]]")
     if "arrival" in sc:
@@ -347,7 +351,45 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
     if not g.rates or not g.ranks:
         raise ValueError("grid: no scenario (empty rates or ranks)")
     g.check_configs()
+    _check_count(len(g.rates) * len(g.ranks) * len(g.lengths) * len(g.arrival) * len(g.policy) * len(g.seeds),
+                 "tasks (scenarios x seeds)", "the scenario axes")
+    _check_max_rank(g)
+    _check_requests(g)
     return g
+
+
+#: the most tasks a grid file may hold (the published grid has 840)
+MAX_TASKS = 100_000
+
+
+def _check_count(n: int, what: str, keys: str) -> None:
+    if n > MAX_TASKS:
+        raise ValueError(f"grid: {n:,} {what}, more than {MAX_TASKS:,}; reduce {keys} (the published grid has 840 "
+                         f"scenarios)")
+
+
+def _check_max_rank(g: GridSpec) -> None:
+    """An explicit ``max_lora_rank`` list keeps a scenario only at values >= its largest rank: refuse
+    a grid where that leaves no task (it would run nothing and report success)."""
+    if g.max_lora_rank in (None, "max"):
+        return
+    top = max(max(r) for r in g.ranks)
+    low = min(max(r) for r in g.ranks)
+    if not any(g.max_rank_for(r) for r in g.ranks):
+        raise ValueError(f"grid [configs] max_lora_rank = {g.max_lora_rank!r}: below every scenario's largest rank "
+                         f"({low}-{top}); vLLM pads every slot to max_lora_rank and refuses a larger adapter: give "
+                         f"values >= {top}, or \"max\"")
+
+
+def _check_requests(g: GridSpec) -> None:
+    """The busiest run of the grid (the largest served count at the largest rates, over the window)
+    stays within ``twin run``'s request cap (:data:`traces.registry.MAX_REQUESTS`)."""
+    mean_rate = max(sum(r) / len(r) for r in g.rates)
+    n = mean_rate * max(g.served) * g.window_s
+    if n > MAX_REQUESTS:
+        raise ValueError(f"grid: its busiest run expects ~{n:,.0f} requests ({max(g.served)} adapters at a mean "
+                         f"{mean_rate:g} req/s each over window_s = {g.window_s:g}), more than the twin's "
+                         f"{MAX_REQUESTS:,}; lower the rates, the served adapters or window_s")
 
 
 def load_grid(name_or_path: str | os.PathLike) -> GridSpec:

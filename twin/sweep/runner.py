@@ -76,7 +76,7 @@ def _local(tasks: list[dict], jobs: int, **_: Any) -> Iterator[list[dict]]:
     import multiprocessing as mp
 
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    with ctx.Pool(jobs, maxtasksperchild=20) as pool:
+    with ctx.Pool(min(jobs, len(tasks)), maxtasksperchild=20) as pool:  # (no idle workers)
         yield from pool.imap_unordered(run_task, tasks, chunksize=1)
 
 

@@ -66,7 +66,7 @@ def run_all(specs: list[RunSpec], sim_opts: dict[str, Any], jobs: int, progress:
             bar and bar.update(1)
     else:
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-        with ctx.Pool(jobs) as pool:
+        with ctx.Pool(min(jobs, len(tasks))) as pool:  # (no idle workers)
             for r in pool.imap_unordered(_worker, tasks, chunksize=1):
                 out.append(r)
                 bar and bar.update(1)
