@@ -83,6 +83,9 @@ FILES.update({  # real-run tables (twin validate, twin configure evaluate) with 
     "real_slots.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,,32,ok,1,222,197\n",
     "real_lengths.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,long,197\n",
     "real_status.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,weird,1,222,197\n",
+    "real_maxrank.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,16,ok,1,222,197\n",
+    "real_itl.csv": _REAL_HEADER.replace(b"\n", b",mean_itl_ms\n")
+                    + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,-5\n",
 })
 
 
@@ -288,6 +291,8 @@ CASES: list[tuple[str, str]] = [
     ("validate --real {d}/real_served.csv", "column served_adapters: -5 is not an integer >= 1"),
     ("validate --real {d}/real_slots.csv", "column adapter_slots: an empty cell is not an integer >= 1"),
     ("validate --real {d}/real_lengths.csv", "column pool_mean_input_tokens: 'long' is not a positive number"),
+    ("validate --real {d}/real_maxrank.csv", "column max_lora_rank: 16 is below the run's largest adapter rank 32"),
+    ("validate --real {d}/real_itl.csv", "column mean_itl_ms: -5 is not a measurement"),
     ("validate --real {d}/real_status.csv", "none of the 1 selected runs of {d}/real_status.csv can be scored "
                                             "(statuses: weird 1)"),
     # twin configure, twin sweep

@@ -112,6 +112,13 @@ _REAL_INT_COLUMNS = ("served_adapters", "adapter_slots", "max_lora_rank")
 _REAL_OK_COLUMNS = ("pool_mean_input_tokens", "pool_mean_output_tokens")
 
 
+#: measured figures of a run with status ``ok`` that the scores compare with: >= 0 where recorded
+#: (``benchmark_time_s`` > 0)
+_REAL_MEASURED_COLUMNS = ("benchmark_time_s", "total_tok_s", "request_throughput", "mean_itl_ms", "median_itl_ms",
+                          "p99_itl_ms", "mean_tpot_ms", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+                          "ttft_ms_incl_unfinished")
+
+
 def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
     """Every row the twin re-creates (status ``ok`` or a start failure, :data:`START_FAILURE_STATUSES`;
     other rows are only counted) is a configuration it can build: ``rates`` and ``ranks`` lists of
@@ -143,6 +150,11 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
             wrong = used & (~np.isfinite(x) | (x < 1) | (x != np.round(x)))
         if wrong.any():
             raise bad(int(np.argmax(wrong)), col, "is not an integer >= 1")
+    for i in np.flatnonzero(used).tolist():  # vLLM pads every slot to max_lora_rank and refuses a larger adapter
+        top = max(parse_list(df["ranks"].iloc[i], int, "ranks"))
+        if float(df["max_lora_rank"].iloc[i]) < top:
+            raise bad(i, "max_lora_rank", f"is below the run's largest adapter rank {top} (vLLM would refuse those "
+                                          f"adapters)")
     ok = status.eq("ok").to_numpy()
     for col in _REAL_OK_COLUMNS:
         x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
@@ -150,6 +162,15 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
             wrong = ok & (~np.isfinite(x) | (x <= 0))
         if wrong.any():
             raise bad(int(np.argmax(wrong)), col, "is not a positive number (a run with status ok needs it)")
+    for col in _REAL_MEASURED_COLUMNS:  # measured figures: absent (NaN) is allowed, nonsense is not
+        if col not in df.columns:
+            continue
+        x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
+        with np.errstate(invalid="ignore"):
+            wrong = ok & ((x < 0) | np.isinf(x) | ((x == 0) & (col == "benchmark_time_s")))
+        if wrong.any():
+            raise bad(int(np.argmax(wrong)), col, "is not a measurement (negative, infinite, or a zero-length "
+                                                  "benchmark)")
 
 
 def load_peer(path: str | os.PathLike) -> pd.DataFrame:
