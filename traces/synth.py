@@ -159,6 +159,20 @@ POSITIVE_OPTIONS = frozenset({"rps", "duration", "n_requests", "length_scale", "
 MAX_CV = 100.0
 
 
+def option_value_problem(key: str, v: Any) -> str | None:
+    """What is wrong with the number ``v`` of workload option ``key`` (``"must be a finite number"``,
+    ``"must be >= 0"`` or ``"must be > 0"``), or None (also for a non-number: its converter checks it)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if not math.isfinite(v):
+        return "must be a finite number"
+    if v < 0:
+        return "must be >= 0"
+    if v == 0 and key in POSITIVE_OPTIONS:
+        return "must be > 0"
+    return None
+
+
 def apply_options(cfg: SynthConfig, options: dict[str, Any]) -> SynthConfig:
     """A copy of ``cfg`` with the flat ``options`` applied (``None`` values are skipped).
 
@@ -198,9 +212,7 @@ def validate_config(cfg: SynthConfig) -> None:
     assign_ranks(1, cfg.adapters.ranks)
     for key, (section, name, _, help_text) in OPTIONS.items():
         v = getattr(getattr(cfg, section), name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            continue
-        if not math.isfinite(v) or v < 0 or (v == 0 and key in POSITIVE_OPTIONS):
+        if option_value_problem(key, v):
             raise ValueError(f"{key} = {v!r}: must be a finite number {'> 0' if key in POSITIVE_OPTIONS else '>= 0'} "
                              f"({help_text})")
     if a.cv is not None and a.cv > MAX_CV:

@@ -39,7 +39,7 @@ from traces.adapters import parse_popularity
 from traces.arguments import parse_list
 from traces.flags import flag_name
 from traces.registry import REAL_OPTIONS, get_workload, run_defaults
-from traces.synth import OPTIONS, POSITIVE_OPTIONS
+from traces.synth import OPTIONS, option_value_problem
 from traces.workload import Workload
 from twin.config import ConfigError, EngineConfig
 from twin.perf.profile import Profile, available_profiles, parse_lora_targets
@@ -248,12 +248,9 @@ def _check_trace_options(options: list[tuple[str, Any]]) -> None:
                 v = conv(value)
             except (TypeError, ValueError, OverflowError) as e:
                 raise ConfigError(f"--trace-opt {key}={value!r}: {e}; {OPTIONS[key][3]}") from None
-            if isinstance(v, float) and not math.isfinite(v):
-                raise ConfigError(f"--trace-opt {key}={value!r}: must be a finite number")
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
-                raise ConfigError(f"--trace-opt {key}={value!r}: must be >= 0")
-            if key in POSITIVE_OPTIONS and v is not None and v == 0:
-                raise ConfigError(f"--trace-opt {key}={value!r}: must be > 0")
+            problem = option_value_problem(key, v)
+            if problem:
+                raise ConfigError(f"--trace-opt {key}={value!r}: {problem}")
             if key == "popularity":
                 _check_popularity(v, f"--trace-opt {key}")
 

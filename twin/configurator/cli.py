@@ -172,6 +172,13 @@ def _pair(args) -> tuple[list[float], list[int]]:
     return rates, parse_list(args.ranks, int, "--ranks", 1)
 
 
+def _check_percentile_slo(args) -> None:
+    """``--ttft-p99-s`` / ``--itl-p99-s``, when given, are latencies > 0."""
+    for flag, v in (("--ttft-p99-s", args.ttft_p99_s), ("--itl-p99-s", args.itl_p99_s)):
+        if v is not None:
+            check_number(flag, v, 0, False, "a latency in seconds, e.g. 5")
+
+
 def _check_rule_args(args) -> None:
     """``--ratio`` in (0, 1], ``--tolerance`` in [0, 1), ``--slo-share`` in (0, 1], before any table is read."""
     check_number("--ratio", args.ratio, 0, False, "a share of the offered tokens in (0, 1], e.g. --ratio 0.9")
@@ -183,9 +190,7 @@ def _check_rule_args(args) -> None:
     check_number("--slo-share", args.slo_share, 0, False, "a share of requests in (0, 1], e.g. --slo-share 0.9")
     if args.slo_share > 1:
         raise ValueError(f"--slo-share {args.slo_share:g}: must be at most 1 (a share of requests), e.g. 0.9")
-    for flag, v in (("--ttft-p99-s", args.ttft_p99_s), ("--itl-p99-s", args.itl_p99_s)):
-        if v is not None:
-            check_number(flag, v, 0, False, "a latency in seconds, e.g. 5")
+    _check_percentile_slo(args)
 
 
 def cmd_dataset(args) -> int:
@@ -221,9 +226,7 @@ def cmd_train(args) -> int:
         raise ValueError(f"--cv {args.cv}: the grid search needs at least 2 folds, e.g. --cv 5 (or --no-search)")
     if args.seed < 0:
         raise ValueError(f"--seed {args.seed}: must be >= 0, e.g. --seed 0")
-    for flag, v in (("--ttft-p99-s", args.ttft_p99_s), ("--itl-p99-s", args.itl_p99_s)):
-        if v is not None:
-            check_number(flag, v, 0, False, "a latency in seconds, e.g. 5")
+    _check_percentile_slo(args)
     srcs = args.dataset
     for s in srcs:
         if not Path(s).exists():

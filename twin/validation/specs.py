@@ -135,6 +135,7 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
 
     status = df["status"].astype(str)
     used = (status.eq("ok") | status.isin(START_FAILURE_STATUSES)).to_numpy()
+    top_rank: dict[int, int] = {}  # row -> its largest adapter rank
     for col, cast, example in (("rates", float, "0.4-0.05-0.00625"), ("ranks", int, "8-16-32")):
         for i in np.flatnonzero(used).tolist():
             try:
@@ -144,14 +145,15 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
             if not vals or not all(np.isfinite(x) and x > 0 for x in vals):
                 raise bad(i, col, f"is not a list of positive {'numbers' if cast is float else 'integers'} "
                                   f"(e.g. {example})")
+            if col == "ranks":
+                top_rank[i] = max(vals)
     for col in _REAL_INT_COLUMNS:
         x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
         with np.errstate(invalid="ignore"):
             wrong = used & (~np.isfinite(x) | (x < 1) | (x != np.round(x)))
         if wrong.any():
             raise bad(int(np.argmax(wrong)), col, "is not an integer >= 1")
-    for i in np.flatnonzero(used).tolist():  # vLLM pads every slot to max_lora_rank and refuses a larger adapter
-        top = max(parse_list(df["ranks"].iloc[i], int, "ranks"))
+    for i, top in top_rank.items():  # vLLM pads every slot to max_lora_rank and refuses a larger adapter
         if float(df["max_lora_rank"].iloc[i]) < top:
             raise bad(i, "max_lora_rank", f"is below the run's largest adapter rank {top} (vLLM would refuse those "
                                           f"adapters)")
