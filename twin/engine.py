@@ -281,11 +281,6 @@ class Engine(PreemptionWalk, EngineState):
             return self._single_step(ctx.chunks, ctx.loads, ctx.load_rids)
         return self._decode_run(now, stop)
 
-    def _step_time(self, prefill_tokens: int, n_dec: int, ctx_tok: int, waiting: int, n_req: int) -> float:
-        """Duration of one step at the engine's current batch (see :meth:`Profile.step_s`)."""
-        return self.profile.step_s(prefill_tokens, n_dec, ctx_tok, n_req, self.adapters.n_active, self.max_lora_rank,
-                                   self.config.max_loras, len(self.running), waiting, self.served)
-
     def _single_step(self, chunks: list[tuple[int, int]], loads: "list[Load]", load_rids: list[int]) -> "StepPlan":
         """One step of the current batch: the decoders' tokens plus the prefill ``chunks``."""
         n_dec = self.n_dec
@@ -295,8 +290,18 @@ class Engine(PreemptionWalk, EngineState):
         for rid, k in chunks:
             prefill += k
             ctx_tok += c[rid]
+        rank_sums = None
+        own = self._own_rank
+        if own is not None:  # the requests' own ranks: over the requests, and over the LoRA tokens
+            rank_req = rank_tok = self.dec_rank_sum
+            for rid, k in chunks:
+                r = own[rid]
+                rank_req += r
+                rank_tok += k * r
+            rank_sums = (rank_req, rank_tok)
         d = self.profile.step_s(prefill, n_dec, ctx_tok, n_dec + len(chunks), self.adapters.n_active,
-                                self.max_lora_rank, self._max_loras, len(self.running), self.n_waiting, self.served)
+                                self.max_lora_rank, self._max_loras, len(self.running), self.n_waiting, self.served,
+                                rank_sums)
         return StepPlan(chunks, loads, load_rids, 1, d, None, d, prefill, n_dec)
 
     def _decode_run(self, now: float, stop: Admit | None) -> "StepPlan":
@@ -307,6 +312,7 @@ class Engine(PreemptionWalk, EngineState):
         g = self.g
         bs = self.block_size
         n_dec = self.n_dec
+        rank_sums = None if self._own_rank is None else (self.dec_rank_sum, self.dec_rank_sum)
         # next finish
         heap = self.fin_heap
         dec = self.dec
@@ -323,7 +329,8 @@ class Engine(PreemptionWalk, EngineState):
             # ``k_max == 1``: its one duration is :meth:`Profile.step_s` of the batch)
             running = len(self.running)
             d = self.profile.step_s(0, n_dec, self.dec_base_sum + n_dec * g, n_dec, self.adapters.n_active,
-                                    self.max_lora_rank, self._max_loras, running, self.n_waiting, self.served)
+                                    self.max_lora_rank, self._max_loras, running, self.n_waiting, self.served,
+                                    rank_sums)
             end = now + d
             total = end - now
             while now + total < end:
@@ -356,7 +363,7 @@ class Engine(PreemptionWalk, EngineState):
         k, end, d, durs = self.profile.decode_run(
             now, k_max, t_evt, n_dec, self.dec_base_sum + n_dec * g, self.adapters.n_active, self.max_lora_rank,
             self._max_loras, len(self.running), self.served, self.n_waiting, varying,
-            self.arrival_a, self.ok_cum, self.arr_ptr, self._next_arr_t)
+            self.arrival_a, self.ok_cum, self.arr_ptr, self._next_arr_t, rank_sums)
         total = end - now
         # SimPy adds the delay to the clock: pick the delay that lands exactly on `end`
         while now + total < end:
@@ -383,6 +390,8 @@ class Engine(PreemptionWalk, EngineState):
             freed = -(-comp // bs)
             self.n_dec -= 1
             self.dec_base_sum -= base
+            if self._own_rank is not None:
+                self.dec_rank_sum -= self._own_rank[rid]
             self.res_cnt[(-base) % bs] -= 1
             # vLLM v1 keeps the output tokens and recomputes prompt + all of them
             # (``num_computed_tokens = 0``; resumed with ``num_tokens``): the computed tokens
@@ -523,6 +532,7 @@ class Engine(PreemptionWalk, EngineState):
                 fta, preempt_d, output_a, prompt_a = self._first_token_a, self.preempt_d, self.output_a, self.prompt_a
                 held, prefilling, pref_flag = self.held, self.prefilling, self._pref_flag
                 dec, base_a, res_cnt, heap = self.dec, self._base_a, self.res_cnt, self.fin_heap
+                own = self._own_rank
                 g, bs, m = self.g, self.block_size, self._fin_m
                 used, n_dec, base_sum = self.used_blocks, self.n_dec, self.dec_base_sum
             if rid not in preempt_d or fta[rid] != fta[rid]:
@@ -549,6 +559,8 @@ class Engine(PreemptionWalk, EngineState):
             dec[rid] = (base, fg)
             base_a[rid] = base
             base_sum += base
+            if own is not None:
+                self.dec_rank_sum += own[rid]
             n_dec += 1
             res_cnt[(-base) % bs] += 1
             heapq.heappush(heap, fg * m + rid)
@@ -562,6 +574,7 @@ class Engine(PreemptionWalk, EngineState):
         heap, dec, T, res_cnt = self.fin_heap, self.dec, self.T, self.res_cnt
         pop = heapq.heappop
         m = self._fin_m
+        own = self._own_rank
         lim = (g1 + 1) * m  # entries below it finish at or before g1
         bs = self.block_size
         while heap and heap[0] < lim:
@@ -573,6 +586,8 @@ class Engine(PreemptionWalk, EngineState):
             del dec[rid]
             self.n_dec -= 1
             self.dec_base_sum -= base
+            if own is not None:
+                self.dec_rank_sum -= own[rid]
             res_cnt[(-base) % bs] -= 1
             self.used_blocks -= -(-(base + g1) // bs)
             del T[rid]

@@ -134,6 +134,11 @@ class EngineState:
         self.resume_T: dict[int, int] = {}          # preempted requests: tokens to recompute
         self.n_dec = 0
         self.dec_base_sum = 0
+        # decoders' own adapter ranks, summed, and each request's rank (0: no adapter), kept only
+        # when the LoRA form prices requests at their own rank (``Profile.lora_own_ranks``)
+        self.dec_rank_sum = 0
+        self._own_rank: list[int] | None = (np.where(self.adapter >= 0, self.rank, 0).tolist()
+                                            if self.profile.lora_own_ranks else None)
         self.res_cnt = [0] * bs         # decoders needing a block at steps with g % bs == r
         self.fin_heap: list = []        # (finish step, rid) (Engine: encoded as one int, see Engine._fin_m)
         self.used_blocks = 0
@@ -393,6 +398,8 @@ class EngineState:
         assert ad.n_active == int((act > 0).sum()) <= self.config.max_loras, "too many adapters in the batch"
         assert len(self.dec) == self.n_dec == sum(1 for r in self.running if r not in self.prefilling), \
             "decode aggregate out of sync"
+        if self._own_rank is not None:
+            assert self.dec_rank_sum == sum(self._own_rank[r] for r in self.dec), "decoders' rank sum out of sync"
         self._assert_queue_accounting()
         if self.extensions is not None:
             self.extensions.check()

@@ -76,3 +76,43 @@ def test_paged_decode_runs_are_exact():
     b = simulate(_workload(), prof, cfg, policy="fastlibra", check_invariants=True, max_run_steps=1)
     pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
     assert a.summary["step_segments"] < b.summary["step_segments"]
+
+
+def test_paged_form_prices_each_request_at_its_own_rank():
+    """``rank_sums`` (S-LoRA: shrink work follows the sum of own ranks, the expand is padded to the
+    max rank; ``slora.md`` §5): at every request of max rank it is the padded form, with lower
+    ranks the own-rank terms shrink and the padded expand does not."""
+    prof = _prof()
+    paged, punica = PagedLora.from_profile(prof), PunicaLoraCost.from_profile(prof)
+    f, c = paged.scalar(), paged.params
+    for T, R, r in ((16, 16, 64), (516, 4, 64), (40, 40, 32)):
+        assert f(0.0, 2, r, T, 8, R, (R * r, T * r)) == pytest.approx(f(0.0, 2, r, T, 8, R), rel=1e-12)
+    # a decode step of a rank-32 and a rank-64 request at max_lora_rank 64
+    assert f(0.0, 2, 64, 2, 8, 2, (96, 96)) == pytest.approx(c["launches_s"] + 96 * c["c_rank"] + 2 * 64 * c["c_pad"],
+                                                             rel=1e-12)
+    assert f(0.0, 2, 64, 2, 8, 2, (96, 96)) == pytest.approx(punica.decode_s(96, 64, 2), rel=1e-12)
+    assert f(0.0, 2, 64, 2, 8, 2, (96, 96)) < f(0.0, 2, 64, 2, 8, 2)
+    # a prefill chunk of 100 tokens of a rank-32 request beside one rank-64 decoder
+    want = c["launches_s"] + 96 * c["c_rank"] + (64 + 3200 - 96) * c["c_tok"] + 101 * 64 * c["c_pad"]
+    assert f(0.0, 2, 64, 101, 8, 2, (96, 64 + 3200)) == pytest.approx(want, rel=1e-12)
+    assert float(paged.predict(0.0, 2, 64, 101, 8, 2, (96, 3264))) == pytest.approx(want, rel=1e-12)
+    assert f(0.0, 0, 64, 101, 8, 2, (96, 3264)) == 0.0
+    assert prof.lora_own_ranks is False and prof.with_paged_lora().lora_own_ranks is True
+
+
+def test_fastlibra_steps_charge_each_request_its_own_rank():
+    """One request alone, at max_lora_rank 64: its decode steps at rank 32 cost exactly
+    ``32 * c_rank`` less than at rank 64 (the padded expand is the same), step by step."""
+    prof = _prof()
+    cfg = EngineConfig(max_model_len=4096, max_lora_rank=64)
+
+    def decode_steps(rank):
+        w = Workload.from_arrays(np.array([0.0]), np.array([100]), np.array([40]), np.array([0]), np.array([rank]))
+        r = simulate(w, prof, cfg, policy="fastlibra", check_invariants=True, max_run_steps=1)
+        s = r.steps
+        return s.loc[(s["prefill_tokens"] == 0) & (s["decode_tokens"] == 1), "duration_s"].to_numpy()
+
+    d32, d64 = decode_steps(32), decode_steps(64)
+    c_rank = PagedLora.from_profile(prof).params["c_rank"]
+    assert len(d32) == len(d64) == 39
+    np.testing.assert_allclose(d64 - d32, 32 * c_rank, rtol=1e-9)

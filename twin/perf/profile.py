@@ -100,10 +100,14 @@ class Profile:
         self._lora_scalar = self.lora_s
         self._lora_const = not lo.uses_base
         self._lora_factor = getattr(lo, "base_factor", None) if lo.uses_base else None
+        #: the LoRA form prices each request at its own rank when given ``rank_sums``
+        #: (:class:`twin.perf.slora_forms.PagedLora`); the engine then passes them
+        self.lora_own_ranks = bool(getattr(lo, "own_ranks", False))
 
     # ------------------------------------------------------------------ the step-time entry point
     def step_s(self, prefill_tokens: int, n_dec: int, ctx_tokens: int, n_req: int, active: int, max_rank: int,
-               slots: int, running: int, waiting: int, served: int) -> float:
+               slots: int, running: int, waiting: int, served: int,
+               rank_sums: tuple[int, int] | None = None) -> float:
         """Duration of one engine step: scheduler CPU time + (backbone + LoRA overhead).
 
         ``prefill_tokens`` and ``n_dec`` (one token each) are the step's work, ``ctx_tokens``
@@ -114,10 +118,14 @@ class Profile:
         kernels run over the padded rank). The scheduler term sees ``running`` and ``waiting``
         requests and the ``served`` adapters. A step with prefill tokens adds the profile's
         ``mixed`` term (per distinct adapter; :class:`twin.perf.forms.PrefillAdaptersMixed`) when it
-        has one. The engine, its decode-run fast path
-        (:meth:`decode_run`) and the validation diagnostic all use this formula."""
+        has one. ``rank_sums`` (only for a LoRA form with ``lora_own_ranks``): the sums of the
+        step's requests' own ranks over its requests and over its LoRA tokens. The engine, its
+        decode-run fast path (:meth:`decode_run`) and the validation diagnostic all use this formula."""
         base = self.backbone_s(prefill_tokens, n_dec, ctx_tokens)
-        comp = base + self.lora_s(base, active, max_rank, prefill_tokens + n_dec, slots, n_req)
+        if rank_sums is None:
+            comp = base + self.lora_s(base, active, max_rank, prefill_tokens + n_dec, slots, n_req)
+        else:
+            comp = base + self.lora_s(base, active, max_rank, prefill_tokens + n_dec, slots, n_req, rank_sums)
         if prefill_tokens > 0 and self.mixed_s is not None:  # never in a decode run (see :meth:`decode_run`)
             comp = comp + self.mixed_s(prefill_tokens, active, slots)
         return self.scheduler_s(running, waiting, slots, served) + comp
@@ -125,7 +133,8 @@ class Profile:
     def decode_run(self, t: float, k_max: int, t_end: float, n_dec: int, ctx_tokens: int, active: int,
                    max_rank: int, slots: int, running: int, served: int, waiting: int, varying: bool,
                    arrivals: Sequence[float] = (), ok_cum: Sequence[int] = (0,), ptr: int = 0,
-                   next_arrival: float = math.inf) -> tuple[int, float, float, list[float] | None]:
+                   next_arrival: float = math.inf,
+                   rank_sums: tuple[int, int] | None = None) -> tuple[int, float, float, list[float] | None]:
         """A run of up to ``k_max`` pure-decode steps starting at ``t``, stopped after the first
         step that ends at or after ``t_end``: returns ``(steps, end time, first duration,
         per-step durations or None when they are all equal)``.
@@ -133,12 +142,13 @@ class Profile:
         Each step's duration is :meth:`step_s` of the batch at its start: the context grows by
         ``n_dec`` tokens a step, and (when ``varying``) requests arriving before a step's start
         join the waiting queue (``arrivals`` is the arrival-time column, ``ok_cum`` the prefix
-        counts of requests that are not rejected, ``ptr`` the next arrival's index). The clock is
-        summed step by step in the engine's order, so it is bit-identical to single steps."""
+        counts of requests that are not rejected, ``ptr`` the next arrival's index; ``rank_sums``
+        as in :meth:`step_s`, constant over the run). The clock is summed step by step in the
+        engine's order, so it is bit-identical to single steps."""
         k = 0
         ctx_tok = ctx_tokens
         if not varying:
-            d = self.step_s(0, n_dec, ctx_tok, n_dec, active, max_rank, slots, running, waiting, served)
+            d = self.step_s(0, n_dec, ctx_tok, n_dec, active, max_rank, slots, running, waiting, served, rank_sums)
             while k < k_max:
                 t += d
                 k += 1
@@ -148,7 +158,7 @@ class Profile:
         if (self._ctx_coef is not None and self.backbone_s is self._bb_scalar and self.lora_s is self._lora_scalar
                 and (self._lora_const or self._lora_factor is not None)):
             return self._decode_run_fast(t, k_max, t_end, n_dec, ctx_tokens, active, max_rank, slots, running, served,
-                                         waiting, arrivals, ok_cum, ptr, next_arrival)
+                                         waiting, arrivals, ok_cum, ptr, next_arrival, rank_sums)
         durs: list[float] = []
         n = len(arrivals)
         p = ptr
@@ -161,7 +171,7 @@ class Profile:
                     p += 1
                 next_t = arrivals[p] if p < n else math.inf
                 waiting = w0 + ok_cum[p]
-            d = step(0, n_dec, ctx_tok, n_dec, active, max_rank, slots, running, waiting, served)
+            d = step(0, n_dec, ctx_tok, n_dec, active, max_rank, slots, running, waiting, served, rank_sums)
             durs.append(d)
             t += d
             k += 1
@@ -172,7 +182,8 @@ class Profile:
 
     def _decode_run_fast(self, t: float, k_max: int, t_end: float, n_dec: int, ctx_tokens: int, active: int,
                          max_rank: int, slots: int, running: int, served: int, waiting: int, arrivals: Sequence[float],
-                         ok_cum: Sequence[int], ptr: int, next_arrival: float) -> tuple[int, float, float, list[float]]:
+                         ok_cum: Sequence[int], ptr: int, next_arrival: float,
+                         rank_sums: tuple[int, int] | None = None) -> tuple[int, float, float, list[float]]:
         """:meth:`decode_run` (varying steps) with each step's :meth:`step_s` written out on
         the run's constants: ``base = backbone(0, D, 0) + c_ctx * C`` (the backbone adds its
         context term last), the LoRA term once (it does not depend on ``base``) or as
@@ -193,7 +204,12 @@ class Profile:
         cc = self._ctx_coef
         f = None if self._lora_const else self._lora_factor(active, max_rank)
         if f is None:  # a LoRA term independent of base (or none: no adapter in the batch)
-            lo = self.lora_s(k0, active, max_rank, n_dec, slots, n_dec) if self._lora_const else 0.0
+            if not self._lora_const:
+                lo = 0.0
+            elif rank_sums is None:
+                lo = self.lora_s(k0, active, max_rank, n_dec, slots, n_dec)
+            else:
+                lo = self.lora_s(k0, active, max_rank, n_dec, slots, n_dec, rank_sums)
             while k < k_max:
                 if t >= next_t:  # arrivals before this step's start join the waiting queue
                     while p < n and arrivals[p] <= t:

@@ -147,22 +147,34 @@ class PagedLora(PerfModel):
     S-LoRA's (:class:`PunicaLoraCost`, an estimate derived from the profile, see the module
     docstring) on vLLM's mixed steps of ``T`` tokens over ``R`` requests:
 
-    * each request reads its adapter's rows once: ``R * r * c_rank`` (memory bound, the decode
+    * each request reads its adapter's rows once: ``r_i * c_rank`` (memory bound, the decode
       term of :meth:`PunicaLoraCost.decode_s`);
     * the ``T - R`` prompt tokens beyond one per request add their shrink arithmetic,
-      ``c_tok = 2 FLOP * L * S_in / FLOPS_eff`` per token and rank (the BGMV prefill term);
+      ``c_tok = 2 FLOP * L * S_in / FLOPS_eff`` per token and rank of its request (the BGMV
+      prefill term);
     * every token's expand is padded to ``r``: ``T * r * c_pad``;
     * ``launches``: a shrink and an expand launch per adapted projection and layer.
 
-    ``r`` is the rank the engine passes, vLLM's ``max_lora_rank`` (the largest rank served): the
-    vLLM engine does not sum its requests' own ranks, so the ``c_rank`` term is an upper bound of
-    S-LoRA's own-rank form (at most ``max_rank / min_rank`` x; 2x for ranks 32/64), its ``c_pad``
-    term equal to it when a batch holds a largest-rank request. It does not depend on the
-    slots (``max_loras``) nor on the adapters in the batch beyond ``A > 0``. For a pure decode
-    step (``T == R``) it equals ``PunicaLoraCost.decode_s(R * r, r, R)``.
+    **Own ranks** (``own_ranks``: the vLLM engine passes ``rank_sums``): S-LoRA's shrink blocks
+    beyond a request's own rank exit early, so its work follows ``sum_i r_i`` (``slora.md`` §5
+    and item 14: "proportional to the sum of own ranks per token, with expand padded to the
+    batch's max rank"). Given ``rank_sums = (sum over the step's requests of their rank, sum
+    over its LoRA tokens of their request's rank)`` the form is::
+
+        extra = [A > 0] * (launches + rank_req * c_rank + (rank_tok - rank_req) * c_tok + T * r * c_pad)
+
+    and only the padded expand uses ``r``, the slots' ``max_lora_rank`` (vLLM pads every slot to
+    it). Without ``rank_sums`` (callers that know only the batch's shape, e.g. the validation
+    diagnostics) every request counts at ``r``: the formula above with ``rank_req = R * r`` and
+    ``rank_tok = T * r``, an upper bound (at most ``max_rank / min_rank`` x on the first two
+    terms; 2x for ranks 32/64). It does not depend on the slots (``max_loras``) nor on the
+    adapters in the batch beyond ``A > 0``. For a pure decode step (``T == R``) it equals
+    ``PunicaLoraCost.decode_s(sum_i r_i, r, R)``.
     """
 
     uses_base: ClassVar[bool] = False
+    #: the vLLM engine passes ``rank_sums`` (its requests' own ranks) to this form
+    own_ranks: ClassVar[bool] = True
     kind: ClassVar[str] = "lora"
     form: ClassVar[str] = "paged"
     param_names: ClassVar[tuple[str, ...]] = ("launches_s", "c_rank", "c_tok", "c_pad")
@@ -177,21 +189,28 @@ class PagedLora(PerfModel):
         return cls(params={"launches_s": c.launches_s, "c_rank": c.c_rank, "c_tok": c_tok, "c_pad": c.c_pad},
                    meta={"source": "estimate: S-LoRA's Punica form (twin/perf/slora_forms.py) on a paged pool"})
 
-    def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None):
+    def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None, rank_sums=None):
         p = self.params
         T = np.asarray(lora_tokens, float)
         R = T if requests is None else np.minimum(np.asarray(requests, float), T)
         r = np.asarray(max_rank, float)
-        extra = p["launches_s"] + r * (R * p["c_rank"] + (T - R) * p["c_tok"] + T * p["c_pad"])
+        if rank_sums is None:
+            extra = p["launches_s"] + r * (R * p["c_rank"] + (T - R) * p["c_tok"] + T * p["c_pad"])
+        else:
+            rq, rt = (np.asarray(x, float) for x in rank_sums)
+            extra = p["launches_s"] + (rq * p["c_rank"] + (rt - rq) * p["c_tok"]) + T * r * p["c_pad"]
         return _scalar_or_array(np.where(np.asarray(n_adapters) > 0, extra, 0.0 * extra))
 
     def scalar(self):
         p = self.params
         l0, cr, ct, cp = (float(p[k]) for k in ("launches_s", "c_rank", "c_tok", "c_pad"))
 
-        def f(base_s, A, max_rank, T, slots=0, requests=None):
+        def f(base_s, A, max_rank, T, slots=0, requests=None, rank_sums=None):
             if A <= 0:
                 return 0.0
+            if rank_sums is not None:  # the requests' own ranks (the vLLM engine's steps)
+                rq, rt = rank_sums
+                return l0 + (rq * cr + (rt - rq) * ct) + T * max_rank * cp
             R = T if requests is None or requests > T else requests
             return l0 + max_rank * (R * cr + (T - R) * ct + T * cp)
         return f
