@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 from calibration.bench.cli import register_bench
+from calibration.fitting.core import FitError, dropped_rows_reported
 from calibration.fitting.fit import fit_profile
-from calibration.fitting.core import FitError
 from calibration.fitting.profile_io import write_profile
 from calibration.fitting.tables import detect_format
 from calibration.report import report, summary_lines
@@ -118,8 +118,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
                                     f"or leave it out")
         fmt = detect_format(Path(args.measurements)) if args.format == "auto" else args.format
         out_hint = Path(args.out) if args.out else None
-        profile = fit_profile(args.measurements, args.model, fmt=fmt, gpu=args.gpu, references=args.reference,
-                              vidur_dir=args.vidur_dir, k=args.folds, command="", data_root=data_dir())
+        with dropped_rows_reported("twin calibrate fit"):  # rows with NaN left out, named on stderr
+            profile = fit_profile(args.measurements, args.model, fmt=fmt, gpu=args.gpu, references=args.reference,
+                                  vidur_dir=args.vidur_dir, k=args.folds, command="", data_root=data_dir())
         out = out_hint or PROFILE_DIR / f"{profile['name']}.json"
         profile["provenance"]["command"] = _command_line(args, fmt, out)
         write_profile(profile, out)
@@ -163,8 +164,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     try:
-        return report(args.profile, measurements=args.measurements, out_dir=args.out_dir,
-                      figures=not args.no_figures, as_json=args.json, as_markdown=args.markdown)
+        with dropped_rows_reported("twin calibrate report"):
+            return report(args.profile, measurements=args.measurements, out_dir=args.out_dir,
+                          figures=not args.no_figures, as_json=args.json, as_markdown=args.markdown)
     except (FileNotFoundError, KeyError, ValueError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"twin calibrate report: {msg}", file=sys.stderr)

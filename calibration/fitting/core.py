@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from scipy.optimize import OptimizeWarning, curve_fit
@@ -28,6 +30,49 @@ from scipy.optimize import OptimizeWarning, curve_fit
 
 class FitError(RuntimeError):
     """A fit could not be done (missing or unusable measurements); the message says which and why."""
+
+
+class DroppedRowsWarning(UserWarning):
+    """Measurement rows left out of a fit because a value they need is missing (NaN)."""
+
+
+def warn_dropped(table: str, total: int, nan_by_column: dict[str, int], what: str = "rows") -> None:
+    """Warn (:class:`DroppedRowsWarning`) that rows of ``table`` (``total`` considered) were left out
+    for a NaN in the given columns (``column: rows``); nothing when none were."""
+    n = sum(nan_by_column.values())
+    if n:
+        cols = ", ".join(f"{c} ({k})" for c, k in nan_by_column.items() if k)
+        warnings.warn(f"{table}: {n} of {total} {what} dropped for a missing (NaN) value in {cols}", DroppedRowsWarning,
+                      stacklevel=2)
+
+
+def first_nan_counts(df: Any, columns: Sequence[str]) -> dict[str, int]:
+    """Rows of ``df`` by the first of ``columns`` that is NaN in them (each row counted once)."""
+    left = np.ones(len(df), bool)
+    out = {}
+    for c in columns:
+        m = df[c].isna().to_numpy() & left
+        out[c] = int(m.sum())
+        left &= ~m
+    return out
+
+
+@contextmanager
+def dropped_rows_reported(prefix: str) -> Iterator[None]:
+    """Print each distinct :class:`DroppedRowsWarning` raised inside on stderr as ``PREFIX: warning: ...``
+    (also when the block fails: the drops may be why); other warnings are shown as usual."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DroppedRowsWarning)
+        try:
+            yield
+        finally:
+            seen: set[str] = set()
+            for w in caught:
+                if not issubclass(w.category, DroppedRowsWarning):
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                elif str(w.message) not in seen:
+                    seen.add(str(w.message))
+                    print(f"{prefix}: warning: {w.message}", file=sys.stderr)
 
 
 def r2_score(y: np.ndarray, pred: np.ndarray, weights: np.ndarray | None = None) -> float:

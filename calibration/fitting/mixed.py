@@ -30,7 +30,7 @@ import pandas as pd
 from calibration.fitting import components as C
 from calibration.fitting.core import ParamSpec, cross_val_predict, fit_params, quality
 from calibration.fitting.tables import Vllm085Tables
-from calibration.fitting.vllm085 import _serving_run_frame, lora_obs, serving_run_lora_obs
+from calibration.fitting.vllm085 import _serving_run_frame, lora_obs, per_adapter_serving_runs, serving_run_lora_obs
 from twin.perf.forms import FORMS
 from twin.perf.profile import Profile
 
@@ -70,9 +70,7 @@ def mixed_obs(t, profile: Profile) -> pd.DataFrame:
     model's ``model_ms`` (backbone + LoRA at the row's step mixture, + measured scheduler and
     load time), the inputs ``R W G A pre pre_G pre_A`` and ``source``/``group``."""
     bb, lo = profile.components["backbone"], profile.components["lora"]
-    s = t.sched
-    s = s[(s["rate_mode"] == "per_adapter_rate") & (s["engine_steps"] > 0) & s["mean_itl_ms"].notna()]
-    s = s.reset_index(drop=True)
+    s = per_adapter_serving_runs(t.sched).reset_index(drop=True)
     runs = _serving_run_frame(s)
     queued = (s["mean_waiting"] >= 1.0).to_numpy()
     step = np.where(queued, (s["duration_s"] / s["engine_steps"]).to_numpy(float) / MS, runs["step_ms"].to_numpy(float))

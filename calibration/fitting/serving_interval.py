@@ -42,6 +42,7 @@ import pandas as pd
 from calibration.fitting.core import ParamSpec, cross_val_predict, fit_params, quality
 from calibration.fitting.mixed import SOURCES, mixed_obs
 from calibration.fitting.tables import Vllm085Tables
+from calibration.fitting.vllm085 import per_adapter_serving_runs
 from twin.perf.forms import FORMS
 from twin.perf.profile import Profile
 
@@ -67,9 +68,7 @@ def interval_obs(t: Vllm085Tables, profile: Profile) -> pd.DataFrame:
     adapters) and ``Wb`` (blocked waiting requests), and ``target_ms``: ``little_ms`` for the runs
     with a queue, the client ITL for those without, the mean step for the windows."""
     obs = mixed_obs(t, profile)
-    s = t.sched
-    s = s[(s["rate_mode"] == "per_adapter_rate") & (s["engine_steps"] > 0) & s["mean_itl_ms"].notna()]
-    s = s.reset_index(drop=True)
+    s = per_adapter_serving_runs(t.sched).reset_index(drop=True)
     runs = obs["source"] != SOURCES[2]
     if int(runs.sum()) != len(s):
         raise ValueError("serving_interval: the serving runs of mixed_obs do not match scheduler_overhead.csv")

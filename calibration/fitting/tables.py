@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibration.fitting.core import FitError
+from calibration.fitting.core import FitError, first_nan_counts, warn_dropped
 from twin.model_spec import ModelSpec, get_model
 
 #: vLLM 0.8.5 V1 defaults of the measured servers
@@ -143,12 +143,14 @@ def _kv_tokens_per_run(windows: pd.DataFrame, runs: pd.DataFrame) -> pd.Series:
     return pd.Series(kv, index=windows.index)
 
 
-def window_features(windows: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+def window_features(windows: pd.DataFrame, runs: pd.DataFrame, table: str = "windows") -> pd.DataFrame:
     """One row per usable window with the model inputs and targets (see the module docstring).
 
     Columns: ``group`` (run), ``experiment``, ``kind``, ``S``, ``P``, ``n_pre``, ``P_step``,
     ``D``, ``C``, ``R``, ``W``, ``G``, ``N``, ``A``, ``step_ms``, ``sched_ms``, ``comp_ms``
     (= step - scheduler), ``sigma``; ``attrs['excluded']`` counts the dropped windows by reason.
+    Windows dropped for a NaN are named in a :class:`~calibration.fitting.core.DroppedRowsWarning`
+    (``table``: where they come from).
     """
     w = windows.sort_values(["model", "experiment", "run_dir", "window_start_s"]).copy()
     w["kv_start"] = w.groupby(["model", "experiment", "run_dir"])["kv_usage_end"].shift(1).fillna(0.0)
@@ -166,6 +168,9 @@ def window_features(windows: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         m = m.to_numpy() & ~drop
         excluded[name] = int(m.sum())
         drop |= m
+    warn_dropped(table, len(w), {"engine_steps": int(w["engine_steps"].isna().sum()),  # (under "fewer than 5 steps")
+                                 "mean_step_ms or mean_scheduler_ms": excluded["no step timing"],
+                                 "prompt_tokens": excluded["token counter overflow (NaN)"]}, "windows")
     w = w[~drop].copy()
     S = w["engine_steps"].to_numpy(float)
     P = w["prompt_tokens"].to_numpy(float)
@@ -200,10 +205,12 @@ def prefill_run_points(runs: pd.DataFrame, used_groups: set[str]) -> pd.DataFram
     A run of ``S`` logged steps with ``P`` prompt tokens and 1-token outputs becomes one
     observation with ``n = ceil(P/2048)`` prefill steps and ``D = C = 0``.
     """
-    r = runs[(runs["experiment"] == "prefill_sweep") & runs["engine_steps"].notna()
-             & runs["mean_step_ms"].notna()].copy()
+    r = runs[runs["experiment"] == "prefill_sweep"].copy()
     r["group"] = r["experiment"] + "/" + r["run_dir"]
     r = r[~r["group"].isin(used_groups)]
+    warn_dropped("step_latency_runs.csv (prefill runs without windows)", len(r),
+                 first_nan_counts(r, ("engine_steps", "mean_step_ms")), "runs")
+    r = r[r["engine_steps"].notna() & r["mean_step_ms"].notna()]
     if len(r) == 0:
         return pd.DataFrame()
     S = r["engine_steps"].to_numpy(float)

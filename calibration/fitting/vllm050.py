@@ -31,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from calibration.fitting import components as C
-from calibration.fitting.core import FitError, ParamSpec, fit_params, grouped_folds, quality
+from calibration.fitting.core import (FitError, ParamSpec, first_nan_counts, fit_params, grouped_folds, quality,
+                                      warn_dropped)
 from calibration.fitting.profile_io import build_profile, provenance
 from calibration.fitting.tables import same_model
 from calibration.fitting.vidur import read_ops
@@ -63,8 +64,12 @@ def read_runs(directory: Path, spec: ModelSpec) -> tuple[pd.DataFrame, pd.DataFr
 
 
 def decode_obs(runs: pd.DataFrame) -> pd.DataFrame:
-    r = runs[(runs["status"] == "ok") & runs["median_itl_ms"].notna() & (runs["ts_mean_running"] > 0)
-             & runs["gpu_kv_blocks"].notna() & runs["study"].eq("performance_analysis")].copy()
+    """One observation per completed performance-analysis run (those with a NaN in a column the fit
+    needs are left out, named in a :class:`~calibration.fitting.core.DroppedRowsWarning`)."""
+    r = runs[(runs["status"] == "ok") & runs["study"].eq("performance_analysis")]
+    warn_dropped("runs.csv (completed performance_analysis runs)", len(r),
+                 first_nan_counts(r, ("median_itl_ms", "ts_mean_running", "gpu_kv_blocks")), "runs")
+    r = r[r["median_itl_ms"].notna() & (r["ts_mean_running"] > 0) & r["gpu_kv_blocks"].notna()].copy()
     r["restrict"] = r["restrict_loras"].fillna(0)
     r["k"] = np.where(r["experiment"] == "compute_overhead", r["restrict"], 0.0)
     R = r["ts_mean_running"].to_numpy(float)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from calibration.fitting import components as C
-from calibration.fitting.core import quality
+from calibration.fitting.core import first_nan_counts, quality, warn_dropped
 from calibration.fitting.peer import PeerModels
 from calibration.fitting.profile_io import build_profile, provenance
 from calibration.fitting.components import window_backbone_ms
@@ -38,9 +38,10 @@ def profile_name(model: ModelSpec) -> str:
 # ------------------------------------------------------------------------------------------
 
 def backbone_obs(t: Vllm085Tables) -> pd.DataFrame:
-    steps = window_features(t.step_windows, t.step_runs)
+    steps = window_features(t.step_windows, t.step_runs, "step_latency.csv")
     base = t.lora_windows[t.lora_windows["experiment"] == "baseline_no_lora"]
-    base_obs = window_features(base, t.lora_runs) if len(base) else pd.DataFrame()
+    base_obs = (window_features(base, t.lora_runs, "adapter_overhead_windows.csv (baseline_no_lora)") if len(base)
+                else pd.DataFrame())
     obs = pd.concat([steps, base_obs], ignore_index=True)
     runs = prefill_run_points(t.step_runs, set(obs["group"]))
     if len(runs):
@@ -54,7 +55,7 @@ def backbone_obs(t: Vllm085Tables) -> pd.DataFrame:
 
 def lora_obs(t: Vllm085Tables) -> tuple[pd.DataFrame, np.ndarray]:
     w = t.lora_windows[t.lora_windows["experiment"] != "baseline_no_lora"]
-    obs = window_features(w, t.lora_runs)
+    obs = window_features(w, t.lora_runs, "adapter_overhead_windows.csv (LoRA runs)")
     obs = obs[(obs["G"] > 0) & (obs["A"] > 0)].reset_index(drop=True)
     # prompts per prefill step (LM-head rows and token tiles of the LoRA kernels): the runs' prompts
     # are a word or two (input_tokens_per_req)
@@ -106,7 +107,7 @@ def serving_run_lora_obs(t: Vllm085Tables, backbone) -> tuple[pd.DataFrame, dict
     missing = [c for c in need if c not in s.columns]
     if missing:
         return pd.DataFrame(), {**info, "used": False, "reason": f"the table lacks columns {missing}"}
-    s = s[(s["rate_mode"] == "per_adapter_rate") & (s["engine_steps"] > 0) & s["mean_itl_ms"].notna()]
+    s = per_adapter_serving_runs(s)
     info["per_adapter_runs"] = int(len(s))
     info["not_used_with_queue"] = int((s["mean_waiting"] >= 1.0).sum())
     s = s[s["mean_waiting"] < 1.0].reset_index(drop=True)
@@ -127,6 +128,16 @@ def serving_run_lora_obs(t: Vllm085Tables, backbone) -> tuple[pd.DataFrame, dict
                                 "reason": "the model's no-LoRA step does not match the lightest runs: they were "
                                           "served by another model"}
     return obs, {**info, "used": True, "runs": int(len(obs))}
+
+
+def per_adapter_serving_runs(s: pd.DataFrame) -> pd.DataFrame:
+    """The ``per_adapter_rate`` runs of ``scheduler_overhead.csv`` with engine steps and a mean ITL;
+    those left out for a NaN there are named in a :class:`~calibration.fitting.core.DroppedRowsWarning`."""
+    s = s[s["rate_mode"] == "per_adapter_rate"]
+    stepped = s[s["engine_steps"].isna() | (s["engine_steps"] > 0)]  # (runs of 0 steps are left out anyway)
+    warn_dropped("scheduler_overhead.csv (per_adapter_rate runs)", len(s),
+                 first_nan_counts(stepped, ("engine_steps", "mean_itl_ms")), "runs")
+    return s[(s["engine_steps"] > 0) & s["mean_itl_ms"].notna()]
 
 
 def _serving_run_frame(s: pd.DataFrame) -> pd.DataFrame:
@@ -192,6 +203,10 @@ def kv_obs(t: Vllm085Tables) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     notes: list[str] = []
     rows = []
     lora = kv[(kv["adapter_slots"] > 0) & (kv["max_num_seqs"] == TARGET_MAX_NUM_SEQS)]
+    ok, short = lora["status"] == "ok", lora["status"] == "failed_kv_insufficient"
+    warn_dropped("kv_capacity.csv (LoRA starts)", int((ok | short).sum()),
+                 {"kv_cache_tokens": int((ok & lora["kv_cache_tokens"].isna()).sum()),
+                  "kv_available_gib": int((short & lora["kv_available_gib"].isna()).sum())}, "starts")
     for _, r in lora.iterrows():
         if r["status"] == "ok" and np.isfinite(r["kv_cache_tokens"]):
             rows.append((r["adapter_slots"], r["max_lora_rank"], r["kv_cache_tokens"], "logged KV size"))
@@ -475,9 +490,8 @@ def queued_run_check(t: Vllm085Tables, bmodel, lmodel) -> dict[str, Any]:
     _, info = serving_run_lora_obs(t, bmodel)
     if not info.get("used"):
         return {"note": f"not checked: {info.get('reason')}"}
-    s = t.sched
-    s = s[(s["rate_mode"] == "per_adapter_rate") & (s["engine_steps"] > 0) & (s["mean_waiting"] >= 1.0)
-          & s["mean_itl_ms"].notna()].reset_index(drop=True)
+    s = per_adapter_serving_runs(t.sched)
+    s = s[s["mean_waiting"] >= 1.0].reset_index(drop=True)
     if len(s) == 0:
         return {"note": "no serving run with a queue"}
     obs = _serving_run_frame(s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +202,33 @@ def test_cli_fit_list_report(synthetic, tmp_path, capsys):
     assert args.func(args) == 0
     listed = json.loads(capsys.readouterr().out)
     assert {r["name"] for r in listed["profiles"]} >= {"default", *PROFILES}
+
+
+def test_cli_fit_warns_about_rows_dropped_for_nan(synthetic, tmp_path, capsys):
+    """Windows left out for a NaN are named on stderr (table, column, how many); none: no warning."""
+    import shutil
+
+    import pandas as pd
+
+    _, _, meas = synthetic
+    d = tmp_path / "meas"
+    shutil.copytree(meas, d)
+    args = _parser().parse_args(["calibrate", "fit", "--measurements", str(d), "--model", "llama-3.1-8b",
+                                 "--out", str(tmp_path / "a.json"), "--quiet"])
+    assert args.func(args) == 0
+    assert "warning" not in capsys.readouterr().err
+    steps = pd.read_csv(d / "step_latency.csv")
+    steps.loc[steps.index[::2], "prompt_tokens"] = float("nan")
+    steps.to_csv(d / "step_latency.csv", index=False)
+    args = _parser().parse_args(["calibrate", "fit", "--measurements", str(d), "--model", "llama-3.1-8b",
+                                 "--out", str(tmp_path / "b.json"), "--quiet"])
+    assert args.func(args) == 0
+    err = capsys.readouterr().err
+    m = re.search(r"twin calibrate fit: warning: step_latency\.csv: (\d+) of (\d+) windows dropped for a missing "
+                  r"\(NaN\) value in prompt_tokens \((\d+)\)", err)
+    # (windows dropped for an earlier reason, e.g. fewer than 5 steps, are not counted again)
+    assert m and m[1] == m[3] and 0.5 * len(steps.index[::2]) < int(m[1]) <= len(steps.index[::2]), err
+    assert int(m[2]) == len(steps), err
 
 
 def test_cli_fit_reports_bad_directory(tmp_path, capsys):
