@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -79,7 +80,9 @@ def parse_bool(value: Any, name: str = "value") -> bool:
 
 
 def _creatable_under(flag: str, given: Any, path: Path) -> None:
-    """The nearest existing ancestor of ``path`` is a directory we may write into."""
+    """The nearest existing ancestor of ``path`` is a directory we may write into: checked by
+    creating (and removing) a probe directory there, since permission bits do not tell
+    (``/proc``, a read-only mount, root's access to everything)."""
     parent = path
     while not parent.exists():
         parent = parent.parent
@@ -88,6 +91,11 @@ def _creatable_under(flag: str, given: Any, path: Path) -> None:
                          f"give another path")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {given}: {parent} is not writable; give a path you can write to")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=parent))
+    except OSError as e:
+        raise ValueError(f"{flag} {given}: nothing can be created in {parent} ({e.strerror or e}); give a path you "
+                         f"can write to") from None
 
 
 def check_writable_dir(flag: str, value: Any) -> Path:

@@ -33,6 +33,10 @@ class FetchError(RuntimeError):
     """A download that failed or did not match its checksum."""
 
 
+class EmptyDownloadError(FetchError):
+    """A download that delivered no bytes (nothing is saved)."""
+
+
 @dataclass(frozen=True)
 class Source:
     """Where a public trace comes from and where it goes in the data directory."""
@@ -117,8 +121,8 @@ def _manual(src: Source, dest: Path, why: str) -> str:
 def download(url: str, dest: Path, sha256: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> str:
     """Stream ``url`` to ``dest`` (via ``dest.part``), verify ``sha256``; return the digest.
 
-    Raises :class:`FetchError` on a network error, a timeout or a checksum mismatch; the
-    partial file is removed and ``dest`` is left untouched.
+    Raises :class:`FetchError` on a network error, a timeout, a checksum mismatch or an empty
+    download (:class:`EmptyDownloadError`); the partial file is removed and ``dest`` is left untouched.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
@@ -132,6 +136,10 @@ def download(url: str, dest: Path, sha256: str | None = None, timeout: float = D
         part.unlink(missing_ok=True)
         reason = getattr(e, "reason", e)
         raise FetchError(f"could not download {url}: {reason}") from e
+    if part.stat().st_size == 0:
+        part.unlink(missing_ok=True)
+        raise EmptyDownloadError(f"the download from {url} is empty (0 bytes); nothing was saved to {dest}; check "
+                                 f"that the URL names the trace file itself, or give another with --url")
     digest = h.hexdigest()
     if sha256 and digest != sha256.lower():
         part.unlink(missing_ok=True)
@@ -183,7 +191,7 @@ def fetch(name: str, root: str | os.PathLike | None = None, *, force: bool = Fal
         else:
             download(link, dest, digest_expected, timeout)
     except FetchError as e:
-        if "RAR archive" in str(e) or "checksum mismatch" in str(e):
+        if isinstance(e, EmptyDownloadError) or "RAR archive" in str(e) or "checksum mismatch" in str(e):
             raise
         raise FetchError(_manual(src, dest, f"fetching {name} failed ({e}); this machine may have no network "
                                             f"access")) from e

@@ -507,7 +507,7 @@ def _file_format(path: Path) -> str:
             raise WorkloadError(f"{path}: a binary file, not a trace; give a workload ({', '.join(FILE_SUFFIXES)} "
                                 f"with the workload columns) or a raw trace in one of the formats of `twin traces "
                                 f"list`")
-    if path.is_file() and path.suffix.lower() in (".csv", ".jsonl"):
+    if path.is_file() and path.suffix.lower() in FILE_SUFFIXES:  # workload columns: read (and checked) as a workload
         cols = _first_columns(path)
         if cols is not None and ({"arrival_s", "prompt_tokens", "output_tokens"} & set(cols)):
             return "workload"
@@ -524,7 +524,16 @@ def _file_format(path: Path) -> str:
 
 
 def _first_columns(path: Path) -> list[str] | None:
-    """The header of a CSV or the keys of a JSON Lines file's first object (None if unreadable)."""
+    """The header of a CSV, the keys of a JSON Lines file's first object or a Parquet file's column
+    names (None if unreadable)."""
+    if path.suffix.lower() == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.read_schema(path).names)
+        except (pa.ArrowException, OSError, ValueError):  # not a Parquet file: sniffed (and refused) later
+            return None
     try:
         with open(path, encoding="utf-8") as fh:
             for line in fh:

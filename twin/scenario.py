@@ -10,9 +10,11 @@ a simulation takes.
 (a non-positive rate, duration, horizon, SLO, slot count or KV size, an ambiguous rank list,
 an unknown policy or workload option, ...) with a :class:`ConfigError` that names the flag and
 the fix; :func:`build_workload` refuses workloads too large to generate
-(:data:`traces.registry.MAX_REQUESTS`) and empty ones; :func:`check_server` refuses server
-set-ups vLLM would not start (weights larger than the GPU memory, a KV cache smaller than one
-``max_model_len`` request, a tensor-parallel degree that does not divide the model's heads).
+(:data:`traces.registry.MAX_REQUESTS`), empty ones and arrivals a run cannot simulate
+(:func:`check_arrivals`: beyond :data:`MAX_SIM_SECONDS`, e.g. epoch timestamps, or none before the
+horizon); :func:`check_server` refuses server set-ups vLLM would not start (weights larger than
+the GPU memory, a KV cache smaller than one ``max_model_len`` request, a tensor-parallel degree
+that does not divide the model's heads).
 
 **Scenario files.** A scenario is a mapping of :class:`RunConfig` field names to values (TOML,
 YAML or JSON; :func:`load_scenario_file`). Every ``summary.json`` carries the resolved scenario
@@ -144,6 +146,12 @@ class RunConfig:
 
 #: most adapters a scenario may ask for (per-adapter tables are allocated for each)
 MAX_ADAPTERS = 1_000_000
+#: longest simulated time a run may cover (s, about 3 years): far beyond any trace (the longest
+#: built-in one spans two weeks), and float64 seconds still resolve 15 ns there. A longer
+#: ``--horizon``, and arrivals beyond it (absolute, epoch timestamps), are refused: the summary's
+#: rates are per simulated second from 0, so they would read ~0 (and at ~1e15 s the clock's
+#: resolution, 0.125 s, breaks the latencies).
+MAX_SIM_SECONDS = 1e8
 
 RUN_FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
 
@@ -281,6 +289,11 @@ def check_run(run: RunConfig) -> None:
         v = getattr(run, name)
         if v is not None:
             check_number(option_name(name), v, low, inclusive, fix)
+    if run.horizon is not None and run.horizon > MAX_SIM_SECONDS:
+        raise ConfigError(f"--horizon {run.horizon:g}: beyond the {MAX_SIM_SECONDS:g} s (about 3 years) a run may "
+                          f"simulate; the summary's rates are per second up to the horizon, so they would read ~0; "
+                          f"give the seconds to measure, e.g. --horizon 600 (or leave it out to run until every "
+                          f"request finished)")
     if run.adapters is not None and run.adapters > MAX_ADAPTERS:
         raise ConfigError(f"--adapters {run.adapters}: more than the {MAX_ADAPTERS:,} adapters a workload may have "
                           f"(the popularity tables hold one entry per adapter); give fewer")
@@ -364,7 +377,37 @@ def build_workload(run: RunConfig) -> Workload:
                           if isinstance(v, (int, float)))
         raise ConfigError(f"the workload of --trace {run.trace} holds no request"
                           f"{f' (with {given})' if given else ''}; lengthen --duration or raise --rps")
+    check_arrivals(run, w)
     return w
+
+
+def _seconds(x: float) -> str:
+    """A time in seconds written out in full (``1700000000``, ``109.5``), to the millisecond."""
+    v = round(x, 3)
+    return str(int(v)) if v.is_integer() else repr(v)
+
+
+def check_arrivals(run: RunConfig, workload: Workload) -> None:
+    """Arrivals a run can simulate: none beyond :data:`MAX_SIM_SECONDS` (the clock starts at 0; a
+    trace of absolute, epoch timestamps is refused with how to rebase it), and the first one before
+    ``--horizon``."""
+    t = workload.df["arrival_s"]  # sorted
+    t0, t1 = float(t.iloc[0]), float(t.iloc[-1])
+    first, last = _seconds(t0), _seconds(t1)
+    if t1 > MAX_SIM_SECONDS:
+        if t0 > MAX_SIM_SECONDS:
+            how = (f"arrival_s looks like absolute (epoch) timestamps: rebase the arrivals to start at 0 (subtract "
+                   f"the first, {first}), or keep a window with --trace-opt window_start={first} "
+                   f"[--duration SECONDS]")
+        else:
+            how = "shorten --duration, raise --rps, or keep a window with --trace-opt window_start=S --duration SECONDS"
+        raise ConfigError(f"--trace {run.trace}: the arrivals run from {first} s to {last} s, beyond the "
+                          f"{MAX_SIM_SECONDS:g} s (about 3 years) a run may simulate (the clock starts at 0 and the "
+                          f"summary's rates are per second from 0); {how}")
+    if run.horizon is not None and t0 >= run.horizon:
+        raise ConfigError(f"--horizon {run.horizon:g}: the first request of --trace {run.trace} arrives at "
+                          f"{first} s, so nothing arrives before the horizon; raise --horizon (the arrivals run "
+                          f"to {last} s) or rebase the arrivals to start at 0")
 
 
 def check_model(run: RunConfig, profile: Profile) -> None:
@@ -403,8 +446,8 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
                               + (", fewer --slots or a lower --max-lora-rank" if slots and max_rank else "")) from None
     try:
         check_server(run, cfg, workload, profile)
-    except ConfigError as e:
-        raise ConfigError(str(e) + _tp_hint(run, cfg, workload, single_gpu)) from None
+    except KVCapacityError as e:  # a memory problem: more GPUs may hold the weights and the KV cache
+        raise KVCapacityError(str(e) + _tp_hint(run, cfg, workload, single_gpu)) from None
     return cfg
 
 
@@ -421,6 +464,10 @@ def _tp_hint(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Pro
         if d > run.tp and tp_profile(profile, d).kv_capacity_tokens(slots, max_rank) >= need:
             return f"; or split the weights over more GPUs: --tp {d} holds it ({profile.name} on {profile.gpu})"
     return ""
+
+
+class KVCapacityError(ConfigError):
+    """A KV cache too small for one ``max_model_len`` request: a memory problem (vLLM would not start)."""
 
 
 def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Profile) -> None:
@@ -441,18 +488,22 @@ def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile:
     slots = cfg.max_loras if cfg.enable_lora else 0
     max_rank = (cfg.max_lora_rank or top_rank) if slots else 0
     kv = cfg.kv_capacity_tokens or profile.kv_capacity_tokens(slots, max_rank)
+    if run.kv_tokens is not None and kv < max_len:  # the size given is the problem, not the memory
+        lower = f", or lower --max-model-len (at most {kv})" if kv >= 16 * cfg.block_size else ""
+        raise ConfigError(f"--kv-tokens {kv}: too small; vLLM needs a KV cache that holds at least one "
+                          f"--max-model-len request ({max_len} tokens) and would refuse to start: give --kv-tokens "
+                          f"{max_len} or more{lower}")
     if kv < max_len and kv < 16 * cfg.block_size:
-        raise ConfigError(f"the KV cache holds {max(kv, 0)} tokens: {profile.model.name}'s weights and {slots} adapter "
-                          f"slots of rank {max_rank} leave no room for it ({profile.name}); vLLM would refuse to "
-                          f"start: lower --slots or --max-lora-rank (or the --ranks), or set --kv-tokens")
+        raise KVCapacityError(f"the KV cache holds {max(kv, 0)} tokens: {profile.model.name}'s weights and {slots} "
+                              f"adapter slots of rank {max_rank} leave no room for it ({profile.name}); vLLM would "
+                              f"refuse to start: lower --slots or --max-lora-rank (or the --ranks), or set --kv-tokens")
     if kv < max_len:
         how = ("lower --max-model-len (at most " + str(kv) + ")" +
                (", lower --slots or --max-lora-rank" if slots and max_rank else "") +
-               (", raise --kv-tokens" if run.kv_tokens is not None else
-                ", give a larger --gpu-mem-gb" if run.gpu_mem_gb is not None else ", or set --kv-tokens"))
-        raise ConfigError(f"the KV cache holds {kv} tokens, less than one --max-model-len {max_len} request "
-                          f"({profile.model.name}, {slots} adapter slots of rank {max_rank}); vLLM would refuse to "
-                          f"start: {how}")
+               (", give a larger --gpu-mem-gb" if run.gpu_mem_gb is not None else ", or set --kv-tokens"))
+        raise KVCapacityError(f"the KV cache holds {kv} tokens, less than one --max-model-len {max_len} request "
+                              f"({profile.model.name}, {slots} adapter slots of rank {max_rank}); vLLM would refuse "
+                              f"to start: {how}")
     total = (df["prompt_tokens"] + df["output_tokens"]).to_numpy()
     if len(total) and total.min() > max_len:
         raise ConfigError(f"every request of the workload is longer than --max-model-len {max_len} (the shortest "

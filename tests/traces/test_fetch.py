@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from traces.fetch import SOURCES, FetchError, Source, download, fetch
+from traces.fetch import SOURCES, EmptyDownloadError, FetchError, Source, download, fetch
 
 
 def _file(tmp_path, content=b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,1,2\n"):
@@ -29,6 +29,18 @@ def test_checksum_mismatch_leaves_no_file(tmp_path):
     with pytest.raises(FetchError, match="checksum mismatch"):
         download(src.as_uri(), dest, "0" * 64)
     assert not dest.exists() and not (dest.parent / "x.csv.part").exists()
+
+
+def test_empty_download_is_refused_and_leaves_no_file(tmp_path):
+    src, _ = _file(tmp_path, b"")
+    dest = tmp_path / "data" / "x.csv"
+    with pytest.raises(EmptyDownloadError, match=f"the download from {src.as_uri()} is empty"):
+        download(src.as_uri(), dest)
+    assert not dest.exists() and not (dest.parent / "x.csv.part").exists()
+    sources = {"demo": Source("demo", "traces/demo.csv", src.as_uri())}  # no pinned digest
+    with pytest.raises(EmptyDownloadError, match="nothing was saved"):  # not taken for a network failure
+        fetch("demo", tmp_path / "data", sources=sources)
+    assert not (tmp_path / "data" / "traces" / "demo.csv").exists()
 
 
 def test_fetch_by_name_with_url_override(tmp_path):

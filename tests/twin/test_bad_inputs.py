@@ -26,6 +26,16 @@ from twin.scenario import RunConfig, check_run
 
 GARBAGE = bytes(range(256)) * 2
 
+
+def _parquet(columns: dict[str, list]) -> bytes:
+    """A Parquet file (no workload metadata) with these columns."""
+    import pandas as pd
+
+    buf = io.BytesIO()
+    pd.DataFrame(columns).to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
 #: prepared files: name -> content
 FILES: dict[str, bytes] = {
     "empty.csv": b"",
@@ -74,6 +84,10 @@ FILES: dict[str, bytes] = {
     "lowrank.toml": b"window_s = 20\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8, 16]]\n[configs]\nserved = [4]\n"
                     b"slots = [2]\nmax_lora_rank = [4]\n",
     "nanrank.csv": b"arrival_s,prompt_tokens,output_tokens,adapter_id,adapter_rank\n0.5,10,5,1,8\n0.7,10,5,2,\n",
+    "noarrival.parquet": _parquet({"prompt_tokens": [10], "output_tokens": [5]}),
+    # arrivals as epoch timestamps, and arrivals that start after a horizon
+    "epoch.csv": b"arrival_s,prompt_tokens,output_tokens\n1700000000,100,10\n1700000000.5,100,10\n",
+    "late.csv": b"arrival_s,prompt_tokens,output_tokens\n100,100,10\n100.5,100,10\n",
 }
 _REAL_HEADER = (b"model,source,scenario,run_dir,ranks,rates,served_adapters,adapter_slots,max_lora_rank,status,"
                 b"offered_req_s,pool_mean_input_tokens,pool_mean_output_tokens\n")
@@ -116,6 +130,8 @@ CASES: list[tuple[str, str]] = [
     (R + "--gpu-mem-gb inf", "--gpu-mem-gb inf: must be a finite number"),
     (R + "--kv-tokens 0", "--kv-tokens 0: must be >= 1"),
     (R + "--kv-tokens 1000", "lower --max-model-len (at most 1000)"),
+    (R + "--kv-tokens 1",
+     "--kv-tokens 1: too small; vLLM needs a KV cache that holds at least one --max-model-len request (131072 tokens)"),
     (R + "--slots 64 --ranks 128", "vLLM would refuse to start"),
     # lists
     (R + "--ranks -8", "argument --ranks: values must be >= 1"),
@@ -126,6 +142,14 @@ CASES: list[tuple[str, str]] = [
     # times, rates, SLOs
     ("run --no-progress --horizon -5", "--horizon -5: must be > 0"),
     ("run --no-progress --horizon 0", "--horizon 0: must be > 0"),
+    ("run --no-progress --horizon 1e12", "--horizon 1e+12: beyond the 1e+08 s (about 3 years) a run may simulate"),
+    ("run --no-progress --trace {d}/epoch.csv",
+     "--trace {d}/epoch.csv: the arrivals run from 1700000000 s to 1700000000.5 s, beyond the 1e+08 s"),
+    ("run --no-progress --trace {d}/epoch.csv",
+     "arrival_s looks like absolute (epoch) timestamps: rebase the arrivals to start at 0 (subtract the first, "),
+    ("run --no-progress --duration 1e9 --rps 1e-6", "beyond the 1e+08 s (about 3 years) a run may simulate"),
+    ("run --no-progress --trace {d}/late.csv --horizon 50",
+     "--horizon 50: the first request of --trace {d}/late.csv arrives at 100 s, so nothing arrives before the horizon"),
     ("run --no-progress --duration 0", "--duration 0: must be > 0"),
     ("run --no-progress --duration -1", "--duration -1: must be > 0"),
     ("run --no-progress --rps 1e-9", "holds no request (with --rps 1e-09); lengthen --duration or raise --rps"),
@@ -204,6 +228,7 @@ CASES: list[tuple[str, str]] = [
     (R + "--trace {d}/bool.jsonl", "row 1 (line 1), column prompt_tokens: True is not a number"),
     (R + "--trace {d}/azure_header.csv", "{d}/azure_header.csv: the trace holds no requests"),
     (R + "--trace {d}/notrace.csv", "{d}/notrace.csv: unrecognised trace format"),
+    (R + "--trace {d}/noarrival.parquet", "{d}/noarrival.parquet: missing column(s) arrival_s (found prompt_tokens"),
     (R + "--trace {d}/adir", "{d}/adir: directory holds no trace files"),
     # --profile FILE
     (R + "--profile {d}/garbage.json", "profile file {d}/garbage.json is not a text file"),
@@ -229,8 +254,13 @@ CASES: list[tuple[str, str]] = [
     (R + "--out {d}/afile", "--out {d}/afile: is an existing file, not a directory"),
     (R + "--out {d}/afile/sub", "{d}/afile is a file, so no directory can be created under it"),
     (R + "--out ''", "--out: empty"),
+    ("configure train {d}/adir --out {d}/afile/m.json", "--out {d}/afile/m.json: {d}/afile is a file"),
+    ("configure evaluate --real {d}/real_served.csv --out {d}/afile", "--out {d}/afile: is an existing file"),
+    ("configure dataset {d}/adir --out {d}/afile/l.csv", "--out {d}/afile/l.csv: {d}/afile is a file"),
     # twin traces
     ("traces show {d}/garbage.bin", "{d}/garbage.bin: a binary file, not a trace"),
+    ("traces fetch splitwise-2024 --url file://{d}/empty.csv --data-dir {d}/data",
+     "the download from file://{d}/empty.csv is empty (0 bytes); nothing was saved to {d}/data/traces/"),
     ("traces synth --out {d}/w.parquet --duration 5 --conversations --max-turns 0", "max_turns = 0: must be a finite "
                                                                                    "number > 0"),
     ("traces synth --out {d}/w.parquet --duration 5 --conversations --think-s -1", "think_s = -1.0: must be a finite "
@@ -375,6 +405,48 @@ def test_results_are_kept_when_writing_fails(tmp_path, monkeypatch):
     rc, out, err = run_cli(["run", "--no-progress", "--duration", "5", "--out", str(tmp_path / "o")])
     assert rc == 2 and "throughput (req/s)" in out
     assert f"could not write the results to {tmp_path / 'o' / 'requests.parquet'} (Permission denied)" in err
+
+
+def test_empty_download_leaves_no_file(files):
+    """``traces fetch`` of an empty file (no pinned digest): refused, and nothing is saved."""
+    rc, _, err = run_cli(["traces", "fetch", "splitwise-2024", "--url", (files / "empty.csv").as_uri(),
+                            "--data-dir", str(files / "data")])
+    assert rc == 2 and "is empty (0 bytes)" in err
+    assert not [p for p in (files / "data").rglob("*") if p.is_file()]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("line", [
+    "run --no-progress --duration 5 --out /proc/x",
+    "configure train {d}/adir --out /proc/x/m.json",
+    "configure evaluate --real {d}/real_served.csv --no-search --out /proc/x",
+])
+def test_unwritable_out_is_refused_before_any_work(files, line):
+    """``--out`` where nothing can be created (``/proc``: writable by its mode bits for root) is
+    refused before the run, the training or the evaluation, not after it."""
+    rc, out, err = run_cli(shlex.split(line.format(d=files)))
+    assert rc == 2 and "--out /proc/x" in err and "give a path you can write to" in err, err
+    assert out == "" and "Traceback" not in err
+
+
+def test_tp_hint_only_for_memory_problems():
+    """The ``--tp`` hint follows a KV cache too small for the weights, not other start-up errors;
+    ``--kv-tokens`` too small says so instead of asking for ``--kv-tokens``."""
+    rc, _, err = run_cli(shlex.split(R + "--max-model-len 10"))
+    assert rc == 2 and "longer than --max-model-len 10" in err and "--tp" not in err, err
+    rc, _, err = run_cli(shlex.split(R + "--kv-tokens 1"))
+    assert rc == 2 and "give --kv-tokens 131072 or more" in err, err
+    assert "set --kv-tokens" not in err and "--tp" not in err, err
+    rc, _, err = run_cli(shlex.split(R + "--slots 64 --ranks 128"))
+    assert rc == 2 and "or split the weights over more GPUs: --tp 2 holds it" in err, err
+
+
+def test_epoch_trace_runs_in_the_window_the_error_suggests(files):
+    """The fix the epoch-timestamp error gives (a window from the first arrival) runs, from 0."""
+    rc, out, err = run_cli(["run", "--no-progress", "--json", "--trace", str(files / "epoch.csv"),
+                            "--trace-opt", "window_start=1700000000"])
+    s = json.loads(out)
+    assert rc == 0 and s["requests_finished"] == 2 and s["simulated_s"] < 10, err
 
 
 def test_smaller_gpu_gives_smaller_kv(capsys):

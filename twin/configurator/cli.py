@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from traces.arguments import check_writable_dir, check_writable_file
 from twin.configurator.domain import describe, outside, training_domain
 from twin.configurator.models import KINDS
 from twin.scenario import check_number
@@ -197,6 +198,8 @@ def cmd_dataset(args) -> int:
     from twin.configurator.dataset import build_dataset, load_runs
 
     _check_rule_args(args)
+    if args.out:
+        check_writable_file("--out", args.out)
     runs = load_runs(args.sweeps)
     lab = build_dataset(runs, args.rule, ratio=args.ratio, tolerance=args.tolerance, slo_share=args.slo_share,
                         ttft_p99_s=args.ttft_p99_s, itl_p99_s=args.itl_p99_s)
@@ -227,6 +230,8 @@ def cmd_train(args) -> int:
     if args.seed < 0:
         raise ValueError(f"--seed {args.seed}: must be >= 0, e.g. --seed 0")
     _check_percentile_slo(args)
+    if args.out:
+        check_writable_file("--out", args.out)
     srcs = args.dataset
     for s in srcs:
         if not Path(s).exists():
@@ -450,6 +455,8 @@ def cmd_evaluate(args) -> int:
     from twin.sweep.runner import check_selection
 
     check_selection(jobs=args.jobs)
+    if args.out:
+        check_writable_dir("--out", args.out)
     real = args.real
     if real is None:
         from traces.datadir import require
