@@ -65,6 +65,10 @@ class PerfModel:
     ctx_last_param: ClassVar[str | None] = None
     #: lora forms: whether the extra time depends on the base step time (``base_s``)
     uses_base: ClassVar[bool] = True
+    #: lora forms: whether they price each request at its own rank from ``rank_sums`` (the sums of
+    #: the step's requests' ranks over its requests and over its LoRA tokens, which the engine then
+    #: passes); the others take and ignore it, every request counting at ``max_rank``
+    own_ranks: ClassVar[bool] = False
     units: ClassVar[dict[str, str]] = {}
     params: dict[str, float] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -132,7 +136,7 @@ class PercentLora(PerfModel):
     units: ClassVar[dict[str, str]] = {"k6": "% of base per adapter", "k7": "% of base",
                                       "rank_coef": "% of base per rank above 8"}
 
-    def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None):
+    def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None, rank_sums=None):
         p = self.params
         pct = p["k6"] * n_adapters + p["k7"] + p.get("rank_coef", 0.0) * (max_rank - 8)
         extra = base_s * (pct / 100.0) - base_s
@@ -143,7 +147,7 @@ class PercentLora(PerfModel):
         p = self.params
         k6, k7, rc = float(p["k6"]), float(p["k7"]), float(p.get("rank_coef", 0.0))
 
-        def f(base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None):
+        def f(base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None, rank_sums=None):
             if n_adapters <= 0:
                 return 0.0
             extra = base_s * ((k6 * n_adapters + k7 + rc * (max_rank - 8)) / 100.0) - base_s
@@ -343,7 +347,7 @@ class AdditiveLora(PerfModel):
     units: ClassVar[dict[str, str]] = {"l0": "s", "l_adapter": "s/distinct adapter", "l_token": "s/token",
                                       "l_adapter_token": "s/(adapter*token)", "rank_coef": "1/rank above 8"}
 
-    def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None):
+    def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None, rank_sums=None):
         p = self.params
         scale = 1.0 + p.get("rank_coef", 0.0) * (max_rank - 8)
         var = (p["l_adapter"] * n_adapters + p["l_token"] * lora_tokens
@@ -356,7 +360,7 @@ class AdditiveLora(PerfModel):
         l0, la, lt = float(p["l0"]), float(p["l_adapter"]), float(p["l_token"])
         lat, rc = float(p.get("l_adapter_token", 0.0)), float(p.get("rank_coef", 0.0))
 
-        def f(base_s, A, max_rank, T, slots=0, requests=None):
+        def f(base_s, A, max_rank, T, slots=0, requests=None, rank_sums=None):
             if A <= 0:
                 return 0.0
             return l0 + (1.0 + rc * (max_rank - 8)) * (la * A + lt * T + lat * A * T)
@@ -487,7 +491,7 @@ class KernelGridLora(PerfModel):
                   + (head_split * krw + v_tiles) * A)
         return _scalar_or_array(per_slot), _scalar_or_array(active)
 
-    def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None):
+    def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None, rank_sums=None):
         p = self.params
         M = np.asarray(lora_tokens, float)
         R = M if requests is None else requests
@@ -521,7 +525,7 @@ class KernelGridLora(PerfModel):
             krw = kr if ntc == 1.0 else 1.0 + ntc * (kr - 1.0)
             return per_slot, s_slices * split * krw, x, (64.0 if R < 128 else 8.0) * krw + v_tiles
 
-        def f(base_s, A, max_rank, T, slots=0, requests=None):
+        def f(base_s, A, max_rank, T, slots=0, requests=None, rank_sums=None):
             if A <= 0:
                 return 0.0
             R = T if requests is None else requests

@@ -102,7 +102,7 @@ class Profile:
         self._lora_factor = getattr(lo, "base_factor", None) if lo.uses_base else None
         #: the LoRA form prices each request at its own rank when given ``rank_sums``
         #: (:class:`twin.perf.slora_forms.PagedLora`); the engine then passes them
-        self.lora_own_ranks = bool(getattr(lo, "own_ranks", False))
+        self.lora_own_ranks = lo.own_ranks
 
     # ------------------------------------------------------------------ the step-time entry point
     def step_s(self, prefill_tokens: int, n_dec: int, ctx_tokens: int, n_req: int, active: int, max_rank: int,
@@ -122,10 +122,7 @@ class Profile:
         step's requests' own ranks over its requests and over its LoRA tokens. The engine, its
         decode-run fast path (:meth:`decode_run`) and the validation diagnostic all use this formula."""
         base = self.backbone_s(prefill_tokens, n_dec, ctx_tokens)
-        if rank_sums is None:
-            comp = base + self.lora_s(base, active, max_rank, prefill_tokens + n_dec, slots, n_req)
-        else:
-            comp = base + self.lora_s(base, active, max_rank, prefill_tokens + n_dec, slots, n_req, rank_sums)
+        comp = base + self.lora_s(base, active, max_rank, prefill_tokens + n_dec, slots, n_req, rank_sums)
         if prefill_tokens > 0 and self.mixed_s is not None:  # never in a decode run (see :meth:`decode_run`)
             comp = comp + self.mixed_s(prefill_tokens, active, slots)
         return self.scheduler_s(running, waiting, slots, served) + comp
@@ -204,12 +201,7 @@ class Profile:
         cc = self._ctx_coef
         f = None if self._lora_const else self._lora_factor(active, max_rank)
         if f is None:  # a LoRA term independent of base (or none: no adapter in the batch)
-            if not self._lora_const:
-                lo = 0.0
-            elif rank_sums is None:
-                lo = self.lora_s(k0, active, max_rank, n_dec, slots, n_dec)
-            else:
-                lo = self.lora_s(k0, active, max_rank, n_dec, slots, n_dec, rank_sums)
+            lo = self.lora_s(k0, active, max_rank, n_dec, slots, n_dec, rank_sums) if self._lora_const else 0.0
             while k < k_max:
                 if t >= next_t:  # arrivals before this step's start join the waiting queue
                     while p < n and arrivals[p] <= t:

@@ -173,7 +173,6 @@ class PagedLora(PerfModel):
     """
 
     uses_base: ClassVar[bool] = False
-    #: the vLLM engine passes ``rank_sums`` (its requests' own ranks) to this form
     own_ranks: ClassVar[bool] = True
     kind: ClassVar[str] = "lora"
     form: ClassVar[str] = "paged"
