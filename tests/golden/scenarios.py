@@ -30,8 +30,8 @@ VOLATILE = {"wall_s", "sim_wall_s", "x_realtime", "workload", "config", "scenari
 
 PRESETS_SHORT = ["vllm", "slora", "slora+sjf", "chameleon", "chameleon-nocache", "chameleon-nosched",
                  "chameleon-lru", "chameleon-fairshare", "chameleon-static", "chameleon-output-only",
-                 "chameleon+prefetch", "adapter-aware", "ema-prefetch", "ema-prefetch-sync", "vllm-contiguous",
-                 "vllm-paged"]
+                 "chameleon+prefetch", "adapter-aware", "ema-prefetch", "ema-prefetch-sync", "ema-per-request-sync",
+                 "vllm-contiguous", "vllm-paged"]
 PRESETS_CONV = ["fastlibra", "fastlibra-wom", "fastlibra-wos", "fastlibra-wol", "vllm-partition"]
 
 

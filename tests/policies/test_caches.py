@@ -273,3 +273,51 @@ def test_fastlibra_invalid_kv_share_counts_hbm_kv_without_its_adapter():
     assert kv0.tier == "host" and not e.adapters.resident[0]
     s = c.stats()
     assert s["fastlibra_busy_tick_share"] == 1.0 and s["fastlibra_invalid_kv_share"] == 0.0
+
+
+def test_ema_requests_clock_is_the_per_request_update_in_closed_form():
+    """``every_requests``: the lazy closed form after any number of arrivals equals applying
+    ``ema_a = alpha [a requested] + (1 - alpha) ema_a`` request by request (requests without an
+    adapter only decay), and a prefetch decision falls due once per N-th request."""
+    ids = [0, 2, 2, -1, 1, 2, 0, 3, 3, 3, 1, 2]
+    w = Workload.from_arrays(np.arange(len(ids)) * 0.1, [10] * len(ids), [2] * len(ids), ids, [8] * len(ids))
+    e = Engine(w, constant_profile(c0=0.01, kv_tokens=200_000), EngineConfig(max_loras=2, max_model_len=4096),
+               make_scheduler("fcfs"), make_cache("ema-prefetch", alpha=0.3, every_requests=4))
+    cache = e.cache
+    assert cache.tick_interval is None  # no time ticks on the requests clock
+    for hi in (1, 2, 7, 8, 12):  # catch up in uneven chunks
+        e.arr_ptr = hi
+        cache._catch_up()
+    want = np.zeros(4)
+    for a in ids:
+        want *= 0.7
+        if a >= 0:
+            want[a] += 0.3
+    np.testing.assert_allclose(cache.ema, want, rtol=1e-12, atol=1e-15)
+    # decisions at the chunks that contain a 4th, 8th, 12th request: 7 (4th), 8 (8th), 12 (12th)
+    assert cache.decisions == 3
+    assert cache.wanted == [int(a) for a in np.argsort(-want, kind="stable")[:2]]
+
+
+def test_ema_requests_clock_prefetches_once_per_decision():
+    """A decision's top-K are offered to the loader once (the study's "every N requests, load
+    any of the top-K not cached"); asking again before the next N-th request offers nothing."""
+    ids = [1, 1, 1, 0]
+    w = Workload.from_arrays(np.arange(4) * 0.1, [10] * 4, [2] * 4, ids, [8] * 4)
+    e = Engine(w, constant_profile(c0=0.01, kv_tokens=200_000), EngineConfig(max_loras=2, max_model_len=4096),
+               make_scheduler("fcfs"), make_cache("ema-prefetch", alpha=0.5, every_requests=2))
+    cache = e.cache
+    e.arr_ptr = 2
+    assert list(cache.prefetch(0.0)) == [1]  # adapter 1 is top; adapter 0 never requested (EMA 0: not wanted)
+    assert list(cache.prefetch(0.0)) == []
+    e.arr_ptr = 3  # no new decision before the 4th request
+    assert list(cache.prefetch(0.0)) == []
+    e.arr_ptr = 4  # EMA: adapter 0 = 0.5 (just requested), adapter 1 = 0.875 * 0.5 = 0.4375
+    assert list(cache.prefetch(0.0)) == [0, 1]
+
+
+@pytest.mark.parametrize("opts", [{"alpha": 0.0}, {"alpha": 1.5}, {"every_requests": 0}, {"every_requests": 2.5},
+                                  {"every_requests": True}])
+def test_ema_refuses_impossible_parameters(opts):
+    with pytest.raises(ValueError, match="ema-prefetch"):
+        make_cache("ema-prefetch", **opts)
