@@ -43,6 +43,13 @@ under Zipf and LRU under bursts at once, and under uniform popularity every poli
 C / N up to noise. The notes report EMA's margin over the better of LRU and LFU and the static
 top-C hit rate in hindsight; ``benchmarks/adaptive_caching_sensitivity.py`` sweeps alpha, N and
 seeds (``results/policies/adaptive-caching.md``).
+
+**What bounds finding 5** ("EMA with synchronous prefetch has the worst P99"): the P99 of 1,000
+one-at-a-time requests is their 10th-largest latency, set by the misses' tail (the largest ranks
+read from disk), so the policy with the most misses holds it. Synchronous prefetch raises EMA's
+mean, but its loads reach that tail only where a decision stacks several of them on more than 1 %
+of the requests; a prefetch here goes only into a free slot or in place of a less popular idle
+adapter, so a decision rarely loads more than one (README.md, "Adaptive caching").
 """
 
 from __future__ import annotations
