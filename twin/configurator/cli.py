@@ -49,7 +49,9 @@ def register_cli(subparsers) -> None:
     d.set_defaults(func=cmd_dataset)
 
     t = sub.add_parser("train", help="train a configurator (grid search, saved as JSON with provenance)")
-    t.add_argument("dataset", nargs="+", help="labels (.csv/.parquet from `configure dataset`) or sweep directories")
+    t.add_argument("dataset", nargs="+", help="sweep directories (labelled with --rule) and/or labels (.csv/.parquet from "
+                        "`configure dataset`), e.g. labels kept from an earlier sweep plus a sweep of the rest; "
+                        "each scenario in one source only")
     t.add_argument("--kind", choices=KINDS, default="rf",
                    help="rf (random forest), cart (<= 30 leaves, exported as rules), hstree (the cart tree with "
                         "hierarchical shrinkage, lambda chosen by cross-validation), figs (imodels' FIGS, a sum "
@@ -222,7 +224,7 @@ def cmd_dataset(args) -> int:
 def cmd_train(args) -> int:
     import pandas as pd
 
-    from twin.configurator.dataset import build_dataset, load_runs, sweep_meta
+    from twin.configurator.dataset import build_dataset, combine_labels, load_runs, sweep_meta
     from twin.configurator.models import save_model, shipped_model_path, train
 
     if args.cv < 2:
@@ -238,13 +240,16 @@ def cmd_train(args) -> int:
             raise FileNotFoundError(f"{s}: no such sweep directory or labels file; give the --out directory of "
                                     f"`twin sweep` or the CSV of `twin configure dataset`")
     meta: dict[str, Any] = {}
-    if all(Path(s).is_dir() for s in srcs):
-        runs = load_runs(srcs)
-        lab = build_dataset(runs, args.rule, ttft_p99_s=args.ttft_p99_s, itl_p99_s=args.itl_p99_s)
-        meta = sweep_meta(srcs)
-    else:
-        lab = pd.concat([pd.read_parquet(s) if s.endswith(".parquet") else pd.read_csv(s) for s in srcs],
-                        ignore_index=True)
+    dirs = [s for s in srcs if Path(s).is_dir()]
+    parts = []
+    if dirs:  # sweep directories: labelled here under --rule (all together: one table of runs)
+        runs = load_runs(dirs)
+        parts.append((", ".join(dirs), build_dataset(runs, args.rule, ttft_p99_s=args.ttft_p99_s,
+                                                     itl_p99_s=args.itl_p99_s)))
+        meta = sweep_meta(dirs)
+    parts += [(s, pd.read_parquet(s) if s.endswith(".parquet") else pd.read_csv(s))
+              for s in srcs if not Path(s).is_dir()]  # label files of `configure dataset`
+    lab = combine_labels(parts)
     profile = args.profile or (str(lab["profile"].iloc[0]) if "profile" in lab else None)
     grid = {}
     if meta.get("sweeps"):

@@ -57,6 +57,39 @@ def sweep_meta(sources: Iterable[str | os.PathLike]) -> dict[str, Any]:
     return {"sweeps": out}
 
 
+def combine_labels(parts: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
+    """Label tables from several sources (``(source, labels)`` pairs: sweep directories labelled
+    here, label files of ``configure dataset``) as one, so a model can be trained on a sample
+    swept in several places (e.g. labels kept from an earlier sweep plus a new sweep of the
+    scenarios it did not reach). Refused, naming the sources: labels under different rules or
+    for different profiles, and a scenario labelled twice (the same scenario, policy, seed and
+    maximum rank in two sources, or twice in one)."""
+    if not parts:
+        raise ValueError("no labels given")
+    for col in ("rule", "profile"):
+        seen: dict[str, list[str]] = {}
+        for src, lab in parts:
+            if col in lab:
+                for v in pd.unique(lab[col].astype(str)):
+                    seen.setdefault(v, []).append(src)
+        if len(seen) > 1:
+            what = "; ".join(f"{v} in {', '.join(s)}" for v, s in seen.items())
+            fix = ("label every source with the same --rule" if col == "rule"
+                   else "train one model per profile")
+            raise ValueError(f"the labels mix {col}s ({what}): {fix}")
+    lab = pd.concat([lab.assign(_source=src) for src, lab in parts], ignore_index=True)
+    key = [c for c in ("scenario", "policy", "seed", "max_lora_rank") if c in lab]
+    if "scenario" in key:
+        dup = lab[lab.duplicated(key, keep=False)]
+        if len(dup):
+            first = dup.iloc[0]
+            where = sorted(set(dup.loc[(dup[key] == first[key]).all(axis=1), "_source"]))
+            raise ValueError(f"{dup[key].drop_duplicates().shape[0]} scenario(s) labelled more than once, e.g. "
+                             f"{first['scenario']} in {', '.join(where)}: give each scenario's labels once "
+                             f"(sweep the rest with `twin sweep --exclude` of the labelled scenarios)")
+    return lab.drop(columns="_source")
+
+
 def build_dataset(runs: pd.DataFrame, rule: str = "throughput90", **kw: Any) -> pd.DataFrame:
     """Label rows for every scenario of ``runs`` (see :mod:`twin.configurator.labels`).
 
