@@ -160,3 +160,19 @@ def test_runs_that_raise_are_counted_and_named_in_the_report(tmp_path, monkeypat
     assert "runs ended in an error (first: RuntimeError: the profile exploded)" in err
     rep = json.loads((tmp_path / "sw" / "sweep.json").read_text())["history"][-1]
     assert rep["runs_failed"] == rep["runs"] > 0 and rep["first_error"] == "RuntimeError: the profile exploded"
+
+
+def test_exclusion_keys_take_keys_real_run_tables_and_label_tables_together(tmp_path):
+    """``--exclude``: the real-run table holds out its ml_test scenarios only; any other table with a
+    ``scenario`` column (labels of ``configure dataset``) all of its scenarios; keys as given."""
+    from twin.sweep.runner import exclusion_keys, select_tasks
+
+    real = tmp_path / "real.csv"
+    pd.DataFrame({"source": ["ml_test", "dt_modelling", "ml_test"], "scenario": ["t1", "d1", "t1"]}).to_csv(real)
+    labels = tmp_path / "labels.csv"
+    pd.DataFrame({"scenario": ["l1", "l2"], "served_adapters": [16, 32]}).to_csv(labels, index=False)
+    assert exclusion_keys(f"{real},{labels},k1") == {"t1", "l1", "l2", "k1"}
+    assert exclusion_keys(None) == set() and exclusion_keys("") == set()
+    tasks = [{"scenario": {"key": k}} for k in ("t1", "d1", "l1", "l2", "k1", "x")]
+    assert [t["scenario"]["key"] for t in select_tasks(tasks, exclude=exclusion_keys(f"{labels},{real}"))] == \
+        ["d1", "k1", "x"]

@@ -26,7 +26,9 @@ def register_cli(subparsers) -> None:
     p.add_argument("--every", type=int, default=None, help="run one task in N (an evenly spread fraction)")
     p.add_argument("--shard", default=None, help="i/k: run the i-th of k interleaved parts of the grid")
     p.add_argument("--exclude", default=None,
-                   help="scenario keys to leave out (KEY,KEY), or a real-run CSV whose ml_test scenarios are held out")
+                   help="scenarios to leave out, comma-separated: keys, a real-run CSV (its ml_test scenarios, the "
+                        "held-out test set) or a labels CSV of `configure dataset` (all its scenarios: sweep the "
+                        "rest of a sample whose labels are kept)")
     p.add_argument("--order", choices=("heavy", "shuffle", "grid"), default="heavy",
                    help="task order: heaviest first (default: short tail), shuffled (any prefix is a random "
                         "sample: for measuring a fraction), or the grid's order")

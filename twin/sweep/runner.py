@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 
@@ -279,8 +279,9 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
 
 
 def exclusion_keys(spec: str | None) -> set[str]:
-    """Scenario keys from ``KEY,KEY`` or from a CSV with a ``scenario`` column (e.g. the real-run
-    table: its ``ml_test`` scenarios are the held-out test set)."""
+    """Scenario keys from ``KEY,KEY`` and CSVs with a ``scenario`` column, in any mix: the real-run
+    table gives its ``ml_test`` scenarios (the held-out test set), any other table (e.g. labels of
+    ``twin configure dataset``) all its scenarios."""
     if not spec:
         return set()
     out: set[str] = set()
