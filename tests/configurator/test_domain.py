@@ -19,7 +19,8 @@ INSIDE = ("0.4,0.05,0.00625", "8,16,32")
 
 def test_shipped_model_domain_is_the_published_grid_box():
     d = training_domain(load_model("llama-3.1-8b_h100_vllm085", "rf"))
-    assert d["source"] == "the sweep grid adapter-twin-llama"
+    # trained on all 831 non-test scenarios, it stores the box of its training labels: the grid's box
+    assert d["source"] == "the training scenarios"
     box = d["features"]
     assert set(box) == set(FEATURES)
     assert box["rate_max"] == [0.0125, 3.2] and box["rate_min"] == [0.003125, 0.8]
@@ -68,10 +69,10 @@ def test_predict_warns_outside_and_reports_the_domain(capsys):
     ns = p.parse_args(["configure", "predict", "--rates", "100,0.05,0.1", "--ranks", "8,16,32"])
     assert ns.func(ns) == 0
     cap = capsys.readouterr()
-    assert "outside the model's training domain (the sweep grid adapter-twin-llama): rate_max 100 > 3.2" in cap.err
+    assert "outside the model's training domain (the training scenarios): rate_max 100 > 3.2" in cap.err
     assert "serve " in cap.out
     ns = p.parse_args(["configure", "predict", "--rates", INSIDE[0], "--ranks", INSIDE[1], "--json"])
     assert ns.func(ns) == 0
     cap = capsys.readouterr()
     assert cap.err == ""
-    assert json.loads(cap.out)["domain"] == {"source": "the sweep grid adapter-twin-llama", "outside": []}
+    assert json.loads(cap.out)["domain"] == {"source": "the training scenarios", "outside": []}

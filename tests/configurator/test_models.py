@@ -359,8 +359,16 @@ def test_the_shipped_model_files_are_small_and_leaf_packed():
     files = sorted(MODEL_DIR.glob("*.json"))
     assert files
     for f in files:
-        assert f.stat().st_size < 1_000_000, f"{f.name}: {f.stat().st_size} bytes"
-        assert all("leaf_value" in t for t in json.loads(f.read_text())["trees"]), f.name
+        size = f.stat().st_size
+        # a forest grows with its training scenarios (the Llama forest: 50 trees grown on 831 scenarios,
+        # 52,654 nodes, 1.9 MB); what stays fixed is the packing: values at the leaves only, ~36 bytes a node
+        # (values at every node would take ~65)
+        assert size < 4_000_000, f"{f.name}: {size} bytes"
+        trees = json.loads(f.read_text())["trees"]
+        assert all("leaf_value" in t for t in trees), f.name
+        nodes = sum(len(t["left"]) for t in trees)
+        if nodes > 1000:
+            assert size / nodes < 45, f"{f.name}: {size / nodes:.1f} bytes per node"
 
 
 @pytest.mark.parametrize("text, message", [
