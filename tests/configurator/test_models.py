@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from tests.helpers import configure_parser
 from twin.configurator.labels import FEATURES, features_of
-from twin.configurator.models import (format_rules, load_model, predict, rules_predict, save_model, snap_config,
-                                      train)
+from twin.configurator.models import (format_rules, load_model, predict, read_model_text, rules_predict,
+                                      save_model, snap_config, train)
 from twin.sweep.grid import PUBLISHED_GRID, rank_multisets, rate_triples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -356,19 +356,34 @@ def test_model_files_store_leaf_values_only_and_load_the_old_per_node_format(mod
 def test_the_shipped_model_files_are_small_and_leaf_packed():
     from twin.configurator.models import MODEL_DIR
 
-    files = sorted(MODEL_DIR.glob("*.json"))
+    files = sorted(MODEL_DIR.glob("*.json*"))
     assert files
     for f in files:
-        size = f.stat().st_size
-        # a forest grows with its training scenarios (the Llama forest: 50 trees grown on 831 scenarios,
-        # 52,654 nodes, 1.9 MB); what stays fixed is the packing: values at the leaves only, ~36 bytes a node
-        # (values at every node would take ~65)
-        assert size < 4_000_000, f"{f.name}: {size} bytes"
-        trees = json.loads(f.read_text())["trees"]
+        assert f.stat().st_size < 1_000_000, f"{f.name}: {f.stat().st_size} bytes"
+        text = read_model_text(f)
+        trees = json.loads(text)["trees"]
         assert all("leaf_value" in t for t in trees), f.name
+        # a forest grows with its training scenarios (the Llama forest: 50 trees grown on 831 scenarios,
+        # 52,654 nodes, 1.9 MB of JSON, shipped gzip-compressed); what stays fixed is the packing: values
+        # at the leaves only, ~36 bytes of JSON a node (values at every node would take ~65)
         nodes = sum(len(t["left"]) for t in trees)
         if nodes > 1000:
-            assert size / nodes < 45, f"{f.name}: {size / nodes:.1f} bytes per node"
+            assert len(text) / nodes < 45, f"{f.name}: {len(text) / nodes:.1f} bytes per node"
+
+
+def test_a_gzip_model_file_is_the_same_model(models, tmp_path):
+    """``save_model`` compresses a ``.gz`` name (the same bytes for the same model) and
+    ``load_model`` reads it back as the model of the plain file."""
+    lab, paths = models
+    m = load_model(paths["rf"])
+    gz = save_model(m, tmp_path / "m.rf.json.gz")
+    assert gz.read_bytes() == save_model(m, tmp_path / "again.rf.json.gz").read_bytes()
+    assert read_model_text(gz) == Path(paths["rf"]).read_text()
+    x = features_of([0.4, 0.05, 0.00625], [8, 16, 32])
+    assert predict(load_model(gz), x) == predict(m, x)
+    (tmp_path / "bad.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match="cannot read the configurator model"):
+        load_model(tmp_path / "bad.json.gz")
 
 
 @pytest.mark.parametrize("text, message", [
