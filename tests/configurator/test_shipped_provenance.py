@@ -1,0 +1,70 @@
+"""The shipped configurators can be traced to committed labels, and none was trained on a test scenario.
+
+Every model file under ``twin/configurator/models/`` names its training sources in its provenance;
+for a shipped model that is a labels table under ``results/configurator/`` (so anyone can retrain it
+without sweeping), and the table must be the one the model was fitted on: same profile, rule and number
+of scenarios, and the model's stored domain is the box of that table's features. The real ``ml_test``
+scenarios are the held-out test set of the published configurators: no shipped model's labels may hold
+one (the Qwen real test runs are not shared; the Llama ``ml_test`` scenarios are kept out of both).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from twin.configurator.labels import FEATURES
+from twin.configurator.models import MODEL_DIR, read_model_text
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = sorted(MODEL_DIR.glob("*.json*"))
+
+
+def _profile_of(path: Path) -> str:
+    """``<profile>.<kind>.json[.gz]`` -> ``<profile>`` (profile names hold dots: ``llama-3.1-8b_...``)."""
+    return path.name.split(".json")[0].rsplit(".", 1)[0]
+
+
+def _provenance(path: Path) -> dict:
+    return json.loads(read_model_text(path))["provenance"]
+
+
+def _labels(path: Path) -> pd.DataFrame:
+    (src,) = _provenance(path)["sources"]
+    return pd.read_csv(REPO / src)
+
+
+def test_there_are_shipped_models_for_both_profiles():
+    profiles = {_profile_of(p) for p in SHIPPED}
+    assert {"llama-3.1-8b_h100_vllm085", "qwen-2.5-7b_h100_vllm085"} <= profiles
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_a_shipped_model_comes_from_a_committed_labels_table(path):
+    prov = _provenance(path)
+    sources = prov["sources"]
+    assert len(sources) == 1 and sources[0].startswith("results/configurator/labels_"), (
+        f"{path.name} was trained from {sources}: retrain it from a committed labels table")
+    lab = _labels(path)
+    profile = _profile_of(path)
+    assert prov["profile"] == profile and set(lab["profile"]) == {profile}
+    assert set(lab["rule"]) == {prov["rule"]}
+    assert len(lab) == lab["scenario"].nunique() == prov["scenarios"]
+    assert sorted(prov["domain"]) == sorted(FEATURES)
+    for f in FEATURES:
+        assert prov["domain"][f] == pytest.approx([lab[f].min(), lab[f].max()], rel=1e-12), (path.name, f)
+
+
+@pytest.mark.data
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_no_shipped_model_was_trained_on_a_test_scenario(path, real_data):
+    from twin.sweep.scenario import load_real
+
+    real = load_real(real_data / "validation" / "vllm085_h100_llama31_8b.csv")
+    test = set(real.loc[real["source"] == "ml_test", "scenario"])
+    assert len(test) == 9
+    held = sorted(test & set(_labels(path)["scenario"]))
+    assert not held, f"{path.name} was trained on the test scenarios {held}"
