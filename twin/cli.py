@@ -227,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
             msg = f"cannot use {e.filename}: {e.strerror}; check the path (or give another)"
         print(f"twin {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: no traceback (`twin sweep` says how to resume)
+        print(f"twin {args.command}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # the reader of stdout went away (`twin ... | head`): stop quietly
         try:  # (and let the interpreter's final flush of stdout go nowhere)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -176,3 +176,27 @@ def test_exclusion_keys_take_keys_real_run_tables_and_label_tables_together(tmp_
     tasks = [{"scenario": {"key": k}} for k in ("t1", "d1", "l1", "l2", "k1", "x")]
     assert [t["scenario"]["key"] for t in select_tasks(tasks, exclude=exclusion_keys(f"{labels},{real}"))] == \
         ["d1", "k1", "x"]
+
+
+def test_an_interrupted_sweep_says_how_to_resume(local_smoke, tmp_path, monkeypatch, capsys):
+    """Ctrl-C during a sweep: no traceback, exit 130, the kept shards and the command that resumes."""
+    import twin.sweep.runner as runner
+    from twin.cli import main
+
+    import shutil
+
+    src, _ = local_smoke
+    out = tmp_path / "cut"
+    shutil.copytree(src, out)
+    kept = sorted(p.name for p in (out / "shards").glob("*.parquet"))
+    (out / "shards" / kept[0]).unlink()  # one task left to run
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_sweep", interrupted)
+    assert main(["sweep", "smoke", "--out", str(out), "--no-progress"]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"interrupted; {len(kept) - 1} finished task shards are kept under {out / 'shards'}" in err
+    assert "run the same command to resume" in err

@@ -44,7 +44,7 @@ def register_cli(subparsers) -> None:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from twin.sweep.grid import NAMED_GRIDS, load_grid
     from twin.sweep.runner import (MissingExtra, check_selection, exclusion_keys, read_results, run_sweep,
-                                   select_tasks, summarize_results)
+                                   select_tasks, shard_dir, summarize_results)
 
     if args.list and args.json:
         grids = [fn() for fn in NAMED_GRIDS.values()]
@@ -78,6 +78,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except MissingExtra as e:
         print(f"twin sweep: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: every finished task's shard is on disk, the next call resumes there
+        done = len(list(shard_dir(out).glob("*.parquet"))) if shard_dir(out).is_dir() else 0
+        print(f"twin sweep: interrupted; {done} finished task shards are kept under {shard_dir(out)}: "
+              f"run the same command to resume (only unfinished tasks run again)", file=sys.stderr)
+        return 130
     d = rep.to_dict()
     if args.json:
         print(json.dumps(d, indent=2))
