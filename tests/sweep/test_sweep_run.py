@@ -180,10 +180,10 @@ def test_exclusion_keys_take_keys_real_run_tables_and_label_tables_together(tmp_
 
 def test_an_interrupted_sweep_says_how_to_resume(local_smoke, tmp_path, monkeypatch, capsys):
     """Ctrl-C during a sweep: no traceback, exit 130, the kept shards and the command that resumes."""
+    import shutil
+
     import twin.sweep.runner as runner
     from twin.cli import main
-
-    import shutil
 
     src, _ = local_smoke
     out = tmp_path / "cut"

@@ -60,7 +60,9 @@ def register_cli(subparsers) -> None:
     t.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90",
                    help="label rule when sweep directories are given")
     _percentile_slo_args(t)
-    t.add_argument("--out", default=None, help="model file (default: twin/configurator/models/<profile>.<kind>.json)")
+    t.add_argument("--out", default=None,
+                   help="model file (default: the shipped one, twin/configurator/models/<profile>.<kind>.json, "
+                        "or .json.gz where that is the one shipped; a name ending in .gz is written compressed)")
     t.add_argument("--profile", default=None, help="profile the sweeps ran with (default: from the data)")
     t.add_argument("--cv", type=int, default=5, help="folds of the halving grid search (default 5)")
     t.add_argument("--no-search", action="store_true", help="fit the default hyper-parameters only")

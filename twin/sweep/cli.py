@@ -43,8 +43,8 @@ def register_cli(subparsers) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from twin.sweep.grid import NAMED_GRIDS, load_grid
-    from twin.sweep.runner import (MissingExtra, check_selection, exclusion_keys, read_results, run_sweep,
-                                   select_tasks, shard_dir, summarize_results)
+    from twin.sweep.runner import (MissingExtra, check_selection, done_tasks, exclusion_keys, read_results,
+                                   run_sweep, select_tasks, shard_dir, summarize_results)
 
     if args.list and args.json:
         grids = [fn() for fn in NAMED_GRIDS.values()]
@@ -79,7 +79,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"twin sweep: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: every finished task's shard is on disk, the next call resumes there
-        done = len(list(shard_dir(out).glob("*.parquet"))) if shard_dir(out).is_dir() else 0
+        done = len(done_tasks(out))
         print(f"twin sweep: interrupted; {done} finished task shards are kept under {shard_dir(out)}: "
               f"run the same command to resume (only unfinished tasks run again)", file=sys.stderr)
         return 130
