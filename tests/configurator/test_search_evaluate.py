@@ -38,6 +38,38 @@ def test_search_cli_and_cache(tmp_path, capsys):
     assert shards[0].stat().st_mtime == mtime
 
 
+def _strict(text: str):
+    """``json.loads`` that refuses NaN and Infinity (not JSON; jq and most parsers reject them)."""
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_search_with_coupled_lengths_prints_strict_json(tmp_path, capsys):
+    """``--length-corr`` reaches the walk (its own shard, the coupling in its rows and in the answer),
+    and a walk whose last run starves has no next run: ``next_ratio`` is ``null``, not ``NaN``."""
+    import pandas as pd
+
+    p = _cli()
+    argv = ["configure", "search", "--rates", "3.2,1.6,0.8", "--ranks", "8,16,32", "--window", "60", "--served",
+            "8,16", "--slots", "8", "--cache", str(tmp_path), "--json"]
+    ns = p.parse_args(argv + ["--length-corr", "-0.37"])
+    assert ns.func(ns) == 0
+    d = _strict(capsys.readouterr().out)
+    assert d["length_corr"] == -0.37 and d["served_adapters"] == 8
+    assert d["next_ratio"] is None  # the first run already starves: the walk stops there
+    rows = pd.read_parquet(next((tmp_path / "shards").glob("*.parquet")))
+    assert (rows["length_corr"] == -0.37).all()
+    ns = p.parse_args(argv)
+    assert ns.func(ns) == 0
+    assert _strict(capsys.readouterr().out)["length_corr"] == 0.0
+    assert len(list((tmp_path / "shards").glob("*.parquet"))) == 2  # another task, not the coupled one's cache
+    with pytest.raises(ValueError, match="--length-corr: 1.0 is not a correlation"):
+        ns = p.parse_args(argv + ["--length-corr", "1"])
+        ns.func(ns)
+
+
 @pytest.mark.data
 def test_evaluate_on_real_ml_test(real_data, tmp_path, capsys):
     m = train(synthetic_labels(), "rf", cv=3, provenance={"profile": "test", "rule": "throughput90"},

@@ -178,6 +178,39 @@ def test_the_shipped_policy_lengths_example_is_a_valid_grid():
     assert {tuple(t["scenario"]["lengths"]) for t in tasks} == {(222.0, 197.0), (400.0, 300.0)}
 
 
+def test_the_committed_sweeps_keep_their_digest():
+    """The digests of the committed sweep summaries are those of today's named grids: adding a grid
+    key (``length_corr``, absent at its default) must not orphan the sweeps behind the shipped labels,
+    whose directories resume only under the same digest."""
+    import json
+    from pathlib import Path
+
+    res = Path(__file__).resolve().parents[2] / "results/configurator"
+    for model in ("llama", "qwen"):
+        summary = json.loads((res / f"sweep_{model}_summary.json").read_text())
+        assert load_grid(summary["grid"]).digest() == summary["digest"], model
+
+
+def test_length_corr_couples_every_scenario_and_changes_the_digest_only_when_set():
+    base = {"name": "c", "window_s": 60, "scenarios": {"rates": [[0.4, 0.1, 0.05]], "ranks": [[8, 16, 32]]},
+            "configs": {"served": [8], "slots": [8]}}
+    plain = grid_from_dict(base)
+    zero = grid_from_dict({**base, "scenarios": {**base["scenarios"], "length_corr": 0}})
+    coupled = grid_from_dict({**base, "scenarios": {**base["scenarios"], "length_corr": -0.37}})
+    assert plain.digest() == zero.digest() and plain.tasks()[0]["task_hash"] == zero.tasks()[0]["task_hash"]
+    assert "length_corr" not in plain.tasks()[0]["scenario"]
+    t = coupled.tasks()[0]
+    assert t["scenario"]["length_corr"] == -0.37
+    assert t["scenario"]["key"] == plain.tasks()[0]["scenario"]["key"]  # the real runs' folder name still
+    assert coupled.digest() != plain.digest() and t["task_hash"] != plain.tasks()[0]["task_hash"]
+
+
+@pytest.mark.parametrize("bad", [1.0, -1, 1.5, "strong", True, float("nan"), [0.1]])
+def test_an_impossible_length_corr_is_refused(bad):
+    with pytest.raises(ValueError, match=r"grid \[scenarios\] length_corr: .* strictly between -1 and 1"):
+        grid_from_dict({"scenarios": {"length_corr": bad}})
+
+
 _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 400), st.floats(allow_nan=True, allow_infinity=True),
                      st.text(max_size=4))
 _VALUES = st.recursive(_SCALARS, lambda c: st.one_of(st.lists(c, max_size=4),
@@ -193,7 +226,7 @@ def _section(keys: list[str]):
 @given(st.fixed_dictionaries({}, optional={
     **{k: _VALUES for k in ("name", "window_s", "seeds", "model")},
     "scenarios": _section(["rates", "rate_values", "rate_arity", "ranks", "rank_values", "rank_arity", "max_largest",
-                           "lengths", "arrival", "policy"]),
+                           "lengths", "length_corr", "arrival", "policy"]),
     "configs": _section(["served", "slots", "max_lora_rank", "engine"]),
     "early_stop": _section(["walk", "run", "ratio"]),
     "slo": _section(["ttft_s", "tbt_s"])}))
@@ -204,3 +237,28 @@ def test_any_grid_table_gives_a_grid_or_a_clear_error(d):
         grid_from_dict(d).tasks()
     except ValueError:
         pass
+
+
+def test_a_coupled_grid_draws_coupled_lengths_with_the_same_means():
+    """``length_corr`` reaches the runs' request pools (:func:`twin.sweep.scenario.make_spec`): the
+    prompt and output lengths of a coupled scenario are negatively rank-correlated, those of the
+    default one are not, and both keep the scenario's mean lengths (the copula keeps the marginals)."""
+    from scipy.stats import spearmanr
+
+    from twin.sweep.scenario import build_workload, make_spec
+
+    base = {"name": "c", "window_s": 600, "scenarios": {"rates": [[3.2, 1.6, 0.8]], "ranks": [[8, 16, 32]]},
+            "configs": {"served": [8], "slots": [8]}}
+    frames = {}
+    for rho in (0.0, -0.37):
+        g = grid_from_dict({**base, "scenarios": {**base["scenarios"], "length_corr": rho}})
+        t = g.tasks()[0]
+        spec = make_spec(t["scenario"], 8, 8, t["max_rank"], t["seed"], t["window_s"])
+        assert spec.length_corr == rho
+        frames[rho] = build_workload(spec)[0].df
+    plain, coupled = frames[0.0], frames[-0.37]
+    assert len(plain) == len(coupled) > 5000  # same seed: the same arrivals
+    assert abs(spearmanr(plain.prompt_tokens, plain.output_tokens)[0]) < 0.05
+    assert spearmanr(coupled.prompt_tokens, coupled.output_tokens)[0] < -0.25
+    for col in ("prompt_tokens", "output_tokens"):
+        assert coupled[col].mean() == pytest.approx(plain[col].mean(), rel=0.05)

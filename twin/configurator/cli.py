@@ -17,6 +17,20 @@ from twin.scenario import check_number
 DEFAULT_PROFILE = "llama-3.1-8b_h100_vllm085"
 
 
+def _finite(o: Any) -> Any:
+    """``o`` with every non-finite float (a next run that was never simulated, an empty mean) as
+    ``None``, so ``--json`` prints strict JSON (``null``, not ``NaN``) that any parser reads."""
+    import math
+
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    if isinstance(o, float) or type(o).__module__ == "numpy" and hasattr(o, "dtype") and o.dtype.kind == "f":
+        return float(o) if math.isfinite(float(o)) else None
+    return o
+
+
 def _jd(o: Any):
     import numpy as np
 
@@ -125,6 +139,9 @@ def register_cli(subparsers) -> None:
     s.add_argument("--window", type=float, default=3600.0)
     s.add_argument("--served", default=None, help="served-adapter grid (default: the published one)")
     s.add_argument("--slots", default=None, help="slot grid (default: the published one)")
+    s.add_argument("--length-corr", type=float, default=0.0, metavar="RHO",
+                   help="prompt-output length coupling of the request pool (default 0: independent lengths, "
+                        "as the shipped sweeps; twin validate re-creates the real runs with -0.37)")
     s.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
     s.add_argument("--jobs", type=int, default=1)
     s.add_argument("--json", action="store_true")
@@ -212,7 +229,7 @@ def cmd_dataset(args) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         (lab.to_parquet if out.suffix == ".parquet" else lab.to_csv)(out, index=False)
     if args.json:
-        print(json.dumps({"rule": args.rule, "scenarios": len(lab), "labels": lab.to_dict(orient="records")},
+        print(json.dumps(_finite({"rule": args.rule, "scenarios": len(lab), "labels": lab.to_dict(orient="records")}),
                          default=_jd, indent=1))
     else:
         cols = [c for c in ("scenario", "served_adapters", "adapter_slots", "throughput_tok_s", "ratio_at_label",
@@ -281,7 +298,7 @@ def cmd_train(args) -> int:
     info = {"model": str(out), "kind": args.kind, "scenarios": len(lab), "profile": profile,
             **{k: model["provenance"].get(k) for k in ("best_params", "cv_smape_served_slots_mean")},
             "bytes": out.stat().st_size}
-    print(json.dumps(info, indent=1, default=_jd) if args.json else
+    print(json.dumps(_finite(info), indent=1, default=_jd) if args.json else
           "\n".join(f"{k:<28} {v}" for k, v in info.items()))
     return 0
 
@@ -361,7 +378,7 @@ def cmd_predict(args) -> int:
     if args.gpu_hour_usd:
         res["usd_per_million_tokens"] = args.gpu_hour_usd / (tp * 3600 / 1e6) if tp > 0 else None
     if args.json:
-        print(json.dumps(res, indent=1, default=_jd))
+        print(json.dumps(_finite(res), indent=1, default=_jd))
         return 0
     c = res.get("check")
     if c:
@@ -440,7 +457,7 @@ def cmd_rules(args) -> int:
         from twin.configurator.models import format_rule_ensembles
 
         if args.json:
-            print(json.dumps({"rule_ensembles": model["rule_ensembles"], "provenance": model["provenance"]},
+            print(json.dumps(_finite({"rule_ensembles": model["rule_ensembles"], "provenance": model["provenance"]}),
                              indent=1, default=_jd))
         else:
             print(format_rule_ensembles(model))
@@ -451,7 +468,8 @@ def cmd_rules(args) -> int:
         return 2
     if args.json:
         pol = {"policies": model["policies"]} if model.get("policies") else {}  # the indicators' policies
-        print(json.dumps({"rules": model["rules"], **pol, "provenance": model["provenance"]}, indent=1, default=_jd))
+        print(json.dumps(_finite({"rules": model["rules"], **pol, "provenance": model["provenance"]}), indent=1,
+                         default=_jd))
     else:
         print(format_rules(model))
     return 0
@@ -477,12 +495,12 @@ def cmd_evaluate(args) -> int:
         res["table"].to_csv(out / "evaluation.csv", index=False, float_format="%.4g")
         res["per_scenario"].to_csv(out / "per_scenario.csv", index=False, float_format="%.6g")
         res["crossings"].to_csv(out / "crossings.csv", index=False, float_format="%.4f")
-        (out / "summary.json").write_text(json.dumps(res["summary"], indent=1, default=_jd))
+        (out / "summary.json").write_text(json.dumps(_finite(res["summary"]), indent=1, default=_jd))
         from twin.configurator.evaluate import make_figures
 
         make_figures(res, out)
     if args.json:
-        print(json.dumps(res["summary"], indent=1, default=_jd))
+        print(json.dumps(_finite(res["summary"]), indent=1, default=_jd))
     else:
         s = res["summary"]
         print(f"twin configure evaluate: {s['scenarios']} scenarios of {s['real']} (source {s['source']}), "
@@ -513,7 +531,7 @@ def cmd_search(args) -> int:
     from twin.configurator.search import search
     from twin.sweep.runner import check_selection
     from twin.sweep.grid import PUBLISHED_GRID
-    from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY
+    from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY, check_length_corr
 
     pair = _pair(args)
     kw: dict[str, Any] = {"window_s": args.window}
@@ -525,6 +543,8 @@ def cmd_search(args) -> int:
     kw["served"] = parse_list(args.served, int, "--served", 1) if args.served else list(PUBLISHED_GRID)
     kw["slots"] = parse_list(args.slots, int, "--slots", 1) if args.slots else list(PUBLISHED_GRID)
     check_number("--window", args.window, 0, False, "the simulated seconds of each run, e.g. --window 3600")
+    if args.length_corr:
+        kw["length_corr"] = check_length_corr(args.length_corr, "--length-corr")
     check_selection(jobs=args.jobs)
     labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
                           progress=sys.stderr.isatty(), **kw)
@@ -535,10 +555,11 @@ def cmd_search(args) -> int:
            "throughput_tok_s": float(lab["throughput_tok_s"]), "ratio_at_label": lab["ratio_at_label"],
            "margin": lab["margin"], "next_ratio": lab["next_ratio"], "rule": args.rule, "profile": args.profile,
            "policy": kw.get("policy", DEFAULT_POLICY), "lengths": list(kw.get("lengths", DEFAULT_LENGTHS)),
+           "length_corr": float(kw.get("length_corr", 0.0)),
            "runs": int(len(runs)), "runs_simulated": int((runs["status"] == "ok").sum()),
            "cpu_s": float(runs["wall_s"].fillna(0).sum())}
     if args.json:
-        print(json.dumps(res, indent=1, default=_jd))
+        print(json.dumps(_finite(res), indent=1, default=_jd))
     else:
         print(f"serve {res['served_adapters']} adapters with {res['adapter_slots']} slots: "
               f"{res['throughput_tok_s']:.0f} tok/s ({res['ratio_at_label']:.3f} of offered; next run "

@@ -14,6 +14,7 @@ A grid file (TOML shown; YAML has the same keys)::
     max_largest = 1
     # ranks = [[8, 16, 32]]
     lengths = [[222, 197]]                    # mean input / output tokens (ShareGPT-like)
+    # length_corr = -0.37                     # prompt-output length coupling (default 0: independent)
     arrival = ["poisson"]
     policy = ["fcfs+client-cap"]              # or any preset of `twin policies`
 
@@ -45,7 +46,7 @@ from pathlib import Path
 from typing import Any
 from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points
-from twin.sweep.scenario import DEFAULT_POLICY, check_lengths, profile_hash
+from twin.sweep.scenario import DEFAULT_POLICY, check_length_corr, check_lengths, profile_hash
 from twin.config import EngineConfig
 from twin.scenario import read_mapping_file
 
@@ -65,6 +66,12 @@ class GridSpec:
     rates: list[list[float]] = field(default_factory=list)
     ranks: list[list[int]] = field(default_factory=list)
     lengths: list[list[float]] = field(default_factory=lambda: [[222.0, 197.0]])
+    #: Gaussian-copula prompt-output length coupling of every scenario's request pool
+    #: (:func:`twin.validation.recreate.sharegpt_model`); 0 draws the lengths independently, as the
+    #: published sweeps did. ``twin validate`` re-creates the real runs with
+    #: :data:`twin.validation.specs.PROMPT_OUTPUT_CORR`; results/configurator/README.md says why the
+    #: shipped sweeps keep 0.
+    length_corr: float = 0.0
     arrival: list[str] = field(default_factory=lambda: ["poisson"])
     policy: list[str] = field(default_factory=lambda: ["fcfs+client-cap"])
     served: list[int] = field(default_factory=lambda: list(PUBLISHED_GRID))
@@ -79,7 +86,10 @@ class GridSpec:
     model: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not d["length_corr"]:
+            del d["length_corr"]  # independent lengths: the digest of every grid from before the key
+        return d
 
     def digest(self) -> str:
         """Hash of everything that changes results (the resume check)."""
@@ -89,16 +99,18 @@ class GridSpec:
     def scenarios(self) -> list[dict[str, Any]]:
         """Every scenario (rates x ranks x lengths x arrival x policy) with its key."""
         check_policies(self.policy)
-        check_lengths(self.lengths)
+        check_lengths(self.lengths, self.length_corr)
         out = []
         for rates, ranks, lengths, arrival, policy in itertools.product(self.rates, self.ranks, self.lengths,
                                                                         self.arrival, self.policy):
             if arrival != "poisson":
                 raise ValueError(f"arrival process {arrival!r} is not supported by the sweep yet (use 'poisson')")
             key = scenario_key(rates, ranks, lengths, policy)
-            out.append({"key": key, "rates": [float(r) for r in rates], "ranks": [int(r) for r in ranks],
-                        "lengths": [float(x) for x in lengths], "arrival": arrival, "policy": policy,
-                        "model": self.model})
+            sc = {"key": key, "rates": [float(r) for r in rates], "ranks": [int(r) for r in ranks],
+                  "lengths": [float(x) for x in lengths], "arrival": arrival, "policy": policy, "model": self.model}
+            if self.length_corr:  # absent at 0: the task hashes (shard names) of every earlier sweep hold
+                sc["length_corr"] = float(self.length_corr)
+            out.append(sc)
         return out
 
     def max_rank_for(self, ranks: list[int]) -> list[int]:
@@ -216,7 +228,7 @@ NAMED_GRIDS = {
 
 
 _SCEN_KEYS = {"rates", "rate_values", "rate_arity", "ranks", "rank_values", "rank_arity", "max_largest", "lengths",
-              "arrival", "policy"}
+              "length_corr", "arrival", "policy"}
 _CONF_KEYS = {"served", "slots", "max_lora_rank", "engine"}
 _TOP_KEYS = {"name", "profile", "window_s", "seeds", "model", "scenarios", "configs", "early_stop", "slo"}
 
@@ -306,6 +318,8 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
                                                  example="max_largest = 1"))
     if "lengths" in sc:
         g.lengths = _tuples(sc["lengths"], "[scenarios] lengths", float, "lengths = [[222, 197]]")
+    if "length_corr" in sc:
+        g.length_corr = check_length_corr(sc["length_corr"], "grid [scenarios] length_corr")
     if "arrival" in sc:
         g.arrival = list(sc["arrival"]) if isinstance(sc["arrival"], list) else [sc["arrival"]]
     if "policy" in sc:

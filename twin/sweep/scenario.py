@@ -117,7 +117,7 @@ def make_spec(scenario: dict[str, Any], served: int, slots: int, max_rank: int, 
                    served=int(served), slots=int(slots), max_rank=int(max_rank),
                    cpu_slots=int(cpu_slots if cpu_slots else served), max_num_seqs=int(max_num_seqs),
                    mean_in=float(mean_in), mean_out=float(mean_out), requests_sent=None, window_s=float(window_s),
-                   seed=run_seed(key, served, seed))
+                   seed=run_seed(key, served, seed), length_corr=float(scenario.get("length_corr", 0.0)))
 
 
 def check_engine_overrides(task: dict[str, Any]) -> None:
@@ -148,16 +148,26 @@ def _policy_objects(policy: str | None):
     return s, c
 
 
-def check_lengths(lengths: list[list[float]]) -> None:
+def check_length_corr(value: Any, where: str) -> float:
+    """A prompt-output length coupling: a number strictly between -1 and 1, else an error naming
+    ``where`` (``twin validate`` re-creates the real runs with -0.37)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
+    if not ok or not -1.0 < float(value) < 1.0:
+        raise ValueError(f"{where}: {value!r} is not a correlation strictly between -1 and 1; e.g. -0.37 "
+                         f"(the real runs' pool, as twin validate re-creates it) or 0 (independent lengths)")
+    return float(value)
+
+
+def check_lengths(lengths: list[list[float]], length_corr: float = 0.0) -> None:
     """Every (mean input, mean output) pair of a grid can be drawn from the ShareGPT-like length
-    model under the real runs' filters (:func:`twin.validation.recreate.sharegpt_model`);
-    otherwise an error naming the reachable range, before any run (every run of the scenario would
-    fail building its workload)."""
+    model under the real runs' filters (:func:`twin.validation.recreate.sharegpt_model`), with the
+    grid's prompt-output coupling ``length_corr``; otherwise an error naming the reachable range,
+    before any run (every run of the scenario would fail building its workload)."""
     for pair in lengths:
         if len(pair) != 2 or not all(math.isfinite(float(v)) and float(v) > 0 for v in pair):
             raise ValueError(f"grid lengths {pair!r}: expected [mean input tokens, mean output tokens], both > 0")
         try:
-            sharegpt_model(float(pair[0]), float(pair[1]))
+            sharegpt_model(float(pair[0]), float(pair[1]), float(length_corr))
         except FileNotFoundError:
             return  # no length model here at all: every run reports it
         except ValueError as e:
