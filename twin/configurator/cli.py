@@ -22,12 +22,14 @@ def _finite(o: Any) -> Any:
     ``None``, so ``--json`` prints strict JSON (``null``, not ``NaN``) that any parser reads."""
     import math
 
+    import numpy as np
+
     if isinstance(o, dict):
         return {k: _finite(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
         return [_finite(v) for v in o]
-    if isinstance(o, float) or type(o).__module__ == "numpy" and hasattr(o, "dtype") and o.dtype.kind == "f":
-        return float(o) if math.isfinite(float(o)) else None
+    if isinstance(o, (float, np.floating)):
+        return float(o) if math.isfinite(o) else None
     return o
 
 

@@ -42,6 +42,7 @@ from twin.validation import (  # noqa: F401  (re-exported for the sweep and the 
     RunSpec,
     build_config,
     build_workload,
+    check_length_corr,
     load_real,
     profile_for_model,
     predict_startup,
@@ -146,16 +147,6 @@ def _policy_objects(policy: str | None):
                 make_cache("lru"))
     s, c, _ = resolve_policy(policy, None, None)
     return s, c
-
-
-def check_length_corr(value: Any, where: str) -> float:
-    """A prompt-output length coupling: a number strictly between -1 and 1, else an error naming
-    ``where`` (``twin validate`` re-creates the real runs with -0.37)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
-    if not ok or not -1.0 < float(value) < 1.0:
-        raise ValueError(f"{where}: {value!r} is not a correlation strictly between -1 and 1; e.g. -0.37 "
-                         f"(the real runs' pool, as twin validate re-creates it) or 0 (independent lengths)")
-    return float(value)
 
 
 def check_lengths(lengths: list[list[float]], length_corr: float = 0.0) -> None:

@@ -23,13 +23,13 @@ def scenario_columns(sc: dict[str, Any]) -> dict[str, Any]:
     rates = np.asarray(sc["rates"], float)
     ranks = np.asarray(sc["ranks"], float)
     coupling = {"length_corr": float(sc["length_corr"])} if sc.get("length_corr") else {}  # absent: 0
-    return {**coupling, "scenario": sc["key"], "rates": "-".join(_f(r) for r in sc["rates"]),
+    return {"scenario": sc["key"], "rates": "-".join(_f(r) for r in sc["rates"]),
             "ranks": "-".join(str(int(r)) for r in sc["ranks"]),
             "rate_max": float(rates.max()), "rate_min": float(rates.min()), "rate_mean": float(rates.mean()),
             "rate_std": float(rates.std()), "rank_max": float(ranks.max()), "rank_min": float(ranks.min()),
             "rank_mean": float(ranks.mean()), "rank_std": float(ranks.std()),
             "mean_input_tokens": float(sc["lengths"][0]), "mean_output_tokens": float(sc["lengths"][1]),
-            "arrival": sc.get("arrival", "poisson"), "policy": sc.get("policy", "fcfs+client-cap")}
+            "arrival": sc.get("arrival", "poisson"), "policy": sc.get("policy", "fcfs+client-cap"), **coupling}
 
 
 def _f(x: float) -> str:

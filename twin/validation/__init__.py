@@ -33,14 +33,14 @@ from twin.validation.report import format_report, largest_errors
 from twin.validation.runner import ValidationResult, run_all, run_validation
 from twin.validation.scoring import (KEPT_UP_FRACTION, SUBSETS, score, smape, smape_terms, startup_classification,
                                      subset_mask, subset_table, summarize)
-from twin.validation.specs import (RUN_KEYS, START_FAILURE_STATUSES, WINDOW_S, RunSpec, attach_peer,
+from twin.validation.specs import (RUN_KEYS, START_FAILURE_STATUSES, WINDOW_S, RunSpec, attach_peer, check_length_corr,
                                    default_peer_csv, default_real_csv, load_peer, load_real, select_runs,
                                    spec_from_row)
 
 __all__ = [
     "CLIENT_MAX_INFLIGHT", "KEPT_UP_FRACTION", "METRICS", "PER_RUN_COLUMNS", "RUN_KEYS", "SATURATED_KV_USAGE",
     "START_FAILURE_STATUSES", "SUBSETS", "WINDOW_S", "Metric", "RunSpec", "ValidationResult", "attach_peer",
-    "build_config", "build_workload", "cached_profile", "check_profile_model", "default_peer_csv",
+    "build_config", "build_workload", "cached_profile", "check_length_corr", "check_profile_model", "default_peer_csv",
     "default_real_csv", "diagnostics", "format_report", "json_summary", "largest_errors", "load_peer", "load_real",
     "make_figures", "per_run_frame", "predict_startup", "profile_for_model", "run_all", "run_validation", "score",
     "select_runs", "simulate_run", "smape", "smape_terms", "spec_from_row", "startup_classification",

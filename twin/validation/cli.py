@@ -11,7 +11,7 @@ from traces.arguments import check_writable_dir
 from twin.validation.output import json_summary, write_outputs
 from twin.validation.report import format_report
 from twin.validation.runner import run_validation
-from twin.validation.specs import FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, SCRAPE_S_PER_LABEL
+from twin.validation.specs import FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, SCRAPE_S_PER_LABEL, check_length_corr
 
 
 def register_cli(subparsers) -> None:
@@ -84,8 +84,7 @@ def check_args(args: argparse.Namespace) -> None:
         if value is not None and value < low:
             raise ValueError(f"{flag} {value}: must be >= {low}")
     _client_cap(args.client_cap)
-    if not -1.0 < args.length_corr < 1.0:
-        raise ValueError(f"--length-corr {args.length_corr}: must be a correlation strictly between -1 and 1")
+    check_length_corr(args.length_corr, "--length-corr")
     if not (args.frontend_ms >= 0 and args.frontend_ms < 1e6):
         raise ValueError(f"--frontend-ms {args.frontend_ms}: give a latency in milliseconds, >= 0 (0: off)")
     if not (args.scrape_us >= 0 and args.scrape_us < 1e6):

@@ -9,11 +9,12 @@ scenarios sit beside it (``peer_twin_*.csv``). This module reads both, joins the
 
 from __future__ import annotations
 
+import math
 import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
@@ -282,6 +283,18 @@ def _finite_or(value, cast, default):
 #: per request are matched either way). ``twin.validation.length_coupling.fit_prompt_output_corr``
 #: recomputes it; ``twin validate --length-corr 0`` turns it off.
 PROMPT_OUTPUT_CORR = -0.37
+
+
+def check_length_corr(value: Any, where: str) -> float:
+    """A prompt-output length coupling: a number strictly between -1 and 1, else an error naming
+    ``where`` (:data:`PROMPT_OUTPUT_CORR` re-creates the real runs); ``twin validate --length-corr`` and the
+    sweep grids' ``length_corr`` check with it."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
+    if not ok or not -1.0 < float(value) < 1.0:
+        raise ValueError(f"{where}: {value!r} is not a correlation strictly between -1 and 1; e.g. -0.37 "
+                         f"(the real runs' pool, as twin validate re-creates it) or 0 (independent lengths)")
+    return float(value)
+
 
 #: Front-end latency of one request outside the engine (seconds): the real client's HTTP request,
 #: vLLM 0.8.5's API server (request parsing, tokenisation, hand-over to the engine core) and the
