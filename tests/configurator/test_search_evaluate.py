@@ -106,3 +106,25 @@ def test_regret_of_the_real_optimum_is_one(real_data):
     assert s["smape_served"] == 0 and s["smape_slots"] == 0 and s["regret_min"] == pytest.approx(1.0)
     assert s["starving"] == 0
     assert s["starving_incl_overloaded"] == 2  # the two overloaded scenarios' optima starve by the rule's own line
+
+
+def test_evaluate_refuses_another_models_profile_before_any_work(tmp_path):
+    """The shipped configurators of one model's profile are not scored against another model's runs;
+    a table naming no model, or a source it lacks, is refused with the fix."""
+    import pandas as pd
+
+    from twin.configurator.evaluate import evaluate
+
+    row = dict(model="Qwen/Qwen2.5-7B-Instruct", source="ml_test", scenario="rate_0.4-0.05-0.00625_size_8-16-32",
+               run_dir="_16_16_32_", ranks="8-16-32", rates="0.4-0.05-0.00625", served_adapters=16, adapter_slots=16,
+               max_lora_rank=32, status="ok", offered_req_s=2.9, pool_mean_input_tokens=222.0,
+               pool_mean_output_tokens=196.0, offered_tok_s_est=1200.0, total_tok_s=1190.0)
+    path = tmp_path / "qwen.csv"
+    pd.DataFrame([row]).to_csv(path, index=False)
+    with pytest.raises(ValueError, match="pass --profile qwen-2.5-7b_h100_vllm085"):
+        evaluate(path, profile="llama-3.1-8b_h100_vllm085", run_search=False)
+    with pytest.raises(ValueError, match="--source"):
+        evaluate(path, source="dt_modelling", run_search=False)
+    pd.DataFrame([row]).drop(columns="model").to_csv(path, index=False)
+    with pytest.raises(ValueError, match="name no model"):
+        evaluate(path, run_search=False)

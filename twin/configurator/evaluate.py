@@ -41,7 +41,8 @@ from traces.arguments import parse_list
 from twin.configurator.search import search
 from twin.configurator.check import check_recommendation, known_from_runs
 from twin.configurator.models import load_model
-from twin.sweep.scenario import load_real, profile_for_model
+from twin.sweep.scenario import load_real
+from twin.validation.profiles import cached_profile, check_profile_model, profile_of_runs
 
 #: The published figures on the real test scenarios (SMAPE in their convention, %).
 PUBLISHED = {
@@ -205,9 +206,12 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
     real = load_real(real_csv)
     sel = real[real["source"] == source] if source else real
     if not len(sel):
-        raise ValueError(f"{real_csv}: no rows with source == {source!r}")
-    if profile is None:
-        profile = profile_for_model(sel["model"].dropna().iloc[0] if sel["model"].notna().any() else None)
+        have = sorted(real["source"].astype(str).unique()) if "source" in real.columns else []
+        raise ValueError(f"{real_csv}: no rows with source == {source!r} (its sources: {have}); pass --source NAME, "
+                         f"or --source '' for every row")
+    profile = profile_of_runs(sel, profile, f"the {source or 'selected'} runs of {real_csv}")
+    if not model_path:  # the shipped configurators of another model's profile would score nothing real
+        check_profile_model(cached_profile(profile), sel)
     if not sel["status"].astype(str).eq("ok").any():
         counts = ", ".join(f"{k} {v}" for k, v in sel["status"].astype(str).value_counts().items())
         raise ValueError(f"{real_csv}: none of the {len(sel)} rows{f' of source {source!r}' if source else ''} has "

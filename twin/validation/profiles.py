@@ -8,6 +8,8 @@ process, so the worker processes of :mod:`twin.validation.runner` load it once e
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from twin.perf.profile import Profile, available_profiles, load_profile
@@ -26,24 +28,67 @@ def cached_profile(name: str | None) -> Profile:
     return _PROFILES[key]
 
 
+#: suffixes of a checkpoint name that do not change the model the profile describes
+_VARIANT_SUFFIXES = ("-instruct", "-chat", "-hf")
+
+
+def model_tag(model: str | None) -> str:
+    """A model name as the profiles name it: ``Qwen/Qwen2.5-7B-Instruct``, ``qwen2.5-7b-instruct``
+    and ``qwen-2.5-7b-instruct`` all give ``qwen-2.5-7b``; ``meta-llama/Meta-Llama-3.1-8B-Instruct``
+    gives ``llama-3.1-8b`` (the organisation, a ``meta-`` prefix and the instruct/chat suffix go; a
+    family name runs into its version with a hyphen)."""
+    tag = str(model or "").strip().lower().rsplit("/", 1)[-1].replace("_", "-")
+    for suf in _VARIANT_SUFFIXES:
+        if tag.endswith(suf):
+            tag = tag[: -len(suf)]
+    tag = re.sub(r"^meta-", "", tag)
+    return re.sub(r"(?<=[a-z])(?=\d)", "-", tag)
+
+
+def _calibrated_profiles() -> list[str]:
+    return sorted(n for n in available_profiles() if n.endswith("_h100_vllm085"))
+
+
 def profile_for_model(model: str | None) -> str | None:
     """The calibrated vLLM 0.8.5 / H100 profile of ``model`` (``qwen-2.5-7b-instruct`` ->
-    ``qwen-2.5-7b_h100_vllm085``) when it is shipped, else None (the default profile)."""
-    if not model:
+    ``qwen-2.5-7b_h100_vllm085``; names normalised by :func:`model_tag`) when it is shipped, else None."""
+    if not model or (isinstance(model, float) and model != model):
         return None
-    tag = str(model).lower().replace("-instruct", "")
-    avail = available_profiles()
-    for name in (f"{tag}_h100_vllm085",):
-        if avail.get(name):
-            return name
-    return None
+    name = f"{model_tag(model)}_h100_vllm085"
+    return name if available_profiles().get(name) else None
+
+
+def profile_of_runs(sel: pd.DataFrame, profile: str | None, what: str = "the real runs") -> str:
+    """The profile that re-creates the runs ``sel``: ``profile`` when given, else the calibrated profile
+    of their ``model`` column (:func:`profile_for_model`). Without a ``model`` column, with an empty
+    one or with a model no profile is calibrated for, an error naming the fix (before any run)."""
+    if profile is not None:
+        return profile
+    avail = ", ".join(_calibrated_profiles())
+    if "model" not in sel.columns or not sel["model"].notna().any():
+        raise ValueError(f"{what} name no model (the 'model' column is {'missing' if 'model' not in sel.columns else 'empty'}): "
+                         f"add it (e.g. llama-3.1-8b-instruct) or pass --profile (calibrated profiles: {avail})")
+    models = sorted({str(m) for m in sel["model"].dropna().unique()})
+    found = {profile_for_model(m) for m in models}
+    if None in found:
+        missing = [m for m in models if profile_for_model(m) is None]
+        raise ValueError(f"no calibrated profile for the model(s) {missing} of {what} (calibrated profiles: {avail}); "
+                         f"pass --profile NAME_OR_JSON with a profile fitted for that model (twin calibrate fit)")
+    if len(found) > 1:
+        raise ValueError(f"{what} mix models {models} with different profiles ({sorted(found)}); select one model's "
+                         f"runs (e.g. --filter \"model=='{models[0]}'\")")
+    return found.pop()
 
 
 def check_profile_model(prof: Profile, sel: pd.DataFrame) -> None:
-    """Refuse a profile of another model than the selected runs'."""
-    models = {str(m).lower() for m in sel["model"].dropna().unique()}
-    tag = prof.model.name.lower().replace("-instruct", "")
-    bad = [m for m in models if tag not in m.replace("-instruct", "")]
+    """Refuse a profile of another model than the selected runs' (names compared by :func:`model_tag`)."""
+    if "model" not in sel.columns:
+        return
+    models = {str(m) for m in sel["model"].dropna().unique()}
+    tag = model_tag(prof.model.name)
+    bad = [m for m in models if model_tag(m) != tag]
     if bad:
-        raise ValueError(f"profile {prof.name!r} describes {prof.model.name}, but the runs are of {sorted(bad)}; "
-                         f"pass --profile with that model's calibrated profile")
+        own = [n for n in (profile_for_model(m) for m in bad) if n]
+        hint = (f"pass --profile {own[0]}, that model's calibrated profile" if len(set(own)) == 1 and len(own) == len(bad)
+                else f"pass --profile with a profile fitted for that model (calibrated: {', '.join(_calibrated_profiles())})")
+        raise ValueError(f"profile {prof.name!r} describes {prof.model.name}, but the runs are of {sorted(bad)}; {hint}")

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from policies.client_cap import CLIENT_MAX_INFLIGHT
-from twin.validation.profiles import cached_profile, check_profile_model, profile_for_model
+from twin.validation.profiles import cached_profile, check_profile_model, profile_of_runs
 from twin.validation.recreate import simulate_run
 from twin.validation.scoring import score, summarize
 from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, SCRAPE_S_PER_LABEL, START_FAILURE_STATUSES,
@@ -102,8 +102,7 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
     sel = select_runs(real, filt, limit, run_ids=run_ids)
     if not len(sel):
         raise ValueError(f"no run of {real_csv} matches the selection (filter {filt!r}, limit {limit})")
-    if profile is None:
-        profile = profile_for_model(sel["model"].dropna().iloc[0] if sel["model"].notna().any() else None)
+    profile = profile_of_runs(sel, profile, f"the selected runs of {real_csv}")
     prof = cached_profile(profile)
     check_profile_model(prof, sel)
     specs = [spec_from_row(row, seed, use_sent, length_corr, frontend_s, scrape_s_per_label) for _, row in sel.iterrows()

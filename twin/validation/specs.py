@@ -260,6 +260,9 @@ class RunSpec:
     length_corr: float = 0.0
     frontend_s: float = 0.0
     scrape_s_per_label: float = 0.0
+    #: the real run's status: a start failure (:data:`START_FAILURE_STATUSES`) is only checked
+    #: against the twin's start-up check, never simulated (it served nothing to compare with)
+    real_status: str = "ok"
 
     @property
     def adapter_rates(self) -> np.ndarray:
@@ -331,7 +334,8 @@ def spec_from_row(row: pd.Series | dict, seed: int = 0, use_sent: bool = True,
                    mean_in=float(g("pool_mean_input_tokens")), mean_out=float(g("pool_mean_output_tokens")),
                    requests_sent=sent, window_s=_finite_or(g("benchmark_time_s"), float, WINDOW_S),
                    seed=(zlib.crc32(run_id.encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF, length_corr=float(length_corr),
-                   frontend_s=float(frontend_s), scrape_s_per_label=float(scrape_s_per_label))
+                   frontend_s=float(frontend_s), scrape_s_per_label=float(scrape_s_per_label),
+                   real_status=str(g("status", "ok")))
 
 
 def nominal_requests(row: pd.Series | dict) -> float:

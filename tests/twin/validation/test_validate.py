@@ -293,6 +293,39 @@ def test_profile_follows_the_runs_model():
         V.check_profile_model(V.cached_profile("llama-3.1-8b_h100_vllm085"), real)
 
 
+def test_model_names_are_normalised_to_the_profiles_tags():
+    """A checkpoint name in any usual spelling finds its calibrated profile."""
+    for name in ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b-instruct", "Qwen-2.5-7B-Instruct", "qwen-2.5-7b"):
+        assert V.profile_for_model(name) == "qwen-2.5-7b_h100_vllm085", name
+    assert V.profile_for_model("meta-llama/Meta-Llama-3.1-8B-Instruct") == "llama-3.1-8b_h100_vllm085"
+    qwen = pd.DataFrame([_row(model="Qwen/Qwen2.5-7B-Instruct")])
+    V.check_profile_model(V.cached_profile("qwen-2.5-7b_h100_vllm085"), qwen)  # the same model: accepted
+    with pytest.raises(ValueError, match="pass --profile qwen-2.5-7b_h100_vllm085"):
+        V.check_profile_model(V.cached_profile("llama-3.1-8b_h100_vllm085"), qwen)
+
+
+@pytest.mark.parametrize("model, match", [(None, "column is missing"), (np.nan, "column is empty"),
+                                          ("mistral-7b-instruct", "no calibrated profile")])
+def test_runs_without_a_known_model_are_refused_with_the_fix(model, match):
+    from twin.validation.profiles import profile_of_runs
+
+    rows = pd.DataFrame([_row(model=model)])
+    if model is None:
+        rows = rows.drop(columns="model")
+    with pytest.raises(ValueError, match=match) as e:
+        profile_of_runs(rows, None)
+    assert "--profile" in str(e.value)
+    assert profile_of_runs(rows, "llama-3.1-8b_h100_vllm085") == "llama-3.1-8b_h100_vllm085"  # given: used
+
+
+def test_a_start_failure_the_twin_misses_is_not_simulated():
+    """A real run that failed to start records no pool lengths; when the twin's check says it starts,
+    it is a missed failure (``starts``), not an error and not an hour simulated from empty cells."""
+    row = _row(status="failed_kv_insufficient", pool_mean_input_tokens=np.nan, pool_mean_output_tokens=np.nan)
+    out = V.simulate_run(V.spec_from_row(row))
+    assert out["twin_starts"] and out["twin_status"] == "starts"
+
+
 def test_step_at_real_mix_is_the_model_at_the_runs_composition():
     """A saturated run whose ITL is the profile's step at the composition that ITL implies scores 1;
     a slower real run scores its slowdown; runs with the KV cache not full are left out."""
