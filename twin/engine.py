@@ -497,6 +497,10 @@ class Engine(PreemptionWalk, EngineState):
                 for j in range(1, part + 1):
                     extra += cnt[(g0 + j) % bs]
             self.used_blocks += extra
+        # the batch during the segment's last step, recorded before anyone leaves it (what vLLM's
+        # gauges hold while the next step runs: the finished requests go only at its end)
+        ad = self.adapters
+        batch, active, kv_blocks, mem = len(self.running), ad.n_active, self.used_blocks, ad.resident_bytes
         # prefill chunks: emit a token when a request has computed all its known tokens
         chunks = plan.chunks
         if chunks:
@@ -506,10 +510,8 @@ class Engine(PreemptionWalk, EngineState):
         if heap and heap[0] < (g1 + 1) * self._fin_m:  # a decoder finishes at g1
             self._finish_decoders(g1, now)
         loads = plan.loads
-        ad = self.adapters
-        self.rec.step(t0, now, k, plan.d, plan.durs, plan.total_s + load_s, len(self.running), plan.prefill_tokens,
-                      plan.n_dec, ad.n_active, self.used_blocks, ad.resident_bytes,
-                      len(loads), sum(ld.nbytes for ld in loads) if loads else 0)
+        self.rec.step(t0, now, k, plan.d, plan.durs, plan.total_s + load_s, batch, plan.prefill_tokens,
+                      plan.n_dec, active, kv_blocks, mem, len(loads), sum(ld.nbytes for ld in loads) if loads else 0)
 
     def _emit_after_prefill(self, chunks: list[tuple[int, int]], now: float) -> None:
         """The step's prefill ``chunks`` are computed: a request that computed all its known

@@ -118,8 +118,8 @@ def timeline_figure(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict[s
     summary = summary or {}
     fig, ax = _figure(4, 1, (13, 10))
     t0, t1 = steps["t_start"].to_numpy(), steps["t_end"].to_numpy()
-    # running requests after each step, waiting requests (step function)
-    ax[0].step(t1, steps["batch_size"].to_numpy(), where="post", lw=0.8, label="running (after each step)")
+    # the batch during each step (held from the row's start), waiting requests (step function)
+    ax[0].step(t0, steps["batch_size"].to_numpy(), where="post", lw=0.8, label="running (during each step)")
     tw, nw = waiting_curve(requests)
     if len(tw):
         ax[0].step(tw, nw, where="post", lw=0.8, label="waiting for first admission")
@@ -130,21 +130,21 @@ def timeline_figure(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict[s
     cap = summary.get("kv_capacity_tokens")
     used = steps["kv_blocks_used"].to_numpy() * block
     if cap:
-        ax[1].step(t1, used / cap * 100, where="post", lw=0.8, color="tab:green")
+        ax[1].step(t0, used / cap * 100, where="post", lw=0.8, color="tab:green")
         ax[1].set_ylabel("KV cache used (%)")
         ax[1].set_ylim(0, 105)
     else:
-        ax[1].step(t1, used, where="post", lw=0.8, color="tab:green")
+        ax[1].step(t0, used, where="post", lw=0.8, color="tab:green")
         ax[1].set_ylabel("KV tokens used")
     # adapters in the batch (against the slots) and resident adapter memory
-    ax[2].step(t1, steps["distinct_adapters"].to_numpy(), where="post", lw=0.8, color="tab:purple",
+    ax[2].step(t0, steps["distinct_adapters"].to_numpy(), where="post", lw=0.8, color="tab:purple",
                label="adapters in the batch")
     slots = (summary.get("config") or {}).get("max_loras")
     if slots:
         ax[2].axhline(slots, color="tab:purple", ls="--", lw=0.8, label=f"GPU adapter slots ({slots})")
     ax[2].set_ylabel("adapters")
     ax2 = ax[2].twinx()
-    ax2.step(t1, steps["adapter_mem_bytes"].to_numpy() / 1e9, where="post", lw=0.8, color="tab:gray",
+    ax2.step(t0, steps["adapter_mem_bytes"].to_numpy() / 1e9, where="post", lw=0.8, color="tab:gray",
              label="resident adapter memory")
     ax2.set_ylabel("resident adapters (GB)")
     h1, l1 = ax[2].get_legend_handles_labels()

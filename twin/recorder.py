@@ -3,6 +3,11 @@
 Steps are recorded as segments: a row covers ``n_steps`` consecutive identical decode
 steps (one row per step otherwise), so ``steps.parquet`` stays small on long runs. The
 summary built from them is :func:`twin.metrics.summarize`.
+
+A row's batch columns (``batch_size``, ``distinct_adapters``, ``kv_blocks_used``,
+``adapter_mem_bytes``) hold the batch during the row's last step, before the requests that finish
+in it leave: within a run of identical decode steps nothing joins or leaves, so that is the batch
+of every step of the row (KV blocks: after the last step's allocation).
 """
 
 from __future__ import annotations
