@@ -43,6 +43,8 @@ COLUMNS = [("ttft_ms_p50", "TTFT p50 ms", 0), ("ttft_ms_p99", "TTFT p99 ms", 0),
            ("itl_ms_p99", "TBT p99 ms", 1), ("throughput_rps", "thr req/s", 2), ("goodput_rps", "SLO thr req/s", 2),
            ("slo_attainment", "SLO att.", 3), ("adapter_hit_rate_requests", "hit rate req.", 3),
            ("adapter_hit_rate", "hit rate act.", 3)]
+#: request counts printed after the summary columns (arrived in the window, refused at admission)
+COUNT_COLUMNS = [("requests", "arrived"), ("rejected", "rejected")]
 
 
 def parse_names(text: str) -> list[str]:
@@ -122,7 +124,7 @@ def run_one(run: RunConfig, options: CompareConfig, policy: str, rps: float, slo
                    system=resolve_system(policy, run.system), frontend_s=run.frontend_ms / 1000.0)
     row = {"policy": policy, "rps": rps, **{k: res.summary.get(k) for k, _, _ in COLUMNS},
            "requests": res.summary["requests_arrived"], "finished": res.summary["requests_finished"],
-           "wall_s": res.summary["wall_s"]}
+           "rejected": res.summary["requests_rejected"], "wall_s": res.summary["wall_s"]}
     return row
 
 
@@ -154,17 +156,42 @@ def sustained_rps(rates: list[float], p99_ms: list[float | None], slo_s: float) 
     return best
 
 
+def sustained_bound(rates: list[float], p99_ms: list[float | None], slo_s: float) -> str:
+    """Where :func:`sustained_rps` is only a bound: ``">="`` when every swept rate meets the SLO (the
+    knee lies above the sweep), ``"<"`` when even the lowest misses it, else ``"="`` (interpolated)."""
+    pts = sorted(zip(rates, p99_ms))
+    ok = [p is not None and p <= slo_s * 1000.0 for _, p in pts]
+    return ">=" if all(ok) else "<" if not ok[0] else "="
+
+
+def format_sustained(sustained: dict[str, float], bounds: dict[str, str], rates: list[float]) -> list[str]:
+    """The console lines of the sustained throughput: a bound is printed as one (``>= 3.00``, ``< 1``),
+    and a ratio to the first policy only where both are measured (interpolated inside the sweep)."""
+    first = next(iter(sustained))
+    lo = min(rates)
+    lines = []
+    for p, v in sustained.items():
+        b = bounds[p]
+        val = f">= {v:6.2f} req/s (every swept rate meets the SLO: sweep higher --rps)" if b == ">=" else \
+            f" < {lo:6.2f} req/s (even the lowest swept rate misses the SLO)" if b == "<" else f"   {v:6.2f} req/s"
+        if p != first and b == "=" and bounds[first] == "=" and sustained[first] > 0:
+            val += f"  ({v / sustained[first]:.2f}x {first})"
+        lines.append(f"  {p:<24} {val}")
+    return lines
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = ["policy", "rps"] + [h for _, h, _ in COLUMNS]
+    head = ["policy", "rps"] + [h for _, h, _ in COLUMNS] + [h for _, h in COUNT_COLUMNS]
     lines = [head]
     for r in rows:
         vals = [r["policy"], f"{r['rps']:g}"]
         for k, _, nd in COLUMNS:
             v = r.get(k)
             vals.append("-" if v is None else f"{v:.{nd}f}")
+        vals += ["-" if r.get(k) is None else str(int(r[k])) for k, _ in COUNT_COLUMNS]
         lines.append(vals)
-    w = [max(len(str(l[i])) for l in lines) for i in range(len(head))]
-    out = ["  ".join(str(v).rjust(w[i]) if i > 1 else str(v).ljust(w[i]) for i, v in enumerate(l)) for l in lines]
+    w = [max(len(str(ln[i])) for ln in lines) for i in range(len(head))]
+    out = ["  ".join(str(v).rjust(w[i]) if i > 1 else str(v).ljust(w[i]) for i, v in enumerate(ln)) for ln in lines]
     out.insert(1, "-" * len(out[0]))
     return "\n".join(out)
 
@@ -237,6 +264,12 @@ def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
     return rows, sustained, slo
 
 
+def sustained_bounds(rows: list[dict[str, Any]], rates: list[float], slo_s: float) -> dict[str, str]:
+    """:func:`sustained_bound` of every policy of ``rows``."""
+    pols = list(dict.fromkeys(r["policy"] for r in rows))
+    return {p: sustained_bound(rates, [r["ttft_ms_p99"] for r in rows if r["policy"] == p], slo_s) for p in pols}
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     run = from_namespace(RunConfig, args, exclude=NOT_COMPARE_OPTIONS)
     options = from_namespace(CompareConfig, args)
@@ -245,20 +278,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(DEFAULT_OUT) / Path(run.trace).stem
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "compare.csv", index=False)
-    fig = write_figure(rows, slo, out / "compare.png", f"{run.trace} (profile {run.profile or 'default'}), "
-                                                       f"TTFT SLO {slo:.2f} s")
-    (out / "sustained.json").write_text(json.dumps({"slo_s": slo, "sustained_rps": sustained}, indent=2))
+    prof_name = load_compare_profile(run.profile, None).name
+    fig = write_figure(rows, slo, out / "compare.png", f"{run.trace} (profile {prof_name}), TTFT SLO {slo:.2f} s")
+    bounds = sustained_bounds(rows, options.rps, slo)
+    slo_ref = None if options.slo else options.policies[0]
+    doc = {"slo_s": slo, "slo_reference_policy": slo_ref, "sustained_rps": sustained, "sustained_bound": bounds}
+    (out / "sustained.json").write_text(json.dumps(doc, indent=2))
     if args.json:
-        print(json.dumps({"slo_s": slo, "rows": rows, "sustained_rps": sustained}, indent=2, default=str))
+        print(json.dumps({**doc, "rows": rows}, indent=2, default=str))
         return 0
-    print(f"TTFT SLO = {slo:.3f} s" + ("" if options.slo else f" ({options.slo_x:g} x the unloaded mean TTFT)"))
+    print(f"TTFT SLO = {slo:.3f} s" + ("" if options.slo else
+                                       f" ({options.slo_x:g} x the unloaded mean TTFT of {slo_ref}, the first policy, "
+                                       f"at {options.unloaded_rps:g} req/s)"))
     print(format_table(rows))
     print()
-    base = next(iter(sustained.values()))
     print("sustained throughput (P99 TTFT <= SLO):")
-    for p, v in sustained.items():
-        rel = f"  ({v / base:.2f}x {next(iter(sustained))})" if base > 0 else ""
-        print(f"  {p:<24} {v:6.2f} req/s{rel}")
+    print("\n".join(format_sustained(sustained, bounds, options.rps)))
     print(f"wrote {out / 'compare.csv'}, {fig}")
     return 0
 

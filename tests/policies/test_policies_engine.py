@@ -190,6 +190,15 @@ def test_compare_command_writes_table_and_figure(tmp_path, capsys):
     assert sustained_rps([6, 8, 9], [500.0, 900.0, 3000.0], 1.0) == pytest.approx(8 + (1000 - 900) / (3000 - 900))
     assert sustained_rps([6, 8], [2000.0, 3000.0], 1.0) == 0.0
     assert sustained_rps([6, 8], [100.0, 300.0], 1.0) == 8
+    from twin.compare import format_sustained, sustained_bound
+
+    assert sustained_bound([6, 8, 9], [500.0, 900.0, 3000.0], 1.0) == "="
+    assert sustained_bound([6, 8], [100.0, 300.0], 1.0) == ">="  # the knee lies above the sweep: a bound
+    assert sustained_bound([6, 8], [2000.0, 3000.0], 1.0) == "<"
+    lines = format_sustained({"a": 8.0, "b": 8.0, "c": 7.0}, {"a": ">=", "b": ">=", "c": "="}, [6, 8])
+    assert ">=" in lines[0] and "x a" not in "".join(lines)  # no ratio to a bound
+    lines = format_sustained({"a": 7.0, "b": 7.5}, {"a": "=", "b": "="}, [6, 8])
+    assert "(1.07x a)" in lines[1]
     rc = main(["compare", "--trace", "synthetic", "--policies", "vllm,slora", "--rps", "1,2", "--duration", "20",
                "--adapters", "10", "--profile", "embedded", "--slo", "2.0", "--out", str(tmp_path)])
     assert rc == 0
