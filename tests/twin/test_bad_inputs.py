@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shlex
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -100,6 +99,13 @@ FILES.update({  # real-run tables (twin validate, twin configure evaluate) with 
     "real_maxrank.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,16,ok,1,222,197\n",
     "real_itl.csv": _REAL_HEADER.replace(b"\n", b",mean_itl_ms\n")
                     + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,-5\n",
+    "real_sent.csv": _REAL_HEADER.replace(b"\n", b",requests_sent\n")
+                     + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,-3\n",
+    "real_seqs.csv": _REAL_HEADER.replace(b"\n", b",max_num_seqs\n")
+                     + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,0\n",
+    "real_cpu.csv": _REAL_HEADER.replace(b"\n", b",max_cpu_loras\n")
+                    + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,1\n",
+    "real_huge.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,4000-0.1-0.05,16,16,32,ok,1,222,197\n",
 })
 
 
@@ -323,6 +329,10 @@ CASES: list[tuple[str, str]] = [
     ("validate --real {d}/real_lengths.csv", "column pool_mean_input_tokens: 'long' is not a positive number"),
     ("validate --real {d}/real_maxrank.csv", "column max_lora_rank: 16 is below the run's largest adapter rank 32"),
     ("validate --real {d}/real_itl.csv", "column mean_itl_ms: -5 is not a measurement"),
+    ("validate --real {d}/real_sent.csv", "column requests_sent: -3 is not a request count"),
+    ("validate --real {d}/real_seqs.csv", "column max_num_seqs: 0 is not an integer >= 1"),
+    ("validate --real {d}/real_cpu.csv", "column max_cpu_loras: 1 is below adapter_slots"),
+    ("validate --real {d}/real_huge.csv", "more than the 5,000,000 a run may generate"),
     ("validate --real {d}/real_status.csv", "none of the 1 selected runs of {d}/real_status.csv can be scored "
                                             "(statuses: weird 1)"),
     # twin configure, twin sweep

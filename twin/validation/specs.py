@@ -21,6 +21,7 @@ import pandas as pd
 
 from traces.arguments import parse_list
 from traces.datadir import require
+from traces.registry import MAX_REQUESTS
 from twin.validation.metrics import METRICS
 
 WINDOW_S = 3600.0
@@ -158,6 +159,30 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
         if float(df["max_lora_rank"].iloc[i]) < top:
             raise bad(i, "max_lora_rank", f"is below the run's largest adapter rank {top} (vLLM would refuse those "
                                           f"adapters)")
+    # engine settings: absent (NaN) takes the default; vLLM refuses max_num_seqs < 1 and
+    # max_cpu_loras < max_loras (LoRAConfig), the client cannot have sent a negative count
+    for col, lo, what in (("max_num_seqs", 1, "is not an integer >= 1 (vLLM's max_num_seqs)"),
+                          ("max_cpu_loras", None, "is below adapter_slots (vLLM requires max_cpu_loras >= max_loras)")):
+        if col not in df.columns:
+            continue
+        x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
+        floor = pd.to_numeric(df["adapter_slots"], errors="coerce").to_numpy(float) if lo is None else lo
+        with np.errstate(invalid="ignore"):
+            wrong = used & np.isfinite(x) & ((x < floor) | (x != np.round(x)))
+        if wrong.any():
+            raise bad(int(np.argmax(wrong)), col, what)
+    if "requests_sent" in df.columns:
+        x = pd.to_numeric(df["requests_sent"], errors="coerce").to_numpy(float)
+        with np.errstate(invalid="ignore"):
+            wrong = used & ~np.isnan(x) & (~np.isfinite(x) | (x < 0) | (x > MAX_REQUESTS))
+        if wrong.any():
+            raise bad(int(np.argmax(wrong)), "requests_sent", f"is not a request count from 0 to {MAX_REQUESTS:,} "
+                                                              f"(leave it empty for the nominal load)")
+    for i in np.flatnonzero(used).tolist():  # the nominal load a row without requests_sent re-creates
+        n = nominal_requests(df.iloc[i])
+        if not n <= MAX_REQUESTS:
+            raise bad(i, "rates", f"offers {n:,.0f} requests over the run's window, more than the {MAX_REQUESTS:,} a "
+                                  f"run may generate (rates in req/s per adapter)")
     ok = status.eq("ok").to_numpy()
     for col in _REAL_OK_COLUMNS:
         x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
