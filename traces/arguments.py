@@ -16,6 +16,8 @@ from typing import Any, Callable, TypeVar
 T = TypeVar("T")
 
 _SEPARATORS = re.compile(r"[,/\s]+")
+#: a comma with nothing before or after it (``8,,16``, ``8,16,``, ``,8``)
+_EMPTY_ITEM = re.compile(r"(^|,)\s*(,|$)")
 
 
 def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value",
@@ -28,6 +30,9 @@ def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value"
         raise ValueError(f"{name}: a list is required, e.g. 8,16,32")
     if isinstance(value, str):
         text = value.strip()
+        if _SEPARATORS.sub("", text) and _EMPTY_ITEM.search(text):
+            raise ValueError(f"{name}: {value!r} has an empty item (two commas in a row, or a comma at an end); "
+                             f"give comma-separated values, e.g. 8,16,32")
         if text.startswith("-") and minimum is not None and minimum >= 0:
             raise ValueError(f"{name}: values must be >= {minimum:g}, got {value!r}")
         parts = [p for p in _SEPARATORS.split(text) if p]

@@ -49,15 +49,26 @@ COUNT_COLUMNS = [("requests", "arrived"), ("rejected", "rejected")]
 
 def parse_names(text: str) -> list[str]:
     """Comma-separated names (preset names contain dashes, so not :func:`parse_list`)."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
+    names = [n.strip() for n in text.split(",")]
+    if not any(names):
         raise ValueError("--policies: give at least one preset, e.g. slora,chameleon")
+    if not all(names):
+        raise ValueError(f"--policies: {text!r} has an empty name (two commas in a row, or a comma at an end)")
+    _no_repeats("--policies", names)
     return names
 
 
 def parse_rates(text: str) -> list[float]:
-    """Request rates such as ``6,8,9``."""
-    return parse_list(text, float, "--rps", minimum=0)
+    """Request rates such as ``6,8,9`` (each once)."""
+    rates = parse_list(text, float, "--rps", minimum=0)
+    _no_repeats("--rps", rates)
+    return rates
+
+
+def _no_repeats(name: str, values: list) -> None:
+    seen = [v for i, v in enumerate(values) if v in values[:i]]
+    if seen:
+        raise ValueError(f"{name}: {seen[0]!r} is given twice; list each value once")
 
 
 @dataclass

@@ -326,6 +326,10 @@ def check_run(run: RunConfig) -> None:
     _check_system(run)
 
 
+#: the ``max_lora_rank`` values vLLM 0.8.5 accepts (``LoRAConfig.__post_init__``: ``possible_max_ranks``)
+VLLM_MAX_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
 def _check_system(run: RunConfig) -> None:
     """``--system``, ``--lora-targets`` and ``--max-total-tokens``: a known name, a combination
     the system can run (S-LoRA: one GPU; ``--max-total-tokens`` is S-LoRA's pool)."""
@@ -348,6 +352,16 @@ def _check_system(run: RunConfig) -> None:
     if system != "slora" and run.max_total_tokens is not None:
         raise ConfigError("--max-total-tokens sizes S-LoRA's pool (--system slora); on the vLLM engine give "
                           "--kv-tokens")
+    if system == "vllm" and run.max_lora_rank is not None and run.max_lora_rank not in VLLM_MAX_LORA_RANKS:
+        up = min((r for r in VLLM_MAX_LORA_RANKS if r >= run.max_lora_rank), default=VLLM_MAX_LORA_RANKS[-1])
+        raise ConfigError(f"--max-lora-rank {run.max_lora_rank}: vLLM accepts only "
+                          f"{', '.join(map(str, VLLM_MAX_LORA_RANKS))} (LoRAConfig); give --max-lora-rank {up}")
+    if system == "slora":
+        prompt, total = run.slora_max_prompt_len, run.slora_max_total_len
+        if prompt is not None and total is not None and not prompt < total:
+            raise ConfigError(f"--slora-max-prompt-len {prompt} is not below --slora-max-total-len {total}: a prompt "
+                              f"of the largest length needs room for an output token (S-LoRA's max_req_input_len < "
+                              f"max_req_total_len); raise --slora-max-total-len or lower --slora-max-prompt-len")
 
 
 # --------------------------------------------------------------------------- workload and server
@@ -488,6 +502,19 @@ def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile:
     slots = cfg.max_loras if cfg.enable_lora else 0
     max_rank = (cfg.max_lora_rank or top_rank) if slots else 0
     kv = cfg.kv_capacity_tokens or profile.kv_capacity_tokens(slots, max_rank)
+    if resolve_system(run.policy, run.system) == "slora":
+        # S-LoRA starts with any pool and refuses, per request, one longer than the pool or its limits
+        # (``slora.md`` §1; twin/slora_engine.py ``_apply_rejection_rules``): refuse only a set-up where
+        # every request of the workload would be refused
+        pool = cfg.max_total_tokens or cfg.kv_capacity_tokens
+        tot = (df["prompt_tokens"] + df["output_tokens"]).to_numpy()
+        lim = min(run.slora_max_total_len, pool - 1) if pool else run.slora_max_total_len
+        if len(tot) and tot.min() > lim:
+            why = (f"the pool of {pool} tokens" if pool and pool - 1 < run.slora_max_total_len
+                   else f"--slora-max-total-len {run.slora_max_total_len}")
+            raise ConfigError(f"every request of the workload is longer than {why} (the shortest has "
+                              f"{int(tot.min())} tokens): S-LoRA would refuse them all; raise it")
+        return
     if run.kv_tokens is not None and kv < max_len:  # the size given is the problem, not the memory
         lower = f", or lower --max-model-len (at most {kv})" if kv >= 16 * cfg.block_size else ""
         raise ConfigError(f"--kv-tokens {kv}: too small; vLLM needs a KV cache that holds at least one "
@@ -556,7 +583,7 @@ def _pin_synthetic(d: dict[str, Any], workload: Workload) -> None:
     c = workload.meta.get("config") if workload.meta.get("kind") == "synthetic" else None
     if not isinstance(c, dict):
         return
-    a, ad, ln = c.get("arrivals", {}), c.get("adapters", {}), c.get("lengths", {})
+    a, ad = c.get("arrivals", {}), c.get("adapters", {})
     if a.get("n_requests") is None and d["duration"] is None:
         d["duration"] = a.get("duration_s")
     if a.get("process") in ("poisson", "gamma", "onoff") and d["rps"] is None:

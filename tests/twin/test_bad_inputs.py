@@ -145,6 +145,15 @@ CASES: list[tuple[str, str]] = [
     (R + "--ranks 8,x", "'x' is not a valid int"),
     (R + "--ranks 0", "values must be >= 1"),
     (R + "--ranks ,", "--ranks: empty list"),
+    (R + "--ranks 8,,16", "'8,,16' has an empty item"),
+    (R + "--ranks 8,16,", "has an empty item"),
+    ("compare --trace synthetic --policies vllm --rps 1,1 --duration 5", "--rps: 1.0 is given twice"),
+    ("compare --trace synthetic --policies vllm,vllm --rps 1 --duration 5", "'vllm' is given twice"),
+    ("compare --trace synthetic --policies vllm, --rps 1 --duration 5", "has an empty name"),
+    # settings the engines refuse
+    (R + "--max-lora-rank 33", "vLLM accepts only 8, 16, 32, 64, 128, 256, 320, 512 (LoRAConfig); give --max-lora-rank 64"),
+    (R + "--system slora --slora-max-total-len 10", "(S-LoRA's max_req_input_len < max_req_total_len)"),
+    (R + "--policy slora --kv-tokens 50", "longer than the pool of 50 tokens"),
     # times, rates, SLOs
     ("run --no-progress --horizon -5", "--horizon -5: must be > 0"),
     ("run --no-progress --horizon 0", "--horizon 0: must be > 0"),
