@@ -105,6 +105,31 @@ def test_grid_errors(tmp_path):
     ('[configs]\nengine = { max_num_seqs = "abc" }', r"\[configs.engine\] max_num_seqs: 'abc' is not an int"),
     ("[configs]\nengine = { prefix_caching = 1 }", r"\[configs.engine\] prefix_caching: 1 is not a bool"),
     ("[configs]\nengine = { max_model_len = 1.5 }", r"max_model_len: 1.5 is not an int \(or absent\)"),
+    # scalar keys of the wrong type (profile = 5 used to be a TypeError from inside the profile loader)
+    ("profile = 5", r"grid profile: 5 is not a profile name or a JSON path \(a string\); e.g. profile = "),
+    ("profile = [\"a\"]", r"grid profile: \['a'\] is not a profile name"),
+    ("model = 3", r"grid model: 3 is not a model name \(a string\)"),
+    # the grid's name is the default output directory sweeps/<name>: one directory name
+    ('name = "../../escape"', r"grid name '../../escape' holds a path separator; .* sweeps/<name>"),
+    ('name = ""', r"grid name '' is empty; .*give one directory name"),
+    ('name = ".."', r"grid name '..' is not a directory name"),
+    ("name = [1, 2]", r"grid name: \[1, 2\] is not a string; give one directory name"),
+    # empty axes ran nothing and reported success
+    ("[scenarios]\npolicy = []", r"\[scenarios\] policy: an empty list \(the grid would run nothing\); give at least"),
+    ("[scenarios]\narrival = []", r"\[scenarios\] arrival: an empty list \(the grid would run nothing\)"),
+    ("[scenarios]\npolicy = [[1]]", r"\[scenarios\] policy: \[1\] is not a name \(a string\)"),
+    ("[scenarios]\narrival = [3]", r"\[scenarios\] arrival: 3 is not a name"),
+    # a repeated value ran the same tasks twice
+    ("seeds = [0, 0]", r"grid seeds: 0 is listed twice \(its runs would be done twice\); give each value once"),
+    ("[configs]\nserved = [8, 8.0]", r"\[configs\] served: 8 is listed twice"),
+    ("[configs]\nslots = [16, 8, 16]", r"\[configs\] slots: 16 is listed twice"),
+    ("[configs]\nmax_lora_rank = [32, 32]", r"\[configs\] max_lora_rank: 32 is listed twice"),
+    ("[scenarios]\nrates = [[0.4, 0.2], [0.4, 0.2]]", r"\[scenarios\] rates: \[0.4, 0.2\] is listed twice"),
+    ("[scenarios]\nranks = [[8, 16], [8, 16]]", r"\[scenarios\] ranks: \[8, 16\] is listed twice"),
+    ("[scenarios]\nrank_values = [8, 16, 8]", r"\[scenarios\] rank_values: 8 is listed twice"),
+    ("[scenarios]\nlengths = [[222, 197], [222.0, 197]]", r"\[scenarios\] lengths: \[222.0, 197.0\] is listed twice"),
+    ('[scenarios]\npolicy = ["vllm", "vllm"]', r"\[scenarios\] policy: 'vllm' is listed twice"),
+    ('[scenarios]\narrival = ["poisson", "poisson"]', r"\[scenarios\] arrival: 'poisson' is listed twice"),
 ])
 def test_a_bad_grid_value_is_refused_naming_the_key_before_any_run(tmp_path, text, message):
     p = tmp_path / "bad.toml"
@@ -262,3 +287,74 @@ def test_a_coupled_grid_draws_coupled_lengths_with_the_same_means():
     assert spearmanr(coupled.prompt_tokens, coupled.output_tokens)[0] < -0.25
     for col in ("prompt_tokens", "output_tokens"):
         assert coupled[col].mean() == pytest.approx(plain[col].mean(), rel=0.05)
+
+
+def test_a_grid_file_named_by_its_file_needs_a_usable_name(tmp_path):
+    """A grid without ``name`` is named after its file; a file name that is no directory name is
+    refused naming where the name came from (the default output directory is sweeps/<name>)."""
+    p = tmp_path / "..toml"
+    p.write_text("[configs]\nserved = [8]\nslots = [8]\n")
+    with pytest.raises(ValueError, match=r"grid name \(the file's name, as the grid sets no `name`\) '.' is not a "):
+        load_grid(p)
+    q = tmp_path / "fine.toml"
+    q.write_text("[configs]\nserved = [8]\nslots = [8]\n")
+    assert load_grid(q).name == "fine"
+
+
+def test_rate_and_rank_tuples_of_different_lengths_are_a_valid_grid():
+    """Rates and ranks are assigned to the served adapters round-robin each on its own
+    (:func:`twin.validation.recreate.build_workload`; ``rate_arity`` and ``rank_arity`` are separate
+    keys), so a pair of rates with a triple of ranks is a scenario, not a mismatch."""
+    g = grid_from_dict({"name": "a", "window_s": 60, "scenarios": {"rates": [[0.4, 0.2]], "ranks": [[8, 16, 32]]},
+                        "configs": {"served": [8], "slots": [8]}})
+    (t,) = g.tasks()
+    assert t["scenario"]["rates"] == [0.4, 0.2] and t["scenario"]["ranks"] == [8, 16, 32]
+
+
+def test_a_policy_named_twice_under_another_spelling_is_a_duplicate():
+    """A null or empty policy is the published one (as :func:`check_policies` takes it): listing it
+    beside ``fcfs+client-cap`` would run the same scenarios (same keys) twice."""
+    with pytest.raises(ValueError, match=r"\[scenarios\] policy: 'fcfs\+client-cap' is listed twice"):
+        grid_from_dict({"scenarios": {"policy": ["fcfs+client-cap", ""]}})
+
+
+def test_the_axes_a_grid_file_leaves_to_the_published_grid_are_named(tmp_path):
+    """A grid file with only a name (or only a comment) is the whole published grid at the default
+    profile, as the defaults intend; ``defaults_note`` says so (the CLI prints it on a dry run and before
+    a sweep), and says nothing for a grid that sets its axes, nor for the named grids."""
+    from twin.sweep.grid import defaults_note
+
+    p = tmp_path / "only.toml"
+    p.write_text("# nothing but a comment\n")
+    g = load_grid(p)
+    note = defaults_note(g, len(g.tasks()))
+    assert "leaves rates, ranks, served, slots at the published grid's values" in note
+    assert "profile at the default (" in note and "840 tasks x 55 configurations" in note
+    q = tmp_path / "tiny.toml"
+    q.write_text(TOML)
+    g = load_grid(q)
+    assert defaults_note(g, len(g.tasks())) == ""
+    g = load_grid("smoke")
+    assert defaults_note(g, len(g.tasks())) == ""
+    r = tmp_path / "part.toml"
+    r.write_text('profile = "llama-3.1-8b_h100_vllm085"\n[scenarios]\nrates = [[0.4, 0.2, 0.1]]\n'
+                 'ranks = [[8, 16, 32]]\n[configs]\nserved = [8, 16]\n')
+    g = load_grid(r)
+    note = defaults_note(g, len(g.tasks()))
+    assert note.startswith("grid 'part' leaves slots at the published grid's values:") and "profile" not in \
+        note.split(":")[0]
+
+
+def test_the_checks_keep_every_valid_grid_digest_and_task_hash(tmp_path):
+    """The new checks (types, names, duplicates, empty axes) only refuse: a valid grid file reads to
+    the same digest and task hashes as the GridSpec written by hand."""
+    from twin.sweep.grid import GridSpec
+
+    p = tmp_path / "tiny.toml"
+    p.write_text(TOML)
+    g = load_grid(p)
+    ref = GridSpec(name="tiny", profile="llama-3.1-8b_h100_vllm085", window_s=60.0, seeds=[0, 1],
+                   rates=[[0.4, 0.05, 0.00625]], ranks=[[8, 8, 8], [8, 8, 16]], served=[8, 16], slots=[8, 16],
+                   engine={"max_num_seqs": 512}, early_stop_run=False, ttft_slo_s=2.0)
+    assert g.digest() == ref.digest()
+    assert [t["task_hash"] for t in g.tasks()] == [t["task_hash"] for t in ref.tasks()]

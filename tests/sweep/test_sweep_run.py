@@ -200,3 +200,179 @@ def test_an_interrupted_sweep_says_how_to_resume(local_smoke, tmp_path, monkeypa
     assert "Traceback" not in err
     assert f"interrupted; {len(kept) - 1} finished task shards are kept under {out / 'shards'}" in err
     assert "run the same command to resume" in err
+
+
+def _start_failure_sweep(out):
+    """A sweep directory whose every run failed the start-up check (5000 slots of rank 32 leave no KV
+    cache), as an earlier twin wrote it: the rows of the walk of the smoke grid's first scenario."""
+    from twin.sweep.runner import write_shard
+    from twin.sweep.walk import run_task
+
+    g = load_grid("smoke")
+    g.slots, g.served = [5000], [5000]
+    t = g.tasks()[0]
+    rows = run_task(t)
+    assert [r["status"] for r in rows] == ["start_failure"]
+    write_shard(out, t["task_hash"], rows)
+    return g
+
+
+def test_a_grid_where_no_configuration_starts_is_refused_before_any_run(tmp_path):
+    g = load_grid("smoke")
+    g.slots, g.served = [5000], [5000]
+    with pytest.raises(ValueError, match=r"grid: no configuration passes vLLM's start-up check with profile "
+                                         r"llama-3.1-8b_h100_vllm085, so every run would be a start failure \(at "
+                                         r"5000 slots of max LoRA rank 32: the KV cache left .* give smaller"):
+        run_sweep(g, tmp_path / "sw", "local", progress=False)
+    assert not (tmp_path / "sw").exists()
+
+
+def test_the_summary_of_a_sweep_whose_runs_all_failed_to_start_says_so(tmp_path, capsys):
+    """``--summary`` of a sweep of start failures only used to be ``error: starving`` (a KeyError):
+    it counts them and names the reasons."""
+    from twin.cli import main
+    from twin.sweep.runner import summarize_results
+
+    _start_failure_sweep(tmp_path)
+    s = summarize_results(read_results(tmp_path))
+    assert (s["runs"], s["simulated"], s["start_failures"], s["starving"], s["early_stopped"]) == (1, 0, 1, 0, 0)
+    assert s["note"] == "no run was simulated: all 1 runs failed vLLM's start-up check"
+    assert s["start_failure_reasons"][0].startswith("1 run: the KV cache left after the weights and 5000 LoRA slots")
+    assert main(["sweep", "smoke", "--out", str(tmp_path), "--summary"]) == 0
+    out = capsys.readouterr().out
+    assert "no run was simulated: all 1 runs failed vLLM's start-up check" in out and "5000 LoRA slots" in out
+    assert main(["sweep", "smoke", "--out", str(tmp_path), "--summary", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["start_failures"] == 1
+
+
+def test_the_summary_of_a_sweep_of_errors_only_names_the_first(tmp_path, monkeypatch):
+    import twin.sweep.walk as walk
+    from twin.sweep.runner import summarize_results
+
+    def boom(*a, **k):
+        raise RuntimeError("the profile exploded")
+
+    monkeypatch.setattr(walk, "run_config", boom)
+    run_sweep(load_grid("smoke"), tmp_path, "local", limit=1, progress=False)
+    s = summarize_results(read_results(tmp_path))
+    assert s["errors"] == s["runs"] > 0 and s["simulated"] == 0 and s["early_stopped"] == 0
+    assert s["note"] == f"no run was simulated: all {s['runs']} runs ended in an error"
+    assert s["first_error"] == "RuntimeError: the profile exploded"
+
+
+def test_the_summary_of_a_table_that_is_no_sweep_is_a_clear_error(tmp_path):
+    from twin.sweep.runner import summarize_results
+
+    with pytest.raises(ValueError, match=r"not a sweep's run table \(missing columns status, task_hash\)"):
+        summarize_results(pd.DataFrame({"a": [1]}))
+
+
+def test_a_sweep_whose_runs_all_failed_to_start_says_so_in_its_report(tmp_path, monkeypatch, capsys):
+    """Runs that all end as start failures: the report counts them and names the first reason,
+    rather than only '5 runs (0 simulated ...)'."""
+    import twin.sweep.walk as walk
+    from twin.cli import main
+
+    def no_start(sc, n, g, mr, **k):
+        return {"served_adapters": n, "adapter_slots": g, "max_lora_rank": mr, "seed": k["seed"], "early_stop": False,
+                "status": "start_failure", "startup_reason": "vLLM would refuse to start", "wall_s": 0.0}
+
+    monkeypatch.setattr(walk, "run_config", no_start)
+    assert main(["sweep", "smoke", "--out", str(tmp_path / "sw"), "--limit", "1", "--no-progress"]) == 0
+    cap = capsys.readouterr()
+    assert "runs (0 simulated, 5 failed to start, 0 stopped early)" in cap.out
+    assert ("no run was simulated: 5 of the 5 runs failed vLLM's start-up check (first: vLLM would refuse to start)"
+            in cap.err)
+    rep = json.loads((tmp_path / "sw" / "sweep.json").read_text())["history"][-1]
+    assert rep["runs_start_failed"] == 5 and rep["first_start_failure"] == "vLLM would refuse to start"
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("ab.csv", "a,b\n1,2\n", r"--exclude {f}: no `scenario` column \(columns: a, b\); the table must hold the "
+                             r"scenario keys to leave out in a `scenario` column"),
+    ("empty.csv", "", r"--exclude {f}: the file is empty; give scenario keys, a real-run CSV"),
+    ("header.csv", "scenario\n", r"--exclude {f}: the table holds no scenario rows, so it excludes nothing"),
+    ("real.csv", "source,scenario\ndt_modelling,x\n", r"--exclude {f}: the table holds no ml_test rows"),
+    ("dir", None, r"--exclude {f}: a directory, not a CSV table"),
+    ("missing.csv", "-", r"--exclude {f}: file not found"),
+    ("keys.txt", "x\n", r"--exclude {f}: not a .csv file"),
+])
+def test_an_exclusion_file_that_gives_no_scenario_is_refused_naming_it(tmp_path, capsys, name, text, message):
+    """``--exclude`` with a table lacking the ``scenario`` column used to print ``error: scenario``; an
+    empty file, a directory or a missing CSV excluded nothing in silence."""
+    import re
+
+    from twin.cli import main
+    from twin.sweep.runner import exclusion_keys
+
+    f = tmp_path / name
+    if text is None:
+        f.mkdir()
+    elif text != "-":
+        f.write_text(text)
+    msg = message.format(f=re.escape(str(f)))
+    with pytest.raises(ValueError, match=msg):
+        exclusion_keys(f"rate_3.2-1.6-0.8_size_8-16-32,{f}")
+    assert main(["sweep", "smoke", "--exclude", str(f), "--out", str(tmp_path / "sw"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(msg, err) and "Traceback" not in err and err.startswith("twin sweep: error: ")
+    assert not (tmp_path / "sw").exists()
+
+
+def test_exclusion_keys_that_match_no_scenario_are_warned_about(tmp_path, capsys):
+    from twin.cli import main
+
+    assert main(["sweep", "smoke", "--exclude", "rate_3.2-1.6-0.8_size_8-16-32,no-such-key", "--dry-run",
+                 "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["tasks"] == 1
+    assert ("twin sweep: warning: 1 of the 2 --exclude keys match no scenario of grid smoke (e.g. 'no-such-key') "
+            "and exclude nothing; its keys look like 'rate_") in cap.err
+    assert main(["sweep", "smoke", "--exclude", "rate_3.2-1.6-0.8_size_8-16-32", "--dry-run"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    both = "rate_3.2-1.6-0.8_size_8-16-32,rate_0.8-0.4-0.1_size_8-16-32"
+    assert main(["sweep", "smoke", "--exclude", both, "--dry-run"]) == 0
+    assert "--exclude leaves none of the 2 tasks of grid smoke: nothing to run" in capsys.readouterr().err
+
+
+def test_an_address_with_the_local_executor_is_refused(tmp_path, capsys):
+    """``--address`` only reaches a Dask / Ray cluster; with the local executor it was ignored."""
+    from twin.cli import main
+
+    assert main(["sweep", "smoke", "--address", "tcp://host:8786", "--out", str(tmp_path / "sw"),
+                 "--no-progress"]) == 2
+    assert ("twin sweep: error: --address tcp://host:8786: only the dask and ray executors connect to a cluster; "
+            "add --executor dask (or ray)") in capsys.readouterr().err
+    assert not (tmp_path / "sw").exists()
+    with pytest.raises(ValueError, match=r"--address tcp://host:8786: only the dask and ray executors"):
+        run_sweep(load_grid("smoke"), tmp_path / "sw", "local", address="tcp://host:8786", progress=False)
+    assert not (tmp_path / "sw").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ('profile = 5\n[scenarios]\nrates = [[0.4, 0.2, 0.1]]\nranks = [[8, 16, 32]]\n',
+     "grid profile: 5 is not a profile name or a JSON path"),
+    ('[scenarios]\npolicy = []\n', "grid [scenarios] policy: an empty list"),
+    ('name = "../../escape"\n', "grid name '../../escape' holds a path separator"),
+    ('seeds = [0, 0]\n', "grid seeds: 0 is listed twice"),
+])
+def test_a_bad_grid_file_is_an_exit_2_error_on_the_command_line(tmp_path, capsys, text, message):
+    from twin.cli import main
+
+    p = tmp_path / "g.toml"
+    p.write_text(text)
+    assert main(["sweep", str(p), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"twin sweep: error: {message}") and "Traceback" not in err
+
+
+def test_a_grid_file_left_at_the_published_axes_says_so_on_a_dry_run(tmp_path, capsys):
+    from twin.cli import main
+
+    p = tmp_path / "only.toml"
+    p.write_text('name = "only"\n')
+    assert main(["sweep", str(p), "--dry-run", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["tasks"] == 840
+    assert cap.err.startswith("twin sweep: note: grid 'only' leaves rates, ranks, served, slots at the published "
+                              "grid's values and profile at the default (")

@@ -42,9 +42,10 @@ def register_cli(subparsers) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from twin.sweep.grid import NAMED_GRIDS, load_grid
-    from twin.sweep.runner import (MissingExtra, check_selection, done_tasks, exclusion_keys, read_results,
-                                   run_sweep, select_tasks, shard_dir, summarize_results)
+    from twin.sweep.grid import NAMED_GRIDS, defaults_note, load_grid
+    from twin.sweep.runner import (MissingExtra, check_address, check_runnable, check_selection, done_tasks,
+                                   exclusion_keys, read_results, run_sweep, select_tasks, shard_dir,
+                                   summarize_results, unmatched_exclusions)
 
     if args.list and args.json:
         grids = [fn() for fn in NAMED_GRIDS.values()]
@@ -58,14 +59,29 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   f"window {g.window_s:g} s")
         return 0
     check_selection(args.limit, args.shard, args.every, args.jobs)
+    check_address(args.executor, args.address)
     grid = load_grid(args.grid)
     out = args.out or f"sweeps/{grid.name}"
     if args.summary:
         s = summarize_results(read_results(out))
-        print(json.dumps(s, indent=2) if args.json else "\n".join(f"{k:<26} {v}" for k, v in s.items()))
+        print(json.dumps(s, indent=2) if args.json else "\n".join(
+            f"{k:<26} {'; '.join(v) if isinstance(v, list) else v}" for k, v in s.items()))
         return 0
     exclude = exclusion_keys(args.exclude)
-    tasks = select_tasks(grid.tasks(), args.limit, args.shard, args.every, exclude)
+    grid_tasks = grid.tasks()
+    check_runnable(grid_tasks)
+    unmatched = unmatched_exclusions(exclude, grid_tasks)
+    if unmatched and grid_tasks:  # (a typo, or a table of another grid's scenarios: they exclude nothing)
+        print(f"twin sweep: warning: {len(unmatched)} of the {len(exclude)} --exclude keys match no scenario of grid "
+              f"{grid.name} (e.g. {sorted(unmatched)[0]!r}) and exclude nothing; its keys look like "
+              f"{grid_tasks[0]['scenario']['key']!r}", file=sys.stderr)
+    tasks = select_tasks(grid_tasks, args.limit, args.shard, args.every, exclude)
+    note = defaults_note(grid, len(grid_tasks))
+    if note:
+        print(f"twin sweep: note: {note}", file=sys.stderr)
+    if exclude and not select_tasks(grid_tasks, exclude=exclude):
+        print(f"twin sweep: warning: --exclude leaves none of the {len(grid_tasks)} tasks of grid {grid.name}: "
+              f"nothing to run", file=sys.stderr)
     if args.dry_run:
         d = {"grid": grid.name, "tasks": len(tasks), "configs_per_task": len(grid.configs()),
              "runs_max": len(tasks) * len(grid.configs()), "profile": grid.profile, "digest": grid.digest()}
@@ -87,9 +103,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d, indent=2))
     else:
+        started = f", {rep.runs_start_failed} failed to start" if rep.runs_start_failed else ""
         print(f"sweep {grid.name}: {rep.tasks_run} tasks run ({rep.tasks_done_before} already done of "
-              f"{rep.tasks_total}), {rep.runs} runs ({rep.runs_simulated} simulated, {rep.runs_early_stopped} "
+              f"{rep.tasks_total}), {rep.runs} runs ({rep.runs_simulated} simulated{started}, {rep.runs_early_stopped} "
               f"stopped early), {rep.cpu_s / 3600:.3f} CPU-h in {rep.wall_s:.1f} s wall -> {out}")
+    if rep.runs and not rep.runs_simulated and rep.runs_start_failed:
+        print(f"twin sweep: no run was simulated: {rep.runs_start_failed} of the {rep.runs} runs failed vLLM's "
+              f"start-up check (first: {rep.first_start_failure}); their rows have status 'start_failure'",
+              file=sys.stderr)
     if rep.runs_failed:  # kept as rows with status 'error' (a resumed sweep does not rerun them)
         print(f"twin sweep: {rep.runs_failed} of {rep.runs} runs ended in an error (first: {rep.first_error}); their "
               f"rows have status 'error' and the exception in column 'error'", file=sys.stderr)

@@ -292,12 +292,14 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
         raise ValueError(f"grid [scenarios]: unknown key {k!r}; allowed: {sorted(_SCEN_KEYS)}")
     for k in set(cf) - _CONF_KEYS:
         raise ValueError(f"grid [configs]: unknown key {k!r}; allowed: {sorted(_CONF_KEYS)}")
-    g = GridSpec(name=str(d.get("name", default_name)), profile=d.get("profile"),
+    g = GridSpec(name=_grid_name(d.get("name", default_name), "name" in d), profile=_profile(d.get("profile")),
                  window_s=_number(d.get("window_s", 3600.0), "window_s", example="window_s = 3600"),
-                 seeds=_numbers(d.get("seeds", [0]), "seeds", int, lo_ok=True, example="seeds = [0, 1]"),
-                 model=str(d.get("model", "")))
+                 seeds=_unique(_numbers(d.get("seeds", [0]), "seeds", int, lo_ok=True, example="seeds = [0, 1]"),
+                               "seeds", "seeds = [0, 1]"),
+                 model=_model(d.get("model", "")))
     if "rates" in sc:
-        g.rates = _tuples(sc["rates"], "[scenarios] rates", float, "rates = [[0.4, 0.05, 0.00625]]")
+        g.rates = _unique(_tuples(sc["rates"], "[scenarios] rates", float, "rates = [[0.4, 0.05, 0.00625]]"),
+                          "[scenarios] rates", "rates = [[0.4, 0.05, 0.00625], [3.2, 1.6, 0.8]]")
     else:
         vals = _numbers(sc.get("rate_values", PUBLISHED_RATES), "[scenarios] rate_values",
                         example="rate_values = [3.2, 1.6, 0.8]")
@@ -308,30 +310,38 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
         _check_count(math.comb(len(set(vals)), k), "rate tuples", "rate_values / rate_arity")
         g.rates = rate_triples(vals, k)
     if "ranks" in sc:
-        g.ranks = _tuples(sc["ranks"], "[scenarios] ranks", int, "ranks = [[8, 16, 32]]")
-    else:
-        rv = _numbers(sc.get("rank_values", PUBLISHED_RANKS), "[scenarios] rank_values", int,
-                      example="rank_values = [8, 16, 32]")
+        g.ranks = _unique(_tuples(sc["ranks"], "[scenarios] ranks", int, "ranks = [[8, 16, 32]]"),
+                          "[scenarios] ranks", "ranks = [[8, 16, 32], [8, 8, 16]]")
+    else:  # (a repeated rank value would repeat every multiset holding it)
+        rv = _unique(_numbers(sc.get("rank_values", PUBLISHED_RANKS), "[scenarios] rank_values", int,
+                              example="rank_values = [8, 16, 32]"), "[scenarios] rank_values",
+                     "rank_values = [8, 16, 32]")
         rk = _number(sc.get("rank_arity", 3), "[scenarios] rank_arity", int, example="rank_arity = 3")
         _check_count(math.comb(len(set(rv)) + rk - 1, rk), "rank multisets", "rank_values / rank_arity")
         g.ranks = rank_multisets(rv, rk, _number(sc.get("max_largest", 1), "[scenarios] max_largest", int, lo_ok=True,
                                                  example="max_largest = 1"))
     if "lengths" in sc:
-        g.lengths = _tuples(sc["lengths"], "[scenarios] lengths", float, "lengths = [[222, 197]]")
+        g.lengths = _unique(_tuples(sc["lengths"], "[scenarios] lengths", float, "lengths = [[222, 197]]"),
+                            "[scenarios] lengths", "lengths = [[222, 197], [400, 300]]")
     if "length_corr" in sc:
         g.length_corr = check_length_corr(sc["length_corr"], "grid [scenarios] length_corr")
     if "arrival" in sc:
-        g.arrival = list(sc["arrival"]) if isinstance(sc["arrival"], list) else [sc["arrival"]]
+        g.arrival = _names(sc["arrival"], "[scenarios] arrival", 'arrival = ["poisson"]')
     if "policy" in sc:
-        g.policy = list(sc["policy"]) if isinstance(sc["policy"], list) else [sc["policy"]]
+        g.policy = _names(sc["policy"], "[scenarios] policy", f'policy = ["{DEFAULT_POLICY}", "vllm-partition"]',
+                          none_ok=True)
     if "served" in cf:
-        g.served = _numbers(cf["served"], "[configs] served", int, example="served = [16, 32, 64]")
+        g.served = _unique(_numbers(cf["served"], "[configs] served", int, example="served = [16, 32, 64]"),
+                           "[configs] served", "served = [16, 32, 64]")
     if "slots" in cf:
-        g.slots = _numbers(cf["slots"], "[configs] slots", int, example="slots = [16, 32]")
+        g.slots = _unique(_numbers(cf["slots"], "[configs] slots", int, example="slots = [16, 32]"),
+                          "[configs] slots", "slots = [16, 32]")
     if "max_lora_rank" in cf:
         g.max_lora_rank = cf["max_lora_rank"]
         if g.max_lora_rank not in (None, "max"):
-            _numbers(g.max_lora_rank, "[configs] max_lora_rank", int, example='max_lora_rank = "max" or [16, 32]')
+            _unique(_numbers(g.max_lora_rank, "[configs] max_lora_rank", int,
+                             example='max_lora_rank = "max" or [16, 32]'), "[configs] max_lora_rank",
+                    'max_lora_rank = "max" or [16, 32]')
     if "engine" in cf:
         if not isinstance(cf["engine"], dict):
             raise ValueError("grid [configs] engine: expected a table of EngineConfig fields, e.g. "
@@ -369,7 +379,93 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
                  "tasks (scenarios x seeds)", "the scenario axes")
     _check_max_rank(g)
     _check_requests(g)
+    g.defaulted = _defaulted(d)
     return g
+
+
+def _grid_name(v: Any, given: bool) -> str:
+    """The grid's name: the default output directory is ``sweeps/<name>``, so one non-empty
+    directory name (no path separator, not ``.`` or ``..``)."""
+    where = "grid name" if given else "grid name (the file's name, as the grid sets no `name`)"
+    if not isinstance(v, str):
+        raise ValueError(f"{where}: {v!r} is not a string; give one directory name, e.g. name = \"my-grid\"")
+    bad = ("is empty" if not v.strip() else "holds a path separator" if "/" in v or "\\" in v or os.sep in v
+           else "is not a directory name" if v in (".", "..") or "\0" in v else "")
+    if bad:
+        raise ValueError(f"{where} {v!r} {bad}; the default output directory is sweeps/<name>: give one directory "
+                         f"name, e.g. name = \"my-grid\" (or choose the directory with --out)")
+    return v
+
+
+def _profile(v: Any) -> str | None:
+    """The grid's ``profile``: absent (the default profile), a profile name or a JSON path."""
+    if v is not None and not isinstance(v, str):
+        raise ValueError(f"grid profile: {v!r} is not a profile name or a JSON path (a string); e.g. profile = "
+                         f"\"llama-3.1-8b_h100_vllm085\" (`twin calibrate list` shows the shipped ones)")
+    return v
+
+
+def _model(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"grid model: {v!r} is not a model name (a string); e.g. model = \"llama-3.1-8b\"")
+    return v
+
+
+def _names(v: Any, where: str, example: str, none_ok: bool = False) -> list[Any]:
+    """A non-empty list of distinct names (a single name is a list of one); with ``none_ok`` a
+    null or empty name is the published policy, as :func:`check_policies` takes it."""
+    items = list(v) if isinstance(v, (list, tuple)) else [v]
+    if not items:
+        raise ValueError(f"grid {where}: an empty list (the grid would run nothing); give at least one value, "
+                         f"e.g. {example}")
+    for x in items:
+        if not isinstance(x, str) and not (none_ok and x is None):
+            raise ValueError(f"grid {where}: {x!r} is not a name (a string); e.g. {example}")
+    norm = [DEFAULT_POLICY if none_ok and x in (None, "") else x for x in items]
+    _unique(norm, where, example)
+    return items
+
+
+def _unique(values: list[Any], where: str, example: str) -> list[Any]:
+    """``values`` when no value repeats; a repeated value would run the same tasks twice."""
+    seen: list[Any] = []
+    for x in values:
+        if x in seen:
+            raise ValueError(f"grid {where}: {x!r} is listed twice (its runs would be done twice); give each value "
+                             f"once, e.g. {example}")
+        seen.append(x)
+    return values
+
+
+#: the axes a grid file may leave out, and the key(s) that set each
+_DEFAULTED_AXES = (("rates", "scenarios", ("rates", "rate_values")), ("ranks", "scenarios", ("ranks", "rank_values")),
+                   ("served", "configs", ("served",)), ("slots", "configs", ("slots",)))
+
+
+def _defaulted(d: dict[str, Any]) -> list[str]:
+    """The axes a grid file leaves at the published grid's values (and ``profile`` at the default)."""
+    out = [axis for axis, table, keys in _DEFAULTED_AXES if not any(k in (d.get(table) or {}) for k in keys)]
+    if d.get("profile") in (None, ""):
+        out.append("profile")
+    return out
+
+
+def defaults_note(g: GridSpec, n_tasks: int) -> str:
+    """A line naming the axes a grid file left at the published grid's values and the profile it left
+    at the default (empty when it sets them all, and for the named grids): a grid file with only a
+    ``name`` is the whole published grid (840 tasks)."""
+    axes = getattr(g, "defaulted", None)
+    if not axes:
+        return ""
+    pub = [a for a in axes if a != "profile"]
+    parts = [f"{', '.join(pub)} at the published grid's values"] if pub else []
+    if "profile" in axes:
+        from twin.sweep.scenario import get_profile
+
+        parts.append(f"profile at the default ({get_profile(None).name})")
+    return (f"grid {g.name!r} leaves {' and '.join(parts)}: {n_tasks} tasks x {len(g.configs())} configurations; "
+            f"set them in the grid file for another grid ([scenarios] rates or rate_values, ranks or rank_values, "
+            f"[configs] served, slots; profile)")
 
 
 #: the most tasks a grid file may hold (the published grid has 840)

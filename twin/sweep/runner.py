@@ -25,7 +25,7 @@ import pandas as pd
 
 from twin.sweep.grid import GridSpec
 from twin.sweep.walk import run_task
-from twin.sweep.scenario import check_engine_overrides, profile_hash, twin_version
+from twin.sweep.scenario import check_engine_overrides, check_some_config_starts, profile_hash, twin_version
 
 EXECUTORS = ("local", "dask", "ray")
 
@@ -154,6 +154,9 @@ class SweepReport:
     #: runs that raised (their rows have status ``error`` and the exception in ``error``)
     runs_failed: int = 0
     first_error: str = ""
+    #: runs that failed vLLM's start-up check (status ``start_failure``, not simulated)
+    runs_start_failed: int = 0
+    first_start_failure: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -177,6 +180,22 @@ def check_selection(limit: int | None = None, shard: str | None = None, every: i
         if not ok or not 0 <= int(parts[0]) < int(parts[1]):
             raise ValueError(f"--shard {shard}: give i/k with 0 <= i < k (the i-th of k interleaved parts), "
                              f"e.g. --shard 0/4 ... --shard 3/4")
+
+
+def check_address(executor: str, address: str | None) -> None:
+    """``--address`` names a running Dask / Ray cluster: refused with the local executor (it would
+    be ignored, the sweep running on local processes instead)."""
+    if address and executor == "local":
+        raise ValueError(f"--address {address}: only the dask and ray executors connect to a cluster; add "
+                         f"--executor dask (or ray), or leave out --address to run on local worker processes")
+
+
+def check_runnable(grid_tasks: list[dict]) -> None:
+    """The grid's runs can happen: its engine overrides give a configuration vLLM accepts, and at
+    least one configuration passes the start-up check; else an error before any run."""
+    if grid_tasks:  # an impossible engine override would make every run an error
+        check_engine_overrides(grid_tasks[0])
+    check_some_config_starts(grid_tasks)
 
 
 def select_tasks(tasks: list[dict], limit: int | None = None, shard: str | None = None,
@@ -207,9 +226,9 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
     if executor not in _EXEC:
         raise ValueError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
     check_selection(limit, shard, every, jobs)
+    check_address(executor, address)
     grid_tasks = grid.tasks()
-    if grid_tasks:  # an impossible engine override would make every run an error
-        check_engine_overrides(grid_tasks[0])
+    check_runnable(grid_tasks)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     meta_p = out / "sweep.json"
@@ -248,8 +267,8 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
 
         bar = tqdm(total=len(todo), unit="task", desc=f"sweep {grid.name}", smoothing=0.05)
     t0 = time.perf_counter()
-    runs = sim = early = failed = 0
-    first_error = ""
+    runs = sim = early = failed = start_failed = 0
+    first_error = first_start_failure = ""
     cpu = 0.0
     for rows in _EXEC[executor](todo, jobs, address=address):
         if rows:
@@ -259,6 +278,9 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
             if r.get("status") == "error":
                 failed += 1
                 first_error = first_error or str(r.get("error") or "")
+            elif r.get("status") == "start_failure":
+                start_failed += 1
+                first_start_failure = first_start_failure or str(r.get("startup_reason") or "")
         sim += sum(1 for r in rows if r.get("status") == "ok")
         early += sum(1 for r in rows if r.get("early_stop"))
         cpu += sum(float(r.get("cpu_s") or r.get("wall_s") or 0.0) for r in rows)
@@ -271,45 +293,116 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
         bar.close()
     wall = time.perf_counter() - t0
     rep = SweepReport(out, len(all_tasks), len(all_tasks) - len(todo), len(todo), runs, sim, early, cpu, wall,
-                      failed, first_error)
+                      failed, first_error, start_failed, first_start_failure)
     meta["history"][-1].update(finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **{
         k: v for k, v in rep.to_dict().items() if k != "out"})
     meta_p.write_text(json.dumps(meta, indent=1, default=str))
     return rep
 
 
+#: what ``--exclude`` takes besides scenario keys
+_EXCLUDE_FORMS = ("give scenario keys, a real-run CSV (its ml_test scenarios are left out) or a CSV with a "
+                  "`scenario` column (e.g. labels of `twin configure dataset`), comma-separated")
+
+
 def exclusion_keys(spec: str | None) -> set[str]:
     """Scenario keys from ``KEY,KEY`` and CSVs with a ``scenario`` column, in any mix: the real-run
     table gives its ``ml_test`` scenarios (the held-out test set), any other table (e.g. labels of
-    ``twin configure dataset``) all its scenarios."""
+    ``twin configure dataset``) all its scenarios. A part naming a path (an existing one, or one
+    with a ``/`` or a ``.csv`` suffix) must be a readable CSV that gives at least one scenario;
+    else an error naming it and what it must hold."""
     if not spec:
         return set()
     out: set[str] = set()
     for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
         p = Path(part)
-        if p.suffix == ".csv" and p.exists():
-            df = pd.read_csv(p)
-            if "source" in df:
-                df = df[df["source"] == "ml_test"]
-            out |= set(df["scenario"].astype(str))
-        elif part:
+        looks_like_path = "/" in part or os.sep in part or p.suffix.lower() == ".csv"
+        if not p.exists():
+            if looks_like_path:
+                raise ValueError(f"--exclude {part}: file not found; {_EXCLUDE_FORMS}")
             out.add(part)
+            continue
+        out |= _exclusion_file(p)
     return out
 
 
+def _exclusion_file(p: Path) -> set[str]:
+    """The scenario keys of one ``--exclude`` table (see :func:`exclusion_keys`)."""
+    if p.is_dir():
+        raise ValueError(f"--exclude {p}: a directory, not a CSV table; {_EXCLUDE_FORMS}")
+    if p.suffix.lower() != ".csv":
+        raise ValueError(f"--exclude {p}: not a .csv file; {_EXCLUDE_FORMS}")
+    try:
+        df = pd.read_csv(p)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"--exclude {p}: the file is empty; {_EXCLUDE_FORMS}") from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise ValueError(f"--exclude {p}: cannot read it as a CSV table ({why}); {_EXCLUDE_FORMS}") from None
+    if "scenario" not in df:
+        cols = ", ".join(map(str, df.columns[:8])) + (", ..." if len(df.columns) > 8 else "")
+        raise ValueError(f"--exclude {p}: no `scenario` column (columns: {cols}); the table must hold the scenario "
+                         f"keys to leave out in a `scenario` column (a real-run table, its ml_test rows, or labels "
+                         f"of `twin configure dataset`)")
+    real = "source" in df
+    if real:
+        df = df[df["source"] == "ml_test"]
+    keys = set(df["scenario"].dropna().astype(str))
+    if not keys:
+        what = "no ml_test rows (the held-out test scenarios it would leave out)" if real else "no scenario rows"
+        raise ValueError(f"--exclude {p}: the table holds {what}, so it excludes nothing; {_EXCLUDE_FORMS}")
+    return keys
+
+
+def unmatched_exclusions(exclude: set[str], tasks: list[dict]) -> set[str]:
+    """The ``--exclude`` keys that name no scenario of ``tasks`` (they exclude nothing)."""
+    return set(exclude) - {t["scenario"]["key"] for t in tasks}
+
+
 def summarize_results(df: pd.DataFrame) -> dict[str, Any]:
-    """Cost and outcome figures of a sweep table."""
+    """Cost and outcome figures of a sweep table. A sweep none of whose runs was simulated (every
+    run failed the start-up check or ended in an error) also gets a ``note`` and the reasons."""
+    missing = [c for c in ("status", "task_hash") if c not in df]
+    if missing:
+        raise ValueError(f"not a sweep's run table (missing columns {', '.join(missing)}); give the --out directory "
+                         f"of a `twin sweep` or one of its shards")
+
+    def col(frame: pd.DataFrame, name: str, default: Any) -> pd.Series:
+        return frame[name] if name in frame else pd.Series(default, index=frame.index, dtype=object)
+
+    def flag(frame: pd.DataFrame, name: str) -> pd.Series:
+        return col(frame, name, False).fillna(False).astype(bool)
+
     ok = df["status"] == "ok"
     sim = df[ok]
-    full = sim[~sim["early_stop"].astype(bool)]
-    return {"tasks": int(df["task_hash"].nunique()), "runs": int(len(df)), "simulated": int(ok.sum()),
-            "start_failures": int((df["status"] == "start_failure").sum()),
-            "errors": int((df["status"] == "error").sum()),
-            "early_stopped": int(sim["early_stop"].astype(bool).sum()),
-            "starving": int(sim["starving"].astype(bool).sum()),
-            "wall_s": float(df["wall_s"].fillna(0).sum()),
-            "cpu_s": float(df["cpu_s"].fillna(0).sum()) if "cpu_s" in df else None,
-            "cpu_s_per_task": float(df.groupby("task_hash")["cpu_s"].sum().mean()) if "cpu_s" in df else None,
-            "wall_s_per_simulated_run": float(sim["wall_s"].mean()) if len(sim) else None,
-            "cpu_s_per_simulated_run": float(sim["cpu_s"].mean()) if len(sim) and "cpu_s" in sim else None,
-            "cpu_s_per_full_run": float(full["cpu_s"].mean()) if len(full) and "cpu_s" in full else None}
+    full = sim[~flag(sim, "early_stop")]
+    wall = pd.to_numeric(col(df, "wall_s", 0.0), errors="coerce").fillna(0)
+    n_start = int((df["status"] == "start_failure").sum())
+    n_err = int((df["status"] == "error").sum())
+    s = {"tasks": int(df["task_hash"].nunique()), "runs": int(len(df)), "simulated": int(ok.sum()),
+         "start_failures": n_start,
+         "errors": n_err,
+         "early_stopped": int(flag(sim, "early_stop").sum()),
+         "starving": int(flag(sim, "starving").sum()),
+         "wall_s": float(wall.sum()),
+         "cpu_s": float(df["cpu_s"].fillna(0).sum()) if "cpu_s" in df else None,
+         "cpu_s_per_task": float(df.groupby("task_hash")["cpu_s"].sum().mean()) if "cpu_s" in df else None,
+         "wall_s_per_simulated_run": float(sim["wall_s"].mean()) if len(sim) and "wall_s" in sim else None,
+         "cpu_s_per_simulated_run": float(sim["cpu_s"].mean()) if len(sim) and "cpu_s" in sim else None,
+         "cpu_s_per_full_run": float(full["cpu_s"].mean()) if len(full) and "cpu_s" in full else None}
+    if len(df) and not len(sim):
+        what = (f"all {len(df)} runs failed vLLM's start-up check" if n_start == len(df) else
+                f"all {len(df)} runs ended in an error" if n_err == len(df) else
+                f"{n_start} runs failed vLLM's start-up check, {n_err} ended in an error")
+        s["note"] = f"no run was simulated: {what}"
+        if n_start:
+            reasons = col(df[df["status"] == "start_failure"], "startup_reason", "").astype(str).value_counts()
+            s["start_failure_reasons"] = [f"{n} run{'s' if n != 1 else ''}: {r}" for r, n in reasons.head(3).items()]
+            if len(reasons) > 3:
+                s["start_failure_reasons"].append(f"... {len(reasons) - 3} more distinct reasons")
+        if n_err:
+            s["first_error"] = str(col(df[df["status"] == "error"], "error", "").iloc[0])
+    return s

@@ -140,6 +140,32 @@ def check_engine_overrides(task: dict[str, Any]) -> None:
                 raise ValueError(f"grid [configs.engine] {engine}: {e} (at {g} slots, {n} served adapters)") from None
 
 
+def check_some_config_starts(tasks: list[dict[str, Any]]) -> None:
+    """At least one (slots, max LoRA rank) configuration of ``tasks`` passes vLLM's start-up check
+    (:func:`predict_startup`, the check :func:`run_config` records a ``start_failure`` on; it
+    depends on the slots and the max rank only); otherwise an error naming the first failure,
+    before any run (the sweep would hold nothing but start failures)."""
+    if not tasks:
+        return
+    prof = get_profile(tasks[0]["profile"])
+    seen: set[tuple[int, int]] = set()
+    first = ""
+    for t in tasks:
+        served = max(t["served"])
+        for g in t["slots"]:
+            if g > served or (g, t["max_rank"]) in seen:
+                continue
+            seen.add((g, t["max_rank"]))
+            ok, _, msg = predict_startup(make_spec(t["scenario"], served, g, t["max_rank"], t["seed"], t["window_s"]),
+                                         prof)
+            if ok:
+                return
+            first = first or f"at {g} slots of max LoRA rank {t['max_rank']}: {msg.split('. ')[0]}"
+    raise ValueError(f"grid: no configuration passes vLLM's start-up check with profile {prof.name}, so every run "
+                     f"would be a start failure ({first}); give smaller [configs] slots or [scenarios] ranks "
+                     f"(max_lora_rank), or a profile of a GPU with more memory")
+
+
 def _policy_objects(policy: str | None):
     """(scheduler, cache, preload) for a policy name: the published one or any registered preset."""
     if policy in (None, "", DEFAULT_POLICY, "validation"):
