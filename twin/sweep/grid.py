@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points
-from twin.sweep.scenario import DEFAULT_POLICY, check_length_corr, check_lengths, profile_hash
+from twin.sweep.scenario import DEFAULT_POLICY, check_length_corr, check_lengths, get_profile, profile_hash
 from twin.config import EngineConfig
 from twin.scenario import read_mapping_file
 
@@ -460,8 +460,6 @@ def defaults_note(g: GridSpec, n_tasks: int) -> str:
     pub = [a for a in axes if a != "profile"]
     parts = [f"{', '.join(pub)} at the published grid's values"] if pub else []
     if "profile" in axes:
-        from twin.sweep.scenario import get_profile
-
         parts.append(f"profile at the default ({get_profile(None).name})")
     return (f"grid {g.name!r} leaves {' and '.join(parts)}: {n_tasks} tasks x {len(g.configs())} configurations; "
             f"set them in the grid file for another grid ([scenarios] rates or rate_values, ranks or rank_values, "
