@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,9 @@ def register_cli(subparsers) -> None:
     pr.add_argument("--gpu-hour-usd", type=float, default=None, help="GPU price: cost per million tokens")
     pr.add_argument("--feature", action="append", default=[], metavar="NAME=VALUE",
                     help="value of a feature beyond the rate and rank triples, for a model trained with "
-                         "`train --features` (e.g. mean_input_tokens=222); repeat for several")
+                         "`train --features` (e.g. mean_input_tokens=222); repeat for several. The features "
+                         "derived from --rates / --ranks (rate_max ... rank_std) are refused here: change "
+                         "--rates / --ranks instead")
     pr.add_argument("--check", action="store_true",
                     help="run the twin at the recommendation and step the served adapters down while it starves "
                          "there (the model's own rule; about 2 CPU-s per simulated hour)")
@@ -136,11 +139,16 @@ def register_cli(subparsers) -> None:
     s = sub.add_parser("search", help="the twin used directly as the optimiser (walks the grid; no model)")
     _scenario_args(s)
     s.add_argument("--profile", default=DEFAULT_PROFILE)
-    s.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90")
+    s.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90",
+                   help="optimum rule (default throughput90); slo needs --ttft-p99-s and/or --itl-p99-s (the "
+                        "search's runs record no [slo] attainment)")
+    _percentile_slo_args(s)
     s.add_argument("--cache", default=None, help="sweep directory caching the runs (default sweeps/search-cache)")
-    s.add_argument("--window", type=float, default=3600.0)
-    s.add_argument("--served", default=None, help="served-adapter grid (default: the published one)")
-    s.add_argument("--slots", default=None, help="slot grid (default: the published one)")
+    s.add_argument("--window", type=float, default=3600.0,
+                   help="simulated seconds of each run (default 3600; the busiest run may be offered at most "
+                        "twin run's 5,000,000 requests)")
+    s.add_argument("--served", default=None, help="served-adapter grid, e.g. 16,32,64 (default: the published one)")
+    s.add_argument("--slots", default=None, help="slot grid, e.g. 16,32 (default: the published one)")
     s.add_argument("--length-corr", type=float, default=0.0, metavar="RHO",
                    help="prompt-output length coupling of the request pool (default 0: independent lengths, "
                         "as the shipped sweeps; twin validate re-creates the real runs with -0.37)")
@@ -152,8 +160,11 @@ def register_cli(subparsers) -> None:
 
 
 def _scenario_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rates", required=True, help="per-adapter rate triple (req/s), e.g. 0.4,0.05,0.00625")
-    p.add_argument("--ranks", required=True, help="rank triple, e.g. 8,16,32")
+    p.add_argument("--rates", required=True,
+                   help="per-adapter rate triple (req/s, numbers > 0: one per adapter class), e.g. 0.4,0.05,0.00625; "
+                        "predict takes exactly three (the models were trained on triples), search as many as --ranks")
+    p.add_argument("--ranks", required=True,
+                   help="rank triple (whole numbers >= 1, one per adapter class, as many as --rates), e.g. 8,16,32")
     p.add_argument("--policy", default=None,
                    help="scheduler/cache policy (a `twin policies` preset; default: the published "
                         "fcfs+client-cap); predict: one the model was trained with")
@@ -183,17 +194,65 @@ def _percentile_slo_args(p) -> None:
                    help="slo: P99 inter-token latency at most this many seconds (e.g. 0.15, Chameleon's TBT SLO)")
 
 
-def _pair(args) -> tuple[list[float], list[int]]:
-    """The scenario's rate and rank lists: every rate a finite number of req/s above 0 (a class of
-    adapters without traffic is not served: leave it out), every rank a whole number >= 1."""
+#: the adapter classes of a scenario: the configurators' features are the max / min / mean / std of the
+#: rate and rank triples, and every shipped model and the published grid are triples
+ARITY = 3
+
+
+def _items(flag: str, value: str, example: str) -> None:
+    """Refuse an empty list or an empty item (``0.4,,0.1``, a trailing comma) in a comma-separated
+    option, which the list parser would otherwise drop silently."""
+    text = value.strip()
+    if not text:
+        raise ValueError(f"{flag} {value!r}: empty list; give comma-separated values, e.g. {flag} {example}")
+    if any(not part.strip() for part in text.split(",")):
+        raise ValueError(f"{flag} {value!r}: an empty item (two commas in a row, or a comma at either end); give "
+                         f"comma-separated values, e.g. {flag} {example}")
+
+
+def _int_list(flag: str, value: str, example: str, what: str) -> list[int]:
+    """``--served`` / ``--slots``: whole numbers >= 1, no empty list or item."""
     from traces.arguments import parse_list
 
-    rates = parse_list(args.rates, float, "--rates", 0.0)
+    _items(flag, value, example)
+    v = parse_list(value, int, flag, None)
+    bad = [x for x in v if x < 1]
+    if bad:
+        raise ValueError(f"{flag} {value!r}: {bad[0]} is not {what}; give whole numbers >= 1, e.g. {flag} {example} "
+                         f"(or leave out {flag} for the published grid)")
+    return v
+
+
+def _pair(args, triple: bool = True) -> tuple[list[float], list[int]]:
+    """The scenario's rates and ranks, one of each per adapter class: every rate a finite number of
+    req/s above 0 (a class of adapters without traffic is not served: leave it out), every rank a
+    whole number >= 1; an empty item is refused. ``triple`` (predict: the models were trained on
+    triples) refuses another count than three; otherwise (search: the twin simulates any number of
+    classes) as many rates as ranks."""
+    from traces.arguments import parse_list
+
+    _items("--rates", args.rates, "0.4,0.05,0.00625")
+    _items("--ranks", args.ranks, "8,16,32")
+    rates = parse_list(args.rates, float, "--rates", None)
     bad = [r for r in rates if not (math.isfinite(r) and r > 0)]
     if bad:
         raise ValueError(f"--rates {args.rates!r}: {bad[0]:g} is not a rate; give per-adapter request rates in req/s "
                          f"above 0, e.g. --rates 0.4,0.05,0.00625 (leave out a class of adapters without traffic)")
-    return rates, parse_list(args.ranks, int, "--ranks", 1)
+    ranks = parse_list(args.ranks, int, "--ranks", None)
+    bad = [k for k in ranks if k < 1]
+    if bad:
+        raise ValueError(f"--ranks {args.ranks!r}: {bad[0]} is not a LoRA rank; give whole numbers >= 1, e.g. "
+                         f"--ranks 8,16,32")
+    for flag, v, example in (("--rates", rates, "0.4,0.05,0.00625"), ("--ranks", ranks, "8,16,32")):
+        if triple and len(v) != ARITY:
+            raise ValueError(f"{flag} {getattr(args, flag[2:])!r}: {len(v)} value{'s' if len(v) != 1 else ''}, "
+                             f"expected a triple (one per adapter class: the configurators were trained on three), "
+                             f"e.g. {flag} {example}")
+    if len(rates) != len(ranks):
+        raise ValueError(f"--rates {args.rates!r} and --ranks {args.ranks!r}: {len(rates)} rates but {len(ranks)} "
+                         f"ranks; give one rate and one rank per adapter class, e.g. --rates 0.4,0.05,0.00625 "
+                         f"--ranks 8,16,32")
+    return rates, ranks
 
 
 def _check_percentile_slo(args) -> None:
@@ -242,10 +301,23 @@ def cmd_dataset(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
-    import pandas as pd
+def _check_profile(name: str) -> None:
+    """``train --profile``: a shipped profile name or a profile JSON file (:func:`twin.perf.profile.load_profile`
+    refuses an unknown one, listing the shipped ones), checked before any data is read."""
+    from twin.perf.profile import load_profile
 
-    from twin.configurator.dataset import build_dataset, combine_labels, load_runs, sweep_meta
+    if not name.strip():
+        raise ValueError("--profile '': give the profile the sweeps ran with, e.g. --profile llama-3.1-8b_h100_vllm085 "
+                         "(or leave out --profile: it is read from the data)")
+    try:
+        load_profile(name)
+    except KeyError as e:
+        raise ValueError(f"--profile: {e.args[0]}") from None
+
+
+def cmd_train(args) -> int:
+    from twin.configurator.dataset import build_dataset, combine_labels, load_labels, load_runs, sweep_meta
+    from twin.configurator.labels import FEATURES
     from twin.configurator.models import save_model, shipped_model_path, train
 
     if args.cv < 2:
@@ -253,6 +325,8 @@ def cmd_train(args) -> int:
     if args.seed < 0:
         raise ValueError(f"--seed {args.seed}: must be >= 0, e.g. --seed 0")
     _check_percentile_slo(args)
+    if args.profile is not None:  # stored in the model (predict --check and evaluate run the twin with it)
+        _check_profile(args.profile)
     if args.out:
         check_writable_file("--out", args.out)
     srcs = args.dataset
@@ -260,6 +334,16 @@ def cmd_train(args) -> int:
         if not Path(s).exists():
             raise FileNotFoundError(f"{s}: no such sweep directory or labels file; give the --out directory of "
                                     f"`twin sweep` or the CSV of `twin configure dataset`")
+    feats = [f.strip() for f in args.features.split(",")] if args.features is not None else None
+    if feats is not None and not all(feats):
+        raise ValueError(f"--features {args.features!r}: an empty name; give comma-separated feature columns, e.g. "
+                         f"--features {','.join(FEATURES)},mean_input_tokens (or leave out --features for the "
+                         f"published 8)")
+    if feats is not None and len(set(feats)) < len(feats):
+        twice = next(f for f in feats if feats.count(f) > 1)
+        raise ValueError(f"--features {args.features!r}: {twice} is named twice; name each feature once")
+    # label files of `configure dataset`: read and checked before any sweep is labelled
+    files = [(s, load_labels(s, feats)) for s in srcs if not Path(s).is_dir()]
     meta: dict[str, Any] = {}
     dirs = [s for s in srcs if Path(s).is_dir()]
     parts = []
@@ -268,8 +352,7 @@ def cmd_train(args) -> int:
         parts.append((", ".join(dirs), build_dataset(runs, args.rule, ttft_p99_s=args.ttft_p99_s,
                                                      itl_p99_s=args.itl_p99_s)))
         meta = sweep_meta(dirs)
-    parts += [(s, pd.read_parquet(s) if s.endswith(".parquet") else pd.read_csv(s))
-              for s in srcs if not Path(s).is_dir()]  # label files of `configure dataset`
+    parts += files
     lab = combine_labels(parts)
     profile = args.profile or (str(lab["profile"].iloc[0]) if "profile" in lab else None)
     grid = {}
@@ -282,7 +365,6 @@ def cmd_train(args) -> int:
     prov = {"profile": profile, "rule": str(lab["rule"].iloc[0]) if "rule" in lab else args.rule,
             "sources": [str(s) for s in srcs], **meta,
             "command": "twin configure train " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else srcs)}
-    feats = [f.strip() for f in args.features.split(",")] if args.features else None
     if feats:
         missing = [f for f in feats if f not in lab and f != "policy"]  # policy: checked by train
         if missing:
@@ -306,7 +388,10 @@ def cmd_train(args) -> int:
 
 
 def _extra_features(items: list[str]) -> dict[str, float]:
-    """``--feature NAME=VALUE`` flags as a feature dict (numeric values only)."""
+    """``--feature NAME=VALUE`` flags as a feature dict (numeric values only; not the features that
+    --rates / --ranks give, which a flag would silently override)."""
+    from twin.configurator.labels import FEATURES
+
     out: dict[str, float] = {}
     for item in items:
         name, sep, value = item.partition("=")
@@ -322,6 +407,9 @@ def _extra_features(items: list[str]) -> dict[str, float]:
         if not math.isfinite(out[name]):
             raise ValueError(f"--feature {item!r}: the value must be a finite number, e.g. --feature "
                              f"mean_input_tokens=222")
+        if name in FEATURES:
+            raise ValueError(f"--feature {item!r}: {name} is derived from --rates / --ranks (the max, min, mean and "
+                             f"std of the triples); change --rates / --ranks instead of setting it")
     return out
 
 
@@ -340,11 +428,11 @@ def cmd_predict(args) -> int:
         check_number("--adapters", args.adapters, 1, True, "the adapters to host (for the GPUs needed), e.g. 1000")
     if args.gpu_hour_usd is not None and not (math.isfinite(args.gpu_hour_usd) and args.gpu_hour_usd > 0):
         raise ValueError(f"--gpu-hour-usd {args.gpu_hour_usd:g}: must be a price > 0 in USD per GPU-hour, e.g. 2.5")
-    rates, ranks = _pair(args)
+    extra = _extra_features(args.feature)
+    rates, ranks = _pair(args, triple=True)
     lengths = _lengths(args)
     model = _load_for(args, args.kind)
     x = features_of(rates, ranks)
-    extra = _extra_features(args.feature)
     both = sorted(set(extra) & set(LENGTH_FEATURES))
     if both and lengths is not None:
         raise ValueError(f"--feature {both[0]} and --lengths both set the request-length mix; give only --lengths")
@@ -489,8 +577,9 @@ def cmd_evaluate(args) -> int:
         from traces.datadir import require
 
         real = require("validation/vllm085_h100_llama31_8b.csv")
-    res = evaluate(real, args.profile, args.model, args.source or "", args.search_cache, not args.no_search,
-                   args.executor, args.jobs, progress=sys.stderr.isatty(), check=args.check)
+    with _executor_extra():
+        res = evaluate(real, args.profile, args.model, args.source or "", args.search_cache, not args.no_search,
+                       args.executor, args.jobs, progress=sys.stderr.isatty(), check=args.check)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -516,40 +605,71 @@ def cmd_evaluate(args) -> int:
 
 
 def _no_result(runs) -> str:
-    """Why a walk's runs gave no label: their statuses and the first run's reason."""
-    counts = ", ".join(f"{n} {st}" for st, n in runs["status"].value_counts().items())
-    why = ""
-    for col in ("startup_reason", "error"):
-        if col in runs:
-            v = runs[col].dropna()
-            if len(v):
-                why = "; the first says: " + str(v.iloc[0]).strip().splitlines()[0]
-                break
-    return f"{len(runs)} runs ({counts}){why}"
+    """Why a walk's runs gave no label: their statuses and the first run's reason (where one says)."""
+    from twin.configurator.dataset import describe_statuses
+
+    return describe_statuses(runs)
+
+
+def _slo_text(slo: dict[str, float]) -> str:
+    return ", ".join(f"P99 {'TTFT' if k == 'ttft_p99_s' else 'ITL'} <= {v:g} s" for k, v in slo.items())
+
+
+def _search_slo(args) -> dict[str, float]:
+    """``search``'s percentile SLOs, checked before any run: the ``slo`` rule needs at least one (the
+    search's runs record no ``[slo]`` attainment), the other rules take none."""
+    _check_percentile_slo(args)
+    slo = {k: v for k, v in (("ttft_p99_s", args.ttft_p99_s), ("itl_p99_s", args.itl_p99_s)) if v is not None}
+    if args.rule == "slo" and not slo:
+        raise ValueError("--rule slo: the search's runs record no [slo] attainment; give percentile SLOs on its runs, "
+                         "e.g. --ttft-p99-s 5 --itl-p99-s 0.15 (P99 TTFT and P99 inter-token latency in seconds)")
+    if args.rule != "slo" and slo:
+        raise ValueError(f"--ttft-p99-s / --itl-p99-s apply to --rule slo, not {args.rule!r}; add --rule slo or drop "
+                         f"them")
+    return slo
+
+
+@contextmanager
+def _executor_extra():
+    """Report an executor whose optional extra is missing (``--executor ray`` without ray, ``dask``
+    without dask.distributed; raised before the first run) as bad input, as ``twin sweep`` does:
+    ``twin configure: error: ...``, exit 2."""
+    from twin.sweep.runner import MissingExtra
+
+    try:
+        yield
+    except MissingExtra as e:
+        raise ValueError(f"{e}; or use --executor local") from None
 
 
 def cmd_search(args) -> int:
-    from traces.arguments import parse_list
     from twin.configurator.search import search
     from twin.sweep.runner import check_selection
     from twin.sweep.grid import PUBLISHED_GRID
     from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY, check_length_corr
 
-    pair = _pair(args)
+    check_number("--window", args.window, 0, False, "the simulated seconds of each run, e.g. --window 3600")
+    check_selection(jobs=args.jobs)
+    pair = _pair(args, triple=False)
     kw: dict[str, Any] = {"window_s": args.window}
     if args.policy is not None:  # checked with the grid, before any run
         kw["policy"] = args.policy
     lengths = _lengths(args)
     if lengths is not None:
         kw["lengths"] = lengths
-    kw["served"] = parse_list(args.served, int, "--served", 1) if args.served else list(PUBLISHED_GRID)
-    kw["slots"] = parse_list(args.slots, int, "--slots", 1) if args.slots else list(PUBLISHED_GRID)
-    check_number("--window", args.window, 0, False, "the simulated seconds of each run, e.g. --window 3600")
+    kw["served"] = (_int_list("--served", args.served, "16,32,64", "a served-adapter count")
+                    if args.served is not None else list(PUBLISHED_GRID))
+    kw["slots"] = (_int_list("--slots", args.slots, "16,32", "a slot count")
+                   if args.slots is not None else list(PUBLISHED_GRID))
     if args.length_corr:
         kw["length_corr"] = check_length_corr(args.length_corr, "--length-corr")
-    check_selection(jobs=args.jobs)
-    labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
-                          progress=sys.stderr.isatty(), **kw)
+    slo = _search_slo(args)
+    with _executor_extra():
+        labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
+                              progress=sys.stderr.isatty(), **slo, **kw)
+    if labels.empty and args.rule == "slo" and runs["status"].astype(str).eq("ok").any():
+        raise ValueError(f"no configuration of the search meets the SLOs ({_slo_text(slo)}) without starving: "
+                         f"{_no_result(runs)}; loosen --ttft-p99-s / --itl-p99-s, or lower --rates")
     if labels.empty:  # no run of the walk gave a result (the rule skips start failures and errors)
         raise ValueError(f"no configuration of the search ran: {_no_result(runs)}")
     lab = labels.iloc[0].to_dict()
@@ -559,7 +679,7 @@ def cmd_search(args) -> int:
            "policy": kw.get("policy", DEFAULT_POLICY), "lengths": list(kw.get("lengths", DEFAULT_LENGTHS)),
            "length_corr": float(kw.get("length_corr", 0.0)),
            "runs": int(len(runs)), "runs_simulated": int((runs["status"] == "ok").sum()),
-           "cpu_s": float(runs["wall_s"].fillna(0).sum())}
+           "cpu_s": float(runs["wall_s"].fillna(0).sum()), **({"slo": slo} if slo else {})}
     if args.json:
         print(json.dumps(_finite(res), indent=1, default=_jd))
     else:

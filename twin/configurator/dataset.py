@@ -9,38 +9,146 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from twin.configurator.labels import label_scenarios
+from twin.configurator.labels import FEATURES, TARGETS, label_scenarios
 from twin.sweep.runner import read_results
 
 
 #: the columns of a sweep's run rows that labelling reads (``twin sweep`` writes them)
 RUN_COLUMNS = ("scenario", "served_adapters", "adapter_slots", "status", "offered_tok_s", "total_tok_s")
+#: the columns every run row of a sweep has, a run that did not start too (the others: a run's results)
+RUN_KEY_COLUMNS = ("scenario", "served_adapters", "adapter_slots", "status")
+#: the columns of a labels table (``twin configure dataset``) that training reads beside its features
+LABEL_COLUMNS = ("scenario", *TARGETS)
+
+
+def _read_error(p: Path, what: str, err: Exception) -> ValueError:
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return ValueError(f"{p}: cannot be read as {what} ({first}); give {_EXPECTED[what]}")
+
+
+_EXPECTED = {
+    "a sweep's runs": "the --out directory of `twin sweep` (or its results as .parquet / .csv)",
+    "a labels table": "the labels written by `twin configure dataset --out labels.csv` (.csv or .parquet), or the "
+                      "--out directory of `twin sweep`",
+}
+
+
+def read_table(path: str | os.PathLike, what: str = "a sweep's runs") -> pd.DataFrame:
+    """A CSV (any name but ``*.parquet``) or Parquet file as a table; an empty, corrupt or binary file
+    is a ``ValueError`` naming the file and ``what`` the command expects (not the parser's message alone)."""
+    import pyarrow as pa
+
+    p = Path(path)
+    try:
+        return pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{p}: the file is empty; give {_EXPECTED[what]}") from None
+    except (ValueError, TypeError, NotImplementedError, pa.lib.ArrowException) as e:
+        raise _read_error(p, what, e) from None
+
+
+def describe_statuses(runs: pd.DataFrame) -> str:
+    """``3 runs (2 start_failure, 1 error); the first says: ...``"""
+    counts = ", ".join(f"{n} {st}" for st, n in runs["status"].astype(str).value_counts().items())
+    why = ""
+    for col in ("startup_reason", "error"):
+        if col in runs:
+            v = runs[col].dropna().astype(str)
+            v = v[~v.str.strip().isin(("", "nan", "None"))]
+            if len(v):
+                why = "; the first says: " + v.iloc[0].strip().splitlines()[0]
+                break
+    return f"{len(runs)} runs ({counts}){why}"
+
+
+def _real_runs(f: pd.DataFrame) -> bool:
+    """Whether ``f`` looks like a real-run table (the validation format) rather than a sweep's runs."""
+    return bool({"offered_tok_s_est", "run_dir"} & set(f.columns))
+
+
+def _not_runs(p: Path, f: pd.DataFrame, missing: list[str]) -> ValueError:
+    """Why ``f`` (read from ``p``) is not a sweep's run table, naming what it looks like instead."""
+    cols = set(f.columns)
+    if set(TARGETS) <= cols and "status" not in cols:
+        hint = ("it is a labels table (from `twin configure dataset`): give it to `twin configure train` as it is, "
+                "or give `configure dataset` the sweep it came from")
+    elif _real_runs(f):
+        hint = ("it looks like a real-run table (the validation format): score configurators on it with "
+                "`twin configure evaluate --real FILE`, or give `configure dataset` the --out directory of `twin sweep`")
+    else:
+        hint = "give the --out directory of `twin sweep` (or its results as .parquet / .csv)"
+    return ValueError(f"{p}: not a sweep's run table (missing columns {missing}); {hint}")
 
 
 def load_runs(sources: Iterable[str | os.PathLike]) -> pd.DataFrame:
-    """Runs from sweep directories, shard files or CSV / Parquet tables; a table without the run
-    columns (:data:`RUN_COLUMNS`) is refused, naming what it lacks."""
+    """Runs from sweep directories, shard files or CSV / Parquet tables. Refused, naming the source
+    and the fix: a missing, empty or unreadable file, a table without the run columns
+    (:data:`RUN_COLUMNS`; a labels or real-run table is named as such), and runs of which none
+    started (nothing to label)."""
+    import pyarrow as pa
 
-    frames = []
+    frames, names = [], []
     for s in sources:
         p = Path(s)
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such sweep directory or run table; give the --out directory of "
                                     f"`twin sweep` (or its results as .parquet / .csv)")
-        if p.is_dir() or p.suffix == ".parquet":
-            f = read_results(p)
-        elif p.suffix == ".csv":
-            f = pd.read_csv(p)
+        if p.is_dir():
+            try:
+                f = read_results(p)
+            except FileNotFoundError:
+                raise
+            except (ValueError, TypeError, NotImplementedError, pa.lib.ArrowException) as e:
+                raise _read_error(p, "a sweep's runs", e) from None
+        elif p.suffix in (".parquet", ".csv"):
+            f = read_table(p, "a sweep's runs")
         else:
             raise FileNotFoundError(f"{p}: not a sweep directory, .parquet or .csv")
-        missing = [c for c in RUN_COLUMNS if c not in f.columns]
-        if missing:
-            raise ValueError(f"{p}: not a sweep's run table (missing columns {missing}); give the --out directory "
-                             f"of `twin sweep` (labels for `twin configure train` are its own CSV)")
+        missing = [c for c in RUN_KEY_COLUMNS if c not in f.columns]
+        if not missing and f["status"].astype(str).eq("ok").any():  # runs that ran: their results too
+            missing = [c for c in RUN_COLUMNS if c not in f.columns]
+        if missing:  # (a run that did not start has no results: a sweep of such runs alone is refused below)
+            raise _not_runs(p, f, missing)
         frames.append(f)
+        names.append(str(p))
     if not frames:
         raise ValueError("no sweep results given")
-    return pd.concat(frames, ignore_index=True)
+    runs = pd.concat(frames, ignore_index=True)
+    where = names[0] if len(names) == 1 else f"{len(names)} sources ({', '.join(names)})"
+    if not len(runs):
+        raise ValueError(f"{where}: no runs; nothing to label (give the --out directory of a `twin sweep` that ran)")
+    if not runs["status"].astype(str).eq("ok").any():
+        raise ValueError(f"{where}: no run of the sweep started or finished, so there is nothing to label: "
+                         f"{describe_statuses(runs)}; fix what it names in the grid and sweep again")
+    return runs
+
+
+def load_labels(path: str | os.PathLike, features: Iterable[str] | None = None) -> pd.DataFrame:
+    """A labels table of ``twin configure dataset`` (.csv, or .parquet) for training; refused, naming the
+    file, what it lacks and the fix: an empty or unreadable file, a sweep's run table (label it first),
+    a table without the label columns (:data:`LABEL_COLUMNS`) or the ``features`` (default: the
+    published 8; ``policy`` is checked by training), and a table without rows."""
+    p = Path(path)
+    lab = read_table(p, "a labels table")
+    feats = [f for f in (features or FEATURES) if f != "policy"]
+    missing = [c for c in (*LABEL_COLUMNS, *feats) if c not in lab.columns]
+    if missing:
+        cols = set(lab.columns)
+        if _real_runs(lab):
+            raise ValueError(f"{p}: a real-run table (the validation format), not labels (missing columns {missing}); "
+                             f"score configurators on it with `twin configure evaluate --real {p}`, and train on the "
+                             f"labels of `twin configure dataset` (or the --out directory of `twin sweep`)")
+        if set(RUN_KEY_COLUMNS) <= cols:
+            raise ValueError(f"{p}: a sweep's run table, not labels (missing columns {missing}); label it first: "
+                             f"`twin configure dataset {p} --out labels.csv`, then train on labels.csv (or give "
+                             f"train the sweep's --out directory, which it labels under --rule)")
+        raise ValueError(f"{p}: not a labels table (missing columns {missing}); `twin configure train` expects the "
+                         f"labels written by `twin configure dataset --out labels.csv` (one row per scenario) or the "
+                         f"--out directory of `twin sweep`")
+    if not len(lab):
+        raise ValueError(f"{p}: a labels table without rows; nothing to train on (label a sweep with "
+                         f"`twin configure dataset`)")
+    return lab
 
 
 def sweep_meta(sources: Iterable[str | os.PathLike]) -> dict[str, Any]:

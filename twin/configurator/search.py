@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from traces.registry import MAX_REQUESTS
 from twin.sweep.grid import PUBLISHED_GRID, GridSpec
 from twin.sweep.grid import scenario_key
 from twin.configurator.labels import label_scenarios
@@ -38,6 +39,20 @@ def search_grid(scenarios: Iterable[tuple[list[float], list[int]]], profile: str
     return g
 
 
+def check_requests(pairs: list[tuple[list[float], list[int]]], served: Iterable[int], window_s: float) -> None:
+    """The search's busiest run (its largest served count at the scenario with the highest mean rate,
+    over the window) stays within ``twin run``'s request cap (:data:`traces.registry.MAX_REQUESTS`),
+    the rule of a sweep grid: refused before any run, naming the options to lower."""
+    mean_rate = max(sum(map(float, r)) / len(r) for r, _ in pairs)
+    top = max(int(x) for x in served)
+    n = mean_rate * top * float(window_s)
+    if n > MAX_REQUESTS:
+        raise ValueError(f"--window {window_s:g}: the search's busiest run would be offered ~{n:,.0f} requests "
+                         f"({top} served adapters at a mean {mean_rate:g} req/s each over {window_s:g} s), more than "
+                         f"the {MAX_REQUESTS:,} a run may hold (the cap of `twin run`); lower --window (e.g. "
+                         f"--window 3600, the published runs' hour), --served or --rates")
+
+
 def _pairs_tasks(g: GridSpec, pairs: list[tuple[list[float], list[int]]]) -> list[dict[str, Any]]:
 
     want = {scenario_key(r, k, g.lengths[0], g.policy[0]) for r, k in pairs}
@@ -51,10 +66,15 @@ def _pairs_tasks(g: GridSpec, pairs: list[tuple[list[float], list[int]]]) -> lis
 
 def search(pairs: list[tuple[list[float], list[int]]], profile: str | None, cache: str | os.PathLike | None = None,
            executor: str = "local", jobs: int = 1, rule: str = "throughput90", progress: bool = False,
+           ttft_p99_s: float | None = None, itl_p99_s: float | None = None,
            **grid_kw: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Search every ``(rates, ranks)`` pair; returns ``(labels, runs)``: one label row per scenario
-    (and seed) under ``rule``, and the runs behind them."""
+    (and seed) under ``rule``, and the runs behind them. ``ttft_p99_s`` / ``itl_p99_s``: the ``slo``
+    rule's percentile SLOs on the runs' summaries (:func:`twin.configurator.labels.label_scenarios`;
+    the search's runs record no ``[slo]`` attainment). A search whose busiest run would exceed the
+    twin's request cap is refused first (:func:`check_requests`)."""
 
+    check_requests(pairs, grid_kw.get("served", PUBLISHED_GRID), grid_kw.get("window_s", 3600.0))
     g = search_grid(pairs, profile, **grid_kw)
     tasks = _pairs_tasks(g, pairs)
     cache = Path(cache or DEFAULT_CACHE)
@@ -65,7 +85,8 @@ def search(pairs: list[tuple[list[float], list[int]]], profile: str | None, cach
     hashes = {t["task_hash"] for t in tasks}
     files = [runner.shard_dir(cache) / f"{h}.parquet" for h in sorted(hashes)]
     runs = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    labels = label_scenarios(runs, rule)
+    slo = {k: v for k, v in (("ttft_p99_s", ttft_p99_s), ("itl_p99_s", itl_p99_s)) if v is not None}
+    labels = label_scenarios(runs, rule, **slo)
     return labels, runs
 
 

@@ -1,0 +1,299 @@
+"""`twin configure`: bad input is a clear error (``twin configure: error: ...``, exit 2) naming the problem
+and the fix, before any work -- never a traceback, never silently accepted. Fast: argument parsing and
+small tables only; the one twin run is a 60 s window of 8 adapters."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from tests.configurator.test_models import synthetic_labels
+from tests.helpers import configure_parser
+from traces.registry import MAX_REQUESTS
+from twin.cli import main
+from twin.configurator.dataset import load_labels, load_runs
+from twin.configurator.labels import features_of
+from twin.configurator.search import check_requests
+from twin.sweep import runner
+
+SEARCH = ["configure", "search", "--window", "60", "--served", "8", "--slots", "8"]
+PREDICT = ["configure", "predict"]
+
+
+def _error(argv: list[str], capsys) -> str:
+    """Run ``twin ARGV``; it must exit 2 with one ``twin configure: error:`` line and no traceback."""
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("twin configure: error: ") and "Traceback" not in err, err
+    return err
+
+
+def _run_rows(status: str = "ok", **kw) -> dict:
+    row = dict(scenario="rate_0.4-0.2-0.1_size_8-16-32", served_adapters=8, adapter_slots=8, status=status)
+    row.update(kw)
+    return row
+
+
+# --------------------------------------------------------------------------- 1: executor extras
+def _missing_ray(tasks, jobs, **_):
+    raise runner.MissingExtra("the Ray executor needs ray: pip install 'lora-twin[ray]' (or pip install ray)")
+    yield  # (a generator, as the executors are)
+
+
+def test_search_with_a_missing_executor_extra_is_an_input_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(runner._EXEC, "ray", _missing_ray)  # as without ray, whether or not it is installed
+    err = _error(SEARCH + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--executor", "ray",
+                           "--cache", str(tmp_path / "sc")], capsys)
+    assert "the Ray executor needs ray: pip install 'lora-twin[ray]'" in err and "--executor local" in err
+    assert not list(tmp_path.glob("sc/shards/*.parquet"))  # nothing ran
+
+
+def test_evaluate_with_a_missing_executor_extra_is_an_input_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(runner._EXEC, "ray", _missing_ray)
+    row = dict(model="meta-llama/Llama-3.1-8B-Instruct", source="ml_test", scenario="rate_0.4-0.05-0.00625_size_8-16-32",
+               run_dir="_16_16_32_", ranks="8-16-32", rates="0.4-0.05-0.00625", served_adapters=16, adapter_slots=16,
+               max_lora_rank=32, status="ok", offered_req_s=2.9, pool_mean_input_tokens=222.0,
+               pool_mean_output_tokens=196.0, offered_tok_s_est=1200.0, total_tok_s=1190.0)
+    real = tmp_path / "real.csv"
+    pd.DataFrame([row]).to_csv(real, index=False)
+    err = _error(["configure", "evaluate", "--real", str(real), "--executor", "ray", "--search-cache",
+                  str(tmp_path / "ec")], capsys)
+    assert "the Ray executor needs ray" in err
+
+
+# --------------------------------------------------------------------------- 2: tables that are not what the command reads
+@pytest.fixture()
+def tables(tmp_path):
+    d = {}
+    d["shard"] = tmp_path / "shard.csv"  # a sweep's run rows exported to CSV
+    feats = features_of([0.4, 0.2, 0.1], [8, 16, 32])
+    pd.DataFrame([_run_rows(offered_tok_s=1000.0, total_tok_s=950.0, **feats)]).to_csv(d["shard"], index=False)
+    d["empty"] = tmp_path / "empty.csv"
+    d["empty"].write_text("")
+    d["garbage"] = tmp_path / "garbage.parquet"
+    d["garbage"].write_bytes(b"this is not parquet")
+    d["real"] = tmp_path / "real.csv"
+    pd.DataFrame([dict(run_dir="x", offered_tok_s_est=10.0, **_run_rows())]).to_csv(d["real"], index=False)
+    d["labels"] = tmp_path / "labels.csv"
+    synthetic_labels(8).to_csv(d["labels"], index=False)
+    d["nolabels"] = tmp_path / "nolabels.csv"
+    synthetic_labels(8).iloc[:0].to_csv(d["nolabels"], index=False)
+    d["other"] = tmp_path / "other.csv"
+    pd.DataFrame({"a": [1], "b": [2]}).to_csv(d["other"], index=False)
+    return d
+
+
+@pytest.mark.parametrize("key, message", [
+    ("shard", r"shard\.csv: a sweep's run table, not labels \(missing columns \['throughput_tok_s'\]\); label it "
+              r"first: `twin configure dataset .*shard\.csv --out labels\.csv`"),
+    ("empty", r"empty\.csv: the file is empty; give the labels written by `twin configure dataset --out"),
+    ("garbage", r"garbage\.parquet: cannot be read as a labels table \(.*\); give the labels written by "
+                r"`twin configure dataset"),
+    ("real", r"real\.csv: a real-run table \(the validation format\), not labels .*`twin configure evaluate --real"),
+    ("other", r"other\.csv: not a labels table \(missing columns \['scenario', 'served_adapters', 'adapter_slots', "
+              r"'throughput_tok_s', 'rate_max'.*\); `twin configure train` expects the labels written by "
+              r"`twin configure dataset --out labels\.csv`"),
+    ("nolabels", r"nolabels\.csv: a labels table without rows"),
+])
+def test_train_names_a_file_that_is_not_labels(tables, tmp_path, capsys, key, message):
+    import re
+
+    err = _error(["configure", "train", str(tables[key]), "--no-search", "--out", str(tmp_path / "m.json")], capsys)
+    assert re.search(message, err), err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_train_checks_every_labels_file_before_labelling_a_sweep(tables, tmp_path):
+    with pytest.raises(ValueError, match=r"shard\.csv: a sweep's run table"):
+        load_labels(tables["shard"])
+    # the features asked for are the columns needed (policy: the indicators, checked by training)
+    assert len(load_labels(tables["labels"], ["rate_max", "policy"])) == 8
+    with pytest.raises(ValueError, match=r"missing columns \['mean_input_tokens'\]"):
+        load_labels(tables["labels"], ["rate_max", "mean_input_tokens"])
+
+
+@pytest.mark.parametrize("key, message", [
+    ("garbage", r"garbage\.parquet: cannot be read as a sweep's runs \(.*\); give the --out directory of `twin sweep`"),
+    ("empty", r"empty\.csv: the file is empty; give the --out directory of `twin sweep`"),
+    ("labels", r"labels\.csv: not a sweep's run table \(missing columns \['status'\]\); it is a labels table \(from "
+               r"`twin configure dataset`\): give it to `twin configure train`"),
+    ("real", r"real\.csv: not a sweep's run table \(missing columns \['offered_tok_s', 'total_tok_s'\]\); it looks like "
+             r"a real-run table .*`twin configure evaluate --real FILE`"),
+    ("other", r"other\.csv: not a sweep's run table \(missing columns \['scenario', 'served_adapters', "
+              r"'adapter_slots', 'status'\]\); give the --out directory of `twin sweep`"),
+])
+def test_dataset_names_a_file_that_is_not_a_sweep(tables, capsys, key, message):
+    import re
+
+    err = _error(["configure", "dataset", str(tables[key])], capsys)
+    assert re.search(message, err), err
+
+
+def test_dataset_of_a_sweep_whose_every_run_failed_to_start(tmp_path, capsys):
+    why = "the KV cache left after the weights and 8 LoRA slots of max rank 1000000 holds 0 tokens"
+    runner.write_shard(tmp_path / "failed", "h1", [_run_rows("start_failure", startup_reason=why)])
+    err = _error(["configure", "dataset", str(tmp_path / "failed")], capsys)
+    assert (f"failed: no run of the sweep started or finished, so there is nothing to label: 1 runs (1 start_failure); "
+            f"the first says: {why}") in err
+    # beside a sweep that ran, its scenario is simply left out (as in one sweep directory)
+    runner.write_shard(tmp_path / "ran", "h2", [_run_rows(scenario="s2", offered_tok_s=1000.0, total_tok_s=950.0)])
+    runs = load_runs([tmp_path / "failed", tmp_path / "ran"])
+    assert len(runs) == 2
+    assert main(["configure", "dataset", str(tmp_path / "failed"), str(tmp_path / "ran"), "--json"]) == 0
+    assert [r["scenario"] for r in json.loads(capsys.readouterr().out)["labels"]] == ["s2"]
+
+
+# --------------------------------------------------------------------------- 3: the search's request cap
+def test_search_refuses_a_window_beyond_the_request_cap_before_any_run(tmp_path, capsys):
+    err = _error(SEARCH[:2] + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--served", "8", "--slots", "8",
+                               "--window", "1e12", "--cache", str(tmp_path / "sc")], capsys)
+    assert "--window 1e+12: the search's busiest run would be offered ~1,466,666,666,667 requests (8 served adapters" \
+           in err and "more than the 5,000,000 a run may hold" in err and "lower --window" in err
+    assert not (tmp_path / "sc").exists()
+
+
+def test_the_request_cap_is_twin_runs():
+    pairs = [([1.0, 1.0, 1.0], [8, 16, 32]), ([0.5, 0.5, 0.5], [8, 8, 8])]
+    check_requests(pairs, [10], MAX_REQUESTS / 10)  # exactly the cap: allowed (twin run refuses above it)
+    with pytest.raises(ValueError, match="more than the 5,000,000"):
+        check_requests(pairs, [10, 11], MAX_REQUESTS / 10)  # the largest served count decides
+    check_requests([([0.4, 0.05, 0.00625], [8, 16, 32])], [384], 3600)  # the published grid's busiest: fine
+
+
+# --------------------------------------------------------------------------- 4: rates, ranks, --feature, --served
+@pytest.mark.parametrize("rates, ranks, message", [
+    ("0.4,0.05", "8,16,32", "--rates '0.4,0.05': 2 values, expected a triple"),
+    ("0.4,0.05,0.1,0.2", "8,16,32", "--rates '0.4,0.05,0.1,0.2': 4 values, expected a triple"),
+    ("0.4,0.05,0.1", "8,16", "--ranks '8,16': 2 values, expected a triple"),
+    ("0.4,,0.1", "8,16,32", "--rates '0.4,,0.1': an empty item"),
+    ("0.4,0.05,0.1,", "8,16,32", "--rates '0.4,0.05,0.1,': an empty item"),
+    ("0.4,0.05,0.1", ",8,16,32", "--ranks ',8,16,32': an empty item"),
+    ("", "8,16,32", "--rates '': empty list"),
+    ("-0.4,0.05,0.1", "8,16,32", "--rates '-0.4,0.05,0.1': -0.4 is not a rate; give per-adapter request rates in "
+                                 "req/s above 0"),
+    ("0,0.05,0.1", "8,16,32", "--rates '0,0.05,0.1': 0 is not a rate"),
+    ("nan,0.05,0.1", "8,16,32", "--rates: 'nan' is not a valid float"),
+    ("0.4,0.05,0.1", "0,16,32", "--ranks '0,16,32': 0 is not a LoRA rank; give whole numbers >= 1"),
+    ("0.4,0.05,0.1", "-8,16,32", "--ranks '-8,16,32': -8 is not a LoRA rank"),
+    ("0.4,0.05,0.1", "8.5,16,32", "--ranks: '8.5' is not a valid int"),
+])
+def test_predict_takes_a_rate_and_a_rank_triple(capsys, rates, ranks, message):
+    err = _error(PREDICT + [f"--rates={rates}", f"--ranks={ranks}"], capsys)
+    assert message in err, err
+
+
+@pytest.mark.parametrize("rates, ranks, message", [
+    ("0.4,0.05", "8,16,32", "--rates '0.4,0.05' and --ranks '8,16,32': 2 rates but 3 ranks; give one rate and one "
+                            "rank per adapter class"),
+    ("0.4,0.05,0.1,0.2", "8,16,32", "4 rates but 3 ranks"),
+    ("0.4,0.05,0.1", "8,16", "3 rates but 2 ranks"),
+    ("0.4,,0.1", "8,16,32", "--rates '0.4,,0.1': an empty item"),
+    ("0.4,0.05,0.1", "8,16,0", "--ranks '8,16,0': 0 is not a LoRA rank"),
+])
+def test_search_takes_one_rate_and_one_rank_per_class(tmp_path, capsys, rates, ranks, message):
+    err = _error(SEARCH + [f"--rates={rates}", f"--ranks={ranks}", "--cache", str(tmp_path / "sc")], capsys)
+    assert message in err, err
+    assert not (tmp_path / "sc").exists()
+
+
+def test_the_rate_and_rank_forms_that_were_valid_still_are():
+    from twin.configurator.cli import _pair
+
+    p = configure_parser()
+    for rates, ranks in (("0.4,0.05,0.00625", "8,16,32"), ("0.4-0.05-0.00625", "8-16-32"),
+                         ("0.4 0.05 0.00625", " 8, 16, 32 ")):
+        ns = p.parse_args(PREDICT + ["--rates", rates, "--ranks", ranks])
+        assert _pair(ns) == ([0.4, 0.05, 0.00625], [8, 16, 32])
+    ns = p.parse_args(SEARCH + ["--rates", "0.4,0.1", "--ranks", "8,16"])  # search: any number of classes
+    assert _pair(ns, triple=False) == ([0.4, 0.1], [8, 16])
+
+
+@pytest.mark.parametrize("feature", ["rate_max=5", "rank_std=0", "rate_mean=0.1"])
+def test_predict_refuses_a_feature_that_rates_or_ranks_give(capsys, feature):
+    name = feature.split("=")[0]
+    err = _error(PREDICT + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--feature", feature], capsys)
+    assert f"--feature '{feature}': {name} is derived from --rates / --ranks" in err
+    assert "change --rates / --ranks instead" in err
+    help_text = configure_parser()._subparsers._group_actions[0].choices["configure"]._subparsers._group_actions[0] \
+        .choices["predict"].format_help()
+    assert "derived from" in " ".join(help_text.split())  # and --help says so
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--served", "", "--served '': empty list; give comma-separated values, e.g. --served 16,32,64"),
+    ("--served", "8,,16", "--served '8,,16': an empty item"),
+    ("--served", "0", "--served '0': 0 is not a served-adapter count; give whole numbers >= 1"),
+    ("--slots", " ", "--slots ' ': empty list"),
+    ("--slots", "-4", "--slots '-4': -4 is not a slot count"),
+])
+def test_search_refuses_an_empty_or_bad_configuration_grid(tmp_path, capsys, flag, value, message):
+    err = _error(["configure", "search", "--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--window", "60",
+                  f"{flag}={value}", "--cache", str(tmp_path / "sc")], capsys)
+    assert message in err, err
+    assert not (tmp_path / "sc").exists()
+
+
+# --------------------------------------------------------------------------- 5: train --profile
+def test_train_refuses_an_unknown_profile_before_reading_the_data(tmp_path, capsys):
+    labels = tmp_path / "labels.csv"
+    synthetic_labels(8).to_csv(labels, index=False)
+    argv = ["configure", "train", str(labels), "--no-search", "--out", str(tmp_path / "m.json")]
+    err = _error(argv + ["--profile", "nosuch"], capsys)
+    assert "--profile: unknown profile 'nosuch'; available: default, " in err and "llama-3.1-8b_h100_vllm085" in err
+    err = _error(argv + ["--profile", ""], capsys)
+    assert "--profile '': give the profile the sweeps ran with" in err
+    err = _error(argv + ["--profile", str(tmp_path / "nosuch.json")], capsys)
+    assert "nosuch.json does not exist" in err
+    assert not (tmp_path / "m.json").exists()
+    assert main(argv + ["--profile", "llama-3.1-8b_h100_vllm085", "--json"]) == 0  # a shipped one is fine
+    assert json.loads(capsys.readouterr().out)["profile"] == "llama-3.1-8b_h100_vllm085"
+
+
+@pytest.mark.parametrize("features, message", [
+    ("", "--features '': an empty name"),
+    ("rate_max,,rank_max", "--features 'rate_max,,rank_max': an empty name"),
+    ("rate_max,rate_max", "--features 'rate_max,rate_max': rate_max is named twice"),
+])
+def test_train_refuses_an_empty_or_repeated_feature(tmp_path, capsys, features, message):
+    labels = tmp_path / "labels.csv"
+    synthetic_labels(8).to_csv(labels, index=False)
+    err = _error(["configure", "train", str(labels), "--no-search", "--out", str(tmp_path / "m.json"),
+                  f"--features={features}"], capsys)
+    assert message in err
+
+
+# --------------------------------------------------------------------------- 6: search --rule slo
+def _options(command: str) -> set[str]:
+    sub = configure_parser()._subparsers._group_actions[0].choices["configure"]._subparsers._group_actions[0]
+    return {o for a in sub.choices[command]._actions for o in a.option_strings}
+
+
+def test_search_slo_rule_names_options_that_search_takes(tmp_path, capsys):
+    err = _error(SEARCH + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--rule", "slo",
+                           "--cache", str(tmp_path / "sc")], capsys)
+    assert "--rule slo: the search's runs record no [slo] attainment; give percentile SLOs on its runs, e.g. " \
+           "--ttft-p99-s 5 --itl-p99-s 0.15" in err
+    assert not (tmp_path / "sc").exists()
+    for command in ("search", "dataset", "train"):  # every command whose slo message names them takes them
+        assert {"--ttft-p99-s", "--itl-p99-s"} <= _options(command)
+    err = _error(SEARCH + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--ttft-p99-s", "5",
+                           "--cache", str(tmp_path / "sc")], capsys)
+    assert "--ttft-p99-s / --itl-p99-s apply to --rule slo, not 'throughput90'" in err
+    err = _error(SEARCH + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--rule", "slo", "--itl-p99-s", "-1",
+                           "--cache", str(tmp_path / "sc")], capsys)
+    assert "--itl-p99-s -1: must be > 0" in err
+
+
+def test_search_slo_rule_with_percentile_slos(tmp_path, capsys):
+    argv = SEARCH + ["--rates", "0.1,0.05,0.025", "--ranks", "8,16,32", "--cache", str(tmp_path / "sc"), "--json"]
+    assert main(argv + ["--rule", "slo", "--ttft-p99-s", "5", "--itl-p99-s", "0.15"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["rule"] == "slo" and d["slo"] == {"ttft_p99_s": 5.0, "itl_p99_s": 0.15}
+    assert (d["served_adapters"], d["adapter_slots"]) == (8, 8)
+    err = _error(argv + ["--rule", "slo", "--ttft-p99-s", "1e-6"], capsys)  # the cached run, below any TTFT
+    assert "no configuration of the search meets the SLOs (P99 TTFT <= 1e-06 s) without starving: 1 runs (1 ok)" in err
+    assert main(argv) == 0  # the default rule's answer carries no slo
+    assert "slo" not in json.loads(capsys.readouterr().out)
