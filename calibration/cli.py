@@ -45,8 +45,8 @@ def register_cli(subparsers) -> None:
     fit.add_argument("--out", metavar="FILE", help="profile JSON to write (default: calibration/profiles/<name>.json)")
     fit.add_argument("--format", choices=("auto", "vllm085", "vllm050", "vidur"), default="auto",
                      help="table format (default: detected from the directory's files)")
-    fit.add_argument("--gpu", default="a40", help="GPU of the Vidur operator timings (vidur format: a40, a100-80gb, "
-                                                   "a100-48gb, a100-24gb (capped A100s), h100; default a40)")
+    fit.add_argument("--gpu", default=None, help="(vidur) GPU of the Vidur operator timings: a40, a100-80gb, "
+                                                  "a100-48gb, a100-24gb (capped A100s), h100; default a40")
     fit.add_argument("--reference", action="append", metavar="PROFILE",
                      help="(vidur) fitted profile(s) the estimated parts come from; default: "
                           "llama-3.1-8b_h100_vllm085 and llama-2-7b_h100_vllm050")
@@ -86,8 +86,8 @@ def register_cli(subparsers) -> None:
     register_bench(sub)
 
     def _help(args: argparse.Namespace) -> int:
-        p.print_help()
-        return 0 if getattr(args, "calibrate_command", None) is None else 2
+        p.print_help()  # no subcommand: usage, exit 2 (as `twin configure` does)
+        return 2
 
     p.set_defaults(func=_help)
 
@@ -98,7 +98,7 @@ def _command_line(args: argparse.Namespace, fmt: str, out: Path) -> str:
     if args.format != "auto":
         parts += ["--format", args.format]
     if fmt == "vidur":
-        parts += ["--gpu", args.gpu]
+        parts += ["--gpu", args.gpu or DEFAULT_GPU]
         for r in args.reference or []:
             parts += ["--reference", r]
     if fmt == "vllm050" and args.vidur_dir:
@@ -106,6 +106,42 @@ def _command_line(args: argparse.Namespace, fmt: str, out: Path) -> str:
     if args.folds != 5:
         parts += ["--folds", str(args.folds)]
     return " ".join(shlex.quote(p) for p in parts)
+
+
+#: the GPU of the Vidur operator timings when ``--gpu`` is not given
+DEFAULT_GPU = "a40"
+FORMAT_NAMES = {"vllm085": "vLLM 0.8.5 tables of an H100", "vllm050": "vLLM 0.5.0 runs on an H100",
+                "vidur": "Vidur operator timings"}
+
+
+def check_format_options(args: argparse.Namespace, fmt: str) -> None:
+    """Refuse options the table format ``fmt`` does not use (they would be silently ignored) and check the
+    values of those it does (``--gpu``, ``--reference``: known names), before anything is read."""
+    unused = [(flag, v, used_by) for flag, v, used_by in (("--gpu", args.gpu, "vidur"),
+                                                          ("--reference", args.reference, "vidur"),
+                                                          ("--vidur-dir", args.vidur_dir, "vllm050"))
+              if v is not None and fmt != used_by]
+    if unused:
+        flags = " and ".join(f for f, _, _ in unused)
+        why = "; ".join(f"{f} {' '.join(v) if isinstance(v, list) else v}: used only with {FORMAT_NAMES[u]} "
+                        f"(--format {u})" for f, v, u in unused)
+        raise ValueError(f"{why}; {args.measurements} holds {FORMAT_NAMES[fmt]} (--format {fmt}), whose fit does "
+                         f"not use {'them' if len(unused) > 1 else 'it'}: leave {flags} out")
+    if fmt != "vidur":
+        return
+    from calibration.fitting.vidur import GPU_ALIASES, GPUS
+
+    gpu = args.gpu or DEFAULT_GPU
+    if GPU_ALIASES.get(gpu.lower(), gpu.lower()) not in GPUS:
+        aliases = ", ".join(f"{a} = {g}" for a, g in GPU_ALIASES.items())
+        raise ValueError(f"--gpu {gpu}: unknown GPU of the Vidur operator timings; choose one of "
+                         f"{', '.join(GPUS)} ({aliases})")
+    for r in args.reference or []:
+        try:
+            load_profile(r)
+        except (FileNotFoundError, KeyError, ValueError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+            raise ValueError(f"--reference {r}: {msg}") from None
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -117,9 +153,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
                                     f"operator timings (calibration/vidur_linear_ops/<gpu>/ under TWIN_DATA_DIR), "
                                     f"or leave it out")
         fmt = detect_format(Path(args.measurements)) if args.format == "auto" else args.format
+        check_format_options(args, fmt)
         out_hint = Path(args.out) if args.out else None
         with dropped_rows_reported("twin calibrate fit"):  # rows with NaN left out, named on stderr
-            profile = fit_profile(args.measurements, args.model, fmt=fmt, gpu=args.gpu, references=args.reference,
+            profile = fit_profile(args.measurements, args.model, fmt=fmt, gpu=args.gpu or DEFAULT_GPU,
+                                  references=args.reference,
                                   vidur_dir=args.vidur_dir, k=args.folds, command="", data_root=data_dir())
         out = out_hint or PROFILE_DIR / f"{profile['name']}.json"
         profile["provenance"]["command"] = _command_line(args, fmt, out)
@@ -167,7 +205,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         with dropped_rows_reported("twin calibrate report"):
             return report(args.profile, measurements=args.measurements, out_dir=args.out_dir,
                           figures=not args.no_figures, as_json=args.json, as_markdown=args.markdown)
-    except (FileNotFoundError, KeyError, ValueError) as e:
+    except (FileNotFoundError, KeyError, ValueError, FitError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"twin calibrate report: {msg}", file=sys.stderr)
         return 2

@@ -243,14 +243,22 @@ def _plt():
     return plt
 
 
-def write_figures(d: dict[str, Any], meas: Path | None, out_dir: Path) -> list[Path]:
-    """Write one PNG per component into ``out_dir``; returns the paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _format(d: dict[str, Any]) -> str | None:
+    """The table format the profile was fitted from (``vllm085``, ``vllm050``, ``vidur``)."""
     fmt = d.get("provenance", {}).get("format")
     if fmt is None and d.get("software") == "vllm-0.8.5":
         fmt = "vllm085"
+    return fmt
+
+
+def write_figures(d: dict[str, Any], meas: Path | None, out_dir: Path,
+                  tables: Vllm085Tables | None = None) -> list[Path]:
+    """Write one PNG per component into ``out_dir``; returns the paths (``tables``: the vLLM 0.8.5
+    tables of ``meas`` when already read)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fmt = _format(d)
     if meas is not None and fmt == "vllm085":
-        return _figures_vllm085(d, meas, out_dir)
+        return _figures_vllm085(d, meas, out_dir, tables)
     if meas is not None and fmt == "vllm050":
         return _figures_vllm050(d, meas, out_dir)
     if meas is not None and fmt == "vidur":
@@ -270,10 +278,10 @@ def _model(d: dict[str, Any], kind: str):
     return make_component(kind, d["components"][kind])
 
 
-def _figures_vllm085(d: dict[str, Any], meas: Path, out: Path) -> list[Path]:
+def _figures_vllm085(d: dict[str, Any], meas: Path, out: Path, tables: Vllm085Tables | None = None) -> list[Path]:
 
     plt = _plt()
-    t = Vllm085Tables.read(meas, d["model"])
+    t = tables if tables is not None else Vllm085Tables.read(meas, d["model"])
     bm, lm, sm, ldm, kvm = (_model(d, k) for k in KINDS)
     paths = []
     # backbone
@@ -542,6 +550,8 @@ def report(name_or_path: str, measurements: str | None = None, out_dir: str | No
             f"--measurements DIR), and without them the figures would show the fitted curves only: the committed "
             f"figures in {od} are left as they are. Pass --out-dir DIR to draw the curves elsewhere, or --no-figures "
             f"to print the fit quality only")
+    # the measurement tables are checked before anything is printed (a bad table: an error naming it)
+    tables = Vllm085Tables.read(meas, d["model"]) if figures and meas is not None and _format(d) == "vllm085" else None
     if as_markdown:
         print(markdown(d))
     elif as_json:
@@ -553,6 +563,6 @@ def report(name_or_path: str, measurements: str | None = None, out_dir: str | No
     if meas is None:
         print("\n(measurements not found: set TWIN_DATA_DIR or pass --measurements; drawing model curves only)",
               file=sys.stderr)
-    paths = write_figures(d, meas, od)
+    paths = write_figures(d, meas, od, tables)
     print(f"\nfigures: {', '.join(str(p) for p in paths)}", file=sys.stderr if as_json or as_markdown else sys.stdout)
     return 0

@@ -32,6 +32,12 @@ class FitError(RuntimeError):
     """A fit could not be done (missing or unusable measurements); the message says which and why."""
 
 
+class TableError(FitError, ValueError):
+    """A measurement table that cannot be used as it is (unreadable, a column missing, a value that is not a
+    number or is physically impossible); the message names the file, the column and the rows, the problem and
+    the fix. Raised while the tables are read, before any fitting."""
+
+
 class DroppedRowsWarning(UserWarning):
     """Measurement rows left out of a fit because a value they need is missing (NaN)."""
 

@@ -34,13 +34,15 @@ steps, ``P`` prompt tokens, running/waiting gauges at its two ends and KV usage 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from calibration.fitting.core import FitError, first_nan_counts, warn_dropped
+from calibration.fitting.core import FitError, TableError, first_nan_counts, warn_dropped
 from twin.model_spec import ModelSpec, get_model
 
 #: vLLM 0.8.5 V1 defaults of the measured servers
@@ -51,6 +53,248 @@ STALL_FACTOR = 4.0
 
 VLLM085_FILES = ("step_latency.csv", "step_latency_runs.csv", "adapter_overhead.csv", "adapter_overhead_windows.csv",
                  "adapter_load.csv", "kv_capacity.csv", "scheduler_overhead.csv")
+
+
+VLLM085_README = "the data README, section calibration/vllm085_h100"
+
+
+# ------------------------------------------------------------------------------------------
+# reading a table: columns present, numbers where numbers are needed, no impossible value
+# ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Col:
+    """A column a fit reads.
+
+    ``what``: what a value is (for the messages); ``kind``: ``num`` or ``text``; ``check`` (numbers):
+    ``pos`` (> 0: durations, bandwidths, sizes that cannot be zero), ``nonneg`` (>= 0: counts, gauges,
+    times that may be 0), ``frac`` (0..1) or ``any``; ``missing_ok``: an empty cell (NaN) is allowed --
+    the fit leaves such rows out (named in a DroppedRowsWarning) or fills them in, as documented where
+    it reads the column; ``whole``: a whole number (ranks, indices: the fit casts them to int);
+    ``required``: the table must have the column (else it is checked only when present).
+    """
+
+    name: str
+    what: str
+    check: str = "nonneg"
+    kind: str = "num"
+    missing_ok: bool = True
+    whole: bool = False
+    required: bool = True
+
+
+def text(name: str, what: str, missing_ok: bool = False, required: bool = True) -> Col:
+    return Col(name, what, "any", "text", missing_ok, False, required)
+
+
+_RULES = {  # check -> (passes, what the value is, what it must be)
+    "pos": (lambda v: v > 0, "is not positive", "must be greater than 0"),
+    "nonneg": (lambda v: v >= 0, "is negative", "cannot be negative"),
+    "frac": (lambda v: (v >= 0) & (v <= 1), "is outside 0..1", "is a fraction between 0 and 1"),
+}
+
+
+def _rows(mask: np.ndarray) -> str:
+    """``row 6 (line 7)`` / ``row 6 (line 7) and 2 other rows (lines 9, 12)``: rows count from 1 after
+    the header; lines are the file's (the header is line 1)."""
+    idx = np.flatnonzero(mask) + 1
+    first = f"row {idx[0]} (line {idx[0] + 1})"
+    if len(idx) == 1:
+        return first
+    more = ", ".join(str(int(i) + 1) for i in idx[1:6]) + (", ..." if len(idx) > 6 else "")
+    s = "s" if len(idx) > 2 else ""
+    return f"{first} and {len(idx) - 1} other row{s} (line{s} {more})"
+
+
+def _fix(mask: np.ndarray, remove: bool = True) -> str:
+    one = int(np.sum(mask)) == 1
+    return ("correct the value" if one else "correct those values") + (
+        ("" if not remove else " or remove the row" if one else " or remove those rows"))
+
+
+def _value(v) -> str:
+    return f"{v:g}" if isinstance(v, (float, np.floating)) else repr(str(v))
+
+
+def read_table(path: str | Path, columns: Sequence[Col], source: str) -> pd.DataFrame:
+    """Read the CSV table ``path`` and check it before any fit uses it: the ``columns`` present,
+    numbers where numbers are expected, no empty cell where the fit needs a value, no physically
+    impossible value (negative durations, counts or sizes; zero where zero is impossible).
+
+    Raises :class:`~calibration.fitting.core.TableError` naming the file, the column, the rows
+    (file lines) and the value, what is wrong and how to fix it; ``source`` says where the table's
+    format is documented. Numeric columns come back numeric; text columns as strings.
+    """
+    path = Path(path)
+    names = ", ".join(c.name for c in columns if c.required)
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise TableError(f"{path} is empty (not even a header line); restore the table: the fit reads its columns "
+                         f"{names} (see {source})") from None
+    except UnicodeDecodeError:
+        raise TableError(f"{path} is not a text (UTF-8) CSV file; restore the table (see {source})") from None
+    except pd.errors.ParserError as e:
+        m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(e))
+        why = (f"line {m[2]} has {m[3]} fields where line 1 (the header) has {m[1]}" if m
+               else "its lines do not split into the header's fields")
+        raise TableError(f"{path} is not a well-formed CSV table ({why}); fix that line or restore the table "
+                         f"(see {source})") from None
+    except OSError as e:
+        raise TableError(f"{path} cannot be read ({e.strerror or type(e).__name__}); give a readable CSV file "
+                         f"(see {source})") from None
+    missing = [c.name for c in columns if c.required and c.name not in df.columns]
+    if missing:
+        have = ", ".join(map(str, df.columns[:12])) + (", ..." if len(df.columns) > 12 else "")
+        raise TableError(f"{path} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}, which the "
+                         f"fit reads (the header has: {have}); restore {'them' if len(missing) > 1 else 'it'} or "
+                         f"regenerate the table (see {source})")
+    problems = []
+    for c in columns:
+        if c.name not in df.columns:
+            continue
+        s = df[c.name]
+        null = s.isna().to_numpy()
+        where = f"column {c.name}"
+        if not c.missing_ok and null.any():
+            one = int(null.sum()) == 1
+            problems.append(f"{where} is empty at {_rows(null)}; every row needs {c.what}: fill "
+                            f"{'it' if one else 'them'} in or remove {'the row' if one else 'those rows'}")
+            continue
+        if c.kind == "text":
+            if s.dtype.kind not in "OSUT" and not isinstance(s.dtype, pd.StringDtype):
+                df[c.name] = s.astype(object).where(s.isna(), s.astype(str))
+            continue
+        if s.dtype.kind == "b":
+            problems.append(f"{where} holds true/false values, not numbers; write {c.what} as a number")
+            continue
+        num = s if s.dtype.kind in "iuf" else pd.to_numeric(s, errors="coerce")
+        bad = num.isna().to_numpy() & ~null
+        if bad.any():
+            problems.append(f"{where}: {_value(s[bad].iloc[0])} at {_rows(bad)} is not a number; write {c.what} as "
+                            f"a number" + (" (or leave the cell empty where the measurement is missing)"
+                                           if c.missing_ok else ""))
+            continue
+        v = num.to_numpy(float)
+        inf = np.isinf(v)
+        if inf.any():
+            problems.append(f"{where}: {_value(v[inf][0])} at {_rows(inf)} is not a finite number; {c.what} must "
+                            f"be finite: {_fix(inf)}")
+            continue
+        fin = ~null
+        if c.check in _RULES:
+            passes, is_, must = _RULES[c.check]
+            with np.errstate(invalid="ignore"):
+                out = fin & ~passes(np.where(fin, v, 0.5))
+            if out.any():
+                problems.append(f"{where}: {_value(v[out][0])} at {_rows(out)} {is_}; {c.what} {must}: "
+                                f"{_fix(out)}")
+                continue
+        if c.whole:
+            frac = fin & (np.where(fin, v, 0.0) != np.round(np.where(fin, v, 0.0)))
+            if frac.any():
+                problems.append(f"{where}: {_value(v[frac][0])} at {_rows(frac)} is not a whole number; "
+                                f"{c.what} is a whole number: {_fix(frac, remove=False)}")
+                continue
+        if num is not s:
+            df[c.name] = num
+    if problems:
+        if len(problems) == 1:
+            raise TableError(f"{path}, {problems[0]}")
+        raise TableError(f"{path} has {len(problems)} problems (fix them, then run again):\n"
+                         + "\n".join(f"  - {p}" for p in problems))
+    return df
+
+
+def _window_columns(lora: bool) -> tuple[Col, ...]:
+    """Columns of the ~2 s windows (step_latency.csv; adapter_overhead_windows.csv with ``lora``)."""
+    return (
+        text("model", "model name"), text("experiment", "experiment name"), text("run_dir", "run directory"),
+        Col("window_start_s", "a window start (s)", missing_ok=False),
+        Col("kv_usage_end", "the KV usage at the window end", "frac", missing_ok=False),
+        Col("running_start", "a running-request gauge", missing_ok=False),
+        Col("running_end", "a running-request gauge", missing_ok=False),
+        Col("waiting_start", "a waiting-request gauge", missing_ok=False),
+        Col("waiting_end", "a waiting-request gauge", missing_ok=False),
+        Col("engine_steps", "a number of engine steps"),
+        Col("prompt_tokens", "a number of prompt tokens"),
+        Col("mean_step_ms", "a mean step time (ms)", "pos"),
+        Col("median_step_ms", "a median step time (ms)", "pos"),
+        Col("max_step_ms", "a longest step time (ms)", "pos"),
+        Col("mean_scheduler_ms", "a scheduler time per step (ms)"),
+        Col("adapter_slots", "a number of adapter slots", required=lora),
+        Col("adapters_used", "a number of adapters used", required=lora),
+        Col("mean_unique_adapters", "a mean number of distinct adapters per step", required=lora),
+        Col("max_lora_rank", "a max LoRA rank", "pos", required=lora),
+    )
+
+
+_RUN_KEYS = (text("model", "model name"), text("experiment", "experiment name"), text("run_dir", "run directory"))
+
+#: the columns each vLLM 0.8.5 table must have (and what their values may be)
+VLLM085_COLUMNS: dict[str, tuple[Col, ...]] = {
+    "step_latency.csv": _window_columns(lora=False),
+    "adapter_overhead_windows.csv": _window_columns(lora=True),
+    "step_latency_runs.csv": _RUN_KEYS + (
+        Col("kv_cache_tokens", "a KV cache size (tokens)", "pos"),
+        Col("engine_steps", "a number of engine steps"),
+        Col("mean_step_ms", "a mean step time (ms)", "pos"),
+        Col("mean_scheduler_ms_per_step", "a scheduler time per step (ms)"),
+        Col("total_input_tokens", "a number of prompt tokens"),
+        Col("adapter_slots", "a number of adapter slots", required=False),
+    ),
+    "adapter_overhead.csv": _RUN_KEYS + (
+        Col("kv_cache_tokens", "a KV cache size (tokens)", "pos"),
+        Col("adapter_slots", "a number of adapter slots"),
+        Col("max_lora_rank", "a max LoRA rank", "pos"),
+        Col("adapters_used", "a number of adapters used"),
+        Col("engine_steps", "a number of engine steps"),
+        Col("mean_itl_ms", "a mean inter-token latency (ms)"),
+        text("status", "run status", missing_ok=True),
+        Col("ts_mean_running", "a mean running-request gauge"),
+        Col("ts_mean_waiting", "a mean waiting-request gauge"),
+        Col("ts_mean_kv_usage", "a mean KV usage", "frac"),
+        Col("input_tokens_per_req", "a number of prompt tokens per request", required=False),
+    ),
+    "adapter_load.csv": (
+        text("model", "model name", required=False),
+        text("load_kind", "load kind (disk_to_cpu or cpu_to_gpu)"), text("phase", "load phase (startup or serving)"),
+        Col("adapter_rank", "an adapter rank", "pos", missing_ok=False, whole=True),
+        Col("max_lora_rank", "a max LoRA rank", "pos", missing_ok=False, whole=True),
+        Col("load_index", "a load's position in its server start (1, 2, ...)", "pos", missing_ok=False, whole=True),
+        Col("load_ms", "an adapter load time (ms)", "pos", missing_ok=False),
+    ),
+    "kv_capacity.csv": (
+        text("model", "model name", required=False), text("experiment", "experiment name"),
+        Col("adapter_slots", "a number of adapter slots", missing_ok=False, whole=True),
+        Col("max_lora_rank", "a max LoRA rank (0 without LoRA)", missing_ok=False, whole=True),
+        Col("max_num_seqs", "a max_num_seqs setting", "pos"),
+        text("status", "server start status (ok, failed_...)"),
+        Col("kv_cache_tokens", "a KV cache size (tokens)", "pos"),
+        Col("kv_available_gib", "an available KV memory (GiB)"),
+    ),
+    "scheduler_overhead.csv": (
+        Col("mean_running", "a mean running-request gauge", missing_ok=False),
+        Col("mean_waiting", "a mean waiting-request gauge", missing_ok=False),
+        Col("adapter_slots", "a number of adapter slots", missing_ok=False),
+        Col("served_adapters", "a number of served adapters", missing_ok=False),
+        Col("scheduler_ms_per_step", "a scheduler time per step (ms)", missing_ok=False),
+        # the serving-run columns (used for the LoRA fit when all are present; see serving_run_lora_obs)
+        text("rate_mode", "rate mode", required=False),
+        Col("engine_steps", "a number of engine steps", required=False),
+        Col("mean_itl_ms", "a mean inter-token latency (ms)", "pos", required=False),
+        Col("completed_requests", "a number of completed requests", missing_ok=False, required=False),
+        Col("duration_s", "a run duration (s)", "pos", missing_ok=False, required=False),
+        Col("lora_loading_time_s", "an adapter loading time (s)", required=False),
+        Col("mean_unique_adapters_per_step", "a mean number of distinct adapters per step", missing_ok=False,
+            required=False),
+        Col("output_tok_s", "an output throughput (tokens/s)", required=False),
+    ),
+    "peer_fitted_constants.csv": (
+        text("model", "model name"), text("component", "component name"), text("constant", "constant name"),
+        Col("value", "a constant's value", "any"),
+    ),
+}
 
 
 def detect_format(directory: Path) -> str:
@@ -105,10 +349,17 @@ class Vllm085Tables:
         missing = [f for f in VLLM085_FILES if not (d / f).exists()]
         if missing:
             raise FileNotFoundError(f"{d} lacks {', '.join(missing)}; it is not a complete vLLM 0.8.5 calibration "
-                                    f"directory (see the data README, section calibration/vllm085_h100)")
+                                    f"directory (see {VLLM085_README})")
+        # every table is checked (columns, numbers, impossible values) before any is used
+        names = VLLM085_FILES + (("peer_fitted_constants.csv",) if (d / "peer_fitted_constants.csv").exists() else ())
+        raw = {name: read_table(d / name, VLLM085_COLUMNS[name], VLLM085_README) for name in names}
+        for name in VLLM085_FILES:
+            if len(raw[name]) == 0:
+                raise TableError(f"{d / name} has a header but no rows; the fit needs its measurements: restore the "
+                                 f"table (see {VLLM085_README})")
 
         def rd(name: str, by_model: bool = True) -> pd.DataFrame:
-            df = pd.read_csv(d / name)
+            df = raw[name]
             if by_model and "model" in df.columns:
                 df = df[same_model(df["model"], spec)].reset_index(drop=True)
             return df
@@ -116,12 +367,12 @@ class Vllm085Tables:
         t = cls(d, spec, rd("step_latency_runs.csv"), rd("step_latency.csv"), rd("adapter_overhead.csv"),
                 rd("adapter_overhead_windows.csv"), rd("adapter_load.csv"), rd("kv_capacity.csv"),
                 rd("scheduler_overhead.csv", by_model=False),
-                rd("peer_fitted_constants.csv", by_model=False) if (d / "peer_fitted_constants.csv").exists()
+                rd("peer_fitted_constants.csv", by_model=False) if "peer_fitted_constants.csv" in raw
                 else pd.DataFrame())
         if t.peer is not None and len(t.peer):
             t.peer = t.peer[same_model(t.peer["model"], spec) | (t.peer["model"] == "all")].reset_index(drop=True)
         if len(t.step_windows) == 0:
-            avail = sorted(pd.read_csv(d / "step_latency_runs.csv")["model"].unique())
+            avail = sorted(raw["step_latency_runs.csv"]["model"].unique())
             raise FitError(f"no step-latency measurements of {spec.name} in {d}; models present: {avail}")
         return t
 
@@ -209,8 +460,8 @@ def prefill_run_points(runs: pd.DataFrame, used_groups: set[str]) -> pd.DataFram
     r["group"] = r["experiment"] + "/" + r["run_dir"]
     r = r[~r["group"].isin(used_groups)]
     warn_dropped("step_latency_runs.csv (prefill runs without windows)", len(r),
-                 first_nan_counts(r, ("engine_steps", "mean_step_ms")), "runs")
-    r = r[r["engine_steps"].notna() & r["mean_step_ms"].notna()]
+                 first_nan_counts(r, ("engine_steps", "mean_step_ms", "total_input_tokens")), "runs")
+    r = r[r["engine_steps"].notna() & r["mean_step_ms"].notna() & r["total_input_tokens"].notna()]
     if len(r) == 0:
         return pd.DataFrame()
     S = r["engine_steps"].to_numpy(float)

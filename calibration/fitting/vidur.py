@@ -50,6 +50,7 @@ import pandas as pd
 
 from calibration.fitting.core import FitError, ParamSpec, choose, fit_params, grouped_folds, quality
 from calibration.fitting.profile_io import build_profile, provenance
+from calibration.fitting.tables import Col, read_table
 from twin.perf.forms import FORMS
 from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
 from twin.tensor_parallel import kv_bytes_per_token_per_rank, valid_degrees
@@ -83,6 +84,17 @@ GRAPH_MAX_TOKENS = 512
 DEFAULT_REFERENCES = ("llama-3.1-8b_h100_vllm085", "llama-2-7b_h100_vllm050")
 
 
+VIDUR_README = "the data README, section calibration/vidur_linear_ops"
+#: the columns of Vidur's ``*_mlp.csv`` the fit reads: shapes, TP degree, tokens, median operator times (ms)
+VIDUR_COLUMNS = tuple(
+    [Col(c, w, "pos", missing_ok=False, whole=True) for c, w in (
+        ("num_tensor_parallel_workers", "a TP degree"), ("num_tokens", "a number of tokens"),
+        ("n_head", "a number of attention heads"), ("n_kv_head", "a number of KV heads"),
+        ("n_embd", "a hidden size"), ("n_expanded_embd", "an MLP size"))]
+    + [Col(f"time_stats.{o}.median", "an operator time (ms)", "pos", missing_ok=False)
+       for o in dict.fromkeys(LAYER_OPS + ("emb",))])
+
+
 def read_ops(directory: Path, gpu: str, spec: ModelSpec, tp: int = 1) -> pd.DataFrame:
     """``num_tokens`` and ``lin_ms`` (all layers + embedding) of one GPU, TP degree ``tp``."""
     fname = VIDUR_NAMES.get(spec.name)
@@ -90,7 +102,7 @@ def read_ops(directory: Path, gpu: str, spec: ModelSpec, tp: int = 1) -> pd.Data
     if fname is None or not f.exists():
         avail = sorted(str(p.relative_to(directory)) for p in Path(directory).glob("*/*_mlp.csv"))
         raise FileNotFoundError(f"no Vidur timings of {spec.name} on {gpu} in {directory}; available: {avail}")
-    d = pd.read_csv(f)
+    d = read_table(f, VIDUR_COLUMNS, VIDUR_README)
     d = d[d["num_tensor_parallel_workers"] == tp]
     layer = sum(d[f"time_stats.{o}.median"] for o in LAYER_OPS) + d["time_stats.add.median"]  # two residual adds
     lin = layer * spec.layers + d["time_stats.emb.median"]
@@ -133,7 +145,7 @@ def read_op_table(directory: Path, gpu_dir: str) -> pd.DataFrame:
         raise FileNotFoundError(f"no Vidur operator timings (*_mlp.csv) in {Path(directory) / gpu_dir}")
     parts = []
     for f in files:
-        d = pd.read_csv(f)
+        d = read_table(f, VIDUR_COLUMNS, VIDUR_README)
         for (h, kvh, hid, inter, tp), g in d.groupby(["n_head", "n_kv_head", "n_embd", "n_expanded_embd",
                                                       "num_tensor_parallel_workers"]):
             shapes = op_shapes(int(h), int(kvh), int(hid), int(inter), int(tp))

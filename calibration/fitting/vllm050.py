@@ -34,7 +34,7 @@ from calibration.fitting import components as C
 from calibration.fitting.core import (FitError, ParamSpec, first_nan_counts, fit_params, grouped_folds, quality,
                                       warn_dropped)
 from calibration.fitting.profile_io import build_profile, provenance
-from calibration.fitting.tables import same_model
+from calibration.fitting.tables import Col, read_table, same_model, text
 from calibration.fitting.vidur import read_ops
 from twin.perf.forms import FORMS
 from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
@@ -49,14 +49,36 @@ def profile_name(model: ModelSpec) -> str:
     return f"{model.name}_h100_vllm050"
 
 
+VLLM050_README = "the data README, section calibration/vllm050_h100_llama2"
+#: the columns the fit reads (see calibration.fitting.tables.Col)
+RUNS_COLUMNS = (
+    text("study", "study name"), text("experiment", "experiment name"), text("model", "model name"),
+    text("variant", "variant name"), text("run_dir", "run directory"), text("status", "run status (ok, failed_...)"),
+    Col("max_loras", "a number of adapter slots", whole=True), Col("max_lora_rank", "a max LoRA rank", whole=True),
+    Col("restrict_loras", "a number of adapters requested"),
+    Col("median_itl_ms", "a median inter-token latency (ms)", "pos"),
+    Col("ts_mean_running", "a mean running-request gauge"), Col("ts_mean_kv_usage", "a mean KV usage", "frac"),
+    Col("gpu_kv_blocks", "a number of KV blocks"), Col("duration_s", "a run duration (s)", "pos"),
+    Col("total_input_tokens", "a number of prompt tokens"), Col("total_output_tokens", "a number of output tokens"),
+)
+LOAD_COLUMNS = (
+    text("model", "model name"), text("phase", "load phase (first_load or later_load)"),
+    Col("adapter_rank", "an adapter rank", "pos", missing_ok=False, whole=True),
+    Col("sample", "a sample number (1, 2, ...)", "pos", missing_ok=False, whole=True),
+    Col("loading_ms", "an adapter loading time (ms)", "pos", missing_ok=False),
+    Col("activating_ms", "an adapter activation time (ms)", "pos", missing_ok=False),
+)
+
+
 def read_runs(directory: Path, spec: ModelSpec) -> tuple[pd.DataFrame, pd.DataFrame]:
     d = Path(directory)
     missing = [f for f in FILES if not (d / f).exists()]
     if missing:
         raise FileNotFoundError(f"{d} lacks {', '.join(missing)} (vLLM 0.5.0 calibration directory expected)")
-    runs = pd.read_csv(d / "runs.csv")
+    # both tables are checked (columns, numbers, impossible values) before either is used
+    runs = read_table(d / "runs.csv", RUNS_COLUMNS, VLLM050_README)
+    loads = read_table(d / "adapter_load_manual.csv", LOAD_COLUMNS, VLLM050_README)
     runs = runs[same_model(runs["model"], spec)].reset_index(drop=True)
-    loads = pd.read_csv(d / "adapter_load_manual.csv")
     loads = loads[same_model(loads["model"], spec)].reset_index(drop=True)
     if len(runs) == 0:
         raise FitError(f"no vLLM 0.5.0 runs of {spec.name} in {d}")
