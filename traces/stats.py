@@ -37,6 +37,17 @@ def auto_bin(duration_s: float) -> float:
 MAX_BINS = 10_000_000
 
 
+def _bin_rates(counts: np.ndarray, b: float, dur: float) -> list[float]:
+    """Arrivals per second in each bin of width ``b`` from the first arrival: the last bin ends at the last
+    arrival, so it is divided by its own width, and left out when that is under half a bin (a few
+    arrivals over a sliver of time are no rate); a trace shorter than one bin keeps its one bin."""
+    widths = np.minimum(b, dur - np.arange(len(counts)) * b) if dur > 0 else np.full(len(counts), b)
+    keep = widths >= 0.5 * b
+    keep[0] = True
+    return [round(float(c) / max(float(w), 1e-9), 4) for c, w, k in zip(counts, widths, keep) if k] if dur > 0 else \
+        [round(float(c) / b, 4) for c in counts]
+
+
 def summarize(w: Workload, bin_s: float | None = None, top_k: tuple[int, ...] = (1, 5, 10)) -> dict[str, Any]:
     """The statistics ``twin traces show`` prints."""
     df = w.df
@@ -58,7 +69,7 @@ def summarize(w: Workload, bin_s: float | None = None, top_k: tuple[int, ...] = 
         "duration_s": round(dur, 3),
         "mean_rps": round(n / dur, 4) if dur > 0 else float("nan"),
         "interarrival_cv": round(interarrival_cv(t), 4),
-        "rate_over_time": {"bin_s": b, "rps": [round(float(c) / b, 4) for c in counts]},
+        "rate_over_time": {"bin_s": b, "rps": _bin_rates(counts, b, dur)},
         "prompt_tokens": _pcts(df["prompt_tokens"].to_numpy()),
         "output_tokens": _pcts(df["output_tokens"].to_numpy()),
         "adapters": int(np.unique(with_adapter).size),

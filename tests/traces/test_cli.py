@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import numpy as np
 import pytest
 
 from traces.cli import register_cli
@@ -109,3 +110,18 @@ def test_synthesis_options_use_the_shared_parsers():
         apply_options(SynthConfig(), {"conversations": "maybe"})
     with pytest.raises(ValueError, match="ranks: 'x' is not a valid int"):
         apply_options(SynthConfig(), {"ranks": "8,x"})
+
+
+def test_rate_per_bin_divides_the_partial_last_bin_by_its_width():
+    """Arrivals over 160 s in 100 s bins: the second bin spans 60 s, so its rate is its count / 60;
+    a last bin under half a bin wide is left out (no rate over a sliver of time)."""
+    from traces.stats import summarize
+
+    t = np.concatenate([np.linspace(0, 99, 100), np.linspace(100, 160, 60)])
+    w = Workload.from_arrays(t, np.full(len(t), 10), np.full(len(t), 5))
+    rps = summarize(w, bin_s=100)["rate_over_time"]["rps"]
+    assert rps == [1.0, 1.0]
+    t2 = np.concatenate([t, [170.0, 180.0]])  # arrivals over 180 s
+    w2 = Workload.from_arrays(t2, np.full(len(t2), 10), np.full(len(t2), 5))
+    assert len(summarize(w2, bin_s=120)["rate_over_time"]["rps"]) == 2  # 0-120, 120-180 (half a bin: kept)
+    assert len(summarize(w2, bin_s=170)["rate_over_time"]["rps"]) == 1  # 170-180 is a sliver: left out
