@@ -69,3 +69,14 @@ def configure_parser():
     p = argparse.ArgumentParser()
     register_cli(p.add_subparsers())
     return p
+
+
+def ml_test_row(**kw) -> dict:
+    """One served row of a real-run table (``twin validate`` / ``configure evaluate`` format): the
+    columns a table must have, for an ml_test run of the published 0.4/0.05/0.00625, 8/16/32 scenario."""
+    row = dict(model="llama-3.1-8b-instruct", source="ml_test", scenario="rate_0.4-0.05-0.00625_size_8-16-32",
+               run_dir="_16_16_32_", ranks="8-16-32", rates="0.4-0.05-0.00625", served_adapters=16, adapter_slots=16,
+               max_lora_rank=32, status="ok", offered_req_s=2.9, pool_mean_input_tokens=222.0,
+               pool_mean_output_tokens=196.0, offered_tok_s_est=1200.0, total_tok_s=1190.0)
+    row.update(kw)
+    return row

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from tests.configurator.test_models import synthetic_labels
-from tests.helpers import configure_parser
+from tests.helpers import configure_parser, ml_test_row
 from traces.registry import MAX_REQUESTS
 from twin.cli import main
 from twin.configurator.dataset import load_labels, load_runs
@@ -53,10 +53,7 @@ def test_search_with_a_missing_executor_extra_is_an_input_error(tmp_path, capsys
 
 def test_evaluate_with_a_missing_executor_extra_is_an_input_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(runner._EXEC, "ray", _missing_ray)
-    row = dict(model="meta-llama/Llama-3.1-8B-Instruct", source="ml_test", scenario="rate_0.4-0.05-0.00625_size_8-16-32",
-               run_dir="_16_16_32_", ranks="8-16-32", rates="0.4-0.05-0.00625", served_adapters=16, adapter_slots=16,
-               max_lora_rank=32, status="ok", offered_req_s=2.9, pool_mean_input_tokens=222.0,
-               pool_mean_output_tokens=196.0, offered_tok_s_est=1200.0, total_tok_s=1190.0)
+    row = ml_test_row(model="meta-llama/Llama-3.1-8B-Instruct")
     real = tmp_path / "real.csv"
     pd.DataFrame([row]).to_csv(real, index=False)
     err = _error(["configure", "evaluate", "--real", str(real), "--executor", "ray", "--search-cache",

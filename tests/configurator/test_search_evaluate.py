@@ -11,6 +11,7 @@ from twin.configurator.models import save_model, train
 from twin.sweep.grid import PUBLISHED_GRID
 
 from tests.configurator.test_models import synthetic_labels
+from tests.helpers import ml_test_row
 
 
 def _cli():
@@ -115,10 +116,7 @@ def test_evaluate_refuses_another_models_profile_before_any_work(tmp_path):
 
     from twin.configurator.evaluate import evaluate
 
-    row = dict(model="Qwen/Qwen2.5-7B-Instruct", source="ml_test", scenario="rate_0.4-0.05-0.00625_size_8-16-32",
-               run_dir="_16_16_32_", ranks="8-16-32", rates="0.4-0.05-0.00625", served_adapters=16, adapter_slots=16,
-               max_lora_rank=32, status="ok", offered_req_s=2.9, pool_mean_input_tokens=222.0,
-               pool_mean_output_tokens=196.0, offered_tok_s_est=1200.0, total_tok_s=1190.0)
+    row = ml_test_row(model="Qwen/Qwen2.5-7B-Instruct")
     path = tmp_path / "qwen.csv"
     pd.DataFrame([row]).to_csv(path, index=False)
     with pytest.raises(ValueError, match="pass --profile qwen-2.5-7b_h100_vllm085"):
