@@ -132,14 +132,14 @@ def first_pass_step(running: list[tuple[int, int]], failed: list[tuple[int, int,
     growth), so every ``s`` is evaluated; a test compares with :func:`reservation_need`."""
     pairs = sorted(running, key=lambda p: -p[0])
     n = len(pairs)
-    neg_l = [-l for l, _ in pairs]
+    neg_l = [-left for left, _ in pairs]
     pre_h = [0] * (n + 1)
     pre_max = [-INF] * (n + 1)
     cum = 0
-    for j, (l, h) in enumerate(pairs):
+    for j, (left, h) in enumerate(pairs):
         cum += h
         pre_h[j + 1] = cum
-        t = cum + (j + 1) * l
+        t = cum + (j + 1) * left
         pre_max[j + 1] = t if t > pre_max[j] else pre_max[j]
     suf = [-INF] * (n + 1)
     for j in range(n - 1, -1, -1):
@@ -641,6 +641,9 @@ class SLoRAEngine(EngineState):
         self.counter = 0
         g = self.g
         prefill_tok = 0
+        # the batch during the prefill, recorded before the requests that end in it (output 1) leave
+        batch, active, resident = len(self.running), self.adapters.n_active, self.adapters.resident_bytes
+        ended_tokens = 0
         for rid, T in ctx.chunks:
             prefill_tok += T
             del self.prefilling[rid]
@@ -651,6 +654,7 @@ class SLoRAEngine(EngineState):
             e0 = T - int(self.prompt_a[rid])
             out_left = int(self.output_a[rid]) - e0
             if out_left <= 1:
+                ended_tokens += T
                 self._finish(rid, now, evict=False)
                 continue
             self._emitted0[rid] = e0
@@ -664,9 +668,8 @@ class SLoRAEngine(EngineState):
         self.used_blocks = self.base_sum + self.n_dec * g
         if not self.running:
             self._batch_emptied(now)
-        self.rec.step(t0, now, 1, d, None, d + load_s, len(self.running), prefill_tok, 0, self.adapters.n_active,
-                      self.used_blocks, self.adapters.resident_bytes, len(ctx.loads),
-                      sum(ld.nbytes for ld in ctx.loads))
+        self.rec.step(t0, now, 1, d, None, d + load_s, batch, prefill_tok, 0, active,
+                      self.used_blocks + ended_tokens, resident, len(ctx.loads), sum(ld.nbytes for ld in ctx.loads))
 
     def _decode(self, now: float, counting: bool):
         """Decode steps of every running request: one, or a run in which nothing can change."""

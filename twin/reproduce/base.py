@@ -228,10 +228,12 @@ def _pool_use_peak(res, prof, cfg, blocks: float) -> float | None:
     return float(used.max() / blocks)
 
 
-def running_adapter_bytes(res, t: np.ndarray) -> np.ndarray:
-    """Bytes of the adapters that running requests use at each recorded step end ``t``: a request
-    runs from its first admission (``first_sched``, strictly before ``t``: admissions at a step's
-    end belong to the next step) until its finish (finishes at ``t`` are already released). A
+def running_adapter_bytes(res, t: np.ndarray, during: bool = True) -> np.ndarray:
+    """Bytes of the adapters that running requests use in the recorded step ending at ``t`` (the
+    step records hold the batch during the step, before the requests that finish in it leave): a
+    request runs from its first admission (``first_sched``, strictly before ``t``: admissions at a
+    step's end belong to the next step) until its finish (a finish at ``t`` ran in that step).
+    ``during=False``: at the instant ``t`` after the step instead (a finish at ``t`` is released). A
     squashed and re-admitted request counts as running in between (an overestimate; Chameleon
     squashes at most a few per cent)."""
     e = res.engine
@@ -243,7 +245,7 @@ def running_adapter_bytes(res, t: np.ndarray) -> np.ndarray:
     for a in np.unique(adapter[(adapter >= 0) & np.isfinite(first)]):
         m = (adapter == a) & np.isfinite(first)
         started = np.searchsorted(np.sort(first[m]), t, side="left")
-        ended = np.searchsorted(np.sort(np.where(np.isfinite(finish[m]), finish[m], np.inf)), t, side="right")
+        ended = np.searchsorted(np.sort(np.where(np.isfinite(finish[m]), finish[m], np.inf)), t, side="left" if during else "right")
         out += (started > ended) * nbytes[a]
     return out
 
