@@ -456,3 +456,15 @@ def test_any_damaged_tree_is_refused_or_predicts(tmp_path_factory, trees):
         predict(load_model(p), features_of([0.4, 0.05, 0.1], [8, 16, 32]), explain=True)
     except ValueError:
         pass
+
+
+def test_a_path_reads_one_bound_pair_per_feature_and_the_forest_summary_adds_up():
+    from twin.configurator.models import merge_bounds, path_feature_shares
+
+    conds = [("rate_mean", "<=", 0.2266), ("rate_mean", ">", 0.05625), ("rate_max", ">", 0.25),
+             ("rate_mean", ">", 0.1375), ("rank_mean", "<=", 20.0), ("rank_mean", "<=", 17.0)]
+    assert merge_bounds(conds) == ["0.1375 < rate_mean <= 0.2266", "rate_max > 0.25", "rank_mean <= 17"]
+    # two one-split trees on feature 0, one on feature 1: the shares of the paths' splits
+    trees = [{"feature": [0, -2, -2]}, {"feature": [0, -2, -2]}, {"feature": [1, -2, -2]}]
+    shares = path_feature_shares(trees, [[0, 1], [0, 2], [0, 1]], ["rate_mean", "rank_std"])
+    assert shares == {"rate_mean": 0.667, "rank_std": 0.333}

@@ -516,6 +516,10 @@ def cmd_predict(args) -> int:
         else:
             print("rule path: " + (" AND ".join(res.get("rule_path") or []) or "(root)")
                   + (f"  ({res['rule_path_note']})" if res.get("rule_path_note") else ""))
+            if res.get("path_features"):
+                n = (res.get("uncertainty") or {}).get("trees", "all")
+                print(f"splits on the {n} trees' paths: " + ", ".join(
+                    f"{feature_label(f)} {100 * v:.0f} %" for f, v in res["path_features"].items()))
     return 0
 
 

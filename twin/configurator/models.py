@@ -60,8 +60,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from twin.configurator.features import (describe_condition, design_matrix, feature_label, policy_columns,
-                                        readable_conditions, simplify_policy_conditions, single_policy,
+from twin.configurator.features import (describe_condition, design_matrix, feature_label, is_policy_column,
+                                        policy_columns, readable_conditions, simplify_policy_conditions, single_policy,
                                         training_columns)
 from twin.configurator.domain import feature_box
 from twin.configurator.labels import TARGETS
@@ -506,17 +506,56 @@ def _predict(model: dict[str, Any], x: dict[str, float], explain: bool) -> dict[
             by_tree = []
             for k in range(len(model["trees"]) if additive else 1):
                 tree = model["trees"][k]
-                by_tree.append(simplify_policy_conditions(
-                    [describe_condition(feats[tree["feature"][a]], "<=" if b == tree["left"][a] else ">",
-                                        tree["threshold"][a]) for a, b in zip(paths[k][:-1], paths[k][1:])],
-                    model.get("policies")))
+                by_tree.append(simplify_policy_conditions(merge_bounds(
+                    [(feats[tree["feature"][a]], "<=" if b == tree["left"][a] else ">", tree["threshold"][a])
+                     for a, b in zip(paths[k][:-1], paths[k][1:])]), model.get("policies")))
             res["rule_path"] = by_tree[0]
+            if len(model["trees"]) > 1 and not additive:  # what the whole forest's paths split on
+                res["path_features"] = path_feature_shares(model["trees"], paths, feats)
             if additive:  # one path per tree; their leaf values add up to the prediction
                 res["rule_path"] = [c for k, steps in enumerate(by_tree) for c in [f"[tree {k + 1}]"] + steps]
                 res["rule_path_by_tree"] = by_tree
             res["rule_path_note"] = ("paths through every tree of the sum" if additive
                                      else "path through the forest's first tree")
     return res
+
+
+def merge_bounds(conditions: list[tuple[str, str, float]]) -> list[str]:
+    """A tree path's conditions ``(feature, op, threshold)`` as text, one per feature: the tightest
+    lower (``>``) and upper (``<=``) bounds the path puts on it (``rate_mean > 0.05625 AND rate_mean >
+    0.1375`` reads ``rate_mean > 0.1375``; both bounds read ``0.1375 < rate_mean <= 0.2266``), in the order
+    the features first appear; policy indicators as :func:`describe_condition` words them."""
+    lo: dict[str, float] = {}
+    hi: dict[str, float] = {}
+    order: list[str] = []
+    for f, op, v in conditions:
+        if f not in order:
+            order.append(f)
+        if op == ">":
+            lo[f] = max(lo.get(f, -math.inf), float(v))
+        else:
+            hi[f] = min(hi.get(f, math.inf), float(v))
+    out = []
+    for f in order:
+        if is_policy_column(f) or f not in lo or f not in hi:
+            out += [describe_condition(f, ">", lo[f])] if f in lo else []
+            out += [describe_condition(f, "<=", hi[f])] if f in hi else []
+        else:
+            out.append(f"{lo[f]:.6g} < {f} <= {hi[f]:.6g}")
+    return out
+
+
+def path_feature_shares(trees: list[dict[str, Any]], paths: list[list[int]], feats: list[str],
+                        top: int = 5) -> dict[str, float]:
+    """The share of the splits on every tree's path that test each feature (the ``top`` largest),
+    a summary of what the whole forest looked at for this scenario (one tree's path is 1/T of it)."""
+    counts: dict[str, int] = {}
+    for tree, path in zip(trees, paths):
+        for a in path[:-1]:
+            f = feats[tree["feature"][a]]
+            counts[f] = counts.get(f, 0) + 1
+    n = sum(counts.values()) or 1
+    return {f: round(c / n, 3) for f, c in sorted(counts.items(), key=lambda kv: -kv[1])[:top]}
 
 
 def _recommendation(model: dict[str, Any], raw: dict[str, float]) -> dict[str, Any]:
