@@ -28,6 +28,7 @@ from calibration.fitting.profile_io import write_profile
 from calibration.fitting.tables import detect_format
 from calibration.report import report, summary_lines
 from calibration.serving_replay import read_table, replay_serving_runs, select_runs, summary
+from traces.arguments import check_writable_file
 from traces.datadir import data_dir
 from twin.perf.profile import DEFAULT_PROFILE, PROFILE_DIR, available_profiles, load_profile
 
@@ -215,8 +216,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         if args.every < 1:
             raise ValueError(f"--every {args.every}: must be >= 1 (replay every k-th run)")
-        if args.out and Path(args.out).is_dir():
-            raise ValueError(f"--out {args.out}: is a directory; give a CSV file")
+        if args.out:  # checked before the replay (minutes), not after it
+            check_writable_file("--out", args.out, (".csv",))
         table = select_runs(read_table(args.data_dir), args.every, only_swapping=not args.all_runs)
         runs = replay_serving_runs(table, args.profile)
     except (FileNotFoundError, KeyError, ValueError) as e:

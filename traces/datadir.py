@@ -33,6 +33,8 @@ def require(relpath: str, override: str | os.PathLike | None = None, fetch_hint:
     p = root / relpath
     if not p.exists():
         hint = fetch_hint or "set TWIN_DATA_DIR to a directory that holds it"
-        raise FileNotFoundError(f"{relpath} not found in the data directory {root} "
-                                f"(from {'--data-dir' if override else 'TWIN_DATA_DIR' if os.environ.get('TWIN_DATA_DIR') else 'the default'}); {hint}")
+        where = "--data-dir" if override else "TWIN_DATA_DIR" if os.environ.get("TWIN_DATA_DIR") else "the default"
+        state = (" (it is a file, not a directory)" if root.is_file() else
+                 " (it does not exist)" if not root.exists() else "")
+        raise FileNotFoundError(f"{relpath} not found in the data directory {root}{state} (from {where}); {hint}")
     return p

@@ -34,11 +34,11 @@ from typing import Any
 
 import pandas as pd
 
-from traces.arguments import parse_list
+from traces.arguments import check_writable_dir, parse_list
 from traces.flags import add_arguments, from_namespace
 from twin.figures import compare_figure
 from twin.perf.profile import Profile, load_profile
-from twin.registry import PRESETS, load_entry_points, resolve_policy, resolve_system
+from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
 from twin.scenario import RunConfig, build_engine_config, build_workload, check_number
 from twin.simulate import simulate
 
@@ -229,6 +229,10 @@ def check_compare_options(options: CompareConfig) -> None:
         raise ValueError(f"--accuracy {options.accuracy:g}: must be in [0, 1] (the share of output lengths the "
                          f"predictor gets right, e.g. --accuracy 0.8)")
     check_number("--jobs", options.jobs, 1, True, "the runs in parallel, e.g. --jobs 2")
+    if options.slo is None and options.rps and 0 < min(options.rps) <= options.unloaded_rps:
+        raise ValueError(f"--unloaded-rps {options.unloaded_rps:g}: the SLO's reference run must be unloaded, below "
+                         f"the lowest swept rate ({min(options.rps):g} req/s); give e.g. --unloaded-rps "
+                         f"{min(options.rps) / 10:g}, or set the SLO with --slo")
 
 
 def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
@@ -243,7 +247,11 @@ def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
     load_entry_points()
     unknown = [p for p in pols if p not in PRESETS]
     if unknown:
-        raise KeyError(f"unknown policies {unknown}; presets: {', '.join(sorted(PRESETS))}")
+        parts = [n for n in unknown if n in SCHEDULERS or n in CACHES]
+        hint = (f" ({', '.join(parts)} {'is a scheduler or cache' if len(parts) == 1 else 'are schedulers or caches'}, "
+                f"not a preset: a preset names both, e.g. vllm = fcfs + lru; `twin run --scheduler/--cache` takes "
+                f"them one by one)") if parts else ""
+        raise KeyError(f"unknown policies {unknown}{hint}; presets: {', '.join(sorted(PRESETS))}")
     jobs = [(p, r) for p in pols for r in rates]
     bar = None
     if progress:
@@ -288,8 +296,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     run = from_namespace(RunConfig, args, exclude=NOT_COMPARE_OPTIONS)
     options = from_namespace(CompareConfig, args)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
+    out = check_writable_dir("--out", args.out) if args.out else Path(DEFAULT_OUT) / Path(run.trace).stem
     rows, sustained, slo = compare(run, options, progress=progress)
-    out = Path(args.out) if args.out else Path(DEFAULT_OUT) / Path(run.trace).stem
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "compare.csv", index=False)
     prof_name = load_compare_profile(run.profile, None).name

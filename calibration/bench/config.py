@@ -152,6 +152,9 @@ def resolve_spec(model: str | None, hidden=None, layers=None, heads=None, kv_hea
             spec = replace(spec, name=name or f"{spec.name}-custom", **given)
         elif name:
             spec = replace(spec, name=name)
+    small = [f"--{k.replace('_', '-')} {v}" for k, v in given.items() if v < 1]
+    if small:
+        raise ValueError(f"{', '.join(small)}: model dimensions must be >= 1")
     if spec.hidden % spec.heads:
         raise ValueError(f"hidden {spec.hidden} is not a multiple of heads {spec.heads}")
     if spec.heads % spec.kv_heads:

@@ -135,3 +135,13 @@ def test_schema_matches_shared_data_headers(real_data):
     assert list(vidur.columns) == LINEAR_OPS_COLUMNS
     load = pd.read_csv(real_data / "calibration/vllm085_h100/adapter_load.csv", nrows=1)
     assert list(load.columns) == ADAPTER_LOAD_COLUMNS
+
+
+@pytest.mark.parametrize("dims", [{"heads": 0}, {"kv_heads": 0}, {"hidden": -1}])
+def test_zero_or_negative_model_dimensions_are_refused(dims):
+    """A dimension below 1 is an input error naming the flag (a zero head count divided by zero)."""
+    from calibration.bench.config import resolve_spec
+
+    flag = "--" + next(iter(dims)).replace("_", "-")
+    with pytest.raises(ValueError, match=f"{flag} .*must be >= 1"):
+        resolve_spec("llama-3.1-8b", **dims)

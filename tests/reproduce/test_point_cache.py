@@ -3,7 +3,10 @@ never reads it, and an interrupted write leaves nothing behind."""
 
 from __future__ import annotations
 
+import json
 import math
+
+import pytest
 
 from twin.cli import main
 from twin.reproduce import base, point_cache
@@ -69,3 +72,23 @@ def test_cli_cache_option_errors_before_work(tmp_path, capsys):
     f.write_text("x")
     assert main(["reproduce", "adaptive-caching", "--quick", "--cache", str(f)]) == 2
     assert "--cache" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "null", '"text"', '{"key": "K"}', '{"key": "K", "point": [1]}'])
+def test_a_damaged_cache_file_is_a_miss(tmp_path, content):
+    """A cache file that parses but is not a stored point (another JSON value, no point, a point that is not
+    a table) is ignored like a truncated one: the point is simulated again."""
+    cache = PointCache(tmp_path)
+    key = ("k",)
+    p = cache.path(key)
+    p.parent.mkdir(parents=True)
+    p.write_text(content.replace('"K"', json.dumps(repr(key))))
+    assert cache.get(key) is None and cache.misses == 1
+
+
+def test_a_cache_variable_naming_a_file_is_refused(tmp_path, monkeypatch):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    monkeypatch.setenv(point_cache.CACHE_ENV, str(f))
+    with pytest.raises(ValueError, match="TWIN_REPRODUCE_CACHE=.*not a directory"):
+        PointCache.from_env()

@@ -106,6 +106,8 @@ FILES.update({  # real-run tables (twin validate, twin configure evaluate) with 
     "real_cpu.csv": _REAL_HEADER.replace(b"\n", b",max_cpu_loras\n")
                     + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,1\n",
     "real_huge.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,4000-0.1-0.05,16,16,32,ok,1,222,197\n",
+    "peer_text.csv": b"source,ranks,rates,served_adapters,adapter_slots,max_lora_rank,finished_requests,total_tok_s,"
+                     b"itl_ms,ttft_ms_incl_unfinished\nml_test,8-16-32,0.4-0.1-0.05,16,16,32,lots,100,20,30\n",
 })
 
 
@@ -306,7 +308,7 @@ CASES: list[tuple[str, str]] = [
     ("calibrate report llama-3.1-8b_h100_vllm085 --out-dir {d}/afile", "--out-dir {d}/afile: is a file"),
     ("calibrate replay --every 0", "--every 0: must be >= 1"),
     # twin compare
-    ("compare --policies vllm --rps 1 --duration 5 --out {d}/afile", "cannot use {d}/afile: File exists"),
+    ("compare --policies vllm --rps 1 --duration 5 --out {d}/afile", "--out {d}/afile: is an existing file, not a directory"),
     ("compare --policies vllm --rps 0 --duration 5", "--rps 0: must be > 0"),
     ("compare --policies nosuch --rps 1 --duration 5", "unknown policies ['nosuch']"),
     ("compare --policies vllm --rps 1 --duration 5 --tp 3", "--tp 3 does not divide"),
@@ -364,6 +366,9 @@ CASES: list[tuple[str, str]] = [
     ("sweep {d}/list.json --out {d}/sw", "grid file {d}/list.json: expected a table of options, got list"),
     ("sweep smoke --shard 2/2 --out {d}/sw", "--shard 2/2: give i/k with 0 <= i < k"),
     ("configure evaluate --real {d}/real_served.csv --jobs 0", "--jobs 0: must be >= 1"),
+    ("compare --trace synthetic --policies vllm --rps 1,2 --duration 5 --unloaded-rps 50",
+     "--unloaded-rps 50: the SLO's reference run must be unloaded, below the lowest swept rate"),
+    ("compare --trace synthetic --policies fcfs --rps 1 --duration 5", "fcfs is a scheduler or cache, not a preset"),
     ("configure evaluate --real {d}/real_served.csv --no-search", "column served_adapters: -5 is not an integer >= 1"),
     ("configure evaluate --real {d}/real_status.csv --no-search", "none of the 1 rows of source 'ml_test' has status "
                                                                   "ok (statuses: weird 1)"),
@@ -384,7 +389,10 @@ DATA_CASES = [
                                                      "table (name 'nosuchcol' is not defined); columns: model, source"),
     ("validate --peer {d}/garbage.csv --limit 1", "published twin's table (--peer) {d}/garbage.csv is not a text file"),
     ("validate --peer {d}/notrace.csv --limit 1", "not a published twin's prediction table"),
+    ("validate --peer {d}/peer_text.csv --limit 1", "{d}/peer_text.csv: row 1 (line 2), column finished_requests: "
+                                                    "'lots' is not a number >= 0 (or empty)"),
     ("validate --filter 'source == 1 +' --limit 1", "not a valid query on the real-run table"),
+    ("calibrate replay --out {d}/afile/x.csv", "--out {d}/afile/x.csv: {d}/afile is a file"),
 ]
 
 

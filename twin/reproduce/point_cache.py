@@ -72,6 +72,9 @@ class PointCache:
     def from_env(cls) -> "PointCache | None":
         """The cache named by ``$TWIN_REPRODUCE_CACHE``, or None when it is unset or empty."""
         d = os.environ.get(CACHE_ENV, "").strip()
+        if d and os.path.exists(d) and not os.path.isdir(d):
+            raise ValueError(f"${CACHE_ENV}={d}: not a directory; point it at a directory for the reproductions' "
+                             f"cache (created when missing), or unset it")
         return cls(d) if d else None
 
     def path(self, key: tuple) -> Path:
@@ -86,11 +89,13 @@ class PointCache:
         except (OSError, ValueError):
             self.misses += 1
             return None
-        if doc.get("key") != repr(key):  # a hash collision or a foreign file: ignore it
+        point = doc.get("point") if isinstance(doc, dict) else None
+        if not isinstance(point, dict) or doc.get("key") != repr(key):
+            # a hash collision, a foreign or damaged file: ignore it (the point is simulated again)
             self.misses += 1
             return None
         self.hits += 1
-        return {k: _decode(v) for k, v in doc["point"].items()}
+        return {k: _decode(v) for k, v in point.items()}
 
     def put(self, key: tuple, point: dict[str, Any]) -> None:
         """Store ``point`` (atomically: a temporary file renamed into place)."""

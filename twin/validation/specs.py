@@ -203,10 +203,23 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
 
 def load_peer(path: str | os.PathLike) -> pd.DataFrame:
     df = read_table(path, "published twin's table (--peer)")
-    missing = [c for c in (*RUN_KEYS, "finished_requests") if c not in df.columns]
+    figures = ["finished_requests"] + [m.peer for m in METRICS if m.peer and m.peer != "peer_rps"]
+    missing = [c for c in (*RUN_KEYS, *figures) if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: not a published twin's prediction table (missing columns {missing}); give "
                          f"--peer FILE with them or --peer none")
+    for col in (*_REAL_INT_COLUMNS, *figures):  # keys to join on, and predicted figures (empty: not predicted)
+        x = pd.to_numeric(df[col], errors="coerce")
+        with np.errstate(invalid="ignore"):
+            wrong = (x.isna() & df[col].notna()) | (x < 0) | np.isinf(x)
+            if col in _REAL_INT_COLUMNS:
+                wrong |= x.isna() | (x != np.round(x))
+        if wrong.any():
+            i = int(np.argmax(wrong.to_numpy()))
+            raise ValueError(f"{path}: row {i + 1} (line {i + 2}), column {col}: {df[col].iloc[i]!r} is not "
+                             f"{'an integer >= 0' if col in _REAL_INT_COLUMNS else 'a number >= 0 (or empty)'}; fix "
+                             f"the row, or give --peer none")
+        df[col] = x
     for c in ("ranks", "rates"):
         df[c] = df[c].astype(str)
     df["peer_rps"] = df["finished_requests"] / WINDOW_S
