@@ -31,10 +31,21 @@ _TYPES: dict[str, Callable[[str], Any]] = {"rps": float, "duration": float, "n_r
                                            "days": int, "start_min": int, "end_min": int}
 
 
+def _seed(text: str) -> int:
+    """``--seed``: an integer >= 0 (numpy's seed sequences take no negative seed)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give a seed >= 0, e.g. --seed 0") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} is negative; give a seed >= 0, e.g. --seed 0")
+    return v
+
+
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     """One flag per workload option (dest = the option name), all defaulting to None."""
     p.add_argument("--data-dir", default=None, help="data directory (default: $TWIN_DATA_DIR)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="random seed, an integer >= 0 (default 0)")
     g = p.add_argument_group("synthesis options")
     for name, (_, _, _, help_) in OPTIONS.items():
         _add(g, name, help_)

@@ -72,6 +72,16 @@ class LengthFilter:
     max_output: int | None = None
     max_total: int | None = None
 
+    def __post_init__(self) -> None:
+        for kind in ("prompt", "output"):
+            lo, hi = getattr(self, f"min_{kind}"), getattr(self, f"max_{kind}")
+            if hi is not None and lo > hi:
+                raise ValueError(f"min_{kind} {lo} is above max_{kind} {hi}: no request can pass; give "
+                                 f"min_{kind} <= max_{kind}")
+        if self.max_total is not None and self.min_prompt + self.min_output > self.max_total:
+            raise ValueError(f"min_prompt {self.min_prompt} + min_output {self.min_output} is above max_total "
+                             f"{self.max_total}: no request can pass; lower the minimums or raise max_total")
+
     def mask(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
         """True where ``(prompt, output)`` passes every limit."""
         p, o = np.asarray(prompt), np.asarray(output)

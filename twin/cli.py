@@ -25,7 +25,7 @@ import twin.validation.cli
 from traces.arguments import check_writable_dir
 from traces.flags import add_arguments, given_values
 from twin.config import ConfigError
-from twin.figures import write_run_figures
+from twin.figures import LATENCY_PNG, TIMELINE_PNG, write_run_figures
 from twin.perf.profile import load_profile
 from twin.registry import describe_all
 from twin.scenario import (RunConfig, build_engine_config, build_workload, check_model, check_run, with_trace_defaults,
@@ -165,6 +165,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 2
         if not args.json:
             print(f"wrote {Path(args.out) / 'requests.parquet'}, steps.parquet, summary.json")
+        if not args.plot:  # an earlier run's figures would sit beside this run's results: they go
+            for name in (LATENCY_PNG, TIMELINE_PNG):
+                (Path(args.out) / name).unlink(missing_ok=True)
     figures = []
     if args.plot:
         fig_dir = args.out or tempfile.mkdtemp(prefix="twin-run-")

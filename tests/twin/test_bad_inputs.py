@@ -369,6 +369,8 @@ CASES: list[tuple[str, str]] = [
     ("compare --trace synthetic --policies vllm --rps 1,2 --duration 5 --unloaded-rps 50",
      "--unloaded-rps 50: the SLO's reference run must be unloaded, below the lowest swept rate"),
     ("compare --trace synthetic --policies fcfs --rps 1 --duration 5", "fcfs is a scheduler or cache, not a preset"),
+    ("traces show synthetic --duration 5 --seed -1", "argument --seed: -1 is negative; give a seed >= 0"),
+    (R + "--trace-opt min_prompt=100 --trace-opt max_prompt=10", "min_prompt 100 is above max_prompt 10"),
     ("configure evaluate --real {d}/real_served.csv --no-search", "column served_adapters: -5 is not an integer >= 1"),
     ("configure evaluate --real {d}/real_status.csv --no-search", "none of the 1 rows of source 'ml_test' has status "
                                                                   "ok (statuses: weird 1)"),
@@ -393,6 +395,7 @@ DATA_CASES = [
                                                     "'lots' is not a number >= 0 (or empty)"),
     ("validate --filter 'source == 1 +' --limit 1", "not a valid query on the real-run table"),
     ("calibrate replay --out {d}/afile/x.csv", "--out {d}/afile/x.csv: {d}/afile is a file"),
+    ("validate --filter 'adapter_slots = 3' --limit 1", "a query compares with '=='"),
 ]
 
 

@@ -161,3 +161,11 @@ def test_a_closed_stdout_pipe_stops_quietly(monkeypatch, capsys):
     monkeypatch.setattr(parser, "parse_args", lambda argv=None: argparse.Namespace(**{**vars(ns), "func": closed}))
     assert cli.main(["policies"]) == 1
     assert capsys.readouterr().err == ""
+
+
+def test_a_run_into_an_earlier_runs_out_replaces_its_figures(tmp_path, capsys):
+    """Without --plot, the figures an earlier run left in --out go (they would describe another run)."""
+    assert main(["run", "--no-progress", "--duration", "20", "--out", str(tmp_path), "--plot"]) == 0
+    assert (tmp_path / "latency.png").exists() and (tmp_path / "timeline.png").exists()
+    assert main(["run", "--no-progress", "--duration", "20", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["requests.parquet", "steps.parquet", "summary.json"]

@@ -259,6 +259,9 @@ def select_runs(real: pd.DataFrame, filt: str | None = None, limit: int | None =
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ValueError(f"--filter {filt!r}: not a valid query on the real-run table ({msg}); columns: "
                                  f"{', '.join(map(str, real.columns))}") from None
+        elif "=" in filt:  # no run id holds '=': an assignment typed for a comparison
+            raise ValueError(f"--filter {filt!r}: a query compares with '==' (e.g. --filter \"adapter_slots == 32\"); "
+                             f"without a comparison the filter is a substring of the run ids")
         else:
             df = df[df["run_id"].str.contains(filt, regex=False)]
     if limit is not None and limit < len(df):
