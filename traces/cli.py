@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any, Callable
 
@@ -142,8 +145,20 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_fetch_options(args: argparse.Namespace) -> None:
+    """``--sha256``, ``--timeout`` and ``--url`` checked before anything is downloaded."""
+    if args.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", args.sha256.strip()):
+        raise FetchError(f"--sha256 {args.sha256!r}: not a SHA-256 digest (64 hexadecimal digits, as `sha256sum` "
+                         f"prints)")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise FetchError(f"--timeout {args.timeout:g}: must be a number of seconds > 0, e.g. --timeout 60")
+    if args.url is not None and urllib.parse.urlparse(args.url).scheme not in ("http", "https", "file"):
+        raise FetchError(f"--url {args.url!r}: give an http://, https:// or file:// URL")
+
+
 def cmd_fetch(args: argparse.Namespace) -> int:
     try:
+        check_fetch_options(args)
         p = fetch(args.name, args.data_dir, force=args.force, url=args.url, sha256=args.sha256, timeout=args.timeout)
     except (FetchError, KeyError) as e:
         return _err(e)

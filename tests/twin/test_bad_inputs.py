@@ -370,6 +370,9 @@ CASES: list[tuple[str, str]] = [
      "--unloaded-rps 50: the SLO's reference run must be unloaded, below the lowest swept rate"),
     ("compare --trace synthetic --policies fcfs --rps 1 --duration 5", "fcfs is a scheduler or cache, not a preset"),
     ("traces show synthetic --duration 5 --seed -1", "argument --seed: -1 is negative; give a seed >= 0"),
+    ("traces fetch splitwise --data-dir {d} --sha256 xyz", "--sha256 'xyz': not a SHA-256 digest"),
+    ("traces fetch splitwise --data-dir {d} --timeout -1", "--timeout -1: must be a number of seconds > 0"),
+    ("traces fetch splitwise --data-dir {d} --url ftp://x/y", "give an http://, https:// or file:// URL"),
     (R + "--trace-opt min_prompt=100 --trace-opt max_prompt=10", "min_prompt 100 is above max_prompt 10"),
     ("configure evaluate --real {d}/real_served.csv --no-search", "column served_adapters: -5 is not an integer >= 1"),
     ("configure evaluate --real {d}/real_status.csv --no-search", "none of the 1 rows of source 'ml_test' has status "
