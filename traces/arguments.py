@@ -30,7 +30,7 @@ def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value"
         raise ValueError(f"{name}: a list is required, e.g. 8,16,32")
     if isinstance(value, str):
         text = value.strip()
-        if _SEPARATORS.sub("", text) and _EMPTY_ITEM.search(text):
+        if _SEPARATORS.sub("", text) and has_empty_item(text):
             raise ValueError(f"{name}: {value!r} has an empty item (two commas in a row, or a comma at an end); "
                              f"give comma-separated values, e.g. 8,16,32")
         if text.startswith("-") and minimum is not None and minimum >= 0:
@@ -67,6 +67,16 @@ def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value"
             raise ValueError(f"{name}: values must be >= {minimum:g}, got {x!r}")
         out.append(v)
     return out
+
+
+def has_empty_item(text: str) -> bool:
+    """Whether the comma-separated ``text`` has an empty item (``8,,16``, ``8,16,``, ``,8``)."""
+    return bool(_EMPTY_ITEM.search(text))
+
+
+def first_repeat(values: list[Any]) -> int:
+    """The index of the first value that repeats an earlier one, or -1 when all differ."""
+    return next((i for i, v in enumerate(values) if v in values[:i]), -1)
 
 
 def parse_bool(value: Any, name: str = "value") -> bool:

@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from traces.arguments import check_writable_dir, parse_list
+from traces.arguments import check_writable_dir, first_repeat, has_empty_item, parse_list
 from traces.flags import add_arguments, from_namespace
 from twin.figures import compare_figure
 from twin.perf.profile import Profile, load_profile
@@ -55,7 +55,7 @@ def parse_names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",")]
     if not any(names):
         raise ValueError("--policies: give at least one preset, e.g. slora,chameleon")
-    if not all(names):
+    if has_empty_item(text):
         raise ValueError(f"--policies: {text!r} has an empty name (two commas in a row, or a comma at an end)")
     _no_repeats("--policies", names)
     return names
@@ -69,9 +69,9 @@ def parse_rates(text: str) -> list[float]:
 
 
 def _no_repeats(name: str, values: list) -> None:
-    seen = [v for i, v in enumerate(values) if v in values[:i]]
-    if seen:
-        raise ValueError(f"{name}: {seen[0]!r} is given twice; list each value once")
+    i = first_repeat(values)
+    if i >= 0:
+        raise ValueError(f"{name}: {values[i]!r} is given twice; list each value once")
 
 
 @dataclass
@@ -84,7 +84,9 @@ class CompareConfig:
         "help": "comma-separated request rates, e.g. 6,8,9", "parse": parse_rates, "required": True})
     slo: float | None = field(default=None, metadata={
         "help": "TTFT SLO in seconds (default: --slo-x x unloaded mean)"})
-    slo_x: float = field(default=5.0, metadata={"help": "SLO as a multiple of the unloaded mean TTFT of the first policy (twin reproduce chameleon-fig11 uses the paper's 5x unloaded E2E instead)"})
+    slo_x: float = field(default=5.0, metadata={
+        "help": "SLO as a multiple of the unloaded mean TTFT of the first policy (twin reproduce chameleon-fig11 "
+                "uses the paper's 5x unloaded E2E instead)"})
     unloaded_rps: float = field(default=0.2, metadata={"help": "rate of the unloaded reference run"})
     accuracy: float | None = field(default=None, metadata={
         "help": "output-length predictor accuracy (sjf, chameleon)"})
@@ -282,14 +284,16 @@ def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
                 bar.update()
     if bar is not None:
         bar.close()
-    sustained = {p: sustained_rps(rates, [r["ttft_ms_p99"] for r in rows if r["policy"] == p], slo) for p in pols}
+    sustained = {p: sustained_rps(rates, v, slo) for p, v in p99_by_policy(rows).items()}
     return rows, sustained, slo
 
 
-def sustained_bounds(rows: list[dict[str, Any]], rates: list[float], slo_s: float) -> dict[str, str]:
-    """:func:`sustained_bound` of every policy of ``rows``."""
-    pols = list(dict.fromkeys(r["policy"] for r in rows))
-    return {p: sustained_bound(rates, [r["ttft_ms_p99"] for r in rows if r["policy"] == p], slo_s) for p in pols}
+def p99_by_policy(rows: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+    """Each policy's P99 TTFT (ms) over the rates, in the rows' order."""
+    out: dict[str, list[float | None]] = {}
+    for r in rows:
+        out.setdefault(r["policy"], []).append(r["ttft_ms_p99"])
+    return out
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -302,7 +306,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     pd.DataFrame(rows).to_csv(out / "compare.csv", index=False)
     prof_name = load_compare_profile(run.profile, None).name
     fig = write_figure(rows, slo, out / "compare.png", f"{run.trace} (profile {prof_name}), TTFT SLO {slo:.2f} s")
-    bounds = sustained_bounds(rows, options.rps, slo)
+    bounds = {p: sustained_bound(options.rps, v, slo) for p, v in p99_by_policy(rows).items()}
     slo_ref = None if options.slo else options.policies[0]
     doc = {"slo_s": slo, "slo_reference_policy": slo_ref, "sustained_rps": sustained, "sustained_bound": bounds}
     (out / "sustained.json").write_text(json.dumps(doc, indent=2))

@@ -206,10 +206,13 @@ def read_table(path: str | Path, columns: Sequence[Col], source: str) -> pd.Data
     return df
 
 
+#: the columns naming a measurement run, first in every table of runs and windows
+_RUN_KEYS = (text("model", "model name"), text("experiment", "experiment name"), text("run_dir", "run directory"))
+
+
 def _window_columns(lora: bool) -> tuple[Col, ...]:
     """Columns of the ~2 s windows (step_latency.csv; adapter_overhead_windows.csv with ``lora``)."""
-    return (
-        text("model", "model name"), text("experiment", "experiment name"), text("run_dir", "run directory"),
+    return _RUN_KEYS + (
         Col("window_start_s", "a window start (s)", missing_ok=False),
         Col("kv_usage_end", "the KV usage at the window end", "frac", missing_ok=False),
         Col("running_start", "a running-request gauge", missing_ok=False),
@@ -227,9 +230,6 @@ def _window_columns(lora: bool) -> tuple[Col, ...]:
         Col("mean_unique_adapters", "a mean number of distinct adapters per step", required=lora),
         Col("max_lora_rank", "a max LoRA rank", "pos", required=lora),
     )
-
-
-_RUN_KEYS = (text("model", "model name"), text("experiment", "experiment name"), text("run_dir", "run directory"))
 
 #: the columns each vLLM 0.8.5 table must have (and what their values may be)
 VLLM085_COLUMNS: dict[str, tuple[Col, ...]] = {

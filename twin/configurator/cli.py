@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from traces.arguments import check_writable_dir, check_writable_file
+from traces.arguments import check_writable_dir, check_writable_file, has_empty_item
 from twin.configurator.domain import describe, outside, training_domain
 from twin.configurator.models import KINDS
 from twin.scenario import check_number
@@ -201,11 +201,11 @@ ARITY = 3
 
 def _items(flag: str, value: str, example: str) -> None:
     """Refuse an empty list or an empty item (``0.4,,0.1``, a trailing comma) in a comma-separated
-    option, which the list parser would otherwise drop silently."""
+    option, naming the option with an example of its own (before :func:`traces.arguments.parse_list`)."""
     text = value.strip()
     if not text:
         raise ValueError(f"{flag} {value!r}: empty list; give comma-separated values, e.g. {flag} {example}")
-    if any(not part.strip() for part in text.split(",")):
+    if has_empty_item(text):
         raise ValueError(f"{flag} {value!r}: an empty item (two commas in a row, or a comma at either end); give "
                          f"comma-separated values, e.g. {flag} {example}")
 

@@ -245,7 +245,8 @@ def running_adapter_bytes(res, t: np.ndarray, during: bool = True) -> np.ndarray
     for a in np.unique(adapter[(adapter >= 0) & np.isfinite(first)]):
         m = (adapter == a) & np.isfinite(first)
         started = np.searchsorted(np.sort(first[m]), t, side="left")
-        ended = np.searchsorted(np.sort(np.where(np.isfinite(finish[m]), finish[m], np.inf)), t, side="left" if during else "right")
+        finishes = np.sort(np.where(np.isfinite(finish[m]), finish[m], np.inf))
+        ended = np.searchsorted(finishes, t, side="left" if during else "right")
         out += (started > ended) * nbytes[a]
     return out
 

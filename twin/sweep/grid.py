@@ -44,6 +44,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from traces.arguments import first_repeat
 from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points
 from twin.sweep.scenario import DEFAULT_POLICY, check_length_corr, check_lengths, get_profile, profile_hash
@@ -428,12 +429,10 @@ def _names(v: Any, where: str, example: str, none_ok: bool = False) -> list[Any]
 
 def _unique(values: list[Any], where: str, example: str) -> list[Any]:
     """``values`` when no value repeats; a repeated value would run the same tasks twice."""
-    seen: list[Any] = []
-    for x in values:
-        if x in seen:
-            raise ValueError(f"grid {where}: {x!r} is listed twice (its runs would be done twice); give each value "
-                             f"once, e.g. {example}")
-        seen.append(x)
+    i = first_repeat(values)
+    if i >= 0:
+        raise ValueError(f"grid {where}: {values[i]!r} is listed twice (its runs would be done twice); give each value "
+                         f"once, e.g. {example}")
     return values
 
 

@@ -69,9 +69,10 @@ def profile_of_runs(sel: pd.DataFrame, profile: str | None, what: str = "the rea
         raise ValueError(f"{what} name no model (the 'model' column is {'missing' if 'model' not in sel.columns else 'empty'}): "
                          f"add it (e.g. llama-3.1-8b-instruct) or pass --profile (calibrated profiles: {avail})")
     models = sorted({str(m) for m in sel["model"].dropna().unique()})
-    found = {profile_for_model(m) for m in models}
+    of = {m: profile_for_model(m) for m in models}
+    found = set(of.values())
     if None in found:
-        missing = [m for m in models if profile_for_model(m) is None]
+        missing = [m for m, p in of.items() if p is None]
         raise ValueError(f"no calibrated profile for the model(s) {missing} of {what} (calibrated profiles: {avail}); "
                          f"pass --profile NAME_OR_JSON with a profile fitted for that model (twin calibrate fit)")
     if len(found) > 1:
