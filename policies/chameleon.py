@@ -135,6 +135,17 @@ A_IN, B_OUT = 0.4, 0.6
 _MEMORY_REFUSALS = (Admit.NO_SLOT, Admit.NO_KV)
 _GLOBAL_STOPS = (Admit.NO_BUDGET, Admit.NO_SEQ)
 
+
+
+def weighted_request_size(prompt, output, rank, max_in, max_out, max_rank):
+    """Chameleon's weighted request size (WRS, §4.3): ``(A*In/MaxIn + B*Out/MaxOut) * (Adapter/MaxAdapter)``
+    with A = 0.4, B = 0.6 and the adapter's rank (at least 1) as its size; numbers or numpy arrays
+    alike (the same operations in the same order). The scheduler passes the predicted output and the
+    maxima seen so far; a measurement of the requests' true sizes passes the true lengths and the
+    workload's maxima (``twin.reproduce.chameleon``)."""
+    return (A_IN * prompt / max_in + B_OUT * (output / max_out)) * rank / max_rank
+
+
 _CHOICES = {"k_rule": ("elbow", "min-wcss"), "wrs": ("full", "output"), "size_stat": ("max", "mean"),
             "adapter_charge": ("queue", "request", "none"), "leftover_from": ("emptied", "all"),
             "leftover_charge": ("lender", "queue", "pool"), "oversize_head": ("wait", "admit-alone"),
@@ -239,12 +250,11 @@ class ChameleonScheduler(Scheduler):
     def weighted_size(self, rid: int) -> float:
         """The request's WRS (§4.3; output-only when ``wrs='output'``)."""
         e = self.engine
-        out = self.pred[rid] / self.max_out
         if self.wrs == "output":
-            return out
-        size = A_IN * float(e.prompt_a[rid]) / self.max_in + B_OUT * out
+            return self.pred[rid] / self.max_out
         r = int(e.rank[rid]) if e.adapter[rid] >= 0 else 0
-        return size * max(r, 1) / self.max_rank
+        return weighted_request_size(float(e.prompt_a[rid]), self.pred[rid], max(r, 1), self.max_in, self.max_out,
+                                     self.max_rank)
 
     def queue_of(self, rid: int) -> int:
         return bisect.bisect_right(self.cuts, self.weighted_size(rid))
