@@ -129,6 +129,16 @@ def system_of(preset: str) -> str:
 
 
 # --------------------------------------------------------------------------- simulations
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Figures a reproduction computes from a point's per-request table (:func:`twin.metrics.requests_frame`):
+    ``compute(requests) -> {key: value}``. ``name`` identifies the computation in the point's key
+    (memo and on-disk cache): change it whenever ``compute`` changes."""
+
+    name: str
+    compute: Callable[[Any], dict[str, Any]]
+
+
 def _request_metrics(res) -> dict[str, Any]:
     """Per-request figures a summary lacks: load waits of misses, P99 TTFT and mean miss load by
     rank, and the mean TTFT without the adapter-load wait (the execution part)."""
@@ -323,7 +333,7 @@ class Runner:
               cache: str | None = None, slo_s: float | None = None, accuracy: float | None = None,
               lora_targets: str | None = None, memory: bool = False,
               measure_from_s: float | None = None, fail_above_ttft_s: float | None = None,
-              stop_at_s: float | None = None) -> dict[str, Any]:
+              stop_at_s: float | None = None, request_metrics: "RequestMetrics | None" = None) -> dict[str, Any]:
         """The summary (plus :func:`_request_metrics`) of ``run`` at ``rps`` under the preset
         ``policy`` (``scheduler``/``cache`` override its parts). ``slo_s`` is the TTFT SLO, given to
         schedulers that plan with one (Chameleon's quotas) as ``twin compare`` does. ``memory``:
@@ -343,7 +353,10 @@ class Runner:
         requests finished, :func:`twin.metrics.summarize` at the stop), ``measured_arrived`` /
         ``measured_finished`` and ``measured_ttft_ms_mean_lower``: the exact lower bound on the mean TTFT
         the full run would measure (None where requests can be dropped); its ``measured_ttft_ms_mean`` and
-        ``measured_tpot_ms_mean`` are None (the requests finished by then are not a fair sample)."""
+        ``measured_tpot_ms_mean`` are None (the requests finished by then are not a fair sample).
+        ``request_metrics``: a reproduction's own figures of the per-request table (e.g. Chameleon's
+        size classes, :class:`RequestMetrics`), added to a point that runs to its end and remembered
+        under their name (part of the point's key)."""
         if (fail_above_ttft_s is not None or stop_at_s is not None) and measure_from_s is None:
             raise ValueError("Runner.point: fail_above_ttft_s and stop_at_s judge the measured requests; "
                              "give measure_from_s too")
@@ -355,6 +368,8 @@ class Runner:
         key = (repr(run), policy, scheduler, cache, slo_s, accuracy, lora_targets, memory)
         if measure_from_s is not None:  # (points without a warm-up keep their keys in the on-disk cache)
             key += (float(measure_from_s),)
+        if request_metrics is not None:  # (so do points without a reproduction's own figures)
+            key += (("request_metrics", request_metrics.name),)
         full_key = key  # a run to the end (also what a probe that did not stop is stored as)
         if fail_above_ttft_s is not None:
             key += (("fail_above_ttft_s", float(fail_above_ttft_s)),)
@@ -404,6 +419,8 @@ class Runner:
         out.update({"preset": policy or label, "rps": run.rps, **_request_metrics(res)})
         if measure_from_s is not None:
             out.update(window_metrics(res.requests, float(measure_from_s)))
+        if request_metrics is not None:
+            out.update(request_metrics.compute(res.requests))
         return self._store(full_key, out)
 
     @staticmethod
