@@ -195,3 +195,79 @@ def test_pool_shares_split_requests_from_the_cache(monkeypatch):
     assert 0 <= c["cache_empty_time"] < 1
     v = Runner(cache=False).point(dataclasses.replace(run, duration=10.0), "vllm", 1.0, memory=True)
     assert v["mem_demand_peak"] is None and v["cache_share_mean"] is None
+
+
+def _requests(n: int = 400, seed: int = 3):
+    """A made-up per-request table: lengths, ranks, outcomes and times (the columns the size classes read)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    queue = rng.uniform(0.0, 2.0, n)
+    e2e = queue + rng.uniform(0.5, 6.0, n)
+    outcome = np.where(rng.random(n) < 0.9, "finished", "rejected")
+    return pd.DataFrame({"prompt_tokens": rng.integers(4, 1024, n), "output_tokens": rng.integers(1, 512, n),
+                         "adapter_rank": rng.choice([8, 16, 32, 64, 128], n), "outcome": outcome,
+                         "queue_s": queue, "e2e_s": e2e, "ttft_s": queue + 0.1,
+                         "arrival_s": np.sort(rng.uniform(0.0, 100.0, n))})
+
+
+def test_size_classes_follow_chameleons_rule_and_measure_queueing():
+    """Chameleon's WRS of the true sizes, K-means into 4 classes with midpoint cut-offs; per class the
+    queued share is the class's total queue time over its total E2E (finished requests only)."""
+    from policies.chameleon import weighted_request_size
+    from policies.common import kmeans_1d
+
+    df = _requests()
+    got = chameleon.size_class_figures(df)
+    p, o, r = (df[c].to_numpy(float) for c in ("prompt_tokens", "output_tokens", "adapter_rank"))
+    w = weighted_request_size(p, o, r, p.max(), o.max(), r.max())
+    # by hand: (0.4 In/MaxIn + 0.6 Out/MaxOut) x rank/MaxRank
+    assert w == pytest.approx((0.4 * p / p.max() + 0.6 * o / o.max()) * r / r.max())
+    c, _ = kmeans_1d(w, 4)
+    cuts = (c[1:] + c[:-1]) / 2
+    assert got["size_class_cuts"] == pytest.approx(cuts.tolist()) and len(cuts) == 3
+    cls = np.searchsorted(cuts, w, side="right")
+    fin = (df["outcome"] == "finished").to_numpy()
+    for j in range(4):
+        m = fin & (cls == j)
+        assert got[f"requests_class{j + 1}"] == int(m.sum()) > 0
+        assert got[f"queued_share_class{j + 1}"] == pytest.approx(df["queue_s"][m].sum() / df["e2e_s"][m].sum())
+        assert got[f"queue_ms_mean_class{j + 1}"] == pytest.approx(1000 * df["queue_s"][m].mean())
+        late = (df["arrival_s"] >= df["arrival_s"].median()).to_numpy()
+        for part, sel in (("early", m & ~late), ("late", m & late)):
+            assert got[f"queued_share_class{j + 1}_{part}"] == pytest.approx(
+                df["queue_s"][sel].sum() / df["e2e_s"][sel].sum())
+    assert sum(got[f"requests_class{j}"] for j in range(1, 5)) == int(fin.sum())
+
+
+def test_size_classes_depend_on_the_workload_only():
+    """Another system's outcomes and times for the same requests: the same cut-offs and class sizes
+    where the same requests finish (the classes are the workload's, rejected requests included)."""
+    df = _requests()
+    other = df.assign(queue_s=df["queue_s"] * 3, e2e_s=df["e2e_s"] * 2)
+    a, b = chameleon.size_class_figures(df), chameleon.size_class_figures(other)
+    assert a["size_class_cuts"] == b["size_class_cuts"]
+    assert [a[f"requests_class{j}"] for j in range(1, 5)] == [b[f"requests_class{j}"] for j in range(1, 5)]
+    assert a["queued_share_class1"] != b["queued_share_class1"]
+    assert chameleon.size_class_figures(df.iloc[:0]) == {"size_class_cuts": []}
+
+
+def test_point_request_metrics_are_keyed_by_name(monkeypatch):
+    """A point with a reproduction's per-request figures is a point of its own (memo and cache key
+    hold the figures' name); without them the point is the plain one."""
+    from twin.reproduce.base import RequestMetrics
+
+    monkeypatch.delenv("TWIN_REPRODUCE_CACHE", raising=False)
+    run = RunConfig(trace="chameleon", profile=chameleon.PROFILE, adapters=20, ranks=[8, 16], duration=10.0, seed=0,
+                    trace_options=[("length_scale", 0.2)])
+    runner = Runner(cache=False)
+    seen = []
+    calls = RequestMetrics("count-v1", lambda req: seen.append(len(req)) or {"n_requests_table": len(req)})
+    plain = runner.point(run, "slora", 2.0)
+    with_metrics = runner.point(run, "slora", 2.0, request_metrics=calls)
+    again = runner.point(run, "slora", 2.0, request_metrics=calls)
+    assert "n_requests_table" not in plain and with_metrics["n_requests_table"] == seen[0] > 0
+    assert again is with_metrics and len(seen) == 1  # remembered, not simulated twice
+    renamed = runner.point(run, "slora", 2.0, request_metrics=RequestMetrics("count-v2", calls.compute))
+    assert renamed is not with_metrics and len(seen) == 2
+    assert {k: v for k, v in with_metrics.items() if k != "n_requests_table"} == plain

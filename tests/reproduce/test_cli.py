@@ -15,6 +15,7 @@ from twin.reproduce.registry import REPRODUCTIONS
 
 #: every paper number each reproduction prints, by name (the tables of the paper modules)
 PAPER_TABLES = {"chameleon-fig11": chameleon.PAPER, "chameleon-caches": chameleon.PAPER_CACHES,
+                "chameleon-schedulers": chameleon.PAPER_SCHEDULERS,
                 "fastlibra-ttft": fastlibra.PAPER, "fastlibra-ablation": fastlibra.PAPER_ABLATION,
                 "adaptive-caching": adaptive_caching.PAPER}
 

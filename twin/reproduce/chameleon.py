@@ -1,4 +1,4 @@
-"""Chameleon (Iliakopoulou et al., MICRO'25): ``chameleon-fig11`` and ``chameleon-caches``.
+"""Chameleon (Iliakopoulou et al., MICRO'25): ``chameleon-fig11``, ``chameleon-caches`` and ``chameleon-schedulers``.
 
 **The paper's experiment** (``shared/refs/chameleon.md`` §4): one A40 (48 GB), Llama-7B,
 100 adapters of ranks 8/16/32/64/128 (20 each), U-P popularity (uniform over ranks, power law
@@ -63,9 +63,11 @@ from typing import Any
 
 import numpy as np
 
+from policies.chameleon import ChameleonScheduler, weighted_request_size
+from policies.common import kmeans_1d
 from traces.registry import BUILTINS
 from twin.config import ConfigError
-from twin.reproduce.base import (Knee, Outcome, PaperNumber, Row, Runner, knee_search, low_load_reference,
+from twin.reproduce.base import (Knee, Outcome, PaperNumber, RequestMetrics, Row, Runner, knee_search, low_load_reference,
                                  pct_change, pick, ratio, row, system_of, yes_no)
 from twin.scenario import RunConfig
 
@@ -135,6 +137,81 @@ PAPER_CACHES: dict[str, PaperNumber] = {
     "slora_ms": PaperNumber("longest adapter-load wait", "S-LoRA (twin: medium load)", "ms", 30.0,
                             "Chameleon MICRO'25 §6.3 (loading)"),
 }
+
+#: the schedulers compared at the high load (§6, "schedulers at 9 RPS"): S-LoRA's FIFO, muServe's SJF on
+#: S-LoRA (``S-LoRA+SJF``, the paper's baseline list) and Chameleon's
+SCHEDULERS = {"FIFO (S-LoRA)": BASELINE, "SJF (S-LoRA+SJF)": "slora+sjf", "Chameleon": CHAMELEON}
+#: Chameleon's queues are at most K_max = 4 (§4.3): the size classes of the comparison
+SIZE_CLASSES = 4
+#: "every class queues below this share of its E2E" (the paper's statement for Chameleon; a threshold it states)
+QUEUED_SHARE_BOUND = 0.08
+SRC_SCHED = "Chameleon MICRO'25 §6 (schedulers at the high load)"
+PAPER_SCHEDULERS: dict[str, PaperNumber] = {
+    "slo_FIFO (S-LoRA)": PaperNumber("P99 TTFT within the SLO", "S-LoRA (FIFO), high load (9 RPS)", "", "no",
+                                     SRC_SCHED),
+    "slo_SJF (S-LoRA+SJF)": PaperNumber("P99 TTFT within the SLO", "S-LoRA+SJF (muServe), high load (9 RPS)", "",
+                                        "no", SRC_SCHED),
+    "slo_Chameleon": PaperNumber("P99 TTFT within the SLO", "Chameleon, high load (9 RPS; its knee is 12.9 RPS)", "",
+                                 "yes", SRC_FIG11),
+    "fifo_small": PaperNumber("share of E2E spent queued", "S-LoRA (FIFO), smallest size class, high load", "%", 28.6,
+                              SRC_SCHED),
+    "chameleon_all": PaperNumber("every size class queued below 8 % of its E2E", "Chameleon, high load", "", "yes",
+                                 SRC_SCHED),
+}
+
+
+def size_class_figures(requests) -> dict[str, Any]:
+    """Per size class of Chameleon's (§4.3), the queueing of the requests of a point.
+
+    *Classes*: the WRS of every request of the workload (:func:`policies.chameleon.weighted_request_size`
+    of its true prompt and output lengths and its adapter's rank, over the workload's maxima) cut into
+    :data:`SIZE_CLASSES` classes by Chameleon's own rule: 1-D K-means (:func:`policies.common.kmeans_1d`),
+    cut-offs at the midpoints of the sorted centroids. The classes depend on the workload only (rejected
+    requests count), so every system's point sorts the same requests into the same classes. Chameleon's
+    scheduler forms its queues the same way from *predicted* outputs over recent arrivals; the paper's
+    per-class figures are of request classes, which this measures with the true sizes.
+
+    *Per class* (finished requests): ``queued_share_class{c}`` = total time queued (arrival to first
+    scheduling, ``queue_s``) / total E2E of the class -- "small requests spend 28.6 % of their E2E time
+    queued" read as the class's share of its E2E; ``requests_class{c}``, ``queue_ms_mean_class{c}`` and
+    ``ttft_ms_p99_class{c}``; ``queued_share_class{c}_early`` / ``_late``, the same share over the requests
+    that arrived before / from the workload's median arrival time on (a queue that grows for the whole
+    run -- a load past the knee -- shows it as a rising share); ``size_class_cuts`` (the WRS cut-offs)."""
+    rank = np.maximum(requests["adapter_rank"].to_numpy(float), 1.0)
+    prompt = requests["prompt_tokens"].to_numpy(float)
+    output = requests["output_tokens"].to_numpy(float)
+    if not len(prompt):
+        return {"size_class_cuts": []}
+    wrs = weighted_request_size(prompt, output, rank, max(prompt.max(), 1.0), max(output.max(), 1.0), rank.max())
+    centroids, _ = kmeans_1d(wrs, SIZE_CLASSES)
+    cuts = (centroids[1:] + centroids[:-1]) / 2
+    cls = np.searchsorted(cuts, wrs, side="right")
+    done = (requests["outcome"] == "finished").to_numpy(bool)
+    queue = requests["queue_s"].to_numpy(float)
+    e2e = requests["e2e_s"].to_numpy(float)
+    ttft = requests["ttft_s"].to_numpy(float)
+    arrival = requests["arrival_s"].to_numpy(float)
+    late = arrival >= np.median(arrival)
+
+    def share(m: np.ndarray) -> float:
+        total = float(e2e[m].sum())
+        return float(queue[m].sum()) / total if total > 0 else float("nan")
+
+    out: dict[str, Any] = {"size_class_cuts": [float(c) for c in cuts]}
+    for j in range(len(centroids)):
+        m = done & (cls == j)
+        c = j + 1
+        out[f"requests_class{c}"] = int(m.sum())
+        out[f"queued_share_class{c}"] = share(m)
+        out[f"queued_share_class{c}_early"] = share(m & ~late)
+        out[f"queued_share_class{c}_late"] = share(m & late)
+        out[f"queue_ms_mean_class{c}"] = float(queue[m].mean()) * 1000.0 if m.any() else float("nan")
+        out[f"ttft_ms_p99_class{c}"] = float(np.percentile(ttft[m], 99)) * 1000.0 if m.any() else float("nan")
+    return out
+
+
+#: the per-class figures of a point (:meth:`Runner.point` ``request_metrics``; the name keys the cache)
+CLASS_METRICS = RequestMetrics(f"chameleon-size-classes-k{SIZE_CLASSES}-v2", size_class_figures)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -433,6 +510,78 @@ def run_caches(runner: Runner, quick: bool) -> Outcome:
                    points, notes)
 
 
+def run_schedulers(runner: Runner, quick: bool) -> Outcome:
+    """FIFO (S-LoRA), SJF (S-LoRA+SJF) and Chameleon's scheduler at the high load (1.05 x S-LoRA's knee):
+    whether each keeps its P99 TTFT within the SLO, and how much of their E2E the requests of each of
+    Chameleon's size classes spend queued (:func:`size_class_figures`). SJF predicts outputs with
+    Chameleon's predictor accuracy (the preset's default), so both size-aware schedulers see the same
+    predictions' quality."""
+    e = experiment(runner, quick)
+    run, slo_s = e["run"], e["slo_s"]
+    subs = e["substitutions"]
+    rps = e["loads"]["high"]
+    accuracy = float(ChameleonScheduler().get_params()["accuracy"])
+    got: dict[str, dict[str, Any]] = {}
+    points: list[dict[str, Any]] = []
+    for label, preset in SCHEDULERS.items():
+        preset = pick("preset", preset, preset, subs)
+        s = runner.point(run, preset, rps, slo_s=slo_s, request_metrics=CLASS_METRICS,
+                         accuracy=accuracy if preset == "slora+sjf" else None)
+        got[label] = s
+        _tag(points, "high", s, system=label)
+    # FIFO and Chameleon at the other loads: where their queueing comes from (the knee)
+    by_load: dict[str, dict[str, dict[str, Any]]] = {"FIFO (S-LoRA)": {}, "Chameleon": {}}
+    for label, loads in by_load.items():
+        preset = pick("preset", SCHEDULERS[label], SCHEDULERS[label], subs)
+        for load, r in e["loads"].items():
+            loads[load] = got[label] if load == "high" else runner.point(run, preset, r, slo_s=slo_s,
+                                                                          request_metrics=CLASS_METRICS)
+            if load != "high":
+                _tag(points, load, loads[load], system=label)
+    rows: list[Row] = []
+    for label, s in got.items():
+        rows.append(row(PAPER_SCHEDULERS[f"slo_{label}"],
+                        yes_no(s["ttft_ms_p99"] is not None and s["ttft_ms_p99"] <= slo_s * 1000.0)))
+    k = len(got["Chameleon"]["size_class_cuts"]) + 1
+    fifo = got["FIFO (S-LoRA)"]
+    rows.append(row(PAPER_SCHEDULERS["fifo_small"], 100.0 * fifo["queued_share_class1"]))
+    cham = [got["Chameleon"][f"queued_share_class{c}"] for c in range(1, k + 1)]
+    rows.append(row(PAPER_SCHEDULERS["chameleon_all"],
+                    yes_no(all(math.isfinite(x) and x < QUEUED_SHARE_BOUND for x in cham))))
+    setup = _setup(e, [pick("preset", p, p, subs) for p in SCHEDULERS.values()])
+    setup.update({"high_rps": rps, "size_classes": k, "size_class_cuts": got["Chameleon"]["size_class_cuts"],
+                  "sjf_predictor_accuracy": accuracy})
+    notes = [f"high load = {LOAD_FRACTIONS['high']:g} x S-LoRA's knee {e['knee'].rate:.3g} req/s = {rps:.3g} req/s; "
+             f"TTFT SLO {slo_s:.2f} s; P99 TTFT " + ", ".join(f"{lb} {s['ttft_ms_p99'] / 1000:.1f} s"
+                                                              for lb, s in got.items()) + ".",
+             f"size classes: Chameleon's WRS of each request's true lengths and rank, cut by K-means into {k} "
+             f"(cut-offs {', '.join(f'{c:.3g}' for c in setup['size_class_cuts'])}; requests per class "
+             + "/".join(str(fifo[f"requests_class{c}"]) for c in range(1, k + 1)) + ").",
+             "share of E2E queued by size class, small to large: " + "; ".join(
+                 f"{lb} " + " / ".join(_pct(s[f"queued_share_class{c}"]) for c in range(1, k + 1))
+                 for lb, s in got.items()) + ".",
+             "the same, requests that arrived in the first / second half of the run: " + "; ".join(
+                 f"{lb} " + " / ".join(f"{_pct(s[f'queued_share_class{c}_early'])} -> "
+                                       f"{_pct(s[f'queued_share_class{c}_late'])}" for c in range(1, k + 1))
+                 for lb, s in got.items()) + " (a share that rises through the run: a queue that grows for the "
+             "whole run, i.e. a load past that system's knee, where the share depends on the run's length).",
+             "FIFO (S-LoRA)'s smallest class by load (x S-LoRA's knee): " + ", ".join(
+                 f"{ld} ({LOAD_FRACTIONS[ld]:g}) {_pct(s['queued_share_class1'])} queued, P99 TTFT "
+                 f"{s['ttft_ms_p99'] / 1000:.1f} s" for ld, s in by_load["FIFO (S-LoRA)"].items())
+             + "; Chameleon's largest share of any class by load: " + ", ".join(
+                 f"{ld} {_pct(max(s[f'queued_share_class{c}'] for c in range(1, k + 1)))}, P99 TTFT "
+                 f"{s['ttft_ms_p99'] / 1000:.1f} s" for ld, s in by_load["Chameleon"].items()) + ".",
+             "P99 TTFT by size class, small to large (s): " + "; ".join(
+                 f"{lb} " + " / ".join(f"{s[f'ttft_ms_p99_class{c}'] / 1000:.1f}" for c in range(1, k + 1))
+                 for lb, s in got.items()) + "."]
+    if quick and e["knee"].failed is not None:  # the high load sits on a coarse bracket of the knee
+        notes.append(f"--quick: S-LoRA's knee is bracketed by {e['effort'].bisections} bisections only "
+                     f"({e['knee'].rate:.3g}-{e['knee'].failed:.3g} req/s), so the high load may still sit below it; "
+                     f"run without --quick to compare with the paper.")
+    return Outcome("chameleon-schedulers", "FIFO, SJF and Chameleon's scheduler at the high load: SLO and queueing "
+                   "by size class (§6)", rows, setup, points, notes)
+
+
 def figure_fig11(outcome: Outcome):
     """P50/P99 TTFT of S-LoRA and Chameleon at the three loads; throughput within the SLO per system."""
     from matplotlib.figure import Figure
@@ -473,4 +622,30 @@ def figure_caches(outcome: Outcome):
     b.bar(names, [100 * (p.get("adapter_hit_rate_requests") or 0) for p in pts], color="tab:orange")
     b.set_ylabel("requests hitting a resident adapter (%)")
     fig.suptitle(f"{outcome.name}: {outcome.setup['workload']} on {outcome.setup['profile']}")
+    return fig
+
+
+def figure_schedulers(outcome: Outcome):
+    """Share of E2E queued and P99 TTFT per size class, per scheduler, at the high load."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4), layout="tight")
+    (a, b) = fig.subplots(1, 2)
+    pts = [p for p in outcome.points if p["experiment"] == "high"]
+    k = outcome.setup["size_classes"]
+    x = np.arange(1, k + 1)
+    w = 0.8 / max(len(pts), 1)
+    for i, p in enumerate(pts):
+        a.bar(x + (i - (len(pts) - 1) / 2) * w, [100 * p[f"queued_share_class{c}"] for c in x], w, label=p["system"])
+        b.bar(x + (i - (len(pts) - 1) / 2) * w, [p[f"ttft_ms_p99_class{c}"] / 1000 for c in x], w, label=p["system"])
+    a.axhline(100 * QUEUED_SHARE_BOUND, color="k", ls=":", lw=1, label="8 %")
+    a.set_ylabel("share of E2E queued (%)")
+    b.axhline(outcome.setup["ttft_slo_s"], color="k", ls="--", lw=1, label="TTFT SLO")
+    b.set_ylabel("P99 TTFT (s)")
+    for ax in (a, b):
+        ax.set_xticks(x, [f"class {c}" for c in x])
+        ax.set_xlabel("Chameleon size class (small to large)")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{outcome.name}: {outcome.setup['high_rps']:.2f} req/s (1.05 x S-LoRA's knee), "
+                 f"{outcome.setup['workload']} on {outcome.setup['profile']}")
     return fig

@@ -29,6 +29,10 @@ REPRODUCTIONS: dict[str, Reproduction] = {r.name: r for r in [
     Reproduction("chameleon-caches", "Chameleon (MICRO'25)",
                  "LRU, FairShare and Chameleon caches at the middle load: P99 TTFT vs S-LoRA, hit rate, load waits",
                  chameleon.run_caches, chameleon.figure_caches),
+    Reproduction("chameleon-schedulers", "Chameleon (MICRO'25)",
+                 "FIFO (S-LoRA), SJF (S-LoRA+SJF) and Chameleon's scheduler at the high load: P99 TTFT within the "
+                 "SLO and the share of E2E queued per size class", chameleon.run_schedulers,
+                 chameleon.figure_schedulers),
     Reproduction("fastlibra-ttft", "FastLibra (2025)",
                  "mean TTFT and TPOT vs vLLM and S-LoRA on chatbot / translation / agent, averaged over rates up to "
                  "FastLibra's peak; peak throughput with TTFT < 500 ms", fastlibra.run_ttft, fastlibra.figure),
