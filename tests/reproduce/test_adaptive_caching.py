@@ -31,3 +31,19 @@ def test_static_top_c_counts_the_most_requested_adapters():
     assert tops[0] == counts.max() / counts.sum()
     assert tops[3] == np.sort(counts)[-4:].sum() / counts.sum()
     assert all(a <= b for a, b in zip(tops, tops[1:])) and tops[-1] == 1.0
+
+
+def test_cumulative_hits_count_in_arrival_order_at_each_tenth():
+    """Finding 4's figure: hits counted in arrival order (not table order) at each tenth of the
+    requests; a request without an adapter-hit record (NA: never admitted) is no hit."""
+    import pandas as pd
+
+    n = 50
+    hit = pd.array([True, False, None, True, True] * 10, dtype="boolean")
+    arrival = np.arange(n, dtype=float)[::-1]  # the table lists the last arrival first
+    got = ac.cumulative_hits(pd.DataFrame({"arrival_s": arrival, "adapter_hit": hit}))["cumulative_hits"]
+    in_order = np.cumsum(np.asarray(hit.fillna(False), bool)[::-1])
+    assert got == [int(in_order[5 * k - 1]) for k in range(1, 11)]
+    assert got[-1] == 30 and got == sorted(got)
+    assert ac.cumulative_hits(pd.DataFrame({"arrival_s": [], "adapter_hit": pd.array([], dtype="boolean")})) == {
+        "cumulative_hits": []}

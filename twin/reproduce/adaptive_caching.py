@@ -44,6 +44,13 @@ C / N up to noise. The notes report EMA's margin over the better of LRU and LFU 
 top-C hit rate in hindsight; ``benchmarks/adaptive_caching_sensitivity.py`` sweeps alpha, N and
 seeds (``results/policies/adaptive-caching.md``).
 
+**What bounds finding 4** ("EMA's cumulative hits grow ... above LFU and LRU"): the count at the end of
+the run is finding 1's hit rate times the requests, so it is bounded the same way; the row asks for EMA
+at or above both at every tenth of the run and above both at the end (:data:`CHECKPOINTS`), at the P99
+comparison's cache size (the study does not say which its figure used). **Finding 6** ("under the
+bursty workload, inference time is the same for every policy; only load time differs"): the mean
+latency less the adapter-load wait, within :data:`SAME_INFERENCE` across the policies.
+
 **What bounds finding 5** ("EMA with synchronous prefetch has the worst P99"): the P99 of 1,000
 one-at-a-time requests is their 10th-largest latency, set by the misses' tail (the largest ranks
 read from disk), so the policy with the most misses holds it. Synchronous prefetch raises EMA's
@@ -59,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from twin.reproduce.base import Outcome, PaperNumber, Row, Runner, pick, row, system_of, yes_no
+from twin.reproduce.base import Outcome, PaperNumber, RequestMetrics, Row, Runner, pick, row, system_of, yes_no
 from twin.scenario import RunConfig, build_workload
 
 WORKLOAD = "synthetic"
@@ -101,7 +108,32 @@ PAPER: dict[str, PaperNumber] = {
                             SRC + " (finding 2)"),
     "zipf_gain": PaperNumber("largest hit-rate gain from 2 to 8 entries", "Zipf (of the three workloads)", "", "yes",
                              SRC + " (finding 2)"),
+    **{f"ema_cumulative_{w}": PaperNumber("EMA's cumulative hits above LRU's and LFU's throughout the run",
+                                          f"{w}, cache of {P99_CACHE_SIZE}", "", "yes", SRC + " (finding 4)")
+       for w in POPULARITIES},
+    "inference_same": PaperNumber("inference time the same for every policy", f"bursty, cache of {P99_CACHE_SIZE}",
+                                  "", "yes", SRC + " (finding 6)"),
 }
+#: "the same" inference time (finding 6): the largest policy's mean at most this much above the smallest's
+#: (a definition: the study shows it in a figure and gives no number)
+SAME_INFERENCE = 0.05
+#: finding 4's cumulative hits are compared at every tenth of the run (the study plots them over its 1,000
+#: requests): EMA at least each other policy at every checkpoint and above both at the end
+CHECKPOINTS = 10
+
+
+def cumulative_hits(requests) -> dict[str, Any]:
+    """``cumulative_hits``: the requests that found their adapter resident (``adapter_hit``), counted in
+    arrival order at each of :data:`CHECKPOINTS` equal shares of the requests (the last is the total)."""
+    hits = requests.sort_values("arrival_s", kind="stable")["adapter_hit"].fillna(False).to_numpy(bool)
+    n = len(hits)
+    cum = np.cumsum(hits)
+    at = [max(int(round(n * k / CHECKPOINTS)) - 1, 0) for k in range(1, CHECKPOINTS + 1)]
+    return {"cumulative_hits": [int(cum[i]) for i in at] if n else []}
+
+
+#: finding 4's per-request figure of a point (the name keys the point cache)
+CUMULATIVE_HITS = RequestMetrics(f"adaptive-caching-cumulative-hits-{CHECKPOINTS}-v1", cumulative_hits)
 
 
 def base_run(popularity: str, cache_size: int, requests: int, subs: dict[str, str]) -> RunConfig:
@@ -127,9 +159,9 @@ def run(runner: Runner, quick: bool) -> Outcome:
     n = REQUESTS["quick" if quick else "full"]
     names = {label: (pick("preset", p, p, subs) if p else None, s, c) for label, (p, s, c) in POLICIES.items()}
 
-    def point(label: str, r: RunConfig, rps: float) -> dict[str, Any]:
+    def point(label: str, r: RunConfig, rps: float, metrics: RequestMetrics | None = None) -> dict[str, Any]:
         p, s, c = names[label]
-        return runner.point(r, p, rps, scheduler=s, cache=c)
+        return runner.point(r, p, rps, scheduler=s, cache=c, request_metrics=metrics)
 
     # the rate: UTILISATION of the no-cache service rate (first estimate at 1 req/s, uniform, C = 2)
     probe = point("no cache", base_run("uniform", CACHE_SIZES[0], n, subs), 1.0)
@@ -137,6 +169,7 @@ def run(runner: Runner, quick: bool) -> Outcome:
     points: list[dict[str, Any]] = []
     hit: dict[tuple[str, str, int], float] = {}
     p99: dict[tuple[str, str], float] = {}
+    at4: dict[tuple[str, str], dict[str, Any]] = {}  # the points at the P99 comparison's cache size
     top_c: dict[tuple[str, int], float] = {}
     for w, pop in POPULARITIES.items():
         for size in CACHE_SIZES:
@@ -145,11 +178,12 @@ def run(runner: Runner, quick: bool) -> Outcome:
             for label in POLICIES:
                 if label == "no cache" and size != CACHE_SIZES[0]:
                     continue
-                s = point(label, r, rps)
+                s = point(label, r, rps, CUMULATIVE_HITS if size == P99_CACHE_SIZE else None)
                 points.append({**s, "experiment": "cache", "workload": w, "policy": label, "cache_size": size})
                 hit[(w, label, size)] = s["adapter_hit_rate_requests"] or 0.0
                 if size == P99_CACHE_SIZE:
                     p99[(w, label)] = s["ttft_ms_p99"]
+                    at4[(w, label)] = s
     nocache = point("no cache", base_run("uniform", CACHE_SIZES[0], n, subs), rps)
     rows: list[Row] = [row(PAPER["load_low"], nocache.get(f"miss_load_ms_mean_rank{min(RANKS)}")),
                        row(PAPER["load_high"], nocache.get(f"miss_load_ms_mean_rank{max(RANKS)}")),
@@ -170,6 +204,15 @@ def run(runner: Runner, quick: bool) -> Outcome:
     gain = {w: float(np.mean([hit[(w, x, CACHE_SIZES[-1])] - hit[(w, x, CACHE_SIZES[0])] for x in cached]))
             for w in POPULARITIES}
     rows.append(row(PAPER["zipf_gain"], yes_no(max(gain, key=gain.get) == "Zipf")))
+    cum = {k: v["cumulative_hits"] for k, v in at4.items()}
+    for w in POPULARITIES:
+        ema, others = cum[(w, "EMA")], [cum[(w, x)] for x in cached if x != "EMA"]
+        above = (all(e >= max(o[i] for o in others) for i, e in enumerate(ema))
+                 and ema[-1] > max(o[-1] for o in others))
+        rows.append(row(PAPER[f"ema_cumulative_{w}"], yes_no(above)))
+    inference = {x: at4[("bursty", x)]["exec_ms_mean"] for x in cached}
+    rows.append(row(PAPER["inference_same"], yes_no(max(inference.values()) <= (1 + SAME_INFERENCE)
+                                                    * min(inference.values()))))
     setup = {"workload": WORKLOAD, "profile": PROFILE, "lengths": LENGTHS, "adapters": N_ADAPTERS, "ranks": RANKS,
              "popularities": POPULARITIES, "cache_sizes": list(CACHE_SIZES), "requests": n, "rps": rps,
              "utilisation": UTILISATION, "max_num_seqs": 1,
@@ -177,7 +220,9 @@ def run(runner: Runner, quick: bool) -> Outcome:
                           for k, (p, s, c) in names.items()},
              "hit_rate": {f"{w}/{x}/{c}": v for (w, x, c), v in hit.items()},
              "static_top_c": {f"{w}/{c}": v for (w, c), v in top_c.items()},
-             "p99_ms": {f"{w}/{x}": v for (w, x), v in p99.items()}, "substitutions": subs}
+             "p99_ms": {f"{w}/{x}": v for (w, x), v in p99.items()},
+             "cumulative_hits": {f"{w}/{x}": v for (w, x), v in cum.items()},
+             "same_inference_within": SAME_INFERENCE, "substitutions": subs}
     notes = [f"rate {rps:.3g} req/s = {UTILISATION:g} / the no-cache mean latency "
              f"({probe['ttft_ms_mean']:.1f} ms at 1 req/s).",
              "EMA minus the better of LRU and LFU, hit rate (points; cache of " + ", ".join(map(str, CACHE_SIZES))
@@ -193,7 +238,16 @@ def run(runner: Runner, quick: bool) -> Outcome:
              f"({P99_CACHE_SIZE} entries): " + ", ".join(f"{w} {p99[(w, 'EMA')] - p99[(w, 'EMA-async')]:+.1f} ms"
                                                          for w in POPULARITIES) + "; P99 over the policies with a "
              "cache (ms): " + "; ".join(f"{w} " + " / ".join(f"{x} {p99[(w, x)]:.1f}" for x in cached)
-                                        for w in POPULARITIES) + "."]
+                                        for w in POPULARITIES) + ".",
+             f"cumulative hits at each tenth of the run, {P99_CACHE_SIZE} entries (finding 4), LRU / LFU / EMA: "
+             + "; ".join(f"{w} " + " / ".join(f"{cum[(w, x)][-1]}" for x in cached) + " at the end, EMA ahead of both at "
+                         + f"{sum(e > max(cum[(w, x)][i] for x in cached if x != 'EMA') for i, e in enumerate(cum[(w, 'EMA')]))}"
+                         + f" of {CHECKPOINTS} checkpoints" for w in POPULARITIES)
+             + " (the end is finding 1's hit rate: what bounds finding 1 bounds this).",
+             f"bursty, {P99_CACHE_SIZE} entries (finding 6): mean inference time (latency less the adapter-load wait) "
+             + " / ".join(f"{x} {inference[x]:.1f}" for x in cached) + " ms; mean load wait "
+             + " / ".join(f"{x} {at4[('bursty', x)]['ttft_ms_mean'] - inference[x]:.1f}" for x in cached)
+             + f" ms ('the same': within {100 * SAME_INFERENCE:g} %)."]
     return Outcome("adaptive-caching", "LRU / LFU / EMA adapter caches under uniform, Zipf and bursty popularity",
                    rows, setup, points, notes)
 
