@@ -292,10 +292,37 @@ class EngineState:
             return 0
         toks = self.__dict__.get("_adapter_tokens")
         if toks is None:
-            p = self.profile
-            per_tok = int(p.components["kv"].params.get("kv_bytes_per_token") or p.model.kv_bytes_per_token)
+            per_tok = self.kv_bytes_per_token
             toks = self._adapter_tokens = [-(-int(b) // per_tok) for b in self.adapters.bytes]
         return toks[a]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """GPU memory of one token's KV cache (the profile's ``kv`` component, else the model's)."""
+        p = self.profile
+        return int(p.components["kv"].params.get("kv_bytes_per_token") or p.model.kv_bytes_per_token)
+
+    def memory_in_use(self) -> float:
+        """The share of the server's KV and adapter memory in use now -- FastLibra's "HBM utilisation"
+        (§10, ``shared/refs/fastlibra.md``) for any system: the KV of running requests, history KV
+        kept in GPU memory and resident adapters, over the KV pool plus the adapters' memory, in
+        KV-token units. A unified pool (S-LoRA, FastLibra) holds adapters and history in its own
+        blocks (``pool_blocks - total_blocks`` lent out); vLLM's adapter slots (``max_loras`` slots
+        padded to ``max_lora_rank``) and a fixed adapter region are memory of their own, in use as
+        far as adapters are resident."""
+        bs = self.block_size
+        pool = self.pool_blocks
+        tokens = float((pool - self.total_blocks + self.used_blocks) * bs)
+        capacity = float(pool * bs)
+        ext = self.extensions
+        if ext is None or ext.memory != "unified":  # the adapters' memory is apart from the KV pool
+            mem = self.adapters
+            per_tok = self.kv_bytes_per_token
+            region = (mem.placement.alloc.capacity if mem.placement is not None
+                      else mem.gpu_slots * self.profile.adapter_bytes(max(self.max_lora_rank, 1)))
+            tokens += mem.resident_bytes / per_tok
+            capacity += region / per_tok
+        return tokens / capacity if capacity > 0 else 0.0
 
     def waiting_ids(self) -> np.ndarray:
         """Indices of the requests waiting now (arrived, not finished/rejected, not running)."""

@@ -106,6 +106,11 @@ class EngineView(Protocol):
     def history(self) -> Any:
         """The history-KV store of prefix reuse (``twin.prefix_kv.HistoryKV``), or None."""
 
+    def memory_in_use(self) -> float:
+        """The share of the server's KV and adapter memory in use now (running KV, history KV in GPU
+        memory, resident adapters over the KV pool plus the adapters' memory)."""
+        ...
+
     @property
     def steps_run(self) -> int: ...
 

@@ -202,6 +202,7 @@ class SLoRAExtensions:
 
     prefix = None
     handles_admission = False
+    memory = "unified"  # adapters take slots of the KV pool (EngineState.memory_in_use)
 
     def __init__(self, engine: "SLoRAEngine", loader: "SLoRAPrefetcher | None") -> None:
         self.e = engine

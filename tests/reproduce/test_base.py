@@ -96,3 +96,22 @@ def test_fastlibra_systems_serve_the_same_adapters():
     for preset, system in (("fastlibra", "vllm"), ("vllm-partition", "vllm"), ("slora", "slora")):
         e = simulate(w, prof, build_engine_config(run, w, prof), policy=preset, system=system).engine
         assert tuple(e.profile.lora_targets) == tuple(QKVO), preset
+
+
+def test_memory_gauge_reads_the_run_without_changing_it(monkeypatch):
+    """A point with the memory gauge is the plain point (a run in chunks is the whole run) plus the
+    mean of the readings taken every ``memory_gauge_s`` from ``measure_from_s`` to the last arrival;
+    the gauge is part of the point's key and a bad interval is refused."""
+    monkeypatch.delenv("TWIN_REPRODUCE_CACHE", raising=False)
+    run = RunConfig(trace="multiturn-synth", duration=30.0, adapters=20, slots=8, seed=2)
+    runner = Runner(cache=False)
+    plain = runner.point(run, "fastlibra", 2.0, measure_from_s=10.0)
+    gauged = runner.point(run, "fastlibra", 2.0, measure_from_s=10.0, memory_gauge_s=0.5)
+    assert gauged is not plain
+    extra = {k: gauged[k] for k in set(gauged) - set(plain)}
+    assert {k: gauged[k] for k in plain} == plain
+    assert set(extra) == {"memory_in_use_mean", "memory_in_use_readings"}
+    assert 0.0 < extra["memory_in_use_mean"] <= 1.0
+    assert 35 <= extra["memory_in_use_readings"] <= 41  # every 0.5 s from 10 s to the last arrival (< 30 s)
+    with pytest.raises(ValueError, match="memory_gauge_s"):
+        runner.point(run, "fastlibra", 2.0, memory_gauge_s=0.0)

@@ -333,7 +333,8 @@ class Runner:
               cache: str | None = None, slo_s: float | None = None, accuracy: float | None = None,
               lora_targets: str | None = None, memory: bool = False,
               measure_from_s: float | None = None, fail_above_ttft_s: float | None = None,
-              stop_at_s: float | None = None, request_metrics: "RequestMetrics | None" = None) -> dict[str, Any]:
+              stop_at_s: float | None = None, request_metrics: "RequestMetrics | None" = None,
+              memory_gauge_s: float | None = None) -> dict[str, Any]:
         """The summary (plus :func:`_request_metrics`) of ``run`` at ``rps`` under the preset
         ``policy`` (``scheduler``/``cache`` override its parts). ``slo_s`` is the TTFT SLO, given to
         schedulers that plan with one (Chameleon's quotas) as ``twin compare`` does. ``memory``:
@@ -356,7 +357,13 @@ class Runner:
         ``measured_tpot_ms_mean`` are None (the requests finished by then are not a fair sample).
         ``request_metrics``: a reproduction's own figures of the per-request table (e.g. Chameleon's
         size classes, :class:`RequestMetrics`), added to a point that runs to its end and remembered
-        under their name (part of the point's key)."""
+        under their name (part of the point's key).
+        ``memory_gauge_s``: read the server's memory in use (:meth:`twin.engine_state.EngineState.memory_in_use`)
+        every that many simulated seconds and add ``memory_in_use_mean``, the mean of the readings from
+        ``measure_from_s`` (or 0) to the last arrival, while the offered load lasts. The run advances in
+        chunks between readings (:func:`twin.simulate.simulate`'s ``stop_when``; bit-identical to a whole
+        run); with ``stop_at_s`` the cut falls on the first reading at or after it, as on the default
+        5 s grid when ``stop_at_s`` is a multiple of both."""
         if (fail_above_ttft_s is not None or stop_at_s is not None) and measure_from_s is None:
             raise ValueError("Runner.point: fail_above_ttft_s and stop_at_s judge the measured requests; "
                              "give measure_from_s too")
@@ -370,6 +377,11 @@ class Runner:
             key += (float(measure_from_s),)
         if request_metrics is not None:  # (so do points without a reproduction's own figures)
             key += (("request_metrics", request_metrics.name),)
+        if memory_gauge_s is not None:
+            if not memory_gauge_s > 0:
+                raise ValueError(f"Runner.point: memory_gauge_s {memory_gauge_s!r}: give the interval in simulated "
+                                 f"seconds, > 0")
+            key += (("memory_gauge_s", float(memory_gauge_s)),)
         full_key = key  # a run to the end (also what a probe that did not stop is stored as)
         if fail_above_ttft_s is not None:
             key += (("fail_above_ttft_s", float(fail_above_ttft_s)),)
@@ -398,12 +410,26 @@ class Runner:
             stop_when = ttft_mean_exceeds(float(fail_above_ttft_s), float(measure_from_s))
         elif stop_at_s is not None:
             stop_when = clock_reaches(float(stop_at_s))
+        readings: list[tuple[float, float]] = []
+        check_s = 5.0  # (simulate's default)
+        if memory_gauge_s is not None:
+            rule, check_s = stop_when, float(memory_gauge_s)
+
+            def stop_when(e: Any) -> bool:  # a reading at every check, then the point's own stop rule
+                readings.append((float(e.env.now), e.memory_in_use()))
+                return rule(e) if rule is not None else False
         res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=memory,
                        system=resolve_system(policy, run.system),  # the preset's engine, as twin.compare.run_one
-                       frontend_s=run.frontend_ms / 1000.0, stop_when=stop_when)
+                       frontend_s=run.frontend_ms / 1000.0, stop_when=stop_when, stop_check_s=check_s)
+        gauge: dict[str, Any] = {}
+        if memory_gauge_s is not None:
+            t0 = float(measure_from_s or 0.0)
+            last = float(np.max(res.engine.arrival)) if res.engine.n else 0.0
+            vals = [u for t, u in readings if t0 <= t <= last]
+            gauge = {"memory_in_use_mean": float(np.mean(vals)) if vals else None, "memory_in_use_readings": len(vals)}
         if res.summary.get("stopped_early") and stop_at_s is not None:
-            return self._store(key, self._cut_point(res, policy or label, run.rps, float(measure_from_s),
-                                                    slo_s))
+            return self._store(key, {**self._cut_point(res, policy or label, run.rps, float(measure_from_s), slo_s),
+                                     **gauge})
         if res.summary.get("stopped_early"):
             return self._store(key, {**res.summary, "preset": policy or label, "rps": run.rps,
                                      "measured_from_s": float(measure_from_s), "measured_ttft_ms_mean_lower":
@@ -421,6 +447,7 @@ class Runner:
             out.update(window_metrics(res.requests, float(measure_from_s)))
         if request_metrics is not None:
             out.update(request_metrics.compute(res.requests))
+        out.update(gauge)
         return self._store(full_key, out)
 
     @staticmethod
