@@ -89,6 +89,19 @@ def _pt(ttft, tpot, cut=False):
 def test_means_over_rates_use_the_bound_and_the_same_tpot_rates_for_all():
     m = fastlibra.means_over_rates({"FastLibra": [_pt(100, 20), _pt(200, 22), _pt(300, 24)],
                                     "WOM": [_pt(100, 21), _pt(400, 30), _pt(9000, None, cut=True)]})
-    assert m["FastLibra"] == {"ttft_ms_mean": 200.0, "tpot_ms_mean": 21.0, "ttft_lower": False, "tpot_rates": 2}
+    assert {k: m["FastLibra"][k] for k in ("ttft_ms_mean", "tpot_ms_mean", "ttft_lower", "tpot_rates")} == {
+        "ttft_ms_mean": 200.0, "tpot_ms_mean": 21.0, "ttft_lower": False, "tpot_rates": 2}
     assert m["WOM"]["ttft_ms_mean"] == pytest.approx(np.mean([100, 400, 9000])) and m["WOM"]["ttft_lower"]
     assert m["WOM"]["tpot_ms_mean"] == 25.5 and m["WOM"]["tpot_rates"] == 2
+
+
+def test_means_over_rates_average_memory_and_hit_rates():
+    """The HBM utilisation and hit rates of a system are means over its rate points (missing ones
+    left out); the history hit rate counts lookups served from HBM only (host hits are copies)."""
+    pts = [{"measured_ttft_ms_mean": 1.0, "measured_tpot_ms_mean": 1.0, "memory_in_use_mean": 0.5,
+            "adapter_hit_rate_requests": 0.8, "prefix_lookups": 10, "prefix_hits": 6, "prefix_host_hits": 2},
+           {"measured_ttft_ms_mean": 1.0, "measured_tpot_ms_mean": 1.0, "memory_in_use_mean": 0.9,
+            "adapter_hit_rate_requests": None, "prefix_lookups": 0}]
+    m = fastlibra.means_over_rates({"X": pts})["X"]
+    assert m["memory_in_use_mean"] == pytest.approx(0.7)
+    assert m["adapter_hit_rate"] == pytest.approx(0.8) and m["history_hbm_hit_rate"] == pytest.approx(0.4)

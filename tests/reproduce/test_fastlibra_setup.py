@@ -51,7 +51,8 @@ class _StubRunner:
         self.limits = set()
         self.caps = set()
 
-    def point(self, run, preset, rps, measure_from_s=None, fail_above_ttft_s=None, stop_at_s=None):
+    def point(self, run, preset, rps, measure_from_s=None, fail_above_ttft_s=None, stop_at_s=None,
+              memory_gauge_s=None):
         self.warmups.add(measure_from_s)
         self.durations.add(run.duration)
         self.limits.add(fail_above_ttft_s)

@@ -94,7 +94,13 @@ PAPER: dict[str, PaperNumber] = {
     "slora_beats_chatbot": PaperNumber("S-LoRA's mean TTFT below vLLM's", "chatbot", "", "yes", SRC),
     "slora_beats_translation": PaperNumber("S-LoRA's mean TTFT below vLLM's", "translation", "", "yes", SRC),
     "slora_beats_agent": PaperNumber("S-LoRA's mean TTFT below vLLM's", "agent", "", "no", SRC),
+    "hbm_vllm": PaperNumber("HBM utilisation vs vLLM", "FastLibra, mean of the three workloads", "x", 1.2, SRC),
+    "hbm_slora": PaperNumber("HBM utilisation vs S-LoRA", "FastLibra, mean of the three workloads", "x", 2.6, SRC),
 }
+#: HBM utilisation (§10): the server's KV and adapter memory in use (``EngineState.memory_in_use``), read
+#: every this many simulated seconds from the warm-up's end to the last arrival and averaged
+#: (``Runner.point(memory_gauge_s=...)``); a point's mean, then the mean over the rates, as TTFT
+MEMORY_GAUGE_S = 1.0
 PAPER_ABLATION: dict[str, PaperNumber] = {
     **{f"ttft_{k}": PaperNumber("mean TTFT normalised to FastLibra", f"{k}, mean of the workloads", "x", v, SRC_ABL)
        for k, v in (("WOM", 1.27), ("WOS", 1.24), ("WOL", 1.13))},
@@ -163,9 +169,10 @@ def scenario(name: str, effort: Effort, subs: dict[str, str]) -> RunConfig:
                      duration=effort.warmup_s + effort.duration_s, seed=0, lora_targets=LORA_TARGETS, **opts)
 
 
-def measure(runner: Runner, quick: bool, presets: dict[str, str]) -> dict[str, Any]:
+def measure(runner: Runner, quick: bool, presets: dict[str, str], memory_gauge: bool = False) -> dict[str, Any]:
     """Per workload: FastLibra's peak, the rates ``k/R`` of it, and for every preset of
-    ``presets`` (label -> preset name) its own peak and its TTFT/TPOT at each rate."""
+    ``presets`` (label -> preset name) its own peak and its TTFT/TPOT at each rate (with
+    ``memory_gauge``, also its mean memory in use at each rate, :data:`MEMORY_GAUGE_S`)."""
     effort = QUICK if quick else FULL
     subs: dict[str, str] = {}
     fl = pick("preset", FASTLIBRA, FASTLIBRA, subs)
@@ -174,8 +181,9 @@ def measure(runner: Runner, quick: bool, presets: dict[str, str]) -> dict[str, A
     ok = lambda s: (not s.get("stopped_early") and s["measured_ttft_ms_mean"] is not None  # noqa: E731
                     and s["measured_ttft_ms_mean"] < TTFT_LIMIT_S * 1000.0)
     cap = effort.warmup_s + effort.duration_s + DRAIN_CAP_S  # the last arrival is before warm-up + duration
+    gauge_s = MEMORY_GAUGE_S if memory_gauge else None
     point = lambda run, preset, r: runner.point(run, preset, r, measure_from_s=effort.warmup_s,  # noqa: E731
-                                                stop_at_s=cap)
+                                                stop_at_s=cap, memory_gauge_s=gauge_s)
     # a peak-search probe stops once its mean TTFT is known to reach the limit (an exact bound:
     # past the peak the queue would otherwise be simulated until it drains)
     probe = lambda run, preset, r: runner.point(run, preset, r, measure_from_s=effort.warmup_s,  # noqa: E731
@@ -214,7 +222,10 @@ def means_over_rates(pts: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str
         tpot = [p["measured_tpot_ms_mean"] for p, c in zip(ps, cut) if not c and p["measured_tpot_ms_mean"] is not None]
         out[label] = {"ttft_ms_mean": float(np.mean(ttft)) if ttft else float("nan"),
                       "tpot_ms_mean": float(np.mean(tpot)) if tpot else float("nan"),
-                      "ttft_lower": any(p.get("stopped_early") for p in ps), "tpot_rates": len(tpot)}
+                      "ttft_lower": any(p.get("stopped_early") for p in ps), "tpot_rates": len(tpot),
+                      "memory_in_use_mean": _mean([_num(p.get("memory_in_use_mean")) for p in ps]),
+                      "adapter_hit_rate": _mean([_num(p.get("adapter_hit_rate_requests")) for p in ps]),
+                      "history_hbm_hit_rate": _mean([_hbm_hits(p) for p in ps])}
     return out
 
 
@@ -271,6 +282,16 @@ def _mean(xs: list[float]) -> float:
     return float(np.mean(xs)) if xs else float("nan")
 
 
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{100 * x:.0f} %"
+
+
+def _hbm_hits(p: dict[str, Any]) -> float:
+    """A point's history lookups served from HBM, over its lookups (NaN without history KV reuse)."""
+    n = p.get("prefix_lookups")
+    return (_num(p.get("prefix_hits")) - _num(p.get("prefix_host_hits"))) / n if n else float("nan")
+
+
 def _setup(m: dict[str, Any], presets: list[str]) -> dict[str, Any]:
     effort = m["effort"]
     return {"workloads": {k: v["trace"] for k, v in m["workloads"].items()}, "profile": PROFILE,
@@ -285,7 +306,7 @@ def _setup(m: dict[str, Any], presets: list[str]) -> dict[str, Any]:
 
 def run_ttft(runner: Runner, quick: bool) -> Outcome:
     """Mean TTFT and TPOT (averaged over the rates) and peak throughput of FastLibra vs vLLM and S-LoRA."""
-    m = measure(runner, quick, {"vLLM": VLLM, "S-LoRA": SLORA})
+    m = measure(runner, quick, {"vLLM": VLLM, "S-LoRA": SLORA}, memory_gauge=True)
     W = m["workloads"]
     rows: list[Row] = []
     # a TTFT mean may be a lower bound (a point cut at the drain cap, DRAIN_CAP_S); TPOT never is
@@ -312,9 +333,26 @@ def run_ttft(runner: Runner, quick: bool) -> Outcome:
         known = sl == sl and vl == vl and (dsl == dvl == EXACT or (sl < vl and dsl == EXACT and dvl == LOWER)
                                            or (vl < sl and dvl == EXACT and dsl == LOWER))
         rows.append(row(PAPER[f"slora_beats_{s}"], yes_no(sl < vl) if known else None))
+    use = {s: {k: v["memory_in_use_mean"] for k, v in W[s]["means"].items()} for s in W}
+    for key, base in (("hbm_vllm", "vLLM"), ("hbm_slora", "S-LoRA")):
+        rows.append(row(PAPER[key], _mean([ratio(use[s]["FastLibra"], use[s][base]) for s in W]), 2))
     setup = _setup(m, [FASTLIBRA, VLLM, SLORA])
+    setup["memory_gauge_s"] = MEMORY_GAUGE_S
     notes = [f"{s}: FastLibra's peak {W[s]['peaks_rps']['FastLibra']:.3g} req/s (vLLM {W[s]['peaks_rps']['vLLM']:.3g}, "
              f"S-LoRA {W[s]['peaks_rps']['S-LoRA']:.3g}) on {W[s]['trace']}" for s in W]
+    notes.append("HBM utilisation (KV of running requests, history KV and resident adapters over the KV pool plus the "
+                 f"adapters' memory; read every {MEMORY_GAUGE_S:g} s from the warm-up's end to the last arrival, mean "
+                 "over the rates), FastLibra / vLLM / S-LoRA: " + "; ".join(
+                     f"{s} " + " / ".join(f"{100 * use[s][k]:.0f} %" for k in ("FastLibra", "vLLM", "S-LoRA"))
+                     for s in W) + ".")
+    hits = {s: W[s]["means"] for s in W}
+    notes.append("the paper's cache hit rate (LoRA + KV: 1.3x vLLM, 3.2x S-LoRA) is not a row: it does not say how "
+                 "LoRA and KV lookups combine, and S-LoRA keeps no history KV to look up. Requests finding their "
+                 "adapter in HBM, FastLibra / vLLM / S-LoRA: " + "; ".join(
+                     f"{s} " + " / ".join(_pct(hits[s][k]["adapter_hit_rate"]) for k in ("FastLibra", "vLLM", "S-LoRA"))
+                     for s in W) + "; history lookups served from HBM, FastLibra / vLLM: " + "; ".join(
+                     f"{s} " + " / ".join(_pct(hits[s][k]["history_hbm_hit_rate"]) for k in ("FastLibra", "vLLM"))
+                     for s in W) + " (mean over the rates).")
     notes += _cut_notes(m)
     return Outcome("fastlibra-ttft", "FastLibra vs vLLM and S-LoRA: TTFT, TPOT and peak throughput (§6.3)", rows,
                    setup, m["points"], notes)
