@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import Iterable
 
 from policies.common import OutputPredictor
 from twin.registry import Preset, register_preset, register_scheduler
@@ -95,6 +96,49 @@ class SJFScheduler(Scheduler):
         return self.engine.next_arrival_time()  # a new, shorter request may fit
 
 
-register_preset(Preset("slora+sjf", "sjf", "none", "S-LoRA with muServe-style SJF scheduling (Chameleon's baseline)",
+@register_scheduler
+class SLoRASJFScheduler(SJFScheduler):
+    """muServe's SJF order on S-LoRA (Chameleon's ``S-LoRA+SJF`` baseline): S-LoRA with its waiting
+    queue ordered by :class:`SJFScheduler`'s key, so S-LoRA's queued-request prefetch
+    (``EngineConfig.slora_prefetch``, :class:`policies.slora.SLoRAScheduler`) names the adapters of the
+    next batch *in that order*: the waiting requests with the smallest keys whose prompts fill one
+    batch's token budget (at most ``max_lookahead``). Without it a run with the prefetch on would give
+    S-LoRA and Chameleon the prefetch and their SJF baseline none. Plain ``sjf`` (on vLLM) does not
+    prefetch."""
+
+    name = "slora-sjf"
+    description = "S-LoRA with muServe's SJF order: its queued-request prefetch follows the SJF order"
+    citation = "Chameleon MICRO'25 §6 (S-LoRA+SJF); muServe ATC'24 §4; S-LoRA MLSys'24 §4.2 (prefetch)"
+
+    prefetch_evicts = False  # prefetch into free pool memory only (as S-LoRA's)
+
+    def __init__(self, accuracy: float = 1.0, aging: float = 50.0, seed: int = 0, max_skips: int = 64,
+                 lookahead_tokens: int | None = None, max_lookahead: int = 32) -> None:
+        super().__init__(accuracy, aging, seed, max_skips)
+        self.lookahead_tokens = lookahead_tokens
+        self.max_lookahead = max_lookahead
+
+    def _next_batch(self) -> Iterable[int]:
+        """Waiting requests in SJF order that would form the next batch (S-LoRA §4.2's prefetch set)."""
+        e = self.engine
+        budget = self.lookahead_tokens or e.config.max_num_batched_tokens
+        for _, rid in heapq.nsmallest(self.max_lookahead, self.heap):
+            yield rid
+            budget -= e.tokens_known(rid)
+            if budget <= 0:
+                return
+
+    def prefetch(self, now: float) -> Iterable[int]:
+        ad = self.engine.adapter_a
+        seen = set()
+        for rid in self._next_batch():
+            a = ad[rid]
+            if a >= 0 and a not in seen:
+                seen.add(a)
+                yield a
+
+
+register_preset(Preset("slora+sjf", "slora-sjf", "none", "S-LoRA with muServe-style SJF scheduling (Chameleon's "
+                       "baseline; S-LoRA's queued-request prefetch in SJF order)",
                        "Chameleon MICRO'25 §6; muServe ATC'24", cache_opts={"adapter_memory": "unified"},
                        system="slora"))

@@ -272,6 +272,38 @@ def test_sjf_orders_by_predicted_output_and_aging_restores_fifo():
     assert order(simulate(w, prof, cfg, policy="vllm")) == [0, 1, 2, 3]
 
 
+def test_slora_sjf_prefetches_the_next_batch_in_sjf_order():
+    """S-LoRA+SJF's queued-request prefetch names the adapters of the waiting requests with the
+    smallest SJF keys whose prompts fill one batch (each adapter once), not the FIFO prefix; plain
+    ``sjf`` prefetches nothing, and with ``slora_prefetch`` on the S-LoRA engine the preset copies
+    adapters ahead (as ``slora`` does)."""
+    from types import SimpleNamespace
+
+    from policies.sjf import SJFScheduler, SLoRASJFScheduler
+    from twin.interfaces import Policy
+
+    assert type(SJFScheduler()).prefetch is Policy.prefetch  # plain SJF: no prefetch source
+    s = make_scheduler("slora-sjf", max_lookahead=3)
+    prompts = [300, 200, 600, 100, 400]
+    s.engine = SimpleNamespace(config=SimpleNamespace(max_num_batched_tokens=700),
+                               tokens_known=lambda rid: prompts[rid], adapter_a=[0, 1, 1, 2, 3])
+    s.heap = [(50.0, 0), (10.0, 2), (30.0, 1), (5.0, 3), (70.0, 4)]
+    # SJF order 3, 2, 1 (keys 5, 10, 30): 100 + 600 tokens fill the 700-token batch after two requests
+    assert list(s.prefetch(0.0)) == [2, 1]
+    s.engine.config.max_num_batched_tokens = 10_000
+    assert list(s.prefetch(0.0)) == [2, 1]  # three requests (max_lookahead), adapters 2, 1, 1
+    assert isinstance(s, SLoRASJFScheduler) and s.get_params()["max_lookahead"] == 3
+    from twin.scenario import RunConfig, build_engine_config, build_workload
+    from twin.compare import load_compare_profile
+
+    run = RunConfig(trace="synthetic", duration=30.0, rps=3.0, adapters=40, seed=0, slora_prefetch=True)
+    prof = load_compare_profile(run.profile, None)
+    w = build_workload(run)
+    got = {p: simulate(w, prof, build_engine_config(run, w, prof), policy=p).summary for p in ("slora+sjf", "slora")}
+    assert got["slora+sjf"]["scheduler"] == "slora-sjf"
+    assert got["slora+sjf"].get("prefetches", 0) > 0 and got["slora"].get("prefetches", 0) > 0
+
+
 def test_adapter_aware_prefers_resident_adapters():
     """r0 (adapter 0) runs; r1 (adapter 1, on disk) and then r2 (adapter 0, resident) wait.
     FCFS admits r1 first; adapter-aware admits r2 first (resident tier), unless r1 aged."""
