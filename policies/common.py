@@ -5,7 +5,7 @@ and the view of the waiting queue that cache policies need.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
@@ -115,6 +115,18 @@ def waiting_adapter_counts(engine: "EngineView") -> np.ndarray:
     ad = engine.adapter[engine.waiting_ids()]
     ad = ad[ad >= 0]
     return np.bincount(ad, minlength=engine.n_adapters)
+
+
+def adapters_of(engine: "EngineView", rids: "Iterable[int]") -> "Iterator[int]":
+    """The distinct adapters of requests ``rids``, in the order the requests come (the base model's
+    requests have none): what S-LoRA's queued-request prefetch copies for its next batch."""
+    ad = engine.adapter_a
+    seen: set[int] = set()
+    for rid in rids:
+        a = ad[rid]
+        if a >= 0 and a not in seen:
+            seen.add(a)
+            yield a
 
 
 def kmeans_1d(x: np.ndarray, k: int, iters: int = 100) -> tuple[np.ndarray, float]:

@@ -25,7 +25,7 @@ import heapq
 import math
 from typing import Iterable
 
-from policies.common import OutputPredictor
+from policies.common import OutputPredictor, adapters_of
 from twin.registry import Preset, register_preset, register_scheduler
 from twin.interfaces import Admit, EngineView, Scheduler
 
@@ -129,13 +129,7 @@ class SLoRASJFScheduler(SJFScheduler):
                 return
 
     def prefetch(self, now: float) -> Iterable[int]:
-        ad = self.engine.adapter_a
-        seen = set()
-        for rid in self._next_batch():
-            a = ad[rid]
-            if a >= 0 and a not in seen:
-                seen.add(a)
-                yield a
+        return adapters_of(self.engine, self._next_batch())
 
 
 register_preset(Preset("slora+sjf", "slora-sjf", "none", "S-LoRA with muServe-style SJF scheduling (Chameleon's "

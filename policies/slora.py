@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+from policies.common import adapters_of
 from policies.fcfs import FCFSScheduler
 from twin.registry import Preset, register_cache, register_preset, register_scheduler
 from twin.interfaces import Admit, AdapterCachePolicy
@@ -67,13 +68,7 @@ class SLoRAScheduler(FCFSScheduler):
             p += 1
 
     def prefetch(self, now: float) -> Iterable[int]:
-        ad = self.engine.adapter_a
-        seen = set()
-        for rid in self._next_batch():
-            a = ad[rid]
-            if a >= 0 and a not in seen:
-                seen.add(a)
-                yield a
+        return adapters_of(self.engine, self._next_batch())
 
     def next_change_time(self, stop: Admit | None) -> float:
         if stop == Admit.NO_SLOT and not self._slots_full():
