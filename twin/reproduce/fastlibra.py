@@ -30,7 +30,10 @@ LoRA's probability is at least the sum of its KV nodes' and it was used at least
 KV nodes leave first, and when ``LoRA_Eval > 1`` (too few LoRAs in HBM) the KV nodes are already
 gone; WoM swaps out LoRAs whose KV stays (invalid KVs) where the tree would not, and WoS's LRU
 changes many choices, but each changed choice costs one asynchronous swap-in of ~10 ms later, a
-small share of the TTFT.
+small share of the TTFT. The exceptions are on the agent workload, where conversations are long: WoM's
+peak is 15.9 % lower and WoS's 4.5 %, so FastLibra's top rates are past their peaks, where their queues
+grow (WoM's collapses) and the TTFT rows are set by those points (README.md, "Why the FastLibra
+ablations stay close...").
 """
 
 from __future__ import annotations
