@@ -66,7 +66,8 @@ class EngineConfig:
         "S-LoRA: prompt tokens of one prefill mini-batch (default max(N_tok/6, 3072))"))
     running_max_req_size: int = field(default=1000, metadata=_help("S-LoRA: most running requests"))
     slora_max_wait_tokens: int = field(default=10, metadata=_help(
-        "S-LoRA: decodes between admission attempts (max_wait_tokens, hard-coded 10)"))
+        "S-LoRA: decodes since the last prefill before waiting requests are considered (max_wait_tokens, "
+        "hard-coded 10 in S-LoRA; 1: after every decode)"))
     slora_poll_s: float = field(default=0.01, metadata=_help("S-LoRA: idle router poll interval (s)"))
     slora_prefetch: bool = field(default=False, metadata=_help(
         "S-LoRA --prefetch (off in S-LoRA's paper runs): the scheduler's prefetch() at decode counters 5 and 7"))

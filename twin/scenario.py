@@ -125,6 +125,7 @@ class RunConfig:
     lora_targets: str | None = _engine_field("lora_targets")
     max_total_tokens: int | None = _engine_field("max_total_tokens")
     slora_prefetch: bool = _engine_field("slora_prefetch")
+    slora_max_wait_tokens: int = _engine_field("slora_max_wait_tokens")
     slora_max_prompt_len: int = _engine_field("slora_max_prompt_len")
     slora_max_total_len: int = _engine_field("slora_max_total_len")
     # run
@@ -178,6 +179,8 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
     "kv_tokens": (True, 1, True, "a KV capacity in tokens, e.g. --kv-tokens 200000 (or leave it to the profile)"),
     "tp": (True, 1, True, "a tensor-parallel degree that divides the model's heads, e.g. --tp 2"),
     "max_total_tokens": (True, 2, True, "S-LoRA's pool in token slots, e.g. --max-total-tokens 65000"),
+    "slora_max_wait_tokens": (True, 1, True, "decodes between S-LoRA's admission attempts, at least 1, e.g. "
+                                             "--slora-max-wait-tokens 10 (S-LoRA's own)"),
     "slora_max_prompt_len": (True, 1, True, "a prompt length in tokens, e.g. --slora-max-prompt-len 2048"),
     "slora_max_total_len": (True, 1, True, "a request length in tokens, e.g. --slora-max-total-len 3072"),
     "horizon": (False, 0, False, "the simulated seconds to stop at, e.g. --horizon 600 (or leave it out to "
@@ -450,7 +453,7 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
                        max_model_len=run.max_model_len, kv_capacity_tokens=run.kv_tokens, tensor_parallel=run.tp,
                        lora_targets=run.lora_targets, max_total_tokens=run.max_total_tokens,
                        slora_max_prompt_len=run.slora_max_prompt_len, slora_max_total_len=run.slora_max_total_len,
-                       slora_prefetch=run.slora_prefetch)
+                       slora_prefetch=run.slora_prefetch, slora_max_wait_tokens=run.slora_max_wait_tokens)
     if run.gpu_mem_gb is not None and run.kv_tokens is None:
         max_rank = run.max_lora_rank or int(workload.df["adapter_rank"].max() or 0)
         try:

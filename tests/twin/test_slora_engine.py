@@ -84,6 +84,23 @@ def test_idle_poll_and_admission_every_ten_decodes():
     assert r.loc[0, "finish_s"] == pytest.approx(0.02 + 40 * STEP)
 
 
+def test_admission_cadence_is_a_run_option():
+    """``--slora-max-wait-tokens N`` (RunConfig -> EngineConfig): r1 arrives during r0's decodes and is
+    admitted after N decodes since r0's prefill (S-LoRA's 10 by default; 1: after the next decode)."""
+    from twin.compare import load_compare_profile
+    from twin.scenario import build_engine_config, build_workload
+
+    for n in (10, 3, 1):
+        w = base([0.003, 0.025], [10, 10], [40, 5])
+        r = run(w, slora_max_wait_tokens=n).requests
+        assert r.loc[1, "first_scheduled_s"] == pytest.approx(0.02 + n * STEP)
+    rc = RunConfig(trace="synthetic", duration=5.0, slora_max_wait_tokens=4)
+    wl = build_workload(rc)
+    assert build_engine_config(rc, wl, load_compare_profile(rc.profile, None)).slora_max_wait_tokens == 4
+    with pytest.raises(ConfigError, match="--slora-max-wait-tokens"):
+        check_run(RunConfig(trace="synthetic", slora_max_wait_tokens=0))
+
+
 def test_failed_admission_is_retried_every_iteration():
     # r1 (100, 30) against r0 (100, 50) in 260 slots: refused at 0.11 (need 270); s decodes later the
     # need is 288 - s (see above), below 260 from s = 29: admitted at 0.40, not at a multiple of 11
