@@ -11,7 +11,7 @@ attention, scheduler CPU time, and synchronous loads or swaps on the step's path
     PYTHONPATH=. python benchmarks/fastlibra_tpot_breakdown.py                       # the reproduction's set-up
     PYTHONPATH=. python benchmarks/fastlibra_tpot_breakdown.py --lora-compute profile --targets default  # earlier
     PYTHONPATH=. python benchmarks/fastlibra_tpot_breakdown.py --point fastlibra-translation:104  # another point
-    PYTHONPATH=. python benchmarks/fastlibra_tpot_breakdown.py --slora-wait-tokens 1  # S-LoRA admitting after each decode
+    PYTHONPATH=. python benchmarks/fastlibra_tpot_breakdown.py --slora-max-wait-tokens 1  # S-LoRA admitting after each decode
 """
 import argparse
 import dataclasses
@@ -31,7 +31,7 @@ ap.add_argument("--lora-compute", default="paged", choices=["paged", "profile"],
 ap.add_argument("--targets", default=F.LORA_TARGETS,
                 help="the adapters' target modules (default: the reproduction's); 'default': each system's own "
                      "(vLLM: all seven projections, S-LoRA: q, k, v, o)")
-ap.add_argument("--slora-wait-tokens", type=int, default=None, metavar="N",
+ap.add_argument("--slora-max-wait-tokens", type=int, default=None, metavar="N",
                 help="S-LoRA's decodes between admission attempts (EngineConfig.slora_max_wait_tokens; default: "
                      "S-LoRA's 10); 1 admits after every decode")
 ap.add_argument("--point", action="append", default=None, metavar="WORKLOAD:RPS",
@@ -45,8 +45,8 @@ if args.point:
         ap.error(f"--point takes WORKLOAD:RPS (e.g. fastlibra-translation:104), got {args.point}")
     if any(r <= 0 for _, r in points):
         ap.error("--point: the rate must be > 0 req/s")
-if args.slora_wait_tokens is not None and args.slora_wait_tokens < 1:
-    ap.error(f"--slora-wait-tokens must be >= 1 (the S-LoRA engine's least), got {args.slora_wait_tokens}")
+if args.slora_max_wait_tokens is not None and args.slora_max_wait_tokens < 1:
+    ap.error(f"--slora-max-wait-tokens must be >= 1 (the S-LoRA engine's least), got {args.slora_max_wait_tokens}")
 
 punica = {"s": 0.0}
 _decode, _prefill = slora_forms.PunicaLoraCost.decode_s, slora_forms.PunicaLoraCost.prefill_s
@@ -74,8 +74,8 @@ for trace, rps in points:
         punica["s"] = 0.0
         system = resolve_system(preset, run.system)
         cfg = build_engine_config(run, w, prof)
-        if system == "slora" and args.slora_wait_tokens is not None:
-            cfg = dataclasses.replace(cfg, slora_max_wait_tokens=args.slora_wait_tokens)
+        if system == "slora" and args.slora_max_wait_tokens is not None:
+            cfg = dataclasses.replace(cfg, slora_max_wait_tokens=args.slora_max_wait_tokens)
         if preset == F.FASTLIBRA:
             res = simulate(w, prof, cfg, scheduler_obj=make_scheduler("fcfs"),
                            cache_obj=make_cache("fastlibra", lora_compute=args.lora_compute), system=system)
