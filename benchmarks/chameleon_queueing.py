@@ -36,7 +36,8 @@ from twin.simulate import simulate  # noqa: E402
 def run_point(run: RunConfig, preset: str, slo_s: float, wait_tokens: int) -> dict:
     prof = load_compare_profile(run.profile, None)
     w = build_workload(run)
-    cfg = dataclasses.replace(build_engine_config(run, w, prof), slora_max_wait_tokens=wait_tokens)
+    run = dataclasses.replace(run, slora_max_wait_tokens=wait_tokens)  # (twin run --slora-max-wait-tokens)
+    cfg = build_engine_config(run, w, prof)
     sched, cache, _ = resolve_policy(preset, None, None)
     if hasattr(sched, "slo_s"):
         sched.slo_s = slo_s  # as the reproduction's runner gives it

@@ -67,15 +67,15 @@ print(f"FastLibra lora_compute={args.lora_compute}, adapter targets {args.target
 for trace, rps in points:
     # 60 s of arrivals from empty HBM, without the reproduction's warm-up (the README table's set-up)
     run = dataclasses.replace(F.scenario(trace, F.FULL, {}), rps=rps, duration=F.FULL.duration_s,
-                              lora_targets=None if args.targets == "default" else args.targets)
+                              lora_targets=None if args.targets == "default" else args.targets,
+                              **({} if args.slora_max_wait_tokens is None
+                                 else {"slora_max_wait_tokens": args.slora_max_wait_tokens}))
     prof = load_compare_profile(run.profile, None)
     w = build_workload(run)
     for preset in (F.FASTLIBRA, F.VLLM, F.SLORA):
         punica["s"] = 0.0
         system = resolve_system(preset, run.system)
         cfg = build_engine_config(run, w, prof)
-        if system == "slora" and args.slora_max_wait_tokens is not None:
-            cfg = dataclasses.replace(cfg, slora_max_wait_tokens=args.slora_max_wait_tokens)
         if preset == F.FASTLIBRA:
             res = simulate(w, prof, cfg, scheduler_obj=make_scheduler("fcfs"),
                            cache_obj=make_cache("fastlibra", lora_compute=args.lora_compute), system=system)

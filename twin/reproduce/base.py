@@ -83,6 +83,11 @@ def pct_change(value: float | None, base: float | None) -> float:
     return 100.0 * (value / base - 1.0)
 
 
+def pct_text(x: float | None) -> str:
+    """A share as a whole percentage for notes (``"-"`` when missing or not finite)."""
+    return "-" if x is None or not math.isfinite(x) else f"{100 * x:.0f} %"
+
+
 def ratio(value: float | None, base: float | None) -> float:
     """``value / base`` (NaN when either is missing or the base is 0)."""
     if value is None or base is None or base == 0:

@@ -67,8 +67,8 @@ from policies.chameleon import ChameleonScheduler, weighted_request_size
 from policies.common import kmeans_1d
 from traces.registry import BUILTINS
 from twin.config import ConfigError
-from twin.reproduce.base import (Knee, Outcome, PaperNumber, RequestMetrics, Row, Runner, knee_search, low_load_reference,
-                                 pct_change, pick, ratio, row, system_of, yes_no)
+from twin.reproduce.base import (Knee, Outcome, PaperNumber, RequestMetrics, Row, Runner, knee_search,
+                                 low_load_reference, pct_change, pct_text, pick, ratio, row, system_of, yes_no)
 from twin.scenario import RunConfig
 
 # ------------------------------------------------------------------ the paper's set-up (names and definitions)
@@ -379,13 +379,9 @@ def _setup(e: dict[str, Any], presets: list[str]) -> dict[str, Any]:
             "substitutions": e["substitutions"]}
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{100 * x:.0f} %"
-
-
 def _memory_note(e: dict[str, Any]) -> str:
-    peaks = (f"at S-LoRA's knee the pool peaks at {_pct(e['mem_use_peak_at_knee'])} of its slots with adapters, "
-             f"{_pct(e['kv_use_peak_at_knee'])} in KV alone")
+    peaks = (f"at S-LoRA's knee the pool peaks at {pct_text(e['mem_use_peak_at_knee'])} of its slots with adapters, "
+             f"{pct_text(e['kv_use_peak_at_knee'])} in KV alone")
     if e["length_rule"] == "workload":
         return (f"lengths: the {e['run'].trace} workload's own length scale {e['length_scale']:g} (Splitwise-like "
                 f"lengths scaled down); {peaks}.")
@@ -402,8 +398,9 @@ def _memory_note(e: dict[str, Any]) -> str:
 def _pool_note(label: str, pts: dict[str, dict[str, Any]]) -> str:
     """How the pool is used at each load: mean use, the cached (idle) adapters' mean share, the
     requests' own peak (KV + running adapters) and the requests that found their adapter resident."""
-    cells = [f"{ld} {_pct(s.get('mem_use_mean'))} in use, {_pct(s.get('cache_share_mean'))} cached, requests' peak "
-             f"{_pct(s.get('mem_demand_peak'))}, hits {_pct(s.get('adapter_hit_rate_requests'))}"
+    cells = [f"{ld} {pct_text(s.get('mem_use_mean'))} in use, {pct_text(s.get('cache_share_mean'))} cached, "
+             f"requests' peak "
+             f"{pct_text(s.get('mem_demand_peak'))}, hits {pct_text(s.get('adapter_hit_rate_requests'))}"
              for ld, s in pts.items()]
     return f"pool by load, {label}: " + "; ".join(cells)
 
@@ -562,18 +559,18 @@ def run_schedulers(runner: Runner, quick: bool) -> Outcome:
              f"(cut-offs {', '.join(f'{c:.3g}' for c in setup['size_class_cuts'])}; requests per class "
              + "/".join(str(fifo[f"requests_class{c}"]) for c in range(1, k + 1)) + ").",
              "share of E2E queued by size class, small to large: " + "; ".join(
-                 f"{lb} " + " / ".join(_pct(s[f"queued_share_class{c}"]) for c in range(1, k + 1))
+                 f"{lb} " + " / ".join(pct_text(s[f"queued_share_class{c}"]) for c in range(1, k + 1))
                  for lb, s in got.items()) + ".",
              "the same, requests that arrived in the first / second half of the run: " + "; ".join(
-                 f"{lb} " + " / ".join(f"{_pct(s[f'queued_share_class{c}_early'])} -> "
-                                       f"{_pct(s[f'queued_share_class{c}_late'])}" for c in range(1, k + 1))
+                 f"{lb} " + " / ".join(f"{pct_text(s[f'queued_share_class{c}_early'])} -> "
+                                       f"{pct_text(s[f'queued_share_class{c}_late'])}" for c in range(1, k + 1))
                  for lb, s in got.items()) + " (a share that rises through the run: a queue that grows for the "
              "whole run, i.e. a load past that system's knee, where the share depends on the run's length).",
              "FIFO (S-LoRA)'s smallest class by load (x S-LoRA's knee): " + ", ".join(
-                 f"{ld} ({LOAD_FRACTIONS[ld]:g}) {_pct(s['queued_share_class1'])} queued, P99 TTFT "
+                 f"{ld} ({LOAD_FRACTIONS[ld]:g}) {pct_text(s['queued_share_class1'])} queued, P99 TTFT "
                  f"{s['ttft_ms_p99'] / 1000:.1f} s" for ld, s in by_load["FIFO (S-LoRA)"].items())
              + "; Chameleon's largest share of any class by load: " + ", ".join(
-                 f"{ld} {_pct(max(s[f'queued_share_class{c}'] for c in range(1, k + 1)))}, P99 TTFT "
+                 f"{ld} {pct_text(max(s[f'queued_share_class{c}'] for c in range(1, k + 1)))}, P99 TTFT "
                  f"{s['ttft_ms_p99'] / 1000:.1f} s" for ld, s in by_load["Chameleon"].items()) + ".",
              "P99 TTFT by size class, small to large (s): " + "; ".join(
                  f"{lb} " + " / ".join(f"{s[f'ttft_ms_p99_class{c}'] / 1000:.1f}" for c in range(1, k + 1))

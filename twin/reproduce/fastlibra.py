@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from twin.reproduce.base import (Outcome, PaperNumber, Row, Runner, knee_search, pct_change, pick, ratio, row,
-                                 system_of, yes_no)
+from twin.reproduce.base import (Outcome, PaperNumber, Row, Runner, knee_search, pct_change, pct_text, pick, ratio,
+                                 row, system_of, yes_no)
 from twin.scenario import RunConfig
 
 # ------------------------------------------------------------------ the paper's set-up (names and definitions)
@@ -285,10 +285,6 @@ def _mean(xs: list[float]) -> float:
     return float(np.mean(xs)) if xs else float("nan")
 
 
-def _pct(x: float) -> str:
-    return "-" if x != x else f"{100 * x:.0f} %"
-
-
 def _hbm_hits(p: dict[str, Any]) -> float:
     """A point's history lookups served from HBM, over its lookups (NaN without history KV reuse)."""
     n = p.get("prefix_lookups")
@@ -348,13 +344,14 @@ def run_ttft(runner: Runner, quick: bool) -> Outcome:
                  "over the rates), FastLibra / vLLM / S-LoRA: " + "; ".join(
                      f"{s} " + " / ".join(f"{100 * use[s][k]:.0f} %" for k in ("FastLibra", "vLLM", "S-LoRA"))
                      for s in W) + ".")
-    hits = {s: W[s]["means"] for s in W}
     notes.append("the paper's cache hit rate (LoRA + KV: 1.3x vLLM, 3.2x S-LoRA) is not a row: it does not say how "
                  "LoRA and KV lookups combine, and S-LoRA keeps no history KV to look up. Requests finding their "
                  "adapter in HBM, FastLibra / vLLM / S-LoRA: " + "; ".join(
-                     f"{s} " + " / ".join(_pct(hits[s][k]["adapter_hit_rate"]) for k in ("FastLibra", "vLLM", "S-LoRA"))
+                     f"{s} " + " / ".join(pct_text(W[s]["means"][k]["adapter_hit_rate"])
+                                          for k in ("FastLibra", "vLLM", "S-LoRA"))
                      for s in W) + "; history lookups served from HBM, FastLibra / vLLM: " + "; ".join(
-                     f"{s} " + " / ".join(_pct(hits[s][k]["history_hbm_hit_rate"]) for k in ("FastLibra", "vLLM"))
+                     f"{s} " + " / ".join(pct_text(W[s]["means"][k]["history_hbm_hit_rate"])
+                                          for k in ("FastLibra", "vLLM"))
                      for s in W) + " (mean over the rates).")
     notes += _cut_notes(m)
     return Outcome("fastlibra-ttft", "FastLibra vs vLLM and S-LoRA: TTFT, TPOT and peak throughput (§6.3)", rows,
