@@ -112,7 +112,8 @@ class RunConfig:
     profile: str | None = field(default=None, metadata={
         "help": "profile name (`twin calibrate list`) or JSON file"})
     slots: int | None = field(default=None, metadata={
-        "help": f"GPU adapter slots (max_loras; default {DEFAULT_ADAPTER_SLOTS}, at most the number of adapters)"})
+        "help": f"GPU adapter slots (max_loras; default {DEFAULT_ADAPTER_SLOTS} capped at the number of adapters; "
+                f"a given value is used as is: vLLM accepts more slots than adapters and sizes its buffers for them)"})
     cpu_slots: int | None = _engine_field("max_cpu_loras", "--cpu-slots")
     max_lora_rank: int | None = _engine_field("max_lora_rank")
     max_model_len: int | None = _engine_field("max_model_len")
