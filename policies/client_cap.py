@@ -40,20 +40,24 @@ class ClientCappedFCFS(FCFSScheduler):
     An arrival that finds ``client_cap`` requests in flight (waiting + running in the engine) fails
     at the client: it never reaches the engine's queue. It stays ``unfinished`` in the twin's tables,
     as the real client counts it (sent, not successful; ``ttft_ms_incl_unfinished`` counts it as the
-    window length). ``n_dropped`` counts those failures."""
+    window length). ``n_dropped`` counts those failures. With ``preload_gpu`` the first adapters
+    (as many as there are GPU slots) are also in GPU slots from the start, as on the calibration's
+    offline LoRA servers (``calibration.offline_replay``)."""
 
     name = "fcfs+client-cap"
     description = ("vLLM FCFS behind a load generator holding at most client_cap requests in flight, "
                    "adapters preloaded in the CPU tier (the real validation runs)")
     citation = "vLLM benchmarks/backend_request_func.py (one connection per request); vLLM v1 scheduler"
 
-    def __init__(self, client_cap: int | None = CLIENT_MAX_INFLIGHT, preload_cpu: bool = True) -> None:
+    def __init__(self, client_cap: int | None = CLIENT_MAX_INFLIGHT, preload_cpu: bool = True,
+                 preload_gpu: bool = False) -> None:
         self.client_cap = client_cap
         self.preload_cpu = preload_cpu
+        self.preload_gpu = preload_gpu
 
     def get_params(self) -> dict[str, Any]:
         """The constructor arguments (scikit-learn's convention)."""
-        return {"client_cap": self.client_cap, "preload_cpu": self.preload_cpu}
+        return {"client_cap": self.client_cap, "preload_cpu": self.preload_cpu, "preload_gpu": self.preload_gpu}
 
     def bind(self, engine) -> None:
         self.cap = int(self.client_cap) if self.client_cap else 1 << 62
@@ -64,6 +68,8 @@ class ClientCappedFCFS(FCFSScheduler):
         self.ok_cum: "range | memoryview" = engine.ok_cum
         if self.preload_cpu:
             engine.adapters.preload_cpu(range(engine.n_adapters))
+        if self.preload_gpu:  # the calibration's offline LoRA servers (lora_pre_loading)
+            engine.adapters.preload_gpu(range(engine.n_adapters))
 
     def _push_head(self, a: int) -> None:
         # skip requests that failed at the client (they are never admitted), then

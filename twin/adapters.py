@@ -154,6 +154,25 @@ class AdapterMemory:
                 break
             self.cpu[int(a)] = None
 
+    def preload_gpu(self, adapters, now: float = 0.0) -> None:
+        """Adapters already in GPU slots (and the CPU tier) when serving starts, at most
+        ``gpu_slots``, idle in the order given (the least recently used first). The calibration's
+        offline LoRA servers pre-load the adapters they use during start-up (``lora_pre_loading``
+        in ``adapter_overhead.csv``), so their requests find them resident; start-up loads are
+        not part of the run's time. The cache policy sees each as loaded, then idle."""
+        for a in adapters:
+            a = int(a)
+            if self.n_resident >= self.gpu_slots:
+                break
+            if self.resident[a]:
+                continue
+            if a not in self.cpu and len(self.cpu) < self.cpu_slots:
+                self.cpu[a] = None
+            self.mark_resident(a)
+            self.idle_at[a] = now
+            self.policy.on_load(a, now)
+            self.policy.on_idle(a, now)
+
     def acquire(self, a: int, now: float) -> Load | None:
         """A request of adapter ``a`` joins the batch; returns the load it needs, if any."""
         if self.active[a] == 0:

@@ -548,3 +548,23 @@ def test_memory_in_use_counts_kv_history_and_adapters(preset, trace):
     plain = engine()
     plain.run()
     assert np.array_equal(np.asarray(plain.finish), np.asarray(eng.finish), equal_nan=True)
+
+
+def test_preload_gpu_makes_adapters_resident_idle_and_evictable_in_order():
+    """``AdapterMemory.preload_gpu`` (the calibration's pre-loading servers): at most ``gpu_slots``
+    adapters resident from the start, in the CPU tier too, idle in the given order (the first is
+    the LRU victim), and a request of one of them is a hit with no load."""
+    import simpy
+
+    from policies.lru import LRUCache
+    from twin.adapters import AdapterMemory, HostLink
+
+    prof = constant_profile(c0=0.01, disk_s=0.5, cpu_s=0.1)
+    mem = AdapterMemory(np.full(5, 8), prof, 3, 5, LRUCache(), HostLink(simpy.Environment()))
+    mem.preload_gpu([2, 0, 4, 1])
+    assert [mem.resident[a] for a in range(5)] == [True, False, True, False, True]
+    assert mem.n_resident == 3 and list(mem.cpu) == [2, 0, 4]
+    assert mem.acquire(0, 1.0) is None and mem.hits == 1 and mem.loads_cpu == 0
+    assert mem.evict_victim(1.0) == 2  # the first preloaded, idle since start
+    load = mem.acquire(3, 1.0)
+    assert load is not None and load.adapter == 3
