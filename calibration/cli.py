@@ -9,6 +9,9 @@
 * ``twin calibrate replay`` replays the published 600 s serving runs (calibration data) through
   the twin and compares adapter loads, completed requests and ITL with the real runs
   (:mod:`calibration.serving_replay`).
+* ``twin calibrate replay-offline`` replays the calibration's offline runs (step-latency and
+  adapter-overhead runs, all requests at t = 0) end to end through the twin and compares their
+  duration, TTFT, ITL and throughput (:mod:`calibration.offline_replay`).
 * ``twin calibrate bench ...`` (the GPU microbenchmark harness) is added by
   :mod:`calibration.bench.cli`.
 """
@@ -83,6 +86,21 @@ def register_cli(subparsers) -> None:
     rp.add_argument("--json", action="store_true", help="print the summary as JSON")
     rp.add_argument("--data-dir", help="data directory (default $TWIN_DATA_DIR)")
     rp.set_defaults(func=cmd_replay)
+
+    ro = sub.add_parser("replay-offline", help="replay the calibration's offline runs end to end through the twin "
+                                               "(duration, TTFT, ITL, throughput against the real runs)")
+    ro.add_argument("--model", default="llama-3.1-8b", help="the model whose runs are replayed (llama-3.1-8b or "
+                                                            "qwen-2.5-7b; default llama-3.1-8b)")
+    ro.add_argument("--profile", help="profile (default: the model's shipped vLLM 0.8.5 profile)")
+    ro.add_argument("--client-start-ms", type=float, default=None,
+                    help="the benchmark client's start-up time per request, ms (default: estimated on the prefill "
+                         "sweeps; 0: off)")
+    ro.add_argument("--seed", type=int, default=0, help="seed of the requests' adapter draws (default 0)")
+    ro.add_argument("--out", metavar="CSV", help="write one row per run")
+    ro.add_argument("--markdown", metavar="MD", help="write a Markdown report")
+    ro.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ro.add_argument("--data-dir", help="data directory (default $TWIN_DATA_DIR)")
+    ro.set_defaults(func=cmd_replay_offline)
 
     register_bench(sub)
 
@@ -240,4 +258,65 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print("(completed and ITL: 100*mean(|twin-real|/(twin+real)))")
     if args.out:
         print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_replay_offline(args: argparse.Namespace) -> int:
+    from calibration.fitting.tables import Vllm085Tables
+    from calibration.offline_replay import (estimate_client_start, offline_runs, profile_for_model,
+                                            replay_offline_runs, summary as offline_summary, write_markdown)
+    from twin.model_spec import get_model
+
+    try:
+        if args.client_start_ms is not None and not (args.client_start_ms >= 0 and args.client_start_ms < 1e6):
+            raise ValueError(f"--client-start-ms {args.client_start_ms}: give the start-up time per request in ms, "
+                             f">= 0 (0: off), e.g. --client-start-ms 1.0")
+        for flag, path, ext in (("--out", args.out, (".csv",)), ("--markdown", args.markdown, (".md",))):
+            if path:  # checked before the replay, not after it
+                check_writable_file(flag, path, ext)
+        spec = get_model(args.model)
+        profile = load_profile(args.profile or profile_for_model(spec.name))
+        directory = data_dir(args.data_dir) / "calibration" / "vllm085_h100"
+        tables = Vllm085Tables.read(directory, spec)
+        runs = offline_runs(tables.step_runs, tables.lora_runs)
+        if len(runs) == 0:
+            raise ValueError(f"{directory} holds no successful offline run of {spec.name}")
+        if args.client_start_ms is None:
+            est = estimate_client_start(runs, profile, args.seed)
+            client_s = est if est is not None and est > 0 else 0.0
+        else:
+            client_s = args.client_start_ms / 1e3
+        rows = replay_offline_runs(runs, profile, args.seed, client_start_s=client_s)
+    except (FileNotFoundError, KeyError, ValueError, FitError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"twin calibrate replay-offline: {msg}", file=sys.stderr)
+        return 2
+    s = offline_summary(rows)
+    s.update({"model": spec.name, "profile": profile.name, "client_start_ms": client_s * 1e3})
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        rows.to_csv(args.out, index=False, float_format="%.6g")
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        cmd = f"twin calibrate replay-offline --model {args.model} --out {args.out or 'CSV'} --markdown {args.markdown}"
+        write_markdown(rows, s, Path(args.markdown), cmd, profile.name)
+    if args.json:
+        print(json.dumps(s, indent=2, default=float))
+        return 0
+    print(f"{s['runs']} offline runs of {spec.name} replayed (profile {profile.name}; client start-up "
+          f"{client_s * 1e3:.2f} ms per request)")
+    print(f"{'runs':<12} {'experiment':<18} {'n':>3} {'duration':>9} {'mean TTFT':>10} {'mean ITL':>9} {'tok/s':>7}")
+
+    def f(v):
+        return f"{v:.1f}%" if v is not None else "-"
+    for kind, label in (("fitted", "fitted"), ("not_fitted", "never fitted")):
+        for exp, b in s[kind].items():
+            if exp == "runs":
+                continue
+            print(f"{label:<12} {exp:<18} {b['runs']:>3} {f(b['smape_duration_s']):>9} {f(b['smape_mean_ttft_ms']):>10} "
+                  f"{f(b['smape_mean_itl_ms']):>9} {f(b['smape_total_tok_s']):>7}")
+    print("(SMAPE, 100*mean(|twin-real|/(twin+real)); fitted: the run's windows are in the profile's fit)")
+    for path in (args.out, args.markdown):
+        if path:
+            print(f"wrote {path}")
     return 0
