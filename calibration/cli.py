@@ -82,9 +82,7 @@ def register_cli(subparsers) -> None:
     rp.add_argument("--profile", help="profile (default: the default profile)")
     rp.add_argument("--every", type=int, default=1, help="replay every k-th run (default: all)")
     rp.add_argument("--all-runs", action="store_true", help="also the runs serving no more adapters than slots")
-    rp.add_argument("--out", metavar="CSV", help="write one row per run")
-    rp.add_argument("--json", action="store_true", help="print the summary as JSON")
-    rp.add_argument("--data-dir", help="data directory (default $TWIN_DATA_DIR)")
+    _replay_outputs(rp)
     rp.set_defaults(func=cmd_replay)
 
     ro = sub.add_parser("replay-offline", help="replay the calibration's offline runs end to end through the twin "
@@ -96,10 +94,8 @@ def register_cli(subparsers) -> None:
                     help="the benchmark client's start-up time per request, ms (default: estimated on the prefill "
                          "sweeps; 0: off)")
     ro.add_argument("--seed", type=int, default=0, help="seed of the requests' adapter draws (default 0)")
-    ro.add_argument("--out", metavar="CSV", help="write one row per run")
     ro.add_argument("--markdown", metavar="MD", help="write a Markdown report")
-    ro.add_argument("--json", action="store_true", help="print the summary as JSON")
-    ro.add_argument("--data-dir", help="data directory (default $TWIN_DATA_DIR)")
+    _replay_outputs(ro)
     ro.set_defaults(func=cmd_replay_offline)
 
     register_bench(sub)
@@ -109,6 +105,13 @@ def register_cli(subparsers) -> None:
         return 2
 
     p.set_defaults(func=_help)
+
+
+def _replay_outputs(parser: argparse.ArgumentParser) -> None:
+    """The options every replay command takes: a per-run CSV, JSON output, the data directory."""
+    parser.add_argument("--out", metavar="CSV", help="write one row per run")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--data-dir", help="data directory (default $TWIN_DATA_DIR)")
 
 
 def _command_line(args: argparse.Namespace, fmt: str, out: Path) -> str:
