@@ -105,7 +105,8 @@ def test_client_cap_is_a_registered_scheduler():
 
     s = make_scheduler(CAPPED)
     assert isinstance(s, ClientCappedFCFS) and isinstance(s, FCFSScheduler)
-    assert s.get_params() == {"client_cap": CLIENT_MAX_INFLIGHT, "preload_cpu": True} and CLIENT_MAX_INFLIGHT == 28232
+    assert s.get_params() == {"client_cap": CLIENT_MAX_INFLIGHT, "preload_cpu": True, "preload_gpu": False}
+    assert CLIENT_MAX_INFLIGHT == 28232
     assert make_scheduler(CAPPED, client_cap=None, preload_cpu=False).get_params() == {"client_cap": None,
                                                                                        "preload_cpu": False}
 
