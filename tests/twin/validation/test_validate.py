@@ -108,7 +108,8 @@ def test_client_cap_is_a_registered_scheduler():
     assert s.get_params() == {"client_cap": CLIENT_MAX_INFLIGHT, "preload_cpu": True, "preload_gpu": False}
     assert CLIENT_MAX_INFLIGHT == 28232
     assert make_scheduler(CAPPED, client_cap=None, preload_cpu=False).get_params() == {"client_cap": None,
-                                                                                       "preload_cpu": False}
+                                                                                       "preload_cpu": False,
+                                                                                       "preload_gpu": False}
 
 
 def test_client_cap_drops_arrivals_beyond_the_cap():
