@@ -95,6 +95,7 @@ def register_cli(subparsers) -> None:
                          "sweeps; 0: off)")
     ro.add_argument("--seed", type=int, default=0, help="seed of the requests' adapter draws (default 0)")
     ro.add_argument("--markdown", metavar="MD", help="write a Markdown report")
+    ro.add_argument("--figure", metavar="PNG", help="draw twin against real per run (duration, TTFT, ITL)")
     _replay_outputs(ro)
     ro.set_defaults(func=cmd_replay_offline)
 
@@ -267,14 +268,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_replay_offline(args: argparse.Namespace) -> int:
     from calibration.fitting.tables import Vllm085Tables
     from calibration.offline_replay import (estimate_client_start, offline_runs, profile_for_model,
-                                            replay_offline_runs, summary as offline_summary, write_markdown)
+                                            replay_figure, replay_offline_runs, summary as offline_summary,
+                                            write_markdown)
     from twin.model_spec import get_model
 
     try:
         if args.client_start_ms is not None and not (args.client_start_ms >= 0 and args.client_start_ms < 1e6):
             raise ValueError(f"--client-start-ms {args.client_start_ms}: give the start-up time per request in ms, "
                              f">= 0 (0: off), e.g. --client-start-ms 1.0")
-        for flag, path, ext in (("--out", args.out, (".csv",)), ("--markdown", args.markdown, (".md",))):
+        for flag, path, ext in (("--out", args.out, (".csv",)), ("--markdown", args.markdown, (".md",)),
+                                ("--figure", args.figure, (".png",))):
             if path:  # checked before the replay, not after it
                 check_writable_file(flag, path, ext)
         spec = get_model(args.model)
@@ -302,7 +305,13 @@ def cmd_replay_offline(args: argparse.Namespace) -> int:
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         cmd = f"twin calibrate replay-offline --model {args.model} --out {args.out or 'CSV'} --markdown {args.markdown}"
+        if args.figure:
+            cmd += f" --figure {args.figure}"
         write_markdown(rows, s, Path(args.markdown), cmd, profile.name)
+    if args.figure:
+        Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
+        replay_figure(rows, f"{spec.name}: calibration offline runs replayed ({profile.name})").savefig(
+            args.figure, dpi=110)
     if args.json:
         print(json.dumps(s, indent=2, default=float))
         return 0
@@ -319,7 +328,7 @@ def cmd_replay_offline(args: argparse.Namespace) -> int:
             print(f"{label:<12} {exp:<18} {b['runs']:>3} {f(b['smape_duration_s']):>9} {f(b['smape_mean_ttft_ms']):>10} "
                   f"{f(b['smape_mean_itl_ms']):>9} {f(b['smape_total_tok_s']):>7}")
     print("(SMAPE, 100*mean(|twin-real|/(twin+real)); fitted: the run's windows are in the profile's fit)")
-    for path in (args.out, args.markdown):
+    for path in (args.out, args.markdown, args.figure):
         if path:
             print(f"wrote {path}")
     return 0

@@ -246,3 +246,39 @@ def write_markdown(rows: pd.DataFrame, summ: dict[str, Any], path: Path, command
                      f"{r['twin_mean_ttft_ms'] / 1e3:.1f} / {r['real_mean_ttft_ms'] / 1e3:.1f} | "
                      f"{r['twin_mean_itl_ms']:.1f} / {r['real_mean_itl_ms']:.1f} |")
     path.write_text("\n".join(lines) + "\n")
+
+
+def replay_figure(rows: pd.DataFrame, title: str = ""):
+    """Twin against real per run: duration, mean TTFT and mean ITL on log-log axes with the
+    identity line, runs whose windows are in the fit apart from those never fitted. Returns a
+    :class:`matplotlib.figure.Figure` (built without ``pyplot``)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    axes = fig.subplots(1, 3)
+    for ax, (col, label, scale) in zip(axes, (("duration_s", "duration (s)", 1.0),
+                                              ("mean_ttft_ms", "mean TTFT (s)", 1e-3),
+                                              ("mean_itl_ms", "mean ITL (ms)", 1.0))):
+        lo, hi = np.inf, 0.0
+        for fitted, marker, name in ((True, "o", "windows in the fit"), (False, "^", "never fitted")):
+            g = rows[rows["fitted"] == fitted]
+            r, t = g[f"real_{col}"].to_numpy(float) * scale, g[f"twin_{col}"].to_numpy(float) * scale
+            m = np.isfinite(r) & np.isfinite(t) & (r > 0) & (t > 0)
+            if m.any():
+                ax.scatter(r[m], t[m], marker=marker, s=18, alpha=0.8, label=name)
+                lo, hi = min(lo, r[m].min(), t[m].min()), max(hi, r[m].max(), t[m].max())
+        if hi > 0:
+            ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8)
+        ax.set_xscale("log")  # log axes, labels on the decades only
+        ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(f"real {label}")
+        ax.set_ylabel(f"twin {label}")
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig

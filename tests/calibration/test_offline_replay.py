@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from calibration.offline_replay import (PROFILE_OF_MODEL, estimate_client_start, offline_runs, profile_for_model,
-                                        replay_offline_runs, replay_run, summary, write_markdown)
+                                        replay_figure, replay_offline_runs, replay_run, summary, write_markdown)
 from twin.perf.profile import load_profile
 
 
@@ -96,6 +96,18 @@ def test_summary_and_report_split_fitted_from_never_fitted_runs(profile, tmp_pat
     assert "`_n_`" in text and "1.00 ms per request" in text
 
 
+def test_replay_figure_draws_each_kind_of_run_on_three_panels(profile):
+    runs = offline_runs(pd.DataFrame([_run(), _run(run_dir="_n_", engine_steps=np.nan)]).drop(
+        columns=["lora", "fitted"]), None)
+    fig = replay_figure(replay_offline_runs(runs, profile), "t")
+    axes = fig.get_axes()
+    assert len(axes) == 3
+    # one point per kind of run on every panel (duration, TTFT in s, ITL)
+    assert [len(ax.collections) for ax in axes] == [2, 2, 2]
+    ttft = axes[1].collections[0].get_offsets()[0]
+    assert ttft[0] == pytest.approx(0.1)  # the real mean TTFT, 100 ms, drawn in seconds
+
+
 def test_profile_for_model_names_the_shipped_profiles():
     for model, prof in PROFILE_OF_MODEL.items():
         assert profile_for_model(model) == prof
@@ -138,6 +150,7 @@ def test_cli_replay_offline(real_data, tmp_path, capsys):
     (["--model", "nope"], "unknown model 'nope'"),
     (["--model", "llama-2-7b"], "no shipped profile for the calibration model"),
     (["--out", "x.txt"], "--out"),
+    (["--figure", "x.pdf"], "--figure"),
 ])
 def test_cli_replay_offline_refuses_bad_input_before_any_work(argv, message, capsys):
     from twin.cli import main
