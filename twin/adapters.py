@@ -159,7 +159,11 @@ class AdapterMemory:
         ``gpu_slots``, idle in the order given (the least recently used first). The calibration's
         offline LoRA servers pre-load the adapters they use during start-up (``lora_pre_loading``
         in ``adapter_overhead.csv``), so their requests find them resident; start-up loads are
-        not part of the run's time. The cache policy sees each as loaded, then idle."""
+        not part of the run's time. The cache policy sees each as loaded, then idle; for vLLM's
+        activation order they left the batch before any step (no reload cascade from them)."""
+        if self.placement is not None:
+            raise ValueError("preload_gpu fills vLLM's fixed adapter slots; this engine places adapters in a "
+                             "shared memory pool (an adapter-placement extension): leave preload_gpu off")
         for a in adapters:
             a = int(a)
             if self.n_resident >= self.gpu_slots:
@@ -169,7 +173,6 @@ class AdapterMemory:
             if a not in self.cpu and len(self.cpu) < self.cpu_slots:
                 self.cpu[a] = None
             self.mark_resident(a)
-            self.idle_at[a] = now
             self.policy.on_load(a, now)
             self.policy.on_idle(a, now)
 

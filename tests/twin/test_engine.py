@@ -568,3 +568,7 @@ def test_preload_gpu_makes_adapters_resident_idle_and_evictable_in_order():
     assert mem.evict_victim(1.0) == 2  # the first preloaded, idle since start
     load = mem.acquire(3, 1.0)
     assert load is not None and load.adapter == 3
+    pooled = AdapterMemory(np.full(2, 8), prof, 2, 2, LRUCache(), HostLink(simpy.Environment()))
+    pooled.use_placement(object(), 2)  # a shared pool (adapter-placement extension): no fixed slots to fill
+    with pytest.raises(ValueError, match="fixed adapter slots"):
+        pooled.preload_gpu([0])
