@@ -283,6 +283,9 @@ def cmd_replay_offline(args: argparse.Namespace) -> int:
         spec = get_model(args.model)
         profile = load_profile(args.profile or profile_for_model(spec.name))
         directory = data_dir(args.data_dir) / "calibration" / "vllm085_h100"
+        if not directory.is_dir():
+            raise FileNotFoundError(f"{directory} does not exist: set TWIN_DATA_DIR to the shared data directory "
+                                    f"(or give --data-dir), which holds calibration/vllm085_h100")
         tables = Vllm085Tables.read(directory, spec)
         runs = offline_runs(tables.step_runs, tables.lora_runs)
         if len(runs) == 0:

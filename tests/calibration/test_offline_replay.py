@@ -151,6 +151,7 @@ def test_cli_replay_offline(real_data, tmp_path, capsys):
     (["--model", "llama-2-7b"], "no shipped profile for the calibration model"),
     (["--out", "x.txt"], "--out"),
     (["--figure", "x.pdf"], "--figure"),
+    (["--data-dir", "/nonexistent-twin-data"], "set TWIN_DATA_DIR"),
 ])
 def test_cli_replay_offline_refuses_bad_input_before_any_work(argv, message, capsys):
     from twin.cli import main
