@@ -55,6 +55,7 @@ from twin.config import EngineConfig
 from twin.perf.profile import Profile, load_profile
 from twin.registry import make_cache, make_scheduler
 from twin.simulate import simulate
+from twin.validation.scoring import smape
 
 #: vLLM 0.8.5's ``max_num_seqs`` when the server is not given one, on a GPU with less than 70 GiB
 #: (the calibration's H100 64 GB): ``EngineArgs._set_default_args_v1``
@@ -178,11 +179,10 @@ def replay_offline_runs(runs: pd.DataFrame, profile: Profile | str | None, seed:
     return pd.DataFrame(rows)
 
 
-def _smape(t: np.ndarray, r: np.ndarray) -> float | None:
-    m = np.isfinite(t) & np.isfinite(r) & ((np.abs(t) + np.abs(r)) > 0)
-    if not m.any():
-        return None
-    return float(np.mean(np.abs(t[m] - r[m]) / (np.abs(t[m]) + np.abs(r[m]))) * 100)
+def _smape(twin: np.ndarray, real: np.ndarray) -> float | None:
+    """:func:`twin.validation.scoring.smape` (the published convention), None where no run has both."""
+    v = smape(twin, real)
+    return None if math.isnan(v) else v
 
 
 def summary(rows: pd.DataFrame) -> dict[str, Any]:
