@@ -14,6 +14,8 @@
   duration, TTFT, ITL and throughput (:mod:`calibration.offline_replay`).
 * ``twin calibrate bench ...`` (the GPU microbenchmark harness) is added by
   :mod:`calibration.bench.cli`.
+* ``twin calibrate bench-report DIR`` fits the backbone form on the calibration-like shapes of a
+  bench's ``step_bench.csv`` and scores it on the larger ones (:mod:`calibration.bench.step_report`).
 """
 
 from __future__ import annotations
@@ -101,11 +103,50 @@ def register_cli(subparsers) -> None:
 
     register_bench(sub)
 
+    br = sub.add_parser("bench-report", help="fit the backbone form on the calibration-like shapes of a bench's "
+                                             "step_bench.csv and score it on the larger ones")
+    br.add_argument("bench", help="the bench's --out directory (or its step_bench.csv)")
+    br.add_argument("--fit-max-decodes", type=int, default=None,
+                    help="largest decode count of the calibration-like shapes (default 256)")
+    br.add_argument("--fit-max-context", type=int, default=None,
+                    help="largest context of the calibration-like shapes, tokens (default 100000)")
+    br.add_argument("--markdown", metavar="MD", help="write the report as Markdown (e.g. under results/calibration/)")
+    br.add_argument("--out", metavar="CSV", help="write the table with the predictions and ratios")
+    br.add_argument("--json", action="store_true", help="print the report as JSON")
+    br.set_defaults(func=cmd_bench_report)
+
     def _help(args: argparse.Namespace) -> int:
         p.print_help()  # no subcommand: usage, exit 2 (as `twin configure` does)
         return 2
 
     p.set_defaults(func=_help)
+
+
+def cmd_bench_report(args: argparse.Namespace) -> int:
+    from calibration.bench.step_report import FIT_MAX_CONTEXT, FIT_MAX_DECODES, read_step_table, report_markdown, \
+        step_report, summary_lines as step_lines
+
+    try:
+        max_dec = FIT_MAX_DECODES if args.fit_max_decodes is None else args.fit_max_decodes
+        max_ctx = FIT_MAX_CONTEXT if args.fit_max_context is None else args.fit_max_context
+        if max_dec < 0 or max_ctx < 0:
+            raise ValueError("--fit-max-decodes and --fit-max-context must be >= 0")
+        for opt, path in (("--markdown", args.markdown), ("--out", args.out)):
+            if path:
+                check_writable_file(opt, path)
+        rep = step_report(read_step_table(args.bench), max_dec, max_ctx)
+    except (FileNotFoundError, ValueError, FitError) as e:
+        print(f"twin calibrate bench-report: {e}", file=sys.stderr)
+        return 2
+    if args.markdown:
+        Path(args.markdown).write_text(report_markdown(rep, str(args.bench)))
+    if args.out:
+        rep.table.to_csv(args.out, index=False)
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=1, default=float))
+    else:
+        print("\n".join(step_lines(rep)))
+    return 0
 
 
 def _replay_outputs(parser: argparse.ArgumentParser) -> None:

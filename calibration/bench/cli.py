@@ -14,8 +14,9 @@ from calibration.bench.config import CPU_DEFAULTS, DEFAULT_MODEL, GPU_DEFAULTS, 
 
 DESCRIPTION = """Microbenchmarks for calibrating a LoRA Twin profile: base-model linear operators
 (linear_ops.csv, Vidur's columns), Triton LoRA kernels SGMV/BGMV shrink and expand
-(lora_kernels.csv), host-to-device copies of adapter weights (h2d_copy.csv), and disk/CPU
-adapter loads (adapter_load.csv), plus bench_meta.json. Run `bench`, then `fit` on its --out.
+(lora_kernels.csv), host-to-device copies of adapter weights (h2d_copy.csv), disk/CPU
+adapter loads (adapter_load.csv), and whole mixed prefill + decode steps of the model with random
+weights up to 300k context tokens (step_bench.csv), plus bench_meta.json. Run `bench`, then `fit` on its --out.
 On CPU (no GPU) the same harness runs with torch on the CPU at tiny dimensions (figures labelled
 device=cpu), and the Triton kernels are checked against a torch reference under TRITON_INTERPRET=1."""
 
@@ -62,6 +63,28 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     s.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
                    help="compute dtype (float16 on cuda, float32 on cpu)")
     s.add_argument("--parts", help=f"subset of {_csv(PARTS)} (default: all)")
+    st = p.add_argument_group("mixed steps (part step; defaults: GPU / CPU)")
+    st.add_argument("--step-decodes", help=f"decodes per step ({_csv(GPU_DEFAULTS['step_decodes'])} / "
+                                           f"{_csv(CPU_DEFAULTS['step_decodes'])})")
+    st.add_argument("--step-context", help=f"context tokens of the decodes, in total "
+                                           f"({_csv(GPU_DEFAULTS['step_context'])} / {_csv(CPU_DEFAULTS['step_context'])})")
+    st.add_argument("--step-prefill", help="prefill tokens per step, 'fill' = the budget left by the decodes "
+                                           "(0,512,fill)")
+    st.add_argument("--step-prefill-ctx", help=f"tokens already in the cache before each prefill chunk "
+                                               f"({_csv(GPU_DEFAULTS['step_prefill_ctx'])} / "
+                                               f"{_csv(CPU_DEFAULTS['step_prefill_ctx'])})")
+    st.add_argument("--step-chunk", type=int, help=f"tokens per prefill chunk (one sequence each; "
+                                                   f"{GPU_DEFAULTS['step_chunk']} / {CPU_DEFAULTS['step_chunk']})")
+    st.add_argument("--step-budget", type=int, help=f"a step's token budget, max_num_batched_tokens "
+                                                    f"({GPU_DEFAULTS['step_budget']} / {CPU_DEFAULTS['step_budget']})")
+    st.add_argument("--step-repeats", type=int, help=f"timed forward passes per shape ({GPU_DEFAULTS['step_repeats']} / "
+                                                     f"{CPU_DEFAULTS['step_repeats']})")
+    st.add_argument("--step-warmup", type=int, help=f"untimed passes per shape ({GPU_DEFAULTS['step_warmup']} / "
+                                                    f"{CPU_DEFAULTS['step_warmup']})")
+    st.add_argument("--step-attention", choices=("auto", "sdpa", "matmul"),
+                    help="attention: torch SDPA with grouped KV heads, or batched matmuls (auto: SDPA where it runs)")
+    st.add_argument("--step-time-limit", type=float, metavar="S",
+                    help="stop the step sweep after S seconds, keeping the rows so far (for a time-boxed GPU)")
     s.add_argument("--warm-cache", action="store_true",
                    help="do not drop adapter files from the page cache before each disk load")
     s.add_argument("--keep-adapters", action="store_true", help="keep the safetensors files written under OUT/adapters")

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
 
-PARTS = ("check", "linear", "lora", "h2d", "load")
+PARTS = ("check", "linear", "lora", "h2d", "load", "step")
 DEFAULT_MODEL = "llama-2-7b"
 
 #: Sweeps for a GPU (full) run and a CPU (small) run.
@@ -28,6 +28,16 @@ GPU_DEFAULTS = dict(
     repeats=20,
     warmup=5,
     load_repeats=10,
+    # mixed prefill + decode steps (calibration/bench/step.py): up to the validation runs' saturated
+    # steps (2,048 tokens, 500-800 running requests, 200-300k context tokens) and beyond
+    step_decodes=(0, 32, 128, 256, 512, 768, 1024),
+    step_context=(25_000, 50_000, 100_000, 200_000, 300_000),
+    step_prefill=(0, 512, -1),
+    step_prefill_ctx=(0, 1024),
+    step_chunk=256,
+    step_budget=2048,
+    step_repeats=5,
+    step_warmup=2,
 )
 CPU_DEFAULTS = dict(
     ranks=(8, 16, 32, 64),
@@ -38,6 +48,14 @@ CPU_DEFAULTS = dict(
     repeats=5,
     warmup=2,
     load_repeats=3,
+    step_decodes=(0, 4, 16),
+    step_context=(64, 256, 512),
+    step_prefill=(0, 32, -1),
+    step_prefill_ctx=(0, 32),
+    step_chunk=16,
+    step_budget=64,
+    step_repeats=3,
+    step_warmup=1,
 )
 
 SMALL_HIDDEN = 256
@@ -87,6 +105,18 @@ class BenchConfig:
     parts: tuple[str, ...] = PARTS
     cold_cache: bool = True
     keep_adapters: bool = False
+    #: step part: decodes per step, total decode context tokens, prefill tokens (-1: fill the budget),
+    #: each chunk's prior context, tokens per prefill chunk, the step's token budget
+    step_decodes: tuple[int, ...] = CPU_DEFAULTS["step_decodes"]
+    step_context: tuple[int, ...] = CPU_DEFAULTS["step_context"]
+    step_prefill: tuple[int, ...] = CPU_DEFAULTS["step_prefill"]
+    step_prefill_ctx: tuple[int, ...] = CPU_DEFAULTS["step_prefill_ctx"]
+    step_chunk: int = CPU_DEFAULTS["step_chunk"]
+    step_budget: int = CPU_DEFAULTS["step_budget"]
+    step_repeats: int = CPU_DEFAULTS["step_repeats"]
+    step_warmup: int = CPU_DEFAULTS["step_warmup"]
+    step_attention: str = "auto"
+    step_time_limit_s: float | None = None
     seed: int = 0
     threads: int | None = None
     quiet: bool = False
@@ -127,6 +157,32 @@ def parse_int_list(text: str | Sequence[int] | None, name: str) -> tuple[int, ..
     if not vals or any(v <= 0 for v in vals):
         raise ValueError(f"--{name}: expected positive integers, got {text!r}")
     return vals
+
+
+def parse_step_list(text: str | Sequence[int] | None, name: str, fill: bool = False) -> tuple[int, ...] | None:
+    """``"0,512,fill"`` -> ``(0, 512, -1)`` for the step sweeps: whole numbers >= 0, and with ``fill`` the
+    word ``fill`` (the prefill that fills the step's budget)."""
+    if text is None:
+        return None
+    items = text.replace(" ", "").split(",") if isinstance(text, str) else list(text)
+    vals = []
+    for t in items:
+        if t == "":
+            continue
+        if fill and str(t) == "fill":
+            vals.append(-1)
+            continue
+        try:
+            v = int(t)
+        except ValueError:
+            raise ValueError(f"--{name}: {t!r} is not a whole number; give a comma-separated list such as "
+                             f"{'0,512,fill' if fill else '0,128,512'}") from None
+        if v < 0:
+            raise ValueError(f"--{name}: {v} is negative; give token counts >= 0")
+        vals.append(v)
+    if not vals:
+        raise ValueError(f"--{name}: no values in {text!r}")
+    return tuple(vals)
 
 
 def resolve_spec(model: str | None, hidden=None, layers=None, heads=None, kv_heads=None,
@@ -196,6 +252,7 @@ def resolve_config(args, cuda_available: bool | None = None) -> BenchConfig:
     load_repeats = args.load_repeats if args.load_repeats is not None else defaults["load_repeats"]
     if repeats < 1 or warmup < 0 or load_repeats < 1:
         raise ValueError("--repeats and --load-repeats must be >= 1 and --warmup >= 0")
+    step = _step_settings(args, defaults)
     tp = parse_int_list(args.tp, "tp") or (1,)
     for t in tp:
         if spec.heads % t:
@@ -220,8 +277,37 @@ def resolve_config(args, cuda_available: bool | None = None) -> BenchConfig:
         parts=parts,
         cold_cache=not args.warm_cache,
         keep_adapters=args.keep_adapters,
+        **step,
         seed=args.seed,
         threads=getattr(args, "threads", None),
         quiet=args.quiet,
         command_line=list(getattr(args, "command_line", None) or []),
     )
+
+
+def _step_settings(args, defaults: dict) -> dict:
+    """The step part's settings from the command line (``--step-*``), else the device's defaults."""
+    def lst(name: str, fill: bool = False) -> tuple[int, ...]:
+        v = parse_step_list(getattr(args, name, None), name.replace("_", "-"), fill)
+        return v if v is not None else defaults[name]
+
+    def num(name: str, minimum: int) -> int:
+        v = getattr(args, name, None)
+        v = defaults[name] if v is None else int(v)
+        if v < minimum:
+            raise ValueError(f"--{name.replace('_', '-')} {v}: must be >= {minimum}")
+        return v
+
+    out = dict(step_decodes=lst("step_decodes"), step_context=lst("step_context"),
+               step_prefill=lst("step_prefill", fill=True), step_prefill_ctx=lst("step_prefill_ctx"),
+               step_chunk=num("step_chunk", 1), step_budget=num("step_budget", 1),
+               step_repeats=num("step_repeats", 1), step_warmup=num("step_warmup", 0),
+               step_attention=getattr(args, "step_attention", None) or "auto",
+               step_time_limit_s=getattr(args, "step_time_limit", None))
+    if out["step_attention"] not in ("auto", "sdpa", "matmul"):
+        raise ValueError(f"--step-attention must be auto, sdpa or matmul, got {out['step_attention']!r}")
+    if out["step_time_limit_s"] is not None and not out["step_time_limit_s"] > 0:
+        raise ValueError(f"--step-time-limit {out['step_time_limit_s']}: give seconds > 0")
+    if all(d == 0 for d in out["step_decodes"]) and all(p == 0 for p in out["step_prefill"]):
+        raise ValueError("--step-decodes and --step-prefill are all 0: every step would be empty")
+    return out

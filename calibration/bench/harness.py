@@ -14,7 +14,8 @@ from calibration.bench import require, require_torch
 from calibration.bench.config import BenchConfig
 from calibration.bench.schema import (
     ADAPTER_LOAD_COLUMNS, ADAPTER_LOAD_EXTRA, H2D_COPY_COLUMNS, H2D_COPY_EXTRA, KERNEL_CHECK_COLUMNS,
-    LINEAR_OPS_COLUMNS, LINEAR_OPS_EXTRA, LORA_KERNEL_COLUMNS, LORA_KERNEL_EXTRA, META_FILE,
+    LINEAR_OPS_COLUMNS, LINEAR_OPS_EXTRA, LORA_KERNEL_COLUMNS, LORA_KERNEL_EXTRA, META_FILE, STEP_BENCH_COLUMNS,
+    STEP_BENCH_EXTRA,
 )
 
 
@@ -146,6 +147,15 @@ def _run(cfg: BenchConfig, torch, device, dtype, log, kernels, linear_ops, lora,
             meta["notes"].append("adapter_load cpu_to_gpu on CPU: copies into a preallocated slot buffer in CPU "
                                  "memory (column device=cpu)")
         finish("load", "adapter_load.csv", rows, ADAPTER_LOAD_COLUMNS + ADAPTER_LOAD_EXTRA, t0)
+
+    if "step" in cfg.parts:
+        from calibration.bench import step
+
+        t0 = time.perf_counter()
+        rows, note = step.run_steps(cfg, device, dtype, log)
+        meta["notes"].append(note)
+        log(f"  {note}")
+        finish("step", "step_bench.csv", rows, STEP_BENCH_COLUMNS + STEP_BENCH_EXTRA, t0)
 
     meta["ok"] = ok
     (cfg.out / META_FILE).write_text(json.dumps(meta, indent=1, default=str))

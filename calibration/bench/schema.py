@@ -80,6 +80,24 @@ H2D_COPY_COLUMNS = [
 ]
 H2D_COPY_EXTRA = ["model", "repeats", "time_ms_min", "timer"]
 
+#: ``step_bench.csv`` (calibration/bench/step.py): one forward pass of a mixed prefill + decode step;
+#: ``context_tokens`` is the twin's ``C`` (decode contexts plus each chunk's prior context)
+STEP_BENCH_COLUMNS = [
+    "batch_tokens",
+    "prefill_tokens",
+    "prefill_seqs",
+    "prefill_ctx_before",
+    "decodes",
+    "decode_ctx_per_seq",
+    "context_tokens",
+    "time_ms_mean",
+    "time_ms_std",
+    "repeats",
+    "device",
+]
+STEP_BENCH_EXTRA = ["model", "layers", "dtype", "attention", "time_ms_median", "time_ms_min", "time_ms_max",
+                    "lm_head_rows", "timer"]
+
 KERNEL_CHECK_COLUMNS = ["case", "kernel", "dtype", "device", "interpreted", "max_abs_err", "atol", "ok"]
 
 TABLES = {
@@ -88,5 +106,6 @@ TABLES = {
     "lora_kernels.csv": LORA_KERNEL_COLUMNS + LORA_KERNEL_EXTRA,
     "h2d_copy.csv": H2D_COPY_COLUMNS + H2D_COPY_EXTRA,
     "kernel_check.csv": KERNEL_CHECK_COLUMNS,
+    "step_bench.csv": STEP_BENCH_COLUMNS + STEP_BENCH_EXTRA,
 }
 META_FILE = "bench_meta.json"

@@ -122,7 +122,7 @@ def test_schema_linear_columns_match_vidur():
     assert LINEAR_OPS_COLUMNS[:5] == [f"time_stats.emb.{s}" for s in ("min", "max", "mean", "median", "std")]
     assert LINEAR_OPS_COLUMNS[-2:] == ["num_tokens", "num_tensor_parallel_workers"]
     assert set(TABLES) == {"linear_ops.csv", "adapter_load.csv", "lora_kernels.csv", "h2d_copy.csv",
-                           "kernel_check.csv"}
+                           "kernel_check.csv", "step_bench.csv"}
 
 
 @pytest.mark.data

@@ -25,7 +25,8 @@ from twin.model_spec import get_model  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--device", "cpu", "--small", "--model-dims", "llama-3.1-8b", "--ranks", "8,16", "--tokens", "1,8",
         "--lora-tokens", "1,8", "--adapters", "1,2", "--repeats", "2", "--warmup", "1", "--load-repeats", "2",
-        "--concurrency", "1,2", "--quiet"]
+        "--concurrency", "1,2", "--step-decodes", "0,4", "--step-context", "16,32,64", "--step-repeats", "1",
+        "--step-warmup", "0", "--quiet"]
 
 
 @pytest.fixture(scope="module")

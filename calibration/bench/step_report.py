@@ -1,0 +1,189 @@
+"""What a ``step_bench.csv`` says about the backbone form's shape where the calibration has no data (torch-free).
+
+The shipped profiles fit the twin's backbone form (``graph_roofline``,
+:class:`twin.perf.forms.GraphRooflineBackbone`) on vLLM 0.8.5 windows with at most ~256 running
+requests and ~100k context tokens. The validation runs the twin misses (issue 17) run 500-800
+requests over 200-300k context tokens in 2,048-token mixed steps. :func:`step_report` asks the
+bench table the question the calibration cannot answer: fitted with ``curve_fit`` on the
+calibration-like shapes only (``decodes <= fit_max_decodes`` and ``context_tokens <= fit_max_context``),
+does the form predict the larger ones? It reports, per region of the table, the median of
+measured / predicted and the MAPE, and for every line of shapes that differ only in their
+context the slope (ms per 100k context tokens) of each successive interval, so a curvature the
+linear ``c_ctx * C`` term cannot follow shows as slopes that grow along the line.
+
+The bench runs every step eagerly (no CUDA graphs), so ``c_eager`` is pinned to 0; the other five
+constants are fitted, in ms, with the project's :func:`calibration.fitting.core.fit_params`.
+
+    twin calibrate bench-report runs/bench-h200 --markdown results/calibration/bench_step_h200.md
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from calibration.bench.schema import STEP_BENCH_COLUMNS
+from calibration.fitting.components import MS, backbone_candidates
+from calibration.fitting.core import FitError, ParamSpec, fit_params
+
+STEP_FILE = "step_bench.csv"
+#: the calibration's reach (vLLM 0.8.5 step-latency and adapter-overhead windows): running requests, context tokens
+FIT_MAX_DECODES = 256
+FIT_MAX_CONTEXT = 100_000
+
+
+@dataclass
+class StepReport:
+    """The fit on the calibration-like rows and its score everywhere."""
+
+    table: pd.DataFrame          # the rows with ``predicted_ms``, ``ratio`` (measured / predicted) and ``region``
+    params: dict[str, float]     # the fitted constants, SI units (s, s/token, ...)
+    regions: pd.DataFrame        # per region: rows, median ratio, MAPE
+    slopes: pd.DataFrame         # per line of shapes differing only in context: slope per interval
+    meta: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"params": self.params, "regions": self.regions.to_dict(orient="records"),
+                "slopes": self.slopes.to_dict(orient="records"), **self.meta}
+
+
+def read_step_table(path: str | Path) -> pd.DataFrame:
+    """``step_bench.csv`` (a file or the bench's ``--out`` directory); a clear error when it is not one."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / STEP_FILE
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no {STEP_FILE} here; run `twin calibrate bench --parts step --out DIR` first "
+                                f"and give DIR")
+    try:
+        df = pd.read_csv(p)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p}: not a readable CSV ({type(e).__name__}); give the {STEP_FILE} a bench run wrote") from None
+    missing = [c for c in STEP_BENCH_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{p}: not a step bench table (missing columns {missing}); give the {STEP_FILE} of "
+                         f"`twin calibrate bench --parts step`")
+    if len(df) == 0:
+        raise ValueError(f"{p}: the table has no rows (the step sweep timed nothing)")
+    return df
+
+
+def _region(df: pd.DataFrame, max_dec: int, max_ctx: int, budget: int) -> np.ndarray:
+    fit = (df["decodes"] <= max_dec) & (df["context_tokens"] <= max_ctx)
+    saturated = (df["decodes"] >= 512) & (df["context_tokens"] >= 200_000) & (df["batch_tokens"] >= budget)
+    return np.where(fit, "fit: calibration-like", np.where(saturated, "saturated: >=512 decodes, >=200k context, "
+                                                                      "full budget", "beyond the calibration"))
+
+
+def step_report(table: pd.DataFrame, fit_max_decodes: int = FIT_MAX_DECODES,
+                fit_max_context: int = FIT_MAX_CONTEXT, time_col: str = "time_ms_median") -> StepReport:
+    """Fit the backbone form on the calibration-like rows of ``table`` and score it on all of them."""
+    df = table.copy()
+    budget = int(df["batch_tokens"].max())
+    df["region"] = _region(df, fit_max_decodes, fit_max_context, budget)
+    fit_rows = df["region"].str.startswith("fit").to_numpy()
+    cand = next(c for c in backbone_candidates(graph_max_tokens=int(budget) + 1) if c.form == "graph_roofline")
+    cand.fixed = {**cand.fixed, "c_eager": 0.0}  # eager throughout (module docstring)
+    y_fit = df.loc[df["region"].str.startswith("fit"), time_col].to_numpy(float)
+    T_max = max(float(df["batch_tokens"].max()), 1.0)
+    C_max = max(float(df["context_tokens"].max()), 1.0)
+    D_max = max(float(df["decodes"].max()), 1.0)
+    span = float(np.ptp(y_fit)) if len(y_fit) else 1.0
+    lo_y = float(y_fit.min()) if len(y_fit) else 1.0
+    # starting points from the table's own scale, no upper bounds (a CPU step is seconds, a GPU one ms)
+    cand.specs = [ParamSpec("c0", 0.5 * lo_y, 0.0), ParamSpec("c_mem", 0.25 * lo_y, 0.0),
+                  ParamSpec("c_tok", span / T_max, 0.0), ParamSpec("c_seq", 0.1 * span / D_max, 0.0),
+                  ParamSpec("c_ctx", 0.1 * span / C_max, 0.0)]
+    names = [s.name for s in cand.specs]
+    n_fit = int(fit_rows.sum())
+    if n_fit < len(names) + 1:
+        raise FitError(f"step report: {n_fit} calibration-like rows (decodes <= {fit_max_decodes}, context <= "
+                       f"{fit_max_context}) for {len(names)} constants; widen --fit-max-decodes/--fit-max-context or "
+                       f"run a larger sweep")
+    P = df["prefill_tokens"].to_numpy(float)
+    D = df["decodes"].to_numpy(float)
+    C = df["context_tokens"].to_numpy(float)
+    y = df[time_col].to_numpy(float)
+
+    def predict_ms(theta: dict[str, float], idx: np.ndarray) -> np.ndarray:
+        return np.asarray(cand.model(theta).predict(P[idx], D[idx], C[idx]), float) / MS
+
+    idx_fit = np.flatnonzero(fit_rows)
+    fitted = fit_params(lambda *th: predict_ms(dict(zip(names, th)), idx_fit), cand.specs, y[idx_fit],
+                        np.maximum(y[idx_fit], 1e-9), "step report / graph_roofline")  # relative errors
+    pred = predict_ms(fitted.values, np.arange(len(df)))
+    df["predicted_ms"] = pred
+    df["ratio"] = y / pred
+    regions = (df.assign(ape=np.abs(y / pred - 1.0) * 100.0)
+               .groupby("region", sort=False)
+               .agg(rows=("ratio", "size"), median_ratio=("ratio", "median"), max_ratio=("ratio", "max"),
+                    mape_pct=("ape", "mean"))
+               .reset_index())
+    params = cand.model(fitted.values).params
+    return StepReport(df, {k: float(v) for k, v in params.items()}, regions, context_slopes(df, time_col),
+                      {"fit_max_decodes": fit_max_decodes, "fit_max_context": fit_max_context, "time_column": time_col,
+                       "rows": len(df), "fit_rows": n_fit, "at_bound": list(fitted.at_bound),
+                       "layers": int(df["layers"].iloc[0]) if "layers" in df else None,
+                       "device": str(df["device"].iloc[0]), "model": str(df.get("model", pd.Series(["?"])).iloc[0])})
+
+
+def context_slopes(df: pd.DataFrame, time_col: str = "time_ms_median") -> pd.DataFrame:
+    """For each line of shapes equal but for the decodes' context: the slope (ms per 100k context tokens)
+    of each successive interval, first to last, and last / first (1 for a linear cost)."""
+    keys = ["decodes", "prefill_tokens", "prefill_seqs", "prefill_ctx_before"]
+    rows = []
+    for key, g in df[df["decodes"] > 0].groupby(keys):
+        g = g.sort_values("context_tokens")
+        c, t = g["context_tokens"].to_numpy(float), g[time_col].to_numpy(float)
+        if len(g) < 3:
+            continue
+        s = np.diff(t) / np.diff(c) * 1e5
+        rows.append({**dict(zip(keys, key)), "contexts": len(g), "context_max": int(c[-1]),
+                     "slope_first_ms_per_100k": float(s[0]), "slope_last_ms_per_100k": float(s[-1]),
+                     "last_over_first": float(s[-1] / s[0]) if s[0] > 0 else float("nan")})
+    return pd.DataFrame(rows, columns=keys + ["contexts", "context_max", "slope_first_ms_per_100k",
+                                              "slope_last_ms_per_100k", "last_over_first"])
+
+
+def report_markdown(rep: StepReport, source: str) -> str:
+    m = rep.meta
+    p = rep.params
+    lines = [f"# Mixed-step bench: does the backbone form extrapolate? ({m['model']}, {m['device']}, "
+             f"{m['layers']} layers)", "",
+             f"Source: `{source}` ({m['rows']} shapes). `graph_roofline` fitted with curve_fit on the {m['fit_rows']} "
+             f"calibration-like shapes (decodes <= {m['fit_max_decodes']}, context <= {m['fit_max_context']:,} "
+             f"tokens; `c_eager` = 0: the bench runs eagerly), on `{m['time_column']}`:", "",
+             "| constant | value |", "| --- | --- |"]
+    for k in ("c0", "c_mem", "c_tok", "c_seq", "c_ctx"):
+        lines.append(f"| `{k}` | {p[k]:.4g} |")
+    if m["at_bound"]:
+        lines += ["", f"At a bound: {', '.join(m['at_bound'])}."]
+    lines += ["", "Measured / predicted by region:", "", "| region | shapes | median | max | MAPE % |",
+              "| --- | --- | --- | --- | --- |"]
+    for r in rep.regions.itertuples():
+        lines.append(f"| {r.region} | {r.rows} | {r.median_ratio:.3f} | {r.max_ratio:.3f} | {r.mape_pct:.1f} |")
+    if len(rep.slopes):
+        s = rep.slopes
+        lines += ["", f"Context slopes (ms per 100k tokens) along {len(s)} lines of shapes: first interval median "
+                      f"{s['slope_first_ms_per_100k'].median():.3g}, last {s['slope_last_ms_per_100k'].median():.3g}, "
+                      f"last / first median {s['last_over_first'].median():.2f} (1 for a cost linear in the context)."]
+    lines += ["", "A median ratio near 1 beyond the calibration says the form extrapolates on this software stack "
+                  "(torch eager, SDPA attention); a ratio above 1 in the saturated region is a step cost the "
+                  "calibration-fitted form misses there."]
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(rep: StepReport) -> list[str]:
+    out = [f"step report: {rep.meta['rows']} shapes ({rep.meta['model']}, {rep.meta['device']}), fitted on "
+           f"{rep.meta['fit_rows']} calibration-like ones"]
+    for r in rep.regions.itertuples():
+        out.append(f"  {r.region:<58} {r.rows:>4} shapes  measured/predicted median {r.median_ratio:.3f}  "
+                   f"max {r.max_ratio:.3f}  MAPE {r.mape_pct:.1f} %")
+    if len(rep.slopes):
+        out.append(f"  context slope last/first interval, median over {len(rep.slopes)} lines: "
+                   f"{rep.slopes['last_over_first'].median():.2f}")
+    return out

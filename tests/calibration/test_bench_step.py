@@ -1,0 +1,266 @@
+"""The mixed-step bench part (calibration/bench/step.py) and its report (calibration/bench/step_report.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.bench.cli import build_parser
+from calibration.bench.config import resolve_config
+from calibration.bench.schema import STEP_BENCH_COLUMNS, STEP_BENCH_EXTRA
+from calibration.bench.step_report import context_slopes, read_step_table, step_report
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cfg(tmp_path, *extra: str):
+    args = build_parser().parse_args(["--device", "cpu", "--out", str(tmp_path / "b"), "--quiet", *extra])
+    return resolve_config(args, cuda_available=False)
+
+
+# ---------------------------------------------------------------- the sweep's shapes (torch-free)
+def test_step_shapes_follow_the_budget_fill_and_chunks(tmp_path):
+    pytest.importorskip("torch", reason="torch is the optional calibration extra")
+    from calibration.bench.step import step_shapes
+
+    cfg = _cfg(tmp_path, "--step-decodes", "0,4,16", "--step-context", "64,512", "--step-prefill", "0,32,fill",
+               "--step-prefill-ctx", "0,32", "--step-chunk", "16", "--step-budget", "64")
+    shapes = step_shapes(cfg)
+    assert all(s.batch_tokens <= 64 and s.batch_tokens > 0 for s in shapes)
+    assert len(set(shapes)) == len(shapes)
+    # decode-only shapes: context per decode = total // decodes
+    dec_only = {(s.decodes, s.decode_ctx_per_seq) for s in shapes if s.prefill_tokens == 0}
+    assert dec_only == {(4, 16), (4, 128), (16, 4), (16, 32)}
+    # "fill" with 4 decodes: 60 tokens in ceil(60/16) = 4 chunks of 15
+    fill4 = [s for s in shapes if s.decodes == 4 and s.prefill_seqs == 4]
+    assert fill4 and all(s.chunk == 15 and s.prefill_tokens == 60 for s in fill4)
+    # no decodes: prefill only, never with a decode context; 32 tokens = 2 chunks of 16
+    assert {(s.prefill_seqs, s.chunk, s.prefill_ctx_before) for s in shapes if s.decodes == 0} == {
+        (2, 16, 0), (2, 16, 32), (4, 16, 0), (4, 16, 32)}
+    s = next(s for s in shapes if s.decodes == 16 and s.prefill_ctx_before == 32 and s.decode_ctx_per_seq == 32)
+    assert s.context_tokens == 16 * 32 + s.prefill_seqs * 32
+    assert s.cache_tokens == s.prefill_seqs * (32 + s.chunk) + 16 * 33
+
+
+@pytest.mark.parametrize("flag,value,msg", [
+    ("--step-prefill", "0,x", "not a whole number"),
+    ("--step-decodes", "-4", "negative"),
+    ("--step-chunk", "0", "must be >= 1"),
+    ("--step-repeats", "0", "must be >= 1"),
+    ("--step-time-limit", "0", "seconds > 0"),
+])
+def test_bad_step_options_are_refused_before_any_work(tmp_path, flag, value, msg):
+    with pytest.raises(ValueError, match=msg):
+        _cfg(tmp_path, flag, value)
+
+
+def test_all_empty_steps_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="every step would be empty"):
+        _cfg(tmp_path, "--step-decodes", "0", "--step-prefill", "0")
+
+
+def test_gpu_defaults_reach_the_saturated_steps():
+    from calibration.bench.config import GPU_DEFAULTS
+
+    assert max(GPU_DEFAULTS["step_context"]) >= 300_000 and max(GPU_DEFAULTS["step_decodes"]) >= 800
+    assert GPU_DEFAULTS["step_budget"] == 2048 and -1 in GPU_DEFAULTS["step_prefill"]
+
+
+# ---------------------------------------------------------------- the model (torch)
+def _naive_attention(model, shape, inp, q):
+    """Every new token's attention, one sequence at a time, from the cache slots (float64)."""
+    import torch
+
+    H, Hk, hd = model.heads, model.kv_heads, model.head_dim
+    G = H // Hk
+    K = model.k_cache.double()
+    V = model.v_cache.double()
+    out = torch.zeros(shape.batch_tokens, H * hd, dtype=torch.float64)
+    seqs = []  # (rows of q, cache slots of the sequence, prior tokens before the rows)
+    start = 0
+    for i in range(shape.prefill_seqs):
+        n = shape.prefill_ctx_before + shape.chunk
+        seqs.append((range(i * shape.chunk, (i + 1) * shape.chunk), range(start, start + n), shape.prefill_ctx_before))
+        start += n
+    L = shape.decode_ctx_per_seq + 1
+    for j in range(shape.decodes):
+        seqs.append((range(shape.prefill_tokens + j, shape.prefill_tokens + j + 1), range(start, start + L),
+                     shape.decode_ctx_per_seq))
+        start += L
+    qd = q.double()
+    for rows, slots, prior in seqs:
+        for r_i, r in enumerate(rows):
+            visible = list(slots)[: prior + r_i + 1]  # causal: the prior context and the tokens up to r
+            for h in range(H):
+                k = K[visible, h // G]
+                v = V[visible, h // G]
+                w = torch.softmax(k @ qd[r, h] / math.sqrt(hd), dim=0)
+                out[r, h * hd:(h + 1) * hd] = w @ v
+    return out
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "matmul"])
+def test_attention_reads_each_sequence_from_its_own_cache_slots(tmp_path, impl):
+    torch = pytest.importorskip("torch", reason="torch is the optional calibration extra")
+    from calibration.bench.step import RandomLlama, StepShape, attention_impl
+
+    if impl == "sdpa" and attention_impl(torch.device("cpu"), torch.float32)[0] != "sdpa":
+        pytest.skip("torch's SDPA cannot run grouped heads here")
+    cfg = _cfg(tmp_path)
+    shape = StepShape(prefill_seqs=2, chunk=5, prefill_ctx_before=3, decodes=3, decode_ctx_per_seq=6)
+    model = RandomLlama(cfg, torch.device("cpu"), torch.float32, shape.cache_tokens)
+    inp = model.inputs(shape, seed=3)
+    q = torch.randn(shape.batch_tokens, model.heads, model.head_dim, generator=torch.Generator().manual_seed(1))
+    got = model._attention(q, shape, inp, impl).double()
+    want = _naive_attention(model, shape, inp, q)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_forward_writes_the_new_tokens_into_their_slots_and_both_attentions_agree(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is the optional calibration extra")
+    from calibration.bench.step import RandomLlama, StepShape, attention_impl
+
+    cfg = _cfg(tmp_path)
+    shape = StepShape(prefill_seqs=2, chunk=4, prefill_ctx_before=2, decodes=4, decode_ctx_per_seq=5)
+    model = RandomLlama(cfg, torch.device("cpu"), torch.float32, shape.cache_tokens)
+    inp = model.inputs(shape, seed=0)
+    slots = inp["slots"].tolist()
+    assert len(slots) == shape.batch_tokens == len(set(slots))
+    # chunk i's new tokens follow its 2 prior tokens; decode j's token ends its region of 5 + 1
+    assert slots[:4] == [2, 3, 4, 5] and slots[4:8] == [8, 9, 10, 11]
+    assert slots[8:] == [12 + 5, 12 + 6 + 5, 12 + 12 + 5, 12 + 18 + 5]
+    assert inp["sample"].tolist() == [3, 7, 8, 9, 10, 11]  # each chunk's last token, every decode
+    untouched = [i for i in range(shape.cache_tokens) if i not in slots]
+    before = model.k_cache[untouched].clone()
+    a = model.logits(shape, inp, "matmul")
+    assert torch.equal(model.k_cache[untouched], before)  # only the new tokens' slots are written
+    assert a.shape == (6, model.vocab) and torch.isfinite(a).all()
+    if attention_impl(torch.device("cpu"), torch.float32)[0] == "sdpa":
+        b = model.logits(shape, inp, "sdpa")
+        assert torch.allclose(a, b, atol=2e-3, rtol=2e-3)
+    assert model.forward(shape, inp, "matmul").shape == (6,)
+
+
+def test_run_steps_writes_the_table_and_honours_the_time_limit(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is the optional calibration extra")
+    from calibration.bench.step import run_steps, step_shapes
+
+    cfg = _cfg(tmp_path, "--step-decodes", "0,4", "--step-context", "16,32,64", "--step-prefill", "0,fill",
+               "--step-prefill-ctx", "0", "--step-repeats", "2", "--step-warmup", "0")
+    rows, note = run_steps(cfg, torch.device("cpu"), torch.float32, log=lambda m: None)
+    assert len(rows) == len(step_shapes(cfg)) and "stopped" not in note
+    df = pd.DataFrame(rows, columns=STEP_BENCH_COLUMNS + STEP_BENCH_EXTRA)
+    assert (df.time_ms_mean > 0).all() and (df.repeats == 2).all() and (df.device == "cpu").all()
+    assert (df.layers == cfg.spec.layers).all() and (df.batch_tokens == df.prefill_tokens + df.decodes).all()
+    assert df.notna().all().all()
+    cfg.step_time_limit_s = 1e-9
+    rows, note = run_steps(cfg, torch.device("cpu"), torch.float32, log=lambda m: None)
+    assert len(rows) == 1 and "stopped after 1 of" in note and "--step-time-limit" in note
+
+
+def test_harness_writes_step_bench_csv_and_notes_it(tmp_path):
+    pytest.importorskip("torch", reason="torch is the optional calibration extra")
+    from calibration.bench.cli import main
+
+    out = tmp_path / "b"
+    rc = main(["--device", "cpu", "--parts", "step", "--step-decodes", "0,4", "--step-context", "16,32,64",
+               "--step-repeats", "1", "--step-warmup", "0", "--out", str(out), "--quiet"])
+    assert rc == 0
+    df = read_step_table(out)
+    assert list(df.columns) == STEP_BENCH_COLUMNS + STEP_BENCH_EXTRA and len(df) > 0
+    meta = json.loads((out / "bench_meta.json").read_text())
+    assert meta["tables"]["step_bench.csv"] == len(df) and any(n.startswith("step:") for n in meta["notes"])
+
+
+# ---------------------------------------------------------------- the report (torch-free)
+def _synthetic(quad: float = 0.0) -> pd.DataFrame:
+    """Times of a known graph_roofline step (ms), plus ``quad`` ms per (100k context)^2 beyond 100k."""
+    rows = []
+    for d in (0, 32, 128, 256, 512, 768):
+        for c in ([0] if d == 0 else [25_000, 50_000, 100_000, 200_000, 300_000]):
+            for p in (0, 512, 2048 - d):
+                if p + d == 0 or p + d > 2048:
+                    continue
+                t = 12.0 + max(2.5, 0.0205 * (p + d)) + 0.0013 * d + 9.1e-5 * c
+                t += quad * max(c - 100_000, 0) ** 2 / 1e10
+                rows.append({"batch_tokens": p + d, "prefill_tokens": p, "prefill_seqs": -(-p // 256),
+                             "prefill_ctx_before": 0, "decodes": d, "decode_ctx_per_seq": c // d if d else 0,
+                             "context_tokens": c, "time_ms_mean": t, "time_ms_std": 0.0, "repeats": 5,
+                             "device": "cuda", "model": "synthetic", "layers": 32, "time_ms_median": t})
+    return pd.DataFrame(rows)
+
+
+def test_report_recovers_a_linear_step_and_extrapolates_it():
+    rep = step_report(_synthetic())
+    assert rep.params["c_ctx"] == pytest.approx(9.1e-8, rel=1e-3)
+    assert rep.params["c_seq"] == pytest.approx(1.3e-6, rel=1e-2)
+    assert np.allclose(rep.table["ratio"], 1.0, atol=1e-3)
+    assert set(rep.regions["region"].str.split(":").str[0]) == {"fit", "saturated", "beyond the calibration"}
+    assert np.allclose(rep.slopes["last_over_first"], 1.0, atol=1e-3)
+
+
+def test_report_flags_a_cost_the_linear_form_misses_beyond_the_calibration():
+    rep = step_report(_synthetic(quad=10.0))  # +40 ms at 300k context
+    reg = rep.regions.set_index(rep.regions["region"].str.split(":").str[0])
+    assert reg.loc["fit", "median_ratio"] == pytest.approx(1.0, abs=1e-3)  # the fit region cannot see it
+    assert reg.loc["saturated", "median_ratio"] > 1.2
+    assert (rep.slopes["last_over_first"] > 2).all()
+    assert context_slopes(rep.table).equals(rep.slopes)
+
+
+def test_report_bad_inputs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="step_bench.csv"):
+        read_step_table(tmp_path)
+    (tmp_path / "step_bench.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not a step bench table"):
+        read_step_table(tmp_path)
+    (tmp_path / "step_bench.csv").write_text(",".join(STEP_BENCH_COLUMNS) + "\n")
+    with pytest.raises(ValueError, match="no rows"):
+        read_step_table(tmp_path)
+    from calibration.fitting.core import FitError
+
+    with pytest.raises(FitError, match="calibration-like rows"):
+        step_report(_synthetic(), fit_max_decodes=0, fit_max_context=0)
+
+
+def test_bench_report_cli(tmp_path, capsys):
+    from twin.cli import main as twin_main
+
+    d = tmp_path / "bench"
+    d.mkdir()
+    _synthetic(quad=10.0).to_csv(d / "step_bench.csv", index=False)
+    md, csv = tmp_path / "r.md", tmp_path / "r.csv"
+    assert twin_main(["calibrate", "bench-report", str(d), "--markdown", str(md), "--out", str(csv)]) == 0
+    out = capsys.readouterr().out
+    assert "saturated" in out and "measured/predicted" in out
+    assert "| saturated" in md.read_text() and "ratio" in pd.read_csv(csv).columns
+    assert twin_main(["calibrate", "bench-report", str(d), "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert {"params", "regions", "slopes"} <= set(js)
+    assert twin_main(["calibrate", "bench-report", str(tmp_path / "none")]) == 2
+    assert "no step_bench.csv" in capsys.readouterr().err
+
+
+def test_device_session_script_asks_for_a_valid_gpu_run(tmp_path):
+    """The prepared GPU script's bench command parses and resolves (no argument error spends device time),
+    measures what the brief asks and writes at most the 8 files a device run brings back."""
+    import re
+    import shlex
+
+    text = (ROOT / "calibration" / "bench" / "device_session.sh").read_text()
+    cmd = re.search(r"python3 -m calibration\.bench (.*?)\n\s*\}", text, re.S).group(1)
+    argv = shlex.split(cmd.replace("\\\n", " ").replace('"$OUT/bench"', str(tmp_path / "bench")))
+    cfg = resolve_config(build_parser().parse_args(argv), cuda_available=True)
+    assert cfg.device == "cuda" and not cfg.small and cfg.spec.name == "llama-3.1-8b"
+    assert min(cfg.ranks) == 8 and max(cfg.ranks) == 128 and min(cfg.adapters) == 8 and max(cfg.adapters) == 512
+    assert "step" in cfg.parts and max(cfg.step_context) >= 300_000 and cfg.step_time_limit_s
+    from calibration.bench.schema import META_FILE, TABLES
+
+    assert len(TABLES) + 2 <= 8  # the tables, bench_meta.json and log.txt
+    assert META_FILE == "bench_meta.json" and "log.txt" in text
