@@ -15,7 +15,8 @@
 * ``twin calibrate bench ...`` (the GPU microbenchmark harness) is added by
   :mod:`calibration.bench.cli`.
 * ``twin calibrate bench-report DIR`` fits the backbone form on the calibration-like shapes of a
-  bench's ``step_bench.csv`` and scores it on the larger ones (:mod:`calibration.bench.step_report`).
+  bench's ``step_bench.csv`` and scores it on the larger ones (:mod:`calibration.bench.step_report`),
+  and fits the slot-grid kernels' cost per launched and working block (:mod:`calibration.bench.grid_report`).
 """
 
 from __future__ import annotations
@@ -103,15 +104,18 @@ def register_cli(subparsers) -> None:
 
     register_bench(sub)
 
-    br = sub.add_parser("bench-report", help="fit the backbone form on the calibration-like shapes of a bench's "
-                                             "step_bench.csv and score it on the larger ones")
+    br = sub.add_parser("bench-report", help="what a bench says about the profile's forms: the backbone fitted on "
+                                             "step_bench.csv's calibration-like shapes and scored on the larger ones; "
+                                             "the slot-grid kernels' cost per launched and working thread block")
     br.add_argument("bench", help="the bench's --out directory (or its step_bench.csv)")
     br.add_argument("--fit-max-decodes", type=int, default=None,
                     help="largest decode count of the calibration-like shapes (default 256)")
     br.add_argument("--fit-max-context", type=int, default=None,
                     help="largest context of the calibration-like shapes, tokens (default 100000)")
+    br.add_argument("--profile", default=None, help="profile whose kernel_grid constants the slot-grid fit is set "
+                                                   "beside (default: the shipped default profile)")
     br.add_argument("--markdown", metavar="MD", help="write the report as Markdown (e.g. under results/calibration/)")
-    br.add_argument("--out", metavar="CSV", help="write the table with the predictions and ratios")
+    br.add_argument("--out", metavar="CSV", help="write the step table with the predictions and ratios")
     br.add_argument("--json", action="store_true", help="print the report as JSON")
     br.set_defaults(func=cmd_bench_report)
 
@@ -123,9 +127,13 @@ def register_cli(subparsers) -> None:
 
 
 def cmd_bench_report(args: argparse.Namespace) -> int:
-    from calibration.bench.step_report import FIT_MAX_CONTEXT, FIT_MAX_DECODES, read_step_table, report_markdown, \
-        step_report, summary_lines as step_lines
+    """The step report (``step_bench.csv``) and the slot-grid report (Triton rows of ``lora_kernels.csv``)
+    of a bench directory, each when its table is there."""
+    from calibration.bench.grid_report import LORA_FILE, grid_lines, grid_markdown, grid_report, read_grid_rows
+    from calibration.bench.step_report import FIT_MAX_CONTEXT, FIT_MAX_DECODES, STEP_FILE, read_step_table, \
+        report_markdown, step_report, summary_lines as step_lines
 
+    src = Path(args.bench)
     try:
         max_dec = FIT_MAX_DECODES if args.fit_max_decodes is None else args.fit_max_decodes
         max_ctx = FIT_MAX_CONTEXT if args.fit_max_context is None else args.fit_max_context
@@ -134,18 +142,41 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
         for opt, path in (("--markdown", args.markdown), ("--out", args.out)):
             if path:
                 check_writable_file(opt, path)
-        rep = step_report(read_step_table(args.bench), max_dec, max_ctx)
-    except (FileNotFoundError, ValueError, FitError) as e:
-        print(f"twin calibrate bench-report: {e}", file=sys.stderr)
+        if not src.exists():
+            raise FileNotFoundError(f"{src}: no such bench directory; give the --out of `twin calibrate bench`")
+        has_step = (src / STEP_FILE).is_file() if src.is_dir() else src.name == STEP_FILE
+        has_lora = (src / LORA_FILE).is_file() if src.is_dir() else src.name == LORA_FILE
+        if not (has_step or has_lora):
+            raise FileNotFoundError(f"{src}: neither {STEP_FILE} nor {LORA_FILE} here; run `twin calibrate bench "
+                                    f"--parts step,lora --out DIR` and give DIR")
+        step = step_report(read_step_table(src), max_dec, max_ctx) if has_step else None
+        grid, grid_why = None, None
+        if has_lora:
+            try:
+                rows = read_grid_rows(src)
+            except ValueError as e:  # a CPU run: no Triton timings; the step report may still stand
+                if not has_step:
+                    raise
+                grid_why = str(e)
+            else:
+                grid = grid_report(rows, load_profile(args.profile))
+    except (FileNotFoundError, KeyError, ValueError, FitError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"twin calibrate bench-report: {msg}", file=sys.stderr)
         return 2
     if args.markdown:
-        Path(args.markdown).write_text(report_markdown(rep, str(args.bench)))
-    if args.out:
-        rep.table.to_csv(args.out, index=False)
+        parts = ([report_markdown(step, str(src))] if step else []) + ([grid_markdown(grid)] if grid else [])
+        Path(args.markdown).write_text("\n".join(parts))
+    if args.out and step:
+        step.table.to_csv(args.out, index=False)
     if args.json:
-        print(json.dumps(rep.to_dict(), indent=1, default=float))
-    else:
-        print("\n".join(step_lines(rep)))
+        print(json.dumps({"step": step.to_dict() if step else None, "slot_grid": grid.to_dict() if grid else None},
+                         indent=1, default=float))
+        return 0
+    lines = (step_lines(step) if step else []) + (grid_lines(grid) if grid else [])
+    if grid_why:
+        lines.append(f"slot-grid report skipped: {grid_why}")
+    print("\n".join(lines))
     return 0
 
 

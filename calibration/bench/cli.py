@@ -13,12 +13,13 @@ from typing import Sequence
 from calibration.bench.config import CPU_DEFAULTS, DEFAULT_MODEL, GPU_DEFAULTS, PARTS
 
 DESCRIPTION = """Microbenchmarks for calibrating a LoRA Twin profile: base-model linear operators
-(linear_ops.csv, Vidur's columns), Triton LoRA kernels SGMV/BGMV shrink and expand
-(lora_kernels.csv), host-to-device copies of adapter weights (h2d_copy.csv), disk/CPU
-adapter loads (adapter_load.csv), and whole mixed prefill + decode steps of the model with random
-weights up to 300k context tokens (step_bench.csv), plus bench_meta.json. Run `bench`, then `fit` on its --out.
-On CPU (no GPU) the same harness runs with torch on the CPU at tiny dimensions (figures labelled
-device=cpu), and the Triton kernels are checked against a torch reference under TRITON_INTERPRET=1."""
+(linear_ops.csv, Vidur's columns), Triton LoRA kernels SGMV/BGMV shrink and expand and vLLM 0.8.5's
+slot-grid kernels at 8-512 slots (lora_kernels.csv), host-to-device copies of adapter weights
+(h2d_copy.csv), disk/CPU adapter loads (adapter_load.csv), and whole mixed prefill + decode steps of
+the model with random weights up to 300k context tokens (step_bench.csv), plus bench_meta.json. Run
+`bench`, then `fit` on its --out and `bench-report` on it. On CPU (no GPU) the same harness runs with
+torch on the CPU at tiny dimensions (figures labelled device=cpu), and the Triton kernels are checked
+against a torch reference under TRITON_INTERPRET=1."""
 
 
 def _csv(xs) -> str:
@@ -52,6 +53,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                          f"{_csv(CPU_DEFAULTS['lora_tokens'])})")
     s.add_argument("--adapters", help=f"distinct adapters per batch ({_csv(GPU_DEFAULTS['adapters'])} / "
                                       f"{_csv(CPU_DEFAULTS['adapters'])})")
+    s.add_argument("--slots", help=f"adapter slots of vLLM's slot-grid LoRA kernels ({_csv(GPU_DEFAULTS['slots'])} / "
+                                   f"{_csv(CPU_DEFAULTS['slots'])})")
     s.add_argument("--concurrency", help=f"simultaneous host-to-device copies ({_csv(GPU_DEFAULTS['concurrency'])} / "
                                          f"{_csv(CPU_DEFAULTS['concurrency'])})")
     s.add_argument("--tp", help="tensor-parallel degrees emulated for the linear ops (default 1)")

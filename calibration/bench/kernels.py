@@ -32,6 +32,19 @@ buffers match vLLM's memory accounting, and S-LoRA's compute.)
 Index ``-1`` (a segment or a token without an adapter) contributes nothing. A segment of length
 0 launches programs that return at once. The same adapter may appear in several segments.
 
+**Slot-grid kernels** (``slot_shrink`` / ``slot_expand``) follow vLLM 0.8.5's v1 LoRA kernels
+(``vllm/lora/ops/triton_ops/lora_shrink.py`` and ``lora_expand.py``) instead: the tokens are
+sorted by adapter slot (:func:`slot_meta`, vLLM's ``LoRAKernelMeta``) and the grid launches one
+set of thread blocks for *every* slot of the ``S`` slots plus the no-adapter group, each spanning
+the whole batch's row tiles; a block whose slot holds no token, or whose row tile lies beyond its
+slot's tokens, exits at once. They compute the padded rank (vLLM's weights are padded to
+``max_lora_rank``), with vLLM 0.8.5's block sizes: shrink ``BLOCK_M 32, BLOCK_N 16`` and
+``BLOCK_K 256, SPLIT_K 64`` below 128 tokens (``32, 8`` from 128), accumulating split-K partial
+sums atomically into a float32 buffer; expand ``BLOCK_M 64, BLOCK_N 128, BLOCK_K 16``. This is the
+launch pattern the twin's ``kernel_grid`` LoRA form counts (:class:`twin.perf.forms.KernelGridLora`);
+:func:`slot_grid_blocks` gives a call's launched and working blocks, so a GPU bench over 8-512 slots
+measures what a launched block that exits and one that works each cost.
+
 Under ``TRITON_INTERPRET=1`` (set before this module is imported) the kernels run on CPU
 tensors through Triton's interpreter; that is how they are tested without a GPU. Block sizes
 are fixed heuristics (no autotuning).
@@ -247,6 +260,108 @@ if HAS_TRITON:
             acc += tl.load(o_ptrs, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
+    @triton.jit
+    def _slot_shrink_kernel(
+        x_ptr, a_ptr, out_ptr,
+        sorted_ptr, count_ptr, start_ptr, lora_ptr,
+        M, N, K,
+        stride_xm, stride_xk,
+        stride_as, stride_ak, stride_an,
+        stride_om, stride_on,
+        scale,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    ):
+        # vLLM 0.8.5 _lora_shrink_kernel: grid (SPLIT_K * cdiv(M, BM) * cdiv(N, BN), slots + 1)
+        pid = tl.program_id(0)
+        lora_idx = tl.program_id(1)
+        cta_m_num = tl.cdiv(M, BLOCK_M)
+        cta_n_num = tl.cdiv(N, BLOCK_N)
+        pid_sk = pid % SPLIT_K
+        pid_m = (pid // SPLIT_K) % cta_m_num
+        pid_n = pid // (SPLIT_K * cta_m_num) % cta_n_num
+        lora_id = tl.load(lora_ptr + lora_idx)
+        if lora_id == -1:
+            return
+        m_size = tl.load(count_ptr + lora_idx)
+        m_off = pid_m * BLOCK_M
+        if m_off >= m_size:
+            return
+        start = tl.load(start_ptr + lora_idx)
+        offs_r = tl.arange(0, BLOCK_M)
+        m_mask = offs_r < m_size - m_off
+        rows = tl.load(sorted_ptr + start + m_off + offs_r, mask=m_mask, other=0).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        n_mask = offs_n < N
+        k0 = pid_sk * BLOCK_K
+        x_ptrs = x_ptr + rows[:, None] * stride_xm + (k0 + offs_k)[None, :] * stride_xk
+        a_ptrs = (a_ptr + lora_id.to(tl.int64) * stride_as + (k0 + offs_k)[:, None] * stride_ak
+                  + offs_n[None, :] * stride_an)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K * SPLIT_K)):
+            k_rem = K - k * BLOCK_K * SPLIT_K - k0
+            xt = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0)
+            at = tl.load(a_ptrs, mask=(offs_k[:, None] < k_rem) & n_mask[None, :], other=0.0)
+            acc += tl.dot(xt, at, input_precision="ieee")
+            x_ptrs += BLOCK_K * SPLIT_K * stride_xk
+            a_ptrs += BLOCK_K * SPLIT_K * stride_ak
+        acc = acc * scale
+        o_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :] * stride_on
+        o_mask = m_mask[:, None] & n_mask[None, :]
+        if SPLIT_K == 1:
+            tl.store(o_ptrs, acc, mask=o_mask)
+        else:
+            tl.atomic_add(o_ptrs, acc, mask=o_mask)
+
+    @triton.jit
+    def _slot_expand_kernel(
+        y_ptr, b_ptr, out_ptr,
+        sorted_ptr, count_ptr, start_ptr, lora_ptr,
+        M, N, K,
+        stride_ym, stride_yk,
+        stride_bs, stride_bk, stride_bn,
+        stride_om, stride_on,
+        ADD_INPUTS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        # vLLM 0.8.5 _lora_expand_kernel: grid (cdiv(M, BM) * cdiv(N, BN), slots + 1)
+        pid = tl.program_id(0)
+        lora_idx = tl.program_id(1)
+        cta_m_num = tl.cdiv(M, BLOCK_M)
+        cta_n_num = tl.cdiv(N, BLOCK_N)
+        pid_m = pid % cta_m_num
+        pid_n = (pid // cta_m_num) % cta_n_num
+        lora_id = tl.load(lora_ptr + lora_idx)
+        if lora_id == -1:
+            return
+        m_size = tl.load(count_ptr + lora_idx)
+        m_off = pid_m * BLOCK_M
+        if m_off >= m_size:
+            return
+        start = tl.load(start_ptr + lora_idx)
+        offs_r = tl.arange(0, BLOCK_M)
+        m_mask = offs_r < m_size - m_off
+        rows = tl.load(sorted_ptr + start + m_off + offs_r, mask=m_mask, other=0).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        n_mask = offs_n < N
+        y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_k[None, :] * stride_yk
+        b_ptrs = (b_ptr + lora_id.to(tl.int64) * stride_bs + offs_k[:, None] * stride_bk
+                  + offs_n[None, :] * stride_bn)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            k_rem = K - k * BLOCK_K
+            bt = tl.load(b_ptrs, mask=(offs_k[:, None] < k_rem) & n_mask[None, :], other=0.0)
+            yt = tl.load(y_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0).to(bt.dtype)
+            acc += tl.dot(yt, bt, input_precision="ieee")
+            y_ptrs += BLOCK_K * stride_yk
+            b_ptrs += BLOCK_K * stride_bk
+        o_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :] * stride_on
+        o_mask = m_mask[:, None] & n_mask[None, :]
+        if ADD_INPUTS:
+            acc += tl.load(o_ptrs, mask=o_mask, other=0.0).to(tl.float32)
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=o_mask)
+
 
 # --------------------------------------------------------------------------------------------
 # Argument preparation
@@ -441,6 +556,143 @@ def bgmv_expand(y: torch.Tensor, lora_b_stack: torch.Tensor, token_adapter_idx: 
 
 
 # --------------------------------------------------------------------------------------------
+# vLLM 0.8.5's slot-grid kernels (lora_shrink.py / lora_expand.py): metadata, block counts, calls
+# --------------------------------------------------------------------------------------------
+#: vLLM 0.8.5's fixed launch configurations (``lora_shrink.py``/``lora_expand.py``, "TODO tuning this config")
+SLOT_SHRINK_BLOCKS = {"small": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=256, SPLIT_K=64),
+                      "large": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=32, SPLIT_K=8)}
+SLOT_EXPAND_BLOCKS = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=16)
+#: the shrink's configuration switches at this many tokens (``M < 128``: ``small``)
+SLOT_SHRINK_SWITCH = 128
+
+
+def slot_meta(token_slot: IntSeq, slots: int, device: torch.device | str | None = None) -> tuple[torch.Tensor, ...]:
+    """vLLM's ``LoRAKernelMeta.prepare_tensors``: ``token_slot[t]`` is token ``t``'s adapter slot
+    (``-1``: none). Returns ``(sorted_token_idx, count, start, lora_id)``, the last three with ``slots + 1``
+    entries: entry 0 is the no-adapter group (``lora_id`` -1), entry ``s + 1`` slot ``s`` (``lora_id`` ``s``
+    when it holds a token of the batch, else -1)."""
+    ts = _as_index(token_slot, torch.device(device) if device is not None else
+                   (token_slot.device if isinstance(token_slot, torch.Tensor) else torch.device("cpu")))
+    if ts.numel() and (int(ts.min()) < -1 or int(ts.max()) >= slots):
+        raise ValueError(f"token slots must lie in [-1, {slots - 1}] for {slots} slots")
+    groups = ts.long() + 1
+    order = torch.argsort(groups, stable=True).to(torch.int32)
+    count = torch.bincount(groups, minlength=slots + 1).to(torch.int32)
+    start = (torch.cumsum(count, 0) - count).to(torch.int32)
+    lora_id = torch.arange(-1, slots, dtype=torch.int32, device=ts.device)
+    lora_id = torch.where(count > 0, lora_id, torch.full_like(lora_id, -1))
+    return order, count, start, lora_id
+
+
+def slot_grid_blocks(kind: str, tokens: int, slots: int, n_out: int, slot_tokens: Sequence[int]) -> tuple[int, int]:
+    """``(launched, working)`` thread blocks of one ``slot_shrink`` (``n_out`` = the padded rank) or
+    ``slot_expand`` (``n_out`` = the output features) call over ``tokens`` tokens, ``slots`` slots and the
+    active slots' token counts ``slot_tokens``: the count :class:`twin.perf.forms.KernelGridLora` prices."""
+    def cdiv(a: int, b: int) -> int:
+        return -(-a // b)
+
+    if kind == "shrink":
+        c = SLOT_SHRINK_BLOCKS["small" if tokens < SLOT_SHRINK_SWITCH else "large"]
+        per_tile = c["SPLIT_K"] * cdiv(n_out, c["BLOCK_N"])
+    elif kind == "expand":
+        c = SLOT_EXPAND_BLOCKS
+        per_tile = cdiv(n_out, c["BLOCK_N"])
+    else:
+        raise ValueError(f"kind must be shrink or expand, got {kind!r}")
+    launched = (slots + 1) * cdiv(tokens, c["BLOCK_M"]) * per_tile
+    working = sum(cdiv(int(n), c["BLOCK_M"]) for n in slot_tokens if n > 0) * per_tile
+    return launched, working
+
+
+def slot_shrink(x: torch.Tensor, lora_a_stack: torch.Tensor, meta: tuple[torch.Tensor, ...], scale: float = 1.0,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """vLLM 0.8.5's ``lora_shrink``: ``out[t] = scale * x[t] @ A[slot of t]`` over the padded rank, into a
+    float32 ``(T, R_max)`` buffer (zeroed first; split-K partial sums are added atomically). ``meta`` is
+    :func:`slot_meta` of the batch (its ``slots + 1`` groups are the grid's slot dimension)."""
+    _require_triton(x.device)
+    T, K = x.shape
+    S, Ka, R = lora_a_stack.shape
+    if Ka != K:
+        raise ValueError(f"x has d_in {K} but lora_a_stack has {Ka}")
+    if lora_a_stack.dtype != x.dtype:
+        raise ValueError(f"dtype mismatch: x {x.dtype}, lora_a_stack {lora_a_stack.dtype}")
+    order, count, start, lora_id = meta
+    if count.numel() != S + 1:
+        raise ValueError(f"meta is for {count.numel() - 1} slots, the stack has {S}")
+    out = torch.zeros((T, R), dtype=torch.float32, device=x.device) if out is None else out.zero_()
+    if T == 0:
+        return out
+    c = SLOT_SHRINK_BLOCKS["small" if T < SLOT_SHRINK_SWITCH else "large"]
+    grid = (c["SPLIT_K"] * triton.cdiv(T, c["BLOCK_M"]) * triton.cdiv(R, c["BLOCK_N"]), S + 1)
+    _slot_shrink_kernel[grid](
+        x, lora_a_stack, out, order, count, start, lora_id, T, R, K,
+        x.stride(0), x.stride(1),
+        lora_a_stack.stride(0), lora_a_stack.stride(1), lora_a_stack.stride(2),
+        out.stride(0), out.stride(1), float(scale), **c,
+    )
+    return out
+
+
+def slot_expand(y: torch.Tensor, lora_b_stack: torch.Tensor, meta: tuple[torch.Tensor, ...],
+                out: torch.Tensor | None = None, add_inputs: bool = True) -> torch.Tensor:
+    """vLLM 0.8.5's ``lora_expand``: ``out[t] (+)= y[t] @ B[slot of t]`` over the padded rank; ``y`` is the
+    shrink's float32 buffer, cast to the weights' dtype as vLLM does."""
+    _require_triton(y.device)
+    T, Ry = y.shape
+    S, R, N = lora_b_stack.shape
+    if Ry != R:
+        raise ValueError(f"y has {Ry} rank columns but lora_b_stack is padded to {R}")
+    order, count, start, lora_id = meta
+    if count.numel() != S + 1:
+        raise ValueError(f"meta is for {count.numel() - 1} slots, the stack has {S}")
+    if out is None:
+        out, add_inputs = torch.zeros((T, N), dtype=lora_b_stack.dtype, device=y.device), False
+    if T == 0:
+        return out
+    c = SLOT_EXPAND_BLOCKS
+    grid = (triton.cdiv(T, c["BLOCK_M"]) * triton.cdiv(N, c["BLOCK_N"]), S + 1)
+    _slot_expand_kernel[grid](
+        y, lora_b_stack, out, order, count, start, lora_id, T, N, R,
+        y.stride(0), y.stride(1),
+        lora_b_stack.stride(0), lora_b_stack.stride(1), lora_b_stack.stride(2),
+        out.stride(0), out.stride(1),
+        ADD_INPUTS=bool(add_inputs), **c,
+    )
+    return out
+
+
+def slot_shrink_ref(x, lora_a_stack, token_slot, scale=1.0, out=None):
+    """Plain torch :func:`slot_shrink` (one matmul per slot in the batch), float32 ``(T, R_max)``."""
+    T, R = x.shape[0], lora_a_stack.shape[2]
+    ts = torch.as_tensor(_host_list(token_slot), device=x.device, dtype=torch.long)
+    out = torch.zeros((T, R), dtype=torch.float32, device=x.device) if out is None else out.zero_()
+    for a in sorted(set(ts.tolist())):
+        if a < 0:
+            continue
+        rows = (ts == a).nonzero().squeeze(1)
+        out[rows] = (x[rows].float() @ lora_a_stack[a].float()) * scale
+    return out
+
+
+def slot_expand_ref(y, lora_b_stack, token_slot, out=None, add_inputs=True):
+    """Plain torch :func:`slot_expand`."""
+    T, N = y.shape[0], lora_b_stack.shape[2]
+    ts = torch.as_tensor(_host_list(token_slot), device=y.device, dtype=torch.long)
+    if out is None:
+        out, add_inputs = torch.zeros((T, N), dtype=lora_b_stack.dtype, device=y.device), False
+    for a in sorted(set(ts.tolist())):
+        if a < 0:
+            continue
+        rows = (ts == a).nonzero().squeeze(1)
+        delta = (y[rows].to(lora_b_stack.dtype).float() @ lora_b_stack[a].float()).to(out.dtype)
+        if add_inputs:
+            out[rows] += delta
+        else:
+            out[rows] = delta
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # Plain torch references (also what the CPU bench times)
 # --------------------------------------------------------------------------------------------
 def _host_list(v: IntSeq | None) -> list[int] | None:
@@ -542,11 +794,12 @@ def interleaved_tokens(tokens: int, n_adapters: int) -> list[int]:
 # --------------------------------------------------------------------------------------------
 # Ahead-of-time compilation (checks the compiled path on a machine without a GPU)
 # --------------------------------------------------------------------------------------------
-_INDEX_PTRS = ("seg_start_ptr", "seg_len_ptr", "seg_adapter_ptr", "rank_ptr", "idx_ptr")
+_INDEX_PTRS = ("seg_start_ptr", "seg_len_ptr", "seg_adapter_ptr", "rank_ptr", "idx_ptr", "sorted_ptr", "count_ptr",
+               "start_ptr", "lora_ptr")
 
 
 def compile_for_target(arch: int = 90, dtype: str = "fp16", backend: str = "cuda") -> dict[str, list[str]]:
-    """Compile the four kernels for a GPU target with no GPU present (Triton ships ``ptxas``).
+    """Compile the kernels for a GPU target with no GPU present (Triton ships ``ptxas``).
 
     Returns ``{kernel name: [stages produced]}`` (``ttir ... cubin``); raises on a compile error.
     Needs ``TRITON_INTERPRET`` unset when this module was imported (the kernels must be JIT functions).
@@ -561,22 +814,26 @@ def compile_for_target(arch: int = 90, dtype: str = "fp16", backend: str = "cuda
     if INTERPRETED:
         raise RuntimeError("the kernels were defined for the interpreter (TRITON_INTERPRET=1)")
     target = GPUTarget(backend, arch, 32 if backend == "cuda" else 64)
+    # (name, kernel, constexprs, pointers held in float32: the slot kernels' shrink buffer)
     cases = [
-        (_sgmv_shrink_kernel, dict(BLOCK_M=64, BLOCK_N=16, BLOCK_K=64)),
-        (_sgmv_expand_kernel, dict(ADD_INPUTS=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=16)),
-        (_bgmv_shrink_kernel, dict(BLOCK_N=16, BLOCK_K=64)),
-        (_bgmv_expand_kernel, dict(ADD_INPUTS=False, BLOCK_N=128, BLOCK_K=64)),
+        ("_sgmv_shrink_kernel", _sgmv_shrink_kernel, dict(BLOCK_M=64, BLOCK_N=16, BLOCK_K=64), ()),
+        ("_sgmv_expand_kernel", _sgmv_expand_kernel, dict(ADD_INPUTS=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=16), ()),
+        ("_bgmv_shrink_kernel", _bgmv_shrink_kernel, dict(BLOCK_N=16, BLOCK_K=64), ()),
+        ("_bgmv_expand_kernel", _bgmv_expand_kernel, dict(ADD_INPUTS=False, BLOCK_N=128, BLOCK_K=64), ()),
+        ("_slot_shrink_kernel", _slot_shrink_kernel, dict(SLOT_SHRINK_BLOCKS["small"]), ("out_ptr",)),
+        ("_slot_shrink_kernel_large", _slot_shrink_kernel, dict(SLOT_SHRINK_BLOCKS["large"]), ("out_ptr",)),
+        ("_slot_expand_kernel", _slot_expand_kernel, dict(ADD_INPUTS=True, **SLOT_EXPAND_BLOCKS), ("y_ptr",)),
     ]
     out = {}
-    for fn, consts in cases:
+    for name, fn, consts, f32 in cases:
         sig = {}
         for p in inspect.signature(fn.fn).parameters:
             if p in consts:
                 sig[p] = "constexpr"
             elif p.endswith("_ptr"):
-                sig[p] = "*i32" if p in _INDEX_PTRS else f"*{dtype}"
+                sig[p] = "*i32" if p in _INDEX_PTRS else "*fp32" if p in f32 else f"*{dtype}"
             else:
                 sig[p] = "fp32" if p == "scale" else "i32"
         compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=target)
-        out[fn.fn.__name__] = list(compiled.asm.keys())
+        out[name] = list(compiled.asm.keys())
     return out

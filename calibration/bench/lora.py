@@ -55,13 +55,14 @@ def run_lora_kernels(cfg: BenchConfig, device: torch.device, dtype: torch.dtype,
     def rnd(*shape, std):  # generated on the device: fast for GPU-sized stacks
         return torch.empty(shape, device=device, dtype=dtype).normal_(0.0, std, generator=gen)
 
-    def add_row(kernel, op, impl, module, T, n, rank, d_in, d_out, ms):
+    def add_row(kernel, op, impl, module, T, n, rank, d_in, d_out, ms, slots=None, blocks=(None, None)):
         st = stats(ms)
         rows.append({"kernel": kernel, "batch_tokens": T, "n_adapters": n, "rank": rank, "d_in": d_in,
                      "d_out": d_out, "dtype": _dtype_name(dtype), "time_ms_mean": st["mean"],
                      "time_ms_std": st["std"], "repeats": len(ms), "device": device.type, "op": op,
                      "impl": impl, "module": module, "max_rank": rank, "time_ms_median": st["median"],
-                     "time_ms_min": st["min"]})
+                     "time_ms_min": st["min"], "slots": n if slots is None else slots,
+                     "blocks_launched": blocks[0], "blocks_working": blocks[1]})
 
     for module, d_in, d_out in module_shapes(cfg):
         for rank in cfg.ranks:
@@ -114,9 +115,59 @@ def run_lora_kernels(cfg: BenchConfig, device: torch.device, dtype: torch.dtype,
                         ms = time_op(lambda: call(ref), device, cfg.warmup, cfg.repeats)
                         add_row("torch_ref" if time_triton else op, op, "torch", module, T, n, rank, d_in, d_out, ms)
             log(f"  lora_kernels {module} ({d_in}x{d_out}) rank={rank}: {len(rows)} rows")
+            _slot_grid_sweep(cfg, device, dtype, module, d_in, d_out, rank, rnd, time_triton, add_row, failures, log)
+            log(f"  lora_kernels slot grid {module} rank={rank}: {len(rows)} rows")
     if failures:
         note += f"; {len(failures)} Triton timings failed, first: {failures[0]}"
     return rows, note
+
+
+def _slot_grid_sweep(cfg: BenchConfig, device, dtype, module, d_in, d_out, rank, rnd, time_triton, add_row, failures,
+                     log) -> None:
+    """vLLM 0.8.5's slot-grid kernels (``slot_shrink``/``slot_expand``) over ``cfg.slots`` slots with ``n``
+    adapters of the batch (``n <= slots``, ``n <= T``) on slots spread over the stack, token ``t`` on the
+    ``t % n``-th of them; weights in vLLM's layouts (``A``: ``(S, R, d_in)``, ``B``: ``(S, d_out, R)``)
+    padded to ``rank``. Rows carry the call's launched and working thread blocks
+    (:func:`calibration.bench.kernels.slot_grid_blocks`)."""
+    if not cfg.slots:
+        return
+    s_max = max(cfg.slots)
+    a_all = rnd(s_max, rank, d_in, std=d_in ** -0.5).transpose(1, 2)  # (S, d_in, R) view of vLLM's layout
+    b_all = rnd(s_max, d_out, rank, std=rank ** -0.5).transpose(1, 2)
+    for S in cfg.slots:
+        a_stack, b_stack = a_all[:S], b_all[:S]
+        for n in cfg.adapters:
+            if n > S:
+                continue
+            active = [(i * S) // n for i in range(n)]  # n distinct slots spread over the S
+            for T in cfg.lora_tokens:
+                if n > T:
+                    continue
+                token_slot = [active[t % n] for t in range(T)]
+                x = rnd(T, d_in, std=1.0)
+                meta = K.slot_meta(torch.tensor(token_slot, dtype=torch.int32), S, device)
+                counts = meta[1][1:].tolist()
+                y = torch.zeros((T, rank), dtype=torch.float32, device=device)
+                out = torch.zeros((T, d_out), dtype=dtype, device=device)
+                calls = {
+                    "slot_shrink": ((lambda: K.slot_shrink(x, a_stack, meta, out=y)),
+                                    (lambda: K.slot_shrink_ref(x, a_stack, token_slot, out=y)), rank),
+                    "slot_expand": ((lambda: K.slot_expand(y, b_stack, meta, out=out)),
+                                    (lambda: K.slot_expand_ref(y, b_stack, token_slot, out=out)), d_out),
+                }
+                for op, (kern, ref, n_out) in calls.items():
+                    blocks = K.slot_grid_blocks(op.split("_")[1], T, S, n_out, counts)
+                    if time_triton:
+                        try:
+                            ms = time_op(kern, device, cfg.warmup, cfg.repeats)
+                            add_row(op, op, "triton", module, T, n, rank, d_in, d_out, ms, S, blocks)
+                        except Exception as e:  # keep the torch figures if a kernel fails
+                            failures.append(f"{op} T={T} n={n} slots={S} rank={rank} {d_in}x{d_out}: "
+                                            f"{type(e).__name__}: {e}")
+                            log(f"  Triton {failures[-1]}")
+                    ms = time_op(ref, device, cfg.warmup, cfg.repeats)
+                    add_row("torch_ref" if time_triton else op, op, "torch", module, T, n, rank, d_in, d_out, ms, S,
+                            blocks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,6 +237,22 @@ def check_case(case: dict, device: torch.device, dtype: torch.dtype = torch.floa
         "bgmv_expand_add": (K.bgmv_expand(yt, b, toks, ranks, out=baset.clone()),
                             K.bgmv_expand_ref(yr[:nt], br, toks, ranks, out=baser[:nt].clone())),
     }
+    # vLLM's slot-grid kernels over the BGMV case's tokens (padded rank R, float32 shrink buffer): with a
+    # stack of twice as many slots as the case names, so empty slots launch blocks that must exit
+    S2 = 2 * S
+    a2 = torch.cat([a, rnd(S, d_in, R, std=d_in ** -0.5)])
+    b2 = torch.cat([b, rnd(S, R, d_out, std=R ** -0.5)])
+    meta = K.slot_meta(torch.tensor(toks, dtype=torch.int32), S2, device)
+    y32 = K.slot_shrink_ref(f32(xt), f32(a2), toks, scale=0.5)
+    results["slot_shrink"] = (K.slot_shrink(xt, a2, meta, scale=0.5), y32)
+    results["slot_expand_add"] = (K.slot_expand(y32.to(device), b2, meta, out=baset.clone()),
+                                  K.slot_expand_ref(y32, f32(b2), toks, out=baser[:nt].clone()))
+    if nt >= 2:  # the large-batch configuration (8 split-K partial sums) on a batch of 128+ tokens
+        reps = -(-128 // nt)
+        big = [t for _ in range(reps) for t in toks]
+        xb = torch.cat([xt] * reps)
+        mb = K.slot_meta(torch.tensor(big, dtype=torch.int32), S2, device)
+        results["slot_shrink_large"] = (K.slot_shrink(xb, a2, mb), K.slot_shrink_ref(f32(xb), f32(a2), big))
     rows = []
     for kernel, (got, ref) in results.items():
         got = f32(got).cpu()

@@ -50,7 +50,7 @@ ADAPTER_LOAD_COLUMNS = [
 ADAPTER_LOAD_EXTRA = ["device", "bytes", "memory", "page_cache"]
 LOAD_KINDS = ("disk_to_cpu", "cpu_to_gpu")
 
-LORA_KERNELS = ("sgmv_shrink", "sgmv_expand", "bgmv_shrink", "bgmv_expand")
+LORA_KERNELS = ("sgmv_shrink", "sgmv_expand", "bgmv_shrink", "bgmv_expand", "slot_shrink", "slot_expand")
 #: ``kernel`` is one of LORA_KERNELS, or ``torch_ref`` for the plain-torch reference of the
 #: operation named in ``op`` (GPU runs time both; see :mod:`calibration.bench.lora`).
 LORA_KERNEL_COLUMNS = [
@@ -66,7 +66,10 @@ LORA_KERNEL_COLUMNS = [
     "repeats",
     "device",
 ]
-LORA_KERNEL_EXTRA = ["op", "impl", "module", "max_rank", "time_ms_median", "time_ms_min"]
+#: ``slots``: the adapter slots of the weight stacks (the slot-grid kernels launch blocks for every one);
+#: ``blocks_launched`` / ``blocks_working``: a slot-grid call's thread blocks, all and those that work
+LORA_KERNEL_EXTRA = ["op", "impl", "module", "max_rank", "time_ms_median", "time_ms_min", "slots", "blocks_launched",
+                     "blocks_working"]
 
 H2D_COPY_COLUMNS = [
     "adapter_rank",

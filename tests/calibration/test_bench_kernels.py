@@ -26,7 +26,8 @@ def test_kernels_agree_with_reference_fp32(case):
     bad = [(r["kernel"], r["max_abs_err"]) for r in rows if not r["ok"]]
     assert not bad, f"{case['name']}: {bad}"
     assert all(r["max_abs_err"] < 1e-4 for r in rows)
-    assert {r["kernel"] for r in rows} >= {"sgmv_shrink", "sgmv_expand", "bgmv_shrink", "bgmv_expand"}
+    assert {r["kernel"] for r in rows} >= {"sgmv_shrink", "sgmv_expand", "bgmv_shrink", "bgmv_expand", "slot_shrink",
+                                           "slot_expand_add"}
 
 
 def test_cases_cover_the_edge_cases():
@@ -101,4 +102,51 @@ def test_kernels_compile_for_gpu_targets_without_a_gpu():
     if r.returncode == 0 and r.stdout.startswith("SKIP:"):
         pytest.skip(r.stdout.strip())
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "compiled 4" in r.stdout
+    assert "compiled 7" in r.stdout
+
+
+def test_slot_meta_sorts_tokens_by_slot_and_marks_empty_slots():
+    order, count, start, lora_id = K.slot_meta([2, -1, 0, 2, 0, 2], 4)
+    assert count.tolist() == [1, 2, 0, 3, 0]  # the no-adapter group, then slots 0..3
+    assert start.tolist() == [0, 1, 3, 3, 6]
+    assert lora_id.tolist() == [-1, 0, -1, 2, -1]
+    assert order.tolist() == [1, 2, 4, 0, 3, 5]  # stable within a slot
+    with pytest.raises(ValueError, match=r"\[-1, 3\]"):
+        K.slot_meta([4], 4)
+
+
+def test_slot_grid_blocks_follow_vllm_085_launch_configs():
+    # shrink below 128 tokens: SPLIT_K 64, BLOCK_M 32, BLOCK_N 16; (slots + 1) groups launch
+    assert K.slot_grid_blocks("shrink", 100, 8, 16, [60, 40]) == (9 * 4 * 64, (2 + 2) * 64)
+    # from 128 tokens: SPLIT_K 8; rank 64 = 4 column tiles
+    assert K.slot_grid_blocks("shrink", 128, 3, 64, [128]) == (4 * 4 * 8 * 4, 4 * 8 * 4)
+    # expand: BLOCK_M 64, BLOCK_N 128
+    assert K.slot_grid_blocks("expand", 65, 2, 300, [1, 64, 0]) == (3 * 2 * 3, (1 + 1) * 3)
+    with pytest.raises(ValueError):
+        K.slot_grid_blocks("gather", 1, 1, 1, [1])
+
+
+@pytest.mark.parametrize("T", [5, 40, 150])
+def test_slot_kernels_agree_with_reference_in_vllm_layouts(T):
+    """Weights in vLLM's layouts (A (S, R, d_in), B (S, d_out, R)) seen through strides, tokens of a few
+    slots out of many (the other slots' blocks exit), a no-adapter token, both shrink configurations."""
+    g = torch.Generator().manual_seed(T)
+    S, d_in, R, N = 12, 72, 32, 140
+    x = torch.randn(T, d_in, generator=g).to(DEVICE)
+    a = torch.randn(S, R, d_in, generator=g).to(DEVICE).transpose(1, 2)
+    b = torch.randn(S, N, R, generator=g).to(DEVICE).transpose(1, 2)
+    slots = [3, 7, 11, -1]
+    ts = [slots[(t * 7) % 4] for t in range(T)]
+    meta = K.slot_meta(ts, S, DEVICE)
+    y = K.slot_shrink(x, a, meta, scale=0.25)
+    assert y.dtype == torch.float32
+    assert torch.allclose(y, K.slot_shrink_ref(x, a, ts, scale=0.25), atol=1e-4, rtol=1e-4)
+    assert torch.all(y[[i for i, s in enumerate(ts) if s < 0]] == 0)
+    base = torch.randn(T, N, generator=g).to(DEVICE)
+    out = K.slot_expand(y, b, meta, out=base.clone())
+    ref = K.slot_expand_ref(y, b, ts, out=base.clone())
+    assert torch.allclose(out, ref, atol=1e-3, rtol=1e-4)
+    untouched = [i for i, s in enumerate(ts) if s < 0]
+    assert torch.equal(out[untouched], base[untouched])
+    with pytest.raises(ValueError, match="meta is for"):
+        K.slot_shrink(x, a[:5], meta)

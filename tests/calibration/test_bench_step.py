@@ -242,9 +242,9 @@ def test_bench_report_cli(tmp_path, capsys):
     assert "| saturated" in md.read_text() and "ratio" in pd.read_csv(csv).columns
     assert twin_main(["calibrate", "bench-report", str(d), "--json"]) == 0
     js = json.loads(capsys.readouterr().out)
-    assert {"params", "regions", "slopes"} <= set(js)
+    assert {"params", "regions", "slopes"} <= set(js["step"]) and js["slot_grid"] is None
     assert twin_main(["calibrate", "bench-report", str(tmp_path / "none")]) == 2
-    assert "no step_bench.csv" in capsys.readouterr().err
+    assert "no such bench directory" in capsys.readouterr().err
 
 
 def test_device_session_script_asks_for_a_valid_gpu_run(tmp_path):
@@ -259,8 +259,80 @@ def test_device_session_script_asks_for_a_valid_gpu_run(tmp_path):
     cfg = resolve_config(build_parser().parse_args(argv), cuda_available=True)
     assert cfg.device == "cuda" and not cfg.small and cfg.spec.name == "llama-3.1-8b"
     assert min(cfg.ranks) == 8 and max(cfg.ranks) == 128 and min(cfg.adapters) == 8 and max(cfg.adapters) == 512
+    assert min(cfg.slots) == 8 and max(cfg.slots) == 512
     assert "step" in cfg.parts and max(cfg.step_context) >= 300_000 and cfg.step_time_limit_s
     from calibration.bench.schema import META_FILE, TABLES
 
     assert len(TABLES) + 2 <= 8  # the tables, bench_meta.json and log.txt
     assert META_FILE == "bench_meta.json" and "log.txt" in text
+
+
+
+# ---------------------------------------------------------------- the slot-grid report (torch-free)
+def _grid_rows(l_cta=0.9e-6, l_active=22e-6, c=0.004):
+    """Triton slot-grid rows whose times follow known per-block costs (ms)."""
+    rows = []
+    for kernel, per_tile, bm in (("slot_shrink", 64, 32), ("slot_expand", 2, 64)):
+        for S in (8, 32, 128, 512):
+            for n in (8, 32):
+                for T in (16, 256, 1024):
+                    if n > S or n > T:
+                        continue
+                    launched = (S + 1) * -(-T // bm) * per_tile
+                    working = n * -(-(T // n) // bm) * per_tile
+                    rows.append({"kernel": kernel, "impl": "triton", "batch_tokens": T, "n_adapters": n, "slots": S,
+                                 "blocks_launched": launched, "blocks_working": working, "device": "cuda",
+                                 "time_ms_median": c + l_cta * launched + l_active * working})
+    rows.append({**rows[0], "impl": "torch", "time_ms_median": 99.0})  # a reference row: left out
+    return pd.DataFrame(rows)
+
+
+def test_grid_report_recovers_the_per_block_costs_and_sets_the_profile_beside_them(tmp_path):
+    from calibration.bench.grid_report import grid_report, read_grid_rows
+    from twin.perf.profile import load_profile
+
+    (tmp_path / "lora_kernels.csv").write_text(_grid_rows().to_csv(index=False))
+    rows = read_grid_rows(tmp_path)
+    assert (rows.impl == "triton").all()
+    rep = grid_report(rows, load_profile("llama-3.1-8b_h100_vllm085"))
+    fits = rep.fits.set_index("kernel")
+    assert np.allclose(fits["l_cta_ns"], 0.9, rtol=1e-3) and np.allclose(fits["l_active_ns"], 22.0, rtol=1e-3)
+    assert (fits["r2"] > 0.999).all() and rep.profile["l_cta_ns"] > 0
+
+
+def test_grid_report_refuses_a_cpu_table(tmp_path):
+    from calibration.bench.grid_report import read_grid_rows
+
+    df = _grid_rows()
+    df["impl"] = "torch"
+    df.to_csv(tmp_path / "lora_kernels.csv", index=False)
+    with pytest.raises(ValueError, match="only a GPU run"):
+        read_grid_rows(tmp_path)
+    df.drop(columns=["blocks_launched"]).to_csv(tmp_path / "lora_kernels.csv", index=False)
+    with pytest.raises(ValueError, match="rerun the bench"):
+        read_grid_rows(tmp_path)
+
+
+def test_bench_report_cli_reads_both_tables(tmp_path, capsys):
+    from twin.cli import main as twin_main
+
+    d = tmp_path / "bench"
+    d.mkdir()
+    _synthetic().to_csv(d / "step_bench.csv", index=False)
+    df = _grid_rows()
+    df["impl"] = "torch"  # a CPU run: the step report stands, the grid report says why it is skipped
+    df.to_csv(d / "lora_kernels.csv", index=False)
+    assert twin_main(["calibrate", "bench-report", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "step report" in out and "slot-grid report skipped" in out
+    _grid_rows().to_csv(d / "lora_kernels.csv", index=False)
+    md = tmp_path / "r.md"
+    assert twin_main(["calibrate", "bench-report", str(d), "--markdown", str(md)]) == 0
+    assert "l_cta" in capsys.readouterr().out and "Slot-grid LoRA kernels" in md.read_text()
+    (d / "step_bench.csv").unlink()
+    assert twin_main(["calibrate", "bench-report", str(d), "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["step"] is None and len(js["slot_grid"]["fits"]) == 2
+    (d / "lora_kernels.csv").unlink()
+    assert twin_main(["calibrate", "bench-report", str(d)]) == 2
+    assert "neither step_bench.csv nor lora_kernels.csv" in capsys.readouterr().err

@@ -1,0 +1,114 @@
+"""What the slot-grid kernel timings say about the ``kernel_grid`` LoRA form's constants (torch-free).
+
+The twin's LoRA step cost (:class:`twin.perf.forms.KernelGridLora`) counts the thread blocks vLLM
+0.8.5's LoRA kernels launch for every adapter slot: ``l_cta`` per launched block (most of them exit
+at once) and ``l_active`` per block that works. The profile fits both on whole steps (calibration
+windows and serving runs), where they share the step with everything else. A GPU run of
+``twin calibrate bench --parts lora`` times the same launch pattern on its own (``slot_shrink`` and
+``slot_expand`` rows of ``lora_kernels.csv``, with each call's launched and working blocks), over
+8-512 slots. :func:`grid_report` fits, per kernel, ``t = c + l_cta * launched + l_active * working``
+with ``curve_fit`` on the Triton rows and sets the per-block costs beside the profile's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from calibration.fitting.core import FitError, ParamSpec, fit_params, quality
+
+LORA_FILE = "lora_kernels.csv"
+GRID_COLUMNS = ["kernel", "impl", "batch_tokens", "n_adapters", "slots", "blocks_launched", "blocks_working",
+                "time_ms_median"]
+
+
+@dataclass
+class GridReport:
+    fits: pd.DataFrame          # per kernel: rows, c_us, l_cta_ns, l_active_ns, r2, mape_pct
+    profile: dict[str, float]   # the profile's l_cta / l_active in ns per block (empty without a kernel_grid form)
+    meta: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fits": self.fits.to_dict(orient="records"), "profile_ns_per_block": self.profile, **self.meta}
+
+
+def read_grid_rows(path: str | Path) -> pd.DataFrame:
+    """The Triton slot-grid rows of ``lora_kernels.csv`` (a file or the bench's ``--out`` directory)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / LORA_FILE
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no {LORA_FILE} here; run `twin calibrate bench --parts lora --out DIR` on a GPU")
+    df = pd.read_csv(p)
+    missing = [c for c in GRID_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{p}: no slot-grid columns {missing}: a {LORA_FILE} written before the slot-grid kernels "
+                         f"were added; rerun the bench")
+    rows = df[df["kernel"].isin(["slot_shrink", "slot_expand"]) & (df["impl"] == "triton")]
+    if rows.empty:
+        raise ValueError(f"{p}: no Triton slot-grid timings (kernel slot_shrink/slot_expand, impl triton); only a GPU "
+                         f"run times the Triton kernels (a CPU run times the torch references)")
+    return rows.reset_index(drop=True)
+
+
+def grid_report(rows: pd.DataFrame, profile: Any = None) -> GridReport:
+    """Per kernel, ``t_ms = c + l_cta * blocks_launched + l_active * blocks_working`` (all >= 0) fitted
+    with curve_fit, relative errors; ``profile`` (a :class:`twin.perf.profile.Profile`) for comparison."""
+    out = []
+    for kernel, g in rows.groupby("kernel", sort=True):
+        y = g["time_ms_median"].to_numpy(float)
+        launched = g["blocks_launched"].to_numpy(float)
+        working = g["blocks_working"].to_numpy(float)
+        if len(g) < 4:
+            raise FitError(f"grid report: {len(g)} {kernel} rows; need at least 4 (more slots, tokens or adapters)")
+        scale = float(np.median(y))
+        specs = [ParamSpec("c", 0.5 * scale, 0.0), ParamSpec("l_cta", scale / max(launched.max(), 1.0) * 0.1, 0.0),
+                 ParamSpec("l_active", scale / max(working.max(), 1.0), 0.0)]
+
+        def f(c, l_cta, l_active):
+            return c + l_cta * launched + l_active * working
+
+        fit = fit_params(f, specs, y, np.maximum(y, 1e-9), f"grid report / {kernel}")
+        v = fit.values
+        pred = f(v["c"], v["l_cta"], v["l_active"])
+        q = quality(y, pred)
+        out.append({"kernel": kernel, "rows": len(g), "slots_max": int(g["slots"].max()), "c_us": v["c"] * 1e3,
+                    "l_cta_ns": v["l_cta"] * 1e6, "l_active_ns": v["l_active"] * 1e6, "r2": q["r2"],
+                    "mape_pct": q["mape_pct"], "at_bound": ",".join(fit.at_bound)})
+    prof: dict[str, float] = {}
+    if profile is not None and "lora" in profile.components and profile.components["lora"].form == "kernel_grid":
+        p = profile.components["lora"].params
+        prof = {"l_cta_ns": float(p["l_cta"]) * 1e9, "l_active_ns": float(p["l_active"]) * 1e9}
+    return GridReport(pd.DataFrame(out), prof, {"profile": getattr(profile, "name", None),
+                                                "device": str(rows["device"].iloc[0]) if "device" in rows else "?"})
+
+
+def grid_lines(rep: GridReport) -> list[str]:
+    lines = ["slot-grid kernels: t = c + l_cta * launched blocks + l_active * working blocks (Triton rows)"]
+    for r in rep.fits.itertuples():
+        lines.append(f"  {r.kernel:<12} {r.rows:>4} rows (up to {r.slots_max} slots)  l_cta {r.l_cta_ns:.3g} ns  "
+                     f"l_active {r.l_active_ns:.3g} ns  c {r.c_us:.3g} us  R^2 {r.r2:.3f}  MAPE {r.mape_pct:.1f} %")
+    if rep.profile:
+        lines.append(f"  profile {rep.meta['profile']} (fitted on whole steps): l_cta {rep.profile['l_cta_ns']:.3g} ns  "
+                     f"l_active {rep.profile['l_active_ns']:.3g} ns")
+    return lines
+
+
+def grid_markdown(rep: GridReport) -> str:
+    lines = ["## Slot-grid LoRA kernels: cost per launched and per working thread block", "",
+             "`t = c + l_cta * launched + l_active * working`, fitted per kernel with curve_fit on the Triton rows of "
+             "`lora_kernels.csv` (relative errors).", "",
+             "| kernel | rows | slots up to | l_cta (ns) | l_active (ns) | c (us) | R^2 | MAPE % |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rep.fits.itertuples():
+        lines.append(f"| {r.kernel} | {r.rows} | {r.slots_max} | {r.l_cta_ns:.3g} | {r.l_active_ns:.3g} | "
+                     f"{r.c_us:.3g} | {r.r2:.3f} | {r.mape_pct:.1f} |")
+    if rep.profile:
+        lines += ["", f"The profile `{rep.meta['profile']}` prices a launched block at {rep.profile['l_cta_ns']:.3g} ns "
+                      f"and a working one at {rep.profile['l_active_ns']:.3g} ns, fitted on whole steps (all layers, "
+                      f"host time included)."]
+    return "\n".join(lines) + "\n"
