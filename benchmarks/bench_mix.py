@@ -7,7 +7,8 @@ chosen to span the mix: ranks 16 and 32, both rate sets (0.1/0.05/0.025 and 1.6/
 req/s per adapter), 8 to 384 served adapters, 8 to 192 slots, from 1.7 k to 1.0 M arrivals
 (the kept-up and the overloaded runs; the mean of their published ``sim_wall_s`` is within
 10 % of the whole dev mix's). Each run is built exactly as ``twin validate`` builds it
-(:mod:`twin.validation.recreate`: workload, engine settings, ``fcfs+client-cap`` and LRU)
+(:mod:`twin.validation.recreate`: workload, engine settings, ``fcfs+client-cap`` and LRU, the serving
+path's host time per running request)
 and simulated with per-step recording off; only the simulation is timed (workload
 generation is not).
 
@@ -90,7 +91,7 @@ def run_once(spec, max_run_steps: int | None) -> dict:
     gc.collect()
     c0 = time.process_time()
     res = simulate(wl, prof, cfg, scheduler_obj=sched, cache_obj=make_cache("lru"), horizon_s=spec.window_s,
-                   record_steps=False, max_run_steps=max_run_steps)
+                   record_steps=False, max_run_steps=max_run_steps, serving_s_per_running=spec.serving_s_per_running)
     cpu = time.process_time() - c0
     s = res.summary
     return {"wall_s": s["wall_s"], "cpu_s": cpu, "arrivals": s["requests_arrived"], "finished": s["requests_finished"],

@@ -137,7 +137,11 @@ class RunConfig:
     frontend_ms: float = field(default=0.0, metadata={
         "help": "front-end latency in ms: the request's path outside the engine (API server, tokeniser, streamed "
                 "chunk), added to the client-observed TTFT and E2E, not to ITL/TPOT; 0: the engine's own times "
-                "(twin validate uses 7.5, fitted on the real runs' fit split)"})
+                "(twin validate uses 6.8, fitted on the real runs' fit split)"})
+    serving_us: float = field(default=0.0, metadata={
+        "help": "host time of the serving path in microseconds per running request and engine step (vLLM behind "
+                "its API server with streaming clients), added to every step; 0: the calibrated engine alone "
+                "(twin validate uses 18, fitted on the real runs' fit split)"})
 
     def adapter_slots(self, n_adapters: int) -> int:
         """``slots``, or :data:`DEFAULT_ADAPTER_SLOTS` capped at ``n_adapters`` (at least 1)."""
@@ -188,7 +192,9 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
                                  "run until every request finished)"),
     "ttft_slo": (False, 0, False, "a TTFT SLO in seconds, e.g. --ttft-slo 2"),
     "tbt_slo": (False, 0, False, "a time-between-tokens SLO in seconds, e.g. --tbt-slo 0.1"),
-    "frontend_ms": (False, 0, True, "a front-end latency in ms, e.g. --frontend-ms 7.5 (0: the engine's own times)"),
+    "frontend_ms": (False, 0, True, "a front-end latency in ms, e.g. --frontend-ms 6.8 (0: the engine's own times)"),
+    "serving_us": (False, 0, True, "microseconds per running request and step, e.g. --serving-us 18 (0: the "
+                                   "calibrated engine alone)"),
 }
 
 

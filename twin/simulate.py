@@ -58,6 +58,7 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
              max_run_steps: int | None = None, progress: bool = False, record_steps: bool = True,
              scheduler_obj=None, cache_obj=None, check_invariants: bool = False, extra: dict[str, Any] | None = None,
              system: str | None = None, frontend_s: float = 0.0, scrape_s_per_label: float = 0.0,
+             serving_s_per_running: float = 0.0,
              scrape_period_s: float = SCRAPE_PERIOD_S, stop_when: Callable[[Any], bool] | None = None,
              stop_check_s: float = 5.0) -> SimResult:
     """Replay ``workload`` through the engine and collect the results.
@@ -72,6 +73,9 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     ``scrape_s_per_label``: the server's metrics scrape every ``scrape_period_s`` stalls the
     client-observed path for this many seconds per LoRA label series seen so far
     (:mod:`twin.scrape_stall`; 0: off); reported as ``scrape_us_per_label`` when set.
+    ``serving_s_per_running``: the serving path's host time per running request and step
+    (:meth:`twin.perf.profile.Profile.with_serving_host`; 0: the calibrated engine alone); reported as
+    ``serving_us_per_running`` when set.
     ``stop_when(engine)``: a decision rule checked every ``stop_check_s`` simulated seconds (the run
     advances in chunks that end at a check or at the engine's end: SimPy processes the same events in
     the same order, so a chunked run is bit-identical to a whole one, as in
@@ -83,7 +87,12 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
         raise ValueError(f"frontend_s {frontend_s!r}: give the front-end latency in seconds, >= 0 (0: off)")
     check_scrape(scrape_s_per_label, scrape_period_s)
 
+    if not (serving_s_per_running >= 0.0 and math.isfinite(serving_s_per_running)):
+        raise ValueError(f"serving_s_per_running {serving_s_per_running!r}: give seconds per running request and "
+                         f"step, >= 0 (0: off)")
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    if serving_s_per_running:
+        prof = prof.with_serving_host(serving_s_per_running)
     cfg = config or EngineConfig()
     if scheduler_obj is None or cache_obj is None:
         s, c, label = resolve_policy(policy, scheduler, cache)
@@ -124,4 +133,6 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
         summary["frontend_ms"] = float(frontend_s) * 1000
     if scrape_s_per_label:
         summary["scrape_us_per_label"] = float(scrape_s_per_label) * 1e6
+    if serving_s_per_running:
+        summary["serving_us_per_running"] = float(serving_s_per_running) * 1e6
     return SimResult(summary, eng)

@@ -63,6 +63,27 @@ def test_run_frontend_latency_bad_values_refused(capsys, value):
     assert "--frontend-ms" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("policy", ["vllm", "slora"])
+def test_run_serving_host_time_lengthens_every_step(capsys, policy):
+    """``--serving-us`` (twin run, compare and reproduce share it) adds host time per running request to
+    every engine step: the steps, and so ITL and TPOT, grow; the summary names the value."""
+    runs = {}
+    for us in ("0", "19"):
+        assert main(["run", "--json", "--no-progress", "--duration", "30", "--policy", policy,
+                     "--serving-us", us]) == 0
+        runs[us] = json.loads(capsys.readouterr().out)
+    a, b = runs["0"], runs["19"]
+    assert "serving_us_per_running" not in a and b["serving_us_per_running"] == pytest.approx(19.0)
+    assert b["itl_ms_mean"] > a["itl_ms_mean"] and b["tpot_ms_mean"] > a["tpot_ms_mean"]
+    assert b["requests_arrived"] == a["requests_arrived"]
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "abc"])
+def test_run_serving_host_time_bad_values_refused(capsys, value):
+    assert main(["run", "--serving-us", value, "--duration", "10"]) == 2
+    assert "--serving-us" in capsys.readouterr().err
+
+
 def test_unknown_policy_lists_available(capsys):
     assert main(["run", "--policy", "no-such-policy", "--duration", "10"]) == 2
     err = capsys.readouterr().err

@@ -572,3 +572,41 @@ def test_preload_gpu_makes_adapters_resident_idle_and_evictable_in_order():
     pooled.use_placement(object(), 2)  # a shared pool (adapter-placement extension): no fixed slots to fill
     with pytest.raises(ValueError, match="fixed adapter slots"):
         pooled.preload_gpu([0])
+
+
+@pytest.mark.parametrize("fitted", [False, True], ids=["constant-profile", "llama-profile"])
+def test_serving_host_time_is_exact_in_runs_and_adds_per_running_request(fitted):
+    """The serving path's host time (Profile.with_serving_host) is part of every step: run skipping and
+    the decode-run fast path give exactly the step-by-step results, and one step costs h x running more."""
+    from twin.perf.profile import load_profile
+
+    prof = (load_profile("llama-3.1-8b_h100_vllm085") if fitted else
+            constant_profile(c0=0.008, c_prefill=2e-5, c_decode=5e-5, c_ctx=1e-8, k6=1.5, lora_pct=180, sched=1e-4,
+                             k2=3e-7, kv_tokens=6000))
+    h = 19e-6
+    served = prof.with_serving_host(h)
+    assert served.serving_s_per_running == h and prof.serving_s_per_running == 0.0
+    for running in (0, 1, 250):
+        assert served.scheduler_s(running, 7, 4, 20) == prof.scheduler_s(running, 7, 4, 20) + h * running
+    assert served.step_s(0, 100, 30_000, 100, 4, 16, 8, 100, 0, 20) > prof.step_s(0, 100, 30_000, 100, 4, 16, 8, 100, 0,
+                                                                                  20)
+    assert served.without("mixed").serving_s_per_running == h
+    w = random_workload(n=400, rps=6.0, adapters=20, seed=3)
+    cfg = EngineConfig(max_loras=4, max_num_seqs=64, max_model_len=2048, kv_capacity_tokens=None if fitted else 6000)
+    a = simulate(w, prof, cfg, serving_s_per_running=h)
+    b = simulate(w, prof, cfg, serving_s_per_running=h, max_run_steps=1)
+    c = simulate(w, prof, cfg)
+    cols = ["outcome", "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "tokens_emitted"]
+    pd.testing.assert_frame_equal(a.requests[cols], b.requests[cols], check_exact=True)
+    assert a.summary["serving_us_per_running"] == pytest.approx(19.0) and "serving_us_per_running" not in c.summary
+    assert a.summary["itl_ms_mean"] > c.summary["itl_ms_mean"]
+
+
+def test_serving_host_time_refuses_a_negative_or_infinite_value():
+    prof = constant_profile(c0=0.01, c_prefill=1e-5, c_decode=1e-4)
+    w = random_workload(n=20, seed=1)
+    for bad in (-1e-6, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="seconds per running request"):
+            simulate(w, prof, EngineConfig(), serving_s_per_running=bad)
+        with pytest.raises(ValueError, match="seconds per running request"):
+            prof.with_serving_host(bad)

@@ -11,7 +11,10 @@ plus the model dimensions. The engine asks it:
 * :meth:`Profile.kv_capacity_tokens` -- KV capacity given adapter slots and max rank;
 * optionally :attr:`Profile.mixed_s` -- the per-slot serving time of a step that carries a
   prefill per distinct adapter (component ``mixed``, :class:`twin.perf.forms.PrefillAdaptersMixed`); a profile
-  without it (or :meth:`Profile.without` ``("mixed")``) gives the step without that term.
+  without it (or :meth:`Profile.without` ``("mixed")``) gives the step without that term;
+* optionally the serving path's host time per running request and step
+  (:meth:`Profile.with_serving_host`, :attr:`Profile.serving_s_per_running`; 0 in every shipped
+  profile): added to the scheduler term, so every path that prices a step includes it.
 
 ``twin run --profile NAME|FILE`` picks one; :func:`load_profile` resolves names against the
 profiles shipped in ``calibration/profiles`` and the embedded :data:`DEFAULT_PROFILE`.
@@ -76,6 +79,9 @@ class Profile:
     software: str = ""
     lora_targets: tuple[str, ...] = ALL_TARGETS
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: host time per running request and engine step of a server behind an API front end with
+    #: streaming clients (seconds; 0: the calibrated engine alone). See :meth:`with_serving_host`.
+    serving_s_per_running: float = 0.0
 
     def __post_init__(self) -> None:
         missing = [k for k in KINDS if k not in self.components]
@@ -85,7 +91,16 @@ class Profile:
         # scalar fast paths, built once (the engine's hot path)
         self.backbone_s = c["backbone"].scalar()
         self.lora_s = c["lora"].scalar()
-        self.scheduler_s = c["scheduler"].scalar()
+        sched = c["scheduler"].scalar()
+        h = self.serving_s_per_running
+        if not (h >= 0.0 and math.isfinite(h)):
+            raise ValueError(f"serving_s_per_running {h!r}: give seconds per running request and step, >= 0")
+        if h:
+            def scheduler_s(running: int, waiting: int, slots: int, served: int, _sched=sched, _h=h) -> float:
+                return _sched(running, waiting, slots, served) + _h * running
+            self.scheduler_s = scheduler_s
+        else:
+            self.scheduler_s = sched
         self._load = c["load"].predict
         self._kv = c["kv"].predict
         #: per-slot time of a step with a prefill (None: the profile has no such component)
@@ -233,6 +248,14 @@ class Profile:
                 break
         return k, t, durs[0], durs
 
+    def with_serving_host(self, s_per_running: float) -> "Profile":
+        """A copy whose steps also cost ``s_per_running`` seconds per running request: host time that
+        grows with the batch when vLLM serves through its API server to streaming clients, and that the
+        calibration's offline runs do not contain (issue 17, item 1; fitted on the validation's fit split
+        by :mod:`twin.validation.serving_host`). It is added to the scheduler term (vLLM 0.8.5 overlaps
+        none of its host work with the GPU), so single steps, decode runs and the fast path all see it."""
+        return dataclasses.replace(self, serving_s_per_running=float(s_per_running))
+
     def with_lora_targets(self, targets: "Sequence[str] | str") -> "Profile":
         """A copy whose adapters adapt ``targets`` (``'qkvo'``, ``'all'``, a comma list or a
         sequence of module names): the adapter bytes *and* the LoRA compute follow them (the
@@ -264,7 +287,8 @@ class Profile:
             raw["components"] = {k: v for k, v in raw["components"].items() if k not in kinds}
         return Profile(name=self.name, model=self.model,
                        components={k: v for k, v in self.components.items() if k not in kinds}, gpu=self.gpu,
-                       software=self.software, lora_targets=self.lora_targets, raw=raw)
+                       software=self.software, lora_targets=self.lora_targets, raw=raw,
+                       serving_s_per_running=self.serving_s_per_running)
 
     def adapter_bytes(self, rank: int) -> int:
         return self.model.adapter_bytes(rank, self.lora_targets)

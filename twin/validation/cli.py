@@ -11,7 +11,8 @@ from traces.arguments import check_writable_dir
 from twin.validation.output import json_summary, write_outputs
 from twin.validation.report import format_report
 from twin.validation.runner import run_validation
-from twin.validation.specs import FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, SCRAPE_S_PER_LABEL, check_length_corr
+from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, SCRAPE_S_PER_LABEL, SERVING_S_PER_RUNNING,
+                                  check_length_corr)
 
 
 def register_cli(subparsers) -> None:
@@ -53,6 +54,11 @@ def register_cli(subparsers) -> None:
                         f"scrape every 2 s, in microseconds per LoRA label series seen so far (default "
                         f"{SCRAPE_S_PER_LABEL * 1e6:g}: fitted on the dt_modelling runs without a queue, "
                         f"twin.validation.scrape_stall; 0: off)")
+    p.add_argument("--serving-us", type=float, default=SERVING_S_PER_RUNNING * 1e6,
+                   help=f"host time of the serving path per running request and engine step, in microseconds "
+                        f"(API server and streaming clients; default {SERVING_S_PER_RUNNING * 1e6:g}: fitted on the "
+                        f"dt_modelling runs with KV usage < 0.5 and >= 100 running, twin.validation.serving_host; "
+                        f"0: the calibrated engine alone)")
     p.add_argument("--no-figures", action="store_true", help="with --out: skip the figures")
     p.add_argument("--top", type=int, default=8, help="largest errors listed in the table")
     p.add_argument("--data-dir", default=None, help="data directory (default $TWIN_DATA_DIR)")
@@ -89,6 +95,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--frontend-ms {args.frontend_ms}: give a latency in milliseconds, >= 0 (0: off)")
     if not (args.scrape_us >= 0 and args.scrape_us < 1e6):
         raise ValueError(f"--scrape-us {args.scrape_us}: give microseconds per label series, >= 0 (0: off)")
+    if not (args.serving_us >= 0 and args.serving_us < 1e6):
+        raise ValueError(f"--serving-us {args.serving_us}: give microseconds per running request and step, >= 0 "
+                         f"(0: off)")
     if args.out:
         check_writable_dir("--out", args.out)
     if args.filter is not None and not args.filter.strip():
@@ -104,7 +113,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                          seed=args.seed, use_sent=not args.nominal, progress=progress, data_dir=args.data_dir,
                          client_cap=_client_cap(args.client_cap), preload_cpu=not args.no_preload,
                          length_corr=args.length_corr, frontend_s=args.frontend_ms / 1000,
-                         scrape_s_per_label=args.scrape_us / 1e6)
+                         scrape_s_per_label=args.scrape_us / 1e6, serving_s_per_running=args.serving_us / 1e6)
     paths = write_outputs(res, args.out, figures=not args.no_figures) if args.out else []
     if args.json:
         print(json_summary(res))

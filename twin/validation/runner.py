@@ -23,7 +23,8 @@ from policies.client_cap import CLIENT_MAX_INFLIGHT
 from twin.validation.profiles import cached_profile, check_profile_model, profile_of_runs
 from twin.validation.recreate import simulate_run
 from twin.validation.scoring import score, summarize
-from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, SCRAPE_S_PER_LABEL, START_FAILURE_STATUSES,
+from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, SCRAPE_S_PER_LABEL, SERVING_S_PER_RUNNING,
+                                  START_FAILURE_STATUSES,
                                    RunSpec, attach_peer,
                                    default_peer_csv, default_real_csv, load_peer, load_real, select_runs, spec_from_row)
 
@@ -83,7 +84,8 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
                    run_ids: Iterable[str] | None = None,
                    length_corr: float = PROMPT_OUTPUT_CORR,
                    frontend_s: float = FRONTEND_LATENCY_S,
-                   scrape_s_per_label: float = SCRAPE_S_PER_LABEL) -> ValidationResult:
+                   scrape_s_per_label: float = SCRAPE_S_PER_LABEL,
+                   serving_s_per_running: float = SERVING_S_PER_RUNNING) -> ValidationResult:
     """Re-create the runs of ``real_csv`` with the twin and score them (see :mod:`twin.validation`).
 
     ``peer_csv``: the published twin's predictions (None: the ``peer_twin_*.csv`` beside the real
@@ -91,7 +93,8 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
     ``preload_cpu`` go to the scheduler ``fcfs+client-cap`` (:mod:`policies.client_cap`).
     ``length_corr``: prompt-output length coupling of the re-created pools (0: independent).
     ``frontend_s``: the requests' front-end latency outside the engine (0: the engine's times).
-    ``scrape_s_per_label``: the metrics scrape's stall per LoRA label series (0: none)."""
+    ``scrape_s_per_label``: the metrics scrape's stall per LoRA label series (0: none).
+    ``serving_s_per_running``: the serving path's host time per running request and step (0: none)."""
     t0 = time.perf_counter()
     real_csv = Path(real_csv) if real_csv else default_real_csv(data_dir)
     real = load_real(real_csv)
@@ -105,7 +108,8 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
     profile = profile_of_runs(sel, profile, f"the selected runs of {real_csv}")
     prof = cached_profile(profile)
     check_profile_model(prof, sel)
-    specs = [spec_from_row(row, seed, use_sent, length_corr, frontend_s, scrape_s_per_label) for _, row in sel.iterrows()
+    specs = [spec_from_row(row, seed, use_sent, length_corr, frontend_s, scrape_s_per_label, serving_s_per_running)
+             for _, row in sel.iterrows()
              if row["status"] == "ok" or row["status"] in START_FAILURE_STATUSES]
     if not specs:
         counts = ", ".join(f"{k} {v}" for k, v in sel["status"].astype(str).value_counts().items())
@@ -116,11 +120,11 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
     results = run_all(specs, sim_opts, jobs, progress)
     tw = pd.DataFrame(results) if results else pd.DataFrame({"run_id": []})
     runs = score(sel.merge(tw, on="run_id", how="left"))
-    summary = summarize(runs, prof.name, str(real_csv), str(peer_csv) if peer_csv else None)
+    summary = summarize(runs, prof.name, str(real_csv), str(peer_csv) if peer_csv else None, serving_s_per_running)
     summary["wall_s"] = time.perf_counter() - t0
     opts = dict(real=str(real_csv), peer=str(peer_csv) if peer_csv else None, profile=prof.name, jobs=jobs,
                 limit=limit, filter=filt, seed=seed, use_sent=use_sent, client_cap=client_cap,
                 preload_cpu=preload_cpu, length_corr=length_corr, frontend_s=frontend_s,
-                scrape_s_per_label=scrape_s_per_label)
+                scrape_s_per_label=scrape_s_per_label, serving_s_per_running=serving_s_per_running)
     summary["options"] = opts
     return ValidationResult(runs, summary, summary["wall_s"], opts)
