@@ -294,3 +294,12 @@ def test_search_slo_rule_with_percentile_slos(tmp_path, capsys):
     assert "no configuration of the search meets the SLOs (P99 TTFT <= 1e-06 s) without starving: 1 runs (1 ok)" in err
     assert main(argv) == 0  # the default rule's answer carries no slo
     assert "slo" not in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_search_and_evaluate_refuse_a_bad_serving_host_time(tmp_path, capsys, value):
+    err = _error(SEARCH + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--serving-us", value,
+                           "--cache", str(tmp_path / "c")], capsys)
+    assert "--serving-us" in err and not (tmp_path / "c").exists()
+    err = _error(["configure", "evaluate", "--real", str(tmp_path / "none.csv"), "--serving-us", value], capsys)
+    assert "--serving-us" in err

@@ -230,6 +230,29 @@ def test_length_corr_couples_every_scenario_and_changes_the_digest_only_when_set
     assert coupled.digest() != plain.digest() and t["task_hash"] != plain.tasks()[0]["task_hash"]
 
 
+def test_serving_us_reaches_every_run_and_changes_the_digest_only_when_set():
+    """``[scenarios] serving_us`` (the serving path's host time): absent at 0, so every committed sweep keeps its
+    digest and shard names; set, it is in each scenario, its rows, and the run's steps are longer."""
+    from twin.sweep.scenario import run_config
+    from twin.sweep.walk import scenario_columns
+
+    base = {"name": "s", "window_s": 60, "scenarios": {"rates": [[3.2, 1.6, 0.8]], "ranks": [[8, 8, 16]]},
+            "configs": {"served": [16], "slots": [16]}}
+    plain = grid_from_dict(base)
+    zero = grid_from_dict({**base, "scenarios": {**base["scenarios"], "serving_us": 0}})
+    served = grid_from_dict({**base, "scenarios": {**base["scenarios"], "serving_us": 18}})
+    assert plain.digest() == zero.digest() and plain.tasks()[0]["task_hash"] == zero.tasks()[0]["task_hash"]
+    sc0, sc1 = plain.tasks()[0]["scenario"], served.tasks()[0]["scenario"]
+    assert "serving_us" not in sc0 and sc1["serving_us"] == 18.0 and sc1["key"] == sc0["key"]
+    assert served.digest() != plain.digest()
+    assert scenario_columns(sc1)["serving_us"] == 18.0 and "serving_us" not in scenario_columns(sc0)
+    a = run_config(sc0, 16, 16, 16, seed=0, window_s=60.0, profile=None, early_stop=False)
+    b = run_config(sc1, 16, 16, 16, seed=0, window_s=60.0, profile=None, early_stop=False)
+    assert b["itl_ms_mean"] > a["itl_ms_mean"] and b["requests"] == a["requests"]
+    with pytest.raises(ValueError, match=r"serving_us"):
+        grid_from_dict({**base, "scenarios": {**base["scenarios"], "serving_us": -1}})
+
+
 @pytest.mark.parametrize("bad", [1.0, -1, 1.5, "strong", True, float("nan"), [0.1]])
 def test_an_impossible_length_corr_is_refused(bad):
     with pytest.raises(ValueError, match=r"grid \[scenarios\] length_corr: .* strictly between -1 and 1"):
@@ -251,7 +274,7 @@ def _section(keys: list[str]):
 @given(st.fixed_dictionaries({}, optional={
     **{k: _VALUES for k in ("name", "window_s", "seeds", "model")},
     "scenarios": _section(["rates", "rate_values", "rate_arity", "ranks", "rank_values", "rank_arity", "max_largest",
-                           "lengths", "length_corr", "arrival", "policy"]),
+                           "lengths", "length_corr", "serving_us", "arrival", "policy"]),
     "configs": _section(["served", "slots", "max_lora_rank", "engine"]),
     "early_stop": _section(["walk", "run", "ratio"]),
     "slo": _section(["ttft_s", "tbt_s"])}))

@@ -128,6 +128,9 @@ def register_cli(subparsers) -> None:
     e.add_argument("--source", default="ml_test", help="rows of the table to use (column source; '' = all)")
     e.add_argument("--no-search", action="store_true", help="leave out the twin-as-optimiser baseline")
     e.add_argument("--search-cache", default=None, help="sweep directory caching the search runs")
+    e.add_argument("--serving-us", type=float, default=0.0, metavar="US",
+                   help="the search baseline's serving-path host time per running request and step, microseconds "
+                        "(default 0, as the shipped sweeps; twin validate uses 18)")
     e.add_argument("--check", action="store_true",
                    help="also score every model after the twin's check of its recommendations (predict --check)")
     e.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
@@ -152,6 +155,10 @@ def register_cli(subparsers) -> None:
     s.add_argument("--length-corr", type=float, default=0.0, metavar="RHO",
                    help="prompt-output length coupling of the request pool (default 0: independent lengths, "
                         "as the shipped sweeps; twin validate re-creates the real runs with -0.37)")
+    s.add_argument("--serving-us", type=float, default=0.0, metavar="US",
+                   help="host time of the serving path per running request and engine step, microseconds "
+                        "(default 0: the calibrated engine alone, as the shipped sweeps; twin validate re-creates "
+                        "the real runs with 18)")
     s.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
     s.add_argument("--jobs", type=int, default=1)
     s.add_argument("--json", action="store_true")
@@ -574,6 +581,8 @@ def cmd_evaluate(args) -> int:
     from twin.sweep.runner import check_selection
 
     check_selection(jobs=args.jobs)
+    check_number("--serving-us", args.serving_us, 0, True, "microseconds per running request and step, e.g. "
+                                                           "--serving-us 18 (0: off)")
     if args.out:
         check_writable_dir("--out", args.out)
     real = args.real
@@ -583,7 +592,8 @@ def cmd_evaluate(args) -> int:
         real = require("validation/vllm085_h100_llama31_8b.csv")
     with _executor_extra():
         res = evaluate(real, args.profile, args.model, args.source or "", args.search_cache, not args.no_search,
-                       args.executor, args.jobs, progress=sys.stderr.isatty(), check=args.check)
+                       args.executor, args.jobs, progress=sys.stderr.isatty(), check=args.check,
+                       serving_us=args.serving_us)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -667,6 +677,10 @@ def cmd_search(args) -> int:
                    if args.slots is not None else list(PUBLISHED_GRID))
     if args.length_corr:
         kw["length_corr"] = check_length_corr(args.length_corr, "--length-corr")
+    if args.serving_us:
+        check_number("--serving-us", args.serving_us, 0, True, "microseconds per running request and step, "
+                                                               "e.g. --serving-us 18 (0: off)")
+        kw["serving_us"] = float(args.serving_us)
     slo = _search_slo(args)
     with _executor_extra():
         labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
@@ -681,7 +695,7 @@ def cmd_search(args) -> int:
            "throughput_tok_s": float(lab["throughput_tok_s"]), "ratio_at_label": lab["ratio_at_label"],
            "margin": lab["margin"], "next_ratio": lab["next_ratio"], "rule": args.rule, "profile": args.profile,
            "policy": kw.get("policy", DEFAULT_POLICY), "lengths": list(kw.get("lengths", DEFAULT_LENGTHS)),
-           "length_corr": float(kw.get("length_corr", 0.0)),
+           "length_corr": float(kw.get("length_corr", 0.0)), "serving_us": float(kw.get("serving_us", 0.0)),
            "runs": int(len(runs)), "runs_simulated": int((runs["status"] == "ok").sum()),
            "cpu_s": float(runs["wall_s"].fillna(0).sum()), **({"slo": slo} if slo else {})}
     if args.json:

@@ -26,14 +26,16 @@ DEFAULT_CACHE = Path("sweeps") / "search-cache"
 def search_grid(scenarios: Iterable[tuple[list[float], list[int]]], profile: str | None, window_s: float = 3600.0,
                 served: Iterable[int] = PUBLISHED_GRID, slots: Iterable[int] = PUBLISHED_GRID,
                 seeds: Iterable[int] = (0,), lengths: tuple[float, float] = (222.0, 197.0),
-                policy: str = "fcfs+client-cap", model: str = "", length_corr: float = 0.0) -> GridSpec:
+                policy: str = "fcfs+client-cap", model: str = "", length_corr: float = 0.0,
+                serving_us: float = 0.0) -> GridSpec:
     """A grid holding exactly the given scenarios (no cross product of rates and ranks); ``length_corr``:
-    the request pools' prompt-output length coupling (:attr:`GridSpec.length_corr`)."""
+    the request pools' prompt-output length coupling (:attr:`GridSpec.length_corr`); ``serving_us``: the
+    serving path's host time (:attr:`GridSpec.serving_us`)."""
     sc = list(scenarios)
     g = GridSpec(name="search", profile=profile, window_s=float(window_s), seeds=[int(s) for s in seeds],
                  served=sorted(int(x) for x in served), slots=sorted(int(x) for x in slots),
                  lengths=[[float(lengths[0]), float(lengths[1])]], policy=[policy], model=model,
-                 length_corr=float(length_corr))
+                 length_corr=float(length_corr), serving_us=float(serving_us))
     g.rates = [list(x) for x in dict.fromkeys(tuple(map(float, r)) for r, _ in sc)]
     g.ranks = [list(x) for x in dict.fromkeys(tuple(map(int, k)) for _, k in sc)]
     return g

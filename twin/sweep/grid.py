@@ -73,6 +73,11 @@ class GridSpec:
     #: :data:`twin.validation.specs.PROMPT_OUTPUT_CORR`; results/configurator/README.md says why the
     #: shipped sweeps keep 0.
     length_corr: float = 0.0
+    #: the serving path's host time per running request and engine step, in microseconds
+    #: (:meth:`twin.perf.profile.Profile.with_serving_host`); 0, the shipped sweeps' value, is the calibrated
+    #: engine alone. ``twin validate`` re-creates the real runs with
+    #: :data:`twin.validation.specs.SERVING_S_PER_RUNNING`.
+    serving_us: float = 0.0
     arrival: list[str] = field(default_factory=lambda: ["poisson"])
     policy: list[str] = field(default_factory=lambda: ["fcfs+client-cap"])
     served: list[int] = field(default_factory=lambda: list(PUBLISHED_GRID))
@@ -90,6 +95,8 @@ class GridSpec:
         d = asdict(self)
         if not d["length_corr"]:
             del d["length_corr"]  # independent lengths: the digest of every grid from before the key
+        if not d["serving_us"]:
+            del d["serving_us"]  # likewise
         return d
 
     def digest(self) -> str:
@@ -111,6 +118,8 @@ class GridSpec:
                   "lengths": [float(x) for x in lengths], "arrival": arrival, "policy": policy, "model": self.model}
             if self.length_corr:  # absent at 0: the task hashes (shard names) of every earlier sweep hold
                 sc["length_corr"] = float(self.length_corr)
+            if self.serving_us:  # likewise
+                sc["serving_us"] = float(self.serving_us)
             out.append(sc)
         return out
 
@@ -229,7 +238,7 @@ NAMED_GRIDS = {
 
 
 _SCEN_KEYS = {"rates", "rate_values", "rate_arity", "ranks", "rank_values", "rank_arity", "max_largest", "lengths",
-              "length_corr", "arrival", "policy"}
+              "length_corr", "serving_us", "arrival", "policy"}
 _CONF_KEYS = {"served", "slots", "max_lora_rank", "engine"}
 _TOP_KEYS = {"name", "profile", "window_s", "seeds", "model", "scenarios", "configs", "early_stop", "slo"}
 
@@ -326,6 +335,8 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
                             "[scenarios] lengths", "lengths = [[222, 197], [400, 300]]")
     if "length_corr" in sc:
         g.length_corr = check_length_corr(sc["length_corr"], "grid [scenarios] length_corr")
+    if "serving_us" in sc:
+        g.serving_us = _number(sc["serving_us"], "[scenarios] serving_us", lo_ok=True, example="serving_us = 18")
     if "arrival" in sc:
         g.arrival = _names(sc["arrival"], "[scenarios] arrival", 'arrival = ["poisson"]')
     if "policy" in sc:

@@ -276,6 +276,8 @@ def run_config(scenario: dict[str, Any], served: int, slots: int, max_rank: int,
     ``tok_s_upper`` holds the bound at the stop)."""
 
     prof = get_profile(profile)
+    if scenario.get("serving_us"):  # the serving path's host time (GridSpec.serving_us)
+        prof = prof.with_serving_host(float(scenario["serving_us"]) * 1e-6)
     spec = make_spec(scenario, served, slots, max_rank, seed, window_s, cpu_slots)
     row: dict[str, Any] = {"served_adapters": int(served), "adapter_slots": int(slots), "max_lora_rank": int(max_rank),
                            "seed": int(seed), "run_seed": int(spec.seed), "profile": prof.name,
