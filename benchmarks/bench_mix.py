@@ -55,6 +55,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--runs", type=int, default=len(RUNS), help=f"only the first N runs of the subset (default "
                                                                f"{len(RUNS)})")
     ap.add_argument("--max-run-steps", type=int, default=None, help="engine max_run_steps (1: no run skipping)")
+    ap.add_argument("--serving-us", type=float, default=None,
+                    help="the serving path's host time per running request and step in microseconds (default: twin "
+                         "validate's; 0 gives the re-creations from before it, for comparing engine speed across it)")
     a = ap.parse_args(argv)
     if a.repeat < 1:
         ap.error(f"--repeat must be at least 1, got {a.repeat}")
@@ -78,7 +81,7 @@ def load_specs(n: int) -> list:
     return [spec_from_row({**sel.loc[r].to_dict(), "run_id": r}) for r in RUNS[:n]]
 
 
-def run_once(spec, max_run_steps: int | None) -> dict:
+def run_once(spec, max_run_steps: int | None, serving_us: float | None = None) -> dict:
     from twin.registry import make_cache, make_scheduler
     from twin.simulate import simulate
     from twin.validation.profiles import cached_profile
@@ -91,7 +94,8 @@ def run_once(spec, max_run_steps: int | None) -> dict:
     gc.collect()
     c0 = time.process_time()
     res = simulate(wl, prof, cfg, scheduler_obj=sched, cache_obj=make_cache("lru"), horizon_s=spec.window_s,
-                   record_steps=False, max_run_steps=max_run_steps, serving_s_per_running=spec.serving_s_per_running)
+                   record_steps=False, max_run_steps=max_run_steps,
+                   serving_s_per_running=spec.serving_s_per_running if serving_us is None else serving_us * 1e-6)
     cpu = time.process_time() - c0
     s = res.summary
     return {"wall_s": s["wall_s"], "cpu_s": cpu, "arrivals": s["requests_arrived"], "finished": s["requests_finished"],
@@ -106,7 +110,7 @@ def main(argv: list[str]) -> int:
     for spec in specs:
         walls, cpus = [], []
         for _ in range(a.repeat):
-            r = run_once(spec, a.max_run_steps)
+            r = run_once(spec, a.max_run_steps, a.serving_us)
             walls.append(r["wall_s"])
             cpus.append(r["cpu_s"])
         w = statistics.median(walls)
