@@ -583,29 +583,6 @@ class Engine(PreemptionWalk, EngineState):
         own = self._own_rank
         lim = (g1 + 1) * m  # entries below it finish at or before g1
         bs = self.block_size
-        if self._finish_hook is not None or self._on_finish is not None:  # callbacks see each finish in turn
-            while heap and heap[0] < lim:
-                fg, rid = divmod(pop(heap), m)
-                dd = dec.get(rid)
-                if dd is None or dd[1] != fg:
-                    continue
-                base = dd[0]
-                del dec[rid]
-                self.n_dec -= 1
-                self.dec_base_sum -= base
-                if own is not None:
-                    self.dec_rank_sum -= own[rid]
-                res_cnt[(-base) % bs] -= 1
-                self.used_blocks -= -(-(base + g1) // bs)
-                del T[rid]
-                self._finished(rid, now)
-            return
-        # no callback: :meth:`_finished` written out with the counters in locals, written back before an
-        # adapter goes idle (AdapterMemory.release calls the cache policy, which may read the engine)
-        running, alive, rid_seq, state, fin_a = self.running, self._run_alive, self._rid_seq, self._state_mv, self._finish_a
-        adapter_a, ad = self.adapter_a, self.adapters
-        act = ad.active
-        n_dec, base_sum, used, done = self.n_dec, self.dec_base_sum, self.used_blocks, 0
         while heap and heap[0] < lim:
             fg, rid = divmod(pop(heap), m)
             dd = dec.get(rid)
@@ -613,29 +590,14 @@ class Engine(PreemptionWalk, EngineState):
                 continue
             base = dd[0]
             del dec[rid]
-            n_dec -= 1
-            base_sum -= base
+            self.n_dec -= 1
+            self.dec_base_sum -= base
             if own is not None:
                 self.dec_rank_sum -= own[rid]
             res_cnt[(-base) % bs] -= 1
-            used -= -(-(base + g1) // bs)
+            self.used_blocks -= -(-(base + g1) // bs)
             del T[rid]
-            del running[rid]
-            alive[rid_seq[rid]] = 0
-            state[rid] = _FINISHED
-            fin_a[rid] = now
-            done += 1
-            a = adapter_a[rid]
-            if a >= 0:
-                if act[a] > 1:  # other requests of the adapter stay: AdapterMemory.release only counts it
-                    act[a] -= 1
-                else:
-                    self.n_dec, self.dec_base_sum, self.used_blocks = n_dec, base_sum, used
-                    self.n_finished += done
-                    done = 0
-                    ad.release(a, now)
-        self.n_dec, self.dec_base_sum, self.used_blocks = n_dec, base_sum, used
-        self.n_finished += done
+            self._finished(rid, now)
 
     def _finished(self, rid: int, now: float) -> None:
         """``rid`` emitted its last token: it leaves the batch."""
