@@ -55,6 +55,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                       f"{_csv(CPU_DEFAULTS['adapters'])})")
     s.add_argument("--slots", help=f"adapter slots of vLLM's slot-grid LoRA kernels ({_csv(GPU_DEFAULTS['slots'])} / "
                                    f"{_csv(CPU_DEFAULTS['slots'])})")
+    s.add_argument("--lora-time-limit", type=float, metavar="S",
+                   help="stop the LoRA kernel sweep after S seconds, keeping the rows so far (for a time-boxed GPU)")
     s.add_argument("--concurrency", help=f"simultaneous host-to-device copies ({_csv(GPU_DEFAULTS['concurrency'])} / "
                                          f"{_csv(CPU_DEFAULTS['concurrency'])})")
     s.add_argument("--tp", help="tensor-parallel degrees emulated for the linear ops (default 1)")

@@ -121,6 +121,8 @@ class BenchConfig:
     step_warmup: int = CPU_DEFAULTS["step_warmup"]
     step_attention: str = "auto"
     step_time_limit_s: float | None = None
+    #: stop the LoRA kernel sweep after this many seconds (its (module, rank) sweeps then run in a seeded order)
+    lora_time_limit_s: float | None = None
     seed: int = 0
     threads: int | None = None
     quiet: bool = False
@@ -283,6 +285,7 @@ def resolve_config(args, cuda_available: bool | None = None) -> BenchConfig:
         cold_cache=not args.warm_cache,
         keep_adapters=args.keep_adapters,
         **step,
+        lora_time_limit_s=_time_limit(getattr(args, "lora_time_limit", None), "--lora-time-limit"),
         seed=args.seed,
         threads=getattr(args, "threads", None),
         quiet=args.quiet,
@@ -311,8 +314,16 @@ def _step_settings(args, defaults: dict) -> dict:
                step_time_limit_s=getattr(args, "step_time_limit", None))
     if out["step_attention"] not in ("auto", "sdpa", "matmul"):
         raise ValueError(f"--step-attention must be auto, sdpa or matmul, got {out['step_attention']!r}")
-    if out["step_time_limit_s"] is not None and not out["step_time_limit_s"] > 0:
-        raise ValueError(f"--step-time-limit {out['step_time_limit_s']}: give seconds > 0")
+    out["step_time_limit_s"] = _time_limit(out["step_time_limit_s"], "--step-time-limit")
     if all(d == 0 for d in out["step_decodes"]) and all(p == 0 for p in out["step_prefill"]):
         raise ValueError("--step-decodes and --step-prefill are all 0: every step would be empty")
     return out
+
+
+def _time_limit(value: float | None, flag: str) -> float | None:
+    """A part's time limit: None (no limit) or finite seconds > 0, else an error naming ``flag``."""
+    if value is None:
+        return None
+    if not (value > 0 and value < float("inf")):
+        raise ValueError(f"{flag} {value}: give seconds > 0")
+    return float(value)

@@ -7,6 +7,7 @@
 #     (part `step`, stopped after --step-time-limit seconds with the rows so far),
 #   * host-to-GPU copies alone and concurrent, adapter loads, the base model's linear operators,
 #   * the Triton kernels checked against their torch references in the run's dtype.
+# The LoRA and step sweeps stop after 150 s each (seeded orders: a stopped sweep is an even sample).
 # About 6 minutes on an H200 (an estimate: not yet run on one). Needs python3 with torch, triton,
 # numpy, pandas and safetensors (the GPU machine's image has them); nothing is installed.
 #
@@ -26,5 +27,5 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   python3 -m calibration.bench --device cuda --model-dims llama-3.1-8b --out "$OUT/bench" \
       --ranks 8,16,32,64,128 --adapters 8,32,128,512 --slots 8,32,128,512 --lora-tokens 16,256,1024,4096 \
-      --repeats 10 --warmup 3 --load-repeats 5 --step-time-limit 180
+      --repeats 10 --warmup 3 --load-repeats 5 --lora-time-limit 150 --step-time-limit 150
 } 2>&1 | tee "$OUT/bench/log.txt"

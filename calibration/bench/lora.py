@@ -19,6 +19,9 @@ expand ``rank -> d_out``); ``module`` names the modules sharing that shape.
 
 from __future__ import annotations
 
+import random
+import time
+
 import torch
 
 from calibration.bench import kernels as K
@@ -64,61 +67,70 @@ def run_lora_kernels(cfg: BenchConfig, device: torch.device, dtype: torch.dtype,
                      "time_ms_min": st["min"], "slots": n if slots is None else slots,
                      "blocks_launched": blocks[0], "blocks_working": blocks[1]})
 
-    for module, d_in, d_out in module_shapes(cfg):
-        for rank in cfg.ranks:
-            for n in cfg.adapters:
-                a_stack = rnd(n, d_in, rank, std=d_in ** -0.5)
-                b_stack = rnd(n, rank, d_out, std=rank ** -0.5)
-                ranks_t = torch.full((n,), rank, dtype=torch.int32, device=device)
-                for T in cfg.lora_tokens:
-                    if n > T:
-                        continue
-                    x = rnd(T, d_in, std=1.0)
-                    y = torch.zeros((T, rank), dtype=dtype, device=device)
-                    out = torch.zeros((T, d_out), dtype=dtype, device=device)
-                    starts, lens, seg_idx = K.even_segments(T, n)
-                    tok_idx = K.interleaved_tokens(T, n)
-                    mlen = max(lens)
-                    dev_seg = [torch.tensor(v, dtype=torch.int32, device=device) for v in (starts, lens, seg_idx)]
-                    dev_tok = torch.tensor(tok_idx, dtype=torch.int32, device=device)
-                    # The Triton kernels take device tensors; the references take host lists
-                    # (what a torch user would loop over).
-                    def is_ref(f):
-                        return f in K.REFERENCES.values()
+    pairs = [(module, d_in, d_out, rank) for module, d_in, d_out in module_shapes(cfg) for rank in cfg.ranks]
+    if cfg.lora_time_limit_s is not None:  # a seeded order: a sweep the limit stops is an even sample
+        random.Random(cfg.seed).shuffle(pairs)
+    t_start, stopped = time.perf_counter(), None
+    for i, (module, d_in, d_out, rank) in enumerate(pairs):
+        if i and cfg.lora_time_limit_s is not None and time.perf_counter() - t_start > cfg.lora_time_limit_s:
+            stopped = i
+            break
+        for n in cfg.adapters:
+            a_stack = rnd(n, d_in, rank, std=d_in ** -0.5)
+            b_stack = rnd(n, rank, d_out, std=rank ** -0.5)
+            ranks_t = torch.full((n,), rank, dtype=torch.int32, device=device)
+            for T in cfg.lora_tokens:
+                if n > T:
+                    continue
+                x = rnd(T, d_in, std=1.0)
+                y = torch.zeros((T, rank), dtype=dtype, device=device)
+                out = torch.zeros((T, d_out), dtype=dtype, device=device)
+                starts, lens, seg_idx = K.even_segments(T, n)
+                tok_idx = K.interleaved_tokens(T, n)
+                mlen = max(lens)
+                dev_seg = [torch.tensor(v, dtype=torch.int32, device=device) for v in (starts, lens, seg_idx)]
+                dev_tok = torch.tensor(tok_idx, dtype=torch.int32, device=device)
+                # The Triton kernels take device tensors; the references take host lists
+                # (what a torch user would loop over).
+                def is_ref(f):
+                    return f in K.REFERENCES.values()
 
-                    def segs(f):
-                        return (starts, lens, seg_idx) if is_ref(f) else dev_seg
+                def segs(f):
+                    return (starts, lens, seg_idx) if is_ref(f) else dev_seg
 
-                    def toks(f):
-                        return tok_idx if is_ref(f) else dev_tok
+                def toks(f):
+                    return tok_idx if is_ref(f) else dev_tok
 
-                    def rk(f):
-                        return [rank] * n if is_ref(f) else ranks_t
+                def rk(f):
+                    return [rank] * n if is_ref(f) else ranks_t
 
-                    calls = {
-                        "sgmv_shrink": lambda f: f(x, a_stack, *segs(f), ranks=rk(f), out=y, max_seg_len=mlen),
-                        "sgmv_expand": lambda f: f(y, b_stack, *segs(f), ranks=rk(f), out=out, max_seg_len=mlen),
-                        "bgmv_shrink": lambda f: f(x, a_stack, toks(f), ranks=rk(f), out=y),
-                        "bgmv_expand": lambda f: f(y, b_stack, toks(f), ranks=rk(f), out=out),
-                    }
-                    for op, call in calls.items():
-                        if time_triton:
-                            fn = K.KERNELS[op]
-                            try:
-                                ms = time_op(lambda: call(fn), device, cfg.warmup, cfg.repeats)
-                                add_row(op, op, "triton", module, T, n, rank, d_in, d_out, ms)
-                            except Exception as e:  # keep the torch figures if a kernel fails
-                                failures.append(f"{op} T={T} n={n} rank={rank} {d_in}x{d_out}: "
-                                                f"{type(e).__name__}: {e}")
-                                log(f"  Triton {failures[-1]}")
-                        ref = K.REFERENCES[op]
-                        ms = time_op(lambda: call(ref), device, cfg.warmup, cfg.repeats)
-                        add_row("torch_ref" if time_triton else op, op, "torch", module, T, n, rank, d_in, d_out, ms)
-            log(f"  lora_kernels {module} ({d_in}x{d_out}) rank={rank}: {len(rows)} rows")
-            _slot_grid_sweep(cfg, device, dtype, module, d_in, d_out, rank, rnd, time_triton, add_row, failures, log)
-            log(f"  lora_kernels slot grid {module} rank={rank}: {len(rows)} rows")
+                calls = {
+                    "sgmv_shrink": lambda f: f(x, a_stack, *segs(f), ranks=rk(f), out=y, max_seg_len=mlen),
+                    "sgmv_expand": lambda f: f(y, b_stack, *segs(f), ranks=rk(f), out=out, max_seg_len=mlen),
+                    "bgmv_shrink": lambda f: f(x, a_stack, toks(f), ranks=rk(f), out=y),
+                    "bgmv_expand": lambda f: f(y, b_stack, toks(f), ranks=rk(f), out=out),
+                }
+                for op, call in calls.items():
+                    if time_triton:
+                        fn = K.KERNELS[op]
+                        try:
+                            ms = time_op(lambda: call(fn), device, cfg.warmup, cfg.repeats)
+                            add_row(op, op, "triton", module, T, n, rank, d_in, d_out, ms)
+                        except Exception as e:  # keep the torch figures if a kernel fails
+                            failures.append(f"{op} T={T} n={n} rank={rank} {d_in}x{d_out}: "
+                                            f"{type(e).__name__}: {e}")
+                            log(f"  Triton {failures[-1]}")
+                    ref = K.REFERENCES[op]
+                    ms = time_op(lambda: call(ref), device, cfg.warmup, cfg.repeats)
+                    add_row("torch_ref" if time_triton else op, op, "torch", module, T, n, rank, d_in, d_out, ms)
+        log(f"  lora_kernels {module} ({d_in}x{d_out}) rank={rank}: {len(rows)} rows")
+        _slot_grid_sweep(cfg, device, dtype, module, d_in, d_out, rank, rnd, time_triton, add_row, failures, log)
+        log(f"  lora_kernels slot grid {module} rank={rank}: {len(rows)} rows")
     if failures:
         note += f"; {len(failures)} Triton timings failed, first: {failures[0]}"
+    if stopped is not None:
+        note += (f"; stopped after {stopped} of {len(pairs)} (module, rank) sweeps: the time limit of "
+                 f"{cfg.lora_time_limit_s:g} s was reached (--lora-time-limit)")
     return rows, note
 
 

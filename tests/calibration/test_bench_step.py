@@ -54,6 +54,8 @@ def test_step_shapes_follow_the_budget_fill_and_chunks(tmp_path):
     ("--step-chunk", "0", "must be >= 1"),
     ("--step-repeats", "0", "must be >= 1"),
     ("--step-time-limit", "0", "seconds > 0"),
+    ("--lora-time-limit", "-5", "seconds > 0"),
+    ("--lora-time-limit", "inf", "seconds > 0"),
 ])
 def test_bad_step_options_are_refused_before_any_work(tmp_path, flag, value, msg):
     with pytest.raises(ValueError, match=msg):
@@ -261,6 +263,7 @@ def test_device_session_script_asks_for_a_valid_gpu_run(tmp_path):
     assert min(cfg.ranks) == 8 and max(cfg.ranks) == 128 and min(cfg.adapters) == 8 and max(cfg.adapters) == 512
     assert min(cfg.slots) == 8 and max(cfg.slots) == 512
     assert "step" in cfg.parts and max(cfg.step_context) >= 300_000 and cfg.step_time_limit_s
+    assert cfg.lora_time_limit_s and cfg.lora_time_limit_s + cfg.step_time_limit_s <= 360  # the sweeps fit the lease
     from calibration.bench.schema import META_FILE, TABLES
 
     assert len(TABLES) + 2 <= 8  # the tables, bench_meta.json and log.txt
@@ -336,3 +339,22 @@ def test_bench_report_cli_reads_both_tables(tmp_path, capsys):
     (d / "lora_kernels.csv").unlink()
     assert twin_main(["calibrate", "bench-report", str(d)]) == 2
     assert "neither step_bench.csv nor lora_kernels.csv" in capsys.readouterr().err
+
+
+
+def test_lora_sweep_honours_its_time_limit(tmp_path):
+    """--lora-time-limit: the (module, rank) sweeps run in a seeded order and stop once the limit has passed,
+    keeping the rows so far (the first sweep always runs), with a note."""
+    torch = pytest.importorskip("torch", reason="torch is the optional calibration extra")
+    pytest.importorskip("triton", reason="triton is the optional calibration extra")
+    from calibration.bench.lora import module_shapes, run_lora_kernels
+
+    cfg = _cfg(tmp_path, "--ranks", "8,16", "--lora-tokens", "1,8", "--adapters", "1", "--slots", "4",
+               "--repeats", "1", "--warmup", "0", "--lora-time-limit", "1e-9")
+    rows, note = run_lora_kernels(cfg, torch.device("cpu"), torch.float32, log=lambda m: None)
+    pairs = len(module_shapes(cfg)) * 2
+    assert f"stopped after 1 of {pairs}" in note and "--lora-time-limit" in note
+    assert len({(r["module"], r["rank"]) for r in rows}) == 1 and rows
+    cfg.lora_time_limit_s = None
+    rows_all, note_all = run_lora_kernels(cfg, torch.device("cpu"), torch.float32, log=lambda m: None)
+    assert "stopped" not in note_all and len({(r["module"], r["rank"]) for r in rows_all}) == pairs
