@@ -331,13 +331,13 @@ def run_steps(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=pr
         inp = model.inputs(shape, cfg.seed + i)
         try:
             try:
-                ms = time_op(lambda: model.forward(shape, inp, impl), device, cfg.step_warmup, cfg.step_repeats,
+                ms = time_op(lambda m=model: m.forward(shape, inp, impl), device, cfg.step_warmup, cfg.step_repeats,
                              flush=False)
             except RuntimeError as e:  # no fused SDPA kernel for this shape: the matmul arithmetic from here on
                 if impl != "sdpa" or isinstance(e, torch.cuda.OutOfMemoryError) or cfg.step_attention == "sdpa":
                     raise
                 impl, switched = "matmul", f"SDPA failed at shape {i + 1} ({str(e).splitlines()[0][:120]})"
-                ms = time_op(lambda: model.forward(shape, inp, impl), device, cfg.step_warmup, cfg.step_repeats,
+                ms = time_op(lambda m=model: m.forward(shape, inp, impl), device, cfg.step_warmup, cfg.step_repeats,
                              flush=False)
         except torch.cuda.OutOfMemoryError:  # activations of a large step: keep the others
             oom.append(f"T={shape.batch_tokens} D={shape.decodes} C={shape.context_tokens}")
