@@ -191,7 +191,7 @@ def tp_profile(profile: Profile, tp: int) -> Profile:
                    "lora": lora_how, "load": "bytes / tp over each rank's link + the fixed cost",
                    "kv": "weights / tp, KV heads per rank, per-rank LoRA buffers"})
     out = Profile(name=profile.name, model=model, components=comps, gpu=profile.gpu, software=profile.software,
-                  lora_targets=profile.lora_targets, raw=raw)
+                  lora_targets=profile.lora_targets, raw=raw, serving_s_per_running=profile.serving_s_per_running)
     alpha, per_tok = _allreduce(bb.params, model, tp)
     layers2 = 2.0 * model.layers
     inner = out.backbone_s

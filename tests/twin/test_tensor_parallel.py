@@ -143,6 +143,16 @@ def test_lora_compute_and_loads_split_as_vllm():
     assert p.load_s(32, "cpu", 4) > p.load_s(32, "cpu", 1) / 4
 
 
+def test_split_keeps_the_serving_host_time_and_the_rank_tile_cost():
+    """Profile.with_serving_host / with_rank_tile_cost survive the split the engine applies at --tp > 1 (the host
+    time was dropped there before stop 40)."""
+    p = load_profile(A100_7B).with_serving_host(2e-5).with_rank_tile_cost(0.25)
+    p2 = tp_profile(p, 2)
+    assert p2.serving_s_per_running == 2e-5 and p2.components["lora"].params["n_tile_cost"] == 0.25
+    assert p2.scheduler_s(100, 0, 8, 8) == pytest.approx(tp_profile(load_profile(A100_7B), 2).scheduler_s(100, 0, 8, 8)
+                                                         + 100 * 2e-5)
+
+
 def test_a_form_with_its_own_shard_is_split_by_it():
     from twin.perf.forms import AdditiveLora
 
