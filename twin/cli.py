@@ -149,6 +149,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     res = simulate(workload, profile, cfg, policy=run.policy, scheduler=run.scheduler, cache=run.cache, system=run.system,
                    horizon_s=run.horizon, ttft_slo_s=run.ttft_slo, tbt_slo_s=run.tbt_slo, progress=progress,
                    frontend_s=run.frontend_ms / 1000.0, serving_s_per_running=run.serving_us / 1e6,
+                   rank_tile_cost=run.rank_tile_cost,
                    extra={"trace": run.trace, "workload": workload.meta, "config": cfg.to_dict(),
                           "scenario": scenario})
     if args.json:

@@ -138,7 +138,7 @@ def run_one(run: RunConfig, options: CompareConfig, policy: str, rps: float, slo
     s, c, label = _policy_objects(policy, slo_s, options.accuracy)
     res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=False,
                    system=resolve_system(policy, run.system), frontend_s=run.frontend_ms / 1000.0,
-                   serving_s_per_running=run.serving_us / 1e6)
+                   serving_s_per_running=run.serving_us / 1e6, rank_tile_cost=run.rank_tile_cost)
     row = {"policy": policy, "rps": rps, **{k: res.summary.get(k) for k, _, _ in COLUMNS},
            "requests": res.summary["requests_arrived"], "finished": res.summary["requests_finished"],
            "rejected": res.summary["requests_rejected"], "wall_s": res.summary["wall_s"]}
@@ -153,7 +153,7 @@ def unloaded_mean_ttft(run: RunConfig, options: CompareConfig, policy: str) -> f
     s, c, _ = _policy_objects(policy, None, options.accuracy)
     res = simulate(w, prof, build_engine_config(run, w, prof), scheduler_obj=s, cache_obj=c, record_steps=False,
                    system=resolve_system(policy, run.system), frontend_s=run.frontend_ms / 1000.0,
-                   serving_s_per_running=run.serving_us / 1e6)
+                   serving_s_per_running=run.serving_us / 1e6, rank_tile_cost=run.rank_tile_cost)
     return float(res.summary["ttft_ms_mean"]) / 1000.0
 
 

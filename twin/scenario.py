@@ -137,11 +137,15 @@ class RunConfig:
     frontend_ms: float = field(default=0.0, metadata={
         "help": "front-end latency in ms: the request's path outside the engine (API server, tokeniser, streamed "
                 "chunk), added to the client-observed TTFT and E2E, not to ITL/TPOT; 0: the engine's own times "
-                "(twin validate uses 6.8, fitted on the real runs' fit split)"})
+                "(twin validate uses 7.8, fitted on the real runs' fit split)"})
     serving_us: float = field(default=0.0, metadata={
         "help": "host time of the serving path in microseconds per running request and engine step (vLLM behind "
                 "its API server with streaming clients), added to every step; 0: the calibrated engine alone "
-                "(twin validate uses 18, fitted on the real runs' fit split)"})
+                "(twin validate uses 23.7, fitted on the real runs' fit split)"})
+    rank_tile_cost: float | None = field(default=None, metadata={
+        "help": "cost of a LoRA shrink rank tile beyond the first, relative to the first (vLLM 0.8.5's kernel tiles "
+                "the rank by 16: rank-32 slots run two tiles); default: the profile's own (1 in the calibrated "
+                "profiles, measured at rank 8 only; twin validate uses 0.2608, fitted on the real runs' fit split)"})
 
     def adapter_slots(self, n_adapters: int) -> int:
         """``slots``, or :data:`DEFAULT_ADAPTER_SLOTS` capped at ``n_adapters`` (at least 1)."""
@@ -192,9 +196,11 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
                                  "run until every request finished)"),
     "ttft_slo": (False, 0, False, "a TTFT SLO in seconds, e.g. --ttft-slo 2"),
     "tbt_slo": (False, 0, False, "a time-between-tokens SLO in seconds, e.g. --tbt-slo 0.1"),
-    "frontend_ms": (False, 0, True, "a front-end latency in ms, e.g. --frontend-ms 6.8 (0: the engine's own times)"),
-    "serving_us": (False, 0, True, "microseconds per running request and step, e.g. --serving-us 18 (0: the "
+    "frontend_ms": (False, 0, True, "a front-end latency in ms, e.g. --frontend-ms 7.8 (0: the engine's own times)"),
+    "serving_us": (False, 0, True, "microseconds per running request and step, e.g. --serving-us 23.7 (0: the "
                                    "calibrated engine alone)"),
+    "rank_tile_cost": (False, 0, True, "a cost relative to the first rank tile, e.g. --rank-tile-cost 0.2608 (or leave "
+                                       "it to the profile)"),
 }
 
 
@@ -357,6 +363,10 @@ def _check_system(run: RunConfig) -> None:
         if run.tp > 1:
             raise ConfigError(f"--tp {run.tp} with the S-LoRA system ({why}): the released S-LoRA runs on one GPU "
                               f"(LoraTpPartAdapter asserts world_size == 1); give --tp 1 or --system vllm")
+        if run.rank_tile_cost is not None:
+            raise ConfigError(f"--rank-tile-cost with the S-LoRA system ({why}): it prices vLLM 0.8.5's Triton shrink "
+                              f"kernel, and S-LoRA's paged kernels price each request at its own rank; leave it out "
+                              f"or give --system vllm")
         _, cache, _ = resolve_policy(run.policy, run.scheduler, run.cache)
         check_slora_config(EngineConfig(), cache)
     if system != "slora" and run.max_total_tokens is not None:
@@ -435,7 +445,13 @@ def check_arrivals(run: RunConfig, workload: Workload) -> None:
 
 
 def check_model(run: RunConfig, profile: Profile) -> None:
-    """Options that depend on the model only: the tensor-parallel degree and ``max_model_len``."""
+    """Options that depend on the model only: the tensor-parallel degree and ``max_model_len``; and
+    ``--rank-tile-cost``, which needs a profile whose LoRA form has rank tiles."""
+    if run.rank_tile_cost is not None:
+        try:
+            profile.with_rank_tile_cost(run.rank_tile_cost)
+        except ValueError as e:
+            raise ConfigError(f"--rank-tile-cost {run.rank_tile_cost:g}: {e}") from None
     m = profile.model
     if run.tp > 1 and run.tp not in valid_degrees(m):  # twin/tensor_parallel.py: vLLM's QKVParallelLinear rule
         ok = valid_degrees(m)

@@ -58,7 +58,7 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
              max_run_steps: int | None = None, progress: bool = False, record_steps: bool = True,
              scheduler_obj=None, cache_obj=None, check_invariants: bool = False, extra: dict[str, Any] | None = None,
              system: str | None = None, frontend_s: float = 0.0, scrape_s_per_label: float = 0.0,
-             serving_s_per_running: float = 0.0,
+             serving_s_per_running: float = 0.0, rank_tile_cost: float | None = None,
              scrape_period_s: float = SCRAPE_PERIOD_S, stop_when: Callable[[Any], bool] | None = None,
              stop_check_s: float = 5.0) -> SimResult:
     """Replay ``workload`` through the engine and collect the results.
@@ -76,6 +76,9 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     ``serving_s_per_running``: the serving path's host time per running request and step
     (:meth:`twin.perf.profile.Profile.with_serving_host`; 0: the calibrated engine alone); reported as
     ``serving_us_per_running`` when set.
+    ``rank_tile_cost``: the working-block cost of a LoRA shrink rank tile beyond the first, relative to the
+    first (:meth:`twin.perf.profile.Profile.with_rank_tile_cost`; None: the profile's own); reported as
+    ``rank_tile_cost`` when set.
     ``stop_when(engine)``: a decision rule checked every ``stop_check_s`` simulated seconds (the run
     advances in chunks that end at a check or at the engine's end: SimPy processes the same events in
     the same order, so a chunked run is bit-identical to a whole one, as in
@@ -93,6 +96,8 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     if serving_s_per_running:
         prof = prof.with_serving_host(serving_s_per_running)
+    if rank_tile_cost is not None:
+        prof = prof.with_rank_tile_cost(rank_tile_cost)
     cfg = config or EngineConfig()
     if scheduler_obj is None or cache_obj is None:
         s, c, label = resolve_policy(policy, scheduler, cache)
@@ -135,4 +140,6 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
         summary["scrape_us_per_label"] = float(scrape_s_per_label) * 1e6
     if serving_s_per_running:
         summary["serving_us_per_running"] = float(serving_s_per_running) * 1e6
+    if rank_tile_cost is not None:
+        summary["rank_tile_cost"] = float(rank_tile_cost)
     return SimResult(summary, eng)

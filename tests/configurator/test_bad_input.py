@@ -303,3 +303,18 @@ def test_search_and_evaluate_refuse_a_bad_serving_host_time(tmp_path, capsys, va
     assert "--serving-us" in err and not (tmp_path / "c").exists()
     err = _error(["configure", "evaluate", "--real", str(tmp_path / "none.csv"), "--serving-us", value], capsys)
     assert "--serving-us" in err
+
+
+@pytest.mark.parametrize("value, what", [("-1", "--rank-tile-cost"), ("nan", "--rank-tile-cost")])
+def test_search_and_evaluate_refuse_a_bad_rank_tile_cost(tmp_path, capsys, value, what):
+    err = _error(SEARCH + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--rank-tile-cost", value,
+                           "--cache", str(tmp_path / "c")], capsys)
+    assert what in err and not (tmp_path / "c").exists()
+    err = _error(["configure", "evaluate", "--real", str(tmp_path / "none.csv"), "--rank-tile-cost", value], capsys)
+    assert what in err
+
+
+def test_search_refuses_a_rank_tile_cost_its_profile_cannot_take(tmp_path, capsys):
+    err = _error(SEARCH + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--rank-tile-cost", "0.3",
+                           "--profile", "llama-2-7b_h100_vllm050", "--cache", str(tmp_path / "c")], capsys)
+    assert "has no rank tiles" in err and not (tmp_path / "c").exists()

@@ -253,6 +253,33 @@ def test_serving_us_reaches_every_run_and_changes_the_digest_only_when_set():
         grid_from_dict({**base, "scenarios": {**base["scenarios"], "serving_us": -1}})
 
 
+def test_rank_tile_cost_reaches_every_run_and_changes_the_digest_only_when_set():
+    """``[scenarios] rank_tile_cost`` (the LoRA shrink's rank tiles beyond the first): absent, the shipped sweeps'
+    digests and shard names hold; set, it is in each scenario and its rows, and rank-32 steps are shorter."""
+    from twin.sweep.runner import check_runnable
+    from twin.sweep.scenario import run_config
+    from twin.sweep.walk import scenario_columns
+
+    base = {"name": "s", "window_s": 60, "scenarios": {"rates": [[3.2, 1.6, 0.8]], "ranks": [[8, 16, 32]]},
+            "configs": {"served": [16], "slots": [16]}}
+    plain = grid_from_dict(base)
+    tiled = grid_from_dict({**base, "scenarios": {**base["scenarios"], "rank_tile_cost": 0.25}})
+    sc0, sc1 = plain.tasks()[0]["scenario"], tiled.tasks()[0]["scenario"]
+    assert "rank_tile_cost" not in sc0 and "rank_tile_cost" not in plain.to_dict()
+    assert sc1["rank_tile_cost"] == 0.25 and sc1["key"] == sc0["key"] and tiled.digest() != plain.digest()
+    assert tiled.tasks()[0]["task_hash"] != plain.tasks()[0]["task_hash"]
+    assert scenario_columns(sc1)["rank_tile_cost"] == 0.25 and "rank_tile_cost" not in scenario_columns(sc0)
+    a = run_config(sc0, 16, 16, 32, seed=0, window_s=60.0, profile=None, early_stop=False)
+    b = run_config(sc1, 16, 16, 32, seed=0, window_s=60.0, profile=None, early_stop=False)
+    assert b["itl_ms_mean"] < a["itl_ms_mean"] and b["requests"] == a["requests"]
+    with pytest.raises(ValueError, match=r"rank_tile_cost"):
+        grid_from_dict({**base, "scenarios": {**base["scenarios"], "rank_tile_cost": -1}})
+    other = grid_from_dict({**base, "profile": "llama-2-7b_h100_vllm050",
+                            "scenarios": {**base["scenarios"], "rank_tile_cost": 0.25}})
+    with pytest.raises(ValueError, match=r"rank_tile_cost = 0.25: .*has no rank tiles"):
+        check_runnable(other.tasks())
+
+
 @pytest.mark.parametrize("bad", [1.0, -1, 1.5, "strong", True, float("nan"), [0.1]])
 def test_an_impossible_length_corr_is_refused(bad):
     with pytest.raises(ValueError, match=r"grid \[scenarios\] length_corr: .* strictly between -1 and 1"):

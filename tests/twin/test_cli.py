@@ -84,6 +84,32 @@ def test_run_serving_host_time_bad_values_refused(capsys, value):
     assert "--serving-us" in capsys.readouterr().err
 
 
+def test_run_rank_tile_cost_prices_rank_32_slots_only(capsys):
+    """``--rank-tile-cost`` (twin run, compare and reproduce share it): rank-32 slots' second shrink tile at that
+    share of the first, so their steps are shorter; rank-16 slots are unchanged; the summary names the value."""
+    runs = {}
+    for ranks in ("32", "16"):
+        for cost in (None, "0.25"):
+            argv = ["run", "--json", "--no-progress", "--duration", "30", "--ranks", ranks, "--slots", "16"]
+            assert main(argv + (["--rank-tile-cost", cost] if cost else [])) == 0
+            runs[ranks, cost] = json.loads(capsys.readouterr().out)
+    assert runs["32", "0.25"]["rank_tile_cost"] == 0.25 and "rank_tile_cost" not in runs["32", None]
+    assert runs["32", "0.25"]["itl_ms_mean"] < runs["32", None]["itl_ms_mean"]
+    assert runs["16", "0.25"]["itl_ms_mean"] == runs["16", None]["itl_ms_mean"]
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["--rank-tile-cost", "-1"], "--rank-tile-cost"),
+    (["--rank-tile-cost", "abc"], "--rank-tile-cost"),
+    (["--rank-tile-cost", "0.3", "--system", "slora"], "S-LoRA"),
+    (["--rank-tile-cost", "0.3", "--profile", "llama-2-7b_h100_vllm050"], "has no rank tiles"),
+])
+def test_run_rank_tile_cost_bad_input_refused(capsys, argv, what):
+    assert main(["run", "--duration", "10", "--no-progress"] + argv) == 2
+    err = capsys.readouterr().err
+    assert what in err and "Traceback" not in err
+
+
 def test_unknown_policy_lists_available(capsys):
     assert main(["run", "--policy", "no-such-policy", "--duration", "10"]) == 2
     err = capsys.readouterr().err

@@ -602,6 +602,51 @@ def test_serving_host_time_is_exact_in_runs_and_adds_per_running_request(fitted)
     assert a.summary["itl_ms_mean"] > c.summary["itl_ms_mean"]
 
 
+@pytest.mark.parametrize("served_us", [0.0, 18.0])
+def test_rank_tile_cost_is_exact_in_runs_and_lowers_rank_32_steps_only(served_us):
+    """The LoRA shrink's rank tile cost (Profile.with_rank_tile_cost) is part of every step: run skipping and the
+    decode-run fast path give exactly the step-by-step results; slots of rank <= 16 are unchanged and rank-32
+    slots get cheaper steps."""
+    from twin.perf.profile import load_profile
+
+    prof = load_profile("llama-3.1-8b_h100_vllm085")
+    tiled = prof.with_rank_tile_cost(0.25)
+    assert tiled.components["lora"].params["n_tile_cost"] == 0.25 and "n_tile_cost" not in prof.components["lora"].params
+    assert tiled.with_serving_host(1e-5).components["lora"].params["n_tile_cost"] == 0.25
+    assert prof.with_rank_tile_cost(1.0).step_s(0, 80, 20_000, 80, 30, 32, 64, 80, 0, 64) == prof.step_s(
+        0, 80, 20_000, 80, 30, 32, 64, 80, 0, 64)
+    for rank in (8, 16):
+        assert tiled.step_s(0, 80, 20_000, 80, 30, rank, 64, 80, 0, 64) == prof.step_s(0, 80, 20_000, 80, 30, rank,
+                                                                                          64, 80, 0, 64)
+    assert tiled.step_s(0, 80, 20_000, 80, 30, 32, 64, 80, 0, 64) < prof.step_s(0, 80, 20_000, 80, 30, 32, 64, 80, 0,
+                                                                                   64)
+    w = random_workload(n=400, rps=6.0, adapters=40, seed=5, ranks=(16, 32))
+    cfg = EngineConfig(max_loras=32, max_num_seqs=64, max_model_len=2048)
+    kw = {"serving_s_per_running": served_us * 1e-6}
+    a = simulate(w, prof, cfg, rank_tile_cost=0.25, **kw)
+    b = simulate(w, prof, cfg, rank_tile_cost=0.25, max_run_steps=1, **kw)
+    c = simulate(w, prof, cfg, **kw)
+    cols = ["outcome", "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "tokens_emitted"]
+    pd.testing.assert_frame_equal(a.requests[cols], b.requests[cols], check_exact=True)
+    assert a.summary["rank_tile_cost"] == 0.25 and "rank_tile_cost" not in c.summary
+    assert a.summary["itl_ms_mean"] < c.summary["itl_ms_mean"]
+
+
+def test_rank_tile_cost_refuses_bad_values_and_forms_without_rank_tiles():
+    from twin.perf.profile import load_profile
+
+    prof = load_profile("llama-3.1-8b_h100_vllm085")
+    for bad in (-0.1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="relative to the first"):
+            prof.with_rank_tile_cost(bad)
+    other = constant_profile(c0=0.01, c_prefill=1e-5, c_decode=1e-4)  # a percent_of_base LoRA form
+    assert other.with_rank_tile_cost(1.0) is other  # 1 changes nothing
+    with pytest.raises(ValueError, match="has no rank tiles"):
+        other.with_rank_tile_cost(0.5)
+    with pytest.raises(ValueError, match="has no rank tiles"):
+        simulate(random_workload(n=10, seed=1), other, EngineConfig(), rank_tile_cost=0.5)
+
+
 def test_serving_host_time_refuses_a_negative_or_infinite_value():
     prof = constant_profile(c0=0.01, c_prefill=1e-5, c_decode=1e-4)
     w = random_workload(n=20, seed=1)

@@ -130,7 +130,10 @@ def register_cli(subparsers) -> None:
     e.add_argument("--search-cache", default=None, help="sweep directory caching the search runs")
     e.add_argument("--serving-us", type=float, default=0.0, metavar="US",
                    help="the search baseline's serving-path host time per running request and step, microseconds "
-                        "(default 0, as the shipped sweeps; twin validate uses 18)")
+                        "(default 0, as the shipped sweeps; twin validate uses 23.7)")
+    e.add_argument("--rank-tile-cost", type=float, default=None, metavar="COST",
+                   help="the search baseline's LoRA shrink rank tiles beyond the first, relative to the first "
+                        "(default: the profile's own, as the shipped sweeps; twin validate uses 0.2608)")
     e.add_argument("--check", action="store_true",
                    help="also score every model after the twin's check of its recommendations (predict --check)")
     e.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
@@ -158,7 +161,11 @@ def register_cli(subparsers) -> None:
     s.add_argument("--serving-us", type=float, default=0.0, metavar="US",
                    help="host time of the serving path per running request and engine step, microseconds "
                         "(default 0: the calibrated engine alone, as the shipped sweeps; twin validate re-creates "
-                        "the real runs with 18)")
+                        "the real runs with 23.7)")
+    s.add_argument("--rank-tile-cost", type=float, default=None, metavar="COST",
+                   help="working-block cost of a LoRA shrink rank tile beyond the first, relative to the first "
+                        "(rank-32 slots run two tiles; default: the profile's own, 1 in the calibrated profiles, as "
+                        "the shipped sweeps; twin validate re-creates the real runs with 0.2608)")
     s.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
     s.add_argument("--jobs", type=int, default=1)
     s.add_argument("--json", action="store_true")
@@ -576,13 +583,28 @@ def cmd_rules(args) -> int:
     return 0
 
 
+def _check_rank_tile_cost(cost: float | None, profile: str | None) -> None:
+    """``--rank-tile-cost``: a number >= 0 that the profile's LoRA form can take (kernel_grid), else an error."""
+    if cost is None:
+        return
+    check_number("--rank-tile-cost", cost, 0, True, "a cost relative to the first rank tile, e.g. --rank-tile-cost "
+                                                    "0.2608 (1: every tile alike)")
+    from twin.sweep.scenario import get_profile
+
+    try:
+        get_profile(profile).with_rank_tile_cost(cost)
+    except ValueError as e:
+        raise ValueError(f"--rank-tile-cost {cost:g}: {e}") from None
+
+
 def cmd_evaluate(args) -> int:
     from twin.configurator.evaluate import evaluate, format_table
     from twin.sweep.runner import check_selection
 
     check_selection(jobs=args.jobs)
     check_number("--serving-us", args.serving_us, 0, True, "microseconds per running request and step, e.g. "
-                                                           "--serving-us 18 (0: off)")
+                                                           "--serving-us 23.7 (0: off)")
+    _check_rank_tile_cost(args.rank_tile_cost, args.profile)
     if args.out:
         check_writable_dir("--out", args.out)
     real = args.real
@@ -593,7 +615,7 @@ def cmd_evaluate(args) -> int:
     with _executor_extra():
         res = evaluate(real, args.profile, args.model, args.source or "", args.search_cache, not args.no_search,
                        args.executor, args.jobs, progress=sys.stderr.isatty(), check=args.check,
-                       serving_us=args.serving_us)
+                       serving_us=args.serving_us, rank_tile_cost=args.rank_tile_cost)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -679,8 +701,11 @@ def cmd_search(args) -> int:
         kw["length_corr"] = check_length_corr(args.length_corr, "--length-corr")
     if args.serving_us:
         check_number("--serving-us", args.serving_us, 0, True, "microseconds per running request and step, "
-                                                               "e.g. --serving-us 18 (0: off)")
+                                                               "e.g. --serving-us 23.7 (0: off)")
         kw["serving_us"] = float(args.serving_us)
+    if args.rank_tile_cost is not None:
+        _check_rank_tile_cost(args.rank_tile_cost, args.profile)
+        kw["rank_tile_cost"] = float(args.rank_tile_cost)
     slo = _search_slo(args)
     with _executor_extra():
         labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
@@ -696,6 +721,7 @@ def cmd_search(args) -> int:
            "margin": lab["margin"], "next_ratio": lab["next_ratio"], "rule": args.rule, "profile": args.profile,
            "policy": kw.get("policy", DEFAULT_POLICY), "lengths": list(kw.get("lengths", DEFAULT_LENGTHS)),
            "length_corr": float(kw.get("length_corr", 0.0)), "serving_us": float(kw.get("serving_us", 0.0)),
+           "rank_tile_cost": kw.get("rank_tile_cost"),
            "runs": int(len(runs)), "runs_simulated": int((runs["status"] == "ok").sum()),
            "cpu_s": float(runs["wall_s"].fillna(0).sum()), **({"slo": slo} if slo else {})}
     if args.json:

@@ -135,10 +135,13 @@ def constant_predictions(model: dict[str, Any], truth: pd.DataFrame) -> pd.DataF
 
 
 def search_predictions(truth: pd.DataFrame, profile: str | None, cache: str | os.PathLike | None, executor: str,
-                       jobs: int, progress: bool, serving_us: float = 0.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+                       jobs: int, progress: bool, serving_us: float = 0.0,
+                       rank_tile_cost: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     pairs = [(parse_list(a, float, "rates"), parse_list(b, int, "ranks")) for a, b in zip(truth["rates"], truth["ranks"])]
-    kw = {"serving_us": float(serving_us)} if serving_us else {}
+    kw: dict[str, Any] = {"serving_us": float(serving_us)} if serving_us else {}
+    if rank_tile_cost is not None:
+        kw["rank_tile_cost"] = float(rank_tile_cost)
     labels, runs = search(pairs, profile, cache, executor, jobs, progress=progress, **kw)
     p = labels.rename(columns={"served_adapters": "served_raw", "adapter_slots": "slots_raw",
                                "throughput_tok_s": "throughput"})[["scenario", "served_raw", "slots_raw", "throughput"]]
@@ -200,10 +203,12 @@ def checked_predictions(preds: pd.DataFrame, truth: pd.DataFrame, profile: str |
 def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path: str | None = None,
              source: str = "ml_test", search_cache: str | os.PathLike | None = None, run_search: bool = True,
              executor: str = "local", jobs: int = 1, progress: bool = False, check: bool = False,
-             serving_us: float = 0.0) -> dict[str, Any]:
+             serving_us: float = 0.0, rank_tile_cost: float | None = None) -> dict[str, Any]:
     """Evaluate the configurators of ``profile`` (or ``model_path``) on the real runs of ``real_csv``.
     ``serving_us``: the twin-as-optimiser baseline's serving-path host time per running request and step
-    (microseconds; :attr:`twin.sweep.grid.GridSpec.serving_us`; 0, the shipped sweeps' value).
+    (microseconds; :attr:`twin.sweep.grid.GridSpec.serving_us`; 0, the shipped sweeps' value);
+    ``rank_tile_cost``: its LoRA shrink rank tiles beyond the first (:attr:`twin.sweep.grid.GridSpec.rank_tile_cost`;
+    None, the shipped sweeps' value: the profile's own).
     With ``check``, every model is also scored after the twin's check of its recommendations
     (rows named ``<model> + twin check``; :func:`checked_predictions`)."""
 
@@ -240,7 +245,8 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
                 pass
     twin_runs = None
     if run_search:  # first: the check reuses the search walk's runs
-        sp, twin_runs = search_predictions(truth, profile, search_cache, executor, jobs, progress, serving_us)
+        sp, twin_runs = search_predictions(truth, profile, search_cache, executor, jobs, progress, serving_us,
+                                                rank_tile_cost)
     known = {}
     if check:
         known = known_from_runs(twin_runs)

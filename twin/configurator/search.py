@@ -27,15 +27,17 @@ def search_grid(scenarios: Iterable[tuple[list[float], list[int]]], profile: str
                 served: Iterable[int] = PUBLISHED_GRID, slots: Iterable[int] = PUBLISHED_GRID,
                 seeds: Iterable[int] = (0,), lengths: tuple[float, float] = (222.0, 197.0),
                 policy: str = "fcfs+client-cap", model: str = "", length_corr: float = 0.0,
-                serving_us: float = 0.0) -> GridSpec:
+                serving_us: float = 0.0, rank_tile_cost: float | None = None) -> GridSpec:
     """A grid holding exactly the given scenarios (no cross product of rates and ranks); ``length_corr``:
     the request pools' prompt-output length coupling (:attr:`GridSpec.length_corr`); ``serving_us``: the
-    serving path's host time (:attr:`GridSpec.serving_us`)."""
+    serving path's host time (:attr:`GridSpec.serving_us`); ``rank_tile_cost``: the LoRA shrink's rank
+    tiles beyond the first (:attr:`GridSpec.rank_tile_cost`; None: the profile's own)."""
     sc = list(scenarios)
     g = GridSpec(name="search", profile=profile, window_s=float(window_s), seeds=[int(s) for s in seeds],
                  served=sorted(int(x) for x in served), slots=sorted(int(x) for x in slots),
                  lengths=[[float(lengths[0]), float(lengths[1])]], policy=[policy], model=model,
-                 length_corr=float(length_corr), serving_us=float(serving_us))
+                 length_corr=float(length_corr), serving_us=float(serving_us),
+                 rank_tile_cost=None if rank_tile_cost is None else float(rank_tile_cost))
     g.rates = [list(x) for x in dict.fromkeys(tuple(map(float, r)) for r, _ in sc)]
     g.ranks = [list(x) for x in dict.fromkeys(tuple(map(int, k)) for _, k in sc)]
     return g

@@ -14,7 +14,9 @@ plus the model dimensions. The engine asks it:
   without it (or :meth:`Profile.without` ``("mixed")``) gives the step without that term;
 * optionally the serving path's host time per running request and step
   (:meth:`Profile.with_serving_host`, :attr:`Profile.serving_s_per_running`; 0 in every shipped
-  profile): added to the scheduler term, so every path that prices a step includes it.
+  profile): added to the scheduler term, so every path that prices a step includes it;
+* optionally the cost of a LoRA shrink rank tile beyond the first (:meth:`Profile.with_rank_tile_cost`;
+  the ``kernel_grid`` form's ``n_tile_cost``, 1 in the calibrated profiles).
 
 ``twin run --profile NAME|FILE`` picks one; :func:`load_profile` resolves names against the
 profiles shipped in ``calibration/profiles`` and the embedded :data:`DEFAULT_PROFILE`.
@@ -255,6 +257,32 @@ class Profile:
         by :mod:`twin.validation.serving_host`). It is added to the scheduler term (vLLM 0.8.5 overlaps
         none of its host work with the GPU), so single steps, decode runs and the fast path all see it."""
         return dataclasses.replace(self, serving_s_per_running=float(s_per_running))
+
+    def with_rank_tile_cost(self, cost: float) -> "Profile":
+        """A copy whose LoRA shrink kernel prices the working blocks of each rank tile beyond the first
+        at ``cost`` times the first's (``n_tile_cost`` of :class:`twin.perf.forms.KernelGridLora`).
+
+        vLLM 0.8.5's shrink kernel tiles the rank in blocks of 16, so slots padded to rank 32 run two
+        tiles; the calibration measured rank 8 only, and its profiles price every tile alike (1), an
+        extrapolation. The fit split of the real runs puts it near a quarter
+        (:mod:`twin.validation.rank_tile`, :data:`twin.validation.specs.RANK_TILE_COST`): the second
+        tile reads the input slice the first brought into L2. Slots of rank <= 16 are unchanged.
+        Only the ``kernel_grid`` LoRA form has rank tiles; any other form is refused (unless ``cost`` is 1,
+        which changes nothing)."""
+        c = float(cost)
+        if not (c >= 0.0 and math.isfinite(c)):
+            raise ValueError(f"rank tile cost {cost!r}: give the working-block cost of a rank tile beyond the first "
+                             f"relative to the first, >= 0 (1: every tile alike, the calibrated profiles)")
+        lo = self.components["lora"]
+        if getattr(lo, "form", None) != "kernel_grid":
+            if c == 1.0:
+                return self
+            raise ValueError(f"profile {self.name!r}: its LoRA form {getattr(lo, 'form', type(lo).__name__)!r} has no "
+                             f"rank tiles to price (a rank tile cost applies to the kernel_grid form of vLLM 0.8.5's "
+                             f"Triton kernels); leave the rank tile cost out or at 1")
+        lo = copy.copy(lo)
+        lo.params = {**lo.params, "n_tile_cost": c}
+        return dataclasses.replace(self, components={**self.components, "lora": lo})
 
     def with_lora_targets(self, targets: "Sequence[str] | str") -> "Profile":
         """A copy whose adapters adapt ``targets`` (``'qkvo'``, ``'all'``, a comma list or a

@@ -426,7 +426,7 @@ class Runner:
         res = simulate(w, prof, cfg, scheduler_obj=s, cache_obj=c, ttft_slo_s=slo_s, record_steps=memory,
                        system=resolve_system(policy, run.system),  # the preset's engine, as twin.compare.run_one
                        frontend_s=run.frontend_ms / 1000.0, serving_s_per_running=run.serving_us / 1e6,
-                       stop_when=stop_when, stop_check_s=check_s)
+                       rank_tile_cost=run.rank_tile_cost, stop_when=stop_when, stop_check_s=check_s)
         gauge: dict[str, Any] = {}
         if memory_gauge_s is not None:
             t0 = float(measure_from_s or 0.0)

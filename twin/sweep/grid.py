@@ -78,6 +78,11 @@ class GridSpec:
     #: engine alone. ``twin validate`` re-creates the real runs with
     #: :data:`twin.validation.specs.SERVING_S_PER_RUNNING`.
     serving_us: float = 0.0
+    #: the working-block cost of a LoRA shrink rank tile beyond the first, relative to the first
+    #: (:meth:`twin.perf.profile.Profile.with_rank_tile_cost`); None, the shipped sweeps' value, is the
+    #: profile's own. ``twin validate`` re-creates the real runs with
+    #: :data:`twin.validation.specs.RANK_TILE_COST`.
+    rank_tile_cost: float | None = None
     arrival: list[str] = field(default_factory=lambda: ["poisson"])
     policy: list[str] = field(default_factory=lambda: ["fcfs+client-cap"])
     served: list[int] = field(default_factory=lambda: list(PUBLISHED_GRID))
@@ -97,6 +102,8 @@ class GridSpec:
             del d["length_corr"]  # independent lengths: the digest of every grid from before the key
         if not d["serving_us"]:
             del d["serving_us"]  # likewise
+        if d["rank_tile_cost"] is None:
+            del d["rank_tile_cost"]  # likewise
         return d
 
     def digest(self) -> str:
@@ -120,6 +127,8 @@ class GridSpec:
                 sc["length_corr"] = float(self.length_corr)
             if self.serving_us:  # likewise
                 sc["serving_us"] = float(self.serving_us)
+            if self.rank_tile_cost is not None:  # likewise
+                sc["rank_tile_cost"] = float(self.rank_tile_cost)
             out.append(sc)
         return out
 
@@ -238,7 +247,7 @@ NAMED_GRIDS = {
 
 
 _SCEN_KEYS = {"rates", "rate_values", "rate_arity", "ranks", "rank_values", "rank_arity", "max_largest", "lengths",
-              "length_corr", "serving_us", "arrival", "policy"}
+              "length_corr", "serving_us", "rank_tile_cost", "arrival", "policy"}
 _CONF_KEYS = {"served", "slots", "max_lora_rank", "engine"}
 _TOP_KEYS = {"name", "profile", "window_s", "seeds", "model", "scenarios", "configs", "early_stop", "slo"}
 
@@ -336,7 +345,10 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
     if "length_corr" in sc:
         g.length_corr = check_length_corr(sc["length_corr"], "grid [scenarios] length_corr")
     if "serving_us" in sc:
-        g.serving_us = _number(sc["serving_us"], "[scenarios] serving_us", lo_ok=True, example="serving_us = 18")
+        g.serving_us = _number(sc["serving_us"], "[scenarios] serving_us", lo_ok=True, example="serving_us = 23.7")
+    if "rank_tile_cost" in sc:
+        g.rank_tile_cost = _number(sc["rank_tile_cost"], "[scenarios] rank_tile_cost", lo_ok=True,
+                                   example="rank_tile_cost = 0.2608")
     if "arrival" in sc:
         g.arrival = _names(sc["arrival"], "[scenarios] arrival", 'arrival = ["poisson"]')
     if "policy" in sc:

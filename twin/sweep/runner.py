@@ -25,7 +25,8 @@ import pandas as pd
 
 from twin.sweep.grid import GridSpec
 from twin.sweep.walk import run_task
-from twin.sweep.scenario import check_engine_overrides, check_some_config_starts, profile_hash, twin_version
+from twin.sweep.scenario import (check_engine_overrides, check_some_config_starts, get_profile, profile_hash,
+                                 twin_version)
 
 EXECUTORS = ("local", "dask", "ray")
 
@@ -195,6 +196,12 @@ def check_runnable(grid_tasks: list[dict]) -> None:
     least one configuration passes the start-up check; else an error before any run."""
     if grid_tasks:  # an impossible engine override would make every run an error
         check_engine_overrides(grid_tasks[0])
+        cost = grid_tasks[0]["scenario"].get("rank_tile_cost")
+        if cost is not None:  # a profile whose LoRA form has no rank tiles would make every run an error
+            try:
+                get_profile(grid_tasks[0]["profile"]).with_rank_tile_cost(float(cost))
+            except ValueError as e:
+                raise ValueError(f"grid [scenarios] rank_tile_cost = {cost:g}: {e}") from None
     check_some_config_starts(grid_tasks)
 
 

@@ -278,6 +278,8 @@ def run_config(scenario: dict[str, Any], served: int, slots: int, max_rank: int,
     prof = get_profile(profile)
     if scenario.get("serving_us"):  # the serving path's host time (GridSpec.serving_us)
         prof = prof.with_serving_host(float(scenario["serving_us"]) * 1e-6)
+    if scenario.get("rank_tile_cost") is not None:  # the LoRA shrink's rank tiles (GridSpec.rank_tile_cost)
+        prof = prof.with_rank_tile_cost(float(scenario["rank_tile_cost"]))
     spec = make_spec(scenario, served, slots, max_rank, seed, window_s, cpu_slots)
     row: dict[str, Any] = {"served_adapters": int(served), "adapter_slots": int(slots), "max_lora_rank": int(max_rank),
                            "seed": int(seed), "run_seed": int(spec.seed), "profile": prof.name,

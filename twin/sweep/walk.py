@@ -25,6 +25,8 @@ def scenario_columns(sc: dict[str, Any]) -> dict[str, Any]:
     coupling = {"length_corr": float(sc["length_corr"])} if sc.get("length_corr") else {}  # absent: 0
     if sc.get("serving_us"):
         coupling["serving_us"] = float(sc["serving_us"])
+    if sc.get("rank_tile_cost") is not None:
+        coupling["rank_tile_cost"] = float(sc["rank_tile_cost"])
     return {"scenario": sc["key"], "rates": "-".join(_f(r) for r in sc["rates"]),
             "ranks": "-".join(str(int(r)) for r in sc["ranks"]),
             "rate_max": float(rates.max()), "rate_min": float(rates.min()), "rate_mean": float(rates.mean()),

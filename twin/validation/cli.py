@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -11,8 +12,8 @@ from traces.arguments import check_writable_dir
 from twin.validation.output import json_summary, write_outputs
 from twin.validation.report import format_report
 from twin.validation.runner import run_validation
-from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, SCRAPE_S_PER_LABEL, SERVING_S_PER_RUNNING,
-                                  check_length_corr)
+from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, RANK_TILE_COST, SCRAPE_S_PER_LABEL,
+                                   SERVING_S_PER_RUNNING, check_length_corr)
 
 
 def register_cli(subparsers) -> None:
@@ -59,6 +60,11 @@ def register_cli(subparsers) -> None:
                         f"(API server and streaming clients; default {SERVING_S_PER_RUNNING * 1e6:g}: fitted on the "
                         f"dt_modelling runs with KV usage < 0.5 and >= 100 running, twin.validation.serving_host; "
                         f"0: the calibrated engine alone)")
+    p.add_argument("--rank-tile-cost", default=None, metavar="COST|profile",
+                   help=f"working-block cost of a LoRA shrink rank tile beyond the first, relative to the first "
+                        f"(rank-32 slots run two tiles; default {RANK_TILE_COST:g}: fitted on the dt_modelling runs "
+                        f"that differ only in the slots' max rank, twin.validation.rank_tile; 1: every tile alike, "
+                        f"the calibrated profiles' extrapolation from rank 8; 'profile': the profile's own value)")
     p.add_argument("--no-figures", action="store_true", help="with --out: skip the figures")
     p.add_argument("--top", type=int, default=8, help="largest errors listed in the table")
     p.add_argument("--data-dir", default=None, help="data directory (default $TWIN_DATA_DIR)")
@@ -83,6 +89,22 @@ def _client_cap(value: str | None) -> int | None:
     return n
 
 
+def _rank_tile_cost(value: str | None) -> float | None:
+    """``--rank-tile-cost``: a number >= 0, or 'profile' (None: the profile's own); default :data:`RANK_TILE_COST`."""
+    if value is None:
+        return RANK_TILE_COST
+    if value.strip().lower() == "profile":
+        return None
+    try:
+        c = float(value)
+    except ValueError:
+        c = float("nan")
+    if not (c >= 0 and math.isfinite(c)):
+        raise ValueError(f"--rank-tile-cost {value!r}: give the cost relative to the first rank tile, >= 0, e.g. "
+                         f"--rank-tile-cost {RANK_TILE_COST:g} (1: every tile alike), or 'profile'")
+    return c
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Refuse bad option values before any run (``ValueError`` naming the flag and the fix)."""
     for flag, value, low in (("--jobs", args.jobs, 1), ("--limit", args.limit, 1), ("--seed", args.seed, 0),
@@ -98,6 +120,7 @@ def check_args(args: argparse.Namespace) -> None:
     if not (args.serving_us >= 0 and args.serving_us < 1e6):
         raise ValueError(f"--serving-us {args.serving_us}: give microseconds per running request and step, >= 0 "
                          f"(0: off)")
+    _rank_tile_cost(args.rank_tile_cost)
     if args.out:
         check_writable_dir("--out", args.out)
     if args.filter is not None and not args.filter.strip():
@@ -113,7 +136,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                          seed=args.seed, use_sent=not args.nominal, progress=progress, data_dir=args.data_dir,
                          client_cap=_client_cap(args.client_cap), preload_cpu=not args.no_preload,
                          length_corr=args.length_corr, frontend_s=args.frontend_ms / 1000,
-                         scrape_s_per_label=args.scrape_us / 1e6, serving_s_per_running=args.serving_us / 1e6)
+                         scrape_s_per_label=args.scrape_us / 1e6, serving_s_per_running=args.serving_us / 1e6,
+                         rank_tile_cost=_rank_tile_cost(args.rank_tile_cost))
     paths = write_outputs(res, args.out, figures=not args.no_figures) if args.out else []
     if args.json:
         print(json_summary(res))

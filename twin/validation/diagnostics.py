@@ -83,20 +83,22 @@ def _saturated_summary(mix: pd.DataFrame) -> dict[str, Any]:
                     "run's mean step composition, KV-saturated runs only (see step_at_real_mix)"}
 
 
-def diagnostics(runs: pd.DataFrame, profile_name: str | None = None, serving_s_per_running: float = 0.0) -> dict[str, Any]:
+def diagnostics(runs: pd.DataFrame, profile_name: str | None = None, serving_s_per_running: float = 0.0,
+                rank_tile_cost: float | None = None) -> dict[str, Any]:
     """Internal state, twin against the real runs' Prometheus gauges (time averages over the hour):
     mean running requests and KV tokens held per running request (real: mean KV usage x the KV
     capacity, which the profile reproduces within ~1 % of the probes). Medians over scored runs.
     With a profile, also :func:`step_at_real_mix` (the step model at the KV-saturated runs' own
-    step composition, with the serving path's host time ``serving_s_per_running`` the runs were
-    re-created with)."""
+    step composition, with the serving path's host time ``serving_s_per_running`` and the rank tile
+    cost ``rank_tile_cost`` the runs were re-created with)."""
     sc = runs[runs["scored"]]
     out: dict[str, Any] = {}
     need = {"ts_mean_running", "twin_mean_running", "ts_mean_kv_usage", "twin_mean_kv_usage", "twin_kv_tokens"}
     if not len(sc) or not need <= set(sc.columns):
         return out
     if profile_name is not None:
-        mix = step_at_real_mix(sc, cached_profile(profile_name).with_serving_host(serving_s_per_running))
+        prof = cached_profile(profile_name).with_serving_host(serving_s_per_running)
+        mix = step_at_real_mix(sc, prof if rank_tile_cost is None else prof.with_rank_tile_cost(rank_tile_cost))
         if len(mix):
             out["saturated_runs_real_itl_over_model_step_at_real_mix"] = _saturated_summary(mix)
     busy = sc[(sc["ts_mean_running"] > 1) & (sc["twin_mean_running"] > 1)]

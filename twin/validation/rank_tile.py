@@ -14,9 +14,12 @@ working-block cost of a rank tile beyond the first relative to the first, dimens
 with ``curve_fit`` on the fit split only: for each pair, the real ITL difference (rank 32 - rank 16,
 less the model's difference from the rank-32 run's larger batch at rank 16) against the model's
 rank-32 - rank-16 difference at the rank-32 run's own mean step composition
-(:func:`twin.validation.diagnostics._step_at_mix`). ``python -m twin.validation.rank_tile [--write]``.
-Used only by the variant ``llama-3.1-8b_h100_vllm085_ranktile`` (off by default); runs with slots of
-rank <= 16 are unchanged by it.
+(:func:`twin.validation.diagnostics._step_at_mix`), with the serving path's host time in the steps
+(``--serving-us``, :data:`twin.validation.specs.SERVING_S_PER_RUNNING`). ``python -m twin.validation.rank_tile
+[--write]``. ``twin validate`` applies it to any kernel-grid profile
+(:data:`twin.validation.specs.RANK_TILE_COST`, ``--rank-tile-cost``, :meth:`twin.perf.profile.Profile.with_rank_tile_cost`;
+stop 40); ``twin run``, the sweeps and ``twin configure search`` take it as an option. ``--write`` stores it in
+the variant ``llama-3.1-8b_h100_vllm085_ranktile``, a profile file holding it. Slots of rank <= 16 are unchanged.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from scipy.optimize import curve_fit
 
 from twin.perf.profile import PROFILE_DIR, Profile, load_profile
 from twin.validation.diagnostics import _step_at_mix
-from twin.validation.specs import script_inputs
+from twin.validation.specs import SERVING_S_PER_RUNNING, script_inputs
 
 BASE = "llama-3.1-8b_h100_vllm085"
 
@@ -51,10 +54,10 @@ def rank_pairs(per_run: pd.DataFrame, real: pd.DataFrame) -> list[tuple[pd.Serie
     return out
 
 
-def _with_cost(raw: dict[str, Any], c: float) -> Profile:
+def _with_cost(raw: dict[str, Any], c: float, serving_s_per_running: float = 0.0) -> Profile:
     d = copy.deepcopy(raw)
     d["components"]["lora"]["params"]["n_tile_cost"] = float(c)
-    return Profile.from_dict(d, d["name"])
+    return Profile.from_dict(d, d["name"]).with_serving_host(serving_s_per_running)
 
 
 def _step(r: pd.Series, prof: Profile, rank: int) -> float:
@@ -63,22 +66,29 @@ def _step(r: pd.Series, prof: Profile, rank: int) -> float:
     return float(_step_at_mix(r, prof)["model_step_ms"])
 
 
-def fit_rank_tile(per_run: pd.DataFrame, real: pd.DataFrame, raw: dict[str, Any]) -> dict[str, Any]:
-    """``n_tile_cost`` fitted on the pairs, with the per-pair real and model differences (ms)."""
+def fit_rank_tile(per_run: pd.DataFrame, real: pd.DataFrame, raw: dict[str, Any],
+                  serving_s_per_running: float = SERVING_S_PER_RUNNING) -> dict[str, Any]:
+    """``n_tile_cost`` fitted on the pairs, with the per-pair real and model differences (ms).
+
+    The steps carry the serving path's host time per running request (``serving_s_per_running``,
+    :data:`twin.validation.specs.SERVING_S_PER_RUNNING` as ``twin validate`` uses it), so the
+    correction for the rank-32 run's larger batch includes it."""
+    h = float(serving_s_per_running)
     pairs = rank_pairs(per_run, real)
     if len(pairs) < 3:
         raise ValueError(f"rank_tile: {len(pairs)} rank-16/rank-32 pairs without a queue; need at least 3")
-    p1 = _with_cost(raw, 1.0)
+    p1 = _with_cost(raw, 1.0, h)
     y = np.array([float(b["real_itl"]) - float(a["real_itl"]) - (_step(b, p1, 16) - _step(a, p1, 16))
                   for a, b in pairs])
 
     def model(_x, c):
-        pc = _with_cost(raw, float(c))
+        pc = _with_cost(raw, float(c), h)
         return np.array([_step(b, pc, 32) - _step(b, pc, 16) for _, b in pairs])
 
     popt, pcov = curve_fit(model, None, y, p0=[0.5], bounds=([0.0], [1.0]))
     c = float(popt[0])
     return {"n_tile_cost": float(f"{c:.4g}"), "stderr": float(f"{np.sqrt(pcov[0, 0]):.3g}"), "pairs": len(pairs),
+            "serving_us": round(h * 1e6, 3),
             "runs": [f"{b['scenario'].split('_rates_')[1]}/{int(b['adapter_slots'])}/{int(b['served_adapters'])}"
                      for _, b in pairs],
             "real_excess_ms": [round(float(v), 2) for v in y],
@@ -112,11 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real", default=None, help="real-run table (default: under $TWIN_DATA_DIR)")
     ap.add_argument("--base", default=BASE, help=f"profile the variant starts from (default {BASE}; e.g. "
                                                  f"{BASE}_interval for both variants together)")
+    ap.add_argument("--serving-us", type=float, default=SERVING_S_PER_RUNNING * 1e6,
+                    help="the serving path's host time per running request and step the steps carry (us; default "
+                         "twin validate's)")
     ap.add_argument("--write", action="store_true", help="write the variant profile into calibration/profiles")
     a = ap.parse_args(argv)
     real_csv = script_inputs(a.real, a.per_run)
     raw = load_profile(a.base).raw
-    fit = fit_rank_tile(pd.read_csv(a.per_run), pd.read_csv(real_csv), raw)
+    fit = fit_rank_tile(pd.read_csv(a.per_run), pd.read_csv(real_csv), raw, a.serving_us * 1e-6)
     print(json.dumps(fit, indent=1))
     if a.write:
         out = ranktile_variant(raw, fit)

@@ -20,7 +20,9 @@
 * the requests' front-end path outside the engine (``spec.frontend_s``,
   :data:`twin.validation.specs.FRONTEND_LATENCY_S`): the client's TTFT and E2E include it.
 * the serving path's host time per running request and step (``spec.serving_s_per_running``,
-  :data:`twin.validation.specs.SERVING_S_PER_RUNNING`): every engine step includes it.
+  :data:`twin.validation.specs.SERVING_S_PER_RUNNING`): every engine step includes it;
+* the cost of the LoRA shrink's rank tiles beyond the first (``spec.rank_tile_cost``,
+  :data:`twin.validation.specs.RANK_TILE_COST`): rank-32 slots' second tile.
 
 **Offered load** (column ``load_basis`` of the per-run CSV). Where the run records
 ``requests_sent`` (the number of requests the client actually sent -- a fact about the run's
@@ -175,7 +177,7 @@ def simulate_run(spec: RunSpec, profile_name: str | None = None,
     sched = make_scheduler(SCHEDULER, client_cap=client_cap, preload_cpu=preload_cpu)
     res = simulate(wl, prof, cfg, scheduler_obj=sched, cache_obj=make_cache("lru"), horizon_s=spec.window_s,
                    record_steps=True, frontend_s=spec.frontend_s, scrape_s_per_label=spec.scrape_s_per_label,
-                   serving_s_per_running=spec.serving_s_per_running)
+                   serving_s_per_running=spec.serving_s_per_running, rank_tile_cost=spec.rank_tile_cost)
     s = res.summary
     out.update(_time_averages(res.steps, spec.window_s, cfg.block_size, s["kv_capacity_tokens"]))
     out.update(twin_status="ok", load_basis=basis, twin_requests=len(wl), twin_finished=s["requests_finished"],

@@ -23,9 +23,8 @@ from policies.client_cap import CLIENT_MAX_INFLIGHT
 from twin.validation.profiles import cached_profile, check_profile_model, profile_of_runs
 from twin.validation.recreate import simulate_run
 from twin.validation.scoring import score, summarize
-from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, SCRAPE_S_PER_LABEL, SERVING_S_PER_RUNNING,
-                                  START_FAILURE_STATUSES,
-                                   RunSpec, attach_peer,
+from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, RANK_TILE_COST, SCRAPE_S_PER_LABEL,
+                                   SERVING_S_PER_RUNNING, START_FAILURE_STATUSES, RunSpec, attach_peer,
                                    default_peer_csv, default_real_csv, load_peer, load_real, select_runs, spec_from_row)
 
 
@@ -85,7 +84,8 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
                    length_corr: float = PROMPT_OUTPUT_CORR,
                    frontend_s: float = FRONTEND_LATENCY_S,
                    scrape_s_per_label: float = SCRAPE_S_PER_LABEL,
-                   serving_s_per_running: float = SERVING_S_PER_RUNNING) -> ValidationResult:
+                   serving_s_per_running: float = SERVING_S_PER_RUNNING,
+                   rank_tile_cost: float | None = RANK_TILE_COST) -> ValidationResult:
     """Re-create the runs of ``real_csv`` with the twin and score them (see :mod:`twin.validation`).
 
     ``peer_csv``: the published twin's predictions (None: the ``peer_twin_*.csv`` beside the real
@@ -94,7 +94,9 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
     ``length_corr``: prompt-output length coupling of the re-created pools (0: independent).
     ``frontend_s``: the requests' front-end latency outside the engine (0: the engine's times).
     ``scrape_s_per_label``: the metrics scrape's stall per LoRA label series (0: none).
-    ``serving_s_per_running``: the serving path's host time per running request and step (0: none)."""
+    ``serving_s_per_running``: the serving path's host time per running request and step (0: none).
+    ``rank_tile_cost``: the LoRA shrink's rank tiles beyond the first, relative to the first (None: the
+    profile's own)."""
     t0 = time.perf_counter()
     real_csv = Path(real_csv) if real_csv else default_real_csv(data_dir)
     real = load_real(real_csv)
@@ -108,7 +110,13 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
     profile = profile_of_runs(sel, profile, f"the selected runs of {real_csv}")
     prof = cached_profile(profile)
     check_profile_model(prof, sel)
-    specs = [spec_from_row(row, seed, use_sent, length_corr, frontend_s, scrape_s_per_label, serving_s_per_running)
+    if rank_tile_cost is not None:
+        try:
+            prof.with_rank_tile_cost(rank_tile_cost)
+        except ValueError as e:
+            raise ValueError(f"rank tile cost {rank_tile_cost:g}: {e} (twin validate --rank-tile-cost profile)") from None
+    specs = [spec_from_row(row, seed, use_sent, length_corr, frontend_s, scrape_s_per_label, serving_s_per_running,
+                           rank_tile_cost)
              for _, row in sel.iterrows()
              if row["status"] == "ok" or row["status"] in START_FAILURE_STATUSES]
     if not specs:
@@ -120,11 +128,13 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
     results = run_all(specs, sim_opts, jobs, progress)
     tw = pd.DataFrame(results) if results else pd.DataFrame({"run_id": []})
     runs = score(sel.merge(tw, on="run_id", how="left"))
-    summary = summarize(runs, prof.name, str(real_csv), str(peer_csv) if peer_csv else None, serving_s_per_running)
+    summary = summarize(runs, prof.name, str(real_csv), str(peer_csv) if peer_csv else None, serving_s_per_running,
+                        rank_tile_cost)
     summary["wall_s"] = time.perf_counter() - t0
     opts = dict(real=str(real_csv), peer=str(peer_csv) if peer_csv else None, profile=prof.name, jobs=jobs,
                 limit=limit, filter=filt, seed=seed, use_sent=use_sent, client_cap=client_cap,
                 preload_cpu=preload_cpu, length_corr=length_corr, frontend_s=frontend_s,
-                scrape_s_per_label=scrape_s_per_label, serving_s_per_running=serving_s_per_running)
+                scrape_s_per_label=scrape_s_per_label, serving_s_per_running=serving_s_per_running,
+                rank_tile_cost=rank_tile_cost)
     summary["options"] = opts
     return ValidationResult(runs, summary, summary["wall_s"], opts)

@@ -167,7 +167,7 @@ def startup_classification(runs: pd.DataFrame) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- the summary
 def summarize(runs: pd.DataFrame, profile_name: str, real_csv: str, peer_csv: str | None,
-              serving_s_per_running: float = 0.0) -> dict[str, Any]:
+              serving_s_per_running: float = 0.0, rank_tile_cost: float | None = None) -> dict[str, Any]:
     """The validation's summary (``summary.json``): headline SMAPEs, every subset, the start-up
     classification and the diagnostics (:func:`twin.validation.diagnostics.diagnostics`)."""
     subsets = {name: subset_table(runs, name) for name in SUBSETS}
@@ -204,7 +204,7 @@ def summarize(runs: pd.DataFrame, profile_name: str, real_csv: str, peer_csv: st
         "start_failures_predicted": su["fraction"],
         "start_failures": su,
         "twin_errors": int(errors),
-        "diagnostics": diagnostics(runs, profile_name, serving_s_per_running),
+        "diagnostics": diagnostics(runs, profile_name, serving_s_per_running, rank_tile_cost),
         "subsets": subsets,
     }
     return s

@@ -53,7 +53,7 @@ def engine_times(row: pd.Series, profile_name: str | None = None) -> dict[str, A
     res = simulate(wl, cached_profile(profile_name), build_config(spec),
                    scheduler_obj=make_scheduler(SCHEDULER, client_cap=CLIENT_MAX_INFLIGHT, preload_cpu=True),
                    cache_obj=make_cache("lru"), horizon_s=spec.window_s, record_steps=False,
-                   serving_s_per_running=spec.serving_s_per_running)
+                   serving_s_per_running=spec.serving_s_per_running, rank_tile_cost=spec.rank_tile_cost)
     e = res.engine
     return {"arrival": e.arrival.copy(), "first_token": e.first_token.copy(), "finish": e.finish.copy(),
             "adapter": e.adapter.copy(), "horizon": spec.window_s}

@@ -48,6 +48,53 @@ def test_variant_is_off_by_default():
     assert "fit split" in v.raw["provenance"]["variant"]["data"]
 
 
+def test_validation_constant_is_the_variant_files_and_equals_it_in_a_run():
+    """``twin validate``'s RANK_TILE_COST is the ranktile variant's fitted value, and the default profile with
+    it (Profile.with_rank_tile_cost) simulates exactly as the variant file does."""
+    from tests.helpers import random_workload
+    from twin.engine_state import EngineConfig
+    from twin.simulate import simulate
+    from twin.validation.specs import RANK_TILE_COST
+
+    variant = load_profile(LLAMA + "_ranktile")
+    assert RANK_TILE_COST == variant.components["lora"].params["n_tile_cost"]
+    w = random_workload(n=200, rps=5.0, adapters=24, seed=4, ranks=(8, 32))
+    cfg = EngineConfig(max_loras=16, max_num_seqs=64, max_model_len=2048)
+    a = simulate(w, load_profile(LLAMA), cfg, rank_tile_cost=RANK_TILE_COST, serving_s_per_running=18e-6)
+    b = simulate(w, variant, cfg, serving_s_per_running=18e-6)
+    cols = ["outcome", "first_token_s", "finish_s", "preemptions", "tokens_emitted"]
+    pd.testing.assert_frame_equal(a.requests[cols], b.requests[cols], check_exact=True)
+
+
+def test_spec_and_validate_cli_carry_the_constant():
+    import argparse
+
+    from tests.helpers import real_run_row
+    from twin.validation.cli import _rank_tile_cost, check_args, register_cli
+    from twin.validation.specs import RANK_TILE_COST, spec_from_row
+
+    row = real_run_row()
+    assert spec_from_row(row).rank_tile_cost == RANK_TILE_COST
+    assert spec_from_row(row, rank_tile_cost=None).rank_tile_cost is None
+    parser = argparse.ArgumentParser(prog="twin")
+    register_cli(parser.add_subparsers(dest="command"))
+    assert _rank_tile_cost(parser.parse_args(["validate"]).rank_tile_cost) == RANK_TILE_COST
+    assert _rank_tile_cost("profile") is None and _rank_tile_cost("1") == 1.0
+    for bad in ("-1", "inf", "nan", "quarter"):
+        with pytest.raises(ValueError, match="--rank-tile-cost"):
+            check_args(parser.parse_args(["validate", "--rank-tile-cost", bad]))
+
+
+def test_validation_refuses_a_rank_tile_cost_the_profile_cannot_take(tmp_path):
+    from tests.helpers import ml_test_row
+    from twin.validation.runner import run_validation
+
+    csv = tmp_path / "real.csv"
+    pd.DataFrame([ml_test_row(model="llama-2-7b")]).to_csv(csv, index=False)
+    with pytest.raises(ValueError, match="has no rank tiles.*--rank-tile-cost profile"):
+        run_validation(csv, peer_csv=False, profile="llama-2-7b_h100_vllm050", rank_tile_cost=0.5)
+
+
 @pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR is not set: the real runs are needed")
 def test_fit_reproduces_the_committed_constant():
     from twin.validation.rank_tile import fit_rank_tile
