@@ -137,15 +137,15 @@ class RunConfig:
     frontend_ms: float = field(default=0.0, metadata={
         "help": "front-end latency in ms: the request's path outside the engine (API server, tokeniser, streamed "
                 "chunk), added to the client-observed TTFT and E2E, not to ITL/TPOT; 0: the engine's own times "
-                "(twin validate uses 7.8, fitted on the real runs' fit split)"})
+                "(twin validate uses 7.9, fitted on the real runs' fit split)"})
     serving_us: float = field(default=0.0, metadata={
         "help": "host time of the serving path in microseconds per running request and engine step (vLLM behind "
                 "its API server with streaming clients), added to every step; 0: the calibrated engine alone "
-                "(twin validate uses 23.7, fitted on the real runs' fit split)"})
+                "(twin validate uses 18, fitted on the real runs' fit split)"})
     rank_tile_cost: float | None = field(default=None, metadata={
         "help": "cost of a LoRA shrink rank tile beyond the first, relative to the first (vLLM 0.8.5's kernel tiles "
                 "the rank by 16: rank-32 slots run two tiles); default: the profile's own (1 in the calibrated "
-                "profiles, measured at rank 8 only; twin validate uses 0.2608, fitted on the real runs' fit split)"})
+                "profiles, measured at rank 8 only; twin validate uses 0.2646, fitted on the real runs' fit split)"})
 
     def adapter_slots(self, n_adapters: int) -> int:
         """``slots``, or :data:`DEFAULT_ADAPTER_SLOTS` capped at ``n_adapters`` (at least 1)."""
@@ -196,10 +196,10 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
                                  "run until every request finished)"),
     "ttft_slo": (False, 0, False, "a TTFT SLO in seconds, e.g. --ttft-slo 2"),
     "tbt_slo": (False, 0, False, "a time-between-tokens SLO in seconds, e.g. --tbt-slo 0.1"),
-    "frontend_ms": (False, 0, True, "a front-end latency in ms, e.g. --frontend-ms 7.8 (0: the engine's own times)"),
-    "serving_us": (False, 0, True, "microseconds per running request and step, e.g. --serving-us 23.7 (0: the "
+    "frontend_ms": (False, 0, True, "a front-end latency in ms, e.g. --frontend-ms 7.9 (0: the engine's own times)"),
+    "serving_us": (False, 0, True, "microseconds per running request and step, e.g. --serving-us 18 (0: the "
                                    "calibrated engine alone)"),
-    "rank_tile_cost": (False, 0, True, "a cost relative to the first rank tile, e.g. --rank-tile-cost 0.2608 (or leave "
+    "rank_tile_cost": (False, 0, True, "a cost relative to the first rank tile, e.g. --rank-tile-cost 0.2646 (or leave "
                                        "it to the profile)"),
 }
 

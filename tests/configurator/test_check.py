@@ -106,6 +106,36 @@ def test_a_check_run_is_the_search_walks_run(tmp_path):
     assert not c2["steps"][0]["simulated"] and c2["steps"][0]["ratio"] == c["steps"][0]["ratio"]
 
 
+def test_a_check_with_engine_constants_runs_the_search_walks_engine(tmp_path, monkeypatch):
+    """``serving_us`` / ``rank_tile_cost`` reach the check's runs as they reach the search's (the same scenario
+    dict, so a search with them and a check with them share runs; run_config applies them, tests/sweep/test_grid.py)."""
+    seen = []
+
+    def fake_run(sc, n, g, max_rank, **kw):
+        seen.append(dict(sc))
+        return _row(0.95)
+
+    monkeypatch.setattr(chk, "run_config", fake_run)
+    check_recommendation(RATES, RANKS, 64, 32, PROFILE, serving_us=18.0, rank_tile_cost=0.25)
+    check_recommendation(RATES, RANKS, 64, 32, PROFILE)
+    assert seen[0]["serving_us"] == 18.0 and seen[0]["rank_tile_cost"] == 0.25
+    assert "serving_us" not in seen[1] and "rank_tile_cost" not in seen[1] and seen[0]["key"] == seen[1]["key"]
+
+
+def test_predict_engine_constants_need_check():
+    from tests.helpers import configure_parser
+    from twin.configurator.cli import cmd_predict
+
+    ns = configure_parser().parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32",
+                                        "--serving-us", "18"])
+    with pytest.raises(ValueError, match="add --check"):
+        cmd_predict(ns)
+    ns = configure_parser().parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32",
+                                        "--check", "--rank-tile-cost", "-1"])
+    with pytest.raises(ValueError, match="--rank-tile-cost"):
+        cmd_predict(ns)
+
+
 def test_checked_predictions_score_the_checked_configuration():
     known = _known({(192, 32): _row(0.80), (160, 32): _row(0.95)})
     truth = pd.DataFrame({"scenario": [scenario_task(RATES, RANKS, PROFILE)["scenario"]["key"]],

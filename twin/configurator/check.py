@@ -54,11 +54,14 @@ def step_down_slots(served: int, slots: int, slot_grid: Iterable[int]) -> tuple[
 
 def scenario_task(rates: list[float], ranks: list[int], profile: str | None, *, window_s: float = 3600.0,
                   policy: str = DEFAULT_POLICY, lengths: tuple[float, float] = DEFAULT_LENGTHS,
-                  seed: int = 0) -> dict[str, Any]:
+                  seed: int = 0, serving_us: float = 0.0, rank_tile_cost: float | None = None) -> dict[str, Any]:
     """The task ``twin configure search`` would run for this scenario (its scenario dict, seed,
-    maximum rank, window and profile), so that a check's run equals the search walk's run."""
+    maximum rank, window and profile), so that a check's run equals the search walk's run;
+    ``serving_us`` / ``rank_tile_cost``: the engine constants of the search
+    (:attr:`twin.sweep.grid.GridSpec.serving_us`, :attr:`~twin.sweep.grid.GridSpec.rank_tile_cost`)."""
     pair = (list(map(float, rates)), list(map(int, ranks)))
-    g = search_grid([pair], profile, window_s=window_s, policy=policy, lengths=lengths, seeds=(seed,))
+    g = search_grid([pair], profile, window_s=window_s, policy=policy, lengths=lengths, seeds=(seed,),
+                    serving_us=serving_us, rank_tile_cost=rank_tile_cost)
     tasks = _pairs_tasks(g, [pair])
     if not tasks:  # pragma: no cover -- search_grid holds exactly this scenario
         raise ValueError(f"no task for rates {rates} and ranks {ranks}")
@@ -80,8 +83,12 @@ def check_recommendation(rates: list[float], ranks: list[int], served: int, slot
                          served_grid: Iterable[int] = PUBLISHED_GRID, slot_grid: Iterable[int] = PUBLISHED_GRID,
                          policy: str = DEFAULT_POLICY, lengths: tuple[float, float] = DEFAULT_LENGTHS,
                          window_s: float = 3600.0, seed: int = 0, ratio: float = 0.9,
-                         known: Known | None = None) -> dict[str, Any]:
+                         known: Known | None = None, serving_us: float = 0.0,
+                         rank_tile_cost: float | None = None) -> dict[str, Any]:
     """Check ``(served, slots)`` in the twin and step the served adapters down while it starves.
+
+    ``serving_us`` / ``rank_tile_cost``: the twin's engine constants, as ``twin configure search`` takes them
+    (0 / None: the calibrated engine, as the shipped sweeps); ``known`` must hold runs made with the same.
 
     Returns ``served_adapters`` and ``adapter_slots`` (the checked recommendation), ``changed``,
     ``throughput_tok_s`` (the twin's at the checked configuration; NaN if it does not start),
@@ -90,7 +97,8 @@ def check_recommendation(rates: list[float], ranks: list[int], served: int, slot
     ``steps``: one dict per configuration tried (``served_adapters``, ``adapter_slots``, ``status``,
     ``ratio`` (throughput / offered), ``ratio_is_upper_bound``, ``starving``, ``simulated``: False
     when the run came from ``known``). New runs are added to ``known`` when it is given."""
-    task = scenario_task(rates, ranks, profile, window_s=window_s, policy=policy, lengths=lengths, seed=seed)
+    task = scenario_task(rates, ranks, profile, window_s=window_s, policy=policy, lengths=lengths, seed=seed,
+                         serving_us=serving_us, rank_tile_cost=rank_tile_cost)
     sc = task["scenario"]
     key = sc["key"]
     known = {} if known is None else known

@@ -108,6 +108,12 @@ def register_cli(subparsers) -> None:
     pr.add_argument("--check", action="store_true",
                     help="run the twin at the recommendation and step the served adapters down while it starves "
                          "there (the model's own rule; about 2 CPU-s per simulated hour)")
+    pr.add_argument("--serving-us", type=float, default=0.0, metavar="US",
+                    help="with --check: the twin's serving-path host time per running request and step, "
+                         "microseconds (default 0, as the shipped sweeps; twin validate uses 18)")
+    pr.add_argument("--rank-tile-cost", type=float, default=None, metavar="COST",
+                    help="with --check: the twin's LoRA shrink rank tiles beyond the first, relative to the first "
+                         "(default: the profile's own, as the shipped sweeps; twin validate uses 0.2646)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_predict)
 
@@ -130,10 +136,10 @@ def register_cli(subparsers) -> None:
     e.add_argument("--search-cache", default=None, help="sweep directory caching the search runs")
     e.add_argument("--serving-us", type=float, default=0.0, metavar="US",
                    help="the search baseline's serving-path host time per running request and step, microseconds "
-                        "(default 0, as the shipped sweeps; twin validate uses 23.7)")
+                        "(default 0, as the shipped sweeps; twin validate uses 18)")
     e.add_argument("--rank-tile-cost", type=float, default=None, metavar="COST",
                    help="the search baseline's LoRA shrink rank tiles beyond the first, relative to the first "
-                        "(default: the profile's own, as the shipped sweeps; twin validate uses 0.2608)")
+                        "(default: the profile's own, as the shipped sweeps; twin validate uses 0.2646)")
     e.add_argument("--check", action="store_true",
                    help="also score every model after the twin's check of its recommendations (predict --check)")
     e.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
@@ -161,11 +167,11 @@ def register_cli(subparsers) -> None:
     s.add_argument("--serving-us", type=float, default=0.0, metavar="US",
                    help="host time of the serving path per running request and engine step, microseconds "
                         "(default 0: the calibrated engine alone, as the shipped sweeps; twin validate re-creates "
-                        "the real runs with 23.7)")
+                        "the real runs with 18)")
     s.add_argument("--rank-tile-cost", type=float, default=None, metavar="COST",
                    help="working-block cost of a LoRA shrink rank tile beyond the first, relative to the first "
                         "(rank-32 slots run two tiles; default: the profile's own, 1 in the calibrated profiles, as "
-                        "the shipped sweeps; twin validate re-creates the real runs with 0.2608)")
+                        "the shipped sweeps; twin validate re-creates the real runs with 0.2646)")
     s.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
     s.add_argument("--jobs", type=int, default=1)
     s.add_argument("--json", action="store_true")
@@ -445,7 +451,14 @@ def cmd_predict(args) -> int:
     extra = _extra_features(args.feature)
     rates, ranks = _pair(args, triple=True)
     lengths = _lengths(args)
+    if not args.check and (args.serving_us or args.rank_tile_cost is not None):
+        raise ValueError("--serving-us / --rank-tile-cost set the twin's engine for --check; add --check (a model's "
+                         "recommendation does not depend on them)")
+    check_number("--serving-us", args.serving_us, 0, True, "microseconds per running request and step, e.g. "
+                                                           "--serving-us 18 (0: off)")
     model = _load_for(args, args.kind)
+    if args.check:
+        _check_rank_tile_cost(args.rank_tile_cost, model.get("provenance", {}).get("profile") or args.profile)
     x = features_of(rates, ranks)
     both = sorted(set(extra) & set(LENGTH_FEATURES))
     if both and lengths is not None:
@@ -475,7 +488,7 @@ def cmd_predict(args) -> int:
     if all(f in x for f in LENGTH_FEATURES):
         res["lengths"] = [x[f] for f in LENGTH_FEATURES]
     if args.check:
-        _check(res, model)
+        _check(res, model, args.serving_us, args.rank_tile_cost)
     tp = res["throughput_tok_s"]
     if args.adapters:
         res["gpus_needed"] = int(math.ceil(args.adapters / res["served_adapters"]))
@@ -537,7 +550,8 @@ def cmd_predict(args) -> int:
     return 0
 
 
-def _check(res: dict[str, Any], model: dict[str, Any]) -> None:
+def _check(res: dict[str, Any], model: dict[str, Any], serving_us: float = 0.0,
+           rank_tile_cost: float | None = None) -> None:
     """``predict --check``: the twin's check of the recommendation (:mod:`twin.configurator.check`);
     ``res`` then holds the checked configuration, the model's own under ``model_recommendation``, and
     the twin's throughput where the check changed the configuration."""
@@ -549,7 +563,8 @@ def _check(res: dict[str, Any], model: dict[str, Any]) -> None:
     lengths = tuple(res.get("lengths") or DEFAULT_LENGTHS)
     c = check_recommendation(res["rates"], res["ranks"], res["served_adapters"], res["adapter_slots"], res["profile"],
                              served_grid=grid.get("served") or list(PUBLISHED_GRID),
-                             slot_grid=grid.get("slots") or list(PUBLISHED_GRID), policy=res["policy"], lengths=lengths)
+                             slot_grid=grid.get("slots") or list(PUBLISHED_GRID), policy=res["policy"], lengths=lengths,
+                             serving_us=serving_us, rank_tile_cost=rank_tile_cost)
     res["model_recommendation"] = {k: res[k] for k in ("served_adapters", "adapter_slots", "throughput_tok_s")}
     res["check"] = {k: c[k] for k in ("changed", "starving", "steps", "scenario", "window_s", "ratio_line")}
     res["served_adapters"], res["adapter_slots"] = c["served_adapters"], c["adapter_slots"]
@@ -588,7 +603,7 @@ def _check_rank_tile_cost(cost: float | None, profile: str | None) -> None:
     if cost is None:
         return
     check_number("--rank-tile-cost", cost, 0, True, "a cost relative to the first rank tile, e.g. --rank-tile-cost "
-                                                    "0.2608 (1: every tile alike)")
+                                                    "0.2646 (1: every tile alike)")
     from twin.sweep.scenario import get_profile
 
     try:
@@ -603,7 +618,7 @@ def cmd_evaluate(args) -> int:
 
     check_selection(jobs=args.jobs)
     check_number("--serving-us", args.serving_us, 0, True, "microseconds per running request and step, e.g. "
-                                                           "--serving-us 23.7 (0: off)")
+                                                           "--serving-us 18 (0: off)")
     _check_rank_tile_cost(args.rank_tile_cost, args.profile)
     if args.out:
         check_writable_dir("--out", args.out)
@@ -701,7 +716,7 @@ def cmd_search(args) -> int:
         kw["length_corr"] = check_length_corr(args.length_corr, "--length-corr")
     if args.serving_us:
         check_number("--serving-us", args.serving_us, 0, True, "microseconds per running request and step, "
-                                                               "e.g. --serving-us 23.7 (0: off)")
+                                                               "e.g. --serving-us 18 (0: off)")
         kw["serving_us"] = float(args.serving_us)
     if args.rank_tile_cost is not None:
         _check_rank_tile_cost(args.rank_tile_cost, args.profile)

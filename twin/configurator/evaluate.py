@@ -180,18 +180,21 @@ def crossings(real: pd.DataFrame, twin_runs: pd.DataFrame | None, source: str = 
 
 
 def checked_predictions(preds: pd.DataFrame, truth: pd.DataFrame, profile: str | None, served_grid: list[int],
-                        slot_grid: list[int], known: dict) -> tuple[pd.DataFrame, dict[str, float]]:
+                        slot_grid: list[int], known: dict, serving_us: float = 0.0,
+                        rank_tile_cost: float | None = None) -> tuple[pd.DataFrame, dict[str, float]]:
     """A model's recommendations after the twin's check (:mod:`twin.configurator.check`): each
     snapped recommendation is run in the twin and its served adapters stepped down while the twin
     reads it starving. ``known`` (runs by scenario and configuration) is shared across models and
     with the search's walk. The checked rows carry the checked configuration as their raw values
-    too, and the twin's throughput there where the check changed the configuration."""
+    too, and the twin's throughput there where the check changed the configuration. ``serving_us`` /
+    ``rank_tile_cost``: the twin's engine constants (those of the search whose runs ``known`` holds)."""
     m = truth[["scenario", "rates", "ranks"]].merge(preds, on="scenario", how="inner")
     rows, runs, cpu = [], 0, 0.0
     for _, r in m.iterrows():
         n, g = snap_config(r["served_raw"], r["slots_raw"], served_grid, slot_grid)
         c = check_recommendation(parse_list(r["rates"], float, "rates"), parse_list(r["ranks"], int, "ranks"), n, g,
-                                 profile, served_grid=served_grid, slot_grid=slot_grid, known=known)
+                                 profile, served_grid=served_grid, slot_grid=slot_grid, known=known,
+                                 serving_us=serving_us, rank_tile_cost=rank_tile_cost)
         runs += sum(1 for st in c["steps"] if st["simulated"])
         cpu += sum(st["cpu_s"] for st in c["steps"])
         tp = c["throughput_tok_s"] if c["changed"] and math.isfinite(c["throughput_tok_s"]) else float(r["throughput"])
@@ -246,7 +249,7 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
     twin_runs = None
     if run_search:  # first: the check reuses the search walk's runs
         sp, twin_runs = search_predictions(truth, profile, search_cache, executor, jobs, progress, serving_us,
-                                                rank_tile_cost)
+                                           rank_tile_cost)
     known = {}
     if check:
         known = known_from_runs(twin_runs)
@@ -264,7 +267,8 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
         if primary is None:
             primary = s
         if check:
-            cp, cost = checked_predictions(preds, truth, profile, served_grid, slot_grid, known)
+            cp, cost = checked_predictions(preds, truth, profile, served_grid, slot_grid, known, serving_us,
+                                           rank_tile_cost)
             s, d = score_predictor(f"{label} + twin check", cp, truth, grid, served_grid, slot_grid)
             s["model"] = m.get("_path")
             s.update(cost)
