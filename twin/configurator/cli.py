@@ -108,12 +108,7 @@ def register_cli(subparsers) -> None:
     pr.add_argument("--check", action="store_true",
                     help="run the twin at the recommendation and step the served adapters down while it starves "
                          "there (the model's own rule; about 2 CPU-s per simulated hour)")
-    pr.add_argument("--serving-us", type=float, default=0.0, metavar="US",
-                    help="with --check: the twin's serving-path host time per running request and step, "
-                         "microseconds (default 0, as the shipped sweeps; twin validate uses 18)")
-    pr.add_argument("--rank-tile-cost", type=float, default=None, metavar="COST",
-                    help="with --check: the twin's LoRA shrink rank tiles beyond the first, relative to the first "
-                         "(default: the profile's own, as the shipped sweeps; twin validate uses 0.2646)")
+    _engine_args(pr, "with --check: the twin's")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_predict)
 
@@ -134,12 +129,7 @@ def register_cli(subparsers) -> None:
     e.add_argument("--source", default="ml_test", help="rows of the table to use (column source; '' = all)")
     e.add_argument("--no-search", action="store_true", help="leave out the twin-as-optimiser baseline")
     e.add_argument("--search-cache", default=None, help="sweep directory caching the search runs")
-    e.add_argument("--serving-us", type=float, default=0.0, metavar="US",
-                   help="the search baseline's serving-path host time per running request and step, microseconds "
-                        "(default 0, as the shipped sweeps; twin validate uses 18)")
-    e.add_argument("--rank-tile-cost", type=float, default=None, metavar="COST",
-                   help="the search baseline's LoRA shrink rank tiles beyond the first, relative to the first "
-                        "(default: the profile's own, as the shipped sweeps; twin validate uses 0.2646)")
+    _engine_args(e, "the search baseline's and the check's")
     e.add_argument("--check", action="store_true",
                    help="also score every model after the twin's check of its recommendations (predict --check)")
     e.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
@@ -164,14 +154,7 @@ def register_cli(subparsers) -> None:
     s.add_argument("--length-corr", type=float, default=0.0, metavar="RHO",
                    help="prompt-output length coupling of the request pool (default 0: independent lengths, "
                         "as the shipped sweeps; twin validate re-creates the real runs with -0.37)")
-    s.add_argument("--serving-us", type=float, default=0.0, metavar="US",
-                   help="host time of the serving path per running request and engine step, microseconds "
-                        "(default 0: the calibrated engine alone, as the shipped sweeps; twin validate re-creates "
-                        "the real runs with 18)")
-    s.add_argument("--rank-tile-cost", type=float, default=None, metavar="COST",
-                   help="working-block cost of a LoRA shrink rank tile beyond the first, relative to the first "
-                        "(rank-32 slots run two tiles; default: the profile's own, 1 in the calibrated profiles, as "
-                        "the shipped sweeps; twin validate re-creates the real runs with 0.2646)")
+    _engine_args(s, "the twin's")
     s.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
     s.add_argument("--jobs", type=int, default=1)
     s.add_argument("--json", action="store_true")
@@ -596,6 +579,19 @@ def cmd_rules(args) -> int:
     else:
         print(format_rules(model))
     return 0
+
+
+def _engine_args(p: argparse.ArgumentParser, whose: str) -> None:
+    """``--serving-us`` and ``--rank-tile-cost``: the twin's engine constants that ``twin validate`` fits on the
+    real runs' fit split (:data:`twin.validation.specs.SERVING_S_PER_RUNNING`, :data:`~twin.validation.specs.
+    RANK_TILE_COST`); off by default, as in the shipped sweeps."""
+    p.add_argument("--serving-us", type=float, default=0.0, metavar="US",
+                   help=f"{whose} serving-path host time per running request and engine step, microseconds (default "
+                        f"0: the calibrated engine alone, as the shipped sweeps; twin validate uses 18)")
+    p.add_argument("--rank-tile-cost", type=float, default=None, metavar="COST",
+                   help=f"{whose} working-block cost of a LoRA shrink rank tile beyond the first, relative to the "
+                        f"first (rank-32 slots run two tiles; default: the profile's own, 1 in the calibrated profiles, "
+                        f"as the shipped sweeps; twin validate uses 0.2646)")
 
 
 def _check_rank_tile_cost(cost: float | None, profile: str | None) -> None:

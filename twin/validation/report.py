@@ -61,6 +61,11 @@ def _fit_test_lines(s: dict[str, Any]) -> list[str]:
     for name in ("fit", "test"):
         d = ft.get(name, {})
         lines.append(f"  {name:<6}{d.get('runs', 0):>6}" + "".join(f"{fmt(d.get(k)):>24}" for k in FIT_TEST_METRICS))
+    cr = {name: (ft.get(name) or {}).get("crossings_90") or {} for name in ("fit", "test")}
+    if any(c.get("crossings") for c in cr.values()):
+        lines.append("  real 90 % crossings with the twin's throughput / offered within +-2 points: " + "; ".join(
+            f"{name} {c['within_2_points']} of {c['crossings']} (largest miss {fmt(c['largest_abs_points'])} points)"
+            for name, c in cr.items() if c.get("crossings")) + "  [python -m twin.validation.crossings PER_RUN_CSV]")
     return lines
 
 

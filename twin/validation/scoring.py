@@ -26,6 +26,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pandas as pd
 
+from twin.validation.crossings import crossings_from_per_run
+from twin.validation.crossings import summary as crossings_summary
 from twin.validation.diagnostics import diagnostics
 from twin.validation.metrics import METRICS
 from twin.validation.specs import START_FAILURE_STATUSES, nominal_requests
@@ -166,6 +168,15 @@ def startup_classification(runs: pd.DataFrame) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the summary
+def split_crossings(runs: pd.DataFrame, split: str) -> dict[str, Any]:
+    """The twin at the real 90 % crossings of one split (:mod:`twin.validation.crossings`: the crossings, how many
+    are within +-2 points of throughput / offered, the median and largest miss); ``{"crossings": 0}`` when the
+    split has none or the table lacks the columns (``offered_tok_s_est``)."""
+    if "split" not in runs.columns or "offered_tok_s_est" not in runs.columns or "twin_throughput" not in runs.columns:
+        return {"crossings": 0}
+    return crossings_summary(crossings_from_per_run(runs[runs["split"] == split], source=None))
+
+
 def summarize(runs: pd.DataFrame, profile_name: str, real_csv: str, peer_csv: str | None,
               serving_s_per_running: float = 0.0, rank_tile_cost: float | None = None) -> dict[str, Any]:
     """The validation's summary (``summary.json``): headline SMAPEs, every subset, the start-up
@@ -197,7 +208,8 @@ def summarize(runs: pd.DataFrame, profile_name: str, real_csv: str, peer_csv: st
         "ours_on_peer_runs": {k: a[k].get("smape_on_peer_runs") for k in ("throughput", "request_throughput", "itl",
                                                                           "ttft_incl_unfinished")},
         "fit_test": {name: {"runs": subsets[name]["scored"],
-                            **{k: subsets[name]["metrics"][k]["smape"] for k in FIT_TEST_METRICS}}
+                            **{k: subsets[name]["metrics"][k]["smape"] for k in FIT_TEST_METRICS},
+                            "crossings_90": split_crossings(runs, name)}
                      for name in ("fit", "test")},
         "dt_modelling": {k: {"ours": dt[k].get("smape_on_peer_runs"), "peer": dt[k].get("peer_smape"),
                              "n": dt[k].get("n_peer")} for k in ("throughput", "itl", "ttft_incl_unfinished")},

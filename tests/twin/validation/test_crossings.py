@@ -46,3 +46,19 @@ def test_main_refuses_a_missing_file_before_any_work(tmp_path, monkeypatch):
     real.write_text("run_dir,scenario,source,offered_tok_s_est\n")
     with pytest.raises(SystemExit, match="per_run.csv' not found"):
         main([str(tmp_path / "per_run.csv"), "--real", str(real)])
+
+
+def test_the_validation_summary_and_report_give_each_splits_crossings():
+    """``twin validate``'s summary holds the crossings per split (``fit_test.<split>.crossings_90``) and its
+    console table prints them beside the SMAPEs."""
+    from twin.validation.report import _fit_test_lines
+    from twin.validation.scoring import split_crossings
+
+    runs = pd.concat([_per_run([0.99, 0.95, 0.85, 0.70], [0.99, 0.93, 0.90, 0.80]).assign(split="fit"),
+                      _per_run([0.99, 0.85], [0.98, 0.86], source="ml_test").assign(split="test", scenario="t")])
+    fit, test = split_crossings(runs, "fit"), split_crossings(runs, "test")
+    assert (fit["crossings"], fit["within_2_points"]) == (2, 1) and (test["crossings"], test["within_2_points"]) == (2, 2)
+    assert split_crossings(runs.drop(columns="offered_tok_s_est"), "fit") == {"crossings": 0}
+    ft = {"fit": {"runs": 4, "crossings_90": fit}, "test": {"runs": 2, "crossings_90": test}}
+    line = _fit_test_lines({"fit_test": ft})[-1]
+    assert "fit 1 of 2 (largest miss 5.0 points); test 2 of 2" in line
