@@ -9,7 +9,10 @@ subset of the real runs can be scored, e.g. the fit split (``dt_modelling``) for
 between mechanisms without touching the test split.
 
 ``python -m twin.validation.crossings PER_RUN_CSV [--source dt_modelling]`` prints every crossing
-and the summary (crossings within +-2 points, median and largest twin - real).
+and the summary (crossings within +-2 points, median and largest twin - real). Given several passes
+of the same runs with different seeds (``twin validate --seed K --out DIR``), it prints the twin's
+ratio per pass and its spread at each crossing (:func:`seed_spread`): one real run per
+configuration is set beside a twin whose own seed moves a knife-edge run by several points.
 """
 
 from __future__ import annotations
@@ -73,20 +76,64 @@ def summary(cr: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
+def seed_spread(passes: list[pd.DataFrame], source: str | None = "dt_modelling") -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The crossings of several passes over the same runs (e.g. seeds 0, 1, 2): one row per crossing side
+    with the twin's ratio in each pass (``twin_ratio_<i>``), their mean and spread (max - min, points) and
+    whether each is within the tolerance; and a summary: crossings within +-2 points per pass, at the
+    passes' mean, in every pass, and the median / largest spread."""
+    crs = [crossings_from_per_run(p, source) for p in passes]
+    if not crs or not len(crs[0]):
+        return pd.DataFrame(), {"crossings": 0, "passes": len(passes)}
+    keys = ["scenario", "adapter_slots", "side", "served_adapters"]
+    if any(not c[keys].equals(crs[0][keys]) for c in crs[1:]):
+        raise ValueError("crossings: the passes do not hold the same runs (their real crossings differ); give "
+                         "per_run.csv files of the same real table and selection")
+    out = crs[0][keys + ["real_ratio"]].copy()
+    t = pd.concat([c["twin_ratio"].rename(f"twin_ratio_{i}") for i, c in enumerate(crs)], axis=1).to_numpy(float)
+    for i in range(t.shape[1]):
+        out[f"twin_ratio_{i}"] = t[:, i]
+    real = out["real_ratio"].to_numpy(float)[:, None]
+    within = abs(t - real) * 100.0 <= TOLERANCE_POINTS
+    out["twin_ratio_mean"] = t.mean(axis=1).round(4)
+    out["spread_points"] = ((t.max(axis=1) - t.min(axis=1)) * 100.0).round(2)
+    out["within_in_every_pass"] = within.all(axis=1)
+    mean_within = abs(t.mean(axis=1) - real[:, 0]) * 100.0 <= TOLERANCE_POINTS
+    return out, {"crossings": int(len(out)), "passes": int(t.shape[1]),
+                 "within_2_points_per_pass": [int(x) for x in within.sum(axis=0)],
+                 "within_2_points_at_mean": int(mean_within.sum()),
+                 "within_2_points_in_every_pass": int(within.all(axis=1).sum()),
+                 "median_spread_points": round(float(out["spread_points"].median()), 2),
+                 "largest_spread_points": round(float(out["spread_points"].max()), 2),
+                 "spread_over_2_points": int((out["spread_points"] > TOLERANCE_POINTS).sum())}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="the twin at the real 90 % crossings of a validation per_run.csv")
-    ap.add_argument("per_run", help="per_run.csv of a twin validate --out pass")
+    ap.add_argument("per_run", nargs="+", help="per_run.csv of a twin validate --out pass; several (passes with "
+                                               "different --seed) print the twin's spread at each crossing")
     ap.add_argument("--real", default=None, help="real-run table (default: the Llama validation table in $TWIN_DATA_DIR)")
     ap.add_argument("--source", default="dt_modelling", help="subset of the real runs (default: the fit split)")
+    ap.add_argument("--out", default=None, help="with several passes: write the per-crossing table here (CSV)")
     a = ap.parse_args(argv)
-    real_csv = script_inputs(a.real, a.per_run)
-    pr = pd.read_csv(a.per_run)
+    real_csv = script_inputs(a.real, *a.per_run)
     real = pd.read_csv(real_csv, usecols=["run_dir", "scenario", "source", "offered_tok_s_est"])
-    pr = pr.merge(real, on=["run_dir", "scenario", "source"], how="left")
-    cr = crossings_from_per_run(pr, a.source)
-    with pd.option_context("display.width", 200, "display.max_rows", 500):
-        print(cr.to_string(index=False))
-    print(summary(cr))
+    passes = [pd.read_csv(p).merge(real, on=["run_dir", "scenario", "source"], how="left") for p in a.per_run]
+    if len(passes) == 1:
+        cr = crossings_from_per_run(passes[0], a.source)
+        with pd.option_context("display.width", 200, "display.max_rows", 500):
+            print(cr.to_string(index=False))
+        print(summary(cr))
+        return 0
+    try:
+        table, s = seed_spread(passes, a.source)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    with pd.option_context("display.width", 250, "display.max_rows", 500):
+        print(table.to_string(index=False))
+    print(s)
+    if a.out:
+        table.to_csv(a.out, index=False)
+        print(f"wrote {a.out}")
     return 0
 
 

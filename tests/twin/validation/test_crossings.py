@@ -62,3 +62,36 @@ def test_the_validation_summary_and_report_give_each_splits_crossings():
     ft = {"fit": {"runs": 4, "crossings_90": fit}, "test": {"runs": 2, "crossings_90": test}}
     line = _fit_test_lines({"fit_test": ft})[-1]
     assert "fit 1 of 2 (largest miss 5.0 points); test 2 of 2" in line
+
+
+def test_seed_spread_sets_the_passes_side_by_side():
+    """Several passes of the same runs (seeds): the twin's ratio per pass, its spread, and the crossings within
+    the tolerance per pass, at the mean and in every pass."""
+    from twin.validation.crossings import seed_spread
+
+    real = [0.99, 0.95, 0.85, 0.70]
+    passes = [_per_run(real, [0.99, 0.96, 0.86, 0.80]), _per_run(real, [0.99, 0.92, 0.90, 0.80]),
+              _per_run(real, [0.99, 0.95, 0.81, 0.80])]
+    table, s = seed_spread(passes)
+    assert table["side"].tolist() == ["last_above", "first_below"]
+    assert table["spread_points"].tolist() == pytest.approx([4.0, 9.0])
+    assert table["twin_ratio_mean"].tolist() == pytest.approx([0.9433, 0.8567], abs=1e-4)
+    assert s["within_2_points_per_pass"] == [2, 0, 1] and s["within_2_points_at_mean"] == 2
+    assert s["within_2_points_in_every_pass"] == 0 and s["spread_over_2_points"] == 2
+    with pytest.raises(ValueError, match="do not hold the same runs"):
+        seed_spread([passes[0], _per_run([0.99, 0.5], [0.99, 0.5])])
+
+
+def test_main_with_several_passes_writes_the_spread_table(tmp_path, capsys):
+    real = tmp_path / "real.csv"
+    pd.DataFrame({"run_dir": ["a", "b"], "scenario": "s", "source": "dt_modelling",
+                  "offered_tok_s_est": 1000.0}).to_csv(real, index=False)
+    files = []
+    for i, twin in enumerate(([0.99, 0.80], [0.98, 0.86])):
+        f = tmp_path / f"p{i}.csv"
+        _per_run([0.99, 0.85], twin).drop(columns="offered_tok_s_est").assign(run_dir=["a", "b"]).to_csv(f, index=False)
+        files.append(str(f))
+    out = tmp_path / "spread.csv"
+    assert main(files + ["--real", str(real), "--out", str(out)]) == 0
+    assert "'within_2_points_per_pass': [1, 2]" in capsys.readouterr().out
+    assert pd.read_csv(out)["spread_points"].tolist() == pytest.approx([1.0, 6.0])
