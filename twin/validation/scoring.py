@@ -27,6 +27,8 @@ import numpy as np
 import pandas as pd
 
 from twin.validation.diagnostics import diagnostics
+from twin.validation.knee import crossings_from_per_run
+from twin.validation.knee import summary as crossings_summary
 from twin.validation.metrics import METRICS
 from twin.validation.specs import START_FAILURE_STATUSES, nominal_requests
 
@@ -167,14 +169,9 @@ def startup_classification(runs: pd.DataFrame) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- the summary
 def split_crossings(runs: pd.DataFrame, split: str) -> dict[str, Any]:
-    """The twin at the real 90 % crossings of one split (:mod:`twin.validation.crossings`: the crossings, how many
+    """The twin at the real 90 % crossings of one split (:mod:`twin.validation.knee`: the crossings, how many
     are within +-2 points of throughput / offered, the median and largest miss); ``{"crossings": 0}`` when the
     split has none or the table lacks the columns (``offered_tok_s_est``)."""
-    # imported here: twin.validation.crossings is also run as a script (python -m), which a package-level
-    # import of it would pre-load
-    from twin.validation.crossings import crossings_from_per_run
-    from twin.validation.crossings import summary as crossings_summary
-
     if "split" not in runs.columns or "offered_tok_s_est" not in runs.columns or "twin_throughput" not in runs.columns:
         return {"crossings": 0}
     return crossings_summary(crossings_from_per_run(runs[runs["split"] == split], source=None))
