@@ -11,9 +11,13 @@ Definitions (as vLLM's ``benchmark_serving`` computes them, over *finished* requ
   TPOT and mean ITL follow the moved first token and finish;
 * TPOT (per request) = (E2E - TTFT) / (output tokens - 1), requests with >= 2 tokens;
 * ITL = time between consecutive tokens of a request. The mean ITL over all tokens of
-  finished requests is ``sum(E2E - TTFT) / sum(output - 1)`` (exact). ITL percentiles come
+  finished requests is ``sum(E2E - TTFT) / sum(output - 1)`` (exact); with the scrape stall, the
+  client counts one gap per streamed chunk, and tokens a stall held back arrive as one chunk, so
+  the denominator drops by the merged gaps (:func:`twin.scrape_stall.merged_gaps`;
+  ``itl_merged_gap_share``). ITL percentiles come
   from the step durations weighted by the decode tokens each step emitted (all requests,
-  plus the gaps after preemptions); this is exact for the token population of the run.
+  plus the gaps after preemptions); this is exact for the token population of the run as the
+  engine emits it (the chunks a scrape stall merges are not in them).
 * queueing delay = first scheduled - arrival; load wait = time the request's own adapter
   load held its first step.
 * adapter hit, per request: its adapter was resident (in a GPU slot, not still loading, not
@@ -39,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from twin.requests import FINISHED, REJECT_REASONS, REJECTED
-from twin.scrape_stall import client_times as scrape_client_times
+from twin.scrape_stall import client_path, merged_gaps, step_end_times
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -73,15 +77,30 @@ OUTCOME_NAMES = np.array(["not_arrived", "finished", "rejected", "unfinished"], 
 def client_times(e: "Engine") -> tuple[np.ndarray, np.ndarray]:
     """Per request: the client-observed first token and finish (s). The engine's times plus the
     front-end latency ``e.frontend_s``, moved past the metrics scrape's stalls when
-    ``e.scrape_s_per_label`` is set (:mod:`twin.scrape_stall`); computed once per run."""
+    ``e.scrape_s_per_label`` is set (:mod:`twin.scrape_stall`); computed once per run, together
+    with the gaps the stalls merge into one streamed chunk (:func:`merged_gap_counts`)."""
     cached = getattr(e, "_client_times", None)
     if cached is not None:
         return cached
-    ft, fn, stats = scrape_client_times(e.arrival, e.first_token, e.finish, e.adapter, e.horizon, e.frontend_s,
-                                        e.scrape_s_per_label, e.scrape_period_s)
-    e._client_times = (ft, fn)
-    e._scrape_stats = stats
-    return ft, fn
+    p = client_path(e.arrival, e.first_token, e.finish, e.adapter, e.horizon, e.frontend_s,
+                    e.scrape_s_per_label, e.scrape_period_s)
+    e._client_times = (p.first_token, p.finish)
+    e._scrape_stats = dict(p.stats)
+    lost = None
+    seg = e.rec.segments() if len(p.starts) else None
+    if seg is not None:
+        t0, t1, k, n_dec = seg
+        lost = merged_gaps(e.first_token, e.finish, p.shift, p.starts, p.ends, step_end_times(t0, t1, k),
+                           np.repeat(n_dec, k))
+    e._merged_gaps = lost
+    return e._client_times
+
+
+def merged_gap_counts(e: "Engine") -> np.ndarray | None:
+    """Per request: the inter-token gaps its client does not see because a scrape stall merged its
+    tokens into one streamed chunk (:func:`twin.scrape_stall.merged_gaps`); None without the stall."""
+    client_times(e)
+    return e._merged_gaps
 
 
 def requests_frame(e: "Engine") -> "pd.DataFrame":
@@ -164,6 +183,11 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
     _stats(ttft, "ttft_ms", s)
     multi = out > 1
     denom = float((out[multi] - 1).sum())
+    lost = merged_gap_counts(e)
+    if lost is not None:  # the client's chunks: gaps merged by the scrape stalls are one gap
+        merged = float(lost[fin][multi].sum())
+        s["itl_merged_gap_share"] = merged / denom if denom else 0.0
+        denom -= merged
     s["itl_ms_mean"] = float((fn[multi] - ft[multi]).sum()) / denom * 1000 if denom else None
     d, w = e.rec.itl_samples()
     if e.gap_itl:

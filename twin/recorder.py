@@ -30,6 +30,11 @@ class Recorder:
     def __init__(self, record_steps: bool = True) -> None:
         self.record_steps = record_steps
         self.rows: list[tuple] = []
+        #: keep each segment's ``(t_start, t_end, n_steps, decode_tokens)`` even when the rows are not
+        #: recorded (set by :func:`twin.simulate.simulate` when the metrics scrape's stall is modelled:
+        #: :func:`twin.scrape_stall.merged_gaps` needs the steps' end times; :meth:`segments`)
+        self.keep_segments = False
+        self.seg: list[tuple] = []
         self.itl_d: list[float] = []      # single-step durations with decode tokens
         self.itl_w: list[int] = []
         self.itl_run_d: list[float] = []  # per-step durations of runs whose steps differ, run after run
@@ -58,6 +63,22 @@ class Recorder:
                 self.itl_w.append(n_dec * k)
         if self.record_steps:
             self.rows.append((t0, t1, k, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes))
+        elif self.keep_segments:
+            self.seg.append((t0, t1, k, n_dec))
+
+    def segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """Every segment's start, end, steps and decode tokens per step (arrays), or None when
+        neither the rows nor the segments were kept."""
+        if self.record_steps:
+            src = [(r[0], r[1], r[2], r[6]) for r in self.rows]
+        elif self.keep_segments:
+            src = self.seg
+        else:
+            return None
+        if not src:
+            return np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        a = np.asarray(src, float)
+        return a[:, 0], a[:, 1], a[:, 2].astype(np.int64), a[:, 3].astype(np.int64)
 
     def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
         d = np.concatenate((np.asarray(self.itl_d, float), np.asarray(self.itl_run_d, float)))

@@ -33,7 +33,15 @@ The model (:func:`client_times`):
 * a request that arrives inside a stall enters at its end, which moves its whole engine
   timeline by the same amount (the engine runs without a queue where this matters); a first
   token or a finish that falls inside a stall reaches the client at its end
-  (:func:`delay_past_stalls`). The front-end latency is added after.
+  (:func:`delay_past_stalls`). The front-end latency is added after;
+* the tokens a request emits inside a stall reach its client as one streamed chunk when the steps
+  that emitted them had at most 128 outputs (vLLM's output handler yields to the streams only
+  between slices of 128 outputs of a step): the client's mean ITL counts one gap per chunk
+  (:func:`merged_gaps`). Evidence: in the real runs without a queue, mean ITL / mean TPOT grows
+  with the served adapters (1.00 with 16, 1.03-1.07 with 32-96, 1.08-1.15 with 128-320, where
+  the stall grows), and is 0.97-1.00 with more than ~130 running requests at any adapter count;
+  with the seconds per series fitted on P99 TTFT alone, the twin predicts the no-queue runs'
+  ratio (results/validation/README.md, "Streamed chunks merged by the scrape stall").
 
 What is not modelled: preempted requests going back to the waiting set (no queue, no
 preemption where the stall matters), and the exposition's fixed part (the other metrics, ~10 ms
@@ -44,12 +52,18 @@ The seconds per series are fitted on the fit split (:mod:`twin.validation.scrape
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 #: The real client's scrape period (s): it sleeps this long after each answer (the calibration
 #: runs' Prometheus windows last 2.006-2.013 s, median 2.009 s, of which ~10 ms is the scrape).
 SCRAPE_PERIOD_S = 2.0
+
+#: vLLM 0.8.5's ``VLLM_V1_OUTPUT_PROC_CHUNK_SIZE``: AsyncLLM's output handler processes a step's
+#: outputs in slices of this many requests and yields to the event loop between slices
+#: (``vllm/v1/engine/async_llm.py``, ``_run_output_handler``; :func:`merged_gaps`)
+OUTPUT_PROC_CHUNK_SIZE = 128
 
 
 def check_scrape(s_per_label: float, period_s: float) -> None:
@@ -138,20 +152,35 @@ def delay_past_stalls(t: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     return np.where(inside, ends[kk], t)
 
 
-def client_times(arrival: np.ndarray, first_token: np.ndarray, finish: np.ndarray, adapter: np.ndarray,
-                 horizon: float, frontend_s: float, s_per_label: float,
-                 period_s: float = SCRAPE_PERIOD_S) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
-    """Client-observed first token and finish (s) of every request, and the stall's figures.
+class ClientPath(NamedTuple):
+    """The client-observed path of a run (:func:`client_path`): per request the first token and the
+    finish as the client sees them (s), the stall's figures, the scrapes' start and end times and each
+    request's shift (its arrival fell into a stall: its engine timeline moves by that much)."""
+
+    first_token: np.ndarray
+    finish: np.ndarray
+    stats: dict[str, float]
+    starts: np.ndarray
+    ends: np.ndarray
+    shift: np.ndarray | None
+
+
+def client_path(arrival: np.ndarray, first_token: np.ndarray, finish: np.ndarray, adapter: np.ndarray,
+                horizon: float, frontend_s: float, s_per_label: float,
+                period_s: float = SCRAPE_PERIOD_S) -> ClientPath:
+    """Client-observed first token and finish (s) of every request, the stall's figures and its windows.
 
     The engine times moved past the scrape stalls (the module docstring), plus ``frontend_s``.
-    With ``s_per_label`` 0 this is exactly ``first_token + frontend_s, finish + frontend_s``."""
+    With ``s_per_label`` 0 this is exactly ``first_token + frontend_s, finish + frontend_s``, and
+    there are no windows."""
     check_scrape(s_per_label, period_s)
     ft = np.asarray(first_token, float)
     fn = np.asarray(finish, float)
+    none = np.zeros(0)
     if s_per_label == 0.0:
         if frontend_s == 0.0:  # the engine's own arrays, read only: no copy of two request columns
-            return ft, fn, {}
-        return ft + frontend_s, fn + frontend_s, {}
+            return ClientPath(ft, fn, {}, none, none, None)
+        return ClientPath(ft + frontend_s, fn + frontend_s, {}, none, none, None)
     labels = label_times(arrival, ft, fn, adapter, horizon)
     if not math.isfinite(horizon):  # a run to completion: scrapes until the last event
         ev = np.concatenate([np.asarray(arrival, float), ft, fn])
@@ -165,4 +194,81 @@ def client_times(arrival: np.ndarray, first_token: np.ndarray, finish: np.ndarra
         fn_c = delay_past_stalls(fn + shift, starts, ends) + frontend_s
     stats = {"scrape_label_series": float(len(labels)), "scrape_stall_max_ms": float((ends - starts).max()) * 1000,
              "scrape_stall_share": float((ends - starts).sum()) / max(horizon, 1e-9)}
-    return ft_c, fn_c, stats
+    return ClientPath(ft_c, fn_c, stats, starts, ends, shift)
+
+
+def client_times(arrival: np.ndarray, first_token: np.ndarray, finish: np.ndarray, adapter: np.ndarray,
+                 horizon: float, frontend_s: float, s_per_label: float,
+                 period_s: float = SCRAPE_PERIOD_S) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """Client-observed first token and finish (s) of every request, and the stall's figures
+    (:func:`client_path` without its windows)."""
+    p = client_path(arrival, first_token, finish, adapter, horizon, frontend_s, s_per_label, period_s)
+    return p.first_token, p.finish, p.stats
+
+
+def step_end_times(t_start: np.ndarray, t_end: np.ndarray, n_steps: np.ndarray) -> np.ndarray:
+    """The end time of every engine step from the recorder's segments (a segment of ``k`` steps
+    from ``t_start`` to ``t_end``): a segment's last step ends at ``t_end`` exactly (the engine's
+    clock there, where first tokens and finishes are stamped); the steps before it are spaced
+    evenly (the steps of a decode run differ only by their growing context, microseconds)."""
+    k = np.asarray(n_steps, np.int64)
+    if not len(k):
+        return np.zeros(0)
+    seg = np.repeat(np.arange(len(k)), k)
+    j = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k) + 1  # 1..k within each segment
+    t0, t1 = np.asarray(t_start, float)[seg], np.asarray(t_end, float)[seg]
+    ends = t0 + (t1 - t0) * (j / k[seg])
+    last = j == k[seg]
+    ends[last] = t1[last]
+    return ends
+
+
+def merged_gaps(first_token: np.ndarray, finish: np.ndarray, shift: np.ndarray | None, starts: np.ndarray,
+                ends: np.ndarray, step_end: np.ndarray, step_outputs: np.ndarray,
+                chunk_size: int = OUTPUT_PROC_CHUNK_SIZE) -> np.ndarray:
+    """Per request: the inter-token gaps its client does not see, because tokens emitted during a
+    scrape stall reach it merged into one streamed chunk.
+
+    A request emits a token at every step end from its first token to its finish (engine times;
+    ``step_end`` sorted, ``step_outputs`` the requests with a token in each step). While the API
+    server's event loop writes ``/metrics``, the engine core keeps stepping and its outputs queue
+    up; when the loop resumes, AsyncLLM's output handler (``vllm/v1/engine/async_llm.py``,
+    ``_run_output_handler``) processes them back to back and puts each request's tokens into its
+    ``RequestOutputCollector``, which merges what the stream has not taken yet. The handler
+    yields to the event loop only between slices of ``VLLM_V1_OUTPUT_PROC_CHUNK_SIZE`` (128)
+    outputs of one step, so the streams get to send in between only at steps with more outputs
+    than that. A request's ``j`` tokens emitted inside a stall at steps of at most
+    ``chunk_size`` outputs thus reach the client as one chunk: ``j - 1`` gaps fewer, their time
+    folded into the chunk's gap (the gaps' sum, E2E - TTFT, is unchanged). The client's mean ITL
+    (``benchmark_serving``: one ITL per chunk after the first) is ``sum(E2E - TTFT) / sum(output
+    - 1 - merged)``. Requests whose first token or finish is not finite get 0; a preempted
+    request is counted as emitting at every step of its life (no preemption where the stall
+    matters: the module docstring)."""
+    ft = np.asarray(first_token, float)
+    fn = np.asarray(finish, float)
+    n = len(ft)
+    lost = np.zeros(n, np.int64)
+    if not len(starts) or not len(step_end):
+        return lost
+    sh = np.zeros(n) if shift is None else np.asarray(shift, float)
+    ok = np.isfinite(ft) & np.isfinite(fn) & np.isfinite(sh)
+    small = (np.asarray(step_outputs) <= chunk_size).astype(np.int64)
+    cum = np.concatenate([[0], np.cumsum(small)])  # small-step ends before index i
+    step_end = np.asarray(step_end, float)
+    idx = np.flatnonzero(ok)
+    F, E, S = ft[idx], fn[idx], sh[idx]
+    # the stalls that overlap the request's emitting life, in its own (shifted) engine time
+    k_lo = np.searchsorted(ends, F + S, side="right")  # the first stall ending after F
+    k_hi = np.searchsorted(starts, E + S, side="right") - 1  # the last one starting at or before E
+    cnt = np.maximum(k_hi - k_lo + 1, 0)
+    if not cnt.sum():
+        return lost
+    r = np.repeat(np.arange(len(idx)), cnt)
+    k = np.repeat(k_lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    a = np.maximum(starts[k] - S[r], F[r])  # emissions in [a, b), and the finish itself when it is inside
+    b = ends[k] - S[r]
+    i_lo = np.searchsorted(step_end, a, side="left")
+    i_hi = np.where(b > E[r], np.searchsorted(step_end, E[r], side="right"), np.searchsorted(step_end, b, side="left"))
+    j = cum[np.maximum(i_hi, i_lo)] - cum[i_lo]  # emissions at steps of at most chunk_size outputs
+    lost[idx] = np.bincount(r, weights=np.maximum(j - 1, 0), minlength=len(idx)).astype(np.int64)
+    return lost

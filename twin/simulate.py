@@ -114,6 +114,8 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
                           check_invariants=check_invariants)
     eng.frontend_s = float(frontend_s)
     eng.scrape_s_per_label, eng.scrape_period_s = float(scrape_s_per_label), float(scrape_period_s)
+    if scrape_s_per_label:  # the stalls merge streamed chunks: the client's ITL needs the steps' end times
+        eng.rec.keep_segments = True
     if stop_when is not None:
         if not stop_check_s > 0:
             raise ValueError(f"stop_check_s {stop_check_s!r}: give the check interval in simulated seconds, > 0")

@@ -11,7 +11,8 @@ import pytest
 
 from tests.helpers import random_workload, real_run_row
 from twin.config import EngineConfig
-from twin.scrape_stall import client_times, delay_past_stalls, label_times, stall_windows
+from twin.scrape_stall import (client_times, delay_past_stalls, label_times, merged_gaps, stall_windows,
+                                step_end_times)
 from twin.simulate import simulate
 from twin.validation.specs import SCRAPE_S_PER_LABEL, spec_from_row
 
@@ -135,3 +136,92 @@ def test_fit_runs_are_fit_split_runs_without_a_queue():
     assert sorted(set(runs["served_adapters"])) == [8, 16, 32, 64, 128]
     # the ml_test rows do not change the selection
     assert scrape_fit_runs(real[real["source"] == "dt_modelling"])["run_id"].tolist() == runs["run_id"].tolist()
+
+
+def _merged_brute(ft, fn, shift, starts, ends, step_end, outputs, chunk_size=128):
+    """One request at a time, one token at a time: a token emitted at a step end inside a stall
+    (in the request's shifted time) at a step of at most ``chunk_size`` outputs joins that stall's
+    chunk; every other token is a chunk of its own. Merged gaps = tokens - chunks."""
+    lost = np.zeros(len(ft), np.int64)
+    for r in range(len(ft)):
+        if not (np.isfinite(ft[r]) and np.isfinite(fn[r])):
+            continue
+        keys = []
+        for t, o in zip(step_end, outputs):
+            if not ft[r] <= t <= fn[r]:
+                continue
+            tc = t + shift[r]
+            k = [i for i in range(len(starts)) if starts[i] <= tc < ends[i]]
+            keys.append(("stall", k[0]) if k and o <= chunk_size else ("token", t))
+        lost[r] = len(keys) - len(set(keys))
+    return lost
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_merged_gaps_equal_token_by_token_delivery(seed):
+    rng = np.random.default_rng(seed)
+    step_end = np.cumsum(rng.uniform(0.01, 0.08, 400))
+    outputs = rng.choice([3, 60, 128, 129, 300], size=len(step_end), p=[0.3, 0.3, 0.1, 0.1, 0.2])
+    starts = np.sort(rng.uniform(0, step_end[-1], 6))
+    ends = starts + rng.uniform(0.0, 0.5, 6)
+    ends = np.minimum(ends, np.append(starts[1:], np.inf))  # windows do not overlap
+    n = 60
+    i0 = rng.integers(0, len(step_end) - 1, n)
+    i1 = np.minimum(i0 + rng.integers(0, 80, n), len(step_end) - 1)
+    ft, fn = step_end[i0].copy(), step_end[i1].copy()
+    ft[:3] = np.nan  # never got a first token / never finished
+    fn[3:5] = np.nan
+    shift = np.where(rng.random(n) < 0.3, rng.uniform(0, 0.3, n), 0.0)
+    got = merged_gaps(ft, fn, shift, starts, ends, step_end, outputs)
+    np.testing.assert_array_equal(got, _merged_brute(ft, fn, shift, starts, ends, step_end, outputs))
+    assert got.sum() > 0
+    # steps with more than 128 outputs: the output handler yields between slices, nothing merges
+    assert not merged_gaps(ft, fn, shift, starts, ends, step_end, np.full(len(step_end), 129)).any()
+    assert not merged_gaps(ft, fn, None, np.zeros(0), np.zeros(0), step_end, outputs).any()
+
+
+def test_step_end_times_keep_each_segments_end_exactly():
+    t0 = np.array([0.0, 0.1, 0.35])
+    t1 = np.array([0.1, 0.35, 0.36])
+    k = np.array([1, 3, 1])
+    e = step_end_times(t0, t1, k)
+    np.testing.assert_allclose(e, [0.1, 0.1 + 0.25 / 3, 0.1 + 0.5 / 3, 0.35, 0.36])
+    assert e[3] == t1[1] and e[4] == t1[2]
+
+
+def test_merged_chunks_raise_the_clients_mean_itl_only():
+    """The stall merges chunks: the client's mean ITL = sum(E2E - TTFT) / (gaps - merged); the
+    engine, the TPOT and the ITL percentiles are those of the run without merging; the steps'
+    rows are not needed (segments kept when the rows are off)."""
+    a, b = _pair(2e-4)
+    sa, sb = a.summary, b.summary
+    assert "itl_merged_gap_share" not in sa and 0.0 < sb["itl_merged_gap_share"] < 0.5
+    assert sb["itl_ms_mean"] > sa["itl_ms_mean"]
+    rq = b.requests
+    fin = (rq["outcome"] == "finished") & (rq["output_tokens"] > 1)
+    gaps = float((rq.loc[fin, "e2e_s"] - rq.loc[fin, "ttft_s"]).sum())
+    n = float((rq.loc[fin, "output_tokens"] - 1).sum())
+    assert sb["itl_ms_mean"] == pytest.approx(gaps / (n * (1 - sb["itl_merged_gap_share"])) * 1000, rel=1e-9)
+    for k in ("itl_ms_p50", "itl_ms_p99", "engine_steps"):
+        assert sa[k] == sb[k]
+    w = random_workload(n=400, rps=4.0, adapters=40, seed=7, max_prompt=600, max_out=120)
+    c = simulate(w, None, EngineConfig(max_loras=40, max_cpu_loras=40), frontend_s=0.0075, scrape_s_per_label=2e-4,
+                 record_steps=False)
+    assert c.summary["itl_ms_mean"] == sb["itl_ms_mean"]
+    assert c.summary["itl_merged_gap_share"] == sb["itl_merged_gap_share"]
+
+
+def test_itl_over_tpot_diagnostic_bins_runs_by_running_and_served():
+    import pandas as pd
+
+    from twin.validation.diagnostics import itl_over_tpot
+
+    runs = pd.DataFrame({"real_itl": [11.0, 10.0, 20.0, 30.0], "real_tpot": [10.0, 10.0, 20.0, 31.0],
+                         "twin_itl": [10.5, 10.0, 21.0, 30.0], "twin_tpot": [10.0, 10.0, 20.0, 30.0],
+                         "served_adapters": [192, 8, 200, 300], "ts_mean_running": [50.0, 5.0, 100.0, 400.0]})
+    out = itl_over_tpot(runs)
+    few = out["running <= 128"]
+    assert few["served 1-16"] == {"runs": 1, "real_median": 1.0, "twin_median": 1.0}
+    assert few["served > 128"] == {"runs": 2, "real_median": 1.05, "twin_median": 1.05}
+    assert out["running > 128"]["served > 128"]["real_median"] == pytest.approx(30 / 31, abs=1e-4)
+    assert itl_over_tpot(runs.drop(columns=["twin_tpot"])) == {}
