@@ -4,7 +4,8 @@
 running request with the real runs' Prometheus gauges; :func:`step_at_real_mix` evaluates the
 profile's step (:meth:`twin.perf.profile.Profile.step_s`, the engine's own formula) at each
 KV-saturated real run's mean step composition, which separates the step model's error from the
-twin's dynamics.
+twin's dynamics; :func:`itl_over_tpot` sets the client's mean ITL beside its mean TPOT (merged
+streamed chunks).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from twin.perf.profile import Profile
+from twin.scrape_stall import OUTPUT_PROC_CHUNK_SIZE
 from twin.validation.profiles import cached_profile
 from twin.validation.specs import spec_from_row
 
@@ -83,6 +85,38 @@ def _saturated_summary(mix: pd.DataFrame) -> dict[str, Any]:
                     "run's mean step composition, KV-saturated runs only (see step_at_real_mix)"}
 
 
+def itl_over_tpot(runs: pd.DataFrame, max_running: float = OUTPUT_PROC_CHUNK_SIZE) -> dict[str, Any]:
+    """Mean ITL / mean TPOT, real and twin, medians over ``runs`` by served adapters, for the runs with
+    at most ``max_running`` running requests (real gauge) and for the others.
+
+    The client counts one ITL per streamed chunk and TPOT per token, so the ratio exceeds 1 where
+    tokens reach the client merged: where the metrics scrape's stall grows with the served adapters
+    and the steps have at most 128 outputs (:func:`twin.scrape_stall.merged_gaps`). Empty without the
+    columns."""
+    need = {"real_itl", "real_tpot", "twin_itl", "twin_tpot", "served_adapters", "ts_mean_running"}
+    if not need <= set(runs.columns):
+        return {}
+    r = runs[(runs["real_tpot"] > 0) & (runs["twin_tpot"] > 0)]
+    real, twin = r["real_itl"] / r["real_tpot"], r["twin_itl"] / r["twin_tpot"]
+    out: dict[str, Any] = {}
+    for part, m in ((f"running <= {max_running:g}", r["ts_mean_running"] <= max_running),
+                    (f"running > {max_running:g}", r["ts_mean_running"] > max_running)):
+        rows = {}
+        n = r["served_adapters"]
+        for lo, hi in ((0, 16), (16, 64), (64, 128), (128, 10 ** 6)):
+            b = m & (n > lo) & (n <= hi)
+            if b.any():
+                name = f"served {lo + 1}-{hi}" if hi < 10 ** 6 else f"served > {lo}"
+                rows[name] = {"runs": int(b.sum()), "real_median": round(float(real[b].median()), 4),
+                              "twin_median": round(float(twin[b].median()), 4)}
+        if rows:
+            out[part] = rows
+    if out:
+        out["note"] = ("mean ITL / mean TPOT, medians: above 1 where the client receives merged chunks "
+                       "(twin/scrape_stall.py, merged_gaps)")
+    return out
+
+
 def diagnostics(runs: pd.DataFrame, profile_name: str | None = None, serving_s_per_running: float = 0.0,
                 rank_tile_cost: float | None = None) -> dict[str, Any]:
     """Internal state, twin against the real runs' Prometheus gauges (time averages over the hour):
@@ -109,4 +143,7 @@ def diagnostics(runs: pd.DataFrame, profile_name: str | None = None, serving_s_p
                                                 "twin_median": float(twin_kv.median()), "runs": int(len(busy))}
         out["mean_running_twin_over_real_median"] = float((busy["twin_mean_running"]
                                                            / busy["ts_mean_running"]).median())
+    ratio = itl_over_tpot(sc)
+    if ratio:
+        out["itl_over_tpot"] = ratio
     return out
