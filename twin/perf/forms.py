@@ -406,7 +406,12 @@ class KernelGridLora(PerfModel):
     working shrink blocks of the rank tiles beyond the first (``max_lora_rank`` > 16 needs
     ``cdiv(rank, 16)`` tiles) relative to the first: such blocks read the same input slice, which
     the first tile has brought into L2; the calibration measured rank 8 only, so it can only be
-    identified on end-to-end runs (the ``ranktile`` profile variant, issue 17).
+    identified on end-to-end runs (the ``ranktile`` profile variant, issue 17). ``split64_cost``
+    (optional, default 1: absent from the fitted profiles) prices a working shrink block of a step
+    with ``SPLIT_K = 64`` (fewer than 128 tokens; the LM head: fewer than 128 requests) relative to
+    one with 8 splits: it reduces an eighth of the input features of the latter. The calibration's
+    300-slot windows hold 14 of 723 windows with fewer than 128 tokens, so it rests on an
+    extrapolation there (:mod:`twin.validation.light_step` measures what the light runs say).
     With the grid term, the ~19 ms LoRA overhead measured at 300 slots and 200 tokens
     per step falls to ~0.3 ms at 8 slots, as the published 600 s serving runs at 8-448 slots
     show.
@@ -422,6 +427,8 @@ class KernelGridLora(PerfModel):
                                       "l_token": "s/token", "layers": "count", "hidden": "features",
                                       "intermediate": "features", "q_dim": "features", "kv_dim": "features",
                                       "vocab": "tokens", "graph_max_tokens": "tokens",
+                                      "split64_cost": "working-block cost of a 64-split shrink block relative to "
+                                                      "an 8-split one (optional, default 1)",
                                       "n_tile_cost": "working-block cost of a shrink rank tile beyond the first, "
                                                      "relative to the first (optional, default 1)"}
     #: vLLM 0.8.5 kernel configuration (lora_shrink.py / lora_expand.py)
@@ -487,6 +494,10 @@ class KernelGridLora(PerfModel):
         A = np.asarray(A, float)
         c = float(p.get("n_tile_cost", 1.0))
         krw = kr if c == 1.0 else 1.0 + c * (kr - 1.0)  # working shrink blocks beyond the first rank tile
+        c64 = float(p.get("split64_cost", 1.0))
+        if c64 != 1.0:  # a 64-split working block against an 8-split one
+            split = np.where(split == 64.0, 64.0 * c64, split)
+            head_split = np.where(head_split == 64.0, 64.0 * c64, head_split)
         active = (s_slices * split * krw * (A + x / self.SHRINK_BLOCK_M) + e_tile * (A + x / self.EXPAND_BLOCK_M)
                   + (head_split * krw + v_tiles) * A)
         return _scalar_or_array(per_slot), _scalar_or_array(active)
@@ -504,6 +515,7 @@ class KernelGridLora(PerfModel):
         p = self.params
         l0, lc, lw, la, lt = (float(p[k]) for k in ("l0", "l_cta", "l_active", "l_adapter", "l_token"))
         ntc = float(p.get("n_tile_cost", 1.0))
+        w64 = 64.0 * float(p.get("split64_cost", 1.0))  # a 64-split working block, in 8-split blocks x 8
         e_tile, s_slices, v_tiles = self._constants()
         g = float(p["graph_max_tokens"])
         bms, bme = float(self.SHRINK_BLOCK_M), float(self.EXPAND_BLOCK_M)
@@ -523,7 +535,8 @@ class KernelGridLora(PerfModel):
             per_slot = (s_slices * split * -((-M) // bms) * kr + e_tile * -((-M) // bme)
                         + (64.0 if R < 128 else 8.0) * -((-R) // bms) * kr + -((-R) // bme) * v_tiles)
             krw = kr if ntc == 1.0 else 1.0 + ntc * (kr - 1.0)
-            return per_slot, s_slices * split * krw, x, (64.0 if R < 128 else 8.0) * krw + v_tiles
+            wsplit = w64 if split == 64.0 else split
+            return per_slot, s_slices * wsplit * krw, x, (w64 if R < 128 else 8.0) * krw + v_tiles
 
         def f(base_s, A, max_rank, T, slots=0, requests=None, rank_sums=None):
             if A <= 0:
