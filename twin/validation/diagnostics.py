@@ -18,6 +18,7 @@ import pandas as pd
 
 from twin.perf.profile import Profile
 from twin.scrape_stall import OUTPUT_PROC_CHUNK_SIZE
+from twin.validation.light_step import light_summary, step_at_light_mix
 from twin.validation.profiles import cached_profile
 from twin.validation.specs import spec_from_row
 
@@ -124,7 +125,9 @@ def diagnostics(runs: pd.DataFrame, profile_name: str | None = None, serving_s_p
     capacity, which the profile reproduces within ~1 % of the probes). Medians over scored runs.
     With a profile, also :func:`step_at_real_mix` (the step model at the KV-saturated runs' own
     step composition, with the serving path's host time ``serving_s_per_running`` and the rank tile
-    cost ``rank_tile_cost`` the runs were re-created with)."""
+    cost ``rank_tile_cost`` the runs were re-created with) and
+    :func:`twin.validation.light_step.step_at_light_mix` (the same step against the real TPOT of the
+    runs without a queue, per split)."""
     sc = runs[runs["scored"]]
     out: dict[str, Any] = {}
     need = {"ts_mean_running", "twin_mean_running", "ts_mean_kv_usage", "twin_mean_kv_usage", "twin_kv_tokens"}
@@ -132,9 +135,15 @@ def diagnostics(runs: pd.DataFrame, profile_name: str | None = None, serving_s_p
         return out
     if profile_name is not None:
         prof = cached_profile(profile_name).with_serving_host(serving_s_per_running)
-        mix = step_at_real_mix(sc, prof if rank_tile_cost is None else prof.with_rank_tile_cost(rank_tile_cost))
+        prof = prof if rank_tile_cost is None else prof.with_rank_tile_cost(rank_tile_cost)
+        mix = step_at_real_mix(sc, prof)
         if len(mix):
             out["saturated_runs_real_itl_over_model_step_at_real_mix"] = _saturated_summary(mix)
+        light = step_at_light_mix(sc, prof)
+        if len(light):
+            out["light_runs_real_tpot_over_model_step_at_real_mix"] = {
+                split: light_summary(light[light["source"] == src]) for split, src in
+                (("fit", "dt_modelling"), ("test", "ml_test")) if (light["source"] == src).any()}
     busy = sc[(sc["ts_mean_running"] > 1) & (sc["twin_mean_running"] > 1)]
     if len(busy):
         real_kv = busy["ts_mean_kv_usage"] * busy["twin_kv_tokens"] / busy["ts_mean_running"]
