@@ -11,6 +11,15 @@ from twin.interfaces import Admit
 from twin.perf.profile import DEFAULT_PROFILE, Profile
 
 
+def kernel_grid_lora(profile: str, **params: float):
+    """The LoRA component of the named profile's file with ``params`` set (e.g. ``n_tile_cost``)."""
+    from twin.perf.profile import load_profile
+
+    d = copy.deepcopy(load_profile(profile).raw)
+    d["components"]["lora"]["params"].update(params)
+    return Profile.from_dict(d, "t").components["lora"]
+
+
 def constant_profile(c0=0.01, c_prefill=0.0, c_decode=0.0, c_ctx=0.0, lora_pct=100.0, k6=0.0, sched=0.0, k2=0.0,
                      disk_s=0.5, cpu_s=0.1, kv_tokens=None, ranks=(8, 16, 32, 64, 128)) -> Profile:
     """A profile whose durations are easy to compute by hand."""

@@ -269,19 +269,36 @@ class Profile:
         tile reads the input slice the first brought into L2. Slots of rank <= 16 are unchanged.
         Only the ``kernel_grid`` LoRA form has rank tiles; any other form is refused (unless ``cost`` is 1,
         which changes nothing)."""
+        return self._with_kernel_grid_cost(
+            "n_tile_cost", cost, "rank tile cost",
+            "give the working-block cost of a rank tile beyond the first relative to the first, >= 0 (1: every "
+            "tile alike, the calibrated profiles)", "rank tiles to price (a rank tile cost applies")
+
+    def with_split64_cost(self, cost: float) -> "Profile":
+        """A copy whose LoRA shrink kernel prices a working block of a 64-split step (fewer than 128 tokens;
+        the LM head: fewer than 128 requests) at ``cost`` times an 8-split one (``split64_cost`` of
+        :class:`twin.perf.forms.KernelGridLora`; 1, the calibrated profiles, prices them alike). A what-if
+        of :mod:`twin.validation.light_step`, not a validated constant."""
+        return self._with_kernel_grid_cost(
+            "split64_cost", cost, "split64 cost",
+            "give the cost of a 64-split working shrink block relative to an 8-split one, >= 0 (1: alike, the "
+            "calibrated profiles)", "split-K blocks to price (a split64 cost applies")
+
+    def _with_kernel_grid_cost(self, param: str, cost: float, what: str, fix: str, none: str) -> "Profile":
+        """A copy with the ``kernel_grid`` LoRA form's relative block cost ``param`` set to ``cost`` (finite,
+        >= 0; a profile with another LoRA form is refused unless ``cost`` is 1, which changes nothing)."""
         c = float(cost)
         if not (c >= 0.0 and math.isfinite(c)):
-            raise ValueError(f"rank tile cost {cost!r}: give the working-block cost of a rank tile beyond the first "
-                             f"relative to the first, >= 0 (1: every tile alike, the calibrated profiles)")
+            raise ValueError(f"{what} {cost!r}: {fix}")
         lo = self.components["lora"]
         if getattr(lo, "form", None) != "kernel_grid":
             if c == 1.0:
                 return self
             raise ValueError(f"profile {self.name!r}: its LoRA form {getattr(lo, 'form', type(lo).__name__)!r} has no "
-                             f"rank tiles to price (a rank tile cost applies to the kernel_grid form of vLLM 0.8.5's "
-                             f"Triton kernels); leave the rank tile cost out or at 1")
+                             f"{none} to the kernel_grid form of vLLM 0.8.5's Triton kernels); leave the {what} "
+                             f"out or at 1")
         lo = copy.copy(lo)
-        lo.params = {**lo.params, "n_tile_cost": c}
+        lo.params = {**lo.params, param: c}
         return dataclasses.replace(self, components={**self.components, "lora": lo})
 
     def with_lora_targets(self, targets: "Sequence[str] | str") -> "Profile":

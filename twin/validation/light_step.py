@@ -21,8 +21,6 @@ price both alike, on 14 windows with fewer than 128 tokens). Nothing is fitted h
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
 import math
 import sys
 from typing import Any
@@ -101,19 +99,11 @@ def light_summary(mix: pd.DataFrame) -> dict[str, Any]:
 
 
 def with_split64_cost(prof: Profile, cost: float) -> Profile:
-    """A copy whose ``kernel_grid`` LoRA form prices a 64-split working shrink block at ``cost`` times an
-    8-split one (``split64_cost`` of :class:`twin.perf.forms.KernelGridLora`)."""
-    c = float(cost)
-    if not (c >= 0.0 and math.isfinite(c)):
-        raise ValueError(f"--split64-cost {cost!r}: give the cost of a 64-split working block relative to an "
-                         f"8-split one, >= 0 (1: alike, the calibrated profiles)")
-    lo = prof.components["lora"]
-    if getattr(lo, "form", None) != "kernel_grid":
-        raise ValueError(f"profile {prof.name!r}: its LoRA form has no split-K blocks (kernel_grid only); leave "
-                         f"--split64-cost out")
-    lo = copy.copy(lo)
-    lo.params = {**lo.params, "split64_cost": c}
-    return dataclasses.replace(prof, components={**prof.components, "lora": lo})
+    """:meth:`twin.perf.profile.Profile.with_split64_cost`, its errors naming ``--split64-cost``."""
+    try:
+        return prof.with_split64_cost(cost)
+    except ValueError as e:
+        raise ValueError(f"--split64-cost: {e}") from None
 
 
 def _table(name: str, s: dict[str, Any]) -> list[str]:

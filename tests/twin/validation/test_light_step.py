@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-import copy
 import os
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers import random_workload, real_run_row
+from tests.helpers import kernel_grid_lora, random_workload, real_run_row
 from twin.config import EngineConfig
-from twin.perf.profile import Profile, load_profile
+from twin.perf.profile import load_profile
 from twin.simulate import simulate
 from twin.validation.light_step import (light_runs, light_summary, main, step_at_light_mix, with_split64_cost)
 
@@ -21,10 +20,7 @@ DATA = os.environ.get("TWIN_DATA_DIR")
 
 
 def _lora(c: float | None):
-    d = copy.deepcopy(load_profile(LLAMA).raw)
-    if c is not None:
-        d["components"]["lora"]["params"]["split64_cost"] = c
-    return Profile.from_dict(d, "t").components["lora"]
+    return kernel_grid_lora(LLAMA) if c is None else kernel_grid_lora(LLAMA, split64_cost=c)
 
 
 def test_split64_cost_only_touches_64_split_steps_and_scalar_matches_predict():

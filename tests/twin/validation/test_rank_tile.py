@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
@@ -11,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from twin.perf.profile import Profile, load_profile
+from tests.helpers import kernel_grid_lora
+from twin.perf.profile import load_profile
 
 LLAMA = "llama-3.1-8b_h100_vllm085"
 DATA = os.environ.get("TWIN_DATA_DIR")
@@ -19,10 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def _lora(c: float | None):
-    d = copy.deepcopy(load_profile(LLAMA).raw)
-    if c is not None:
-        d["components"]["lora"]["params"]["n_tile_cost"] = c
-    return Profile.from_dict(d, "t").components["lora"]
+    return kernel_grid_lora(LLAMA) if c is None else kernel_grid_lora(LLAMA, n_tile_cost=c)
 
 
 def test_n_tile_cost_only_touches_ranks_above_16_and_scalar_matches_predict():
