@@ -257,14 +257,23 @@ def merged_gaps(first_token: np.ndarray, finish: np.ndarray, shift: np.ndarray |
     step_end = np.asarray(step_end, float)
     idx = np.flatnonzero(ok)
     F, E, S = ft[idx], fn[idx], sh[idx]
-    # the stalls that overlap the request's emitting life, in its own (shifted) engine time
+    # only the stalls during which a step of at most chunk_size outputs ends can merge anything (in a
+    # request's engine time a stall [s, e) is [s - S, e - S), S >= 0: look back by the largest shift)
+    small_end = step_end[small.astype(bool)]
+    back = float(S.max()) if len(S) else 0.0
+    rel = np.flatnonzero(np.searchsorted(small_end, ends, side="left")
+                         > np.searchsorted(small_end, np.asarray(starts) - back, side="left"))
+    if not len(rel):
+        return lost
+    # those stalls that overlap the request's emitting life, in its own (shifted) engine time
     k_lo = np.searchsorted(ends, F + S, side="right")  # the first stall ending after F
     k_hi = np.searchsorted(starts, E + S, side="right") - 1  # the last one starting at or before E
-    cnt = np.maximum(k_hi - k_lo + 1, 0)
+    p_lo = np.searchsorted(rel, k_lo, side="left")
+    cnt = np.maximum(np.searchsorted(rel, k_hi, side="right") - p_lo, 0)
     if not cnt.sum():
         return lost
     r = np.repeat(np.arange(len(idx)), cnt)
-    k = np.repeat(k_lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    k = rel[np.repeat(p_lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))]
     a = np.maximum(starts[k] - S[r], F[r])  # emissions in [a, b), and the finish itself when it is inside
     b = ends[k] - S[r]
     i_lo = np.searchsorted(step_end, a, side="left")
