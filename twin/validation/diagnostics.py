@@ -18,7 +18,7 @@ import pandas as pd
 
 from twin.perf.profile import Profile
 from twin.scrape_stall import OUTPUT_PROC_CHUNK_SIZE
-from twin.validation.light_step import light_summary, step_at_light_mix
+from twin.validation.light_mix import light_summary, step_at_light_mix
 from twin.validation.profiles import cached_profile
 from twin.validation.specs import spec_from_row
 
@@ -126,7 +126,7 @@ def diagnostics(runs: pd.DataFrame, profile_name: str | None = None, serving_s_p
     With a profile, also :func:`step_at_real_mix` (the step model at the KV-saturated runs' own
     step composition, with the serving path's host time ``serving_s_per_running`` and the rank tile
     cost ``rank_tile_cost`` the runs were re-created with) and
-    :func:`twin.validation.light_step.step_at_light_mix` (the same step against the real TPOT of the
+    :func:`twin.validation.light_mix.step_at_light_mix` (the same step against the real TPOT of the
     runs without a queue, per split)."""
     sc = runs[runs["scored"]]
     out: dict[str, Any] = {}

@@ -106,3 +106,10 @@ def test_cli_on_the_real_runs(capsys):
 
     s = json.loads(capsys.readouterr().out)
     assert s["dt_modelling"]["runs"] >= 10 and s["ml_test"]["runs"] >= 50
+    assert main(["--json"]) == 0
+    base = json.loads(capsys.readouterr().out)
+    assert main(["--no-mixed", "--json"]) == 0
+    nomix = json.loads(capsys.readouterr().out)
+    for src in ("dt_modelling", "ml_test"):  # a cost taken out: the model step falls, real / model rises
+        assert nomix[src]["runs"] == base[src]["runs"] == s[src]["runs"]
+        assert nomix[src]["median"] > base[src]["median"] and s[src]["median"] > base[src]["median"]
