@@ -213,6 +213,17 @@ def window_lora_ms(backbone: PerfModel, lora: PerfModel, f: pd.DataFrame, max_ra
     return (n * pre + (S - n) * dec) / S / MS
 
 
+def runs_weighted_as_windows(sig: np.ndarray, is_run: np.ndarray) -> np.ndarray:
+    """The LoRA fit's sigmas with the serving runs' scaled so that runs and windows carry the same total
+    weight (``sum 1/sigma^2``), whatever their numbers of rows (a copy; unchanged without both kinds)."""
+    sig = np.asarray(sig, float).copy()
+    if is_run.any() and (~is_run).any():
+        w_win = float(np.sum(1.0 / sig[~is_run] ** 2))
+        w_run = float(np.sum(1.0 / sig[is_run] ** 2))
+        sig[is_run] *= np.sqrt(w_run / w_win)
+    return sig
+
+
 def fit_lora(obs: pd.DataFrame, backbone: PerfModel, max_rank: np.ndarray, k: int = 5,
              method: str = "", model: ModelSpec | None = None, graph_max_tokens: int = 512) -> dict[str, Any]:
     """Fit the LoRA extra time on observations with adapters; the backbone is fixed (fitted without LoRA).
@@ -225,14 +236,9 @@ def fit_lora(obs: pd.DataFrame, backbone: PerfModel, max_rank: np.ndarray, k: in
     if len(obs) < 6:
         raise FitError(f"lora: {len(obs)} usable windows with LoRA enabled; need at least 6")
     y = obs["comp_ms"].to_numpy(float)
-    sig = obs["sigma"].to_numpy(float).copy()
     kinds = obs["kind"].to_numpy()
     is_run = kinds == "run"
-    if is_run.any() and (~is_run).any():
-        # equal total weight for windows and runs: scale the runs' sigma
-        w_win = float(np.sum(1.0 / sig[~is_run] ** 2))
-        w_run = float(np.sum(1.0 / sig[is_run] ** 2))
-        sig[is_run] *= np.sqrt(w_run / w_win)
+    sig = runs_weighted_as_windows(obs["sigma"].to_numpy(float), is_run)
     cands: dict[str, dict[str, Any]] = {}
     for cand in lora_candidates(model, graph_max_tokens):
         names = [s.name for s in cand.specs]

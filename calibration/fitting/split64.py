@@ -47,10 +47,8 @@ def fit_split64(directory: str | Path, model: str = "llama-3.1-8b") -> dict[str,
     obs = pd.concat([lo, runs], ignore_index=True) if len(runs) else lo
     rank = np.concatenate([max_rank, np.full(len(runs), 8.0)])
     y = obs["comp_ms"].to_numpy(float)
-    sig = obs["sigma"].to_numpy(float).copy()
     is_run = (obs["kind"] == "run").to_numpy()
-    if is_run.any() and (~is_run).any():  # equal total weight for windows and runs (components.fit_lora)
-        sig[is_run] *= np.sqrt(float(np.sum(1.0 / sig[is_run] ** 2)) / float(np.sum(1.0 / sig[~is_run] ** 2)))
+    sig = C.runs_weighted_as_windows(obs["sigma"].to_numpy(float), is_run)  # as components.fit_lora weighs them
     base = next(c for c in C.lora_candidates(t.model, GRAPH_MAX_TOKENS)
                 if c.form == "kernel_grid" and [s.name for s in c.specs] == ["l_cta", "l_active"])
     free = dataclasses.replace(base, specs=[*base.specs, ParamSpec("split64_cost", 1.0, 0.0, 3.0)])
