@@ -1,8 +1,9 @@
 """Figures of a validation (matplotlib, imported when a figure is drawn).
 
 :func:`make_figures` draws, in the manner of the published twin's Figure 7, twin against real
-across served adapters for each scenario (``fig7_<source>.png``), and twin-vs-real scatter plots
-over all runs (``scatter_twin_vs_real.png``).
+across served adapters for each scenario (``fig7_<source>.png``), twin-vs-real scatter plots
+over all runs (``scatter_twin_vs_real.png``), and the client's mean ITL over its mean TPOT across
+served adapters, real and twin (``itl_over_tpot.png``: the streamed chunks the scrape stall merges).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from twin.scrape_stall import OUTPUT_PROC_CHUNK_SIZE
 from twin.validation.metrics import METRICS
 from twin.validation.report import fmt
 from twin.validation.runner import ValidationResult
@@ -108,12 +110,47 @@ def scatter(res: ValidationResult, runs: pd.DataFrame, out: Path) -> Path:
     return p
 
 
+def itl_over_tpot(runs: pd.DataFrame, out: Path) -> Path:
+    """``itl_over_tpot.png``: mean ITL / mean TPOT against the served adapters, real and twin, for the runs
+    with at most 128 running requests (real gauge; the steps' outputs are merged into chunks after a
+    scrape stall, :func:`twin.scrape_stall.merged_gaps`) and for the others (delivered step by step)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    ok = (runs["real_tpot"] > 0) & (runs["twin_tpot"] > 0) & runs["real_itl"].notna() & runs["twin_itl"].notna()
+    few = runs["ts_mean_running"] <= OUTPUT_PROC_CHUNK_SIZE
+    for ax, sel, title in ((axes[0], ok & few, f"<= {OUTPUT_PROC_CHUNK_SIZE} running requests"),
+                           (axes[1], ok & ~few, f"> {OUTPUT_PROC_CHUNK_SIZE} running requests")):
+        r = runs[sel]
+        ax.scatter(r["served_adapters"], r["real_itl"] / r["real_tpot"], s=14, marker="o", facecolors="none",
+                   edgecolors="k", label="real")
+        ax.scatter(r["served_adapters"] * 1.04, r["twin_itl"] / r["twin_tpot"], s=10, marker="x", color="tab:red",
+                   label="twin")
+        ax.axhline(1.0, color="grey", lw=0.7)
+        ax.set_xscale("log")
+        ticks = [t for t in (8, 16, 32, 64, 128, 256, 512) if len(r) and r["served_adapters"].min() / 2 <= t
+                 <= r["served_adapters"].max() * 2]
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_title(f"{title} ({len(r)} runs)", fontsize=9)
+        ax.set_xlabel("served adapters", fontsize=8)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("mean ITL / mean TPOT", fontsize=8)
+    fig.tight_layout()
+    p = out / "itl_over_tpot.png"
+    fig.savefig(p, dpi=90)
+    plt.close(fig)
+    return p
+
+
 def make_figures(res: ValidationResult, out_dir: str | os.PathLike) -> list[Path]:
-    """:func:`figure7` for each source, then :func:`scatter`, over the scored runs; the paths written."""
+    """:func:`figure7` for each source, then :func:`scatter` and :func:`itl_over_tpot`, over the scored runs;
+    the paths written."""
     out = Path(out_dir)
     runs = res.runs[res.runs["scored"]]
     if not len(runs):
         return []
     paths = [figure7(gs, src, out) for src, gs in runs.groupby("source")]
     paths.append(scatter(res, runs, out))
+    if {"real_tpot", "twin_tpot", "real_itl", "twin_itl", "served_adapters", "ts_mean_running"} <= set(runs.columns):
+        paths.append(itl_over_tpot(runs, out))
     return paths

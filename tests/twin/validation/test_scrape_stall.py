@@ -225,3 +225,15 @@ def test_itl_over_tpot_diagnostic_bins_runs_by_running_and_served():
     assert few["served > 128"] == {"runs": 2, "real_median": 1.05, "twin_median": 1.05}
     assert out["running > 128"]["served > 128"]["real_median"] == pytest.approx(30 / 31, abs=1e-4)
     assert itl_over_tpot(runs.drop(columns=["twin_tpot"])) == {}
+
+
+def test_itl_over_tpot_figure_is_written(tmp_path):
+    import pandas as pd
+
+    from twin.validation.figures import itl_over_tpot
+
+    runs = pd.DataFrame({"real_itl": [11.0, 10.0, 30.0], "real_tpot": [10.0, 10.0, 31.0],
+                         "twin_itl": [10.5, 10.0, 30.0], "twin_tpot": [10.0, 10.0, 30.0],
+                         "served_adapters": [192, 8, 300], "ts_mean_running": [50.0, 5.0, 400.0]})
+    p = itl_over_tpot(runs, tmp_path)
+    assert p.name == "itl_over_tpot.png" and p.stat().st_size > 1000

@@ -255,6 +255,7 @@ def test_run_validation_end_to_end(tmp_path):
     paths = V.write_outputs(res, tmp_path / "out")
     names = {p.name for p in paths}
     assert {"per_run.csv", "summary.json", "fig7_dt_modelling.png", "scatter_twin_vs_real.png"} <= names
+    assert "itl_over_tpot.png" not in names  # (the table has no running-requests gauge)
     per = pd.read_csv(tmp_path / "out" / "per_run.csv")
     assert {"real_throughput", "twin_throughput", "peer_throughput", "err_itl", "load_basis"} <= set(per.columns)
     js = json.loads((tmp_path / "out" / "summary.json").read_text())
