@@ -20,6 +20,26 @@ def kernel_grid_lora(profile: str, **params: float):
     return Profile.from_dict(d, "t").components["lora"]
 
 
+def lora_steps(seed: int, ranks: tuple[int, ...], n: int = 400):
+    """``n`` random LoRA steps ``(A, r, T, G, R)``: adapters, padded rank (from ``ranks``), tokens, slots, requests."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        A, T, G = int(rng.integers(1, 130)), int(rng.integers(1, 2048)), int(rng.integers(1, 400))
+        R = int(rng.integers(1, T + 1))
+        r = int(rng.choice(list(ranks)))
+        yield A, r, T, G, R
+
+
+def assert_one_is_the_profile_and_scalar_is_predict(fb, f1, fx, lora_x, step) -> None:
+    """A kernel-grid cost parameter at 1 leaves the committed profile's step bit for bit (``f1`` vs ``fb``),
+    and at another value its scalar path ``fx`` equals ``lora_x.predict``, at ``step = (A, r, T, G, R)``."""
+    import pytest
+
+    A, r, T, G, R = step
+    assert f1(0.0, A, r, T, G, R) == fb(0.0, A, r, T, G, R)
+    assert fx(0.0, A, r, T, G, R) == pytest.approx(float(lora_x.predict(0.0, A, r, T, G, R)), rel=1e-12, abs=1e-15)
+
+
 def constant_profile(c0=0.01, c_prefill=0.0, c_decode=0.0, c_ctx=0.0, lora_pct=100.0, k6=0.0, sched=0.0, k2=0.0,
                      disk_s=0.5, cpu_s=0.1, kv_tokens=None, ranks=(8, 16, 32, 64, 128)) -> Profile:
     """A profile whose durations are easy to compute by hand."""

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers import kernel_grid_lora, random_workload, real_run_row
+from tests.helpers import assert_one_is_the_profile_and_scalar_is_predict, kernel_grid_lora, lora_steps, random_workload, real_run_row
 from twin.config import EngineConfig
 from twin.perf.profile import load_profile
 from twin.simulate import simulate
@@ -26,13 +25,8 @@ def _lora(c: float | None):
 def test_split64_cost_only_touches_64_split_steps_and_scalar_matches_predict():
     base, one, low = _lora(None), _lora(1.0), _lora(0.5)
     fb, f1, fl = base.scalar(), one.scalar(), low.scalar()
-    rng = np.random.default_rng(5)
-    for _ in range(400):
-        A, T, G = int(rng.integers(1, 130)), int(rng.integers(1, 2048)), int(rng.integers(1, 400))
-        R = int(rng.integers(1, T + 1))
-        r = int(rng.choice([8, 16, 32]))
-        assert f1(0.0, A, r, T, G, R) == fb(0.0, A, r, T, G, R)  # 1 is the committed profile, bit for bit
-        assert fl(0.0, A, r, T, G, R) == pytest.approx(float(low.predict(0.0, A, r, T, G, R)), rel=1e-12, abs=1e-15)
+    for A, r, T, G, R in lora_steps(5, (8, 16, 32)):
+        assert_one_is_the_profile_and_scalar_is_predict(fb, f1, fl, low, (A, r, T, G, R))
         if T > 512 and R >= 128:  # (no CUDA-graph padding: 8 splits in the layers and the LM head)
             assert fl(0.0, A, r, T, G, R) == fb(0.0, A, r, T, G, R)
     # a small decode step: half the 64-split working blocks' cost, the launched blocks unchanged

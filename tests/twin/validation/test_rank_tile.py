@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers import kernel_grid_lora
+from tests.helpers import assert_one_is_the_profile_and_scalar_is_predict, kernel_grid_lora, lora_steps
 from twin.perf.profile import load_profile
 
 LLAMA = "llama-3.1-8b_h100_vllm085"
@@ -25,13 +24,8 @@ def _lora(c: float | None):
 def test_n_tile_cost_only_touches_ranks_above_16_and_scalar_matches_predict():
     base, one, half = _lora(None), _lora(1.0), _lora(0.3)
     fb, f1, fh = base.scalar(), one.scalar(), half.scalar()
-    rng = np.random.default_rng(2)
-    for _ in range(400):
-        A, T, G = int(rng.integers(1, 130)), int(rng.integers(1, 2048)), int(rng.integers(1, 400))
-        R = int(rng.integers(1, T + 1))
-        r = int(rng.choice([8, 16, 32, 64]))
-        assert f1(0.0, A, r, T, G, R) == fb(0.0, A, r, T, G, R)  # 1 is the committed profile, bit for bit
-        assert fh(0.0, A, r, T, G, R) == pytest.approx(float(half.predict(0.0, A, r, T, G, R)), rel=1e-12, abs=1e-15)
+    for A, r, T, G, R in lora_steps(2, (8, 16, 32, 64)):
+        assert_one_is_the_profile_and_scalar_is_predict(fb, f1, fh, half, (A, r, T, G, R))
         if r <= 16:
             assert fh(0.0, A, r, T, G, R) == fb(0.0, A, r, T, G, R)
         else:
