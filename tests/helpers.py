@@ -31,7 +31,8 @@ def lora_steps(seed: int, ranks: tuple[int, ...], n: int = 400):
 
 
 def assert_one_is_the_profile_and_scalar_is_predict(fb, f1, fx, lora_x, step) -> None:
-    """A kernel-grid cost parameter at 1 leaves the committed profile's step bit for bit (``f1`` vs ``fb``),
+    """A kernel-grid cost parameter at the profile's own value (1 unless the profile has it) leaves the committed
+    profile's step bit for bit (``f1`` vs ``fb``),
     and at another value its scalar path ``fx`` equals ``lora_x.predict``, at ``step = (A, r, T, G, R)``."""
     import pytest
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from calibration.fitting.mixed import add_mixed
+from calibration.fitting.split64 import add_split64_and_mixed
 from calibration.fitting.tables import detect_format
 from calibration.fitting.vidur import fit_vidur
 from calibration.fitting.vllm050 import fit_vllm050
@@ -20,8 +20,9 @@ def fit_profile(measurements: str | Path, model: str, fmt: str = "auto", gpu: st
     d = Path(measurements)
     fmt = detect_format(d) if fmt == "auto" else fmt
     if fmt == "vllm085":
-        # the serving step's excess over the calibrated model (calibration.fitting.mixed)
-        return add_mixed(fit_vllm085(d, model, command=command, k=k, data_root=data_root), d, k)
+        # the serving step's excess over the calibrated model (calibration.fitting.mixed), fitted to a fixed
+        # point with the kernel grid's 64-split price (calibration.fitting.split64)
+        return add_split64_and_mixed(fit_vllm085(d, model, command=command, k=k, data_root=data_root), d, k)
     if fmt == "vllm050":
         return fit_vllm050(d, model, command=command, k=k, data_root=data_root,
                            vidur_dir=Path(vidur_dir) if vidur_dir else None)

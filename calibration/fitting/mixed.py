@@ -79,8 +79,14 @@ def mixed_obs(t, profile: Profile) -> pd.DataFrame:
     win, rank = lora_obs(t)
     win = win.assign(source=SOURCES[2], model_ms=C.window_lora_ms(bb, lo, win, rank) + win["sched_ms"])
     cols = ["group", "source", "step_ms", "model_ms", "R", "W", "G", "A", "S", "n_pre"]
-    obs = pd.concat([runs[cols], win[cols]], ignore_index=True)
-    obs["pre"] = np.minimum(obs["n_pre"] / obs["S"], 1.0)
+    return with_mixed_inputs(pd.concat([runs[cols], win[cols]], ignore_index=True))
+
+
+def with_mixed_inputs(obs: pd.DataFrame) -> pd.DataFrame:
+    """``obs`` (rows with ``S n_pre G A``) with the candidates' inputs: ``pre`` (share of steps with a
+    prefill), ``pre_G`` and ``pre_A`` (slots and distinct adapters times that share)."""
+    obs = obs.copy()
+    obs["pre"] = np.minimum(obs["n_pre"].to_numpy(float) / obs["S"].to_numpy(float), 1.0)
     obs["pre_G"] = obs["pre"] * obs["G"]
     obs["pre_A"] = obs["pre"] * obs["A"]
     return obs
@@ -92,10 +98,13 @@ def _fit(cand: MixedCandidate, obs: pd.DataFrame, y: np.ndarray, sig: np.ndarray
     return fit_params(lambda *th: cand.predict(np.array(th), sub), specs, y[idx], sig[idx], f"mixed/{cand.name}")
 
 
-def fit_mixed(t, profile: Profile, k: int = 5) -> dict[str, Any]:
+def fit_mixed(t, profile: Profile, k: int = 5, forms: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Fit every candidate on the serving runs and windows; the profile entry of the chosen form
     that the engine can evaluate, with every candidate's held-out scores (MAPE of the mean step
-    per source, and the mean over the sources: the criterion)."""
+    per source, and the mean over the sources: the criterion). ``forms``: choose among these
+    candidates only (every candidate is still scored and reported); used by
+    :func:`calibration.fitting.split64.fit_split64_with_mixed`, which fits each form to a fixed
+    point with the LoRA kernel grid."""
     obs = mixed_obs(t, profile)
     y = (obs["step_ms"] - obs["model_ms"]).to_numpy(float)
     src = obs["source"].to_numpy()
@@ -121,9 +130,12 @@ def fit_mixed(t, profile: Profile, k: int = 5) -> dict[str, Any]:
                                                          zip(cand.terms, cand.units, full.values.values())},
                              "profile_form": cand.profile_form}
     # the criterion: lowest mean held-out MAPE; within 2 % relative, fewer terms
-    ranked = sorted(CANDIDATES, key=lambda c: (scores[c.name]["heldout"]["all"]["mape_pct"], len(c.terms)))
+    pool = [c for c in CANDIDATES if forms is None or c.name in forms]
+    if not pool:
+        raise ValueError(f"mixed: no candidate form among {forms}; the forms are {[c.name for c in CANDIDATES]}")
+    ranked = sorted(pool, key=lambda c: (scores[c.name]["heldout"]["all"]["mape_pct"], len(c.terms)))
     best = ranked[0].name
-    near = [c for c in CANDIDATES if scores[c.name]["heldout"]["all"]["mape_pct"]
+    near = [c for c in pool if scores[c.name]["heldout"]["all"]["mape_pct"]
             <= scores[best]["heldout"]["all"]["mape_pct"] * 1.02]
     chosen = min(near, key=lambda c: (len(c.terms), scores[c.name]["heldout"]["all"]["mape_pct"]))
     if chosen.profile_form is None:

@@ -58,6 +58,8 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
     "prefill_slots+blocked_waiting": ("pre_G", "Wb"),
     "blocked_waiting": ("Wb",),
 }
+#: the profile's mixed forms (:class:`twin.perf.forms.PrefillAdaptersMixed`, ``PrefillSlotsMixed``) as terms here
+MIXED_FORM_TERM = {"prefill_adapters": "pre_A", "prefill_slots": "pre_G"}
 UNITS = {"pre_A": "ms/distinct adapter/step with prefill", "pre_G": "ms/adapter slot/step with prefill",
          "Wb": "ms/blocked waiting request/step", "W": "ms/waiting request/step", "R": "ms/running request/step"}
 
@@ -133,9 +135,15 @@ def fit_interval(t: Vllm085Tables, profile: Profile, k: int = 5) -> dict[str, An
     res: dict[str, Any] = {"rows": {s: int((obs["source"] == s).sum()) for s in SOURCES}}
     res["model_without_mixed"] = score(obs, None)
     if "mixed" in profile.components:
-        h = float(profile.components["mixed"].params.get("h_adapter", np.nan)) / MS
-        res["committed_mixed_on_interval_target"] = score(obs, None, fixed={"pre_A": h})
-        res["committed_mixed_on_step_target"] = score(obs, None, target="step_ms", fixed={"pre_A": h})
+        m = profile.components["mixed"]
+        term = MIXED_FORM_TERM.get(m.form)
+        if term is None:
+            raise ValueError(f"serving_interval: the profile's mixed form {m.form!r} has no interval term; the forms "
+                             f"are {sorted(MIXED_FORM_TERM)}")
+        (h,) = (float(v) / MS for v in m.params.values())
+        res["committed_mixed"] = {"form": m.form, "term": term, "ms": h}
+        res["committed_mixed_on_interval_target"] = score(obs, None, fixed={term: h})
+        res["committed_mixed_on_step_target"] = score(obs, None, target="step_ms", fixed={term: h})
     cands = {name: score(obs, terms, k=k) for name, terms in CANDIDATES.items()}
     res["candidates"] = cands
     best = min(cands, key=lambda n: cands[n]["heldout"]["all"]["mape_pct"])
@@ -156,11 +164,9 @@ def interval_variant(profile: dict[str, Any], fit: dict[str, Any], command: str 
     out["description"] = (profile.get("description", "") + "; variant 'interval' (issue 17): the serving step "
                           "fitted on the token interval of running requests in the queued serving runs "
                           "(calibration.fitting.serving_interval)")
-    mixed = out["components"]["mixed"]
-    mixed["params"] = {"h_adapter": float(f"{c['params']['pre_A'] * MS:.8g}")}
+    mixed = FORMS[("mixed", "prefill_adapters")](params={"h_adapter": float(f"{c['params']['pre_A'] * MS:.8g}")}).to_dict()
     mixed["stderr"] = {"h_adapter": float(f"{c['stderr']['pre_A'] * MS:.6g}")}
-    for key in ("fit", "candidates", "selection"):
-        mixed.pop(key, None)
+    out["components"]["mixed"] = mixed
     mixed["method"] = ("refitted with k_walk by calibration.fitting.serving_interval: curve_fit of the token interval "
                        "of a running request (queued serving runs: mean running / output token rate; runs without a "
                        "queue: client ITL; 300-slot windows: mean step) minus the calibrated model")
@@ -179,7 +185,7 @@ def interval_variant(profile: dict[str, Any], fit: dict[str, Any], command: str 
     out["components"]["scheduler"] = entry
     out["provenance"] = {**out.get("provenance", {}), "variant": {
         "of": profile["name"], "command": command or "calibration.fitting.serving_interval.interval_variant",
-        "changed": ["mixed.h_adapter", "scheduler: lora_queue -> lora_queue_walk (k_walk)"],
+        "changed": ["mixed: prefill_adapters, h_adapter", "scheduler: lora_queue -> lora_queue_walk (k_walk)"],
         "data": "calibration tables only (scheduler_overhead.csv serving runs, adapter_overhead_windows.csv)"}}
     Profile.from_dict(out, out["name"])  # must load exactly as the engine will
     return out

@@ -501,7 +501,9 @@ def fit_vidur(directory: str | Path, model: str | ModelSpec = "llama-2-7b", gpu:
         lora_method = (f"estimated from {r085.name}'s LoRA fit (vLLM 0.8.5 kernel grids): the thread-block counts "
                        f"from {spec.name}'s dimensions, the cost per launched and per working block x {sm_ratio:.2f} "
                        f"(H100 SMs / {GPUS[gpu]['name']} SMs), per-adapter terms x {mem_ratio:.2f} x {size_ratio:.3f}, "
-                       f"per-token terms x {flop_ratio:.2f} x {size_ratio:.3f}")
+                       f"per-token terms x {flop_ratio:.2f} x {size_ratio:.3f}"
+                       + (f"; the 64-split block price (split64_cost {lp['split64_cost']:.4g}) carried over"
+                          if "split64_cost" in lp else ""))
     else:
         lora = lref.to_dict()
         lora_method = f"carried over from {r085.name}"

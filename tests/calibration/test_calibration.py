@@ -272,13 +272,15 @@ def test_llama_profile_is_the_default():
 @pytest.mark.data
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen-2.5-7b"])
 def test_refit_reproduces_committed_profile(real_data, model):
-    """The committed H100 profiles are exactly what the fit command gives on the shared tables."""
-    from calibration.fitting.vllm085 import fit_vllm085
+    """The committed H100 profiles are exactly what the fit command gives on the shared tables (Llama's
+    kernel grid and mixed term at their common fixed point, calibration.fitting.split64)."""
+    from calibration.fitting.fit import fit_profile
 
-    d = fit_vllm085(real_data / "calibration" / "vllm085_h100", model, data_root=real_data)
+    d = fit_profile(real_data / "calibration" / "vllm085_h100", model, data_root=real_data)
     committed = json.loads((ROOT / "calibration" / "profiles" / f"{model}_h100_vllm085.json").read_text())
     assert d["provenance"]["measurements"] == committed["provenance"]["measurements"]
-    for kind in ("backbone", "lora", "scheduler", "load", "kv"):
+    assert set(d["components"]) == set(committed["components"])
+    for kind in committed["components"]:
         assert d["components"][kind]["form"] == committed["components"][kind]["form"]
         for k, v in committed["components"][kind]["params"].items():
             if isinstance(v, float):
@@ -291,7 +293,8 @@ def test_refit_reproduces_committed_profile(real_data, model):
     if runs["used"]:
         assert runs["runs"] > 100 and runs["gate_backbone_median_abs_err_pct"] < 5.0
         held = d["components"]["lora"]["fit"]["heldout"]
-        assert held["run"]["mape_pct"] < 10.0 and held["windows"]["mape_pct"] < 3.0
+        # held out with the grid refitted per fold and the mixed term at its fixed-point value (split64)
+        assert held["run"]["mape_pct"] < 5.0 and held["windows"]["mape_pct"] < 3.5
         # the queued serving runs (not fitted): at 100-300 running the step's excess over the
         # model grows with the adapter slots (the lead recorded in results/validation/README.md)
         q = d["comparison_with_published_twin"]["serving_runs_with_queue"]["running_100_300_by_slots"]

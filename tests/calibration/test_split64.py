@@ -1,4 +1,5 @@
-"""The calibration's word on a 64-split working shrink block (issue 17): calibration/fitting/split64.py."""
+"""The 64-split working shrink block's price, alone and at a fixed point with the mixed term (issue 17):
+calibration/fitting/split64.py."""
 
 from __future__ import annotations
 
@@ -19,17 +20,54 @@ def test_cli_refuses_a_missing_directory_before_work(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR not set: the calibration tables are not available")
-def test_the_two_parameter_fit_is_the_profiles_and_the_free_cost_is_identified(capsys):
+def test_the_grid_alone_and_the_fixed_point_with_the_mixed_term(capsys):
     out = fit_split64(Path(DATA) / "calibration" / "vllm085_h100")
-    lo = load_profile("llama-3.1-8b_h100_vllm085").components["lora"].params
+    lo = load_profile("llama-3.1-8b_h100_vllm085").components["lora"]
+    two = lo.meta["candidates"]["kernel_grid(l_cta,l_active)"]["params"]
     cal = out["calibrated (split64_cost 1)"]["params"]
-    # the calibrated branch is `twin calibrate fit`'s kernel grid: the committed constants (ns per block)
-    assert cal["l_cta"] == pytest.approx(lo["l_cta"] * 1e9, rel=1e-4)
-    assert cal["l_active"] == pytest.approx(lo["l_active"] * 1e9, rel=1e-4)
+    # the calibrated branch is `twin calibrate fit`'s two-parameter kernel grid (ns per block)
+    assert cal["l_cta"] == pytest.approx(two["l_cta"] * 1e9, rel=1e-4)
+    assert cal["l_active"] == pytest.approx(two["l_active"] * 1e9, rel=1e-4)
     free = out["split64_cost free"]
     se = free["stderr"]["split64_cost"]
     assert se == se and 0.0 < se < 0.5  # finite: the serving runs' small steps identify it
     assert out["rows_under_128_tokens"]["serving_runs"] > 50
     assert set(free["mape_pct"]) == {"windows", "serving_runs"}
+    # fitted alone the grid carries the mixed-step excess of the prefill-heavy runs: ~1; at the fixed point
+    # with the mixed term, well below (the committed profile's value)
+    assert free["params"]["split64_cost"] > 0.95 > 0.8 > lo.params["split64_cost"]
+    fp = lo.meta["split64"]["fixed_points"]
+    assert lo.meta["split64"]["chosen"] == "prefill_slots"
+    assert fp["prefill_slots"]["split64_cost"] == pytest.approx(lo.params["split64_cost"], rel=1e-5)
+    assert fp["prefill_slots"]["criterion_mape_pct"] < fp["prefill_adapters"]["criterion_mape_pct"]
     assert main(["--data", str(Path(DATA) / "calibration" / "vllm085_h100")]) == 0
-    assert "split64_cost free" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "split64_cost free" in text and "fixed points" in text and "mixed prefill_slots" in text
+
+
+@pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR not set: the calibration tables are not available")
+def test_fixed_point_is_a_fixed_point():
+    """At the committed pair, refitting the grid with the committed mixed term subtracted gives the committed grid,
+    and the mixed fit on that grid gives the committed term (to the fixed point's tolerance)."""
+    import json
+
+    import numpy as np
+
+    from calibration.fitting.mixed import fit_mixed
+    from calibration.fitting.split64 import LoraRows, _fit_grid, _grid_candidate
+    from calibration.fitting.tables import Vllm085Tables
+
+    prof = load_profile("llama-3.1-8b_h100_vllm085")
+    t = Vllm085Tables.read(Path(DATA) / "calibration" / "vllm085_h100", "llama-3.1-8b")
+    rows = LoraRows.build(t, prof.components["backbone"])
+    h = prof.components["mixed"].params["h_slot"] * 1e3
+    fit = _fit_grid(_grid_candidate(t.model, True), rows, prof.components["backbone"],
+                    h * rows.obs["pre_G"].to_numpy(float))
+    lo = prof.components["lora"].params
+    assert fit.values["split64_cost"] == pytest.approx(lo["split64_cost"], rel=1e-4)
+    assert fit.values["l_cta"] * 1e-9 == pytest.approx(lo["l_cta"], rel=1e-4)
+    with pytest.raises(ValueError, match="no candidate form"):
+        fit_mixed(t, prof, forms=("per_token",))
+    entry = fit_mixed(t, prof, forms=("prefill_slots",))
+    assert entry["params"]["h_slot"] == pytest.approx(prof.components["mixed"].params["h_slot"], rel=1e-4)
+    assert np.isfinite(json.loads(json.dumps(entry["fit"]["heldout"]["all"]["mape_pct"])))

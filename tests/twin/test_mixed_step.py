@@ -1,5 +1,7 @@
-"""The ``mixed`` profile component: per-adapter serving time of a step that carries a prefill
-(:class:`twin.perf.forms.PrefillAdaptersMixed`, fitted by :mod:`calibration.fitting.mixed`)."""
+"""The ``mixed`` profile component: serving time of a step that carries a prefill, per distinct adapter
+(:class:`twin.perf.forms.PrefillAdaptersMixed`) or per adapter slot (:class:`~twin.perf.forms.PrefillSlotsMixed`,
+the Llama profile's since stop 42), fitted by :mod:`calibration.fitting.mixed` at a fixed point with the kernel
+grid's 64-split price (:mod:`calibration.fitting.split64`)."""
 
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ LLAMA = "llama-3.1-8b_h100_vllm085"
 
 
 def _with_h(h: float) -> Profile:
-    """The Llama profile with its ``mixed`` constant replaced by ``h`` (s per adapter)."""
+    """The Llama profile with its ``mixed`` constant replaced by ``h`` (s per slot or adapter)."""
     d = copy.deepcopy(load_profile(LLAMA).raw)
-    d["components"]["mixed"]["params"]["h_adapter"] = h
+    (name,) = d["components"]["mixed"]["params"]
+    d["components"]["mixed"]["params"][name] = h
     return Profile.from_dict(d, "test")
 
 
@@ -47,14 +50,17 @@ def test_forms_units_and_zero_without_prefill():
 def test_profile_has_the_fitted_component():
     p = load_profile(LLAMA)
     c = p.components["mixed"]
-    assert c.form == "prefill_adapters"
-    h = c.params["h_adapter"]
-    assert 5e-5 < h < 1e-3  # 0.05-1 ms per adapter (the fit: ~0.24 ms)
-    assert c.meta["units"]["h_adapter"] == "s/distinct adapter/step with prefill"
-    assert c.meta["stderr"]["h_adapter"] > 0
+    assert c.form == "prefill_slots"
+    h = c.params["h_slot"]
+    assert 2e-5 < h < 1e-3  # 0.02-1 ms per slot (the fit: ~0.125 ms)
+    assert c.meta["units"]["h_slot"] == "s/adapter slot/step with prefill"
+    assert c.meta["stderr"]["h_slot"] > 0
+    # chosen jointly with the kernel grid: each engine form at its own fixed point, the best criterion
+    joint = c.meta["selection"]["joint"]
+    assert set(joint) == {"prefill_slots", "prefill_adapters"} and joint["prefill_slots"] < joint["prefill_adapters"]
     # the queue-walk form the issue proposed was scored and is worse on held-out calibration data
     cands = c.meta["candidates"]
-    assert cands["running+waiting"]["heldout"]["all"]["mape_pct"] > cands["prefill_adapters"]["heldout"]["all"]["mape_pct"]
+    assert cands["running+waiting"]["heldout"]["all"]["mape_pct"] > cands["prefill_slots"]["heldout"]["all"]["mape_pct"]
     assert "mixed" not in load_profile("qwen-2.5-7b_h100_vllm085").components  # no serving runs of that model
 
 
@@ -62,7 +68,7 @@ def test_step_adds_the_term_on_prefill_steps_only():
     p = load_profile(LLAMA)
     off = p.without("mixed")
     assert off.mixed_s is None and "mixed" not in off.raw["components"]
-    h = p.components["mixed"].params["h_adapter"]
+    h = p.components["mixed"].params["h_slot"]
     rng = np.random.default_rng(1)
     for _ in range(300):
         P, D = int(rng.integers(0, 2048)), int(rng.integers(0, 400))
@@ -72,7 +78,7 @@ def test_step_adds_the_term_on_prefill_steps_only():
         if P == 0:
             assert on == base  # bit for bit: decode steps and decode runs are untouched
         else:
-            assert on == pytest.approx(base + h * A, rel=1e-12)
+            assert on == pytest.approx(base + h * G, rel=1e-12)
     with pytest.raises(ValueError, match="optional"):
         p.without("lora")
 
@@ -99,13 +105,16 @@ DATA = os.environ.get("TWIN_DATA_DIR")
 @pytest.mark.data
 @pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR is not set: the calibration tables are needed")
 def test_fitted_from_the_calibration_tables():
-    from calibration.fitting.mixed import add_mixed
+    from calibration.fitting.split64 import add_split64_and_mixed
 
     prof = json.loads((PROFILE_DIR / f"{LLAMA}.json").read_text())
     bare = copy.deepcopy(prof)
     del bare["components"]["mixed"]
-    out = add_mixed(bare, Path(DATA) / "calibration" / "vllm085_h100")
+    out = add_split64_and_mixed(bare, Path(DATA) / "calibration" / "vllm085_h100")
     got, shipped = out["components"]["mixed"], prof["components"]["mixed"]
-    assert got["form"] == shipped["form"] == "prefill_adapters"
-    assert got["params"]["h_adapter"] == pytest.approx(shipped["params"]["h_adapter"], rel=1e-6)
-    assert got["selection"]["chosen"] == "prefill_adapters"
+    assert got["form"] == shipped["form"] == "prefill_slots"
+    assert got["params"]["h_slot"] == pytest.approx(shipped["params"]["h_slot"], rel=1e-6)
+    assert got["selection"]["chosen"] == "prefill_slots"
+    lo = out["components"]["lora"]["params"]
+    for k in ("l_cta", "l_active", "split64_cost"):
+        assert lo[k] == pytest.approx(prof["components"]["lora"]["params"][k], rel=1e-6), k

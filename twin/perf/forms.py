@@ -407,11 +407,13 @@ class KernelGridLora(PerfModel):
     ``cdiv(rank, 16)`` tiles) relative to the first: such blocks read the same input slice, which
     the first tile has brought into L2; the calibration measured rank 8 only, so it can only be
     identified on end-to-end runs (the ``ranktile`` profile variant, issue 17). ``split64_cost``
-    (optional, default 1: absent from the fitted profiles) prices a working shrink block of a step
+    (optional, default 1) prices a working shrink block of a step
     with ``SPLIT_K = 64`` (fewer than 128 tokens; the LM head: fewer than 128 requests) relative to
     one with 8 splits: it reduces an eighth of the input features of the latter. The calibration's
-    300-slot windows hold 14 of 723 windows with fewer than 128 tokens, so it rests on an
-    extrapolation there (:mod:`twin.validation.light_step` measures what the light runs say).
+    300-slot windows hold almost no step under 128 tokens; its published serving runs without a queue
+    do, and :mod:`calibration.fitting.split64` fits it on them together with the ``mixed`` term
+    (Llama-3.1-8B: 0.58; the Vidur profiles carry that value over; :mod:`twin.validation.light_step`
+    measures what the validation's light runs say).
     With the grid term, the ~19 ms LoRA overhead measured at 300 slots and 200 tokens
     per step falls to ~0.3 ms at 8 slots, as the published 600 s serving runs at 8-448 slots
     show.
@@ -707,13 +709,15 @@ class PrefillAdaptersMixed(PerfModel):
 class PrefillSlotsMixed(PerfModel):
     """extra = h_slot * G * [P > 0]  (G adapter slots, P prefill tokens of the step).
 
-    The alternative to :class:`PrefillAdaptersMixed` per adapter slot (held-out 4.52 % against
-    4.47 % on the calibration's serving runs and windows). Serving time of a step that carries a prefill, per GPU adapter slot, beyond what the
+    The alternative to :class:`PrefillAdaptersMixed` per adapter slot, and the Llama-3.1-8B profile's form since
+    the kernel grid's 64-split price is fitted with it (:mod:`calibration.fitting.split64`: at their fixed points
+    3.16 % held-out against 3.80 % per distinct adapter on the calibration's serving runs and windows; fitted after
+    a grid without that price, 4.52 % against 4.47 %). Serving time of a step that carries a prefill, per GPU adapter slot, beyond what the
     backbone, the LoRA kernel-grid count (:class:`KernelGridLora`, fitted on decode-sized
     batches) and the measured scheduler time give. Identified on the calibration's published
     600 s serving runs (``scheduler_overhead.csv``; 8-448 slots, one ~250-token prompt on
     30-100 % of the steps): their measured mean step exceeds the model by 0-35 ms, in
-    proportion to the slots times the share of steps with a prefill (0.11 ms per slot), not
+    proportion to the slots times the share of steps with a prefill (0.125 ms per slot), not
     with the running batch, the waiting queue or the distinct adapters, while the 300-slot
     offline windows (almost no prefill; up to 3,900 waiting, 220 running, 140 adapters)
     show no excess. vLLM 0.8.5 runs the Triton LoRA kernels with a grid over every slot

@@ -277,12 +277,12 @@ class Profile:
     def with_split64_cost(self, cost: float) -> "Profile":
         """A copy whose LoRA shrink kernel prices a working block of a 64-split step (fewer than 128 tokens;
         the LM head: fewer than 128 requests) at ``cost`` times an 8-split one (``split64_cost`` of
-        :class:`twin.perf.forms.KernelGridLora`; 1, the calibrated profiles, prices them alike). A what-if
-        of :mod:`twin.validation.light_step`, not a validated constant."""
+        :class:`twin.perf.forms.KernelGridLora`; 1 prices them alike; the Llama-3.1-8B profile's own, 0.58, is
+        fitted by :mod:`calibration.fitting.split64`). A what-if of :mod:`twin.validation.light_step`."""
         return self._with_kernel_grid_cost(
             "split64_cost", cost, "split64 cost",
-            "give the cost of a 64-split working shrink block relative to an 8-split one, >= 0 (1: alike, the "
-            "calibrated profiles)", "split-K blocks to price (a split64 cost applies")
+            "give the cost of a 64-split working shrink block relative to an 8-split one, >= 0 (1: alike; the "
+            "Llama-3.1-8B profile's own: 0.58)", "split-K blocks to price (a split64 cost applies")
 
     def _with_kernel_grid_cost(self, param: str, cost: float, what: str, fix: str, none: str) -> "Profile":
         """A copy with the ``kernel_grid`` LoRA form's relative block cost ``param`` set to ``cost`` (finite,

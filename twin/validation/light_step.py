@@ -4,8 +4,9 @@ against their mean TPOT (issue 17).
 ``python -m twin.validation.light_step`` prints real TPOT / model step (at each run's own mean
 composition) by slot count for the fit and the test split, with ``twin validate``'s engine constants;
 ``--split64-cost`` evaluates the ``kernel_grid`` form with a 64-split working shrink block priced at
-that share of an 8-split one (a what-if: the calibrated profiles price both alike, on 14 windows with
-fewer than 128 tokens), ``--no-mixed`` without the profile's mixed-step term. Nothing is fitted here.
+that share of an 8-split one (a what-if; the Llama profile's own, 0.58, is fitted on the calibration
+tables at a fixed point with the mixed-step term, :mod:`calibration.fitting.split64`), ``--no-mixed``
+without the profile's mixed-step term. Nothing is fitted here.
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="rank tile cost (default: twin validate's)")
     ap.add_argument("--split64-cost", type=float, default=None,
                     help="what-if: a 64-split working shrink block at this share of an 8-split one (default: the "
-                         "profile's own, 1)")
+                         "profile's own; 1 where it has none)")
     ap.add_argument("--no-mixed", action="store_true",
-                    help="what-if: without the profile's mixed-step term (the per-adapter cost of a step with a prefill, "
-                         "fitted on the calibration's serving runs, most of them queued)")
+                    help="what-if: without the profile's mixed-step term (the cost of a step with a prefill per adapter "
+                         "slot or distinct adapter, fitted on the calibration's serving runs, most of them queued)")
     ap.add_argument("--json", action="store_true", help="print the summaries as JSON")
     a = ap.parse_args(argv)
     try:
