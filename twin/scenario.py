@@ -145,7 +145,7 @@ class RunConfig:
     rank_tile_cost: float | None = field(default=None, metadata={
         "help": "cost of a LoRA shrink rank tile beyond the first, relative to the first (vLLM 0.8.5's kernel tiles "
                 "the rank by 16: rank-32 slots run two tiles); default: the profile's own (1 in the calibrated "
-                "profiles, measured at rank 8 only; twin validate uses 0.2646, fitted on the real runs' fit split)"})
+                "profiles, measured at rank 8 only; twin validate uses 0.7091, fitted on the real runs' fit split)"})
 
     def adapter_slots(self, n_adapters: int) -> int:
         """``slots``, or :data:`DEFAULT_ADAPTER_SLOTS` capped at ``n_adapters`` (at least 1)."""
@@ -199,7 +199,7 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
     "frontend_ms": (False, 0, True, "a front-end latency in ms, e.g. --frontend-ms 7.9 (0: the engine's own times)"),
     "serving_us": (False, 0, True, "microseconds per running request and step, e.g. --serving-us 18 (0: the "
                                    "calibrated engine alone)"),
-    "rank_tile_cost": (False, 0, True, "a cost relative to the first rank tile, e.g. --rank-tile-cost 0.2646 (or leave "
+    "rank_tile_cost": (False, 0, True, "a cost relative to the first rank tile, e.g. --rank-tile-cost 0.7091 (or leave "
                                        "it to the profile)"),
 }
 

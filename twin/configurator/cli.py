@@ -14,6 +14,7 @@ from traces.arguments import check_writable_dir, check_writable_file, has_empty_
 from twin.configurator.domain import describe, outside, training_domain
 from twin.configurator.models import KINDS
 from twin.scenario import check_number
+from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 
 DEFAULT_PROFILE = "llama-3.1-8b_h100_vllm085"
 
@@ -587,11 +588,12 @@ def _engine_args(p: argparse.ArgumentParser, whose: str) -> None:
     RANK_TILE_COST`); off by default, as in the shipped sweeps."""
     p.add_argument("--serving-us", type=float, default=0.0, metavar="US",
                    help=f"{whose} serving-path host time per running request and engine step, microseconds (default "
-                        f"0: the calibrated engine alone, as the shipped sweeps; twin validate uses 18)")
+                        f"0: the calibrated engine alone, as the shipped sweeps; twin validate uses "
+                        f"{SERVING_S_PER_RUNNING * 1e6:g})")
     p.add_argument("--rank-tile-cost", type=float, default=None, metavar="COST",
                    help=f"{whose} working-block cost of a LoRA shrink rank tile beyond the first, relative to the "
                         f"first (rank-32 slots run two tiles; default: the profile's own, 1 in the calibrated profiles, "
-                        f"as the shipped sweeps; twin validate uses 0.2646)")
+                        f"as the shipped sweeps; twin validate uses {RANK_TILE_COST:g})")
 
 
 def _check_rank_tile_cost(cost: float | None, profile: str | None) -> None:
@@ -599,7 +601,7 @@ def _check_rank_tile_cost(cost: float | None, profile: str | None) -> None:
     if cost is None:
         return
     check_number("--rank-tile-cost", cost, 0, True, "a cost relative to the first rank tile, e.g. --rank-tile-cost "
-                                                    "0.2646 (1: every tile alike)")
+                                                    f"{RANK_TILE_COST:g} (1: every tile alike)")
     from twin.sweep.scenario import get_profile
 
     try:

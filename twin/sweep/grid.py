@@ -348,7 +348,7 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
         g.serving_us = _number(sc["serving_us"], "[scenarios] serving_us", lo_ok=True, example="serving_us = 18")
     if "rank_tile_cost" in sc:
         g.rank_tile_cost = _number(sc["rank_tile_cost"], "[scenarios] rank_tile_cost", lo_ok=True,
-                                   example="rank_tile_cost = 0.2646")
+                                   example="rank_tile_cost = 0.7091")
     if "arrival" in sc:
         g.arrival = _names(sc["arrival"], "[scenarios] arrival", 'arrival = ["poisson"]')
     if "policy" in sc:

@@ -354,8 +354,9 @@ def check_length_corr(value: Any, where: str) -> float:
 #: of real mean TTFT - the twin's engine TTFT, with the serving path's host time
 #: (:data:`SERVING_S_PER_RUNNING`) and the rank tile cost (:data:`RANK_TILE_COST`) in the engine (7.5 ms
 #: before the host time was added, stop 39; 6.8 ms with the host time alone, before stop 40's rank tile cost,
-#: which makes the rank-32 runs among the 9 faster). ``twin validate --frontend-ms 0`` turns it off.
-FRONTEND_LATENCY_S = 0.0079
+#: which makes the rank-32 runs among the 9 faster; 7.9 ms with it, stop 40; 8.63 ms since stop 42's profile,
+#: whose kernel grid prices the light steps' 64-split blocks lower). ``twin validate --frontend-ms 0`` turns it off.
+FRONTEND_LATENCY_S = 0.0086
 
 #: The server's metrics scrape stalls the client-observed path for this long per LoRA label
 #: series it writes (seconds per series; :mod:`twin.scrape_stall`): every (waiting adapters,
@@ -364,10 +365,10 @@ FRONTEND_LATENCY_S = 0.0079
 #: loop. Fitted on the fit split only (:func:`twin.validation.scrape_stall.fit_scrape_stall`,
 #: scipy ``curve_fit`` of the real P99 TTFT of the 18 ``dt_modelling`` runs that never queued, with the
 #: front-end latency, the serving path's host time and the rank tile cost at their values; 12.7 us before the
-#: host time was added, stop 39; 12.9 us before the rank tile cost and the front-end refit, stop 40; now
-#: 13.17 +- 0.34 us).
+#: host time was added, stop 39; 12.9 us before the rank tile cost and the front-end refit, stop 40; 13.17 +- 0.34
+#: us with them; 12.74 +- 0.36 us since stop 42's profile and the refitted rank tile cost and front-end latency).
 #: ``twin validate --scrape-us 0`` turns it off.
-SCRAPE_S_PER_LABEL = 13.2e-6
+SCRAPE_S_PER_LABEL = 12.7e-6
 
 
 #: Host time per running request and engine step of vLLM 0.8.5 serving through its OpenAI API server to
@@ -383,7 +384,8 @@ SCRAPE_S_PER_LABEL = 13.2e-6
 #: was fitted with it in place, then the front-end latency and the scrape stall, which move client-observed times
 #: only. Refitted with the rank tile cost in place (stop 40) the same procedure gives 23.7 us, but that pair is
 #: worse on the fit split as a whole (README.md, Fidelity, "rank tile"): the two constants are not separated by
-#: these runs, and 18 us stays. ``twin validate --serving-us 0`` turns it off.
+#: these runs, and 18 us stays (with stop 42's profile the same procedure gives 27.0 us; not adopted, for the same
+#: reason). ``twin validate --serving-us 0`` turns it off.
 SERVING_S_PER_RUNNING = 18e-6
 
 #: Working-block cost of a LoRA shrink rank tile beyond the first, relative to the first (dimensionless;
@@ -393,10 +395,14 @@ SERVING_S_PER_RUNNING = 18e-6
 #: queue that differ only in the slots' max rank (16 vs 32), the real ITL grows 1.01-1.19x, the calibrated
 #: twin's 1.06-1.47x. Fitted on those pairs only (:func:`twin.validation.rank_tile.fit_rank_tile`, ``curve_fit``
 #: of the rank-32 - rank-16 step differences at the runs' own mean step composition, with the serving path's
-#: host time in the steps: 0.2646 +- 0.079 at 18 us, 0.277 without it, 0.2608 at 23.7 us; stop 40). Slots of
-#: rank <= 16 are unchanged. It is the ``ranktile`` profile variant's constant, applied to any kernel-grid profile.
+#: host time in the steps: 0.7091 +- 0.111 at 18 us on stop 42's profile). That profile prices a working block of
+#: the light steps' 64-split shrink at 0.58 of an 8-split one (``split64_cost``, fitted on the calibration
+#: tables, :mod:`calibration.fitting.split64`), and these pairs' steps are such steps, so the second tile's
+#: block costs 0.58 x 0.71 = 0.41 of an 8-split block; on the stop-40 profile (every block alike) the same fit
+#: gave 0.2646 +- 0.079 (0.277 without the host time). Slots of rank <= 16 are unchanged. It is the
+#: ``ranktile`` profile variant's constant, applied to any kernel-grid profile.
 #: ``twin validate --rank-tile-cost 1`` turns it off.
-RANK_TILE_COST = 0.2646
+RANK_TILE_COST = 0.7091
 
 
 def spec_from_row(row: pd.Series | dict, seed: int = 0, use_sent: bool = True,

@@ -95,5 +95,6 @@ def test_fit_reproduces_the_committed_constant():
     fit = fit_rank_tile(per_run, real, load_profile(LLAMA).raw)
     assert fit["pairs"] == 10
     assert fit["n_tile_cost"] == pytest.approx(load_profile(LLAMA + "_ranktile").components["lora"].params["n_tile_cost"], rel=1e-3)
-    # the committed grid doubles the rank-32 excess the real runs show
-    assert sum(fit["model_excess_ms_at_1"]) > 1.8 * sum(fit["real_excess_ms"])
+    # the committed grid, every tile alike, overstates the rank-32 excess the real runs show (1.16x since the
+    # profile prices the light steps' 64-split blocks at 0.58; 2x before)
+    assert sum(fit["model_excess_ms_at_1"]) > 1.1 * sum(fit["real_excess_ms"])

@@ -77,11 +77,11 @@ def _pair(s_per_label: float):
 
 
 def test_the_stall_lengthens_ttft_and_leaves_the_engine_alone():
-    a, b = _pair(2e-4)
+    a, b = _pair(3e-4)
     sa, sb = a.summary, b.summary
     for k in ("engine_steps", "requests_finished", "preemptions", "adapter_loads", "total_tok_s"):
         assert sa[k] == sb[k]
-    assert sb["scrape_us_per_label"] == pytest.approx(200.0) and "scrape_us_per_label" not in sa
+    assert sb["scrape_us_per_label"] == pytest.approx(300.0) and "scrape_us_per_label" not in sa
     assert sb["scrape_label_series"] > 100 and sb["scrape_stall_max_ms"] > 20
     ra, rb = a.requests, b.requests
     fin = (ra["outcome"] == "finished").to_numpy()
