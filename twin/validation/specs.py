@@ -384,8 +384,10 @@ SCRAPE_S_PER_LABEL = 12.7e-6
 #: was fitted with it in place, then the front-end latency and the scrape stall, which move client-observed times
 #: only. Refitted with the rank tile cost in place (stop 40) the same procedure gives 23.7 us, but that pair is
 #: worse on the fit split as a whole (README.md, Fidelity, "rank tile"): the two constants are not separated by
-#: these runs, and 18 us stays (with stop 42's profile the same procedure gives 27.0 us; not adopted, for the same
-#: reason). ``twin validate --serving-us 0`` turns it off.
+#: these runs, and 18 us stays. With stop 42's profile the same procedure gives 22.9 us with the refitted tile cost
+#: in place (27.0 with the stop-40 one); the pair 22.9 us / tile 0.7028 / front-end 8.4 ms / stall 13.0 us reads
+#: 1.1 / 2.4 / 4.6 / 4.9 / 6.5 on the fit split, 17 of 22 crossings, against 1.5 / 2.7 / 4.1 / 4.7 / 6.2 and 17 with
+#: 18 us: no better as a whole, so 18 us stays. ``twin validate --serving-us 0`` turns it off.
 SERVING_S_PER_RUNNING = 18e-6
 
 #: Working-block cost of a LoRA shrink rank tile beyond the first, relative to the first (dimensionless;
