@@ -152,7 +152,8 @@ def fit_mixed(t, profile: Profile, k: int = 5, forms: tuple[str, ...] | None = N
                           "criterion": "lowest mean over the sources of the held-out MAPE of the mean step "
                                        "(forms within 2 % relative: fewer terms); grouped 5-fold by run/window",
                           "ranking": [(c.name, round(scores[c.name]["heldout"]["all"]["mape_pct"], 3))
-                                      for c in ranked]}
+                                      for c in sorted(CANDIDATES, key=lambda c: (
+                                          scores[c.name]["heldout"]["all"]["mape_pct"], len(c.terms)))]}
     entry["method"] = ("curve_fit (bounded TRF) of measured mean step - calibrated model (backbone + LoRA + "
                        "measured scheduler and load time) on the calibration's per-adapter-rate serving runs "
                        "(with and without a queue) and the 300-slot LoRA windows, each source the same weight")
