@@ -30,6 +30,11 @@ _STEP_MIX_COLUMNS = {"ts_mean_kv_usage", "ts_mean_running", "ts_mean_waiting", "
                      "pool_mean_input_tokens", "pool_mean_output_tokens"}
 
 
+#: Ranges of blocked waiting requests (``W x max(1 - G/N, 0)``) of :func:`_saturated_summary`: (name, from, below)
+BLOCKED_WAITING_BINS = (("blocked < 1,000", 0.0, 1e3), ("blocked 1,000-15,000", 1e3, 1.5e4),
+                        ("blocked >= 15,000", 1.5e4, float("inf")))
+
+
 def _step_at_mix(r: pd.Series, prof: Profile) -> dict[str, Any]:
     """One saturated run's mean step composition and the profile's step there."""
     spec = spec_from_row(r)
@@ -47,7 +52,8 @@ def _step_at_mix(r: pd.Series, prof: Profile) -> dict[str, Any]:
     step = prof.step_s(prefill_tokens=P, n_dec=D, ctx_tokens=C, n_req=R, active=A, max_rank=spec.max_rank,
                        slots=G, running=R, waiting=W, served=n)
     return {"run_id": r["run_id"], "slots": G, "running": R, "prefill_tokens": P, "decode_tokens": D,
-            "context_tokens": C, "adapters": A, "model_step_ms": step * 1000.0,
+            "context_tokens": C, "adapters": A, "blocked_waiting": W * max(1.0 - G / n, 0.0) if n > 0 else 0.0,
+            "model_step_ms": step * 1000.0,
             "real_itl_ms": itl * 1000.0, "ratio": itl / step}
 
 
@@ -66,7 +72,9 @@ def step_at_real_mix(runs: pd.DataFrame, prof: Profile) -> pd.DataFrame:
     capacity, ``R`` running and ``W`` waiting (the gauges), ``A`` = the expected distinct
     adapters among ``R`` requests drawn at the adapters' rates, at most the slots. The step is
     :meth:`twin.perf.profile.Profile.step_s` of that composition. Returns one row per run with
-    ``model_step_ms``, ``real_itl_ms`` and their ``ratio``.
+    ``model_step_ms``, ``real_itl_ms`` and their ``ratio``, and ``blocked_waiting``: the waiting requests
+    whose adapter cannot get a slot, ``W x max(1 - G/N, 0)`` (the v1 scheduler walks past them every step;
+    the scheduler form's ``k_blocked`` input).
     """
     if not _STEP_MIX_COLUMNS <= set(runs.columns):
         return pd.DataFrame()
@@ -75,13 +83,19 @@ def step_at_real_mix(runs: pd.DataFrame, prof: Profile) -> pd.DataFrame:
 
 
 def _saturated_summary(mix: pd.DataFrame) -> dict[str, Any]:
-    """Medians of :func:`step_at_real_mix`'s ratio, overall and by slot range."""
-    G = mix["slots"]
+    """Medians of :func:`step_at_real_mix`'s ratio, overall, by slot range and by blocked waiting requests
+    (with the median gap, real ITL - model step, in ms)."""
+    G, Wb = mix["slots"], mix["blocked_waiting"]
+    gap = mix["real_itl_ms"] - mix["model_step_ms"]
     bins = {f"slots {lo + 1}-{hi}": (G > lo) & (G <= hi) for lo, hi in ((0, 32), (32, 96), (96, 448))}
+    wb_bins = {name: (Wb >= lo) & (Wb < hi) for name, lo, hi in BLOCKED_WAITING_BINS}
     return {"runs": int(len(mix)), "median": float(mix["ratio"].median()),
-            "median_gap_ms": float((mix["real_itl_ms"] - mix["model_step_ms"]).median()),
+            "median_gap_ms": float(gap.median()),
             "by_slots": {k: {"runs": int(m.sum()), "median": float(mix.loc[m, "ratio"].median())}
                          for k, m in bins.items() if m.any()},
+            "by_blocked_waiting": {k: {"runs": int(m.sum()), "median": round(float(mix.loc[m, "ratio"].median()), 4),
+                                       "median_gap_ms": round(float(gap[m].median()), 2)}
+                                   for k, m in wb_bins.items() if m.any()},
             "note": "real mean ITL over the profile's step (scheduler + backbone + LoRA) evaluated at the "
                     "run's mean step composition, KV-saturated runs only (see step_at_real_mix)"}
 

@@ -93,6 +93,10 @@ def _diagnostic_lines(dg: dict[str, Any]) -> list[str]:
         lines.append(f"KV-saturated runs ({mix['runs']}): real ITL / model step at the run's own mix, median "
                      f"{mix['median']:.2f} ({mix['median_gap_ms']:.1f} ms); "
                      + ", ".join(f"{k} {v['median']:.2f}" for k, v in mix["by_slots"].items()))
+        if mix.get("by_blocked_waiting"):
+            lines.append("  by blocked waiting requests (W x max(1 - slots/served, 0)): "
+                         + ", ".join(f"{k.removeprefix('blocked ')} {v['median']:.2f} ({v['median_gap_ms']:+.1f} ms, "
+                                     f"{v['runs']} runs)" for k, v in mix["by_blocked_waiting"].items()))
     return lines
 
 

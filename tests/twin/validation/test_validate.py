@@ -360,3 +360,10 @@ def test_step_at_real_mix_is_the_model_at_the_runs_composition():
     assert out.loc["r", "model_step_ms"] == pytest.approx(itl * 1000, rel=1e-9)
     assert 1.0 < out.loc["slow", "ratio"] < 1.5  # a longer ITL also implies a bigger step mix
     assert out.loc["r", "adapters"] == pytest.approx(32.0)
+    assert out.loc["r", "blocked_waiting"] == pytest.approx(5000.0 * (1 - 32 / 96))  # adapters beyond the slots
+    from twin.validation.diagnostics import _saturated_summary
+
+    summ = _saturated_summary(out.reset_index())
+    (name, b), = summ["by_blocked_waiting"].items()
+    assert name == "blocked 1,000-15,000" and b["runs"] == 2 and b["median"] == pytest.approx(out["ratio"].median(), rel=1e-3)
+    assert b["median_gap_ms"] == pytest.approx((out["real_itl_ms"] - out["model_step_ms"]).median(), abs=0.01)
