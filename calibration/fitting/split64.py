@@ -143,8 +143,8 @@ def fit_split64(directory: str | Path, model: str = "llama-3.1-8b") -> dict[str,
 
 
 def _mape_by_kind(rows: LoraRows, pred: np.ndarray) -> dict[str, float]:
-    return {"windows": round(quality(rows.y[~rows.is_run], pred[~rows.is_run])["mape_pct"], 3),
-            "serving_runs": round(quality(rows.y[rows.is_run], pred[rows.is_run])["mape_pct"], 3)}
+    q = _heldout_by_kind(rows, pred)
+    return {"windows": round(q["windows"]["mape_pct"], 3), "serving_runs": round(q["run"]["mape_pct"], 3)}
 
 
 def _fixed_point(t: Vllm085Tables, profile: dict[str, Any], rows: LoraRows, backbone, form: str,
