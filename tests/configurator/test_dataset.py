@@ -78,3 +78,63 @@ def test_train_on_a_labels_file_plus_a_sweep_of_the_rest(tmp_path, capsys):
                        "--no-search", "--out", str(tmp_path / "m2.json")])
     with pytest.raises(ValueError, match=rf"labelled more than once, e\.g\. {keys[0]}"):
         ns.func(ns)
+
+
+@pytest.mark.parametrize("engines, message", [
+    ([{}, {"serving_us": 18.0, "rank_tile_cost": 0.7091}],
+     r"the labels mix engines \(the calibrated engine \(serving_us 0, rank_tile_cost the profile's\) in a\.csv; "
+     r"serving_us 18, rank_tile_cost 0\.7091 in b\.csv\): train one model per engine"),
+    ([{"serving_us": 18.0}, {"serving_us": 18.0, "rank_tile_cost": 0.5}], r"the labels mix engines"),
+])
+def test_combine_labels_refuses_labels_of_two_engines(engines, message):
+    """The calibrated engine and one with the serving path's host time or a rank-tile cost are different
+    twins: their labels are not one training set (a labels table without the columns is the calibrated one)."""
+    parts = [(name, _labels([f"s{i}"]).assign(**e)) for i, (name, e) in enumerate(zip(("a.csv", "b.csv"), engines))]
+    with pytest.raises(ValueError, match=message):
+        combine_labels(parts)
+    same = [(name, _labels([f"s{i}"]).assign(**engines[1])) for i, name in enumerate(("a.csv", "b.csv"))]
+    assert len(combine_labels(same)) == 2
+
+
+def test_a_sweep_on_the_validated_engine_labels_and_trains_with_its_engine(tmp_path, capsys):
+    """A sweep with the serving path's host time and a rank-tile cost: its labels carry them, the model's
+    provenance records them, the twin's check of its recommendations takes them unless told otherwise, and
+    the labels of the calibrated engine's sweep of the same grid are refused beside them."""
+    import dataclasses
+
+    from twin.configurator.models import PROFILE_TILES, model_engine, resolve_engine
+    from twin.sweep.grid import load_grid
+    from twin.sweep.runner import run_sweep
+
+    calibrated = load_grid("smoke")
+    keys = sorted({t["scenario"]["key"] for t in calibrated.tasks()})
+    validated = dataclasses.replace(calibrated, name="smoke-validated", serving_us=18.0, rank_tile_cost=0.7091)
+    run_sweep(validated, tmp_path / "v", progress=False)
+    run_sweep(calibrated, tmp_path / "c", progress=False, exclude={keys[0]})
+    lab = build_dataset(load_runs([tmp_path / "v"]))
+    assert len(lab) == 2 and set(lab["serving_us"]) == {18.0} and set(lab["rank_tile_cost"]) == {0.7091}
+    p = configure_parser()
+    ns = p.parse_args(["configure", "train", str(tmp_path / "v"), "--kind", "cart", "--no-search",
+                       "--out", str(tmp_path / "m.json")])
+    assert ns.func(ns) == 0
+    capsys.readouterr()
+    m = load_model(tmp_path / "m.json")
+    assert model_engine(m) == {"serving_us": 18.0, "rank_tile_cost": 0.7091}
+    assert resolve_engine([m]) == (18.0, 0.7091)
+    assert resolve_engine([m], 0.0, PROFILE_TILES) == (0.0, None)  # the flags win, 'profile' is the profile's own
+    assert resolve_engine([m], rank_tile_cost=1.0) == (18.0, 1.0)
+    old = {**m, "provenance": {k: v for k, v in m["provenance"].items() if k != "engine"}}
+    assert model_engine(old) == {"serving_us": 0.0, "rank_tile_cost": None}  # models saved before: calibrated
+    with pytest.raises(ValueError, match="trained on different engines"):
+        resolve_engine([m, old])
+    assert resolve_engine([m, old], 18.0, 0.7091) == (18.0, 0.7091)
+    ns = p.parse_args(["configure", "train", str(tmp_path / "v"), str(tmp_path / "c"), "--kind", "cart",
+                       "--no-search", "--out", str(tmp_path / "m2.json")])
+    with pytest.raises(ValueError, match=r"the runs mix engines .*label the sweeps of each engine apart"):
+        ns.func(ns)  # two sweep directories are labelled as one table of runs
+    ns = p.parse_args(["configure", "dataset", str(tmp_path / "c"), "--out", str(tmp_path / "c.csv")])
+    assert ns.func(ns) == 0
+    ns = p.parse_args(["configure", "train", str(tmp_path / "v"), str(tmp_path / "c.csv"), "--kind", "cart",
+                       "--no-search", "--out", str(tmp_path / "m2.json")])
+    with pytest.raises(ValueError, match="the labels mix engines"):
+        ns.func(ns)  # a labels file beside a sweep

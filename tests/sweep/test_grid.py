@@ -21,6 +21,22 @@ def test_published_axes():
     assert load_grid("adapter-twin-qwen").profile.startswith("qwen")
 
 
+def test_the_validated_llama_grid_is_the_published_one_on_the_validated_engine():
+    """``adapter-twin-llama-validated``: the published Llama grid with the engine constants ``twin validate``
+    uses (twin.validation.specs), carried by every scenario (so its task hashes are its own)."""
+    from twin.sweep.grid import VALIDATED_ENGINE
+    from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
+
+    pub, val = load_grid("adapter-twin-llama"), load_grid("adapter-twin-llama-validated")
+    assert VALIDATED_ENGINE == {"serving_us": pytest.approx(SERVING_S_PER_RUNNING * 1e6, rel=1e-9),
+                                "rank_tile_cost": RANK_TILE_COST}
+    assert (val.serving_us, val.rank_tile_cost) == (VALIDATED_ENGINE["serving_us"], RANK_TILE_COST)
+    assert [s["key"] for s in val.scenarios()] == [s["key"] for s in pub.scenarios()]
+    assert all(s["serving_us"] == val.serving_us and s["rank_tile_cost"] == RANK_TILE_COST for s in val.scenarios())
+    assert (val.profile, val.served, val.slots) == (pub.profile, pub.served, pub.slots)
+    assert val.digest() != pub.digest()
+
+
 def test_scenario_key_matches_real_folders():
     assert scenario_key([0.4, 0.05, 0.00625], [8, 16, 32]) == "rate_0.4-0.05-0.00625_size_8-16-32"
     assert scenario_key([3.2, 1.6, 0.025], [16, 16, 16]) == "rate_3.2-1.6-0.025_size_16-16-16"

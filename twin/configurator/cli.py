@@ -109,7 +109,7 @@ def register_cli(subparsers) -> None:
     pr.add_argument("--check", action="store_true",
                     help="run the twin at the recommendation and step the served adapters down while it starves "
                          "there (the model's own rule; about 2 CPU-s per simulated hour)")
-    _engine_args(pr, "with --check: the twin's")
+    _engine_args(pr, "with --check: the twin's", from_model=True)
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_predict)
 
@@ -130,7 +130,7 @@ def register_cli(subparsers) -> None:
     e.add_argument("--source", default="ml_test", help="rows of the table to use (column source; '' = all)")
     e.add_argument("--no-search", action="store_true", help="leave out the twin-as-optimiser baseline")
     e.add_argument("--search-cache", default=None, help="sweep directory caching the search runs")
-    _engine_args(e, "the search baseline's and the check's")
+    _engine_args(e, "the search baseline's and the check's", from_model=True)
     e.add_argument("--check", action="store_true",
                    help="also score every model after the twin's check of its recommendations (predict --check)")
     e.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
@@ -320,7 +320,7 @@ def _check_profile(name: str) -> None:
 
 
 def cmd_train(args) -> int:
-    from twin.configurator.dataset import build_dataset, combine_labels, load_labels, load_runs, sweep_meta
+    from twin.configurator.dataset import build_dataset, combine_labels, label_engine, load_labels, load_runs, sweep_meta
     from twin.configurator.labels import FEATURES
     from twin.configurator.models import save_model, shipped_model_path, train
 
@@ -367,7 +367,7 @@ def cmd_train(args) -> int:
 
         grid = {"served": list(PUBLISHED_GRID), "slots": list(PUBLISHED_GRID)}
     prov = {"profile": profile, "rule": str(lab["rule"].iloc[0]) if "rule" in lab else args.rule,
-            "sources": [str(s) for s in srcs], **meta,
+            "engine": label_engine(lab), "sources": [str(s) for s in srcs], **meta,
             "command": "twin configure train " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else srcs)}
     if feats:
         missing = [f for f in feats if f not in lab and f != "policy"]  # policy: checked by train
@@ -435,11 +435,10 @@ def cmd_predict(args) -> int:
     extra = _extra_features(args.feature)
     rates, ranks = _pair(args, triple=True)
     lengths = _lengths(args)
-    if not args.check and (args.serving_us or args.rank_tile_cost is not None):
+    if not args.check and (args.serving_us is not None or args.rank_tile_cost is not None):
         raise ValueError("--serving-us / --rank-tile-cost set the twin's engine for --check; add --check (a model's "
                          "recommendation does not depend on them)")
-    check_number("--serving-us", args.serving_us, 0, True, "microseconds per running request and step, e.g. "
-                                                           "--serving-us 18 (0: off)")
+    _check_serving_us(args.serving_us)
     model = _load_for(args, args.kind)
     if args.check:
         _check_rank_tile_cost(args.rank_tile_cost, model.get("provenance", {}).get("profile") or args.profile)
@@ -472,7 +471,9 @@ def cmd_predict(args) -> int:
     if all(f in x for f in LENGTH_FEATURES):
         res["lengths"] = [x[f] for f in LENGTH_FEATURES]
     if args.check:
-        _check(res, model, args.serving_us, args.rank_tile_cost)
+        from twin.configurator.models import resolve_engine
+
+        _check(res, model, *resolve_engine([model], args.serving_us, args.rank_tile_cost))
     tp = res["throughput_tok_s"]
     if args.adapters:
         res["gpus_needed"] = int(math.ceil(args.adapters / res["served_adapters"]))
@@ -551,6 +552,7 @@ def _check(res: dict[str, Any], model: dict[str, Any], serving_us: float = 0.0,
                              serving_us=serving_us, rank_tile_cost=rank_tile_cost)
     res["model_recommendation"] = {k: res[k] for k in ("served_adapters", "adapter_slots", "throughput_tok_s")}
     res["check"] = {k: c[k] for k in ("changed", "starving", "steps", "scenario", "window_s", "ratio_line")}
+    res["check"]["engine"] = {"serving_us": serving_us, "rank_tile_cost": rank_tile_cost}
     res["served_adapters"], res["adapter_slots"] = c["served_adapters"], c["adapter_slots"]
     if c["changed"] and math.isfinite(c["throughput_tok_s"]):
         res["throughput_tok_s"] = c["throughput_tok_s"]
@@ -582,23 +584,55 @@ def cmd_rules(args) -> int:
     return 0
 
 
-def _engine_args(p: argparse.ArgumentParser, whose: str) -> None:
+def _engine_args(p: argparse.ArgumentParser, whose: str, from_model: bool = False) -> None:
     """``--serving-us`` and ``--rank-tile-cost``: the twin's engine constants that ``twin validate`` fits on the
     real runs' fit split (:data:`twin.validation.specs.SERVING_S_PER_RUNNING`, :data:`~twin.validation.specs.
-    RANK_TILE_COST`); off by default, as in the shipped sweeps."""
+    RANK_TILE_COST`). ``from_model`` (predict, evaluate): each defaults to the engine the model was trained on
+    (:func:`twin.configurator.models.model_engine`); else (search) to the calibrated engine alone."""
+    if from_model:
+        p.add_argument("--serving-us", type=float, default=None, metavar="US",
+                       help=f"{whose} serving-path host time per running request and engine step, microseconds "
+                            f"(default: the engine the model was trained on, in its provenance; 0, the calibrated engine, "
+                            f"for a model without one; twin validate uses {SERVING_S_PER_RUNNING * 1e6:g})")
+        p.add_argument("--rank-tile-cost", type=_tile_cost, default=None, metavar="COST",
+                       help=f"{whose} working-block cost of a LoRA shrink rank tile beyond the first, relative to "
+                            f"the first (rank-32 slots run two tiles), or 'profile' for the profile's own (default: "
+                            f"the engine the model was trained on; twin validate uses {RANK_TILE_COST:g})")
+        return
     p.add_argument("--serving-us", type=float, default=0.0, metavar="US",
                    help=f"{whose} serving-path host time per running request and engine step, microseconds (default "
-                        f"0: the calibrated engine alone, as the shipped sweeps; twin validate uses "
+                        f"0: the calibrated engine alone; twin validate and the adapter-twin-llama-validated grid use "
                         f"{SERVING_S_PER_RUNNING * 1e6:g})")
     p.add_argument("--rank-tile-cost", type=float, default=None, metavar="COST",
                    help=f"{whose} working-block cost of a LoRA shrink rank tile beyond the first, relative to the "
-                        f"first (rank-32 slots run two tiles; default: the profile's own, 1 in the calibrated profiles, "
-                        f"as the shipped sweeps; twin validate uses {RANK_TILE_COST:g})")
+                        f"first (rank-32 slots run two tiles; default: the profile's own, 1 in the calibrated profiles; "
+                        f"twin validate and the adapter-twin-llama-validated grid use {RANK_TILE_COST:g})")
 
 
-def _check_rank_tile_cost(cost: float | None, profile: str | None) -> None:
-    """``--rank-tile-cost``: a number >= 0 that the profile's LoRA form can take (kernel_grid), else an error."""
-    if cost is None:
+def _tile_cost(text: str) -> "float | str":
+    """``--rank-tile-cost`` of predict / evaluate: a number, or 'profile' (the profile's own rank tiles)."""
+    from twin.configurator.models import PROFILE_TILES
+
+    if text.strip().lower() == PROFILE_TILES:
+        return PROFILE_TILES
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a cost relative to the first rank tile, e.g. "
+                                         f"{RANK_TILE_COST:g} (1: every tile alike), or 'profile'") from None
+
+
+def _check_serving_us(us: float | None) -> None:
+    """``--serving-us``: None (not given) or a number >= 0, else an error naming the fix."""
+    if us is not None:
+        check_number("--serving-us", us, 0, True, "microseconds per running request and step, e.g. --serving-us 18 "
+                                                  "(0: off)")
+
+
+def _check_rank_tile_cost(cost: "float | str | None", profile: str | None) -> None:
+    """``--rank-tile-cost``: a number >= 0 that the profile's LoRA form can take (kernel_grid), else an error
+    (None, not given, and 'profile' pass)."""
+    if cost is None or isinstance(cost, str):
         return
     check_number("--rank-tile-cost", cost, 0, True, "a cost relative to the first rank tile, e.g. --rank-tile-cost "
                                                     f"{RANK_TILE_COST:g} (1: every tile alike)")
@@ -615,8 +649,7 @@ def cmd_evaluate(args) -> int:
     from twin.sweep.runner import check_selection
 
     check_selection(jobs=args.jobs)
-    check_number("--serving-us", args.serving_us, 0, True, "microseconds per running request and step, e.g. "
-                                                           "--serving-us 18 (0: off)")
+    _check_serving_us(args.serving_us)
     _check_rank_tile_cost(args.rank_tile_cost, args.profile)
     if args.out:
         check_writable_dir("--out", args.out)
@@ -643,8 +676,10 @@ def cmd_evaluate(args) -> int:
         print(json.dumps(_finite(res["summary"]), indent=1, default=_jd))
     else:
         s = res["summary"]
+        from twin.configurator.labels import describe_engine
+
         print(f"twin configure evaluate: {s['scenarios']} scenarios of {s['real']} (source {s['source']}), "
-              f"profile {s['profile']}")
+              f"profile {s['profile']}; the twin's search and check: {describe_engine(s['engine'])}")
         print(format_table(res["table"]))
         if "crossings" in s:
             c = s["crossings"]

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from twin.configurator.labels import FEATURES, TARGETS, label_scenarios
+from twin.configurator.labels import FEATURES, TARGETS, describe_engine, engines_of, label_scenarios
 from twin.sweep.runner import read_results
 
 
@@ -169,9 +169,11 @@ def combine_labels(parts: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
     """Label tables from several sources (``(source, labels)`` pairs: sweep directories labelled
     here, label files of ``configure dataset``) as one, so a model can be trained on a sample
     swept in several places (e.g. labels kept from an earlier sweep plus a new sweep of the
-    scenarios it did not reach). Refused, naming the sources: labels under different rules or
-    for different profiles, and a scenario labelled twice (the same scenario, policy, seed and
-    maximum rank in two sources, or twice in one)."""
+    scenarios it did not reach). Refused, naming the sources: labels under different rules, for
+    different profiles or of different engines (:func:`~twin.configurator.labels.engines_of`: the
+    calibrated engine and one with the serving path's host time or a rank-tile cost are different
+    twins), and a scenario labelled twice (the same scenario, policy, seed and maximum rank in two
+    sources, or twice in one)."""
     if not parts:
         raise ValueError("no labels given")
     for col in ("rule", "profile"):
@@ -185,6 +187,14 @@ def combine_labels(parts: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
             fix = ("label every source with the same --rule" if col == "rule"
                    else "train one model per profile")
             raise ValueError(f"the labels mix {col}s ({what}): {fix}")
+    engines: dict[str, list[str]] = {}
+    for src, lab in parts:
+        for e in engines_of(lab):
+            engines.setdefault(describe_engine(e), []).append(src)
+    if len(engines) > 1:
+        what = "; ".join(f"{v} in {', '.join(s)}" for v, s in engines.items())
+        raise ValueError(f"the labels mix engines ({what}): train one model per engine (sweep the rest of a sample "
+                         f"with the grid of the labels you keep)")
     lab = pd.concat([lab.assign(_source=src) for src, lab in parts], ignore_index=True)
     key = [c for c in ("scenario", "policy", "seed", "max_lora_rank") if c in lab]
     if "scenario" in key:
@@ -198,10 +208,26 @@ def combine_labels(parts: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
     return lab.drop(columns="_source")
 
 
+def label_engine(lab: pd.DataFrame) -> dict[str, Any]:
+    """The one engine of a labels table (:func:`combine_labels` refuses a mix), for a model's provenance:
+    ``predict --check`` and ``evaluate`` run the twin a model was trained on with it."""
+    engines = engines_of(lab)
+    if len(engines) != 1:
+        raise ValueError(f"the labels hold {len(engines)} engines ({'; '.join(map(describe_engine, engines))}); "
+                         f"train one model per engine")
+    return engines[0]
+
+
 def build_dataset(runs: pd.DataFrame, rule: str = "throughput90", **kw: Any) -> pd.DataFrame:
     """Label rows for every scenario of ``runs`` (see :mod:`twin.configurator.labels`).
 
-    A scenario whose walk is incomplete (a task in flight) cannot be here: shards hold whole walks."""
+    A scenario whose walk is incomplete (a task in flight) cannot be here: shards hold whole walks.
+    Runs of several engines (sweeps with and without the serving path's host time, say) are refused:
+    one walk must not mix two twins."""
+    engines = engines_of(runs)
+    if len(engines) > 1:
+        raise ValueError(f"the runs mix engines ({'; '.join(map(describe_engine, engines))}): label the sweeps of "
+                         f"each engine apart (and train one model per engine)")
     labels = label_scenarios(runs, rule, **kw)
     if "profile" in runs and "profile" not in labels:
         labels["profile"] = runs["profile"].iloc[0]

@@ -40,7 +40,7 @@ from twin.configurator.models import predict
 from traces.arguments import parse_list
 from twin.configurator.search import search
 from twin.configurator.check import check_recommendation, known_from_runs
-from twin.configurator.models import load_model
+from twin.configurator.models import load_model, resolve_engine
 from twin.sweep.scenario import load_real
 from twin.validation.profiles import cached_profile, check_profile_model, profile_of_runs
 
@@ -206,12 +206,13 @@ def checked_predictions(preds: pd.DataFrame, truth: pd.DataFrame, profile: str |
 def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path: str | None = None,
              source: str = "ml_test", search_cache: str | os.PathLike | None = None, run_search: bool = True,
              executor: str = "local", jobs: int = 1, progress: bool = False, check: bool = False,
-             serving_us: float = 0.0, rank_tile_cost: float | None = None) -> dict[str, Any]:
+             serving_us: float | None = None, rank_tile_cost: "float | str | None" = None) -> dict[str, Any]:
     """Evaluate the configurators of ``profile`` (or ``model_path``) on the real runs of ``real_csv``.
-    ``serving_us``: the twin-as-optimiser baseline's serving-path host time per running request and step
-    (microseconds; :attr:`twin.sweep.grid.GridSpec.serving_us`; 0, the shipped sweeps' value);
-    ``rank_tile_cost``: its LoRA shrink rank tiles beyond the first (:attr:`twin.sweep.grid.GridSpec.rank_tile_cost`;
-    None, the shipped sweeps' value: the profile's own).
+    ``serving_us``: the twin-as-optimiser baseline's and the check's serving-path host time per running
+    request and step (microseconds; :attr:`twin.sweep.grid.GridSpec.serving_us`); ``rank_tile_cost``: their
+    LoRA shrink rank tiles beyond the first (:attr:`twin.sweep.grid.GridSpec.rank_tile_cost`; ``"profile"``:
+    the profile's own). Each left at None is the engine the models were trained on
+    (:func:`twin.configurator.models.resolve_engine`; the calibrated engine when no model is loaded).
     With ``check``, every model is also scored after the twin's check of its recommendations
     (rows named ``<model> + twin check``; :func:`checked_predictions`)."""
 
@@ -246,6 +247,7 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
                 models[kind] = load_model(profile, kind)
             except FileNotFoundError:
                 pass
+    serving_us, rank_tile_cost = resolve_engine(list(models.values()), serving_us, rank_tile_cost)
     twin_runs = None
     if run_search:  # first: the check reuses the search walk's runs
         sp, twin_runs = search_predictions(truth, profile, search_cache, executor, jobs, progress, serving_us,
@@ -294,6 +296,7 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
         table.append({"predictor": name, "scenarios": 9, **v})
     tab = pd.DataFrame(table)
     summary = {"scenarios": int(len(truth)), "profile": profile, "real": str(real_csv), "source": source,
+               "engine": {"serving_us": serving_us, "rank_tile_cost": rank_tile_cost},
                "model": (primary or {}).get("model") or (primary or {}).get("predictor"),
                **{k: (primary or {}).get(k) for k in ("smape_served", "smape_slots", "smape_throughput",
                                                        "smape_served_raw", "smape_slots_raw", "regret_mean",

@@ -34,8 +34,13 @@ from traces.arguments import parse_list
 RULES = ("throughput90", "robust", "slo")
 FEATURES = ("rate_max", "rate_min", "rate_mean", "rate_std", "rank_max", "rank_min", "rank_mean", "rank_std")
 TARGETS = ("served_adapters", "adapter_slots", "throughput_tok_s")
+#: the engine constants a sweep's runs carry beside their profile (:attr:`twin.sweep.grid.GridSpec.serving_us`,
+#: :attr:`~twin.sweep.grid.GridSpec.rank_tile_cost`); runs and labels without them are of the calibrated engine alone
+ENGINE_COLUMNS = ("serving_us", "rank_tile_cost")
+#: the calibrated engine: no serving-path host time, the profile's own rank tiles
+CALIBRATED_ENGINE: dict[str, Any] = {"serving_us": 0.0, "rank_tile_cost": None}
 GROUP_CANDIDATES = ("scenario", "policy", "seed", "max_lora_rank", "profile", "mean_input_tokens",
-                    "mean_output_tokens")
+                    "mean_output_tokens", *ENGINE_COLUMNS)
 
 
 def features_of(rates, ranks) -> dict[str, float]:
@@ -60,6 +65,30 @@ def from_real(real: pd.DataFrame) -> pd.DataFrame:
     for f in FEATURES:
         df[f] = [x[f] for x in feats]
     return df
+
+
+def engines_of(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The distinct engines (``{"serving_us": us, "rank_tile_cost": cost or None}``) of a table of runs
+    or labels, in sorted order; a table without :data:`ENGINE_COLUMNS` (or with blanks there) is of the
+    calibrated engine (:data:`CALIBRATED_ENGINE`)."""
+    if not len(df):
+        return []
+    cols = {}
+    for c in ENGINE_COLUMNS:
+        v = pd.to_numeric(df[c], errors="coerce") if c in df else pd.Series(np.nan, index=df.index)
+        cols[c] = [float(x) if math.isfinite(x) else None for x in v.astype(float)]
+    pairs = set(zip(*(cols[c] for c in ENGINE_COLUMNS)))
+    out = [{"serving_us": us or 0.0, "rank_tile_cost": cost} for us, cost in pairs]
+    uniq = {(e["serving_us"], e["rank_tile_cost"]): e for e in out}
+    return [uniq[k] for k in sorted(uniq, key=lambda k: (k[0], -1.0 if k[1] is None else k[1]))]
+
+
+def describe_engine(engine: dict[str, Any]) -> str:
+    """``serving_us 18, rank_tile_cost 0.7091`` (or ``the calibrated engine ...`` when it is that one)."""
+    us, cost = float(engine.get("serving_us") or 0.0), engine.get("rank_tile_cost")
+    tiles = "the profile's" if cost is None else f"{float(cost):g}"
+    text = f"serving_us {us:g}, rank_tile_cost {tiles}"
+    return f"the calibrated engine ({text})" if us == 0.0 and cost is None else text
 
 
 def _group_keys(df: pd.DataFrame) -> list[str]:

@@ -64,11 +64,42 @@ from twin.configurator.features import (describe_condition, design_matrix, featu
                                         policy_columns, readable_conditions, simplify_policy_conditions, single_policy,
                                         training_columns)
 from twin.configurator.domain import feature_box
-from twin.configurator.labels import TARGETS
+from twin.configurator.labels import CALIBRATED_ENGINE, TARGETS, describe_engine
 from twin.sweep.runner import MissingExtra
 
 SCHEMA = "lora-twin-configurator/1"
 MODEL_DIR = Path(__file__).resolve().parent / "models"
+#: ``--rank-tile-cost profile``: the profile's own rank tiles, whatever engine a model was trained on
+PROFILE_TILES = "profile"
+
+
+def model_engine(model: dict[str, Any]) -> dict[str, Any]:
+    """The twin's engine a model was trained on (``provenance["engine"]``, written by ``twin configure
+    train`` from its labels: :func:`twin.configurator.dataset.label_engine`); models saved before
+    that were all trained on the calibrated engine (:data:`~twin.configurator.labels.CALIBRATED_ENGINE`)."""
+    e = (model.get("provenance") or {}).get("engine") or CALIBRATED_ENGINE
+    cost = e.get("rank_tile_cost")
+    return {"serving_us": float(e.get("serving_us") or 0.0), "rank_tile_cost": None if cost is None else float(cost)}
+
+
+def resolve_engine(models: "list[dict[str, Any]]", serving_us: float | None = None,
+                   rank_tile_cost: "float | str | None" = None) -> tuple[float, float | None]:
+    """The twin's engine constants ``(serving_us, rank_tile_cost)`` for checking (and searching beside)
+    ``models``: each given value as it is (``rank_tile_cost`` :data:`PROFILE_TILES`: the profile's own,
+    None in the result), each one left at None from the engine the models were trained on
+    (:func:`model_engine`), which must then be one engine for all of them."""
+    if serving_us is None or rank_tile_cost is None:
+        engines = {describe_engine(e): e for e in map(model_engine, models)}
+        if len(engines) > 1:
+            raise ValueError(f"the models were trained on different engines ({'; '.join(engines)}): give "
+                             f"--serving-us and --rank-tile-cost for the twin's check, or --model one of them")
+        e = next(iter(engines.values()), CALIBRATED_ENGINE)
+        if serving_us is None:
+            serving_us = e["serving_us"]
+        if rank_tile_cost is None:
+            rank_tile_cost = e["rank_tile_cost"]
+    cost = None if rank_tile_cost is None or rank_tile_cost == PROFILE_TILES else float(rank_tile_cost)
+    return float(serving_us), cost
 KINDS = ("rf", "cart", "hstree", "figs", "rulefit")
 #: kinds whose estimator comes from the optional ``configurator`` extra (imodels)
 IMODELS_KINDS = ("figs", "rulefit")

@@ -50,6 +50,7 @@ from twin.registry import PRESETS, load_entry_points
 from twin.sweep.scenario import DEFAULT_POLICY, check_length_corr, check_lengths, get_profile, profile_hash
 from twin.config import EngineConfig
 from twin.scenario import read_mapping_file
+from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 
 #: The published per-adapter rates (req/s) and ranks.
 PUBLISHED_RATES = (3.2, 1.6, 0.8, 0.4, 0.1, 0.05, 0.025, 0.0125, 0.00625, 0.003125)
@@ -220,13 +221,24 @@ def rank_multisets(values=PUBLISHED_RANKS, k: int = 3, max_largest: int = 1) -> 
 
 
 # --------------------------------------------------------------------------- named grids
-def _published(name: str, profile: str, model: str) -> GridSpec:
-    return GridSpec(name=name, profile=profile, model=model, rates=rate_triples(), ranks=rank_multisets())
+def _published(name: str, profile: str, model: str, **engine: Any) -> GridSpec:
+    return GridSpec(name=name, profile=profile, model=model, rates=rate_triples(), ranks=rank_multisets(), **engine)
+
+
+#: The engine constants ``twin validate`` fits on the real Llama runs' fit split (``dt_modelling``, never
+#: ``ml_test``): the serving path's host time per running request and step (microseconds) and the LoRA
+#: shrink's rank-tile cost; the ``adapter-twin-llama-validated`` grid sweeps with them.
+VALIDATED_ENGINE = {"serving_us": round(SERVING_S_PER_RUNNING * 1e6, 6), "rank_tile_cost": RANK_TILE_COST}
 
 
 NAMED_GRIDS = {
     "adapter-twin-llama": lambda: _published("adapter-twin-llama", "llama-3.1-8b_h100_vllm085", "llama-3.1-8b"),
     "adapter-twin-qwen": lambda: _published("adapter-twin-qwen", "qwen-2.5-7b_h100_vllm085", "qwen-2.5-7b"),
+    # the published Llama grid on the validated engine (VALIDATED_ENGINE: the calibrated profile plus the
+    # serving path's host time and the rank-tile cost fitted on the real runs' fit split; results/configurator/
+    # README.md, "The validated engine's sweep")
+    "adapter-twin-llama-validated": lambda: _published("adapter-twin-llama-validated", "llama-3.1-8b_h100_vllm085",
+                                                       "llama-3.1-8b", **VALIDATED_ENGINE),
     # the published grid plus the slot values it could not reach (8; 160-224 where vLLM starts)
     "adapter-twin-llama-ext": lambda: GridSpec(
         name="adapter-twin-llama-ext", profile="llama-3.1-8b_h100_vllm085", model="llama-3.1-8b",
@@ -255,7 +267,8 @@ _TOP_KEYS = {"name", "profile", "window_s", "seeds", "model", "scenarios", "conf
 def _number(v: Any, where: str, kind: type = float, lo: float = 0.0, lo_ok: bool = False, example: str = "") -> Any:
     """``v`` as a finite ``kind`` above ``lo`` (at or above with ``lo_ok``), else an error naming
     the grid key ``where``, what it must be, and an example."""
-    bad = isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and float(v) != int(v))
+    bad = (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+           or (kind is int and float(v) != int(v)))
     x = None if bad else kind(v)
     if x is None or not math.isfinite(x) or x < lo or (x == lo and not lo_ok):
         what = ("an integer" if kind is int else "a number") + (f" >= {lo:g}" if lo_ok else f" > {lo:g}")
