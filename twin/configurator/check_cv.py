@@ -7,7 +7,8 @@ shipped model's chosen ones by default; no grid search inside the folds) and rec
 held-out scenarios. Each recommendation is scored against the twin's label (the ``throughput90``
 optimum of the scenario's sweep walk) and then checked in the twin
 (:func:`twin.configurator.check.check_recommendation`). Printed: served / slot SMAPE against the
-labels before and after the check, the recommendations that starve in the twin (before: the
+labels before and after the check (on the labels' engine: :func:`twin.configurator.dataset.label_engine`),
+the recommendations that starve in the twin (before: the
 check's first run; after: none unless even the smallest served value starves), and the twin's
 throughput at the recommendation / the label's.
 
@@ -29,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from twin.configurator.check import check_recommendation
+from twin.configurator.dataset import label_engine
 from twin.configurator.models import load_model, predict, smape_pct, train
 from twin.configurator.labels import FEATURES
 from twin.sweep.grid import PUBLISHED_GRID
@@ -42,9 +44,9 @@ OUT_COLUMNS = ["scenario", "fold", "served_adapters", "adapter_slots", "throughp
 
 
 def _check_one(args: tuple) -> dict[str, Any]:
-    rates, ranks, n, g, profile, grid, policy, lengths, window_s = args
+    rates, ranks, n, g, profile, grid, policy, lengths, window_s, engine = args
     return check_recommendation(rates, ranks, n, g, profile, served_grid=grid, slot_grid=grid,
-                                policy=policy, lengths=lengths, window_s=window_s)
+                                policy=policy, lengths=lengths, window_s=window_s, **engine)
 
 
 def cross_validated_predictions(labels: pd.DataFrame, kind: str, folds: int, seed: int,
@@ -70,6 +72,7 @@ def run(labels_path: str, profile: str | None, kind: str = "rf", folds: int = 5,
     if "rule" in labels and set(labels["rule"].dropna()) - {"throughput90"}:
         raise ValueError(f"{labels_path}: the check follows the throughput90 rule; give throughput90 labels")
     profile = profile or str(labels["profile"].dropna().iloc[0])
+    engine = label_engine(labels)  # the check runs the twin the labels came from
     try:  # the shipped model's chosen hyper-parameters
         params = dict(load_model(profile, kind)["provenance"].get("best_params") or {})
     except FileNotFoundError:
@@ -81,7 +84,7 @@ def run(labels_path: str, profile: str | None, kind: str = "rf", folds: int = 5,
     work = [([float(x) for x in str(r["rates"]).split("-")], [int(x) for x in str(r["ranks"]).split("-")],
              int(r["served"]), int(r["slots"]), profile, list(PUBLISHED_GRID),
              str(r.get("policy") or "fcfs+client-cap"),
-             (float(r["mean_input_tokens"]), float(r["mean_output_tokens"])), window_s) for _, r in d.iterrows()]
+             (float(r["mean_input_tokens"]), float(r["mean_output_tokens"])), window_s, engine) for _, r in d.iterrows()]
     t0 = time.perf_counter()
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as ex:
@@ -99,7 +102,7 @@ def run(labels_path: str, profile: str | None, kind: str = "rf", folds: int = 5,
     d["rel_tok_s_checked"] = d["twin_tok_s_checked"] / d["throughput_tok_s"]
     label_starves = d["ratio_at_label"] < 0.9  # an overloaded scenario: the rule keeps a starving first run
     summary = {
-        "labels": str(labels_path), "profile": profile, "kind": kind, "folds": folds, "params": params,
+        "labels": str(labels_path), "profile": profile, "engine": engine, "kind": kind, "folds": folds, "params": params,
         "scenarios": int(len(d)),
         "smape_served": smape_pct(d["served"], d["served_adapters"]),
         "smape_slots": smape_pct(d["slots"], d["adapter_slots"]),
