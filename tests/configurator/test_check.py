@@ -169,7 +169,7 @@ def test_predict_check_cli(monkeypatch, capsys):
     assert all(s["served_adapters"] > 128 for s in d["check"]["steps"][:-1])
     ns = p.parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--check"])
     assert ns.func(ns) == 0
-    assert "twin check (" in capsys.readouterr().out
+    assert "twin check on the calibrated engine (serving_us 0, rank_tile_cost the profile's) (" in capsys.readouterr().out
 
 
 @pytest.mark.data

@@ -493,7 +493,9 @@ def cmd_predict(args) -> int:
         last = c["steps"][-1]
         why = ("" if not c["starving"] else " -- still starving at served = slots, which the rule keeps"
                if last["status"] == "ok" else " -- no slot value of the grid starts")
-        print(f"twin check ({tried}): {verdict}{why}")
+        from twin.configurator.labels import describe_engine
+
+        print(f"twin check on {describe_engine(c['engine'])} ({tried}): {verdict}{why}")
     print(f"serve {res['served_adapters']} adapters with {res['adapter_slots']} GPU adapter slots "
           f"(raw {res['served_adapters_raw']:.1f} / {res['adapter_slots_raw']:.1f}); expected throughput "
           f"{tp:.0f} tok/s  [{res['model']} configurator, profile {res['profile']}, rule {res['rule']}, "
