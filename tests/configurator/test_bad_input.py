@@ -318,3 +318,23 @@ def test_search_refuses_a_rank_tile_cost_its_profile_cannot_take(tmp_path, capsy
     err = _error(SEARCH + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--rank-tile-cost", "0.3",
                            "--profile", "llama-2-7b_h100_vllm050", "--cache", str(tmp_path / "c")], capsys)
     assert "has no rank tiles" in err and not (tmp_path / "c").exists()
+
+
+def test_rank_tile_cost_of_predict_and_evaluate_takes_profile_and_names_the_fix(tmp_path, capsys):
+    """`--rank-tile-cost` of predict / evaluate: a number, or 'profile' (the profile's own tiles, whatever the
+    model was trained on); anything else is refused by the parser with the fix (exit 2)."""
+    from tests.helpers import configure_parser
+
+    p = configure_parser()
+    ns = p.parse_args(["configure", "evaluate", "--rank-tile-cost", "Profile"])
+    assert ns.rank_tile_cost == "profile" and ns.serving_us is None  # None: the model's engine
+    ns = p.parse_args(["configure", "predict", "--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--check",
+                       "--rank-tile-cost", "0.5"])
+    assert ns.rank_tile_cost == 0.5
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(["configure", "evaluate", "--rank-tile-cost", "cheap"])
+    assert e.value.code == 2
+    from twin.validation.specs import RANK_TILE_COST
+
+    assert (f"'cheap': give a cost relative to the first rank tile, e.g. {RANK_TILE_COST:g} (1: every tile alike), "
+            f"or 'profile'") in capsys.readouterr().err
