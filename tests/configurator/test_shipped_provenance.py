@@ -68,3 +68,39 @@ def test_no_shipped_model_was_trained_on_a_test_scenario(path, real_data):
     assert len(test) == 9
     held = sorted(test & set(_labels(path)["scenario"]))
     assert not held, f"{path.name} was trained on the test scenarios {held}"
+
+
+VALIDATED = REPO / "results" / "configurator" / "validated"
+
+
+@pytest.mark.parametrize("path", sorted((VALIDATED / "models").glob("*.json*")), ids=lambda p: p.name)
+def test_the_validated_sample_models_come_from_its_labels_on_its_engine(path):
+    """The models of the validated engine's sweep sample (results/configurator/validated/): trained on its
+    committed labels, whose engine is the named grid's (twin.sweep.grid.VALIDATED_ENGINE), which their
+    provenance records for the twin's check; no ml_test scenario among the labels."""
+    from twin.configurator.labels import engines_of
+    from twin.configurator.models import model_engine
+    from twin.sweep.grid import VALIDATED_ENGINE
+
+    m = json.loads(read_model_text(path))
+    lab = pd.read_csv(VALIDATED / "labels_llama_validated_throughput90.csv")
+    assert engines_of(lab) == [VALIDATED_ENGINE]
+    assert model_engine(m) == VALIDATED_ENGINE
+    assert m["provenance"]["sources"] == ["results/configurator/validated/labels_llama_validated_throughput90.csv"]
+    assert m["provenance"]["rule"] == "throughput90" and len(lab) == 301
+    runs = pd.read_parquet(VALIDATED / "runs_llama_validated.parquet")
+    assert set(runs["scenario"]) == set(lab["scenario"])
+
+
+def test_the_validated_sample_runs_give_its_labels():
+    """The committed run table of the sample is enough to label it again (any rule): throughput90 from it
+    equals the committed labels."""
+    from twin.configurator.dataset import build_dataset, load_runs
+
+    again = build_dataset(load_runs([VALIDATED / "runs_llama_validated.parquet"]))
+    lab = pd.read_csv(VALIDATED / "labels_llama_validated_throughput90.csv")
+    cols = ["scenario", "served_adapters", "adapter_slots", "throughput_tok_s", "serving_us", "rank_tile_cost"]
+    pd.testing.assert_frame_equal(again[cols].sort_values("scenario").reset_index(drop=True),
+                                  lab[cols].sort_values("scenario").reset_index(drop=True), check_dtype=False)
+    test = {"rate_0.4-0.05-0.00625_size_8-16-32", "rate_0.8-0.4-0.05_size_8-8-32", "rate_3.2-1.6-0.1_size_8-8-32"}
+    assert not test & set(lab["scenario"])
