@@ -592,23 +592,19 @@ def _engine_args(p: argparse.ArgumentParser, whose: str, from_model: bool = Fals
     RANK_TILE_COST`). ``from_model`` (predict, evaluate): each defaults to the engine the model was trained on
     (:func:`twin.configurator.models.model_engine`); else (search) to the calibrated engine alone."""
     if from_model:
-        p.add_argument("--serving-us", type=float, default=None, metavar="US",
-                       help=f"{whose} serving-path host time per running request and engine step, microseconds "
-                            f"(default: the engine the model was trained on, in its provenance; 0, the calibrated engine, "
-                            f"for a model without one; twin validate uses {SERVING_S_PER_RUNNING * 1e6:g})")
-        p.add_argument("--rank-tile-cost", type=_tile_cost, default=None, metavar="COST",
-                       help=f"{whose} working-block cost of a LoRA shrink rank tile beyond the first, relative to "
-                            f"the first (rank-32 slots run two tiles), or 'profile' for the profile's own (default: "
-                            f"the engine the model was trained on; twin validate uses {RANK_TILE_COST:g})")
-        return
-    p.add_argument("--serving-us", type=float, default=0.0, metavar="US",
-                   help=f"{whose} serving-path host time per running request and engine step, microseconds (default "
-                        f"0: the calibrated engine alone; twin validate and the adapter-twin-llama-validated grid use "
-                        f"{SERVING_S_PER_RUNNING * 1e6:g})")
-    p.add_argument("--rank-tile-cost", type=float, default=None, metavar="COST",
+        us_default = "the engine the model was trained on, in its provenance; 0, the calibrated engine, for a model without one"
+        cost_default, profile_word, cost_type = "the engine the model was trained on", ", or 'profile' for the profile's own", _tile_cost
+    else:
+        us_default, cost_default, profile_word, cost_type = ("0: the calibrated engine alone",
+                                                             "the profile's own, 1 in the calibrated profiles", "", float)
+    used = "twin validate and the adapter-twin-llama-validated grid use"
+    p.add_argument("--serving-us", type=float, default=None if from_model else 0.0, metavar="US",
+                   help=f"{whose} serving-path host time per running request and engine step, microseconds (default: "
+                        f"{us_default}; {used} {SERVING_S_PER_RUNNING * 1e6:g})")
+    p.add_argument("--rank-tile-cost", type=cost_type, default=None, metavar="COST",
                    help=f"{whose} working-block cost of a LoRA shrink rank tile beyond the first, relative to the "
-                        f"first (rank-32 slots run two tiles; default: the profile's own, 1 in the calibrated profiles; "
-                        f"twin validate and the adapter-twin-llama-validated grid use {RANK_TILE_COST:g})")
+                        f"first (rank-32 slots run two tiles){profile_word} (default: {cost_default}; {used} "
+                        f"{RANK_TILE_COST:g})")
 
 
 def _tile_cost(text: str) -> "float | str":
