@@ -208,13 +208,20 @@ def combine_labels(parts: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
     return lab.drop(columns="_source")
 
 
+def _one_engine(df: pd.DataFrame, what: str, fix: str) -> list[dict[str, Any]]:
+    """:func:`~twin.configurator.labels.engines_of` of ``df`` (runs or labels), refused when there are several."""
+    engines = engines_of(df)
+    if len(engines) > 1:
+        raise ValueError(f"the {what} mix engines ({'; '.join(map(describe_engine, engines))}): {fix}")
+    return engines
+
+
 def label_engine(lab: pd.DataFrame) -> dict[str, Any]:
     """The one engine of a labels table (:func:`combine_labels` refuses a mix), for a model's provenance:
     ``predict --check`` and ``evaluate`` run the twin a model was trained on with it."""
-    engines = engines_of(lab)
-    if len(engines) != 1:
-        raise ValueError(f"the labels hold {len(engines)} engines ({'; '.join(map(describe_engine, engines))}); "
-                         f"train one model per engine")
+    engines = _one_engine(lab, "labels", "train one model per engine")
+    if not engines:
+        raise ValueError("a labels table without rows has no engine; label a sweep with `twin configure dataset`")
     return engines[0]
 
 
@@ -224,10 +231,7 @@ def build_dataset(runs: pd.DataFrame, rule: str = "throughput90", **kw: Any) -> 
     A scenario whose walk is incomplete (a task in flight) cannot be here: shards hold whole walks.
     Runs of several engines (sweeps with and without the serving path's host time, say) are refused:
     one walk must not mix two twins."""
-    engines = engines_of(runs)
-    if len(engines) > 1:
-        raise ValueError(f"the runs mix engines ({'; '.join(map(describe_engine, engines))}): label the sweeps of "
-                         f"each engine apart (and train one model per engine)")
+    _one_engine(runs, "runs", "label the sweeps of each engine apart (and train one model per engine)")
     labels = label_scenarios(runs, rule, **kw)
     if "profile" in runs and "profile" not in labels:
         labels["profile"] = runs["profile"].iloc[0]
