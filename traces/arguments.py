@@ -75,8 +75,24 @@ def has_empty_item(text: str) -> bool:
 
 
 def first_repeat(values: list[Any]) -> int:
-    """The index of the first value that repeats an earlier one, or -1 when all differ."""
-    return next((i for i, v in enumerate(values) if v in values[:i]), -1)
+    """The index of the first value that repeats an earlier one, or -1 when all differ (in linear
+    time for hashable values and lists of them: a grid file's list of 100,000 seeds is read at once)."""
+    seen: set[Any] = set()
+    for i, v in enumerate(values):
+        try:
+            key = _hashable(v)
+            if key in seen:
+                return i
+            seen.add(key)
+        except TypeError:  # (a value that cannot be hashed: compared with every earlier one)
+            if v in values[:i]:
+                return i
+    return -1
+
+
+def _hashable(v: Any) -> Any:
+    """``v`` with lists (and tuples) as tuples, so that equal lists hash alike (``[8, 16]`` == ``[8.0, 16]``)."""
+    return tuple(_hashable(x) for x in v) if isinstance(v, (list, tuple)) else v
 
 
 def parse_bool(value: Any, name: str = "value") -> bool:

@@ -157,6 +157,10 @@ POSITIVE_OPTIONS = frozenset({"rps", "duration", "n_requests", "length_scale", "
                               "off_s", "tpot_s", "mean_turns", "max_turns", "max_total", "max_prompt", "max_output"})
 #: the largest inter-arrival coefficient of variation of ``arrival=gamma`` (shape 1e-4)
 MAX_CV = 100.0
+#: most adapters a workload may have (per-adapter tables, e.g. the popularity weights, are allocated for each)
+MAX_ADAPTERS = 1_000_000
+#: the mean matchings of ``lengths=sharegpt`` (``length_method``)
+LENGTH_METHODS = ("scale", "tilt")
 
 
 def option_value_problem(key: str, v: Any) -> str | None:
@@ -208,6 +212,15 @@ def validate_config(cfg: SynthConfig) -> None:
         raise ValueError("arrival=per-adapter needs adapters >= 1")
     if cfg.adapters.n_adapters < 0:
         raise ValueError(f"adapters must be >= 0, got {cfg.adapters.n_adapters}")
+    if cfg.adapters.n_adapters > MAX_ADAPTERS:
+        raise ValueError(f"adapters = {cfg.adapters.n_adapters}: more than the {MAX_ADAPTERS:,} adapters a workload "
+                         f"may have (the popularity tables hold one entry per adapter); give fewer")
+    if a.rates is not None and not all(math.isfinite(r) and r > 0 for r in a.rates):
+        raise ValueError(f"rates = {','.join(f'{r:g}' for r in a.rates)}: every per-adapter rate must be a finite "
+                         f"number > 0 (req/s), e.g. rates = 0.1,0.05,0.025")
+    if cfg.lengths.method not in LENGTH_METHODS:
+        raise ValueError(f"length_method = {cfg.lengths.method!r}: unknown mean matching; use "
+                         f"{' or '.join(LENGTH_METHODS)}")
     parse_popularity(cfg.adapters.popularity)
     assign_ranks(1, cfg.adapters.ranks)
     for key, (section, name, _, help_text) in OPTIONS.items():

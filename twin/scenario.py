@@ -41,7 +41,7 @@ from traces.adapters import parse_popularity
 from traces.arguments import parse_list
 from traces.flags import flag_name
 from traces.registry import REAL_OPTIONS, get_workload, run_defaults
-from traces.synth import OPTIONS, option_value_problem
+from traces.synth import MAX_ADAPTERS, OPTIONS, option_value_problem
 from traces.workload import Workload
 from twin.config import ConfigError, EngineConfig
 from twin.perf.profile import Profile, available_profiles, parse_lora_targets
@@ -154,8 +154,6 @@ class RunConfig:
         return max(1, min(n_adapters, DEFAULT_ADAPTER_SLOTS) if n_adapters else 1)
 
 
-#: most adapters a scenario may ask for (per-adapter tables are allocated for each)
-MAX_ADAPTERS = 1_000_000
 #: longest simulated time a run may cover (s, about 3 years): far beyond any trace (the longest
 #: built-in one spans two weeks), and float64 seconds still resolve 15 ns there. A longer
 #: ``--horizon``, and arrivals beyond it (absolute, epoch timestamps), are refused: the summary's
@@ -228,6 +226,9 @@ def _check_type(name: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (
                 isinstance(value, float) and not value.is_integer()):
             raise ConfigError(f"{flag}: expected an integer, got {value!r}")
+        if isinstance(value, float) and abs(value) > 2 ** 53:  # (1e308 would be a 309-digit integer)
+            raise ConfigError(f"{flag}: {value!r} is not an exact integer (a float beyond 2**53); write the "
+                              f"whole number, e.g. {flag} 16")
         return int(value)
     if base is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -275,6 +276,13 @@ def _check_trace_options(options: list[tuple[str, Any]]) -> None:
             problem = option_value_problem(key, v)
             if problem:
                 raise ConfigError(f"--trace-opt {key}={value!r}: {problem}")
+            if key == "adapters" and v > MAX_ADAPTERS:
+                raise ConfigError(f"--trace-opt adapters={value}: more than the {MAX_ADAPTERS:,} adapters a "
+                                  f"workload may have (the popularity tables hold one entry per adapter); give fewer")
+            if key == "rates" and not all(math.isfinite(r) and r > 0 for r in v):
+                shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+                raise ConfigError(f"--trace-opt rates={shown}: every per-adapter rate must be a finite number > 0 "
+                                  f"(req/s); {OPTIONS[key][3]}")
             if key == "popularity":
                 _check_popularity(v, f"--trace-opt {key}")
 

@@ -146,11 +146,29 @@ def test_grid_errors(tmp_path):
     ("[scenarios]\nlengths = [[222, 197], [222.0, 197]]", r"\[scenarios\] lengths: \[222.0, 197.0\] is listed twice"),
     ('[scenarios]\npolicy = ["vllm", "vllm"]', r"\[scenarios\] policy: 'vllm' is listed twice"),
     ('[scenarios]\narrival = ["poisson", "poisson"]', r"\[scenarios\] arrival: 'poisson' is listed twice"),
+    # an engine override of an axis ran another configuration than the rows record
+    ("[configs]\nengine = { max_loras = 3 }", r"\[configs.engine\] max_loras: set by the grid's slots axis for every "
+                                              r"run .*give it as \[configs\] slots = \[...\] instead"),
+    ("[configs]\nengine = { served_adapters = 3 }", r"\[configs.engine\] served_adapters: set by the grid's served axis"),
+    ("[configs]\nengine = { max_lora_rank = 64 }", r"\[configs.engine\] max_lora_rank: set by the grid's max_lora_rank"),
+    # a window that holds no request: every run was recorded empty, as keeping up
+    ("window_s = 1e-300\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8]]\n[configs]\nserved = [8]\nslots = [8]",
+     r"grid: its busiest run expects ~2.4e-300 requests .*so every run would hold no request; lengthen window_s"),
 ])
 def test_a_bad_grid_value_is_refused_naming_the_key_before_any_run(tmp_path, text, message):
     p = tmp_path / "bad.toml"
     p.write_text(text + "\n")
     with pytest.raises(ValueError, match=message):
+        load_grid(p)
+
+
+def test_a_huge_seeds_list_is_refused_at_once(tmp_path):
+    """200,001 seeds: refused by the task cap (the duplicate check before it was quadratic: minutes)."""
+    p = tmp_path / "seeds.toml"
+    p.write_text("seeds = [" + ", ".join(map(str, range(200_001))) + "]\n[scenarios]\nrates = [[0.4]]\n"
+                 "ranks = [[8]]\n[configs]\nserved = [8]\nslots = [8]\n")
+    with pytest.raises(ValueError, match=r"200,001 tasks \(scenarios x seeds\), more than 100,000; reduce the scenario "
+                                         r"axes or seeds"):
         load_grid(p)
 
 

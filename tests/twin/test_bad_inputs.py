@@ -82,6 +82,14 @@ FILES: dict[str, bytes] = {
                       b"served = [100000000]\nslots = [8]\n",
     "lowrank.toml": b"window_s = 20\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8, 16]]\n[configs]\nserved = [4]\n"
                     b"slots = [2]\nmax_lora_rank = [4]\n",
+    # a grid whose every run would be empty; one whose engine override contradicts its slots axis; a valid one
+    "tinywindow.toml": b"window_s = 1e-9\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8]]\n[configs]\nserved = [8]\n"
+                       b"slots = [8]\n",
+    "engineaxis.toml": b"window_s = 20\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8]]\n[configs]\nserved = [8]\n"
+                       b"slots = [8]\nengine = { max_loras = 3 }\n",
+    "okgrid.toml": b"window_s = 20\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8]]\n[configs]\nserved = [8]\n"
+                   b"slots = [8]\n",
+    "hugeslots.toml": b"slots = 1e308\n",
     "nanrank.csv": b"arrival_s,prompt_tokens,output_tokens,adapter_id,adapter_rank\n0.5,10,5,1,8\n0.7,10,5,2,\n",
     "noarrival.parquet": _parquet({"prompt_tokens": [10], "output_tokens": [5]}),
     # arrivals as epoch timestamps, and arrivals that start after a horizon
@@ -106,6 +114,10 @@ FILES.update({  # real-run tables (twin validate, twin configure evaluate) with 
     "real_cpu.csv": _REAL_HEADER.replace(b"\n", b",max_cpu_loras\n")
                     + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,1\n",
     "real_huge.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,4000-0.1-0.05,16,16,32,ok,1,222,197\n",
+    # a valid row, but no measured throughput to find the real optimum from (configure evaluate)
+    "real_unmeasured.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197\n",
+    "real_textmeasured.csv": _REAL_HEADER.replace(b"\n", b",offered_tok_s_est,total_tok_s\n")
+                             + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,1000,lots\n",
     "peer_text.csv": b"source,ranks,rates,served_adapters,adapter_slots,max_lora_rank,finished_requests,total_tok_s,"
                      b"itl_ms,ttft_ms_incl_unfinished\nml_test,8-16-32,0.4-0.1-0.05,16,16,32,lots,100,20,30\n",
 })
@@ -366,6 +378,31 @@ CASES: list[tuple[str, str]] = [
     ("sweep {d}/list.json --out {d}/sw", "grid file {d}/list.json: expected a table of options, got list"),
     ("sweep smoke --shard 2/2 --out {d}/sw", "--shard 2/2: give i/k with 0 <= i < k"),
     ("configure evaluate --real {d}/real_served.csv --jobs 0", "--jobs 0: must be >= 1"),
+    # workload options beyond what a workload may hold (adapters=1e9 exhausted the memory), negative rates,
+    # unknown names that were silently ignored; integers written as huge floats
+    (R + "--trace-opt adapters=1000000000", "--trace-opt adapters=1000000000: more than the 1,000,000 adapters a "
+                                            "workload may have"),
+    ("traces synth --out {d}/w.parquet --duration 5 --adapters 1000000000", "adapters = 1000000000: more than the "
+                                                                            "1,000,000 adapters a workload may have"),
+    (R + "--trace-opt rates=-1", "--trace-opt rates=-1: every per-adapter rate must be a finite number > 0"),
+    ("traces synth --out {d}/w.parquet --duration 5 --rates 0.1,0", "rates = 0.1,0: every per-adapter rate must be "
+                                                                    "a finite number > 0"),
+    (R + "--trace-opt length_method=nosuch", "length_method = 'nosuch': unknown mean matching; use scale or tilt"),
+    ("run --no-progress --duration 5 --config {d}/hugeslots.toml", "slots: --slots: 1e+308 is not an exact integer"),
+    # sweep: a grid of empty runs, an engine override of an axis, --out a file / empty, --summary of a file
+    ("sweep {d}/tinywindow.toml --dry-run", "grid: its busiest run expects ~2.4e-09 requests (8 adapters at a mean "
+                                            "0.3 req/s each over window_s = 1e-09), so every run would hold no request"),
+    ("sweep {d}/engineaxis.toml --dry-run", "grid [configs.engine] max_loras: set by the grid's slots axis for every "
+                                            "run (the rows record that value); give it as [configs] slots = [...]"),
+    ("sweep {d}/okgrid.toml --out {d}/afile --no-progress", "--out {d}/afile: is an existing file, not a directory"),
+    ("sweep {d}/okgrid.toml --out '' --no-progress", "--out: empty; give a directory"),
+    ("sweep {d}/okgrid.toml --summary --out {d}/afile", "--summary --out {d}/afile: a file, not a sweep's directory"),
+    # configure evaluate: a table without the measured throughput (a bare KeyError 'offered_tok_s_est' before)
+    ("configure evaluate --real {d}/real_unmeasured.csv --no-search", "{d}/real_unmeasured.csv: the real-run table "
+                                                                      "lacks the measured column(s) offered_tok_s_est, "
+                                                                      "total_tok_s"),
+    ("configure evaluate --real {d}/real_textmeasured.csv --no-search", "row 1 (line 2), column total_tok_s: 'lots' is "
+                                                                        "not a measurement"),
     ("compare --trace synthetic --policies vllm --rps 1,2 --duration 5 --unloaded-rps 50",
      "--unloaded-rps 50: the SLO's reference run must be unloaded, below the lowest swept rate"),
     ("compare --trace synthetic --policies fcfs --rps 1 --duration 5", "fcfs is a scheduler or cache, not a preset"),

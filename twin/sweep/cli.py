@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+
+from traces.arguments import check_writable_dir
 
 
 def register_cli(subparsers) -> None:
@@ -60,13 +63,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     check_selection(args.limit, args.shard, args.every, args.jobs)
     check_address(args.executor, args.address)
+    if args.out is not None and not args.out.strip():
+        raise ValueError("--out: empty; give a directory, e.g. --out sweeps/my-grid (or leave --out out for "
+                         "sweeps/<grid name>)")
     grid = load_grid(args.grid)
     out = args.out or f"sweeps/{grid.name}"
     if args.summary:
+        if Path(out).is_file() and Path(out).suffix != ".parquet":
+            raise ValueError(f"--summary --out {out}: a file, not a sweep's directory (nor one of its .parquet "
+                             f"shards); give the --out directory of `twin sweep`")
         s = summarize_results(read_results(out))
         print(json.dumps(s, indent=2) if args.json else "\n".join(
             f"{k:<26} {'; '.join(v) if isinstance(v, list) else v}" for k, v in s.items()))
         return 0
+    if not args.dry_run:
+        check_writable_dir("--out", out)  # (before any run: not a file, creatable, writable)
     exclude = exclusion_keys(args.exclude)
     grid_tasks = grid.tasks()
     check_runnable(grid_tasks)

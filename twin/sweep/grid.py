@@ -262,6 +262,8 @@ _SCEN_KEYS = {"rates", "rate_values", "rate_arity", "ranks", "rank_values", "ran
               "length_corr", "serving_us", "rank_tile_cost", "arrival", "policy"}
 _CONF_KEYS = {"served", "slots", "max_lora_rank", "engine"}
 _TOP_KEYS = {"name", "profile", "window_s", "seeds", "model", "scenarios", "configs", "early_stop", "slo"}
+#: the EngineConfig fields each run takes from a grid axis ([configs] key), not from [configs.engine]
+_AXIS_FIELDS = {"max_loras": "slots", "served_adapters": "served", "max_lora_rank": "max_lora_rank"}
 
 
 def _number(v: Any, where: str, kind: type = float, lo: float = 0.0, lo_ok: bool = False, example: str = "") -> Any:
@@ -387,6 +389,10 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
         bad = set(cf["engine"]) - fields
         if bad:
             raise ValueError(f"grid [configs.engine]: {sorted(bad)} are not EngineConfig fields")
+        for k, axis in _AXIS_FIELDS.items():  # the walk sets them per run; an override would run another grid
+            if k in cf["engine"]:            # than the rows record
+                raise ValueError(f"grid [configs.engine] {k}: set by the grid's {axis} axis for every run (the "
+                                 f"rows record that value); give it as [configs] {axis} = [...] instead")
         for k, v in cf["engine"].items():
             _check_engine_value(k, v)
         g.engine = dict(cf["engine"])
@@ -413,7 +419,7 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
         raise ValueError("grid: no scenario (empty rates or ranks)")
     g.check_configs()
     _check_count(len(g.rates) * len(g.ranks) * len(g.lengths) * len(g.arrival) * len(g.policy) * len(g.seeds),
-                 "tasks (scenarios x seeds)", "the scenario axes")
+                 "tasks (scenarios x seeds)", "the scenario axes or seeds")
     _check_max_rank(g)
     _check_requests(g)
     g.defaulted = _defaulted(d)
@@ -533,6 +539,10 @@ def _check_requests(g: GridSpec) -> None:
         raise ValueError(f"grid: its busiest run expects ~{n:,.0f} requests ({max(g.served)} adapters at a mean "
                          f"{mean_rate:g} req/s each over window_s = {g.window_s:g}), more than the twin's "
                          f"{MAX_REQUESTS:,}; lower the rates, the served adapters or window_s")
+    if n < 1:  # every run would offer nothing and be recorded as a run that kept up
+        raise ValueError(f"grid: its busiest run expects ~{n:.2g} requests ({max(g.served)} adapters at a mean "
+                         f"{mean_rate:g} req/s each over window_s = {g.window_s:g}), so every run would hold no "
+                         f"request; lengthen window_s (e.g. window_s = 3600) or raise the rates")
 
 
 def load_grid(name_or_path: str | os.PathLike) -> GridSpec:
