@@ -103,6 +103,47 @@ def test_train_names_a_file_that_is_not_labels(tables, tmp_path, capsys, key, me
     assert not (tmp_path / "m.json").exists()
 
 
+@pytest.mark.parametrize("column, value, message", [
+    ("throughput_tok_s", "abc", r"labels\.csv: row 3 \(line 4\), column throughput_tok_s: 'abc' is not a number > 0"),
+    ("served_adapters", -5, r"row 3 \(line 4\), column served_adapters: -5 is not a whole number >= 1"),
+    ("rate_max", float("nan"), r"row 3 \(line 4\), column rate_max: an empty cell is not a finite number"),
+    ("rate_max", float("inf"), r"column rate_max: inf is not a finite number"),
+])
+def test_train_names_a_bad_label_value(tmp_path, capsys, column, value, message):
+    """A label or feature that is no number (a sklearn/float() error before), negative (a log of it), or
+    empty (a NaN feature was trained on silently) names the file, row, column and value."""
+    import re
+
+    lab = synthetic_labels(8).astype({column: object})
+    lab.loc[2, column] = value
+    lab.to_csv(tmp_path / "labels.csv", index=False)
+    err = _error(["configure", "train", str(tmp_path / "labels.csv"), "--no-search", "--out",
+                  str(tmp_path / "m.json")], capsys)
+    assert re.search(message, err), err
+    assert not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.parametrize("column, value, message", [
+    ("total_tok_s", "abc", r"runs\.csv: row 1 \(line 2\), column total_tok_s: 'abc' is not a number >= 0"),
+    ("served_adapters", -3, r"column served_adapters: -3 is not a whole number >= 1"),
+    ("served_adapters", "x", r"column served_adapters: 'x' is not a whole number >= 1"),
+    ("rate_max", float("nan"), r"column rate_max: an empty cell is not a finite number \(a run with status ok needs"),
+])
+def test_dataset_names_a_bad_run_value(tmp_path, capsys, column, value, message):
+    """A run row's value that is no number (a TypeError traceback before) or out of range (labelled as the
+    optimum before) names the file, row, column and value."""
+    import re
+
+    feats = features_of([0.4, 0.2, 0.1], [8, 16, 32])
+    rows = pd.DataFrame([_run_rows(offered_tok_s=1000.0, total_tok_s=950.0, **feats),
+                         _run_rows(served_adapters=16, offered_tok_s=2000.0, total_tok_s=1000.0, **feats)])
+    rows = rows.astype({column: object})
+    rows.loc[0, column] = value
+    rows.to_csv(tmp_path / "runs.csv", index=False)
+    err = _error(["configure", "dataset", str(tmp_path / "runs.csv")], capsys)
+    assert re.search(message, err), err
+
+
 def test_train_checks_every_labels_file_before_labelling_a_sweep(tables, tmp_path):
     with pytest.raises(ValueError, match=r"shard\.csv: a sweep's run table"):
         load_labels(tables["shard"])

@@ -109,6 +109,7 @@ def load_runs(sources: Iterable[str | os.PathLike]) -> pd.DataFrame:
             missing = [c for c in RUN_COLUMNS if c not in f.columns]
         if missing:  # (a run that did not start has no results: a sweep of such runs alone is refused below)
             raise _not_runs(p, f, missing)
+        check_run_values(f, p)
         frames.append(f)
         names.append(str(p))
     if not frames:
@@ -121,6 +122,45 @@ def load_runs(sources: Iterable[str | os.PathLike]) -> pd.DataFrame:
         raise ValueError(f"{where}: no run of the sweep started or finished, so there is nothing to label: "
                          f"{describe_statuses(runs)}; fix what it names in the grid and sweep again")
     return runs
+
+
+def shown_cell(v: Any) -> str:
+    """A table cell as an error message shows it: ``an empty cell`` for a missing value, else its repr."""
+    return "an empty cell" if v is None or (isinstance(v, float) and v != v) else repr(
+        v.item() if hasattr(v, "item") else v)
+
+
+def _bad_cell(p: Path, f: pd.DataFrame, i: int, col: str, what: str) -> ValueError:
+    shown = shown_cell(f[col].iloc[i])
+    line = f" (line {i + 2})" if p.suffix == ".csv" else ""
+    return ValueError(f"{p}: row {i + 1}{line}, column {col}: {shown} is not {what}; fix the row or leave it out "
+                      f"(`twin sweep` writes the runs)")
+
+
+def check_run_values(f: pd.DataFrame, p: Path) -> None:
+    """The run rows' configuration and results are numbers in range: served adapters and slots whole
+    numbers >= 1 (every row), and on a run with status ok the offered tokens/s a finite number >= 0,
+    the throughput >= 0 (empty for a run stopped early) and the features finite; otherwise an error
+    naming the source, the row, the column and the value, before any labelling."""
+    import numpy as np
+
+    ok = f["status"].astype(str).eq("ok").to_numpy()
+    for col in ("served_adapters", "adapter_slots", "offered_tok_s", "total_tok_s", *FEATURES):
+        if col not in f.columns:
+            continue
+        x = pd.to_numeric(f[col], errors="coerce").to_numpy(float)
+        text = np.isnan(x) & f[col].notna().to_numpy()  # a cell that is no number at all
+        with np.errstate(invalid="ignore"):
+            if col in ("served_adapters", "adapter_slots"):
+                wrong, what = ~np.isfinite(x) | (x < 1) | (x != np.round(x)), "a whole number >= 1"
+            elif col == "offered_tok_s":
+                wrong, what = text | (ok & ~(np.isfinite(x) & (x >= 0))), "a number >= 0 (a run with status ok needs it)"
+            elif col == "total_tok_s":
+                wrong, what = text | (ok & (np.isinf(x) | (x < 0))), "a number >= 0 (or empty for a run stopped early)"
+            else:
+                wrong, what = text | (ok & ~np.isfinite(x)), "a finite number (a run with status ok needs it)"
+        if wrong.any():
+            raise _bad_cell(p, f, int(np.argmax(wrong)), col, what)
 
 
 def load_labels(path: str | os.PathLike, features: Iterable[str] | None = None) -> pd.DataFrame:
@@ -148,7 +188,31 @@ def load_labels(path: str | os.PathLike, features: Iterable[str] | None = None) 
     if not len(lab):
         raise ValueError(f"{p}: a labels table without rows; nothing to train on (label a sweep with "
                          f"`twin configure dataset`)")
+    check_label_values(lab, p, feats)
     return lab
+
+
+def check_label_values(lab: pd.DataFrame, p: Path, features: Iterable[str]) -> None:
+    """Every label (:data:`TARGETS`) a number > 0 (the model fits their logarithms; served adapters and
+    slots whole numbers) and every feature a finite number; otherwise an error naming the file, the row
+    (its CSV line), the column and the value, before any training."""
+    import numpy as np
+
+    for col in (*TARGETS, *features):
+        x = pd.to_numeric(lab[col], errors="coerce").to_numpy(float)
+        with np.errstate(invalid="ignore"):
+            wrong = ~np.isfinite(x)
+            if col in TARGETS:
+                wrong |= x <= 0
+            if col in ("served_adapters", "adapter_slots"):
+                wrong |= x != np.round(x)
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            shown = shown_cell(lab[col].iloc[i])
+            what = ("a whole number >= 1" if col in ("served_adapters", "adapter_slots") else
+                    "a number > 0" if col in TARGETS else "a finite number")
+            raise ValueError(f"{p}: row {i + 1} (line {i + 2}), column {col}: {shown} is not {what}; fix the row or "
+                             f"leave it out (`twin configure dataset` writes the labels)")
 
 
 def sweep_meta(sources: Iterable[str | os.PathLike]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from twin.configurator.models import predict
 from traces.arguments import parse_list
 from twin.configurator.search import search
 from twin.configurator.check import check_recommendation, known_from_runs
+from twin.configurator.dataset import shown_cell
 from twin.configurator.models import load_model, resolve_engine
 from twin.sweep.scenario import load_real
 from twin.validation.profiles import cached_profile, check_profile_model, profile_of_runs
@@ -58,6 +59,34 @@ def _model_family(profile: str | None, real: pd.DataFrame) -> str | None:
     text = (profile or "") + " " + " ".join(map(str, real.get("model", pd.Series(dtype=str)).dropna().unique()))
     text = text.lower()
     return "llama" if "llama" in text else "qwen" if "qwen" in text else None
+
+
+#: the measured columns of a real-run table that the evaluation scores against (:func:`from_real`)
+MEASURED_COLUMNS = ("offered_tok_s_est", "total_tok_s")
+
+
+def check_measured(real: pd.DataFrame, path: str | os.PathLike) -> None:
+    """The real-run table holds the measured throughput and offered load (:data:`MEASURED_COLUMNS`) the
+    scenarios' real optima are found from, as numbers (on every run with status ok); otherwise an error
+    naming the file, the column (and the row), before any model is loaded or run simulated."""
+    missing = [c for c in MEASURED_COLUMNS if c not in real.columns]
+    if missing:
+        raise ValueError(f"{path}: the real-run table lacks the measured column(s) {', '.join(missing)} that "
+                         f"`twin configure evaluate` finds each scenario's real optimum from; give the full "
+                         f"validation table (validation/vllm085_h100_llama31_8b.csv has them)")
+    ok = real["status"].astype(str).eq("ok").to_numpy()
+    for col in MEASURED_COLUMNS:
+        x = pd.to_numeric(real[col], errors="coerce").to_numpy(float)
+        with np.errstate(invalid="ignore"):
+            wrong = (np.isnan(x) & real[col].notna().to_numpy()) | (ok & ~(np.isfinite(x) & (x >= 0)))
+            if col == "offered_tok_s_est":
+                wrong |= ok & (x == 0)
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            shown = shown_cell(real[col].iloc[i])
+            raise ValueError(f"{path}: row {i + 1} (line {i + 2}), column {col}: {shown} is not a measurement (a run "
+                             f"with status ok needs a finite number {'> 0' if col == 'offered_tok_s_est' else '>= 0'}); "
+                             f"fix the row or leave it out of the table")
 
 
 def real_grid(real: pd.DataFrame) -> dict[tuple[str, int, int], pd.Series]:
@@ -229,6 +258,7 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
         counts = ", ".join(f"{k} {v}" for k, v in sel["status"].astype(str).value_counts().items())
         raise ValueError(f"{real_csv}: none of the {len(sel)} rows{f' of source {source!r}' if source else ''} has "
                          f"status ok (statuses: {counts}); a scenario's real optimum needs its served runs")
+    check_measured(real, real_csv)
     truth = real_optima(real, source)
     grid = real_grid(sel)
     served_grid = sorted(sel["served_adapters"].unique().astype(int).tolist()) or list(PUBLISHED_GRID)
