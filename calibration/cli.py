@@ -142,6 +142,7 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
         for opt, path in (("--markdown", args.markdown), ("--out", args.out)):
             if path:
                 check_writable_file(opt, path)
+        profile = load_profile(args.profile)  # (an unknown --profile is refused whether or not a slot grid is there)
         if not src.exists():
             raise FileNotFoundError(f"{src}: no such bench directory; give the --out of `twin calibrate bench`")
         has_step = (src / STEP_FILE).is_file() if src.is_dir() else src.name == STEP_FILE
@@ -159,15 +160,17 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
                     raise
                 grid_why = str(e)
             else:
-                grid = grid_report(rows, load_profile(args.profile))
+                grid = grid_report(rows, profile)
     except (FileNotFoundError, KeyError, ValueError, FitError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"twin calibrate bench-report: {msg}", file=sys.stderr)
         return 2
     if args.markdown:
         parts = ([report_markdown(step, str(src))] if step else []) + ([grid_markdown(grid)] if grid else [])
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text("\n".join(parts))
     if args.out and step:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         step.table.to_csv(args.out, index=False)
     if args.json:
         print(json.dumps({"step": step.to_dict() if step else None, "slot_grid": grid.to_dict() if grid else None},

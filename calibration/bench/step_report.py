@@ -34,6 +34,9 @@ STEP_FILE = "step_bench.csv"
 #: the calibration's reach (vLLM 0.8.5 step-latency and adapter-overhead windows): running requests, context tokens
 FIT_MAX_DECODES = 256
 FIT_MAX_CONTEXT = 100_000
+#: the measured step time the report fits (ms), and the shape columns it reads
+TIME_COLUMN = "time_ms_median"
+SHAPE_COLUMNS = ("batch_tokens", "prefill_tokens", "decodes", "context_tokens")
 
 
 @dataclass
@@ -69,6 +72,20 @@ def read_step_table(path: str | Path) -> pd.DataFrame:
                          f"`twin calibrate bench --parts step`")
     if len(df) == 0:
         raise ValueError(f"{p}: the table has no rows (the step sweep timed nothing)")
+    if TIME_COLUMN not in df.columns:
+        raise ValueError(f"{p}: not a step bench table of this version (missing column {TIME_COLUMN!r}, the time the "
+                         f"report fits); rerun `twin calibrate bench --parts step`")
+    for col in (*SHAPE_COLUMNS, TIME_COLUMN):  # every row is one timed shape: counts >= 0, a time > 0
+        x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
+        with np.errstate(invalid="ignore"):
+            wrong = ~np.isfinite(x) | ((x <= 0) if col == TIME_COLUMN else ((x < 0) | (x != np.round(x))))
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            what = "a time in ms > 0" if col == TIME_COLUMN else "a whole number >= 0"
+            v = df[col].iloc[i]
+            shown = "an empty cell" if pd.isna(v) else repr(v.item() if hasattr(v, "item") else v)
+            raise ValueError(f"{p}: row {i + 1} (line {i + 2}), column {col}: {shown} is not {what}; "
+                             f"give the {STEP_FILE} a bench run wrote (or drop the row)")
     return df
 
 
@@ -80,7 +97,7 @@ def _region(df: pd.DataFrame, max_dec: int, max_ctx: int, budget: int) -> np.nda
 
 
 def step_report(table: pd.DataFrame, fit_max_decodes: int = FIT_MAX_DECODES,
-                fit_max_context: int = FIT_MAX_CONTEXT, time_col: str = "time_ms_median") -> StepReport:
+                fit_max_context: int = FIT_MAX_CONTEXT, time_col: str = TIME_COLUMN) -> StepReport:
     """Fit the backbone form on the calibration-like rows of ``table`` and score it on all of them."""
     df = table.copy()
     budget = int(df["batch_tokens"].max())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -228,6 +229,20 @@ def test_report_bad_inputs(tmp_path):
 
     with pytest.raises(FitError, match="calibration-like rows"):
         step_report(_synthetic(), fit_max_decodes=0, fit_max_context=0)
+    # the time the report fits: present, a number > 0 in every row (a bare KeyError, a float() error, a
+    # curve_fit failure or a nonsense report before); the shape counts whole numbers >= 0
+    _synthetic().drop(columns=["time_ms_median"]).to_csv(tmp_path / "step_bench.csv", index=False)
+    with pytest.raises(ValueError, match="missing column 'time_ms_median', the time the report fits"):
+        read_step_table(tmp_path)
+    for column, value, message in (("time_ms_median", "abc", "'abc' is not a time in ms > 0"),
+                                   ("time_ms_median", np.nan, "an empty cell is not a time in ms > 0"),
+                                   ("time_ms_median", -5.0, "-5.0 is not a time in ms > 0"),
+                                   ("decodes", -5, "-5 is not a whole number >= 0")):
+        df = _synthetic().astype({column: object})
+        df.loc[3, column] = value
+        df.to_csv(tmp_path / "step_bench.csv", index=False)
+        with pytest.raises(ValueError, match=rf"row 4 \(line 5\), column {column}: {re.escape(message)}"):
+            read_step_table(tmp_path)
 
 
 def test_bench_report_cli(tmp_path, capsys):
@@ -246,6 +261,12 @@ def test_bench_report_cli(tmp_path, capsys):
     assert {"params", "regions", "slopes"} <= set(js["step"]) and js["slot_grid"] is None
     assert twin_main(["calibrate", "bench-report", str(tmp_path / "none")]) == 2
     assert "no such bench directory" in capsys.readouterr().err
+    # an unknown --profile is refused without a slot-grid table too; --out / --markdown in new directories
+    assert twin_main(["calibrate", "bench-report", str(d), "--profile", "nosuch"]) == 2
+    assert "unknown profile 'nosuch'" in capsys.readouterr().err
+    md, csv = tmp_path / "new" / "r.md", tmp_path / "new2" / "sub" / "r.csv"
+    assert twin_main(["calibrate", "bench-report", str(d), "--markdown", str(md), "--out", str(csv)]) == 0
+    assert md.is_file() and csv.is_file()
 
 
 def test_device_session_script_asks_for_a_valid_gpu_run(tmp_path):
