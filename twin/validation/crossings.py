@@ -2,7 +2,9 @@
 pass's ``per_run.csv`` (the computation is re-exported here).
 
 ``python -m twin.validation.crossings PER_RUN_CSV [--source dt_modelling]`` prints every crossing
-and the summary (crossings within +-2 points, median and largest twin - real). Given several passes
+and the summary (crossings within +-2 points, median and largest twin - real), then the twin's
+throughput error of the KV-saturated runs by served adapters per slot, the slope behind the misses
+(:func:`twin.validation.diagnostics.saturated_throughput_by_share`, both splits). Given several passes
 of the same runs with different seeds (``twin validate --seed K --out DIR``), it prints the twin's
 ratio per pass and its spread at each crossing (:func:`twin.validation.knee.seed_spread`; ``--out``
 writes that table): one real run per configuration is set beside a twin whose own seed moves a
@@ -15,6 +17,7 @@ import argparse
 
 import pandas as pd
 
+from twin.validation.diagnostics import saturated_throughput_by_share
 from twin.validation.knee import LINE, TOLERANCE_POINTS, crossings_from_per_run, seed_spread, summary
 from twin.validation.specs import script_inputs
 
@@ -37,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         with pd.option_context("display.width", 200, "display.max_rows", 500):
             print(cr.to_string(index=False))
         print(summary(cr))
+        by_share = saturated_throughput_by_share(passes[0][passes[0]["status"] == "ok"])
+        for split in ("fit", "test"):
+            if split in by_share:
+                cells = "; ".join(f"{k} {v['median_pct']:+.1f} % ({v['runs']})"
+                                  for k, v in by_share[split]["by_served_per_slot"].items())
+                print(f"saturated runs, twin / real throughput - 1 by served adapters per slot, {split} split: {cells}")
         return 0
     try:
         table, s = seed_spread(passes, a.source)

@@ -5,7 +5,9 @@ running request with the real runs' Prometheus gauges; :func:`step_at_real_mix` 
 profile's step (:meth:`twin.perf.profile.Profile.step_s`, the engine's own formula) at each
 KV-saturated real run's mean step composition, which separates the step model's error from the
 twin's dynamics; :func:`itl_over_tpot` sets the client's mean ITL beside its mean TPOT (merged
-streamed chunks).
+streamed chunks); :func:`saturated_throughput_by_share` gives the twin's throughput error of the
+KV-saturated runs by served adapters per GPU slot.
+(``python -m twin.validation.crossings PER_RUN_CSV`` prints it from a validation pass's ``per_run.csv``).
 """
 
 from __future__ import annotations
@@ -100,6 +102,50 @@ def _saturated_summary(mix: pd.DataFrame) -> dict[str, Any]:
                     "run's mean step composition, KV-saturated runs only (see step_at_real_mix)"}
 
 
+#: Ranges of served adapters per GPU slot (``N / G``) of :func:`saturated_throughput_by_share`: (name, above,
+#: up to); the first holds the runs whose every served adapter has a slot (nothing waits for a slot)
+SERVED_PER_SLOT_BINS = (("N/G = 1", 0.0, 1.0), ("N/G 1-1.5", 1.0, 1.5), ("N/G 1.5-2", 1.5, 2.0),
+                        ("N/G 2-4", 2.0, 4.0), ("N/G > 4", 4.0, float("inf")))
+_SPLITS = (("fit", "dt_modelling"), ("test", "ml_test"))
+
+
+def saturated_throughput_by_share(runs: pd.DataFrame) -> dict[str, Any]:
+    """The twin's throughput error (twin / real - 1, %) of the KV-saturated real runs (mean KV usage >=
+    :data:`SATURATED_KV_USAGE`), medians per split by served adapters per slot ``N / G``
+    (:data:`SERVED_PER_SLOT_BINS`), and, for ``N = G``, by slots.
+
+    In a saturated run the throughput is the server's capacity at its own mix, so the error reads the
+    step model and the engine's dynamics there. The twin errs in a slope across ``N / G``: where every served
+    adapter has a slot, a many-slot twin is slower than the server; where most waiting requests are blocked
+    for a slot (``N >> G``), faster (issue 17: results/validation/README.md). Empty without the columns."""
+    need = {"source", "served_adapters", "adapter_slots", "ts_mean_kv_usage", "real_throughput", "twin_throughput"}
+    if not need <= set(runs.columns):
+        return {}
+    r = runs[(runs["ts_mean_kv_usage"] >= SATURATED_KV_USAGE) & (runs["real_throughput"] > 0)
+             & runs["twin_throughput"].notna() & (runs["adapter_slots"] > 0)]
+    err = (r["twin_throughput"] / r["real_throughput"] - 1.0) * 100.0
+    share = r["served_adapters"] / r["adapter_slots"]
+    out: dict[str, Any] = {}
+    for split, src in _SPLITS:
+        m = r["source"] == src
+        if not m.any():
+            continue
+        rows = {}
+        for name, lo, hi in SERVED_PER_SLOT_BINS:
+            b = m & (share > lo) & (share <= hi)
+            if b.any():
+                rows[name] = {"runs": int(b.sum()), "median_pct": round(float(err[b].median()), 2)}
+        one = m & (share == 1.0)
+        by_slots = {int(g): {"runs": int((one & (r["adapter_slots"] == g)).sum()),
+                             "median_pct": round(float(err[one & (r["adapter_slots"] == g)].median()), 2)}
+                    for g in sorted(r.loc[one, "adapter_slots"].unique())}
+        out[split] = {"by_served_per_slot": rows, "at_one_per_slot_by_slots": by_slots}
+    if out:
+        out["note"] = ("twin / real throughput - 1 (%), medians, KV-saturated runs (real mean KV usage >= "
+                       f"{SATURATED_KV_USAGE:g}); N served adapters, G GPU slots")
+    return out
+
+
 def itl_over_tpot(runs: pd.DataFrame, max_running: float = OUTPUT_PROC_CHUNK_SIZE) -> dict[str, Any]:
     """Mean ITL / mean TPOT, real and twin, medians over ``runs`` by served adapters, for the runs with
     at most ``max_running`` running requests (real gauge) and for the others.
@@ -169,4 +215,8 @@ def diagnostics(runs: pd.DataFrame, profile_name: str | None = None, serving_s_p
     ratio = itl_over_tpot(sc)
     if ratio:
         out["itl_over_tpot"] = ratio
+    by_share = saturated_throughput_by_share(sc)
+    if by_share:
+        out["saturated_throughput_error_by_served_per_slot"] = by_share
     return out
+

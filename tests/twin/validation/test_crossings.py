@@ -95,3 +95,36 @@ def test_main_with_several_passes_writes_the_spread_table(tmp_path, capsys):
     assert main(files + ["--real", str(real), "--out", str(out)]) == 0
     assert "'within_2_points_per_pass': [1, 2]" in capsys.readouterr().out
     assert pd.read_csv(out)["spread_points"].tolist() == pytest.approx([1.0, 6.0])
+
+
+def test_the_saturated_runs_error_by_served_adapters_per_slot():
+    """Only KV-saturated runs count; each falls in its N/G range (N = G in the first), per split, with the
+    N = G runs also by slots; a run the server kept below saturation or the twin did not run is left out."""
+    from twin.validation.diagnostics import saturated_throughput_by_share
+
+    runs = pd.DataFrame({
+        "source": ["ml_test"] * 6 + ["dt_modelling"],
+        "served_adapters": [96, 96, 128, 384, 384, 96, 64],
+        "adapter_slots": [96, 96, 96, 96, 96, 96, 64],
+        "ts_mean_kv_usage": [0.95, 0.97, 0.92, 0.99, 0.91, 0.50, 0.93],
+        "real_throughput": [1000.0, 1000.0, 1000.0, 1000.0, 1000.0, 1000.0, 2000.0],
+        "twin_throughput": [940.0, 960.0, 970.0, 1050.0, None, 800.0, 2100.0]})
+    out = saturated_throughput_by_share(runs)
+    test = out["test"]["by_served_per_slot"]
+    assert test == {"N/G = 1": {"runs": 2, "median_pct": -5.0}, "N/G 1-1.5": {"runs": 1, "median_pct": -3.0},
+                    "N/G 2-4": {"runs": 1, "median_pct": 5.0}}  # (384 / 96 = 4: the upper end is in the range)
+    assert out["test"]["at_one_per_slot_by_slots"] == {96: {"runs": 2, "median_pct": -5.0}}
+    assert out["fit"]["by_served_per_slot"] == {"N/G = 1": {"runs": 1, "median_pct": 5.0}}
+    assert saturated_throughput_by_share(runs.drop(columns="ts_mean_kv_usage")) == {}
+
+
+def test_one_pass_prints_the_saturated_slope_after_the_crossings(tmp_path, capsys):
+    per_run = _per_run([0.99, 0.95, 0.85, 0.70], [0.99, 0.93, 0.90, 0.80])
+    per_run["ts_mean_kv_usage"] = 0.95
+    per_run["run_dir"] = [f"r{i}" for i in range(len(per_run))]
+    real = per_run[["run_dir", "scenario", "source", "offered_tok_s_est"]]
+    per_run.drop(columns="offered_tok_s_est").to_csv(tmp_path / "per_run.csv", index=False)
+    real.to_csv(tmp_path / "real.csv", index=False)
+    assert main([str(tmp_path / "per_run.csv"), "--real", str(tmp_path / "real.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "fit split: N/G = 1 +0.0 % (1); N/G 1.5-2 -2.1 % (1); N/G 2-4 +5.9 % (1)" in out
