@@ -87,7 +87,7 @@ def test_the_validated_sample_models_come_from_its_labels_on_its_engine(path):
     assert engines_of(lab) == [VALIDATED_ENGINE]
     assert model_engine(m) == VALIDATED_ENGINE
     assert m["provenance"]["sources"] == ["results/configurator/validated/labels_llama_validated_throughput90.csv"]
-    assert m["provenance"]["rule"] == "throughput90" and len(lab) == 301
+    assert m["provenance"]["rule"] == "throughput90" and len(lab) == 625
     runs = pd.read_parquet(VALIDATED / "runs_llama_validated.parquet")
     assert set(runs["scenario"]) == set(lab["scenario"])
 
