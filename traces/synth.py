@@ -165,7 +165,12 @@ LENGTH_METHODS = ("scale", "tilt")
 
 def option_value_problem(key: str, v: Any) -> str | None:
     """What is wrong with the number ``v`` of workload option ``key`` (``"must be a finite number"``,
-    ``"must be >= 0"`` or ``"must be > 0"``), or None (also for a non-number: its converter checks it)."""
+    ``"must be >= 0"``, ``"must be > 0"``, more adapters than :data:`MAX_ADAPTERS`; for the list of per-adapter
+    ``rates``, an item that is not a finite number > 0), or None (also for a non-number: its converter checks it)."""
+    if key == "rates" and isinstance(v, (list, tuple)):
+        if all(isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) and r > 0 for r in v):
+            return None
+        return "every per-adapter rate must be a finite number > 0 (req/s)"
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     if not math.isfinite(v):
@@ -174,6 +179,9 @@ def option_value_problem(key: str, v: Any) -> str | None:
         return "must be >= 0"
     if v == 0 and key in POSITIVE_OPTIONS:
         return "must be > 0"
+    if key == "adapters" and v > MAX_ADAPTERS:
+        return (f"more than the {MAX_ADAPTERS:,} adapters a workload may have (the popularity tables hold one entry "
+                f"per adapter); give fewer")
     return None
 
 
@@ -212,12 +220,6 @@ def validate_config(cfg: SynthConfig) -> None:
         raise ValueError("arrival=per-adapter needs adapters >= 1")
     if cfg.adapters.n_adapters < 0:
         raise ValueError(f"adapters must be >= 0, got {cfg.adapters.n_adapters}")
-    if cfg.adapters.n_adapters > MAX_ADAPTERS:
-        raise ValueError(f"adapters = {cfg.adapters.n_adapters}: more than the {MAX_ADAPTERS:,} adapters a workload "
-                         f"may have (the popularity tables hold one entry per adapter); give fewer")
-    if a.rates is not None and not all(math.isfinite(r) and r > 0 for r in a.rates):
-        raise ValueError(f"rates = {','.join(f'{r:g}' for r in a.rates)}: every per-adapter rate must be a finite "
-                         f"number > 0 (req/s), e.g. rates = 0.1,0.05,0.025")
     if cfg.lengths.method not in LENGTH_METHODS:
         raise ValueError(f"length_method = {cfg.lengths.method!r}: unknown mean matching; use "
                          f"{' or '.join(LENGTH_METHODS)}")
@@ -225,9 +227,12 @@ def validate_config(cfg: SynthConfig) -> None:
     assign_ranks(1, cfg.adapters.ranks)
     for key, (section, name, _, help_text) in OPTIONS.items():
         v = getattr(getattr(cfg, section), name)
-        if option_value_problem(key, v):
-            raise ValueError(f"{key} = {v!r}: must be a finite number {'> 0' if key in POSITIVE_OPTIONS else '>= 0'} "
-                             f"({help_text})")
+        problem = option_value_problem(key, v)
+        if problem:
+            if problem.startswith("must be"):  # (the range of the option's kind)
+                problem = f"must be a finite number {'> 0' if key in POSITIVE_OPTIONS else '>= 0'}"
+            shown = ",".join(f"{r:g}" for r in v) if isinstance(v, (list, tuple)) else repr(v)
+            raise ValueError(f"{key} = {shown}: {problem} ({help_text})")
     if a.cv is not None and a.cv > MAX_CV:
         raise ValueError(f"cv = {a.cv:g}: at most {MAX_CV:g} (a gamma renewal process this bursty has gaps that "
                          f"underflow to 0); give e.g. cv = 2")
