@@ -2,7 +2,8 @@
 
 One parser for lists (``--ranks 8,16,32``, ``--rates 0.1,0.05``, and the real-run tables'
 ``8-16-32`` form), so every command reads a list the same way and refuses the same
-mistakes with a message that names the option.
+mistakes with a message that names the option; and one form for a bad cell of an input
+table (:func:`cell_error`: the file, the row and its CSV line, the column, the value).
 """
 
 from __future__ import annotations
@@ -67,6 +68,17 @@ def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value"
             raise ValueError(f"{name}: values must be >= {minimum:g}, got {x!r}")
         out.append(v)
     return out
+
+
+def cell_error(source: Any, frame: Any, i: int, col: str, problem: str, fix: str, csv_line: bool = True) -> ValueError:
+    """The error for the cell of row ``i`` (0-based) and column ``col`` of the table ``frame`` read from
+    ``source``: ``SOURCE: row N (line N + 1), column COL: VALUE PROBLEM; FIX``, the value shown as ``an empty
+    cell`` when it is missing (``csv_line``: the table came from a CSV file with a header line)."""
+    v = frame[col].iloc[i]
+    shown = "an empty cell" if v is None or (isinstance(v, float) and v != v) else repr(
+        v.item() if hasattr(v, "item") else v)
+    line = f" (line {i + 2})" if csv_line else ""
+    return ValueError(f"{source}: row {i + 1}{line}, column {col}: {shown} {problem}; {fix}")
 
 
 def has_empty_item(text: str) -> bool:

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from calibration.bench.schema import STEP_BENCH_COLUMNS
+from traces.arguments import cell_error
 from calibration.fitting.components import MS, backbone_candidates
 from calibration.fitting.core import FitError, ParamSpec, fit_params
 
@@ -80,11 +81,8 @@ def read_step_table(path: str | Path) -> pd.DataFrame:
         with np.errstate(invalid="ignore"):
             wrong = ~np.isfinite(x) | ((x <= 0) if col == TIME_COLUMN else ((x < 0) | (x != np.round(x))))
         if wrong.any():
-            i = int(np.argmax(wrong))
             what = "a time in ms > 0" if col == TIME_COLUMN else "a whole number >= 0"
-            v = df[col].iloc[i]
-            shown = "an empty cell" if pd.isna(v) else repr(v.item() if hasattr(v, "item") else v)
-            raise ValueError(f"{p}: row {i + 1} (line {i + 2}), column {col}: {shown} is not {what}; "
+            raise cell_error(p, df, int(np.argmax(wrong)), col, f"is not {what}",
                              f"give the {STEP_FILE} a bench run wrote (or drop the row)")
     return df
 

@@ -9,6 +9,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from traces.arguments import cell_error
 from twin.configurator.labels import FEATURES, TARGETS, describe_engine, engines_of, label_scenarios
 from twin.sweep.runner import read_results
 
@@ -124,19 +125,6 @@ def load_runs(sources: Iterable[str | os.PathLike]) -> pd.DataFrame:
     return runs
 
 
-def shown_cell(v: Any) -> str:
-    """A table cell as an error message shows it: ``an empty cell`` for a missing value, else its repr."""
-    return "an empty cell" if v is None or (isinstance(v, float) and v != v) else repr(
-        v.item() if hasattr(v, "item") else v)
-
-
-def _bad_cell(p: Path, f: pd.DataFrame, i: int, col: str, what: str) -> ValueError:
-    shown = shown_cell(f[col].iloc[i])
-    line = f" (line {i + 2})" if p.suffix == ".csv" else ""
-    return ValueError(f"{p}: row {i + 1}{line}, column {col}: {shown} is not {what}; fix the row or leave it out "
-                      f"(`twin sweep` writes the runs)")
-
-
 def check_run_values(f: pd.DataFrame, p: Path) -> None:
     """The run rows' configuration and results are numbers in range: served adapters and slots whole
     numbers >= 1 (every row), and on a run with status ok the offered tokens/s a finite number >= 0,
@@ -160,7 +148,8 @@ def check_run_values(f: pd.DataFrame, p: Path) -> None:
             else:
                 wrong, what = text | (ok & ~np.isfinite(x)), "a finite number (a run with status ok needs it)"
         if wrong.any():
-            raise _bad_cell(p, f, int(np.argmax(wrong)), col, what)
+            raise cell_error(p, f, int(np.argmax(wrong)), col, f"is not {what}",
+                             "fix the row or leave it out (`twin sweep` writes the runs)", csv_line=p.suffix == ".csv")
 
 
 def load_labels(path: str | os.PathLike, features: Iterable[str] | None = None) -> pd.DataFrame:
@@ -207,12 +196,10 @@ def check_label_values(lab: pd.DataFrame, p: Path, features: Iterable[str]) -> N
             if col in ("served_adapters", "adapter_slots"):
                 wrong |= x != np.round(x)
         if wrong.any():
-            i = int(np.argmax(wrong))
-            shown = shown_cell(lab[col].iloc[i])
             what = ("a whole number >= 1" if col in ("served_adapters", "adapter_slots") else
                     "a number > 0" if col in TARGETS else "a finite number")
-            raise ValueError(f"{p}: row {i + 1} (line {i + 2}), column {col}: {shown} is not {what}; fix the row or "
-                             f"leave it out (`twin configure dataset` writes the labels)")
+            raise cell_error(p, lab, int(np.argmax(wrong)), col, f"is not {what}",
+                             "fix the row or leave it out (`twin configure dataset` writes the labels)")
 
 
 def sweep_meta(sources: Iterable[str | os.PathLike]) -> dict[str, Any]:

@@ -37,10 +37,9 @@ from twin.sweep.grid import PUBLISHED_GRID
 from twin.configurator.labels import from_real
 from twin.sweep.scenario import START_FAILURE_STATUSES
 from twin.configurator.models import predict
-from traces.arguments import parse_list
+from traces.arguments import cell_error, parse_list
 from twin.configurator.search import search
 from twin.configurator.check import check_recommendation, known_from_runs
-from twin.configurator.dataset import shown_cell
 from twin.configurator.models import load_model, resolve_engine
 from twin.sweep.scenario import load_real
 from twin.validation.profiles import cached_profile, check_profile_model, profile_of_runs
@@ -82,11 +81,10 @@ def check_measured(real: pd.DataFrame, path: str | os.PathLike) -> None:
             if col == "offered_tok_s_est":
                 wrong |= ok & (x == 0)
         if wrong.any():
-            i = int(np.argmax(wrong))
-            shown = shown_cell(real[col].iloc[i])
-            raise ValueError(f"{path}: row {i + 1} (line {i + 2}), column {col}: {shown} is not a measurement (a run "
-                             f"with status ok needs a finite number {'> 0' if col == 'offered_tok_s_est' else '>= 0'}); "
-                             f"fix the row or leave it out of the table")
+            need = "> 0" if col == "offered_tok_s_est" else ">= 0"
+            raise cell_error(path, real, int(np.argmax(wrong)), col,
+                             f"is not a measurement (a run with status ok needs a finite number {need})",
+                             "fix the row or leave it out of the table")
 
 
 def real_grid(real: pd.DataFrame) -> dict[tuple[str, int, int], pd.Series]:

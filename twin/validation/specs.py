@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from traces.arguments import parse_list
+from traces.arguments import cell_error, parse_list
 from traces.datadir import require
 from traces.registry import MAX_REQUESTS
 from twin.validation.metrics import METRICS
@@ -129,11 +129,7 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
     naming the file, the row (its CSV line), the column, the value and the form to give, before any
     run is simulated."""
     def bad(i: int, col: str, what: str) -> ValueError:
-        v = df[col].iloc[i]
-        shown = "an empty cell" if v is None or (isinstance(v, float) and v != v) else \
-            repr(v.item() if hasattr(v, "item") else v)
-        return ValueError(f"{path}: row {i + 1} (line {i + 2}), column {col}: {shown} {what}; fix the row or "
-                          f"leave it out of the table")
+        return cell_error(path, df, i, col, what, "fix the row or leave it out of the table")
 
     status = df["status"].astype(str)
     used = (status.eq("ok") | status.isin(START_FAILURE_STATUSES)).to_numpy()
