@@ -17,11 +17,19 @@ Targets: for runs with a queue the engine never idles, so ``duration / steps`` i
 measured mean step; for runs without one the client's mean ITL (the target the LoRA fit
 uses); for the windows the step log's mean step. Step mixtures are those of
 :func:`calibration.fitting.vllm085.serving_run_lora_obs` and of the LoRA windows.
+
+``python -m calibration.fitting.mixed [--profile NAME] [--host-us US]`` prints every candidate's
+held-out scores and parameters on the profile's backbone and LoRA components; ``--host-us`` fits
+them net of a host time per running request and step in the serving runs (a what-if, see
+:func:`mixed_obs`).
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -65,10 +73,15 @@ CANDIDATES: tuple[MixedCandidate, ...] = (
 )
 
 
-def mixed_obs(t, profile: Profile) -> pd.DataFrame:
+def mixed_obs(t, profile: Profile, host_s_per_running: float = 0.0) -> pd.DataFrame:
     """Rows (one per serving run or window): measured mean step ``step_ms``, the calibrated
     model's ``model_ms`` (backbone + LoRA at the row's step mixture, + measured scheduler and
-    load time), the inputs ``R W G A pre pre_G pre_A`` and ``source``/``group``."""
+    load time), the inputs ``R W G A pre pre_G pre_A`` and ``source``/``group``.
+
+    ``host_s_per_running`` (a what-if; 0 for the profile): host time per running request and step
+    added to the serving runs' model (not the offline windows'), as the validated engine's serving
+    path adds it (``--serving-us``, results/validation/README.md items 11 and 16), so the mixed term
+    is fitted net of it."""
     bb, lo = profile.components["backbone"], profile.components["lora"]
     s = per_adapter_serving_runs(t.sched).reset_index(drop=True)
     runs = _serving_run_frame(s)
@@ -78,6 +91,8 @@ def mixed_obs(t, profile: Profile) -> pd.DataFrame:
                        model_ms=C.window_lora_ms(bb, lo, runs, np.full(len(runs), 8.0)) + runs["sched_ms"])
     win, rank = lora_obs(t)
     win = win.assign(source=SOURCES[2], model_ms=C.window_lora_ms(bb, lo, win, rank) + win["sched_ms"])
+    if host_s_per_running:
+        runs = runs.assign(model_ms=runs["model_ms"] + host_s_per_running / MS * runs["R"])
     cols = ["group", "source", "step_ms", "model_ms", "R", "W", "G", "A", "S", "n_pre"]
     return with_mixed_inputs(pd.concat([runs[cols], win[cols]], ignore_index=True))
 
@@ -98,14 +113,15 @@ def _fit(cand: MixedCandidate, obs: pd.DataFrame, y: np.ndarray, sig: np.ndarray
     return fit_params(lambda *th: cand.predict(np.array(th), sub), specs, y[idx], sig[idx], f"mixed/{cand.name}")
 
 
-def fit_mixed(t, profile: Profile, k: int = 5, forms: tuple[str, ...] | None = None) -> dict[str, Any]:
+def fit_mixed(t, profile: Profile, k: int = 5, forms: tuple[str, ...] | None = None,
+              host_s_per_running: float = 0.0) -> dict[str, Any]:
     """Fit every candidate on the serving runs and windows; the profile entry of the chosen form
     that the engine can evaluate, with every candidate's held-out scores (MAPE of the mean step
     per source, and the mean over the sources: the criterion). ``forms``: choose among these
     candidates only (every candidate is still scored and reported); used by
     :func:`calibration.fitting.split64.fit_split64_with_mixed`, which fits each form to a fixed
-    point with the LoRA kernel grid."""
-    obs = mixed_obs(t, profile)
+    point with the LoRA kernel grid. ``host_s_per_running``: see :func:`mixed_obs` (a what-if)."""
+    obs = mixed_obs(t, profile, host_s_per_running)
     y = (obs["step_ms"] - obs["model_ms"]).to_numpy(float)
     src = obs["source"].to_numpy()
     counts = pd.Series(src).value_counts()
@@ -175,3 +191,55 @@ def add_mixed(profile: dict[str, Any], directory, k: int = 5, command: str = "")
     out["components"] = {**profile["components"], "mixed": entry}
     Profile.from_dict(out, out.get("name", "<profile>"))  # must load exactly as the engine will
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from calibration.fitting.core import FitError, dropped_rows_reported
+    from traces.datadir import data_dir
+    from twin.perf.profile import load_profile
+
+    ap = argparse.ArgumentParser(prog="python -m calibration.fitting.mixed", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=None, help="the vLLM 0.8.5 calibration directory (default: "
+                                                 "$TWIN_DATA_DIR/calibration/vllm085_h100)")
+    ap.add_argument("--profile", default="llama-3.1-8b_h100_vllm085",
+                    help="profile whose backbone and LoRA components the excess is measured against")
+    ap.add_argument("--host-us", type=float, default=0.0,
+                    help="what-if: host time per running request and step (microseconds) added to the serving "
+                         "runs' model before the fit (the validated engine's --serving-us is 18)")
+    a = ap.parse_args(argv)
+    if not (0.0 <= a.host_us <= 1000.0):  # (also rejects nan)
+        print(f"mixed: --host-us must be between 0 and 1000 microseconds (got {a.host_us})", file=sys.stderr)
+        return 2
+    directory = Path(a.data) if a.data else Path(data_dir()) / "calibration" / "vllm085_h100"
+    if not directory.is_dir():
+        print(f"mixed: no calibration directory {directory}; set TWIN_DATA_DIR or pass --data", file=sys.stderr)
+        return 2
+    try:
+        prof = load_profile(a.profile)
+        with dropped_rows_reported("mixed"):
+            t = Vllm085Tables.read(directory, prof.model)
+            if "lora" not in prof.components or not serving_run_lora_obs(t, prof.components["backbone"])[1].get("used"):
+                print(f"mixed: the calibration's serving runs were not served by {a.profile}'s model (see "
+                      f"calibration.fitting.vllm085.serving_run_lora_obs), so they cannot price its mixed step; "
+                      f"give --profile llama-3.1-8b_h100_vllm085", file=sys.stderr)
+                return 2
+            entry = fit_mixed(t, prof, host_s_per_running=a.host_us * 1e-6)
+    except (ValueError, KeyError, FileNotFoundError, FitError) as e:
+        print(f"mixed: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
+        return 2
+    net = f", net of {a.host_us:g} us per running request and step in the serving runs" if a.host_us else ""
+    print(f"mixed-step candidates on {a.profile}{net} (held-out MAPE of the mean step, %, grouped 5-fold; "
+          f"criterion = mean of the three sources)")
+    print(f"  {'form':<22} {'criterion':>9} {'queued':>7} {'no queue':>8} {'windows':>7}  parameters")
+    for name, _ in entry["selection"]["ranking"] + [("none", None)]:
+        c = entry["candidates"][name]
+        h = c["heldout"]
+        ps = ", ".join(f"{k} {v:.4g}" for k, v in c["params"].items()) or "-"
+        print(f"  {name:<22} {h['all']['mape_pct']:>9.3f} {h[SOURCES[0]]['mape_pct']:>7.2f} "
+              f"{h[SOURCES[1]]['mape_pct']:>8.2f} {h[SOURCES[2]]['mape_pct']:>7.2f}  {ps}")
+    print(f"chosen: {entry['selection']['chosen']} ({entry['selection']['criterion']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,5 @@
 """The 64-split working shrink block's price, alone and at a fixed point with the mixed term (issue 17):
-calibration/fitting/split64.py."""
+calibration/fitting/split64.py; and the mixed term's candidates, also net of host time (calibration/fitting/mixed.py)."""
 
 from __future__ import annotations
 
@@ -71,3 +71,32 @@ def test_fixed_point_is_a_fixed_point():
     entry = fit_mixed(t, prof, forms=("prefill_slots",))
     assert entry["params"]["h_slot"] == pytest.approx(prof.components["mixed"].params["h_slot"], rel=1e-4)
     assert np.isfinite(json.loads(json.dumps(entry["fit"]["heldout"]["all"]["mape_pct"])))
+
+
+@pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR not set: the calibration tables are not available")
+def test_mixed_fit_net_of_host_time(capsys):
+    """``host_s_per_running`` adds host time per running request to the serving runs' model only (the offline
+    windows keep theirs), so the excess left for the per-slot term shrinks; 0 is the profile's own fit. The CLI
+    prints every candidate and refuses a profile the serving runs do not price."""
+    import numpy as np
+
+    from calibration.fitting.mixed import SOURCES, fit_mixed, main, mixed_obs
+    from calibration.fitting.tables import Vllm085Tables
+
+    prof = load_profile("llama-3.1-8b_h100_vllm085")
+    t = Vllm085Tables.read(Path(DATA) / "calibration" / "vllm085_h100", "llama-3.1-8b")
+    o0, o1 = mixed_obs(t, prof), mixed_obs(t, prof, 18e-6)
+    srv = (o0["source"] != SOURCES[2]).to_numpy()
+    assert np.allclose(o1["model_ms"][srv] - o0["model_ms"][srv], 0.018 * o0["R"][srv])
+    assert (o1["model_ms"][~srv] == o0["model_ms"][~srv]).all()
+    h0 = fit_mixed(t, prof, forms=("prefill_slots",))["params"]["h_slot"]
+    h1 = fit_mixed(t, prof, forms=("prefill_slots",), host_s_per_running=18e-6)["params"]["h_slot"]
+    assert h0 == pytest.approx(prof.components["mixed"].params["h_slot"], rel=1e-4)
+    assert h1 < 0.9 * h0
+    data = str(Path(DATA) / "calibration" / "vllm085_h100")
+    assert main(["--data", data, "--host-us", "18"]) == 0
+    out = capsys.readouterr().out
+    assert "net of 18 us" in out and "prefill_slots+waiting" in out and "chosen: prefill_slots" in out
+    assert main(["--data", data, "--profile", "qwen-2.5-7b_h100_vllm085"]) == 2
+    assert "not served by" in capsys.readouterr().err
+    assert main(["--data", data, "--host-us", "-1"]) == 2
