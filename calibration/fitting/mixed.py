@@ -36,11 +36,12 @@ import numpy as np
 import pandas as pd
 
 from calibration.fitting import components as C
-from calibration.fitting.core import ParamSpec, cross_val_predict, fit_params, quality
+from calibration.fitting.core import FitError, ParamSpec, cross_val_predict, dropped_rows_reported, fit_params, quality
 from calibration.fitting.tables import Vllm085Tables
 from calibration.fitting.vllm085 import _serving_run_frame, lora_obs, per_adapter_serving_runs, serving_run_lora_obs
 from twin.perf.forms import FORMS
-from twin.perf.profile import Profile
+from traces.datadir import data_dir
+from twin.perf.profile import Profile, load_profile
 
 MS = 1e-3
 SOURCES = ("serving runs with a queue", "serving runs without a queue", "300-slot windows")
@@ -194,10 +195,6 @@ def add_mixed(profile: dict[str, Any], directory, k: int = 5, command: str = "")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from calibration.fitting.core import FitError, dropped_rows_reported
-    from traces.datadir import data_dir
-    from twin.perf.profile import load_profile
-
     ap = argparse.ArgumentParser(prog="python -m calibration.fitting.mixed", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=None, help="the vLLM 0.8.5 calibration directory (default: "
                                                  "$TWIN_DATA_DIR/calibration/vllm085_h100)")
