@@ -34,7 +34,7 @@ from calibration.fitting.profile_io import write_profile
 from calibration.fitting.tables import detect_format
 from calibration.report import report, summary_lines
 from calibration.serving_replay import read_table, replay_serving_runs, select_runs, summary
-from traces.arguments import check_writable_file
+from traces.arguments import check_writable_dir, check_writable_file
 from traces.datadir import data_dir
 from twin.perf.profile import DEFAULT_PROFILE, PROFILE_DIR, available_profiles, load_profile
 
@@ -248,8 +248,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
             raise ValueError(f"--folds {args.folds}: the held-out scoring needs 2 to 100 folds, e.g. --folds 5")
         if args.vidur_dir is not None and not Path(args.vidur_dir).is_dir():
             raise FileNotFoundError(f"--vidur-dir {args.vidur_dir}: not a directory; give the folder of Vidur's "
-                                    f"operator timings (calibration/vidur_linear_ops/<gpu>/ under TWIN_DATA_DIR), "
-                                    f"or leave it out")
+                                    f"operator timings, which holds h100/<model>_mlp.csv (calibration/vidur_linear_ops "
+                                    f"under TWIN_DATA_DIR), or leave it out")
+        if args.out is not None:  # checked before the fit, not after it
+            check_writable_file("--out", args.out, (".json",))
         fmt = detect_format(Path(args.measurements)) if args.format == "auto" else args.format
         check_format_options(args, fmt)
         out_hint = Path(args.out) if args.out else None
@@ -300,6 +302,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     try:
+        if args.json and args.markdown:
+            raise ValueError("--json and --markdown: give one of them (the fit-quality summary as JSON, or its tables "
+                             "as Markdown)")
+        if args.out_dir is not None:
+            if args.no_figures:
+                raise ValueError(f"--out-dir {args.out_dir} with --no-figures: no figure would be drawn there; leave "
+                                 f"one of them out")
+            check_writable_dir("--out-dir", args.out_dir)  # (not the committed figures' directory, by default)
         with dropped_rows_reported("twin calibrate report"):
             return report(args.profile, measurements=args.measurements, out_dir=args.out_dir,
                           figures=not args.no_figures, as_json=args.json, as_markdown=args.markdown)
@@ -313,7 +323,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         if args.every < 1:
             raise ValueError(f"--every {args.every}: must be >= 1 (replay every k-th run)")
-        if args.out:  # checked before the replay (minutes), not after it
+        if args.out is not None:  # checked before the replay (minutes), not after it
             check_writable_file("--out", args.out, (".csv",))
         table = select_runs(read_table(args.data_dir), args.every, only_swapping=not args.all_runs)
         runs = replay_serving_runs(table, args.profile)
@@ -351,9 +361,12 @@ def cmd_replay_offline(args: argparse.Namespace) -> int:
         if args.client_start_ms is not None and not (args.client_start_ms >= 0 and args.client_start_ms < 1e6):
             raise ValueError(f"--client-start-ms {args.client_start_ms}: give the start-up time per request in ms, "
                              f">= 0 (0: off), e.g. --client-start-ms 1.0")
+        if args.seed < 0:
+            raise ValueError(f"--seed {args.seed}: must be >= 0 (the seed of the requests' adapter draws), e.g. "
+                             f"--seed 0")
         for flag, path, ext in (("--out", args.out, (".csv",)), ("--markdown", args.markdown, (".md",)),
                                 ("--figure", args.figure, (".png",))):
-            if path:  # checked before the replay, not after it
+            if path is not None:  # checked before the replay, not after it
                 check_writable_file(flag, path, ext)
         spec = get_model(args.model)
         profile = load_profile(args.profile or profile_for_model(spec.name))

@@ -29,6 +29,7 @@ Every generator is vectorised numpy (no per-request Python loop) and takes an ex
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -224,8 +225,9 @@ def rescale_to_rps(times: np.ndarray, target_rps: float) -> tuple[np.ndarray, fl
 def time_window(times: np.ndarray, start_s: float = 0.0, duration_s: float | None = None) -> np.ndarray:
     """Boolean mask of arrivals in ``[start_s, start_s + duration_s)`` (open end when None)."""
     t = np.asarray(times, dtype=float)
-    if start_s < 0 or (duration_s is not None and duration_s <= 0):
-        raise ArrivalError(f"a time window needs start_s >= 0 and duration_s > 0 (got {start_s}, {duration_s})")
+    if not (math.isfinite(start_s) and start_s >= 0) or (duration_s is not None and not duration_s > 0):
+        raise ArrivalError(f"a time window needs a finite start_s >= 0 (window_start) and duration_s > 0 (duration) "
+                           f"(got {start_s}, {duration_s})")
     mask = t >= start_s
     if duration_s is not None:
         mask &= t < start_s + duration_s

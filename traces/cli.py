@@ -103,7 +103,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     try:
         if args.bin_s is not None and not args.bin_s > 0:
             raise ValueError(f"--bin-s {args.bin_s}: must be > 0 (seconds per bin of the rate series)")
-        if args.plot:
+        if args.plot is not None:
             check_plot_file(args.plot)
         w = _workload(args)
     except (KeyError, FileNotFoundError, ValueError, TypeError) as e:

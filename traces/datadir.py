@@ -17,7 +17,10 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def data_dir(override: str | os.PathLike | None = None) -> Path:
-    """The data directory: ``override``, ``$TWIN_DATA_DIR``, or ``~/.cache/lora-twin/data``."""
+    """The data directory: ``override``, ``$TWIN_DATA_DIR``, or ``~/.cache/lora-twin/data``. An empty
+    ``override`` (``--data-dir ''``) is an error, not the default."""
+    if override is not None and not str(override).strip():
+        raise ValueError("--data-dir: empty; give the data directory, or leave --data-dir out for $TWIN_DATA_DIR")
     if override:
         return Path(override).expanduser()
     env = os.environ.get("TWIN_DATA_DIR")

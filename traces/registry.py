@@ -385,7 +385,8 @@ def _table_to_workload(table: TraceTable, cfg: SynthConfig, real: dict[str, Any]
             a2.rps, a2.process = rps, (ac.process if retime else "poisson")
             warm = cc.warmup_s() if ac.n_requests is None else 0.0
             a2.duration_s += warm
-            check_size(dataclasses.replace(cfg, arrivals=a2), str(table.meta.get("path", "the trace")))
+            check_size(dataclasses.replace(cfg, arrivals=a2, conversations=dataclasses.replace(cc, enabled=False)),
+                       str(table.meta.get("path", "the trace")))  # (its duration holds the warm-up already)
             starts, _, ainfo = generate_arrivals(a2, cfg.adapters.n_adapters, r_arr, divisor)
             starts = starts - warm
             info["arrivals"] = {"process": a2.process, "rps": rps, "conversation_rate": rps / divisor, **ainfo}
@@ -470,7 +471,14 @@ def expected_requests(cfg: SynthConfig, replay: bool = False) -> float:
         rate = a.rps if a.rps is not None else float(load_fitted(a.fit)["arrivals"]["mean_rps"]) if a.fit else 0.0
     else:
         rate = a.rps if a.rps is not None else (4.0 if replay else 0.0)
-    return float(rate) * float(a.duration_s)
+    return float(rate) * (float(a.duration_s) + _warmup_s(cfg))
+
+
+def _warmup_s(cfg: SynthConfig) -> float:
+    """The seconds of conversations drawn before the window (their later turns reach into it), or 0."""
+    if not cfg.conversations.enabled or cfg.arrivals.n_requests is not None:
+        return 0.0
+    return cfg.conversations.warmup_s()
 
 
 def check_size(cfg: SynthConfig, name: str, replay: bool = False) -> None:
@@ -483,6 +491,12 @@ def check_size(cfg: SynthConfig, name: str, replay: bool = False) -> None:
         raise OptionError(f"the workload of {name} would hold n_requests={cfg.arrivals.n_requests} requests, more "
                           f"than the {MAX_REQUESTS:,} a run may generate; give a smaller n_requests")
     if n > MAX_REQUESTS:
+        warm = _warmup_s(cfg)
+        if warm > 0 and warm >= cfg.arrivals.duration_s:  # (the conversations' warm-up is most of it)
+            raise OptionError(f"the workload of {name} would draw about {n:.3g} requests, more than the "
+                              f"{MAX_REQUESTS:,} a run may generate: its conversations start {warm:.3g} s before the "
+                              f"window ((max_turns - 1) x (think_s + 1000 tpot_s), so that their later turns reach "
+                              f"it); lower think_s or max_turns (or --rps)")
         raise OptionError(f"the workload of {name} would hold about {n:.3g} requests (rate "
                           f"{cfg.arrivals.rps if cfg.arrivals.rps is not None else 'of the trace'} req/s x duration "
                           f"{cfg.arrivals.duration_s:g} s), more than the {MAX_REQUESTS:,} a run may generate; "
@@ -627,6 +641,9 @@ def _from_saved(path: Path, given: dict[str, Any], synth_opts: dict[str, Any], r
         t, _ = rescale_to_rps(t, float(given["rps"]))
     start = float(given.get("window_start", 0.0))
     m = time_window(t, start, given.get("duration"))
+    if len(df) and not m.any():  # (as for a raw trace: an empty window is an error, not an empty workload)
+        raise ValueError(f"{path}: the time window holds no request (its arrivals run from {t.min():g} s to "
+                         f"{t.max():g} s); widen duration or move window_start")
     df = df[m].reset_index(drop=True)
     df["arrival_s"] = t[m] - start
     if {"adapters", "ranks", "popularity"} & set(given):

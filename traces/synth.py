@@ -159,6 +159,8 @@ POSITIVE_OPTIONS = frozenset({"rps", "duration", "n_requests", "length_scale", "
 MAX_CV = 100.0
 #: most adapters a workload may have (per-adapter tables, e.g. the popularity weights, are allocated for each)
 MAX_ADAPTERS = 1_000_000
+#: most turns a conversation may have (``max_turns``)
+MAX_TURNS = 10_000
 #: the mean matchings of ``lengths=sharegpt`` (``length_method``)
 LENGTH_METHODS = ("scale", "tilt")
 
@@ -179,6 +181,10 @@ def option_value_problem(key: str, v: Any) -> str | None:
         return "must be >= 0"
     if v == 0 and key in POSITIVE_OPTIONS:
         return "must be > 0"
+    if key == "max_turns" and v > MAX_TURNS:  # (the expected turns sum over 0..max_turns: 1e9 exhausted the memory)
+        return f"more than the {MAX_TURNS:,} turns a conversation may have; give fewer, e.g. max_turns = 16"
+    if key == "mean_turns" and 0 < v < 1:
+        return "must be >= 1 (a conversation has at least one turn)"
     if key == "adapters" and v > MAX_ADAPTERS:
         return (f"more than the {MAX_ADAPTERS:,} adapters a workload may have (the popularity tables hold one entry "
                 f"per adapter); give fewer")
@@ -229,7 +235,7 @@ def validate_config(cfg: SynthConfig) -> None:
         v = getattr(getattr(cfg, section), name)
         problem = option_value_problem(key, v)
         if problem:
-            if problem.startswith("must be"):  # (the range of the option's kind)
+            if problem.startswith("must be a finite") or problem in ("must be >= 0", "must be > 0"):  # (kind's range)
                 problem = f"must be a finite number {'> 0' if key in POSITIVE_OPTIONS else '>= 0'}"
             shown = ",".join(f"{r:g}" for r in v) if isinstance(v, (list, tuple)) else repr(v)
             raise ValueError(f"{key} = {shown}: {problem} ({help_text})")

@@ -37,9 +37,11 @@ import pandas as pd
 from traces.arguments import check_writable_dir, first_repeat, has_empty_item, parse_list
 from traces.flags import add_arguments, from_namespace
 from twin.figures import compare_figure
+from twin.config import ConfigError
 from twin.perf.profile import Profile, load_profile
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
-from twin.scenario import RunConfig, build_engine_config, build_workload, check_number
+from twin.scenario import (MAX_SIM_SECONDS, RunConfig, build_engine_config, build_workload, check_number,
+                           check_run)
 from twin.simulate import simulate
 
 COLUMNS = [("ttft_ms_p50", "TTFT p50 ms", 0), ("ttft_ms_p99", "TTFT p99 ms", 0), ("itl_ms_p50", "TBT p50 ms", 1),
@@ -92,6 +94,9 @@ class CompareConfig:
         "help": "output-length predictor accuracy (sjf, chameleon)"})
     jobs: int = field(default=1, metadata={"help": "runs in parallel (processes)"})
 
+
+#: the largest ``--slo-x``: an SLO that many times the unloaded mean TTFT bounds nothing
+MAX_SLO_X = 1e4
 
 #: where ``twin compare`` writes without ``--out`` (relative to the working directory; ``runs/``
 #: is ignored by git, so a sweep never lands among the committed results)
@@ -149,7 +154,14 @@ def unloaded_mean_ttft(run: RunConfig, options: CompareConfig, policy: str) -> f
     """Mean TTFT of the trace replayed at a low rate (the SLO reference)."""
     run = dataclasses.replace(run, rps=options.unloaded_rps)
     prof = load_compare_profile(run.profile, None)
-    w = build_workload(run)
+    try:
+        w = build_workload(run)
+    except ConfigError as e:  # (its advice, "raise --rps", names the swept rates, not this run's)
+        if "holds no request" not in str(e):
+            raise
+        raise ConfigError(f"the SLO's unloaded reference run ({policy} at --unloaded-rps {options.unloaded_rps:g} "
+                          f"req/s) holds no request of --trace {run.trace}; raise --unloaded-rps (below the lowest "
+                          f"swept rate) or lengthen --duration, or give the SLO with --slo") from None
     s, c, _ = _policy_objects(policy, None, options.accuracy)
     res = simulate(w, prof, build_engine_config(run, w, prof), scheduler_obj=s, cache_obj=c, record_steps=False,
                    system=resolve_system(policy, run.system), frontend_s=run.frontend_ms / 1000.0,
@@ -227,6 +239,12 @@ def check_compare_options(options: CompareConfig) -> None:
         check_number("--slo", options.slo, 0, False, "a TTFT SLO in seconds, e.g. --slo 5 (or leave it out: --slo-x "
                                                     "x unloaded)")
     check_number("--slo-x", options.slo_x, 0, False, "a multiple of the unloaded mean TTFT, e.g. --slo-x 5")
+    if options.slo is not None and options.slo > MAX_SIM_SECONDS:
+        raise ValueError(f"--slo {options.slo:g}: beyond the {MAX_SIM_SECONDS:g} s (about 3 years) a run may simulate, "
+                         f"so every rate would meet it; give a TTFT SLO in seconds, e.g. --slo 5")
+    if options.slo_x > MAX_SLO_X:
+        raise ValueError(f"--slo-x {options.slo_x:g}: more than {MAX_SLO_X:g} times the unloaded mean TTFT, so every "
+                         f"rate would meet it; give a multiple of the unloaded mean TTFT, e.g. --slo-x 5")
     check_number("--unloaded-rps", options.unloaded_rps, 0, False,
                  "the rate of the unloaded reference run, e.g. --unloaded-rps 0.2")
     if options.accuracy is not None and not 0.0 <= options.accuracy <= 1.0:
@@ -248,6 +266,9 @@ def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
     if not pols or not rates:
         raise ValueError("--policies and --rps need at least one value each")
     check_compare_options(options)
+    check_run(run)  # (before any run, also when the runs go to worker processes)
+    for r in sorted({min(rates), max(rates)}):  # an empty or oversized workload: refused before any run, not
+        build_workload(dataclasses.replace(run, rps=r))  # after the rates before it were simulated
     load_entry_points()
     unknown = [p for p in pols if p not in PRESETS]
     if unknown:
@@ -302,7 +323,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     run = from_namespace(RunConfig, args, exclude=NOT_COMPARE_OPTIONS)
     options = from_namespace(CompareConfig, args)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    out = check_writable_dir("--out", args.out) if args.out else Path(DEFAULT_OUT) / Path(run.trace).stem
+    out = check_writable_dir("--out", args.out) if args.out is not None else Path(DEFAULT_OUT) / Path(run.trace).stem
     rows, sustained, slo = compare(run, options, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "compare.csv", index=False)

@@ -202,6 +202,29 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
 }
 
 
+#: upper bounds of the host-time terms and the rank tile cost (a value above would be an error of
+#: units or of typing: ``--frontend-ms 1e300`` ran, and printed latencies of 300 digits): the largest
+#: value, and what it means
+HOST_TERM_MAXIMA: dict[str, tuple[float, str]] = {
+    "frontend_ms": (1e6, "1,000 s per request"),
+    "serving_us": (1e6, "1 s per running request and step"),
+    "rank_tile_cost": (100.0, "a rank tile costing 100 times the first"),
+}
+
+
+def check_host_term(name: str, v: float, flag: str | None = None, fix: str | None = None) -> None:
+    """The :class:`RunConfig` number ``name`` (``frontend_ms``, ``serving_us``, ``rank_tile_cost``) is
+    finite, within its lower bound (:data:`_NUMERIC`) and at most its :data:`HOST_TERM_MAXIMA`; otherwise
+    a :class:`ConfigError` naming ``flag`` (default the option's) and the fix."""
+    _, low, inclusive, default_fix = _NUMERIC[name]
+    flag = flag or option_name(name)
+    fix = fix or default_fix
+    check_number(flag, v, low, inclusive, fix)
+    high, meaning = HOST_TERM_MAXIMA[name]
+    if v > high:
+        raise ConfigError(f"{flag} {v:g}: more than {high:g} ({meaning}); give {fix}")
+
+
 def _check_type(name: str, value: Any) -> Any:
     """``value`` as the type of field ``name`` (a scenario file's value), or ConfigError."""
     hint = typing.get_type_hints(RunConfig)[name]
@@ -307,6 +330,8 @@ def check_run(run: RunConfig) -> None:
         v = getattr(run, name)
         if v is not None:
             check_number(option_name(name), v, low, inclusive, fix)
+            if name in HOST_TERM_MAXIMA:
+                check_host_term(name, v)
     if run.horizon is not None and run.horizon > MAX_SIM_SECONDS:
         raise ConfigError(f"--horizon {run.horizon:g}: beyond the {MAX_SIM_SECONDS:g} s (about 3 years) a run may "
                           f"simulate; the summary's rates are per second up to the horizon, so they would read ~0; "

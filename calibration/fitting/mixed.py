@@ -207,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     if not (0.0 <= a.host_us <= 1000.0):  # (also rejects nan)
         print(f"mixed: --host-us must be between 0 and 1000 microseconds (got {a.host_us})", file=sys.stderr)
         return 2
+    if a.data is not None and not a.data.strip():
+        print("mixed: --data: empty; give the vLLM 0.8.5 calibration directory, or leave --data out for "
+              "$TWIN_DATA_DIR/calibration/vllm085_h100", file=sys.stderr)
+        return 2
     directory = Path(a.data) if a.data else Path(data_dir()) / "calibration" / "vllm085_h100"
     if not directory.is_dir():
         print(f"mixed: no calibration directory {directory}; set TWIN_DATA_DIR or pass --data", file=sys.stderr)

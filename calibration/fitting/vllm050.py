@@ -198,8 +198,11 @@ def prefill_cost(directory: Path, base: pd.DataFrame, spec: ModelSpec,
                 f"Prefill cost per token ({slope * 1e3:.1f} us) from Vidur's H100 linear-operator timings of "
                 f"{spec.name} (the 0.5.0 runs have no prefill-step timing); prefill attention and the V0 engine's "
                 f"prefill-step overheads are not included (Vidur's H100 may also differ from the 64 GB H100).")
-    except FileNotFoundError:
-        pass
+    except FileNotFoundError as e:
+        if vidur_dir is not None:  # asked for by name: no silent fall-back to the coarse estimate
+            raise FileNotFoundError(f"--vidur-dir {vidur_dir}: {e}; give the directory that holds h100/<model>_mlp.csv "
+                                    f"(calibration/vidur_linear_ops under TWIN_DATA_DIR), or leave --vidur-dir out "
+                                    f"for the effective estimate from run durations") from None
     dec_s = np.asarray(C.fitted_model(C.fit_backbone(base, GRAPH_MAX_TOKENS_V050, 5, train_kinds=("decode",)),
                                       "backbone").predict(np.zeros(len(base)), base["D"].to_numpy(float),
                                                           base["C"].to_numpy(float)), float)

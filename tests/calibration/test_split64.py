@@ -17,6 +17,11 @@ DATA = os.environ.get("TWIN_DATA_DIR")
 def test_cli_refuses_a_missing_directory_before_work(tmp_path, capsys):
     assert main(["--data", str(tmp_path / "nowhere")]) == 2
     assert "no calibration directory" in capsys.readouterr().err
+    (tmp_path / "step_latency.csv").write_text("a,b\n1,2\n")  # an incomplete directory: a traceback before
+    assert main(["--data", str(tmp_path)]) == 2
+    assert "it is not a complete vLLM 0.8.5 calibration directory" in capsys.readouterr().err
+    assert main(["--data", ""]) == 2
+    assert "--data: empty" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR not set: the calibration tables are not available")

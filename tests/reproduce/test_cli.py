@@ -99,6 +99,9 @@ def test_list(capsys):
 @pytest.mark.parametrize("argv, words", [
     (["reproduce", "chameleon-fig12"], ["unknown reproduction 'chameleon-fig12'", "chameleon-fig11", "--list"]),
     (["reproduce"], ["give a reproduction name"]),
+    (["reproduce", "--list", "chameleon-fig11"], ["--list lists the reproductions and runs none, so NAME would be "
+                                                  "ignored"]),
+    (["reproduce", "--list", "--quick", "--out", "x"], ["so --quick, --out would be ignored"]),
 ])
 def test_errors_name_the_fix(capsys, argv, words):
     assert main(argv) == 2

@@ -90,5 +90,16 @@ def test_a_cache_variable_naming_a_file_is_refused(tmp_path, monkeypatch):
     f = tmp_path / "afile"
     f.write_text("x")
     monkeypatch.setenv(point_cache.CACHE_ENV, str(f))
-    with pytest.raises(ValueError, match="TWIN_REPRODUCE_CACHE=.*not a directory"):
+    with pytest.raises(ValueError, match="TWIN_REPRODUCE_CACHE=.*not a directory; give a directory"):
         PointCache.from_env()
+
+
+def test_a_cache_variable_under_a_file_is_refused_before_any_point(tmp_path, monkeypatch, capsys):
+    """A cache directory that cannot be created (under a file) used to fail at the first point's
+    write, after that point was simulated: now refused before the reproduction starts."""
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv(point_cache.CACHE_ENV, str(tmp_path / "afile" / "cache"))
+    monkeypatch.setattr(base, "simulate", lambda *a, **k: pytest.fail("simulated before the check"))
+    assert main(["reproduce", "adaptive-caching", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert f"$TWIN_REPRODUCE_CACHE={tmp_path / 'afile' / 'cache'}: {tmp_path / 'afile'} is a file" in err, err

@@ -114,6 +114,21 @@ FILES.update({  # real-run tables (twin validate, twin configure evaluate) with 
     "real_cpu.csv": _REAL_HEADER.replace(b"\n", b",max_cpu_loras\n")
                     + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,1\n",
     "real_huge.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,4000-0.1-0.05,16,16,32,ok,1,222,197\n",
+    # numbers as text (a bare "could not convert string to float" before), a window or max_num_seqs the twin
+    # cannot re-create, pool lengths the length model cannot draw (each failed alone, after the other runs)
+    "real_bttext.csv": _REAL_HEADER.replace(b"\n", b",benchmark_time_s\n")
+                       + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,long\n",
+    "real_senttext.csv": _REAL_HEADER.replace(b"\n", b",requests_sent\n")
+                         + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,many\n",
+    "real_itltext.csv": _REAL_HEADER.replace(b"\n", b",mean_itl_ms\n")
+                        + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,fast\n",
+    "real_btzero.csv": _REAL_HEADER.replace(b"\n", b",benchmark_time_s\n")
+                       + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,failed_kv_insufficient,1,222,197,0\n",
+    "real_bthuge.csv": _REAL_HEADER.replace(b"\n", b",benchmark_time_s\n")
+                       + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,1e12\n",
+    "real_seqshuge.csv": _REAL_HEADER.replace(b"\n", b",max_num_seqs\n")
+                         + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,1000000\n",
+    "real_longpool.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,1e12\n",
     # a valid row, but no measured throughput to find the real optimum from (configure evaluate)
     "real_unmeasured.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197\n",
     "real_textmeasured.csv": _REAL_HEADER.replace(b"\n", b",offered_tok_s_est,total_tok_s\n")
@@ -317,7 +332,8 @@ CASES: list[tuple[str, str]] = [
     ("traces show synthetic --duration 5 --bin-s 0", "--bin-s 0.0: must be > 0"),
     ("traces show synthetic --duration 5 --bin-s -1", "--bin-s -1.0: must be > 0"),
     (R + "--adapters 100000000", "more than the 1,000,000 adapters a workload may have"),
-    ("calibrate report llama-3.1-8b_h100_vllm085 --out-dir {d}/afile", "--out-dir {d}/afile: is a file"),
+    ("calibrate report llama-3.1-8b_h100_vllm085 --out-dir {d}/afile",
+     "--out-dir {d}/afile: is an existing file, not a directory"),
     ("calibrate replay --every 0", "--every 0: must be >= 1"),
     # twin compare
     ("compare --policies vllm --rps 1 --duration 5 --out {d}/afile", "--out {d}/afile: is an existing file, not a directory"),
@@ -331,6 +347,20 @@ CASES: list[tuple[str, str]] = [
     ("compare --policies vllm --rps 1 --duration 5 --jobs 0", "--jobs 0: must be >= 1"),
     # twin calibrate
     ("calibrate report nosuch", "unknown profile 'nosuch'"),
+    ("calibrate report llama-3.1-8b_h100_vllm085 --json --markdown", "--json and --markdown: give one of them"),
+    ("calibrate report llama-3.1-8b_h100_vllm085 --no-figures --out-dir {d}/figs",
+     "--out-dir {d}/figs with --no-figures: no figure would be drawn there"),
+    # an empty --out-dir drew into the committed figures' directory, an empty --out of fit rewrote the shipped profile
+    ("calibrate report llama-3.1-8b_h100_vllm085 --out-dir ''", "--out-dir: empty; give a directory"),
+    ("calibrate report llama-3.1-8b_h100_vllm085 --out-dir {d}/afile/x", "--out-dir {d}/afile/x: {d}/afile is a file"),
+    ("calibrate fit --measurements {d}/adir --model llama-3.1-8b --out ''", "--out: empty; give a file name"),
+    ("calibrate fit --measurements {d}/adir --model llama-3.1-8b --out {d}/afile/p.json",
+     "--out {d}/afile/p.json: {d}/afile is a file"),
+    ("calibrate fit --measurements {d}/adir --model llama-3.1-8b --out {d}/p.txt",
+     "--out {d}/p.txt: give a .json file"),
+    ("calibrate replay --out ''", "--out: empty; give a file name"),
+    ("calibrate replay-offline --out ''", "--out: empty; give a file name"),
+    ("calibrate replay-offline --seed -1", "--seed -1: must be >= 0"),
     ("calibrate report {d}/garbage.json", "profile file {d}/garbage.json is not a text file"),
     ("calibrate report {d}/list.json", "is not a LoRA Twin profile"),
     ("calibrate report llama-3.1-8b_h100_vllm085 --measurements {d}/nosuchdir", "--measurements {d}/nosuchdir: not a "
@@ -356,6 +386,35 @@ CASES: list[tuple[str, str]] = [
     ("validate --real {d}/real_seqs.csv", "column max_num_seqs: 0 is not an integer >= 1"),
     ("validate --real {d}/real_cpu.csv", "column max_cpu_loras: 1 is below adapter_slots"),
     ("validate --real {d}/real_huge.csv", "more than the 5,000,000 a run may generate"),
+    ("validate --real {d}/real_bttext.csv", "{d}/real_bttext.csv: row 1 (line 2), column benchmark_time_s: 'long' is "
+                                            "not a measurement (leave the cell empty when it was not recorded)"),
+    ("validate --real {d}/real_senttext.csv", "column requests_sent: 'many' is not a number"),
+    ("validate --real {d}/real_itltext.csv", "column mean_itl_ms: 'fast' is not a measurement"),
+    ("validate --real {d}/real_btzero.csv", "column benchmark_time_s: 0 is not a benchmark window in seconds, > 0 and "
+                                            "at most 1e+08"),
+    ("validate --real {d}/real_bthuge.csv", "column benchmark_time_s: 1000000000000.0 is not a benchmark window"),
+    ("validate --real {d}/real_seqshuge.csv", "column max_num_seqs: 1000000 is above the real runs' "
+                                              "max_num_batched_tokens 2048"),
+    ("validate --real {d}/real_longpool.csv --peer none", "{d}/real_longpool.csv: row 1 (line 2), column "
+                                                          "pool_mean_output_tokens: 1000000000000.0 cannot be drawn by "
+                                                          "the ShareGPT-like length model (target output mean 1e+12 is "
+                                                          "not reachable"),
+    ("validate --frontend-ms 1e7 --limit 1", "--frontend-ms 1e+07: more than 1e+06 (1,000 s per request)"),
+    ("validate --scrape-us 1e7 --limit 1", "--scrape-us 1e+07: more than 1e+06 (1 s per label series)"),
+    ("validate --serving-us 1e300 --limit 1", "--serving-us 1e+300: more than 1e+06 (1 s per running request and "
+                                              "step)"),
+    ("validate --rank-tile-cost 1e300 --limit 1", "--rank-tile-cost 1e+300: more than 100"),
+    ("validate --out '' --limit 1", "--out: empty; give a directory"),
+    ("validate --no-figures --limit 1", "--no-figures skips the figures written into --out, and no --out is given"),
+    (R + "--frontend-ms 1e300", "--frontend-ms 1e+300: more than 1e+06 (1,000 s per request)"),
+    ("compare --policies vllm --rps 1 --duration 5 --serving-us 1e300", "--serving-us 1e+300: more than 1e+06"),
+    ("compare --policies vllm --rps 1 --duration 5 --rank-tile-cost 1e3", "--rank-tile-cost 1000: more than 100"),
+    ("compare --policies vllm --rps 1 --duration 5 --out ''", "--out: empty; give a directory"),
+    ("compare --policies vllm --rps 1 --duration 5 --slo 1e300", "--slo 1e+300: beyond the 1e+08 s"),
+    ("compare --policies vllm --rps 1 --duration 5 --slo-x 1e300", "--slo-x 1e+300: more than 10000 times"),
+    ("compare --policies vllm --rps 1000 --unloaded-rps 1e-300 --duration 5",
+     "the SLO's unloaded reference run (vllm at --unloaded-rps 1e-300 req/s) holds no request of --trace synthetic; "
+     "raise --unloaded-rps"),
     ("validate --real {d}/real_status.csv", "none of the 1 selected runs of {d}/real_status.csv can be scored "
                                             "(statuses: weird 1)"),
     # twin configure, twin sweep
@@ -407,6 +466,19 @@ CASES: list[tuple[str, str]] = [
      "--unloaded-rps 50: the SLO's reference run must be unloaded, below the lowest swept rate"),
     ("compare --trace synthetic --policies fcfs --rps 1 --duration 5", "fcfs is a scheduler or cache, not a preset"),
     ("traces show synthetic --duration 5 --seed -1", "argument --seed: -1 is negative; give a seed >= 0"),
+    # conversations: max_turns = 1e9 hung (an array of 1e9 turns), think_s = 1e300 raised numpy's "lam value too large"
+    ("traces show synthetic --duration 5 --conversations --max-turns 1000000000", "its conversations start 5e+10 s "
+                                                                                   "before the window"),
+    ("traces show synthetic --duration 5 --conversations --think-s 1e300", "lower think_s or max_turns"),
+    (R + "--trace-opt conversations=true --trace-opt max_turns=1000000000", "--trace-opt max_turns=1000000000: more "
+                                                                            "than the 10,000 turns"),
+    ("traces show synthetic --duration 5 --conversations --mean-turns 0.5", "mean_turns = 0.5: must be >= 1"),
+    # a saved workload's empty window was shown as 0 requests; a NaN start was taken
+    ("traces show {d}/late.csv --window-start 1e300", "{d}/late.csv: the time window holds no request (its arrivals "
+                                                      "run from 100 s to 100.5 s)"),
+    ("traces show {d}/late.csv --window-start nan", "a time window needs a finite start_s >= 0 (window_start)"),
+    ("traces show {d}/late.csv --plot ''", "--plot: empty; give a file name"),
+    ("traces list --data-dir ''", "--data-dir: empty; give the data directory"),
     ("traces fetch splitwise --data-dir {d} --sha256 xyz", "--sha256 'xyz': not a SHA-256 digest"),
     ("traces fetch splitwise --data-dir {d} --timeout -1", "--timeout -1: must be a number of seconds > 0"),
     ("traces fetch splitwise --data-dir {d} --url ftp://x/y", "give an http://, https:// or file:// URL"),
@@ -436,14 +508,18 @@ DATA_CASES = [
     ("validate --filter 'source == 1 +' --limit 1", "not a valid query on the real-run table"),
     ("calibrate replay --out {d}/afile/x.csv", "--out {d}/afile/x.csv: {d}/afile is a file"),
     ("validate --filter 'adapter_slots = 3' --limit 1", "a query compares with '=='"),
+    # a --vidur-dir without the timings silently fell back to the coarse estimate (the old hint, .../<gpu>/, led there)
+    ("calibrate fit --measurements {data}/calibration/vllm050_h100_llama2 --model llama-2-7b --vidur-dir {d}/adir "
+     "--out {d}/p.json", "--vidur-dir {d}/adir: no Vidur timings of llama-2-7b on h100 in {d}/adir"),
 ]
 
 
 @pytest.mark.parametrize("line,fragment", DATA_CASES, ids=[c[0] for c in DATA_CASES])
 def test_bad_validation_input_is_a_clear_error(real_data, files, line, fragment):
     d = str(files)
-    rc, out, err = run_cli(shlex.split(line.format(d=d)))
+    rc, out, err = run_cli(shlex.split(line.format(d=d, data=real_data)))
     assert rc == 2 and fragment.format(d=d) in err, err
+    assert not (files / "p.json").exists()
 
 
 def test_committed_calibration_figures_are_not_replaced_without_measurements(tmp_path, monkeypatch, capsys):
@@ -475,6 +551,20 @@ def test_results_are_kept_when_writing_fails(tmp_path, monkeypatch):
     rc, out, err = run_cli(["run", "--no-progress", "--duration", "5", "--out", str(tmp_path / "o")])
     assert rc == 2 and "throughput (req/s)" in out
     assert f"could not write the results to {tmp_path / 'o' / 'requests.parquet'} (Permission denied)" in err
+
+
+@pytest.mark.parametrize("rates,fragment", [
+    ("1,1e-9", "holds no request (with --duration 5, --rps 1e-09)"),
+    ("1,1e9", "more than the 5,000,000 a run may generate"),
+])
+def test_compare_refuses_a_bad_rate_before_any_run(monkeypatch, rates, fragment):
+    """A swept rate whose workload is empty or too large used to fail only when its turn came, after
+    the rates before it were simulated."""
+    import twin.compare
+
+    monkeypatch.setattr(twin.compare, "simulate", lambda *a, **k: pytest.fail("simulated before the check"))
+    rc, out, err = run_cli(["compare", "--policies", "vllm", "--rps", rates, "--duration", "5", "--slo", "1"])
+    assert rc == 2 and fragment in err, err
 
 
 def test_empty_download_leaves_no_file(files):

@@ -59,6 +59,12 @@ def engine_note(outcomes: list[Outcome]) -> str:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    if args.list:
+        runs = [f for f, given in (("NAME", args.name is not None), ("--quick", args.quick),
+                                   ("--out", args.out is not None), ("--cache", args.cache is not None)) if given]
+        if runs:
+            raise ConfigError(f"--list lists the reproductions and runs none, so {', '.join(runs)} would be ignored; "
+                              f"give either --list or a reproduction name")
     if args.list and args.json:
         print(json.dumps([{"name": r.name, "paper": r.paper, "description": r.description}
                           for r in REPRODUCTIONS.values()], indent=2))

@@ -22,6 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from traces.arguments import check_writable_dir
+
 #: the packages whose files decide a simulated result
 FINGERPRINTED_PACKAGES = ("twin", "policies", "traces", "calibration")
 #: the environment variable naming the default cache directory
@@ -72,10 +74,13 @@ class PointCache:
     def from_env(cls) -> "PointCache | None":
         """The cache named by ``$TWIN_REPRODUCE_CACHE``, or None when it is unset or empty."""
         d = os.environ.get(CACHE_ENV, "").strip()
-        if d and os.path.exists(d) and not os.path.isdir(d):
-            raise ValueError(f"${CACHE_ENV}={d}: not a directory; point it at a directory for the reproductions' "
-                             f"cache (created when missing), or unset it")
-        return cls(d) if d else None
+        if not d:
+            return None
+        try:  # checked before any point is simulated (a path under a file failed at the first point's write)
+            return cls(check_writable_dir(f"${CACHE_ENV}", d))
+        except ValueError as e:
+            msg = str(e).replace(f"${CACHE_ENV} {d}", f"${CACHE_ENV}={d}", 1)
+            raise ValueError(f"{msg}; or unset ${CACHE_ENV}") from None
 
     def path(self, key: tuple) -> Path:
         digest = hashlib.sha256((code_fingerprint() + "\0" + repr(key)).encode()).hexdigest()

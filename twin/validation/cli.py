@@ -9,6 +9,7 @@ import sys
 
 from policies.client_cap import CLIENT_MAX_INFLIGHT
 from traces.arguments import check_writable_dir
+from twin.scenario import check_host_term, check_number
 from twin.validation.output import json_summary, write_outputs
 from twin.validation.report import format_report
 from twin.validation.runner import run_validation
@@ -73,6 +74,10 @@ def register_cli(subparsers) -> None:
     p.set_defaults(func=cmd_validate)
 
 
+#: the largest --scrape-us (1 s per label series: beyond, an error of units)
+SCRAPE_US_MAX = 1e6
+
+
 def _client_cap(value: str | None) -> int | None:
     """``--client-cap``: a count, or none/0/off for no cap; default :data:`CLIENT_MAX_INFLIGHT`."""
     if value is None:
@@ -113,16 +118,24 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} {value}: must be >= {low}")
     _client_cap(args.client_cap)
     check_length_corr(args.length_corr, "--length-corr")
-    if not (args.frontend_ms >= 0 and args.frontend_ms < 1e6):
-        raise ValueError(f"--frontend-ms {args.frontend_ms}: give a latency in milliseconds, >= 0 (0: off)")
-    if not (args.scrape_us >= 0 and args.scrape_us < 1e6):
-        raise ValueError(f"--scrape-us {args.scrape_us}: give microseconds per label series, >= 0 (0: off)")
-    if not (args.serving_us >= 0 and args.serving_us < 1e6):
-        raise ValueError(f"--serving-us {args.serving_us}: give microseconds per running request and step, >= 0 "
-                         f"(0: off)")
-    _rank_tile_cost(args.rank_tile_cost)
-    if args.out:
+    check_host_term("frontend_ms", args.frontend_ms, fix="a latency in milliseconds, e.g. --frontend-ms "
+                                                         f"{FRONTEND_LATENCY_S * 1000:g} (0: off)")
+    check_number("--scrape-us", args.scrape_us, 0, True, "microseconds per label series, e.g. --scrape-us "
+                                                        f"{SCRAPE_S_PER_LABEL * 1e6:g} (0: off)")
+    if args.scrape_us > SCRAPE_US_MAX:
+        raise ValueError(f"--scrape-us {args.scrape_us:g}: more than {SCRAPE_US_MAX:g} (1 s per label series); "
+                         f"give microseconds per label series, e.g. --scrape-us {SCRAPE_S_PER_LABEL * 1e6:g} (0: off)")
+    check_host_term("serving_us", args.serving_us, fix="microseconds per running request and step, e.g. "
+                                                       f"--serving-us {SERVING_S_PER_RUNNING * 1e6:g} (0: off)")
+    cost = _rank_tile_cost(args.rank_tile_cost)
+    if cost is not None:
+        check_host_term("rank_tile_cost", cost, fix=f"a cost relative to the first rank tile, e.g. --rank-tile-cost "
+                                                    f"{RANK_TILE_COST:g} (1: every tile alike), or 'profile'")
+    if args.out is not None:
         check_writable_dir("--out", args.out)
+    elif args.no_figures:
+        raise ValueError("--no-figures skips the figures written into --out, and no --out is given; give --out DIR "
+                         "(the tables without figures) or leave --no-figures out")
     if args.filter is not None and not args.filter.strip():
         raise ValueError("--filter: empty; give a pandas query or a substring of the run id")
 
@@ -138,7 +151,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                          length_corr=args.length_corr, frontend_s=args.frontend_ms / 1000,
                          scrape_s_per_label=args.scrape_us / 1e6, serving_s_per_running=args.serving_us / 1e6,
                          rank_tile_cost=_rank_tile_cost(args.rank_tile_cost))
-    paths = write_outputs(res, args.out, figures=not args.no_figures) if args.out else []
+    paths = write_outputs(res, args.out, figures=not args.no_figures) if args.out is not None else []
     if args.json:
         print(json_summary(res))
     else:

@@ -14,12 +14,15 @@ knife-edge run by several points.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import pandas as pd
 
+from traces.arguments import check_writable_file
+
 from twin.validation.diagnostics import saturated_throughput_by_share
 from twin.validation.knee import LINE, TOLERANCE_POINTS, crossings_from_per_run, seed_spread, summary
-from twin.validation.specs import script_inputs
+from twin.validation.specs import read_table, script_inputs
 
 __all__ = ["LINE", "TOLERANCE_POINTS", "crossings_from_per_run", "seed_spread", "summary", "main"]
 
@@ -32,9 +35,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", default="dt_modelling", help="subset of the real runs (default: the fit split)")
     ap.add_argument("--out", default=None, help="with several passes: write the per-crossing table here (CSV)")
     a = ap.parse_args(argv)
+    try:
+        return _run(a)
+    except SystemExit as e:  # (script_inputs: a missing file)
+        if isinstance(e.code, int) or e.code is None:
+            raise
+        msg = str(e.code)
+    except (ValueError, FileNotFoundError) as e:
+        msg = str(e)
+    print(msg if msg.startswith("crossings:") else f"crossings: {msg}", file=sys.stderr)
+    return 2
+
+
+#: columns of a per_run.csv the crossings read (beside the twin's and the real figures)
+PER_RUN_KEYS = ("run_dir", "scenario", "source", "status")
+
+
+def _run(a: argparse.Namespace) -> int:
+    """:func:`main` after parsing; bad inputs raise ``ValueError`` naming the file and the fix, before any work."""
     real_csv = script_inputs(a.real, *a.per_run)
-    real = pd.read_csv(real_csv, usecols=["run_dir", "scenario", "source", "offered_tok_s_est"])
-    passes = [pd.read_csv(p).merge(real, on=["run_dir", "scenario", "source"], how="left") for p in a.per_run]
+    if a.out is not None:
+        check_writable_file("--out", a.out, (".csv",))
+    real = read_table(real_csv, "real-run table (--real)")
+    missing = [c for c in ("run_dir", "scenario", "source", "offered_tok_s_est") if c not in real.columns]
+    if missing:
+        raise ValueError(f"{real_csv}: not a real-run validation table (missing columns {missing})")
+    real = real[["run_dir", "scenario", "source", "offered_tok_s_est"]]
+    passes = []
+    for p in a.per_run:
+        df = read_table(p, "per_run.csv")
+        missing = [c for c in PER_RUN_KEYS if c not in df.columns]
+        if missing:
+            raise ValueError(f"{p}: not the per_run.csv of a twin validate --out pass (missing columns {missing})")
+        passes.append(df.merge(real, on=["run_dir", "scenario", "source"], how="left"))
     if len(passes) == 1:
         cr = crossings_from_per_run(passes[0], a.source)
         with pd.option_context("display.width", 200, "display.max_rows", 500):

@@ -58,7 +58,7 @@ from twin.registry import make_cache, make_scheduler
 from twin.simulate import simulate
 from twin.validation.metrics import METRICS
 from twin.validation.profiles import cached_profile
-from twin.validation.specs import START_FAILURE_STATUSES, RunSpec
+from twin.validation.specs import REAL_MAX_BATCHED_TOKENS, START_FAILURE_STATUSES, RunSpec
 
 #: The registered scheduler that stands for the real runs' server and client.
 SCHEDULER = "fcfs+client-cap"
@@ -131,8 +131,8 @@ def build_workload(spec: RunSpec) -> tuple[Workload, str]:
 
 def build_config(spec: RunSpec) -> EngineConfig:
     """The engine settings of the real runs (see the module docstring)."""
-    return EngineConfig(max_num_batched_tokens=2048, max_num_seqs=spec.max_num_seqs, block_size=16, enable_lora=True,
-                        max_loras=spec.slots, max_cpu_loras=max(spec.cpu_slots, spec.slots),
+    return EngineConfig(max_num_batched_tokens=REAL_MAX_BATCHED_TOKENS, max_num_seqs=spec.max_num_seqs, block_size=16,
+                        enable_lora=True, max_loras=spec.slots, max_cpu_loras=max(spec.cpu_slots, spec.slots),
                         max_lora_rank=spec.max_rank, max_model_len=None, served_adapters=spec.served)
 
 

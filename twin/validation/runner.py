@@ -20,8 +20,10 @@ from typing import Any, Iterable
 import pandas as pd
 
 from policies.client_cap import CLIENT_MAX_INFLIGHT
+from traces.arguments import cell_error
+from traces.lengths import LengthError
 from twin.validation.profiles import cached_profile, check_profile_model, profile_of_runs
-from twin.validation.recreate import simulate_run
+from twin.validation.recreate import sharegpt_model, simulate_run
 from twin.validation.scoring import score, summarize
 from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, RANK_TILE_COST, SCRAPE_S_PER_LABEL,
                                    SERVING_S_PER_RUNNING, START_FAILURE_STATUSES, RunSpec, attach_peer,
@@ -75,6 +77,22 @@ def run_all(specs: list[RunSpec], sim_opts: dict[str, Any], jobs: int, progress:
     return out
 
 
+def check_pool_lengths(real: pd.DataFrame, sel: pd.DataFrame, real_csv: str | os.PathLike, length_corr: float) -> None:
+    """Every selected run with status ``ok`` has pool mean lengths the ShareGPT-like length model can
+    draw (:func:`twin.validation.recreate.sharegpt_model`, cached: the worker processes forked later
+    reuse the models); otherwise an error naming the row, before any run (the run alone failed, after
+    the others were simulated). ``sel``: rows of ``real``, whose index is the rows' position in ``real_csv``."""
+    for i, row in zip(sel.index.tolist(), sel.itertuples(index=False)):
+        if row.status != "ok":
+            continue
+        try:
+            sharegpt_model(float(row.pool_mean_input_tokens), float(row.pool_mean_output_tokens), length_corr)
+        except LengthError as e:
+            col = "pool_mean_input_tokens" if "prompt mean" in str(e) else "pool_mean_output_tokens"
+            raise cell_error(real_csv, real, i, col, f"cannot be drawn by the ShareGPT-like length model ({e})",
+                             "fix the row or leave it out of the table") from None
+
+
 def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os.PathLike | None | bool = None,
                    profile: str | None = None, jobs: int = 1, limit: int | None = None, filt: str | None = None,
                    seed: int = 0, use_sent: bool = True, progress: bool = False,
@@ -124,6 +142,7 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
         raise ValueError(f"none of the {len(sel)} selected runs of {real_csv} can be scored (statuses: {counts}); "
                          f"the twin re-creates runs with status ok and start failures "
                          f"({', '.join(START_FAILURE_STATUSES)}): select some of those")
+    check_pool_lengths(real, sel, real_csv, length_corr)
     sim_opts = dict(profile_name=profile, client_cap=client_cap, preload_cpu=preload_cpu)
     results = run_all(specs, sim_opts, jobs, progress)
     tw = pd.DataFrame(results) if results else pd.DataFrame({"run_id": []})

@@ -22,6 +22,7 @@ import pandas as pd
 from traces.arguments import cell_error, parse_list
 from traces.datadir import require
 from traces.registry import MAX_REQUESTS
+from twin.scenario import MAX_SIM_SECONDS
 from twin.validation.metrics import METRICS
 
 WINDOW_S = 3600.0
@@ -108,6 +109,11 @@ def load_real(path: str | os.PathLike) -> pd.DataFrame:
     return df
 
 
+#: the real runs' ``max_num_batched_tokens`` (the engine setting every re-created run starts with)
+REAL_MAX_BATCHED_TOKENS = 2048
+#: the longest benchmark window a row may give (s): the simulated clock's limit (twin run's)
+MAX_WINDOW_S = MAX_SIM_SECONDS
+
 #: integer columns of a real-run row, each >= 1 (the configuration the run was started with)
 _REAL_INT_COLUMNS = ("served_adapters", "adapter_slots", "max_lora_rank")
 #: columns a run that served (status ``ok``) needs as positive numbers (its workload's lengths)
@@ -133,6 +139,7 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
 
     status = df["status"].astype(str)
     used = (status.eq("ok") | status.isin(START_FAILURE_STATUSES)).to_numpy()
+    ok = status.eq("ok").to_numpy()
     top_rank: dict[int, int] = {}  # row -> its largest adapter rank
     for col, cast, example in (("rates", float, "0.4-0.05-0.00625"), ("ranks", int, "8-16-32")):
         for i in np.flatnonzero(used).tolist():
@@ -155,6 +162,26 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
         if float(df["max_lora_rank"].iloc[i]) < top:
             raise bad(i, "max_lora_rank", f"is below the run's largest adapter rank {top} (vLLM would refuse those "
                                           f"adapters)")
+    # numbers given as text (absent is NaN, and allowed): the window and the sent count of every
+    # re-created run, the measured figures of the runs that served (``float('long')`` failed later,
+    # with no row named)
+    for col in ("benchmark_time_s", "requests_sent", "max_num_seqs", "max_cpu_loras", *_REAL_MEASURED_COLUMNS):
+        if col not in df.columns:
+            continue
+        x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
+        rows = ok if col in _REAL_MEASURED_COLUMNS and col != "benchmark_time_s" else used
+        wrong = rows & np.isnan(x) & df[col].notna().to_numpy() & (df[col].astype(str).str.strip() != "").to_numpy()
+        if wrong.any():
+            what = "a measurement" if col in _REAL_MEASURED_COLUMNS else "a number"
+            raise bad(int(np.argmax(wrong)), col, f"is not {what} (leave the cell empty when it was not recorded)")
+    if "benchmark_time_s" in df.columns:  # the re-created window: simulated from 0 to it
+        x = pd.to_numeric(df["benchmark_time_s"], errors="coerce").to_numpy(float)
+        with np.errstate(invalid="ignore"):
+            wrong = used & ~np.isnan(x) & ~((x > 0) & (x <= MAX_WINDOW_S))
+        if wrong.any():
+            raise bad(int(np.argmax(wrong)), "benchmark_time_s", f"is not a benchmark window in seconds, > 0 and at "
+                                                                 f"most {MAX_WINDOW_S:g} (leave it empty for "
+                                                                 f"{WINDOW_S:g} s)")
     # engine settings: absent (NaN) takes the default; vLLM refuses max_num_seqs < 1 and
     # max_cpu_loras < max_loras (LoRAConfig), the client cannot have sent a negative count
     for col, lo, what in (("max_num_seqs", 1, "is not an integer >= 1 (vLLM's max_num_seqs)"),
@@ -167,6 +194,14 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
             wrong = used & np.isfinite(x) & ((x < floor) | (x != np.round(x)))
         if wrong.any():
             raise bad(int(np.argmax(wrong)), col, what)
+    if "max_num_seqs" in df.columns:  # vLLM refuses a step budget below the running requests
+        x = pd.to_numeric(df["max_num_seqs"], errors="coerce").to_numpy(float)
+        with np.errstate(invalid="ignore"):
+            wrong = used & (x > REAL_MAX_BATCHED_TOKENS)
+        if wrong.any():
+            raise bad(int(np.argmax(wrong)), "max_num_seqs", f"is above the real runs' max_num_batched_tokens "
+                                                             f"{REAL_MAX_BATCHED_TOKENS} (vLLM refuses a step budget "
+                                                             f"below max_num_seqs)")
     if "requests_sent" in df.columns:
         x = pd.to_numeric(df["requests_sent"], errors="coerce").to_numpy(float)
         with np.errstate(invalid="ignore"):
@@ -179,7 +214,6 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
         if not n <= MAX_REQUESTS:
             raise bad(i, "rates", f"offers {n:,.0f} requests over the run's window, more than the {MAX_REQUESTS:,} a "
                                   f"run may generate (rates in req/s per adapter)")
-    ok = status.eq("ok").to_numpy()
     for col in _REAL_OK_COLUMNS:
         x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
         with np.errstate(invalid="ignore"):
@@ -417,7 +451,7 @@ def spec_from_row(row: pd.Series | dict, seed: int = 0, use_sent: bool = True,
     return RunSpec(run_id=run_id, model=str(g("model")), ranks=parse_list(g("ranks"), int, "ranks"),
                    rates=parse_list(g("rates"), float, "rates"), served=served, slots=int(g("adapter_slots")),
                    max_rank=int(g("max_lora_rank")), cpu_slots=_finite_or(g("max_cpu_loras"), int, served),
-                   max_num_seqs=_finite_or(g("max_num_seqs"), int, 2048),
+                   max_num_seqs=_finite_or(g("max_num_seqs"), int, REAL_MAX_BATCHED_TOKENS),
                    mean_in=float(g("pool_mean_input_tokens")), mean_out=float(g("pool_mean_output_tokens")),
                    requests_sent=sent, window_s=_finite_or(g("benchmark_time_s"), float, WINDOW_S),
                    seed=(zlib.crc32(run_id.encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF, length_corr=float(length_corr),

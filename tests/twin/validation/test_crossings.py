@@ -38,14 +38,37 @@ def test_a_table_without_the_offered_tokens_names_the_missing_column():
         crossings_from_per_run(_per_run([0.99, 0.5], [0.99, 0.5]).drop(columns="offered_tok_s_est"))
 
 
-def test_main_refuses_a_missing_file_before_any_work(tmp_path, monkeypatch):
+def test_main_refuses_a_missing_file_before_any_work(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TWIN_DATA_DIR", str(tmp_path))
-    with pytest.raises(SystemExit, match="vllm085_h100_llama31_8b.csv not found"):
-        main([str(tmp_path / "per_run.csv")])
+    assert main([str(tmp_path / "per_run.csv")]) == 2
+    assert "vllm085_h100_llama31_8b.csv not found" in capsys.readouterr().err
     real = tmp_path / "real.csv"
     real.write_text("run_dir,scenario,source,offered_tok_s_est\n")
-    with pytest.raises(SystemExit, match="per_run.csv' not found"):
-        main([str(tmp_path / "per_run.csv"), "--real", str(real)])
+    assert main([str(tmp_path / "per_run.csv"), "--real", str(real)]) == 2
+    assert "per_run.csv' not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content,real_content,extra,fragment", [
+    (bytes(range(256)), None, [], "per_run.csv {p} is not a text file"),
+    (b"", None, [], "per_run.csv {p} is empty"),
+    (b"run_id,x\n1,2\n", None, [], "{p}: not the per_run.csv of a twin validate --out pass (missing columns "
+                                  "['run_dir', 'scenario', 'source', 'status'])"),
+    (b"run_dir,scenario,source,status\nr,s,dt_modelling,ok\n", b"a,b\n1,2\n", [],
+     "not a real-run validation table (missing columns ['run_dir'"),
+    (b"run_dir,scenario,source,status\nr,s,dt_modelling,ok\n", None, ["--out", "{tmp}/afile/x.csv"],
+     "--out {tmp}/afile/x.csv: {tmp}/afile is a file"),
+])
+def test_main_refuses_bad_tables_with_a_message(tmp_path, capsys, content, real_content, extra, fragment):
+    """A binary, empty or foreign per_run.csv or real table (a KeyError, UnicodeDecodeError or pandas
+    traceback before), and an --out under a file: exit 2 with the file and the fix."""
+    p, real = tmp_path / "per_run.csv", tmp_path / "real.csv"
+    p.write_bytes(content)
+    real.write_bytes(real_content or b"run_dir,scenario,source,offered_tok_s_est\nr,s,dt_modelling,100\n")
+    (tmp_path / "afile").write_text("x")
+    argv = [str(p), "--real", str(real)] + [a.format(tmp=tmp_path) for a in extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert fragment.format(p=p, tmp=tmp_path) in err and "Traceback" not in err, err
 
 
 def test_the_validation_summary_and_report_give_each_splits_crossings():
