@@ -57,8 +57,15 @@ def _fitted_json(path: Path) -> dict[str, Any]:
 
 @lru_cache(maxsize=None)
 def load_fitted(name: str) -> dict[str, Any]:
-    """A committed fit from ``traces/data/<name>.json`` (cached)."""
-    return _fitted_json(DATA / f"{name}.json")
+    """A committed fit from ``traces/data/<name>.json`` (cached); an unknown name is an error listing
+    the committed ones (a file name such as ``x.json`` is a name too: ``x``)."""
+    path = DATA / f"{name}.json"
+    known = sorted(p.stem for p in DATA.glob("*.json")) if DATA.is_dir() else []
+    if not path.exists() and known:
+        hint = f" (a name, not a file: {name[:-5]!r})" if name.endswith(".json") and name[:-5] in known else ""
+        raise FileNotFoundError(f"unknown fitted statistics {name!r}{hint}; the committed ones are "
+                                f"{', '.join(known)} (traces/data/<name>.json)")
+    return _fitted_json(path)
 
 
 # --------------------------------------------------------------------------- filters, scaling

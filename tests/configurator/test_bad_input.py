@@ -337,7 +337,7 @@ def test_search_slo_rule_with_percentile_slos(tmp_path, capsys):
     assert "slo" not in json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e300"])
 def test_search_and_evaluate_refuse_a_bad_serving_host_time(tmp_path, capsys, value):
     err = _error(SEARCH + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--serving-us", value,
                            "--cache", str(tmp_path / "c")], capsys)
@@ -346,7 +346,8 @@ def test_search_and_evaluate_refuse_a_bad_serving_host_time(tmp_path, capsys, va
     assert "--serving-us" in err
 
 
-@pytest.mark.parametrize("value, what", [("-1", "--rank-tile-cost"), ("nan", "--rank-tile-cost")])
+@pytest.mark.parametrize("value, what", [("-1", "--rank-tile-cost"), ("nan", "--rank-tile-cost"),
+                                         ("1e300", "--rank-tile-cost")])
 def test_search_and_evaluate_refuse_a_bad_rank_tile_cost(tmp_path, capsys, value, what):
     err = _error(SEARCH + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--rank-tile-cost", value,
                            "--cache", str(tmp_path / "c")], capsys)

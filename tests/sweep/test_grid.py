@@ -151,6 +151,9 @@ def test_grid_errors(tmp_path):
                                               r"run .*give it as \[configs\] slots = \[...\] instead"),
     ("[configs]\nengine = { served_adapters = 3 }", r"\[configs.engine\] served_adapters: set by the grid's served axis"),
     ("[configs]\nengine = { max_lora_rank = 64 }", r"\[configs.engine\] max_lora_rank: set by the grid's max_lora_rank"),
+    # engine constants beyond what twin run takes (a units or typing error)
+    ("[scenarios]\nserving_us = 1e300", r"grid \[scenarios\] serving_us 1e\+300: more than 1e\+06 .*serving_us = 18"),
+    ("[scenarios]\nrank_tile_cost = 1000", r"grid \[scenarios\] rank_tile_cost 1000: more than 100 "),
     # a window that holds no request: every run was recorded empty, as keeping up
     ("window_s = 1e-300\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8]]\n[configs]\nserved = [8]\nslots = [8]",
      r"grid: its busiest run expects ~2.4e-300 requests .*so every run would hold no request; lengthen window_s"),

@@ -310,6 +310,9 @@ CASES: list[tuple[str, str]] = [
     ("traces synth --out {d}/w.parquet --duration 5 --conversations --think-s -1", "think_s = -1.0: must be a finite "
                                                                                   "number >= 0"),
     ("traces synth --out {d}/w.parquet --duration 5 --arrival gamma --cv 1e9", "cv = 1e+09: at most 100"),
+    # a file name for the committed fit's name: named, with the names there are (it read "x.json.json missing")
+    ("traces synth --out {d}/w.parquet --duration 5 --arrival fitted --fit splitwise_conv_fit.json",
+     "unknown fitted statistics 'splitwise_conv_fit.json' (a name, not a file: 'splitwise_conv_fit'); the committed"),
     (R + "--trace-opt arrival=gamma --trace-opt cv=1e9", "cv = 1e+09: at most 100"),
     (R + "--trace {d}/nanrank.csv", "row 2 (line 3), column adapter_rank: a request for adapter 2 needs "
                                     "adapter_rank >= 1"),

@@ -13,7 +13,7 @@ from typing import Any
 from traces.arguments import check_writable_dir, check_writable_file, has_empty_item
 from twin.configurator.domain import describe, outside, training_domain
 from twin.configurator.models import KINDS
-from twin.scenario import check_number
+from twin.scenario import check_host_term, check_number
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 
 DEFAULT_PROFILE = "llama-3.1-8b_h100_vllm085"
@@ -623,8 +623,8 @@ def _tile_cost(text: str) -> "float | str":
 def _check_serving_us(us: float | None) -> None:
     """``--serving-us``: None (not given) or a number >= 0, else an error naming the fix."""
     if us is not None:
-        check_number("--serving-us", us, 0, True, "microseconds per running request and step, e.g. --serving-us 18 "
-                                                  "(0: off)")
+        check_host_term("serving_us", us, "--serving-us", "microseconds per running request and step, e.g. "
+                                                          "--serving-us 18 (0: off)")
 
 
 def _check_rank_tile_cost(cost: "float | str | None", profile: str | None) -> None:
@@ -632,8 +632,8 @@ def _check_rank_tile_cost(cost: "float | str | None", profile: str | None) -> No
     (None, not given, and 'profile' pass)."""
     if cost is None or isinstance(cost, str):
         return
-    check_number("--rank-tile-cost", cost, 0, True, "a cost relative to the first rank tile, e.g. --rank-tile-cost "
-                                                    f"{RANK_TILE_COST:g} (1: every tile alike)")
+    check_host_term("rank_tile_cost", cost, "--rank-tile-cost", "a cost relative to the first rank tile, e.g. "
+                                                                f"--rank-tile-cost {RANK_TILE_COST:g} (1: every tile alike)")
     from twin.sweep.scenario import get_profile
 
     try:
@@ -746,8 +746,7 @@ def cmd_search(args) -> int:
     if args.length_corr:
         kw["length_corr"] = check_length_corr(args.length_corr, "--length-corr")
     if args.serving_us:
-        check_number("--serving-us", args.serving_us, 0, True, "microseconds per running request and step, "
-                                                               "e.g. --serving-us 18 (0: off)")
+        _check_serving_us(args.serving_us)
         kw["serving_us"] = float(args.serving_us)
     if args.rank_tile_cost is not None:
         _check_rank_tile_cost(args.rank_tile_cost, args.profile)

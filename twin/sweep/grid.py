@@ -48,8 +48,8 @@ from traces.arguments import first_repeat
 from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points
 from twin.sweep.scenario import DEFAULT_POLICY, check_length_corr, check_lengths, get_profile, profile_hash
-from twin.config import EngineConfig
-from twin.scenario import read_mapping_file
+from twin.config import ConfigError, EngineConfig
+from twin.scenario import check_host_term, read_mapping_file
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 
 #: The published per-adapter rates (req/s) and ranks.
@@ -278,6 +278,16 @@ def _number(v: Any, where: str, kind: type = float, lo: float = 0.0, lo_ok: bool
     return x
 
 
+def _host_term(name: str, v: float, example: str) -> float:
+    """A ``[scenarios]`` engine constant (``serving_us``, ``rank_tile_cost``) at most its bound
+    (:data:`twin.scenario.HOST_TERM_MAXIMA`, as ``twin run`` takes it), else an error naming the key."""
+    try:
+        check_host_term(name, v, f"grid [scenarios] {name}", f"e.g. {example}")
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    return v
+
+
 def _numbers(v: Any, where: str, kind: type = float, lo: float = 0.0, lo_ok: bool = False,
              example: str = "") -> list[Any]:
     """A non-empty list of :func:`_number` values (a single value is a list of one)."""
@@ -360,10 +370,12 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
     if "length_corr" in sc:
         g.length_corr = check_length_corr(sc["length_corr"], "grid [scenarios] length_corr")
     if "serving_us" in sc:
-        g.serving_us = _number(sc["serving_us"], "[scenarios] serving_us", lo_ok=True, example="serving_us = 18")
+        g.serving_us = _host_term("serving_us", _number(sc["serving_us"], "[scenarios] serving_us", lo_ok=True,
+                                                        example="serving_us = 18"), "serving_us = 18")
     if "rank_tile_cost" in sc:
-        g.rank_tile_cost = _number(sc["rank_tile_cost"], "[scenarios] rank_tile_cost", lo_ok=True,
-                                   example="rank_tile_cost = 0.7091")
+        g.rank_tile_cost = _host_term("rank_tile_cost", _number(sc["rank_tile_cost"], "[scenarios] rank_tile_cost",
+                                                                lo_ok=True, example="rank_tile_cost = 0.7091"),
+                                      "rank_tile_cost = 0.7091")
     if "arrival" in sc:
         g.arrival = _names(sc["arrival"], "[scenarios] arrival", 'arrival = ["poisson"]')
     if "policy" in sc:
