@@ -105,6 +105,8 @@ FILES.update({  # real-run tables (twin validate, twin configure evaluate) with 
     "real_lengths.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,long,197\n",
     "real_status.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,weird,1,222,197\n",
     "real_maxrank.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,16,ok,1,222,197\n",
+    "real_classes.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,2,2,32,ok,1,222,197\n",
+    "real_nosource.csv": _REAL_HEADER + b"llama-3.1-8b,,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197\n",
     "real_itl.csv": _REAL_HEADER.replace(b"\n", b",mean_itl_ms\n")
                     + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,-5\n",
     "real_sent.csv": _REAL_HEADER.replace(b"\n", b",requests_sent\n")
@@ -384,6 +386,8 @@ CASES: list[tuple[str, str]] = [
     ("validate --real {d}/real_slots.csv", "column adapter_slots: an empty cell is not an integer >= 1"),
     ("validate --real {d}/real_lengths.csv", "column pool_mean_input_tokens: 'long' is not a positive number"),
     ("validate --real {d}/real_maxrank.csv", "column max_lora_rank: 16 is below the run's largest adapter rank 32"),
+    ("validate --real {d}/real_classes.csv", "column rates: '0.4-0.1-0.05' lists 3 classes for 2 served adapters"),
+    ("validate --real {d}/real_nosource.csv", "column source: an empty cell names no subset (e.g. ml_test or dt_modelling)"),
     ("validate --real {d}/real_itl.csv", "column mean_itl_ms: -5 is not a measurement"),
     ("validate --real {d}/real_sent.csv", "column requests_sent: -3 is not a request count"),
     ("validate --real {d}/real_seqs.csv", "column max_num_seqs: 0 is not an integer >= 1"),

@@ -140,7 +140,12 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
     status = df["status"].astype(str)
     used = (status.eq("ok") | status.isin(START_FAILURE_STATUSES)).to_numpy()
     ok = status.eq("ok").to_numpy()
+    src = df["source"]
+    blank = used & (src.isna() | (src.astype(str).str.strip() == "")).to_numpy()
+    if blank.any():  # (the run ids are source/scenario/run_dir: it read "nan/...")
+        raise bad(int(np.argmax(blank)), "source", "names no subset (e.g. ml_test or dt_modelling)")
     top_rank: dict[int, int] = {}  # row -> its largest adapter rank
+    classes: dict[int, dict[str, int]] = {}  # row -> its number of rate and rank classes
     for col, cast, example in (("rates", float, "0.4-0.05-0.00625"), ("ranks", int, "8-16-32")):
         for i in np.flatnonzero(used).tolist():
             try:
@@ -150,6 +155,7 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
             if not vals or not all(np.isfinite(x) and x > 0 for x in vals):
                 raise bad(i, col, f"is not a list of positive {'numbers' if cast is float else 'integers'} "
                                   f"(e.g. {example})")
+            classes.setdefault(i, {})[col] = len(vals)
             if col == "ranks":
                 top_rank[i] = max(vals)
     for col in _REAL_INT_COLUMNS:
@@ -158,6 +164,12 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
             wrong = used & (~np.isfinite(x) | (x < 1) | (x != np.round(x)))
         if wrong.any():
             raise bad(int(np.argmax(wrong)), col, "is not an integer >= 1")
+    for i, n in classes.items():  # classes assigned round-robin to the served adapters: each needs one
+        served = float(df["served_adapters"].iloc[i])
+        for col, k in n.items():
+            if k > served:
+                raise bad(i, col, f"lists {k} classes for {served:g} served adapters (they are assigned "
+                                  f"round-robin, so some would serve no adapter)")
     for i, top in top_rank.items():  # vLLM pads every slot to max_lora_rank and refuses a larger adapter
         if float(df["max_lora_rank"].iloc[i]) < top:
             raise bad(i, "max_lora_rank", f"is below the run's largest adapter rank {top} (vLLM would refuse those "
