@@ -169,6 +169,11 @@ def test_predict_check_cli(monkeypatch, capsys):
     assert all(s["served_adapters"] > 128 for s in d["check"]["steps"][:-1])
     ns = p.parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--check"])
     assert ns.func(ns) == 0
+    # the shipped Llama forest was trained on the validated engine (its provenance): the check runs that one
+    assert "twin check on serving_us 18, rank_tile_cost 0.7091 (" in capsys.readouterr().out
+    ns = p.parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--check",
+                       "--profile", "qwen-2.5-7b_h100_vllm085"])  # the shipped Qwen models: the calibrated engine
+    assert ns.func(ns) == 0
     assert "twin check on the calibrated engine (serving_us 0, rank_tile_cost the profile's) (" in capsys.readouterr().out
 
 

@@ -46,7 +46,8 @@ def test_there_are_shipped_models_for_both_profiles():
 def test_a_shipped_model_comes_from_a_committed_labels_table(path):
     prov = _provenance(path)
     sources = prov["sources"]
-    assert len(sources) == 1 and sources[0].startswith("results/configurator/labels_"), (
+    assert len(sources) == 1 and sources[0].startswith("results/configurator/") and (
+        Path(sources[0]).name.startswith("labels_")), (
         f"{path.name} was trained from {sources}: retrain it from a committed labels table")
     lab = _labels(path)
     profile = _profile_of(path)
@@ -73,11 +74,11 @@ def test_no_shipped_model_was_trained_on_a_test_scenario(path, real_data):
 VALIDATED = REPO / "results" / "configurator" / "validated"
 
 
-@pytest.mark.parametrize("path", sorted((VALIDATED / "models").glob("*.json*")), ids=lambda p: p.name)
-def test_the_validated_sample_models_come_from_its_labels_on_its_engine(path):
-    """The models of the validated engine's sweep sample (results/configurator/validated/): trained on its
-    committed labels, whose engine is the named grid's (twin.sweep.grid.VALIDATED_ENGINE), which their
-    provenance records for the twin's check; no ml_test scenario among the labels."""
+@pytest.mark.parametrize("path", sorted(MODEL_DIR.glob("llama-3.1-8b_h100_vllm085.*")), ids=lambda p: p.name)
+def test_the_shipped_llama_models_come_from_the_whole_validated_sweep(path):
+    """The shipped Llama-3.1-8B models (results/configurator/README.md, "What ships when the sweep is whole"):
+    trained on the validated engine's labels of all 831 non-test scenarios, whose engine is the named grid's
+    (twin.sweep.grid.VALIDATED_ENGINE), which their provenance records for the twin's check."""
     from twin.configurator.labels import engines_of
     from twin.configurator.models import model_engine
     from twin.sweep.grid import VALIDATED_ENGINE
@@ -87,9 +88,20 @@ def test_the_validated_sample_models_come_from_its_labels_on_its_engine(path):
     assert engines_of(lab) == [VALIDATED_ENGINE]
     assert model_engine(m) == VALIDATED_ENGINE
     assert m["provenance"]["sources"] == ["results/configurator/validated/labels_llama_validated_throughput90.csv"]
-    assert m["provenance"]["rule"] == "throughput90" and len(lab) == 625
+    assert m["provenance"]["rule"] == "throughput90" and len(lab) == 831
     runs = pd.read_parquet(VALIDATED / "runs_llama_validated.parquet")
     assert set(runs["scenario"]) == set(lab["scenario"])
+
+
+@pytest.mark.parametrize("path", sorted(MODEL_DIR.glob("qwen-2.5-7b_h100_vllm085.*")), ids=lambda p: p.name)
+def test_the_shipped_qwen_models_stay_on_the_calibrated_engine(path):
+    """The validated engine's constants were fitted on Llama runs; the Qwen models keep the calibrated engine."""
+    from twin.configurator.labels import CALIBRATED_ENGINE
+    from twin.configurator.models import model_engine
+
+    m = json.loads(read_model_text(path))
+    assert model_engine(m) == model_engine({"provenance": {"engine": CALIBRATED_ENGINE}})
+    assert m["provenance"]["sources"] == ["results/configurator/labels_qwen_throughput90.csv"]
 
 
 def test_the_validated_sample_runs_give_its_labels():
