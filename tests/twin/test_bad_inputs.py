@@ -412,7 +412,6 @@ CASES: list[tuple[str, str]] = [
                                               "step)"),
     ("validate --rank-tile-cost 1e300 --limit 1", "--rank-tile-cost 1e+300: more than 100"),
     ("validate --out '' --limit 1", "--out: empty; give a directory"),
-    ("validate --no-figures --limit 1", "--no-figures skips the figures written into --out, and no --out is given"),
     (R + "--frontend-ms 1e300", "--frontend-ms 1e+300: more than 1e+06 (1,000 s per request)"),
     ("compare --policies vllm --rps 1 --duration 5 --serving-us 1e300", "--serving-us 1e+300: more than 1e+06"),
     ("compare --policies vllm --rps 1 --duration 5 --rank-tile-cost 1e3", "--rank-tile-cost 1000: more than 100"),
