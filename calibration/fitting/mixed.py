@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -37,10 +36,9 @@ import pandas as pd
 
 from calibration.fitting import components as C
 from calibration.fitting.core import FitError, ParamSpec, cross_val_predict, dropped_rows_reported, fit_params, quality
-from calibration.fitting.tables import Vllm085Tables
+from calibration.fitting.tables import Vllm085Tables, vllm085_directory
 from calibration.fitting.vllm085 import _serving_run_frame, lora_obs, per_adapter_serving_runs, serving_run_lora_obs
 from twin.perf.forms import FORMS
-from traces.datadir import data_dir
 from twin.perf.profile import Profile, load_profile
 
 MS = 1e-3
@@ -207,15 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (0.0 <= a.host_us <= 1000.0):  # (also rejects nan)
         print(f"mixed: --host-us must be between 0 and 1000 microseconds (got {a.host_us})", file=sys.stderr)
         return 2
-    if a.data is not None and not a.data.strip():
-        print("mixed: --data: empty; give the vLLM 0.8.5 calibration directory, or leave --data out for "
-              "$TWIN_DATA_DIR/calibration/vllm085_h100", file=sys.stderr)
-        return 2
-    directory = Path(a.data) if a.data else Path(data_dir()) / "calibration" / "vllm085_h100"
-    if not directory.is_dir():
-        print(f"mixed: no calibration directory {directory}; set TWIN_DATA_DIR or pass --data", file=sys.stderr)
-        return 2
     try:
+        directory = vllm085_directory(a.data)
         prof = load_profile(a.profile)
         with dropped_rows_reported("mixed"):
             t = Vllm085Tables.read(directory, prof.model)

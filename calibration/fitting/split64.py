@@ -44,10 +44,9 @@ from calibration.fitting import components as C
 from calibration.fitting.core import (FitError, ParamSpec, cross_val_predict, dropped_rows_reported, fit_params,
                                      quality)
 from calibration.fitting.mixed import CANDIDATES as MIXED_CANDIDATES, add_mixed, fit_mixed, with_mixed_inputs
-from calibration.fitting.tables import Vllm085Tables
+from calibration.fitting.tables import Vllm085Tables, vllm085_directory
 from calibration.fitting.vllm085 import (BACKBONE_METHOD, GRAPH_MAX_TOKENS, backbone_obs, fit_vllm085, lora_obs,
                                          serving_run_lora_obs)
-from traces.datadir import data_dir
 from twin.perf.profile import Profile
 
 #: rows whose steps have fewer tokens than this run the 64-split shrink (vLLM 0.8.5 ``lora_shrink``)
@@ -259,15 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="llama-3.1-8b", help="model of the tables (default llama-3.1-8b)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args(argv)
-    if a.data is not None and not a.data.strip():
-        print("split64: --data: empty; give the vLLM 0.8.5 calibration directory, or leave --data out for "
-              "$TWIN_DATA_DIR/calibration/vllm085_h100", file=sys.stderr)
-        return 2
-    directory = Path(a.data) if a.data else Path(data_dir()) / "calibration" / "vllm085_h100"
-    if not directory.is_dir():
-        print(f"split64: no calibration directory {directory}; set TWIN_DATA_DIR or pass --data", file=sys.stderr)
-        return 2
     try:
+        directory = vllm085_directory(a.data)
         with dropped_rows_reported("split64"):
             out = fit_split64(directory, a.model)
             t = Vllm085Tables.read(directory, a.model)

@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from calibration.fitting.core import FitError, TableError, first_nan_counts, warn_dropped
+from traces.datadir import data_dir
 from twin.model_spec import ModelSpec, get_model
 
 #: vLLM 0.8.5 V1 defaults of the measured servers
@@ -56,6 +57,19 @@ VLLM085_FILES = ("step_latency.csv", "step_latency_runs.csv", "adapter_overhead.
 
 
 VLLM085_README = "the data README, section calibration/vllm085_h100"
+
+
+def vllm085_directory(data: str | None) -> Path:
+    """The vLLM 0.8.5 calibration directory of a ``--data`` option: the given one, or
+    ``$TWIN_DATA_DIR/calibration/vllm085_h100`` when it is None; ``ValueError`` naming the fix when it
+    is empty or not a directory (the ``python -m calibration.fitting.*`` commands)."""
+    if data is not None and not data.strip():
+        raise ValueError("--data: empty; give the vLLM 0.8.5 calibration directory, or leave --data out for "
+                         "$TWIN_DATA_DIR/calibration/vllm085_h100")
+    directory = Path(data) if data else Path(data_dir()) / "calibration" / "vllm085_h100"
+    if not directory.is_dir():
+        raise ValueError(f"no calibration directory {directory}; set TWIN_DATA_DIR or pass --data")
+    return directory
 
 
 # ------------------------------------------------------------------------------------------

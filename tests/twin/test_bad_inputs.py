@@ -98,6 +98,14 @@ FILES: dict[str, bytes] = {
 }
 _REAL_HEADER = (b"model,source,scenario,run_dir,ranks,rates,served_adapters,adapter_slots,max_lora_rank,status,"
                 b"offered_req_s,pool_mean_input_tokens,pool_mean_output_tokens\n")
+
+
+def _real_with(column: str, value: str, status: str = "ok") -> bytes:
+    """A one-run real table with one more ``column`` holding ``value``."""
+    return (_REAL_HEADER.replace(b"\n", f",{column}\n".encode())
+            + f"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,{status},1,222,197,{value}\n".encode())
+
+
 FILES.update({  # real-run tables (twin validate, twin configure evaluate) with one bad row
     "real_rates.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,abc,16,16,32,ok,1,222,197\n",
     "real_served.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,-5,16,32,ok,1,222,197\n",
@@ -107,29 +115,19 @@ FILES.update({  # real-run tables (twin validate, twin configure evaluate) with 
     "real_maxrank.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,16,ok,1,222,197\n",
     "real_classes.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,2,2,32,ok,1,222,197\n",
     "real_nosource.csv": _REAL_HEADER + b"llama-3.1-8b,,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197\n",
-    "real_itl.csv": _REAL_HEADER.replace(b"\n", b",mean_itl_ms\n")
-                    + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,-5\n",
-    "real_sent.csv": _REAL_HEADER.replace(b"\n", b",requests_sent\n")
-                     + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,-3\n",
-    "real_seqs.csv": _REAL_HEADER.replace(b"\n", b",max_num_seqs\n")
-                     + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,0\n",
-    "real_cpu.csv": _REAL_HEADER.replace(b"\n", b",max_cpu_loras\n")
-                    + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,1\n",
+    "real_itl.csv": _real_with("mean_itl_ms", "-5"),
+    "real_sent.csv": _real_with("requests_sent", "-3"),
+    "real_seqs.csv": _real_with("max_num_seqs", "0"),
+    "real_cpu.csv": _real_with("max_cpu_loras", "1"),
     "real_huge.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,4000-0.1-0.05,16,16,32,ok,1,222,197\n",
     # numbers as text (a bare "could not convert string to float" before), a window or max_num_seqs the twin
     # cannot re-create, pool lengths the length model cannot draw (each failed alone, after the other runs)
-    "real_bttext.csv": _REAL_HEADER.replace(b"\n", b",benchmark_time_s\n")
-                       + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,long\n",
-    "real_senttext.csv": _REAL_HEADER.replace(b"\n", b",requests_sent\n")
-                         + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,many\n",
-    "real_itltext.csv": _REAL_HEADER.replace(b"\n", b",mean_itl_ms\n")
-                        + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,fast\n",
-    "real_btzero.csv": _REAL_HEADER.replace(b"\n", b",benchmark_time_s\n")
-                       + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,failed_kv_insufficient,1,222,197,0\n",
-    "real_bthuge.csv": _REAL_HEADER.replace(b"\n", b",benchmark_time_s\n")
-                       + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,1e12\n",
-    "real_seqshuge.csv": _REAL_HEADER.replace(b"\n", b",max_num_seqs\n")
-                         + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,1000000\n",
+    "real_bttext.csv": _real_with("benchmark_time_s", "long"),
+    "real_senttext.csv": _real_with("requests_sent", "many"),
+    "real_itltext.csv": _real_with("mean_itl_ms", "fast"),
+    "real_btzero.csv": _real_with("benchmark_time_s", "0", "failed_kv_insufficient"),
+    "real_bthuge.csv": _real_with("benchmark_time_s", "1e12"),
+    "real_seqshuge.csv": _real_with("max_num_seqs", "1000000"),
     "real_longpool.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,1e12\n",
     # a valid row, but no measured throughput to find the real optimum from (configure evaluate)
     "real_unmeasured.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197\n",
@@ -138,6 +136,7 @@ FILES.update({  # real-run tables (twin validate, twin configure evaluate) with 
     "peer_text.csv": b"source,ranks,rates,served_adapters,adapter_slots,max_lora_rank,finished_requests,total_tok_s,"
                      b"itl_ms,ttft_ms_incl_unfinished\nml_test,8-16-32,0.4-0.1-0.05,16,16,32,lots,100,20,30\n",
 })
+
 
 
 @pytest.fixture
