@@ -94,10 +94,9 @@ def test_mixed_fit_net_of_host_time(capsys):
     srv = (o0["source"] != SOURCES[2]).to_numpy()
     assert np.allclose(o1["model_ms"][srv] - o0["model_ms"][srv], 0.018 * o0["R"][srv])
     assert (o1["model_ms"][~srv] == o0["model_ms"][~srv]).all()
-    h0 = fit_mixed(t, prof, forms=("prefill_slots",))["params"]["h_slot"]
+    # (with 0, the fit gives the profile's own term: test_fixed_point_is_a_fixed_point)
     h1 = fit_mixed(t, prof, forms=("prefill_slots",), host_s_per_running=18e-6)["params"]["h_slot"]
-    assert h0 == pytest.approx(prof.components["mixed"].params["h_slot"], rel=1e-4)
-    assert h1 < 0.9 * h0
+    assert h1 < 0.9 * prof.components["mixed"].params["h_slot"]
     data = str(Path(DATA) / "calibration" / "vllm085_h100")
     assert main(["--data", data, "--host-us", "18"]) == 0
     out = capsys.readouterr().out
