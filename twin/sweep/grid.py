@@ -48,7 +48,7 @@ from traces.arguments import first_repeat
 from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points
 from twin.sweep.scenario import DEFAULT_POLICY, check_length_corr, check_lengths, get_profile, profile_hash
-from twin.config import ConfigError, EngineConfig
+from twin.config import EngineConfig
 from twin.scenario import check_host_term, read_mapping_file
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 
@@ -280,11 +280,9 @@ def _number(v: Any, where: str, kind: type = float, lo: float = 0.0, lo_ok: bool
 
 def _host_term(name: str, v: float, example: str) -> float:
     """A ``[scenarios]`` engine constant (``serving_us``, ``rank_tile_cost``) at most its bound
-    (:data:`twin.scenario.HOST_TERM_MAXIMA`, as ``twin run`` takes it), else an error naming the key."""
-    try:
-        check_host_term(name, v, f"grid [scenarios] {name}", f"e.g. {example}")
-    except ConfigError as e:
-        raise ValueError(str(e)) from None
+    (:data:`twin.scenario.HOST_TERM_MAXIMA`, as ``twin run`` takes it), else an error naming the key
+    (a :class:`~twin.config.ConfigError`, which is a ``ValueError``)."""
+    check_host_term(name, v, f"grid [scenarios] {name}", f"e.g. {example}")
     return v
 
 
