@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from calibration.bench.config import CPU_DEFAULTS, DEFAULT_MODEL, GPU_DEFAULTS, PARTS
+from calibration.bench.config import CHECK_CASE_NAMES, CPU_DEFAULTS, DEFAULT_MODEL, GPU_DEFAULTS, PARTS
 
 DESCRIPTION = """Microbenchmarks for calibrating a LoRA Twin profile: base-model linear operators
 (linear_ops.csv, Vidur's columns), Triton LoRA kernels SGMV/BGMV shrink and expand and vLLM 0.8.5's
@@ -68,6 +68,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     s.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
                    help="compute dtype (float16 on cuda, float32 on cpu)")
     s.add_argument("--parts", help=f"subset of {_csv(PARTS)} (default: all)")
+    s.add_argument("--check-cases", metavar="NAMES",
+                   help=f"cases of the Triton kernel check (default: all: {_csv(CHECK_CASE_NAMES)}; "
+                        f"interpreted on CPU each takes 10-40 s)")
     st = p.add_argument_group("mixed steps (part step; defaults: GPU / CPU)")
     st.add_argument("--step-decodes", help=f"decodes per step ({_csv(GPU_DEFAULTS['step_decodes'])} / "
                                            f"{_csv(CPU_DEFAULTS['step_decodes'])})")

@@ -3,8 +3,9 @@
 :func:`resolve_config` turns the parsed command line into a :class:`BenchConfig`. The device
 decides the defaults: a GPU run measures the model at its real dimensions over the full sweeps;
 a CPU run (``--device cpu``, or no GPU) uses tiny dimensions (``--small``: hidden 256, 2 layers)
-and short sweeps so that the whole harness finishes in well under a minute. Every default can
-be overridden on the command line.
+and short sweeps: the measurements take well under a minute, and the Triton kernel check, run in
+Triton's interpreter, 1-2 minutes more (``--check-cases`` picks fewer of its four cases). Every
+default can be overridden on the command line.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from typing import Sequence
 from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
 
 PARTS = ("check", "linear", "lora", "h2d", "load", "step")
+#: the Triton kernel check's cases (``calibration.bench.lora.CHECK_CASES``, by name): adapter index -1, an
+#: empty segment, single-token decodes, a segment over several tiles, ranks above one block
+CHECK_CASE_NAMES = ("mixed_ranks_empty_segment", "decode_like_single_tokens", "long_segment_multi_tile",
+                    "rank_above_block")
 DEFAULT_MODEL = "llama-2-7b"
 
 #: Sweeps for a GPU (full) run and a CPU (small) run.
@@ -107,6 +112,8 @@ class BenchConfig:
     load_repeats: int = 3
     targets: tuple[str, ...] = ALL_TARGETS
     parts: tuple[str, ...] = PARTS
+    #: the kernel check's cases (part check); under Triton's interpreter each takes 10-40 s of CPU
+    check_cases: tuple[str, ...] = CHECK_CASE_NAMES
     cold_cache: bool = True
     keep_adapters: bool = False
     #: step part: decodes per step, total decode context tokens, prefill tokens (-1: fill the budget),
@@ -250,6 +257,15 @@ def resolve_config(args, cuda_available: bool | None = None) -> BenchConfig:
     bad = [p for p in parts if p not in PARTS]
     if bad:
         raise ValueError(f"--parts: unknown part(s) {bad}; choose from {', '.join(PARTS)}")
+    check_cases = (CHECK_CASE_NAMES if not getattr(args, "check_cases", None) else
+                   tuple(c.strip() for c in args.check_cases.split(",") if c.strip()))
+    bad = [c for c in check_cases if c not in CHECK_CASE_NAMES]
+    if bad or not check_cases:
+        raise ValueError(f"--check-cases: unknown case(s) {bad or [args.check_cases]}; choose from "
+                         f"{', '.join(CHECK_CASE_NAMES)}")
+    if getattr(args, "check_cases", None) and "check" not in parts:
+        raise ValueError("--check-cases chooses the cases of the kernel check, but --parts leaves the check out; "
+                         "add check to --parts, or leave --check-cases out")
     targets = ALL_TARGETS if not args.targets else tuple(t.strip() for t in args.targets.split(",") if t.strip())
     for t in targets:
         spec.module_shape(t)  # validates the name
@@ -282,6 +298,7 @@ def resolve_config(args, cuda_available: bool | None = None) -> BenchConfig:
         load_repeats=int(load_repeats),
         targets=targets,
         parts=parts,
+        check_cases=check_cases,
         cold_cache=not args.warm_cache,
         keep_adapters=args.keep_adapters,
         **step,

@@ -117,7 +117,7 @@ def _run(cfg: BenchConfig, torch, device, dtype, log, kernels, linear_ops, lora,
     if "check" in cfg.parts:
         t0 = time.perf_counter()
         check_dtype = torch.float32 if device.type == "cpu" else dtype
-        rows, note = lora.check_kernels(device, check_dtype, cfg.seed)
+        rows, note = lora.check_kernels(device, check_dtype, cfg.seed, cfg.check_cases)
         meta["notes"].append(note)
         log(f"  {note}")
         meta["kernel_check_ok"] = all(r["ok"] for r in rows) if rows else None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Sequence
 
 import torch
 
@@ -277,14 +278,18 @@ def check_case(case: dict, device: torch.device, dtype: torch.dtype = torch.floa
     return rows
 
 
-def check_kernels(device: torch.device, dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[list[dict], str]:
-    """All :data:`CHECK_CASES`; returns (rows, note). No rows when Triton cannot run here."""
+def check_kernels(device: torch.device, dtype: torch.dtype = torch.float32, seed: int = 0,
+                  cases: Sequence[str] | None = None) -> tuple[list[dict], str]:
+    """The :data:`CHECK_CASES` named in ``cases`` (all by default); returns (rows, note). No rows when
+    Triton cannot run here. Each case keeps its seed (``seed`` + its index) whichever others run."""
     usable, why = K.triton_usable(device)
     if not usable:
         return [], f"kernel check skipped: {why}"
     rows = []
     errors = []
     for i, case in enumerate(CHECK_CASES):
+        if cases is not None and case["name"] not in cases:
+            continue
         try:
             rows.extend(check_case(case, device, dtype, seed + i))
         except Exception as e:  # a kernel that does not compile/run is a failed check, not a crash

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--device", "cpu", "--small", "--model-dims", "llama-3.1-8b", "--ranks", "8,16", "--tokens", "1,8",
         "--lora-tokens", "1,8", "--adapters", "1,2", "--repeats", "2", "--warmup", "1", "--load-repeats", "2",
         "--concurrency", "1,2", "--step-decodes", "0,4", "--step-context", "16,32,64", "--step-repeats", "1",
-        "--step-warmup", "0", "--quiet"]
+        "--step-warmup", "0", "--check-cases", "long_segment_multi_tile", "--quiet"]
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,8 @@ def test_every_table_written_with_contract_columns(bench_out):
             continue  # with a GPU visible, the CPU run leaves the Triton check to --device cuda
         assert len(df) > 0, name
     assert not (bench_out / "adapters").exists(), "adapter files are removed unless --keep-adapters"
+    if not torch.cuda.is_available():  # --check-cases: only the case named (each is checked in test_bench_kernels)
+        assert set(pd.read_csv(bench_out / "kernel_check.csv")["case"]) == {"long_segment_multi_tile"}
 
 
 def test_linear_ops(bench_out):
@@ -134,3 +136,7 @@ def test_module_entry_point_and_errors(tmp_path):
     if not torch.cuda.is_available():
         assert main(["--device", "cuda", "--out", str(tmp_path / "x"), "--quiet"]) == 2
     assert main(["--device", "cpu", "--ranks", "0", "--out", str(tmp_path / "y"), "--quiet"]) == 2
+    assert main(["--device", "cpu", "--check-cases", "nope", "--out", str(tmp_path / "z"), "--quiet"]) == 2
+    assert main(["--device", "cpu", "--parts", "linear", "--check-cases", "rank_above_block",
+                 "--out", str(tmp_path / "z"), "--quiet"]) == 2
+    assert not (tmp_path / "z").exists()

@@ -30,6 +30,12 @@ def test_kernels_agree_with_reference_fp32(case):
                                            "slot_expand_add"}
 
 
+def test_the_torch_free_config_names_every_case():
+    from calibration.bench.config import CHECK_CASE_NAMES
+
+    assert tuple(c["name"] for c in CHECK_CASES) == CHECK_CASE_NAMES
+
+
 def test_cases_cover_the_edge_cases():
     segs = [s for c in CHECK_CASES for s in c["segments"]]
     assert any(n == 0 for _, n, _ in segs), "a segment of length 0"
