@@ -43,7 +43,7 @@ from traces.fetch import SOURCES, fetch_command
 from traces.lengths import LengthConfig, build_length_model, load_fitted, sample_lengths, scale_lengths
 from traces.loaders import LOADERS, TraceTable, detect_format
 from traces.synth import (DEFAULT_RATES, ArrivalConfig, AdapterConfig, OPTIONS, SynthConfig, apply_options,
-                          generate_arrivals, synthesize)
+                          check_options_apply, generate_arrivals, synthesize, validate_config)
 from traces.workload import FILE_SUFFIXES, Workload, WorkloadError
 from traces.datadir import data_dir as _data_dir
 
@@ -588,6 +588,8 @@ def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike
         if cfg.arrivals.process in ("per-adapter", "fitted") and "rps" not in synth_opts:
             cfg.arrivals.rps = None  # per-adapter: the rates list decides; fitted: the fitted mean rate
         check_size(cfg, spec.name)
+        validate_config(cfg)  # (a bad value is named first, then an option its settings do not read)
+        check_options_apply(cfg, synth_opts, f"synthetic preset {spec.name!r}")
         w = synthesize(cfg, _trace_lengths_loader(data_dir))
         w.meta.update(record, kind="synthetic", name=spec.name, description=spec.description)
         return w
@@ -598,10 +600,13 @@ def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike
     if fmt in ("azure-functions-2019", "azure-functions-2021") and spec is None:
         defaults = dict(BUILTINS["azure-functions"].defaults)
     merged = {**defaults, **given}
+    given_synth = synth_opts
     synth_opts, real_opts = _split_options(merged)
     base = SynthConfig(seed=seed, arrivals=ArrivalConfig(rps=None), adapters=AdapterConfig(),
                        lengths=LengthConfig(dist="trace"), conversations=ConversationConfig())
     cfg = apply_options(base, {**synth_opts, "seed": seed})
+    check_options_apply(cfg, given_synth, f"trace {spec.name!r}" if spec is not None else f"trace file {path}",
+                        replay=True)
     loader_kwargs = {k: v for k, v in real_opts.items() if k in _LOADER_KWARGS}
     if fmt in ("azure-functions-2019", "azure-functions-2021"):
         loader_kwargs["n_functions"] = cfg.adapters.n_adapters

@@ -244,6 +244,62 @@ def validate_config(cfg: SynthConfig) -> None:
                          f"underflow to 0); give e.g. cv = 2")
 
 
+#: workload options that only some settings read: option -> (the setting, its values that read the option, what
+#: the option does). Given with another value of the setting they would change nothing, so they are refused
+#: (:func:`check_options_apply`).
+SETTING_OPTIONS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "cv": ("arrival", ("gamma", "fitted"), "the inter-arrival coefficient of variation of the gamma renewal process"),
+    "on_s": ("arrival", ("onoff",), "the mean on-period of on/off bursts"),
+    "off_s": ("arrival", ("onoff",), "the mean off-period of on/off bursts"),
+    "off_frac": ("arrival", ("onoff",), "the rate while off of on/off bursts"),
+    "rates": ("arrival", ("per-adapter",), "the per-adapter Poisson rates"),
+    "shuffle_rates": ("arrival", ("per-adapter",), "the shuffling of the per-adapter rates"),
+    "fit": ("arrival", ("fitted",), "the committed fit of arrival=fitted"),
+    "length_method": ("lengths", ("sharegpt",), "the mean matching of the sharegpt length model"),
+    "mean_turns": ("conversations", ("true",), "the mean turns of a synthetic conversation"),
+    "max_turns": ("conversations", ("true",), "the most turns of a synthetic conversation"),
+    "think_s": ("conversations", ("true",), "the user think time between synthetic turns"),
+    "tpot_s": ("conversations", ("true",), "the reply time per output token between synthetic turns"),
+}
+
+
+def _shown(v: Any) -> str:
+    return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v) if isinstance(v, (list, tuple)) else \
+        (f"{v:g}" if isinstance(v, float) else str(v))
+
+
+def check_options_apply(cfg: SynthConfig, given: dict[str, Any], source: str = "",
+                        replay: bool = False) -> None:
+    """Refuse a workload option of ``given`` (the options the caller gave, not a preset's) that the
+    arrival process, length model or conversation mode of ``cfg`` does not read (e.g. ``cv`` with
+    ``arrival=poisson``): a ``ValueError`` naming the option, the setting in force and the one that
+    reads it. ``source``: where ``cfg``'s settings not given come from (e.g. "synthetic preset
+    'chameleon'"); ``replay``: a real trace, which keeps its own arrivals unless ``arrival`` is given
+    and has no synthetic conversations."""
+    for key, (setting, values, what) in SETTING_OPTIONS.items():
+        if key not in given or given[key] is None:
+            continue
+        if setting == "arrival":
+            if replay and "arrival" not in given:
+                raise ValueError(f"workload option {key}={_shown(given[key])} has no effect: it sets {what}, and "
+                                 f"{source or 'the trace'} is replayed with its own arrival times (Poisson starts when "
+                                 f"it has none); re-time it with arrival={values[0]}, or leave {key} out")
+            current = cfg.arrivals.process
+        elif setting == "lengths":
+            current = "trace" if replay and cfg.lengths.dist == "trace" else cfg.lengths.dist.partition(":")[0].strip()
+        else:
+            if replay:
+                continue  # a conversation dataset's turns follow the think-time model too
+            current = "true" if cfg.conversations.enabled else "false"
+        if current in values:
+            continue
+        chosen = setting in given
+        where = "" if chosen else (f" (the default of {source})" if source else " (the default)")
+        fix = f"{setting}={values[0]}" + (f" (or {' or '.join(values[1:])})" if values[1:] else "")
+        raise ValueError(f"workload option {key}={_shown(given[key])} has no effect with {setting}={current}{where}: "
+                         f"it sets {what}; give {fix}, or leave {key} out")
+
+
 def generate_arrivals(a: ArrivalConfig, n_adapters: int, rng: np.random.Generator, rate_divisor: float = 1.0,
                       ) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
     """Arrival times (and adapter ids for ``per-adapter``) of an :class:`ArrivalConfig`.

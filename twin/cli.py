@@ -27,9 +27,9 @@ from traces.flags import add_arguments, given_values
 from twin.config import ConfigError
 from twin.figures import LATENCY_PNG, TIMELINE_PNG, write_run_figures
 from twin.perf.profile import load_profile
-from twin.registry import describe_all
-from twin.scenario import (RunConfig, build_engine_config, build_workload, check_model, check_run, with_trace_defaults,
-                           load_scenario_file, replay_warnings, resolved_scenario, to_toml)
+from twin.registry import describe_all, resolve_system
+from twin.scenario import (RunConfig, build_engine_config, build_workload, check_model, check_run, check_system_options,
+                           with_trace_defaults, load_scenario_file, replay_warnings, resolved_scenario, to_toml)
 from twin.simulate import simulate
 
 #: the modules that add the other commands (``traces``, ``calibrate``, ``validate``, ``compare``, ``sweep``,
@@ -127,6 +127,8 @@ def resolve_run(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
     values.update(given)
     run = RunConfig(**values)
     check_run(run)
+    # (the flags given only: a scenario file, a run's summary.json among them, records every option)
+    check_system_options(given, {run.policy or "vllm": resolve_system(run.policy, run.system)}, run.system is not None)
     return run, recorded
 
 

@@ -30,18 +30,18 @@ import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import pandas as pd
 
 from traces.arguments import check_writable_dir, first_repeat, has_empty_item, parse_list
-from traces.flags import add_arguments, from_namespace
+from traces.flags import add_arguments, from_namespace, given_values
 from twin.figures import compare_figure
 from twin.config import ConfigError
 from twin.perf.profile import Profile, load_profile
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
 from twin.scenario import (MAX_SIM_SECONDS, RunConfig, build_engine_config, build_workload, check_number,
-                           check_run)
+                           check_run, check_system_options, for_preset)
 from twin.simulate import simulate
 
 COLUMNS = [("ttft_ms_p50", "TTFT p50 ms", 0), ("ttft_ms_p99", "TTFT p99 ms", 0), ("itl_ms_p50", "TBT p50 ms", 1),
@@ -109,7 +109,7 @@ NOT_COMPARE_OPTIONS = ("rps", "policy", "scheduler", "cache", "horizon", "ttft_s
 def register_cli(subparsers) -> None:
     p = subparsers.add_parser("compare", help="compare policies over a sweep of request rates (table + figure)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p, CompareConfig)
+    add_arguments(p, CompareConfig, unset_defaults=True)  # (unset: None, to tell the options given, see check_given)
     add_arguments(p, RunConfig, exclude=NOT_COMPARE_OPTIONS, unset_defaults=True)
     p.add_argument("--out", default=None,
                    help=f"output directory for compare.csv, compare.png, sustained.json (default {DEFAULT_OUT}/<trace>)")
@@ -136,7 +136,7 @@ def _policy_objects(name: str, slo_s: float | None, accuracy: float | None):
 
 def run_one(run: RunConfig, options: CompareConfig, policy: str, rps: float, slo_s: float | None) -> dict[str, Any]:
     """One simulation of ``run`` at rate ``rps``; returns the summary row (picklable, for --jobs)."""
-    run = dataclasses.replace(run, rps=rps)
+    run = dataclasses.replace(for_preset(run, policy), rps=rps)
     prof = load_compare_profile(run.profile, None)
     w = build_workload(run)
     cfg = build_engine_config(run, w, prof)
@@ -152,7 +152,7 @@ def run_one(run: RunConfig, options: CompareConfig, policy: str, rps: float, slo
 
 def unloaded_mean_ttft(run: RunConfig, options: CompareConfig, policy: str) -> float:
     """Mean TTFT of the trace replayed at a low rate (the SLO reference)."""
-    run = dataclasses.replace(run, rps=options.unloaded_rps)
+    run = dataclasses.replace(for_preset(run, policy), rps=options.unloaded_rps)
     prof = load_compare_profile(run.profile, None)
     try:
         w = build_workload(run)
@@ -257,6 +257,39 @@ def check_compare_options(options: CompareConfig) -> None:
                          f"{min(options.rps) / 10:g}, or set the SLO with --slo")
 
 
+def check_given(run: RunConfig, options: CompareConfig, given: Collection[str]) -> None:
+    """Refuse options given on the command line (``given``: field names of :class:`CompareConfig` and
+    :class:`RunConfig`) that the comparison would not read: ``--slo-x`` and ``--unloaded-rps`` with
+    ``--slo`` (no unloaded reference run is made), ``--accuracy`` when no compared preset's scheduler
+    predicts output lengths, and an engine option of a serving system none of the presets runs on
+    (:func:`twin.scenario.check_system_options`)."""
+    check_compare_options(options)
+    if options.slo is not None:
+        for name, flag in (("slo_x", "--slo-x"), ("unloaded_rps", "--unloaded-rps")):
+            if name in given:
+                v = getattr(options, name)
+                raise ValueError(f"{flag} {v:g} with --slo {options.slo:g}: --slo sets the TTFT SLO itself, so no "
+                                 f"unloaded reference run is made and {flag} (which "
+                                 f"{'scales its mean TTFT' if name == 'slo_x' else 'sets its rate'}) would change "
+                                 f"nothing; give --slo, or --slo-x [--unloaded-rps] without --slo")
+    load_entry_points()
+    pols = [p for p in options.policies if p in PRESETS]
+    if len(pols) < len(options.policies) or not pols:
+        return  # (an unknown preset is named by compare())
+    if "accuracy" in given:
+        users = [p for p in pols if hasattr(resolve_policy(p)[0], "accuracy")]
+        if not users:
+            with_acc = [n for n in sorted(PRESETS) if hasattr(resolve_policy(n)[0], "accuracy")]
+            raise ValueError(f"--accuracy {options.accuracy:g}: no compared preset ({', '.join(pols)}) predicts output "
+                             f"lengths, so it would change nothing; leave it out, or compare a preset whose scheduler "
+                             f"does (e.g. {', '.join(with_acc[:3])})")
+    try:
+        runs_on = {p: resolve_system(p, run.system) for p in pols}
+    except KeyError:
+        return  # (an unknown --system is named by check_run)
+    check_system_options(given, runs_on, run.system is not None, compare=True)
+
+
 def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
             ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
     """Every preset of ``options.policies`` at every rate of ``options.rps``: the summary rows,
@@ -266,9 +299,6 @@ def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
     if not pols or not rates:
         raise ValueError("--policies and --rps need at least one value each")
     check_compare_options(options)
-    check_run(run)  # (before any run, also when the runs go to worker processes)
-    for r in sorted({min(rates), max(rates)}):  # an empty or oversized workload: refused before any run, not
-        build_workload(dataclasses.replace(run, rps=r))  # after the rates before it were simulated
     load_entry_points()
     unknown = [p for p in pols if p not in PRESETS]
     if unknown:
@@ -277,6 +307,10 @@ def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
                 f"not a preset: a preset names both, e.g. vllm = fcfs + lru; `twin run --scheduler/--cache` takes "
                 f"them one by one)") if parts else ""
         raise KeyError(f"unknown policies {unknown}{hint}; presets: {', '.join(sorted(PRESETS))}")
+    for p in pols:  # before any run, also when the runs go to worker processes: each preset as it runs
+        check_run(for_preset(run, p))  # (its own serving system's checks)
+    for r in sorted({min(rates), max(rates)}):  # an empty or oversized workload: refused before any run, not
+        build_workload(dataclasses.replace(for_preset(run, pols[0]), rps=r))  # after the rates before it ran
     jobs = [(p, r) for p in pols for r in rates]
     bar = None
     if progress:
@@ -322,6 +356,8 @@ def p99_by_policy(rows: list[dict[str, Any]]) -> dict[str, list[float | None]]:
 def cmd_compare(args: argparse.Namespace) -> int:
     run = from_namespace(RunConfig, args, exclude=NOT_COMPARE_OPTIONS)
     options = from_namespace(CompareConfig, args)
+    check_given(run, options, {*given_values(RunConfig, args, exclude=NOT_COMPARE_OPTIONS),
+                               *given_values(CompareConfig, args)})
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     out = check_writable_dir("--out", args.out) if args.out is not None else Path(DEFAULT_OUT) / Path(run.trace).stem
     rows, sustained, slo = compare(run, options, progress=progress)

@@ -10,6 +10,11 @@ class ConfigError(ValueError):
     """An engine configuration that vLLM would refuse (or that makes no sense)."""
 
 
+#: the :class:`EngineConfig` fields only the S-LoRA engine (``--system slora``, twin/slora_engine.py) reads
+SLORA_ONLY_FIELDS = ("max_total_tokens", "slora_batch_max_tokens", "running_max_req_size", "slora_max_wait_tokens",
+                     "slora_poll_s", "slora_prefetch", "slora_max_prompt_len", "slora_max_total_len")
+
+
 def _help(text: str) -> dict[str, str]:
     return {"help": text}
 

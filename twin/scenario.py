@@ -373,6 +373,19 @@ def check_run(run: RunConfig) -> None:
 VLLM_MAX_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 
 
+def rank_limit(system: str, model: Any | None = None) -> tuple[int, str]:
+    """The largest adapter rank a run may serve, and why: on vLLM the largest ``max_lora_rank`` it
+    accepts (:data:`VLLM_MAX_LORA_RANKS`; an adapter above ``max_lora_rank`` is refused); on either
+    system the model's hidden size (``model``, a :class:`twin.model_spec.ModelSpec`), beyond which an
+    adapter is no low-rank update of its layers."""
+    limit, why = (VLLM_MAX_LORA_RANKS[-1], f"the largest --max-lora-rank vLLM accepts "
+                                           f"({', '.join(map(str, VLLM_MAX_LORA_RANKS))}; LoRAConfig)") \
+        if system == "vllm" else (None, "")
+    if model is not None and (limit is None or model.hidden < limit):
+        limit, why = model.hidden, f"{model.name}'s hidden size: a higher rank is no low-rank update of its layers"
+    return (limit if limit is not None else 2 ** 62), why
+
+
 def _check_system(run: RunConfig) -> None:
     """``--system``, ``--lora-targets`` and ``--max-total-tokens``: a known name, a combination
     the system can run (S-LoRA: one GPU; ``--max-total-tokens`` is S-LoRA's pool)."""
@@ -399,6 +412,10 @@ def _check_system(run: RunConfig) -> None:
     if system != "slora" and run.max_total_tokens is not None:
         raise ConfigError("--max-total-tokens sizes S-LoRA's pool (--system slora); on the vLLM engine give "
                           "--kv-tokens")
+    if run.ranks and max(run.ranks) > rank_limit(system)[0]:
+        limit, why = rank_limit(system)
+        raise ConfigError(f"--ranks {max(run.ranks)}: above {limit}, {why}: vLLM cannot serve such an adapter; give "
+                          f"ranks of at most {limit}, e.g. --ranks 8,16,32")
     if system == "vllm" and run.max_lora_rank is not None and run.max_lora_rank not in VLLM_MAX_LORA_RANKS:
         up = min((r for r in VLLM_MAX_LORA_RANKS if r >= run.max_lora_rank), default=VLLM_MAX_LORA_RANKS[-1])
         raise ConfigError(f"--max-lora-rank {run.max_lora_rank}: vLLM accepts only "
@@ -409,6 +426,68 @@ def _check_system(run: RunConfig) -> None:
             raise ConfigError(f"--slora-max-prompt-len {prompt} is not below --slora-max-total-len {total}: a prompt "
                               f"of the largest length needs room for an output token (S-LoRA's max_req_input_len < "
                               f"max_req_total_len); raise --slora-max-total-len or lower --slora-max-prompt-len")
+
+
+#: ``twin run`` / ``twin compare`` options that one serving system only reads: option -> (the system, what the
+#: other system does instead). Given on the command line for a run on the other system they would change nothing,
+#: so they are refused (:func:`check_system_options`). ``--slots`` and ``--max-lora-rank`` are not among them
+#: although the S-LoRA engine has no slots and pads no rank (nor does its pool reserve slot buffers, see
+#: :func:`build_engine_config`): the golden scenarios (tests/golden/scenarios.py) pass ``--slots 8`` to every
+#: preset, the S-LoRA ones included, so that one command line runs them all.
+SYSTEM_OPTIONS: dict[str, tuple[str, str]] = {
+    "max_total_tokens": ("slora", "vLLM's KV cache is --kv-tokens or follows from the GPU memory"),
+    "slora_prefetch": ("slora", "vLLM-engine policies prefetch through their own cache policy"),
+    "slora_max_wait_tokens": ("slora", "vLLM's scheduler considers waiting requests at every step"),
+    "slora_max_prompt_len": ("slora", "vLLM's limit is --max-model-len"),
+    "slora_max_total_len": ("slora", "vLLM's limit is --max-model-len"),
+    "cpu_slots": ("vllm", "S-LoRA keeps every adapter in host memory"),
+    "max_model_len": ("vllm", "S-LoRA's limits are --slora-max-prompt-len and --slora-max-total-len"),
+    "max_num_seqs": ("vllm", "S-LoRA caps the running requests by its running_max_req_size"),
+    "max_batched_tokens": ("vllm", "S-LoRA's prefill batch is its batch_max_tokens, max(N_tok/6, 3072)"),
+    "rank_tile_cost": ("vllm", "S-LoRA's paged kernels price each request at its own rank"),
+}
+_SYSTEM_NAMES = {"vllm": "vLLM", "slora": "S-LoRA"}
+
+
+def check_system_options(given: typing.Collection[str], runs_on: dict[str, str], system_given: bool,
+                         compare: bool = False) -> None:
+    """Refuse an option of ``given`` (the :class:`RunConfig` fields given on the command line) that no
+    simulated run reads (:data:`SYSTEM_OPTIONS`): ``runs_on`` maps each simulated preset to its serving
+    system; ``system_given``: ``--system`` chose it (else each preset's own); ``compare``: the presets are
+    ``twin compare --policies`` (the fix names that flag)."""
+    systems = set(runs_on.values())
+    for name in given:
+        if name not in SYSTEM_OPTIONS or SYSTEM_OPTIONS[name][0] in systems:
+            continue
+        needs, instead = SYSTEM_OPTIONS[name]
+        other = next(iter(systems))
+        if system_given:
+            why = f"--system {other}"
+        elif len(runs_on) == 1:
+            preset = next(iter(runs_on))
+            why = f"preset {preset!r} runs on {_SYSTEM_NAMES[other]}"
+        else:
+            why = f"presets {', '.join(runs_on)} all run on {_SYSTEM_NAMES[other]}"
+        example = "slora" if needs == "slora" else "vllm"
+        fix = f"give --system {needs}" + ("" if system_given else
+                                          f" (or add a preset on {_SYSTEM_NAMES[needs]} to --policies, e.g. {example})"
+                                          if compare else f" (or a preset on {_SYSTEM_NAMES[needs]}, e.g. --policy "
+                                                          f"{example})")
+        raise ConfigError(f"{option_name(name)}: an option of the {_SYSTEM_NAMES[needs]} engine, but the run is on the "
+                          f"{_SYSTEM_NAMES[other]} engine ({why}), which does not read it ({instead}); leave "
+                          f"{option_name(name)} out, or {fix}")
+
+
+def for_preset(run: RunConfig, policy: str) -> RunConfig:
+    """``run`` as preset ``policy`` runs it in a comparison of presets (``twin compare --policies``): with
+    that preset, and with the options of the other serving system (:data:`SYSTEM_OPTIONS`) back at their
+    defaults, so an S-LoRA option given for the S-LoRA presets does not stop the vLLM presets, nor the
+    reverse (:func:`check_system_options` refuses one that no compared preset reads)."""
+    system = resolve_system(policy, run.system)
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    reset = {name: defaults[name] for name, (needs, _) in SYSTEM_OPTIONS.items()
+             if needs != system and getattr(run, name) != defaults[name]}
+    return dataclasses.replace(run, policy=policy, **reset)
 
 
 # --------------------------------------------------------------------------- workload and server
@@ -480,6 +559,14 @@ def check_model(run: RunConfig, profile: Profile) -> None:
         except ValueError as e:
             raise ConfigError(f"--rank-tile-cost {run.rank_tile_cost:g}: {e}") from None
     m = profile.model
+    try:
+        system = resolve_system(run.policy, run.system)
+    except KeyError as e:
+        raise ConfigError(f"--system: {e.args[0]}") from None
+    limit, why = rank_limit(system, m)
+    if run.ranks and max(run.ranks) > limit:
+        raise ConfigError(f"--ranks {max(run.ranks)}: above {limit}, {why}; give ranks of at most {limit}, e.g. "
+                          f"--ranks 8,16,32")
     if run.tp > 1 and run.tp not in valid_degrees(m):  # twin/tensor_parallel.py: vLLM's QKVParallelLinear rule
         ok = valid_degrees(m)
         raise ConfigError(f"--tp {run.tp} does not divide {m.name}'s {m.heads} attention heads and {m.kv_heads} KV "
@@ -506,8 +593,11 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
                        slora_prefetch=run.slora_prefetch, slora_max_wait_tokens=run.slora_max_wait_tokens)
     if run.gpu_mem_gb is not None and run.kv_tokens is None:
         max_rank = run.max_lora_rank or int(workload.df["adapter_rank"].max() or 0)
+        # S-LoRA keeps no per-slot LoRA buffers: its unified pool holds the adapters' weights with the KV cache
+        # (S-LoRA MemoryAllocator, pool_size_lora 0), so the memory left after the weights is all pool
+        buffers = 0 if resolve_system(run.policy, run.system) == "slora" else slots
         try:
-            cfg.kv_capacity_tokens = kv_tokens_for_memory(profile, run.gpu_mem_gb, slots, max_rank, run.tp)
+            cfg.kv_capacity_tokens = kv_tokens_for_memory(profile, run.gpu_mem_gb, buffers, max_rank, run.tp)
         except ValueError as e:
             raise ConfigError(f"--gpu-mem-gb {run.gpu_mem_gb:g}: {e}; give a larger --gpu-mem-gb"
                               + (", fewer --slots or a lower --max-lora-rank" if slots and max_rank else "")) from None
@@ -547,6 +637,10 @@ def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile:
     df = workload.df
     ranks = df.loc[df["adapter_id"] >= 0, "adapter_rank"]
     top_rank = int(ranks.max()) if len(ranks) else 0
+    limit, why = rank_limit(resolve_system(run.policy, run.system), profile.model)
+    if top_rank > limit:
+        raise ConfigError(f"the workload's largest adapter rank {top_rank} is above {limit}, {why}; give ranks of at "
+                          f"most {limit} (--ranks, --trace-opt ranks=..., or the trace file's adapter_rank)")
     if cfg.max_lora_rank is not None and top_rank > cfg.max_lora_rank:
         raise ConfigError(f"--max-lora-rank {cfg.max_lora_rank} is below the workload's largest adapter rank "
                           f"{top_rank}: vLLM would reject every request of those adapters; raise --max-lora-rank to "

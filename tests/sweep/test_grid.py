@@ -198,14 +198,19 @@ def test_named_grids_build():
 
 
 def test_policy_names_are_checked_before_any_run(tmp_path):
-    """A policy axis naming no `twin policies` preset is refused up front (the walk would record every
-    run of the scenario as an error); the published policy and the presets are accepted."""
+    """A policy axis naming no `twin policies` preset, or a preset of the S-LoRA engine, is refused up
+    front (the walk would record every run of the scenario as an error); the published policy and the
+    vLLM-engine presets are accepted."""
     from twin.sweep.grid import check_policies
 
     check_policies(["fcfs+client-cap", "vllm", "ema-prefetch", "vllm-partition"])
     p = tmp_path / "g.toml"
     p.write_text('[scenarios]\nrates = [[0.4, 0.1, 0.05]]\nranks = [[8, 16, 32]]\npolicy = ["fcfs+client-cap", "fcfs-lru"]\n')
     with pytest.raises(ValueError, match="unknown policy 'fcfs-lru'.*twin policies"):
+        load_grid(p).tasks()
+    # a preset of the S-LoRA engine would run its scheduler and cache on the vLLM engine the sweep runs
+    p.write_text('[scenarios]\nrates = [[0.4, 0.1, 0.05]]\nranks = [[8, 16, 32]]\npolicy = ["vllm", "chameleon"]\n')
+    with pytest.raises(ValueError, match="policy 'chameleon' runs on the S-LoRA engine, but a sweep runs .*vllm-partition"):
         load_grid(p).tasks()
 
 

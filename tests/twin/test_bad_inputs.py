@@ -91,6 +91,15 @@ FILES: dict[str, bytes] = {
                    b"slots = [8]\n",
     "hugeslots.toml": b"slots = 1e308\n",
     "nanrank.csv": b"arrival_s,prompt_tokens,output_tokens,adapter_id,adapter_rank\n0.5,10,5,1,8\n0.7,10,5,2,\n",
+    # a raw trace with its own timestamps; sweep grids with a rank vLLM cannot serve, an S-LoRA engine field
+    "azure.csv": b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+                 b"2023-11-16 18:15:50.9951690,396,109\n",
+    "bigrank.toml": b"window_s = 20\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8, 1024]]\n[configs]\nserved = [8]\n"
+                    b"slots = [8]\n",
+    "bigmaxrank.toml": b"window_s = 20\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8]]\n[configs]\nserved = [8]\n"
+                       b"slots = [8]\nmax_lora_rank = [8, 1024]\n",
+    "sloraengine.toml": b"window_s = 20\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8]]\n[configs]\nserved = [8]\n"
+                        b"slots = [8]\nengine = { slora_max_wait_tokens = 3 }\n",
     "noarrival.parquet": _parquet({"prompt_tokens": [10], "output_tokens": [5]}),
     # arrivals as epoch timestamps, and arrivals that start after a horizon
     "epoch.csv": b"arrival_s,prompt_tokens,output_tokens\n1700000000,100,10\n1700000000.5,100,10\n",
@@ -491,7 +500,90 @@ CASES: list[tuple[str, str]] = [
     ("configure evaluate --real {d}/real_served.csv --no-search", "column served_adapters: -5 is not an integer >= 1"),
     ("configure evaluate --real {d}/real_status.csv --no-search", "none of the 1 rows of source 'ml_test' has status "
                                                                   "ok (statuses: weird 1)"),
+    # options the selected arrival process, length model, conversation mode, engine or SLO does not read (silently
+    # ignored before)
+    (R + "--trace-opt cv=2", "workload option cv=2 has no effect with arrival=poisson (the default of synthetic preset "
+                             "'synthetic'): it sets the inter-arrival coefficient of variation of the gamma renewal "
+                             "process; give arrival=gamma (or fitted), or leave cv out"),
+    (R + "--trace chameleon --trace-opt on_s=3", "workload option on_s=3 has no effect with arrival=poisson (the default "
+                                                 "of synthetic preset 'chameleon'): it sets the mean on-period"),
+    (R + "--trace-opt arrival=onoff --trace-opt rates=0.1,0.05", "workload option rates=0.1,0.05 has no effect with "
+                                                                 "arrival=onoff: it sets the per-adapter Poisson rates; "
+                                                                 "give arrival=per-adapter"),
+    (R + "--trace-opt think_s=5", "workload option think_s=5 has no effect with conversations=false (the default of "
+                                  "synthetic preset 'synthetic'): it sets the user think time between synthetic turns; "
+                                  "give conversations=true"),
+    (R + "--trace-opt length_method=tilt", "workload option length_method=tilt has no effect with lengths=splitwise"),
+    (R + "--trace {d}/azure.csv --trace-opt cv=2", "workload option cv=2 has no effect: it sets the inter-arrival "
+                                                   "coefficient of variation of the gamma renewal process, and trace "
+                                                   "file {d}/azure.csv is replayed with its own arrival times"),
+    ("traces synth --out {d}/w.parquet --duration 5 --arrival onoff --cv 2", "workload option cv=2 has no effect with "
+                                                                             "arrival=onoff"),
+    (R + "--slora-max-wait-tokens 3", "--slora-max-wait-tokens: an option of the S-LoRA engine, but the run is on the "
+                                      "vLLM engine (preset 'vllm' runs on vLLM), which does not read it (vLLM's "
+                                      "scheduler considers waiting requests at every step); leave --slora-max-wait-tokens "
+                                      "out, or give --system slora (or a preset on S-LoRA, e.g. --policy slora)"),
+    (R + "--no-slora-prefetch", "--slora-prefetch: an option of the S-LoRA engine, but the run is on the vLLM engine"),
+    (R + "--policy vllm --slora-max-total-len 4096", "--slora-max-total-len: an option of the S-LoRA engine"),
+    (R + "--policy chameleon --max-num-seqs 64", "--max-num-seqs: an option of the vLLM engine, but the run is on the "
+                                                 "S-LoRA engine (preset 'chameleon' runs on S-LoRA), which does not read "
+                                                 "it (S-LoRA caps the running requests by its running_max_req_size)"),
+    (R + "--system slora --max-model-len 8192", "--max-model-len: an option of the vLLM engine, but the run is on the "
+                                                "S-LoRA engine (--system slora), which does not read it (S-LoRA's limits "
+                                                "are --slora-max-prompt-len and --slora-max-total-len); leave "
+                                                "--max-model-len out, or give --system vllm"),
+    (R + "--policy slora --cpu-slots 64", "--cpu-slots: an option of the vLLM engine"),
+    (R + "--policy slora --max-batched-tokens 4096", "--max-batched-tokens: an option of the vLLM engine"),
+    ("compare --policies vllm --rps 1 --duration 5 --slo 2 --slo-x 3",
+     "--slo-x 3 with --slo 2: --slo sets the TTFT SLO itself, so no unloaded reference run is made and --slo-x (which "
+     "scales its mean TTFT) would change nothing; give --slo, or --slo-x [--unloaded-rps] without --slo"),
+    ("compare --policies vllm --rps 1 --duration 5 --slo 2 --unloaded-rps 0.1", "--unloaded-rps 0.1 with --slo 2"),
+    ("compare --policies vllm,slora --rps 1 --duration 5 --accuracy 0.5",
+     "--accuracy 0.5: no compared preset (vllm, slora) predicts output lengths, so it would change nothing"),
+    ("compare --policies slora,chameleon --rps 1 --duration 5 --max-num-seqs 64",
+     "--max-num-seqs: an option of the vLLM engine, but the run is on the S-LoRA engine (presets slora, chameleon all "
+     "run on S-LoRA)"),
+    ("compare --policies vllm --rps 1 --duration 5 --slora-max-wait-tokens 3",
+     "or give --system slora (or add a preset on S-LoRA to --policies, e.g. slora)"),
+    ("compare --policies vllm --rps 1 --duration 5 --system slora --max-num-seqs 4", "(--system slora)"),
+    ("sweep {d}/sloraengine.toml --dry-run", "grid [configs.engine] slora_max_wait_tokens: an option of the S-LoRA "
+                                             "engine (twin run --system slora), but a sweep runs every configuration on "
+                                             "the vLLM engine, which does not read it; leave it out"),
+    # adapter ranks beyond what the engine or the model serves (--ranks 100000 ran, or failed on the KV cache)
+    (R + "--ranks 100000", "--ranks 100000: above 512, the largest --max-lora-rank vLLM accepts (8, 16, 32, 64, 128, "
+                           "256, 320, 512; LoRAConfig): vLLM cannot serve such an adapter; give ranks of at most 512"),
+    (R + "--ranks 8,1024 --kv-tokens 200000", "--ranks 1024: above 512"),
+    (R + "--ranks 600 --max-lora-rank 512", "--ranks 600: above 512"),
+    (R + "--system slora --ranks 100000", "--ranks 100000: above 4096, llama-3.1-8b's hidden size: a higher rank is no "
+                                          "low-rank update of its layers; give ranks of at most 4096"),
+    (R + "--trace-opt ranks=8,1024", "the workload's largest adapter rank 1024 is above 512, the largest "
+                                     "--max-lora-rank vLLM accepts"),
+    ("compare --policies vllm --rps 1 --duration 5 --ranks 100000", "--ranks 100000: above 512"),
+    ("sweep {d}/bigrank.toml --dry-run", "grid [scenarios] ranks: rank 1024 is above 512, the largest --max-lora-rank "
+                                         "vLLM accepts"),
+    ("sweep {d}/bigmaxrank.toml --dry-run", "grid [configs] max_lora_rank: 1024 is above 512"),
 ]
+
+
+def test_options_that_apply_are_accepted():
+    """The refusals of options nothing reads leave the combinations that do read them alone: a flag for
+    the engine the preset runs on, a compared preset that reads it, --slo-x without --slo, and a workload
+    option the preset's own settings read (fastlibra-translation: gamma arrivals)."""
+    from traces.registry import get_workload
+    from twin.cli import make_parser, resolve_run
+    from twin.compare import CompareConfig, check_given
+
+    for line in ("run --policy chameleon --slora-max-wait-tokens 3 --no-slora-prefetch",
+                 "run --system slora --slora-max-total-len 4096 --ranks 4096",
+                 "run --max-num-seqs 64 --cpu-slots 64 --ranks 512",
+                 "run --policy chameleon --slots 8 --max-lora-rank 128"):  # (--slots, --max-lora-rank: see SYSTEM_OPTIONS)
+        resolve_run(make_parser().parse_args(shlex.split(line)))
+    run = RunConfig(trace="synthetic", duration=5.0)
+    check_given(run, CompareConfig(policies=["vllm", "chameleon"], rps=[1.0], accuracy=0.5, slo=5.0),
+                {"accuracy", "slo", "slora_max_wait_tokens", "max_num_seqs"})
+    check_given(run, CompareConfig(policies=["vllm"], rps=[1.0], slo_x=3.0, unloaded_rps=0.1), {"slo_x", "unloaded_rps"})
+    assert len(get_workload("fastlibra-translation", duration=20.0, cv=3.0)) > 0
+    assert len(get_workload("synthetic", duration=20.0, arrival="onoff", on_s=5.0, off_frac=0.5)) > 0
 
 
 @pytest.mark.parametrize("line,fragment", CASES, ids=[c[0] for c in CASES])

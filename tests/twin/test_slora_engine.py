@@ -101,6 +101,35 @@ def test_admission_cadence_is_a_run_option():
         check_run(RunConfig(trace="synthetic", slora_max_wait_tokens=0))
 
 
+def test_a_comparison_passes_each_preset_its_own_engine_options():
+    """``twin compare --policies slora,vllm --max-total-tokens N``: the S-LoRA preset gets the pool size,
+    the vLLM preset runs without it (``for_preset``), and neither is refused."""
+    from twin.compare import CompareConfig, compare
+    from twin.scenario import for_preset
+
+    rc = RunConfig(trace="synthetic", duration=5.0, max_total_tokens=50_000, max_num_seqs=64)
+    assert for_preset(rc, "slora").max_total_tokens == 50_000 and for_preset(rc, "slora").policy == "slora"
+    assert for_preset(rc, "slora").max_num_seqs == RunConfig().max_num_seqs  # (a vLLM option, back at its default)
+    assert for_preset(rc, "vllm").max_total_tokens is None and for_preset(rc, "vllm").max_num_seqs == 64
+    rows, _, _ = compare(rc, CompareConfig(policies=["slora", "vllm"], rps=[1.0], slo=5.0, jobs=1))
+    assert [r["policy"] for r in rows] == ["slora", "vllm"] and all(r["finished"] > 0 for r in rows)
+
+
+def test_the_pool_from_gpu_memory_reserves_no_slot_buffers():
+    """With ``--gpu-mem-gb``, vLLM's KV cache is what the weights and the slots' LoRA buffers leave;
+    S-LoRA's unified pool keeps no per-slot buffers (pool_size_lora 0), so ``--slots`` does not shrink it."""
+    from twin.compare import load_compare_profile
+    from twin.scenario import build_engine_config, build_workload
+
+    def kv(policy, slots):
+        rc = RunConfig(trace="synthetic", duration=5.0, policy=policy, gpu_mem_gb=80.0, slots=slots,
+                       max_lora_rank=64)
+        return build_engine_config(rc, build_workload(rc), load_compare_profile(rc.profile, None)).kv_capacity_tokens
+
+    assert kv("slora", 2) == kv("slora", 16)
+    assert kv("vllm", 2) > kv("vllm", 16)
+
+
 def test_failed_admission_is_retried_every_iteration():
     # r1 (100, 30) against r0 (100, 50) in 260 slots: refused at 0.11 (need 270); s decodes later the
     # need is 288 - s (see above), below 260 from s = 29: admitted at 0.40, not at a multiple of 11

@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import Any
 from traces.arguments import first_repeat
 from traces.registry import MAX_REQUESTS
-from twin.registry import PRESETS, load_entry_points
+from twin.registry import PRESETS, load_entry_points, resolve_system
 from twin.sweep.scenario import DEFAULT_POLICY, check_length_corr, check_lengths, get_profile, profile_hash
-from twin.config import EngineConfig
-from twin.scenario import check_host_term, read_mapping_file
+from twin.config import SLORA_ONLY_FIELDS, EngineConfig
+from twin.scenario import check_host_term, rank_limit, read_mapping_file
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 
 #: The published per-adapter rates (req/s) and ranks.
@@ -171,15 +171,22 @@ class GridSpec:
 
 
 def check_policies(names: list[str]) -> None:
-    """Every name is the published policy (``fcfs+client-cap``) or a preset of ``twin policies``;
-    otherwise an error naming the presets, before any run (the walk would record every run of the
-    scenario as an error)."""
+    """Every name is the published policy (``fcfs+client-cap``) or a preset of ``twin policies`` that
+    runs on the vLLM engine; otherwise an error naming the presets, before any run (the walk would
+    record every run of the scenario as an error, or run an S-LoRA preset on the wrong engine)."""
     load_entry_points()
     known = {DEFAULT_POLICY, "validation", *PRESETS}
     bad = [str(n) for n in names if n not in known and n not in (None, "")]
     if bad:
         raise ValueError(f"unknown policy {bad[0]!r}; use {DEFAULT_POLICY!r} (the published runs) or a preset of "
                          f"`twin policies`: {', '.join(sorted(PRESETS))}")
+    slora = [str(n) for n in names if n in PRESETS and resolve_system(n, None) == "slora"]
+    if slora:
+        vllm = sorted(n for n in PRESETS if resolve_system(n, None) == "vllm")
+        raise ValueError(f"policy {slora[0]!r} runs on the S-LoRA engine, but a sweep runs every configuration on the "
+                         f"vLLM engine (its axes are vLLM's adapter slots and start-up check), which would run the "
+                         f"preset's scheduler and cache without S-LoRA's unified pool; compare S-LoRA presets with "
+                         f"`twin compare`, or sweep a preset on vLLM: {', '.join(vllm)}")
 
 
 def task_hash(task: dict[str, Any]) -> str:
@@ -403,6 +410,11 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
             if k in cf["engine"]:            # than the rows record
                 raise ValueError(f"grid [configs.engine] {k}: set by the grid's {axis} axis for every run (the "
                                  f"rows record that value); give it as [configs] {axis} = [...] instead")
+        for k in SLORA_ONLY_FIELDS:  # (the sweep simulates every run on the vLLM engine, twin.engine.Engine)
+            if k in cf["engine"]:
+                raise ValueError(f"grid [configs.engine] {k}: an option of the S-LoRA engine (twin run --system slora), "
+                                 f"but a sweep runs every configuration on the vLLM engine, which does not read it; "
+                                 f"leave it out")
         for k, v in cf["engine"].items():
             _check_engine_value(k, v)
         g.engine = dict(cf["engine"])
@@ -427,6 +439,7 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
     g.tbt_slo_s = slo.get("tbt_s")
     if not g.rates or not g.ranks:
         raise ValueError("grid: no scenario (empty rates or ranks)")
+    _check_rank_limit(g, "ranks" if "ranks" in sc else "rank_values")
     g.check_configs()
     _check_count(len(g.rates) * len(g.ranks) * len(g.lengths) * len(g.arrival) * len(g.policy) * len(g.seeds),
                  "tasks (scenarios x seeds)", "the scenario axes or seeds")
@@ -525,6 +538,23 @@ def _check_count(n: int, what: str, keys: str) -> None:
     if n > MAX_TASKS:
         raise ValueError(f"grid: {n:,} {what}, more than {MAX_TASKS:,}; reduce {keys} (the published grid has 840 "
                          f"scenarios)")
+
+
+def _check_rank_limit(g: GridSpec, key: str = "ranks") -> None:
+    """Every adapter rank and explicit ``max_lora_rank`` of the grid is one vLLM can serve: at most the
+    largest ``max_lora_rank`` it accepts (:func:`twin.scenario.rank_limit`, as ``twin run --ranks`` takes it);
+    ``key``: the ``[scenarios]`` key that gave the ranks."""
+    limit, why = rank_limit("vllm")
+    top = max(max(r) for r in g.ranks)
+    if top > limit:
+        raise ValueError(f"grid [scenarios] {key}: rank {top} is above {limit}, {why}: vLLM cannot serve such an "
+                         f"adapter; give ranks of at most {limit}, e.g. ranks = [[8, 16, 32]]")
+    if g.max_lora_rank not in (None, "max"):
+        values = g.max_lora_rank if isinstance(g.max_lora_rank, (list, tuple)) else [g.max_lora_rank]
+        high = max(int(v) for v in values)
+        if high > limit:
+            raise ValueError(f"grid [configs] max_lora_rank: {high} is above {limit}, {why}; give values of at most "
+                             f"{limit}, or \"max\"")
 
 
 def _check_max_rank(g: GridSpec) -> None:
