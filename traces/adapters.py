@@ -94,10 +94,13 @@ class Popularity:
 
 
 def _parse_dist(text: str, spec: str) -> Dist:
-    name, _, arg = text.strip().partition(":")
+    name, colon, arg = text.strip().partition(":")
     kind = _ALIASES.get(name.strip().lower())
     if kind is None:
         raise PopularityError(f"unknown popularity law {name!r} in {spec!r}; use {POPULARITY_HELP}")
+    if colon and not arg.strip():  # (it read as the law's default parameter)
+        raise PopularityError(f"popularity {spec!r}: a ':' with no parameter after it; give the parameter (e.g. "
+                              f"{name.strip()}:1.2) or the law alone for its default")
     if arg:
         if kind in ("uniform", "distinct"):
             raise PopularityError(f"popularity {kind!r} takes no parameter (got {spec!r})")

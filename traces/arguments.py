@@ -8,6 +8,7 @@ table (:func:`cell_error`: the file, the row and its CSV line, the column, the v
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import tempfile
@@ -41,7 +42,10 @@ def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value"
             if not dashes:
                 raise ValueError(f"{name}: {value!r} is ambiguous (a range or a list?); list the values with "
                                  f"commas, e.g. {parts[0].replace('-', ',')}")
-            parts = [p for p in parts[0].split("-") if p]  # the tables' 8-16-32 form
+            parts = parts[0].split("-")  # the tables' 8-16-32 form
+            if not all(parts):  # (-0.4-0.1, 0.4--0.1, 8-16-: a sign or an item the dashes would drop)
+                raise ValueError(f"{name}: {value!r} has an empty or negative item (a dash at an end or two in a "
+                                 f"row); give positive values joined by single dashes, e.g. 8-16-32")
         items: list[Any] = parts
     elif isinstance(value, (bytes, dict)):
         raise ValueError(f"{name}: expected a list, e.g. 8,16,32, got {value!r}")
@@ -79,6 +83,32 @@ def cell_error(source: Any, frame: Any, i: int, col: str, problem: str, fix: str
         v.item() if hasattr(v, "item") else v)
     line = f" (line {i + 2})" if csv_line else ""
     return ValueError(f"{source}: row {i + 1}{line}, column {col}: {shown} {problem}; {fix}")
+
+
+def csv_layout_problem(path: str | os.PathLike) -> str | None:
+    """What is wrong with the layout of the CSV file ``path`` that pandas read, or None: a header that
+    names a column twice (pandas renames the second ``NAME.1``, so its values would be lost or refused
+    as an unknown column), or a first data row with more cells than the header (pandas then reads the
+    first column as the row labels and shifts every value one column left: a trailing comma on each
+    row does it; a later row that long is pandas' own "Expected N fields" error)."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            reader = csv.reader(fh)
+            rows = (row for row in reader if row)  # (pandas skips blank lines)
+            header = next(rows, [])
+            names = [h.strip() for h in header]
+            twice = next((n for i, n in enumerate(names) if n and n in names[:i]), None)
+            if twice is not None:
+                return (f"the header names column {twice!r} twice; give every column once (the second one's "
+                        f"values would be lost)")
+            first = next(rows, None)
+            if first is not None and len(first) > len(header):
+                return (f"row 1 (line {reader.line_num}) has {len(first)} cells but the header names {len(header)} "
+                        f"columns (a trailing comma?); give one cell per column (every value would be read one "
+                        f"column to the left)")
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    return None
 
 
 def has_empty_item(text: str) -> bool:

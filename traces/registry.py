@@ -549,7 +549,7 @@ def _first_columns(path: Path) -> list[str] | None:
         except (pa.ArrowException, OSError, ValueError):  # not a Parquet file: sniffed (and refused) later
             return None
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:
             for line in fh:
                 if not line.strip():
                     continue

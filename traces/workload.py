@@ -27,7 +27,9 @@ columns are optional (``request_id``: the row order; ``adapter_id``: -1, the bas
 or ``null`` takes the default, and a column outside the schema is refused. A bad value is
 reported with its row (1-based, data rows; the file line is given too) and column: not a
 number, not an integer, NaN/infinite, negative (``arrival_s`` >= 0, token counts >= 1,
-``adapter_id``/``conversation_id``/``turn`` >= -1, ``adapter_rank``/``prefix_tokens`` >= 0).
+``adapter_id``/``conversation_id``/``turn`` >= -1, ``adapter_rank``/``prefix_tokens`` >= 0); a rank on a
+base-model request (``adapter_id`` -1), a column named twice and rows with more cells than the header
+are refused too.
 **Rows need not be sorted**: the table is sorted by ``arrival_s`` (ties by ``request_id``, which
 defaults to the row order), as every workload is. A file with a header but no rows is refused ("holds
 no requests").
@@ -42,6 +44,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from traces.arguments import csv_layout_problem
 
 COLUMNS: dict[str, str] = {
     "request_id": "int64",
@@ -156,6 +160,9 @@ def _read_csv(path: Path) -> pd.DataFrame:
         raise WorkloadError(f"{path}: not a text file (not UTF-8); give a CSV workload") from None
     except (pd.errors.ParserError, ValueError) as e:
         raise WorkloadError(f"{path}: not a readable CSV file ({str(e).strip().splitlines()[0]})") from None
+    problem = csv_layout_problem(path)
+    if problem:
+        raise WorkloadError(f"{path}: {problem}")
     df.columns = [str(c).strip() for c in df.columns]
     return df
 
@@ -163,7 +170,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
 def _read_jsonl(path: Path) -> tuple[pd.DataFrame, list[int]]:
     records, lines = [], []
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode("utf-8-sig")  # (a byte-order mark, as some editors write, is no data)
     except UnicodeDecodeError:
         raise WorkloadError(f"{path}: not a text file (not UTF-8); give a JSON Lines workload") from None
     for n, line in enumerate(text.splitlines(), start=1):
@@ -293,6 +300,11 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
                                 f"-1 for base-model requests")
         raise WorkloadError(f"{path}: {where(i)}, column adapter_rank: a request for adapter "
                             f"{frame['adapter_id'].iloc[i]} needs adapter_rank >= 1")
+    base_rank = ~has & (rank > 0)
+    if base_rank.any():  # (the engine serves it without an adapter: the rank would be dropped)
+        i = int(base_rank.argmax())
+        raise WorkloadError(f"{path}: {where(i)}, column adapter_rank: {rank[i]} on a base-model request (adapter_id "
+                            f"-1: no adapter); leave adapter_rank empty or 0 there, or give the adapter's id")
     first = pd.Series(rank[has]).groupby(frame["adapter_id"].to_numpy()[has]).transform("first").to_numpy()
     clash = np.flatnonzero(has)[first != rank[has]]
     if clash.size:

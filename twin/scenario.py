@@ -351,6 +351,11 @@ def check_run(run: RunConfig) -> None:
         _check_popularity(run.popularity)
     if not run.trace.strip():
         raise ConfigError("--trace: empty; give a trace name (`twin traces list`) or a file path")
+    if run.profile is not None and not run.profile.strip():  # (load_profile reads '' as the default)
+        raise ConfigError("--profile: empty; give a profile name (`twin calibrate list`) or a profile JSON file, or "
+                          "leave --profile out for the default")
+    if run.data_dir is not None and not str(run.data_dir).strip():
+        raise ConfigError("--data-dir: empty; give the data directory, or leave --data-dir out for $TWIN_DATA_DIR")
     _check_trace_options(run.trace_options)
     given = {"rps", "duration", "adapters", "ranks", "popularity"}
     twice = [k for k, _ in run.trace_options if k in given and getattr(run, k) is not None]
@@ -765,6 +770,45 @@ def resolved_scenario(run: RunConfig, profile: Profile, cfg: EngineConfig | None
     return d
 
 
+class _RepeatedKey(ValueError):
+    """A key given twice in one table of a YAML or JSON file (TOML's parser refuses it itself)."""
+
+    def __init__(self, key: Any, where: str = "") -> None:
+        super().__init__(key)
+        self.key, self.where = key, where
+
+
+def _unique_keys_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: a dict, refusing a repeated key (json keeps the last)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _RepeatedKey(k)
+        out[k] = v
+    return out
+
+
+def _unique_keys_yaml_loader(yaml: Any) -> Any:
+    """PyYAML's safe loader, refusing a repeated key in a mapping (PyYAML keeps the last)."""
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # (<<: *anchor: its keys may be overridden)
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    repeated = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the base class refuses it
+                    break
+                if repeated:
+                    raise _RepeatedKey(key, f" (line {key_node.start_mark.line + 1})")
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
 def read_mapping_file(path: Path, label: str = "--config", what: str = "scenario",
                       yaml_extra: str = "yaml", example: str = "`twin run --dump-config` prints one",
                       also: str = " (a run's summary.json works too)",
@@ -782,7 +826,7 @@ def read_mapping_file(path: Path, label: str = "--config", what: str = "scenario
     if not raw.strip():
         raise error(f"{label} {path}: the file is empty; give a {what} ({example})")
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # (a byte-order mark, as some editors write, is no key)
     except UnicodeDecodeError:
         raise error(f"{label} {path}: not a text file (not UTF-8); give a TOML, YAML or JSON {what}") from None
     if suffix == ".toml":
@@ -797,12 +841,18 @@ def read_mapping_file(path: Path, label: str = "--config", what: str = "scenario
             raise error(f"{label} {path}: YAML {what}s need PyYAML (pip install 'lora-twin[{yaml_extra}]'); "
                         f"or write the {what} as TOML") from None
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_unique_keys_yaml_loader(yaml))
+        except _RepeatedKey as e:
+            raise error(f"{label} {path}: key {e.key!r} is given twice{e.where}; give each option once (the "
+                        f"second value would silently replace the first)") from None
         except yaml.YAMLError as e:
             raise error(f"{label} {path}: not valid YAML ({str(e).splitlines()[0]})") from None
     elif suffix == ".json":
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_keys_object)
+        except _RepeatedKey as e:
+            raise error(f"{label} {path}: key {e.key!r} is given twice; give each option once (the second value "
+                        f"would silently replace the first)") from None
         except (json.JSONDecodeError, RecursionError) as e:
             raise error(f"{label} {path}: not valid JSON ({e})") from None
     else:

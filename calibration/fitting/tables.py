@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from calibration.fitting.core import FitError, TableError, first_nan_counts, warn_dropped
+from traces.arguments import csv_layout_problem
 from traces.datadir import data_dir
 from twin.model_spec import ModelSpec, get_model
 
@@ -157,6 +158,9 @@ def read_table(path: str | Path, columns: Sequence[Col], source: str) -> pd.Data
     except OSError as e:
         raise TableError(f"{path} cannot be read ({e.strerror or type(e).__name__}); give a readable CSV file "
                          f"(see {source})") from None
+    problem = csv_layout_problem(path)
+    if problem:
+        raise TableError(f"{path}: {problem} (see {source})")
     missing = [c.name for c in columns if c.required and c.name not in df.columns]
     if missing:
         have = ", ".join(map(str, df.columns[:12])) + (", ..." if len(df.columns) > 12 else "")

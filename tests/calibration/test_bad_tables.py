@@ -100,6 +100,18 @@ def test_not_a_number_names_column_row_and_value(tables, tmp_path):
     assert "could not convert" not in err
 
 
+def test_rows_with_a_cell_too_many_and_a_repeated_column(tables, tmp_path):
+    """A trailing comma on every row: pandas read the first column as row labels and shifted every value
+    one column left (the fit read the wrong columns); a repeated column's second copy was dropped."""
+    d = corrupt(tables, tmp_path, "kv_capacity.csv", content=b"a,b\n1,2,\n3,4,\n")
+    rc, _, err = fit(d, tmp_path)
+    assert rc == 2 and "kv_capacity.csv: row 1 (line 2) has 3 cells but the header names 2 columns (a trailing " \
+                       "comma?)" in err, err
+    (d / "kv_capacity.csv").write_text("a,b,a\n1,2,3\n")
+    rc, _, err = fit(d, tmp_path)
+    assert rc == 2 and "kv_capacity.csv: the header names column 'a' twice" in err, err
+
+
 def test_malformed_csv_and_unreadable_file(tables, tmp_path):
     d = corrupt(tables, tmp_path, "kv_capacity.csv", content=b"a,b\n1,2\n1,2,3,4\n")
     rc, _, err = fit(d, tmp_path)

@@ -380,3 +380,45 @@ def test_rank_tile_cost_of_predict_and_evaluate_takes_profile_and_names_the_fix(
 
     assert (f"'cheap': give a cost relative to the first rank tile, e.g. {RANK_TILE_COST:g} (1: every tile alike), "
             f"or 'profile'") in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- 7: --model FILE and --kind
+@pytest.mark.parametrize("argv, message", [
+    (PREDICT + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--kind", "figs"],
+     "--kind figs with --model {m}: the file is a cart model, and --kind picks only a shipped model of --profile; "
+     "leave --kind out, or leave --model out for the shipped figs model"),
+    (["configure", "rules", "--kind", "hstree"], "--kind hstree with --model {m}: the file is a cart model"),
+])
+def test_a_kind_the_model_file_is_not_is_refused(capsys, argv, message):
+    """``--kind`` picks a shipped model; beside ``--model FILE`` it was silently ignored (the file's kind ran)."""
+    from twin.configurator.models import shipped_model_path
+
+    m = str(shipped_model_path("llama-3.1-8b_h100_vllm085", "cart"))
+    err = _error(argv + ["--model", m], capsys)
+    assert message.format(m=m) in err, err
+    assert main(argv[:-2] + ["--kind", "cart", "--model", m, "--json"]) == 0  # the file's own kind: fine
+    capsys.readouterr()
+
+
+def test_a_model_file_of_an_unknown_kind_is_refused(tmp_path, capsys):
+    from twin.configurator.models import shipped_model_path
+
+    m = json.loads(shipped_model_path("llama-3.1-8b_h100_vllm085", "cart").read_text())
+    m["kind"] = "nosuch"
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    err = _error(PREDICT + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--model", str(tmp_path / "m.json")],
+                 capsys)
+    assert "m.json: damaged configurator model (kind 'nosuch', expected one of rf, cart, hstree, figs, rulefit)" in err
+
+
+def test_a_table_row_with_a_cell_too_many_is_refused(tmp_path, capsys):
+    """A trailing comma on the rows of a labels table: pandas read its first column as row labels and
+    shifted every value one column left."""
+    lab = synthetic_labels(8)
+    text = lab.to_csv(index=False).splitlines()
+    (tmp_path / "labels.csv").write_text("\n".join([text[0]] + [t + "," for t in text[1:]]) + "\n")
+    err = _error(["configure", "train", str(tmp_path / "labels.csv"), "--no-search", "--out",
+                  str(tmp_path / "m.json")], capsys)
+    assert (f"labels.csv: row 1 (line 2) has {len(lab.columns) + 1} cells but the header names {len(lab.columns)} "
+            f"columns (a trailing comma?)") in err, err
+    assert not (tmp_path / "m.json").exists()

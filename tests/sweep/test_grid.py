@@ -182,6 +182,10 @@ def test_a_huge_seeds_list_is_refused_at_once(tmp_path):
     ("g.toml", "", r"grid file .*g.toml: the file is empty; give a grid \(`twin sweep --list`"),
     ("g.json", "[1, 2]", r"grid file .*g.json: expected a table of options, got list"),
     ("g.ini", "x = 1", r"grid file .*g.ini: unknown grid format '.ini'; give a .toml, .yaml/.yml or .json file$"),
+    # a repeated key: PyYAML and json kept the last value silently (TOML refuses it itself)
+    ("g.yaml", "scenarios:\n  rates: [[0.4]]\n  ranks: [[8]]\n  rates: [[0.1]]\n",
+     r"grid file .*g.yaml: key 'rates' is given twice \(line 4\); give each option once"),
+    ("g.json", '{"window_s": 20, "window_s": 60}', r"grid file .*g.json: key 'window_s' is given twice"),
 ])
 def test_a_malformed_grid_file_is_refused_naming_the_file(tmp_path, name, text, message):
     if name.endswith(".yaml"):

@@ -104,6 +104,17 @@ FILES: dict[str, bytes] = {
     # arrivals as epoch timestamps, and arrivals that start after a horizon
     "epoch.csv": b"arrival_s,prompt_tokens,output_tokens\n1700000000,100,10\n1700000000.5,100,10\n",
     "late.csv": b"arrival_s,prompt_tokens,output_tokens\n100,100,10\n100.5,100,10\n",
+    # a trailing comma on every row (pandas took the first column as row labels and shifted every value left), a
+    # column named twice (the second read as "arrival_s.1"), a rank on a base-model request (dropped), workload
+    # columns in a .json file and a workload in a directory ("unrecognised trace format"), repeated scenario keys
+    # (the last one won)
+    "trailing.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,100,10,\n1.0,100,10,\n",
+    "dupcol.csv": b"arrival_s,prompt_tokens,output_tokens,arrival_s\n0.5,100,10,3\n",
+    "baserank.csv": b"arrival_s,prompt_tokens,output_tokens,adapter_id,adapter_rank\n0.5,100,10,1,8\n0.6,100,10,,8\n",
+    "workload.json": b'[{"arrival_s": 0.1, "prompt_tokens": 10, "output_tokens": 5}]\n',
+    "wdir/a.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,100,10\n",
+    "dupkey.yaml": b"rps: 2\nduration: 5\nrps: 3\n",
+    "dupkey.json": b'{"rps": 2, "rps": 3}\n',
 }
 _REAL_HEADER = (b"model,source,scenario,run_dir,ranks,rates,served_adapters,adapter_slots,max_lora_rank,status,"
                 b"offered_req_s,pool_mean_input_tokens,pool_mean_output_tokens\n")
@@ -142,6 +153,15 @@ FILES.update({  # real-run tables (twin validate, twin configure evaluate) with 
     "real_unmeasured.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197\n",
     "real_textmeasured.csv": _REAL_HEADER.replace(b"\n", b",offered_tok_s_est,total_tok_s\n")
                              + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,1000,lots\n",
+    # a row with one cell too many (every value one column left: its model read as 'ml_test'), a column named twice,
+    # a max_lora_rank vLLM refuses, a negative rate whose sign the dashed form dropped, and an adapter split the
+    # twin does not re-create (each re-created silently before)
+    "real_extracell.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,x\n",
+    "real_dupcol.csv": _real_with("rates", "0.1-0.1-0.1"),
+    "real_maxrank33.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,33,ok,1,222,197\n",
+    "real_negrate.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,-0.4-0.1-0.05,16,16,32,ok,1,222,197\n",
+    "real_split.csv": _real_with("adapters_per_rate", "1-1-14"),
+    "real_status_empty.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,,1,222,197\n",
     "peer_text.csv": b"source,ranks,rates,served_adapters,adapter_slots,max_lora_rank,finished_requests,total_tok_s,"
                      b"itl_ms,ttft_ms_incl_unfinished\nml_test,8-16-32,0.4-0.1-0.05,16,16,32,lots,100,20,30\n",
 })
@@ -151,6 +171,7 @@ FILES.update({  # real-run tables (twin validate, twin configure evaluate) with 
 @pytest.fixture
 def files(tmp_path: Path) -> Path:
     for name, content in FILES.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(content)
     (tmp_path / "adir").mkdir()
     return tmp_path
@@ -562,6 +583,33 @@ CASES: list[tuple[str, str]] = [
     ("sweep {d}/bigrank.toml --dry-run", "grid [scenarios] ranks: rank 1024 is above 512, the largest --max-lora-rank "
                                          "vLLM accepts"),
     ("sweep {d}/bigmaxrank.toml --dry-run", "grid [configs] max_lora_rank: 1024 is above 512"),
+    (R + "--trace {d}/trailing.csv", "{d}/trailing.csv: row 1 (line 2) has 4 cells but the header names 3 columns (a "
+                                     "trailing comma?); give one cell per column"),
+    (R + "--trace {d}/dupcol.csv", "{d}/dupcol.csv: the header names column 'arrival_s' twice; give every column once"),
+    (R + "--trace {d}/baserank.csv", "{d}/baserank.csv: row 2 (line 3), column adapter_rank: 8 on a base-model "
+                                     "request (adapter_id -1: no adapter); leave adapter_rank empty or 0 there"),
+    (R + "--trace {d}/workload.json", "{d}/workload.json: the workload columns in a .json file; a workload is read "
+                                      "from .parquet, .csv (a header row) or .jsonl"),
+    (R + "--trace {d}/wdir", "{d}/wdir/a.csv: a workload file inside a directory; a directory is read as the parts of "
+                             "one raw trace, so give the workload file itself (--trace {d}/wdir/a.csv)"),
+    ("run --no-progress --config {d}/dupkey.yaml", "--config {d}/dupkey.yaml: key 'rps' is given twice (line 3); give "
+                                                   "each option once"),
+    ("run --no-progress --config {d}/dupkey.json", "--config {d}/dupkey.json: key 'rps' is given twice"),
+    (R + "--profile ''", "--profile: empty; give a profile name (`twin calibrate list`) or a profile JSON file"),
+    (R + "--data-dir ''", "--data-dir: empty; give the data directory"),
+    ("compare --policies vllm --rps 1 --duration 5 --profile ''", "--profile: empty"),
+    (R + "--popularity zipf:", "popularity 'zipf:': a ':' with no parameter after it"),
+    ("validate --real {d}/real_extracell.csv", "real-run table (--real) {d}/real_extracell.csv: row 1 (line 2) has 14 "
+                                               "cells but the header names 13 columns"),
+    ("validate --real {d}/real_dupcol.csv", "{d}/real_dupcol.csv: the header names column 'rates' twice"),
+    ("validate --real {d}/real_maxrank33.csv", "row 1 (line 2), column max_lora_rank: 33 is not a max_lora_rank vLLM "
+                                               "accepts (8, 16, 32, 64, 128, 256, 320, 512; LoRAConfig)"),
+    ("validate --real {d}/real_negrate.csv", "row 1 (line 2), column rates: '-0.4-0.1-0.05' is not a list of positive "
+                                             "numbers"),
+    ("validate --real {d}/real_split.csv", "row 1 (line 2), column adapters_per_rate: '1-1-14' is not how the twin "
+                                           "splits 16 served adapters over 3 rate classes (round-robin: 6-5-5)"),
+    ("configure evaluate --real {d}/real_extracell.csv --no-search", "has 14 cells but the header names 13 columns"),
+    ("validate --real {d}/real_status_empty.csv", "(statuses: (empty) 1)"),
 ]
 
 
@@ -863,3 +911,17 @@ def test_profile_with_nonsense_constants_is_refused(tmp_path, edit, fragment):
     rc, out, err = run_cli(["run", "--no-progress", "--duration", "5", "--profile", str(path)])
     assert rc == 2 and fragment in err, err
     assert "Traceback" not in err
+
+
+def test_byte_order_marks_and_merge_keys_are_read(tmp_path):
+    """A UTF-8 byte-order mark (some editors write one) before a JSON Lines workload or a TOML scenario
+    was refused as a parse error; a YAML merge key may override its anchor's keys (no repeated key)."""
+    (tmp_path / "w.jsonl").write_bytes(b'\xef\xbb\xbf{"arrival_s": 0.1, "prompt_tokens": 10, "output_tokens": 5}\n')
+    (tmp_path / "s.toml").write_bytes(b"\xef\xbb\xbfduration = 5\n")
+    (tmp_path / "s.yaml").write_text("base: &b {rps: 1}\nx:\n  <<: *b\n  rps: 2\n")
+    rc, out, err = run_cli(["run", "--no-progress", "--json", "--trace", str(tmp_path / "w.jsonl"), "--horizon", "5"])
+    assert rc == 0 and json.loads(out)["requests_finished"] == 1, err
+    rc, out, err = run_cli(["run", "--no-progress", "--json", "--config", str(tmp_path / "s.toml")])
+    assert rc == 0 and json.loads(out)["scenario"]["duration"] == 5, err
+    rc, _, err = run_cli(["run", "--no-progress", "--config", str(tmp_path / "s.yaml")])
+    assert rc == 2 and "unknown option(s) base, x" in err, err

@@ -96,7 +96,7 @@ def register_cli(subparsers) -> None:
     _scenario_args(pr)
     pr.add_argument("--model", default=None, help="model file (default: the shipped configurator of --profile)")
     pr.add_argument("--profile", default=DEFAULT_PROFILE)
-    pr.add_argument("--kind", choices=KINDS, default="rf", help="shipped model kind (default rf)")
+    pr.add_argument("--kind", choices=KINDS, default=None, help="shipped model kind (default rf)")
     pr.add_argument("--explain", action="store_true", help="print the rule path")
     pr.add_argument("--adapters", type=int, default=None,
                     help="adapters to host: GPUs needed at the recommended served adapters")
@@ -116,7 +116,7 @@ def register_cli(subparsers) -> None:
     r = sub.add_parser("rules", help="print the <= 30-rule configurator (or a RuleFit model's terms)")
     r.add_argument("--model", default=None, help="model file with rules (default: the shipped cart model)")
     r.add_argument("--profile", default=DEFAULT_PROFILE)
-    r.add_argument("--kind", choices=("cart", "hstree", "rulefit"), default="cart",
+    r.add_argument("--kind", choices=("cart", "hstree", "rulefit"), default=None,
                    help="shipped rule model: cart (default), hstree (the same rules, shrunk leaf values) or "
                         "rulefit (per target: rules and linear terms with non-zero coefficients, by importance)")
     r.add_argument("--json", action="store_true")
@@ -417,10 +417,18 @@ def _extra_features(items: list[str]) -> dict[str, float]:
     return out
 
 
-def _load_for(args, kind: str):
+def _load_for(args, default_kind: str):
+    """The model of ``--model FILE``, else the shipped one of ``--profile`` and ``--kind`` (``default_kind``
+    when not given); a ``--kind`` that the file is not is refused (it picks only a shipped model)."""
     from twin.configurator.models import load_model
 
-    return load_model(args.model or args.profile, kind)
+    kind = getattr(args, "kind", None) or default_kind
+    model = load_model(args.model or args.profile, kind)
+    if args.model and getattr(args, "kind", None) and model.get("kind") != args.kind:
+        raise ValueError(f"--kind {args.kind} with --model {args.model}: the file is a {model.get('kind')} model, and "
+                         f"--kind picks only a shipped model of --profile; leave --kind out, or leave --model out for "
+                         f"the shipped {args.kind} model")
+    return model
 
 
 def cmd_predict(args) -> int:
@@ -439,7 +447,7 @@ def cmd_predict(args) -> int:
         raise ValueError("--serving-us / --rank-tile-cost set the twin's engine for --check; add --check (a model's "
                          "recommendation does not depend on them)")
     _check_serving_us(args.serving_us)
-    model = _load_for(args, args.kind)
+    model = _load_for(args, "rf")
     if args.check:
         _check_rank_tile_cost(args.rank_tile_cost, model.get("provenance", {}).get("profile") or args.profile)
     x = features_of(rates, ranks)
@@ -563,7 +571,7 @@ def _check(res: dict[str, Any], model: dict[str, Any], serving_us: float = 0.0,
 def cmd_rules(args) -> int:
     from twin.configurator.models import format_rules
 
-    model = _load_for(args, getattr(args, "kind", "cart"))
+    model = _load_for(args, "cart")
     if model.get("rule_ensembles"):
         from twin.configurator.models import format_rule_ensembles
 

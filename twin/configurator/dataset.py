@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from traces.arguments import cell_error
+from traces.arguments import cell_error, csv_layout_problem
 from twin.configurator.labels import FEATURES, TARGETS, describe_engine, engines_of, label_scenarios
 from twin.sweep.runner import read_results
 
@@ -41,11 +41,15 @@ def read_table(path: str | os.PathLike, what: str = "a sweep's runs") -> pd.Data
 
     p = Path(path)
     try:
-        return pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+        df = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
     except pd.errors.EmptyDataError:
         raise ValueError(f"{p}: the file is empty; give {_EXPECTED[what]}") from None
     except (ValueError, TypeError, NotImplementedError, pa.lib.ArrowException) as e:
         raise _read_error(p, what, e) from None
+    problem = None if p.suffix == ".parquet" else csv_layout_problem(p)
+    if problem:
+        raise ValueError(f"{p}: {problem}")
+    return df
 
 
 def describe_statuses(runs: pd.DataFrame) -> str:

@@ -253,7 +253,8 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
     if not model_path:  # the shipped configurators of another model's profile would score nothing real
         check_profile_model(cached_profile(profile), sel)
     if not sel["status"].astype(str).eq("ok").any():
-        counts = ", ".join(f"{k} {v}" for k, v in sel["status"].astype(str).value_counts().items())
+        statuses = sel["status"].astype(object).fillna("(empty)").astype(str)  # (an empty cell: NaN, not counted)
+        counts = ", ".join(f"{k} {v}" for k, v in statuses.value_counts().items())
         raise ValueError(f"{real_csv}: none of the {len(sel)} rows{f' of source {source!r}' if source else ''} has "
                          f"status ok (statuses: {counts}); a scenario's real optimum needs its served runs")
     check_measured(real, real_csv)

@@ -434,6 +434,8 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
     for k, typ in (("kind", str), ("features", list), ("targets", list), ("trees", list), ("provenance", dict)):
         if not isinstance(m.get(k), typ):
             raise bad(f"{k!r} missing or not a {typ.__name__}")
+    if m["kind"] not in KINDS:
+        raise bad(f"kind {m['kind']!r}, expected one of {', '.join(KINDS)}")
     if list(m["targets"]) != list(TARGETS):
         raise bad(f"targets {m['targets']}, expected {list(TARGETS)}")
     n_feat = len(m["features"])

@@ -138,7 +138,8 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
              for _, row in sel.iterrows()
              if row["status"] == "ok" or row["status"] in START_FAILURE_STATUSES]
     if not specs:
-        counts = ", ".join(f"{k} {v}" for k, v in sel["status"].astype(str).value_counts().items())
+        statuses = sel["status"].astype(object).fillna("(empty)").astype(str)  # (an empty cell: NaN, not counted)
+        counts = ", ".join(f"{k} {v}" for k, v in statuses.value_counts().items())
         raise ValueError(f"none of the {len(sel)} selected runs of {real_csv} can be scored (statuses: {counts}); "
                          f"the twin re-creates runs with status ok and start failures "
                          f"({', '.join(START_FAILURE_STATUSES)}): select some of those")

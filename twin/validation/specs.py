@@ -19,10 +19,10 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from traces.arguments import cell_error, parse_list
+from traces.arguments import cell_error, csv_layout_problem, parse_list
 from traces.datadir import require
 from traces.registry import MAX_REQUESTS
-from twin.scenario import MAX_SIM_SECONDS
+from twin.scenario import MAX_SIM_SECONDS, VLLM_MAX_LORA_RANKS
 from twin.validation.metrics import METRICS
 
 WINDOW_S = 3600.0
@@ -89,6 +89,9 @@ def read_table(path: str | os.PathLike, what: str) -> pd.DataFrame:
         raise ValueError(f"{what} {p} is not a text file (not UTF-8 CSV)") from None
     except (pd.errors.ParserError, ValueError, OSError) as e:
         raise ValueError(f"{what} {p} is not a readable CSV table ({str(e).strip().splitlines()[0]})") from None
+    problem = csv_layout_problem(p)
+    if problem:
+        raise ValueError(f"{what} {p}: {problem}")
     if df.empty:
         raise ValueError(f"{what} {p} holds no runs (a header but no rows)")
     return df
@@ -170,6 +173,26 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
             if k > served:
                 raise bad(i, col, f"lists {k} classes for {served:g} served adapters (they are assigned "
                                   f"round-robin, so some would serve no adapter)")
+    if "adapters_per_rate" in df.columns:  # recorded split of the served adapters: the twin's round-robin one
+        for i, n in classes.items():
+            cell = df["adapters_per_rate"].iloc[i]
+            if cell is None or (isinstance(cell, float) and cell != cell) or not str(cell).strip():
+                continue
+            served, k = int(float(df["served_adapters"].iloc[i])), n["rates"]
+            split = [served // k + (1 if j < served % k else 0) for j in range(k)]
+            try:
+                given = parse_list(str(cell), int, "adapters_per_rate")
+            except ValueError:
+                given = None
+            if given != split:
+                raise bad(i, "adapters_per_rate", f"is not how the twin splits {served} served adapters over "
+                                                  f"{k} rate classes (round-robin: {'-'.join(map(str, split))}), so "
+                                                  f"the re-created run would differ (an empty cell is not checked)")
+    for i in np.flatnonzero(used).tolist():  # vLLM starts only with one of its max ranks (the twin's re-run too)
+        if int(float(df["max_lora_rank"].iloc[i])) not in VLLM_MAX_LORA_RANKS:
+            raise bad(i, "max_lora_rank", f"is not a max_lora_rank vLLM accepts "
+                                          f"({', '.join(map(str, VLLM_MAX_LORA_RANKS))}; LoRAConfig), so no real run "
+                                          f"started with it")
     for i, top in top_rank.items():  # vLLM pads every slot to max_lora_rank and refuses a larger adapter
         if float(df["max_lora_rank"].iloc[i]) < top:
             raise bad(i, "max_lora_rank", f"is below the run's largest adapter rank {top} (vLLM would refuse those "
