@@ -16,7 +16,7 @@ A grid file (TOML shown; YAML has the same keys)::
     lengths = [[222, 197]]                    # mean input / output tokens (ShareGPT-like)
     # length_corr = -0.37                     # prompt-output length coupling (default 0: independent)
     arrival = ["poisson"]
-    policy = ["fcfs+client-cap"]              # or any preset of `twin policies`
+    policy = ["fcfs+client-cap"]              # or any vLLM-engine preset of `twin policies`
 
     [configs]
     served = [16, 32, 64]
