@@ -615,7 +615,9 @@ def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike
     try:
         table = LOADERS[fmt](path, **loader_kwargs)
     except TypeError as e:
-        raise OptionError(f"option(s) {sorted(loader_kwargs)} do not apply to {fmt} traces: {e}") from e
+        if "keyword argument" in str(e):  # (an option the format's loader does not take)
+            raise OptionError(f"option(s) {sorted(loader_kwargs)} do not apply to {fmt} traces: {e}") from e
+        raise WorkloadError(f"{path}: cannot read it as a {fmt} trace (a value of the wrong type: {e})") from None
     except (FileNotFoundError, OptionError):
         raise
     except (ValueError, KeyError, IndexError, UnicodeDecodeError, OSError) as e:

@@ -319,7 +319,8 @@ def detect_format(directory: Path) -> str:
     """``vllm085`` (peer 0.8.5 tables), ``vllm050`` (Llama-2 0.5.0 runs) or ``vidur`` (operator timings)."""
     d = Path(directory)
     if not d.is_dir():
-        raise FileNotFoundError(f"measurement directory {d} does not exist; give --measurements the directory that "
+        what = "is a file, not a directory" if d.exists() else "does not exist"
+        raise FileNotFoundError(f"measurement directory {d} {what}; give --measurements the directory that "
                                 f"holds the calibration tables (e.g. $TWIN_DATA_DIR/calibration/vllm085_h100)")
     if (d / "step_latency.csv").exists():
         return "vllm085"

@@ -422,3 +422,57 @@ def test_a_table_row_with_a_cell_too_many_is_refused(tmp_path, capsys):
     assert (f"labels.csv: row 1 (line 2) has {len(lab.columns) + 1} cells but the header names {len(lab.columns)} "
             f"columns (a trailing comma?)") in err, err
     assert not (tmp_path / "m.json").exists()
+
+
+# --------------------------------------------------------------------------- 8: options nothing reads, mixed runs
+@pytest.mark.parametrize("flags, message", [
+    (["--slo-share", "0.5"], "--slo-share 0.5: applies to --rule slo (the minimum SLO attainment), not 'throughput90', "
+                             "which does not read it; leave it out or give --rule slo"),
+    (["--rule", "robust", "--slo-share", "0.5"], "--slo-share 0.5: applies to --rule slo"),
+    (["--tolerance", "0.05"], "--tolerance 0.05: applies to --rule robust (the throughput tolerance among the best "
+                              "configurations), not 'throughput90'"),
+    (["--rule", "slo", "--tolerance", "0.05"], "--tolerance 0.05: applies to --rule robust"),
+    (["--rule", "slo", "--slo-share", "0.5", "--ttft-p99-s", "5"],
+     "--slo-share 0.5 with --ttft-p99-s / --itl-p99-s: the percentile SLOs decide which runs meet the SLO"),
+])
+def test_a_labelling_option_the_rule_does_not_read_is_refused(tmp_path, capsys, flags, message):
+    """``dataset --slo-share`` under throughput90 / robust (or beside percentile SLOs) and ``--tolerance``
+    under any rule but robust were ignored in silence."""
+    feats = features_of([0.4, 0.2, 0.1], [8, 16, 32])
+    pd.DataFrame([_run_rows(offered_tok_s=1000.0, total_tok_s=950.0, **feats)]).to_csv(tmp_path / "r.csv", index=False)
+    err = _error(["configure", "dataset", str(tmp_path / "r.csv")] + flags + ["--out", str(tmp_path / "l.csv")], capsys)
+    assert message in err, err
+    assert not (tmp_path / "l.csv").exists()
+
+
+def test_runs_of_two_profiles_are_refused_by_dataset(tmp_path, capsys):
+    """Runs of two profiles were labelled into one table (which ``train`` then refused); ``dataset`` says so."""
+    feats = features_of([0.4, 0.2, 0.1], [8, 16, 32])
+    rows = [_run_rows(offered_tok_s=1000.0, total_tok_s=950.0, profile=p, **feats)
+            for p in ("llama-3.1-8b_h100_vllm085", "qwen-2.5-7b_h100_vllm085")]
+    pd.DataFrame(rows).to_csv(tmp_path / "r.csv", index=False)
+    err = _error(["configure", "dataset", str(tmp_path / "r.csv"), "--out", str(tmp_path / "l.csv")], capsys)
+    assert ("the runs mix profiles (llama-3.1-8b_h100_vllm085 in 1 runs; qwen-2.5-7b_h100_vllm085 in 1 runs): label "
+            "the sweeps of each profile apart (and train one model per profile)") in err
+    assert not (tmp_path / "l.csv").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "3 labelled scenarios are too few for the grid search's cross-validation (it needs at least 6: two per "
+         "fold, three folds); label more scenarios, or give --no-search"),
+    (["--no-search", "--rule", "robust"], "--rule robust: labels sweep directories, and the labels given were labelled "
+                                          "under throughput90; leave out --rule, or relabel"),
+    (["--no-search", "--ttft-p99-s", "5"], "--ttft-p99-s: label sweep directories, and {f} is a labels file"),
+])
+def test_train_refuses_what_it_would_skip(tmp_path, capsys, flags, message):
+    """3 labels trained with no grid search although one was asked for (the default); ``--rule`` /
+    ``--ttft-p99-s`` beside labels files only were ignored (nothing is labelled there)."""
+    lab = synthetic_labels(3).assign(rule="throughput90")
+    f = tmp_path / "labels.csv"
+    lab.to_csv(f, index=False)
+    err = _error(["configure", "train", str(f), "--out", str(tmp_path / "m.json")] + flags, capsys)
+    assert message.format(f=f) in err, err
+    assert not (tmp_path / "m.json").exists()
+    assert main(["configure", "train", str(f), "--no-search", "--rule", "throughput90", "--out",
+                 str(tmp_path / "m.json"), "--json"]) == 0  # the labels' own rule: fine
+    capsys.readouterr()

@@ -220,10 +220,11 @@ def test_dataset_and_train_cli_on_a_sweep(tmp_path, capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["scenarios"] == 2
     for rule in ("robust", "slo"):
-        ns = p.parse_args(["configure", "dataset", str(tmp_path / "sw"), "--rule", rule, "--slo-share", "0.5"])
+        ns = p.parse_args(["configure", "dataset", str(tmp_path / "sw"), "--rule", rule,
+                           *(["--slo-share", "0.5"] if rule == "slo" else ["--tolerance", "0.05"])])
         assert ns.func(ns) == 0
     capsys.readouterr()
-    ns = p.parse_args(["configure", "train", str(tmp_path / "sw"), "--kind", "cart", "--out",
+    ns = p.parse_args(["configure", "train", str(tmp_path / "sw"), "--kind", "cart", "--no-search", "--out",
                        str(tmp_path / "m.json"), "--json"])
     assert ns.func(ns) == 0
     d = json.loads(capsys.readouterr().out)

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from twin.sweep.grid import load_grid
+from twin.sweep import runner
 from twin.sweep.runner import read_results, run_sweep
 
 KEY = ["task_hash", "adapter_slots", "served_adapters"]
@@ -59,8 +60,22 @@ def test_resume_refuses_another_grid(local_smoke, tmp_path):
     out, _ = local_smoke
     g = load_grid("smoke")
     g.window_s = 30.0
-    with pytest.raises(SystemExit, match="another grid"):
+    with pytest.raises(ValueError, match=r"holds a sweep of another grid or profile \(grid smoke, digest "):
         run_sweep(g, out, "local", progress=False)
+
+
+def test_resume_into_another_grids_directory_is_an_exit_2_error(local_smoke, tmp_path, capsys):
+    """It was a SystemExit: exit status 1 and no ``twin sweep: error:``."""
+    from twin.cli import main
+
+    out, _ = local_smoke
+    p = tmp_path / "g.toml"
+    p.write_text('name = "smoke"\nwindow_s = 30\n[scenarios]\nrates = [[0.4, 0.2, 0.1]]\nranks = [[8, 16, 32]]\n'
+                 '[configs]\nserved = [8]\nslots = [8]\n')
+    assert main(["sweep", str(p), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"twin sweep: error: {out} holds a sweep of another grid or profile (grid smoke, digest " in err and \
+        "use another --out, or --no-resume to start over" in err and "Traceback" not in err
 
 
 def test_local_pool_identical(local_smoke, tmp_path):
@@ -376,3 +391,125 @@ def test_a_grid_file_left_at_the_published_axes_says_so_on_a_dry_run(tmp_path, c
     assert json.loads(cap.out)["tasks"] == 840
     assert cap.err.startswith("twin sweep: note: grid 'only' leaves rates, ranks, served, slots at the published "
                               "grid's values and profile at the default (")
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_damaged_shard_is_recomputed_not_counted_as_done(local_smoke, tmp_path, capsys, damage):
+    """A shard overwritten or cut short (a crash, a full disk) counted as a finished task: the resumed sweep
+    ran nothing and every later read failed with pyarrow's message alone."""
+    import shutil
+
+    from twin.cli import main
+
+    src, _ = local_smoke
+    out = tmp_path / "sw"
+    shutil.copytree(src, out)
+    before = read_results(out)
+    shard = sorted((out / "shards").glob("*.parquet"))[0]
+    if damage == "garbage":
+        shard.write_bytes(b"this is not parquet")
+    else:
+        shard.write_bytes(shard.read_bytes()[:100])
+    assert main(["sweep", "smoke", "--out", str(out), "--summary"]) == 2
+    err = capsys.readouterr().err
+    assert (f"twin sweep: error: {shard}: a damaged sweep shard, not readable as Parquet (" in err and
+            "run the sweep again with the same --out (a resumed sweep recomputes the tasks of damaged shards)" in err)
+    assert main(["sweep", "smoke", "--out", str(out), "--no-progress", "--json"]) == 0
+    cap = capsys.readouterr()
+    d = json.loads(cap.out)
+    assert (d["tasks_run"], d["tasks_done_before"], d["shards_damaged"]) == (1, 1, [shard.name])
+    assert f"twin sweep: note: 1 damaged shards (not readable as Parquet, e.g. {shard.name})" in cap.err
+    pd.testing.assert_frame_equal(_norm(read_results(out)), _norm(before))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{bad", "sweep.json: not a sweep's record (not readable as JSON: "),
+    ("[1, 2]", "sweep.json: not a sweep's record (expected an object with grid, grid_digest, profile_hash and history)"),
+    ('{"grid": {}, "history": 5}', "sweep.json: not a sweep's record (expected an object"),
+])
+def test_a_damaged_sweep_record_is_named_and_no_resume_starts_over(local_smoke, tmp_path, capsys, text, message):
+    """A sweep.json that is no JSON object was a traceback (AttributeError) or json's message alone."""
+    import shutil
+
+    from twin.cli import main
+
+    src, _ = local_smoke
+    out = tmp_path / "sw"
+    shutil.copytree(src, out)
+    (out / "sweep.json").write_text(text)
+    assert main(["sweep", "smoke", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"twin sweep: error: {out / 'sweep.json'}: ") and message in err and "Traceback" not in err
+    assert "use another --out, or --no-resume to start over" in err
+    assert main(["sweep", "smoke", "--out", str(out), "--no-progress", "--no-resume", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tasks_run"] == 2
+    assert json.loads((out / "sweep.json").read_text())["grid"]["name"] == "smoke"
+
+
+@pytest.mark.parametrize("executor, module, extra", [("ray", "ray", "lora-twin[ray]"),
+                                                     ("dask", "dask.distributed", "lora-twin[sweep]")])
+def test_a_missing_executor_extra_is_refused_before_out_is_made(tmp_path, capsys, monkeypatch, executor, module,
+                                                                extra):
+    """Without ray (or dask) the sweep made --out and wrote a sweep.json with a history entry of a run that never
+    happened, then failed."""
+    import sys
+
+    from twin.cli import main
+
+    monkeypatch.setitem(sys.modules, module, None)  # (as if not installed, whether or not it is)
+    assert main(["sweep", "smoke", "--executor", executor, "--out", str(tmp_path / "sw"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twin sweep: error: the ") and f"pip install '{extra}'" in err and "--executor local" in err
+    assert not (tmp_path / "sw").exists()
+    with pytest.raises(runner.MissingExtra, match=extra.replace("[", r"\[")):
+        run_sweep(load_grid("smoke"), tmp_path / "sw", executor, progress=False)
+    assert not (tmp_path / "sw").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--list", "--out", "x"], "--list lists the named grids and runs none, so --out would be ignored"),
+    (["smoke", "--list"], "--list lists the named grids and runs none, so GRID would be ignored"),
+    (["--list", "--summary"], "so --summary would be ignored"),
+    (["--summary", "--out", "{out}", "--limit", "1", "--jobs", "2"],
+     "--summary summarizes the results already in --out and runs nothing, so --limit and --jobs would be ignored; "
+     "leave them out (or drop --summary to run the sweep)"),
+    (["--summary", "--out", "{out}", "--executor", "dask"], "so --executor would be ignored"),
+    (["--summary", "--out", "{out}", "--no-resume"], "so --no-resume would be ignored"),
+    (["--summary", "--out", "{out}", "--dry-run"], "so --dry-run would be ignored"),
+    (["policy-demo", "--summary", "--out", "{out}"], "--summary --out {out}: it holds a sweep of grid smoke, not "
+                                                     "policy-demo; leave out the grid name"),
+])
+def test_options_list_and_summary_would_ignore_are_refused(local_smoke, capsys, flags, message):
+    """``--list`` / ``--summary`` run nothing: a run's options beside them (or a grid the --out is not
+    a sweep of) were ignored in silence."""
+    from twin.cli import main
+
+    out, _ = local_smoke
+    assert main(["sweep"] + [f.format(out=out) for f in flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twin sweep: error: ") and message.format(out=out) in err, err
+    assert main(["sweep", "--summary", "--out", str(out), "--json"]) == 0  # the grid left out: the --out's
+    assert json.loads(capsys.readouterr().out)["tasks"] == 2
+
+
+def test_resuming_shards_of_another_twin_version_says_so(local_smoke, tmp_path, capsys):
+    """Shards written by another twin version were reused without a word (and the record forgot the version)."""
+    import shutil
+
+    from twin.cli import main
+
+    src, _ = local_smoke
+    out = tmp_path / "sw"
+    shutil.copytree(src, out)
+    meta = json.loads((out / "sweep.json").read_text())
+    meta["twin_version"] = "0.0.1"  # (a record of an earlier twin: no list of versions)
+    meta.pop("twin_versions", None)
+    (out / "sweep.json").write_text(json.dumps(meta))
+    for _ in range(2):  # (and still on the next resume: the record keeps every version)
+        assert main(["sweep", "smoke", "--out", str(out), "--no-progress"]) == 0
+        assert f"twin sweep: note: {out} holds shards written by lora-twin 0.0.1 (2 shards reused)" in \
+            capsys.readouterr().err
+    assert json.loads((out / "sweep.json").read_text())["twin_versions"][0] == "0.0.1"
+    assert main(["sweep", "smoke", "--out", str(out), "--no-progress", "--no-resume"]) == 0
+    assert main(["sweep", "smoke", "--out", str(out), "--no-progress"]) == 0
+    assert "note" not in capsys.readouterr().err

@@ -126,6 +126,14 @@ def _real_with(column: str, value: str, status: str = "ok") -> bytes:
             + f"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,{status},1,222,197,{value}\n".encode())
 
 
+FILES.update({  # ShareGPT-format conversation files with a malformed turn
+    "conv_int.json": b'[{"id": "a", "conversations": 5}]',
+    "conv_value.json": b'[{"id": "a", "conversations": [{"from": "human", "value": 5}, {"from": "gpt", "value": "x"}]}]',
+    "conv_lacks.json": b'[{"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": '
+                       b'"x"}]}, {"id": "b"}]',
+})
+
+
 FILES.update({  # real-run tables (twin validate, twin configure evaluate) with one bad row
     "real_rates.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,abc,16,16,32,ok,1,222,197\n",
     "real_served.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,-5,16,32,ok,1,222,197\n",
@@ -390,6 +398,8 @@ CASES: list[tuple[str, str]] = [
     ("calibrate fit --measurements {d}/adir --model llama-3.1-8b --out ''", "--out: empty; give a file name"),
     ("calibrate fit --measurements {d}/adir --model llama-3.1-8b --out {d}/afile/p.json",
      "--out {d}/afile/p.json: {d}/afile is a file"),
+    ("calibrate fit --measurements {d}/afile --model llama-3.1-8b --out {d}/p.json",
+     "measurement directory {d}/afile is a file, not a directory"),  # (said "does not exist")
     ("calibrate fit --measurements {d}/adir --model llama-3.1-8b --out {d}/p.txt",
      "--out {d}/p.txt: give a .json file"),
     ("calibrate replay --out ''", "--out: empty; give a file name"),
@@ -610,6 +620,12 @@ CASES: list[tuple[str, str]] = [
                                            "splits 16 served adapters over 3 rate classes (round-robin: 6-5-5)"),
     ("configure evaluate --real {d}/real_extracell.csv --no-search", "has 14 cells but the header names 13 columns"),
     ("validate --real {d}/real_status_empty.csv", "(statuses: (empty) 1)"),
+    # a conversation dataset with malformed turns: these read as "option(s) [] do not apply to sharegpt traces"
+    ("traces show {d}/conv_int.json", "{d}/conv_int.json: a conversation must be a list of messages (objects with "
+                                      "'from' and 'value'), got int 5"),
+    (R + "--trace {d}/conv_value.json", "{d}/conv_value.json: a message's 'value' must be text (a string), got int 5"),
+    ("traces show {d}/conv_lacks.json", "{d}/conv_lacks.json: record 2 lacks 'conversations' (the first has it; every "
+                                        "record needs it"),
 ]
 
 

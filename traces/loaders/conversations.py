@@ -207,6 +207,12 @@ def _records(path: Path, required: tuple[str, ...], fmt: str, columns: tuple[str
                 raise TraceFormatError(f"{path}: expected JSON objects ({SCHEMAS.get(fmt, fmt)}), got {type(row).__name__}")
             if n == 0:
                 require_columns(row.keys(), required, path, fmt, SCHEMAS.get(fmt, ""))
+            else:
+                missing = [c for c in required if c not in row]
+                if missing:
+                    raise TraceFormatError(f"{path}: record {n + 1} lacks {', '.join(map(repr, missing))} (the first "
+                                           f"has it; every record needs it: {SCHEMAS.get(fmt, fmt)}); got keys "
+                                           f"{sorted(row)[:8]}")
             yield row
             n += 1
             if limit is not None and n >= limit:
@@ -221,12 +227,21 @@ def _messages(turns: Any, path: Path, role_key: str = "role", text_key: str = "c
             turns = json.loads(turns)
         except json.JSONDecodeError as e:
             raise TraceFormatError(f"{path}: conversation is a string that is not JSON") from e
+    if hasattr(turns, "tolist") and not isinstance(turns, dict):  # (a numpy array of a parquet list column)
+        turns = turns.tolist()
+    if not isinstance(turns, (list, tuple)):
+        raise TraceFormatError(f"{path}: a conversation must be a list of messages (objects with {role_key!r} and "
+                               f"{text_key!r}), got {type(turns).__name__} {str(turns)[:80]}")
     out = []
     for m in turns:
         if not isinstance(m, dict) or role_key not in m or text_key not in m:
             raise TraceFormatError(f"{path}: conversation messages must be objects with {role_key!r} and "
                                    f"{text_key!r} (got {str(m)[:80]})")
-        out.append((_role(m[role_key]), m[text_key] or "", m.get("timestamp")))
+        text = m[text_key]
+        if text is not None and not isinstance(text, str):
+            raise TraceFormatError(f"{path}: a message's {text_key!r} must be text (a string), got "
+                                   f"{type(text).__name__} {str(text)[:80]} in {str(m)[:120]}")
+        out.append((_role(m[role_key]), text or "", m.get("timestamp")))
     return out
 
 

@@ -59,8 +59,10 @@ def register_cli(subparsers) -> None:
     d.add_argument("sweeps", nargs="+", help="sweep directories (twin sweep --out), shard files or CSV tables")
     d.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90")
     d.add_argument("--ratio", type=float, default=0.9, help="starvation line: throughput / offered (default 0.9)")
-    d.add_argument("--tolerance", type=float, default=0.01, help="robust: throughput tolerance (default 1 %%)")
-    d.add_argument("--slo-share", type=float, default=0.9, help="slo: minimum SLO attainment (default 0.9)")
+    d.add_argument("--tolerance", type=float, default=None, help="robust: throughput tolerance (default 1 %%)")
+    d.add_argument("--slo-share", type=float, default=None,
+                   help="slo: minimum SLO attainment of the sweep's [slo] (default 0.9; not with --ttft-p99-s / "
+                        "--itl-p99-s)")
     _percentile_slo_args(d)
     d.add_argument("--out", default=None, help="write the labels (.csv or .parquet)")
     d.add_argument("--json", action="store_true")
@@ -75,8 +77,8 @@ def register_cli(subparsers) -> None:
                         "hierarchical shrinkage, lambda chosen by cross-validation), figs (imodels' FIGS, a sum "
                         "of small trees with <= 30 splits in all), rulefit (imodels' RuleFit per target: a linear model over the "
                         "features and <= 30 rules; figs and rulefit need pip install 'lora-twin[configurator]')")
-    t.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90",
-                   help="label rule when sweep directories are given")
+    t.add_argument("--rule", choices=("throughput90", "robust", "slo"), default=None,
+                   help="label rule when sweep directories are given (default throughput90; labels files keep theirs)")
     _percentile_slo_args(t)
     t.add_argument("--out", default=None,
                    help="model file (default: the shipped one, twin/configurator/models/<profile>.<kind>.json, "
@@ -267,17 +269,36 @@ def _check_percentile_slo(args) -> None:
 
 
 def _check_rule_args(args) -> None:
-    """``--ratio`` in (0, 1], ``--tolerance`` in [0, 1), ``--slo-share`` in (0, 1], before any table is read."""
+    """``--ratio`` in (0, 1], ``--tolerance`` in [0, 1), ``--slo-share`` in (0, 1], before any table is read;
+    ``--tolerance`` only with the robust rule and ``--slo-share`` only with the slo rule on the sweep's
+    ``[slo]`` attainment (elsewhere nothing reads them). Fills in their defaults."""
     check_number("--ratio", args.ratio, 0, False, "a share of the offered tokens in (0, 1], e.g. --ratio 0.9")
     if args.ratio > 1:
         raise ValueError(f"--ratio {args.ratio:g}: must be at most 1 (a share of the offered tokens), e.g. --ratio 0.9")
-    check_number("--tolerance", args.tolerance, 0, True, "a share of the best throughput in [0, 1), e.g. 0.01")
-    if args.tolerance >= 1:
-        raise ValueError(f"--tolerance {args.tolerance:g}: must be below 1 (a share of the best throughput), e.g. 0.01")
-    check_number("--slo-share", args.slo_share, 0, False, "a share of requests in (0, 1], e.g. --slo-share 0.9")
-    if args.slo_share > 1:
-        raise ValueError(f"--slo-share {args.slo_share:g}: must be at most 1 (a share of requests), e.g. 0.9")
+    if args.tolerance is not None:
+        check_number("--tolerance", args.tolerance, 0, True, "a share of the best throughput in [0, 1), e.g. 0.01")
+        if args.tolerance >= 1:
+            raise ValueError(f"--tolerance {args.tolerance:g}: must be below 1 (a share of the best throughput), "
+                             f"e.g. 0.01")
+    if args.slo_share is not None:
+        check_number("--slo-share", args.slo_share, 0, False, "a share of requests in (0, 1], e.g. --slo-share 0.9")
+        if args.slo_share > 1:
+            raise ValueError(f"--slo-share {args.slo_share:g}: must be at most 1 (a share of requests), e.g. 0.9")
     _check_percentile_slo(args)
+    # (a bad value is named first, then an option the rule does not read)
+    if args.tolerance is not None and args.rule != "robust":
+        raise ValueError(f"--tolerance {args.tolerance:g}: applies to --rule robust (the throughput tolerance among "
+                         f"the best configurations), not {args.rule!r}, which does not read it; leave it out or "
+                         f"give --rule robust")
+    if args.slo_share is not None and args.rule != "slo":
+        raise ValueError(f"--slo-share {args.slo_share:g}: applies to --rule slo (the minimum SLO attainment), not "
+                         f"{args.rule!r}, which does not read it; leave it out or give --rule slo")
+    if args.slo_share is not None and (args.ttft_p99_s is not None or args.itl_p99_s is not None):
+        raise ValueError(f"--slo-share {args.slo_share:g} with --ttft-p99-s / --itl-p99-s: the percentile SLOs decide "
+                         f"which runs meet the SLO, so the share of the sweep's [slo] attainment is not read; give "
+                         f"one of them")
+    args.tolerance = 0.01 if args.tolerance is None else args.tolerance
+    args.slo_share = 0.9 if args.slo_share is None else args.slo_share
 
 
 def cmd_dataset(args) -> int:
@@ -319,6 +340,10 @@ def _check_profile(name: str) -> None:
         raise ValueError(f"--profile: {e.args[0]}") from None
 
 
+#: the fewest labelled scenarios ``train``'s grid search cross-validates (:func:`twin.configurator.models.train`)
+MIN_SEARCH_SCENARIOS = 6
+
+
 def cmd_train(args) -> int:
     from twin.configurator.dataset import build_dataset, combine_labels, label_engine, load_labels, load_runs, sweep_meta
     from twin.configurator.labels import FEATURES
@@ -350,6 +375,21 @@ def cmd_train(args) -> int:
     files = [(s, load_labels(s, feats)) for s in srcs if not Path(s).is_dir()]
     meta: dict[str, Any] = {}
     dirs = [s for s in srcs if Path(s).is_dir()]
+    if not dirs:  # labels files only: nothing is labelled here, so a rule or SLO given would be ignored
+        import pandas as pd
+
+        slo = [f for f, v in (("--ttft-p99-s", args.ttft_p99_s), ("--itl-p99-s", args.itl_p99_s)) if v is not None]
+        if slo:
+            raise ValueError(f"{' / '.join(slo)}: label sweep directories, and {', '.join(s for s, _ in files)} "
+                             f"{'is a labels file' if len(files) == 1 else 'are labels files'} (labelled by "
+                             f"`twin configure dataset`); give the SLOs to `twin configure dataset --rule slo`, or "
+                             f"give train the sweep directory")
+        rules = sorted({str(r) for _, lab in files if "rule" in lab for r in pd.unique(lab["rule"].astype(str))})
+        if args.rule is not None and rules and rules != [args.rule]:
+            raise ValueError(f"--rule {args.rule}: labels sweep directories, and the labels given were labelled under "
+                             f"{', '.join(rules)}; leave out --rule, or relabel the sweep with `twin configure dataset "
+                             f"--rule {args.rule}`")
+    args.rule = args.rule or "throughput90"
     parts = []
     if dirs:  # sweep directories: labelled here under --rule (all together: one table of runs)
         runs = load_runs(dirs)
@@ -358,6 +398,11 @@ def cmd_train(args) -> int:
         meta = sweep_meta(dirs)
     parts += files
     lab = combine_labels(parts)
+    if not args.no_search and len(lab) < MIN_SEARCH_SCENARIOS:  # (the search was skipped in silence)
+        raise ValueError(f"{len(lab)} labelled scenario{'s' if len(lab) != 1 else ''} are too few for the grid "
+                         f"search's cross-validation (it needs at least {MIN_SEARCH_SCENARIOS}: two per fold, three "
+                         f"folds); label more scenarios, or give --no-search to fit the default hyper-parameters "
+                         f"without cross-validation")
     profile = args.profile or (str(lab["profile"].iloc[0]) if "profile" in lab else None)
     grid = {}
     if meta.get("sweeps"):

@@ -287,6 +287,12 @@ def build_dataset(runs: pd.DataFrame, rule: str = "throughput90", **kw: Any) -> 
     Runs of several engines (sweeps with and without the serving path's host time, say) are refused:
     one walk must not mix two twins."""
     _one_engine(runs, "runs", "label the sweeps of each engine apart (and train one model per engine)")
+    if "profile" in runs:  # (a labels table of two profiles is refused by `train`: refused here first)
+        counts = runs["profile"].dropna().astype(str).value_counts(sort=False)
+        if len(counts) > 1:
+            what = "; ".join(f"{p} in {n} runs" for p, n in counts.items())
+            raise ValueError(f"the runs mix profiles ({what}): label the sweeps of each profile apart (and train one "
+                             f"model per profile)")
     labels = label_scenarios(runs, rule, **kw)
     if "profile" in runs and "profile" not in labels:
         labels["profile"] = runs["profile"].iloc[0]

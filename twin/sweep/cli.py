@@ -17,7 +17,7 @@ def register_cli(subparsers) -> None:
                     "TOML/YAML grid file. One task = one scenario's walk over its configurations (slots x served "
                     "adapters); a walk stops at its first starving run and a run stops as soon as it is decided "
                     "starving. One Parquet shard per task under OUT/shards; an interrupted sweep resumes.")
-    p.add_argument("grid", nargs="?", default="smoke", help="named grid or grid file (default: smoke)")
+    p.add_argument("grid", nargs="?", default=None, help="named grid or grid file (default: smoke)")
     p.add_argument("--out", default=None, help="output directory (default: sweeps/<grid name>)")
     p.add_argument("--executor", choices=("local", "dask", "ray"), default="local",
                    help="local worker processes (default), a Dask cluster or a Ray cluster")
@@ -46,10 +46,12 @@ def register_cli(subparsers) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from twin.sweep.grid import NAMED_GRIDS, defaults_note, load_grid
-    from twin.sweep.runner import (MissingExtra, check_address, check_runnable, check_selection, done_tasks,
-                                   exclusion_keys, read_results, run_sweep, select_tasks, shard_dir,
-                                   summarize_results, unmatched_exclusions)
+    from twin.sweep.scenario import twin_version
+    from twin.sweep.runner import (MissingExtra, check_address, check_executor, check_runnable, check_selection,
+                                   done_tasks, exclusion_keys, read_meta, read_results, run_sweep, select_tasks,
+                                   shard_dir, summarize_results, unmatched_exclusions)
 
+    _check_mode(args)
     if args.list and args.json:
         grids = [fn() for fn in NAMED_GRIDS.values()]
         print(json.dumps([{"name": g.name, "tasks": len(g.tasks()), "runs_max": g.n_runs_max(), "profile": g.profile,
@@ -66,18 +68,28 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.strip():
         raise ValueError("--out: empty; give a directory, e.g. --out sweeps/my-grid (or leave --out out for "
                          "sweeps/<grid name>)")
-    grid = load_grid(args.grid)
+    grid = load_grid(args.grid or "smoke")
     out = args.out or f"sweeps/{grid.name}"
     if args.summary:
         if Path(out).is_file() and Path(out).suffix != ".parquet":
             raise ValueError(f"--summary --out {out}: a file, not a sweep's directory (nor one of its .parquet "
                              f"shards); give the --out directory of `twin sweep`")
+        if args.grid is not None and args.out is not None and (Path(out) / "sweep.json").is_file():
+            swept = (read_meta(Path(out)).get("grid") or {}).get("name")
+            if swept is not None and swept != grid.name:
+                raise ValueError(f"--summary --out {out}: it holds a sweep of grid {swept}, not {grid.name}; leave out "
+                                 f"the grid name (the summary is of --out), or give the --out of the {grid.name} sweep")
         s = summarize_results(read_results(out))
         print(json.dumps(s, indent=2) if args.json else "\n".join(
             f"{k:<26} {'; '.join(v) if isinstance(v, list) else v}" for k, v in s.items()))
         return 0
     if not args.dry_run:
         check_writable_dir("--out", out)  # (before any run: not a file, creatable, writable)
+        try:
+            check_executor(args.executor)  # (before --out is made)
+        except MissingExtra as e:
+            print(f"twin sweep: error: {e}", file=sys.stderr)
+            return 2
     exclude = exclusion_keys(args.exclude)
     grid_tasks = grid.tasks()
     check_runnable(grid_tasks)
@@ -110,6 +122,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"twin sweep: interrupted; {done} finished task shards are kept under {shard_dir(out)}: "
               f"run the same command to resume (only unfinished tasks run again)", file=sys.stderr)
         return 130
+    if rep.shards_damaged:
+        print(f"twin sweep: note: {len(rep.shards_damaged)} damaged shards (not readable as Parquet, e.g. "
+              f"{rep.shards_damaged[0]}) were not counted as finished: their tasks ran again when selected",
+              file=sys.stderr)
+    if rep.resumed_from_version:
+        print(f"twin sweep: note: {out} holds shards written by lora-twin {rep.resumed_from_version}, this is "
+              f"{twin_version()}: the kept shards are not recomputed; --no-resume recomputes every task",
+              file=sys.stderr)
     d = rep.to_dict()
     if args.json:
         print(json.dumps(d, indent=2))
@@ -126,3 +146,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"twin sweep: {rep.runs_failed} of {rep.runs} runs ended in an error (first: {rep.first_error}); their "
               f"rows have status 'error' and the exception in column 'error'", file=sys.stderr)
     return 0
+
+
+def _check_mode(args: argparse.Namespace) -> None:
+    """``--list`` and ``--summary`` run nothing: the options only a run reads are refused beside them
+    (they would be ignored), as are the two together."""
+    run_only = [("--limit", args.limit is not None), ("--every", args.every is not None),
+                ("--shard", args.shard is not None), ("--exclude", args.exclude is not None),
+                ("--executor", args.executor != "local"), ("--jobs", args.jobs != 1),
+                ("--address", args.address is not None), ("--no-resume", not args.resume),
+                ("--order", args.order != "heavy"), ("--dry-run", args.dry_run)]
+    if args.list:
+        given = [f for f, on in [("GRID", args.grid is not None), ("--out", args.out is not None),
+                                 ("--summary", args.summary)] + run_only if on]
+        if given:
+            raise ValueError(f"--list lists the named grids and runs none, so {' and '.join(given)} would be ignored; "
+                             f"give either --list (with --json) or a grid to run")
+    elif args.summary:
+        given = [f for f, on in run_only if on]
+        if given:
+            raise ValueError(f"--summary summarizes the results already in --out and runs nothing, so "
+                             f"{' and '.join(given)} would be ignored; leave {'them' if len(given) > 1 else 'it'} out "
+                             f"(or drop --summary to run the sweep)")

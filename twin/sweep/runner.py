@@ -40,9 +40,32 @@ def shard_dir(out: Path) -> Path:
     return Path(out) / "shards"
 
 
-def done_tasks(out: Path) -> set[str]:
+def _shard_readable(p: Path) -> bool:
+    """Whether ``p`` has a Parquet footer (a shard cut short by a crash, or garbage, has none)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_metadata(p)
+    except (OSError, pa.ArrowException):
+        return False
+    return True
+
+
+def damaged_shards(out: Path) -> list[Path]:
+    """The shards under ``out`` that cannot be read as Parquet (truncated, overwritten): their tasks
+    count as not done, so a resumed sweep runs them again (and replaces the shard)."""
     d = shard_dir(out)
-    return {p.stem for p in d.glob("*.parquet")} if d.exists() else set()
+    return [p for p in sorted(d.glob("*.parquet")) if not _shard_readable(p)] if d.exists() else []
+
+
+def done_tasks(out: Path) -> set[str]:
+    """The tasks whose shard is on disk and readable (a damaged shard's task is not done)."""
+    d = shard_dir(out)
+    if not d.exists():
+        return set()
+    bad = set(damaged_shards(out))
+    return {p.stem for p in d.glob("*.parquet") if p not in bad}
 
 
 def write_shard(out: Path, task_hash: str, rows: list[dict[str, Any]]) -> Path:
@@ -64,8 +87,20 @@ def read_results(out: str | os.PathLike) -> pd.DataFrame:
     p = Path(out)
     files = [p] if p.is_file() else sorted(shard_dir(p).glob("*.parquet"))
     if not files:
-        raise FileNotFoundError(f"no sweep shards under {p}")
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+        raise FileNotFoundError(f"no sweep shards under {p}; give the --out directory of a `twin sweep` that has "
+                                f"finished at least one task")
+    return pd.concat([_read_shard(f) for f in files], ignore_index=True)
+
+
+def _read_shard(f: Path) -> pd.DataFrame:
+    import pyarrow as pa
+
+    try:
+        return pd.read_parquet(f)
+    except (OSError, pa.ArrowException) as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{f}: a damaged sweep shard, not readable as Parquet ({why}); run the sweep again with the "
+                         f"same --out (a resumed sweep recomputes the tasks of damaged shards), or delete the file")
 
 
 # --------------------------------------------------------------------------- executors
@@ -158,6 +193,10 @@ class SweepReport:
     #: runs that failed vLLM's start-up check (status ``start_failure``, not simulated)
     runs_start_failed: int = 0
     first_start_failure: str = ""
+    #: shards found damaged (not readable as Parquet) before the run: their tasks ran again if selected
+    shards_damaged: list[str] | None = None
+    #: the twin version that started the sweep in ``out`` when another one (its shards are reused)
+    resumed_from_version: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -189,6 +228,41 @@ def check_address(executor: str, address: str | None) -> None:
     if address and executor == "local":
         raise ValueError(f"--address {address}: only the dask and ray executors connect to a cluster; add "
                          f"--executor dask (or ray), or leave out --address to run on local worker processes")
+
+
+def check_executor(executor: str) -> None:
+    """The Dask / Ray executor's package is installed (:class:`MissingExtra` naming the extra, else),
+    checked before the output directory is made."""
+    import importlib.util
+
+    need = {"dask": ("dask.distributed", "the Dask executor needs dask.distributed: pip install 'lora-twin[sweep]' "
+                                         "(or pip install 'dask[distributed]')"),
+            "ray": ("ray", "the Ray executor needs ray: pip install 'lora-twin[ray]' (or pip install ray)")}.get(executor)
+    if need is None:
+        return
+    try:
+        found = importlib.util.find_spec(need[0]) is not None
+    except (ImportError, ValueError):  # (the parent package missing)
+        found = False
+    if not found:
+        raise MissingExtra(f"{need[1]}; or run on local worker processes with --executor local")
+
+
+def read_meta(out: Path) -> dict[str, Any]:
+    """``OUT/sweep.json`` of an earlier sweep, or a ``ValueError`` naming it and the fix when it is
+    not a sweep's record (not JSON, cut short, another kind of JSON)."""
+    meta_p = Path(out) / "sweep.json"
+    fix = (f"use another --out, or --no-resume to start over in {out} (it deletes the shards there and writes a new "
+           f"record)")
+    try:
+        old = json.loads(meta_p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{meta_p}: not a sweep's record (not readable as JSON: {e}); {fix}") from None
+    if not isinstance(old, dict) or not isinstance(old.get("grid", {}), dict) or \
+            not isinstance(old.get("history", []), list):
+        raise ValueError(f"{meta_p}: not a sweep's record (expected an object with grid, grid_digest, profile_hash "
+                         f"and history); {fix}")
+    return old
 
 
 def check_runnable(grid_tasks: list[dict]) -> None:
@@ -234,22 +308,36 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
         raise ValueError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
     check_selection(limit, shard, every, jobs)
     check_address(executor, address)
+    check_executor(executor)
     grid_tasks = grid.tasks()
     check_runnable(grid_tasks)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     meta_p = out / "sweep.json"
-
     meta = {"grid": grid.to_dict(), "grid_digest": grid.digest(), "profile_hash": profile_hash(grid.profile),
             "twin_version": twin_version()}
+    old = None
     if meta_p.exists():
-        old = json.loads(meta_p.read_text())
+        try:
+            old = read_meta(out)
+        except ValueError:
+            if resume:
+                raise  # (--no-resume starts over: an unreadable record is replaced)
+    older_version = None
+    if old is not None:
         if old.get("grid_digest") != meta["grid_digest"] or old.get("profile_hash") != meta["profile_hash"]:
             if resume and check_grid:
-                raise SystemExit(f"{out} holds a sweep of another grid or profile "
-                                 f"({old.get('grid', {}).get('name')}, digest {old.get('grid_digest')}); "
-                                 f"use another --out or --no-resume to start over")
+                raise ValueError(f"{out} holds a sweep of another grid or profile (grid "
+                                 f"{old.get('grid', {}).get('name')}, digest {old.get('grid_digest')}, profile hash "
+                                 f"{old.get('profile_hash')}; this is grid {grid.name}, digest {meta['grid_digest']}, "
+                                 f"profile hash {meta['profile_hash']}); use another --out, or --no-resume to start "
+                                 f"over there (its shards are deleted)")
+        if resume:  # every twin version that wrote shards here (the rows carry theirs in twin_version)
+            versions = [str(v) for v in old.get("twin_versions") or [old.get("twin_version")] if v is not None]
+            meta["twin_versions"] = list(dict.fromkeys(versions + [meta["twin_version"]]))
+            older = [v for v in versions if v != meta["twin_version"]]
+            older_version = ", ".join(dict.fromkeys(older)) or None
         meta["history"] = old.get("history", [])
+    out.mkdir(parents=True, exist_ok=True)
     if not resume and shard_dir(out).exists():
         for p in shard_dir(out).glob("*.parquet"):
             p.unlink()
@@ -258,7 +346,10 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
     meta_p.write_text(json.dumps(meta, indent=1, default=str))
 
     all_tasks = select_tasks(grid_tasks, limit, shard, every, exclude)
+    damaged = [p.name for p in damaged_shards(out)]
     done = done_tasks(out)
+    if older_version is not None:
+        older_version = f"{older_version} ({len(done & {t['task_hash'] for t in all_tasks})} shards reused)"
     todo = [t for t in all_tasks if t["task_hash"] not in done]
     if order == "heavy":  # heaviest first (more offered load = longer runs) so the pool's tail is short
         todo.sort(key=lambda t: -sum(t["scenario"]["rates"]))
@@ -300,7 +391,7 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
         bar.close()
     wall = time.perf_counter() - t0
     rep = SweepReport(out, len(all_tasks), len(all_tasks) - len(todo), len(todo), runs, sim, early, cpu, wall,
-                      failed, first_error, start_failed, first_start_failure)
+                      failed, first_error, start_failed, first_start_failure, damaged, older_version)
     meta["history"][-1].update(finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **{
         k: v for k, v in rep.to_dict().items() if k != "out"})
     meta_p.write_text(json.dumps(meta, indent=1, default=str))
