@@ -91,16 +91,25 @@ class Workload:
     def from_arrays(cls, arrival_s, prompt_tokens, output_tokens, adapter_id=None, adapter_rank=None,
                     meta: dict[str, Any] | None = None, **optional) -> "Workload":
         n = len(arrival_s)
+        unknown = sorted(set(optional) - set(OPTIONAL_DEFAULTS))
+        if unknown:
+            raise WorkloadError(f"Workload.from_arrays: unknown column(s) {unknown}; the optional columns are "
+                                f"{sorted(set(OPTIONAL_DEFAULTS) - {'adapter_rank'})}")
+        # (the columns as given: :func:`validate` casts them, refusing fractions instead of truncating)
         data = {
             "request_id": np.arange(n, dtype=np.int64),
-            "arrival_s": np.asarray(arrival_s, dtype=np.float64),
-            "prompt_tokens": np.asarray(prompt_tokens, dtype=np.int64),
-            "output_tokens": np.asarray(output_tokens, dtype=np.int64),
-            "adapter_id": np.full(n, -1, np.int64) if adapter_id is None else np.asarray(adapter_id, np.int64),
-            "adapter_rank": np.zeros(n, np.int64) if adapter_rank is None else np.asarray(adapter_rank, np.int64),
+            "arrival_s": np.asarray(arrival_s),
+            "prompt_tokens": np.asarray(prompt_tokens),
+            "output_tokens": np.asarray(output_tokens),
+            "adapter_id": np.full(n, -1, np.int64) if adapter_id is None else np.asarray(adapter_id),
+            "adapter_rank": np.zeros(n, np.int64) if adapter_rank is None else np.asarray(adapter_rank),
         }
         for k, v in optional.items():
-            data[k] = np.asarray(v, dtype=np.int64)
+            data[k] = np.asarray(v)
+        bad = {k: len(v) for k, v in data.items() if v.ndim != 1 or len(v) != n}
+        if bad:
+            raise WorkloadError(f"Workload.from_arrays: every column needs one value per request ({n} arrival "
+                                f"times); got lengths {bad}")
         return cls(pd.DataFrame(data), dict(meta or {}))
 
     @property
@@ -317,6 +326,9 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
 
 def validate(df: pd.DataFrame) -> pd.DataFrame:
     """Check and normalise a workload table; raise :class:`WorkloadError` naming the problem."""
+    if not isinstance(df, pd.DataFrame):
+        raise WorkloadError(f"a workload table is a pandas DataFrame, got {type(df).__name__}; build one with "
+                            f"Workload.from_arrays(arrival_s, prompt_tokens, output_tokens, ...) or pd.DataFrame(...)")
     df = df.copy()
     for col, default in OPTIONAL_DEFAULTS.items():
         if col not in df.columns:
@@ -333,6 +345,12 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
             else:
                 bad = int(df[col].isna().idxmax())
                 raise WorkloadError(f"workload column {col!r} has missing values (first at row {bad})")
+        if dtype == "int64" and df[col].dtype.kind == "f":  # a float column: only whole numbers (no truncation)
+            v = df[col].to_numpy()
+            frac = ~np.isfinite(v) | (v != np.floor(v)) | (np.abs(v) > 2.0 ** 53)
+            if frac.any():
+                row = int(frac.argmax())
+                raise WorkloadError(f"workload column {col!r} holds integers; row {row} has {float(v[row])!r}")
         try:
             df[col] = df[col].astype(dtype)
         except (TypeError, ValueError) as e:
@@ -340,10 +358,13 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
     if len(df):
         if not np.isfinite(df["arrival_s"].to_numpy()).all() or (df["arrival_s"] < 0).any():
             raise WorkloadError("workload column 'arrival_s' must be finite and >= 0")
-        for col in ("prompt_tokens", "output_tokens"):
-            if (df[col] < 1).any():
-                row = int((df[col] < 1).to_numpy().argmax())
-                raise WorkloadError(f"workload column {col!r} must be >= 1 (row {row} has {df[col].iloc[row]})")
+        for col in ("prompt_tokens", "output_tokens", "adapter_id", "adapter_rank", "conversation_id", "turn",
+                    "prefix_tokens"):
+            low = (df[col] < FILE_MINIMUM[col]).to_numpy()
+            if low.any():
+                row = int(low.argmax())
+                raise WorkloadError(f"workload column {col!r} must be >= {FILE_MINIMUM[col]} (row {row} has "
+                                    f"{df[col].iloc[row]})")
         if df["request_id"].duplicated().any():
             raise WorkloadError("workload column 'request_id' has duplicates")
         if ((df["adapter_id"] >= 0) & (df["adapter_rank"] <= 0)).any():

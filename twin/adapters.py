@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Generator
 import numpy as np
 import simpy
 
+from twin.interfaces import PolicyError, policy_label
+
 if TYPE_CHECKING:  # pragma: no cover
     from twin.perf.profile import Profile
 
@@ -228,9 +230,21 @@ class AdapterMemory:
     def evict_victim(self, now: float) -> int:
         """Evict the cache policy's victim (an idle resident adapter must exist)."""
         v = self.policy.victim(now)
-        if self.active[v] > 0 or not self.resident[v] or v in self.loading:
-            state = "in use" if self.active[v] else "not resident" if not self.resident[v] else "loading"
-            raise RuntimeError(f"cache policy {self.policy.name!r} chose adapter {v} as victim, but it is {state}")
+        try:
+            bad = v < 0 or self.active[v] > 0 or not self.resident[v] or v in self.loading
+        except (TypeError, IndexError):  # not an int, or past the adapters
+            bad = True
+        if bad:
+            n = len(self.resident)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                state = f"a {type(v).__name__}, not an adapter index (an int)"
+            elif not 0 <= v < n:
+                state = f"not an adapter index (0 <= a < {n})"
+            else:
+                state = "in use" if self.active[v] else "not resident" if not self.resident[v] else "loading"
+            raise PolicyError(f"{policy_label(self.policy)} chose adapter {v!r} as victim, but it is {state}; "
+                              f"victim(now) must return an idle resident adapter (one of "
+                              f"engine.adapters.evictable())")
         self.evict(v, now)
         return v
 

@@ -63,7 +63,7 @@ from twin.adapters import Load
 from twin.config import EngineConfig
 from twin.engine_state import EngineState
 from twin.preemption import PreemptionWalk
-from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
+from twin.interfaces import Admit, AdapterCachePolicy, PolicyError, Scheduler, policy_label
 from twin.requests import FINISHED, REJECTED, zeros_column
 from twin.requests import StartupError, check_startup  # noqa: F401  (re-exported for twin.validate)
 
@@ -134,6 +134,8 @@ class Engine(PreemptionWalk, EngineState):
         self._fin_m = max(self.n, 1)
         self._ctx: StepContext | None = None  # the step context of the step being planned
         self._try_admit_bound = self._try_admit  # (StepContext.try_admit; bound once)
+        if type(scheduler).__module__.split(".")[0] != "policies":  # a user's scheduler: its offers are checked
+            self._try_admit_bound = self._try_admit_checked
         # the scheduler's on_finish, None when it is Scheduler's no-op (a finish then calls nothing)
         on_finish = scheduler.on_finish
         self._on_finish = None if getattr(on_finish, "__func__", None) is Scheduler.on_finish else on_finish
@@ -414,6 +416,30 @@ class Engine(PreemptionWalk, EngineState):
         event (e.g. Chameleon's squash of a bypassing request, ``policies/chameleon.py``)."""
         if rid in self.running:
             self._preempt(rid, self.env.now)
+
+    def _try_admit_checked(self, rid: int) -> Admit:
+        """``ctx.try_admit`` for a scheduler that is not built in: refuse an offer of a request that
+        is not waiting (:class:`PolicyError` naming the scheduler), then :meth:`_try_admit`."""
+        why = None
+        if not isinstance(rid, (int, np.integer)) or isinstance(rid, bool):
+            why = f"a {type(rid).__name__}, not a request index (an int)"
+        elif not 0 <= rid < self.n:
+            why = f"not a request index (0 <= rid < {self.n})"
+        elif rid >= self.arr_ptr:
+            why = "not arrived yet"
+        elif self.state[rid] == REJECTED:
+            why = "rejected"
+        elif self.state[rid] == FINISHED:
+            why = "finished"
+        elif rid in self.running:
+            why = "running (admitted already)"
+        elif self._dropped is not None and self._dropped[rid]:
+            why = "dropped (drop_arrivals)"
+        if why is not None:
+            raise PolicyError(f"{policy_label(self.scheduler)} offered request {rid!r} to ctx.try_admit in "
+                              f"schedule_waiting, but it is {why}; offer only waiting requests "
+                              f"(engine.waiting_ids()), each at most once")
+        return self._try_admit(int(rid))
 
     def _try_admit(self, rid: int) -> Admit:
         """vLLM v1's checks for one waiting request (see :class:`~twin.interfaces.Admit`), in the

@@ -21,7 +21,7 @@ import simpy
 from twin.adapters import AdapterMemory, HostLink
 from twin.config import EngineConfig
 from twin.extensions import install_extensions
-from twin.interfaces import AdapterCachePolicy, Scheduler
+from twin.interfaces import AdapterCachePolicy, Scheduler, check_policy_objects, check_tick_interval
 from twin.recorder import Recorder
 from twin.requests import FINISHED, PENDING, RequestTable, check_startup
 from twin.tensor_parallel import tp_profile
@@ -32,6 +32,25 @@ if TYPE_CHECKING:  # pragma: no cover
     from twin.prefix_kv import HistoryKV
 
 INF = math.inf
+
+
+def check_run_arguments(config: EngineConfig, scheduler: Scheduler, cache: AdapterCachePolicy,
+                        horizon_s: float | None, max_run_steps: int | None) -> None:
+    """What an engine refuses before any work: a configuration that is not an :class:`EngineConfig`,
+    policies that break their protocols (:func:`twin.interfaces.check_policy_objects`), a horizon
+    that is not a number of seconds >= 0, a ``max_run_steps`` that is not a positive integer."""
+    if not isinstance(config, EngineConfig):
+        raise TypeError(f"config: got {type(config).__name__}, not a twin.config.EngineConfig; build one, e.g. "
+                        f"EngineConfig(max_loras=8)")
+    check_policy_objects(scheduler, cache)
+    if horizon_s is not None and not (isinstance(horizon_s, (int, float, np.integer, np.floating))
+                                      and not isinstance(horizon_s, bool) and horizon_s >= 0):
+        raise ValueError(f"horizon_s {horizon_s!r}: give the simulated seconds to stop at, >= 0 (None: run until "
+                         f"every request has finished)")
+    if max_run_steps is not None and not (isinstance(max_run_steps, (int, np.integer))
+                                          and not isinstance(max_run_steps, bool) and max_run_steps >= 0):
+        raise ValueError(f"max_run_steps {max_run_steps!r}: give the most decode steps advanced at once, an "
+                         f"integer >= 1 (1: step by step; None or 0: no limit)")
 
 
 class EngineState:
@@ -53,6 +72,7 @@ class EngineState:
     def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
                  progress: bool = False, record_steps: bool = True, check_invariants: bool = False) -> None:
+        check_run_arguments(config, scheduler, cache, horizon_s, max_run_steps)
         if cache.kv_block_size and cache.kv_block_size != config.block_size:  # the system's block size
             config = dataclasses.replace(config, block_size=int(cache.kv_block_size))
         config.validate()
@@ -178,8 +198,8 @@ class EngineState:
         the last step of every engine's ``_attach_policies``."""
         cache.bind(self)
         scheduler.bind(self)
-        self._sched_ticks = scheduler.tick_interval
-        self._cache_ticks = cache.tick_interval
+        self._sched_ticks = check_tick_interval(scheduler)
+        self._cache_ticks = check_tick_interval(cache)
         self._next_tick = min(t for t in (self._sched_ticks, self._cache_ticks, INF) if t is not None)
 
     def _assert_queue_accounting(self) -> None:

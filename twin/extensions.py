@@ -62,7 +62,8 @@ def install_extensions(engine: "EngineCore", workload: Any) -> "Extensions | Non
     cache, sched = engine.cache, engine.scheduler
     memory = cache.adapter_memory or cfg.adapter_memory or "slots"
     if memory not in MEMORY_MODES:
-        raise ValueError(f"adapter memory must be one of {MEMORY_MODES}, got {memory!r}")
+        src = f"cache policy {cache.name!r}'s adapter_memory" if cache.adapter_memory else "adapter_memory"
+        raise ValueError(f"{src} must be one of {MEMORY_MODES}, got {memory!r}")
     prefix = cache.prefix_kv
     if prefix is None:
         prefix = bool(cfg.prefix_caching)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol
 
@@ -342,3 +343,151 @@ class AdapterCachePolicy(Policy):
 
     def on_history(self, node: Any, what: str, now: float) -> None:
         """A history node was stored, taken, dropped, swapped out or swapped in (``what``)."""
+
+
+# -- plug-in validation (at registration and when an engine starts; never in the step loop) --
+
+class PolicyError(ValueError):
+    """A scheduler or cache policy that breaks its protocol: a missing or malformed hook, a bad
+    name, an object that is not a policy, or a hook that failed during the run (named with its
+    policy; the original exception is chained)."""
+
+
+#: every hook the engine calls, with the positional arguments it passes (besides ``self``)
+POLICY_HOOKS: dict[str, tuple[str, ...]] = {"bind": ("engine",), "on_tick": ("now",), "prefetch": ("now",),
+                                            "stats": ()}
+SCHEDULER_HOOKS: dict[str, tuple[str, ...]] = {
+    **POLICY_HOOKS, "on_arrivals": ("lo", "hi"), "on_preempt": ("rid",), "on_finish": ("rid",),
+    "schedule_waiting": ("ctx",), "next_change_time": ("stop",)}
+CACHE_HOOKS: dict[str, tuple[str, ...]] = {
+    **POLICY_HOOKS, "on_active": ("a", "now"), "on_idle": ("a", "now"), "on_load": ("a", "now"),
+    "on_evict": ("a", "now"), "victim": ("now",), "evict_when_idle": ("a",), "history_tier": ("node", "now"),
+    "on_history": ("node", "what", "now")}
+#: hooks a policy must implement (the base class's raises NotImplementedError)
+REQUIRED_HOOKS = {"scheduler": ("schedule_waiting", "on_preempt"), "cache": ("victim",)}
+_BASES: dict[str, type] = {"scheduler": Scheduler, "cache": AdapterCachePolicy}
+_HOOKS = {"scheduler": SCHEDULER_HOOKS, "cache": CACHE_HOOKS}
+_PROTOCOL = {"scheduler": "twin.interfaces.Scheduler", "cache": "twin.interfaces.AdapterCachePolicy"}
+_checked: dict[tuple[type, str], None] = {}  # classes already validated (once per class)
+
+
+def policy_label(policy: Any) -> str:
+    """``scheduler 'fcfs' (FCFSScheduler)``: how errors name a policy."""
+    cls = policy if isinstance(policy, type) else type(policy)
+    kind = "scheduler" if issubclass(cls, Scheduler) else "cache policy" if issubclass(cls, AdapterCachePolicy) \
+        else "policy"
+    name = getattr(cls, "name", "")
+    return f"{kind} {name!r} ({cls.__qualname__})" if isinstance(name, str) and name else f"{kind} {cls.__qualname__}"
+
+
+def check_policy_name(cls: type) -> str:
+    """The registry name of ``cls``: a non-empty string without spaces, commas or ``=``."""
+    name = getattr(cls, "name", "")
+    if not isinstance(name, str) or not name:
+        raise PolicyError(f"{cls.__qualname__} needs a class attribute `name` (a non-empty string) to be "
+                          f"registered, e.g. name = \"my-policy\"")
+    if any(ch.isspace() or ch in ",=" for ch in name) or not name.isprintable():
+        raise PolicyError(f"{cls.__qualname__}: policy name {name!r} has spaces, commas or '='; command lines "
+                          f"(--scheduler, --cache, --policies a,b) cannot name it; use letters, digits, '-', '_'")
+    return name
+
+
+def check_policy_class(cls: Any, kind: str) -> None:
+    """Refuse a class that does not implement the ``kind`` ('scheduler' or 'cache') protocol:
+    not a subclass of its base, a required hook not implemented, a hook that is not a method or
+    cannot take the arguments the engine passes, a ``reclaim_blocks`` that is not a method of
+    ``(n, now, pin)``. Raises :class:`PolicyError` naming the hook and the fix; validated once per class."""
+    base = _BASES[kind]
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        other = next((k for k, b in _BASES.items() if isinstance(cls, type) and issubclass(cls, b)), None)
+        hint = f" (it is a {other}: pass it as the {other})" if other else ""
+        raise PolicyError(f"{cls!r} is not a {kind}{hint}; a {kind} subclasses {_PROTOCOL[kind]}")
+    if (cls, kind) in _checked:
+        return
+    who = policy_label(cls)
+    for hook in REQUIRED_HOOKS[kind]:
+        if getattr(cls, hook, None) is getattr(base, hook):
+            raise PolicyError(f"{who} does not implement the required hook {hook}"
+                              f"({', '.join(_HOOKS[kind][hook])}) of {_PROTOCOL[kind]}; define it")
+    hooks = dict(_HOOKS[kind])
+    if kind == "cache" and getattr(cls, "reclaim_blocks", None) is not None:
+        hooks["reclaim_blocks"] = ("n", "now", "pin")
+    for hook, args in hooks.items():
+        fn = inspect.getattr_static(cls, hook, None)
+        if isinstance(fn, (staticmethod, classmethod)):
+            fn = fn.__func__
+            bound_args: tuple = () if isinstance(inspect.getattr_static(cls, hook), staticmethod) else (None,)
+        else:
+            bound_args = (None,)
+        if not callable(fn):
+            raise PolicyError(f"{who}: hook {hook} is {fn!r}, not a method; define {hook}(self"
+                              f"{''.join(', ' + a for a in args)}) (protocol {_PROTOCOL[kind]})")
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+            continue
+        try:
+            sig.bind(*bound_args, *args)
+        except TypeError:
+            raise PolicyError(f"{who}: hook {hook}{sig} cannot be called as {hook}(self"
+                              f"{''.join(', ' + a for a in args)}) by the engine; give it that signature "
+                              f"(protocol {_PROTOCOL[kind]})") from None
+    _checked[(cls, kind)] = None
+
+
+def check_policy_object(obj: Any, kind: str, arg: str) -> None:
+    """``obj`` (passed as ``arg``) is an instance of a ``kind`` ('scheduler' or 'cache') implementing
+    its protocol (not a class, a name or the other kind of policy); else :class:`PolicyError`."""
+    by_name = "scheduler" if kind == "scheduler" else "cache"
+    if isinstance(obj, type):
+        raise PolicyError(f"{arg}: got the class {obj.__qualname__}, not an instance; pass "
+                          f"{obj.__qualname__}() (or its registered name as {by_name}=)")
+    if isinstance(obj, str):
+        raise PolicyError(f"{arg}: got the string {obj!r}, not a policy instance; pass the name as "
+                          f"{by_name}={obj!r}")
+    if not isinstance(obj, _BASES[kind]):
+        other = next((k for k, b in _BASES.items() if isinstance(obj, b)), None)
+        what = f"a {other}" if other else f"a {type(obj).__name__}"
+        raise PolicyError(f"{arg}: got {what} ({type(obj).__qualname__}), not a {kind}; a {kind} is an instance of "
+                          f"a subclass of {_PROTOCOL[kind]}")
+    check_policy_class(type(obj), kind)
+
+
+def check_policy_objects(scheduler: Any, cache: Any) -> None:
+    """What an engine checks before any work: ``scheduler`` and ``cache`` are policy instances
+    implementing their protocols (:func:`check_policy_object`)."""
+    check_policy_object(scheduler, "scheduler", "scheduler_obj")
+    check_policy_object(cache, "cache", "cache_obj")
+
+
+def check_tick_interval(policy: Policy) -> float | None:
+    """A policy's ``tick_interval``: None or a positive finite number of seconds."""
+    t = policy.tick_interval
+    if t is not None and not (isinstance(t, numbers.Real) and not isinstance(t, bool) and 0 < t < INF):
+        raise PolicyError(f"{policy_label(policy)}: tick_interval is {t!r}; give seconds between on_tick calls, "
+                          f"> 0 and finite, or None (no ticks)")
+    return t
+
+
+def explain_policy_failure(exc: BaseException, policies: Iterable[Any]) -> PolicyError | None:
+    """A :class:`PolicyError` naming the policy and the hook when ``exc`` was raised inside one of
+    ``policies``' methods during a run (found in its traceback: the engine's hot loop has no
+    wrapper), else None. The outermost policy frame is the hook the engine called."""
+    if isinstance(exc, PolicyError) or not isinstance(exc, Exception):
+        return None
+    pols = list(policies)
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if any(owner is p for p in pols):
+            frames.append((owner, tb.tb_frame.f_code.co_name, tb.tb_lineno))
+        tb = tb.tb_next
+    if not frames:
+        return None
+    owner, inner, line = frames[-1]  # the policy that raised, and the hook the engine called on it
+    hook = next(name for o, name, _ in frames if o is owner)
+    where = f" (in {inner}, line {line})" if inner != hook else f" (line {line})"
+    detail = str(exc) or "no message"
+    return PolicyError(f"{policy_label(owner)} failed in its hook {hook}{where}: {type(exc).__name__}: {detail}; "
+                       f"fix the policy (the chained traceback shows where)")

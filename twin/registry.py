@@ -20,12 +20,13 @@ cache into S-LoRA's unified pool.
 
 from __future__ import annotations
 
+import types
 import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from twin.interfaces import AdapterCachePolicy, Scheduler
+from twin.interfaces import AdapterCachePolicy, PolicyError, Scheduler, check_policy_class, check_policy_name
 
 SCHEDULERS: dict[str, type[Scheduler]] = {}
 CACHES: dict[str, type[AdapterCachePolicy]] = {}
@@ -69,22 +70,50 @@ PRESETS: dict[str, Preset] = {}
 _entry_points_loaded = False
 
 
+def _register(cls: Any, kind: str, reg: dict[str, type]) -> None:
+    """Validate ``cls`` (:func:`twin.interfaces.check_policy_class`, its name) and add it to ``reg``.
+    A name another class holds is refused (a class redefined under the same module and name, e.g.
+    a re-run notebook cell, replaces itself)."""
+    if isinstance(cls, type):
+        check_policy_name(cls)
+    check_policy_class(cls, kind)
+    name = cls.name
+    old = reg.get(name)
+    if old is not None and old is not cls and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+        builtin = " (built in)" if old.__module__.split(".")[0] == "policies" else ""
+        raise PolicyError(f"{kind} name {name!r} of {cls.__module__}.{cls.__qualname__} is already registered by "
+                          f"{old.__module__}.{old.__qualname__}{builtin}; give {cls.__qualname__} another `name`")
+    reg[name] = cls
+
+
 def register_scheduler(cls: type[Scheduler]) -> type[Scheduler]:
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} needs a class attribute `name` to be registered")
-    SCHEDULERS[cls.name] = cls
+    """Class decorator: register a scheduler under its ``name`` (validated: :class:`PolicyError`)."""
+    _register(cls, "scheduler", SCHEDULERS)
     return cls
 
 
 def register_cache(cls: type[AdapterCachePolicy]) -> type[AdapterCachePolicy]:
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} needs a class attribute `name` to be registered")
-    CACHES[cls.name] = cls
+    """Class decorator: register an adapter-cache policy under its ``name`` (validated: :class:`PolicyError`)."""
+    _register(cls, "cache", CACHES)
     return cls
 
 
 def register_preset(preset: Preset) -> Preset:
-    PRESETS[preset.name] = preset
+    """Register a named system (validated: its name, its serving system, a name another preset holds)."""
+    if not isinstance(preset, Preset):
+        raise PolicyError(f"{preset!r} is not a twin.registry.Preset; register Preset(name, scheduler, cache, ...)")
+    name = preset.name
+    if not isinstance(name, str) or not name or any(ch.isspace() or ch in ",=" for ch in name):
+        raise PolicyError(f"preset name {name!r}: give a non-empty name without spaces, commas or '=' "
+                          f"(--policy NAME must be able to name it)")
+    if preset.system not in SYSTEMS:
+        raise PolicyError(f"preset {name!r}: unknown serving system {preset.system!r}; choose one of "
+                          f"{', '.join(SYSTEMS)}")
+    old = PRESETS.get(name)
+    if old is not None and old != preset:
+        raise PolicyError(f"preset name {name!r} is already registered ({old.scheduler} + {old.cache}); give the "
+                          f"new preset another name")
+    PRESETS[name] = preset
     return preset
 
 
@@ -104,14 +133,20 @@ def load_entry_points() -> None:
         except Exception as e:  # a broken third-party package must not break the twin
             warnings.warn(f"entry point {ep.name!r} of group lora_twin.policies failed to load: {e}")
             continue
-        if isinstance(obj, type) and issubclass(obj, Scheduler):
-            register_scheduler(obj)
-        elif isinstance(obj, type) and issubclass(obj, AdapterCachePolicy):
-            register_cache(obj)
-        elif isinstance(obj, Preset):
-            register_preset(obj)
-        elif callable(obj):
-            obj()
+        try:
+            if isinstance(obj, type) and issubclass(obj, Scheduler):
+                register_scheduler(obj)
+            elif isinstance(obj, type) and issubclass(obj, AdapterCachePolicy):
+                register_cache(obj)
+            elif isinstance(obj, Preset):
+                register_preset(obj)
+            elif callable(obj):
+                obj()
+            elif not isinstance(obj, types.ModuleType):  # (a module registers its policies on import)
+                raise PolicyError(f"{obj!r} is not a Scheduler or AdapterCachePolicy class, a Preset or a callable "
+                                  f"that registers policies")
+        except PolicyError as e:  # a malformed plug-in is refused, the others still load
+            warnings.warn(f"entry point {ep.name!r} of group lora_twin.policies was refused: {e}")
 
 
 def _unknown(kind: str, name: str, known: dict) -> KeyError:

@@ -86,6 +86,10 @@ def workload_columns(workload: Any) -> dict[str, np.ndarray]:
     if hasattr(workload, "df"):
         df = workload.df
         return {c: df[c].to_numpy() for c in WORKLOAD_COLUMNS}
+    if not hasattr(workload, "keys") or "arrival_s" not in workload:
+        raise TypeError(f"workload: got {type(workload).__name__}; give a traces.workload.Workload (e.g. "
+                        f"Workload.from_arrays(...)) or a mapping of numpy columns with arrival_s, prompt_tokens and "
+                        f"output_tokens")
     cols = dict(workload)
     n = len(cols["arrival_s"])
     # (the defaults are built only for the columns that are missing)
@@ -98,6 +102,21 @@ def workload_columns(workload: Any) -> dict[str, np.ndarray]:
     arr = np.asarray(cols["arrival_s"], np.float64)
     if n and np.any(np.diff(arr) < 0):
         raise ValueError("workload arrays must be sorted by arrival_s")
+    if n:  # (a Workload is validated when built; a mapping of columns is checked here, once per run)
+        if not (np.isfinite(arr).all() and arr[0] >= 0):
+            raise ValueError("workload column 'arrival_s' must be finite and >= 0 (seconds from the start)")
+        for col, low in (("prompt_tokens", 1), ("output_tokens", 1), ("adapter_id", -1)):
+            v = np.asarray(cols[col])
+            if len(v) != n or v.dtype.kind not in "iu":
+                raise ValueError(f"workload column {col!r}: give {n} integers (one per request), got "
+                                 f"{len(v)} of dtype {v.dtype}")
+            if (v < low).any():
+                row = int((v < low).argmax())
+                raise ValueError(f"workload column {col!r} must be >= {low} (row {row} has {v[row]})")
+        rank = np.asarray(cols["adapter_rank"])
+        if ((np.asarray(cols["adapter_id"]) >= 0) & (rank < 1)).any():
+            raise ValueError("workload column 'adapter_rank': requests with an adapter (adapter_id >= 0) need "
+                             "adapter_rank >= 1")
     return cols
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 from twin.config import EngineConfig
 from twin.engine import Engine
+from twin.interfaces import check_policy_object, explain_policy_failure
 from twin.metrics import requests_frame, summarize
 from twin.perf.profile import Profile, load_profile
 from twin.registry import resolve_policy, resolve_system
@@ -86,6 +88,9 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     when it returns True the run stops there and the summary is only ``stopped_early: True`` and
     ``stopped_at_s`` (with the policy, system and profile): the caller's rule decided the outcome.
     """
+    for arg, v in (("ttft_slo_s", ttft_slo_s), ("tbt_slo_s", tbt_slo_s)):
+        if v is not None and not (isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 < v < math.inf):
+            raise ValueError(f"{arg} {v!r}: give the SLO in seconds, > 0 and finite (None: no SLO)")
     if not (frontend_s >= 0.0 and math.isfinite(frontend_s)):
         raise ValueError(f"frontend_s {frontend_s!r}: give the front-end latency in seconds, >= 0 (0: off)")
     check_scrape(scrape_s_per_label, scrape_period_s)
@@ -99,6 +104,13 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     if rank_tile_cost is not None:
         prof = prof.with_rank_tile_cost(rank_tile_cost)
     cfg = config or EngineConfig()
+    if not isinstance(cfg, EngineConfig):
+        raise TypeError(f"config: got {type(cfg).__name__}, not a twin.config.EngineConfig; build one, e.g. "
+                        f"EngineConfig(max_loras=8)")
+    if scheduler_obj is not None:
+        check_policy_object(scheduler_obj, "scheduler", "scheduler_obj")
+    if cache_obj is not None:
+        check_policy_object(cache_obj, "cache", "cache_obj")
     if scheduler_obj is None or cache_obj is None:
         s, c, label = resolve_policy(policy, scheduler, cache)
         scheduler_obj = scheduler_obj or s
@@ -116,20 +128,26 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     eng.scrape_s_per_label, eng.scrape_period_s = float(scrape_s_per_label), float(scrape_period_s)
     if scrape_s_per_label:  # the stalls merge streamed chunks: the client's ITL needs the steps' end times
         eng.rec.keep_segments = True
-    if stop_when is not None:
-        if not stop_check_s > 0:
-            raise ValueError(f"stop_check_s {stop_check_s!r}: give the check interval in simulated seconds, > 0")
-        env, t = eng.env, stop_check_s
-        while eng.proc.is_alive:
-            # to the next check, or to the engine's end if that comes first (the clock must not
-            # pass it: the summary's simulated time is the clock's)
-            env.run(until=env.any_of([eng.proc, env.timeout(max(t - env.now, 0.0))]))
-            if eng.proc.is_alive and stop_when(eng):
-                return SimResult({"policy": label, "system": system, "scheduler": scheduler_obj.name,
-                                  "cache": cache_obj.name, "profile": prof.name, "stopped_early": True,
-                                  "stopped_at_s": float(eng.env.now)}, eng)
-            t += stop_check_s
-    eng.run()
+    try:
+        if stop_when is not None:
+            if not stop_check_s > 0:
+                raise ValueError(f"stop_check_s {stop_check_s!r}: give the check interval in simulated seconds, > 0")
+            env, t = eng.env, stop_check_s
+            while eng.proc.is_alive:
+                # to the next check, or to the engine's end if that comes first (the clock must not
+                # pass it: the summary's simulated time is the clock's)
+                env.run(until=env.any_of([eng.proc, env.timeout(max(t - env.now, 0.0))]))
+                if eng.proc.is_alive and stop_when(eng):
+                    return SimResult({"policy": label, "system": system, "scheduler": scheduler_obj.name,
+                                      "cache": cache_obj.name, "profile": prof.name, "stopped_early": True,
+                                      "stopped_at_s": float(eng.env.now)}, eng)
+                t += stop_check_s
+        eng.run()
+    except Exception as e:  # a policy's hook that raised: name the policy and the hook
+        err = explain_policy_failure(e, (scheduler_obj, cache_obj))
+        if err is None:
+            raise
+        raise err from e
     wall = time.perf_counter() - t0
     summary = summarize(eng, wall, ttft_slo_s, tbt_slo_s)
     if system == "slora" and extra and "config" in extra:  # the engine's settings (1-token slots, its limits)

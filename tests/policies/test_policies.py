@@ -15,6 +15,7 @@ from policies.adapter_aware import AdapterAwareScheduler
 from policies.chameleon import ChameleonScheduler
 from policies.common import OutputPredictor, kmeans_1d
 from policies.lru import LRUCache
+from policies.sjf import SJFScheduler
 from twin.registry import PRESETS, Preset, describe_all, make_cache, make_scheduler, resolve_policy
 from tests.helpers import FakeCtx, constant_profile
 from traces.workload import Workload
@@ -58,7 +59,7 @@ def test_entry_point_group_registers_third_party_policies(monkeypatch):
     """A third-party distribution declares ``lora_twin.policies`` entry points: a Scheduler
     class, and a callable that registers a cache and a preset."""
 
-    class FakeSched(Scheduler):
+    class FakeSched(SJFScheduler):  # (a scheduler implements the required hooks; a malformed one is refused)
         name = "ep-sched"
         description = "third-party scheduler"
         citation = "nobody"
@@ -379,3 +380,190 @@ def test_memory_options_are_constructor_arguments():
     f = make_cache("fastlibra")
     assert f.adapter_memory == "unified" and f.prefix_kv is True and f.history_to_host is True
     assert make_cache("fastlibra", busy=0.9).get_params()["busy"] == 0.9
+
+
+# -- plug-ins validated at registration and at engine start; hook failures named ----------------
+
+def _tiny_run(scheduler=None, cache=None, **kw):
+    from policies.fcfs import FCFSScheduler
+    from twin.config import EngineConfig
+    from twin.simulate import simulate
+
+    rng = np.random.default_rng(0)
+    n = 30
+    w = Workload.from_arrays(np.cumsum(rng.exponential(0.2, n)), rng.integers(10, 200, n), rng.integers(5, 40, n),
+                             rng.integers(0, 6, n), np.full(n, 8))
+    return simulate(w, None, EngineConfig(max_loras=2, kv_capacity_tokens=4000, max_model_len=2048),
+                    scheduler_obj=scheduler or FCFSScheduler(), cache_obj=cache or LRUCache(), **kw)
+
+
+def test_malformed_plugins_are_refused_at_registration():
+    from twin.interfaces import PolicyError
+
+    class NoHook(Scheduler):
+        name = "t-nohook"
+    with pytest.raises(PolicyError, match=r"required hook schedule_waiting\(ctx\)"):
+        registry.register_scheduler(NoHook)
+
+    class NoPreempt(Scheduler):
+        name = "t-nopreempt"
+
+        def schedule_waiting(self, ctx):
+            return None
+    with pytest.raises(PolicyError, match=r"required hook on_preempt\(rid\)"):
+        registry.register_scheduler(NoPreempt)
+
+    class NoVictim(AdapterCachePolicy):
+        name = "t-novictim"
+    with pytest.raises(PolicyError, match=r"required hook victim\(now\)"):
+        registry.register_cache(NoVictim)
+
+    class WrongSig(LRUCache):
+        name = "t-wrongsig"
+
+        def victim(self):
+            return 0
+    with pytest.raises(PolicyError, match=r"hook victim\(self\) cannot be called as victim\(self, now\)"):
+        registry.register_cache(WrongSig)
+
+    class NotAMethod(LRUCache):
+        name = "t-notmethod"
+        on_idle = 3
+    with pytest.raises(PolicyError, match="hook on_idle is 3, not a method"):
+        registry.register_cache(NotAMethod)
+
+    class Spaced(LRUCache):
+        name = "my cache"
+    with pytest.raises(PolicyError, match="spaces"):
+        registry.register_cache(Spaced)
+
+    class Clash(LRUCache):
+        name = "fcfs"  # a cache may share a scheduler's name, not another cache's
+    registry.register_cache(Clash)
+    registry.CACHES.pop("fcfs")
+
+    class Taken(LRUCache):
+        name = "lru"
+    with pytest.raises(PolicyError, match=r"'lru' .*already registered by policies.lru.LRUCache \(built in\)"):
+        registry.register_cache(Taken)
+    assert registry.CACHES["lru"] is LRUCache
+
+    with pytest.raises(PolicyError, match="is not a scheduler .*it is a cache"):
+        registry.register_scheduler(LRUCache)
+    with pytest.raises(PolicyError, match="preset name 'my preset'"):
+        registry.register_preset(Preset("my preset", "fcfs", "lru"))
+    with pytest.raises(PolicyError, match="already registered"):
+        registry.register_preset(Preset("vllm", "sjf", "lru"))
+    assert not {"t-nohook", "t-nopreempt"} & set(registry.SCHEDULERS)
+    assert not {"t-novictim", "t-wrongsig", "t-notmethod", "my cache"} & set(registry.CACHES)
+
+
+def test_malformed_entry_point_is_refused_with_a_warning(monkeypatch):
+    class BadEP(Scheduler):
+        name = "ep-bad"
+
+    class EP:
+        name = "bad"
+
+        def load(self):
+            return BadEP
+
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group=None: [EP()])
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    with pytest.warns(UserWarning, match=r"'bad' .*refused: .*required hook schedule_waiting"):
+        registry.load_entry_points()
+    assert "ep-bad" not in registry.SCHEDULERS
+
+
+def test_policy_objects_are_checked_before_the_run():
+    from policies.fcfs import FCFSScheduler
+    from twin.interfaces import PolicyError
+
+    with pytest.raises(PolicyError, match=r"got the class FCFSScheduler, not an instance; pass FCFSScheduler\(\)"):
+        _tiny_run(scheduler=FCFSScheduler)
+    with pytest.raises(PolicyError, match="got the string 'fcfs'.*scheduler='fcfs'"):
+        _tiny_run(scheduler="fcfs")
+    with pytest.raises(PolicyError, match="cache_obj: got a scheduler"):
+        _tiny_run(cache=FCFSScheduler())
+
+    class Unregistered(FCFSScheduler):  # never registered: checked when the engine starts
+        name = "t-unreg"
+
+        def on_finish(self):
+            pass
+    with pytest.raises(PolicyError, match=r"hook on_finish\(self\) cannot be called as on_finish\(self, rid\)"):
+        _tiny_run(scheduler=Unregistered())
+
+    class BadTick(FCFSScheduler):
+        name = "t-badtick"
+        tick_interval = 0.0
+    with pytest.raises(PolicyError, match="tick_interval is 0.0"):
+        _tiny_run(scheduler=BadTick())
+
+
+def test_scheduler_offering_a_request_that_is_not_waiting_is_named():
+    from policies.fcfs import FCFSScheduler
+    from twin.interfaces import PolicyError
+
+    class Twice(FCFSScheduler):
+        name = "t-twice"
+
+        def schedule_waiting(self, ctx):
+            w = self.engine.waiting_ids()
+            if len(w):
+                ctx.try_admit(int(w[0]))
+                return ctx.try_admit(int(w[0]))
+            return None
+
+    class Future(FCFSScheduler):
+        name = "t-future"
+
+        def schedule_waiting(self, ctx):
+            return ctx.try_admit(self.engine.n - 1)
+
+    class Floaty(FCFSScheduler):
+        name = "t-float"
+
+        def schedule_waiting(self, ctx):
+            return ctx.try_admit(float(self.engine.waiting_ids()[0]))
+
+    for cls, why in ((Twice, "running"), (Future, "not arrived yet"), (Floaty, "a float, not a request index")):
+        with pytest.raises(PolicyError, match=rf"scheduler '{cls.name}' .*offered request .* but it is {why}"):
+            _tiny_run(scheduler=cls())
+
+
+def test_cache_victim_that_is_not_evictable_is_named():
+    from twin.interfaces import PolicyError
+
+    for ret, why in ((None, "a NoneType"), (999, "not an adapter index"), (-1, "not an adapter index"),
+                     ("busy", "in use")):
+        class Bad(LRUCache):
+            name = "t-badvictim"
+
+            def victim(self, now, ret=ret):
+                return next(iter(self.engine.adapters.batch)) if ret == "busy" else ret
+        with pytest.raises(PolicyError, match=rf"cache policy 't-badvictim' .*chose adapter .* {why}"):
+            _tiny_run(cache=Bad())
+
+
+def test_hook_that_raises_is_named_with_its_policy():
+    from policies.fcfs import FCFSScheduler
+    from twin.interfaces import PolicyError
+
+    class Boom(LRUCache):
+        name = "t-boom"
+
+        def victim(self, now):
+            raise ZeroDivisionError("boom")
+
+    class Arr(FCFSScheduler):
+        name = "t-arr"
+
+        def on_arrivals(self, lo, hi):
+            raise KeyError("x")
+
+    with pytest.raises(PolicyError, match="cache policy 't-boom' .*failed in its hook victim .*ZeroDivisionError: boom") as e:
+        _tiny_run(cache=Boom())
+    assert isinstance(e.value.__cause__, ZeroDivisionError)
+    with pytest.raises(PolicyError, match="scheduler 't-arr' .*failed in its hook on_arrivals"):
+        _tiny_run(scheduler=Arr(), stop_when=lambda eng: False)

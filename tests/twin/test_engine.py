@@ -655,3 +655,43 @@ def test_serving_host_time_refuses_a_negative_or_infinite_value():
             simulate(w, prof, EngineConfig(), serving_s_per_running=bad)
         with pytest.raises(ValueError, match="seconds per running request"):
             prof.with_serving_host(bad)
+
+
+def test_workload_built_directly_is_validated():
+    """Workload(df) and Workload.from_arrays refuse what the file readers refuse, never truncate."""
+    from traces.workload import WorkloadError
+
+    base = dict(arrival_s=[0.0, 1.0], prompt_tokens=[10, 20], output_tokens=[5, 5], adapter_id=[0, -1],
+                adapter_rank=[8, 0])
+    for change, fragment in ((dict(prompt_tokens=[10.5, 20]), "'prompt_tokens' holds integers; row 0 has 10.5"),
+                             (dict(adapter_id=[-5, -1]), "'adapter_id' must be >= -1"),
+                             (dict(prefix_tokens=[-1, 0]), "'prefix_tokens' must be >= 0"),
+                             (dict(turn=[-7, 0]), "'turn' must be >= -1")):
+        with pytest.raises(WorkloadError, match=fragment):
+            Workload(pd.DataFrame({**base, **change}))
+    with pytest.raises(WorkloadError, match="holds integers"):
+        Workload.from_arrays([0, 1], [5.7, 5], [5, 5])
+    with pytest.raises(WorkloadError, match="one value per request"):
+        Workload.from_arrays([0, 1, 2], [5, 5], [5, 5, 5])
+    with pytest.raises(WorkloadError, match=r"unknown column\(s\) \['adaptor'\]"):
+        Workload.from_arrays([0, 1], [5, 5], [5, 5], adaptor=[1, 1])
+    with pytest.raises(WorkloadError, match="is a pandas DataFrame, got dict"):
+        Workload({"arrival_s": [0.0]})
+    assert Workload.from_arrays([0, 1], [5.0, 6.0], [5, 5]).df["prompt_tokens"].tolist() == [5, 6]
+
+
+def test_simulate_refuses_bad_run_arguments_before_the_run():
+    w = Workload.from_arrays([0.0, 0.5, 1.0], [10, 20, 30], [5, 5, 5])
+    cfg = EngineConfig(kv_capacity_tokens=4000, max_model_len=2048)
+    for kw, fragment in ((dict(horizon_s=-1.0), "horizon_s -1.0"), (dict(horizon_s=float("nan")), "horizon_s nan"),
+                         (dict(horizon_s="5"), "horizon_s '5'"), (dict(max_run_steps=-3), "max_run_steps -3"),
+                         (dict(ttft_slo_s=-1), "ttft_slo_s -1"), (dict(tbt_slo_s="x"), "tbt_slo_s 'x'")):
+        with pytest.raises(ValueError, match=fragment):
+            simulate(w, constant_profile(), cfg, **kw)
+    with pytest.raises(TypeError, match="not a twin.config.EngineConfig"):
+        simulate(w, constant_profile(), {"max_loras": 2})
+    cols = {k: w.df[k].to_numpy() for k in w.df.columns}
+    with pytest.raises(ValueError, match="'prompt_tokens' must be >= 1"):
+        simulate({**cols, "prompt_tokens": -cols["prompt_tokens"]}, constant_profile(), cfg)
+    with pytest.raises(TypeError, match="workload: got list"):
+        simulate([1, 2, 3], constant_profile(), cfg)
