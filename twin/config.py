@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, asdict, field
+import math
+import numbers
+from dataclasses import dataclass, asdict, field, fields
 from typing import Any
+
+import numpy as np
 
 
 class ConfigError(ValueError):
@@ -17,6 +21,42 @@ SLORA_ONLY_FIELDS = ("max_total_tokens", "slora_batch_max_tokens", "running_max_
 
 def _help(text: str) -> dict[str, str]:
     return {"help": text}
+
+
+def check_field_types(cfg: Any) -> None:
+    """Each field of the dataclass ``cfg`` holds a value of its annotated type: an integer (numpy's
+    too; a float only when whole) for ``int``, a real number for ``float``, ``True``/``False`` for
+    ``bool``, a string for ``str``; ``None`` only where the annotation allows it. Else a
+    :class:`ConfigError` naming the field (a fraction of a count would be truncated or break an array)."""
+    hints = _HINTS.get(type(cfg))
+    if hints is None:
+        hints = _HINTS[type(cfg)] = {f.name: str(f.type) for f in fields(cfg)}
+    for name, hint in hints.items():
+        v = getattr(cfg, name)
+        optional = "None" in hint
+        if v is None:
+            if optional:
+                continue
+            raise ConfigError(f"{name} needs a value ({hint}), got None")
+        base = hint.replace("| None", "").strip()
+        if base == "bool":
+            ok = isinstance(v, (bool, np.bool_))
+        elif base == "int":
+            ok = (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))) or (
+                isinstance(v, float) and v.is_integer())
+        elif base == "float":
+            ok = isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+        elif base == "str":
+            ok = isinstance(v, str)
+        else:
+            continue
+        if not ok:
+            what = "a whole number" if base == "int" else {"bool": "true or false", "float": "a number",
+                                                            "str": "a string"}[base]
+            raise ConfigError(f"{name} must be {what}, got {v!r} ({type(v).__name__})")
+
+
+_HINTS: dict[type, dict[str, str]] = {}
 
 
 @dataclass
@@ -82,6 +122,9 @@ class EngineConfig:
         "S-LoRA's HTTP server refuses prompt + output above this"))
 
     def validate(self) -> None:
+        """Refuse what vLLM (or S-LoRA) would refuse, naming the field: a value of the wrong type (a
+        fraction of a count, a string, ``None`` where a number is needed) first, then the bounds."""
+        check_field_types(self)
         if self.max_num_batched_tokens < 1:
             raise ConfigError("max_num_batched_tokens must be >= 1")
         if self.max_num_seqs < 1:
@@ -112,6 +155,15 @@ class EngineConfig:
             raise ConfigError(f"adapter_memory must be 'slots', 'region' or 'unified', got {self.adapter_memory!r}")
         if self.adapter_placement not in ("contiguous", "paged"):
             raise ConfigError(f"adapter_placement must be 'contiguous' or 'paged', got {self.adapter_placement!r}")
+        for name in ("max_total_tokens", "slora_batch_max_tokens", "adapter_region_bytes"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"{name} must be >= 1 (or None: its default), got {v}")
+        for name in ("running_max_req_size", "slora_max_wait_tokens", "slora_max_prompt_len", "slora_max_total_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.slora_poll_s > 0 and math.isfinite(self.slora_poll_s)):
+            raise ConfigError(f"slora_poll_s must be > 0 seconds and finite, got {self.slora_poll_s}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

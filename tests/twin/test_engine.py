@@ -695,3 +695,20 @@ def test_simulate_refuses_bad_run_arguments_before_the_run():
         simulate({**cols, "prompt_tokens": -cols["prompt_tokens"]}, constant_profile(), cfg)
     with pytest.raises(TypeError, match="workload: got list"):
         simulate([1, 2, 3], constant_profile(), cfg)
+
+
+def test_engine_config_refuses_values_of_the_wrong_type_naming_the_field():
+    """EngineConfig built directly (not through `twin run`): a fraction of a count, a string, None where a
+    number is needed, NaN, and the S-LoRA bounds are refused by validate(); numpy integers and whole floats
+    pass."""
+    EngineConfig(max_loras=np.int64(4), kv_capacity_tokens=4000.0).validate()
+    for kw, fragment in ((dict(max_loras=2.5), "max_loras must be a whole number, got 2.5"),
+                         (dict(enable_lora="no"), "enable_lora must be true or false"),
+                         (dict(max_num_batched_tokens="2048"), "max_num_batched_tokens must be a whole number"),
+                         (dict(max_num_seqs=None), "max_num_seqs needs a value"),
+                         (dict(kv_capacity_tokens=float("nan")), "kv_capacity_tokens must be a whole number"),
+                         (dict(max_total_tokens=-5), "max_total_tokens must be >= 1"),
+                         (dict(slora_batch_max_tokens=0), "slora_batch_max_tokens must be >= 1"),
+                         (dict(slora_poll_s=0.0), "slora_poll_s must be > 0")):
+        with pytest.raises(ConfigError, match=fragment):
+            EngineConfig(**kw).validate()
