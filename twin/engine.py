@@ -63,7 +63,7 @@ from twin.adapters import Load
 from twin.config import EngineConfig
 from twin.engine_state import EngineState
 from twin.preemption import PreemptionWalk
-from twin.interfaces import Admit, AdapterCachePolicy, PolicyError, Scheduler, policy_label
+from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
 from twin.requests import FINISHED, REJECTED, zeros_column
 from twin.requests import StartupError, check_startup  # noqa: F401  (re-exported for twin.validate)
 
@@ -418,27 +418,9 @@ class Engine(PreemptionWalk, EngineState):
             self._preempt(rid, self.env.now)
 
     def _try_admit_checked(self, rid: int) -> Admit:
-        """``ctx.try_admit`` for a scheduler that is not built in: refuse an offer of a request that
-        is not waiting (:class:`PolicyError` naming the scheduler), then :meth:`_try_admit`."""
-        why = None
-        if not isinstance(rid, (int, np.integer)) or isinstance(rid, bool):
-            why = f"a {type(rid).__name__}, not a request index (an int)"
-        elif not 0 <= rid < self.n:
-            why = f"not a request index (0 <= rid < {self.n})"
-        elif rid >= self.arr_ptr:
-            why = "not arrived yet"
-        elif self.state[rid] == REJECTED:
-            why = "rejected"
-        elif self.state[rid] == FINISHED:
-            why = "finished"
-        elif rid in self.running:
-            why = "running (admitted already)"
-        elif self._dropped is not None and self._dropped[rid]:
-            why = "dropped (drop_arrivals)"
-        if why is not None:
-            raise PolicyError(f"{policy_label(self.scheduler)} offered request {rid!r} to ctx.try_admit in "
-                              f"schedule_waiting, but it is {why}; offer only waiting requests "
-                              f"(engine.waiting_ids()), each at most once")
+        """``ctx.try_admit`` for a scheduler that is not built in: an offer of a request that is not
+        waiting is refused (:meth:`EngineState.check_offer`), then :meth:`_try_admit`."""
+        self.check_offer(rid)
         return self._try_admit(int(rid))
 
     def _try_admit(self, rid: int) -> Admit:

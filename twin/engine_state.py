@@ -13,7 +13,7 @@ import dataclasses
 import heapq
 import itertools
 import math
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import simpy
@@ -21,9 +21,10 @@ import simpy
 from twin.adapters import AdapterMemory, HostLink
 from twin.config import EngineConfig
 from twin.extensions import install_extensions
-from twin.interfaces import AdapterCachePolicy, Scheduler, check_policy_objects, check_tick_interval
+from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_policy_objects, check_tick_interval,
+                             policy_label)
 from twin.recorder import Recorder
-from twin.requests import FINISHED, PENDING, RequestTable, check_startup
+from twin.requests import FINISHED, PENDING, REJECTED, RequestTable, check_startup
 from twin.tensor_parallel import tp_profile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -201,6 +202,31 @@ class EngineState:
         self._sched_ticks = check_tick_interval(scheduler)
         self._cache_ticks = check_tick_interval(cache)
         self._next_tick = min(t for t in (self._sched_ticks, self._cache_ticks, INF) if t is not None)
+
+    def check_offer(self, rid: Any) -> None:
+        """Refuse (:class:`~twin.interfaces.PolicyError`, naming the scheduler) an offer to
+        ``ctx.try_admit`` of a request that is not waiting: not a request index, not arrived yet,
+        rejected, finished, running, or dropped. Engines call it only for schedulers that are not
+        built in (the built-in ones offer waiting requests by construction; the hot path stays free)."""
+        why = None
+        if not isinstance(rid, (int, np.integer)) or isinstance(rid, bool):
+            why = f"a {type(rid).__name__}, not a request index (an int)"
+        elif not 0 <= rid < self.n:
+            why = f"not a request index (0 <= rid < {self.n})"
+        elif rid >= self.arr_ptr:
+            why = "not arrived yet"
+        elif self.state[rid] == REJECTED:
+            why = "rejected"
+        elif self.state[rid] == FINISHED:
+            why = "finished"
+        elif rid in self.running:
+            why = "running (admitted already)"
+        elif self._dropped is not None and self._dropped[rid]:
+            why = "dropped (drop_arrivals)"
+        if why is not None:
+            raise PolicyError(f"{policy_label(self.scheduler)} offered request {rid!r} to ctx.try_admit in "
+                              f"schedule_waiting, but it is {why}; offer only waiting requests "
+                              f"(engine.waiting_ids()), each at most once")
 
     def _assert_queue_accounting(self) -> None:
         """The waiting count and the running set agree with the request states (both engines'

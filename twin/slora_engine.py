@@ -298,6 +298,8 @@ class SLoRAEngine(EngineState):
         super().__init__(workload, profile, config, scheduler, cache, horizon_s, max_run_steps, progress,
                          record_steps, check_invariants)
         self.proc = self.env.process(self._run())
+        if type(scheduler).__module__.split(".")[0] != "policies":  # a user's scheduler: its offers are checked
+            self._try_admit = self._try_admit_checked  # (SLoRAStepContext.try_admit calls it)
         self.adapter_hit_code = bytearray(self.n)
         self._emitted0: dict[int, int] = {}   # tokens emitted before the current admission (squashed requests)
         self._stalled = 0                     # decoding requests that stalled through the last prefill
@@ -523,6 +525,12 @@ class SLoRAEngine(EngineState):
     def first_pass_step(self, failed: list[tuple[int, int, int, int]], limit: int) -> float:
         """:func:`first_pass_step` over the running requests now."""
         return first_pass_step(self._running_pairs(), failed, limit)
+
+    def _try_admit_checked(self, ctx: SLoRAStepContext, rid: int) -> Admit:
+        """``ctx.try_admit`` for a scheduler that is not built in: an offer of a request that is not
+        waiting is refused (:meth:`EngineState.check_offer`), then :meth:`_try_admit`."""
+        self.check_offer(rid)
+        return SLoRAEngine._try_admit(self, ctx, int(rid))
 
     def _try_admit(self, ctx: SLoRAStepContext, rid: int) -> Admit:
         """S-LoRA's test for one waiting request (``_can_add_new_req``; module docstring)."""

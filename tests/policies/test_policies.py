@@ -530,6 +530,9 @@ def test_scheduler_offering_a_request_that_is_not_waiting_is_named():
     for cls, why in ((Twice, "running"), (Future, "not arrived yet"), (Floaty, "a float, not a request index")):
         with pytest.raises(PolicyError, match=rf"scheduler '{cls.name}' .*offered request .* but it is {why}"):
             _tiny_run(scheduler=cls())
+    for cls, why in ((Twice, "running"), (Future, "not arrived yet")):  # the S-LoRA engine checks them too
+        with pytest.raises(PolicyError, match=rf"scheduler '{cls.name}' .*offered request .* but it is {why}"):
+            _tiny_run(scheduler=cls(), system="slora")
 
 
 def test_cache_victim_that_is_not_evictable_is_named():
