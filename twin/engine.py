@@ -63,7 +63,7 @@ from twin.adapters import Load
 from twin.config import EngineConfig
 from twin.engine_state import EngineState
 from twin.preemption import PreemptionWalk
-from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
+from twin.interfaces import AdapterCachePolicy, Admit, Scheduler, is_builtin
 from twin.requests import FINISHED, REJECTED, zeros_column
 from twin.requests import StartupError, check_startup  # noqa: F401  (re-exported for twin.validate)
 
@@ -134,7 +134,7 @@ class Engine(PreemptionWalk, EngineState):
         self._fin_m = max(self.n, 1)
         self._ctx: StepContext | None = None  # the step context of the step being planned
         self._try_admit_bound = self._try_admit  # (StepContext.try_admit; bound once)
-        if type(scheduler).__module__.split(".")[0] != "policies":  # a user's scheduler: its offers are checked
+        if not is_builtin(scheduler):  # a user's scheduler: its offers are checked
             self._try_admit_bound = self._try_admit_checked
         # the scheduler's on_finish, None when it is Scheduler's no-op (a finish then calls nothing)
         on_finish = scheduler.on_finish

@@ -380,13 +380,25 @@ def policy_label(policy: Any) -> str:
     return f"{kind} {name!r} ({cls.__qualname__})" if isinstance(name, str) and name else f"{kind} {cls.__qualname__}"
 
 
+def is_builtin(policy: Any) -> bool:
+    """Whether ``policy`` (a class or an instance) comes from the project's own ``policies`` package."""
+    cls = policy if isinstance(policy, type) else type(policy)
+    return cls.__module__.split(".")[0] == "policies"
+
+
+def name_unusable(name: str) -> bool:
+    """Whether a command line (``--policy``, ``--scheduler``, ``--policies a,b``) cannot name ``name``:
+    spaces, commas, ``=`` or unprintable characters."""
+    return any(ch.isspace() or ch in ",=" for ch in name) or not name.isprintable()
+
+
 def check_policy_name(cls: type) -> str:
     """The registry name of ``cls``: a non-empty string without spaces, commas or ``=``."""
     name = getattr(cls, "name", "")
     if not isinstance(name, str) or not name:
         raise PolicyError(f"{cls.__qualname__} needs a class attribute `name` (a non-empty string) to be "
                           f"registered, e.g. name = \"my-policy\"")
-    if any(ch.isspace() or ch in ",=" for ch in name) or not name.isprintable():
+    if name_unusable(name):
         raise PolicyError(f"{cls.__qualname__}: policy name {name!r} has spaces, commas or '='; command lines "
                           f"(--scheduler, --cache, --policies a,b) cannot name it; use letters, digits, '-', '_'")
     return name

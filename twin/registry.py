@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from twin.interfaces import AdapterCachePolicy, PolicyError, Scheduler, check_policy_class, check_policy_name
+from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_policy_class, check_policy_name,
+                             is_builtin, name_unusable)
 
 SCHEDULERS: dict[str, type[Scheduler]] = {}
 CACHES: dict[str, type[AdapterCachePolicy]] = {}
@@ -80,7 +81,7 @@ def _register(cls: Any, kind: str, reg: dict[str, type]) -> None:
     name = cls.name
     old = reg.get(name)
     if old is not None and old is not cls and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-        builtin = " (built in)" if old.__module__.split(".")[0] == "policies" else ""
+        builtin = " (built in)" if is_builtin(old) else ""
         raise PolicyError(f"{kind} name {name!r} of {cls.__module__}.{cls.__qualname__} is already registered by "
                           f"{old.__module__}.{old.__qualname__}{builtin}; give {cls.__qualname__} another `name`")
     reg[name] = cls
@@ -103,7 +104,7 @@ def register_preset(preset: Preset) -> Preset:
     if not isinstance(preset, Preset):
         raise PolicyError(f"{preset!r} is not a twin.registry.Preset; register Preset(name, scheduler, cache, ...)")
     name = preset.name
-    if not isinstance(name, str) or not name or any(ch.isspace() or ch in ",=" for ch in name):
+    if not isinstance(name, str) or not name or name_unusable(name):
         raise PolicyError(f"preset name {name!r}: give a non-empty name without spaces, commas or '=' "
                           f"(--policy NAME must be able to name it)")
     if preset.system not in SYSTEMS:

@@ -83,7 +83,7 @@ from twin.adapter_placement import UnifiedPool
 from twin.adapters import AdapterMemory, HostLink
 from twin.config import ConfigError, EngineConfig
 from twin.engine_state import EngineState
-from twin.interfaces import Admit, AdapterCachePolicy, Policy, Scheduler
+from twin.interfaces import AdapterCachePolicy, Admit, Policy, Scheduler, is_builtin
 from twin.prefetch import AsyncLoader
 from twin.perf.slora_forms import SLORA_TARGETS, PunicaLoraCost, slora_load_s
 from twin.requests import FINISHED, REJECTED, REJECT_REASONS
@@ -298,7 +298,7 @@ class SLoRAEngine(EngineState):
         super().__init__(workload, profile, config, scheduler, cache, horizon_s, max_run_steps, progress,
                          record_steps, check_invariants)
         self.proc = self.env.process(self._run())
-        if type(scheduler).__module__.split(".")[0] != "policies":  # a user's scheduler: its offers are checked
+        if not is_builtin(scheduler):  # a user's scheduler: its offers are checked
             self._try_admit = self._try_admit_checked  # (SLoRAStepContext.try_admit calls it)
         self.adapter_hit_code = bytearray(self.n)
         self._emitted0: dict[int, int] = {}   # tokens emitted before the current admission (squashed requests)
