@@ -153,7 +153,7 @@ def _read_parquet(path: Path) -> "Workload":
     except (ValueError, UnicodeDecodeError):
         meta = {}
     df = table.to_pandas()
-    if META_KEY in md and set(COLUMNS) <= set(df.columns):
+    if META_KEY in md and set(COLUMNS) == set(df.columns):  # (a column beyond them is refused, naming the file)
         return Workload(df, meta if isinstance(meta, dict) else {})
     return Workload(_checked_frame(df.astype(object).where(df.notna(), None), path,
                                    lambda i: f"row {i + 1}"), meta if isinstance(meta, dict) else {})
@@ -325,10 +325,17 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
 
 
 def validate(df: pd.DataFrame) -> pd.DataFrame:
-    """Check and normalise a workload table; raise :class:`WorkloadError` naming the problem."""
+    """Check and normalise a workload table; raise :class:`WorkloadError` naming the problem. A column
+    outside :data:`COLUMNS` is refused, as the file readers and :meth:`Workload.from_arrays` refuse one
+    (dropped silently, a misspelt ``prefix_token`` column would leave every turn without its shared prefix)."""
     if not isinstance(df, pd.DataFrame):
         raise WorkloadError(f"a workload table is a pandas DataFrame, got {type(df).__name__}; build one with "
                             f"Workload.from_arrays(arrival_s, prompt_tokens, output_tokens, ...) or pd.DataFrame(...)")
+    unknown = [str(c) for c in df.columns if c not in COLUMNS]
+    if unknown:  # (as the file readers and Workload.from_arrays refuse them: a misspelt column would be lost)
+        raise WorkloadError(f"workload table: unknown column(s) {', '.join(unknown)}; the workload columns are "
+                            f"{', '.join(COLUMNS)}; rename a misspelt one, or drop the others first "
+                            f"(df.drop(columns={unknown!r}))")
     df = df.copy()
     for col, default in OPTIONAL_DEFAULTS.items():
         if col not in df.columns:

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,7 +31,7 @@ from twin.perf.profile import load_profile
 from twin.registry import describe_all, resolve_system
 from twin.scenario import (RunConfig, build_engine_config, build_workload, check_model, check_run, check_system_options,
                            with_trace_defaults, load_scenario_file, replay_warnings, resolved_scenario, to_toml)
-from twin.simulate import simulate
+from twin.simulate import NothingAdmittedWarning, simulate
 
 #: the modules that add the other commands (``traces``, ``calibrate``, ``validate``, ``compare``, ``sweep``,
 #: ``configure``, ``reproduce``)
@@ -74,6 +75,8 @@ def format_summary(s: dict[str, Any]) -> str:
     rows += [(k, fn(s)) for k, fn in SUMMARY_ROWS]
     if "slo_attainment" in s:
         rows.append(("SLO attainment", _f(s["slo_attainment"], 3)))
+    if s.get("note"):  # e.g. a scheduler that admitted no request (twin.simulate.nothing_admitted_note)
+        rows.append(("note", str(s["note"])))
     w = max(len(k) for k, _ in rows)
     line = "-" * (w + 34)
     return "\n".join([line] + [f"{k:<{w}}  {v}" for k, v in rows] + [line])
@@ -148,12 +151,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(to_toml(scenario), end="")
         return 0
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    res = simulate(workload, profile, cfg, policy=run.policy, scheduler=run.scheduler, cache=run.cache, system=run.system,
-                   horizon_s=run.horizon, ttft_slo_s=run.ttft_slo, tbt_slo_s=run.tbt_slo, progress=progress,
-                   frontend_s=run.frontend_ms / 1000.0, serving_s_per_running=run.serving_us / 1e6,
-                   rank_tile_cost=run.rank_tile_cost,
-                   extra={"trace": run.trace, "workload": workload.meta, "config": cfg.to_dict(),
-                          "scenario": scenario})
+    with warnings.catch_warnings():  # (said below as `twin run: warning: ...`, from the summary's note)
+        warnings.simplefilter("ignore", NothingAdmittedWarning)
+        res = simulate(workload, profile, cfg, policy=run.policy, scheduler=run.scheduler, cache=run.cache,
+                       system=run.system, horizon_s=run.horizon, ttft_slo_s=run.ttft_slo, tbt_slo_s=run.tbt_slo,
+                       progress=progress, frontend_s=run.frontend_ms / 1000.0,
+                       serving_s_per_running=run.serving_us / 1e6, rank_tile_cost=run.rank_tile_cost,
+                       extra={"trace": run.trace, "workload": workload.meta, "config": cfg.to_dict(),
+                              "scenario": scenario})
+    if res.summary.get("note"):
+        print(f"twin run: warning: {res.summary['note']}", file=sys.stderr)
     if args.json:
         print(json.dumps(res.summary, indent=2, default=str))
     else:

@@ -10,6 +10,14 @@ from typing import Any
 import numpy as np
 
 
+#: longest simulated time a run may cover (s, about 3 years): far beyond any trace (the longest
+#: built-in one spans two weeks), and float64 seconds still resolve 15 ns there. A longer
+#: ``--horizon``, and arrivals beyond it (absolute, epoch timestamps), are refused: the summary's
+#: rates are per simulated second from 0, so they would read ~0 (and at ~1e15 s the clock's
+#: resolution, 0.125 s, breaks the latencies).
+MAX_SIM_SECONDS = 1e8
+
+
 class ConfigError(ValueError):
     """An engine configuration that vLLM would refuse (or that makes no sense)."""
 

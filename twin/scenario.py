@@ -43,7 +43,7 @@ from traces.flags import flag_name
 from traces.registry import REAL_OPTIONS, get_workload, run_defaults
 from traces.synth import MAX_ADAPTERS, OPTIONS, option_value_problem
 from traces.workload import Workload
-from twin.config import ConfigError, EngineConfig
+from twin.config import MAX_SIM_SECONDS, ConfigError, EngineConfig  # noqa: F401  (MAX_SIM_SECONDS re-exported)
 from twin.perf.profile import Profile, available_profiles, parse_lora_targets
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
 from twin.slora_engine import check_slora_config
@@ -112,16 +112,21 @@ class RunConfig:
     profile: str | None = field(default=None, metadata={
         "help": "profile name (`twin calibrate list`) or JSON file"})
     slots: int | None = field(default=None, metadata={
-        "help": f"GPU adapter slots (max_loras; default {DEFAULT_ADAPTER_SLOTS} capped at the number of adapters; "
-                f"a given value is used as is: vLLM accepts more slots than adapters and sizes its buffers for them)"})
+        "help": f"GPU adapter slots of the vLLM engine (max_loras; default {DEFAULT_ADAPTER_SLOTS} capped at the "
+                f"number of adapters; a given value is used as is: vLLM accepts more slots than adapters and sizes "
+                f"its buffers for them). S-LoRA has no slots: refused for a run on it; `twin compare` gives it to "
+                f"its vLLM presets only"})
     cpu_slots: int | None = _engine_field("max_cpu_loras", "--cpu-slots")
-    max_lora_rank: int | None = _engine_field("max_lora_rank")
+    max_lora_rank: int | None = _engine_field("max_lora_rank", help=(
+        "rank every slot's buffers are padded to (vLLM --max-lora-rank; default: the largest rank in the workload); "
+        "a vLLM option: refused for a run on S-LoRA, `twin compare` gives it to its vLLM presets only"))
     max_model_len: int | None = _engine_field("max_model_len")
     max_num_seqs: int = _engine_field("max_num_seqs")
     max_batched_tokens: int = _engine_field("max_num_batched_tokens", "--max-batched-tokens")
     gpu_mem_gb: float | None = field(default=None, metadata={
         "help": "GPU memory (GB); the KV capacity follows from it (default: the profile's GPU)"})
-    kv_tokens: int | None = _engine_field("kv_capacity_tokens", help="override the KV capacity (tokens)")
+    kv_tokens: int | None = _engine_field("kv_capacity_tokens", help=(
+        "override the KV capacity (tokens); at most what the GPU memory holds (the profile's GPU, or --gpu-mem-gb)"))
     tp: int = _engine_field("tensor_parallel")
     lora_targets: str | None = _engine_field("lora_targets")
     max_total_tokens: int | None = _engine_field("max_total_tokens")
@@ -154,12 +159,6 @@ class RunConfig:
         return max(1, min(n_adapters, DEFAULT_ADAPTER_SLOTS) if n_adapters else 1)
 
 
-#: longest simulated time a run may cover (s, about 3 years): far beyond any trace (the longest
-#: built-in one spans two weeks), and float64 seconds still resolve 15 ns there. A longer
-#: ``--horizon``, and arrivals beyond it (absolute, epoch timestamps), are refused: the summary's
-#: rates are per simulated second from 0, so they would read ~0 (and at ~1e15 s the clock's
-#: resolution, 0.125 s, breaks the latencies).
-MAX_SIM_SECONDS = 1e8
 
 RUN_FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
 
@@ -322,6 +321,24 @@ def check_number(flag: str, v: float, low: float, inclusive: bool, fix: str) -> 
         raise ConfigError(f"{flag} {v:g}: must be {bound}; give {fix}")
 
 
+def check_slo(flag: str, v: float | None, horizon: float | None, fix: str) -> None:
+    """An SLO in seconds that some request could miss: finite and > 0 (:func:`check_number`), at most
+    :data:`MAX_SIM_SECONDS` (the longest a run may simulate; ``twin compare --slo`` has the same bound) and at
+    most ``horizon`` when one is given (no latency of the run can exceed the simulated time, so a larger SLO is met
+    by every request that finishes and bounds nothing); otherwise a :class:`ConfigError` naming ``flag``, the bound
+    and ``fix``."""
+    if v is None:
+        return
+    check_number(flag, v, 0, False, fix)
+    if v > MAX_SIM_SECONDS:
+        raise ConfigError(f"{flag} {v:g}: beyond the {MAX_SIM_SECONDS:g} s (about 3 years) a run may simulate, so "
+                          f"every request would meet it; give {fix}")
+    if horizon is not None and v > horizon:
+        raise ConfigError(f"{flag} {v:g}: beyond --horizon {horizon:g}: no latency of the run can exceed the "
+                          f"simulated time, so every request that finishes would meet it; give {fix} (at most the "
+                          f"horizon), or raise --horizon")
+
+
 def check_run(run: RunConfig) -> None:
     """Refuse option values that make no sense, naming the flag and the fix (no work done)."""
     for name in RUN_FIELDS:
@@ -332,6 +349,8 @@ def check_run(run: RunConfig) -> None:
             check_number(option_name(name), v, low, inclusive, fix)
             if name in HOST_TERM_MAXIMA:
                 check_host_term(name, v)
+    for name in ("ttft_slo", "tbt_slo"):
+        check_slo(option_name(name), getattr(run, name), run.horizon, _NUMERIC[name][3])
     if run.horizon is not None and run.horizon > MAX_SIM_SECONDS:
         raise ConfigError(f"--horizon {run.horizon:g}: beyond the {MAX_SIM_SECONDS:g} s (about 3 years) a run may "
                           f"simulate; the summary's rates are per second up to the horizon, so they would read ~0; "
@@ -435,11 +454,15 @@ def _check_system(run: RunConfig) -> None:
 
 #: ``twin run`` / ``twin compare`` options that one serving system only reads: option -> (the system, what the
 #: other system does instead). Given on the command line for a run on the other system they would change nothing,
-#: so they are refused (:func:`check_system_options`). ``--slots`` and ``--max-lora-rank`` are not among them
-#: although the S-LoRA engine has no slots and pads no rank (nor does its pool reserve slot buffers, see
-#: :func:`build_engine_config`): the golden scenarios (tests/golden/scenarios.py) pass ``--slots 8`` to every
-#: preset, the S-LoRA ones included, so that one command line runs them all.
+#: so they are refused (:func:`check_system_options`); ``twin compare`` refuses one only when none of its presets
+#: reads it and gives it to the presets that do (:func:`for_preset`). ``--slots`` and ``--max-lora-rank`` are
+#: among them: the S-LoRA engine has no adapter slots and pads no rank (nor does its pool reserve slot buffers, see
+#: :func:`build_engine_config`). A scenario file (``--config``, a run's summary.json) records every option, so its
+#: values are not refused, only the flags given.
 SYSTEM_OPTIONS: dict[str, tuple[str, str]] = {
+    "slots": ("vllm", "S-LoRA has no adapter slots: its unified pool holds the adapters' weights with the KV cache"),
+    "max_lora_rank": ("vllm", "S-LoRA pads no adapter to a common rank: its kernels run each adapter at its own "
+                              "rank"),
     "max_total_tokens": ("slora", "vLLM's KV cache is --kv-tokens or follows from the GPU memory"),
     "slora_prefetch": ("slora", "vLLM-engine policies prefetch through their own cache policy"),
     "slora_max_wait_tokens": ("slora", "vLLM's scheduler considers waiting requests at every step"),
@@ -606,6 +629,7 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
         except ValueError as e:
             raise ConfigError(f"--gpu-mem-gb {run.gpu_mem_gb:g}: {e}; give a larger --gpu-mem-gb"
                               + (", fewer --slots or a lower --max-lora-rank" if slots and max_rank else "")) from None
+    check_kv_fits(run, cfg, workload, profile)
     try:
         check_server(run, cfg, workload, profile)
     except KVCapacityError as e:  # a memory problem: more GPUs may hold the weights and the KV cache
@@ -626,6 +650,60 @@ def _tp_hint(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Pro
         if d > run.tp and tp_profile(profile, d).kv_capacity_tokens(slots, max_rank) >= need:
             return f"; or split the weights over more GPUs: --tp {d} holds it ({profile.name} on {profile.gpu})"
     return ""
+
+
+def profile_gpu_mem_gb(profile: Profile) -> float | None:
+    """The memory (GB) of the profile's GPU as its name states it (``H100-64GB`` -> 64.0), or None."""
+    m = re.search(r"(\d+(?:\.\d+)?)\s*GB", profile.gpu or "", re.IGNORECASE)
+    return float(m.group(1)) if m else None
+
+
+def check_kv_fits(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Profile) -> None:
+    """A KV size given as such (``--kv-tokens``; S-LoRA's pool, ``--max-total-tokens``) fits in the GPU's memory:
+    at most what the whole memory holds after the weights (and, on vLLM, the adapter slots' LoRA buffers) even at
+    ``--gpu-memory-utilization 1.0`` with no runtime reserve (:func:`twin.tensor_parallel.kv_tokens_for_memory`),
+    the memory being ``--gpu-mem-gb`` when given, else the one the profile's GPU names (``H100-64GB``; a profile
+    whose GPU names none is not checked). A value below that bound is a cache vLLM could allocate at a higher
+    utilization than its default 0.9 (``num_gpu_blocks_override``), so it is accepted; a larger one could not be
+    allocated at all, and the error gives both numbers. ``profile``: the per-GPU profile
+    (:func:`twin.tensor_parallel.tp_profile`)."""
+    given = [(name, v) for name, v in (("kv_tokens", run.kv_tokens), ("max_total_tokens", run.max_total_tokens))
+             if v is not None]
+    mem = run.gpu_mem_gb if run.gpu_mem_gb is not None else profile_gpu_mem_gb(profile)
+    if not given or mem is None:
+        return
+    slora = resolve_system(run.policy, run.system) == "slora"
+    df = workload.df
+    ranks = df.loc[df["adapter_id"] >= 0, "adapter_rank"]
+    top_rank = int(ranks.max()) if len(ranks) else 0
+    slots = 0 if slora or not cfg.enable_lora else cfg.max_loras  # (S-LoRA's pool reserves no slot buffers)
+    max_rank = (cfg.max_lora_rank or top_rank) if slots else 0
+    try:
+        most = kv_tokens_for_memory(profile, mem, slots, max_rank, run.tp, utilization=1.0, runtime_overhead_gb=0.0)
+    except ValueError as e:
+        raise ConfigError(f"--gpu-mem-gb {mem:g}: {e}; give a larger --gpu-mem-gb"
+                          + (", fewer --slots or a lower --max-lora-rank" if slots and max_rank else "")) from None
+    if run.gpu_mem_gb is not None:
+        memory = f"the whole {mem:g} GB of GPU memory (--gpu-mem-gb)"
+        more = "a larger --gpu-mem-gb"
+    else:
+        memory = f"the whole {mem:g} GB of profile {profile.name}'s GPU ({profile.gpu})"
+        more = "--gpu-mem-gb for a GPU with more memory"
+    tp = f" per GPU at --tp {run.tp}" if run.tp > 1 else ""
+    for name, v in given:
+        if v <= most:
+            continue
+        flag = option_name(name)
+        if slora:
+            what = f"after {profile.model.name}'s weights, for S-LoRA's unified pool"
+            fewer = ""
+        else:
+            what = (f"after {profile.model.name}'s weights and {slots} adapter slots of rank {max_rank}, for vLLM's "
+                    f"KV cache" if slots else f"after {profile.model.name}'s weights, for vLLM's KV cache")
+            fewer = ", fewer --slots or a lower --max-lora-rank" if slots and max_rank else ""
+        raise ConfigError(f"{flag} {v}: more than the {most} tokens {memory} can hold{tp} ({what}, even at "
+                          f"--gpu-memory-utilization 1.0); the {'pool' if slora else 'cache'} could not be allocated: "
+                          f"give {flag} {most} or less, or {more}{fewer}")
 
 
 class KVCapacityError(ConfigError):

@@ -6,18 +6,21 @@ import json
 import math
 import numbers
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 
-from twin.config import EngineConfig
+from twin.config import MAX_SIM_SECONDS, EngineConfig
 from twin.engine import Engine
-from twin.interfaces import check_policy_object, explain_policy_failure
-from twin.metrics import requests_frame, summarize
+from twin.interfaces import check_policy_object, explain_policy_failure, policy_label
+from twin.metrics import outcomes, requests_frame, summarize
 from twin.perf.profile import Profile, load_profile
 from twin.registry import resolve_policy, resolve_system
 from twin.scrape_stall import SCRAPE_PERIOD_S, check_scrape
@@ -25,6 +28,26 @@ from twin.slora_engine import SLoRAEngine
 
 #: the engine of each serving system (``twin.registry.SYSTEMS``)
 ENGINES = {"vllm": Engine, "slora": SLoRAEngine}
+
+
+class NothingAdmittedWarning(UserWarning):
+    """A run whose scheduler admitted no request: every request that arrived (and was not rejected)
+    ended unfinished, so the summary's latencies and throughput are empty (:func:`nothing_admitted_note`)."""
+
+
+def nothing_admitted_note(engine: Any, summary: dict[str, Any], scheduler: Any) -> str | None:
+    """The note of a run that finished no request because none was ever admitted (requests arrived, were
+    not rejected, and none was ever scheduled), naming the scheduler; None otherwise (a run cut by its
+    horizon after admissions, or whose requests were all rejected, is no such run)."""
+    if summary.get("requests_finished"):
+        return None
+    waited = outcomes(engine) == 3  # arrived, neither rejected nor finished
+    n = int(np.count_nonzero(waited))
+    if not n or not np.isnan(engine.first_sched[waited]).all():
+        return None
+    return (f"no request was admitted: {policy_label(scheduler)} admitted none of the {n} request(s) that arrived "
+            f"and waited, so the run finished none (all {n} unfinished); check its schedule_waiting, which must offer "
+            f"waiting requests to ctx.try_admit(rid) (twin.interfaces.Scheduler)")
 
 
 @dataclass
@@ -87,10 +110,16 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     :func:`twin.sweep.scenario.run_config`; a test compares them);
     when it returns True the run stops there and the summary is only ``stopped_early: True`` and
     ``stopped_at_s`` (with the policy, system and profile): the caller's rule decided the outcome.
+    A run that finishes no request because its scheduler admitted none (a user scheduler that never calls
+    ``ctx.try_admit``) says so: the summary gets a ``note`` naming the scheduler and a
+    :class:`NothingAdmittedWarning` is issued (:func:`nothing_admitted_note`).
     """
     for arg, v in (("ttft_slo_s", ttft_slo_s), ("tbt_slo_s", tbt_slo_s)):
         if v is not None and not (isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 < v < math.inf):
             raise ValueError(f"{arg} {v!r}: give the SLO in seconds, > 0 and finite (None: no SLO)")
+        if v is not None and v > MAX_SIM_SECONDS:
+            raise ValueError(f"{arg} {v!r}: beyond the {MAX_SIM_SECONDS:g} s (about 3 years) a run may simulate, so "
+                             f"every request would meet it; give the SLO in seconds, e.g. 2 (None: no SLO)")
     if not (frontend_s >= 0.0 and math.isfinite(frontend_s)):
         raise ValueError(f"frontend_s {frontend_s!r}: give the front-end latency in seconds, >= 0 (0: off)")
     check_scrape(scrape_s_per_label, scrape_period_s)
@@ -162,4 +191,8 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
         summary["serving_us_per_running"] = float(serving_s_per_running) * 1e6
     if rank_tile_cost is not None:
         summary["rank_tile_cost"] = float(rank_tile_cost)
+    note = nothing_admitted_note(eng, summary, scheduler_obj)
+    if note is not None:  # (the summary's latencies are empty: say why, in the summary and as a warning)
+        summary["note"] = note
+        warnings.warn(note, NothingAdmittedWarning, stacklevel=2)
     return SimResult(summary, eng)

@@ -35,6 +35,14 @@ PRESETS_SHORT = ["vllm", "slora", "slora+sjf", "chameleon", "chameleon-nocache",
 PRESETS_CONV = ["fastlibra", "fastlibra-wom", "fastlibra-wos", "fastlibra-wol", "vllm-partition"]
 
 
+def _slots(preset: str) -> list[str]:
+    """``--slots 8`` for a preset on the vLLM engine; none for one on S-LoRA, which has no adapter slots
+    (``twin run`` refuses the flag there; it never changed an S-LoRA run's results)."""
+    from twin.registry import resolve_system
+
+    return [] if resolve_system(preset) == "slora" else ["--slots", "8"]
+
+
 def _scenarios() -> dict[str, tuple[str, list[str], bool]]:
     """name -> (kind, twin arguments (for ``api``: trace, preset, duration, rps, adapters, KV tokens), needs real data)."""
     sc: dict[str, tuple[str, list[str], bool]] = {
@@ -49,10 +57,10 @@ def _scenarios() -> dict[str, tuple[str, list[str], bool]]:
     }
     for p in PRESETS_SHORT:
         sc[f"preset-{p}"] = ("run", ["run", "--trace", "synthetic", "--duration", "90", "--rps", "1.5",
-                                     "--policy", p, "--slots", "8"], False)
+                                     "--policy", p, *_slots(p)], False)
     for p in PRESETS_CONV:
         sc[f"preset-{p}"] = ("run", ["run", "--trace", "multiturn-synth", "--duration", "90", "--adapters", "40",
-                                     "--policy", p, "--slots", "8"], False)
+                                     "--policy", p, *_slots(p)], False)
     for p in ("chameleon", "chameleon-lru", "chameleon-fairshare", "chameleon-nocache", "chameleon+prefetch", "slora",
               "vllm"):
         sc[f"pressure-{p}"] = ("api", ["synthetic", p, "90", "1.5", "60", "40000"], False)

@@ -513,3 +513,33 @@ def test_resuming_shards_of_another_twin_version_says_so(local_smoke, tmp_path, 
     assert main(["sweep", "smoke", "--out", str(out), "--no-progress", "--no-resume"]) == 0
     assert main(["sweep", "smoke", "--out", str(out), "--no-progress"]) == 0
     assert "note" not in capsys.readouterr().err
+
+
+def test_a_policy_hook_that_raises_in_a_sweep_run_is_a_policy_error_naming_it(monkeypatch):
+    """A scheduler hook (a plug-in preset's) that raises during a sweep run is raised as a PolicyError naming
+    the policy, the hook and the original error (chained), as `twin run` reports it; the walk records that
+    message in the row's error."""
+    import twin.sweep.scenario as scenario
+    from twin.interfaces import PolicyError, Scheduler
+    from twin.registry import make_cache
+    from twin.sweep.walk import run_task
+
+    class Exploding(Scheduler):
+        name = "exploding"
+
+        def on_preempt(self, rid):
+            pass
+
+        def schedule_waiting(self, ctx):
+            return 1 / 0
+
+    monkeypatch.setattr(scenario, "_policy_objects", lambda policy: (Exploding(), make_cache("lru")))
+    sc = {"key": "boom", "rates": [0.4, 0.2, 0.1], "ranks": [8, 16, 16], "lengths": [222.0, 197.0]}
+    want = (r"scheduler 'exploding' \(.*Exploding\) failed in its hook schedule_waiting \(line \d+\): "
+            r"ZeroDivisionError: division by zero; fix the policy")
+    with pytest.raises(PolicyError, match=want) as e:
+        scenario.run_config(sc, 8, 8, 16, window_s=20.0, profile="llama-3.1-8b_h100_vllm085")
+    assert isinstance(e.value.__cause__, ZeroDivisionError)
+    rows = run_task({"scenario": sc, "task_id": "boom", "task_hash": "0", "slots": [8], "served": [8],
+                     "max_rank": 16, "seed": 0, "window_s": 20.0, "profile": "llama-3.1-8b_h100_vllm085"})
+    assert rows[0]["status"] == "error" and rows[0]["error"].startswith("PolicyError: scheduler 'exploding'")

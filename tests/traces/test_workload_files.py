@@ -90,3 +90,28 @@ def test_a_parquet_without_metadata_is_checked_like_a_csv(tmp_path):
         tmp_path / "v.parquet", index=False)
     df = read_workload_file(tmp_path / "v.parquet").df
     assert df["prompt_tokens"].tolist() == [20, 10] and np.all(df["adapter_id"] == -1)
+
+
+def test_a_table_with_columns_outside_the_schema_is_refused_not_dropped(tmp_path):
+    """Workload(df) refuses a column outside the schema, as the file readers and Workload.from_arrays do
+    (it dropped it silently: a misspelt optional column took its default); a saved workload with an added
+    column is refused naming the file."""
+    df = pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [10, 20], "output_tokens": [5, 5],
+                       "adapter_id": [0, -1], "adapter_rank": [8, 0], "prefix_token": [0, 3], "user": [1, 2]})
+    with pytest.raises(WorkloadError) as e:
+        Workload(df)
+    assert str(e.value) == ("workload table: unknown column(s) prefix_token, user; the workload columns are "
+                            f"{', '.join(COLUMNS)}; rename a misspelt one, or drop the others first "
+                            "(df.drop(columns=['prefix_token', 'user']))")
+    assert list(Workload(df.drop(columns=["prefix_token", "user"])).df.columns) == list(COLUMNS)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _workload().save(tmp_path / "w.parquet")
+    table = pq.read_table(tmp_path / "w.parquet")
+    table = table.append_column("user", pa.array(np.zeros(table.num_rows, np.int64)))
+    pq.write_table(table, tmp_path / "x.parquet")  # (the lora_twin metadata kept)
+    assert b"lora_twin" in pq.read_schema(tmp_path / "x.parquet").metadata
+    with pytest.raises(WorkloadError, match=f"{tmp_path / 'x.parquet'}: unknown column\\(s\\) user; the workload "
+                                            f"columns are request_id"):
+        read_workload_file(tmp_path / "x.parquet")

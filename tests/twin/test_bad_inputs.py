@@ -9,6 +9,7 @@ random files through ``twin.cli.main``.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import shlex
@@ -626,6 +627,44 @@ CASES: list[tuple[str, str]] = [
     (R + "--trace {d}/conv_value.json", "{d}/conv_value.json: a message's 'value' must be text (a string), got int 5"),
     ("traces show {d}/conv_lacks.json", "{d}/conv_lacks.json: record 2 lacks 'conversations' (the first has it; every "
                                         "record needs it"),
+    # vLLM's adapter slots and padded rank on an S-LoRA run (ran, and changed nothing: S-LoRA has no slots)
+    (R + "--policy slora --slots 4", "--slots: an option of the vLLM engine, but the run is on the S-LoRA engine "
+                                     "(preset 'slora' runs on S-LoRA), which does not read it (S-LoRA has no adapter "
+                                     "slots: its unified pool holds the adapters' weights with the KV cache); leave "
+                                     "--slots out, or give --system vllm (or a preset on vLLM, e.g. --policy vllm)"),
+    (R + "--policy chameleon --max-lora-rank 128", "--max-lora-rank: an option of the vLLM engine, but the run is on "
+                                                   "the S-LoRA engine (preset 'chameleon' runs on S-LoRA)"),
+    (R + "--system slora --max-lora-rank 64", "--max-lora-rank: an option of the vLLM engine, but the run is on the "
+                                              "S-LoRA engine (--system slora), which does not read it (S-LoRA pads no "
+                                              "adapter to a common rank: its kernels run each adapter at its own rank)"),
+    ("compare --policies slora,chameleon --rps 1 --duration 5 --slots 8",
+     "--slots: an option of the vLLM engine, but the run is on the S-LoRA engine (presets slora, chameleon all run on "
+     "S-LoRA)"),
+    # a KV cache larger than the whole GPU memory holds (ran with 100,000,000 tokens of KV on one H100)
+    (R + "--kv-tokens 100000000", "--kv-tokens 100000000: more than the 343264 tokens the whole 64 GB of profile "
+                                  "llama-3.1-8b_h100_vllm085's GPU (H100-64GB) can hold (after llama-3.1-8b's weights "
+                                  "and 16 adapter slots of rank 32, for vLLM's KV cache, even at "
+                                  "--gpu-memory-utilization 1.0); the cache could not be allocated: give --kv-tokens "
+                                  "343264 or less, or --gpu-mem-gb for a GPU with more memory, fewer --slots or a "
+                                  "lower --max-lora-rank"),
+    (R + "--kv-tokens 500000 --gpu-mem-gb 80", "--kv-tokens 500000: more than the 465328 tokens the whole 80 GB of "
+                                               "GPU memory (--gpu-mem-gb) can hold"),
+    (R + "--kv-tokens 300000 --gpu-mem-gb 10", "--gpu-mem-gb 10: 10 GB cannot hold llama-3.1-8b's weights"),
+    (R + "--policy slora --max-total-tokens 400000", "--max-total-tokens 400000: more than the 365744 tokens the "
+                                                     "whole 64 GB of profile llama-3.1-8b_h100_vllm085's GPU "
+                                                     "(H100-64GB) can hold (after llama-3.1-8b's weights, for S-LoRA's "
+                                                     "unified pool, even at --gpu-memory-utilization 1.0); the pool "
+                                                     "could not be allocated: give --max-total-tokens 365744 or less"),
+    (R + "--policy slora --kv-tokens 400000", "--kv-tokens 400000: more than the 365744 tokens"),
+    # SLOs no request could miss (--ttft-slo 1e308 ran and reported an attainment of 1)
+    (R + "--ttft-slo 1e308", "--ttft-slo 1e+308: beyond the 1e+08 s (about 3 years) a run may simulate, so every "
+                             "request would meet it; give a TTFT SLO in seconds, e.g. --ttft-slo 2"),
+    (R + "--tbt-slo 1e9", "--tbt-slo 1e+09: beyond the 1e+08 s (about 3 years) a run may simulate"),
+    (R + "--ttft-slo inf", "--ttft-slo inf: must be a finite number; give a TTFT SLO in seconds"),
+    (R + "--tbt-slo nan", "--tbt-slo nan: must be a finite number"),
+    (R + "--ttft-slo 100 --horizon 60", "--ttft-slo 100: beyond --horizon 60: no latency of the run can exceed the "
+                                        "simulated time, so every request that finishes would meet it; give a TTFT SLO "
+                                        "in seconds, e.g. --ttft-slo 2 (at most the horizon), or raise --horizon"),
 ]
 
 
@@ -640,11 +679,12 @@ def test_options_that_apply_are_accepted():
     for line in ("run --policy chameleon --slora-max-wait-tokens 3 --no-slora-prefetch",
                  "run --system slora --slora-max-total-len 4096 --ranks 4096",
                  "run --max-num-seqs 64 --cpu-slots 64 --ranks 512",
-                 "run --policy chameleon --slots 8 --max-lora-rank 128"):  # (--slots, --max-lora-rank: see SYSTEM_OPTIONS)
+                 "run --policy vllm --slots 8 --max-lora-rank 128",
+                 "run --ttft-slo 60 --tbt-slo 60 --horizon 60"):  # (an SLO at the horizon: the largest accepted)
         resolve_run(make_parser().parse_args(shlex.split(line)))
     run = RunConfig(trace="synthetic", duration=5.0)
     check_given(run, CompareConfig(policies=["vllm", "chameleon"], rps=[1.0], accuracy=0.5, slo=5.0),
-                {"accuracy", "slo", "slora_max_wait_tokens", "max_num_seqs"})
+                {"accuracy", "slo", "slora_max_wait_tokens", "max_num_seqs", "slots", "max_lora_rank"})
     check_given(run, CompareConfig(policies=["vllm"], rps=[1.0], slo_x=3.0, unloaded_rps=0.1), {"slo_x", "unloaded_rps"})
     assert len(get_workload("fastlibra-translation", duration=20.0, cv=3.0)) > 0
     assert len(get_workload("synthetic", duration=20.0, arrival="onoff", on_s=5.0, off_frac=0.5)) > 0
@@ -748,6 +788,42 @@ def test_unwritable_out_is_refused_before_any_work(files, line):
     rc, out, err = run_cli(shlex.split(line.format(d=files)))
     assert rc == 2 and "--out /proc/x" in err and "give a path you can write to" in err, err
     assert out == "" and "Traceback" not in err
+
+
+def test_compare_gives_slots_to_its_vllm_presets_only():
+    """``twin compare --policies vllm,slora --slots 8``: the vLLM preset runs with the slots (and
+    ``--max-lora-rank``), the S-LoRA preset without them (it has none), so neither is refused."""
+    from twin.scenario import for_preset
+
+    run = RunConfig(trace="synthetic", duration=5.0, slots=8, max_lora_rank=64)
+    assert (for_preset(run, "vllm").slots, for_preset(run, "vllm").max_lora_rank) == (8, 64)
+    assert (for_preset(run, "slora").slots, for_preset(run, "slora").max_lora_rank) == (None, None)
+
+
+def test_kv_tokens_up_to_what_the_memory_holds_are_accepted():
+    """The largest ``--kv-tokens`` accepted is what the whole GPU memory holds after the weights (and vLLM's
+    slot buffers) at utilization 1.0 with no runtime reserve (the profile's GPU, ``H100-64GB``, or
+    ``--gpu-mem-gb``): more than the profile's own capacity at vLLM's default 0.9 is accepted (a server run
+    at a higher ``--gpu-memory-utilization``); one token beyond the bound is refused."""
+    from twin.perf.profile import load_profile
+    from twin.scenario import build_engine_config, build_workload, profile_gpu_mem_gb
+    from twin.tensor_parallel import kv_tokens_for_memory
+
+    prof = load_profile(None)
+    assert profile_gpu_mem_gb(prof) == 64.0
+    run = RunConfig(trace="synthetic", duration=5.0)
+    w = build_workload(run)
+    slots = run.adapter_slots(int(w.df["adapter_id"].max()) + 1)
+    rank = int(w.df["adapter_rank"].max())
+    whole = dict(utilization=1.0, runtime_overhead_gb=0.0)
+    for extra, most in (({}, kv_tokens_for_memory(prof, 64.0, slots, rank, **whole)),
+                        ({"gpu_mem_gb": 80.0}, kv_tokens_for_memory(prof, 80.0, slots, rank, **whole)),
+                        ({"policy": "slora"}, kv_tokens_for_memory(prof, 64.0, 0, 0, **whole))):
+        assert most > prof.kv_capacity_tokens(slots, rank)
+        ok = dataclasses.replace(run, kv_tokens=most, **extra)
+        assert build_engine_config(ok, w, prof).kv_capacity_tokens == most
+        with pytest.raises(ConfigError, match=f"--kv-tokens {most + 1}: more than the {most} tokens"):
+            build_engine_config(dataclasses.replace(ok, kv_tokens=most + 1), w, prof)
 
 
 def test_tp_hint_only_for_memory_problems():

@@ -112,6 +112,32 @@ def test_run_rank_tile_cost_bad_input_refused(capsys, argv, what):
     assert what in err and "Traceback" not in err
 
 
+def test_run_whose_scheduler_admits_nothing_says_so(monkeypatch, capsys):
+    """``twin run`` with a scheduler that never admits a request: a ``twin run: warning:`` line naming the
+    scheduler and a ``note`` row in the summary, not a Python warning."""
+    import twin.cli
+    from twin.interfaces import Scheduler
+    from twin.registry import make_cache
+
+    class NeverAdmit(Scheduler):
+        name = "never-admit"
+
+        def on_preempt(self, rid):
+            pass
+
+        def schedule_waiting(self, ctx):
+            return None
+
+    real = twin.cli.simulate
+    monkeypatch.setattr(twin.cli, "simulate", lambda *a, **k: real(*a, **{**k, "scheduler_obj": NeverAdmit(),
+                                                                          "cache_obj": make_cache("lru")}))
+    assert main(["run", "--no-progress", "--duration", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert "twin run: warning: no request was admitted: scheduler 'never-admit'" in err, err
+    assert "NothingAdmittedWarning" not in err and "Traceback" not in err
+    assert "note" in out and "no request was admitted" in out
+
+
 def test_unknown_policy_lists_available(capsys):
     assert main(["run", "--policy", "no-such-policy", "--duration", "10"]) == 2
     err = capsys.readouterr().err

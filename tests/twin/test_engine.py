@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tests.helpers import constant_profile, random_workload
 from traces.workload import Workload
 from twin.config import ConfigError, EngineConfig
+from twin.interfaces import Scheduler
 from twin.requests import StartupError
 from twin.simulate import simulate
 
@@ -685,7 +686,9 @@ def test_simulate_refuses_bad_run_arguments_before_the_run():
     cfg = EngineConfig(kv_capacity_tokens=4000, max_model_len=2048)
     for kw, fragment in ((dict(horizon_s=-1.0), "horizon_s -1.0"), (dict(horizon_s=float("nan")), "horizon_s nan"),
                          (dict(horizon_s="5"), "horizon_s '5'"), (dict(max_run_steps=-3), "max_run_steps -3"),
-                         (dict(ttft_slo_s=-1), "ttft_slo_s -1"), (dict(tbt_slo_s="x"), "tbt_slo_s 'x'")):
+                         (dict(ttft_slo_s=-1), "ttft_slo_s -1"), (dict(tbt_slo_s="x"), "tbt_slo_s 'x'"),
+                         (dict(ttft_slo_s=1e308), r"ttft_slo_s 1e\+308: beyond the 1e\+08 s \(about 3 years\)"),
+                         (dict(tbt_slo_s=float("nan")), "tbt_slo_s nan")):
         with pytest.raises(ValueError, match=fragment):
             simulate(w, constant_profile(), cfg, **kw)
     with pytest.raises(TypeError, match="not a twin.config.EngineConfig"):
@@ -712,3 +715,40 @@ def test_engine_config_refuses_values_of_the_wrong_type_naming_the_field():
                          (dict(slora_poll_s=0.0), "slora_poll_s must be > 0")):
         with pytest.raises(ConfigError, match=fragment):
             EngineConfig(**kw).validate()
+
+
+class _NeverAdmit(Scheduler):
+    """A user scheduler that never offers a request to ``ctx.try_admit``."""
+
+    name = "never-admit"
+
+    def on_preempt(self, rid: int) -> None:
+        pass
+
+    def schedule_waiting(self, ctx):
+        return None
+
+
+def test_a_scheduler_that_admits_nothing_is_named_in_a_note_and_a_warning():
+    """A run whose scheduler admits no request ends with every request unfinished: the summary says so in
+    its ``note`` (naming the scheduler) and a NothingAdmittedWarning is issued; a run cut by its horizon after
+    admissions, which also finishes none, gets neither."""
+    import warnings
+
+    from twin.registry import make_cache
+    from twin.simulate import NothingAdmittedWarning
+
+    w = Workload.from_arrays([0.0, 0.5, 1.0], [10, 20, 30], [5, 5, 5])
+    cfg = EngineConfig(kv_capacity_tokens=4000, max_model_len=2048)
+    with pytest.warns(NothingAdmittedWarning, match=r"no request was admitted: scheduler 'never-admit' \(.*_NeverAdmit\) "
+                                                    r"admitted none of the 3 request\(s\) that arrived and waited, so the "
+                                                    r"run finished none \(all 3 unfinished\); check its schedule_waiting"):
+        res = simulate(w, constant_profile(), cfg, scheduler_obj=_NeverAdmit(), cache_obj=make_cache("lru"))
+    s = res.summary
+    assert (s["requests_arrived"], s["requests_finished"], s["requests_unfinished"]) == (3, 0, 3)
+    assert s["note"].startswith("no request was admitted: scheduler 'never-admit'")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NothingAdmittedWarning)
+        cut = simulate(w, constant_profile(c0=1.0), cfg, horizon_s=0.9).summary  # (admitted, not finished)
+        assert cut["requests_finished"] == 0 and "note" not in cut
+        assert "note" not in simulate(w, constant_profile(), cfg).summary

@@ -58,7 +58,7 @@ def _same_run(a: Path, b: Path) -> None:
     ["--duration", "30", "--rps", "3", "--ranks", "8,16", "--adapters", "20", "--popularity", "zipf:1.2",
      "--slots", "4", "--max-model-len", "16384", "--ttft-slo", "1", "--tbt-slo", "0.1", "--horizon", "60"],
     ["--trace", "chameleon", "--policy", "chameleon", "--duration", "20", "--seed", "3", "--gpu-mem-gb", "80",
-     "--trace-opt", "length_scale=0.3", "--max-lora-rank", "128"],
+     "--trace-opt", "length_scale=0.3"],  # (no --max-lora-rank: a vLLM option, refused on S-LoRA)
 ], ids=["vllm-synthetic", "chameleon"])
 def test_summary_json_replays_the_run_bit_for_bit(tmp_path, argv):
     first, second, third = tmp_path / "a", tmp_path / "b", tmp_path / "c"

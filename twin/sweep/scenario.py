@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from twin.interfaces import explain_policy_failure
 from twin.registry import make_cache, make_scheduler, resolve_policy
 from twin.validation import (  # noqa: F401  (re-exported for the sweep and the configurator)
     CLIENT_MAX_INFLIGHT,
@@ -273,7 +274,10 @@ def run_config(scenario: dict[str, Any], served: int, slots: int, max_rank: int,
 
     With ``early_stop``, the run stops as soon as the upper bound on its throughput falls below
     ``ratio`` x offered (``early_stop`` True in the row; ``total_tok_s`` is then NaN and
-    ``tok_s_upper`` holds the bound at the stop)."""
+    ``tok_s_upper`` holds the bound at the stop). An exception raised in a hook of the policy's scheduler or
+    cache (a plug-in preset's) is raised as a :class:`twin.interfaces.PolicyError` naming the policy, the hook and
+    the original error (chained), as :func:`twin.simulate.simulate` does; the walk records it in the row's
+    ``error``."""
 
     prof = get_profile(profile)
     if scenario.get("serving_us"):  # the serving path's host time (GridSpec.serving_us)
@@ -304,43 +308,50 @@ def run_config(scenario: dict[str, Any], served: int, slots: int, max_rank: int,
     offered_tok = float(tokens[in_window].sum())
     row["requests"] = int(in_window.sum())
     row["offered_tok_s"] = offered_tok / window_s
-    eng = Engine(wl, prof, cfg, sched, cache, horizon_s=window_s, record_steps=False)
-    stopped = False
-    if early_stop:
-        r_max = max_token_rate(prof, cfg)
-        step = chunk_s or max(window_s / 40.0, 1.0)
-        target = ratio * offered_tok
-        t = step
-        dropped = getattr(sched, "dropped", None)
-        while t < window_s:
-            eng.env.run(until=t)
-            if not eng.proc.is_alive:
-                break
-            unf = np.frombuffer(dropped, np.uint8).astype(bool) if dropped is not None and len(dropped) else None
-            ub = throughput_upper_bound(eng, window_s, r_max, tokens, unf)
-            if ub < target:
-                stopped = True
-                row.update(early_stop=True, early_stop_t=float(eng.env.now), tok_s_upper=ub / window_s,
-                           total_tok_s=math.nan, throughput_ratio=math.nan, starving=True,
-                           tok_s_at_stop=float(tokens[eng.state == _finished_code()].sum()) / window_s)
-                break
-            t += step
-    if not stopped:
-        if eng.proc.is_alive:
-            eng.env.run(until=eng.proc)
-        eng.finalize()
-        s = summarize(eng, time.perf_counter() - t0, ttft_slo_s, tbt_slo_s)
-        row.update(total_tok_s=s["total_tok_s"], input_tok_s=s["input_tok_s"], output_tok_s=s["output_tok_s"],
-                   throughput_rps=s["throughput_rps"], requests_finished=s["requests_finished"],
-                   requests_unfinished=s["requests_unfinished"], requests_rejected=s["requests_rejected"],
-                   ttft_ms_mean=s["ttft_ms_mean"], ttft_ms_p50=s["ttft_ms_p50"], ttft_ms_p99=s["ttft_ms_p99"],
-                   itl_ms_mean=s["itl_ms_mean"], itl_ms_p99=s["itl_ms_p99"], tpot_ms_mean=s["tpot_ms_mean"],
-                   ttft_ms_incl_unfinished=s["ttft_ms_incl_unfinished"],
-                   slo_attainment=s.get("slo_attainment", math.nan),
-                   adapter_loads=s["adapter_loads"], preemptions=s["preemptions"], engine_steps=s["engine_steps"])
-        row["client_failed"] = int(getattr(sched, "n_dropped", 0))
-        row["throughput_ratio"] = row["total_tok_s"] / row["offered_tok_s"] if row["offered_tok_s"] > 0 else math.nan
-        row["starving"] = bool(row["throughput_ratio"] < ratio) if row["offered_tok_s"] > 0 else False
+    try:  # a policy hook that raises (a plug-in preset's): named with its policy and hook, as in twin run
+        eng = Engine(wl, prof, cfg, sched, cache, horizon_s=window_s, record_steps=False)
+        stopped = False
+        if early_stop:
+            r_max = max_token_rate(prof, cfg)
+            step = chunk_s or max(window_s / 40.0, 1.0)
+            target = ratio * offered_tok
+            t = step
+            dropped = getattr(sched, "dropped", None)
+            while t < window_s:
+                eng.env.run(until=t)
+                if not eng.proc.is_alive:
+                    break
+                unf = np.frombuffer(dropped, np.uint8).astype(bool) if dropped is not None and len(dropped) else None
+                ub = throughput_upper_bound(eng, window_s, r_max, tokens, unf)
+                if ub < target:
+                    stopped = True
+                    row.update(early_stop=True, early_stop_t=float(eng.env.now), tok_s_upper=ub / window_s,
+                               total_tok_s=math.nan, throughput_ratio=math.nan, starving=True,
+                               tok_s_at_stop=float(tokens[eng.state == _finished_code()].sum()) / window_s)
+                    break
+                t += step
+        if not stopped:
+            if eng.proc.is_alive:
+                eng.env.run(until=eng.proc)
+            eng.finalize()
+            s = summarize(eng, time.perf_counter() - t0, ttft_slo_s, tbt_slo_s)
+            row.update(total_tok_s=s["total_tok_s"], input_tok_s=s["input_tok_s"], output_tok_s=s["output_tok_s"],
+                       throughput_rps=s["throughput_rps"], requests_finished=s["requests_finished"],
+                       requests_unfinished=s["requests_unfinished"], requests_rejected=s["requests_rejected"],
+                       ttft_ms_mean=s["ttft_ms_mean"], ttft_ms_p50=s["ttft_ms_p50"], ttft_ms_p99=s["ttft_ms_p99"],
+                       itl_ms_mean=s["itl_ms_mean"], itl_ms_p99=s["itl_ms_p99"], tpot_ms_mean=s["tpot_ms_mean"],
+                       ttft_ms_incl_unfinished=s["ttft_ms_incl_unfinished"],
+                       slo_attainment=s.get("slo_attainment", math.nan),
+                       adapter_loads=s["adapter_loads"], preemptions=s["preemptions"], engine_steps=s["engine_steps"])
+            row["client_failed"] = int(getattr(sched, "n_dropped", 0))
+            row["throughput_ratio"] = (row["total_tok_s"] / row["offered_tok_s"] if row["offered_tok_s"] > 0
+                                       else math.nan)
+            row["starving"] = bool(row["throughput_ratio"] < ratio) if row["offered_tok_s"] > 0 else False
+    except Exception as e:
+        err = explain_policy_failure(e, (sched, cache))
+        if err is None:
+            raise
+        raise err from e
     row["wall_s"] = time.perf_counter() - t0
     row["cpu_s"] = time.process_time() - c0  # CPU time of this process (wall_s also counts waiting for a core)
     return row
