@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import json
 import os
 from dataclasses import dataclass, field
@@ -616,7 +617,12 @@ def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike
         table = LOADERS[fmt](path, **loader_kwargs)
     except TypeError as e:
         if "keyword argument" in str(e):  # (an option the format's loader does not take)
-            raise OptionError(f"option(s) {sorted(loader_kwargs)} do not apply to {fmt} traces: {e}") from e
+            reads = sorted(k for k in inspect.signature(LOADERS[fmt]).parameters if k in _LOADER_KWARGS)
+            unread = sorted(k for k in loader_kwargs if k not in reads) or sorted(loader_kwargs)
+            raise OptionError(f"option(s) {unread} do not apply to {fmt} traces, whose loader reads "
+                              f"{', '.join(reads) if reads else 'none of the real-trace options'} ("
+                              f"{', '.join(sorted(_LOADER_KWARGS))} apply to other formats); leave "
+                              f"{'it' if len(unread) == 1 else 'them'} out") from e
         raise WorkloadError(f"{path}: cannot read it as a {fmt} trace (a value of the wrong type: {e})") from None
     except (FileNotFoundError, OptionError):
         raise

@@ -411,6 +411,49 @@ def test_a_model_file_of_an_unknown_kind_is_refused(tmp_path, capsys):
     assert "m.json: damaged configurator model (kind 'nosuch', expected one of rf, cart, hstree, figs, rulefit)" in err
 
 
+@pytest.mark.parametrize("key, value, message", [
+    # an empty grid: numpy's "attempt to get argmin of an empty sequence"
+    ("grid", {"served": [], "slots": [16]}, "damaged configurator model (grid served [], expected a non-empty list of "
+                                           "whole numbers >= 1 (the served-adapter counts a prediction snaps to))"),
+    ("grid", {"served": [16], "slots": ["x"]}, "grid slots ['x'], expected a non-empty list of whole numbers >= 1"),
+    ("grid", [16, 32], "grid [16, 32], expected {\"served\": [...], \"slots\": [...]}"),
+    # values read without a check: an unknown combine ran as a mean, a text log_targets as true
+    ("combine", "median", "combine 'median', expected mean (a forest), sum (FIGS) or rule_ensemble (RuleFit)"),
+    ("log_targets", "yes", "log_targets 'yes', expected true or false"),
+])
+def test_a_hand_edited_model_file_is_refused_naming_the_key(tmp_path, capsys, key, value, message):
+    from twin.configurator.models import shipped_model_path
+
+    m = json.loads(shipped_model_path("llama-3.1-8b_h100_vllm085", "cart").read_text())
+    m[key] = value
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    for argv in (PREDICT + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32"], ["configure", "rules"]):
+        err = _error(argv + ["--model", str(tmp_path / "m.json")], capsys)
+        assert "m.json: damaged configurator model (" in err and message in err, err
+
+
+def test_a_model_file_without_a_grid_snaps_to_the_published_grid(tmp_path, capsys):
+    """A model trained without a grid (``grid: {}``, as ``train(..., grid=None)`` writes it, or the key left out)
+    snapped every recommendation to 16 adapters and 16 slots (the raw 154 / 32 shown beside it); it snaps to the
+    published grid, as ``predict --check`` does."""
+    from twin.configurator.models import shipped_model_path
+
+    m = json.loads(shipped_model_path("llama-3.1-8b_h100_vllm085", "cart").read_text())
+    argv = PREDICT + ["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--json", "--model"]
+    assert main(argv + [str(shipped_model_path("llama-3.1-8b_h100_vllm085", "cart"))]) == 0
+    shipped = json.loads(capsys.readouterr().out)
+    for grid in ({}, None):
+        if grid is None:
+            m.pop("grid")
+        else:
+            m["grid"] = grid
+        (tmp_path / "m.json").write_text(json.dumps(m))
+        assert main(argv + [str(tmp_path / "m.json")]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert (got["served_adapters"], got["adapter_slots"]) == (shipped["served_adapters"], shipped["adapter_slots"])
+        assert (got["served_adapters"], got["adapter_slots"]) != (16, 16)
+
+
 def test_a_table_row_with_a_cell_too_many_is_refused(tmp_path, capsys):
     """A trailing comma on the rows of a labels table: pandas read its first column as row labels and
     shifted every value one column left."""

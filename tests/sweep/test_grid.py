@@ -154,6 +154,21 @@ def test_grid_errors(tmp_path):
     # engine constants beyond what twin run takes (a units or typing error)
     ("[scenarios]\nserving_us = 1e300", r"grid \[scenarios\] serving_us 1e\+300: more than 1e\+06 .*serving_us = 18"),
     ("[scenarios]\nrank_tile_cost = 1000", r"grid \[scenarios\] rank_tile_cost 1000: more than 100 "),
+    # both forms of an axis: the generators were ignored silently
+    ("[scenarios]\nrates = [[0.4, 0.2]]\nrate_values = [0.1, 0.2, 0.3]", r"grid \[scenarios\] rates and rate_values: "
+                                                                      r"rates lists the tuples themselves, rate_values / "
+                                                                      r"rate_arity generate them, so rate_values would be "
+                                                                      r"ignored; give one of the two forms"),
+    ("[scenarios]\nranks = [[8]]\nmax_largest = 2", r"grid \[scenarios\] ranks and max_largest: .*so max_largest "
+                                                   r"would be ignored"),
+    # the model its rows are recorded under: unknown, or not the profile's (ran llama's profile as qwen's runs)
+    ('model = "nosuch"', r"grid model: unknown model 'nosuch'; known models: "),
+    ('model = "qwen-2.5-7b"', r"grid model 'qwen-2.5-7b': the grid's profile 'llama-3.1-8b_h100_vllm085' describes "
+                              r"llama-3.1-8b, so its runs would be recorded as qwen-2.5-7b's; give model = "
+                              r"\"llama-3.1-8b\""),
+    # a request count of 303 digits
+    ("window_s = 20\n[scenarios]\nrates = [[1e300]]\nranks = [[8]]\n[configs]\nserved = [8]\nslots = [8]",
+     r"grid: its busiest run expects ~1.6e\+302 requests \(8 adapters"),
     # a window that holds no request: every run was recorded empty, as keeping up
     ("window_s = 1e-300\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8]]\n[configs]\nserved = [8]\nslots = [8]",
      r"grid: its busiest run expects ~2.4e-300 requests .*so every run would hold no request; lengthen window_s"),

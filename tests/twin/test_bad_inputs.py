@@ -9,6 +9,7 @@ random files through ``twin.cli.main``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
 import json
@@ -171,6 +172,11 @@ FILES.update({  # real-run tables (twin validate, twin configure evaluate) with 
     "real_negrate.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,-0.4-0.1-0.05,16,16,32,ok,1,222,197\n",
     "real_split.csv": _real_with("adapters_per_rate", "1-1-14"),
     "real_status_empty.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,,1,222,197\n",
+    # the server's gauges the report's diagnostics read: text (a pandas TypeError traceback), a KV usage above 1;
+    # a row pasted twice (re-created and scored twice, as run_id#0 and #1)
+    "real_gauge.csv": _real_with("ts_mean_running", "x"),
+    "real_kvusage.csv": _real_with("ts_mean_kv_usage", "5"),
+    "real_duprow.csv": _REAL_HEADER + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197\n" * 2,
     "peer_text.csv": b"source,ranks,rates,served_adapters,adapter_slots,max_lora_rank,finished_requests,total_tok_s,"
                      b"itl_ms,ttft_ms_incl_unfinished\nml_test,8-16-32,0.4-0.1-0.05,16,16,32,lots,100,20,30\n",
 })
@@ -621,6 +627,13 @@ CASES: list[tuple[str, str]] = [
                                            "splits 16 served adapters over 3 rate classes (round-robin: 6-5-5)"),
     ("configure evaluate --real {d}/real_extracell.csv --no-search", "has 14 cells but the header names 13 columns"),
     ("validate --real {d}/real_status_empty.csv", "(statuses: (empty) 1)"),
+    ("validate --real {d}/real_gauge.csv", "{d}/real_gauge.csv: row 1 (line 2), column ts_mean_running: 'x' is not a "
+                                           "measurement (leave the cell empty when it was not recorded)"),
+    ("validate --real {d}/real_kvusage.csv", "column ts_mean_kv_usage: 5 is not a fraction of the KV cache (vLLM's "
+                                             "gpu_cache_usage_perc gauge runs from 0 to 1)"),
+    # a real-trace option the format's loader does not read (said "load_azure_llm() got an unexpected keyword")
+    (R + "--trace {d}/azure.csv --trace-opt days=2", "option(s) ['days'] do not apply to azure-llm traces, whose loader "
+                                                     "reads none of the real-trace options"),
     # a conversation dataset with malformed turns: these read as "option(s) [] do not apply to sharegpt traces"
     ("traces show {d}/conv_int.json", "{d}/conv_int.json: a conversation must be a list of messages (objects with "
                                       "'from' and 'value'), got int 5"),
@@ -1005,6 +1018,91 @@ def test_profile_with_nonsense_constants_is_refused(tmp_path, edit, fragment):
     assert "Traceback" not in err
 
 
+def _edit(path: str, value):
+    """An edit of a profile dict: ``value`` set at the dotted ``path`` (``...`` deletes the key)."""
+    def apply(d: dict) -> None:
+        *head, last = path.split(".")
+        for k in head:
+            d = d[k]
+        if value is ...:
+            del d[last]
+        else:
+            d[last] = value
+    return apply
+
+
+@pytest.mark.parametrize("path,value,fragment", [
+    # a constant of the wrong JSON type: `true` ran as 1 s per token; "0.00002" was read as the number; the others
+    # read as "float() argument must be a string or a real number, not 'list'" with no key named
+    ("components.backbone.params.c_tok", True, "components.backbone.params.c_tok is true (a JSON boolean), not a "
+                                               "number; every constant of a profile must be a finite number (written "
+                                               "without quotes)"),
+    ("components.backbone.params.c_tok", "0.00002", "components.backbone.params.c_tok is the text '0.00002', not a "
+                                                    "number"),
+    ("components.backbone.params.c_tok", [1], "components.backbone.params.c_tok is a JSON list, not a number"),
+    ("components.backbone.params.c_tok", None, "components.backbone.params.c_tok is null, not a number"),
+    ("components.load.params.table_s.disk.8", "x", "components.load.params.table_s.disk.8 is the text 'x'"),
+    # the shape: "'str' object has no attribute 'get'", "'list' object has no attribute 'items'", "known forms: []"
+    ("components.backbone", "graph_roofline", "components.backbone is the text 'graph_roofline'; give an object "
+                                              "{\"form\": ..., \"params\": {...}}"),
+    ("components", [1, 2], "components is a JSON list; give an object of components (backbone, lora, scheduler, load, "
+                           "kv, mixed)"),
+    ("components.bogus", {"form": "x", "params": {}}, "unknown component 'bogus'; a profile has backbone, lora, "
+                                                      "scheduler, load, kv (and optionally mixed)"),
+    ("components.backbone.params", [1], "components.backbone.params is a JSON list; give an object of the form's "
+                                        "constants by name"),
+    # a misspelt (optional) parameter ran at its default
+    ("components.lora.params.split64cost", 0.5, "components.lora.params: unknown parameter(s) ['split64cost'] of form "
+                                                "'kernel_grid', which reads ['graph_max_tokens', 'hidden'"),
+    # zero or negative divisors: a ZeroDivisionError traceback, SimPy's bare "Negative delay -0.33" mid-run, a KV
+    # cache of 0 tokens blamed on the weights with a --tp hint
+    ("components.kv.params.kv_bytes_per_token", 0, "components.kv.params.kv_bytes_per_token is 0; a KV token's bytes "
+                                                   "must be > 0 (refit it with `twin calibrate fit`)"),
+    ("components.kv.params.kv_bytes_per_token", -1, "kv_bytes_per_token is -1; a KV token's bytes must be > 0"),
+    ("components.load.params.cpu_gbps", 0, "components.load.params.cpu_gbps is 0; the CPU -> GPU bandwidth (GB/s) "
+                                           "must be > 0"),
+    ("components.load.params.disk_fixed_s", -1, "disk_fixed_s is -1; a load's fixed time from disk (s) must be >= 0"),
+    ("components.load.params.table_s.disk.8", -1, "components.load.params.table_s.disk.8 is -1; a load time must "
+                                                  "be >= 0 s"),
+    ("components.load.params.table_s.floppy", {"8": 0.1}, "components.load.params.table_s: unknown source 'floppy'"),
+    ("components.load.params.table_s.disk.eight", 0.1, "components.load.params.table_s.disk: key 'eight' is not a "
+                                                       "LoRA rank"),
+    ("components.lora.params.layers", 0, "components.lora.params.layers is 0; a dimension of the model must be a whole "
+                                         "number >= 1"),
+    ("components.lora.params.layers", 2.5, "components.lora.params.layers is 2.5"),
+    ("components.backbone.params.graph_max_tokens", -5, "graph_max_tokens is -5; a token count must be a whole number "
+                                                        ">= 0"),
+    # the model and the targets: 'missing key "unknown model ..."', "unknown LoRA target module 'q'" (a string
+    # iterated), an empty list ran adapters of 0 bytes
+    ("model", "nosuch-model", "is not a valid profile: model: unknown model 'nosuch-model'; known models: "),
+    ("model", 5, "model is a JSON int; give the profile's model as text (e.g. llama-3.1-8b)"),
+    ("lora_targets", "q_proj", "lora_targets is the text 'q_proj'; give a list of the modules the adapters adapt"),
+    ("lora_targets", [], "lora_targets is an empty list"),
+    ("lora_targets", ["nosuch_proj"], "lora_targets names unknown module 'nosuch_proj'; choose from q_proj"),
+])
+def test_hand_edited_profile_is_refused_naming_the_key(tmp_path, path, value, fragment):
+    from twin.perf.profile import load_profile
+
+    d = copy.deepcopy(load_profile("llama-3.1-8b_h100_vllm085").to_dict())  # (to_dict shares the cached tables)
+    _edit(path, value)(d)
+    p = tmp_path / "edited.json"
+    p.write_text(json.dumps(d))
+    rc, out, err = run_cli(["run", "--no-progress", "--duration", "5", "--ranks", "64", "--profile", str(p)])
+    assert rc == 2 and fragment in err and out == "", err
+    assert f"profile file {p} is not a valid profile: " in err and err.count(str(p)) == 1, err  # (named once)
+    assert "Traceback" not in err
+
+
+def test_every_shipped_profile_passes_the_profile_checks():
+    """The checks of a hand-edited profile accept every shipped one and its round trip (a model one GPU cannot
+    hold, free_bytes < 0, included: it is served with --tp)."""
+    from twin.perf.profile import Profile, available_profiles, load_profile
+
+    for name in available_profiles():
+        prof = load_profile(name)
+        Profile.from_dict(prof.to_dict(), name)
+
+
 def test_byte_order_marks_and_merge_keys_are_read(tmp_path):
     """A UTF-8 byte-order mark (some editors write one) before a JSON Lines workload or a TOML scenario
     was refused as a parse error; a YAML merge key may override its anchor's keys (no repeated key)."""
@@ -1017,3 +1115,13 @@ def test_byte_order_marks_and_merge_keys_are_read(tmp_path):
     assert rc == 0 and json.loads(out)["scenario"]["duration"] == 5, err
     rc, _, err = run_cli(["run", "--no-progress", "--config", str(tmp_path / "s.yaml")])
     assert rc == 2 and "unknown option(s) base, x" in err, err
+
+
+def test_a_real_row_pasted_twice_is_said_and_scored_per_row(files):
+    """A row of a real-run table repeated cell for cell is named in a warning (it is re-created and scored once
+    per row, as before: a table may repeat a run on purpose); the ids stay apart (``#0``, ``#1``)."""
+    from twin.validation.specs import DuplicateRunWarning, load_real
+
+    with pytest.warns(DuplicateRunWarning, match=r"row 2 \(line 3\) repeats row 1 \(line 2\) cell for cell"):
+        df = load_real(files / "real_duprow.csv")
+    assert len(df) == 2 and df["run_id"].is_unique

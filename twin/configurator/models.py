@@ -65,6 +65,7 @@ from twin.configurator.features import (describe_condition, design_matrix, featu
                                         training_columns)
 from twin.configurator.domain import feature_box
 from twin.configurator.labels import CALIBRATED_ENGINE, TARGETS, describe_engine
+from twin.sweep.grid import PUBLISHED_GRID
 from twin.sweep.runner import MissingExtra
 
 SCHEMA = "lora-twin-configurator/1"
@@ -488,6 +489,20 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
             raise bad("a rule without its conditions or prediction")
     if not m["trees"] and m.get("combine") != "rule_ensemble":
         raise bad("no trees")
+    if m.get("combine", "mean") not in ("mean", "sum", "rule_ensemble"):
+        raise bad(f"combine {m['combine']!r}, expected mean (a forest), sum (FIGS) or rule_ensemble (RuleFit)")
+    if not isinstance(m.get("log_targets", False), bool):
+        raise bad(f"log_targets {m['log_targets']!r}, expected true or false")
+    grid = m.get("grid")
+    if grid:  # the configurations a prediction snaps to (absent or {}: the published grid)
+        if not isinstance(grid, dict):
+            raise bad(f"grid {grid!r}, expected {{\"served\": [...], \"slots\": [...]}}")
+        for key in ("served", "slots"):
+            vals = grid.get(key)
+            if not (isinstance(vals, list) and vals and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                                             for v in vals)):
+                raise bad(f"grid {key} {vals!r}, expected a non-empty list of whole numbers >= 1 (the "
+                          f"{'served-adapter counts' if key == 'served' else 'slot counts'} a prediction snaps to)")
 
 
 # --------------------------------------------------------------------------- prediction
@@ -595,8 +610,9 @@ def _recommendation(model: dict[str, Any], raw: dict[str, float]) -> dict[str, A
     """The raw targets and served / slots snapped to the model's grid (slots <= served)."""
     res: dict[str, Any] = {"model": model.get("kind"), "profile": model["provenance"].get("profile"),
                            "rule": model["provenance"].get("rule")}
-    grid = model.get("grid") or {}
-    n, g = snap_config(raw["served_adapters"], raw["adapter_slots"], grid.get("served", [16]), grid.get("slots", [16]))
+    grid = model.get("grid") or {}  # (a model trained without one: the published grid, as `configure predict --check`)
+    n, g = snap_config(raw["served_adapters"], raw["adapter_slots"], grid.get("served") or list(PUBLISHED_GRID),
+                       grid.get("slots") or list(PUBLISHED_GRID))
     res.update(served_adapters=n, adapter_slots=g, throughput_tok_s=raw["throughput_tok_s"],
                served_adapters_raw=raw["served_adapters"], adapter_slots_raw=raw["adapter_slots"])
     return res

@@ -28,12 +28,15 @@ import copy
 import dataclasses
 import json
 import math
+import numbers
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-from twin.perf.forms import PerfModel, make_component
+import numpy as np
+
+from twin.perf.forms import FORMS, PerfModel, make_component
 from twin.perf.slora_forms import PagedLora
 from twin.model_spec import ALL_TARGETS, QKVO, ModelSpec, get_model
 
@@ -351,12 +354,19 @@ class Profile:
         if d.get("schema") != PROFILE_SCHEMA:
             raise ValueError(f"{origin}: not a LoRA Twin profile (schema {d.get('schema')!r}, "
                              f"expected {PROFILE_SCHEMA!r})")
+        _check_layout(d, origin)
         bad = _non_finite(d["components"], "components")
         if bad:
             raise ValueError(f"{origin}: {bad[0]} is {bad[1]}; every constant of a profile must be a finite number "
                              f"(refit it with `twin calibrate fit`)")
         comps = {k: make_component(k, v) for k, v in d["components"].items()}
-        prof = cls(name=d["name"], model=get_model(d["model"]), components=comps, gpu=d.get("gpu", ""),
+        _check_physical(d["components"], origin)
+        try:
+            model = get_model(d["model"])
+        except KeyError as e:
+            raise ValueError(f"{origin}: model: {e.args[0]}; give the name of the model the profile was fitted "
+                             f"on") from None
+        prof = cls(name=d["name"], model=model, components=comps, gpu=d.get("gpu", ""),
                    software=d.get("software", ""), lora_targets=tuple(d.get("lora_targets", ALL_TARGETS)), raw=d)
         prof._check_positive_steps(origin)
         return prof
@@ -392,6 +402,152 @@ def _non_finite(v: Any, where: str) -> tuple[str, str] | None:
         if hit:
             return hit
     return None
+
+
+#: parameters a component may carry besides its form's required ones (read with a default when absent)
+OPTIONAL_PARAMS: dict[str, tuple[str, ...]] = {
+    "backbone": ("tp_allreduce_alpha_s", "tp_link_gbps"),
+    "lora": ("rank_coef", "l_adapter_token", "n_tile_cost", "split64_cost"),
+    "load": ("table_s", "table_by_max_rank_s"),
+}
+#: load-time tables: source -> rank -> seconds (``table_by_max_rank_s``: source -> max rank -> rank -> seconds)
+_LOAD_TABLES = {"table_s": 2, "table_by_max_rank_s": 3}
+_FIX = "(refit it with `twin calibrate fit`)"
+#: parameters that are the model's dimensions (the kernel_grid LoRA form's block counts)
+_DIMENSIONS = ("layers", "hidden", "intermediate", "q_dim", "kv_dim", "vocab")
+
+
+def _describe(v: Any) -> str:
+    """A JSON value as the profile file writes it, for an error message."""
+    if isinstance(v, bool):
+        return f"{str(v).lower()} (a JSON boolean)"
+    if v is None:
+        return "null"
+    if isinstance(v, str):
+        return f"the text {v!r}"
+    return f"a JSON {'list' if isinstance(v, (list, tuple)) else 'object' if isinstance(v, dict) else type(v).__name__}"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_layout(d: dict[str, Any], origin: str) -> None:
+    """The profile's shape, as a hand edit can break it: ``name`` and ``model`` strings, ``lora_targets`` a
+    non-empty list of module names, ``components`` an object of known components, each with a ``form`` name
+    and a ``params`` object of numbers (the load tables: objects of numbers), no parameter its form does not
+    read. ``ValueError`` naming the key, the value and the fix (before: ``'str' object has no attribute
+    'get'``, ``float() argument must be ... not 'list'``, a ``true`` constant taken as 1, a misspelt
+    optional parameter silently at its default)."""
+    for key in ("name", "model"):
+        if key in d and not (isinstance(d[key], str) and d[key].strip()):
+            raise ValueError(f"{origin}: {key} is {_describe(d[key]) if not isinstance(d[key], str) else 'empty'}; "
+                             f"give the profile's {key} as text{' (e.g. llama-3.1-8b)' if key == 'model' else ''}")
+    if "lora_targets" in d:
+        t = d["lora_targets"]
+        if not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t):
+            what = "an empty list" if isinstance(t, list) and not t else _describe(t)
+            raise ValueError(f"{origin}: lora_targets is {what}; give a list of the modules the adapters adapt, "
+                             f"e.g. [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"] (of {', '.join(ALL_TARGETS)})")
+        bad = [x for x in t if x not in ALL_TARGETS]
+        if bad:
+            raise ValueError(f"{origin}: lora_targets names unknown module {bad[0]!r}; choose from "
+                             f"{', '.join(ALL_TARGETS)}")
+    comps = d.get("components")
+    if "components" not in d:
+        raise KeyError("components")
+    if not isinstance(comps, dict):
+        raise ValueError(f"{origin}: components is {_describe(comps)}; give an object of components "
+                         f"({', '.join(KINDS + OPTIONAL_KINDS)}), each {{\"form\": ..., \"params\": {{...}}}}")
+    known = KINDS + OPTIONAL_KINDS
+    for kind, spec in comps.items():
+        if kind not in known:
+            raise ValueError(f"{origin}: unknown component {kind!r}; a profile has {', '.join(KINDS)} (and "
+                             f"optionally {', '.join(OPTIONAL_KINDS)})")
+        if not isinstance(spec, dict):
+            raise ValueError(f"{origin}: components.{kind} is {_describe(spec)}; give an object "
+                             f"{{\"form\": ..., \"params\": {{...}}}}")
+        form = spec.get("form")
+        if not isinstance(form, str):
+            forms = sorted(f for k, f in FORMS if k == kind)
+            raise ValueError(f"{origin}: components.{kind}.form is {_describe(form) if 'form' in spec else 'missing'}; "
+                             f"give one of the forms {forms}")
+        params = spec.get("params", {})
+        if not isinstance(params, dict):
+            raise ValueError(f"{origin}: components.{kind}.params is {_describe(params)}; give an object of the "
+                             f"form's constants by name")
+        cls = FORMS.get((kind, form))
+        if cls is None:
+            continue  # (make_component names the unknown form and the known ones)
+        allowed = set(cls.param_names) | set(OPTIONAL_PARAMS.get(kind, ()))
+        extra = sorted(k for k in params if k not in allowed)
+        if extra:
+            raise ValueError(f"{origin}: components.{kind}.params: unknown parameter(s) {extra} of form {form!r}, "
+                             f"which reads {sorted(allowed)}; correct the name or remove it")
+        for key, v in params.items():
+            where = f"components.{kind}.params.{key}"
+            depth = _LOAD_TABLES.get(key, 0) if kind == "load" else 0
+            _check_numbers(v, where, depth, origin)
+
+
+def _check_numbers(v: Any, where: str, depth: int, origin: str) -> None:
+    """``v`` a number (``depth`` 0) or an object of such, ``depth`` levels deep (a load table)."""
+    if depth == 0:
+        if not _is_number(v):
+            raise ValueError(f"{origin}: {where} is {_describe(v)}, not a number; every constant of a profile must "
+                             f"be a finite number (written without quotes) {_FIX}")
+        return
+    if not isinstance(v, dict):
+        raise ValueError(f"{origin}: {where} is {_describe(v)}; give an object of load times in seconds, keyed as "
+                         f"the shipped profiles key them (table_s: source, then rank, e.g. {{\"cpu\": {{\"8\": 0.007}}}}; "
+                         f"table_by_max_rank_s: source, then max rank, then rank)")
+    for k, x in v.items():
+        _check_numbers(x, f"{where}.{k}", depth - 1, origin)
+
+
+def _check_physical(comps: dict[str, Any], origin: str) -> None:
+    """Constants whose sign the engine divides by or waits on: a KV token's bytes > 0,
+    the link bandwidths > 0, fixed and tabulated load times >= 0, the load tables keyed by source
+    (disk, cpu) and whole ranks. Before: a ZeroDivisionError traceback, SimPy's bare 'Negative delay', or a
+    KV cache of 0 tokens blamed on the weights (with a --tp hint)."""
+    rules = {"kv": (("kv_bytes_per_token", "a KV token's bytes", False),),  # (free_bytes < 0: a model one GPU
+             # cannot hold, as the shipped llama-2-13b A100-24GB profile, served with --tp)
+             "load": (("disk_gbps", "the disk -> CPU bandwidth (GB/s)", False),
+                      ("cpu_gbps", "the CPU -> GPU bandwidth (GB/s)", False),
+                      ("disk_fixed_s", "a load's fixed time from disk (s)", True),
+                      ("cpu_fixed_s", "a load's fixed time from the CPU (s)", True))}
+    for kind, checks in rules.items():
+        params = comps.get(kind, {}).get("params", {})
+        for key, what, zero_ok in checks:
+            if key in params and not (params[key] >= 0 if zero_ok else params[key] > 0):
+                raise ValueError(f"{origin}: components.{kind}.params.{key} is {params[key]!r}; {what} must be "
+                                 f"{'>= 0' if zero_ok else '> 0'} {_FIX}")
+    for kind, spec in comps.items():  # counts: the model's dimensions, the CUDA-graph capture size
+        for key, v in spec.get("params", {}).items():
+            low = 0 if key == "graph_max_tokens" else 1 if key in _DIMENSIONS else None
+            if low is not None and not (v >= low and float(v).is_integer()):
+                raise ValueError(f"{origin}: components.{kind}.params.{key} is {v!r}; "
+                                 f"{'a token count' if low == 0 else 'a dimension of the model'} must be a whole "
+                                 f"number >= {low} {_FIX}")
+    params = comps.get("load", {}).get("params", {})
+    for key, depth in _LOAD_TABLES.items():
+        if key not in params:
+            continue
+        for source, table in params[key].items():
+            if source not in ("disk", "cpu"):
+                raise ValueError(f"{origin}: components.load.params.{key}: unknown source {source!r}; the tables "
+                                 f"are by source 'disk' (disk -> CPU) and 'cpu' (CPU -> GPU)")
+            stack = [(f"components.load.params.{key}.{source}", table, depth - 1)]
+            while stack:
+                where, t, level = stack.pop()
+                for r, x in t.items():
+                    if not (str(r).isdigit() and int(r) >= 1):
+                        raise ValueError(f"{origin}: {where}: key {r!r} is not a LoRA rank; key the load times by "
+                                         f"rank, e.g. \"8\"")
+                    if level > 1:
+                        stack.append((f"{where}.{r}", x, level - 1))
+                    elif not x >= 0:  # (0: an instant load, as tests and what-if profiles write)
+                        raise ValueError(f"{origin}: {where}.{r} is {x!r}; a load time must be >= 0 s {_FIX}")
 
 
 def parse_lora_targets(targets: "Sequence[str] | str") -> tuple[str, ...]:
@@ -451,6 +607,7 @@ def _from_file(path: str, origin: str) -> Profile:
         return Profile.from_dict(d, origin)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         msg = f"missing key {e.args[0]!r}" if isinstance(e, KeyError) and e.args else str(e)
+        msg = msg[len(origin) + 2:] if msg.startswith(f"{origin}: ") else msg  # (the file is named once)
         raise ValueError(f"profile file {origin} is not a valid profile: {msg}") from None
 
 

@@ -49,6 +49,7 @@ from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points, resolve_system
 from twin.sweep.scenario import DEFAULT_POLICY, check_length_corr, check_lengths, get_profile, profile_hash
 from twin.config import SLORA_ONLY_FIELDS, EngineConfig
+from twin.model_spec import get_model
 from twin.scenario import check_host_term, rank_limit, read_mapping_file
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 
@@ -346,6 +347,14 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
                  seeds=_unique(_numbers(d.get("seeds", [0]), "seeds", int, lo_ok=True, example="seeds = [0, 1]"),
                                "seeds", "seeds = [0, 1]"),
                  model=_model(d.get("model", "")))
+    for given, generators in (("rates", ("rate_values", "rate_arity")), ("ranks", ("rank_values", "rank_arity",
+                                                                                    "max_largest"))):
+        both = [k for k in generators if k in sc]
+        if given in sc and both:  # (the generators were ignored silently)
+            raise ValueError(f"grid [scenarios] {given} and {', '.join(both)}: {given} lists the tuples themselves, "
+                             f"{' / '.join(generators[:2])} generate them, so {', '.join(both)} would be ignored; give "
+                             f"one of the two forms")
+    _check_model(g)
     if "rates" in sc:
         g.rates = _unique(_tuples(sc["rates"], "[scenarios] rates", float, "rates = [[0.4, 0.05, 0.00625]]"),
                           "[scenarios] rates", "rates = [[0.4, 0.05, 0.00625], [3.2, 1.6, 0.8]]")
@@ -477,6 +486,25 @@ def _model(v: Any) -> str:
     return v
 
 
+def _check_model(g: GridSpec) -> None:
+    """The grid's ``model`` (a label its run rows carry): a model the twin knows, and the one its profile
+    describes (a grid for another model recorded the profile's runs under that model's name)."""
+    if not g.model:
+        return
+    try:
+        model = get_model(g.model)
+    except KeyError as e:
+        raise ValueError(f"grid model: {e.args[0]}") from None
+    try:
+        prof = get_profile(g.profile)
+    except (KeyError, ValueError, OSError):
+        return  # (the profile's own error comes when the sweep loads it)
+    if prof.model.name != model.name:
+        raise ValueError(f"grid model {g.model!r}: the grid's profile {prof.name!r} describes {prof.model.name}, so "
+                         f"its runs would be recorded as {model.name}'s; give model = \"{prof.model.name}\" (or leave "
+                         f"it out), or a profile of {model.name} (`twin calibrate list`)")
+
+
 def _names(v: Any, where: str, example: str, none_ok: bool = False) -> list[Any]:
     """A non-empty list of distinct names (a single name is a list of one); with ``none_ok`` a
     null or empty name is the published policy, as :func:`check_policies` takes it."""
@@ -576,7 +604,8 @@ def _check_requests(g: GridSpec) -> None:
     mean_rate = max(sum(r) / len(r) for r in g.rates)
     n = mean_rate * max(g.served) * g.window_s
     if n > MAX_REQUESTS:
-        raise ValueError(f"grid: its busiest run expects ~{n:,.0f} requests ({max(g.served)} adapters at a mean "
+        count = f"{n:,.0f}" if n < 1e15 else f"{n:.3g}"  # (1e300 req/s printed 301 digits)
+        raise ValueError(f"grid: its busiest run expects ~{count} requests ({max(g.served)} adapters at a mean "
                          f"{mean_rate:g} req/s each over window_s = {g.window_s:g}), more than the twin's "
                          f"{MAX_REQUESTS:,}; lower the rates, the served adapters or window_s")
     if n < 1:  # every run would offer nothing and be recorded as a run that kept up

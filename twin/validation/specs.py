@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,12 +98,26 @@ def read_table(path: str | os.PathLike, what: str) -> pd.DataFrame:
     return df
 
 
+class DuplicateRunWarning(UserWarning):
+    """A table of real runs lists one row twice, cell for cell (:func:`load_real`)."""
+
+
 def load_real(path: str | os.PathLike) -> pd.DataFrame:
     df = read_table(path, "real-run table (--real)")
     missing = [c for c in (*RUN_KEYS, "status", "scenario", "run_dir", "offered_req_s", "pool_mean_input_tokens",
                            "pool_mean_output_tokens") if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: not a real-run validation table (missing columns {missing})")
+    dup = df.duplicated(keep="first").to_numpy()
+    if dup.any():  # (a pasted copy is re-created and scored twice, as run_id#0 and #1: said, not refused, since
+        # a table of real runs may repeat a run on purpose and the scoring keeps every row it is given)
+        i = int(np.argmax(dup))
+        same = (df.iloc[:i] == df.iloc[i]) | (df.iloc[:i].isna() & df.iloc[i].isna())  # (NaN == NaN as a repeat)
+        j = int(np.flatnonzero(same.all(axis=1).to_numpy())[0])
+        more = f" ({int(dup.sum())} such rows in all)" if dup.sum() > 1 else ""
+        warnings.warn(f"{path}: row {i + 1} (line {i + 2}) repeats row {j + 1} (line {j + 2}) cell for cell{more}: "
+                      f"the run is re-created and scored once per row; remove the copy if it was pasted by mistake",
+                      DuplicateRunWarning, stacklevel=2)
     for c in ("ranks", "rates"):
         df[c] = df[c].astype(str)
     check_real_rows(df, path)
@@ -128,6 +143,10 @@ _REAL_OK_COLUMNS = ("pool_mean_input_tokens", "pool_mean_output_tokens")
 _REAL_MEASURED_COLUMNS = ("benchmark_time_s", "total_tok_s", "request_throughput", "mean_itl_ms", "median_itl_ms",
                           "p99_itl_ms", "mean_tpot_ms", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
                           "ttft_ms_incl_unfinished")
+#: the server's gauges and token rates of a run with status ``ok`` that the report's diagnostics read (the
+#: step mix, the KV tokens per running request): >= 0 where recorded, ``ts_mean_kv_usage`` a fraction
+_REAL_GAUGE_COLUMNS = ("input_tok_s", "output_tok_s", "ts_mean_running", "ts_mean_waiting", "ts_max_waiting",
+                       "ts_mean_kv_usage", "ts_preemptions")
 
 
 def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
@@ -200,14 +219,15 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
     # numbers given as text (absent is NaN, and allowed): the window and the sent count of every
     # re-created run, the measured figures of the runs that served (``float('long')`` failed later,
     # with no row named)
-    for col in ("benchmark_time_s", "requests_sent", "max_num_seqs", "max_cpu_loras", *_REAL_MEASURED_COLUMNS):
+    measured = (*_REAL_MEASURED_COLUMNS, *_REAL_GAUGE_COLUMNS)
+    for col in ("benchmark_time_s", "requests_sent", "max_num_seqs", "max_cpu_loras", *measured):
         if col not in df.columns:
             continue
         x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
-        rows = ok if col in _REAL_MEASURED_COLUMNS and col != "benchmark_time_s" else used
+        rows = ok if col in measured and col != "benchmark_time_s" else used
         wrong = rows & np.isnan(x) & df[col].notna().to_numpy() & (df[col].astype(str).str.strip() != "").to_numpy()
         if wrong.any():
-            what = "a measurement" if col in _REAL_MEASURED_COLUMNS else "a number"
+            what = "a measurement" if col in measured else "a number"
             raise bad(int(np.argmax(wrong)), col, f"is not {what} (leave the cell empty when it was not recorded)")
     if "benchmark_time_s" in df.columns:  # the re-created window: simulated from 0 to it
         x = pd.to_numeric(df["benchmark_time_s"], errors="coerce").to_numpy(float)
@@ -255,7 +275,7 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
             wrong = ok & (~np.isfinite(x) | (x <= 0))
         if wrong.any():
             raise bad(int(np.argmax(wrong)), col, "is not a positive number (a run with status ok needs it)")
-    for col in _REAL_MEASURED_COLUMNS:  # measured figures: absent (NaN) is allowed, nonsense is not
+    for col in measured:  # measured figures: absent (NaN) is allowed, nonsense is not
         if col not in df.columns:
             continue
         x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
@@ -264,6 +284,12 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
         if wrong.any():
             raise bad(int(np.argmax(wrong)), col, "is not a measurement (negative, infinite, or a zero-length "
                                                   "benchmark)")
+        if col == "ts_mean_kv_usage":
+            with np.errstate(invalid="ignore"):
+                wrong = ok & (x > 1)
+            if wrong.any():
+                raise bad(int(np.argmax(wrong)), col, "is not a fraction of the KV cache (vLLM's gpu_cache_usage_perc "
+                                                      "gauge runs from 0 to 1)")
 
 
 def load_peer(path: str | os.PathLike) -> pd.DataFrame:
