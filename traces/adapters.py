@@ -39,11 +39,14 @@ most popular), then an adapter of that rank with distribution ``A``.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from scipy.special import ndtr
+
+from traces.arrivals import check_rng
 
 DEFAULT_RANKS: tuple[int, ...] = (8, 16, 32, 64, 128)
 DEFAULT_POWERLAW_ALPHA = 0.5
@@ -167,13 +170,25 @@ def position_probabilities(dist: Dist, m: int) -> np.ndarray:
     return p / p.sum()
 
 
+def _whole(v: Any) -> bool:
+    """An integer (numpy's too) or a whole float; not a bool or a string."""
+    return (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))) or (
+        isinstance(v, (float, np.floating)) and float(v).is_integer())
+
+
 def assign_ranks(n_adapters: int, ranks: Sequence[int] = DEFAULT_RANKS) -> np.ndarray:
     """Rank of each adapter id: ``ranks`` cycled round-robin (``N/len(ranks)`` each)."""
-    r = np.asarray(list(ranks), dtype=np.int64)
+    try:  # (a fraction, 8.5, would be truncated to 8 silently)
+        given = list(ranks)
+        whole = all(_whole(v) for v in given)
+    except TypeError:
+        given, whole = [ranks], False
+    r = np.asarray(given, dtype=np.int64) if whole else np.zeros(0, np.int64)
     if r.size == 0 or (r < 1).any():
-        raise PopularityError(f"ranks must be a non-empty list of positive integers, got {list(ranks)}")
-    if n_adapters < 0:
-        raise PopularityError(f"number of adapters must be >= 0, got {n_adapters}")
+        raise PopularityError(f"ranks must be a non-empty list of positive integers, e.g. [8, 16, 32], got {ranks!r}")
+    if not _whole(n_adapters) or n_adapters < 0:
+        raise PopularityError(f"number of adapters must be a whole number >= 0, got {n_adapters!r}")
+    n_adapters = int(n_adapters)
     return r[np.arange(n_adapters) % r.size]
 
 
@@ -186,6 +201,7 @@ def adapter_probabilities(popularity: str | Popularity, adapter_ranks: np.ndarra
     Uses ``rng`` for the popularity-to-id permutation.
     """
     pop = parse_popularity(popularity)
+    check_rng(rng)
     n = int(len(adapter_ranks))
     if n == 0:
         raise PopularityError("no adapters to assign requests to")
@@ -218,6 +234,11 @@ def assign_adapters(n_requests: int, n_adapters: int, rng: np.random.Generator,
     round-robin in arrival order, ``bursty`` burst by burst (:func:`bursty_adapters`); every
     other law draws i.i.d. from :func:`adapter_probabilities`.
     """
+    for what, v in (("n_requests", n_requests), ("n_adapters", n_adapters)):
+        if not _whole(v) or v < 0:
+            raise PopularityError(f"{what} must be a whole number >= 0, got {v!r}")
+    n_requests, n_adapters = int(n_requests), int(n_adapters)
+    check_rng(rng)
     if n_adapters == 0:
         return np.full(n_requests, -1, np.int64), np.zeros(n_requests, np.int64)
     rank_of = assign_ranks(n_adapters, ranks)
@@ -236,6 +257,11 @@ def bursty_adapters(n_requests: int, n_adapters: int, burst: int, rng: np.random
     """Adapter ids of the ``bursty:B`` law (module docstring): bursts of ``burst`` requests, each
     sending :data:`BURST_HOT_SHARE` of its requests to a hot set of
     ``max(1, round(n_adapters * BURST_HOT_FRACTION))`` adapters drawn afresh per burst."""
+    for what, v, low in (("n_requests", n_requests, 0), ("n_adapters", n_adapters, 1), ("burst", burst, 1)):
+        if not _whole(v) or v < low:
+            raise PopularityError(f"bursty adapters: {what} must be a whole number >= {low}, got {v!r}")
+    n_requests, n_adapters, burst = int(n_requests), int(n_adapters), int(burst)
+    check_rng(rng)
     hot_n = max(1, int(round(n_adapters * BURST_HOT_FRACTION)))
     ids = np.empty(n_requests, np.int64)
     for start in range(0, n_requests, burst):
@@ -268,6 +294,9 @@ def map_keys_to_adapters(keys: np.ndarray, n_adapters: int, ranks: Sequence[int]
 
 def top_k_share(adapter_ids: np.ndarray, k: int = 1) -> float:
     """Share of requests that go to the ``k`` most requested adapters (base-model requests excluded)."""
+    if not _whole(k) or k < 1:
+        raise PopularityError(f"top_k_share: k must be a whole number >= 1 (the k most requested adapters), got {k!r}")
+    k = int(k)
     ids = np.asarray(adapter_ids)
     ids = ids[ids >= 0]
     if ids.size == 0:

@@ -30,7 +30,8 @@ Every generator is vectorised numpy (no per-request Python loop) and takes an ex
 from __future__ import annotations
 
 import math
-from typing import Sequence
+import numbers
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -39,15 +40,51 @@ class ArrivalError(ValueError):
     """Invalid arrival-process parameters."""
 
 
+#: most arrivals one call may generate (expected count, or ``n``): 8 bytes each, so 2e9 is 16 GB;
+#: a rate x window beyond it is almost surely a unit mistake (ms for s, a total for a rate)
+MAX_ARRIVALS = 2_000_000_000
+
+
+def _real(v: Any) -> bool:
+    """A real number (numpy's too), not a bool or a string."""
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
+def check_rng(rng: Any, name: str = "rng") -> None:
+    """``TypeError`` unless ``rng`` is a ``numpy.random.Generator`` (a seed or the legacy
+    ``RandomState`` would fail deep inside numpy, or draw another stream)."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"{name}: got {type(rng).__name__}; give a numpy.random.Generator, e.g. "
+                        f"numpy.random.default_rng(0)")
+
+
+def check_count(v: Any, name: str, low: int = 0) -> int:
+    """``v`` as an int when it is a whole number >= ``low`` (numpy's too); else :class:`ArrivalError`
+    (a fraction would be truncated silently)."""
+    whole = (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))) or (
+        isinstance(v, float) and v.is_integer())
+    if not whole or v < low:
+        raise ArrivalError(f"{name} must be a whole number >= {low}, got {v!r}")
+    return int(v)
+
+
+def _check_expected(count: float, what: str, noun: str = "arrivals") -> None:
+    if count > MAX_ARRIVALS:
+        raise ArrivalError(f"{what} gives about {count:.3g} {noun}, beyond the {MAX_ARRIVALS:.0e} one call may "
+                           f"generate; check the units (req/s, seconds) or generate the trace in windows")
+
+
 def _check_window(rps: float, duration_s: float | None, n: int | None) -> None:
-    if not np.isfinite(rps) or rps <= 0:
+    if not (_real(rps) and np.isfinite(rps) and rps > 0):
         raise ArrivalError(f"arrival rate must be > 0 req/s, got {rps!r}")
     if (duration_s is None) == (n is None):
         raise ArrivalError("give exactly one of duration_s (a time window) or n (a request count)")
-    if duration_s is not None and not (np.isfinite(duration_s) and duration_s > 0):
+    if duration_s is not None and not (_real(duration_s) and np.isfinite(duration_s) and duration_s > 0):
         raise ArrivalError(f"duration_s must be > 0 seconds, got {duration_s!r}")
-    if n is not None and n < 0:
-        raise ArrivalError(f"request count n must be >= 0, got {n!r}")
+    if n is not None:
+        _check_expected(check_count(n, "request count n"), f"n={n!r}")
+    else:
+        _check_expected(rps * duration_s, f"rate {rps!r} req/s over duration_s={duration_s!r}")
 
 
 def poisson(rps: float, rng: np.random.Generator, duration_s: float | None = None,
@@ -58,6 +95,7 @@ def poisson(rps: float, rng: np.random.Generator, duration_s: float | None = Non
     With ``n``: exactly ``n`` arrivals, the cumulative sum of ``Exp(1/rps)`` gaps.
     """
     _check_window(rps, duration_s, n)
+    check_rng(rng)
     if n is not None:
         return np.cumsum(rng.exponential(1.0 / rps, size=int(n)))
     count = int(rng.poisson(rps * duration_s))
@@ -84,6 +122,12 @@ def _renewal(gap_sampler, mean_gap: float, rng: np.random.Generator, duration_s:
     return out[out < duration_s]
 
 
+#: the coefficients of variation a gamma renewal process takes: its gaps have shape ``1/cv**2``;
+#: beyond these the gaps underflow to 0 (cv large: the window is never filled, a hang) or the
+#: shape overflows (cv small: use a fixed spacing instead)
+MIN_CV, MAX_CV = 1e-3, 100.0
+
+
 def gamma_renewal(rps: float, cv: float, rng: np.random.Generator, duration_s: float | None = None,
                   n: int | None = None) -> np.ndarray:
     """Arrival times of a gamma renewal process: mean rate ``rps``, inter-arrival CV ``cv``.
@@ -92,8 +136,10 @@ def gamma_renewal(rps: float, cv: float, rng: np.random.Generator, duration_s: f
     CV ``cv``); ``cv = 1`` reduces to :func:`poisson`.
     """
     _check_window(rps, duration_s, n)
-    if not (np.isfinite(cv) and cv > 0):
-        raise ArrivalError(f"coefficient of variation cv must be > 0, got {cv!r}")
+    check_rng(rng)
+    if not (_real(cv) and MIN_CV <= cv <= MAX_CV):
+        raise ArrivalError(f"coefficient of variation cv must be in [{MIN_CV:g}, {MAX_CV:g}] (1: Poisson, > 1: "
+                           f"bursty), got {cv!r}")
     shape, scale = 1.0 / cv**2, cv**2 / rps
     return _renewal(lambda m: rng.gamma(shape, scale, size=m), 1.0 / rps, rng, duration_s, n)
 
@@ -108,9 +154,15 @@ def onoff(rps: float, rng: np.random.Generator, duration_s: float, on_s: float =
     stream at ``r_on``: points in off periods are kept with probability ``off_frac``).
     """
     _check_window(rps, duration_s, None)
-    if on_s <= 0 or off_s < 0 or not (0.0 <= off_frac <= 1.0):
-        raise ArrivalError(f"onoff needs on_s > 0, off_s >= 0 and 0 <= off_frac <= 1 "
-                           f"(got on_s={on_s}, off_s={off_s}, off_frac={off_frac})")
+    check_rng(rng)
+    if not (_real(on_s) and _real(off_s) and _real(off_frac) and 0 < on_s < math.inf and 0 <= off_s < math.inf
+            and 0.0 <= off_frac <= 1.0):
+        raise ArrivalError(f"onoff needs finite on_s > 0, off_s >= 0 and 0 <= off_frac <= 1 "
+                           f"(got on_s={on_s!r}, off_s={off_s!r}, off_frac={off_frac!r})")
+    _check_expected(2 * duration_s / (on_s + off_s), f"on/off periods of on_s={on_s!r} + off_s={off_s!r} s over "
+                                                     f"duration_s={duration_s!r}", "periods")
+    if off_frac == 0 and off_s > 0:
+        _check_expected(rps * duration_s * (on_s + off_s) / on_s, f"rate {rps!r} req/s in on periods")
     r_on = rps * (on_s + off_s) / (on_s + off_frac * off_s)
     # alternating period boundaries: on, off, on, off, ...
     n_cycles = int(duration_s / (on_s + off_s) * 1.5 + 10 * np.sqrt(duration_s / (on_s + off_s)) + 8)
@@ -138,15 +190,20 @@ def assign_rates_round_robin(rates: Sequence[float], n_adapters: int, rng: np.ra
     This is the published adapter twin's client (rates list cycled over the adapters, then a
     random permutation, independent of the adapters' ranks).
     """
-    rates = np.asarray(list(rates), dtype=float)
-    if rates.size == 0 or (rates <= 0).any() or not np.isfinite(rates).all():
-        raise ArrivalError(f"per-adapter rates must be a non-empty list of positive req/s, got {rates.tolist()}")
-    if n_adapters < 1:
-        raise ArrivalError(f"per-adapter rates need n_adapters >= 1, got {n_adapters}")
+    given = rates
+    try:
+        rates = np.asarray(list(rates), dtype=float)
+    except (TypeError, ValueError):
+        rates = np.zeros(0)
+    if isinstance(given, str) or rates.size == 0 or (rates <= 0).any() or not np.isfinite(rates).all():
+        raise ArrivalError(f"per-adapter rates must be a non-empty list of positive req/s, e.g. [0.1, 0.05], got "
+                           f"{given!r}")
+    n_adapters = check_count(n_adapters, "per-adapter rates: n_adapters", low=1)
     out = rates[np.arange(n_adapters) % rates.size]
     if shuffle:
         if rng is None:
             raise ArrivalError("shuffling the per-adapter rates needs a random generator")
+        check_rng(rng)
         out = rng.permutation(out)
     return out
 
@@ -162,7 +219,10 @@ def per_adapter_poisson(rates: Sequence[float], n_adapters: int, duration_s: flo
     arrivals take about 0.1 s.
     """
     _check_window(1.0, duration_s, None)
+    check_rng(rng)
     ar = assign_rates_round_robin(rates, n_adapters, rng, shuffle)
+    _check_expected(float(ar.sum()) * duration_s, f"per-adapter rates summing to {float(ar.sum()):g} req/s over "
+                                                   f"duration_s={duration_s!r}")
     counts = rng.poisson(ar * duration_s)
     ids = rng.permutation(np.repeat(np.arange(n_adapters, dtype=np.int64), counts))
     t = np.sort(rng.uniform(0.0, duration_s, size=ids.size))
@@ -176,9 +236,17 @@ def cumulative_intensity(profile: Sequence[float], bin_s: float, duration_s: flo
     repeats cyclically past its end. ``Lambda`` is in "operational seconds": a unit-rate
     process in operational time maps to rate ``profile(t)`` in real time.
     """
-    prof = np.asarray(profile, dtype=float)
-    if prof.size == 0 or (prof < 0).any() or bin_s <= 0:
-        raise ArrivalError("a rate profile needs >= 1 non-negative relative rates and bin_s > 0")
+    try:
+        prof = np.asarray(profile, dtype=float).ravel()
+    except (TypeError, ValueError):
+        prof = np.zeros(0)
+    if prof.size == 0 or not (np.isfinite(prof).all() and (prof >= 0).all()) or not (
+            _real(bin_s) and 0 < bin_s < math.inf):
+        raise ArrivalError(f"a rate profile needs >= 1 finite non-negative relative rates and bin_s > 0 (got "
+                           f"{prof.size} rate(s), bin_s={bin_s!r})")
+    if not (_real(duration_s) and 0 <= duration_s < math.inf):
+        raise ArrivalError(f"a rate profile's duration_s must be a finite number of seconds >= 0, got {duration_s!r}")
+    _check_expected(duration_s / bin_s, f"bins of bin_s={bin_s!r} s over duration_s={duration_s!r}", "bins")
     prof = np.maximum(prof, 1e-9)  # keep Lambda strictly increasing so it can be inverted
     nb = int(np.ceil(duration_s / bin_s)) + 1
     rel = prof[np.arange(nb) % prof.size]
@@ -210,8 +278,10 @@ def rescale_to_rps(times: np.ndarray, target_rps: float) -> tuple[np.ndarray, fl
     ``(scaled_times, factor)``.
     """
     t = np.asarray(times, dtype=float)
-    if not (np.isfinite(target_rps) and target_rps > 0):
+    if not (_real(target_rps) and np.isfinite(target_rps) and target_rps > 0):
         raise ArrivalError(f"target rate must be > 0 req/s, got {target_rps!r}")
+    if not np.isfinite(t).all():
+        raise ArrivalError(f"arrival times must be finite; {int((~np.isfinite(t)).sum())} are NaN or infinite")
     if t.size < 2:
         return t - (t[0] if t.size else 0.0), 1.0
     t = t - t.min()
@@ -250,9 +320,17 @@ def rate_profile(times: np.ndarray, bin_s: float, duration_s: float | None = Non
     The last bin is normalised by its actual width (a partial bin is not under-counted).
     """
     t = np.asarray(times, dtype=float)
+    if not (_real(bin_s) and 0 < bin_s < math.inf):
+        raise ArrivalError(f"rate profile: bin_s must be a finite number of seconds > 0, got {bin_s!r}")
+    if not np.isfinite(t).all():
+        raise ArrivalError(f"rate profile: arrival times must be finite; {int((~np.isfinite(t)).sum())} are NaN or "
+                           f"infinite")
     if t.size == 0:
         return np.zeros(0)
     span = float(duration_s if duration_s is not None else t.max())
+    if not math.isfinite(span):
+        raise ArrivalError(f"rate profile: duration_s must be finite, got {duration_s!r}")
+    _check_expected(span / bin_s, f"bins of bin_s={bin_s!r} s over {span:g} s", "bins")
     if span <= 0:
         raise ArrivalError("rate profile needs a positive time span")
     nb = max(int(np.ceil(span / bin_s)), 1)

@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import inspect
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,11 +39,13 @@ import numpy as np
 import pandas as pd
 
 from traces.adapters import assign_adapters, map_keys_to_adapters
+from traces.arguments import parse_bool
 from traces.arrivals import rescale_to_rps, time_window
 from traces.conversations import ConversationConfig, exclusive_group_cumsum, fill_turn_arrivals
 from traces.fetch import SOURCES, fetch_command
 from traces.lengths import LengthConfig, build_length_model, load_fitted, sample_lengths, scale_lengths
-from traces.loaders import LOADERS, TraceTable, detect_format
+from traces.loaders import CONVERSATION_FORMATS, LOADERS, UNTIMED_FORMATS, TraceTable, detect_format
+from traces.loaders.tokens import tokenizer_problem
 from traces.synth import (DEFAULT_RATES, ArrivalConfig, AdapterConfig, OPTIONS, SynthConfig, apply_options,
                           check_options_apply, generate_arrivals, synthesize, validate_config)
 from traces.workload import FILE_SUFFIXES, Workload, WorkloadError
@@ -275,6 +278,113 @@ def _trace_lengths_loader(data_dir: str | os.PathLike | None) -> Callable[[str],
             df = tab.df
         return df["prompt_tokens"].to_numpy(), df["output_tokens"].to_numpy()
     return load
+
+
+#: real-trace options that take a whole number -> the least one
+_REAL_WHOLE_NUMBERS = {"max_conversations": 1, "days": 1, "start_min": 0, "end_min": 1}
+#: real-trace options that take one of a few words -> those words
+_REAL_CHOICES = {"turns": ("all", "first"), "side": ("a", "b", "both"), "adapters_from": ("synthetic", "key")}
+
+
+def check_real_option_values(real: dict[str, Any]) -> dict[str, Any]:
+    """The real-trace options of ``real`` (:data:`REAL_OPTIONS`) with whole numbers as ``int``; an
+    :class:`OptionError` naming the option and what it takes for a value of the wrong type or out of
+    range (a text where a number belongs, ``max_conversations=0``, an unknown ``turns``, a tokenizer
+    that cannot be used here), before the trace is read."""
+    out: dict[str, Any] = {}
+    for key, v in real.items():
+        if key in _REAL_WHOLE_NUMBERS:
+            low = _REAL_WHOLE_NUMBERS[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) \
+                    or v < low:
+                raise OptionError(f"workload option {key}={v!r}: give a whole number >= {low} ({REAL_OPTIONS[key]})")
+            out[key] = int(v)
+        elif key == "window_start":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise OptionError(f"workload option window_start={v!r}: give a finite number of seconds >= 0 "
+                                  f"({REAL_OPTIONS[key]})")
+        elif key == "keep_failed":
+            try:
+                out[key] = parse_bool(v, key)
+            except ValueError as e:
+                raise OptionError(f"workload option {e} ({REAL_OPTIONS[key]})") from None
+        elif key in _REAL_CHOICES and v not in _REAL_CHOICES[key]:
+            raise OptionError(f"workload option {key}={v!r}: give {' or '.join(_REAL_CHOICES[key])} "
+                              f"({REAL_OPTIONS[key]})")
+        elif key == "tokenizer" and tokenizer_problem(v):
+            raise OptionError(f"workload option {tokenizer_problem(v)}")
+        elif key == "log_type" and not isinstance(v, str):
+            raise OptionError(f"workload option log_type={v!r}: give the text of a log type ({REAL_OPTIONS[key]})")
+    return out
+
+
+def check_arrival_options(fmt: str, given: dict[str, Any], source: str) -> None:
+    """Refuse the arrival options of ``given`` that a replayed trace of format ``fmt`` does not read:
+    ``window_start`` where no recorded time is windowed (a trace re-timed by ``arrival``, or a dataset
+    that records no time, :data:`UNTIMED_FORMATS`: its arrivals are drawn from 0 s); ``n_requests``
+    where no arrival is drawn to count (it counts the conversations a conversation dataset's drawn
+    starts begin; a trace of single requests keeps its own requests, re-timed or not)."""
+    drawn = given.get("arrival") is not None or fmt in UNTIMED_FORMATS
+    if given.get("window_start") is not None and drawn:
+        why = (f"{source} is re-timed by arrival={given['arrival']}" if given.get("arrival") is not None else
+               f"{source} is a {fmt} dataset, which records no time")
+        raise OptionError(f"workload option window_start={given['window_start']:g} has no effect: {why}, so its "
+                          f"arrivals are drawn from the arrival process (from 0 s, for --duration seconds) and no "
+                          f"recorded time is windowed; leave window_start out")
+    if given.get("n_requests") is not None and not (drawn and fmt in CONVERSATION_FORMATS):
+        what = (f"{source} is {'an' if fmt[:1] in 'aeiou' else 'a'} {fmt} trace of single requests, replayed with "
+                f"its own requests (re-timed or not)" if fmt not in CONVERSATION_FORMATS else
+                f"{source} is a {fmt} dataset replayed with its own (recorded) conversation starts")
+        raise OptionError(f"workload option n_requests={given['n_requests']} has no effect: {what}; n_requests sets "
+                          f"the request count of a synthetic preset, or the conversations of a conversation dataset "
+                          f"whose starts are drawn (arrival=poisson|gamma); keep fewer requests with --duration (and "
+                          f"window_start), or leave n_requests out")
+
+
+#: the workload options of synthetic conversations (:class:`traces.conversations.ConversationConfig`)
+CONVERSATION_OPTIONS = ("conversations", "mean_turns", "max_turns", "think_s", "tpot_s")
+#: those a replayed conversation dataset reads: they time its later turns (which carry no time of their own)
+TURN_TIMING_OPTIONS = ("think_s", "tpot_s")
+
+
+def _given_list(keys: list[str], given: dict[str, Any]) -> str:
+    def shown(v: Any) -> str:
+        return f"{v:g}" if isinstance(v, float) else str(v).lower() if isinstance(v, bool) else str(v)
+    return ", ".join(f"{k}={shown(given[k])}" for k in keys)
+
+
+def check_conversation_options(fmt: str, given: dict[str, Any], turns: str, source: str) -> None:
+    """Refuse the conversation options of ``given`` (the options the caller gave) that a replayed
+    trace of format ``fmt`` does not read: every one of them on a trace of single requests (not one of
+    :data:`CONVERSATION_FORMATS`); on a conversation dataset, which keeps its own conversations and
+    turns, all but the turn timing (``think_s``, ``tpot_s``), and those too with ``turns="first"`` (no
+    later turn). An :class:`OptionError` naming the options, the trace and the options that apply."""
+    keys = [k for k in CONVERSATION_OPTIONS if given.get(k) is not None]
+    if not keys:
+        return
+    them = "it" if len(keys) == 1 else "them"
+    opts = f"workload option{'s' if len(keys) > 1 else ''} {_given_list(keys, given)}"
+    effect = "has no effect" if len(keys) == 1 else "have no effect"
+    datasets = [s.name for s in BUILTINS.values() if s.fmt in CONVERSATION_FORMATS]
+    if fmt not in CONVERSATION_FORMATS:
+        article = "an" if fmt[:1] in "aeiou" else "a"
+        raise OptionError(f"{opts} {effect}: {source} is {article} {fmt} trace of single requests, not a conversation "
+                          f"dataset: it has no turns to count or time; think_s and tpot_s time the later turns of a "
+                          f"replayed conversation dataset (--trace {', '.join(datasets)}, or a "
+                          f"{'/'.join(CONVERSATION_FORMATS)} file) and conversations, mean_turns, max_turns shape "
+                          f"synthetic ones (e.g. --trace multiturn-synth); leave {them} out")
+    unread = [k for k in keys if k not in TURN_TIMING_OPTIONS]
+    if unread:
+        them = "it" if len(unread) == 1 else "them"
+        raise OptionError(f"workload option{'s' if len(unread) > 1 else ''} {_given_list(unread, given)} "
+                          f"{'has' if len(unread) == 1 else 'have'} no effect: {source} is a {fmt} conversation "
+                          f"dataset, replayed with its own conversations and turns (turns=first keeps the first turn "
+                          f"of each); conversations, mean_turns and max_turns shape synthetic conversations only (e.g. "
+                          f"--trace multiturn-synth), while think_s and tpot_s apply here (they time the later turns); "
+                          f"leave {them} out")
+    if turns == "first":
+        raise OptionError(f"{opts} {effect} with turns=first: {source} is then replayed with the first turn of each "
+                          f"conversation only, so no later turn is timed; give turns=all, or leave {them} out")
 
 
 def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -594,9 +704,12 @@ def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike
         w = synthesize(cfg, _trace_lengths_loader(data_dir))
         w.meta.update(record, kind="synthetic", name=spec.name, description=spec.description)
         return w
+    given.update(check_real_option_values(real_opts))
     fmt = spec.fmt if spec is not None else _file_format(path)
     if fmt == "workload":
         return _from_saved(path, given, synth_opts, real_opts, seed, record)
+    source = f"trace {spec.name!r}" if spec is not None else f"trace file {path}"
+    check_arrival_options(fmt, given, source)
     defaults = dict(spec.defaults) if spec is not None else {}
     if fmt in ("azure-functions-2019", "azure-functions-2021") and spec is None:
         defaults = dict(BUILTINS["azure-functions"].defaults)
@@ -606,8 +719,8 @@ def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike
     base = SynthConfig(seed=seed, arrivals=ArrivalConfig(rps=None), adapters=AdapterConfig(),
                        lengths=LengthConfig(dist="trace"), conversations=ConversationConfig())
     cfg = apply_options(base, {**synth_opts, "seed": seed})
-    check_options_apply(cfg, given_synth, f"trace {spec.name!r}" if spec is not None else f"trace file {path}",
-                        replay=True)
+    check_options_apply(cfg, given_synth, source, replay=True)
+    check_conversation_options(fmt, given_synth, str(real_opts.get("turns", "all")), source)
     loader_kwargs = {k: v for k, v in real_opts.items() if k in _LOADER_KWARGS}
     if fmt in ("azure-functions-2019", "azure-functions-2021"):
         loader_kwargs["n_functions"] = cfg.adapters.n_adapters

@@ -289,7 +289,7 @@ def check_options_apply(cfg: SynthConfig, given: dict[str, Any], source: str = "
             current = "trace" if replay and cfg.lengths.dist == "trace" else cfg.lengths.dist.partition(":")[0].strip()
         else:
             if replay:
-                continue  # a conversation dataset's turns follow the think-time model too
+                continue  # (checked against the trace's format: traces.registry.check_conversation_options)
             current = "true" if cfg.conversations.enabled else "false"
         if current in values:
             continue

@@ -337,7 +337,7 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
                             f"{', '.join(COLUMNS)}; rename a misspelt one, or drop the others first "
                             f"(df.drop(columns={unknown!r}))")
     df = df.copy()
-    for col, default in OPTIONAL_DEFAULTS.items():
+    for col, default in FILE_DEFAULTS.items():  # (adapter_id: -1, the base model, as in a file)
         if col not in df.columns:
             df[col] = default
     if "request_id" not in df.columns:

@@ -24,7 +24,7 @@ from twin.extensions import install_extensions
 from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_policy_objects, check_tick_interval,
                              policy_label)
 from twin.recorder import Recorder
-from twin.requests import FINISHED, PENDING, REJECTED, RequestTable, check_startup
+from twin.requests import FINISHED, PENDING, REJECTED, RequestTable, StartupError, check_startup
 from twin.tensor_parallel import tp_profile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -133,6 +133,9 @@ class EngineState:
         self.kv_tokens = cfg.kv_capacity_tokens or profile.kv_capacity_tokens(slots, self.max_lora_rank if slots else 0)
         self.block_size = cfg.block_size
         self.total_blocks = self.kv_tokens // self.block_size
+        if self.total_blocks < 1:  # (and a per-block-offset table of block_size entries would not fit either)
+            raise StartupError(f"block_size {self.block_size} exceeds the KV cache's {self.kv_tokens} tokens: not one "
+                               f"block fits; use vLLM's block sizes (8, 16, 32, 64, 128; default 16)")
         check_startup(self.kv_tokens, self.max_model_len, slots, self.max_lora_rank)
         self._apply_rejection_rules()
 

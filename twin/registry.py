@@ -20,6 +20,7 @@ cache into S-LoRA's unified pool.
 
 from __future__ import annotations
 
+import inspect
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -107,6 +108,19 @@ def register_preset(preset: Preset) -> Preset:
     if not isinstance(name, str) or not name or name_unusable(name):
         raise PolicyError(f"preset name {name!r}: give a non-empty name without spaces, commas or '=' "
                           f"(--policy NAME must be able to name it)")
+    for part in ("scheduler", "cache"):
+        v = getattr(preset, part)
+        if not isinstance(v, str) or not v:
+            raise PolicyError(f"preset {name!r}: {part} {v!r} is not a {part} name; give the name a "
+                              f"{'register_scheduler' if part == 'scheduler' else 'register_cache'} class holds, "
+                              f"e.g. {'fcfs' if part == 'scheduler' else 'lru'!r}")
+    for part in ("scheduler_opts", "cache_opts"):
+        v = getattr(preset, part)
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise PolicyError(f"preset {name!r}: {part} {v!r} is not a dict of keyword arguments (names to values)")
+    for part in ("description", "citation"):
+        if not isinstance(getattr(preset, part), str):
+            raise PolicyError(f"preset {name!r}: {part} {getattr(preset, part)!r} is not a string")
     if preset.system not in SYSTEMS:
         raise PolicyError(f"preset {name!r}: unknown serving system {preset.system!r}; choose one of "
                           f"{', '.join(SYSTEMS)}")
@@ -155,18 +169,40 @@ def _unknown(kind: str, name: str, known: dict) -> KeyError:
                     f"(`twin policies` lists them with descriptions)")
 
 
+def _construct(kind: str, name: str, cls: type, opts: dict[str, Any]) -> Any:
+    """``cls(**opts)``; an option its constructor does not take is a :class:`PolicyError` naming the
+    policy and the options it takes (not Python's bare ``__init__() got an unexpected keyword``)."""
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):  # pragma: no cover - a class without a readable signature
+        return cls(**opts)
+    params = sig.parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        takes = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unknown = [k for k in opts if k not in takes]
+        if unknown:
+            raise PolicyError(f"{kind} {name!r} takes no option(s) {', '.join(map(repr, unknown))}; its options: "
+                              f"{', '.join(takes) or 'none'}")
+    try:
+        return cls(**opts)
+    except TypeError as e:
+        if "unexpected keyword argument" not in str(e):
+            raise
+        raise PolicyError(f"{kind} {name!r}: {e}; check the option names of {cls.__qualname__}") from None
+
+
 def make_scheduler(name: str, **opts: Any) -> Scheduler:
     load_entry_points()
     if name not in SCHEDULERS:
         raise _unknown("scheduler", name, SCHEDULERS)
-    return SCHEDULERS[name](**opts)
+    return _construct("scheduler", name, SCHEDULERS[name], opts)
 
 
 def make_cache(name: str, **opts: Any) -> AdapterCachePolicy:
     load_entry_points()
     if name not in CACHES:
         raise _unknown("adapter-cache policy", name, CACHES)
-    return CACHES[name](**opts)
+    return _construct("adapter-cache policy", name, CACHES[name], opts)
 
 
 def resolve_policy(policy: str | None = None, scheduler: str | None = None,

@@ -16,12 +16,14 @@ holds everything about requests that does not depend on the step loop:
 
 from __future__ import annotations
 
+import os
 from array import array
 from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
+from traces.workload import COLUMNS, FILE_MINIMUM as COLUMN_MINIMUM, REQUIRED_FILE_COLUMNS as REQUIRED_COLUMNS, WorkloadError
 from twin.config import ConfigError
 
 
@@ -82,41 +84,78 @@ def _view(a: "array | memoryview", dtype: type) -> np.ndarray:
 
 
 def workload_columns(workload: Any) -> dict[str, np.ndarray]:
-    """Numpy columns of a :class:`~traces.workload.Workload` or of a mapping of columns."""
+    """Numpy columns of a :class:`~traces.workload.Workload` or of a mapping of columns (checked here
+    as :func:`traces.workload.validate` checks a table: the schema's columns only, one value per request,
+    integers where the schema has them, the bounds, one rank per adapter, distinct ids)."""
     if hasattr(workload, "df"):
         df = workload.df
         return {c: df[c].to_numpy() for c in WORKLOAD_COLUMNS}
-    if not hasattr(workload, "keys") or "arrival_s" not in workload:
+    if isinstance(workload, (str, os.PathLike)):
+        raise TypeError(f"workload: got the path {str(workload)!r}; read the file first: "
+                        f"traces.workload.Workload.load({str(workload)!r}) (.parquet, .csv or .jsonl)")
+    if not hasattr(workload, "keys"):
         raise TypeError(f"workload: got {type(workload).__name__}; give a traces.workload.Workload (e.g. "
                         f"Workload.from_arrays(...)) or a mapping of numpy columns with arrival_s, prompt_tokens and "
                         f"output_tokens")
+    keys = [str(k) for k in workload.keys()]
+    missing = [c for c in REQUIRED_COLUMNS if c not in keys]
+    if missing:
+        raise WorkloadError(f"workload: the mapping of columns lacks {', '.join(missing)} (has "
+                            f"{', '.join(keys) or 'none'}); give arrival_s, prompt_tokens and output_tokens, one "
+                            f"value per request")
+    unknown = [k for k in keys if k not in COLUMNS]
+    if unknown:  # (a misspelt optional column, e.g. prefix_token, would be ignored)
+        raise WorkloadError(f"workload: unknown column(s) {', '.join(unknown)}; the workload columns are "
+                            f"{', '.join(COLUMNS)}")
     cols = dict(workload)
     n = len(cols["arrival_s"])
     # (the defaults are built only for the columns that are missing)
-    if "request_id" not in cols:
+    ids_given = "request_id" in cols
+    if not ids_given:
         cols["request_id"] = np.arange(n, dtype=np.int64)
     if "adapter_id" not in cols:
         cols["adapter_id"] = np.full(n, -1, np.int64)
     if "adapter_rank" not in cols:
         cols["adapter_rank"] = np.zeros(n, np.int64)
+    for col in cols:  # every column: n values (an optional column of another length was ignored)
+        v = np.asarray(cols[col])
+        if v.ndim != 1 or len(v) != n or (n and v.dtype.kind not in ("iuf" if col == "arrival_s" else "iu")):
+            raise WorkloadError(f"workload column {col!r}: give {n} {'numbers' if col == 'arrival_s' else 'integers'}"
+                                f" (one per request, as arrival_s), got shape {v.shape} of dtype {v.dtype}")
     arr = np.asarray(cols["arrival_s"], np.float64)
     if n and np.any(np.diff(arr) < 0):
         raise ValueError("workload arrays must be sorted by arrival_s")
     if n:  # (a Workload is validated when built; a mapping of columns is checked here, once per run)
         if not (np.isfinite(arr).all() and arr[0] >= 0):
             raise ValueError("workload column 'arrival_s' must be finite and >= 0 (seconds from the start)")
-        for col, low in (("prompt_tokens", 1), ("output_tokens", 1), ("adapter_id", -1)):
+        for col in cols:
+            if col == "arrival_s":
+                continue
             v = np.asarray(cols[col])
-            if len(v) != n or v.dtype.kind not in "iu":
-                raise ValueError(f"workload column {col!r}: give {n} integers (one per request), got "
-                                 f"{len(v)} of dtype {v.dtype}")
-            if (v < low).any():
-                row = int((v < low).argmax())
-                raise ValueError(f"workload column {col!r} must be >= {low} (row {row} has {v[row]})")
+            low = v < COLUMN_MINIMUM[col]
+            if low.any():
+                row = int(low.argmax())
+                raise ValueError(f"workload column {col!r} must be >= {COLUMN_MINIMUM[col]} (row {row} has {v[row]})")
         rank = np.asarray(cols["adapter_rank"])
-        if ((np.asarray(cols["adapter_id"]) >= 0) & (rank < 1)).any():
+        aid = np.asarray(cols["adapter_id"])
+        has = aid >= 0
+        if (has & (rank < 1)).any():
             raise ValueError("workload column 'adapter_rank': requests with an adapter (adapter_id >= 0) need "
                              "adapter_rank >= 1")
+        if has.any():  # one rank per adapter: each request's rank against its adapter's first one (O(n), no sort)
+            a_ids, ranks = aid[has], rank[has]
+            first = np.zeros(int(a_ids.max()) + 1, ranks.dtype)
+            first[a_ids[::-1]] = ranks[::-1]  # (the last write wins: the first request of each adapter)
+            other = first[a_ids] != ranks
+            if other.any():
+                i = int(other.argmax())
+                raise WorkloadError(f"workload: adapter {a_ids[i]} appears with ranks {first[a_ids[i]]} and "
+                                    f"{ranks[i]}; one rank per adapter")
+        if ids_given:  # distinct ids (increasing ids, the usual case, need no sort)
+            ids = np.asarray(cols["request_id"])
+            if not (n < 2 or (np.diff(ids) > 0).all()) and np.unique(ids).size != n:
+                raise WorkloadError("workload column 'request_id' has duplicates; give each request its own id (or "
+                                    "leave the column out: the row order)")
     return cols
 
 

@@ -293,7 +293,11 @@ def _check_trace_options(options: list[tuple[str, Any]]) -> None:
             conv = OPTIONS[key][2]
             try:
                 v = conv(value)
-            except (TypeError, ValueError, OverflowError) as e:
+            except TypeError as e:
+                what = {list: "a list", tuple: "a list", dict: "a table"}.get(type(value))
+                msg = f"{what} where one value belongs" if what else str(e)
+                raise ConfigError(f"--trace-opt {key}={value!r}: {msg}; {OPTIONS[key][3]}") from None
+            except (ValueError, OverflowError) as e:
                 raise ConfigError(f"--trace-opt {key}={value!r}: {e}; {OPTIONS[key][3]}") from None
             problem = option_value_problem(key, v)
             if problem:
@@ -770,6 +774,8 @@ def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile:
 # --------------------------------------------------------------------------- scenario files
 #: keys of a resolved scenario that record facts rather than options (checked when replayed)
 RECORDED = ("profile_sha256", "scheduler_params", "cache_params")
+#: keys of a run's summary.json (its metrics) that no scenario option has: a file with one of them is a summary
+SUMMARY_MARKERS = frozenset({"requests_arrived", "requests_finished", "throughput_rps", "simulated_s", "ttft_ms_mean"})
 
 
 class ScenarioFileError(ConfigError):
@@ -947,7 +953,15 @@ def load_scenario_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]
     refused, listing the known ones."""
     path = Path(path)
     data = read_mapping_file(path)
-    if "scenario" in data and isinstance(data["scenario"], dict) and "requests_arrived" in data:
+    if SUMMARY_MARKERS & set(data):  # a run's summary.json: its options are its scenario table
+        if not isinstance(data.get("scenario"), dict):
+            got = "no 'scenario' key" if "scenario" not in data else \
+                f"a {type(data['scenario']).__name__} under 'scenario'"
+            raise ScenarioFileError(f"--config {path}: a run's summary (metrics such as "
+                                    f"{sorted(SUMMARY_MARKERS & set(data))[0]}) with {got} instead of the table of "
+                                    f"the run's options (a summary of an older twin, or an edited one), so the run "
+                                    f"cannot be replayed from it; give a scenario file (`twin run ... --dump-config` "
+                                    f"writes one) or a summary.json of this version")
         data = data["scenario"]
     options: dict[str, Any] = {}
     recorded: dict[str, Any] = {}

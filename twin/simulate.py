@@ -5,18 +5,18 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
+import pandas as pd
 
-if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
-
-
+from traces.workload import Workload
 from twin.config import MAX_SIM_SECONDS, EngineConfig
 from twin.engine import Engine
 from twin.interfaces import check_policy_object, explain_policy_failure, policy_label
@@ -28,6 +28,17 @@ from twin.slora_engine import SLoRAEngine
 
 #: the engine of each serving system (``twin.registry.SYSTEMS``)
 ENGINES = {"vllm": Engine, "slora": SLoRAEngine}
+
+
+#: the shortest ``stop_check_s`` (simulated seconds): one check per millisecond is finer than any
+#: engine step; a smaller interval would make the chunked run crawl (and below the clock's
+#: resolution never advance)
+MIN_STOP_CHECK_S = 1e-3
+
+
+def _real(v: Any) -> bool:
+    """A real number (numpy's too), not a bool or a string."""
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
 
 
 class NothingAdmittedWarning(UserWarning):
@@ -114,6 +125,33 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     ``ctx.try_admit``) says so: the summary gets a ``note`` naming the scheduler and a
     :class:`NothingAdmittedWarning` is issued (:func:`nothing_admitted_note`).
     """
+    if isinstance(workload, pd.DataFrame):  # checked and sorted as a Workload (a misspelt column is refused)
+        workload = Workload(workload)
+    if profile is not None and not isinstance(profile, (Profile, str, os.PathLike)):
+        raise TypeError(f"profile: got {type(profile).__name__}; give a profile name (`twin calibrate list`), a path "
+                        f"to a profile JSON file, or a twin.perf.profile.Profile (None: the default)")
+    if extra is not None:
+        if not isinstance(extra, Mapping):
+            raise TypeError(f"extra: got {type(extra).__name__}; give a dict of summary fields, e.g. "
+                            f"{{'trace': 'mine'}}")
+        fixed = sorted(str(k) for k in extra if k in ("policy", "system", "scheduler", "cache", "profile"))
+        if fixed:
+            raise ValueError(f"extra: {', '.join(fixed)} would replace the run's own summary field(s); give the "
+                             f"field(s) another name")
+    if stop_when is not None:
+        if not callable(stop_when):
+            raise TypeError(f"stop_when: got {type(stop_when).__name__}; give a function of the engine that returns "
+                            f"True to stop the run (None: run to the end)")
+        if not (_real(stop_check_s) and MIN_STOP_CHECK_S <= stop_check_s < math.inf):
+            raise ValueError(f"stop_check_s {stop_check_s!r}: give the check interval in simulated seconds, "
+                             f">= {MIN_STOP_CHECK_S:g} and finite, e.g. 5")
+    for arg, v in (("frontend_s", frontend_s), ("scrape_s_per_label", scrape_s_per_label),
+                   ("serving_s_per_running", serving_s_per_running), ("scrape_period_s", scrape_period_s)):
+        if not _real(v):
+            raise TypeError(f"{arg}: got {v!r} ({type(v).__name__}); give a number of seconds")
+    if rank_tile_cost is not None and not _real(rank_tile_cost):
+        raise TypeError(f"rank_tile_cost: got {rank_tile_cost!r} ({type(rank_tile_cost).__name__}); give a number "
+                        f">= 0 (1: every rank tile alike; None: the profile's own)")
     for arg, v in (("ttft_slo_s", ttft_slo_s), ("tbt_slo_s", tbt_slo_s)):
         if v is not None and not (isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 < v < math.inf):
             raise ValueError(f"{arg} {v!r}: give the SLO in seconds, > 0 and finite (None: no SLO)")
@@ -159,8 +197,6 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
         eng.rec.keep_segments = True
     try:
         if stop_when is not None:
-            if not stop_check_s > 0:
-                raise ValueError(f"stop_check_s {stop_check_s!r}: give the check interval in simulated seconds, > 0")
             env, t = eng.env, stop_check_s
             while eng.proc.is_alive:
                 # to the next check, or to the engine's end if that comes first (the clock must not
@@ -181,6 +217,10 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     summary = summarize(eng, wall, ttft_slo_s, tbt_slo_s)
     if system == "slora" and extra and "config" in extra:  # the engine's settings (1-token slots, its limits)
         extra = {**extra, "config": eng.config.to_dict()}
+    clash = sorted(str(k) for k in (extra or {}) if k in summary)
+    if clash:  # (the run's own metrics would be replaced silently)
+        raise ValueError(f"extra: {', '.join(clash)} would replace the run's own summary field(s); give the field(s) "
+                         f"another name")
     summary = {"policy": label, "system": system, "scheduler": scheduler_obj.name, "cache": cache_obj.name,
                "profile": prof.name, **summary, **(extra or {})}
     if frontend_s:

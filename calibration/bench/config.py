@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
+from traces.arguments import check_writable_dir
 from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
 
 PARTS = ("check", "linear", "lora", "h2d", "load", "step")
@@ -231,6 +232,30 @@ def resolve_spec(model: str | None, hidden=None, layers=None, heads=None, kv_hea
     return spec
 
 
+#: options that only some parts read: flag -> (its argparse destination, the parts that read it)
+PART_OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "--tokens": ("tokens", ("linear",)), "--tp": ("tp", ("linear",)),
+    "--lora-tokens": ("lora_tokens", ("lora",)), "--adapters": ("adapters", ("lora",)),
+    "--slots": ("slots", ("lora",)), "--lora-time-limit": ("lora_time_limit", ("lora",)),
+    "--concurrency": ("concurrency", ("h2d",)), "--load-repeats": ("load_repeats", ("load",)),
+    "--warm-cache": ("warm_cache", ("load",)), "--keep-adapters": ("keep_adapters", ("load",)),
+    **{f"--{n.replace('_', '-')}": (n, ("step",)) for n in ("step_decodes", "step_context", "step_prefill",
+                                                             "step_prefill_ctx", "step_chunk", "step_budget",
+                                                             "step_repeats", "step_warmup", "step_attention",
+                                                             "step_time_limit")},
+}
+
+
+def _names(value: str | None, flag: str) -> tuple[str, ...] | None:
+    """A comma-separated list of names (None when not given); an empty one is refused naming ``flag``."""
+    if value is None:
+        return None
+    names = tuple(t.strip() for t in str(value).split(",") if t.strip())
+    if not names:
+        raise ValueError(f"{flag}: empty; give comma-separated names, or leave {flag} out for all of them")
+    return names
+
+
 def resolve_config(args, cuda_available: bool | None = None) -> BenchConfig:
     """Build the run's config from an argparse namespace (see :mod:`calibration.bench.cli`)."""
     device = args.device
@@ -247,26 +272,30 @@ def resolve_config(args, cuda_available: bool | None = None) -> BenchConfig:
     defaults = GPU_DEFAULTS if device == "cuda" and not small else CPU_DEFAULTS
 
     def pick(name: str):
-        v = parse_int_list(getattr(args, name.replace("-", "_"), None), name)
-        return v if v is not None else defaults[name.replace("-", "_")]
+        v = parse_int_list(getattr(args, name, None), name.replace("_", "-"))
+        return v if v is not None else defaults[name]
 
     dtype = args.dtype or ("float16" if device == "cuda" else "float32")
     if dtype not in ("float16", "bfloat16", "float32"):
         raise ValueError(f"--dtype must be float16, bfloat16 or float32, got {dtype!r}")
-    parts = tuple(PARTS) if not args.parts else tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    parts = _names(args.parts, "--parts") or tuple(PARTS)
     bad = [p for p in parts if p not in PARTS]
     if bad:
         raise ValueError(f"--parts: unknown part(s) {bad}; choose from {', '.join(PARTS)}")
-    check_cases = (CHECK_CASE_NAMES if not getattr(args, "check_cases", None) else
-                   tuple(c.strip() for c in args.check_cases.split(",") if c.strip()))
+    given_cases = _names(getattr(args, "check_cases", None), "--check-cases")
+    check_cases = given_cases or CHECK_CASE_NAMES
     bad = [c for c in check_cases if c not in CHECK_CASE_NAMES]
-    if bad or not check_cases:
-        raise ValueError(f"--check-cases: unknown case(s) {bad or [args.check_cases]}; choose from "
-                         f"{', '.join(CHECK_CASE_NAMES)}")
-    if getattr(args, "check_cases", None) and "check" not in parts:
+    if bad:
+        raise ValueError(f"--check-cases: unknown case(s) {bad}; choose from {', '.join(CHECK_CASE_NAMES)}")
+    if given_cases and "check" not in parts:
         raise ValueError("--check-cases chooses the cases of the kernel check, but --parts leaves the check out; "
                          "add check to --parts, or leave --check-cases out")
-    targets = ALL_TARGETS if not args.targets else tuple(t.strip() for t in args.targets.split(",") if t.strip())
+    for flag, (dest, readers) in PART_OPTIONS.items():
+        if getattr(args, dest, None) not in (None, False) and not set(readers) & set(parts):
+            raise ValueError(f"{flag} sets the {' and '.join(readers)} part, but --parts {','.join(parts)} leaves it "
+                             f"out, so it would change nothing; add {readers[0]} to --parts, or leave {flag} out")
+    check_writable_dir("--out", args.out)
+    targets = _names(args.targets, "--targets") or ALL_TARGETS
     for t in targets:
         spec.module_shape(t)  # validates the name
     repeats = args.repeats if args.repeats is not None else defaults["repeats"]

@@ -256,3 +256,45 @@ def test_calibrate_without_subcommand_prints_usage_and_exits_2():
     assert rc == 2 and out.startswith("usage: twin calibrate")
     rc_configure, _, _ = run_cli(["configure"])
     assert rc == rc_configure
+
+
+# ------------------------------------------------------------------------------------------
+# `twin calibrate bench`: empty lists and --out, options of a part --parts leaves out (read as "all" / the
+# current directory / nothing before); resolved without torch
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--parts", ""], "--parts: empty; give comma-separated names, or leave --parts out for all of them"),
+    (["--check-cases", " , "], "--check-cases: empty; give comma-separated names"),
+    (["--targets", ""], "--targets: empty; give comma-separated names"),
+    (["--out", ""], "--out: empty; give a directory"),
+    (["--lora-tokens", "0"], "--lora-tokens: expected positive integers, got '0'"),  # (said --lora_tokens)
+    (["--parts", "linear", "--keep-adapters"], "--keep-adapters sets the load part, but --parts linear leaves it out, "
+                                               "so it would change nothing; add load to --parts, or leave "
+                                               "--keep-adapters out"),
+    (["--parts", "linear,lora", "--warm-cache"], "--warm-cache sets the load part, but --parts linear,lora leaves it"),
+    (["--parts", "linear", "--slots", "4"], "--slots sets the lora part, but --parts linear leaves it out"),
+    (["--parts", "load", "--tokens", "8"], "--tokens sets the linear part, but --parts load leaves it out"),
+    (["--parts", "lora", "--step-chunk", "64"], "--step-chunk sets the step part, but --parts lora leaves it out"),
+    (["--parts", "step", "--concurrency", "2"], "--concurrency sets the h2d part"),
+])
+def test_bench_options_refused_before_any_work(tmp_path, argv, fragment):
+    from calibration.bench.cli import build_parser
+    from calibration.bench.config import resolve_config
+
+    out = ["--out", str(tmp_path / "b")] if "--out" not in argv else []
+    args = build_parser().parse_args(["--device", "cpu", *out, *argv])
+    with pytest.raises(ValueError) as e:
+        resolve_config(args, cuda_available=False)
+    assert fragment in str(e.value)
+    assert not (tmp_path / "b").exists()
+
+
+def test_bench_part_options_with_their_part_are_accepted(tmp_path):
+    from calibration.bench.cli import build_parser
+    from calibration.bench.config import resolve_config
+
+    args = build_parser().parse_args(["--device", "cpu", "--out", str(tmp_path / "b"), "--parts", "linear,load",
+                                      "--tokens", "8", "--keep-adapters", "--warm-cache", "--load-repeats", "2"])
+    cfg = resolve_config(args, cuda_available=False)
+    assert cfg.tokens == (8,) and cfg.keep_adapters and not cfg.cold_cache and cfg.load_repeats == 2

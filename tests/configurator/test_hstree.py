@@ -72,6 +72,15 @@ def test_bad_reg_param_is_refused():
             HSTreeMultiRegressor(reg_param=bad).fit(X, Y)
     with pytest.raises(ValueError, match="reg_param"):
         shrink_node_values(DecisionTreeRegressor(max_depth=2).fit(X, Y).tree_, -0.5)
+    with pytest.raises(ValueError, match="reg_param"):
+        HSTreeMultiRegressor(reg_param=True).fit(X, Y)
+
+
+def test_a_numpy_reg_param_is_a_number():
+    """np.float32(2) (e.g. from a numpy grid of candidates) was refused as not a number."""
+    X, Y = _data(30)
+    a = HSTreeMultiRegressor(reg_param=np.float32(2.0), random_state=0).fit(X, Y).predict(X)
+    np.testing.assert_allclose(a, HSTreeMultiRegressor(reg_param=2.0, random_state=0).fit(X, Y).predict(X))
 
 
 def test_estimator_conventions():

@@ -216,3 +216,37 @@ def test_evaluate_scores_a_rulefit_model_on_real_ml_test(fitted, real_data, caps
     assert d["scenarios"] == 9 and d["model"] == str(path)
     row = d["table"][0]
     assert row["predictor"] == "RuleFit (imodels, per target)" and 0 <= row["regret_min"] <= 1.0 + 1e-9
+
+
+@pytest.mark.parametrize("params, X, y, message", [
+    (dict(max_rules=0), None, None, "max_rules must be an integer >= 1, got 0"),    # was accepted
+    (dict(max_rules="3"), None, None, "max_rules must be an integer >= 1, got '3'"),
+    (dict(tree_size=0), None, None, "tree_size must be an integer >= 2"),           # was numpy's "scale < 0"
+    (dict(n_estimators=0), None, None, "n_estimators must be an integer >= 1"),     # was an AttributeError
+    ({}, "1d", None, "Expected 2D array"),                                           # was an IndexError
+    ({}, None, "3d", "dim 3"),                                                       # was accepted
+    ({}, "one", "one", "at least 2 samples"),                                        # was a ZeroDivisionError
+])
+def test_fit_checks_its_parameters_and_data_the_scikit_learn_way(params, X, y, message):
+    from twin.configurator.rulefit import RuleFitMultiRegressor
+
+    rng = np.random.default_rng(0)
+    X0, Y0 = rng.random((20, 3)), rng.random((20, 2))
+    X1 = X0[:, 0] if X == "1d" else X0[:1] if X == "one" else X0
+    Y1 = Y0[:, :, None] if y == "3d" else Y0[:1] if y == "one" else Y0
+    est = RuleFitMultiRegressor(**params)
+    with pytest.raises(ValueError, match=message):
+        est.fit(X1, Y1)
+    assert est.get_params()[next(iter(params))] == params[next(iter(params))] if params else True
+
+
+@needs_imodels
+def test_predict_checks_the_feature_count():
+    from twin.configurator.rulefit import RuleFitMultiRegressor
+
+    rng = np.random.default_rng(0)
+    X, Y = rng.random((20, 3)), rng.random((20, 2))
+    est = RuleFitMultiRegressor(max_rules=5, n_estimators=5, random_state=0).fit(X, Y)
+    assert est.n_features_in_ == 3
+    with pytest.raises(ValueError, match="X has 2 features, but RuleFitMultiRegressor is expecting 3"):
+        est.predict(X[:, :2])

@@ -570,3 +570,22 @@ def test_hook_that_raises_is_named_with_its_policy():
     assert isinstance(e.value.__cause__, ZeroDivisionError)
     with pytest.raises(PolicyError, match="scheduler 't-arr' .*failed in its hook on_arrivals"):
         _tiny_run(scheduler=Arr(), stop_when=lambda eng: False)
+
+
+@pytest.mark.parametrize("preset, message", [
+    (Preset("odd-sched", 5, "lru"), "scheduler 5 is not a scheduler name"),
+    (Preset("odd-opts", "fcfs", "lru", cache_opts=[1]), r"cache_opts \[1\] is not a dict"),
+    (Preset("odd-desc", "fcfs", "lru", description=5), "description 5 is not a string"),
+])
+def test_register_preset_checks_its_fields(preset, message):
+    with pytest.raises(registry.PolicyError, match=message):
+        registry.register_preset(preset)
+    assert preset.name not in PRESETS
+
+
+def test_an_option_a_policy_does_not_take_names_the_policy():
+    """Was Python's bare ``Scheduler.__init__() got an unexpected keyword argument 'bogus'``."""
+    with pytest.raises(registry.PolicyError, match="scheduler 'fcfs' takes no option"):
+        make_scheduler("fcfs", bogus=1)
+    with pytest.raises(registry.PolicyError, match="adapter-cache policy 'lru'.*bogus"):
+        make_cache("lru", bogus=1)

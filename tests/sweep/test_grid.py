@@ -469,3 +469,10 @@ def test_the_checks_keep_every_valid_grid_digest_and_task_hash(tmp_path):
                    engine={"max_num_seqs": 512}, early_stop_run=False, ttft_slo_s=2.0)
     assert g.digest() == ref.digest()
     assert [t["task_hash"] for t in g.tasks()] == [t["task_hash"] for t in ref.tasks()]
+
+
+@pytest.mark.parametrize("table", [None, "tiny", [1, 2]])
+def test_grid_from_dict_takes_a_dict(table):
+    """None was a bare 'NoneType is not iterable'; a string was read as its letters ('unknown keys [i, n, t, y]')."""
+    with pytest.raises(TypeError, match=f"grid: got {type(table).__name__}; give a dict"):
+        grid_from_dict(table)

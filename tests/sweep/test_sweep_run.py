@@ -543,3 +543,16 @@ def test_a_policy_hook_that_raises_in_a_sweep_run_is_a_policy_error_naming_it(mo
     rows = run_task({"scenario": sc, "task_id": "boom", "task_hash": "0", "slots": [8], "served": [8],
                      "max_rank": 16, "seed": 0, "window_s": 20.0, "profile": "llama-3.1-8b_h100_vllm085"})
     assert rows[0]["status"] == "error" and rows[0]["error"].startswith("PolicyError: scheduler 'exploding'")
+
+
+@pytest.mark.parametrize("grid, how", [("smoke", "load_grid"), ({"name": "x"}, "grid_from_dict")])
+def test_run_sweep_takes_a_grid_spec(tmp_path, grid, how):
+    """Was AttributeError: 'str' object has no attribute 'tasks'."""
+    with pytest.raises(TypeError, match=f"give a twin.sweep.grid.GridSpec, e.g. from .*{how}"):
+        run_sweep(grid, tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_count_that_is_not_a_whole_number_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--jobs '2': must be a whole number"):
+        run_sweep(load_grid("smoke"), tmp_path, jobs="2")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from traces.adapters import (PopularityError, adapter_probabilities, assign_adapters, assign_ranks,
+from traces.adapters import (PopularityError, adapter_probabilities, assign_adapters, assign_ranks, bursty_adapters,
                              map_keys_to_adapters, parse_popularity, position_probabilities, top_k_share)
 
 
@@ -145,3 +145,17 @@ def test_bursty_hot_set_per_burst():
 def test_bursty_refused_forms(spec):
     with pytest.raises(PopularityError):
         parse_popularity(spec)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda g: assign_ranks(2.5), PopularityError, "whole number >= 0, got 2.5"),
+    (lambda g: assign_ranks(3, [8.5]), PopularityError, "positive integers"),       # was truncated to 8
+    (lambda g: assign_adapters(-1, 3, g), PopularityError, "n_requests"),
+    (lambda g: assign_adapters(10, 3, 0), TypeError, "rng: got int"),
+    (lambda g: bursty_adapters(10, 3, 0, g), PopularityError, "burst must be"),
+    (lambda g: bursty_adapters(10, 0, 2, g), PopularityError, "n_adapters must be"),
+    (lambda g: top_k_share(np.array([1, 2]), 0), PopularityError, "k must be"),      # was 0.0
+])
+def test_odd_arguments_are_refused(call, error, message):
+    with pytest.raises(error, match=message):
+        call(np.random.default_rng(0))

@@ -110,3 +110,33 @@ def test_bad_parameters_raise(bad):
     rps = bad.pop("rps")
     with pytest.raises(arr.ArrivalError):
         arr.poisson(rps, np.random.default_rng(0), **bad)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda g: arr.poisson(1.0, 0, duration_s=10), TypeError, "rng: got int; give a numpy.random.Generator"),
+    (lambda g: arr.per_adapter_poisson([1.0], 3, 10.0, None), TypeError, "rng: got NoneType"),
+    (lambda g: arr.poisson("1", g, duration_s=10), arr.ArrivalError, "arrival rate must be > 0"),
+    (lambda g: arr.poisson(1.0, g, duration_s="3"), arr.ArrivalError, "duration_s must be > 0"),
+    (lambda g: arr.poisson(1.0, g, n=2.5), arr.ArrivalError, "whole number"),       # was truncated to 2
+    (lambda g: arr.poisson(1.0, g, n=float("nan")), arr.ArrivalError, "whole number"),
+    (lambda g: arr.poisson(1e12, g, duration_s=1e6), arr.ArrivalError, "check the units"),  # was a MemoryError
+    (lambda g: arr.gamma_renewal(1.0, 1e6, g, duration_s=10), arr.ArrivalError, "cv must be in"),  # was a hang
+    (lambda g: arr.gamma_renewal(1.0, 1e-200, g, duration_s=10), arr.ArrivalError, "cv must be in"),
+    (lambda g: arr.onoff(1.0, g, 10, on_s=float("nan")), arr.ArrivalError, "finite on_s > 0"),
+    (lambda g: arr.onoff(1.0, g, 10, off_s=float("inf")), arr.ArrivalError, "finite on_s > 0"),
+    (lambda g: arr.onoff(1.0, g, 10, on_s=1e-300, off_s=0), arr.ArrivalError, "periods"),
+    (lambda g: arr.assign_rates_round_robin([1.0], 2.5, g), arr.ArrivalError, "n_adapters must be a whole"),
+    (lambda g: arr.assign_rates_round_robin("abc", 3, g), arr.ArrivalError, "non-empty list of positive"),
+    (lambda g: arr.cumulative_intensity([np.nan, 1.0], 1.0, 10), arr.ArrivalError, "finite non-negative"),
+    (lambda g: arr.rescale_to_rps(np.array([0.0, np.nan, 2.0]), 1.0), arr.ArrivalError, "must be finite"),
+    (lambda g: arr.rate_profile(np.array([0.0, 1.0]), 0), arr.ArrivalError, "bin_s must be"),
+    (lambda g: arr.rate_profile(np.array([0.0, 1e6]), 1e-9), arr.ArrivalError, "bins"),
+])
+def test_odd_arguments_are_refused_before_any_draw(call, error, message):
+    with pytest.raises(error, match=message):
+        call(np.random.default_rng(0))
+
+
+def test_the_widest_cv_still_fills_its_window():
+    t = arr.gamma_renewal(1.0, arr.MAX_CV, np.random.default_rng(0), duration_s=600.0)
+    assert t.size and t.max() < 600.0

@@ -115,3 +115,11 @@ def test_a_table_with_columns_outside_the_schema_is_refused_not_dropped(tmp_path
     with pytest.raises(WorkloadError, match=f"{tmp_path / 'x.parquet'}: unknown column\\(s\\) user; the workload "
                                             f"columns are request_id"):
         read_workload_file(tmp_path / "x.parquet")
+
+
+def test_a_table_without_adapter_id_is_base_model_requests():
+    """A table without ``adapter_id`` is base-model requests, as a file without the column (it was refused).
+    (A prefix as long as the prompt and a rank on a base-model request stay accepted in memory: the offline
+    replay and the FastLibra tests build such tables; the file readers refuse them.)"""
+    base = {"arrival_s": [0.0, 1.0], "prompt_tokens": [10, 20], "output_tokens": [5, 5]}
+    assert (Workload(pd.DataFrame(base)).df["adapter_id"] == -1).all()

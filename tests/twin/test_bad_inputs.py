@@ -117,6 +117,10 @@ FILES: dict[str, bytes] = {
     "wdir/a.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,100,10\n",
     "dupkey.yaml": b"rps: 2\nduration: 5\nrps: 3\n",
     "dupkey.json": b'{"rps": 2, "rps": 3}\n',
+    # a run summary without its scenario table (an older twin's): listed some 50 metrics as unknown options
+    "oldsummary.json": b'{"policy": "vllm", "requests_arrived": 10, "throughput_rps": 1.0, "ttft_ms_mean": 5.0}\n',
+    "strsummary.json": b'{"policy": "vllm", "requests_arrived": 10, "scenario": "vllm"}\n',
+    "listopt.toml": b"duration = 5\ntrace_options = {length_scale = [1]}\n",
 }
 _REAL_HEADER = (b"model,source,scenario,run_dir,ranks,rates,served_adapters,adapter_slots,max_lora_rank,status,"
                 b"offered_req_s,pool_mean_input_tokens,pool_mean_output_tokens\n")
@@ -128,7 +132,9 @@ def _real_with(column: str, value: str, status: str = "ok") -> bytes:
             + f"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,{status},1,222,197,{value}\n".encode())
 
 
-FILES.update({  # ShareGPT-format conversation files with a malformed turn
+FILES.update({  # ShareGPT-format conversation files: a valid one, and some with a malformed turn
+    "conv.json": b'[{"id": "a", "conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": '
+                 b'"fine thanks"}, {"from": "human", "value": "good"}, {"from": "gpt", "value": "great"}]}]',
     "conv_int.json": b'[{"id": "a", "conversations": 5}]',
     "conv_value.json": b'[{"id": "a", "conversations": [{"from": "human", "value": 5}, {"from": "gpt", "value": "x"}]}]',
     "conv_lacks.json": b'[{"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": '
@@ -528,7 +534,8 @@ CASES: list[tuple[str, str]] = [
     # a saved workload's empty window was shown as 0 requests; a NaN start was taken
     ("traces show {d}/late.csv --window-start 1e300", "{d}/late.csv: the time window holds no request (its arrivals "
                                                       "run from 100 s to 100.5 s)"),
-    ("traces show {d}/late.csv --window-start nan", "a time window needs a finite start_s >= 0 (window_start)"),
+    ("traces show {d}/late.csv --window-start nan", "workload option window_start=nan: give a finite number of "
+                                                    "seconds >= 0"),
     ("traces show {d}/late.csv --plot ''", "--plot: empty; give a file name"),
     ("traces list --data-dir ''", "--data-dir: empty; give the data directory"),
     ("traces fetch splitwise --data-dir {d} --sha256 xyz", "--sha256 'xyz': not a SHA-256 digest"),
@@ -640,6 +647,58 @@ CASES: list[tuple[str, str]] = [
     (R + "--trace {d}/conv_value.json", "{d}/conv_value.json: a message's 'value' must be text (a string), got int 5"),
     ("traces show {d}/conv_lacks.json", "{d}/conv_lacks.json: record 2 lacks 'conversations' (the first has it; every "
                                         "record needs it"),
+    # conversation options on a replayed trace that holds no conversations, or that they do not shape (ran, and
+    # changed nothing: only a conversation dataset's later turns are timed by think_s/tpot_s)
+    (R + "--trace {d}/azure.csv --trace-opt tpot_s=0.05",
+     "workload option tpot_s=0.05 has no effect: trace file {d}/azure.csv is an azure-llm trace of single requests, "
+     "not a conversation dataset: it has no turns to count or time; think_s and tpot_s time the later turns of a "
+     "replayed conversation dataset (--trace lmsys, chatbot-arena, sharegpt"),
+    (R + "--trace {d}/azure.csv --trace-opt think_s=3 --trace-opt conversations=true",
+     "workload options conversations=true, think_s=3 have no effect: trace file {d}/azure.csv is an azure-llm trace"),
+    ("traces show {d}/azure.csv --max-turns 4", "workload option max_turns=4 has no effect: trace file {d}/azure.csv "
+                                                "is an azure-llm trace of single requests"),
+    ("compare --trace {d}/azure.csv --policies vllm --rps 1 --duration 5 --trace-opt think_s=3",
+     "workload option think_s=3 has no effect: trace file {d}/azure.csv is an azure-llm trace"),
+    (R + "--trace {d}/conv.json --trace-opt mean_turns=5", "workload option mean_turns=5 has no effect: trace file "
+                                                           "{d}/conv.json is a sharegpt conversation dataset, replayed "
+                                                           "with its own conversations and turns"),
+    (R + "--trace {d}/conv.json --trace-opt conversations=false --trace-opt think_s=3",
+     "workload option conversations=false has no effect: trace file {d}/conv.json is a sharegpt conversation dataset"),
+    (R + "--trace {d}/conv.json --trace-opt turns=first --trace-opt think_s=2 --trace-opt tpot_s=0.05",
+     "workload options think_s=2, tpot_s=0.05 have no effect with turns=first: trace file {d}/conv.json is then "
+     "replayed with the first turn of each conversation only, so no later turn is timed; give turns=all"),
+    ("run --no-progress --config {d}/oldsummary.json",
+     "--config {d}/oldsummary.json: a run's summary (metrics such as requests_arrived) with no 'scenario' key instead "
+     "of the table of the run's options"),
+    ("run --no-progress --config {d}/strsummary.json", "with a str under 'scenario' instead of the table"),
+    ("run --no-progress --config {d}/listopt.toml", "--trace-opt length_scale=[1]: a list where one value belongs; "
+                                                    "multiply all lengths by this factor"),
+    # real-trace option values: a tokenizer whose package is missing (an ImportError traceback), a count of 0 or
+    # -1 conversations or a fractional one (read every conversation), a text where a count belongs ("'>=' not
+    # supported between instances of 'int' and 'str'"), a keep_failed of "maybe" (taken as true)
+    (R + "--trace {d}/conv.json --trace-opt tokenizer=hf:nosuch/model",
+     "workload option tokenizer='hf:nosuch/model' needs the 'transformers' package"),
+    (R + "--trace {d}/conv.json --trace-opt tokenizer=nosuch", "workload option unknown tokenizer 'nosuch': use auto, "
+                                                               "approx, hf:NAME or tiktoken:NAME"),
+    (R + "--trace {d}/conv.json --trace-opt max_conversations=0", "workload option max_conversations=0: give a whole "
+                                                                  "number >= 1 (read at most this many conversations)"),
+    (R + "--trace {d}/conv.json --trace-opt max_conversations=1.5", "max_conversations=1.5: give a whole number >= 1"),
+    (R + "--trace {d}/conv.json --trace-opt max_conversations=abc", "max_conversations='abc': give a whole number"),
+    (R + "--trace {d}/conv.json --trace-opt turns=2", "workload option turns=2: give all or first"),
+    (R + "--trace {d}/azure.csv --trace-opt window_start=abc", "workload option window_start='abc': give a finite "
+                                                               "number of seconds >= 0"),
+    (R + "--trace {d}/azure.csv --trace-opt keep_failed=maybe", "workload option keep_failed: expected true or false, "
+                                                                "got 'maybe'"),
+    # window_start and n_requests where nothing reads them (a dataset without times, a re-timed trace, a trace of
+    # single requests: all its requests were kept)
+    (R + "--trace {d}/conv.json --trace-opt window_start=5",
+     "workload option window_start=5 has no effect: trace file {d}/conv.json is a sharegpt dataset, which records no "
+     "time, so its arrivals are drawn from the arrival process"),
+    (R + "--trace {d}/azure.csv --trace-opt window_start=1 --trace-opt arrival=gamma",
+     "window_start=1 has no effect: trace file {d}/azure.csv is re-timed by arrival=gamma"),
+    ("traces show {d}/azure.csv --n-requests 1", "workload option n_requests=1 has no effect: trace file {d}/azure.csv "
+                                                 "is an azure-llm trace of single requests, replayed with its own "
+                                                 "requests"),
     # vLLM's adapter slots and padded rank on an S-LoRA run (ran, and changed nothing: S-LoRA has no slots)
     (R + "--policy slora --slots 4", "--slots: an option of the vLLM engine, but the run is on the S-LoRA engine "
                                      "(preset 'slora' runs on S-LoRA), which does not read it (S-LoRA has no adapter "
@@ -679,6 +738,21 @@ CASES: list[tuple[str, str]] = [
                                         "simulated time, so every request that finishes would meet it; give a TTFT SLO "
                                         "in seconds, e.g. --ttft-slo 2 (at most the horizon), or raise --horizon"),
 ]
+
+
+def test_turn_timing_applies_to_a_replayed_conversation_dataset(files):
+    """think_s and tpot_s time the later turns of a replayed conversation dataset (accepted, and read: a longer
+    think time moves the second turn later); every conversation option is refused on a trace of single requests."""
+    from traces.registry import OptionError, get_workload
+
+    gaps = []
+    for think in (1.0, 100.0):
+        df = get_workload(str(files / "conv.json"), rps=1.0, duration=300.0, think_s=think, tpot_s=0.0).df
+        by_turn = df.pivot_table(index="conversation_id", columns="turn", values="arrival_s").dropna()
+        gaps.append(float((by_turn[1] - by_turn[0]).mean()))
+    assert 0 < gaps[0] < 5 < 50 < gaps[1]
+    with pytest.raises(OptionError, match="not a conversation dataset"):
+        get_workload(str(files / "azure.csv"), tpot_s=0.05)
 
 
 def test_options_that_apply_are_accepted():

@@ -29,7 +29,8 @@ from traces.loaders.azure_functions import load_functions_2019, load_functions_2
 from traces.loaders.azure_llm import load_azure_llm
 from traces.loaders.base import TraceFormatError, TraceTable
 from traces.loaders.burstgpt import load_burstgpt
-from traces.loaders.conversations import load_arena, load_lmsys, load_sharegpt, load_wildchat
+from traces.loaders.conversations import (CONVERSATION_FORMATS, UNTIMED_FORMATS, load_arena, load_lmsys, load_sharegpt,
+                                         load_wildchat)
 
 LOADERS: dict[str, Callable[..., TraceTable]] = {
     "azure-llm": load_azure_llm,
@@ -43,9 +44,9 @@ LOADERS: dict[str, Callable[..., TraceTable]] = {
 }
 FORMATS = tuple(LOADERS) + ("workload",)
 
-__all__ = ["LOADERS", "FORMATS", "TraceTable", "TraceFormatError", "detect_format", "load_trace",
-           "load_azure_llm", "load_functions_2019", "load_functions_2021", "load_burstgpt", "load_sharegpt",
-           "load_lmsys", "load_arena", "load_wildchat"]
+__all__ = ["LOADERS", "FORMATS", "CONVERSATION_FORMATS", "UNTIMED_FORMATS", "TraceTable", "TraceFormatError",
+           "detect_format", "load_trace", "load_azure_llm", "load_functions_2019", "load_functions_2021",
+           "load_burstgpt", "load_sharegpt", "load_lmsys", "load_arena", "load_wildchat"]
 
 
 def _format_from_columns(cols: list[str], path: Path) -> str:

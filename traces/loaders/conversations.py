@@ -53,6 +53,11 @@ SCHEMAS = {
     "arena": "question_id, model_a, model_b, conversation_a, conversation_b: [{role, content}], tstamp, ...",
     "wildchat": "conversation_hash|conversation_id, model, timestamp, conversation: [{role, content, timestamp?}], ...",
 }
+#: the loader formats that are conversation datasets: multi-turn, every turn a request that resends the history
+#: (the others, e.g. ``azure-llm``, hold single requests with no turns)
+CONVERSATION_FORMATS: tuple[str, ...] = tuple(SCHEMAS)
+#: the conversation formats that record no time at all: their arrivals are always drawn from an arrival process
+UNTIMED_FORMATS: tuple[str, ...] = ("sharegpt", "lmsys")
 
 
 @dataclass

@@ -74,6 +74,27 @@ def _tiktoken_cached(name: str) -> bool:
     return os.path.exists(os.path.join(base, hashlib.sha1(url.encode()).hexdigest()))
 
 
+def tokenizer_problem(spec: object) -> str | None:
+    """What keeps the tokenizer ``spec`` from being used here (not text, an unknown kind, ``hf:``
+    without a model name, a package that is not installed), or None; checked before a dataset is read."""
+    if not isinstance(spec, str):
+        return f"tokenizer={spec!r}: expected text: auto, approx, hf:NAME or tiktoken:NAME"
+    spec = spec.strip() or "auto"
+    kind, _, arg = spec.partition(":")
+    if spec in ("auto", "approx") or (kind == "tiktoken" and importlib.util.find_spec("tiktoken") is not None):
+        return None
+    if kind == "hf":
+        if not arg.strip():
+            return f"tokenizer={spec!r}: name the Hugging Face tokenizer, e.g. hf:meta-llama/Llama-3.1-8B"
+        if importlib.util.find_spec("transformers") is None:
+            return (f"tokenizer={spec!r} needs the 'transformers' package (pip install transformers) and the "
+                    f"tokenizer files in the local Hugging Face cache; or give tokenizer=approx")
+        return None
+    if kind == "tiktoken":
+        return f"tokenizer={spec!r} needs the 'tiktoken' package (pip install tiktoken); or give tokenizer=approx"
+    return f"unknown tokenizer {spec!r}: use auto, approx, hf:NAME or tiktoken:NAME"
+
+
 def get_token_counter(spec: str = "auto") -> TokenCounter:
     """``auto`` | ``approx`` | ``hf:NAME`` | ``tiktoken:NAME`` (see the module docstring)."""
     spec = (spec or "auto").strip()
@@ -82,13 +103,11 @@ def get_token_counter(spec: str = "auto") -> TokenCounter:
     kind, _, arg = spec.partition(":")
     if kind == "hf":
         if importlib.util.find_spec("transformers") is None:
-            raise ImportError(f"tokenizer {spec!r} needs the 'transformers' package (pip install transformers) "
-                              f"and the tokenizer files in the local Hugging Face cache; or use tokenizer='approx'")
+            raise ImportError(tokenizer_problem(spec))
         return _hf(arg)
     if kind == "tiktoken":
         if importlib.util.find_spec("tiktoken") is None:
-            raise ImportError(f"tokenizer {spec!r} needs the 'tiktoken' package (pip install tiktoken); "
-                              f"or use tokenizer='approx'")
+            raise ImportError(tokenizer_problem(spec))
         return _tiktoken(arg or "cl100k_base")
     if kind == "auto":
         if importlib.util.find_spec("tiktoken") is not None and _tiktoken_cached("cl100k_base"):

@@ -24,11 +24,12 @@ tunes. :func:`export_rule_ensemble` writes one fitted RuleFit as plain numbers, 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from twin.configurator.models import IMODELS_EXTRA
 from twin.sweep.runner import MissingExtra
@@ -72,20 +73,25 @@ class RuleFitMultiRegressor(RegressorMixin, BaseEstimator):
             from imodels import RuleFitRegressor
         except ImportError as e:
             raise MissingExtra(f"model kind 'rulefit' needs imodels ({e}): {IMODELS_EXTRA}") from None
-        X = np.asarray(X, float)
-        Y = np.asarray(y, float)
+        for name, low in (("max_rules", 1), ("tree_size", 2), ("n_estimators", 1)):
+            v = getattr(self, name)
+            if not (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v >= low):
+                raise ValueError(f"{type(self).__name__}: {name} must be an integer >= {low}, got {v!r}")
+        # (scikit-learn's checks: 2-D numeric X, 1-D or 2-D numeric y of as many rows, finite values)
+        X, Y = validate_data(self, X, y, multi_output=True, y_numeric=True, dtype=float)
+        if X.shape[0] < 2:
+            raise ValueError(f"{type(self).__name__}: fitting needs at least 2 samples, got {X.shape[0]}")
         Y = Y.reshape(-1, 1) if Y.ndim == 1 else Y
         self.estimators_ = [RuleFitRegressor(max_rules=self.max_rules, tree_size=self.tree_size,
                                              n_estimators=self.n_estimators, cv=self.cv,
                                              random_state=self.random_state)
                             .fit(X, Y[:, j]) for j in range(Y.shape[1])]
         self.n_outputs_ = Y.shape[1]
-        self.n_features_in_ = X.shape[1]
         return self
 
     def predict(self, X):
         check_is_fitted(self, "estimators_")
-        X = np.asarray(X, float)
+        X = validate_data(self, X, reset=False, dtype=float)
         P = np.column_stack([e.predict(X) for e in self.estimators_])
         return P[:, 0] if self.n_outputs_ == 1 else P
 

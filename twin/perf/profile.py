@@ -290,7 +290,8 @@ class Profile:
     def _with_kernel_grid_cost(self, param: str, cost: float, what: str, fix: str, none: str) -> "Profile":
         """A copy with the ``kernel_grid`` LoRA form's relative block cost ``param`` set to ``cost`` (finite,
         >= 0; a profile with another LoRA form is refused unless ``cost`` is 1, which changes nothing)."""
-        c = float(cost)
+        real = isinstance(cost, numbers.Real) and not isinstance(cost, (bool, np.bool_))  # (not "2", not True)
+        c = float(cost) if real else math.nan
         if not (c >= 0.0 and math.isfinite(c)):
             raise ValueError(f"{what} {cost!r}: {fix}")
         lo = self.components["lora"]

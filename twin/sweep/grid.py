@@ -330,6 +330,10 @@ def _check_engine_value(name: str, v: Any) -> None:
 def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
     """A :class:`GridSpec` from a grid file's table; every key is checked (type and range) and an
     error names the key, the value and what to give, before any run."""
+    if not isinstance(d, dict):
+        raise TypeError(f"grid: got {type(d).__name__}; give a dict of the grid file's keys, e.g. "
+                        f"{{'name': 'my-grid', 'scenarios': {{...}}, 'configs': {{...}}}} (a named grid or a file: "
+                        f"load_grid(name_or_path))")
     unknown = set(d) - _TOP_KEYS
     if unknown:
         raise ValueError(f"grid: unknown keys {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")

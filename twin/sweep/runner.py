@@ -15,6 +15,7 @@ on the executor or the number of workers: every run is seeded by its key
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import time
 from dataclasses import dataclass
@@ -208,6 +209,10 @@ def check_selection(limit: int | None = None, shard: str | None = None, every: i
                     jobs: int | None = None) -> None:
     """``--limit``, ``--shard``, ``--every`` and ``--jobs`` values that select nothing or make no
     sense are refused before any work, with the form to give."""
+    for flag, v in (("limit", limit), ("every", every), ("jobs", jobs)):  # (a fraction or a string: no count)
+        if v is not None and not (isinstance(v, numbers.Integral) and not isinstance(v, bool)):
+            raise ValueError(f"--{flag} {v!r}: must be a whole number >= 1 ({flag}=N in Python), got "
+                             f"{type(v).__name__}")
     if limit is not None and limit < 1:
         raise ValueError(f"--limit {limit}: must be >= 1 (the number of tasks to run), or leave it out for all")
     if every is not None and every < 1:
@@ -304,6 +309,11 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
               exclude: set[str] | None = None, order: str = "heavy") -> SweepReport:
     """Run ``grid`` into ``out`` (see the module docstring). ``check_grid=False`` lets several grids
     share one directory (a cache: shards are named by the hash of their task's content)."""
+    if not isinstance(grid, GridSpec):
+        how = ("twin.sweep.grid.load_grid(name_or_path)" if isinstance(grid, (str, os.PathLike)) else
+               "twin.sweep.grid.grid_from_dict(table)" if isinstance(grid, dict) else
+               "load_grid(name_or_path) or grid_from_dict(table) (twin.sweep.grid)")
+        raise TypeError(f"grid: got {type(grid).__name__}; give a twin.sweep.grid.GridSpec, e.g. from {how}")
     if executor not in _EXEC:
         raise ValueError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
     check_selection(limit, shard, every, jobs)

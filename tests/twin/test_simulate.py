@@ -1,0 +1,82 @@
+"""``twin.simulate.simulate`` from a notebook: every odd argument is refused before the run, naming
+the argument and the fix (a DataFrame workload is checked as a Workload, a mapping of columns as one)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from traces.workload import WorkloadError
+from twin.config import EngineConfig
+from twin.requests import StartupError
+from twin.simulate import simulate
+
+
+def _df(**cols) -> pd.DataFrame:
+    return pd.DataFrame({"arrival_s": [0.0, 0.1, 0.2], "prompt_tokens": [10, 20, 30], "output_tokens": [5, 5, 5],
+                         **cols})
+
+
+def _cols(**cols) -> dict:
+    return {"arrival_s": np.array([0.0, 1.0]), "prompt_tokens": np.array([10, 20]),
+            "output_tokens": np.array([5, 5]), **cols}
+
+
+def test_a_dataframe_workload_is_checked_and_sorted_as_a_workload():
+    # unsorted rows are sorted (as every workload is); a plain table without adapter_id is base-model requests
+    assert simulate(_df().iloc[::-1].reset_index(drop=True)).summary["requests_finished"] == 3
+    cases = [(_df(prefix_token=[0, 1, 2]), "unknown column"),                  # a misspelt column was dropped
+             (_df(request_id=[1, 1, 2]), "duplicates"),
+             (_df(adapter_id=[0, 0, 1], adapter_rank=[8, 16, 8]), "more than one rank")]
+    for df, message in cases:
+        with pytest.raises(WorkloadError, match=message):
+            simulate(df)
+
+
+@pytest.mark.parametrize("cols, message", [
+    ({"arrival_s": [0.0], "prompt_tokens": [10]}, "lacks output_tokens"),
+    (_cols(prefix_token=np.array([0, 1])), "unknown column"),
+    (_cols(conversation_id=np.array([3])), "'conversation_id': give 2 integers"),
+    (_cols(request_id=np.array([3, 3])), "duplicates"),
+    (_cols(adapter_id=np.array([0, 0]), adapter_rank=np.array([8, 16])), "ranks 8 and 16"),
+    ({"arrival_s": np.array(["0", "1"]), "prompt_tokens": [1, 2], "output_tokens": [1, 2]}, "'arrival_s': give 2 numbers"),
+])
+def test_a_mapping_of_columns_is_checked_as_a_table(cols, message):
+    with pytest.raises(WorkloadError, match=message):
+        simulate(cols)
+
+
+def test_a_path_as_workload_says_how_to_read_it():
+    with pytest.raises(TypeError, match=r"Workload\.load\('trace\.csv'\)"):
+        simulate("trace.csv")
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(profile=3), TypeError, "profile: got int"),
+    (dict(frontend_s="1"), TypeError, "frontend_s: got '1'"),
+    (dict(frontend_s=None), TypeError, "frontend_s: got None"),
+    (dict(serving_s_per_running="1"), TypeError, "serving_s_per_running"),
+    (dict(scrape_s_per_label="1"), TypeError, "scrape_s_per_label"),
+    (dict(rank_tile_cost="2"), TypeError, "rank_tile_cost"),       # was float("2"): accepted silently
+    (dict(extra=[1, 2]), TypeError, "extra: got list"),             # was refused after the run
+    (dict(extra={"policy": "mine"}), ValueError, "policy would replace"),
+    (dict(extra={"requests_finished": 99}), ValueError, "requests_finished would replace"),  # was written over
+    (dict(stop_when=5), TypeError, "stop_when: got int"),          # was never called on a short run
+    (dict(stop_when=lambda e: False, stop_check_s="1"), ValueError, "stop_check_s '1'"),
+    (dict(stop_when=lambda e: False, stop_check_s=1e-300), ValueError, "stop_check_s 1e-300"),  # was a hang
+])
+def test_odd_arguments_are_refused_naming_them(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        simulate(_df(), **kwargs)
+
+
+def test_a_bool_is_no_number_of_seconds():
+    with pytest.raises(TypeError, match="frontend_s: got True"):
+        simulate(_df(), frontend_s=True)
+
+
+def test_a_block_larger_than_the_kv_cache_is_a_startup_error():
+    """block_size 1e9 built a list of 1e9 counters at start-up (a hang); now refused by name."""
+    with pytest.raises(StartupError, match="block_size 1000000000 exceeds the KV cache"):
+        simulate(_df(), config=EngineConfig(block_size=10**9))
