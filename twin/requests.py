@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.workload import COLUMNS, FILE_MINIMUM as COLUMN_MINIMUM, REQUIRED_FILE_COLUMNS as REQUIRED_COLUMNS, WorkloadError
+from traces.schema import COLUMNS, FILE_MINIMUM as COLUMN_MINIMUM, REQUIRED_FILE_COLUMNS as REQUIRED_COLUMNS, WorkloadError
 from twin.config import ConfigError
 
 

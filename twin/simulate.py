@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import pandas as pd
 
-from traces.workload import Workload
 from twin.config import MAX_SIM_SECONDS, EngineConfig
 from twin.engine import Engine
 from twin.interfaces import check_policy_object, explain_policy_failure, policy_label
@@ -59,6 +57,20 @@ def nothing_admitted_note(engine: Any, summary: dict[str, Any], scheduler: Any) 
     return (f"no request was admitted: {policy_label(scheduler)} admitted none of the {n} request(s) that arrived "
             f"and waited, so the run finished none (all {n} unfinished); check its schedule_waiting, which must offer "
             f"waiting requests to ctx.try_admit(rid) (twin.interfaces.Scheduler)")
+
+
+def dataframe_columns(df: Any) -> dict[str, np.ndarray]:
+    """A workload table (a pandas DataFrame) as a mapping of numpy columns, its rows sorted as a
+    :class:`traces.workload.Workload` sorts them (by ``arrival_s``, ties by ``request_id``, which is the row
+    order when absent); the columns are then checked by :func:`twin.requests.workload_columns`. Pandas is
+    not imported here: the core twin runs without it."""
+    cols = {str(c): df[c].to_numpy() for c in df.columns}
+    arr = cols.get("arrival_s")
+    if arr is not None and arr.dtype.kind in "iuf" and len(arr) > 1 and (np.diff(arr) < 0).any():
+        ids = cols.setdefault("request_id", np.arange(len(arr), dtype=np.int64))
+        order = np.lexsort((ids, arr))
+        cols = {k: v[order] for k, v in cols.items()}
+    return cols
 
 
 @dataclass
@@ -125,8 +137,8 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     ``ctx.try_admit``) says so: the summary gets a ``note`` naming the scheduler and a
     :class:`NothingAdmittedWarning` is issued (:func:`nothing_admitted_note`).
     """
-    if isinstance(workload, pd.DataFrame):  # checked and sorted as a Workload (a misspelt column is refused)
-        workload = Workload(workload)
+    if hasattr(workload, "columns") and hasattr(workload, "to_numpy"):  # a pandas DataFrame: its columns are
+        workload = dataframe_columns(workload)  # checked as a mapping of columns (a misspelt one is refused)
     if profile is not None and not isinstance(profile, (Profile, str, os.PathLike)):
         raise TypeError(f"profile: got {type(profile).__name__}; give a profile name (`twin calibrate list`), a path "
                         f"to a profile JSON file, or a twin.perf.profile.Profile (None: the default)")

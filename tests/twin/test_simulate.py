@@ -24,11 +24,11 @@ def _cols(**cols) -> dict:
 
 
 def test_a_dataframe_workload_is_checked_and_sorted_as_a_workload():
-    # unsorted rows are sorted (as every workload is); a plain table without adapter_id is base-model requests
+    # unsorted rows are sorted (as a Workload sorts them); a plain table without adapter_id is base-model requests
     assert simulate(_df().iloc[::-1].reset_index(drop=True)).summary["requests_finished"] == 3
     cases = [(_df(prefix_token=[0, 1, 2]), "unknown column"),                  # a misspelt column was dropped
              (_df(request_id=[1, 1, 2]), "duplicates"),
-             (_df(adapter_id=[0, 0, 1], adapter_rank=[8, 16, 8]), "more than one rank")]
+             (_df(adapter_id=[0, 0, 1], adapter_rank=[8, 16, 8]), "ranks 8 and 16; one rank per adapter")]
     for df, message in cases:
         with pytest.raises(WorkloadError, match=message):
             simulate(df)
