@@ -9,17 +9,33 @@ table (:func:`cell_error`: the file, the row and its CSV line, the column, the v
 from __future__ import annotations
 
 import csv
+import numbers
 import os
 import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 _SEPARATORS = re.compile(r"[,/\s]+")
 #: a comma with nothing before or after it (``8,,16``, ``8,16,``, ``,8``)
 _EMPTY_ITEM = re.compile(r"(^|,)\s*(,|$)")
+
+
+def is_real_number(v: Any) -> bool:
+    """A real number (numpy's too), not a bool (``True`` would count as 1) nor a string: the test every
+    numeric argument and constant of the project passes before it is used."""
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
+def is_whole_number(v: Any) -> bool:
+    """An integer (numpy's too) or a float with no fraction, not a bool: a count given as ``2.0`` is
+    accepted, ``2.5`` (which ``int()`` would truncate silently) is not."""
+    return (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))) or (
+        isinstance(v, float) and v.is_integer())
 
 
 def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value",

@@ -30,10 +30,11 @@ Every generator is vectorised numpy (no per-request Python loop) and takes an ex
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, Sequence
 
 import numpy as np
+
+from traces.arguments import is_real_number, is_whole_number
 
 
 class ArrivalError(ValueError):
@@ -43,11 +44,6 @@ class ArrivalError(ValueError):
 #: most arrivals one call may generate (expected count, or ``n``): 8 bytes each, so 2e9 is 16 GB;
 #: a rate x window beyond it is almost surely a unit mistake (ms for s, a total for a rate)
 MAX_ARRIVALS = 2_000_000_000
-
-
-def _real(v: Any) -> bool:
-    """A real number (numpy's too), not a bool or a string."""
-    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
 
 
 def check_rng(rng: Any, name: str = "rng") -> None:
@@ -61,9 +57,7 @@ def check_rng(rng: Any, name: str = "rng") -> None:
 def check_count(v: Any, name: str, low: int = 0) -> int:
     """``v`` as an int when it is a whole number >= ``low`` (numpy's too); else :class:`ArrivalError`
     (a fraction would be truncated silently)."""
-    whole = (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))) or (
-        isinstance(v, float) and v.is_integer())
-    if not whole or v < low:
+    if not is_whole_number(v) or v < low:
         raise ArrivalError(f"{name} must be a whole number >= {low}, got {v!r}")
     return int(v)
 
@@ -75,11 +69,11 @@ def _check_expected(count: float, what: str, noun: str = "arrivals") -> None:
 
 
 def _check_window(rps: float, duration_s: float | None, n: int | None) -> None:
-    if not (_real(rps) and np.isfinite(rps) and rps > 0):
+    if not (is_real_number(rps) and np.isfinite(rps) and rps > 0):
         raise ArrivalError(f"arrival rate must be > 0 req/s, got {rps!r}")
     if (duration_s is None) == (n is None):
         raise ArrivalError("give exactly one of duration_s (a time window) or n (a request count)")
-    if duration_s is not None and not (_real(duration_s) and np.isfinite(duration_s) and duration_s > 0):
+    if duration_s is not None and not (is_real_number(duration_s) and np.isfinite(duration_s) and duration_s > 0):
         raise ArrivalError(f"duration_s must be > 0 seconds, got {duration_s!r}")
     if n is not None:
         _check_expected(check_count(n, "request count n"), f"n={n!r}")
@@ -137,7 +131,7 @@ def gamma_renewal(rps: float, cv: float, rng: np.random.Generator, duration_s: f
     """
     _check_window(rps, duration_s, n)
     check_rng(rng)
-    if not (_real(cv) and MIN_CV <= cv <= MAX_CV):
+    if not (is_real_number(cv) and MIN_CV <= cv <= MAX_CV):
         raise ArrivalError(f"coefficient of variation cv must be in [{MIN_CV:g}, {MAX_CV:g}] (1: Poisson, > 1: "
                            f"bursty), got {cv!r}")
     shape, scale = 1.0 / cv**2, cv**2 / rps
@@ -155,7 +149,7 @@ def onoff(rps: float, rng: np.random.Generator, duration_s: float, on_s: float =
     """
     _check_window(rps, duration_s, None)
     check_rng(rng)
-    if not (_real(on_s) and _real(off_s) and _real(off_frac) and 0 < on_s < math.inf and 0 <= off_s < math.inf
+    if not (is_real_number(on_s) and is_real_number(off_s) and is_real_number(off_frac) and 0 < on_s < math.inf and 0 <= off_s < math.inf
             and 0.0 <= off_frac <= 1.0):
         raise ArrivalError(f"onoff needs finite on_s > 0, off_s >= 0 and 0 <= off_frac <= 1 "
                            f"(got on_s={on_s!r}, off_s={off_s!r}, off_frac={off_frac!r})")
@@ -241,10 +235,10 @@ def cumulative_intensity(profile: Sequence[float], bin_s: float, duration_s: flo
     except (TypeError, ValueError):
         prof = np.zeros(0)
     if prof.size == 0 or not (np.isfinite(prof).all() and (prof >= 0).all()) or not (
-            _real(bin_s) and 0 < bin_s < math.inf):
+            is_real_number(bin_s) and 0 < bin_s < math.inf):
         raise ArrivalError(f"a rate profile needs >= 1 finite non-negative relative rates and bin_s > 0 (got "
                            f"{prof.size} rate(s), bin_s={bin_s!r})")
-    if not (_real(duration_s) and 0 <= duration_s < math.inf):
+    if not (is_real_number(duration_s) and 0 <= duration_s < math.inf):
         raise ArrivalError(f"a rate profile's duration_s must be a finite number of seconds >= 0, got {duration_s!r}")
     _check_expected(duration_s / bin_s, f"bins of bin_s={bin_s!r} s over duration_s={duration_s!r}", "bins")
     prof = np.maximum(prof, 1e-9)  # keep Lambda strictly increasing so it can be inverted
@@ -278,7 +272,7 @@ def rescale_to_rps(times: np.ndarray, target_rps: float) -> tuple[np.ndarray, fl
     ``(scaled_times, factor)``.
     """
     t = np.asarray(times, dtype=float)
-    if not (_real(target_rps) and np.isfinite(target_rps) and target_rps > 0):
+    if not (is_real_number(target_rps) and np.isfinite(target_rps) and target_rps > 0):
         raise ArrivalError(f"target rate must be > 0 req/s, got {target_rps!r}")
     if not np.isfinite(t).all():
         raise ArrivalError(f"arrival times must be finite; {int((~np.isfinite(t)).sum())} are NaN or infinite")
@@ -320,7 +314,7 @@ def rate_profile(times: np.ndarray, bin_s: float, duration_s: float | None = Non
     The last bin is normalised by its actual width (a partial bin is not under-counted).
     """
     t = np.asarray(times, dtype=float)
-    if not (_real(bin_s) and 0 < bin_s < math.inf):
+    if not (is_real_number(bin_s) and 0 < bin_s < math.inf):
         raise ArrivalError(f"rate profile: bin_s must be a finite number of seconds > 0, got {bin_s!r}")
     if not np.isfinite(t).all():
         raise ArrivalError(f"rate profile: arrival times must be finite; {int((~np.isfinite(t)).sum())} are NaN or "

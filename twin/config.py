@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, asdict, field, fields
 from typing import Any
 
 import numpy as np
+
+from traces.arguments import is_real_number, is_whole_number
 
 
 #: longest simulated time a run may cover (s, about 3 years): far beyond any trace (the longest
@@ -50,10 +51,9 @@ def check_field_types(cfg: Any) -> None:
         if base == "bool":
             ok = isinstance(v, (bool, np.bool_))
         elif base == "int":
-            ok = (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))) or (
-                isinstance(v, float) and v.is_integer())
+            ok = is_whole_number(v)
         elif base == "float":
-            ok = isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+            ok = is_real_number(v)
         elif base == "str":
             ok = isinstance(v, str)
         else:

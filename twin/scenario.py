@@ -628,11 +628,8 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
         # S-LoRA keeps no per-slot LoRA buffers: its unified pool holds the adapters' weights with the KV cache
         # (S-LoRA MemoryAllocator, pool_size_lora 0), so the memory left after the weights is all pool
         buffers = 0 if resolve_system(run.policy, run.system) == "slora" else slots
-        try:
-            cfg.kv_capacity_tokens = kv_tokens_for_memory(profile, run.gpu_mem_gb, buffers, max_rank, run.tp)
-        except ValueError as e:
-            raise ConfigError(f"--gpu-mem-gb {run.gpu_mem_gb:g}: {e}; give a larger --gpu-mem-gb"
-                              + (", fewer --slots or a lower --max-lora-rank" if slots and max_rank else "")) from None
+        cfg.kv_capacity_tokens = kv_tokens_in_memory(profile, run.gpu_mem_gb, buffers, max_rank, run.tp,
+                                                     bool(slots and max_rank))
     check_kv_fits(run, cfg, workload, profile)
     try:
         check_server(run, cfg, workload, profile)
@@ -662,6 +659,18 @@ def profile_gpu_mem_gb(profile: Profile) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def kv_tokens_in_memory(profile: Profile, gpu_mem_gb: float, slots: int, max_rank: int, tp: int,
+                        slot_hint: bool, **memory: float) -> int:
+    """:func:`twin.tensor_parallel.kv_tokens_for_memory`, a memory too small for the weights (and slot
+    buffers) a :class:`ConfigError` naming ``--gpu-mem-gb`` (with ``slot_hint``: and fewer slots or a
+    lower rank as the other fixes); ``memory``: its ``utilization`` and ``runtime_overhead_gb``."""
+    try:
+        return kv_tokens_for_memory(profile, gpu_mem_gb, slots, max_rank, tp, **memory)
+    except ValueError as e:
+        raise ConfigError(f"--gpu-mem-gb {gpu_mem_gb:g}: {e}; give a larger --gpu-mem-gb"
+                          + (", fewer --slots or a lower --max-lora-rank" if slot_hint else "")) from None
+
+
 def check_kv_fits(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Profile) -> None:
     """A KV size given as such (``--kv-tokens``; S-LoRA's pool, ``--max-total-tokens``) fits in the GPU's memory:
     at most what the whole memory holds after the weights (and, on vLLM, the adapter slots' LoRA buffers) even at
@@ -682,11 +691,8 @@ def check_kv_fits(run: RunConfig, cfg: EngineConfig, workload: Workload, profile
     top_rank = int(ranks.max()) if len(ranks) else 0
     slots = 0 if slora or not cfg.enable_lora else cfg.max_loras  # (S-LoRA's pool reserves no slot buffers)
     max_rank = (cfg.max_lora_rank or top_rank) if slots else 0
-    try:
-        most = kv_tokens_for_memory(profile, mem, slots, max_rank, run.tp, utilization=1.0, runtime_overhead_gb=0.0)
-    except ValueError as e:
-        raise ConfigError(f"--gpu-mem-gb {mem:g}: {e}; give a larger --gpu-mem-gb"
-                          + (", fewer --slots or a lower --max-lora-rank" if slots and max_rank else "")) from None
+    most = kv_tokens_in_memory(profile, mem, slots, max_rank, run.tp, bool(slots and max_rank), utilization=1.0,
+                               runtime_overhead_gb=0.0)
     if run.gpu_mem_gb is not None:
         memory = f"the whole {mem:g} GB of GPU memory (--gpu-mem-gb)"
         more = "a larger --gpu-mem-gb"

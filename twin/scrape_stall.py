@@ -52,10 +52,10 @@ The seconds per series are fitted on the fit split (:mod:`twin.validation.scrape
 from __future__ import annotations
 
 import math
-import numbers
 from typing import NamedTuple
 
 import numpy as np
+from traces.arguments import is_real_number
 
 #: The real client's scrape period (s): it sleeps this long after each answer (the calibration
 #: runs' Prometheus windows last 2.006-2.013 s, median 2.009 s, of which ~10 ms is the scrape).
@@ -67,16 +67,12 @@ SCRAPE_PERIOD_S = 2.0
 OUTPUT_PROC_CHUNK_SIZE = 128
 
 
-def _real(v: object) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
-
-
 def check_scrape(s_per_label: float, period_s: float) -> None:
     """``ValueError`` naming the bad setting (both must be finite; seconds per series >= 0, period > 0)."""
-    if not (_real(s_per_label) and math.isfinite(s_per_label) and s_per_label >= 0.0):
+    if not (is_real_number(s_per_label) and math.isfinite(s_per_label) and s_per_label >= 0.0):
         raise ValueError(f"scrape_s_per_label {s_per_label!r}: give the scrape's seconds per label series, >= 0 "
                          f"(0: no scrape stall)")
-    if not (_real(period_s) and math.isfinite(period_s) and period_s > 0.0):
+    if not (is_real_number(period_s) and math.isfinite(period_s) and period_s > 0.0):
         raise ValueError(f"scrape_period_s {period_s!r}: give the client's scrape period in seconds, > 0")
 
 

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import os
 import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+from traces.arguments import is_real_number
 from twin.config import MAX_SIM_SECONDS, EngineConfig
 from twin.engine import Engine
 from twin.interfaces import check_policy_object, explain_policy_failure, policy_label
@@ -32,11 +35,6 @@ ENGINES = {"vllm": Engine, "slora": SLoRAEngine}
 #: engine step; a smaller interval would make the chunked run crawl (and below the clock's
 #: resolution never advance)
 MIN_STOP_CHECK_S = 1e-3
-
-
-def _real(v: Any) -> bool:
-    """A real number (numpy's too), not a bool or a string."""
-    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
 
 
 class NothingAdmittedWarning(UserWarning):
@@ -154,18 +152,18 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
         if not callable(stop_when):
             raise TypeError(f"stop_when: got {type(stop_when).__name__}; give a function of the engine that returns "
                             f"True to stop the run (None: run to the end)")
-        if not (_real(stop_check_s) and MIN_STOP_CHECK_S <= stop_check_s < math.inf):
+        if not (is_real_number(stop_check_s) and MIN_STOP_CHECK_S <= stop_check_s < math.inf):
             raise ValueError(f"stop_check_s {stop_check_s!r}: give the check interval in simulated seconds, "
                              f">= {MIN_STOP_CHECK_S:g} and finite, e.g. 5")
     for arg, v in (("frontend_s", frontend_s), ("scrape_s_per_label", scrape_s_per_label),
                    ("serving_s_per_running", serving_s_per_running), ("scrape_period_s", scrape_period_s)):
-        if not _real(v):
+        if not is_real_number(v):
             raise TypeError(f"{arg}: got {v!r} ({type(v).__name__}); give a number of seconds")
-    if rank_tile_cost is not None and not _real(rank_tile_cost):
+    if rank_tile_cost is not None and not is_real_number(rank_tile_cost):
         raise TypeError(f"rank_tile_cost: got {rank_tile_cost!r} ({type(rank_tile_cost).__name__}); give a number "
                         f">= 0 (1: every rank tile alike; None: the profile's own)")
     for arg, v in (("ttft_slo_s", ttft_slo_s), ("tbt_slo_s", tbt_slo_s)):
-        if v is not None and not (isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 < v < math.inf):
+        if v is not None and not (is_real_number(v) and 0 < v < math.inf):
             raise ValueError(f"{arg} {v!r}: give the SLO in seconds, > 0 and finite (None: no SLO)")
         if v is not None and v > MAX_SIM_SECONDS:
             raise ValueError(f"{arg} {v!r}: beyond the {MAX_SIM_SECONDS:g} s (about 3 years) a run may simulate, so "

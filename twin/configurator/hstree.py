@@ -17,13 +17,14 @@ scikit-learn's multi-output tree (a test checks it equals imodels' on one target
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.tree import DecisionTreeRegressor
 from sklearn.utils.validation import check_is_fitted
+
+from traces.arguments import is_real_number
 
 
 def shrink_node_values(tree: Any, reg_param: float) -> np.ndarray:
@@ -70,8 +71,7 @@ class HSTreeMultiRegressor(RegressorMixin, BaseEstimator):
         self.random_state = random_state
 
     def fit(self, X, y):
-        if not (isinstance(self.reg_param, numbers.Real) and not isinstance(self.reg_param, (bool, np.bool_))
-                and self.reg_param >= 0):
+        if not (is_real_number(self.reg_param) and self.reg_param >= 0):
             raise ValueError(f"reg_param must be a number >= 0, got {self.reg_param!r}")
         self.estimator_ = DecisionTreeRegressor(max_leaf_nodes=self.max_leaf_nodes,
                                                 min_samples_leaf=self.min_samples_leaf,

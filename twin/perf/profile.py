@@ -28,14 +28,12 @@ import copy
 import dataclasses
 import json
 import math
-import numbers
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
+from traces.arguments import is_real_number
 from twin.perf.forms import FORMS, PerfModel, make_component
 from twin.perf.slora_forms import PagedLora
 from twin.model_spec import ALL_TARGETS, QKVO, ModelSpec, get_model
@@ -290,8 +288,7 @@ class Profile:
     def _with_kernel_grid_cost(self, param: str, cost: float, what: str, fix: str, none: str) -> "Profile":
         """A copy with the ``kernel_grid`` LoRA form's relative block cost ``param`` set to ``cost`` (finite,
         >= 0; a profile with another LoRA form is refused unless ``cost`` is 1, which changes nothing)."""
-        real = isinstance(cost, numbers.Real) and not isinstance(cost, (bool, np.bool_))  # (not "2", not True)
-        c = float(cost) if real else math.nan
+        c = float(cost) if is_real_number(cost) else math.nan  # (not "2", not True)
         if not (c >= 0.0 and math.isfinite(c)):
             raise ValueError(f"{what} {cost!r}: {fix}")
         lo = self.components["lora"]
@@ -429,10 +426,6 @@ def _describe(v: Any) -> str:
     return f"a JSON {'list' if isinstance(v, (list, tuple)) else 'object' if isinstance(v, dict) else type(v).__name__}"
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
-
-
 def _check_layout(d: dict[str, Any], origin: str) -> None:
     """The profile's shape, as a hand edit can break it: ``name`` and ``model`` strings, ``lora_targets`` a
     non-empty list of module names, ``components`` an object of known components, each with a ``form`` name
@@ -494,7 +487,7 @@ def _check_layout(d: dict[str, Any], origin: str) -> None:
 def _check_numbers(v: Any, where: str, depth: int, origin: str) -> None:
     """``v`` a number (``depth`` 0) or an object of such, ``depth`` levels deep (a load table)."""
     if depth == 0:
-        if not _is_number(v):
+        if not is_real_number(v):
             raise ValueError(f"{origin}: {where} is {_describe(v)}, not a number; every constant of a profile must "
                              f"be a finite number (written without quotes) {_FIX}")
         return
