@@ -157,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                        system=run.system, horizon_s=run.horizon, ttft_slo_s=run.ttft_slo, tbt_slo_s=run.tbt_slo,
                        progress=progress, frontend_s=run.frontend_ms / 1000.0,
                        serving_s_per_running=run.serving_us / 1e6, rank_tile_cost=run.rank_tile_cost,
-                       extra={"trace": run.trace, "workload": workload.meta, "config": cfg.to_dict(),
+                       extra={"trace": scenario["trace"], "workload": workload.meta, "config": cfg.to_dict(),
                               "scenario": scenario})
     if res.summary.get("note"):
         print(f"twin run: warning: {res.summary['note']}", file=sys.stderr)

@@ -40,7 +40,7 @@ from typing import Any
 from traces.adapters import parse_popularity
 from traces.arguments import parse_list
 from traces.flags import flag_name
-from traces.registry import REAL_OPTIONS, get_workload, run_defaults
+from traces.registry import BUILTINS, REAL_OPTIONS, get_workload, run_defaults
 from traces.synth import MAX_ADAPTERS, OPTIONS, option_value_problem
 from traces.workload import Workload
 from twin.config import MAX_SIM_SECONDS, ConfigError, EngineConfig  # noqa: F401  (MAX_SIM_SECONDS re-exported)
@@ -848,10 +848,12 @@ def resolved_scenario(run: RunConfig, profile: Profile, cfg: EngineConfig | None
     hash and the policy's parameters."""
     d = dataclasses.asdict(run)
     d["trace_options"] = {k: v for k, v in run.trace_options}
-    if workload is not None:
+    if workload is not None and run.trace in BUILTINS:  # (a saved workload file is replayed as it is)
         _pin_synthetic(d, workload)
     d["policy"] = run.policy or "vllm"
     d["profile"] = profile_reference(run, profile)
+    for key in PATH_OPTIONS:  # (a replay from another directory finds the files)
+        d[key] = absolute_path(key, d[key])
     if cfg is not None:
         d["slots"] = cfg.max_loras
     d = _plain(d)
@@ -953,10 +955,42 @@ def read_mapping_file(path: Path, label: str = "--config", what: str = "scenario
     return data
 
 
+#: scenario options whose value may be a file or directory path (``trace``, ``profile``: else a name)
+PATH_OPTIONS = ("trace", "profile", "data_dir")
+
+
+def _is_name(option: str, value: str) -> bool:
+    """``value`` is a built-in name of ``option`` (a trace or a shipped profile), not a path."""
+    return (option == "trace" and value in BUILTINS) or (option == "profile" and value in available_profiles())
+
+
+def rebase_path(option: str, value: Any, base: Path) -> Any:
+    """A path option's ``value`` read from a file in directory ``base``: a relative path that names
+    something there is taken there (a scenario or grid file is read the same from any directory);
+    names, absolute paths and relative paths found only from the current directory (summaries of
+    older versions, which recorded paths as given) are left as they are."""
+    if not isinstance(value, str) or not value or _is_name(option, value):
+        return value
+    p = Path(value).expanduser()
+    if p.is_absolute() or not (base / p).exists():
+        return value
+    return str((base / p).resolve())
+
+
+def absolute_path(option: str, value: Any) -> Any:
+    """A path option's ``value`` as recorded in a resolved scenario: an existing relative path made
+    absolute, so that ``twin run --config RUN/summary.json`` replays the run from any directory."""
+    if not isinstance(value, str) or not value or _is_name(option, value):
+        return value
+    p = Path(value).expanduser()
+    return str(p.resolve()) if not p.is_absolute() and p.exists() else value
+
+
 def load_scenario_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(options, recorded)`` of a scenario file: TOML, YAML or JSON; a run's ``summary.json``
     gives its ``scenario``. Options are checked as :class:`RunConfig` values; unknown keys are
-    refused, listing the known ones."""
+    refused, listing the known ones. Relative paths (:data:`PATH_OPTIONS`) are read relative to the
+    file's directory (:func:`rebase_path`)."""
     path = Path(path)
     data = read_mapping_file(path)
     if SUMMARY_MARKERS & set(data):  # a run's summary.json: its options are its scenario table
@@ -979,6 +1013,8 @@ def load_scenario_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]
                 options[name] = _check_type(name, value)
             except ConfigError as e:
                 raise ScenarioFileError(f"--config {path}: {name}: {e}") from None
+            if name in PATH_OPTIONS:
+                options[name] = rebase_path(name, options[name], path.parent)
         elif name in RECORDED:
             recorded[name] = value
         else:

@@ -476,3 +476,19 @@ def test_grid_from_dict_takes_a_dict(table):
     """None was a bare 'NoneType is not iterable'; a string was read as its letters ('unknown keys [i, n, t, y]')."""
     with pytest.raises(TypeError, match=f"grid: got {type(table).__name__}; give a dict"):
         grid_from_dict(table)
+
+
+def test_a_relative_profile_path_is_read_relative_to_the_grid_file(tmp_path, monkeypatch):
+    """``profile = "p.json"`` beside the grid file names that file from any directory (it was read
+    from the current directory); a shipped profile's name stays a name."""
+    import json
+
+    from twin.perf.profile import load_profile
+
+    (tmp_path / "grids").mkdir()
+    (tmp_path / "grids" / "p.json").write_text(json.dumps(load_profile(None).to_dict()))
+    (tmp_path / "grids" / "g.toml").write_text(TOML.replace('"llama-3.1-8b_h100_vllm085"', '"p.json"', 1))
+    (tmp_path / "grids" / "named.toml").write_text(TOML)
+    monkeypatch.chdir(tmp_path)
+    assert load_grid("grids/g.toml").profile == str(tmp_path / "grids" / "p.json")
+    assert load_grid("grids/named.toml").profile == "llama-3.1-8b_h100_vllm085"

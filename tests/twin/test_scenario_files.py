@@ -151,3 +151,33 @@ def test_a_replay_does_not_follow_a_changed_preset_default(tmp_path, monkeypatch
         json.loads((first / "summary.json").read_text())["requests_arrived"]  # the preset did change
     assert run_cli(["run", "--no-progress", "--config", str(first / "summary.json"), "--out", str(second)])[0] == 0
     _same_run(first, second)
+
+
+def test_relative_paths_are_read_from_the_scenario_file_and_a_saved_workload_replays(tmp_path, monkeypatch):
+    """A run of a saved workload (a twin-written synthetic one) and a profile JSON given by relative
+    paths replays from another directory: the summary records them absolute, and a hand-written
+    scenario file's relative paths are read relative to the file (they used to be read from the
+    current directory; and the synthetic settings pinned from the saved workload's meta were
+    refused on replay as options a saved workload does not take)."""
+    from twin.perf.profile import load_profile
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    rc, _, err = run_cli(["traces", "synth", "--out", "w.parquet", "--duration", "20", "--rps", "2"])
+    assert rc == 0, err
+    (work / "p.json").write_text(json.dumps(load_profile(None).to_dict()))
+    rc, _, err = run_cli(["run", "--no-progress", "--trace", "w.parquet", "--profile", "p.json", "--out", "a"])
+    assert rc == 0, err
+    sc = json.loads((work / "a" / "summary.json").read_text())["scenario"]
+    assert sc["trace"] == str(work / "w.parquet") and sc["profile"] == str(work / "p.json")
+    (work / "s.toml").write_text('trace = "w.parquet"\nprofile = "p.json"\n')
+    monkeypatch.chdir(tmp_path)  # elsewhere: the summary and the relative scenario file both replay the run
+    for config, out in (("work/a/summary.json", "b"), ("work/s.toml", "c")):
+        rc, _, err = run_cli(["run", "--no-progress", "--config", config, "--out", out])
+        assert rc == 0 and "warning" not in err, err
+        _same_run(work / "a", tmp_path / out)
+    # a relative path found in neither place is still named with the current directory's reading
+    (tmp_path / "bad.toml").write_text('trace = "nosuch.parquet"\n')
+    rc, _, err = run_cli(["run", "--no-progress", "--config", str(tmp_path / "bad.toml")])
+    assert rc == 2 and "nosuch.parquet does not exist" in err, err

@@ -50,7 +50,7 @@ from twin.registry import PRESETS, load_entry_points, resolve_system
 from twin.sweep.scenario import DEFAULT_POLICY, check_length_corr, check_lengths, get_profile, profile_hash
 from twin.config import SLORA_ONLY_FIELDS, EngineConfig
 from twin.model_spec import get_model
-from twin.scenario import check_host_term, rank_limit, read_mapping_file
+from twin.scenario import check_host_term, rank_limit, read_mapping_file, rebase_path
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 
 #: The published per-adapter rates (req/s) and ranks.
@@ -619,7 +619,8 @@ def _check_requests(g: GridSpec) -> None:
 
 
 def load_grid(name_or_path: str | os.PathLike) -> GridSpec:
-    """A named grid (:data:`NAMED_GRIDS`) or a ``.toml`` / ``.yaml`` / ``.yml`` / ``.json`` file."""
+    """A named grid (:data:`NAMED_GRIDS`) or a ``.toml`` / ``.yaml`` / ``.yml`` / ``.json`` file (a relative
+    ``profile`` path in it is read relative to the file, :func:`twin.scenario.rebase_path`)."""
     s = str(name_or_path)
     if s in NAMED_GRIDS:
         return NAMED_GRIDS[s]()
@@ -628,4 +629,6 @@ def load_grid(name_or_path: str | os.PathLike) -> GridSpec:
         raise ValueError(f"unknown grid {s!r}: not a named grid ({', '.join(NAMED_GRIDS)}) nor a file")
     d = read_mapping_file(p, label="grid file", what="grid", yaml_extra="sweep",
                           example="`twin sweep --list` names the built-in grids", also="")
+    if isinstance(d, dict) and "profile" in d:  # a relative profile path is read relative to the grid file
+        d["profile"] = rebase_path("profile", d["profile"], p.parent)
     return grid_from_dict(d or {}, default_name=p.stem)
