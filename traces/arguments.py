@@ -43,14 +43,16 @@ def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value"
     """A list from ``"8,16,32"``, ``"8/16/32"``, ``"8-16-32"`` (the real-run tables' form),
     or an iterable of values. ``minimum`` refuses smaller items. ``dashes=False`` refuses the
     dashed form (on a command line ``8-128`` reads as a range: the caller asks for commas).
-    Raises ``ValueError`` naming ``name`` and showing the expected form."""
+    Raises ``ValueError`` naming ``name`` and showing the expected form (an example of its kind: ranks
+    8,16,32 for integers, rates 0.4,0.05,0.00625 for a name with "rate", else 0.5,1,2)."""
+    ex = "8,16,32" if cast is int else "0.4,0.05,0.00625" if "rate" in name.lower() else "0.5,1,2"
     if value is None:
-        raise ValueError(f"{name}: a list is required, e.g. 8,16,32")
+        raise ValueError(f"{name}: a list is required, e.g. {ex}")
     if isinstance(value, str):
         text = value.strip()
         if _SEPARATORS.sub("", text) and has_empty_item(text):
             raise ValueError(f"{name}: {value!r} has an empty item (two commas in a row, or a comma at an end); "
-                             f"give comma-separated values, e.g. 8,16,32")
+                             f"give comma-separated values, e.g. {ex}")
         if text.startswith("-") and minimum is not None and minimum >= 0:
             raise ValueError(f"{name}: values must be >= {minimum:g}, got {value!r}")
         parts = [p for p in _SEPARATORS.split(text) if p]
@@ -64,14 +66,14 @@ def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value"
                                  f"row); give positive values joined by single dashes, e.g. 8-16-32")
         items: list[Any] = parts
     elif isinstance(value, (bytes, dict)):
-        raise ValueError(f"{name}: expected a list, e.g. 8,16,32, got {value!r}")
+        raise ValueError(f"{name}: expected a list, e.g. {ex}, got {value!r}")
     else:
         try:
             items = list(value)
         except TypeError:
             items = [value]
     if not items:
-        raise ValueError(f"{name}: empty list; give comma-separated values, e.g. 8,16,32")
+        raise ValueError(f"{name}: empty list; give comma-separated values, e.g. {ex}")
     out: list[T] = []
     for x in items:
         try:
@@ -83,7 +85,7 @@ def parse_list(value: Any, cast: Callable[[str], T] = float, name: str = "value"
         except (TypeError, ValueError, OverflowError):
             kind = getattr(cast, "__name__", "number")
             raise ValueError(f"{name}: {x!r} is not a valid {kind}; give comma-separated values, "
-                             f"e.g. 8,16,32") from None
+                             f"e.g. {ex}") from None
         if minimum is not None and v < minimum:  # type: ignore[operator]
             raise ValueError(f"{name}: values must be >= {minimum:g}, got {x!r}")
         out.append(v)

@@ -155,6 +155,9 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
         if not (is_real_number(stop_check_s) and MIN_STOP_CHECK_S <= stop_check_s < math.inf):
             raise ValueError(f"stop_check_s {stop_check_s!r}: give the check interval in simulated seconds, "
                              f">= {MIN_STOP_CHECK_S:g} and finite, e.g. 5")
+    for arg, v in (("progress", progress), ("record_steps", record_steps), ("check_invariants", check_invariants)):
+        if not isinstance(v, (bool, np.bool_)):  # ("no" or "false" is a true value: it would do the opposite)
+            raise TypeError(f"{arg}: got {v!r} ({type(v).__name__}); give True or False")
     for arg, v in (("frontend_s", frontend_s), ("scrape_s_per_label", scrape_s_per_label),
                    ("serving_s_per_running", serving_s_per_running), ("scrape_period_s", scrape_period_s)):
         if not is_real_number(v):

@@ -213,7 +213,7 @@ def test_the_request_cap_is_twin_runs():
     ("-0.4,0.05,0.1", "8,16,32", "--rates '-0.4,0.05,0.1': -0.4 is not a rate; give per-adapter request rates in "
                                  "req/s above 0"),
     ("0,0.05,0.1", "8,16,32", "--rates '0,0.05,0.1': 0 is not a rate"),
-    ("nan,0.05,0.1", "8,16,32", "--rates: 'nan' is not a valid float"),
+    ("nan,0.05,0.1", "8,16,32", "--rates: 'nan' is not a valid float; give comma-separated values, e.g. 0.4,0.05,0.00625"),
     ("0.4,0.05,0.1", "0,16,32", "--ranks '0,16,32': 0 is not a LoRA rank; give whole numbers >= 1"),
     ("0.4,0.05,0.1", "-8,16,32", "--ranks '-8,16,32': -8 is not a LoRA rank"),
     ("0.4,0.05,0.1", "8.5,16,32", "--ranks: '8.5' is not a valid int"),

@@ -63,6 +63,9 @@ def test_a_path_as_workload_says_how_to_read_it():
     (dict(extra={"policy": "mine"}), ValueError, "policy would replace"),
     (dict(extra={"requests_finished": 99}), ValueError, "requests_finished would replace"),  # was written over
     (dict(stop_when=5), TypeError, "stop_when: got int"),          # was never called on a short run
+    (dict(progress="no"), TypeError, "progress: got 'no'"),         # a true value: drew the bar it was to hide
+    (dict(record_steps="false"), TypeError, "record_steps: got 'false'"),
+    (dict(check_invariants=1), TypeError, "check_invariants: got 1"),
     (dict(stop_when=lambda e: False, stop_check_s="1"), ValueError, "stop_check_s '1'"),
     (dict(stop_when=lambda e: False, stop_check_s=1e-300), ValueError, "stop_check_s 1e-300"),  # was a hang
 ])
