@@ -33,6 +33,54 @@ def test_label_times_count_new_waiting_running_pairs():
     np.testing.assert_array_equal(t2, [2.0, 3.0])
 
 
+def _label_times_plain(arrival, first_token, finish, adapter, horizon):
+    """The plain walk over every event (what label_times computed before it walked the count
+    changes alone): the reference of the test below."""
+    n = len(arrival)
+    has = (adapter >= 0) & (arrival <= horizon)
+    ev = sorted((t[i], kind, int(adapter[i])) for kind, t in enumerate((arrival, first_token, finish))
+                for i in range(n) if has[i] and np.isfinite(t[i]) and t[i] <= horizon)
+    waiting: dict[int, int] = {}
+    running: dict[int, int] = {}
+    seen, new = set(), []
+    i = 0
+    while i < len(ev):
+        t = ev[i][0]
+        while i < len(ev) and ev[i][0] == t:
+            _, kind, a = ev[i]
+            if kind == 0:
+                waiting[a] = waiting.get(a, 0) + 1
+            elif kind == 1:
+                waiting[a] -= 1
+                running[a] = running.get(a, 0) + 1
+            else:
+                running[a] -= 1
+            i += 1
+        key = (frozenset(a for a, c in waiting.items() if c), frozenset(a for a, c in running.items() if c))
+        if key not in seen:
+            seen.add(key)
+            new.append(t)
+    return np.asarray(new, float)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_label_times_equal_the_plain_walk_over_every_event(seed):
+    """Random runs on a coarse clock (many events share an instant: arrivals, first tokens and
+    finishes of one step), adapters and base-model requests, requests unfinished or past the horizon."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    arrival = np.round(rng.uniform(0, 50, n), 0 if seed % 2 else 1)
+    first = arrival + np.round(rng.exponential(2.0, n), 0 if seed % 3 else 1)
+    finish = first + np.round(rng.exponential(5.0, n), 0 if seed % 2 else 1)
+    first[rng.random(n) < 0.1] = np.nan  # still waiting at the end
+    finish[np.isnan(first) | (rng.random(n) < 0.1)] = np.nan
+    adapter = rng.integers(-1, int(rng.integers(1, 80)), n)
+    horizon = float(rng.choice([np.inf, 40.0, 25.5]))
+    np.testing.assert_array_equal(label_times(arrival, first, finish, adapter, horizon),
+                                  _label_times_plain(arrival, first, finish, adapter, horizon))
+    assert len(label_times(arrival[:0], first[:0], finish[:0], adapter[:0], horizon)) == 0
+
+
 def test_stall_windows_grow_with_the_series_seen():
     labels = np.array([0.5, 1.0, 1.5, 3.0])
     s, e = stall_windows(labels, s_per_label=0.1, period_s=2.0, until=7.0)
