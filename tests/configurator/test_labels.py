@@ -94,6 +94,64 @@ def test_early_stopped_run_counts_as_starving():
     assert int(c.iloc[0]["served_adapters"]) == 16 and c.iloc[0]["next_ratio"] == pytest.approx(2000 / 3200)
 
 
+def _walk_run_by_run(g, ratio=0.9, strict=False):
+    """The published walk, run by run (what slot_candidates did before its vectorised pass): the
+    reference of the test below."""
+    from twin.configurator.labels import run_ratio
+
+    def passes(row):
+        tp, off = row.get("total_tok_s"), row.get("offered_tok_s")
+        if tp is None or off is None or not math.isfinite(tp) or not math.isfinite(off):
+            return False
+        return tp > ratio * off if strict else tp >= ratio * off
+
+    out = []
+    for _, sub in g[g["status"] == "ok"].groupby("adapter_slots", sort=True):
+        cand = nxt = None
+        for _, row in sub.sort_values("served_adapters").iterrows():
+            if passes(row):
+                cand = row
+                continue
+            if cand is None:
+                cand = row
+            else:
+                nxt = row
+            break
+        c = cand.copy()
+        c["ratio_at_label"] = run_ratio(cand)[0]
+        c["next_served"] = float(nxt["served_adapters"]) if nxt is not None else math.nan
+        c["next_ratio"] = run_ratio(nxt)[0] if nxt is not None else math.nan
+        out.append(c)
+    return pd.DataFrame(out)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_slot_candidates_equal_the_walk_run_by_run(seed):
+    """Random scenarios: slot values and served adapters in shuffled row order, runs that failed to start,
+    runs stopped early (no throughput, an upper bound), throughputs on the line, both line rules."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for g in rng.choice([8, 16, 32, 64, 128], int(rng.integers(1, 5)), replace=False):
+        for n in rng.choice([16, 32, 64, 96, 128, 160], int(rng.integers(1, 6)), replace=False):
+            off = float(rng.uniform(100, 5000))
+            r = float(rng.choice([0.9, 1.0, 0.5, 0.95, 0.85, float(rng.uniform(0.6, 1.1))]))
+            early = bool(rng.random() < 0.15)
+            rows.append({"scenario": "s", "adapter_slots": int(g), "served_adapters": int(n),
+                         "status": "ok" if rng.random() < 0.85 else "failed_oom", "offered_tok_s": off,
+                         "total_tok_s": math.nan if early else r * off, "early_stop": early,
+                         "tok_s_upper": float(rng.uniform(0, 1) * off) if early else math.nan})
+    df = pd.DataFrame(rows).sample(frac=1.0, random_state=seed).reset_index(drop=True)
+    for strict in (False, True):
+        want = _walk_run_by_run(df, strict=strict)
+        got = slot_candidates(df, strict=strict)
+        if want.empty:
+            assert got.empty
+            continue
+        pd.testing.assert_frame_equal(got, want, check_dtype=False)
+
+
 def test_features():
     f = features_of([0.4, 0.05, 0.00625], [8, 16, 32])
     assert f["rate_max"] == 0.4 and f["rank_min"] == 8 and f["rank_mean"] == pytest.approx(56 / 3)

@@ -95,42 +95,53 @@ def _group_keys(df: pd.DataFrame) -> list[str]:
     return [c for c in GROUP_CANDIDATES if c in df.columns and df[c].notna().all()]
 
 
-def _passes(row: pd.Series, ratio: float, strict: bool) -> bool:
-    tp, off = row.get("total_tok_s"), row.get("offered_tok_s")
-    if row.get("early_stop") and (tp is None or not np.isfinite(tp)):
-        return False  # stopped early: decided starving
-    if tp is None or off is None or not np.isfinite(tp) or not np.isfinite(off):
-        return False
-    return tp > ratio * off if strict else tp >= ratio * off
+def passes_line(runs: pd.DataFrame, ratio: float = 0.9, strict: bool = False) -> np.ndarray:
+    """Per run: its total token throughput is at least ``ratio`` x the offered tokens (above it with
+    ``strict``); a run without both figures (a run stopped early, decided starving, has no
+    throughput) does not pass."""
+    if "total_tok_s" not in runs or "offered_tok_s" not in runs:
+        return np.zeros(len(runs), bool)
+    tp = pd.to_numeric(runs["total_tok_s"], errors="coerce").to_numpy(float)
+    off = pd.to_numeric(runs["offered_tok_s"], errors="coerce").to_numpy(float)
+    with np.errstate(invalid="ignore"):
+        line = ratio * off
+        above = tp > line if strict else tp >= line
+    return np.isfinite(tp) & np.isfinite(off) & above
 
 
 def slot_candidates(g: pd.DataFrame, ratio: float = 0.9, strict: bool = False) -> pd.DataFrame:
-    """The per-slot candidates of one scenario (the walk of the published rule), with margins."""
-    out = []
-    ok = g[g["status"] == "ok"]
-    for slots, sub in ok.groupby("adapter_slots", sort=True):
-        sub = sub.sort_values("served_adapters")
-        cand = None
-        nxt = None
-        for i, (_, row) in enumerate(sub.iterrows()):
-            if _passes(row, ratio, strict):
-                cand = row
-                continue
-            if cand is None:
-                cand = row
-                # the first run fails: its own ratio is the margin, and nothing follows it
-                nxt = None
-            else:
-                nxt = row
-            break
-        if cand is None:
-            continue
-        c = cand.copy()
-        c["ratio_at_label"] = _ratio(cand)
-        c["next_served"] = float(nxt["served_adapters"]) if nxt is not None else math.nan
-        c["next_ratio"] = _ratio(nxt) if nxt is not None else math.nan
-        out.append(c)
-    return pd.DataFrame(out)
+    """The per-slot candidates of one scenario (the walk of the published rule), with margins.
+
+    Per slot value (ascending), the runs that produced a result in order of served adapters: the
+    candidate is the last run before the first one below the line (:func:`passes_line`), the first
+    run when even it fails, the last run when none fails; ``next_served`` / ``next_ratio`` are those
+    of the failing run that ended the walk (NaN when the first run failed or none did). One
+    vectorised pass over the scenario's runs (a test compares it with the walk run by run)."""
+    ok = g[(g["status"] == "ok") & g["adapter_slots"].notna()]
+    if not len(ok):
+        return pd.DataFrame([])
+    slots = ok["adapter_slots"].to_numpy(float)
+    order = np.lexsort((ok["served_adapters"].to_numpy(float), slots))  # by slots, then served (stable)
+    passed = passes_line(ok, ratio, strict)[order]
+    s_sorted = slots[order]
+    starts = np.flatnonzero(np.r_[True, s_sorted[1:] != s_sorted[:-1]])
+    ends = np.r_[starts[1:], len(order)]
+    cand, nxt = [], []
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        fails = np.flatnonzero(~passed[a:b])
+        if not len(fails):
+            cand.append(b - 1), nxt.append(-1)  # every run passes: the last one
+        elif fails[0] == 0:
+            cand.append(a), nxt.append(-1)  # the first run fails: its own ratio is the margin
+        else:
+            cand.append(a + int(fails[0]) - 1), nxt.append(a + int(fails[0]))
+    out = ok.iloc[order[cand]].copy()
+    need = [c for c in ("total_tok_s", "offered_tok_s", "early_stop", "tok_s_upper", "served_adapters") if c in ok]
+    recs = ok[need].iloc[order].to_dict("records")  # (run_ratio's fields of the walk's runs)
+    out["ratio_at_label"] = [run_ratio(recs[i])[0] for i in cand]
+    out["next_served"] = [float(recs[j]["served_adapters"]) if j >= 0 else math.nan for j in nxt]
+    out["next_ratio"] = [run_ratio(recs[j])[0] if j >= 0 else math.nan for j in nxt]
+    return out
 
 
 def _ratio(row: pd.Series | None) -> float:
