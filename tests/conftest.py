@@ -38,13 +38,21 @@ def shared_reproduction_points(tmp_path_factory):
     """One ``twin reproduce`` point cache for the session (``$TWIN_REPRODUCE_CACHE``, inherited by the
     notebook kernels): ``tests/reproduce`` and the reproduction notebooks run the same ``--quick``
     points, which are simulated once. The cache is keyed by the code's fingerprint, so a point is only
-    ever reused by the code that made it; tests of re-run determinism switch it off."""
+    ever reused by the code that made it; tests of re-run determinism switch it off. Under xdist the
+    directory is the session's, shared by its workers (``tests/reproduce`` and the notebooks run on
+    different ones; points are written atomically, so two workers computing one point is only work
+    done twice)."""
     from twin.reproduce.point_cache import CACHE_ENV
 
     if os.environ.get(CACHE_ENV):
         yield
         return
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("reproduce-points"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the session's base directory (each worker's is below it)
+        shared = tmp_path_factory.getbasetemp().parent / "reproduce-points"
+        shared.mkdir(exist_ok=True)
+        os.environ[CACHE_ENV] = str(shared)
+    else:
+        os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("reproduce-points"))
     try:
         yield
     finally:
