@@ -964,15 +964,22 @@ def _is_name(option: str, value: str) -> bool:
     return (option == "trace" and value in BUILTINS) or (option == "profile" and value in available_profiles())
 
 
+def _relative_path(option: str, value: Any) -> Path | None:
+    """``value`` of a path option as a relative path; None for a name, an absolute path or a non-string."""
+    if not isinstance(value, str) or not value or _is_name(option, value):
+        return None
+    p = Path(value).expanduser()
+    return None if p.is_absolute() else p
+
+
 def rebase_path(option: str, value: Any, base: Path) -> Any:
     """A path option's ``value`` read from a file in directory ``base``: a relative path that names
-    something there is taken there (a scenario or grid file is read the same from any directory);
-    names, absolute paths and relative paths found only from the current directory (summaries of
-    older versions, which recorded paths as given) are left as they are."""
-    if not isinstance(value, str) or not value or _is_name(option, value):
-        return value
-    p = Path(value).expanduser()
-    if p.is_absolute() or not (base / p).exists():
+    something there is taken there (a scenario or grid file is read the same from any directory).
+    Names, absolute paths, relative paths found only from the current directory (summaries of older
+    versions, which recorded paths as given) and paths the current directory reads the same (a grid
+    file run from its own directory keeps its digest) are left as they are."""
+    p = _relative_path(option, value)
+    if p is None or not (base / p).exists() or (p.exists() and p.resolve() == (base / p).resolve()):
         return value
     return str((base / p).resolve())
 
@@ -980,10 +987,8 @@ def rebase_path(option: str, value: Any, base: Path) -> Any:
 def absolute_path(option: str, value: Any) -> Any:
     """A path option's ``value`` as recorded in a resolved scenario: an existing relative path made
     absolute, so that ``twin run --config RUN/summary.json`` replays the run from any directory."""
-    if not isinstance(value, str) or not value or _is_name(option, value):
-        return value
-    p = Path(value).expanduser()
-    return str(p.resolve()) if not p.is_absolute() and p.exists() else value
+    p = _relative_path(option, value)
+    return str(p.resolve()) if p is not None and p.exists() else value
 
 
 def load_scenario_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -492,3 +492,5 @@ def test_a_relative_profile_path_is_read_relative_to_the_grid_file(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     assert load_grid("grids/g.toml").profile == str(tmp_path / "grids" / "p.json")
     assert load_grid("grids/named.toml").profile == "llama-3.1-8b_h100_vllm085"
+    monkeypatch.chdir(tmp_path / "grids")  # from its own directory the grid is as written (and keeps its digest)
+    assert load_grid("g.toml").profile == "p.json"
