@@ -70,9 +70,10 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in list(OPTIONS) + list(REAL_OPTIONS) if getattr(args, k, None) is not None}
 
 
-def _err(e: BaseException) -> int:
+def _err(e: BaseException, args: argparse.Namespace | None = None) -> int:
+    """Print ``PROG: error: MESSAGE`` (as argparse does, ``twin traces show: error: ...``) and return 2."""
     msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-    print(f"error: {msg}", file=sys.stderr)
+    print(f"{getattr(args, 'prog', None) or 'traces'}: error: {msg}", file=sys.stderr)
     return 2
 
 
@@ -107,7 +108,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             check_plot_file(args.plot)
         w = _workload(args)
     except (KeyError, FileNotFoundError, ValueError, TypeError) as e:
-        return _err(e)
+        return _err(e, args)
     s = summarize(w, bin_s=args.bin_s)
     print(to_json(s) if args.json else format_summary(s))
     if args.plot:
@@ -133,12 +134,12 @@ def cmd_synth(args: argparse.Namespace) -> int:
             raise ValueError(f"the workload of --trace {args.trace} holds no request; lengthen --duration or raise "
                              f"--rps (nothing written to {args.out})")
     except (KeyError, FileNotFoundError, ValueError, TypeError) as e:
-        return _err(e)
+        return _err(e, args)
     try:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         w.save(args.out)
     except OSError as e:
-        print(f"error: could not write the workload to {args.out} ({e.strerror or e})", file=sys.stderr)
+        print(f"{args.prog}: error: could not write the workload to {args.out} ({e.strerror or e})", file=sys.stderr)
         return 2
     print(format_summary(summarize(w)))
     print(f"workload written to {args.out}", file=sys.stderr)
@@ -161,7 +162,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         check_fetch_options(args)
         p = fetch(args.name, args.data_dir, force=args.force, url=args.url, sha256=args.sha256, timeout=args.timeout)
     except (FetchError, KeyError) as e:
-        return _err(e)
+        return _err(e, args)
     print(p)
     return 0
 
@@ -177,7 +178,7 @@ def register_cli(subparsers: Any) -> None:
     pl = sub.add_parser("list", help="built-in trace names and whether their files are present")
     pl.add_argument("--data-dir", default=None)
     pl.add_argument("--json", action="store_true", help="print JSON")
-    pl.set_defaults(func=cmd_list)
+    pl.set_defaults(func=cmd_list, prog=pl.prog)
 
     ps = sub.add_parser("show", help="statistics of a trace: count, duration, rate, CV, lengths, popularity")
     ps.add_argument("trace", help="built-in name or path (workload .parquet or raw trace)")
@@ -185,7 +186,7 @@ def register_cli(subparsers: Any) -> None:
     ps.add_argument("--json", action="store_true", help="print the statistics as JSON")
     ps.add_argument("--bin-s", type=float, default=None, help="bin of the rate-over-time series (s)")
     add_workload_args(ps)
-    ps.set_defaults(func=cmd_show)
+    ps.set_defaults(func=cmd_show, prog=ps.prog)
 
     pf = sub.add_parser("fetch", help="download a public trace into the data directory (checksummed)")
     pf.add_argument("name", help="trace name (see `twin traces list`)")
@@ -194,13 +195,13 @@ def register_cli(subparsers: Any) -> None:
     pf.add_argument("--url", default=None, help="download from this URL instead (mirror, file://...)")
     pf.add_argument("--sha256", default=None, help="expected sha256 (overrides the pinned one)")
     pf.add_argument("--timeout", type=float, default=60.0, help="network timeout (s)")
-    pf.set_defaults(func=cmd_fetch)
+    pf.set_defaults(func=cmd_fetch, prog=pf.prog)
 
     py = sub.add_parser("synth", help="generate a workload and save it as Parquet (with its parameters)")
     py.add_argument("--trace", default="synthetic", help="base: a synthetic preset, a real trace name or a path")
     py.add_argument("--out", required=True, metavar="FILE.parquet", help="output workload file")
     add_workload_args(py)
-    py.set_defaults(func=cmd_synth)
+    py.set_defaults(func=cmd_synth, prog=py.prog)
 
 
 def main(argv: list[str] | None = None) -> int:

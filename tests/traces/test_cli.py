@@ -42,7 +42,9 @@ def test_show_table_json_and_plot(capsys, tmp_path):
 
 def test_show_errors(capsys, tmp_path):
     assert run(["traces", "show", "no-such"]) == 2
-    assert "built-in names" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "built-in names" in err
+    assert err.startswith("twin traces show: error: ")  # named as argparse names its errors (was "error: ")
     assert run(["traces", "show", "splitwise", "--data-dir", str(tmp_path)]) == 2
     assert "twin traces fetch splitwise" in capsys.readouterr().err
 
