@@ -99,7 +99,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="torch CPU threads (default: 1 on --device cpu, torch's choice on cuda)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=run_from_args)
+    p.set_defaults(func=run_from_args, prog=p.prog)
     return p
 
 
@@ -123,6 +123,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     if not getattr(args, "command_line", None):
         args.command_line = list(sys.argv)
+    prog = getattr(args, "prog", None) or "bench"  # (errors named as argparse names them)
     try:
         torch = require_torch()
         from calibration.bench.config import resolve_config
@@ -134,11 +135,11 @@ def run_from_args(args: argparse.Namespace) -> int:
                 raise ValueError("--device cuda, but torch sees no GPU (torch.cuda.is_available() is False); "
                                  "use --device cpu")
         except (ValueError, KeyError) as e:
-            print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+            print(f"{prog}: error: {e.args[0] if e.args else e}", file=sys.stderr)
             return 2
         summary = run_bench(cfg)
     except BenchDependencyError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     if not args.quiet:
         print(f"bench: wrote {', '.join(summary['tables'])} to {summary['out']}")

@@ -124,7 +124,7 @@ def test_kernel_check_and_meta(bench_out):
     assert meta["tables"]["linear_ops.csv"] == 2
 
 
-def test_module_entry_point_and_errors(tmp_path):
+def test_module_entry_point_and_errors(tmp_path, capsys):
     out = tmp_path / "m"
     r = subprocess.run([sys.executable, "-m", "calibration.bench", "--device", "cpu", "--small", "--parts", "linear",
                         "--tokens", "1", "--repeats", "1", "--warmup", "0", "--out", str(out)],
@@ -135,7 +135,9 @@ def test_module_entry_point_and_errors(tmp_path):
 
     if not torch.cuda.is_available():
         assert main(["--device", "cuda", "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    capsys.readouterr()
     assert main(["--device", "cpu", "--ranks", "0", "--out", str(tmp_path / "y"), "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith("python -m calibration.bench: error: --ranks")  # (was "error: ")
     assert main(["--device", "cpu", "--check-cases", "nope", "--out", str(tmp_path / "z"), "--quiet"]) == 2
     assert main(["--device", "cpu", "--parts", "linear", "--check-cases", "rank_above_block",
                  "--out", str(tmp_path / "z"), "--quiet"]) == 2
