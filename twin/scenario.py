@@ -35,7 +35,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from traces.adapters import parse_popularity
 from traces.arguments import parse_list
@@ -854,6 +854,9 @@ def resolved_scenario(run: RunConfig, profile: Profile, cfg: EngineConfig | None
     d["profile"] = profile_reference(run, profile)
     for key in PATH_OPTIONS:  # (a replay from another directory finds the files)
         d[key] = absolute_path(key, d[key])
+    if "lengths" in d["trace_options"]:  # (a length model's source file, likewise)
+        d["trace_options"]["lengths"] = _map_length_source(d["trace_options"]["lengths"],
+                                                           lambda a: absolute_path("trace", a))
     if cfg is not None:
         d["slots"] = cfg.max_loras
     d = _plain(d)
@@ -984,6 +987,30 @@ def rebase_path(option: str, value: Any, base: Path) -> Any:
     return str((base / p).resolve())
 
 
+#: length models whose argument names a trace or a file (``lengths = "empirical:PATH"``, ``lognormal:PATH``)
+LENGTH_SOURCE_MODELS = ("empirical", "lognormal")
+
+
+def _map_length_source(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """The ``lengths`` trace option ``value`` with its source (``empirical:SRC``, ``lognormal:SRC``)
+    passed through ``fn`` as a ``trace`` value; other values as they are."""
+    if not isinstance(value, str):
+        return value
+    kind, sep, arg = value.partition(":")
+    if not sep or kind.strip().lower() not in LENGTH_SOURCE_MODELS:
+        return value
+    new = fn(arg)
+    return value if new == arg else f"{kind}:{new}"
+
+
+def rebase_trace_options(options: list[tuple[str, Any]], base: Path) -> list[tuple[str, Any]]:
+    """``trace_options`` read from a file in directory ``base``: a ``lengths`` source file
+    (``empirical:PATH``, ``lognormal:PATH``) is read relative to the file, as :func:`rebase_path`
+    reads ``trace``."""
+    return [(k, _map_length_source(v, lambda a: rebase_path("trace", a, base)) if k == "lengths" else v)
+            for k, v in options]
+
+
 def absolute_path(option: str, value: Any) -> Any:
     """A path option's ``value`` as recorded in a resolved scenario: an existing relative path made
     absolute, so that ``twin run --config RUN/summary.json`` replays the run from any directory."""
@@ -1020,6 +1047,8 @@ def load_scenario_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]
                 raise ScenarioFileError(f"--config {path}: {name}: {e}") from None
             if name in PATH_OPTIONS:
                 options[name] = rebase_path(name, options[name], path.parent)
+            elif name == "trace_options":
+                options[name] = rebase_trace_options(options[name], path.parent)
         elif name in RECORDED:
             recorded[name] = value
         else:

@@ -181,3 +181,33 @@ def test_relative_paths_are_read_from_the_scenario_file_and_a_saved_workload_rep
     (tmp_path / "bad.toml").write_text('trace = "nosuch.parquet"\n')
     rc, _, err = run_cli(["run", "--no-progress", "--config", str(tmp_path / "bad.toml")])
     assert rc == 2 and "nosuch.parquet does not exist" in err, err
+
+
+def test_a_length_source_file_is_read_from_the_scenario_file(tmp_path, monkeypatch):
+    """``lengths = "empirical:PATH"`` (and ``lognormal:PATH``) in a scenario file's trace options is read
+    relative to the file, as ``trace`` is; the summary records it absolute, so the run replays from
+    another directory; trace names and the other length models are left as written."""
+    from twin.scenario import rebase_trace_options
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    rc, _, err = run_cli(["traces", "synth", "--out", "w.parquet", "--duration", "30", "--rps", "3"])
+    assert rc == 0, err
+    (work / "s.toml").write_text('duration = 20\n[trace_options]\nlengths = "empirical:w.parquet"\n')
+    monkeypatch.chdir(tmp_path)  # (it used to fail: "trace file w.parquet does not exist")
+    rc, _, err = run_cli(["run", "--no-progress", "--config", "work/s.toml", "--out", "a"])
+    assert rc == 0, err
+    sc = json.loads((tmp_path / "a" / "summary.json").read_text())["scenario"]
+    assert sc["trace_options"]["lengths"] == f"empirical:{work / 'w.parquet'}"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    rc, _, err = run_cli(["run", "--no-progress", "--config", str(tmp_path / "a" / "summary.json"), "--out", "b"])
+    assert rc == 0 and "warning" not in err, err
+    _same_run(tmp_path / "a", tmp_path / "elsewhere" / "b")
+    base = work
+    kept = [("lengths", "empirical:splitwise"), ("lengths", "sharegpt"), ("lengths", "fixed:1/2"),
+            ("lengths", "lognormal:nosuch.parquet"), ("rps", 2.0)]
+    assert rebase_trace_options(kept, base) == kept
+    assert rebase_trace_options([("lengths", "lognormal:w.parquet")], base) == \
+        [("lengths", f"lognormal:{work / 'w.parquet'}")]
