@@ -172,6 +172,12 @@ def register_cli(subparsers: Any) -> None:
     p = subparsers.add_parser("traces", help="list, show, fetch and synthesize workloads",
                               description="Workloads: built-in real traces (data directory), synthetic presets and "
                                           "every synthesis option.")
+    add_commands(p)
+
+
+def add_commands(p: argparse.ArgumentParser) -> None:
+    """``list``, ``show``, ``fetch`` and ``synth`` as subcommands of parser ``p`` (``twin traces``, or
+    ``python -m traces.cli`` on its own); ``p`` with no subcommand prints its help."""
     sub = p.add_subparsers(dest="traces_cmd", metavar="{list,show,fetch,synth}")
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
@@ -205,8 +211,10 @@ def register_cli(subparsers: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m traces.cli")
-    register_cli(ap.add_subparsers(dest="cmd", required=True))
+    """``python -m traces.cli list|show|fetch|synth ...``: ``twin traces`` without the rest of the twin."""
+    ap = argparse.ArgumentParser(prog="python -m traces.cli", description="Workloads: built-in real traces (data "
+                                 "directory), synthetic presets and every synthesis option (also `twin traces`).")
+    add_commands(ap)
     args = ap.parse_args(argv)
     return int(args.func(args))
 

@@ -29,6 +29,18 @@ def test_list(capsys, tmp_path):
     assert any(r["name"] == "synthetic" and r["available"] for r in rows)
 
 
+def test_the_module_runs_the_same_commands_on_its_own(capsys, tmp_path):
+    """``python -m traces.cli list|show|...`` (it used to want ``python -m traces.cli traces list``):
+    the commands of ``twin traces``, its errors named by the module's own command."""
+    from traces.cli import main
+
+    assert main(["list", "--json", "--data-dir", str(tmp_path)]) == 0
+    assert any(r["name"] == "synthetic" for r in json.loads(capsys.readouterr().out))
+    assert main(["show", "nosuch"]) == 2
+    assert capsys.readouterr().err.startswith("python -m traces.cli show: error: unknown trace 'nosuch'")
+    assert main([]) == 2 and "{list,show,fetch,synth}" in capsys.readouterr().out
+
+
 def test_show_table_json_and_plot(capsys, tmp_path):
     assert run(["traces", "show", "synthetic", "--duration", "60", "--popularity", "zipf:1.2"]) == 0
     out = capsys.readouterr().out
