@@ -163,7 +163,7 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
                 grid = grid_report(rows, profile)
     except (FileNotFoundError, KeyError, ValueError, FitError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"twin calibrate bench-report: {msg}", file=sys.stderr)
+        print(f"twin calibrate bench-report: error: {msg}", file=sys.stderr)
         return 2
     if args.markdown:
         parts = ([report_markdown(step, str(src))] if step else []) + ([grid_markdown(grid)] if grid else [])
@@ -264,7 +264,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         write_profile(profile, out)
     except (FileNotFoundError, KeyError, ValueError, FitError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"twin calibrate fit: {msg}", file=sys.stderr)
+        print(f"twin calibrate fit: error: {msg}", file=sys.stderr)
         return 2
     if args.quiet:
         print(out)
@@ -315,7 +315,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                           figures=not args.no_figures, as_json=args.json, as_markdown=args.markdown)
     except (FileNotFoundError, KeyError, ValueError, FitError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"twin calibrate report: {msg}", file=sys.stderr)
+        print(f"twin calibrate report: error: {msg}", file=sys.stderr)
         return 2
 
 
@@ -329,7 +329,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         runs = replay_serving_runs(table, args.profile)
     except (FileNotFoundError, KeyError, ValueError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"twin calibrate replay: {msg}", file=sys.stderr)
+        print(f"twin calibrate replay: error: {msg}", file=sys.stderr)
         return 2
     s = summary(runs)
     if args.out:
@@ -386,7 +386,7 @@ def cmd_replay_offline(args: argparse.Namespace) -> int:
         rows = replay_offline_runs(runs, profile, args.seed, client_start_s=client_s)
     except (FileNotFoundError, KeyError, ValueError, FitError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"twin calibrate replay-offline: {msg}", file=sys.stderr)
+        print(f"twin calibrate replay-offline: error: {msg}", file=sys.stderr)
         return 2
     s = offline_summary(rows)
     s.update({"model": spec.name, "profile": profile.name, "client_start_ms": client_s * 1e3})

@@ -73,7 +73,7 @@ def test_missing_column_named_with_file_and_fix(tables, tmp_path, name, column):
     d = corrupt(tables, tmp_path, name, lambda df: df.drop(columns=[column]))
     rc, out, err = fit(d, tmp_path)
     assert rc == 2 and out == ""
-    assert f"twin calibrate fit: {d / name} lacks the column {column}, which the fit reads" in err, err
+    assert f"twin calibrate fit: error: {d / name} lacks the column {column}, which the fit reads" in err, err
     assert "restore it or regenerate the table (see the data README" in err, err
 
 
@@ -219,7 +219,7 @@ def test_report_checks_the_tables_before_printing(tables, tmp_path):
     rc, out, err = run_cli(["calibrate", "report", "llama-3.1-8b_h100_vllm085", "--measurements", str(d),
                             "--out-dir", str(tmp_path / "figs")])
     assert rc == 2 and out == "" and "Traceback" not in err
-    assert f"twin calibrate report: {d / 'step_latency.csv'} lacks the column mean_step_ms" in err, err
+    assert f"twin calibrate report: error: {d / 'step_latency.csv'} lacks the column mean_step_ms" in err, err
 
 
 # ------------------------------------------------------------------------------------------
