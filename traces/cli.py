@@ -182,7 +182,7 @@ def add_commands(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
     pl = sub.add_parser("list", help="built-in trace names and whether their files are present")
-    pl.add_argument("--data-dir", default=None)
+    pl.add_argument("--data-dir", default=None, help="data directory (default: $TWIN_DATA_DIR)")
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(func=cmd_list, prog=pl.prog)
 
@@ -196,7 +196,7 @@ def add_commands(p: argparse.ArgumentParser) -> None:
 
     pf = sub.add_parser("fetch", help="download a public trace into the data directory (checksummed)")
     pf.add_argument("name", help="trace name (see `twin traces list`)")
-    pf.add_argument("--data-dir", default=None)
+    pf.add_argument("--data-dir", default=None, help="data directory to fetch into (default: $TWIN_DATA_DIR)")
     pf.add_argument("--force", action="store_true", help="replace an existing file")
     pf.add_argument("--url", default=None, help="download from this URL instead (mirror, file://...)")
     pf.add_argument("--sha256", default=None, help="expected sha256 (overrides the pinned one)")

@@ -210,7 +210,7 @@ def make_parser() -> argparse.ArgumentParser:
     add_run_arguments(run)
     run.set_defaults(func=cmd_run)
     pol = sub.add_parser("policies", help="list schedulers, adapter-cache policies and presets")
-    pol.add_argument("--json", action="store_true")
+    pol.add_argument("--json", action="store_true", help="print the registries as JSON (kind, name, description, citation)")
     pol.set_defaults(func=cmd_policies)
     for module in COMMAND_MODULES:
         module.register_cli(sub)

@@ -33,12 +33,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = p.add_argument_group("model dimensions")
     g.add_argument("--model-dims", metavar="NAME", default=None,
                    help=f"a model known to twin.model_spec (e.g. llama-2-7b, llama-3.1-8b; default {DEFAULT_MODEL})")
-    g.add_argument("--hidden", type=int)
-    g.add_argument("--layers", type=int)
-    g.add_argument("--heads", type=int)
-    g.add_argument("--kv-heads", type=int)
-    g.add_argument("--intermediate", type=int)
-    g.add_argument("--vocab", type=int)
+    g.add_argument("--hidden", type=int, help="hidden size (overrides --model-dims' value)")
+    g.add_argument("--layers", type=int, help="decoder layers")
+    g.add_argument("--heads", type=int, help="attention (query) heads")
+    g.add_argument("--kv-heads", type=int, help="key/value heads (grouped-query attention)")
+    g.add_argument("--intermediate", type=int, help="MLP intermediate size")
+    g.add_argument("--vocab", type=int, help="vocabulary size (the LM head)")
     g.add_argument("--model-name", default=None, help="label for explicit dimensions (default: custom)")
     size = g.add_mutually_exclusive_group()
     size.add_argument("--small", dest="small", action="store_true", default=None,
@@ -97,8 +97,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="do not drop adapter files from the page cache before each disk load")
     s.add_argument("--keep-adapters", action="store_true", help="keep the safetensors files written under OUT/adapters")
     s.add_argument("--threads", type=int, help="torch CPU threads (default: 1 on --device cpu, torch's choice on cuda)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--quiet", action="store_true")
+    s.add_argument("--seed", type=int, default=0,
+                   help="seed of the random weights, adapters and inputs, and of the time-boxed sweeps' order (default 0)")
+    s.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run_from_args, prog=p.prog)
     return p
 

@@ -244,3 +244,24 @@ def test_a_run_into_an_earlier_runs_out_replaces_its_figures(tmp_path, capsys):
     assert (tmp_path / "latency.png").exists() and (tmp_path / "timeline.png").exists()
     assert main(["run", "--no-progress", "--duration", "20", "--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["requests.parquet", "steps.parquet", "summary.json"]
+
+
+def _options_of(parser: argparse.ArgumentParser, path: str):
+    """``(command, action)`` of every argument of ``parser`` and its subcommands, recursively."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options_of(sub, f"{path} {name}")
+        elif not isinstance(action, argparse._HelpAction):
+            yield path, action
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    """``--help`` of each command (``twin``, its subcommands and theirs) describes every option and
+    positional argument: options without help used to read as bare ``--seed SEED`` / ``--json``."""
+    actions = list(_options_of(make_parser(), "twin"))
+    commands = {path for path, _ in actions}
+    assert {"twin run", "twin configure train", "twin calibrate bench", "twin traces fetch", "twin sweep"} <= commands
+    bare = [f"{path} {'/'.join(a.option_strings) or a.dest}" for path, a in actions
+            if a.help is None or not str(a.help).strip()]
+    assert not bare, f"options without help text: {bare}"

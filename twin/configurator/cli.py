@@ -57,7 +57,10 @@ def register_cli(subparsers) -> None:
 
     d = sub.add_parser("dataset", help="optimum labels (one row per scenario) from sweep results")
     d.add_argument("sweeps", nargs="+", help="sweep directories (twin sweep --out), shard files or CSV tables")
-    d.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90")
+    d.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90",
+                   help="optimum rule: throughput90 (the published one: per slot value, the most served adapters "
+                        "at >= --ratio of the offered tokens, then the best throughput), robust (fewest slots "
+                        "within --tolerance of the best), slo (best throughput with SLO attainment >= --slo-share)")
     d.add_argument("--ratio", type=float, default=0.9, help="starvation line: throughput / offered (default 0.9)")
     d.add_argument("--tolerance", type=float, default=None, help="robust: throughput tolerance (default 1 %%)")
     d.add_argument("--slo-share", type=float, default=None,
@@ -65,7 +68,7 @@ def register_cli(subparsers) -> None:
                         "--itl-p99-s)")
     _percentile_slo_args(d)
     d.add_argument("--out", default=None, help="write the labels (.csv or .parquet)")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--json", action="store_true", help="print {rule, scenarios, labels: [one object per scenario]}")
     d.set_defaults(func=cmd_dataset)
 
     t = sub.add_parser("train", help="train a configurator (grid search, saved as JSON with provenance)")
@@ -90,14 +93,17 @@ def register_cli(subparsers) -> None:
                    help="feature columns (default: the published 8); add mean_input_tokens,mean_output_tokens "
                         "for the request-length mix (numeric columns of the labels) and policy for one indicator "
                         "column per scheduler/cache policy of the labels (added anyway when they hold several)")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--json", action="store_true")
+    t.add_argument("--seed", type=int, default=0,
+                   help="random state of the estimator and of the search's folds (default 0)")
+    t.add_argument("--json", action="store_true",
+                   help="print the saved model's path, kind, scenarios, best parameters and CV SMAPE as JSON")
     t.set_defaults(func=cmd_train)
 
     pr = sub.add_parser("predict", help="recommend served adapters and slots for a scenario")
     _scenario_args(pr)
     pr.add_argument("--model", default=None, help="model file (default: the shipped configurator of --profile)")
-    pr.add_argument("--profile", default=DEFAULT_PROFILE)
+    pr.add_argument("--profile", default=DEFAULT_PROFILE,
+                    help=f"profile whose shipped configurator recommends (default {DEFAULT_PROFILE})")
     pr.add_argument("--kind", choices=KINDS, default=None, help="shipped model kind (default rf)")
     pr.add_argument("--explain", action="store_true", help="print the rule path")
     pr.add_argument("--adapters", type=int, default=None,
@@ -112,16 +118,18 @@ def register_cli(subparsers) -> None:
                     help="run the twin at the recommendation and step the served adapters down while it starves "
                          "there (the model's own rule; about 2 CPU-s per simulated hour)")
     _engine_args(pr, "with --check: the twin's", from_model=True)
-    pr.add_argument("--json", action="store_true")
+    pr.add_argument("--json", action="store_true",
+                    help="print one object: served_adapters, adapter_slots, throughput_tok_s, uncertainty, ...")
     pr.set_defaults(func=cmd_predict)
 
     r = sub.add_parser("rules", help="print the <= 30-rule configurator (or a RuleFit model's terms)")
     r.add_argument("--model", default=None, help="model file with rules (default: the shipped cart model)")
-    r.add_argument("--profile", default=DEFAULT_PROFILE)
+    r.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help=f"profile whose shipped rule model to print (default {DEFAULT_PROFILE})")
     r.add_argument("--kind", choices=("cart", "hstree", "rulefit"), default=None,
                    help="shipped rule model: cart (default), hstree (the same rules, shrunk leaf values) or "
                         "rulefit (per target: rules and linear terms with non-zero coefficients, by importance)")
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--json", action="store_true", help="print the rules and the model's provenance as JSON")
     r.set_defaults(func=cmd_rules)
 
     e = sub.add_parser("evaluate", help="score configurators on real runs (SMAPE, regret, starvation)")
@@ -135,15 +143,19 @@ def register_cli(subparsers) -> None:
     _engine_args(e, "the search baseline's and the check's", from_model=True)
     e.add_argument("--check", action="store_true",
                    help="also score every model after the twin's check of its recommendations (predict --check)")
-    e.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
-    e.add_argument("--jobs", type=int, default=1)
+    e.add_argument("--executor", choices=("local", "dask", "ray"), default="local",
+                   help="where the search baseline's twin runs go: local worker processes (default), a local "
+                        "Dask or Ray cluster")
+    e.add_argument("--jobs", type=int, default=1, help="workers of the executor (default 1)")
     e.add_argument("--out", default=None, help="write evaluation.csv, per_scenario.csv, crossings.csv, summary.json")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true",
+                   help="print one object: scenarios, smape_served, smape_slots, smape_throughput, regret_mean, "
+                        "regret_min, starving, model, profile, and a row per model and baseline")
     e.set_defaults(func=cmd_evaluate)
 
     s = sub.add_parser("search", help="the twin used directly as the optimiser (walks the grid; no model)")
     _scenario_args(s)
-    s.add_argument("--profile", default=DEFAULT_PROFILE)
+    s.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile the twin runs with (default {DEFAULT_PROFILE})")
     s.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90",
                    help="optimum rule (default throughput90); slo needs --ttft-p99-s and/or --itl-p99-s (the "
                         "search's runs record no [slo] attainment)")
@@ -158,9 +170,11 @@ def register_cli(subparsers) -> None:
                    help="prompt-output length coupling of the request pool (default 0: independent lengths, "
                         "as the shipped sweeps; twin validate re-creates the real runs with -0.37)")
     _engine_args(s, "the twin's")
-    s.add_argument("--executor", choices=("local", "dask", "ray"), default="local")
-    s.add_argument("--jobs", type=int, default=1)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--executor", choices=("local", "dask", "ray"), default="local",
+                   help="where the twin runs go: local worker processes (default), a local Dask or Ray cluster")
+    s.add_argument("--jobs", type=int, default=1, help="workers of the executor (default 1)")
+    s.add_argument("--json", action="store_true",
+                   help="print one object: served_adapters, adapter_slots, throughput_tok_s and the walk's runs")
     s.set_defaults(func=cmd_search)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
