@@ -214,10 +214,22 @@ def make_parser() -> argparse.ArgumentParser:
     pol.set_defaults(func=cmd_policies)
     for module in COMMAND_MODULES:
         module.register_cli(sub)
+    _name_commands(parser)
     return parser
 
 
-#: what a command raises for bad input (reported as ``twin CMD: error: ...``, exit 2)
+def _name_commands(parser: argparse.ArgumentParser) -> None:
+    """Each subcommand's parser records its name as ``args.prog`` (``twin configure predict``), the
+    name its errors are printed under, as argparse names its own; a command that sets ``prog`` keeps it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                if sub.get_default("prog") is None:
+                    sub.set_defaults(prog=sub.prog)
+                _name_commands(sub)
+
+
+#: what a command raises for bad input (reported as ``twin CMD [SUBCMD]: error: ...``, exit 2)
 INPUT_ERRORS = (ConfigError, KeyError, FileNotFoundError, ValueError, NotADirectoryError, IsADirectoryError,
                 PermissionError)
 
@@ -238,10 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         if isinstance(e, OSError) and e.errno is not None and e.filename:  # raised by the OS, not by the twin
             msg = f"cannot use {e.filename}: {e.strerror}; check the path (or give another)"
-        print(f"twin {args.command}: error: {msg}", file=sys.stderr)
+        print(f"{args.prog}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: no traceback (`twin sweep` says how to resume)
-        print(f"twin {args.command}: interrupted", file=sys.stderr)
+        print(f"{args.prog}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of stdout went away (`twin ... | head`): stop quietly
         try:  # (and let the interpreter's final flush of stdout go nowhere)
@@ -251,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except OSError as e:  # an output path the command could not use (a file where a directory goes, ...)
         where = f" {e.filename}" if e.filename else ""
-        print(f"twin {args.command}: error: cannot use{where}: {e.strerror or e}; give another path",
+        print(f"{args.prog}: error: cannot use{where}: {e.strerror or e}; give another path",
               file=sys.stderr)
         return 2
 

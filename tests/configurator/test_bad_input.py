@@ -1,4 +1,4 @@
-"""`twin configure`: bad input is a clear error (``twin configure: error: ...``, exit 2) naming the problem
+"""`twin configure`: bad input is a clear error (``twin configure SUBCMD: error: ...``, exit 2) naming the problem
 and the fix, before any work -- never a traceback, never silently accepted. Fast: argument parsing and
 small tables only; the one twin run is a 60 s window of 8 adapters."""
 
@@ -23,11 +23,11 @@ PREDICT = ["configure", "predict"]
 
 
 def _error(argv: list[str], capsys) -> str:
-    """Run ``twin ARGV``; it must exit 2 with one ``twin configure: error:`` line and no traceback."""
+    """Run ``twin ARGV``; it must exit 2 with one ``twin configure SUBCMD: error:`` line and no traceback."""
     rc = main(argv)
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert err.startswith("twin configure: error: ") and "Traceback" not in err, err
+    assert err.startswith(f"twin configure {argv[1]}: error: ") and "Traceback" not in err, err
     return err
 
 
