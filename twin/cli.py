@@ -29,6 +29,7 @@ from twin.config import ConfigError
 from twin.figures import LATENCY_PNG, TIMELINE_PNG, write_run_figures
 from twin.perf.profile import load_profile
 from twin.registry import describe_all, resolve_system
+from twin.requests import with_option
 from twin.scenario import (RunConfig, build_engine_config, build_workload, check_model, check_run, check_system_options,
                            with_trace_defaults, load_scenario_file, replay_warnings, resolved_scenario, to_toml)
 from twin.simulate import NothingAdmittedWarning, simulate
@@ -61,7 +62,7 @@ SUMMARY_ROWS = [
 def _reasons(s: dict[str, Any]) -> str:
     """The rejections by reason, e.g. `` (110: prompt longer than ...)``; nothing when none."""
     r = s.get("reject_reasons") or {}
-    return " (" + "; ".join(f"{n}: {why}" for why, n in r.items()) + ")" if r else ""
+    return " (" + "; ".join(f"{n}: {with_option(why)}" for why, n in r.items()) + ")" if r else ""
 
 
 def _f(x: Any, nd: int = 1) -> str:

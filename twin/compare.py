@@ -40,6 +40,7 @@ from twin.figures import compare_figure
 from twin.config import ConfigError
 from twin.perf.profile import Profile, load_profile
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
+from twin.requests import with_option
 from twin.scenario import (MAX_SIM_SECONDS, RunConfig, build_engine_config, build_workload, check_number,
                            check_run, check_system_options, for_preset)
 from twin.simulate import simulate
@@ -146,7 +147,9 @@ def run_one(run: RunConfig, options: CompareConfig, policy: str, rps: float, slo
                    serving_s_per_running=run.serving_us / 1e6, rank_tile_cost=run.rank_tile_cost)
     row = {"policy": policy, "rps": rps, **{k: res.summary.get(k) for k, _, _ in COLUMNS},
            "requests": res.summary["requests_arrived"], "finished": res.summary["requests_finished"],
-           "rejected": res.summary["requests_rejected"], "wall_s": res.summary["wall_s"]}
+           "rejected": res.summary["requests_rejected"],
+           "reject_reasons": "; ".join(f"{n}: {why}" for why, n in res.summary["reject_reasons"].items()),
+           "wall_s": res.summary["wall_s"]}
     return row
 
 
@@ -207,6 +210,26 @@ def format_sustained(sustained: dict[str, float], bounds: dict[str, str], rates:
         if p != first and b == "=" and bounds[first] == "=" and sustained[first] > 0:
             val += f"  ({v / sustained[first]:.2f}x {first})"
         lines.append(f"  {p:<24} {val}")
+    return lines
+
+
+def format_rejections(rows: list[dict[str, Any]]) -> list[str]:
+    """The console lines that say why requests were rejected (a policy on S-LoRA refuses prompts longer
+    than its server's limits, e.g.), one per policy that rejected any: its counts of arrivals per swept
+    rate and the reasons. Nothing when no request was rejected."""
+    by_policy: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("rejected"):
+            by_policy.setdefault(r["policy"], []).append(r)
+    lines = []
+    for policy, rs in by_policy.items():
+        counts = ", ".join(f"{int(r['rejected'])} of {int(r['requests'])} at {r['rps']:g} req/s" for r in rs)
+        reasons: dict[str, None] = {}
+        for r in rs:
+            for part in str(r.get("reject_reasons") or "").split("; "):
+                if part:
+                    reasons[with_option(part.split(": ", 1)[-1])] = None
+        lines.append(f"  {policy} rejected {counts}: {'; '.join(reasons) or 'reason not recorded'}")
     return lines
 
 
@@ -376,6 +399,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                        f" ({options.slo_x:g} x the unloaded mean TTFT of {slo_ref}, the first policy, "
                                        f"at {options.unloaded_rps:g} req/s)"))
     print(format_table(rows))
+    rejections = format_rejections(rows)
+    if rejections:  # (the throughput of a policy that refuses requests counts only those it served)
+        print("rejected up front (not served, and not in the latencies):")
+        print("\n".join(rejections))
     print()
     print("sustained throughput (P99 TTFT <= SLO):")
     print("\n".join(format_sustained(sustained, bounds, options.rps)))

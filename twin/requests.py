@@ -46,6 +46,23 @@ REJECT_REASONS = ("", "prompt + output exceed max_model_len", "request can never
                   "prompt + output exceed the S-LoRA server's max request length",
                   "prompt + output + 1 exceed S-LoRA's max_total_token_num",
                   "request and its adapter can never fit S-LoRA's pool")
+#: the option that sets the limit behind a rejection reason (what the console output points to)
+REJECT_OPTIONS = {"prompt + output exceed max_model_len": "--max-model-len",
+                  "request can never fit in the KV cache": "--kv-tokens / --gpu-mem-gb",
+                  "unknown adapter (not served)": "--adapters",
+                  "adapter rank exceeds max_lora_rank": "--max-lora-rank",
+                  "prompt longer than the S-LoRA server's max prompt length": "--slora-max-prompt-len",
+                  "prompt + output exceed the S-LoRA server's max request length": "--slora-max-total-len",
+                  "prompt + output + 1 exceed S-LoRA's max_total_token_num": "--max-total-tokens",
+                  "request and its adapter can never fit S-LoRA's pool": "--max-total-tokens"}
+
+
+def with_option(reason: str) -> str:
+    """A rejection reason with the option that sets its limit: ``prompt longer than ... [--slora-max-prompt-len]``."""
+    opt = REJECT_OPTIONS.get(reason)
+    return f"{reason} [{opt}]" if opt else reason
+
+
 WORKLOAD_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "adapter_id", "adapter_rank")
 
 

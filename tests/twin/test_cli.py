@@ -265,3 +265,19 @@ def test_every_option_of_every_command_says_what_it_does():
     bare = [f"{path} {'/'.join(a.option_strings) or a.dest}" for path, a in actions
             if a.help is None or not str(a.help).strip()]
     assert not bare, f"options without help text: {bare}"
+
+
+def test_each_rejection_reason_points_to_an_option_twin_run_takes(capsys):
+    """The console names the option behind each rejection reason (``[--slora-max-prompt-len]``): every
+    reason but "LoRA is disabled" has one, and each is an option of ``twin run``."""
+    from twin.requests import REJECT_OPTIONS, REJECT_REASONS, with_option
+
+    run_flags = {f for a in make_parser()._subparsers._group_actions[0].choices["run"]._actions
+                 for f in a.option_strings}
+    assert set(REJECT_OPTIONS) == set(REJECT_REASONS) - {"", "LoRA request but LoRA is disabled"}
+    for reason, opts in REJECT_OPTIONS.items():
+        assert all(o in run_flags for o in opts.split(" / ")), (reason, opts)
+        assert with_option(reason) == f"{reason} [{opts}]"
+    assert main(["run", "--policy", "slora", "--duration", "30", "--no-progress"]) == 0
+    assert "prompt longer than the S-LoRA server's max prompt length [--slora-max-prompt-len])" in \
+        capsys.readouterr().out

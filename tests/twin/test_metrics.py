@@ -116,6 +116,31 @@ def test_compare_writes_under_runs_and_says_where(tmp_path, monkeypatch, capsys)
     assert "hit rate req." in out and "hit rate act." in out
 
 
+def test_compare_says_why_requests_were_rejected(tmp_path, capsys):
+    """A policy on S-LoRA refuses the prompts longer than its server's limit: the comparison prints, under
+    its table, how many per swept rate and why, with the option that sets the limit, and the CSV keeps the
+    reasons per row; a policy that rejected nothing gets no line, and none is printed when nobody rejected."""
+    pytest.importorskip("matplotlib")
+    import pandas as pd
+
+    from twin.cli import main
+
+    argv = ["compare", "--rps", "1,2", "--duration", "20", "--slo", "1", "--no-progress", "--out", str(tmp_path)]
+    assert main([*argv, "--policies", "vllm,slora"]) == 0
+    out = capsys.readouterr().out
+    rows = pd.read_csv(tmp_path / "compare.csv")
+    rej = rows[rows["policy"] == "slora"]
+    assert (rej["rejected"] > 0).all() and (rows[rows["policy"] == "vllm"]["rejected"] == 0).all()
+    lines = out.split("rejected up front (not served, and not in the latencies):\n")[1].split("\n\n")[0].splitlines()
+    counts = ", ".join(f"{int(r.rejected)} of {int(r.requests)} at {r.rps:g} req/s" for r in rej.itertuples())
+    assert lines == [f"  slora rejected {counts}: prompt longer than the S-LoRA server's max prompt length "
+                     "[--slora-max-prompt-len]"]
+    assert all(str(v).endswith(": prompt longer than the S-LoRA server's max prompt length")
+               for v in rej["reject_reasons"])
+    assert main([*argv, "--policies", "vllm", "--trace-opt", "max_prompt=1000"]) == 0
+    assert "rejected up front" not in capsys.readouterr().out
+
+
 def test_compare_progress_bar_counts_the_runs(capsys):
     """The compare progress bar (stderr) counts the unloaded reference run and every
     (policy, rate) run."""
