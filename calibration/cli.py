@@ -28,12 +28,6 @@ import sys
 from pathlib import Path
 
 from calibration.bench.cli import register_bench
-from calibration.fitting.core import FitError, dropped_rows_reported
-from calibration.fitting.fit import fit_profile
-from calibration.fitting.profile_io import write_profile
-from calibration.fitting.tables import detect_format
-from calibration.report import report, summary_lines
-from calibration.serving_replay import read_table, replay_serving_runs, select_runs, summary
 from traces.arguments import check_writable_dir, check_writable_file
 from traces.datadir import data_dir
 from twin.perf.profile import DEFAULT_PROFILE, PROFILE_DIR, available_profiles, load_profile
@@ -129,6 +123,7 @@ def register_cli(subparsers) -> None:
 def cmd_bench_report(args: argparse.Namespace) -> int:
     """The step report (``step_bench.csv``) and the slot-grid report (Triton rows of ``lora_kernels.csv``)
     of a bench directory, each when its table is there."""
+    from calibration.fitting.core import FitError
     from calibration.bench.grid_report import LORA_FILE, grid_lines, grid_markdown, grid_report, read_grid_rows
     from calibration.bench.step_report import FIT_MAX_CONTEXT, FIT_MAX_DECODES, STEP_FILE, read_step_table, \
         report_markdown, step_report, summary_lines as step_lines
@@ -243,6 +238,13 @@ def check_format_options(args: argparse.Namespace, fmt: str) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    # (the commands import what they run: the fitting's imports are a start-up cost every `twin` command paid)
+    from calibration.fitting.core import FitError, dropped_rows_reported
+    from calibration.fitting.fit import fit_profile
+    from calibration.fitting.profile_io import write_profile
+    from calibration.fitting.tables import detect_format
+    from calibration.report import summary_lines
+
     try:
         if args.folds < 2 or args.folds > 100:
             raise ValueError(f"--folds {args.folds}: the held-out scoring needs 2 to 100 folds, e.g. --folds 5")
@@ -301,6 +303,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from calibration.fitting.core import FitError, dropped_rows_reported
+    from calibration.report import report
+
     try:
         if args.json and args.markdown:
             raise ValueError("--json and --markdown: give one of them (the fit-quality summary as JSON, or its tables "
@@ -320,6 +325,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from calibration.serving_replay import read_table, replay_serving_runs, select_runs, summary
+
     try:
         if args.every < 1:
             raise ValueError(f"--every {args.every}: must be >= 1 (replay every k-th run)")
@@ -351,6 +358,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_replay_offline(args: argparse.Namespace) -> int:
+    from calibration.fitting.core import FitError
     from calibration.fitting.tables import Vllm085Tables
     from calibration.offline_replay import (estimate_client_start, offline_runs, profile_for_model,
                                             replay_figure, replay_offline_runs, summary as offline_summary,

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import numpy as np
-from scipy.optimize import brentq
 from scipy.special import ndtr, ndtri
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -387,6 +386,8 @@ class ShareGPTLengths:
             if a > 0 or b < 0:
                 raise LengthError(f"target {what} mean {target:g} is not reachable under the filter {self.filt} "
                                   f"(reachable range {fun(lo):.1f}..{fun(hi):.1f})")
+            from scipy.optimize import brentq  # (here: scipy.optimize costs a start-up that only this solve needs)
+
             return brentq(lambda x: fun(x) - target, lo, hi, xtol=1e-10)
 
         for _ in range(30):

@@ -281,3 +281,17 @@ def test_each_rejection_reason_points_to_an_option_twin_run_takes(capsys):
     assert main(["run", "--policy", "slora", "--duration", "30", "--no-progress"]) == 0
     assert "prompt longer than the S-LoRA server's max prompt length [--slora-max-prompt-len])" in \
         capsys.readouterr().out
+
+
+def test_the_command_starts_without_the_fitting_plotting_or_learning_libraries():
+    """Every ``twin`` command builds the whole parser, so what the command modules import at file level is a
+    start-up cost of each (``twin run`` used to import scipy.optimize twice over: the calibration commands'
+    fitting and the ShareGPT length solver). Those imports belong to the commands that run them."""
+    import subprocess
+    import sys
+
+    heavy = ["scipy.optimize", "calibration.fitting.core", "sklearn", "matplotlib", "torch", "dask", "ray"]
+    code = ("import sys, twin.cli, twin.scenario, twin.simulate; "
+            f"print([m for m in {heavy!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
