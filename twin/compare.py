@@ -148,7 +148,7 @@ def run_one(run: RunConfig, options: CompareConfig, policy: str, rps: float, slo
     row = {"policy": policy, "rps": rps, **{k: res.summary.get(k) for k, _, _ in COLUMNS},
            "requests": res.summary["requests_arrived"], "finished": res.summary["requests_finished"],
            "rejected": res.summary["requests_rejected"],
-           "reject_reasons": "; ".join(f"{n}: {why}" for why, n in res.summary["reject_reasons"].items()),
+           "reject_reasons": dict(res.summary["reject_reasons"]),  # reason -> requests
            "wall_s": res.summary["wall_s"]}
     return row
 
@@ -224,13 +224,18 @@ def format_rejections(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for policy, rs in by_policy.items():
         counts = ", ".join(f"{int(r['rejected'])} of {int(r['requests'])} at {r['rps']:g} req/s" for r in rs)
-        reasons: dict[str, None] = {}
-        for r in rs:
-            for part in str(r.get("reject_reasons") or "").split("; "):
-                if part:
-                    reasons[with_option(part.split(": ", 1)[-1])] = None
+        reasons = dict.fromkeys(with_option(why) for r in rs for why in r.get("reject_reasons") or {})
         lines.append(f"  {policy} rejected {counts}: {'; '.join(reasons) or 'reason not recorded'}")
     return lines
+
+
+def rows_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The rows as ``compare.csv`` holds them: each row's rejections as ``"36: reason; ..."``."""
+    frame = pd.DataFrame(rows)
+    if "reject_reasons" in frame:
+        frame["reject_reasons"] = ["; ".join(f"{n}: {why}" for why, n in (r or {}).items())
+                                   for r in frame["reject_reasons"]]
+    return frame
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -385,7 +390,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = check_writable_dir("--out", args.out) if args.out is not None else Path(DEFAULT_OUT) / Path(run.trace).stem
     rows, sustained, slo = compare(run, options, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(out / "compare.csv", index=False)
+    rows_frame(rows).to_csv(out / "compare.csv", index=False)
     prof_name = load_compare_profile(run.profile, None).name
     fig = write_figure(rows, slo, out / "compare.png", f"{run.trace} (profile {prof_name}), TTFT SLO {slo:.2f} s")
     bounds = {p: sustained_bound(options.rps, v, slo) for p, v in p99_by_policy(rows).items()}
