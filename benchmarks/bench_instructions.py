@@ -2,20 +2,22 @@
 
 Wall-clock figures (``bench_speed.py``, ``bench_mix.py``) swing by 15-25 % on a shared 2-core machine, more
 than most single changes to the engine's hot path gain or lose. This script counts the instructions instead,
-under Valgrind's ``callgrind`` (``apt install valgrind``): the same workload gives the same count to about
-0.1 % from run to run, so a before/after comparison of a change needs one run of each, in any order, on any
-machine load. It is a relative figure (instructions are not seconds: the interpreter's cache behaviour and
+under Valgrind's ``callgrind`` (``apt install valgrind``): the same code gives the same count in every run,
+so a before/after comparison of a change needs one run of each, in any order, on any machine load. (A change
+off the engine's path can still move the count by a few tenths of a percent: the interpreter's dictionaries
+and memory layout differ.) It is a relative figure (instructions are not seconds: the interpreter's cache behaviour and
 the CPU decide how long they take), so the issue's targets stay wall-clock ones, measured by
 ``bench_speed.py`` on a quiet machine.
 
 The workload is ``bench_speed.py``'s (the same generator, seed and engine configuration), simulated for
-``--horizon`` seconds (default 900: about a minute and a half under Valgrind; 3600 is the whole hour). Each
-count is that of a child process that loads the workload and simulates it, less that of one that only loads it
-(imports, profile, workload), so start-up does not count. Per-step recording is on, as in
-``bench_speed.py``.
+``--horizon`` seconds (default 900: under a minute under Valgrind; 3600 is the whole hour). A child process
+loads the workload, simulates its first second (a warm-up: the modules a run imports on first use, not counted)
+and then the horizon, called through ``operator.call``, the one function callgrind counts in
+(``--toggle-collect``): the count is that call's alone, start-up excluded, and the same in every run of the
+same code. Per-step recording is on, as in ``bench_speed.py``.
 
     python benchmarks/bench_instructions.py                       # reference, first 900 s
-    python benchmarks/bench_instructions.py --horizon 3600        # the whole hour (~2.5 min)
+    python benchmarks/bench_instructions.py --horizon 3600        # the whole hour (~2 min)
     python benchmarks/bench_instructions.py overloaded --horizon 60
     python benchmarks/bench_instructions.py --code /tmp/old      # an older commit's twin, same workload
 
@@ -57,23 +59,30 @@ data = np.load({npz!r})
 w = {{k: data[k] for k in data.files}}
 cfg = bench_speed.build_config({name!r})
 profile = load_profile(None)
-if {horizon!r} > 0:
-    simulate(w, profile, cfg, horizon_s={horizon!r}, record_steps=True)
+simulate(w, profile, cfg, horizon_s=1.0, record_steps=True)  # (warm-up: whatever a run imports on first use)
+import operator
+# the one call of operator.call in the process: callgrind counts only while it runs (--toggle-collect)
+operator.call(simulate, w, profile, cfg, horizon_s={horizon!r}, record_steps=True)
 """
 
 
 def count(name: str, npz: str, horizon: float, code_root: Path = ROOT) -> int:
-    """Instructions of a child that loads the workload and simulates ``horizon`` seconds (0: loads only)
-    with the twin of the checkout ``code_root``."""
+    """Instructions of the simulation of ``horizon`` seconds, with the twin of the checkout ``code_root``, in a
+    child that loads the workload and warms up first (neither counted)."""
     code = CHILD.format(bench=str(Path(__file__).resolve().parent), root=str(code_root), npz=npz, name=name,
                         horizon=float(horizon))
-    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", code],
+    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--collect-atstart=no",
+                          "--toggle-collect=_operator_call*", sys.executable, "-c", code],
                          capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
     m = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
     if out.returncode != 0 or m is None:
         sys.stderr.write(out.stderr[-3000:])
         raise SystemExit(f"bench_instructions: the child under valgrind failed (exit {out.returncode})")
-    return int(m.group(1).replace(",", ""))
+    n = int(m.group(1).replace(",", ""))
+    if n == 0:
+        raise SystemExit("bench_instructions: callgrind counted nothing: this Python's operator.call is not the C "
+                         "function _operator_call that --toggle-collect names")
+    return n
 
 
 def main(argv: list[str]) -> int:
@@ -103,12 +112,9 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="twin-instr-") as tmp:
         npz = os.path.join(tmp, f"{args.scenario}.npz")
         np.savez(npz, **build(args.scenario))
-        base = count(args.scenario, npz, 0.0, code_root)
-        total = count(args.scenario, npz, args.horizon, code_root)
-    n = total - base
+        n = count(args.scenario, npz, args.horizon, code_root)
     of = f" with the twin of {code_root}" if args.code else ""
-    print(f"# {args.scenario}: first {args.horizon:g} simulated s{of}, {n:,} instructions under callgrind "
-          f"({total:,} with start-up, less {base:,} for start-up alone)")
+    print(f"# {args.scenario}: first {args.horizon:g} simulated s{of}: {n:,} instructions under callgrind")
     print(f"scenario={args.scenario}")
     print(f"horizon_s={args.horizon:g}")
     print(f"instructions={n}")
