@@ -69,10 +69,23 @@ def _f(x: Any, nd: int = 1) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def format_summary(s: dict[str, Any]) -> str:
-    """A readable two-column table of the main figures."""
+def serving_setup(engine: Any, system: str) -> str:
+    """What the server served: the adapters the workload requested, the GPU adapter slots (``max_loras``;
+    S-LoRA has none: adapters share its unified memory pool) and the largest LoRA rank (``max_lora_rank``,
+    the workload's largest unless given)."""
+    cfg = engine.config
+    if not engine.n_adapters:
+        return "none: the base model only"
+    slots = "unified pool" if system == "slora" else str(cfg.max_loras) if cfg.enable_lora else "LoRA off"
+    return f"{engine.n_adapters} / {slots} / {engine.max_lora_rank}"
+
+
+def format_summary(s: dict[str, Any], setup: str | None = None) -> str:
+    """A readable two-column table of the main figures; ``setup``: :func:`serving_setup`'s line."""
     rows = [("policy", f"{s.get('policy')} (profile {s.get('profile')})"), ("system", str(s.get("system", "vllm"))),
             ("trace", str(s.get("trace", "-")))]
+    if setup is not None:
+        rows.append(("adapters requested / slots / max rank", setup))
     rows += [(k, fn(s)) for k, fn in SUMMARY_ROWS]
     if "slo_attainment" in s:
         rows.append(("SLO attainment", _f(s["slo_attainment"], 3)))
@@ -165,7 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(res.summary, indent=2, default=str))
     else:
-        print(format_summary(res.summary))
+        print(format_summary(res.summary, serving_setup(res.engine, res.summary["system"])))
     if args.out:
         try:
             res.write(args.out)

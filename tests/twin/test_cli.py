@@ -295,3 +295,18 @@ def test_the_command_starts_without_the_fitting_plotting_or_learning_libraries()
             f"print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_run_table_says_what_was_served(capsys, tmp_path):
+    """``twin run``'s table names the adapters the workload requested, the GPU adapter slots and the largest
+    rank (S-LoRA: one unified pool, no slots; no adapters: the base model only)."""
+    assert main(["run", "--duration", "30", "--slots", "8", "--no-progress", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    req = pd.read_parquet(tmp_path / "a" / "requests.parquet")
+    used = req["adapter_id"][req["adapter_id"] >= 0]
+    want = f"{used.nunique()} / 8 / {int(req['adapter_rank'].max())}"
+    assert f"adapters requested / slots / max rank    {want}\n" in out, out
+    assert main(["run", "--duration", "30", "--policy", "slora", "--no-progress"]) == 0
+    assert " / unified pool / " in capsys.readouterr().out
+    assert main(["run", "--duration", "30", "--adapters", "0", "--no-progress"]) == 0
+    assert "adapters requested / slots / max rank    none: the base model only" in capsys.readouterr().out
