@@ -395,7 +395,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     fig = write_figure(rows, slo, out / "compare.png", f"{run.trace} (profile {prof_name}), TTFT SLO {slo:.2f} s")
     bounds = {p: sustained_bound(options.rps, v, slo) for p, v in p99_by_policy(rows).items()}
     slo_ref = None if options.slo else options.policies[0]
-    doc = {"slo_s": slo, "slo_reference_policy": slo_ref, "sustained_rps": sustained, "sustained_bound": bounds}
+    systems = {p: resolve_system(for_preset(run, p).policy, run.system) for p in options.policies}
+    doc = {"slo_s": slo, "slo_reference_policy": slo_ref, "sustained_rps": sustained, "sustained_bound": bounds,
+           "systems": systems}
     (out / "sustained.json").write_text(json.dumps(doc, indent=2))
     if args.json:
         print(json.dumps({**doc, "rows": rows}, indent=2, default=str))
@@ -403,6 +405,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(f"TTFT SLO = {slo:.3f} s" + ("" if options.slo else
                                        f" ({options.slo_x:g} x the unloaded mean TTFT of {slo_ref}, the first policy, "
                                        f"at {options.unloaded_rps:g} req/s)"))
+    if len(set(systems.values())) > 1:  # (the presets run on different engines: say which)
+        print("serving systems: " + ", ".join(f"{p} on {sy}" for p, sy in systems.items())
+              + " (README 'Serving systems')")
     print(format_table(rows))
     rejections = format_rejections(rows)
     if rejections:  # (the throughput of a policy that refuses requests counts only those it served)

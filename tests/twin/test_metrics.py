@@ -3,6 +3,7 @@ fraction and link utilization, the run progress bar during the drain, and the ru
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -137,8 +138,11 @@ def test_compare_says_why_requests_were_rejected(tmp_path, capsys):
                      "[--slora-max-prompt-len]"]
     assert all(str(v).endswith(": prompt longer than the S-LoRA server's max prompt length")
                for v in rej["reject_reasons"])
+    assert "serving systems: vllm on vllm, slora on slora" in out
+    assert json.loads((tmp_path / "sustained.json").read_text())["systems"] == {"vllm": "vllm", "slora": "slora"}
     assert main([*argv, "--policies", "vllm", "--trace-opt", "max_prompt=1000"]) == 0
-    assert "rejected up front" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "rejected up front" not in out and "serving systems" not in out  # (one system: nothing to say)
 
 
 def test_compare_progress_bar_counts_the_runs(capsys):
