@@ -14,6 +14,9 @@ Field metadata:
   a ``ValueError`` becomes an argparse error that names the flag.
 * ``action`` (``"append"``), ``metavar``, ``choices``, ``required``: passed to argparse.
 
+A dataclass may group its flags in the help: a class attribute ``FLAG_GROUPS`` maps a title to
+the field names listed under it (fields in no group stay with the parser's own options).
+
 A ``bool`` field is a ``--flag/--no-flag`` pair. The argparse destination is the field name;
 the help shows the default unless it is ``None`` or already mentions one.
 """
@@ -91,6 +94,8 @@ def add_arguments(parser: Any, cls: type, only: Collection[str] | None = None,
     the field's default, which :func:`from_namespace` fills in), so a command can tell the
     flags given on the command line from the others (e.g. to let them override a scenario file)."""
     hints = typing.get_type_hints(cls)
+    group_of = {name: title for title, names in getattr(cls, "FLAG_GROUPS", {}).items() for name in names}
+    groups: dict[str, Any] = {}
     for f in _flag_fields(cls, only, exclude):
         md = f.metadata
         default = field_default(f)
@@ -115,7 +120,13 @@ def add_arguments(parser: Any, cls: type, only: Collection[str] | None = None,
                 kwargs["action"] = md["action"]
         if kwargs.get("required"):
             kwargs.pop("default")
-        parser.add_argument(flag_name(f), **kwargs)
+        title = group_of.get(f.name)
+        if title is not None and isinstance(parser, argparse.ArgumentParser):
+            if title not in groups:
+                groups[title] = parser.add_argument_group(title)
+            groups[title].add_argument(flag_name(f), **kwargs)
+        else:
+            parser.add_argument(flag_name(f), **kwargs)
 
 
 def given_values(cls: type, namespace: argparse.Namespace, exclude: Collection[str] = ()) -> dict[str, Any]:

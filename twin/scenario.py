@@ -35,7 +35,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from traces.adapters import parse_popularity
 from traces.arguments import parse_list
@@ -151,6 +151,21 @@ class RunConfig:
         "help": "cost of a LoRA shrink rank tile beyond the first, relative to the first (vLLM 0.8.5's kernel tiles "
                 "the rank by 16: rank-32 slots run two tiles); default: the profile's own (1 in the calibrated "
                 "profiles, measured at rank 8 only; twin validate uses 0.7091, fitted on the real runs' fit split)"})
+
+    #: the sections of the flags' help (:func:`traces.flags.add_arguments`): every field under one title
+    FLAG_GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "workload": ("trace", "rps", "duration", "adapters", "ranks", "popularity", "trace_options", "seed",
+                     "data_dir"),
+        "policy": ("policy", "scheduler", "cache", "system"),
+        "server (profile, GPU, vLLM engine)": ("profile", "slots", "cpu_slots", "max_lora_rank", "max_model_len",
+                                               "max_num_seqs", "max_batched_tokens", "gpu_mem_gb", "kv_tokens", "tp",
+                                               "lora_targets"),
+        "S-LoRA server (--system slora)": ("max_total_tokens", "slora_prefetch", "slora_max_wait_tokens",
+                                           "slora_max_prompt_len", "slora_max_total_len"),
+        "run": ("horizon", "ttft_slo", "tbt_slo"),
+        "terms fitted on the real runs (twin validate's; unset: the calibrated engine alone)": (
+            "frontend_ms", "serving_us", "rank_tile_cost"),
+    }
 
     def adapter_slots(self, n_adapters: int) -> int:
         """``slots``, or :data:`DEFAULT_ADAPTER_SLOTS` capped at ``n_adapters`` (at least 1)."""

@@ -310,3 +310,21 @@ def test_run_table_says_what_was_served(capsys, tmp_path):
     assert " / unified pool / " in capsys.readouterr().out
     assert main(["run", "--duration", "30", "--adapters", "0", "--no-progress"]) == 0
     assert "adapters requested / slots / max rank    none: the base model only" in capsys.readouterr().out
+
+
+def test_run_flags_are_grouped_in_the_help(capsys):
+    """``twin run --help`` (and ``twin compare --help``) lists the scenario flags under sections
+    (workload, policy, server, S-LoRA server, run, fitted terms): every RunConfig flag in exactly one."""
+    flagged = [f.name for f in dataclasses.fields(RunConfig) if "help" in f.metadata]
+    grouped = [name for names in RunConfig.FLAG_GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(flagged)
+    for command in ("run", "compare"):
+        with pytest.raises(SystemExit):
+            make_parser().parse_args([command, "--help"])
+        out = capsys.readouterr().out
+        left_out = NOT_COMPARE_OPTIONS if command == "compare" else ()
+        for title, names in RunConfig.FLAG_GROUPS.items():
+            shown = f"\n{title}:\n" in out
+            assert shown == any(n not in left_out for n in names), (command, title)
+        server = out.split("\nserver (profile, GPU, vLLM engine):\n")[1].split("\n\n")[0]
+        assert "--max-num-seqs" in server and "--rps" not in server
