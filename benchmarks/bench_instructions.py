@@ -13,8 +13,8 @@ The workload is ``bench_speed.py``'s (the same generator, seed and engine config
 ``--horizon`` seconds (default 900: under a minute under Valgrind; 3600 is the whole hour). A child process
 loads the workload, simulates its first second (a warm-up: the modules a run imports on first use, not counted)
 and then the horizon, called through ``operator.call``, the one function callgrind counts in
-(``--toggle-collect``): the count is that call's alone, start-up excluded, and the same in every run of the
-same code. Per-step recording is on, as in ``bench_speed.py``.
+(``--toggle-collect``): the count is that ``simulate()`` call's alone (its summary included; start-up
+excluded), and the same in every run of the same code. Per-step recording is on, as in ``bench_speed.py``.
 
     python benchmarks/bench_instructions.py                       # reference, first 900 s
     python benchmarks/bench_instructions.py --horizon 3600        # the whole hour (~2 min)
