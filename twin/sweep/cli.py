@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 from traces.arguments import check_writable_dir
+from twin.sweep.grid import NAMED_GRIDS
 
 
 def register_cli(subparsers) -> None:
     p = subparsers.add_parser(
         "sweep", help="run a grid of scenarios x configurations through the twin (Parquet shards, resume)",
-        description="Run a named grid (adapter-twin-llama, adapter-twin-qwen, adapter-twin-llama-ext, smoke, policy-demo) or a "
+        description=f"Run a named grid ({', '.join(NAMED_GRIDS)}) or a "
                     "TOML/YAML grid file. One task = one scenario's walk over its configurations (slots x served "
                     "adapters); a walk stops at its first starving run and a run stops as soon as it is decided "
                     "starving. One Parquet shard per task under OUT/shards; an interrupted sweep resumes.")
@@ -45,7 +46,7 @@ def register_cli(subparsers) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from twin.sweep.grid import NAMED_GRIDS, defaults_note, load_grid
+    from twin.sweep.grid import defaults_note, load_grid
     from twin.sweep.scenario import twin_version
     from twin.sweep.runner import (MissingExtra, check_address, check_executor, check_runnable, check_selection,
                                    done_tasks, exclusion_keys, read_meta, read_results, run_sweep, select_tasks,
