@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from twin.sweep.grid import load_grid
+from twin.sweep.grid import NAMED_GRIDS, load_grid
 from twin.sweep import runner
 from twin.sweep.runner import read_results, run_sweep
 
@@ -106,7 +106,10 @@ def test_cli(tmp_path, capsys):
     register_cli(p.add_subparsers())
     ns = p.parse_args(["sweep", "--list"])
     assert ns.func(ns) == 0
-    assert "adapter-twin-llama" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[0] for ln in lines] == list(NAMED_GRIDS)
+    assert len({ln.index(" tasks,") for ln in lines}) == 1  # one column, whatever the names' lengths
+    assert all(name in p._subparsers._group_actions[0].choices["sweep"].description for name in NAMED_GRIDS)
     ns = p.parse_args(["sweep", "--list", "--json"])
     assert ns.func(ns) == 0
     listed = {g["name"]: g for g in json.loads(capsys.readouterr().out)}

@@ -59,9 +59,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                            "window_s": g.window_s} for g in grids], indent=2))
         return 0
     if args.list:
+        w = max(map(len, NAMED_GRIDS))
         for name, fn in NAMED_GRIDS.items():
             g = fn()
-            print(f"{name:<24} {len(g.tasks()):>5} tasks, <= {g.n_runs_max():>6} runs, profile {g.profile}, "
+            print(f"{name:<{w}}  {len(g.tasks()):>5} tasks, <= {g.n_runs_max():>6} runs, profile {g.profile}, "
                   f"window {g.window_s:g} s")
         return 0
     check_selection(args.limit, args.shard, args.every, args.jobs)
