@@ -443,6 +443,9 @@ def sharegpt_like(n: int, rng: np.random.Generator, mean_in: float | None = None
 # --------------------------------------------------------------------------- configuration
 LENGTH_DISTS = ("splitwise", "splitwise-code", "sharegpt", "lognormal[:NAME|PATH]", "fixed:small|medium|large|P/O",
                 "empirical:NAME|PATH", "trace")
+#: the length models whose argument is a trace name or a file (``empirical:PATH``, ``lognormal:PATH``;
+#: :func:`build_length_model` loads it), so a scenario file's relative path is read from the file's directory
+LENGTH_SOURCE_MODELS = ("empirical", "lognormal")
 
 
 @dataclass

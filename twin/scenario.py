@@ -40,6 +40,7 @@ from typing import Any, Callable, ClassVar
 from traces.adapters import parse_popularity
 from traces.arguments import parse_list
 from traces.flags import flag_name
+from traces.lengths import LENGTH_SOURCE_MODELS
 from traces.registry import BUILTINS, REAL_OPTIONS, get_workload, run_defaults
 from traces.synth import MAX_ADAPTERS, OPTIONS, option_value_problem
 from traces.workload import Workload
@@ -1000,10 +1001,6 @@ def rebase_path(option: str, value: Any, base: Path) -> Any:
     if p is None or not (base / p).exists() or (p.exists() and p.resolve() == (base / p).resolve()):
         return value
     return str((base / p).resolve())
-
-
-#: length models whose argument names a trace or a file (``lengths = "empirical:PATH"``, ``lognormal:PATH``)
-LENGTH_SOURCE_MODELS = ("empirical", "lognormal")
 
 
 def _map_length_source(value: Any, fn: Callable[[Any], Any]) -> Any:
