@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import numpy as np
-from scipy.special import ndtr, ndtri
 
 DATA = Path(__file__).resolve().parent / "data"
 SHAREGPT_JSON = DATA / "sharegpt_lengths.json"
@@ -223,6 +222,7 @@ class LognormalLengths:
 
 def normal_scores(x: np.ndarray) -> np.ndarray:
     """``Phi^-1((rank - 0.5)/n)`` with average ranks for ties (van der Waerden scores)."""
+    from scipy.special import ndtri
     from scipy.stats import rankdata
 
     r = rankdata(x, method="average")
@@ -257,6 +257,8 @@ class CopulaLengths:
         return cls(list(d["probs"]), list(d["log_q_in"]), list(d["log_q_out"]), float(d["rho"]), d.get("source", ""))
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        from scipy.special import ndtr  # (imported here: scipy.special costs 0.2 s of start-up)
+
         z1 = rng.standard_normal(n)
         z2 = self.rho * z1 + np.sqrt(max(1 - self.rho**2, 0.0)) * rng.standard_normal(n)
         pr = np.asarray(self.probs)
@@ -412,6 +414,8 @@ class ShareGPTLengths:
         u_o = _stratified(n, rng)
         rho = float(self.prompt_output_corr)
         if rho != 0.0:  # Gaussian copula: the output's normal score leans on the prompt's
+            from scipy.special import ndtr, ndtri  # (imported here: scipy.special costs 0.2 s of start-up)
+
             z_o = rho * ndtri(np.clip(u_p, 1e-12, 1 - 1e-12)) + np.sqrt(1.0 - rho * rho) * ndtri(u_o)
             u_o = ndtr(z_o)
         # output | prompt: inverse CDF of the output pmf restricted to [min_o, max_total - p]

@@ -290,7 +290,7 @@ def test_the_command_starts_without_the_fitting_plotting_or_learning_libraries()
     import subprocess
     import sys
 
-    heavy = ["scipy.optimize", "calibration.fitting.core", "sklearn", "matplotlib", "torch", "dask", "ray"]
+    heavy = ["scipy.optimize", "scipy.special", "calibration.fitting.core", "sklearn", "matplotlib", "torch", "dask", "ray"]
     code = ("import sys, twin.cli, twin.scenario, twin.simulate; "
             f"print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
