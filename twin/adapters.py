@@ -88,6 +88,9 @@ class Load:
     link_s: float
     nbytes: int
     wait: Any = None  # an asynchronous load still in flight (SimPy process): the step waits for it
+    #: copies over the host link this load starts (the steps' ``loads_started``): 1, plus the adapters of the
+    #: batch vLLM's activation order evicts and copies back with it; 0 for a wait on a copy already started
+    copies: int = 1
 
 
 class AdapterMemory:
@@ -189,7 +192,7 @@ class AdapterMemory:
             if self.resident[a]:
                 if self.loading and a in self.loading:  # prefetch in flight: the step waits for it
                     self.late_hits += 1
-                    return Load(a, "wait", 0.0, 0.0, 0, wait=self.loading[a])
+                    return Load(a, "wait", 0.0, 0.0, 0, wait=self.loading[a], copies=0)
                 self.hits += 1
                 if a in self.cpu:
                     self.cpu.move_to_end(a)
@@ -280,7 +283,7 @@ class AdapterMemory:
         for b in reloads:  # copied again, one after the other, on the same critical path
             link_s += self.cpu_load_s[self.ranks_l[b]]
             nbytes += self.bytes[b]
-        return Load(a, source, disk_s, link_s, nbytes)
+        return Load(a, source, disk_s, link_s, nbytes, copies=1 + len(reloads))
 
     def mark_resident(self, a: int) -> None:
         """Adapter ``a`` holds GPU memory from now on (its copy may still be in flight)."""
@@ -334,6 +337,7 @@ class AdapterMemory:
             i = j + 1                 # everything up to it is touched by then
         if out:
             self.reloads += len(out)
+            self.evictions += len(out)  # (each is evicted, then copied back)
             self.loads_cpu += len(out)
             for b in out:
                 if b in self.cpu:

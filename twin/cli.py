@@ -42,7 +42,7 @@ COMMAND_MODULES = (traces.cli, calibration.cli, twin.validation.cli, twin.compar
 SUMMARY_ROWS = [
     ("requests arrived / finished", lambda s: f"{s['requests_arrived']} / {s['requests_finished']}"),
     ("rejected / unfinished", lambda s: f"{s['requests_rejected']} / {s['requests_unfinished']}" + _reasons(s)),
-    ("throughput (req/s)", lambda s: _f(s["throughput_rps"], 3)),
+    ("offered / throughput (req/s)", lambda s: f"{_f(s['offered_rps'], 3)} / {_f(s['throughput_rps'], 3)}"),
     ("tokens/s in / out", lambda s: f"{_f(s['input_tok_s'], 1)} / {_f(s['output_tok_s'], 1)}"),
     ("TTFT ms mean / p50 / p99", lambda s: f"{_f(s['ttft_ms_mean'])} / {_f(s['ttft_ms_p50'])} / {_f(s['ttft_ms_p99'])}"),
     ("ITL ms mean / p99", lambda s: f"{_f(s['itl_ms_mean'])} / {_f(s['itl_ms_p99'])}"),
@@ -73,11 +73,15 @@ def serving_setup(engine: Any, system: str) -> str:
     """What the server served: the adapters the workload requested, the GPU adapter slots (``max_loras``;
     S-LoRA has none: adapters share its unified memory pool) and the largest LoRA rank (``max_lora_rank``,
     the workload's largest unless given)."""
+    import numpy as np
+
     cfg = engine.config
-    if not engine.n_adapters:
+    # the adapters of the requests that arrived (a request past --horizon was never offered)
+    asked = engine.adapter[(engine.arrival <= engine.horizon) & (engine.adapter >= 0)]
+    if not len(asked):
         return "none: the base model only"
     slots = "unified pool" if system == "slora" else str(cfg.max_loras) if cfg.enable_lora else "LoRA off"
-    return f"{engine.n_adapters} / {slots} / {engine.max_lora_rank}"
+    return f"{len(np.unique(asked))} / {slots} / {engine.max_lora_rank}"
 
 
 def format_summary(s: dict[str, Any], setup: str | None = None) -> str:

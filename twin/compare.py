@@ -46,7 +46,7 @@ from twin.scenario import (MAX_SIM_SECONDS, RunConfig, build_engine_config, buil
 from twin.simulate import simulate
 
 COLUMNS = [("ttft_ms_p50", "TTFT p50 ms", 0), ("ttft_ms_p99", "TTFT p99 ms", 0), ("itl_ms_p50", "TBT p50 ms", 1),
-           ("itl_ms_p99", "TBT p99 ms", 1), ("throughput_rps", "thr req/s", 2), ("goodput_rps", "SLO thr req/s", 2),
+           ("itl_ms_p99", "TBT p99 ms", 1), ("offered_rps", "offered req/s", 2), ("throughput_rps", "thr req/s", 2), ("goodput_rps", "SLO thr req/s", 2),
            ("slo_attainment", "SLO att.", 3), ("adapter_hit_rate_requests", "hit rate req.", 3),
            ("adapter_hit_rate", "hit rate act.", 3)]
 #: request counts printed after the summary columns (arrived in the window, refused at admission)
@@ -102,6 +102,9 @@ MAX_SLO_X = 1e4
 #: where ``twin compare`` writes without ``--out`` (relative to the working directory; ``runs/``
 #: is ignored by git, so a sweep never lands among the committed results)
 DEFAULT_OUT = "runs/compare"
+#: the adapters' target modules of a comparison across serving systems when ``--lora-targets`` is not given:
+#: the projections S-LoRA adapts (:func:`common_adapters`)
+MIXED_SYSTEMS_TARGETS = "qkvo"
 
 #: scenario options that ``twin compare`` sets itself (the rate) or per policy
 NOT_COMPARE_OPTIONS = ("rps", "policy", "scheduler", "cache", "horizon", "ttft_slo", "tbt_slo")
@@ -318,6 +321,19 @@ def check_given(run: RunConfig, options: CompareConfig, given: Collection[str]) 
     check_system_options(given, runs_on, run.system is not None, compare=True)
 
 
+def common_adapters(run: RunConfig, policies: Collection[str]) -> RunConfig:
+    """``run`` with the adapters' target modules every compared preset serves: when the presets run on
+    different serving systems and ``--lora-targets`` is not given, ``qkvo`` for all of them. S-LoRA adapts q, k, v
+    and o only, while a vLLM run's default is the profile's targets (all seven projections of the calibration's
+    adapters): left alone, the two systems would serve different adapters (2.3x the bytes per load and more LoRA
+    compute on vLLM) and the comparison would not be of one workload."""
+    if run.lora_targets is not None:
+        return run
+    load_entry_points()
+    systems = {resolve_system(for_preset(run, p).policy, run.system) for p in policies if p in PRESETS}
+    return dataclasses.replace(run, lora_targets=MIXED_SYSTEMS_TARGETS) if len(systems) > 1 else run
+
+
 def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
             ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
     """Every preset of ``options.policies`` at every rate of ``options.rps``: the summary rows,
@@ -335,6 +351,7 @@ def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
                 f"not a preset: a preset names both, e.g. vllm = fcfs + lru; `twin run --scheduler/--cache` takes "
                 f"them one by one)") if parts else ""
         raise KeyError(f"unknown policies {unknown}{hint}; presets: {', '.join(sorted(PRESETS))}")
+    run = common_adapters(run, pols)
     for p in pols:  # before any run, also when the runs go to worker processes: each preset as it runs
         check_run(for_preset(run, p))  # (its own serving system's checks)
     for r in sorted({min(rates), max(rates)}):  # an empty or oversized workload: refused before any run, not
@@ -396,8 +413,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     bounds = {p: sustained_bound(options.rps, v, slo) for p, v in p99_by_policy(rows).items()}
     slo_ref = None if options.slo else options.policies[0]
     systems = {p: resolve_system(for_preset(run, p).policy, run.system) for p in options.policies}
+    targets = common_adapters(run, options.policies).lora_targets
     doc = {"slo_s": slo, "slo_reference_policy": slo_ref, "sustained_rps": sustained, "sustained_bound": bounds,
-           "systems": systems}
+           "systems": systems,
+           "lora_targets": targets or ",".join(load_compare_profile(run.profile, None).lora_targets)}
     (out / "sustained.json").write_text(json.dumps(doc, indent=2))
     if args.json:
         print(json.dumps({**doc, "rows": rows}, indent=2, default=str))
@@ -408,6 +427,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(set(systems.values())) > 1:  # (the presets run on different engines: say which)
         print("serving systems: " + ", ".join(f"{p} on {sy}" for p, sy in systems.items())
               + " (README 'Serving systems')")
+        if run.lora_targets is None:
+            print(f"adapters: {MIXED_SYSTEMS_TARGETS} projections on every system (S-LoRA adapts only these; "
+                  f"--lora-targets gives all the systems another set)")
     print(format_table(rows))
     rejections = format_rejections(rows)
     if rejections:  # (the throughput of a policy that refuses requests counts only those it served)

@@ -523,7 +523,8 @@ class Engine(PreemptionWalk, EngineState):
             self._finish_decoders(g1, now)
         loads = plan.loads
         self.rec.step(t0, now, k, plan.d, plan.durs, plan.total_s + load_s, batch, plan.prefill_tokens,
-                      plan.n_dec, active, kv_blocks, mem, len(loads), sum(ld.nbytes for ld in loads) if loads else 0)
+                      plan.n_dec, active, kv_blocks, mem, sum(ld.copies for ld in loads) if loads else 0,
+                      sum(ld.nbytes for ld in loads) if loads else 0)
 
     def _emit_after_prefill(self, chunks: list[tuple[int, int]], now: float) -> None:
         """The step's prefill ``chunks`` are computed: a request that computed all its known

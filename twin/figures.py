@@ -112,6 +112,18 @@ def latency_figure(requests: pd.DataFrame, steps: pd.DataFrame | None, summary: 
     return fig
 
 
+def with_idle_gaps(t0: np.ndarray, t1: np.ndarray, values: np.ndarray, idle: float = 0.0,
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """A step function of per-row ``values`` (held from each row's start, ``where="post"``) with ``idle`` drawn
+    from a row's end to the next row's start when the engine idled between them (it steps only while a
+    request runs): without it the line held the last step's batch through the idle time."""
+    gap = np.flatnonzero(t0[1:] > t1[:-1])
+    x = np.concatenate((t0, t1[gap], t1[-1:]))
+    y = np.concatenate((values.astype(float), np.full(len(gap) + (len(t1) > 0), float(idle))))
+    order = np.argsort(x, kind="stable")
+    return x[order], y[order]
+
+
 def timeline_figure(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict[str, Any] | None = None,
                     title: str | None = None, bin_s: float | None = None) -> "Figure":
     """Running / waiting requests, KV use, adapters and link traffic over simulated time."""
@@ -119,7 +131,8 @@ def timeline_figure(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict[s
     fig, ax = _figure(4, 1, (13, 10))
     t0, t1 = steps["t_start"].to_numpy(), steps["t_end"].to_numpy()
     # the batch during each step (held from the row's start), waiting requests (step function)
-    ax[0].step(t0, steps["batch_size"].to_numpy(), where="post", lw=0.8, label="running (during each step)")
+    ax[0].step(*with_idle_gaps(t0, t1, steps["batch_size"].to_numpy()), where="post", lw=0.8,
+               label="running (during each step; 0 while the engine idles)")
     tw, nw = waiting_curve(requests)
     if len(tw):
         ax[0].step(tw, nw, where="post", lw=0.8, label="waiting for first admission")
@@ -129,17 +142,21 @@ def timeline_figure(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict[s
     block = int((summary.get("config") or {}).get("block_size") or 16)
     cap = summary.get("kv_capacity_tokens")
     used = steps["kv_blocks_used"].to_numpy() * block
+    tu = t0
+    if not (summary.get("config") or {}).get("prefix_caching"):  # (idle: no request holds KV; history KV may)
+        tu, used = with_idle_gaps(t0, t1, used)
     if cap:
-        ax[1].step(t0, used / cap * 100, where="post", lw=0.8, color="tab:green")
+        ax[1].step(tu, used / cap * 100, where="post", lw=0.8, color="tab:green")
         ax[1].set_ylabel("KV cache used (%)")
         ax[1].set_ylim(0, 105)
     else:
-        ax[1].step(t0, used, where="post", lw=0.8, color="tab:green")
+        ax[1].step(tu, used, where="post", lw=0.8, color="tab:green")
         ax[1].set_ylabel("KV tokens used")
     # adapters in the batch (against the slots) and resident adapter memory
-    ax[2].step(t0, steps["distinct_adapters"].to_numpy(), where="post", lw=0.8, color="tab:purple",
-               label="adapters in the batch")
-    slots = (summary.get("config") or {}).get("max_loras")
+    ax[2].step(*with_idle_gaps(t0, t1, steps["distinct_adapters"].to_numpy()), where="post", lw=0.8,
+               color="tab:purple", label="adapters in the batch")
+    # (S-LoRA has no adapter slots: its adapters share the unified pool with the KV cache)
+    slots = None if summary.get("system") == "slora" else (summary.get("config") or {}).get("max_loras")
     if slots:
         ax[2].axhline(slots, color="tab:purple", ls="--", lw=0.8, label=f"GPU adapter slots ({slots})")
     ax[2].set_ylabel("adapters")
@@ -207,11 +224,18 @@ def compare_figure(rows: list[dict[str, Any]], slo_s: float | None = None, title
         for ax, (key, scale, _) in zip(axes, COMPARE_PANELS):
             y = [(r[key] * scale) if r.get(key) is not None else float("nan") for r in rs]
             ax.plot(x, y, marker="o", label=pol)
+    offered = sorted({(r["rps"], r["offered_rps"]) for r in rows if r.get("offered_rps") is not None})
+    if offered:  # the load the windows offered (a replayed trace's --rps is its mean over the whole trace)
+        k = [i for i, (key, _, _) in enumerate(COMPARE_PANELS) if key == "goodput_rps"]
+        if k:
+            axes[k[0]].plot([o[0] for o in offered], [o[1] for o in offered], color="k", ls=":", lw=1.0,
+                            label="offered")
+            axes[k[0]].legend(fontsize=8)
     if slo_s is not None:
         axes[0].axhline(slo_s, color="k", ls="--", lw=0.8, label=f"SLO {slo_s:.2f} s")
     axes[0].set_yscale("log")
     for ax, (_, _, t) in zip(axes, COMPARE_PANELS):
-        ax.set_xlabel("request rate (req/s)")
+        ax.set_xlabel("--rps (req/s; a trace: its mean over the whole trace)")
         ax.set_title(t)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)

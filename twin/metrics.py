@@ -71,6 +71,19 @@ def outcomes(e: "Engine") -> np.ndarray:
     return out
 
 
+def arrival_window(e: "Engine", oc: np.ndarray) -> float:
+    """The span the arrivals were offered over (s): the horizon when the run has one, else the last arrival's time
+    (a run without a horizon drains its queue after the last arrival; that tail offers nothing). A replayed trace's
+    ``--rps`` is its mean rate over the trace's whole span, so the window it replays can offer more or less:
+    ``offered_rps`` says what it did."""
+    if e.horizon != float("inf"):
+        w = float(e.horizon)
+    else:
+        arrived = e.arrival[oc != 0]
+        w = float(arrived.max()) if len(arrived) else 0.0
+    return w if w > 0 else 1.0
+
+
 OUTCOME_NAMES = np.array(["not_arrived", "finished", "rejected", "unfinished"], dtype=object)
 
 
@@ -173,6 +186,7 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
         "reject_reasons": {REJECT_REASONS[i]: int(c) for i, c in enumerate(reasons) if c},
         "simulated_s": float(window),
         "throughput_rps": n_fin / window,
+        "offered_rps": arrived / arrival_window(e, oc),
         "input_tok_s": float(e.prompt[fin].sum()) / window,
         "output_tok_s": float(e.output[fin].sum()) / window,
     }

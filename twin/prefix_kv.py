@@ -166,7 +166,7 @@ class HistoryKV:
             self.e.return_blocks(node.blocks)
             self.hbm_blocks -= node.blocks
             self.loading_blocks -= node.blocks
-            ctx.loads.append(Load(-1, "wait", 0.0, 0.0, 0, wait=node.proc))
+            ctx.loads.append(Load(-1, "wait", 0.0, 0.0, 0, wait=node.proc, copies=0))
             ctx.load_rids.append(rid)
         else:  # host: copy back on the critical path
             self.host_hits += 1

@@ -49,7 +49,8 @@ class Recorder:
         self.progress_requests = 0  # requests the progress bar counts (set by the engine)
 
     def step(self, t0, t1, k, d, durs, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes):
-        """One step (k == 1) or a run of k decode steps of duration ``d`` each (or ``durs``)."""
+        """One step (k == 1) or a run of k decode steps of duration ``d`` each (or ``durs``), from ``t0`` to ``t1``;
+        ``total`` is the row's ``duration_s``: the segment's whole time (``t1 - t0``, synchronous loads included)."""
         self.n_steps += k
         self.n_segments += 1
         self.busy_s += t1 - t0

@@ -89,7 +89,8 @@ class RunConfig:
     # workload
     trace: str = field(default="synthetic", metadata={"help": "trace name (`twin traces list`) or a file path "
                                                               "(workload .parquet/.csv/.jsonl or a raw trace)"})
-    rps: float | None = field(default=None, metadata={"help": "target mean request rate (rescales a trace)"})
+    rps: float | None = field(default=None, metadata={"help": "target mean request rate (a replayed trace is rescaled to it over its whole span, so a --duration window of "
+                "it may offer more or less: the summary's offered_rps)"})
     duration: float | None = field(default=None, metadata={"help": "seconds of arrivals to keep/generate"})
     adapters: int | None = field(default=None, metadata={"help": "number of adapters (0: the base model only)"})
     ranks: list[int] | None = field(default=None, metadata={
@@ -143,7 +144,7 @@ class RunConfig:
     frontend_ms: float = field(default=0.0, metadata={
         "help": "front-end latency in ms: the request's path outside the engine (API server, tokeniser, streamed "
                 "chunk), added to the client-observed TTFT and E2E, not to ITL/TPOT; 0: the engine's own times "
-                "(twin validate uses 7.9, fitted on the real runs' fit split)"})
+                "(twin validate uses 8.6, fitted on the real runs' fit split)"})
     serving_us: float = field(default=0.0, metadata={
         "help": "host time of the serving path in microseconds per running request and engine step (vLLM behind "
                 "its API server with streaming clients), added to every step; 0: the calibrated engine alone "
@@ -209,7 +210,7 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
                                  "run until every request finished)"),
     "ttft_slo": (False, 0, False, "a TTFT SLO in seconds, e.g. --ttft-slo 2"),
     "tbt_slo": (False, 0, False, "a time-between-tokens SLO in seconds, e.g. --tbt-slo 0.1"),
-    "frontend_ms": (False, 0, True, "a front-end latency in ms, e.g. --frontend-ms 7.9 (0: the engine's own times)"),
+    "frontend_ms": (False, 0, True, "a front-end latency in ms, e.g. --frontend-ms 8.6 (0: the engine's own times)"),
     "serving_us": (False, 0, True, "microseconds per running request and step, e.g. --serving-us 18 (0: the "
                                    "calibrated engine alone)"),
     "rank_tile_cost": (False, 0, True, "a cost relative to the first rank tile, e.g. --rank-tile-cost 0.7091 (or leave "

@@ -25,7 +25,7 @@ from twin.metrics import outcomes, requests_frame, summarize
 from twin.perf.profile import Profile, load_profile
 from twin.registry import resolve_policy, resolve_system
 from twin.scrape_stall import SCRAPE_PERIOD_S, check_scrape
-from twin.slora_engine import SLoRAEngine
+from twin.slora_engine import VLLM_ONLY_CONFIG, SLoRAEngine
 
 #: the engine of each serving system (``twin.registry.SYSTEMS``)
 ENGINES = {"vllm": Engine, "slora": SLoRAEngine}
@@ -229,7 +229,7 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     wall = time.perf_counter() - t0
     summary = summarize(eng, wall, ttft_slo_s, tbt_slo_s)
     if system == "slora" and extra and "config" in extra:  # the engine's settings (1-token slots, its limits)
-        extra = {**extra, "config": eng.config.to_dict()}
+        extra = {**extra, "config": {k: v for k, v in eng.config.to_dict().items() if k not in VLLM_ONLY_CONFIG}}
     clash = sorted(str(k) for k in (extra or {}) if k in summary)
     if clash:  # (the run's own metrics would be replaced silently)
         raise ValueError(f"extra: {', '.join(clash)} would replace the run's own summary field(s); give the field(s) "

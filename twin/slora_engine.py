@@ -678,7 +678,7 @@ class SLoRAEngine(EngineState):
         if not self.running:
             self._batch_emptied(now)
         self.rec.step(t0, now, 1, d, None, d + load_s, batch, prefill_tok, 0, active,
-                      self.used_blocks + ended_tokens, resident, len(ctx.loads), sum(ld.nbytes for ld in ctx.loads))
+                      self.used_blocks + ended_tokens, resident, sum(ld.copies for ld in ctx.loads), sum(ld.nbytes for ld in ctx.loads))
 
     def _decode(self, now: float, counting: bool):
         """Decode steps of every running request: one, or a run in which nothing can change."""
@@ -743,7 +743,8 @@ class SLoRAEngine(EngineState):
         else:
             rec_n = n
         same = all(x == durs[0] for x in durs)
-        self.rec.step(t0, now, k, durs[0], None if same else durs, now - t0 if k == 1 else durs[0], len(self.running),
+        # (the row's duration_s is the segment's, t1 - t0, as on the vLLM engine; ITL samples come from durs)
+        self.rec.step(t0, now, k, durs[0], None if same else durs, now - t0, len(self.running),
                       0, rec_n, self.adapters.n_active, self.base_sum + n * g1, self.adapters.resident_bytes, 0, 0)
         heap, dec = self.fin_heap, self.dec
         finished = False
@@ -852,6 +853,14 @@ class SLoRAEngine(EngineState):
         assert mem.n_active == int((act > 0).sum()), "active adapter count out of sync"
         self._assert_queue_accounting()
         pl.check()
+
+
+#: :class:`EngineConfig` fields of the vLLM engine that the S-LoRA engine does not read (its own limits are the
+#: ``slora_*`` fields, ``running_max_req_size`` and ``max_total_tokens``): left out of an S-LoRA run's recorded
+#: ``config`` (the summary's), which otherwise read as settings of the run (``twin/scenario.py``'s
+#: ``SYSTEM_OPTIONS`` refuses their flags on this engine)
+VLLM_ONLY_CONFIG = ("max_num_batched_tokens", "max_num_seqs", "max_loras", "max_cpu_loras", "max_lora_rank",
+                    "max_model_len", "adapter_memory", "adapter_placement", "adapter_region_bytes", "prefix_caching")
 
 
 def check_slora_config(config: EngineConfig, cache: AdapterCachePolicy) -> None:

@@ -328,3 +328,26 @@ def test_run_flags_are_grouped_in_the_help(capsys):
             assert shown == any(n not in left_out for n in names), (command, title)
         server = out.split("\nserver (profile, GPU, vLLM engine):\n")[1].split("\n\n")[0]
         assert "--max-num-seqs" in server and "--rps" not in server
+
+
+def test_the_front_end_latency_named_in_the_help_is_the_one_validate_uses():
+    """``twin run --help`` names the front-end latency ``twin validate`` adds (it said 7.9 ms after the constant
+    was refitted to 8.6); the core does not import the validation package, so this test keeps the two in step."""
+    import re
+
+    from twin.scenario import RunConfig
+    from twin.validation.specs import FRONTEND_LATENCY_S
+
+    help_text = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(RunConfig)}["frontend_ms"]
+    assert [float(x) for x in re.findall(r"uses ([0-9.]+)", help_text)] == [round(FRONTEND_LATENCY_S * 1000, 1)]
+
+
+def test_run_table_counts_the_adapters_of_the_requests_that_arrived(capsys, tmp_path):
+    """With ``--horizon`` before the workload's end, the requests past it never arrive: the table's adapters are
+    those the arrived requests asked for (it counted the whole workload's)."""
+    assert main(["run", "--rps", "3", "--horizon", "40", "--no-progress", "--out", str(tmp_path / "h")]) == 0
+    out = capsys.readouterr().out
+    req = pd.read_parquet(tmp_path / "h" / "requests.parquet")
+    came = req[(req["outcome"] != "not_arrived") & (req["adapter_id"] >= 0)]
+    assert came["adapter_id"].nunique() < req["adapter_id"][req["adapter_id"] >= 0].nunique()
+    assert f"adapters requested / slots / max rank    {came['adapter_id'].nunique()} / " in out, out

@@ -158,3 +158,40 @@ def test_compare_progress_bar_counts_the_runs(capsys):
     assert len(rows) == 2 and slo > 0
     assert "0/3 [" in err  # 1 unloaded reference + 2 runs
     assert "unloaded reference" in err and "vllm at 2 req/s" in err
+
+
+def test_offered_rate_is_the_arrivals_over_the_span_they_arrived_in():
+    """``offered_rps``: the requests that arrived over the horizon, or over the last arrival's time when the run
+    drains without one (the drain offers nothing)."""
+    w = Workload.from_arrays([0.0, 1.0, 2.0, 8.0], [100] * 4, [50] * 4, [0, 1, 0, 1], [8, 8, 8, 8])
+    s = _run(w).summary
+    assert s["requests_arrived"] == 4 and s["offered_rps"] == 4 / 8.0 and s["simulated_s"] > 8.0
+    s = _run(w, horizon_s=5.0).summary
+    assert s["requests_arrived"] == 3 and s["offered_rps"] == 3 / 5.0
+
+
+def test_every_copy_into_a_slot_is_a_started_load_and_every_one_past_the_slots_an_eviction():
+    """vLLM's activation order evicts adapters of the batch and copies them back within a step
+    (``adapter_reloads_in_batch``): each is a load (``adapter_loads``, the steps' ``loads_started``, ``link_bytes``)
+    and an eviction, so evictions = loads - the adapters resident at the end (they were counted as loads only)."""
+    from traces.registry import get_workload
+
+    w = get_workload("synthetic", rps=3.0, duration=60.0, seed=1)
+    res = simulate(w, None, EngineConfig(max_loras=8), policy="vllm")
+    s, st = res.summary, res.steps
+    assert s["adapter_reloads_in_batch"] > 0  # (the case in question)
+    assert int(st["loads_started"].sum()) == s["adapter_loads"]
+    assert st["link_bytes"].sum() / 1e9 == pytest.approx(s["link_gb"])
+    assert s["adapter_evictions"] == s["adapter_loads"] - 8
+
+
+def test_the_timeline_draws_the_engine_idle_between_steps():
+    """Rows are steps; the engine idles between two rows when nothing runs. The step function drops to 0 there
+    (it held the last step's batch through the idle time)."""
+    from twin.figures import with_idle_gaps
+
+    t0, t1 = np.array([0.0, 1.0, 5.0]), np.array([1.0, 2.0, 6.0])
+    x, y = with_idle_gaps(t0, t1, np.array([3, 2, 4]))
+    assert x.tolist() == [0.0, 1.0, 2.0, 5.0, 6.0] and y.tolist() == [3.0, 2.0, 0.0, 4.0, 0.0]
+    x, y = with_idle_gaps(np.zeros(0), np.zeros(0), np.zeros(0))
+    assert len(x) == len(y) == 0

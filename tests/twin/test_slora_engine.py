@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -113,6 +115,26 @@ def test_a_comparison_passes_each_preset_its_own_engine_options():
     assert for_preset(rc, "vllm").max_total_tokens is None and for_preset(rc, "vllm").max_num_seqs == 64
     rows, _, _ = compare(rc, CompareConfig(policies=["slora", "vllm"], rps=[1.0], slo=5.0, jobs=1))
     assert [r["policy"] for r in rows] == ["slora", "vllm"] and all(r["finished"] > 0 for r in rows)
+
+
+def test_a_comparison_across_serving_systems_serves_one_set_of_adapters():
+    """S-LoRA adapts q, k, v and o only; vLLM's default is the profile's targets (all seven projections). A
+    comparison of presets on both engines gives every preset qkvo unless --lora-targets is given (then that set
+    to all), so both serve the same adapters; a comparison on one engine keeps its default."""
+    from twin.compare import CompareConfig, common_adapters, compare
+
+    rc = RunConfig(trace="synthetic", duration=20.0, adapters=8, ranks=[32])
+    assert common_adapters(rc, ["slora", "vllm"]).lora_targets == "qkvo"
+    assert common_adapters(rc, ["vllm", "vllm-paged"]).lora_targets is None
+    assert common_adapters(rc, ["slora", "chameleon"]).lora_targets is None
+    given = dataclasses.replace(rc, lora_targets="all")
+    assert common_adapters(given, ["slora", "vllm"]).lora_targets == "all"
+    opts = CompareConfig(policies=["slora", "vllm"], rps=[1.0], slo=5.0, jobs=1)
+    mixed = {r["policy"]: r for r in compare(rc, opts)[0]}
+    alone = {r["policy"]: r for r in compare(rc, dataclasses.replace(opts, policies=["vllm"]))[0]}
+    qkvo = {r["policy"]: r for r in compare(dataclasses.replace(rc, lora_targets="qkvo"),
+                                            dataclasses.replace(opts, policies=["vllm"]))[0]}
+    assert mixed["vllm"]["itl_ms_p50"] == qkvo["vllm"]["itl_ms_p50"] != alone["vllm"]["itl_ms_p50"]
 
 
 def test_the_pool_from_gpu_memory_reserves_no_slot_buffers():
@@ -320,3 +342,33 @@ def test_prefetch_at_decode_counters_five_and_seven():
         b = run(pressure_workload(4), n_tok=5000, policy=policy, slora_prefetch=True, steps=1)
         pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
         assert a.summary["prefetches"] > 0, policy
+
+
+@pytest.mark.parametrize("policy", ["slora", "chameleon", "vllm"])
+def test_a_step_row_lasts_from_its_start_to_its_end_on_either_engine(policy):
+    """``steps.parquet``'s ``duration_s`` is the row's time (``t_end - t_start``: every step of a run of decode
+    steps, and the loads on its path) on both engines; the S-LoRA engine's rows of several steps held the first
+    step's duration, so the column summed to a seventh of the GPU's busy time on a splitwise run."""
+    from traces.registry import get_workload
+
+    w = get_workload("synthetic", rps=2.0, duration=60.0, seed=3)
+    res = simulate(w, load_profile(None), EngineConfig(max_loras=8) if policy == "vllm" else EngineConfig(),
+                   policy=policy)
+    st_ = res.steps
+    assert (st_["n_steps"] > 1).any()  # (runs of decode steps are recorded as one row)
+    np.testing.assert_allclose(st_["duration_s"], st_["t_end"] - st_["t_start"], rtol=1e-9, atol=1e-12)
+    assert st_["duration_s"].sum() / res.summary["simulated_s"] == pytest.approx(res.summary["gpu_busy_fraction"])
+
+
+def test_an_slora_runs_summary_records_only_the_settings_its_engine_reads(tmp_path):
+    """The summary's ``config`` of an S-LoRA run left vLLM's settings in (``max_loras`` 101, ``max_num_seqs`` 256,
+    ``adapter_memory: 'slots'``), which read as the run's while the engine ignores them and refuses their flags."""
+    import json
+
+    from twin.cli import main
+    from twin.slora_engine import VLLM_ONLY_CONFIG
+
+    assert main(["run", "--policy", "slora", "--duration", "20", "--no-progress", "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert not set(VLLM_ONLY_CONFIG) & set(s["config"]) and s["adapter_memory"] == "unified"
+    assert {"max_total_tokens", "running_max_req_size", "slora_max_wait_tokens", "block_size"} <= set(s["config"])

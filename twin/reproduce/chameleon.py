@@ -462,7 +462,9 @@ def run_fig11(runner: Runner, quick: bool) -> Outcome:
     notes = [f"TTFT SLO {slo_s:.2f} s = {SLO_X:g} x the mean E2E of {base} at {e['low']['rps']:.3g} req/s "
              f"({e['low']['e2e_ms_mean'] / 1000:.2f} s); S-LoRA's knee {e['knee'].rate:.3g} req/s "
              f"(first failing probe {e['knee'].failed if e['knee'].failed is None else round(e['knee'].failed, 3)} "
-             f"req/s).",
+             f"req/s); the rows' loads are the paper's fractions of its S-LoRA knee (6 / 8 / 9 of 8.6 RPS), run at "
+             + " / ".join(f"{f:g} x {e['knee'].rate:.3g} = {f * e['knee'].rate:.3g}" for f in LOAD_FRACTIONS.values())
+             + " req/s in the twin.",
              _memory_note(e), _rank_note(got["high"]),
              _pool_note("S-LoRA", {k: v[0] for k, v in got.items()}) + "; "
              + _pool_note("Chameleon", {k: v[1] for k, v in got.items()})[len("pool by load, "):] + "."]
