@@ -668,7 +668,7 @@ def _first_columns(path: Path) -> list[str] | None:
                     return [c.strip().strip('"') for c in line.strip().split(",")]
                 obj = json.loads(line)
                 return [str(k) for k in obj] if isinstance(obj, dict) else None
-    except (UnicodeDecodeError, ValueError, OSError):
+    except (UnicodeDecodeError, ValueError, OSError, RecursionError):  # (RecursionError: a JSON nested too deep)
         return None
     return None
 

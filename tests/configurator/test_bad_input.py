@@ -420,6 +420,8 @@ def test_a_model_file_of_an_unknown_kind_is_refused(tmp_path, capsys):
     # values read without a check: an unknown combine ran as a mean, a text log_targets as true
     ("combine", "median", "combine 'median', expected mean (a forest), sum (FIGS) or rule_ensemble (RuleFit)"),
     ("log_targets", "yes", "log_targets 'yes', expected true or false"),
+    # a TypeError traceback in predict, rules and evaluate
+    ("rules", 5, "rules 5, expected a list of rules (each its conditions and prediction)"),
 ])
 def test_a_hand_edited_model_file_is_refused_naming_the_key(tmp_path, capsys, key, value, message):
     from twin.configurator.models import shipped_model_path
@@ -519,3 +521,18 @@ def test_train_refuses_what_it_would_skip(tmp_path, capsys, flags, message):
     assert main(["configure", "train", str(f), "--no-search", "--rule", "throughput90", "--out",
                  str(tmp_path / "m.json"), "--json"]) == 0  # the labels' own rule: fine
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("value", [float("nan"), 1e300])
+def test_a_model_file_with_a_nonsense_leaf_is_refused(tmp_path, capsys, value):
+    """A NaN or 1e300 leaf printed "serve 16 adapters ... (raw nan / nan); expected throughput nan tok/s" (exit 0)."""
+    from twin.configurator.models import shipped_model_path
+
+    m = json.loads(shipped_model_path("llama-3.1-8b_h100_vllm085", "cart").read_text())
+    t = m["trees"][0]
+    key = "leaf_value" if "leaf_value" in t else "value"
+    t[key][-1][0] = value
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    err = _error(PREDICT + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--model", str(tmp_path / "m.json")],
+                 capsys)
+    assert "damaged configurator model (tree 0: a leaf value that is not a finite number of a sensible size" in err

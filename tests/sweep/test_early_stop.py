@@ -64,3 +64,15 @@ def test_max_token_rate_bounds_every_step():
         d = prof.step_s(P, D, int(rng.integers(0, 500_000)), max(D + (P > 0), 1), int(rng.integers(0, 33)), 32, 32,
                         int(rng.integers(0, 2049)), int(rng.integers(0, 30_000)), 64)
         assert T / d <= rmax * (1 + 1e-9)
+
+
+def test_a_grid_s_lora_targets_reach_the_runs():
+    """``[configs.engine] lora_targets`` was ignored: the sweep builds its Engine itself, and only simulate()
+    applied the targets, so a qkvo grid ran the profile's seven projections. Fewer adapted modules: smaller
+    adapters to load and other LoRA compute."""
+    sc = {"key": "targets", "rates": [1.6, 0.8, 0.4], "ranks": [8, 16, 32], "lengths": [222.0, 197.0]}
+    kw = dict(seed=0, window_s=60.0, profile=PROFILE, early_stop=False)
+    all7 = run_config(sc, 32, 16, 32, **kw)
+    qkvo = run_config(sc, 32, 16, 32, engine_overrides={"lora_targets": "qkvo"}, **kw)
+    same = run_config(sc, 32, 16, 32, engine_overrides={"lora_targets": "all"}, **kw)
+    assert qkvo["ttft_ms_mean"] != all7["ttft_ms_mean"] == same["ttft_ms_mean"]

@@ -166,6 +166,15 @@ def test_grid_errors(tmp_path):
     ('model = "qwen-2.5-7b"', r"grid model 'qwen-2.5-7b': the grid's profile 'llama-3.1-8b_h100_vllm085' describes "
                               r"llama-3.1-8b, so its runs would be recorded as qwen-2.5-7b's; give model = "
                               r"\"llama-3.1-8b\""),
+    # settings that ended every run in an error, rejected every request, or were ignored (exit 0)
+    ("[configs]\nengine = { tensor_parallel = 3 }", r"\[configs.engine\] tensor_parallel: tensor-parallel degree 3 "
+                                                    r"does not divide"),
+    ("[configs]\nengine = { enable_lora = false }", r"\[configs.engine\] enable_lora = false: a sweep walks adapter "
+                                                    r"slots"),
+    ('[configs]\nengine = { lora_targets = "xyz" }', r"\[configs.engine\] lora_targets: unknown module 'xyz'"),
+    ("[configs]\nengine = { max_num_seqs = 99999 }", r"\[configs.engine\]: max_num_batched_tokens \(2048\) must be >= "
+                                                     r"max_num_seqs \(99999\)"),
+    ("[configs]\nmax_lora_rank = [33]", r"\[configs\] max_lora_rank 33: vLLM accepts only 8, 16, 32"),
     # a request count of 303 digits
     ("window_s = 20\n[scenarios]\nrates = [[1e300]]\nranks = [[8]]\n[configs]\nserved = [8]\nslots = [8]",
      r"grid: its busiest run expects ~1.6e\+302 requests \(8 adapters"),

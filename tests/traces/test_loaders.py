@@ -68,6 +68,32 @@ def test_non_numeric_tokens(tmp_path):
         load_trace(path)
 
 
+AZ = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+BG = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+
+
+@pytest.mark.parametrize("text,fragment", [
+    # a missing or infinite timestamp made every arrival NaN: the trace was re-timed with Poisson arrivals silently
+    (AZ + "2023-11-16 18:00:00,374,44\n2023-11-16 18:30:00,100,10\n,100,10\n",
+     "column 'TIMESTAMP' has a missing timestamp at data row 3 (empty); fix or drop the row"),
+    (BG + "inf,ChatGPT,100,10,110,Conversation log\n", "column 'Timestamp' must be finite seconds (numbers); data row "
+                                                        "1 (inf) is not"),
+    # token counts: 1.5 was truncated to 1, 1e30 and inf became 1 token, 1e23 overflowed
+    (AZ + "2023-11-16 18:15:46,100,44\n2023-11-16 18:15:47,1.5,10\n",
+     "column 'ContextTokens' has a value that is not a whole token count in 0..2147483647 at data row 2 (1.5)"),
+    (AZ + "2023-11-16 18:15:46,100,1e30\n", "column 'GeneratedTokens' has a value that is not a whole token count"),
+    (AZ + "2023-11-16 18:15:46,100,inf\n", "column 'GeneratedTokens' has a value that is not a whole token count"),
+    (AZ + "2023-11-16 18:15:46,99999999999999999999999,4\n", "at data row 1 (99999999999999999999999)"),
+    (BG + "5,ChatGPT,100.7,10,110,Conversation log\n", "column 'Request tokens' has a value that is not a whole token"),
+])
+def test_a_corrupt_cell_of_a_raw_trace_is_refused_naming_its_row(tmp_path, text, fragment):
+    p = tmp_path / "t.csv"
+    p.write_text(text)
+    with pytest.raises(TraceFormatError, match="fix or drop the row|whole token count") as e:
+        load_trace(p)
+    assert fragment in str(e.value)
+
+
 def test_functions_2019_top_n_and_counts(tmp_path):
     path = write_sample("azure-functions-2019", tmp_path / "invocations_per_function_md.anon.d01.csv", n=100)
     raw = pd.read_csv(path)
@@ -166,3 +192,18 @@ def test_token_counters():
 def test_conversations_to_table_no_turns():
     with pytest.raises(TraceFormatError):
         conversations_to_table([Conversation(None, None, [("user", "hi", None)])], "mem", "lmsys", "approx")
+
+
+def test_a_jsonl_file_of_arrays_or_of_too_deep_objects_is_refused_by_name(tmp_path):
+    """A .jsonl whose first line is an array was told it was 'a workload file inside a directory'; one nested
+    100,000 levels deep raised RecursionError out of the workload sniffing (a traceback)."""
+    from traces.registry import get_workload
+
+    arr = tmp_path / "arr.jsonl"
+    arr.write_text('[{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}]\n')
+    with pytest.raises(ValueError, match="a JSON Lines file holds one JSON object per line, but its first line"):
+        get_workload(str(arr))
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"a":' * 100000 + "1" + "}" * 100000 + "\n")
+    with pytest.raises(ValueError, match="deep.jsonl: not a readable trace or workload file"):
+        get_workload(str(deep))

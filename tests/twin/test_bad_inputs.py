@@ -83,7 +83,7 @@ FILES: dict[str, bytes] = {
     "bigserved.toml": b"window_s = 20\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8]]\n[configs]\n"
                       b"served = [100000000]\nslots = [8]\n",
     "lowrank.toml": b"window_s = 20\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8, 16]]\n[configs]\nserved = [4]\n"
-                    b"slots = [2]\nmax_lora_rank = [4]\n",
+                    b"slots = [2]\nmax_lora_rank = [8]\n",
     # a grid whose every run would be empty; one whose engine override contradicts its slots axis; a valid one
     "tinywindow.toml": b"window_s = 1e-9\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8]]\n[configs]\nserved = [8]\n"
                        b"slots = [8]\n",
@@ -370,7 +370,7 @@ CASES: list[tuple[str, str]] = [
                                     "adapter_rank >= 1"),
     ("sweep {d}/explode.toml --dry-run", "grid: 184,756 rate tuples, more than 100,000"),
     ("sweep {d}/bigserved.toml --dry-run", "grid: its busiest run expects ~600,000,000 requests"),
-    ("sweep {d}/lowrank.toml --dry-run", "grid [configs] max_lora_rank = [4]: below every scenario's largest rank"),
+    ("sweep {d}/lowrank.toml --dry-run", "grid [configs] max_lora_rank = [8]: below every scenario's largest rank"),
     ("configure dataset {d}/adir --ratio 2", "--ratio 2: must be at most 1"),
     ("configure dataset {d}/adir --ratio nan", "--ratio nan: must be a finite number"),
     ("configure dataset {d}/adir --tolerance -1", "--tolerance -1: must be >= 0"),
@@ -1075,7 +1075,12 @@ def test_random_command_lines_never_crash(tmp_path_factory, data):
 @pytest.mark.parametrize("edit,fragment", [
     (("backbone", "c_mem", float("nan")), "components.backbone.params.c_mem is nan; every constant of a profile must "
                                           "be a finite number"),
-    (("backbone", "c0", -5.0), "the step time of one decode token is -4.99"),
+    (("backbone", "c0", -5.0), "the base-model (backbone) time of one decode token is -4.99"),
+    # a negative LoRA constant: a run that ended at once with 0 requests arrived, or TTFTs below the base model's
+    (("lora", "l0", -0.1), "the LoRA time of one decode token of one rank-8 adapter in 1 slot is -0.099"),
+    (("scheduler", "k0", -1.0), "the scheduler time of one decode token is -0.99"),
+    # 300-digit latencies
+    (("backbone", "c0", 1e300), "the step time of one decode token is 1e+300 s, not a duration in (0, 60] s"),
 ])
 def test_profile_with_nonsense_constants_is_refused(tmp_path, edit, fragment):
     """A NaN constant used to hang the engine's loop; a negative intercept ran the clock backwards."""
@@ -1150,6 +1155,8 @@ def _edit(path: str, value):
     # iterated), an empty list ran adapters of 0 bytes
     ("model", "nosuch-model", "is not a valid profile: model: unknown model 'nosuch-model'; known models: "),
     ("model", 5, "model is a JSON int; give the profile's model as text (e.g. llama-3.1-8b)"),
+    # read as text by --gpu-mem-gb's default (a TypeError traceback)
+    ("gpu", 5, "gpu is a JSON int; give it as text (e.g. 'H100-64GB') or leave it out"),
     ("lora_targets", "q_proj", "lora_targets is the text 'q_proj'; give a list of the modules the adapters adapt"),
     ("lora_targets", [], "lora_targets is an empty list"),
     ("lora_targets", ["nosuch_proj"], "lora_targets names unknown module 'nosuch_proj'; choose from q_proj"),

@@ -105,6 +105,10 @@ def detect_format(path: str | Path) -> str:
         with open(path, encoding="utf-8") as fh:
             text = fh.read(1 << 16)
         first = text.lstrip()[:1]
+        if first == "[" and suffix == ".jsonl":
+            raise TraceFormatError(f"{path}: a JSON Lines file holds one JSON object per line, but its first line is "
+                                   f"a JSON array; write each record as an object on a line of its own (or save the "
+                                   f"array as a .json file)")
         if first == "[":
             with open(path, encoding="utf-8") as fh:
                 data = json.load(fh)

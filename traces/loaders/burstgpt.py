@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.loaders.base import TraceFormatError, TraceTable, int_column, require_columns
+from traces.loaders.base import TraceFormatError, TraceTable, bad_row, int_column, require_columns
 
 FORMAT = "burstgpt"
 COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
@@ -39,8 +39,9 @@ def load_burstgpt(path: str | Path, keep_failed: bool = False, log_type: str | N
             require_columns(df.columns, COLUMNS + ("Log Type",), path, "BurstGPT trace", SCHEMA)
         df = df[df["Log Type"].astype(str).str.strip().str.lower() == log_type.strip().lower()]
     t = pd.to_numeric(df["Timestamp"], errors="coerce").to_numpy(float)
-    if np.isnan(t).any():
-        raise TraceFormatError(f"{path}: column 'Timestamp' must be seconds (numbers)")
+    if not np.isfinite(t).all():  # (an infinite one made every arrival NaN: the trace was then re-timed silently)
+        raise TraceFormatError(f"{path}: column 'Timestamp' must be finite seconds (numbers); "
+                               f"{bad_row(~np.isfinite(t), df['Timestamp'])} is not; fix or drop the row")
     p = int_column(df, "Request tokens", path)
     o = int_column(df, "Response tokens", path)
     failed = o == 0

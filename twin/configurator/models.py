@@ -484,9 +484,16 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
                         for r in e["rules"])
         if not ok:
             raise bad("a rule ensemble without its intercept, linear terms or rules in the documented form")
+    if not isinstance(m.get("rules") or [], list):  # (a TypeError traceback in predict, rules and evaluate)
+        raise bad(f"rules {m['rules']!r}, expected a list of rules (each its conditions and prediction)")
     for r in m.get("rules") or []:
         if not (isinstance(r, dict) and conditions_ok(r.get("conditions")) and isinstance(r.get("predict"), dict)):
             raise bad("a rule without its conditions or prediction")
+    for i, t in enumerate(m["trees"]):  # a NaN or huge leaf printed "serve nan adapters" (exit 0)
+        vals = t["leaf_value"] if "leaf_value" in t else t["value"]
+        if not all(math.isfinite(x) and abs(x) < 1e12 for v in vals for x in v):
+            raise bad(f"tree {i}: a leaf value that is not a finite number of a sensible size (NaN, inf or beyond "
+                      f"1e12)")
     if not m["trees"] and m.get("combine") != "rule_ensemble":
         raise bad("no trees")
     if m.get("combine", "mean") not in ("mean", "sum", "rule_ensemble"):

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from traces.arguments import is_real_number
 from twin.perf.forms import FORMS, PerfModel, make_component
@@ -369,15 +369,42 @@ class Profile:
         prof._check_positive_steps(origin)
         return prof
 
+    #: batches the profile's terms are checked on when it loads (:meth:`_check_positive_steps`): what, prefill
+    #: tokens, decode tokens, context tokens, adapters in the batch, max rank, slots, running, waiting, served
+    CHECK_STEPS: ClassVar[tuple[tuple[str, int, int, int, int, int, int, int, int, int], ...]] = (
+        ("one decode token", 0, 1, 512, 0, 8, 1, 1, 0, 1),
+        ("a 512-token prefill", 512, 0, 512, 0, 8, 1, 1, 0, 1),
+        ("one decode token of one rank-8 adapter in 1 slot", 0, 1, 512, 1, 8, 1, 1, 0, 1),
+        ("64 decodes of 8 rank-16 adapters in 128 slots, 100 waiting", 0, 64, 65536, 8, 16, 128, 64, 100, 256),
+        ("a 2048-token prefill beside 16 decodes, 4 rank-64 adapters in 32 slots", 2048, 16, 8192, 4, 64, 32, 20, 10,
+         64),
+    )
+    #: the longest step a profile may price (s): a step of minutes is a constant edited into nonsense
+    MAX_STEP_S: ClassVar[float] = 60.0
+
     def _check_positive_steps(self, origin: str) -> None:
-        """The step time of a lone decode token and of a 512-token prefill is a finite number > 0
-        (a constant fitted or edited into nonsense, e.g. a negative intercept, would make the clock
-        run backwards)."""
-        for what, pre, dec in (("one decode token", 0, 1), ("a 512-token prefill", 512, 0)):
-            t = self.step_s(pre, dec, 512, 1, 0, 8, 1, 1, 0, 1)
-            if not (math.isfinite(t) and t > 0):
-                raise ValueError(f"{origin}: the step time of {what} is {t!r} s, not a duration > 0; check the "
-                                 f"profile's constants (refit it with `twin calibrate fit`)")
+        """On :attr:`CHECK_STEPS`' batches, the base-model time is a finite number > 0, the LoRA, mixed-step and
+        scheduler terms are finite and >= 0, and the step is at most :attr:`MAX_STEP_S` (a constant fitted or
+        edited into nonsense, e.g. a negative intercept, would make the clock run backwards, or a negative LoRA
+        constant make adapters free: runs that end at once or report negative latencies)."""
+        for what, pre, dec, ctx, act, rank, slots, running, waiting, served in self.CHECK_STEPS:
+            base = self.backbone_s(pre, dec, ctx)
+            terms = [("base-model (backbone)", "backbone", base, False)]
+            if act:
+                terms.append(("LoRA", "lora", self.lora_s(base, act, rank, pre + dec, slots, dec + (pre > 0)), True))
+            if pre and self.mixed_s is not None:
+                terms.append(("mixed-step", "mixed", self.mixed_s(pre, act, slots), True))
+            terms.append(("scheduler", "scheduler", self.scheduler_s(running, waiting, slots, served), True))
+            for term, comp, v, zero_ok in terms:
+                if not (math.isfinite(v) and (v >= 0 if zero_ok else v > 0)):
+                    raise ValueError(f"{origin}: the {term} time of {what} is {v!r} s, not a duration "
+                                     f"{'>= 0' if zero_ok else '> 0'}; check components.{comp}.params (refit the "
+                                     f"profile with `twin calibrate fit`)")
+            t = self.step_s(pre, dec, ctx, dec + (pre > 0), act, rank, slots, running, waiting, served)
+            if not (math.isfinite(t) and 0 < t <= self.MAX_STEP_S):
+                raise ValueError(f"{origin}: the step time of {what} is {t!r} s, not a duration in (0, "
+                                 f"{self.MAX_STEP_S:g}] s; check the profile's constants (refit it with `twin "
+                                 f"calibrate fit`)")
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.raw)
@@ -437,6 +464,10 @@ def _check_layout(d: dict[str, Any], origin: str) -> None:
         if key in d and not (isinstance(d[key], str) and d[key].strip()):
             raise ValueError(f"{origin}: {key} is {_describe(d[key]) if not isinstance(d[key], str) else 'empty'}; "
                              f"give the profile's {key} as text{' (e.g. llama-3.1-8b)' if key == 'model' else ''}")
+    for key, example in (("gpu", "H100-64GB"), ("software", "vllm-0.8.5")):  # (optional; read as text)
+        if key in d and not isinstance(d[key], str):
+            raise ValueError(f"{origin}: {key} is {_describe(d[key])}; give it as text (e.g. {example!r}) or leave "
+                             f"it out")
     if "lora_targets" in d:
         t = d["lora_targets"]
         if not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t):

@@ -327,6 +327,28 @@ def _check_engine_value(name: str, v: Any) -> None:
                          f"{' (or absent)' if optional else ''}; `twin run --help` describes the field")
 
 
+def _check_engine_settings(engine: dict[str, Any]) -> None:
+    """``[configs.engine]`` as one set of settings, before any run: what :meth:`EngineConfig.validate` refuses
+    (e.g. ``max_num_seqs`` above the token budget), an unknown ``lora_targets``, LoRA disabled (a sweep of adapter
+    slots with LoRA off would reject every request and record each run as ok), a tensor-parallel degree the model
+    does not split into. Each used to end every run of the sweep in an error, or be ignored, with exit 0."""
+    from twin.config import ConfigError
+    from twin.perf.profile import parse_lora_targets
+
+    if engine.get("enable_lora") is False:
+        raise ValueError("grid [configs.engine] enable_lora = false: a sweep walks adapter slots and served adapters, "
+                         "and with LoRA off every adapter request is rejected; leave enable_lora out")
+    try:
+        EngineConfig(**{**engine, "max_loras": 1}).validate()
+    except ConfigError as e:
+        raise ValueError(f"grid [configs.engine]: {e}") from None
+    if engine.get("lora_targets") is not None:
+        try:
+            parse_lora_targets(engine["lora_targets"])
+        except ValueError as e:
+            raise ValueError(f"grid [configs.engine] lora_targets: {str(e).removeprefix('--lora-targets: ')}") from None
+
+
 def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
     """A :class:`GridSpec` from a grid file's table; every key is checked (type and range) and an
     error names the key, the value and what to give, before any run."""
@@ -430,6 +452,7 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
                                  f"leave it out")
         for k, v in cf["engine"].items():
             _check_engine_value(k, v)
+        _check_engine_settings(cf["engine"])
         g.engine = dict(cf["engine"])
     es = d.get("early_stop") or {}
     for k in set(es) - {"walk", "run", "ratio"}:
@@ -458,6 +481,14 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
                  "tasks (scenarios x seeds)", "the scenario axes or seeds")
     _check_max_rank(g)
     _check_requests(g)
+    tp = g.engine.get("tensor_parallel", 1)
+    if tp != 1:  # (every run ended in an error)
+        from twin.tensor_parallel import TensorParallelError, check_degree
+
+        try:
+            check_degree(get_profile(g.profile).model, tp)
+        except TensorParallelError as e:
+            raise ValueError(f"grid [configs.engine] tensor_parallel: {e}") from None
     g.defaulted = _defaulted(d)
     return g
 
@@ -594,6 +625,13 @@ def _check_max_rank(g: GridSpec) -> None:
     a grid where that leaves no task (it would run nothing and report success)."""
     if g.max_lora_rank in (None, "max"):
         return
+    from twin.scenario import VLLM_MAX_LORA_RANKS
+
+    vals = g.max_lora_rank if isinstance(g.max_lora_rank, (list, tuple)) else [g.max_lora_rank]
+    odd = [r for r in vals if r not in VLLM_MAX_LORA_RANKS]
+    if odd:  # (twin run --max-lora-rank refuses them: vLLM's LoRAConfig does)
+        raise ValueError(f"grid [configs] max_lora_rank {odd[0]}: vLLM accepts only "
+                         f"{', '.join(map(str, VLLM_MAX_LORA_RANKS))} (LoRAConfig's possible_max_ranks)")
     top = max(max(r) for r in g.ranks)
     low = min(max(r) for r in g.ranks)
     if not any(g.max_rank_for(r) for r in g.ranks):

@@ -284,6 +284,10 @@ def run_config(scenario: dict[str, Any], served: int, slots: int, max_rank: int,
         prof = prof.with_serving_host(float(scenario["serving_us"]) * 1e-6)
     if scenario.get("rank_tile_cost") is not None:  # the LoRA shrink's rank tiles (GridSpec.rank_tile_cost)
         prof = prof.with_rank_tile_cost(float(scenario["rank_tile_cost"]))
+    if (engine_overrides or {}).get("lora_targets") is not None:
+        # the adapters' modules: bytes, slot buffers and compute (simulate() applies them; the sweep builds its
+        # Engine itself and ran the profile's targets whatever the grid said)
+        prof = prof.with_lora_targets(engine_overrides["lora_targets"])
     spec = make_spec(scenario, served, slots, max_rank, seed, window_s, cpu_slots)
     row: dict[str, Any] = {"served_adapters": int(served), "adapter_slots": int(slots), "max_lora_rank": int(max_rank),
                            "seed": int(seed), "run_seed": int(spec.seed), "profile": prof.name,
