@@ -225,6 +225,8 @@ HOST_TERM_MAXIMA: dict[str, tuple[float, str]] = {
     "frontend_ms": (1e6, "1,000 s per request"),
     "serving_us": (1e6, "1 s per running request and step"),
     "rank_tile_cost": (100.0, "a rank tile costing 100 times the first"),
+    # (not a host term, bounded the same way: 1e300 GB failed inside the KV sizing with "cannot convert float NaN")
+    "gpu_mem_gb": (1e5, "100 TB on one GPU"),
 }
 
 
@@ -1051,8 +1053,13 @@ def load_scenario_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]
     options: dict[str, Any] = {}
     recorded: dict[str, Any] = {}
     unknown = []
+    spelt: dict[str, str] = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
+        if name in spelt:  # (max-num-seqs and max_num_seqs: the last one won silently)
+            raise ScenarioFileError(f"--config {path}: option {name} is given twice, as {spelt[name]!r} and "
+                                    f"{str(key)!r}; keep one")
+        spelt[name] = str(key)
         if name in RUN_FIELDS:
             try:
                 options[name] = _check_type(name, value)

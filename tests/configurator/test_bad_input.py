@@ -502,6 +502,18 @@ def test_runs_of_two_profiles_are_refused_by_dataset(tmp_path, capsys):
     assert not (tmp_path / "l.csv").exists()
 
 
+def test_runs_without_a_throughput_to_label_are_refused_by_dataset(tmp_path, capsys):
+    """Runs whose throughput is empty (stopped early, or the column lost) raised pandas' "Encountered all NA values"
+    from the label walk, or printed and wrote an empty table as labelled."""
+    feats = features_of([0.4, 0.2, 0.1], [8, 16, 32])
+    pd.DataFrame([_run_rows(offered_tok_s=1000.0, total_tok_s=float("nan"), **feats)]).to_csv(tmp_path / "r.csv",
+                                                                                              index=False)
+    err = _error(["configure", "dataset", str(tmp_path / "r.csv"), "--out", str(tmp_path / "l.csv")], capsys)
+    assert "no scenario of the 1 runs could be labelled under rule throughput90: no candidate run has a throughput" \
+        in err, err
+    assert not (tmp_path / "l.csv").exists()
+
+
 @pytest.mark.parametrize("flags, message", [
     ([], "3 labelled scenarios are too few for the grid search's cross-validation (it needs at least 6: two per "
          "fold, three folds); label more scenarios, or give --no-search"),

@@ -52,6 +52,7 @@ FILES: dict[str, bytes] = {
     "list.json": b"[1, 2, 3]\n",
     "badtype.toml": b'rps = "fast"\n',
     "unknownkey.toml": b"rpz = 3\n",
+    "twice.toml": b"max-num-seqs = 4\nmax_num_seqs = 8\nduration = 5\n",
     "zero.toml": b"rps = 0\n",
     "ranks.toml": b'ranks = "8-128"\n',
     "scenario.ini": b"[run]\nrps = 2\n",
@@ -212,6 +213,7 @@ CASES: list[tuple[str, str]] = [
     (R + "--gpu-mem-gb 24", "--gpu-mem-gb 24: 24 GB cannot hold llama-3.1-8b's weights"),
     (R + "--gpu-mem-gb 10", "10 GB cannot hold llama-3.1-8b's weights (16.1 GB)"),
     (R + "--gpu-mem-gb 0", "--gpu-mem-gb 0: must be > 0"),
+    (R + "--gpu-mem-gb 1e300", "--gpu-mem-gb 1e+300: more than 100000 (100 TB on one GPU)"),
     (R + "--gpu-mem-gb -80", "--gpu-mem-gb -80: must be > 0"),
     (R + "--gpu-mem-gb 40", "less than one --max-model-len 131072 request"),
     (R + "--gpu-mem-gb inf", "--gpu-mem-gb inf: must be a finite number"),
@@ -341,6 +343,9 @@ CASES: list[tuple[str, str]] = [
     ("run --config {d}/list.json", "expected a table of options, got list"),
     ("run --config {d}/badtype.toml", "--config {d}/badtype.toml: rps: --rps: expected a number, got 'fast'"),
     ("run --config {d}/unknownkey.toml", "unknown option(s) rpz; a scenario takes trace, rps"),
+    # both spellings of one option: the last one won silently
+    ("run --config {d}/twice.toml", "option max_num_seqs is given twice, as 'max-num-seqs' and 'max_num_seqs'; keep "
+                                    "one"),
     ("run --config {d}/zero.toml", "--rps 0: must be > 0"),
     ("run --config {d}/ranks.toml", "list the values with commas"),
     ("run --config {d}/scenario.ini", "unknown scenario format '.ini'"),
@@ -1149,6 +1154,18 @@ def _edit(path: str, value):
     ("components.lora.params.layers", 0, "components.lora.params.layers is 0; a dimension of the model must be a whole "
                                          "number >= 1"),
     ("components.lora.params.layers", 2.5, "components.lora.params.layers is 2.5"),
+    # sizes beyond any model or GPU, and signs the memory model needs: 1e15 layers ran; a negative slot size gave a KV
+    # cache of 3.9 billion tokens; a 1e-300-byte KV token failed as "cannot convert float NaN to integer"
+    ("components.lora.params.layers", 1e15, "components.lora.params.layers is 1000000000000000.0; beyond 1e+08, no model's "
+                                            "dimension"),
+    ("components.kv.params.slot_bytes_per_rank", -1e12, "components.kv.params.slot_bytes_per_rank is -1000000000000.0; "
+                                                        "an adapter slot's bytes per rank must be >= 0"),
+    ("components.kv.params.free_bytes", 1e300, "components.kv.params.free_bytes is 1e+300; memory for the KV cache "
+                                               "beyond 1e+15 bytes"),
+    ("components.kv.params.kv_bytes_per_token", 1e-300, "kv_bytes_per_token is 1e-300; a KV token takes at least a "
+                                                        "byte"),
+    ("components.lora.params.split64_cost", -0.5, "components.lora.params.split64_cost is -0.5; a 64-split block's "
+                                                  "cost"),
     ("components.backbone.params.graph_max_tokens", -5, "graph_max_tokens is -5; a token count must be a whole number "
                                                         ">= 0"),
     # the model and the targets: 'missing key "unknown model ..."', "unknown LoRA target module 'q'" (a string

@@ -324,6 +324,11 @@ def cmd_dataset(args) -> int:
     runs = load_runs(args.sweeps)
     lab = build_dataset(runs, args.rule, ratio=args.ratio, tolerance=args.tolerance, slo_share=args.slo_share,
                         ttft_p99_s=args.ttft_p99_s, itl_p99_s=args.itl_p99_s)
+    if not len(lab):  # (an empty table was printed and written as if labelled)
+        why = ("no run meets the SLO (lower --slo-share, or give the sweep's [slo] a looser target)" if args.rule == "slo"
+               else "no candidate run has a throughput (total_tok_s is empty: every candidate stopped early, or the "
+                    "column was lost from the run tables)")
+        raise ValueError(f"no scenario of the {len(runs)} runs could be labelled under rule {args.rule}: {why}")
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -227,6 +227,8 @@ def _label_one(g: pd.DataFrame, rule: str, ratio: float, tolerance: float, slo_s
     if not len(cands):
         return None
     tp = cands["total_tok_s"].astype(float)
+    if not tp.notna().any():  # (every candidate stopped early or lost its throughput: pandas' "all NA" error)
+        return None
     if rule == "throughput90":
         best = cands.loc[tp.idxmax()]
     else:  # robust

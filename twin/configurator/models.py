@@ -466,6 +466,9 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
         if not all(isinstance(v, list) and len(v) == k and all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                                 for x in v) for v in leaf_vals):
             raise bad(f"tree {i}: a leaf value that is not {k} numbers (one per target)")
+        if not all(math.isfinite(x) and abs(x) < 1e12 for v in leaf_vals for x in v):  # ("serve nan adapters", exit 0)
+            raise bad(f"tree {i}: a leaf value that is not a finite number of a sensible size (NaN, inf or beyond "
+                      f"1e12)")
     if m.get("combine") == "rule_ensemble" and len(m.get("rule_ensembles") or []) != len(TARGETS):
         raise bad(f"a rule ensemble per target expected ({len(TARGETS)})")
     num = (int, float)
@@ -489,11 +492,7 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
     for r in m.get("rules") or []:
         if not (isinstance(r, dict) and conditions_ok(r.get("conditions")) and isinstance(r.get("predict"), dict)):
             raise bad("a rule without its conditions or prediction")
-    for i, t in enumerate(m["trees"]):  # a NaN or huge leaf printed "serve nan adapters" (exit 0)
-        vals = t["leaf_value"] if "leaf_value" in t else t["value"]
-        if not all(math.isfinite(x) and abs(x) < 1e12 for v in vals for x in v):
-            raise bad(f"tree {i}: a leaf value that is not a finite number of a sensible size (NaN, inf or beyond "
-                      f"1e12)")
+
     if not m["trees"] and m.get("combine") != "rule_ensemble":
         raise bad("no trees")
     if m.get("combine", "mean") not in ("mean", "sum", "rule_ensemble"):

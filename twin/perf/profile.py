@@ -438,6 +438,8 @@ OPTIONAL_PARAMS: dict[str, tuple[str, ...]] = {
 #: load-time tables: source -> rank -> seconds (``table_by_max_rank_s``: source -> max rank -> rank -> seconds)
 _LOAD_TABLES = {"table_s": 2, "table_by_max_rank_s": 3}
 _FIX = "(refit it with `twin calibrate fit`)"
+#: the most bytes a profile's memory constants may hold (a petabyte) and the largest count or dimension
+MAX_BYTES, MAX_COUNT = 1e15, 1e8
 #: parameters that are the model's dimensions (the kernel_grid LoRA form's block counts)
 _DIMENSIONS = ("layers", "hidden", "intermediate", "q_dim", "kv_dim", "vocab")
 
@@ -535,8 +537,13 @@ def _check_physical(comps: dict[str, Any], origin: str) -> None:
     the link bandwidths > 0, fixed and tabulated load times >= 0, the load tables keyed by source
     (disk, cpu) and whole ranks. Before: a ZeroDivisionError traceback, SimPy's bare 'Negative delay', or a
     KV cache of 0 tokens blamed on the weights (with a --tp hint)."""
-    rules = {"kv": (("kv_bytes_per_token", "a KV token's bytes", False),),  # (free_bytes < 0: a model one GPU
-             # cannot hold, as the shipped llama-2-13b A100-24GB profile, served with --tp)
+    rules = {"kv": (("kv_bytes_per_token", "a KV token's bytes", False),  # (free_bytes < 0: a model one GPU
+                    # cannot hold, as the shipped llama-2-13b A100-24GB profile, served with --tp)
+                    ("slot_bytes_per_rank", "an adapter slot's bytes per rank", True),
+                    ("slot_fixed_bytes", "an adapter slot's fixed bytes", True),
+                    ("lora_fixed_bytes", "LoRA's fixed bytes", True)),
+             "lora": (("n_tile_cost", "a rank tile's cost (a share of the first tile's)", True),
+                      ("split64_cost", "a 64-split block's cost (a share of an 8-split block's)", True)),
              "load": (("disk_gbps", "the disk -> CPU bandwidth (GB/s)", False),
                       ("cpu_gbps", "the CPU -> GPU bandwidth (GB/s)", False),
                       ("disk_fixed_s", "a load's fixed time from disk (s)", True),
@@ -547,9 +554,19 @@ def _check_physical(comps: dict[str, Any], origin: str) -> None:
             if key in params and not (params[key] >= 0 if zero_ok else params[key] > 0):
                 raise ValueError(f"{origin}: components.{kind}.params.{key} is {params[key]!r}; {what} must be "
                                  f"{'>= 0' if zero_ok else '> 0'} {_FIX}")
+    kv = comps.get("kv", {}).get("params", {})
+    if "kv_bytes_per_token" in kv and kv["kv_bytes_per_token"] < 1:  # (1e-300: "cannot convert float NaN to integer")
+        raise ValueError(f"{origin}: components.kv.params.kv_bytes_per_token is {kv['kv_bytes_per_token']!r}; a KV "
+                         f"token takes at least a byte {_FIX}")
+    if "free_bytes" in kv and not abs(kv["free_bytes"]) <= MAX_BYTES:  # (1e300: a 300-digit KV capacity)
+        raise ValueError(f"{origin}: components.kv.params.free_bytes is {kv['free_bytes']!r}; memory for the KV cache "
+                         f"beyond {MAX_BYTES:.0e} bytes (a petabyte) is no GPU's {_FIX}")
     for kind, spec in comps.items():  # counts: the model's dimensions, the CUDA-graph capture size
         for key, v in spec.get("params", {}).items():
             low = 0 if key == "graph_max_tokens" else 1 if key in _DIMENSIONS else None
+            if low is not None and v > MAX_COUNT:  # (layers = 1e15 ran as given)
+                raise ValueError(f"{origin}: components.{kind}.params.{key} is {v!r}; beyond {MAX_COUNT:.0e}, no "
+                                 f"model's {'token count' if low == 0 else 'dimension'} {_FIX}")
             if low is not None and not (v >= low and float(v).is_integer()):
                 raise ValueError(f"{origin}: components.{kind}.params.{key} is {v!r}; "
                                  f"{'a token count' if low == 0 else 'a dimension of the model'} must be a whole "
