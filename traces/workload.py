@@ -132,9 +132,32 @@ def _read_parquet(path: Path) -> "Workload":
         meta = {}
     df = table.to_pandas()
     if META_KEY in md and set(COLUMNS) == set(df.columns):  # (a column beyond them is refused, naming the file)
-        return Workload(df, meta if isinstance(meta, dict) else {})
+        _check_saved(df, path)
+        try:
+            return Workload(df, meta if isinstance(meta, dict) else {})
+        except WorkloadError as e:
+            raise WorkloadError(f"{path}: {e}") from None
     return Workload(_checked_frame(df.astype(object).where(df.notna(), None), path,
                                    lambda i: f"row {i + 1}"), meta if isinstance(meta, dict) else {})
+
+
+def _check_saved(df: pd.DataFrame, path: Path) -> None:
+    """A saved workload's columns (a Parquet file :meth:`Workload.save` wrote: typed columns, read without the
+    cell-by-cell checks of the text files) hold what those checks require: numbers, not true/false; ids >= 0; a
+    shared prefix below its prompt; no rank on a base-model request (these passed unchecked, and ran)."""
+    for col in COLUMNS:
+        if df[col].dtype == bool:
+            raise WorkloadError(f"{path}: column {col} holds true/false values; give numbers")
+    checks = (((df["request_id"] < 0), "request_id", "is not an id >= 0"),
+              ((df["prefix_tokens"] >= df["prompt_tokens"]) & (df["prefix_tokens"] > 0), "prefix_tokens",
+               "is not below prompt_tokens"),
+              ((df["adapter_id"] < 0) & (df["adapter_rank"] > 0), "adapter_rank",
+               "is a rank on a base-model request (adapter_id -1: no adapter); give 0 there, or the adapter's id"))
+    for bad, col, what in checks:
+        bad = bad.to_numpy()
+        if bad.any():
+            i = int(bad.argmax())
+            raise WorkloadError(f"{path}: row {i + 1}, column {col}: {_show(df[col].iloc[i])} {what}")
 
 
 def _read_csv(path: Path) -> pd.DataFrame:

@@ -92,6 +92,32 @@ def test_a_parquet_without_metadata_is_checked_like_a_csv(tmp_path):
     assert df["prompt_tokens"].tolist() == [20, 10] and np.all(df["adapter_id"] == -1)
 
 
+@pytest.mark.parametrize("change, fragment", [
+    ({"request_id": [-5, 1]}, "row 1, column request_id: -5 is not an id >= 0"),
+    ({"prefix_tokens": [0, 5000]}, "row 2, column prefix_tokens: 5000 is not below prompt_tokens"),
+    ({"adapter_rank": [8, 0]}, "row 1, column adapter_rank: 8 is a rank on a base-model request"),
+    ({"output_tokens": [True, True]}, "column output_tokens holds true/false values; give numbers"),
+    ({"prompt_tokens": [100, None]}, "workload column 'prompt_tokens' has missing values"),
+])
+def test_a_saved_workload_is_checked_like_a_text_file(tmp_path, change, fragment):
+    """A Parquet file with the workload metadata and columns (what Workload.save writes) skipped the cell checks
+    of the text files: a negative id, a prefix past its prompt, a rank on a base-model request and true/false token
+    counts ran; an error did not name the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cols = {"request_id": [0, 1], "arrival_s": [0.0, 1.0], "prompt_tokens": [100, 200], "output_tokens": [10, 20],
+            "adapter_id": [-1, -1], "adapter_rank": [0, 0], "conversation_id": [1, 1], "turn": [0, 1],
+            "prefix_tokens": [0, 150]}
+    p = tmp_path / "w.parquet"
+    pq.write_table(pa.table({**cols, **change}).replace_schema_metadata({b"lora_twin": b"{}"}), p)
+    with pytest.raises(WorkloadError, match="w.parquet: ") as e:
+        read_workload_file(p)
+    assert fragment in str(e.value)
+    pq.write_table(pa.table(cols).replace_schema_metadata({b"lora_twin": b"{}"}), p)
+    assert len(read_workload_file(p).df) == 2
+
+
 def test_a_table_with_columns_outside_the_schema_is_refused_not_dropped(tmp_path):
     """Workload(df) refuses a column outside the schema, as the file readers and Workload.from_arrays do
     (it dropped it silently: a misspelt optional column took its default); a saved workload with an added
