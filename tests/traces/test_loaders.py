@@ -207,3 +207,20 @@ def test_a_jsonl_file_of_arrays_or_of_too_deep_objects_is_refused_by_name(tmp_pa
     deep.write_text('{"a":' * 100000 + "1" + "}" * 100000 + "\n")
     with pytest.raises(ValueError, match="deep.jsonl: not a readable trace or workload file"):
         get_workload(str(deep))
+
+
+def test_a_directory_of_single_file_traces_is_refused_naming_a_file(tmp_path):
+    """A directory is read as one dataset's Parquet shards or the Azure Functions 2019 day files; a directory of
+    Azure LLM CSVs failed as "[Errno 21] Is a directory", and one of ShareGPT JSON as "no .parquet files". Only the
+    directory and the level below it are searched (a broad path walked the whole file tree)."""
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.csv").write_text(AZ + "2023-11-16 18:15:46,100,44\n")
+    with pytest.raises(TraceFormatError, match=r"holds azure-llm files \(e.g. .*a.csv\), which are read one file at a "
+                                               r"time: give the file"):
+        detect_format(d)
+    deep = tmp_path / "x" / "y" / "z"
+    deep.mkdir(parents=True)
+    (deep / "a.csv").write_text(AZ + "2023-11-16 18:15:46,100,44\n")
+    with pytest.raises(TraceFormatError, match="directory holds no trace files"):
+        detect_format(tmp_path / "x")

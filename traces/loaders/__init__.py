@@ -89,9 +89,22 @@ def detect_format(path: str | Path) -> str:
         if any(path.glob("invocations_per_function_md.anon.d*.csv")):
             return "azure-functions-2019"
         for pattern in ("*.parquet", "*.csv", "*.json", "*.jsonl", "*.txt"):
-            files = sorted(path.rglob(pattern))
-            if files:
-                return detect_format(files[0])
+            # the directory's own files, else those one level below it (a dataset's data/ folder); not a walk of
+            # everything under it (--trace / walked the whole filesystem and named an unrelated file)
+            first = min(path.glob(pattern), default=None) or min(path.glob(f"*/{pattern}"), default=None)
+            if first is None:
+                continue
+            try:
+                fmt = detect_format(first)
+            except TraceFormatError as e:
+                raise TraceFormatError(f"{path}: a directory whose first {pattern[1:]} file is not a trace ({e}); give "
+                                       f"a trace file, or a directory of one dataset's files") from None
+            if fmt in CONVERSATION_FORMATS and first.suffix == ".parquet":
+                return fmt  # (a dataset's Parquet shards: its loader reads them all)
+            raise TraceFormatError(f"{path}: a directory; a directory is read as the Parquet shards of one "
+                                   f"conversation dataset or the day files of the Azure Functions 2019 trace, and "
+                                   f"this one holds {fmt} files (e.g. {first}), which are read one file at a time: "
+                                   f"give the file (--trace {first})")
         raise TraceFormatError(f"{path}: directory holds no trace files (.parquet/.csv/.json/.jsonl/.txt)")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
