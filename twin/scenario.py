@@ -636,14 +636,22 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
     profile = tp_profile(profile, run.tp)  # weights, KV heads and LoRA buffers per GPU (twin/tensor_parallel.py)
     n_adapters = int(workload.df["adapter_id"].max() + 1) if len(workload.df) else 0
     slots = run.adapter_slots(n_adapters)
+    max_lora_rank = run.max_lora_rank
+    if max_lora_rank is None and resolve_system(run.policy, run.system) == "vllm":
+        # vLLM takes a max_lora_rank of its list only, at least the largest adapter's: the default is the smallest
+        # such (a workload of rank-33 adapters ran padded to 33, which vLLM refuses; it needs --max-lora-rank 64)
+        ranks = workload.df.loc[workload.df["adapter_id"] >= 0, "adapter_rank"]
+        top = int(ranks.max()) if len(ranks) else 0
+        if top and top not in VLLM_MAX_LORA_RANKS and top < VLLM_MAX_LORA_RANKS[-1]:
+            max_lora_rank = min(r for r in VLLM_MAX_LORA_RANKS if r >= top)
     cfg = EngineConfig(max_num_batched_tokens=run.max_batched_tokens, max_num_seqs=run.max_num_seqs,
-                       max_loras=slots, max_cpu_loras=run.cpu_slots, max_lora_rank=run.max_lora_rank,
+                       max_loras=slots, max_cpu_loras=run.cpu_slots, max_lora_rank=max_lora_rank,
                        max_model_len=run.max_model_len, kv_capacity_tokens=run.kv_tokens, tensor_parallel=run.tp,
                        lora_targets=run.lora_targets, max_total_tokens=run.max_total_tokens,
                        slora_max_prompt_len=run.slora_max_prompt_len, slora_max_total_len=run.slora_max_total_len,
                        slora_prefetch=run.slora_prefetch, slora_max_wait_tokens=run.slora_max_wait_tokens)
     if run.gpu_mem_gb is not None and run.kv_tokens is None:
-        max_rank = run.max_lora_rank or int(workload.df["adapter_rank"].max() or 0)
+        max_rank = max_lora_rank or int(workload.df["adapter_rank"].max() or 0)
         # S-LoRA keeps no per-slot LoRA buffers: its unified pool holds the adapters' weights with the KV cache
         # (S-LoRA MemoryAllocator, pool_size_lora 0), so the memory left after the weights is all pool
         buffers = 0 if resolve_system(run.policy, run.system) == "slora" else slots
@@ -1085,7 +1093,10 @@ def replay_warnings(recorded: dict[str, Any], scenario: dict[str, Any]) -> list[
     for key in RECORDED:
         if key in recorded and _strip_none(recorded[key]) != _strip_none(scenario.get(key)):
             what = "the profile's content" if key == "profile_sha256" else key.replace("_", " ")
-            out.append(f"{what} differ(s) from the scenario file's; the results may differ from the recorded run")
+            why = ("" if key == "profile_sha256" else
+                   f" ([{key}] records the settings the preset gave its policy; it is not read as an option, so an edit "
+                   f"of it changes nothing: the preset, --policy / --scheduler / --cache, sets them)")
+            out.append(f"{what} differ(s) from the scenario file's; the results may differ from the recorded run{why}")
     return out
 
 

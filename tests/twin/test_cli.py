@@ -351,3 +351,21 @@ def test_run_table_counts_the_adapters_of_the_requests_that_arrived(capsys, tmp_
     came = req[(req["outcome"] != "not_arrived") & (req["adapter_id"] >= 0)]
     assert came["adapter_id"].nunique() < req["adapter_id"][req["adapter_id"] >= 0].nunique()
     assert f"adapters requested / slots / max rank    {came['adapter_id'].nunique()} / " in out, out
+
+
+def test_the_default_max_lora_rank_is_one_vllm_accepts(tmp_path):
+    """Without --max-lora-rank, a vLLM run pads to the smallest rank of vLLM's list that holds the largest adapter
+    (a workload of rank-33 adapters ran at max rank 33, which vLLM refuses; --max-lora-rank 33 is refused too)."""
+    from traces.registry import get_workload
+    from twin.perf.profile import load_profile
+    from twin.scenario import build_engine_config
+
+    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [100, 100], "output_tokens": [10, 10],
+                  "adapter_id": [0, 1], "adapter_rank": [33, 20]}).to_csv(tmp_path / "w.csv", index=False)
+    w = get_workload(str(tmp_path / "w.csv"))
+    prof = load_profile(None)
+    assert build_engine_config(RunConfig(trace=str(tmp_path / "w.csv")), w, prof).max_lora_rank == 64
+    assert build_engine_config(RunConfig(trace=str(tmp_path / "w.csv"), max_lora_rank=128), w, prof).max_lora_rank \
+        == 128
+    assert build_engine_config(RunConfig(trace="synthetic"), get_workload("synthetic", duration=30.0), prof
+                               ).max_lora_rank is None  # (ranks 8/16/32: the workload's largest, as before)
