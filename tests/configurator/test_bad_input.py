@@ -108,13 +108,16 @@ def test_train_names_a_file_that_is_not_labels(tables, tmp_path, capsys, key, me
     ("served_adapters", -5, r"row 3 \(line 4\), column served_adapters: -5 is not a whole number >= 1"),
     ("rate_max", float("nan"), r"row 3 \(line 4\), column rate_max: an empty cell is not a finite number"),
     ("rate_max", float("inf"), r"column rate_max: inf is not a finite number"),
+    # labels no sweep gives, trained on silently: more slots than served adapters, an unknown rule
+    ("adapter_slots", 100000, r"row 3 \(line 4\), column adapter_slots: 100000 is more than the row's served_adapters"),
+    ("rule", "nope", r"row 3 \(line 4\), column rule: 'nope' is not a label rule \(throughput90, robust, slo\)"),
 ])
 def test_train_names_a_bad_label_value(tmp_path, capsys, column, value, message):
     """A label or feature that is no number (a sklearn/float() error before), negative (a log of it), or
     empty (a NaN feature was trained on silently) names the file, row, column and value."""
     import re
 
-    lab = synthetic_labels(8).astype({column: object})
+    lab = synthetic_labels(8).assign(rule="throughput90").astype({column: object})
     lab.loc[2, column] = value
     lab.to_csv(tmp_path / "labels.csv", index=False)
     err = _error(["configure", "train", str(tmp_path / "labels.csv"), "--no-search", "--out",

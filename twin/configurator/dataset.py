@@ -204,6 +204,18 @@ def check_label_values(lab: pd.DataFrame, p: Path, features: Iterable[str]) -> N
                     "a number > 0" if col in TARGETS else "a finite number")
             raise cell_error(p, lab, int(np.argmax(wrong)), col, f"is not {what}",
                              "fix the row or leave it out (`twin configure dataset` writes the labels)")
+    over = (pd.to_numeric(lab["adapter_slots"], errors="coerce") > pd.to_numeric(lab["served_adapters"],
+                                                                                   errors="coerce")).to_numpy()
+    if over.any():  # (a label no sweep can give: vLLM's slots beyond the adapters it serves)
+        raise cell_error(p, lab, int(np.argmax(over)), "adapter_slots", "is more than the row's served_adapters",
+                         "fix the row or leave it out (a sweep's configurations have slots <= served adapters)")
+    if "rule" in lab.columns:
+        from twin.configurator.labels import RULES
+
+        unknown = ~lab["rule"].astype(str).isin(RULES).to_numpy()
+        if unknown.any():  # (a misspelt rule was carried into the model's provenance)
+            raise cell_error(p, lab, int(np.argmax(unknown)), "rule", f"is not a label rule ({', '.join(RULES)})",
+                             "fix the row, or relabel with `twin configure dataset --rule`")
 
 
 def sweep_meta(sources: Iterable[str | os.PathLike]) -> dict[str, Any]:
