@@ -252,6 +252,20 @@ INPUT_ERRORS = (ConfigError, KeyError, FileNotFoundError, ValueError, NotADirect
                 PermissionError)
 
 
+def _said_warning(prog: str) -> Callable[..., None]:
+    """``warnings.showwarning`` for a command: the twin's own warnings (a repeated real run, ...) as
+    ``twin validate: warning: ...`` on stderr, as the commands' own warnings read, not as Python's ``file:line:
+    Category: ...`` with a source line; other packages' warnings as Python prints them."""
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if str(filename).startswith(str(Path(__file__).resolve().parents[1])):  # (the twin's packages)
+            print(f"{prog}: warning: {message}", file=sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     try:
@@ -263,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _said_warning(args.prog)
+            return func(args)
     except INPUT_ERRORS as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         if isinstance(e, OSError) and e.errno is not None and e.filename:  # raised by the OS, not by the twin

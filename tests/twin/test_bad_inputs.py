@@ -1223,3 +1223,8 @@ def test_a_real_row_pasted_twice_is_said_and_scored_per_row(files):
     with pytest.warns(DuplicateRunWarning, match=r"row 2 \(line 3\) repeats row 1 \(line 2\) cell for cell"):
         df = load_real(files / "real_duprow.csv")
     assert len(df) == 2 and df["run_id"].is_unique
+    # the copies are the same run, re-created the same (their seeds came from the ids with #0 / #1)
+    from twin.validation.specs import spec_from_row
+
+    a, b = (spec_from_row(r) for _, r in df.iterrows())
+    assert a.seed == b.seed and a.run_id != b.run_id
