@@ -48,7 +48,8 @@ def require_columns(columns: Iterable[str], required: Iterable[str], path: str |
     cols = list(columns)
     missing = [c for c in required if c not in cols]
     if missing:
-        raise TraceFormatError(f"{path}: not a {fmt} file: missing columns {missing} (found {cols[:12]}"
+        article = "an" if fmt[:1].lower() in "aeiou" else "a"  # ("not a arena file")
+        raise TraceFormatError(f"{path}: not {article} {fmt} file: missing columns {missing} (found {cols[:12]}"
                                f"{'...' if len(cols) > 12 else ''}); expected schema: "
                                f"{schema_hint or ', '.join(required)}")
 
