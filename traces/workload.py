@@ -322,7 +322,35 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
         raise WorkloadError(f"{path}: {where(i)}, column adapter_rank: adapter {frame['adapter_id'].iloc[i]} "
                             f"has rank {rank[i]} here and {first[np.flatnonzero(has) == i][0]} earlier; one rank "
                             f"per adapter")
+    _check_conversations(frame, path, where)
     return frame
+
+
+def _check_conversations(frame: pd.DataFrame, path: Path, where) -> None:
+    """A turn and a shared prefix belong to a conversation (``conversation_id`` >= 0), and a conversation's turns
+    arrive in their order (a later turn's prefix is the history of the earlier ones: prefix-KV reuse reads them so).
+    These were accepted and ran: a turn 5 before turn 0, turns and prefixes of no conversation."""
+    conv = frame["conversation_id"].to_numpy()
+    turn = frame["turn"].to_numpy()
+    orphan = (conv < 0) & ((turn >= 0) | (frame["prefix_tokens"].to_numpy() > 0))
+    if orphan.any():
+        i = int(orphan.argmax())
+        col = "turn" if turn[i] >= 0 else "prefix_tokens"
+        raise WorkloadError(f"{path}: {where(i)}, column {col}: {frame[col].iloc[i]} on a request of no conversation "
+                            f"(conversation_id -1); give its conversation_id, or leave {col} empty")
+    inside = np.flatnonzero(conv >= 0)
+    if inside.size < 2:
+        return
+    rid = frame["request_id"].to_numpy() if "request_id" in frame else np.arange(len(frame))  # (the file's order)
+    order = inside[np.lexsort((rid[inside], frame["arrival_s"].to_numpy()[inside], conv[inside]))]
+    same = conv[order][1:] == conv[order][:-1]
+    back = same & (turn[order][1:] <= turn[order][:-1])
+    if back.any():
+        k = int(back.argmax())
+        i, j = int(order[k + 1]), int(order[k])
+        raise WorkloadError(f"{path}: {where(i)}, column turn: turn {turn[i]} of conversation {conv[i]} arrives at or "
+                            f"after its turn {turn[j]} ({where(j)}); a conversation's turns arrive in their order, once "
+                            f"each")
 
 
 def validate(df: pd.DataFrame) -> pd.DataFrame:

@@ -72,6 +72,15 @@ def test_a_workload_csv_runs(tmp_path, capsys):
     ("k.jsonl", '{"arrival_s": 0, "prompt_tokens": [1], "output_tokens": 1}\n', "column prompt_tokens: [1] is not a "
                                                                                   "number"),
     ("w.txt", "arrival_s,prompt_tokens,output_tokens\n0,1,1\n", "unknown workload file type '.txt'"),
+    # conversations: turns and prefixes of no conversation, a turn before the one it follows (accepted and run)
+    ("t.csv", "arrival_s,prompt_tokens,output_tokens,turn\n0,10,5,0\n", "row 1 (line 2), column turn: 0 on a request "
+                                                                       "of no conversation (conversation_id -1)"),
+    ("p.csv", "arrival_s,prompt_tokens,output_tokens,prefix_tokens\n0,10,5,3\n", "column prefix_tokens: 3 on a "
+                                                                                  "request of no conversation"),
+    ("o.csv", "arrival_s,prompt_tokens,output_tokens,conversation_id,turn\n0,10,5,1,5\n1,10,5,1,0\n",
+     "row 2 (line 3), column turn: turn 0 of conversation 1 arrives at or after its turn 5 (row 1 (line 2))"),
+    ("r.csv", "arrival_s,prompt_tokens,output_tokens,conversation_id,turn\n0,10,5,1,0\n1,10,5,1,0\n",
+     "turn 0 of conversation 1 arrives at or after its turn 0"),
 ])
 def test_bad_workload_files_name_the_file_row_and_column(tmp_path, name, text, fragment):
     p = tmp_path / name
