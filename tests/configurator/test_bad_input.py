@@ -425,6 +425,10 @@ def test_a_model_file_of_an_unknown_kind_is_refused(tmp_path, capsys):
     ("log_targets", "yes", "log_targets 'yes', expected true or false"),
     # a TypeError traceback in predict, rules and evaluate
     ("rules", 5, "rules 5, expected a list of rules (each its conditions and prediction)"),
+    # accepted, or refused as something else
+    ("policy", 5, "policy 5, expected the name of the policy the model was trained on"),
+    ("policies", [5], "policies [5], expected the list of the policy names"),
+    ("features", ["foo"] * 8, "feature 'foo' is none the configurator computes (rate_max, "),
 ])
 def test_a_hand_edited_model_file_is_refused_naming_the_key(tmp_path, capsys, key, value, message):
     from twin.configurator.models import shipped_model_path

@@ -439,6 +439,21 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
         raise bad(f"kind {m['kind']!r}, expected one of {', '.join(KINDS)}")
     if list(m["targets"]) != list(TARGETS):
         raise bad(f"targets {m['targets']}, expected {list(TARGETS)}")
+    from twin.configurator.features import LENGTH_FEATURES
+    from twin.configurator.labels import FEATURES
+
+    known = (*FEATURES, *LENGTH_FEATURES)
+    odd = [f for f in m["features"] if not (isinstance(f, str) and (f in known or is_policy_column(f)))]
+    if odd:  # (read as "a rule without its conditions or prediction")
+        raise bad(f"feature {odd[0]!r} is none the configurator computes ({', '.join(known)}, policy=NAME)")
+    for key in ("policy",):
+        if key in m and m[key] is not None and not isinstance(m[key], str):  # (5 was taken as a policy name)
+            raise bad(f"{key} {m[key]!r}, expected the name of the policy the model was trained on")
+    pols = m.get("policies")
+    if pols is not None and not (isinstance(pols, list) and all(isinstance(x, str) for x in pols)):
+        raise bad(f"policies {pols!r}, expected the list of the policy names the model was trained on")
+    if "profile" in m["provenance"] and not isinstance(m["provenance"]["profile"], str):
+        raise bad(f"provenance profile {m['provenance']['profile']!r}, expected a profile name")
     n_feat = len(m["features"])
     for i, t in enumerate(m["trees"]):
         leaf_keys = ("leaf_value", "leaf_n") if isinstance(t, dict) and "leaf_value" in t else ("value", "n")
