@@ -555,3 +555,25 @@ def test_a_model_file_with_a_nonsense_leaf_is_refused(tmp_path, capsys, value):
     err = _error(PREDICT + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--model", str(tmp_path / "m.json")],
                  capsys)
     assert "damaged configurator model (tree 0: a leaf value that is not a finite number of a sensible size" in err
+
+
+def test_train_without_out_leaves_the_shipped_model_alone(tmp_path, capsys, monkeypatch):
+    """``configure train`` wrote over the shipped model of the profile by default (a smoke sweep's two-scenario tree
+    replaced the 831-scenario one, which predict, rules and evaluate then used); it writes to configurators/ in the
+    current directory unless --out names a file."""
+    import hashlib
+
+    from twin.cli import main
+    from twin.configurator.models import shipped_model_path
+
+    shipped = shipped_model_path("llama-3.1-8b_h100_vllm085", "cart")
+    before = hashlib.sha256(shipped.read_bytes()).hexdigest()
+    lab = synthetic_labels(8).assign(rule="throughput90")
+    lab.to_csv(tmp_path / "labels.csv", index=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["configure", "train", "labels.csv", "--kind", "cart", "--no-search",
+                 "--profile", "llama-3.1-8b_h100_vllm085"]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "configurators" / "llama-3.1-8b_h100_vllm085.cart.json").exists()
+    assert "use it with --model configurators/llama-3.1-8b_h100_vllm085.cart.json" in out, out
+    assert hashlib.sha256(shipped.read_bytes()).hexdigest() == before

@@ -189,8 +189,14 @@ def test_predict_and_rules_cli(models, capsys):
     assert ns.func(ns) == 0
     d = json.loads(capsys.readouterr().out)
     for k in ("served_adapters", "adapter_slots", "throughput_tok_s", "uncertainty", "rule_path", "gpus_needed",
-              "usd_per_million_tokens"):
+              "usd_per_million_tokens", "offered_tok_s"):
         assert k in d
+    # the cost of the user's adapters: their traffic (in proportion to the adapters) over the GPUs they take
+    n, g = 1000, d["gpus_needed"]
+    assert g == -(-n // d["served_adapters"])
+    assert d["usd_per_million_tokens"] == pytest.approx(g * 3 / (d["throughput_tok_s"] * n / d["served_adapters"]
+                                                                 * 3600 / 1e6))
+    assert d["throughput_tok_s"] <= d["offered_tok_s"]
     ns = p.parse_args(["configure", "predict", "--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--model",
                        str(paths["cart"]), "--explain"])
     assert ns.func(ns) == 0
@@ -469,3 +475,21 @@ def test_a_path_reads_one_bound_pair_per_feature_and_the_forest_summary_adds_up(
     trees = [{"feature": [0, -2, -2]}, {"feature": [0, -2, -2]}, {"feature": [1, -2, -2]}]
     shares = path_feature_shares(trees, [[0, 1], [0, 2], [0, 1]], ["rate_mean", "rank_std"])
     assert shares == {"rate_mean": 0.667, "rank_std": 0.333}
+
+
+def test_the_offered_load_caps_a_prediction():
+    """A model's throughput beyond the tokens the served adapters offer is capped there (an extrapolation read 1204
+    tok/s for 384 adapters at 0.001 req/s, about 161 offered), and said."""
+    import io
+    from contextlib import redirect_stdout
+
+    from twin.cli import main
+    from twin.configurator.cli import offered_tok_s
+
+    assert offered_tok_s([0.4, 0.05, 0.00625], 160) == pytest.approx((0.45625 * 53 + 0.4) * (222 + 197))
+    assert offered_tok_s([1.0, 0.5], 3, [100, 50]) == pytest.approx(2.5 * 150)
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["configure", "predict", "--rates", "0.001,0.001,0.001", "--ranks", "8,8,8", "--json"]) == 0
+    d = json.loads(buf.getvalue())
+    assert d["throughput_tok_s"] == pytest.approx(d["offered_tok_s"]) and d["offered_tok_s"] < d["throughput_model_tok_s"]

@@ -17,6 +17,8 @@ from twin.scenario import check_host_term, check_number
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 
 DEFAULT_PROFILE = "llama-3.1-8b_h100_vllm085"
+#: where ``configure train`` writes a model without --out (relative to the current directory)
+DEFAULT_MODEL_DIR = "configurators"
 
 
 def _finite(o: Any) -> Any:
@@ -59,8 +61,10 @@ def register_cli(subparsers) -> None:
     d.add_argument("sweeps", nargs="+", help="sweep directories (twin sweep --out), shard files or CSV tables")
     d.add_argument("--rule", choices=("throughput90", "robust", "slo"), default="throughput90",
                    help="optimum rule: throughput90 (the published one: per slot value, the most served adapters "
-                        "at >= --ratio of the offered tokens, then the best throughput), robust (fewest slots "
-                        "within --tolerance of the best), slo (best throughput with SLO attainment >= --slo-share)")
+                        "at >= --ratio of the offered tokens, or the first run when even it is below; then the "
+                        "best throughput over the slot values, which can be such a starving first run: the label's "
+                        "margin says so), robust (fewest slots within --tolerance of the best), slo (best "
+                        "throughput with SLO attainment >= --slo-share)")
     d.add_argument("--ratio", type=float, default=0.9, help="starvation line: throughput / offered (default 0.9)")
     d.add_argument("--tolerance", type=float, default=None, help="robust: throughput tolerance (default 1 %%)")
     d.add_argument("--slo-share", type=float, default=None,
@@ -84,8 +88,9 @@ def register_cli(subparsers) -> None:
                    help="label rule when sweep directories are given (default throughput90; labels files keep theirs)")
     _percentile_slo_args(t)
     t.add_argument("--out", default=None,
-                   help="model file (default: the shipped one, twin/configurator/models/<profile>.<kind>.json, "
-                        "or .json.gz where that is the one shipped; a name ending in .gz is written compressed)")
+                   help="model file (default: configurators/<profile>.<kind>.json in the current directory; a name "
+                        "ending in .gz is written compressed). The shipped models are replaced only when --out names "
+                        "one (twin/configurator/models/<profile>.<kind>.json[.gz])")
     t.add_argument("--profile", default=None, help="profile the sweeps ran with (default: from the data)")
     t.add_argument("--cv", type=int, default=5, help="folds of the halving grid search (default 5)")
     t.add_argument("--no-search", action="store_true", help="fit the default hyper-parameters only")
@@ -445,14 +450,30 @@ def cmd_train(args) -> int:
     except MissingExtra as e:
         print(f"twin configure train: error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else shipped_model_path(profile or "model", args.kind)
+    # (the default was the shipped model itself: a two-scenario smoke sweep replaced the 831-scenario tree that
+    # predict, rules and evaluate then used without a word)
+    out = Path(args.out) if args.out else Path(DEFAULT_MODEL_DIR) / f"{profile or 'model'}.{args.kind}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     save_model(model, out)
     info = {"model": str(out), "kind": args.kind, "scenarios": len(lab), "profile": profile,
             **{k: model["provenance"].get(k) for k in ("best_params", "cv_smape_served_slots_mean")},
             "bytes": out.stat().st_size}
     print(json.dumps(_finite(info), indent=1, default=_jd) if args.json else
-          "\n".join(f"{k:<28} {v}" for k, v in info.items()))
+          "\n".join(f"{k:<28} {v}" for k, v in info.items())
+          + f"\nuse it with --model {out} (predict, rules, evaluate); the shipped model of the profile is unchanged"
+          * (not args.out or out.resolve() != shipped_model_path(profile or "model", args.kind).resolve()))
     return 0
+
+
+def offered_tok_s(rates: list[float], served: int, lengths: list[float] | None = None) -> float:
+    """The tokens/s ``served`` adapters offer: the rates assigned round-robin (as the sweeps assign them) times the
+    mean request's input + output tokens (``lengths``, else the published pool means, 222 / 197)."""
+    from twin.sweep.scenario import DEFAULT_LENGTHS
+
+    mean_in, mean_out = lengths if lengths else DEFAULT_LENGTHS
+    k = len(rates)
+    req_s = sum(rates) * (served // k) + sum(rates[: served % k])
+    return req_s * (float(mean_in) + float(mean_out))
 
 
 def _extra_features(items: list[str]) -> dict[str, float]:
@@ -537,20 +558,34 @@ def cmd_predict(args) -> int:
     off = outside(dom, x)
     res["domain"] = None if dom is None else {"source": dom["source"], "outside": off}
     if off and not args.json:
+        from twin.configurator.models import resolve_engine
+
+        us, cost = resolve_engine([model])  # (search defaults to the calibrated engine: name the model's)
+        flags = (f" --serving-us {us:g}" if us else "") + (f" --rank-tile-cost {cost:g}" if cost is not None else "")
         print(f"twin configure predict: warning: outside the model's training domain ({dom['source']}): "
               f"{describe(off)}; the recommendation extrapolates. --check runs the twin at it; "
-              f"`twin configure search` finds the twin's own optimum", file=sys.stderr)
+              f"`twin configure search{flags}` finds the twin's own optimum on the engine the model was trained on",
+              file=sys.stderr)
     if all(f in x for f in LENGTH_FEATURES):
         res["lengths"] = [x[f] for f in LENGTH_FEATURES]
     if args.check:
         from twin.configurator.models import resolve_engine
 
         _check(res, model, *resolve_engine([model], args.serving_us, args.rank_tile_cost))
+    offered = offered_tok_s(rates, res["served_adapters"], res.get("lengths"))
+    res["offered_tok_s"] = offered
+    if res["throughput_tok_s"] > offered:  # (a model's extrapolation: 1204 tok/s of 161 offered)
+        res["throughput_model_tok_s"] = res["throughput_tok_s"]
+        res["throughput_tok_s"] = offered
     tp = res["throughput_tok_s"]
+    gpus = None
     if args.adapters:
-        res["gpus_needed"] = int(math.ceil(args.adapters / res["served_adapters"]))
+        res["gpus_needed"] = gpus = int(math.ceil(args.adapters / res["served_adapters"]))
     if args.gpu_hour_usd:
-        res["usd_per_million_tokens"] = args.gpu_hour_usd / (tp * 3600 / 1e6) if tp > 0 else None
+        # the adapters the user has, not the recommended count: their traffic (tokens/s in proportion to the adapters
+        # served, the recommendation's throughput per served adapter) over the GPUs they take
+        total = tp * (args.adapters / res["served_adapters"]) if args.adapters else tp
+        res["usd_per_million_tokens"] = (gpus or 1) * args.gpu_hour_usd / (total * 3600 / 1e6) if total > 0 else None
     if args.json:
         print(json.dumps(_finite(res), indent=1, default=_jd))
         return 0
@@ -568,20 +603,30 @@ def cmd_predict(args) -> int:
         from twin.configurator.labels import describe_engine
 
         print(f"twin check on {describe_engine(c['engine'])} ({tried}): {verdict}{why}")
+    capped = (f" (the model's {res['throughput_model_tok_s']:.0f} capped at the offered load)"
+              if "throughput_model_tok_s" in res else "")
+    stepped = bool(c and c["changed"])  # (then the raw values and the spread are the model's, before the check)
+    raw = (f"the model's {res['model_recommendation']['served_adapters']} / "
+           f"{res['model_recommendation']['adapter_slots']}, raw " if stepped else "raw ")
     print(f"serve {res['served_adapters']} adapters with {res['adapter_slots']} GPU adapter slots "
-          f"(raw {res['served_adapters_raw']:.1f} / {res['adapter_slots_raw']:.1f}); expected throughput "
-          f"{tp:.0f} tok/s  [{res['model']} configurator, profile {res['profile']}, rule {res['rule']}, "
+          f"({raw}{res['served_adapters_raw']:.1f} / {res['adapter_slots_raw']:.1f}); expected throughput "
+          f"{tp:.0f} tok/s{capped}  [{res['model']} configurator, profile {res['profile']}, rule {res['rule']}, "
           f"policy {res['policy']}" + (f", lengths {res['lengths'][0]:g}/{res['lengths'][1]:g}" if "lengths" in res
                                        else "") + "]")
     u = res.get("uncertainty")
     if u:
-        print(f"spread across {u['trees']} trees (p10-p90): served {u['served_adapters']['p10']:.0f}-"
+        print(f"{'the model' + chr(39) + 's ' if stepped else ''}spread across {u['trees']} trees (p10-p90): served {u['served_adapters']['p10']:.0f}-"
               f"{u['served_adapters']['p90']:.0f}, slots {u['adapter_slots']['p10']:.0f}-{u['adapter_slots']['p90']:.0f}, "
               f"throughput {u['throughput_tok_s']['p10']:.0f}-{u['throughput_tok_s']['p90']:.0f} tok/s")
     if "gpus_needed" in res:
-        print(f"{args.adapters} adapters need {res['gpus_needed']} GPUs at this configuration")
+        print(f"{args.adapters} adapters need {res['gpus_needed']} GPU{'s' * (res['gpus_needed'] != 1)} at this "
+              f"configuration")
     if res.get("usd_per_million_tokens"):
-        print(f"cost: {res['usd_per_million_tokens']:.3f} USD per million tokens at {args.gpu_hour_usd} USD/GPU-h")
+        whose = (f"{args.adapters} adapters' traffic on {res['gpus_needed']} GPU{'s' * (res['gpus_needed'] != 1)}"
+                 if args.adapters else
+                 f"one GPU serving {res['served_adapters']} adapters")
+        print(f"cost: {res['usd_per_million_tokens']:.3f} USD per million tokens at {args.gpu_hour_usd} USD/GPU-h "
+              f"({whose})")
     if args.explain:
         from twin.configurator.features import feature_label
 

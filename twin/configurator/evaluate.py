@@ -321,8 +321,8 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
         if primary is None:
             primary = s
     fam = _model_family(profile, sel)
-    for name, v in PUBLISHED.get(fam, {}).items():
-        table.append({"predictor": name, "scenarios": 9, **v})
+    for name, v in (PUBLISHED.get(fam, {}) if source == "ml_test" else {}).items():  # (their 9 test scenarios: beside
+        table.append({"predictor": name, "scenarios": 9, **v})                   # another selection, not comparable)
     tab = pd.DataFrame(table)
     summary = {"scenarios": int(len(truth)), "profile": profile, "real": str(real_csv), "source": source,
                "engine": {"serving_us": serving_us, "rank_tile_cost": rank_tile_cost},

@@ -408,6 +408,10 @@ def load_model(path_or_profile: str | os.PathLike, kind: str = "rf") -> dict[str
         p = shipped_model_path(str(path_or_profile), kind)
     if not p.exists():
         avail = sorted(x.name for x in MODEL_DIR.glob("*.json*")) if MODEL_DIR.exists() else []
+        looks_like_path = any(c in str(path_or_profile) for c in "/\\") or str(path_or_profile).endswith((".json", ".gz"))
+        if looks_like_path:  # (a model file that is not there: the kind and the shipped list are beside the point)
+            raise FileNotFoundError(f"configurator model file {path_or_profile} does not exist; give the path "
+                                    f"`twin configure train` wrote, or leave --model out for the profile's shipped one")
         raise FileNotFoundError(f"no configurator model {path_or_profile!r} ({kind}); shipped: {avail or 'none'}; "
                                 f"train one with `twin configure train`")
     hint = "give a model file written by `twin configure train` (or --profile for a shipped one)"
