@@ -247,7 +247,13 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
     s["step_segments"] = int(e.rec.n_segments)
     s["kv_capacity_tokens"] = int(e.kv_tokens)
     if e.extensions is not None:  # the extensions' and the policies' counters (twin/extensions.py)
-        s.update(e.extensions.stats())
+        extra = e.extensions.stats()
+        clash = sorted(str(k) for k in extra if k in s or k in ("policy", "system", "scheduler", "cache", "profile"))
+        if clash:  # (a policy's stats() replaced the run's own requests_arrived, policy, ... without a word)
+            raise ValueError(f"a policy's or extension's stats() returns {', '.join(clash)}, which would replace the "
+                             f"run's own summary field(s); give its counters other names (e.g. prefixed with the "
+                             f"policy's name)")
+        s.update(extra)
     s["wall_s"] = float(wall_s)
     s["x_realtime"] = float(window / wall_s) if wall_s > 0 else None
     return s

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from traces.schema import COLUMNS, FILE_MINIMUM as COLUMN_MINIMUM, REQUIRED_FILE_COLUMNS as REQUIRED_COLUMNS, WorkloadError
-from twin.config import ConfigError
+from twin.config import MAX_SIM_SECONDS, ConfigError
 
 
 class RequestState(IntEnum):
@@ -100,13 +100,23 @@ def _view(a: "array | memoryview", dtype: type) -> np.ndarray:
     return np.frombuffer(a, dtype) if len(a) else np.zeros(0, dtype)
 
 
+def _check_clock(arrival: np.ndarray) -> None:
+    """The arrivals (sorted) lie within the clock a run may simulate (arrivals at 1e15 s ran, with TTFT 0: at that
+    magnitude a float clock loses the steps' milliseconds)."""
+    if len(arrival) and arrival[-1] > MAX_SIM_SECONDS:
+        raise ValueError(f"workload column 'arrival_s': the last request arrives at {float(arrival[-1]):g} s, beyond "
+                         f"the {MAX_SIM_SECONDS:g} s (about 3 years) a run may simulate; shift or rescale the arrivals")
+
+
 def workload_columns(workload: Any) -> dict[str, np.ndarray]:
     """Numpy columns of a :class:`~traces.workload.Workload` or of a mapping of columns (checked here
     as :func:`traces.workload.validate` checks a table: the schema's columns only, one value per request,
     integers where the schema has them, the bounds, one rank per adapter, distinct ids)."""
     if hasattr(workload, "df"):
         df = workload.df
-        return {c: df[c].to_numpy() for c in WORKLOAD_COLUMNS}
+        cols = {c: df[c].to_numpy() for c in WORKLOAD_COLUMNS}
+        _check_clock(cols["arrival_s"])
+        return cols
     if isinstance(workload, (str, os.PathLike)):
         raise TypeError(f"workload: got the path {str(workload)!r}; read the file first: "
                         f"traces.workload.Workload.load({str(workload)!r}) (.parquet, .csv or .jsonl)")
@@ -145,6 +155,8 @@ def workload_columns(workload: Any) -> dict[str, np.ndarray]:
     if n:  # (a Workload is validated when built; a mapping of columns is checked here, once per run)
         if not (np.isfinite(arr).all() and arr[0] >= 0):
             raise ValueError("workload column 'arrival_s' must be finite and >= 0 (seconds from the start)")
+        _check_clock(arr)
+
         for col in cols:
             if col == "arrival_s":
                 continue
@@ -161,6 +173,8 @@ def workload_columns(workload: Any) -> dict[str, np.ndarray]:
                              "adapter_rank >= 1")
         if has.any():  # one rank per adapter: each request's rank against its adapter's first one (O(n), no sort)
             a_ids, ranks = aid[has], rank[has]
+            if int(a_ids.max()) >= 4 * n + (1 << 16):  # sparse ids (10**12 asked numpy for a 7 TiB table): dense ones
+                a_ids = np.unique(a_ids, return_inverse=True)[1]
             first = np.zeros(int(a_ids.max()) + 1, ranks.dtype)
             first[a_ids[::-1]] = ranks[::-1]  # (the last write wins: the first request of each adapter)
             other = first[a_ids] != ranks

@@ -67,13 +67,18 @@ SCRAPE_PERIOD_S = 2.0
 OUTPUT_PROC_CHUNK_SIZE = 128
 
 
+#: the shortest scrape period a run takes (s): a client scraping more often than every millisecond is no client
+MIN_SCRAPE_PERIOD_S = 1e-3
+
+
 def check_scrape(s_per_label: float, period_s: float) -> None:
     """``ValueError`` naming the bad setting (both must be finite; seconds per series >= 0, period > 0)."""
     if not (is_real_number(s_per_label) and math.isfinite(s_per_label) and s_per_label >= 0.0):
         raise ValueError(f"scrape_s_per_label {s_per_label!r}: give the scrape's seconds per label series, >= 0 "
                          f"(0: no scrape stall)")
-    if not (is_real_number(period_s) and math.isfinite(period_s) and period_s > 0.0):
-        raise ValueError(f"scrape_period_s {period_s!r}: give the client's scrape period in seconds, > 0")
+    if not (is_real_number(period_s) and math.isfinite(period_s) and period_s >= MIN_SCRAPE_PERIOD_S):
+        raise ValueError(f"scrape_period_s {period_s!r}: give the client's scrape period in seconds, >= "
+                         f"{MIN_SCRAPE_PERIOD_S:g} (the stalls' cost grows as 1 / period: 1e-9 s did not finish)")
 
 
 def label_times(arrival: np.ndarray, first_token: np.ndarray, finish: np.ndarray, adapter: np.ndarray,

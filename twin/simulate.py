@@ -178,6 +178,12 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     if not (serving_s_per_running >= 0.0 and math.isfinite(serving_s_per_running)):
         raise ValueError(f"serving_s_per_running {serving_s_per_running!r}: give seconds per running request and "
                          f"step, >= 0 (0: off)")
+    for arg, v, top in (("frontend_s", frontend_s, 1e3), ("scrape_s_per_label", scrape_s_per_label, 1.0),
+                        ("serving_s_per_running", serving_s_per_running, 1.0)):  # (1e12 s ran: latencies of 1e12 s)
+        if v > top:
+            raise ValueError(f"{arg} {v!r}: more than {top:g} s, an error of units (the host terms are milliseconds or "
+                             f"microseconds: twin run's --frontend-ms / --serving-us take at most the same); give "
+                             f"seconds")
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     if serving_s_per_running:
         prof = prof.with_serving_host(serving_s_per_running)

@@ -68,6 +68,9 @@ def test_a_path_as_workload_says_how_to_read_it():
     (dict(check_invariants=1), TypeError, "check_invariants: got 1"),
     (dict(stop_when=lambda e: False, stop_check_s="1"), ValueError, "stop_check_s '1'"),
     (dict(stop_when=lambda e: False, stop_check_s=1e-300), ValueError, "stop_check_s 1e-300"),  # was a hang
+    (dict(scrape_s_per_label=1e-3, scrape_period_s=1e-9), ValueError, "scrape_period_s 1e-09: .* >= 0.001"),  # a hang
+    (dict(frontend_s=1e12), ValueError, "frontend_s 1000000000000.0: more than 1000 s"),   # latencies of 1e12 s
+    (dict(serving_s_per_running=1e6), ValueError, "serving_s_per_running 1000000.0: more than 1 s"),
 ])
 def test_odd_arguments_are_refused_naming_them(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -83,3 +86,37 @@ def test_a_block_larger_than_the_kv_cache_is_a_startup_error():
     """block_size 1e9 built a list of 1e9 counters at start-up (a hang); now refused by name."""
     with pytest.raises(StartupError, match="block_size 1000000000 exceeds the KV cache"):
         simulate(_df(), config=EngineConfig(block_size=10**9))
+
+
+def test_arrivals_beyond_the_clock_and_sparse_adapter_ids():
+    """Arrivals at 1e15 s ran with TTFT 0 (a float clock loses the steps there); an adapter id of 10**12 in a table
+    asked numpy for a 7 TiB array (the ranks check), while the same ids ran through a Workload."""
+    from traces.workload import Workload
+
+    with pytest.raises(ValueError, match="the last request arrives at 1e\\+15 s, beyond the 1e\\+08 s"):
+        simulate(Workload.from_arrays([1e15, 1e15 + 1], [100, 100], [20, 20]))
+    with pytest.raises(ValueError, match="beyond the 1e\\+08 s"):
+        simulate(_cols(arrival_s=np.array([0.0, 2e8])))
+    res = simulate(_df(adapter_id=[10**12, 0, 10**12], adapter_rank=[8, 16, 8]))
+    assert res.summary["requests_finished"] == 3
+    with pytest.raises(WorkloadError, match="one rank per adapter"):
+        simulate(_cols(adapter_id=np.array([10**12, 10**12]), adapter_rank=np.array([8, 16])))
+
+
+def test_a_policy_s_counters_cannot_replace_the_run_s_own_figures():
+    """A cache's stats() returning requests_arrived / policy replaced the run's own (requests_arrived 0 beside 20
+    finished, the policy named 'vllm'), without a word."""
+    from policies.fcfs import FCFSScheduler
+    from policies.lru import LRUCache
+
+    class Loud(LRUCache):  # (a prefetching cache: its counters join the summary through the extensions)
+        name = "loud"
+
+        def prefetch(self, now):
+            return [0]
+
+        def stats(self):
+            return {"requests_arrived": 0, "policy": "vllm"}
+
+    with pytest.raises(ValueError, match="stats\\(\\) returns policy, requests_arrived, which would replace"):
+        simulate(_df(adapter_id=[0, 1, 0], adapter_rank=[8, 8, 8]), scheduler_obj=FCFSScheduler(), cache_obj=Loud())
