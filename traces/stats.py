@@ -4,6 +4,7 @@ adapter popularity and conversations, as a dict, a text table or a figure."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,17 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def to_json(s: dict[str, Any]) -> str:
-    return json.dumps(s, indent=1, default=float)
+    """The summary as JSON; a figure that is not a number (NaN: the rate of one request) is null, as JSON has no NaN
+    (``"mean_rps": NaN`` was printed, which JSON readers refuse)."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        if isinstance(v, np.generic):  # (numpy scalars)
+            v = v.item()
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+    return json.dumps(clean(s), indent=1, default=float, allow_nan=False)
 
 
 def plot_summary(w: Workload, path: str | Path, s: dict[str, Any] | None = None) -> Path:

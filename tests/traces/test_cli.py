@@ -139,3 +139,13 @@ def test_rate_per_bin_divides_the_partial_last_bin_by_its_width():
     w2 = Workload.from_arrays(t2, np.full(len(t2), 10), np.full(len(t2), 5))
     assert len(summarize(w2, bin_s=120)["rate_over_time"]["rps"]) == 2  # 0-120, 120-180 (half a bin: kept)
     assert len(summarize(w2, bin_s=170)["rate_over_time"]["rps"]) == 1  # 170-180 is a sliver: left out
+
+
+def test_show_json_is_json_when_a_figure_is_undefined(capsys):
+    """One request has no rate or inter-arrival CV: `twin traces show --json` printed NaN, which JSON readers refuse;
+    it prints null."""
+    from twin.cli import main
+
+    assert main(["traces", "show", "synthetic", "--n-requests", "1", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)  # (json.loads takes NaN: check the text too)
+    assert d["mean_rps"] is None
