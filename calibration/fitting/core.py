@@ -73,9 +73,13 @@ def dropped_rows_reported(prefix: str) -> Iterator[None]:
             yield
         finally:
             seen: set[str] = set()
-            for w in caught:
+            shown: set[tuple] = set()  # (a fit on absurd values raised a million overflow warnings: replaying every
+            for w in caught:           # one hung the command; each distinct one is shown once)
                 if not issubclass(w.category, DroppedRowsWarning):
-                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                    key = (w.category, str(w.message), w.filename, w.lineno)
+                    if key not in shown:
+                        shown.add(key)
+                        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
                 elif str(w.message) not in seen:
                     seen.add(str(w.message))
                     print(f"{prefix}: warning: {w.message}", file=sys.stderr)

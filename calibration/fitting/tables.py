@@ -131,6 +131,11 @@ def _value(v) -> str:
     return f"{v:g}" if isinstance(v, (float, np.floating)) else repr(str(v))
 
 
+#: the largest magnitude a measured value may have in any unit the tables use (ms, bytes, tokens, counts): beyond it, a
+#: corrupt cell (a 1e300 scheduler time drove a fit into a million overflow warnings)
+MAX_MEASURED = 1e15
+
+
 def read_table(path: str | Path, columns: Sequence[Col], source: str) -> pd.DataFrame:
     """Read the CSV table ``path`` and check it before any fit uses it: the ``columns`` present,
     numbers where numbers are expected, no empty cell where the fit needs a value, no physically
@@ -194,10 +199,10 @@ def read_table(path: str | Path, columns: Sequence[Col], source: str) -> pd.Data
                                            if c.missing_ok else ""))
             continue
         v = num.to_numpy(float)
-        inf = np.isinf(v)
+        inf = np.isinf(v) | (np.abs(np.where(np.isnan(v), 0.0, v)) > MAX_MEASURED)  # (1e300: a fit that never converged)
         if inf.any():
-            problems.append(f"{where}: {_value(v[inf][0])} at {_rows(inf)} is not a finite number; {c.what} must "
-                            f"be finite: {_fix(inf)}")
+            problems.append(f"{where}: {_value(v[inf][0])} at {_rows(inf)} is not a finite number of a measurable "
+                            f"size (at most {MAX_MEASURED:g}); {c.what} must be: {_fix(inf)}")
             continue
         fin = ~null
         if c.check in _RULES:

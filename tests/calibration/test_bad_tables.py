@@ -155,6 +155,10 @@ def test_negative_step_times_refused(tables, tmp_path):
     ("step_latency.csv", "prompt_tokens", -1.0, "column prompt_tokens: -1 at row 1 (line 2) is negative; a number "
                                                 "of prompt tokens cannot be negative"),
     ("step_latency.csv", "mean_step_ms", np.inf, "column mean_step_ms: inf at row 1 (line 2) is not a finite number"),
+    # a corrupt cell of 1e300 drove the fit into a million overflow warnings, whose replay hung the command
+    ("scheduler_overhead.csv", "scheduler_ms_per_step", 1e300, "column scheduler_ms_per_step: 1e+300 at row 1 (line "
+                                                               "2) is not a finite number of a measurable size (at "
+                                                               "most 1e+15)"),
     ("step_latency_runs.csv", "kv_cache_tokens", 0.0, "column kv_cache_tokens: 0 at row 1 (line 2) is not positive"),
     ("kv_capacity.csv", "adapter_slots", -8, "column adapter_slots: -8 at row 1 (line 2) is negative"),
     ("scheduler_overhead.csv", "scheduler_ms_per_step", -0.1, "column scheduler_ms_per_step: -0.1 at row 1 (line 2) "
