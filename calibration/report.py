@@ -26,6 +26,8 @@ from twin.perf.forms import make_component
 from twin.perf.profile import KINDS, OPTIONAL_KINDS, available_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the profile ``default`` names (as :func:`twin.perf.profile.load_profile` resolves it)
+DEFAULT_FITTED = "llama-3.1-8b_h100_vllm085"
 
 
 def load_profile_dict(name_or_path: str) -> tuple[dict[str, Any], Path]:
@@ -35,6 +37,8 @@ def load_profile_dict(name_or_path: str) -> tuple[dict[str, Any], Path]:
             raise FileNotFoundError(f"profile file {p} does not exist; `twin calibrate list` shows the shipped ones")
         return _read_json(p), p
     avail = available_profiles()
+    if name_or_path in ("default", "") and avail.get(DEFAULT_FITTED):  # (the name every other command takes)
+        name_or_path = DEFAULT_FITTED
     path = avail.get(name_or_path)
     if path is None:
         raise KeyError(f"unknown profile {name_or_path!r}; fitted profiles: "

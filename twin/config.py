@@ -62,6 +62,9 @@ def check_field_types(cfg: Any) -> None:
             what = "a whole number" if base == "int" else {"bool": "true or false", "float": "a number",
                                                             "str": "a string"}[base]
             raise ConfigError(f"{name} must be {what}, got {v!r} ({type(v).__name__})")
+        cast = {"int": int, "float": float, "bool": bool}.get(base)
+        if cast is not None and type(v) is not cast:  # numpy scalars, whole floats: Python's own (an np.int16 block
+            object.__setattr__(cfg, name, cast(v))    # size overflowed in the engine's block arithmetic)
 
 
 _HINTS: dict[type, dict[str, str]] = {}

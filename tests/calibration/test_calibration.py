@@ -372,3 +372,12 @@ def test_serving_replay_supports_vllm_activation_order(real_data):
     assert s["order"]["loads_mean_abs_log_ratio"] < 0.5 * s["plain"]["loads_mean_abs_log_ratio"]
     assert s["plain"]["loads_median_ratio"] < 0.6 and 0.7 < s["order"]["loads_median_ratio"] < 1.4
     assert s["order"]["completed_smape"] < s["plain"]["completed_smape"] + 0.5
+
+
+def test_report_takes_the_default_profile_name():
+    """`twin calibrate report default` was refused ('unknown profile'), though every other command takes the name."""
+    from calibration.report import load_profile_dict
+    from twin.perf.profile import load_profile
+
+    d, path = load_profile_dict("default")
+    assert d["name"] == load_profile("default").name and path.name == f"{d['name']}.json"

@@ -120,3 +120,11 @@ def test_a_policy_s_counters_cannot_replace_the_run_s_own_figures():
 
     with pytest.raises(ValueError, match="stats\\(\\) returns policy, requests_arrived, which would replace"):
         simulate(_df(adapter_id=[0, 1, 0], adapter_rank=[8, 8, 8]), scheduler_obj=FCFSScheduler(), cache_obj=Loud())
+
+
+def test_numpy_integers_in_the_config_run_as_python_ones():
+    """An np.int16 block size overflowed in the engine's block arithmetic (OverflowError); the config holds Python
+    numbers once checked, so numpy's small integer types run as their values."""
+    cfg = EngineConfig(block_size=np.int16(16), max_loras=np.uint8(4), max_num_seqs=np.int64(64))
+    res = simulate(_df(adapter_id=[0, 1, 2], adapter_rank=[8, 8, 8]), config=cfg)
+    assert res.summary["requests_finished"] == 3 and type(cfg.block_size) is int and type(cfg.max_loras) is int
