@@ -10,7 +10,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from traces.arguments import cell_error, csv_layout_problem
-from twin.configurator.labels import FEATURES, TARGETS, describe_engine, engines_of, label_scenarios
+from twin.configurator.labels import FEATURES, RULES, TARGETS, describe_engine, engines_of, label_scenarios
 from twin.sweep.runner import read_results
 
 
@@ -210,8 +210,6 @@ def check_label_values(lab: pd.DataFrame, p: Path, features: Iterable[str]) -> N
         raise cell_error(p, lab, int(np.argmax(over)), "adapter_slots", "is more than the row's served_adapters",
                          "fix the row or leave it out (a sweep's configurations have slots <= served adapters)")
     if "rule" in lab.columns:
-        from twin.configurator.labels import RULES
-
         unknown = ~lab["rule"].astype(str).isin(RULES).to_numpy()
         if unknown.any():  # (a misspelt rule was carried into the model's provenance)
             raise cell_error(p, lab, int(np.argmax(unknown)), "rule", f"is not a label rule ({', '.join(RULES)})",

@@ -60,11 +60,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from twin.configurator.features import (describe_condition, design_matrix, feature_label, is_policy_column,
-                                        policy_columns, readable_conditions, simplify_policy_conditions, single_policy,
-                                        training_columns)
+from twin.configurator.features import (LENGTH_FEATURES, describe_condition, design_matrix, feature_label,
+                                        is_policy_column, policy_columns, readable_conditions,
+                                        simplify_policy_conditions, single_policy, training_columns)
 from twin.configurator.domain import feature_box
-from twin.configurator.labels import CALIBRATED_ENGINE, TARGETS, describe_engine
+from twin.configurator.labels import CALIBRATED_ENGINE, FEATURES, TARGETS, describe_engine
 from twin.sweep.grid import PUBLISHED_GRID
 from twin.sweep.runner import MissingExtra
 
@@ -443,9 +443,6 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
         raise bad(f"kind {m['kind']!r}, expected one of {', '.join(KINDS)}")
     if list(m["targets"]) != list(TARGETS):
         raise bad(f"targets {m['targets']}, expected {list(TARGETS)}")
-    from twin.configurator.features import LENGTH_FEATURES
-    from twin.configurator.labels import FEATURES
-
     known = (*FEATURES, *LENGTH_FEATURES)
     odd = [f for f in m["features"] if not (isinstance(f, str) and (f in known or is_policy_column(f)))]
     if odd:  # (read as "a rule without its conditions or prediction")

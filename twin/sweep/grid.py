@@ -48,9 +48,11 @@ from traces.arguments import first_repeat
 from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points, resolve_system
 from twin.sweep.scenario import DEFAULT_POLICY, check_length_corr, check_lengths, get_profile, profile_hash
-from twin.config import SLORA_ONLY_FIELDS, EngineConfig
+from twin.config import SLORA_ONLY_FIELDS, ConfigError, EngineConfig
 from twin.model_spec import get_model
-from twin.scenario import check_host_term, rank_limit, read_mapping_file, rebase_path
+from twin.perf.profile import parse_lora_targets
+from twin.scenario import VLLM_MAX_LORA_RANKS, check_host_term, rank_limit, read_mapping_file, rebase_path
+from twin.tensor_parallel import TensorParallelError, check_degree
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 
 #: The published per-adapter rates (req/s) and ranks.
@@ -332,9 +334,6 @@ def _check_engine_settings(engine: dict[str, Any]) -> None:
     (e.g. ``max_num_seqs`` above the token budget), an unknown ``lora_targets``, LoRA disabled (a sweep of adapter
     slots with LoRA off would reject every request and record each run as ok), a tensor-parallel degree the model
     does not split into. Each used to end every run of the sweep in an error, or be ignored, with exit 0."""
-    from twin.config import ConfigError
-    from twin.perf.profile import parse_lora_targets
-
     if engine.get("enable_lora") is False:
         raise ValueError("grid [configs.engine] enable_lora = false: a sweep walks adapter slots and served adapters, "
                          "and with LoRA off every adapter request is rejected; leave enable_lora out")
@@ -483,8 +482,6 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
     _check_requests(g)
     tp = g.engine.get("tensor_parallel", 1)
     if tp != 1:  # (every run ended in an error)
-        from twin.tensor_parallel import TensorParallelError, check_degree
-
         try:
             check_degree(get_profile(g.profile).model, tp)
         except TensorParallelError as e:
@@ -625,8 +622,6 @@ def _check_max_rank(g: GridSpec) -> None:
     a grid where that leaves no task (it would run nothing and report success)."""
     if g.max_lora_rank in (None, "max"):
         return
-    from twin.scenario import VLLM_MAX_LORA_RANKS
-
     vals = g.max_lora_rank if isinstance(g.max_lora_rank, (list, tuple)) else [g.max_lora_rank]
     odd = [r for r in vals if r not in VLLM_MAX_LORA_RANKS]
     if odd:  # (twin run --max-lora-rank refuses them: vLLM's LoRAConfig does)
