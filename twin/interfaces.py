@@ -467,9 +467,45 @@ def check_policy_object(obj: Any, kind: str, arg: str) -> None:
 
 def check_policy_objects(scheduler: Any, cache: Any) -> None:
     """What an engine checks before any work: ``scheduler`` and ``cache`` are policy instances
-    implementing their protocols (:func:`check_policy_object`)."""
+    implementing their protocols (:func:`check_policy_object`), a built-in one with options in range
+    (:func:`check_builtin_options`)."""
     check_policy_object(scheduler, "scheduler", "scheduler_obj")
     check_policy_object(cache, "cache", "cache_obj")
+    check_builtin_options(scheduler)
+    check_builtin_options(cache)
+
+
+#: built-in policy options that are shares or percentages, and their largest value
+OPTION_MAXIMA = {"busy": 1.0, "idle": 1.0, "alpha": 1.0, "accuracy": 1.0, "head_pct": 100.0, "tail_pct": 100.0}
+
+
+def check_builtin_options(policy: Any) -> None:
+    """A built-in policy's numeric options (the constructor arguments whose default is a number, or None for
+    "derived") are finite numbers >= 0, shares at most 1 and percentages at most 100 (:data:`OPTION_MAXIMA`);
+    else a :class:`PolicyError` naming the option, before any work. Every such option of the shipped policies is a
+    count, a time, a rate or a share; unchecked, ``client_cap=-1`` dropped every request and a NaN time or a
+    negative count ran. A user's plug-in keeps its own conventions (its hooks are checked as they run)."""
+    if not is_builtin(policy):
+        return
+    defaults: dict[str, Any] = {}
+    for klass in type(policy).__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.name not in defaults and p.default is not p.empty:
+                defaults[p.name] = p.default
+    for name, v in policy.get_params().items():
+        d = defaults.get(name, inspect.Parameter.empty)
+        numeric_default = isinstance(d, numbers.Real) and not isinstance(d, bool)
+        given_number = isinstance(v, numbers.Real) and not isinstance(v, bool)
+        if v is None or not (numeric_default or (d is None and given_number)):
+            continue  # (flags, text options and the memory layout are checked where they are read)
+        top = OPTION_MAXIMA.get(name, INF)
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (0 <= v <= top) or v == INF:
+            bound = f">= 0 and <= {top:g}" if top < INF else ">= 0 and finite"
+            raise PolicyError(f"{policy_label(policy)}: option {name} = {v!r}: give a number {bound} (default "
+                              f"{d!r}{': derived' if d is None else ''})")
 
 
 def check_tick_interval(policy: Policy) -> float | None:

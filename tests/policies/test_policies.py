@@ -589,3 +589,31 @@ def test_an_option_a_policy_does_not_take_names_the_policy():
         make_scheduler("fcfs", bogus=1)
     with pytest.raises(registry.PolicyError, match="adapter-cache policy 'lru'.*bogus"):
         make_cache("lru", bogus=1)
+
+
+@pytest.mark.parametrize("kind, name, opts, message", [
+    ("scheduler", "fcfs+client-cap", {"client_cap": -1}, "option client_cap = -1: give a number >= 0"),  # dropped all
+    ("scheduler", "adapter-aware", {"max_wait_s": float("nan")}, "option max_wait_s = nan"),
+    ("scheduler", "adapter-aware", {"lookahead": -3}, "option lookahead = -3"),
+    ("scheduler", "sjf", {"aging": "x"}, "option aging = 'x'"),                     # failed mid-run
+    ("scheduler", "slora", {"lookahead_tokens": -5}, "option lookahead_tokens = -5"),
+    ("scheduler", "chameleon", {"slo_s": -1}, "option slo_s = -1"),
+    ("cache", "ema-prefetch", {"top_k": -2}, "option top_k = -2: give a number >= 0 and finite (default None: derived)"),
+    ("cache", "ema-prefetch", {"min_rate": -1}, "option min_rate = -1"),
+    ("cache", "fastlibra", {"busy": 2}, "option busy = 2: give a number >= 0 and <= 1"),
+    ("cache", "chameleon", {"F": float("nan")}, "option F = nan"),
+    ("cache", "chameleon+prefetch", {"head_pct": 200}, "option head_pct = 200: give a number >= 0 and <= 100"),
+])
+def test_a_built_in_policy_s_options_are_checked_before_any_work(kind, name, opts, message):
+    """Negative counts, NaN times and shares above 1 were accepted (client_cap=-1 left every request unfinished);
+    the engine checks a built-in policy's numeric options before any work."""
+    from traces.workload import Workload
+    from twin.interfaces import PolicyError
+    from twin.simulate import simulate
+
+    w = Workload.from_arrays(np.arange(10.0), [100] * 10, [20] * 10, adapter_id=np.arange(10) % 3,
+                             adapter_rank=[8] * 10)
+    sched = make_scheduler(name, **opts) if kind == "scheduler" else make_scheduler("fcfs")
+    cache = make_cache(name, **opts) if kind == "cache" else make_cache("lru")
+    with pytest.raises(PolicyError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        simulate(w, scheduler_obj=sched, cache_obj=cache)
