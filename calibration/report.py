@@ -23,11 +23,9 @@ from calibration.fitting.vllm050 import kv_probes
 from traces.datadir import data_dir
 from twin.model_spec import get_model
 from twin.perf.forms import make_component
-from twin.perf.profile import KINDS, OPTIONAL_KINDS, available_profiles
+from twin.perf.profile import DEFAULT_FITTED, KINDS, OPTIONAL_KINDS, available_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
-#: the profile ``default`` names (as :func:`twin.perf.profile.load_profile` resolves it)
-DEFAULT_FITTED = "llama-3.1-8b_h100_vllm085"
 
 
 def load_profile_dict(name_or_path: str) -> tuple[dict[str, Any], Path]:

@@ -49,6 +49,8 @@ PROFILE_DIR = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 #: published adapter twin's constants; prefill 0.07 ms/token is a typical H100 figure for
 #: an 8B model; loads 7 ms CPU->GPU; KV 305k tokens at 8 slots of rank 8 falling by 47
 #: tokens per slot-rank unit). Fitted profiles in ``calibration/profiles`` replace it.
+#: the shipped fitted profile that the name ``default`` (or none) resolves to when it is present
+DEFAULT_FITTED = "llama-3.1-8b_h100_vllm085"
 DEFAULT_PROFILE: dict[str, Any] = {
     "schema": PROFILE_SCHEMA,
     "name": "default-llama-3.1-8b-h100",
@@ -660,7 +662,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     if name_or_path in (None, "", "default"):
         avail = available_profiles()
         # a fitted profile of the default model takes precedence over the hand-set constants
-        for cand in ("llama-3.1-8b_h100_vllm085",):
+        for cand in (DEFAULT_FITTED,):
             if avail.get(cand):
                 return _from_file(str(avail[cand]), str(avail[cand]))
         return Profile.from_dict(DEFAULT_PROFILE, "embedded default")
