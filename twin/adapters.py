@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Generator
 import numpy as np
 import simpy
 
-from twin.interfaces import PolicyError, policy_label
+from twin.interfaces import PolicyError, checked_evict_when_idle, policy_label
 
 if TYPE_CHECKING:  # pragma: no cover
     from twin.perf.profile import Profile
@@ -109,6 +109,8 @@ class AdapterMemory:
         self.gpu_slots = gpu_slots
         self.cpu_slots = cpu_slots
         self.policy = policy
+        #: the policy's ``evict_when_idle`` (a plug-in's answer checked, :func:`twin.interfaces.checked_evict_when_idle`)
+        self.evict_when_idle = checked_evict_when_idle(policy)
         self.link = link
         self.active: list[int] = [0] * n       # running requests per adapter
         self.resident: list[bool] = [False] * n
@@ -217,7 +219,7 @@ class AdapterMemory:
             if a in self.cpu:
                 self.cpu.move_to_end(a)
             self.policy.on_idle(a, now)
-            if evict_idle and self.policy.evict_when_idle(a):
+            if evict_idle and self.evict_when_idle(a):
                 self.evict(a, now)
 
     def evict(self, a: int, now: float) -> None:

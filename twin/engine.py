@@ -273,7 +273,7 @@ class Engine(PreemptionWalk, EngineState):
         ctx = StepContext(self, budget, chunks, now)
         stop: Admit | None = None
         if admit:
-            stop = self.scheduler.schedule_waiting(ctx)
+            stop = self._schedule_waiting(ctx)
         if not self.running:
             return None
         if self._prefetch_on:  # prefetch decisions (twin/extensions.py, twin/prefetch.py)
@@ -357,7 +357,7 @@ class Engine(PreemptionWalk, EngineState):
                 j += 1
             k_max = min(k_max, full * bs + j)
         # external events
-        t_evt = min(self.scheduler.next_change_time(stop), self._async_until, self._next_tick, self.horizon)
+        t_evt = min(self._next_change_time(stop), self._async_until, self._next_tick, self.horizon)
         if self._prefetch_on and self._next_arr_t < t_evt:  # an arrival can start a prefetch
             t_evt = self._next_arr_t
         # sum the steps (the profile's decode-run entry point; same arithmetic as single steps)

@@ -22,7 +22,7 @@ from twin.adapters import AdapterMemory, HostLink
 from twin.config import EngineConfig
 from twin.extensions import install_extensions
 from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_policy_objects, check_tick_interval,
-                             policy_label)
+                             checked_next_change_time, checked_schedule_waiting, policy_label)
 from twin.recorder import Recorder
 from twin.requests import FINISHED, PENDING, REJECTED, RequestTable, StartupError, check_startup
 from twin.tensor_parallel import tp_profile
@@ -186,6 +186,8 @@ class EngineState:
         cpu_slots = cfg.max_cpu_loras if cfg.max_cpu_loras is not None else max(self.n_adapters, 1)
         self.cache = cache
         self.scheduler = scheduler
+        self._next_change_time = checked_next_change_time(scheduler)  # (a plug-in's return values checked)
+        self._schedule_waiting = checked_schedule_waiting(scheduler)
         self.adapters = AdapterMemory(self.adapter_rank, self.profile, slots, cpu_slots, cache, self.link,
                                       cfg.tensor_parallel, self.max_lora_rank)
         # the hook points of the extensions: all None/False on the default path, each tested
@@ -410,7 +412,10 @@ class EngineState:
 
     # ------------------------------------------------------------------ timed events
     def push_event(self, t: float, cb: Callable[[float], None] | None) -> None:
-        """Call ``cb(now)`` at the first step boundary at or after ``t`` (None: only end a decode run there)."""
+        """Call ``cb(now)`` at the first step boundary at or after ``t`` (None: only end a decode run there;
+        a time already past fires at the next boundary)."""
+        if t != t:  # NaN: never fired and never ordered (it ran silently)
+            raise ValueError("push_event(nan): give the time (s) to call back at, a number")
         heapq.heappush(self._events, (t, next(self._event_seq), cb))
         if t < self._async_until:
             self._async_until = t

@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from twin.adapter_placement import RegionPlacement, UnifiedPool
-from twin.interfaces import Admit, Policy
+from twin.interfaces import Admit, Policy, policy_stats
 from twin.prefetch import AsyncLoader
 from twin.prefix_kv import HistoryKV
 from twin.requests import workload_column
@@ -362,6 +362,6 @@ class Extensions:
                         "swap_waits": self.swap_waits, "lora_cold_starts": self.lora_cold_starts,
                         "lora_cold_start_s": self.lora_cold_start_s, "kv_cold_starts": self.kv_cold_starts,
                         "kv_cold_start_s": self.kv_cold_start_s})
-        out.update(self.cache.stats())
-        out.update(self.e.scheduler.stats())
+        out.update(policy_stats(self.cache))
+        out.update(policy_stats(self.e.scheduler))
         return out

@@ -17,7 +17,7 @@ import inspect
 import math
 import numbers
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -56,8 +56,10 @@ class EngineView(Protocol):
     """The engine as a policy sees it: read-only state, plus the few actions a policy may take.
 
     Request columns are numpy arrays over all requests in arrival order (``adapter`` is the
-    dense adapter index, -1 for the base model); the ``*_a`` twins are the same columns as
-    memoryviews (the same memory) for fast scalar reads in Python loops. ``state`` holds
+    dense adapter index, -1 for the base model; ``adapter_ids[i]`` the workload's id of index ``i``);
+    the workload's columns are read-only views (writing one raises), the outcome columns (``state``,
+    ``reject_reason``, ...) are the engine's own, which a policy reads and never writes; the ``*_a``
+    twins are the same columns as memoryviews (the same memory) for fast scalar reads in Python loops. ``state`` holds
     :class:`twin.requests.RequestState` values. ``running`` maps the running requests in
     admission order (values unused); :meth:`waiting_ids` lists the waiting ones.
     """
@@ -193,7 +195,8 @@ class Policy:
         return ()
 
     def stats(self) -> dict[str, Any]:
-        """Counters for the run summary (added when the engine has extensions)."""
+        """Counters for the run summary: a dict of names (prefixed with the policy's, so they clash
+        with no summary field) to numbers, merged into the summary at the end of the run."""
         return {}
 
     @classmethod
@@ -463,16 +466,191 @@ def check_policy_object(obj: Any, kind: str, arg: str) -> None:
         raise PolicyError(f"{arg}: got {what} ({type(obj).__qualname__}), not a {kind}; a {kind} is an instance of "
                           f"a subclass of {_PROTOCOL[kind]}")
     check_policy_class(type(obj), kind)
+    missing = [k for k in type(obj)._param_names() if not hasattr(obj, k)]
+    if missing:  # (get_params() failed as a bare AttributeError in `twin run`, and rebuilt policies lost it)
+        raise PolicyError(f"{policy_label(obj)}: constructor argument(s) {', '.join(missing)} are not stored under "
+                          f"their own names; store each as self.<name> (e.g. self.{missing[0]} = {missing[0]}), "
+                          f"which get_params() reads (scikit-learn's convention)")
 
 
 def check_policy_objects(scheduler: Any, cache: Any) -> None:
     """What an engine checks before any work: ``scheduler`` and ``cache`` are policy instances
-    implementing their protocols (:func:`check_policy_object`), a built-in one with options in range
+    implementing their protocols (:func:`check_policy_object`), their declared capabilities of the
+    right type and range (:func:`check_capabilities`), a built-in one with options in range
     (:func:`check_builtin_options`)."""
     check_policy_object(scheduler, "scheduler", "scheduler_obj")
     check_policy_object(cache, "cache", "cache_obj")
+    check_capabilities(scheduler)
+    check_capabilities(cache)
     check_builtin_options(scheduler)
     check_builtin_options(cache)
+
+
+#: the adapter memories and allocators a cache policy may ask for (``twin.extensions``, ``twin.adapter_placement``)
+ADAPTER_MEMORIES = ("slots", "region", "unified")
+ADAPTER_PLACEMENTS = ("contiguous", "paged")
+#: the LoRA compute a cache policy may ask the vLLM engine to charge
+LORA_COMPUTES = ("profile", "paged")
+
+
+def _is_flag(v: Any) -> bool:
+    return isinstance(v, bool) or type(v).__name__ == "bool_"  # (numpy's bool too)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not _is_flag(v) and not (isinstance(v, float) and math.isnan(v))
+
+
+def check_capabilities(policy: Any) -> None:
+    """The capabilities a policy declares (the class attributes of :class:`Policy` and
+    :class:`AdapterCachePolicy`, or the same names set by its constructor) have the type and
+    range the engine reads them with; else a :class:`PolicyError` naming the attribute, its value
+    and what to give, before any work. Unchecked, ``max_inflight = 0`` never prefetched,
+    ``lora_share = 1.5`` gave the KV cache a negative size, ``kv_block_size = 0.5`` a zero block
+    size and a misspelt ``adapter_memory`` or ``lora_compute`` silently ran vLLM's slots or the
+    profile's LoRA cost."""
+    who = policy_label(policy)
+
+    def fail(attr: str, want: str) -> None:
+        raise PolicyError(f"{who}: {attr} = {getattr(policy, attr)!r}; give {want} (see {_where(attr)})")
+
+    for attr in ("prefetch_evicts", "prefetch_sync", "uses_events"):
+        if not _is_flag(getattr(policy, attr, False)):
+            fail(attr, "True or False")
+    n = getattr(policy, "max_inflight", 4)
+    if not (isinstance(n, (int, numbers.Integral)) and not _is_flag(n) and n >= 1):
+        fail("max_inflight", "the asynchronous prefetches in flight at most, an integer >= 1")
+    if not isinstance(policy, AdapterCachePolicy):
+        return
+    for attr, allowed in (("adapter_memory", ADAPTER_MEMORIES), ("adapter_placement", ADAPTER_PLACEMENTS),
+                          ("lora_compute", LORA_COMPUTES)):
+        v = getattr(policy, attr)
+        if v is not None and v not in allowed:
+            fail(attr, f"one of {', '.join(map(repr, allowed))} or None (the engine configuration decides)")
+    share = policy.lora_share
+    if share is not None and not (_is_number(share) and 0 <= share < 1):
+        fail("lora_share", "the share of the pool given to the adapter region, a number >= 0 and < 1, or None")
+    if policy.prefix_kv is not None and not _is_flag(policy.prefix_kv):
+        fail("prefix_kv", "True, False or None (EngineConfig.prefix_caching decides)")
+    for attr in ("history_to_host", "async_swap_in"):
+        if not _is_flag(getattr(policy, attr)):
+            fail(attr, "True or False")
+    host = policy.host_kv_tokens
+    if not (_is_number(host) and host >= 0):
+        fail("host_kv_tokens", "the host memory for swapped history KV in tokens, a number >= 0 (math.inf: unbounded)")
+    bs = policy.kv_block_size
+    if bs is not None and not (isinstance(bs, numbers.Integral) and not _is_flag(bs) and bs >= 1):
+        fail("kv_block_size", "tokens per KV block, an integer >= 1 (vLLM uses 8, 16, 32, 64, 128), or None "
+                              "(EngineConfig.block_size)")
+
+
+def checked_next_change_time(scheduler: Scheduler) -> Callable[[Admit | None], float]:
+    """The scheduler's ``next_change_time`` as the engine calls it: a built-in's own method, a plug-in's
+    wrapped so that a return value that is not a number of seconds -- None, text, NaN (which ran on and
+    changed the results, taken as never) -- is a :class:`PolicyError` naming the hook, not a bare
+    ``TypeError`` inside the engine. Any number is safe otherwise: a time too early (even in the past)
+    only splits a run of decode steps."""
+    hook = scheduler.next_change_time
+    if is_builtin(scheduler):
+        return hook
+    who = policy_label(scheduler)
+
+    def next_change_time(stop: Admit | None) -> float:
+        t = hook(stop)
+        if not _is_number(t):
+            raise PolicyError(f"{who}: next_change_time returned {t!r}; return the earliest time (s) an arrival "
+                              f"could let schedule_waiting admit something, a number (math.inf: none; too early is "
+                              f"always safe), e.g. self.engine.next_arrival_time()")
+        return t
+
+    return next_change_time
+
+
+def checked_schedule_waiting(scheduler: Scheduler) -> Callable[[Any], Admit | None]:
+    """The scheduler's ``schedule_waiting`` as the engine calls it: a built-in's own method, a plug-in's
+    wrapped so that a return value other than None or an :class:`Admit` (its integer value is taken) is a
+    :class:`PolicyError` naming the hook ("OK", NaN or a list were taken silently and only misled the
+    run's end, ``next_change_time``)."""
+    hook = scheduler.schedule_waiting
+    if is_builtin(scheduler):
+        return hook
+    who = policy_label(scheduler)
+    values = {int(a) for a in Admit}
+
+    def schedule_waiting(ctx: Any) -> Admit | None:
+        stop = hook(ctx)
+        if stop is None or isinstance(stop, Admit):
+            return stop
+        if isinstance(stop, numbers.Integral) and not _is_flag(stop) and int(stop) in values:
+            return Admit(int(stop))
+        raise PolicyError(f"{who}: schedule_waiting returned {stop!r}; return why admission stopped, an Admit "
+                          f"(the ctx.try_admit outcome that stopped it, e.g. Admit.NO_KV), or None when no waiting "
+                          f"request was eligible")
+
+    return schedule_waiting
+
+
+def checked_evict_when_idle(policy: AdapterCachePolicy) -> Callable[[int], bool]:
+    """The cache policy's ``evict_when_idle`` as the engines call it: a built-in's own method, a plug-in's
+    wrapped so that anything but True or False is a :class:`PolicyError` (``"no"`` is truthy: it discarded
+    every idle adapter)."""
+    hook = policy.evict_when_idle
+    if is_builtin(policy):
+        return hook
+    who = policy_label(policy)
+
+    def evict_when_idle(a: int) -> bool:
+        got = hook(a)
+        if not _is_flag(got):
+            raise PolicyError(f"{who}: evict_when_idle({a}) returned {got!r}; return True (discard the adapter as "
+                              f"soon as it is idle) or False (keep it cached)")
+        return bool(got)
+
+    return evict_when_idle
+
+
+def policy_stats(policy: Policy) -> dict[str, Any]:
+    """The policy's :meth:`Policy.stats` for the run summary: a mapping of counter names (strings) to
+    values; anything else is a :class:`PolicyError` naming the hook (a list failed as a bare
+    ``ValueError`` after the run)."""
+    got = policy.stats()
+    if not isinstance(got, Mapping) or not all(isinstance(k, str) for k in got):
+        raise PolicyError(f"{policy_label(policy)}: stats() returned {got!r}; return a dict of counter names "
+                          f"(strings) to numbers for the run summary, e.g. {{'my_policy_skips': 3}} ({{}}: none)")
+    return dict(got)
+
+
+def checked_prefetch(policy: Policy, n_adapters: int) -> Callable[[float], Iterable[int]]:
+    """The policy's ``prefetch`` as the engine calls it: a built-in's own method, a plug-in's wrapped so
+    that anything but an iterable of adapter ids below ``n_adapters`` is a :class:`PolicyError` naming the
+    hook (None and text failed as bare ``TypeError``, an id past the last adapter as ``IndexError``, a
+    float id as numpy's indexing error). Negative ids (a base-model request's -1) are skipped."""
+    hook = policy.prefetch
+    if is_builtin(policy):
+        return hook
+    who = policy_label(policy)
+
+    def prefetch(now: float) -> Iterable[int]:
+        got = hook(now)
+        if isinstance(got, (str, bytes)) or not isinstance(got, Iterable):
+            raise PolicyError(f"{who}: prefetch returned {got!r}; return the adapter ids to load, in priority "
+                              f"order, as a list or another iterable of ints (empty: none)")
+        ids = list(got)
+        for a in ids:
+            if not (isinstance(a, numbers.Integral) and not _is_flag(a) and a < n_adapters):
+                raise PolicyError(f"{who}: prefetch returned adapter {a!r} in {ids[:8]!r}"
+                                  f"{' ...' if len(ids) > 8 else ''}; adapter ids are the engine's dense indices, ints "
+                                  f"from 0 to {n_adapters - 1} (engine.adapter_ids[i] is the workload's adapter_id of "
+                                  f"index i; negative ids are skipped)")
+        return ids
+
+    return prefetch
+
+
+def _where(attr: str) -> str:
+    """Where a capability is documented."""
+    base = "AdapterCachePolicy" if attr in AdapterCachePolicy.__dict__ else "Policy"
+    return f"twin.interfaces.{base}.{attr}"
 
 
 #: built-in policy options that are shares or percentages, and their largest value
@@ -508,12 +686,17 @@ def check_builtin_options(policy: Any) -> None:
                               f"{d!r}{': derived' if d is None else ''})")
 
 
+#: the shortest tick a policy may ask for (s): a finer one makes a run of millions of ticks per simulated
+#: hour (1e-7 s hung a run); vLLM's own scheduler steps are milliseconds long
+MIN_TICK_S = 1e-3
+
+
 def check_tick_interval(policy: Policy) -> float | None:
-    """A policy's ``tick_interval``: None or a positive finite number of seconds."""
+    """A policy's ``tick_interval``: None or a finite number of seconds >= :data:`MIN_TICK_S`."""
     t = policy.tick_interval
-    if t is not None and not (isinstance(t, numbers.Real) and not isinstance(t, bool) and 0 < t < INF):
+    if t is not None and not (isinstance(t, numbers.Real) and not isinstance(t, bool) and MIN_TICK_S <= t < INF):
         raise PolicyError(f"{policy_label(policy)}: tick_interval is {t!r}; give seconds between on_tick calls, "
-                          f"> 0 and finite, or None (no ticks)")
+                          f">= {MIN_TICK_S:g} and finite, or None (no ticks)")
     return t
 
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from twin.interfaces import policy_stats
 from twin.requests import FINISHED, REJECT_REASONS, REJECTED
 from twin.scrape_stall import client_path, merged_gaps, step_end_times
 
@@ -246,8 +247,10 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
     s["engine_steps"] = int(e.rec.n_steps)
     s["step_segments"] = int(e.rec.n_segments)
     s["kv_capacity_tokens"] = int(e.kv_tokens)
-    if e.extensions is not None:  # the extensions' and the policies' counters (twin/extensions.py)
-        extra = e.extensions.stats()
+    # the extensions' and the policies' counters (twin/extensions.py); without extensions, the policies'
+    # alone (a plug-in's counters were dropped on the default path)
+    extra = e.extensions.stats() if e.extensions is not None else {**policy_stats(e.cache), **policy_stats(e.scheduler)}
+    if extra:
         clash = sorted(str(k) for k in extra if k in s or k in ("policy", "system", "scheduler", "cache", "profile"))
         if clash:  # (a policy's stats() replaced the run's own requests_arrived, policy, ... without a word)
             raise ValueError(f"a policy's or extension's stats() returns {', '.join(clash)}, which would replace the "

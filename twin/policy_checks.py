@@ -342,7 +342,11 @@ def check_exact_run_skipping(subject: Subject) -> None:
     """Runs of decode steps advanced at once give exactly the step-by-step results."""
     for sc in SCENARIOS:
         fast, slow = run_scenario(subject, sc), run_scenario(subject, sc, max_run_steps=1)
-        _assert_same_requests(fast, slow, f"run-skipping vs max_run_steps=1 on {sc.name!r}", subject.label)
+        _assert_same_requests(fast, slow, f"run-skipping vs max_run_steps=1 on {sc.name!r} (when they differ, a "
+                              f"scheduler's next_change_time returns a time later than an admission that "
+                              f"stepping one by one makes, or a policy's decisions depend on how often it is "
+                              f"asked: return an earlier time, e.g. self.engine.next_arrival_time(), or -math.inf "
+                              f"to re-plan every step)", subject.label)
         assert fast.summary["step_segments"] <= slow.summary["step_segments"], \
             f"{subject.label}: run-skipping recorded more step segments than stepping one by one"
 

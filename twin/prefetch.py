@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 from twin.adapters import Load
+from twin.interfaces import checked_prefetch
 
 if TYPE_CHECKING:  # pragma: no cover
     from twin.interfaces import EngineCore, StepContextView
@@ -43,6 +44,8 @@ class AsyncLoader:
     def __init__(self, engine: "EngineCore", sources: Sequence[Any], sync: bool = False, max_inflight: int = 4) -> None:
         self.e = engine
         self.sources = list(sources)
+        #: each source's prefetch as the engine calls it (a plug-in's answer checked) and whether it may evict
+        self._asks = [(checked_prefetch(src, engine.n_adapters), src.prefetch_evicts) for src in self.sources]
         self.mem = engine.adapters
         self.sync = sync
         self.max_inflight = max_inflight
@@ -120,11 +123,11 @@ class AsyncLoader:
             mem.policy.on_idle(a, now)
 
     def decide(self, now: float, ctx: "StepContextView | None") -> None:
-        for src in self.sources:
-            for a in src.prefetch(now):
+        for ask, evicts in self._asks:
+            for a in ask(now):
                 if not self.sync and len(self.mem.loading) >= self.max_inflight:
                     return
-                self.start(a, now, ctx, evict=src.prefetch_evicts)
+                self.start(a, now, ctx, evict=evicts)
 
     def stats(self) -> dict[str, Any]:
         return {"prefetch_mode": "sync" if self.sync else "async", "prefetches": self.started,

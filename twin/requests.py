@@ -100,6 +100,15 @@ def _view(a: "array | memoryview", dtype: type) -> np.ndarray:
     return np.frombuffer(a, dtype) if len(a) else np.zeros(0, dtype)
 
 
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (the array itself, possibly the caller's workload column, keeps its
+    flags): the workload's columns a policy reads through :class:`twin.interfaces.EngineView` cannot be
+    written by mistake (``engine.adapter[lo:hi] = 0`` changed a run's results silently)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 def _check_clock(arrival: np.ndarray) -> None:
     """The arrivals (sorted) lie within the clock a run may simulate (arrivals at 1e15 s ran, with TTFT 0: at that
     magnitude a float clock loses the steps' milliseconds)."""
@@ -235,25 +244,26 @@ class RequestTable:
         self.arrival_a = as_column("d", cols["arrival_s"])
         self.prompt_a = as_column("q", cols["prompt_tokens"])
         self.output_a = as_column("q", cols["output_tokens"])
-        self.arrival = _view(self.arrival_a, np.float64)
-        self.prompt = _view(self.prompt_a, np.int64)
-        self.output = _view(self.output_a, np.int64)
-        self.request_id = np.asarray(cols["request_id"], np.int64)
+        self.arrival = read_only(_view(self.arrival_a, np.float64))
+        self.prompt = read_only(_view(self.prompt_a, np.int64))
+        self.output = read_only(_view(self.output_a, np.int64))
+        self.request_id = read_only(np.asarray(cols["request_id"], np.int64))
         raw_adapter = np.asarray(cols["adapter_id"], np.int64)
         raw_rank = np.asarray(cols["adapter_rank"], np.int64)
         # adapters: dense ids 0..A-1 for the adapters the workload uses
         used, dense = dense_adapter_ids(raw_adapter)
         self.adapter_ids = used
         self.adapter_a = as_column("q", dense)
-        self.adapter = _view(self.adapter_a, np.int64)
+        self.adapter = read_only(_view(self.adapter_a, np.int64))
         ranks = np.zeros(len(used), np.int64)
         if len(used):
             if int(dense.min()) >= 0:  # (every request names an adapter: no masks)
                 ranks[dense] = raw_rank
             else:
                 ranks[dense[raw_adapter >= 0]] = raw_rank[raw_adapter >= 0]
-        self.adapter_rank = ranks
-        self.rank = raw_rank
+        self.adapter_rank = read_only(ranks)
+        self.rank = read_only(raw_rank)
+        self.adapter_ids = read_only(np.asarray(used))
         self.n_adapters = len(used)
         # outcomes (written once per event)
         self.state = np.zeros(n, np.int8)   # RequestState values

@@ -109,7 +109,14 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
              stop_check_s: float = 5.0) -> SimResult:
     """Replay ``workload`` through the engine and collect the results.
 
-    ``policy`` names a preset (``twin policies``); ``scheduler``/``cache`` override its parts.
+    ``workload``: a :class:`traces.workload.Workload` (``traces.registry.get_workload``), a pandas
+    DataFrame or a mapping of numpy columns of its schema (``arrival_s``, ``prompt_tokens``,
+    ``output_tokens``, ``adapter_id``, ``adapter_rank``; the conversation columns optional).
+    ``profile``: a :class:`Profile`, a name (``twin calibrate list``) or a profile file; None: the default.
+    ``policy`` names a preset (``twin policies``); ``scheduler``/``cache`` override its parts by name;
+    ``scheduler_obj``/``cache_obj`` are policy *instances* used instead (a plug-in that no registry
+    holds, e.g. ``simulate(w, scheduler_obj=MyScheduler(), cache_obj=LRUCache())``; the other part is the
+    preset's, or ``fcfs``/``lru``).
     ``horizon_s`` stops the run (requests in flight are counted as unfinished); None runs
     until every request has finished. ``system`` picks the engine (``vllm``, ``slora``; default:
     the preset's system, ``vllm`` for policy objects). ``frontend_s``: the front-end latency of

@@ -83,7 +83,8 @@ from twin.adapter_placement import UnifiedPool
 from twin.adapters import AdapterMemory, HostLink
 from twin.config import ConfigError, EngineConfig
 from twin.engine_state import EngineState
-from twin.interfaces import AdapterCachePolicy, Admit, Policy, Scheduler, is_builtin
+from twin.interfaces import (AdapterCachePolicy, Admit, Policy, Scheduler, checked_next_change_time,
+                             checked_schedule_waiting, is_builtin, policy_stats)
 from twin.prefetch import AsyncLoader
 from twin.perf.slora_forms import SLORA_TARGETS, PunicaLoraCost, slora_load_s
 from twin.requests import FINISHED, REJECTED, REJECT_REASONS
@@ -225,8 +226,8 @@ class SLoRAExtensions:
                                "slora_reservation_evictions": e.n_reservation_evictions}
         if self.loader is not None:
             out.update(self.loader.stats())
-        out.update(e.cache.stats())
-        out.update(e.scheduler.stats())
+        out.update(policy_stats(e.cache))
+        out.update(policy_stats(e.scheduler))
         return out
 
 
@@ -359,6 +360,8 @@ class SLoRAEngine(EngineState):
         self.link = HostLink(self.env)
         self.cache = cache
         self.scheduler = scheduler
+        self._next_change_time = checked_next_change_time(scheduler)  # (a plug-in's return values checked)
+        self._schedule_waiting = checked_schedule_waiting(scheduler)
         n_ad = max(self.n_adapters, 1)
         mem = self.adapters = AdapterMemory(self.adapter_rank, self.profile, n_ad, n_ad, cache, self.link, 1,
                                             self.max_lora_rank)
@@ -515,7 +518,7 @@ class SLoRAEngine(EngineState):
             return None
         self.n_attempts += 1
         ctx = SLoRAStepContext(self, self.batch_max_tokens, now)
-        self._stop = self.scheduler.schedule_waiting(ctx)
+        self._stop = self._schedule_waiting(ctx)
         if not ctx.admitted:
             self.n_failed += 1
             self._failed = ctx.failed
@@ -705,7 +708,7 @@ class SLoRAEngine(EngineState):
         # them, as when stepping one iteration at a time (Chameleon refreshes its queues there)
         t_evt = min(self._async_until, self._next_tick, self.horizon, self._next_arr_t)
         if not counting:  # admission is attempted at every iteration: until its outcome may change
-            t_evt = min(t_evt, self.scheduler.next_change_time(self._stop))
+            t_evt = min(t_evt, self._next_change_time(self._stop))
             if self._failed and k_max > 1:  # a refused candidate may pass as the running requests progress
                 k_max = min(k_max, self.first_pass_step(self._failed, k_max))
         max_r = self._batch_max_rank()
@@ -785,10 +788,10 @@ class SLoRAEngine(EngineState):
     def _evict_idle(self, now: float) -> None:
         """``offload_adapters``: idle resident adapters go when the cache policy says so."""
         mem = self.adapters
-        pol = mem.policy
+        evict_when_idle = mem.evict_when_idle
         keep = self._prefetched
         for a in mem.evictable():
-            if a not in keep and pol.evict_when_idle(a):
+            if a not in keep and evict_when_idle(a):
                 mem.evict(a, now)
 
     def _batch_emptied(self, now: float) -> None:

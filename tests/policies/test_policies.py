@@ -617,3 +617,235 @@ def test_a_built_in_policy_s_options_are_checked_before_any_work(kind, name, opt
     cache = make_cache(name, **opts) if kind == "cache" else make_cache("lru")
     with pytest.raises(PolicyError, match=message.replace("(", r"\(").replace(")", r"\)")):
         simulate(w, scheduler_obj=sched, cache_obj=cache)
+
+
+@pytest.mark.parametrize("ret", [None, "1", float("nan")])
+def test_next_change_time_that_is_not_a_time_is_named(ret):
+    """None and text failed as a bare TypeError inside the engine; NaN ran on and changed the results."""
+    from policies.fcfs import FCFSScheduler
+    from twin.interfaces import PolicyError
+
+    class Bad(FCFSScheduler):
+        name = "t-nct"
+
+        def next_change_time(self, stop, ret=ret):
+            return ret
+    with pytest.raises(PolicyError, match=r"scheduler 't-nct' .*next_change_time returned"):
+        _tiny_run(scheduler=Bad())
+
+
+def test_next_change_time_too_early_only_splits_runs():
+    """A time in the past is safe (the docstring's promise): the same requests table as the built-in."""
+    from policies.fcfs import FCFSScheduler
+
+    class Early(FCFSScheduler):
+        name = "t-early"
+
+        def next_change_time(self, stop):
+            return -5.0
+    a, b = _tiny_run(scheduler=Early()), _tiny_run()
+    pd_cols = ["first_token_s", "finish_s"]
+    assert a.requests[pd_cols].equals(b.requests[pd_cols]) and a.summary["engine_steps"] == b.summary["engine_steps"]
+
+
+@pytest.mark.parametrize("ret, named", [
+    (None, "prefetch returned None"), ("0", "prefetch returned '0'"), (5, "prefetch returned 5"),
+    ([0, 999], "prefetch returned adapter 999"), ([1.5], "prefetch returned adapter 1.5"),
+    ([True], "prefetch returned adapter True")])
+def test_prefetch_that_names_no_adapter_is_named(ret, named):
+    """None, text and ints failed as bare TypeErrors, an id past the last adapter as an IndexError."""
+    from twin.interfaces import PolicyError
+
+    class Bad(LRUCache):
+        name = "t-prefetch"
+
+        def prefetch(self, now, ret=ret):
+            return ret
+    with pytest.raises(PolicyError, match=rf"cache policy 't-prefetch' .*{named}"):
+        _tiny_run(cache=Bad())
+
+
+def test_prefetch_of_valid_ids_runs_and_skips_negative_ids():
+    class Good(LRUCache):
+        name = "t-prefetch-ok"
+
+        def prefetch(self, now):
+            return (a for a in (-1, 0, 1))  # a generator; -1 (the base model) is skipped
+    r = _tiny_run(cache=Good())
+    assert r.summary["prefetches"] >= 1 and r.summary["requests_finished"] == 30
+
+
+@pytest.mark.parametrize("attr, value, message", [
+    ("max_inflight", 0, "max_inflight = 0; give the asynchronous prefetches in flight at most, an integer >= 1"),
+    ("max_inflight", 2.5, "max_inflight = 2.5"),
+    ("prefetch_sync", "yes", "prefetch_sync = 'yes'; give True or False"),
+    ("lora_share", 1.5, "lora_share = 1.5; give the share of the pool"),
+    ("lora_share", float("nan"), "lora_share = nan"),
+    ("adapter_memory", "unifed", "adapter_memory = 'unifed'; give one of 'slots', 'region', 'unified' or None"),
+    ("adapter_placement", "pages", "adapter_placement = 'pages'"),
+    ("lora_compute", "pagd", "lora_compute = 'pagd'; give one of 'profile', 'paged' or None"),
+    ("kv_block_size", 0.5, "kv_block_size = 0.5; give tokens per KV block, an integer >= 1"),
+    ("kv_block_size", 0, "kv_block_size = 0"),
+    ("host_kv_tokens", -1, "host_kv_tokens = -1"),
+    ("prefix_kv", "on", "prefix_kv = 'on'"),
+    ("async_swap_in", None, "async_swap_in = None"),
+])
+def test_cache_capabilities_are_checked_before_any_work(attr, value, message):
+    """A misspelt adapter_memory or lora_compute ran vLLM's slots or the profile's LoRA cost silently;
+    lora_share 1.5 sized the KV cache negative; max_inflight 0 never prefetched."""
+    from twin.interfaces import PolicyError
+
+    cache = LRUCache()
+    setattr(cache, attr, value)
+    with pytest.raises(PolicyError, match=r"cache policy 'lru' .*" + message.replace("(", r"\(").replace(")", r"\)")):
+        _tiny_run(cache=cache)
+
+
+def test_scheduler_capabilities_are_checked_too():
+    from policies.fcfs import FCFSScheduler
+    from twin.interfaces import PolicyError
+
+    s = FCFSScheduler()
+    s.uses_events = 1
+    with pytest.raises(PolicyError, match="scheduler 'fcfs' .*uses_events = 1; give True or False"):
+        _tiny_run(scheduler=s)
+
+
+@pytest.mark.parametrize("ret", ["OK", float("nan"), [1, 2], 99])
+def test_schedule_waiting_that_returns_no_admit_outcome_is_named(ret):
+    """Taken silently before (it only reached next_change_time)."""
+    from policies.fcfs import FCFSScheduler
+    from twin.interfaces import PolicyError
+
+    class Bad(FCFSScheduler):
+        name = "t-sw"
+
+        def schedule_waiting(self, ctx, ret=ret):
+            super().schedule_waiting(ctx)
+            return ret
+    with pytest.raises(PolicyError, match=r"scheduler 't-sw' .*schedule_waiting returned"):
+        _tiny_run(scheduler=Bad())
+
+
+def test_schedule_waiting_may_return_an_admit_value_as_an_int():
+    from policies.fcfs import FCFSScheduler
+
+    class IntStop(FCFSScheduler):
+        name = "t-sw-int"
+
+        def schedule_waiting(self, ctx):
+            stop = super().schedule_waiting(ctx)
+            return None if stop is None else int(stop)
+    a, b = _tiny_run(scheduler=IntStop()), _tiny_run()
+    assert a.requests["finish_s"].equals(b.requests["finish_s"])
+
+
+@pytest.mark.parametrize("system", ["vllm", "slora"])
+def test_evict_when_idle_that_is_no_flag_is_named(system):
+    """"no" is truthy: every idle adapter was discarded (evictions equal to loads), silently."""
+    from twin.interfaces import PolicyError
+
+    class Bad(LRUCache):
+        name = "t-ewi"
+
+        def evict_when_idle(self, a):
+            return "no"
+    kw = {"system": system} if system == "slora" else {}
+    with pytest.raises(PolicyError, match=r"cache policy 't-ewi' .*evict_when_idle\(\d+\) returned 'no'"):
+        _tiny_run(cache=Bad(), **kw)
+
+
+def test_a_plug_in_s_stats_reach_the_summary_and_must_be_a_dict():
+    """A plain cache's counters were dropped (the summary took stats() only with extensions); a list failed
+    as a bare ValueError after the run."""
+    from twin.interfaces import PolicyError
+
+    class Counting(LRUCache):
+        name = "t-stats"
+
+        def __init__(self, **memory):
+            super().__init__(**memory)
+            self.victims = 0
+
+        def victim(self, now):
+            self.victims += 1
+            return super().victim(now)
+
+        def stats(self):
+            return {"t_stats_victims": self.victims}
+    r = _tiny_run(cache=Counting())
+    assert 0 < r.summary["t_stats_victims"] <= r.summary["adapter_evictions"]
+
+    class Bad(LRUCache):
+        name = "t-stats-bad"
+
+        def stats(self):
+            return [("a", 1, 2)]
+    with pytest.raises(PolicyError, match=r"cache policy 't-stats-bad' .*stats\(\) returned \[\('a', 1, 2\)\]"):
+        _tiny_run(cache=Bad())
+
+
+def test_a_tick_finer_than_a_millisecond_is_refused():
+    """1e-7 s passed the check and hung the run."""
+    from twin.interfaces import PolicyError
+
+    class Fine(LRUCache):
+        name = "t-tick"
+
+        @property
+        def tick_interval(self):
+            return 1e-7
+    with pytest.raises(PolicyError, match=r"tick_interval is 1e-07; give seconds between on_tick calls, >= 0.001"):
+        _tiny_run(cache=Fine())
+
+
+def test_an_event_at_nan_is_named_with_the_policy_that_pushed_it():
+    from policies.fcfs import FCFSScheduler
+    from twin.interfaces import PolicyError
+
+    class Nan(FCFSScheduler):
+        name = "t-nan-event"
+        uses_events = True
+
+        def on_arrivals(self, lo, hi):
+            super().on_arrivals(lo, hi)
+            self.engine.push_event(float("nan"), None)
+    with pytest.raises(PolicyError, match=r"scheduler 't-nan-event' .*on_arrivals.*push_event\(nan\)"):
+        _tiny_run(scheduler=Nan())
+
+
+def test_a_constructor_argument_stored_under_another_name_is_refused_before_the_run():
+    """`twin run` failed with a bare AttributeError from get_params(); simulate() ran and a rebuilt policy
+    (the battery, a sweep's worker) lost the option."""
+    from twin.interfaces import PolicyError
+
+    class NotStored(LRUCache):
+        name = "t-notstored"
+
+        def __init__(self, weight: float = 1.0, **memory):
+            super().__init__(**memory)
+            self.w = weight
+    with pytest.raises(PolicyError, match=r"constructor argument\(s\) weight are not stored under their own names; "
+                                          r"store each as self.<name> \(e.g. self.weight = weight\)"):
+        _tiny_run(cache=NotStored())
+
+
+def test_the_workload_columns_a_policy_sees_are_read_only():
+    """`engine.adapter[lo:hi] = 0` sent every request to adapter 0 and ran on silently; the caller's
+    own arrays keep their flags."""
+    from policies.fcfs import FCFSScheduler
+    from twin.interfaces import PolicyError
+
+    class Writes(FCFSScheduler):
+        name = "t-writes"
+
+        def on_arrivals(self, lo, hi):
+            self.engine.adapter[lo:hi] = 0
+    with pytest.raises(PolicyError, match=r"scheduler 't-writes' .*on_arrivals.*read-only"):
+        _tiny_run(scheduler=Writes())
+    ranks = np.full(4, 8)
+    w = Workload.from_arrays(np.arange(4.0), np.full(4, 10), np.full(4, 5), np.zeros(4, int), ranks)
+    e = Engine(w, constant_profile(), EngineConfig(max_loras=2), make_scheduler("fcfs"), make_cache("lru"))
+    for col in ("arrival", "prompt", "output", "adapter", "rank", "adapter_rank", "adapter_ids", "request_id"):
+        assert not getattr(e, col).flags.writeable, col
+    assert ranks.flags.writeable
