@@ -38,7 +38,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from traces.adapters import assign_adapters, map_keys_to_adapters
+from traces.adapters import assign_adapters, assign_ranks, map_keys_to_adapters
 from traces.arguments import parse_bool
 from traces.arrivals import rescale_to_rps, time_window
 from traces.conversations import ConversationConfig, exclusive_group_cumsum, fill_turn_arrivals
@@ -47,7 +47,7 @@ from traces.lengths import LengthConfig, build_length_model, load_fitted, sample
 from traces.loaders import CONVERSATION_FORMATS, LOADERS, UNTIMED_FORMATS, TraceTable, detect_format
 from traces.loaders.tokens import tokenizer_problem
 from traces.synth import (DEFAULT_RATES, ArrivalConfig, AdapterConfig, OPTIONS, SynthConfig, apply_options,
-                          check_options_apply, generate_arrivals, synthesize, validate_config)
+                          check_options_apply, generate_arrivals, synthesize, validate_config, whole_number)
 from traces.workload import FILE_SUFFIXES, Workload, WorkloadError
 from traces.datadir import data_dir as _data_dir
 
@@ -686,6 +686,10 @@ def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike
     name and ``FileNotFoundError`` (naming the file, the data directory and the fetch command)
     for a real trace whose file is missing.
     """
+    try:
+        seed = whole_number(seed)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"seed = {seed!r}: {e}; give a whole number") from None
     given = {"rps": rps, "duration": duration, "adapters": adapters, "ranks": ranks, "popularity": popularity,
              **options}
     given = {k: v for k, v in given.items() if v is not None}
@@ -772,13 +776,19 @@ def _from_saved(path: Path, given: dict[str, Any], synth_opts: dict[str, Any], r
                          f"{t.max():g} s); widen duration or move window_start")
     df = df[m].reset_index(drop=True)
     df["arrival_s"] = t[m] - start
-    if {"adapters", "ranks", "popularity"} & set(given):
+    if {"adapters", "popularity"} & set(given):  # new adapters: ids drawn again (ranks: the given or the default)
         cfg = apply_options(SynthConfig(seed=seed), {k: given[k] for k in ("adapters", "ranks", "popularity")
                                                      if k in given})
         r_ad = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[1])
         ids, ranks = assign_adapters(len(df), cfg.adapters.n_adapters, r_ad, cfg.adapters.ranks,
                                      cfg.adapters.popularity)
         df["adapter_id"], df["adapter_rank"] = ids, ranks
+    elif "ranks" in given:  # new ranks only: the file's adapters keep their requests (ranks cycled over the ids;
+        # before stop 51 the ids were drawn again too, with the default popularity and 100 adapters)
+        cfg = apply_options(SynthConfig(seed=seed), {"ranks": given["ranks"]})
+        ids = df["adapter_id"].to_numpy()
+        table = assign_ranks(int(ids.max()) + 1 if len(ids) and ids.max() >= 0 else 0, cfg.adapters.ranks)
+        df["adapter_rank"] = np.where(ids >= 0, table[np.maximum(ids, 0)] if len(table) else 0, 0)
     df["request_id"] = np.arange(len(df))
     meta = {**record, "kind": "derived", "derived_from": w.meta}
     return Workload(df, meta)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Callable
@@ -106,29 +107,54 @@ def parse_ranks(value: Any) -> list[int]:
     return parse_list(value, int, "ranks")
 
 
+def whole_number(v: Any) -> int:
+    """A whole number from an int, an integral float or a command line's text; refuses 2.5 and True
+    (``int()`` truncated ``adapters=2.5`` to 2 and took ``True`` as 1)."""
+    if isinstance(v, bool) or type(v).__name__ == "bool_":
+        raise ValueError(f"{v!r} is a flag, not a whole number")
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            pass
+    x = float(v)  # (text that is no number raises here)
+    if not math.isfinite(x) or x != int(x):
+        raise ValueError(f"{v!r} is not a whole number")
+    return int(x)
+
+
+def _float(v: Any) -> float:
+    """A number from a number or a command line's text; refuses True (``float()`` took it as 1.0)."""
+    if isinstance(v, bool) or type(v).__name__ == "bool_":
+        raise ValueError(f"{v!r} is a flag, not a number")
+    return float(v)
+
+
 def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
+    return None if v is None else whole_number(v)
 
 
 def _opt_float(v: Any) -> float | None:
-    return None if v is None else float(v)
+    return None if v is None else _float(v)
 
 
 #: flat option name -> (config section, field, converter, help)
 OPTIONS: dict[str, tuple[str, str, Callable[[Any], Any], str]] = {
     "arrival": ("arrivals", "process", str, f"arrival process: {' | '.join(ARRIVAL_PROCESSES)}"),
     "rps": ("arrivals", "rps", _opt_float, "mean request rate (req/s); for a replayed trace: rescale to it"),
-    "duration": ("arrivals", "duration_s", float, "seconds to generate; for a replayed trace: keep the first seconds"),
+    "duration": ("arrivals", "duration_s", _float, "seconds to generate; for a replayed trace: keep the first seconds"),
     "n_requests": ("arrivals", "n_requests", _opt_int, "exact request count (poisson/gamma) instead of a window"),
     "cv": ("arrivals", "cv", _opt_float, "inter-arrival coefficient of variation (gamma; default 2)"),
-    "on_s": ("arrivals", "on_s", float, "mean on-period of on/off bursts (s)"),
-    "off_s": ("arrivals", "off_s", float, "mean off-period of on/off bursts (s)"),
-    "off_frac": ("arrivals", "off_frac", float, "rate while off as a fraction of the on-rate"),
+    "on_s": ("arrivals", "on_s", _float, "mean on-period of on/off bursts (s)"),
+    "off_s": ("arrivals", "off_s", _float, "mean off-period of on/off bursts (s)"),
+    "off_frac": ("arrivals", "off_frac", _float, "rate while off as a fraction of the on-rate"),
     "rates": ("arrivals", "rates", parse_rates, "per-adapter rates cycled round-robin, e.g. 0.1,0.05,0.025"),
     "shuffle_rates": ("arrivals", "shuffle_rates", partial(parse_bool, name="shuffle_rates"),
                       "shuffle per-adapter rates after the round-robin"),
     "fit": ("arrivals", "fit", str, "fitted arrival statistics for arrival=fitted (e.g. splitwise_conv_fit)"),
-    "adapters": ("adapters", "n_adapters", int, "number of adapters (0: base model only)"),
+    "adapters": ("adapters", "n_adapters", whole_number, "number of adapters (0: base model only)"),
     "ranks": ("adapters", "ranks", parse_ranks, "adapter ranks cycled over adapter ids, e.g. 8,16,32,64,128"),
     "popularity": ("adapters", "popularity", str, "adapter popularity: uniform | powerlaw[:a] | zipf[:s] | "
                    "skewed[:x] | distinct | bursty[:B] | U-U | U-P | P-P ..."),
@@ -137,18 +163,18 @@ OPTIONS: dict[str, tuple[str, str, Callable[[Any], Any], str]] = {
     "mean_in": ("lengths", "mean_in", _opt_float, "target mean prompt tokens (sharegpt, lognormal)"),
     "mean_out": ("lengths", "mean_out", _opt_float, "target mean output tokens (sharegpt, lognormal)"),
     "length_method": ("lengths", "method", str, "mean matching for sharegpt: scale | tilt"),
-    "length_scale": ("lengths", "scale", float, "multiply all lengths by this factor"),
-    "min_prompt": ("lengths", "min_prompt", int, "drop/redraw requests with fewer prompt tokens"),
-    "min_output": ("lengths", "min_output", int, "drop/redraw requests with fewer output tokens"),
+    "length_scale": ("lengths", "scale", _float, "multiply all lengths by this factor"),
+    "min_prompt": ("lengths", "min_prompt", whole_number, "drop/redraw requests with fewer prompt tokens"),
+    "min_output": ("lengths", "min_output", whole_number, "drop/redraw requests with fewer output tokens"),
     "max_prompt": ("lengths", "max_prompt", _opt_int, "drop/redraw requests with more prompt tokens"),
     "max_output": ("lengths", "max_output", _opt_int, "drop/redraw requests with more output tokens"),
     "max_total": ("lengths", "max_total", _opt_int, "drop/redraw requests with prompt+output above this"),
     "conversations": ("conversations", "enabled", partial(parse_bool, name="conversations"),
                       "multi-turn conversations with shared prefixes"),
-    "mean_turns": ("conversations", "mean_turns", float, "mean turns per conversation (geometric)"),
-    "max_turns": ("conversations", "max_turns", int, "maximum turns per conversation"),
-    "think_s": ("conversations", "think_s", float, "mean user think time between turns (s)"),
-    "tpot_s": ("conversations", "tpot_s", float, "assumed seconds per output token to estimate reply end"),
+    "mean_turns": ("conversations", "mean_turns", _float, "mean turns per conversation (geometric)"),
+    "max_turns": ("conversations", "max_turns", whole_number, "maximum turns per conversation"),
+    "think_s": ("conversations", "think_s", _float, "mean user think time between turns (s)"),
+    "tpot_s": ("conversations", "tpot_s", _float, "assumed seconds per output token to estimate reply end"),
 }
 
 
@@ -204,10 +230,17 @@ def apply_options(cfg: SynthConfig, options: dict[str, Any]) -> SynthConfig:
         if v is None:
             continue
         if k == "seed":
-            out.seed = int(v)
+            try:
+                out.seed = whole_number(v)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"seed = {v!r}: {e}; give a whole number") from None
             continue
-        section, name, conv, _ = OPTIONS[k]
-        setattr(getattr(out, section), name, conv(v))
+        section, name, conv, help_text = OPTIONS[k]
+        try:
+            value = conv(v)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{k} = {v!r}: {e} ({help_text})") from None
+        setattr(getattr(out, section), name, value)
     return out
 
 

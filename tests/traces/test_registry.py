@@ -252,3 +252,38 @@ def test_lognormal_fitted_on_a_trace_and_code_lengths(tmp_path):
 def test_real_options_rejected_for_synthetic():
     with pytest.raises(TypeError, match="real traces"):
         get_workload("synthetic", window_start=5.0)
+
+
+@pytest.mark.parametrize("kw, named", [
+    ({"adapters": 2.5}, "adapters = 2.5: 2.5 is not a whole number"),   # was truncated to 2 adapters
+    ({"adapters": True}, "adapters = True: True is a flag"),            # was taken as 1 adapter
+    ({"n_requests": 2.5}, "n_requests = 2.5"),
+    ({"max_total": 1e3 + 0.5}, "max_total = 1000.5"),
+    ({"rps": True}, "rps = True: True is a flag"),
+    ({"adapters": "many"}, "adapters = 'many'"),
+    ({"seed": 1.5}, "seed = 1.5: 1.5 is not a whole number"),            # was seed 1
+    ({"seed": "x"}, "seed = 'x'"),
+])
+def test_numeric_options_are_not_truncated(kw, named):
+    with pytest.raises(ValueError) as e:
+        get_workload("synthetic", duration=10, **kw)
+    assert named in str(e.value)
+
+
+def test_whole_numbers_given_as_floats_or_text_are_taken():
+    a = get_workload("synthetic", duration=30, adapters=4.0, seed=2.0)
+    b = get_workload("synthetic", duration=30, adapters="4", seed=np.int64(2))
+    assert a.df.equals(b.df) and a.df["adapter_id"].max() < 4
+
+
+def test_new_ranks_for_a_saved_workload_keep_its_adapters(tmp_path):
+    """--ranks with a workload file drew every request's adapter again (default popularity, 100 adapters),
+    silently discarding the file's popularity; now only the ranks change (cycled over the file's ids)."""
+    w = get_workload("synthetic", duration=60, adapters=12, popularity="zipf:1.2", seed=4)
+    p = w.save(tmp_path / "w.parquet")
+    r = get_workload(str(p), ranks=[8, 64])
+    assert r.df["adapter_id"].equals(w.df["adapter_id"])
+    ids = r.df["adapter_id"].to_numpy()
+    assert (r.df["adapter_rank"].to_numpy() == np.where(ids % 2 == 0, 8, 64)).all()
+    new = get_workload(str(p), adapters=5)  # new adapters: drawn again, ranks the default
+    assert new.df["adapter_id"].max() < 5 and set(new.df["adapter_rank"]) <= {8, 16, 32, 64, 128}
