@@ -30,7 +30,7 @@ from pathlib import Path
 from calibration.bench.cli import register_bench
 from traces.arguments import check_writable_dir, check_writable_file
 from traces.datadir import data_dir
-from twin.perf.profile import DEFAULT_PROFILE, PROFILE_DIR, available_profiles, load_profile
+from twin.perf.profile import PROFILE_DIR, available_profiles, load_profile
 
 
 def register_cli(subparsers) -> None:
@@ -279,13 +279,16 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     rows = []
     for name, path in available_profiles().items():
+        if path is None:  # the hand-set constants: `--profile embedded` (`default` names the fitted profile)
+            name = "embedded"
         try:
             prof = load_profile(str(path) if path else "embedded")
             raw = prof.raw
             rows.append({"name": name, "model": prof.model.name, "gpu": prof.gpu, "software": prof.software,
                          "version": raw.get("version"), "path": str(path) if path else "(embedded)",
                          "gpu_memory_bytes": raw.get("gpu_memory_bytes"),
-                         "description": raw.get("description", DEFAULT_PROFILE["description"] if path is None else "")})
+                         "description": ("hand-set constants, not fitted (`--profile embedded`; `default` names the "
+                                         "fitted profile marked below)") if path is None else raw.get("description", "")})
         except Exception as e:  # a broken file is listed with its problem rather than hiding it
             rows.append({"name": name, "model": "?", "gpu": "?", "software": "?", "version": None,
                          "path": str(path), "description": f"UNLOADABLE: {e}"})
@@ -296,9 +299,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     w = max(len(r["name"]) for r in rows)
     print(f"{'name':<{w}}  {'model':<13} {'gpu':<10} {'software':<12} description")
     for r in rows:
-        mark = " (default)" if r["name"] == default or (r["name"] == "default" and default.startswith("default")) else ""
+        mark = " (default)" if r["name"] == default or (r["name"] == "embedded" and default.startswith("default")) else ""
         print(f"{r['name']:<{w}}  {r['model']:<13} {r['gpu']:<10} {r['software'][:12]:<12} {r['description']}{mark}")
-    print(f"\n`twin run --profile NAME|FILE`; without --profile the default is {default}.")
+    print(f"\n`twin run --profile NAME|FILE`; without --profile (or with --profile default) the profile is {default}.")
     return 0
 
 

@@ -144,7 +144,7 @@ class FastLibraCache(AdapterCachePolicy):
         self.last_use: dict[int, float] = {}
         self.swaps_out = 0
         self.swaps_in = 0
-        # what each design element of §3-§4 decided, the ablations' evidence (§9): LoRA swap-outs
+        # what each design element (tree §4.1, swapper §4.2, cost model §4.3) decided, the ablations' evidence (§6): LoRA swap-outs
         # (the rest of ``swaps_out`` are KV nodes); LoRAs swapped out while a KV node of theirs stayed
         # in HBM (each leaves invalid KVs: impossible with the tree, WoM only); swap-out decisions the
         # tree changed (the lowest-valued node was a LoRA with a KV child in HBM, which the tree holds

@@ -1,6 +1,6 @@
 """Adapters: how many, which ranks, and which adapter each request asks for.
 
-Ranks (Chameleon, Iliakopoulou et al., MICRO 2024): ``N`` adapters over a list of ranks,
+Ranks (Chameleon, Iliakopoulou et al., MICRO'25): ``N`` adapters over a list of ranks,
 default ``8, 16, 32, 64, 128`` with ``N/5`` adapters each. Ranks are cycled round-robin over
 adapter ids (``rank[a] = ranks[a % len(ranks)]``), which is also how the published adapter
 twin's vLLM fork creates its ``--max-cpu-loras`` adapters from ``--dummy-lora-modules``: a list
@@ -11,10 +11,13 @@ Popularity specs (:func:`parse_popularity`), all a distribution over *popularity
 
 * ``uniform`` (``U``): ``p_i = 1/M``.
 * ``powerlaw[:alpha]`` (``P``; default ``alpha = 0.5``): the S-LoRA power law (Sheng et al.,
-  MLSys 2024, also used by Chameleon): a request's position is ``floor(M * X)`` with
+  MLSys 2024, ``benchmarks/trace.py``; Chameleon's U-P uses a power law whose exponent it does not
+  give): a request's position is ``floor(M * X)`` with
   ``X ~ Power(alpha)`` (density ``alpha x^(alpha-1)`` on [0, 1], numpy's ``rng.power``), so
   ``P(i < k) = (k/M)^alpha`` and ``p_i = ((i+1)/M)^alpha - (i/M)^alpha``. ``alpha = 1`` is
-  uniform, smaller ``alpha`` is more skewed (top-1 share ``M^-alpha``).
+  uniform, smaller ``alpha`` is more skewed (top-1 share ``M^-alpha``). The default 0.5 is the
+  twin's assumption, inside S-LoRA's sweep (0.1, 0.3, 0.6, 1; its a10g suite runs at 1), not a
+  value either paper gives for its main set-up.
 * ``zipf[:s]`` (``Z``; default ``s = 1.0``): Zipf's law over the positions,
   ``p_i = (i+1)^-s / H_{M,s}`` (top-1 share ``1/H_{M,s}``).
 * ``skewed[:x]`` (default ``x = 0.1``): FastLibra's Skewed-x (Zhang et al., 2025): a

@@ -201,7 +201,9 @@ def test_cli_fit_list_report(synthetic, tmp_path, capsys):
     args = _parser().parse_args(["calibrate", "list", "--json"])
     assert args.func(args) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert {r["name"] for r in listed["profiles"]} >= {"default", *PROFILES}
+    assert {r["name"] for r in listed["profiles"]} >= {"embedded", *PROFILES}
+    # `default` resolves to the fitted profile: the hand-set one is listed as `embedded`, its only name
+    assert "default" not in {r["name"] for r in listed["profiles"]} and load_profile("default").name == listed["default"]
 
 
 def test_cli_fit_warns_about_rows_dropped_for_nan(synthetic, tmp_path, capsys):
