@@ -41,13 +41,20 @@ argument (listed by ``get_params()``) with its reason here.
    prompt + predicted output + adapter tokens; ``size_stat="mean"`` is the twin's earlier
    reading), ``D_i`` the mean predicted service time of its requests (predicted output x the
    measured time per engine step) and ``lambda_i`` its arrival rate over the window. ``SLO``
-   is ``slo_s`` or 5x an unloaded request's estimated service time (the paper: "5x the mean
-   low-load execution time"). The capacity ``Tok_total`` is the KV pool in tokens (adapters
-   included, as in S-LoRA's unified pool). The paper splits the remainder ``Tok_total -
-   sum(Tok_min)`` "in proportion to initial weights", which it does not define:
+   is ``slo_s`` or 5x an unloaded request's estimated execution time, its prefill and its
+   predicted output's decode steps (the paper: "5x the mean low-load execution time";
+   :func:`unloaded_service_s`). ``twin run --ttft-slo`` only scores SLO attainment; Chameleon's
+   quota SLO is this option (``ChameleonScheduler(slo_s=5)``, or a preset's ``scheduler_opts``).
+   The capacity ``Tok_total`` is the KV pool in tokens (adapters included, as in S-LoRA's
+   unified pool). The paper splits the remainder ``Tok_total - sum(Tok_min)`` "in proportion to initial weights", which it does not define:
    ``remainder="demand"`` (default) weighs each queue by its token demand ``lambda_i * S_i``,
    ``remainder="equal"`` splits it evenly. When the minima exceed the capacity (unspecified)
-   they are scaled down proportionally.
+   they are scaled down proportionally. This is not a corner case: at the reproductions' loads
+   (``twin reproduce chameleon-*``) the minima (the largest request of each queue times its
+   service time and its rate) add up to several times ``Tok_total``, so the quotas there come
+   from this scale-down and the ``remainder`` option does not act. The run summary counts the
+   refreshes where it happened (``chameleon_quota_scaled_refreshes``) and gives the last one's
+   sum of minima over the pool (``chameleon_quota_min_over_pool``).
 6. *Batch formation* (Algorithm 1), every step: ``put_batch(q, budget)`` scans a queue in
    FIFO order and **stops** at the first request whose size exceeds the budget left (no
    skipping); it also stops at a request the engine refuses for memory. Quotas bound
@@ -89,11 +96,21 @@ argument (listed by ``get_params()``) with its reason here.
    predicted execution time; the engine decides whether R2 (cached adapter, or one that
    fits) can run. *Squash*: at every finish while R2 runs, if the memory R1 needs is there
    once R2's own memory (its KV, and its adapter when it is the last user) is counted, R2 is
-   squashed (its progress lost) and queued right behind R1; the prediction is also checked at
-   R1's predicted wait. Predicted times: ``predicted output x time per step``; R1's wait
+   squashed (its progress lost) and queued right behind R1; the same test runs once more at
+   R1's predicted wait (memory may have appeared without a finish, e.g. an eviction). A
+   bypasser that outlives the prediction while R1's memory is still missing runs on: the paper
+   squashes only when R1's memory appears (before stop 51 the twin squashed it at the
+   predicted wait regardless). The paper's "at most 5 % of requests are squashed" is read as
+   its observation, not a cap. Predicted times: ``predicted output x time per step``; R1's wait
    frees running requests in predicted finish order until its adapter and first prompt chunk
    fit.
 8. Queues, cut-offs and quotas are recomputed every ``T_refresh = refresh_s = 300`` s.
+9. *Queued-request prefetch* (the paper keeps S-LoRA's): the adapters of the first
+   ``prefetch_heads = 2`` waiting requests of each queue (the twin's choice: the paper does not
+   say which requests; S-LoRA's own ``next_batch`` prefix, :class:`policies.slora.SLoRAScheduler`,
+   can name more), into free pool memory only (``prefetch_evicts = False``), at most
+   ``max_inflight = 4`` copies in flight (the twin's bound; S-LoRA's loader has none and stops
+   when the slots run out).
 
 **The cache** (§4.2, :class:`ChameleonCache`): adapters stay in otherwise idle GPU memory of
 the unified pool, resized every step against the batch's memory needs (the engine evicts
@@ -120,7 +137,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -150,6 +167,24 @@ _CHOICES = {"k_rule": ("elbow", "min-wcss"), "wrs": ("full", "output"), "size_st
             "adapter_charge": ("queue", "request", "none"), "leftover_from": ("emptied", "all"),
             "leftover_charge": ("lender", "queue", "pool"), "oversize_head": ("wait", "admit-alone"),
             "remainder": ("demand", "equal")}
+
+
+def unloaded_service_s(profile: Any, mean_in: float, mean_out: float, rank: int = 8, slots: int = 1,
+                       served: int = 1) -> float:
+    """A request's execution time on an otherwise idle server (the paper's "low-load execution
+    time", §6.1): its prefill of ``mean_in`` tokens, then ``mean_out`` decode steps of a batch of
+    one attending to the context at the run's midpoint, each priced by the profile's step-time
+    entry point (:meth:`twin.perf.profile.Profile.step_s`: scheduler, backbone and the LoRA term of
+    one adapter of ``rank`` among ``slots``). (Before stop 51 the default SLO counted the prefill's
+    backbone only, about 1/20 of this for Splitwise-like lengths.)"""
+    n_in = max(int(round(mean_in)), 1)
+    ctx = int(round(mean_in + mean_out / 2.0))
+    own = profile.lora_own_ranks
+
+    def step(prefill: int, n_dec: int, ctx_tokens: int) -> float:
+        sums = (rank, rank * (prefill + n_dec)) if own else None
+        return float(profile.step_s(prefill, n_dec, ctx_tokens, 1, 1, rank, slots, 1, 0, served, sums))
+    return step(n_in, 0, 0) + mean_out * step(0, 1, ctx)
 
 
 @register_scheduler
@@ -214,6 +249,8 @@ class ChameleonScheduler(Scheduler):
         self.initialized = False
         self.n_queues = 1
         self.refreshes = 0
+        self.scaled_refreshes = 0      # refreshes whose M/M/1 minima exceeded the pool (scaled down)
+        self.min_over_total = math.nan  # the last refresh's sum of minima / Tok_total
         self.bypasses = 0
         self.squashes = 0
         self.idle_admits = 0
@@ -227,10 +264,10 @@ class ChameleonScheduler(Scheduler):
         self._t_step: float | None = None
         self._time_dependent = False
         self.slo_target_s = self.slo_s
-        if self.slo_target_s is None:  # 5x an unloaded request's service estimate (the paper's SLO)
-            p = e.profile
-            mean_in = float(e.prompt.mean()) if e.n else 512.0
-            self.slo_target_s = 5.0 * float(p.backbone_s(mean_in, 0, 0) + p.scheduler_s(1, 0, 1, 1))
+        if self.slo_target_s is None:  # 5x the mean low-load execution time (the paper's SLO, §6.1)
+            self.slo_target_s = 5.0 * unloaded_service_s(
+                e.profile, float(e.prompt.mean()) if e.n else 512.0, float(self.pred.pred.mean()) if e.n else 128.0,
+                max(int(e.max_lora_rank), 1), max(int(e.config.max_loras), 1), max(int(e.served), 1))
 
     @property
     def tick_interval(self) -> float | None:
@@ -388,6 +425,10 @@ class ChameleonScheduler(Scheduler):
                 tok_min[i] = self.queue_minimum(size[m], out[m], lam, t_step)
                 demand[i] = lam * size[m].mean()
             quota = self.split_quotas(tok_min, demand if self.remainder == "demand" else np.ones(k), total)
+            need = float(tok_min.sum())
+            if need >= total and need > 0:  # the minima alone exceed the pool: scaled down (unspecified)
+                self.scaled_refreshes += 1
+            self.min_over_total = need / total if total > 0 else math.inf
         self.n_queues = k
         self.quota = list(quota)
         self.initialized = True
@@ -607,7 +648,7 @@ class ChameleonScheduler(Scheduler):
                 self._count(1, i, s)
                 self.bypasses += 1
                 self.pending_bypass[rid] = head
-                e.push_event(now + wait, lambda t, b=rid, h=head: self._check_squash(b, h, deadline=True))
+                e.push_event(now + wait, lambda t, b=rid, h=head: self._check_squash(b, h))
                 continue
             if r in _GLOBAL_STOPS:
                 return consumed, r
@@ -635,16 +676,16 @@ class ChameleonScheduler(Scheduler):
             need -= e.adapter_tokens(e.adapter_a[head])
         return need <= free
 
-    def _check_squash(self, bypasser: int, head: int, deadline: bool = False) -> None:
-        """Squash the bypasser when the head's memory appeared before it finished (§4.3), or
-        when it outlived the head's predicted wait while the head still waits (``deadline``)."""
+    def _check_squash(self, bypasser: int, head: int) -> None:
+        """Squash the bypasser when the head's memory appeared before it finished (§4.3: "if memory
+        for R1 (counting R2's own) appears before R2 finishes")."""
         e = self.engine
         if self.pending_bypass.get(bypasser) != head:
             return
         if bypasser not in e.running or not self._head_waiting(head):
             self.pending_bypass.pop(bypasser, None)
             return
-        if deadline or self.head_fits_without(head, bypasser):
+        if self.head_fits_without(head, bypasser):
             self.pending_bypass.pop(bypasser, None)
             self.squashes += 1
             self._squashed_for[bypasser] = head
@@ -694,7 +735,10 @@ class ChameleonScheduler(Scheduler):
     def stats(self) -> dict:
         return {"chameleon_queues": self.n_queues, "chameleon_cutoffs": [round(c, 4) for c in self.cuts],
                 "chameleon_quotas": [round(q) if q < INF else None for q in self.quota],
-                "chameleon_refreshes": self.refreshes, "chameleon_bypasses": self.bypasses,
+                "chameleon_refreshes": self.refreshes, "chameleon_quota_scaled_refreshes": self.scaled_refreshes,
+                "chameleon_quota_min_over_pool": (round(self.min_over_total, 3) if math.isfinite(self.min_over_total)
+                                                  else None),
+                "chameleon_bypasses": self.bypasses,
                 "chameleon_squashes": self.squashes, "chameleon_idle_admits": self.idle_admits,
                 "chameleon_phase2_tokens": [round(x) for x in self.admitted_tokens[1]]}
 

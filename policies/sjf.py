@@ -113,20 +113,31 @@ class SLoRASJFScheduler(SJFScheduler):
     prefetch_evicts = False  # prefetch into free pool memory only (as S-LoRA's)
 
     def __init__(self, accuracy: float = 1.0, aging: float = 50.0, seed: int = 0, max_skips: int = 64,
-                 lookahead_tokens: int | None = None, max_lookahead: int = 32) -> None:
+                 lookahead_tokens: int | None = None, max_lookahead: int | None = None) -> None:
         super().__init__(accuracy, aging, seed, max_skips)
         self.lookahead_tokens = lookahead_tokens
+        #: at most this many requests in the next batch (None: no cap, as S-LoRA's ``next_batch``)
         self.max_lookahead = max_lookahead
 
     def _next_batch(self) -> Iterable[int]:
-        """Waiting requests in SJF order that would form the next batch (S-LoRA §4.2's prefetch set)."""
+        """The prefix, in SJF order, of the waiting requests whose prompts fit in one step's token
+        budget (S-LoRA §4.2's prefetch set, ``next_batch()``; the first that does not fit ends it)."""
         e = self.engine
         budget = self.lookahead_tokens or e.config.max_num_batched_tokens
-        for _, rid in heapq.nsmallest(self.max_lookahead, self.heap):
-            yield rid
-            budget -= e.tokens_known(rid)
-            if budget <= 0:
+        heap, cap = self.heap, self.max_lookahead
+        k = min(32, cap) if cap is not None else 32
+        i = 0
+        while True:  # the smallest k, widened while the budget lasts (no sort of the whole queue per step)
+            order = heapq.nsmallest(k, heap)
+            for _, rid in order[i:]:
+                budget -= e.tokens_known(rid)
+                if budget < 0:
+                    return
+                yield rid
+            i = len(order)
+            if i < k or (cap is not None and k >= cap):
                 return
+            k = 4 * k if cap is None else min(4 * k, cap)
 
     def prefetch(self, now: float) -> Iterable[int]:
         return adapters_of(self.engine, self._next_batch())

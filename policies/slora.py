@@ -38,33 +38,39 @@ class SLoRAScheduler(FCFSScheduler):
 
     prefetch_evicts = False  # prefetch into free pool memory only
 
-    def __init__(self, lookahead_tokens: int | None = None, max_lookahead: int = 32) -> None:
+    def __init__(self, lookahead_tokens: int | None = None, max_lookahead: int | None = None) -> None:
         super().__init__()
         #: the "next batch": waiting requests (FIFO) whose prompts fill one step's token budget
         self.lookahead_tokens = lookahead_tokens
+        #: at most this many requests in it (None: no cap, as S-LoRA's ``next_batch``)
         self.max_lookahead = max_lookahead
 
     def _next_batch(self) -> Iterable[int]:
-        """Waiting requests in FIFO order that would form the next batch (S-LoRA §4.2)."""
+        """The FIFO prefix of the waiting requests whose prompts fit in one step's token budget
+        (S-LoRA's ``next_batch()``, ``manager.py``; §4.2): it stops at the first request that does
+        not fit, which is not part of it."""
         e = self.engine
         budget = self.lookahead_tokens or e.config.max_num_batched_tokens
+        cap = self.max_lookahead if self.max_lookahead is not None else math.inf
         n = 0
         for rid in self.front:
+            budget -= e.tokens_known(rid)
+            if budget < 0 or n >= cap:
+                return
             yield rid
             n += 1
-            budget -= e.tokens_known(rid)
-            if budget <= 0 or n >= self.max_lookahead:
-                return
         vl, adm, arrived = self.valid_list, self.admitted, e.arr_ptr
         p = self.gptr
-        while p < len(vl) and budget > 0 and n < self.max_lookahead:
+        while p < len(vl) and n < cap:
             rid = vl[p]
             if rid >= arrived:
                 return
             if not adm[rid]:
+                budget -= int(e.prompt_a[rid])
+                if budget < 0:
+                    return
                 yield rid
                 n += 1
-                budget -= int(e.prompt_a[rid])
             p += 1
 
     def prefetch(self, now: float) -> Iterable[int]:

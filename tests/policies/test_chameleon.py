@@ -361,3 +361,20 @@ def test_starvation_diagnostic_runs_and_sampling_changes_nothing(tmp_path, capsy
     _, sched, _ = cs.run_one(short, build_workload(short), "a", "chameleon", {}, 1.0, "qkvo")
     assert sched.slo_s == 3.0 and sched.slo_target_s == 3.0
     assert cs.main(["--system", "tpu", "--duration", "10"]) == 2  # unknown system: refused before work
+
+def test_default_slo_is_five_times_an_unloaded_request_s_execution_time():
+    """The paper's SLO (§6.1: "5x the mean low-load execution time"): the default target is 5x the
+    twin's own execution time of a lone request of the mean lengths, its decode steps included
+    (it counted the prefill only, about 1/20 of it)."""
+    prof = load_profile("default")
+    w = Workload.from_arrays(np.array([0.0]), [1000], [200], [0], [8])
+    r = simulate(w, prof, EngineConfig(max_loras=4), policy="slora")  # a lone request: the low-load time
+    e2e_s = float((r.requests["finish_s"] - r.requests["arrival_s"]).iloc[0])
+    w2 = Workload.from_arrays(np.arange(50) * 100.0, np.full(50, 1000), np.full(50, 200), np.zeros(50, int),
+                              np.full(50, 8))
+    s = ChameleonScheduler(accuracy=1.0)  # the predictor returns the true outputs: mean 200
+    Engine(w2, prof, EngineConfig(max_loras=4), s, make_cache("chameleon"))
+    assert s.slo_target_s == pytest.approx(5 * e2e_s, rel=0.05)
+    s = ChameleonScheduler(slo_s=7.0)
+    Engine(w2, prof, EngineConfig(max_loras=4), s, make_cache("chameleon"))
+    assert s.slo_target_s == 7.0

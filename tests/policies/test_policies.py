@@ -227,15 +227,20 @@ def test_bypass_only_when_wait_exceeds_run_time_and_squash_when_wrong():
     s.schedule_waiting(ctx)
     assert ctx.admitted == [1] and s.bypasses == 1 and list(s.queues[0]) == [4, 5]
     assert e.next_event_time == pytest.approx(2.0)  # the squash check at the predicted wait
-    # the prediction proves wrong: at that time the bypasser still runs and the head still waits
+    # the prediction proves wrong: at that time the bypasser still runs and the head still waits;
+    # the head's memory is still missing, so the bypasser runs on (§4.3 squashes only when it appears)
     squashed = []
     e.squash = squashed.append
     e.running[1] = None
-    s._check_squash(1, 4, deadline=True)
+    s.head_fits_without = lambda head, bypasser: False
+    s._check_squash(1, 4)
+    assert squashed == [] and s.squashes == 0 and s.pending_bypass == {1: 4}
+    s.head_fits_without = lambda head, bypasser: True  # the head's memory appeared: squash
+    s._check_squash(1, 4)
     assert squashed == [1] and s.squashes == 1
     del e.running[1]
     s.pending_bypass[1] = 4
-    s._check_squash(1, 4, deadline=True)  # finished in time: nothing to do
+    s._check_squash(1, 4)  # finished in time: nothing to do
     assert squashed == [1]
 
 
@@ -709,6 +714,41 @@ def test_scheduler_capabilities_are_checked_too():
     s.uses_events = 1
     with pytest.raises(PolicyError, match="scheduler 'fcfs' .*uses_events = 1; give True or False"):
         _tiny_run(scheduler=s)
+
+
+def test_slora_next_batch_stops_before_the_first_request_that_does_not_fit():
+    """S-LoRA's ``next_batch()`` (slora.md: "the FIFO prefix of waiting requests whose prompts fit in
+    batch_max_tokens"): with 100 tokens and prompts of 60, only the first; the twin took the second as
+    well (it counted a request after naming it) and capped the set at 32 requests, which S-LoRA does not."""
+    from types import SimpleNamespace
+
+    from policies.sjf import SLoRASJFScheduler
+    from policies.slora import SLoRAScheduler
+
+    prompts = [60, 60, 60, 30]
+    eng = SimpleNamespace(config=SimpleNamespace(max_num_batched_tokens=100), tokens_known=lambda rid: prompts[rid],
+                          prompt_a=prompts, arr_ptr=4)
+    s = SLoRAScheduler()
+    s.engine, s.front, s.valid_list, s.admitted, s.gptr = eng, [], [0, 1, 2, 3], [False] * 4, 0
+    assert list(s._next_batch()) == [0]
+    eng.config.max_num_batched_tokens = 120  # exactly two prompts fit
+    assert list(s._next_batch()) == [0, 1]
+    s.front = [2]  # a preempted request is first in line
+    assert list(s._next_batch()) == [2, 0]
+    eng.config.max_num_batched_tokens = 10_000
+    s.front, s.valid_list, s.admitted = [], list(range(4)), [False] * 4
+    assert list(s._next_batch()) == [0, 1, 2, 3]
+    s.max_lookahead = 2
+    assert list(s._next_batch()) == [0, 1]
+    j = SLoRASJFScheduler()
+    j.engine = eng
+    eng.config.max_num_batched_tokens = 100
+    j.heap = [(float(k), rid) for k, rid in ((3, 0), (1, 1), (2, 2), (4, 3))]
+    assert list(j._next_batch()) == [1]
+    eng.config.max_num_batched_tokens = 10_000
+    j.heap = [(float(k), k) for k in range(100)]  # more than the first widening (32) of the SJF order
+    eng.tokens_known = lambda rid: 1
+    assert list(j._next_batch()) == list(range(100))
 
 
 @pytest.mark.parametrize("ret", ["OK", float("nan"), [1, 2], 99])

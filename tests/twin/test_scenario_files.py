@@ -41,7 +41,7 @@ def test_summary_embeds_the_resolved_scenario(tmp_path):
     assert sc["slots"] == 16  # the default, resolved
     assert (sc["rps"], sc["adapters"], sc["popularity"]) == (1.0, 100, "powerlaw")  # the preset's own, pinned
     assert sc["trace_options"]["lengths"] == "splitwise"
-    assert sc["scheduler_params"] == {"lookahead_tokens": None, "max_lookahead": 32}
+    assert sc["scheduler_params"] == {"lookahead_tokens": None, "max_lookahead": None}
     assert sc["cache_params"]["adapter_memory"] == "unified"
     assert json.loads((tmp_path / "summary.json").read_text())["scenario"] == sc
 
