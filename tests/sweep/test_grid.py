@@ -503,3 +503,18 @@ def test_a_relative_profile_path_is_read_relative_to_the_grid_file(tmp_path, mon
     assert load_grid("grids/named.toml").profile == "llama-3.1-8b_h100_vllm085"
     monkeypatch.chdir(tmp_path / "grids")  # from its own directory the grid is as written (and keeps its digest)
     assert load_grid("g.toml").profile == "p.json"
+
+
+def test_every_policy_of_a_scenario_sees_the_same_workload():
+    """Common random numbers across policies: the policy-demo's three policies drew different requests
+    (410 / 379 / 369 at one scenario's 16 served adapters) because the policy was part of the seed."""
+    from twin.sweep.scenario import make_spec, workload_key
+
+    g = load_grid("policy-demo")
+    by_policy = {}
+    for t in g.tasks():
+        if workload_key(t["scenario"]["key"]) == "rate_0.8-0.4-0.1_size_8-16-32":
+            by_policy[t["scenario"]["policy"]] = make_spec(t["scenario"], 16, 8, t["max_rank"], 0, t["window_s"]).seed
+    assert len(by_policy) == 3 and len(set(by_policy.values())) == 1
+    other = [t for t in g.tasks() if workload_key(t["scenario"]["key"]) != "rate_0.8-0.4-0.1_size_8-16-32"][0]
+    assert make_spec(other["scenario"], 16, 8, other["max_rank"], 0, other["window_s"]).seed not in by_policy.values()

@@ -162,7 +162,7 @@ def test_an_impossible_engine_override_is_refused_before_any_run(tmp_path):
 
 def test_runs_that_raise_are_counted_and_named_in_the_report(tmp_path, monkeypatch, capsys):
     """A run that raises is kept as a row with status 'error'; the report counts them and the CLI
-    names the first, so a sweep of failed runs does not read as a success."""
+    names the first and the exit status is 1 (it was 0), so a sweep of failed runs does not read as a success."""
     import twin.sweep.walk as walk
     from twin.sweep.cli import register_cli
 
@@ -173,7 +173,7 @@ def test_runs_that_raise_are_counted_and_named_in_the_report(tmp_path, monkeypat
     p = argparse.ArgumentParser()
     register_cli(p.add_subparsers())
     ns = p.parse_args(["sweep", "smoke", "--out", str(tmp_path / "sw"), "--limit", "1", "--no-progress"])
-    assert ns.func(ns) == 0
+    assert ns.func(ns) == 1
     err = capsys.readouterr().err
     assert "runs ended in an error (first: RuntimeError: the profile exploded)" in err
     rep = json.loads((tmp_path / "sw" / "sweep.json").read_text())["history"][-1]

@@ -146,7 +146,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               file=sys.stderr)
     if rep.runs_failed:  # kept as rows with status 'error' (a resumed sweep does not rerun them)
         print(f"twin sweep: {rep.runs_failed} of {rep.runs} runs ended in an error (first: {rep.first_error}); their "
-              f"rows have status 'error' and the exception in column 'error'", file=sys.stderr)
+              f"rows have status 'error' and the exception in column 'error' (exit status 1)", file=sys.stderr)
+        return 1  # the shards are written; a script must not read the sweep as a success
     return 0
 
 

@@ -47,7 +47,8 @@ from typing import Any
 from traces.arguments import first_repeat
 from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points, resolve_system
-from twin.sweep.scenario import DEFAULT_POLICY, check_length_corr, check_lengths, get_profile, profile_hash
+from twin.sweep.scenario import (DEFAULT_POLICY, POLICY_KEY_PART, check_length_corr, check_lengths, get_profile,
+                                 profile_hash)
 from twin.config import SLORA_ONLY_FIELDS, ConfigError, EngineConfig
 from twin.model_spec import get_model
 from twin.perf.profile import parse_lora_targets
@@ -213,7 +214,7 @@ def scenario_key(rates, ranks, lengths=None, policy: str | None = None) -> str:
     if lengths is not None and [round(float(x), 3) for x in lengths] != [222.0, 197.0]:
         key += "_len_" + "-".join(_fmt(x) for x in lengths)
     if policy not in (None, "", "fcfs+client-cap"):
-        key += f"_policy_{policy}"
+        key += f"{POLICY_KEY_PART}{policy}"
     return key
 
 

@@ -101,13 +101,24 @@ def twin_version() -> str:
         return getattr(twin, "__version__", "unknown")
 
 
-def run_seed(scenario_key: str, served: int, seed: int) -> int:
-    """The seed of a run: a hash of the scenario key, the served adapters and the seed index.
+#: what :func:`twin.sweep.grid.scenario_key` appends for a policy other than the published one
+POLICY_KEY_PART = "_policy_"
 
-    Independent of the slots and of the executor, so every slot value of a scenario sees the same
-    workload for a given number of served adapters (common random numbers) and a run gives the
-    same result whoever runs it."""
-    return zlib.crc32(f"{scenario_key}|served={served}|seed={seed}".encode()) & 0x7FFFFFFF
+
+def workload_key(scenario_key: str) -> str:
+    """The scenario key without its policy part: what decides the workload."""
+    return scenario_key.split(POLICY_KEY_PART, 1)[0]
+
+
+def run_seed(scenario_key: str, served: int, seed: int) -> int:
+    """The seed of a run: a hash of the scenario's workload key (the key without its policy,
+    :func:`workload_key`), the served adapters and the seed index.
+
+    Independent of the slots, of the policy and of the executor, so every slot value and every
+    policy of a scenario sees the same workload for a given number of served adapters (common random
+    numbers: a policy comparison compares policies, not draws; before stop 51 each policy drew its
+    own requests) and a run gives the same result whoever runs it."""
+    return zlib.crc32(f"{workload_key(scenario_key)}|served={served}|seed={seed}".encode()) & 0x7FFFFFFF
 
 
 def make_spec(scenario: dict[str, Any], served: int, slots: int, max_rank: int, seed: int,
