@@ -28,3 +28,19 @@ def test_readme_example_cache_conforms():
         check_cache(cls(tie_break="rank"))
     finally:
         registry.CACHES.pop("mru-load", None)
+
+
+def test_readme_example_scheduler_conforms():
+    from twin.policy_checks import check_scheduler
+
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    src = [b for b in blocks if "@register_scheduler" in b]
+    assert len(src) == 1, "the README should hold exactly one example scheduler"
+    ns: dict = {}
+    try:
+        exec(compile(src[0], str(README), "exec"), ns)
+        cls = ns["ShortestPromptFirst"]
+        assert registry.SCHEDULERS["spf"] is cls
+        check_scheduler(cls)
+    finally:
+        registry.SCHEDULERS.pop("spf", None)
