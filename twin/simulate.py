@@ -39,7 +39,8 @@ MIN_STOP_CHECK_S = 1e-3
 
 class NothingAdmittedWarning(UserWarning):
     """A run whose scheduler admitted no request: every request that arrived (and was not rejected)
-    ended unfinished, so the summary's latencies and throughput are empty (:func:`nothing_admitted_note`)."""
+    ended unfinished, so the summary's latencies and throughput are empty (:func:`nothing_admitted_note`);
+    or a run without a horizon that left requests waiting for ever (:func:`stranded_note`)."""
 
 
 def nothing_admitted_note(engine: Any, summary: dict[str, Any], scheduler: Any) -> str | None:
@@ -55,6 +56,22 @@ def nothing_admitted_note(engine: Any, summary: dict[str, Any], scheduler: Any) 
     return (f"no request was admitted: {policy_label(scheduler)} admitted none of the {n} request(s) that arrived "
             f"and waited, so the run finished none (all {n} unfinished); check its schedule_waiting, which must offer "
             f"waiting requests to ctx.try_admit(rid) (twin.interfaces.Scheduler)")
+
+
+def stranded_note(engine: Any, summary: dict[str, Any], scheduler: Any) -> str | None:
+    """The note of a run without a horizon that ended with requests that arrived, were admitted at some
+    point or not, and never finished: the engine had nothing left to run while they waited, so the
+    scheduler stopped offering them (e.g. an ``on_preempt`` that drops the request instead of queueing it
+    again: 62 of 250 requests ended silently unfinished). None otherwise (a horizon cuts runs on purpose;
+    a run that admitted nothing has :func:`nothing_admitted_note`)."""
+    if engine.horizon != float("inf") or summary.get("stopped_early"):
+        return None
+    n = int(np.count_nonzero(outcomes(engine) == 3))
+    if not n:
+        return None
+    return (f"{n} request(s) never finished although the run had no horizon: the engine ran out of work while they "
+            f"waited, i.e. {policy_label(scheduler)} stopped offering them to ctx.try_admit (a preempted request "
+            f"must be queued again in on_preempt, an arrival in on_arrivals; twin.interfaces.Scheduler)")
 
 
 def dataframe_columns(df: Any) -> dict[str, np.ndarray]:
@@ -257,7 +274,7 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
         summary["serving_us_per_running"] = float(serving_s_per_running) * 1e6
     if rank_tile_cost is not None:
         summary["rank_tile_cost"] = float(rank_tile_cost)
-    note = nothing_admitted_note(eng, summary, scheduler_obj)
+    note = nothing_admitted_note(eng, summary, scheduler_obj) or stranded_note(eng, summary, scheduler_obj)
     if note is not None:  # (the summary's latencies are empty: say why, in the summary and as a warning)
         summary["note"] = note
         warnings.warn(note, NothingAdmittedWarning, stacklevel=2)

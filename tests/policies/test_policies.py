@@ -889,3 +889,35 @@ def test_the_workload_columns_a_policy_sees_are_read_only():
     for col in ("arrival", "prompt", "output", "adapter", "rank", "adapter_rank", "adapter_ids", "request_id"):
         assert not getattr(e, col).flags.writeable, col
     assert ranks.flags.writeable
+
+
+def test_requests_a_scheduler_stops_offering_are_named_in_a_note():
+    """A scheduler that loses requests (an on_preempt or on_arrivals that does not queue them) left them
+    unfinished in a run without a horizon, silently."""
+    from twin.simulate import NothingAdmittedWarning
+
+    class Loses(Scheduler):
+        name = "t-loses"
+
+        def bind(self, engine):
+            super().bind(engine)
+            self.queue = []
+
+        def on_arrivals(self, lo, hi):  # loses every third arrival
+            self.queue += [r for r in range(lo, hi) if self.engine.reject_reason[r] == 0 and r % 3]
+
+        def on_preempt(self, rid):
+            self.queue.insert(0, rid)
+
+        def schedule_waiting(self, ctx):
+            while self.queue:
+                r = ctx.try_admit(self.queue[0])
+                if r != Admit.OK:
+                    return r
+                self.queue.pop(0)
+            return None
+    with pytest.warns(NothingAdmittedWarning, match=r"10 request\(s\) never finished although the run had no "
+                                                    r"horizon.*scheduler 't-loses'"):
+        r = _tiny_run(scheduler=Loses())
+    assert r.summary["requests_unfinished"] == 10 and "never finished" in r.summary["note"]
+    assert "note" not in _tiny_run().summary and "note" not in _tiny_run(horizon_s=1.0).summary
