@@ -5,8 +5,6 @@ score of a validation pass (:mod:`twin.validation.crossings`)."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,7 +16,6 @@ from twin.validation.crossings import crossings_from_per_run, summary
 
 LLAMA = "llama-3.1-8b_h100_vllm085"
 VARIANT = LLAMA + "_interval"
-DATA = os.environ.get("TWIN_DATA_DIR")
 
 
 def test_walk_form_adds_k_walk_per_blocked_waiting_request():
@@ -77,12 +74,11 @@ def test_crossings_from_per_run():
         crossings_from_per_run(pd.DataFrame(rows).drop(columns=["offered_tok_s_est"]))
 
 
-@pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR is not set: the calibration tables are needed")
-def test_interval_fit_reproduces_the_committed_variant():
+def test_interval_fit_reproduces_the_committed_variant(real_data):
     from calibration.fitting.serving_interval import SOURCES, fit_interval, interval_obs, interval_variant
     from calibration.fitting.tables import Vllm085Tables
 
-    t = Vllm085Tables.read(Path(DATA) / "calibration" / "vllm085_h100", "llama-3.1-8b")
+    t = Vllm085Tables.read(real_data / "calibration" / "vllm085_h100", "llama-3.1-8b")
     prof = load_profile(LLAMA)
     obs = interval_obs(t, prof.without("mixed"))
     q = obs[obs["source"] == SOURCES[0]]

@@ -3,15 +3,11 @@ calibration/fitting/split64.py; and the mixed term's candidates, also net of hos
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
 
 from calibration.fitting.split64 import fit_split64, main
 from twin.perf.profile import load_profile
-
-DATA = os.environ.get("TWIN_DATA_DIR")
 
 
 def test_cli_refuses_a_missing_directory_before_work(tmp_path, capsys):
@@ -24,9 +20,8 @@ def test_cli_refuses_a_missing_directory_before_work(tmp_path, capsys):
     assert "--data: empty" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR not set: the calibration tables are not available")
-def test_the_grid_alone_and_the_fixed_point_with_the_mixed_term(capsys):
-    out = fit_split64(Path(DATA) / "calibration" / "vllm085_h100")
+def test_the_grid_alone_and_the_fixed_point_with_the_mixed_term(real_data, capsys):
+    out = fit_split64(real_data / "calibration" / "vllm085_h100")
     lo = load_profile("llama-3.1-8b_h100_vllm085").components["lora"]
     two = lo.meta["candidates"]["kernel_grid(l_cta,l_active)"]["params"]
     cal = out["calibrated (split64_cost 1)"]["params"]
@@ -45,13 +40,12 @@ def test_the_grid_alone_and_the_fixed_point_with_the_mixed_term(capsys):
     assert lo.meta["split64"]["chosen"] == "prefill_slots"
     assert fp["prefill_slots"]["split64_cost"] == pytest.approx(lo.params["split64_cost"], rel=1e-5)
     assert fp["prefill_slots"]["criterion_mape_pct"] < fp["prefill_adapters"]["criterion_mape_pct"]
-    assert main(["--data", str(Path(DATA) / "calibration" / "vllm085_h100")]) == 0
+    assert main(["--data", str(real_data / "calibration" / "vllm085_h100")]) == 0
     text = capsys.readouterr().out
     assert "split64_cost free" in text and "fixed points" in text and "mixed prefill_slots" in text
 
 
-@pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR not set: the calibration tables are not available")
-def test_fixed_point_is_a_fixed_point():
+def test_fixed_point_is_a_fixed_point(real_data):
     """At the committed pair, refitting the grid with the committed mixed term subtracted gives the committed grid,
     and the mixed fit on that grid gives the committed term (to the fixed point's tolerance)."""
     import json
@@ -63,7 +57,7 @@ def test_fixed_point_is_a_fixed_point():
     from calibration.fitting.tables import Vllm085Tables
 
     prof = load_profile("llama-3.1-8b_h100_vllm085")
-    t = Vllm085Tables.read(Path(DATA) / "calibration" / "vllm085_h100", "llama-3.1-8b")
+    t = Vllm085Tables.read(real_data / "calibration" / "vllm085_h100", "llama-3.1-8b")
     rows = LoraRows.build(t, prof.components["backbone"])
     h = prof.components["mixed"].params["h_slot"] * 1e3
     fit = _fit_grid(_grid_candidate(t.model, True), rows, prof.components["backbone"],
@@ -78,8 +72,7 @@ def test_fixed_point_is_a_fixed_point():
     assert np.isfinite(json.loads(json.dumps(entry["fit"]["heldout"]["all"]["mape_pct"])))
 
 
-@pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR not set: the calibration tables are not available")
-def test_mixed_fit_net_of_host_time(capsys):
+def test_mixed_fit_net_of_host_time(real_data, capsys):
     """``host_s_per_running`` adds host time per running request to the serving runs' model only (the offline
     windows keep theirs), so the excess left for the per-slot term shrinks; 0 is the profile's own fit. The CLI
     prints every candidate and refuses a profile the serving runs do not price."""
@@ -89,7 +82,7 @@ def test_mixed_fit_net_of_host_time(capsys):
     from calibration.fitting.tables import Vllm085Tables
 
     prof = load_profile("llama-3.1-8b_h100_vllm085")
-    t = Vllm085Tables.read(Path(DATA) / "calibration" / "vllm085_h100", "llama-3.1-8b")
+    t = Vllm085Tables.read(real_data / "calibration" / "vllm085_h100", "llama-3.1-8b")
     o0, o1 = mixed_obs(t, prof), mixed_obs(t, prof, 18e-6)
     srv = (o0["source"] != SOURCES[2]).to_numpy()
     assert np.allclose(o1["model_ms"][srv] - o0["model_ms"][srv], 0.018 * o0["R"][srv])
@@ -97,7 +90,7 @@ def test_mixed_fit_net_of_host_time(capsys):
     # (with 0, the fit gives the profile's own term: test_fixed_point_is_a_fixed_point)
     h1 = fit_mixed(t, prof, forms=("prefill_slots",), host_s_per_running=18e-6)["params"]["h_slot"]
     assert h1 < 0.9 * prof.components["mixed"].params["h_slot"]
-    data = str(Path(DATA) / "calibration" / "vllm085_h100")
+    data = str(real_data / "calibration" / "vllm085_h100")
     assert main(["--data", data, "--host-us", "18"]) == 0
     out = capsys.readouterr().out
     assert "net of 18 us" in out and "prefill_slots+waiting" in out and "chosen: prefill_slots" in out

@@ -237,7 +237,6 @@ def test_fit_checks_its_parameters_and_data_the_scikit_learn_way(params, X, y, m
     est = RuleFitMultiRegressor(**params)
     with pytest.raises(ValueError, match=message):
         est.fit(X1, Y1)
-    assert est.get_params()[next(iter(params))] == params[next(iter(params))] if params else True
 
 
 @needs_imodels

@@ -357,7 +357,7 @@ def test_unknown_interfaces_raise_helpfully():
     class Bad(AdapterCachePolicy):
         pass
 
-    with pytest.raises(ValueError, match="name"):
+    with pytest.raises(ValueError, match=r"needs a class attribute `name` \(a non-empty string\)"):
         registry.register_cache(Bad)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 
 import pandas as pd
 import pytest
@@ -44,7 +45,8 @@ def test_smoke_local(local_smoke):
 
 
 def test_resume_recomputes_nothing(local_smoke, tmp_path):
-    out, _ = local_smoke
+    out = tmp_path / "smoke"  # a copy: the module's sweep stays as it was made for the other tests
+    shutil.copytree(local_smoke[0], out)
     before = read_results(out)
     rep = run_sweep(load_grid("smoke"), out, "local", jobs=1, progress=False)
     assert rep.tasks_run == 0 and rep.tasks_done_before == 2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -69,13 +68,13 @@ def test_per_adapter_no_shuffle_is_plain_round_robin():
     assert r.tolist() == [3, 2, 1, 3, 2, 1, 3]
 
 
-def test_per_adapter_performance_1_3_million():
+def test_per_adapter_arrivals_of_the_overloaded_hour():
+    """The overloaded hour's 1.3 M per-adapter arrivals (their generation time is a benchmark's figure,
+    ``benchmarks/bench_speed.py``, never a test's)."""
     rng = np.random.default_rng(8)
-    t0 = time.perf_counter()
     t, ids, _ = arr.per_adapter_poisson([1.6, 0.8, 0.4], 384, 3600.0, rng)
-    dt = time.perf_counter() - t0
     assert 1.25e6 < t.size < 1.33e6
-    assert dt < 0.8, f"1.3 M per-adapter arrivals took {dt:.2f} s"
+    assert (np.diff(t) >= 0).all() and 0 <= t.min() and t.max() < 3600.0 and ids.min() == 0 and ids.max() == 383
 
 
 def test_rescale_keeps_shape():

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -99,18 +97,14 @@ def test_off_switch_gives_the_old_results_exactly():
     pd.testing.assert_frame_equal(on.requests[cols], one.requests[cols], check_exact=True)
 
 
-DATA = os.environ.get("TWIN_DATA_DIR")
-
-
 @pytest.mark.data
-@pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR is not set: the calibration tables are needed")
-def test_fitted_from_the_calibration_tables():
+def test_fitted_from_the_calibration_tables(real_data):
     from calibration.fitting.split64 import add_split64_and_mixed
 
     prof = json.loads((PROFILE_DIR / f"{LLAMA}.json").read_text())
     bare = copy.deepcopy(prof)
     del bare["components"]["mixed"]
-    out = add_split64_and_mixed(bare, Path(DATA) / "calibration" / "vllm085_h100")
+    out = add_split64_and_mixed(bare, real_data / "calibration" / "vllm085_h100")
     got, shipped = out["components"]["mixed"], prof["components"]["mixed"]
     assert got["form"] == shipped["form"] == "prefill_slots"
     assert got["params"]["h_slot"] == pytest.approx(shipped["params"]["h_slot"], rel=1e-6)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 
 import pandas as pd
 import pytest
@@ -15,7 +14,6 @@ from twin.simulate import simulate
 from twin.validation.light_step import (light_runs, light_summary, main, step_at_light_mix, with_split64_cost)
 
 LLAMA = "llama-3.1-8b_h100_vllm085"
-DATA = os.environ.get("TWIN_DATA_DIR")
 
 
 def _lora(c: float | None):
@@ -92,8 +90,7 @@ def test_cli_refuses_bad_input_before_work(capsys):
     assert "--serving-us" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR not set: the real runs are not available")
-def test_cli_on_the_real_runs(capsys):
+def test_cli_on_the_real_runs(real_data, capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
     assert "fit" in out and "test" in out and "by slots" in out

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +12,6 @@ from tests.helpers import assert_one_is_the_profile_and_scalar_is_predict, kerne
 from twin.perf.profile import load_profile
 
 LLAMA = "llama-3.1-8b_h100_vllm085"
-DATA = os.environ.get("TWIN_DATA_DIR")
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -86,12 +84,11 @@ def test_validation_refuses_a_rank_tile_cost_the_profile_cannot_take(tmp_path):
         run_validation(csv, peer_csv=False, profile="llama-2-7b_h100_vllm050", rank_tile_cost=0.5)
 
 
-@pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR is not set: the real runs are needed")
-def test_fit_reproduces_the_committed_constant():
+def test_fit_reproduces_the_committed_constant(real_data):
     from twin.validation.rank_tile import fit_rank_tile
 
     per_run = pd.read_csv(REPO / "results" / "validation" / "per_run.csv")
-    real = pd.read_csv(Path(DATA) / "validation" / "vllm085_h100_llama31_8b.csv")
+    real = pd.read_csv(real_data / "validation" / "vllm085_h100_llama31_8b.csv")
     fit = fit_rank_tile(per_run, real, load_profile(LLAMA).raw)
     assert fit["pairs"] == 10
     assert fit["n_tile_cost"] == pytest.approx(load_profile(LLAMA + "_ranktile").components["lora"].params["n_tile_cost"], rel=1e-3)

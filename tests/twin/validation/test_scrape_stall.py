@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,16 +166,12 @@ def test_spec_and_cli_carry_the_constant():
     check_args(parser.parse_args(["validate", "--scrape-us", "0"]))
 
 
-DATA = os.environ.get("TWIN_DATA_DIR")
-
-
 @pytest.mark.data
-@pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR is not set: the real runs are needed")
-def test_fit_runs_are_fit_split_runs_without_a_queue():
+def test_fit_runs_are_fit_split_runs_without_a_queue(real_data):
     from twin.validation.scrape_stall import scrape_fit_runs
     from twin.validation.specs import load_real
 
-    real = load_real(Path(DATA) / "validation" / "vllm085_h100_llama31_8b.csv")
+    real = load_real(real_data / "validation" / "vllm085_h100_llama31_8b.csv")
     runs = scrape_fit_runs(real)
     assert len(runs) == 18
     assert set(runs["source"]) == {"dt_modelling"} and (runs["ts_max_waiting"] == 0).all()

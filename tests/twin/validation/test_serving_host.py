@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 import pytest
 
@@ -39,16 +37,12 @@ def test_recreation_applies_it_to_the_engine():
     assert a["twin_itl"] > b["twin_itl"]
 
 
-DATA = os.environ.get("TWIN_DATA_DIR")
-
-
 @pytest.mark.data
-@pytest.mark.skipif(not DATA, reason="TWIN_DATA_DIR is not set: the real runs are needed")
-def test_fit_runs_are_unsaturated_fit_split_runs_with_a_large_batch():
+def test_fit_runs_are_unsaturated_fit_split_runs_with_a_large_batch(real_data):
     from twin.validation.serving_host import MAX_KV_USAGE, MIN_RUNNING, serving_fit_runs
     from twin.validation.specs import load_real
 
-    real = load_real(Path(DATA) / "validation" / "vllm085_h100_llama31_8b.csv")
+    real = load_real(real_data / "validation" / "vllm085_h100_llama31_8b.csv")
     runs = serving_fit_runs(real)
     assert len(runs) == 32
     assert set(runs["source"]) == {"dt_modelling"}
