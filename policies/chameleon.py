@@ -44,7 +44,7 @@ argument (listed by ``get_params()``) with its reason here.
    is ``slo_s`` or 5x an unloaded request's estimated execution time, its prefill and its
    predicted output's decode steps (the paper: "5x the mean low-load execution time";
    :func:`unloaded_service_s`). ``twin run --ttft-slo`` only scores SLO attainment; Chameleon's
-   quota SLO is this option (``ChameleonScheduler(slo_s=5)``, or a preset's ``scheduler_opts``).
+   quota SLO is this option (``twin run --scheduler-opt slo_s=5``; ``ChameleonScheduler(slo_s=5)``).
    The capacity ``Tok_total`` is the KV pool in tokens (adapters included, as in S-LoRA's
    unified pool). The paper splits the remainder ``Tok_total - sum(Tok_min)`` "in proportion to initial weights", which it does not define:
    ``remainder="demand"`` (default) weighs each queue by its token demand ``lambda_i * S_i``,

@@ -143,8 +143,9 @@ def resolve_run(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
     if args.config:
         values, recorded = load_scenario_file(args.config)
     given = given_values(RunConfig, args)
-    if "trace_options" in given and "trace_options" in values:
-        given["trace_options"] = list({**dict(values["trace_options"]), **dict(given["trace_options"])}.items())
+    for key in ("trace_options", "scheduler_options", "cache_options"):  # a flag's keys over the file's
+        if key in given and key in values:
+            given[key] = list({**dict(values[key]), **dict(given[key])}.items())
     values.update(given)
     run = RunConfig(**values)
     check_run(run)
@@ -172,6 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():  # (said below as `twin run: warning: ...`, from the summary's note)
         warnings.simplefilter("ignore", NothingAdmittedWarning)
         res = simulate(workload, profile, cfg, policy=run.policy, scheduler=run.scheduler, cache=run.cache,
+                       scheduler_opts=dict(run.scheduler_options), cache_opts=dict(run.cache_options),
                        system=run.system, horizon_s=run.horizon, ttft_slo_s=run.ttft_slo, tbt_slo_s=run.tbt_slo,
                        progress=progress, frontend_s=run.frontend_ms / 1000.0,
                        serving_s_per_running=run.serving_us / 1e6, rank_tile_cost=run.rank_tile_cost,

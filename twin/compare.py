@@ -107,7 +107,8 @@ DEFAULT_OUT = "runs/compare"
 MIXED_SYSTEMS_TARGETS = "qkvo"
 
 #: scenario options that ``twin compare`` sets itself (the rate) or per policy
-NOT_COMPARE_OPTIONS = ("rps", "policy", "scheduler", "cache", "horizon", "ttft_slo", "tbt_slo")
+NOT_COMPARE_OPTIONS = ("rps", "policy", "scheduler", "cache", "scheduler_options", "cache_options", "horizon",
+                       "ttft_slo", "tbt_slo")
 
 
 def register_cli(subparsers) -> None:

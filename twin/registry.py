@@ -206,8 +206,11 @@ def make_cache(name: str, **opts: Any) -> AdapterCachePolicy:
 
 
 def resolve_policy(policy: str | None = None, scheduler: str | None = None,
-                   cache: str | None = None) -> tuple[Scheduler, AdapterCachePolicy, str]:
-    """``--policy`` preset, optionally overridden by ``--scheduler`` / ``--cache``."""
+                   cache: str | None = None, scheduler_opts: dict[str, Any] | None = None,
+                   cache_opts: dict[str, Any] | None = None) -> tuple[Scheduler, AdapterCachePolicy, str]:
+    """``--policy`` preset, optionally overridden by ``--scheduler`` / ``--cache``; ``scheduler_opts`` /
+    ``cache_opts`` (``--scheduler-opt`` / ``--cache-opt``) are constructor arguments of the scheduler and
+    the cache, over the preset's own."""
     load_entry_points()
     name = policy or "vllm"
     if name not in PRESETS:
@@ -215,11 +218,14 @@ def resolve_policy(policy: str | None = None, scheduler: str | None = None,
                        f"or mix with --scheduler ({', '.join(sorted(SCHEDULERS))}) and --cache "
                        f"({', '.join(sorted(CACHES))})")
     p = PRESETS[name]
-    s = make_scheduler(scheduler) if scheduler else make_scheduler(p.scheduler, **p.scheduler_opts)
+    s_opts, c_opts = dict(scheduler_opts or {}), dict(cache_opts or {})
+    s = make_scheduler(scheduler, **s_opts) if scheduler else make_scheduler(p.scheduler,
+                                                                             **{**p.scheduler_opts, **s_opts})
     if cache:  # the preset's memory set-up stays (e.g. S-LoRA's unified pool)
-        c = make_cache(cache, **{k: v for k, v in p.cache_opts.items() if k in MEMORY_OPTS and k != "prefetch_sync"})
+        c = make_cache(cache, **{**{k: v for k, v in p.cache_opts.items() if k in MEMORY_OPTS and k != "prefetch_sync"},
+                                 **c_opts})
     else:
-        c = make_cache(p.cache, **dict(p.cache_opts))
+        c = make_cache(p.cache, **{**dict(p.cache_opts), **c_opts})
     label = name if not (scheduler or cache) else f"{scheduler or p.scheduler}+{cache or p.cache}"
     return s, c, label
 

@@ -46,6 +46,7 @@ from traces.synth import MAX_ADAPTERS, OPTIONS, option_value_problem
 from traces.workload import Workload
 from twin.config import MAX_SIM_SECONDS, ConfigError, EngineConfig  # noqa: F401  (MAX_SIM_SECONDS re-exported)
 from twin.perf.profile import Profile, available_profiles, parse_lora_targets
+from twin.interfaces import PolicyError, check_builtin_options, check_capabilities
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
 from twin.slora_engine import check_slora_config
 from twin.tensor_parallel import kv_tokens_for_memory, tp_profile, valid_degrees
@@ -61,17 +62,33 @@ def parse_ranks(text: Any) -> list[int]:
     return parse_list(text, int, "--ranks", minimum=1, dashes=False)
 
 
-def parse_workload_option(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` -> ``(KEY, VALUE)``; the value is a Python literal when it reads as one, else the text."""
+def parse_key_value(text: str, flag: str = "--trace-opt") -> tuple[str, Any]:
+    """``KEY=VALUE`` -> ``(KEY, VALUE)``; the value is a Python literal when it reads as one (``5``,
+    ``0.5``, ``True``, ``None``, ``'x'``), else the text."""
     if "=" not in text:
-        raise ValueError(f"--trace-opt takes KEY=VALUE, got {text!r}")
+        raise ValueError(f"{flag} takes KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
     if not key.strip():
-        raise ValueError(f"--trace-opt takes KEY=VALUE, got {text!r} (no key)")
+        raise ValueError(f"{flag} takes KEY=VALUE, got {text!r} (no key)")
     try:
         return key.strip(), ast.literal_eval(value)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return key.strip(), value
+
+
+def parse_workload_option(text: str) -> tuple[str, Any]:
+    """A ``--trace-opt KEY=VALUE`` (:func:`parse_key_value`)."""
+    return parse_key_value(text, "--trace-opt")
+
+
+def parse_scheduler_option(text: str) -> tuple[str, Any]:
+    """A ``--scheduler-opt KEY=VALUE`` (:func:`parse_key_value`)."""
+    return parse_key_value(text, "--scheduler-opt")
+
+
+def parse_cache_option(text: str) -> tuple[str, Any]:
+    """A ``--cache-opt KEY=VALUE`` (:func:`parse_key_value`)."""
+    return parse_key_value(text, "--cache-opt")
 
 
 def _engine_field(name: str, flag: str | None = None, help: str | None = None) -> Any:
@@ -110,6 +127,14 @@ class RunConfig:
     system: str | None = field(default=None, metadata={
         "help": "serving system: vllm (vLLM v1 engine) or slora (S-LoRA's router and unified pool); default: the "
                 "preset's (`twin policies`)"})
+    scheduler_options: list[tuple[str, Any]] = field(default_factory=list, metadata={
+        "help": "a constructor argument of the scheduler (repeatable), over the preset's, e.g. slo_s=5 for "
+                "chameleon's quota SLO (a run's summary.json lists them: scenario.scheduler_params)",
+        "flag": "--scheduler-opt", "action": "append", "metavar": "KEY=VALUE", "parse": parse_scheduler_option})
+    cache_options: list[tuple[str, Any]] = field(default_factory=list, metadata={
+        "help": "a constructor argument of the adapter-cache policy (repeatable), over the preset's, e.g. "
+                "freq_window_s=60 for chameleon's cache", "flag": "--cache-opt", "action": "append",
+        "metavar": "KEY=VALUE", "parse": parse_cache_option})
     # server
     profile: str | None = field(default=None, metadata={
         "help": "profile name (`twin calibrate list`) or JSON file"})
@@ -158,7 +183,7 @@ class RunConfig:
     FLAG_GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
         "workload": ("trace", "rps", "duration", "adapters", "ranks", "popularity", "trace_options", "seed",
                      "data_dir"),
-        "policy": ("policy", "scheduler", "cache", "system"),
+        "policy": ("policy", "scheduler", "cache", "system", "scheduler_options", "cache_options"),
         "server (profile, GPU, vLLM engine)": ("profile", "slots", "cpu_slots", "max_lora_rank", "max_model_len",
                                                "max_num_seqs", "max_batched_tokens", "gpu_mem_gb", "kv_tokens", "tp",
                                                "lora_targets"),
@@ -258,6 +283,8 @@ def _check_type(name: str, value: Any) -> Any:
             raise ConfigError(str(e)) from None
     if name == "trace_options":
         return _trace_options(value)
+    if name in ("scheduler_options", "cache_options"):
+        return _key_values(value, "--scheduler-opt" if name == "scheduler_options" else "--cache-opt", name)
     base = next((a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)), hint)
     if base is bool:
         if not isinstance(value, bool):
@@ -300,6 +327,52 @@ def _trace_options(value: Any) -> list[tuple[str, Any]]:
                 raise ConfigError(f"--trace-opt / trace_options: expected KEY=VALUE entries, got {item!r}")
         return out
     raise ConfigError(f"--trace-opt / trace_options: expected a table of KEY = VALUE, got {value!r}")
+
+
+def _key_values(value: Any, flag: str, name: str) -> list[tuple[str, Any]]:
+    """A policy's options: a table ``{key = value}``, ``["key=value", ...]`` or ``[[key, value], ...]``."""
+    if isinstance(value, dict):
+        return [(str(k), v) for k, v in value.items()]
+    if isinstance(value, (list, tuple)):
+        out = []
+        for item in value:
+            if isinstance(item, str):
+                try:
+                    out.append(parse_key_value(item, flag))
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
+            elif isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str):
+                out.append((item[0], item[1]))
+            else:
+                raise ConfigError(f"{flag} / {name}: expected KEY=VALUE entries, got {item!r}")
+        return out
+    raise ConfigError(f"{flag} / {name}: expected a table of KEY = VALUE, got {value!r}")
+
+
+def _check_policy_options(run: "RunConfig") -> None:
+    """``--scheduler-opt`` / ``--cache-opt``: each key once, each a constructor argument of the policy it
+    names, with a value the policy takes (a built-in's numbers in range), before any work."""
+    for flag, options in (("--scheduler-opt", run.scheduler_options), ("--cache-opt", run.cache_options)):
+        keys = [k for k, _ in options]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ConfigError(f"{flag} {twice[0]}=... is given twice; give it once")
+    if not (run.scheduler_options or run.cache_options):
+        return
+    try:
+        s, c, _ = resolve_policy(run.policy, run.scheduler, run.cache, dict(run.scheduler_options),
+                                 dict(run.cache_options))
+        check_capabilities(s)
+        check_capabilities(c)
+        check_builtin_options(s)
+        check_builtin_options(c)
+    except (PolicyError, TypeError, ValueError) as e:
+        flag = "--scheduler-opt" if run.scheduler_options and not run.cache_options else \
+            "--cache-opt" if run.cache_options and not run.scheduler_options else "--scheduler-opt / --cache-opt"
+        given = ", ".join(f"{k}={v!r}" for k, v in [*run.scheduler_options, *run.cache_options])
+        why = str(e) if isinstance(e, (PolicyError, KeyError)) or "option" in str(e) else \
+            f"the policy could not take {given} ({type(e).__name__}: {e}); give values of the kind its defaults are"
+        raise ConfigError(f"{flag}: {why}") from None
 
 
 def _check_trace_options(options: list[tuple[str, Any]]) -> None:
@@ -413,6 +486,7 @@ def check_run(run: RunConfig) -> None:
     if run.cache is not None and run.cache not in CACHES:
         raise ConfigError(f"--cache: unknown adapter-cache policy {run.cache!r}; available: "
                           f"{', '.join(sorted(CACHES))} (`twin policies`)")
+    _check_policy_options(run)
     _check_system(run)
 
 
@@ -827,7 +901,8 @@ def _plain(x: Any) -> Any:
 
 def policy_params(run: RunConfig) -> dict[str, Any]:
     """``scheduler_params`` and ``cache_params``: ``get_params()`` of the policy the scenario builds."""
-    s, c, _ = resolve_policy(run.policy, run.scheduler, run.cache)
+    s, c, _ = resolve_policy(run.policy, run.scheduler, run.cache, dict(run.scheduler_options),
+                             dict(run.cache_options))
     return {"scheduler_params": _plain(s.get_params()), "cache_params": _plain(c.get_params())}
 
 
@@ -875,6 +950,8 @@ def resolved_scenario(run: RunConfig, profile: Profile, cfg: EngineConfig | None
     hash and the policy's parameters."""
     d = dataclasses.asdict(run)
     d["trace_options"] = {k: v for k, v in run.trace_options}
+    d["scheduler_options"] = {k: v for k, v in run.scheduler_options}
+    d["cache_options"] = {k: v for k, v in run.cache_options}
     if workload is not None and run.trace in BUILTINS:  # (a saved workload file is replayed as it is)
         _pin_synthetic(d, workload)
     d["policy"] = run.policy or "vllm"

@@ -123,7 +123,8 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
              system: str | None = None, frontend_s: float = 0.0, scrape_s_per_label: float = 0.0,
              serving_s_per_running: float = 0.0, rank_tile_cost: float | None = None,
              scrape_period_s: float = SCRAPE_PERIOD_S, stop_when: Callable[[Any], bool] | None = None,
-             stop_check_s: float = 5.0) -> SimResult:
+             stop_check_s: float = 5.0, scheduler_opts: dict[str, Any] | None = None,
+             cache_opts: dict[str, Any] | None = None) -> SimResult:
     """Replay ``workload`` through the engine and collect the results.
 
     ``workload``: a :class:`traces.workload.Workload` (``traces.registry.get_workload``), a pandas
@@ -133,7 +134,8 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     ``policy`` names a preset (``twin policies``); ``scheduler``/``cache`` override its parts by name;
     ``scheduler_obj``/``cache_obj`` are policy *instances* used instead (a plug-in that no registry
     holds, e.g. ``simulate(w, scheduler_obj=MyScheduler(), cache_obj=LRUCache())``; the other part is the
-    preset's, or ``fcfs``/``lru``).
+    preset's, or ``fcfs``/``lru``). ``scheduler_opts``/``cache_opts``: constructor arguments of the named
+    scheduler and cache, over the preset's (``twin run --scheduler-opt slo_s=5``).
     ``horizon_s`` stops the run (requests in flight are counted as unfinished); None runs
     until every request has finished. ``system`` picks the engine (``vllm``, ``slora``; default:
     the preset's system, ``vllm`` for policy objects). ``frontend_s``: the front-end latency of
@@ -222,7 +224,7 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     if cache_obj is not None:
         check_policy_object(cache_obj, "cache", "cache_obj")
     if scheduler_obj is None or cache_obj is None:
-        s, c, label = resolve_policy(policy, scheduler, cache)
+        s, c, label = resolve_policy(policy, scheduler, cache, scheduler_opts, cache_opts)
         scheduler_obj = scheduler_obj or s
         cache_obj = cache_obj or c
     else:

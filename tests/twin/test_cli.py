@@ -369,3 +369,42 @@ def test_the_default_max_lora_rank_is_one_vllm_accepts(tmp_path):
         == 128
     assert build_engine_config(RunConfig(trace="synthetic"), get_workload("synthetic", duration=30.0), prof
                                ).max_lora_rank is None  # (ranks 8/16/32: the workload's largest, as before)
+
+
+def test_policy_options_reach_the_policy_and_replay(tmp_path, capsys):
+    """--scheduler-opt / --cache-opt set a policy's constructor arguments (they were reachable from Python
+    only): Chameleon's quota SLO changes its quotas, the scenario records them and a --config replay
+    repeats the run."""
+    base = ["run", "--json", "--no-progress", "--policy", "chameleon"]
+    assert main(base) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main([*base, "--scheduler-opt", "slo_s=0.5", "--cache-opt", "freq_window_s=60", "--out",
+                 str(tmp_path / "a")]) == 0
+    tight = json.loads(capsys.readouterr().out)
+    assert tight["chameleon_quotas"] != default["chameleon_quotas"]
+    sc = tight["scenario"]
+    assert sc["scheduler_options"] == {"slo_s": 0.5} and sc["scheduler_params"]["slo_s"] == 0.5
+    assert sc["cache_options"] == {"freq_window_s": 60} and sc["cache_params"]["freq_window_s"] == 60
+    assert main(["run", "--json", "--no-progress", "--config", str(tmp_path / "a" / "summary.json")]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["chameleon_quotas"] == tight["chameleon_quotas"] and again["ttft_ms_p99"] == tight["ttft_ms_p99"]
+    f = tmp_path / "s.toml"  # a scenario file's table
+    f.write_text('policy = "chameleon"\n[scheduler_options]\nslo_s = 0.5\n[cache_options]\nfreq_window_s = 60\n')
+    assert main(["run", "--json", "--no-progress", "--config", str(f)]) == 0
+    assert json.loads(capsys.readouterr().out)["chameleon_quotas"] == tight["chameleon_quotas"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--policy", "chameleon", "--scheduler-opt", "slo_s=-1"], "--scheduler-opt: scheduler 'chameleon' "
+                                                               "(ChameleonScheduler): option slo_s = -1"),
+    (["--policy", "chameleon", "--scheduler-opt", "slo=5"], "takes no option(s) 'slo'; its options: k, "),
+    (["--scheduler-opt", "slo_s=5"], "--scheduler-opt: scheduler 'fcfs' takes no option(s) 'slo_s'"),
+    (["--policy", "chameleon", "--scheduler-opt", "slo_s=1", "--scheduler-opt", "slo_s=2"],
+     "--scheduler-opt slo_s=... is given twice"),
+    (["--policy", "chameleon", "--cache-opt", "freq_window_s=x"],
+     "--cache-opt: the policy could not take freq_window_s='x'"),
+    (["--scheduler-opt", "slo_s"], "--scheduler-opt takes KEY=VALUE, got 'slo_s'"),
+])
+def test_bad_policy_options_are_refused_before_any_work(argv, message, capsys):
+    assert main(["run", "--duration", "10", *argv]) == 2
+    assert message in capsys.readouterr().err
