@@ -311,26 +311,12 @@ def _check_type(name: str, value: Any) -> Any:
 
 def _trace_options(value: Any) -> list[tuple[str, Any]]:
     """``trace_options`` from a file: a table ``{key = value}``, ``["key=value", ...]`` or ``[[key, value], ...]``."""
-    if isinstance(value, dict):
-        return [(str(k), v) for k, v in value.items()]
-    if isinstance(value, (list, tuple)):
-        out = []
-        for item in value:
-            if isinstance(item, str):
-                try:
-                    out.append(parse_workload_option(item))
-                except ValueError as e:
-                    raise ConfigError(str(e)) from None
-            elif isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str):
-                out.append((item[0], item[1]))
-            else:
-                raise ConfigError(f"--trace-opt / trace_options: expected KEY=VALUE entries, got {item!r}")
-        return out
-    raise ConfigError(f"--trace-opt / trace_options: expected a table of KEY = VALUE, got {value!r}")
+    return _key_values(value, "--trace-opt", "trace_options")
 
 
 def _key_values(value: Any, flag: str, name: str) -> list[tuple[str, Any]]:
-    """A policy's options: a table ``{key = value}``, ``["key=value", ...]`` or ``[[key, value], ...]``."""
+    """Options given as ``flag KEY=VALUE`` (the workload's, a policy's) as a file holds them: a table
+    ``{key = value}``, ``["key=value", ...]`` or ``[[key, value], ...]``."""
     if isinstance(value, dict):
         return [(str(k), v) for k, v in value.items()]
     if isinstance(value, (list, tuple)):
