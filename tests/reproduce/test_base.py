@@ -115,3 +115,19 @@ def test_memory_gauge_reads_the_run_without_changing_it(monkeypatch):
     assert 35 <= extra["memory_in_use_readings"] <= 41  # every 0.5 s from 10 s to the last arrival (< 30 s)
     with pytest.raises(ValueError, match="memory_gauge_s"):
         runner.point(run, "fastlibra", 2.0, memory_gauge_s=0.0)
+
+
+def test_a_mean_of_changes_of_mixed_sign_is_not_a_reproduction():
+    """fastlibra-ttft's headline row read -60.3 against the paper's -60.3 as the mean of +17.8 (FastLibra
+    worse on translation) and -99.4 twice: graded "no", naming the parts; one-signed parts keep the test."""
+    from twin.reproduce.base import PaperNumber, row
+    from twin.reproduce.fastlibra import mixed_sign_verdict
+    from twin.reproduce.report import verdict
+
+    paper = PaperNumber("mean TTFT vs vLLM", "FastLibra, mean of the three workloads", "%", -60.3, "src")
+    mixed = mixed_sign_verdict(row(paper, -60.3), {"chatbot": -99.4, "translation": 17.8, "agent": -99.4})
+    assert verdict(mixed).startswith("no: the workloads' changes differ in sign") and "translation +17.8" in \
+        verdict(mixed)
+    same = mixed_sign_verdict(row(paper, -60.3), {"chatbot": -50.0, "translation": -70.0, "agent": -61.0})
+    assert verdict(same) == "yes"
+    assert verdict(mixed_sign_verdict(row(paper, -20.0), {"a": -10.0, "b": -30.0})) == "no"

@@ -271,3 +271,17 @@ def test_point_request_metrics_are_keyed_by_name(monkeypatch):
     renamed = runner.point(run, "slora", 2.0, request_metrics=RequestMetrics("count-v2", calls.compute))
     assert renamed is not with_metrics and len(seen) == 2
     assert {k: v for k, v in with_metrics.items() if k != "n_requests_table"} == plain
+
+
+def test_cache_rows_compare_nothing_when_no_cache_evicted():
+    from twin.reproduce.base import PaperNumber, row
+    from twin.reproduce.report import verdict
+
+    paper = PaperNumber("P99 TTFT vs S-LoRA", "Chameleon-LRU, medium load (8 RPS)", "%", -18.0, "src")
+    rows = [row(paper, -17.5), row(paper, -17.5)]
+    got = {"LRU": {"adapter_evictions": 0}, "Chameleon": {"adapter_evictions": 0}}
+    assert chameleon.mark_unexercised_caches(rows, got) == {"LRU": 0, "Chameleon": 0}
+    assert [verdict(r) for r in rows] == ["n/a: no cache evicted"] * 2
+    rows = [row(paper, -17.5)]
+    chameleon.mark_unexercised_caches(rows, {"LRU": {"adapter_evictions": 3}, "Chameleon": {"adapter_evictions": 0}})
+    assert verdict(rows[0]) == "yes"

@@ -57,6 +57,9 @@ class Row:
     paper: float | str
     twin: float | str | None
     source: str = ""
+    #: the verdict when the value's tolerance test would mislead, with why (e.g. ``"n/a: no cache
+    #: eviction at this load"``; a mean that meets the paper's while its parts differ in sign)
+    verdict_override: str = ""
 
     def as_json(self) -> dict[str, Any]:
         """The five keys of ``twin reproduce --json``."""

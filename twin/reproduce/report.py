@@ -43,6 +43,8 @@ def verdict(r: Row) -> str:
     relative rows, the same answer for findings; ``n/a`` for absolute rates and times (another
     GPU, model and scale than the paper's) and for unmeasured rows. A bound (``">= x"``, a mean with a
     point cut before its backlog drained) is ``no`` when it lies wholly outside the band, else ``n/a``."""
+    if r.verdict_override:
+        return r.verdict_override
     if r.twin is None:
         return "n/a"
     bound = _bound(r.twin)
