@@ -115,8 +115,9 @@ def readme(outcomes: list[Outcome], command: str, engine_note: str) -> str:
              "inputs: loads are placed relative to the twin's own knee and SLOs follow the papers' definitions on "
              "the twin's own measurements (`twin/reproduce/`, module docstrings). The last column applies the "
              "issue's target: within 10 percentage points for relative rows (0.10 for ratios), the same answer for "
-             "findings, n/a for absolute rates and times (another GPU, model and scale than the paper's). "
-             "One reproduction alone: "
+             "findings, n/a for absolute rates and times (another GPU, model and scale than the paper's); a "
+             "verdict with a reason overrides the test where it would mislead (rows whose runs do not exercise "
+             "what they compare, a mean whose parts differ in sign from the paper's). One reproduction alone: "
              "`twin reproduce NAME [--quick] [--out DIR] [--json]`; `twin reproduce --list` names them.", ""]
     for o in outcomes:
         variant = o.setup.get("variant", "full")
