@@ -26,6 +26,12 @@ def engine_with(cache: str, ranks, slots=3, scheduler="fcfs", workload=None, **c
                   make_cache(cache))
 
 
+def request_adapters(e) -> np.ndarray:
+    """The engine's per-request adapter column, writable: these tests rewrite which adapter the requests ask
+    for after the engine is built (a policy sees the column read-only)."""
+    return np.frombuffer(e.adapter_a, np.int64)
+
+
 def use(mem, a, t):
     """One request of adapter ``a`` runs and leaves at time ``t``; returns its load (None: hit)."""
     ld = mem.acquire(a, t)
@@ -50,15 +56,15 @@ def test_lfu_order_with_lru_ties():
     m = e.adapters
     # arrivals so far: adapter 0 x3, 1 x1, 2 x1 (LFU counts requests)
     e.arr_ptr = 0
-    e.adapter[:] = 0
+    request_adapters(e)[:] = 0
     for a, t in ((0, 0.0), (1, 1.0), (2, 2.0)):
         use(m, a, t)
     cache = e.cache
-    e.adapter[:4] = [0, 0, 0, 1]
+    request_adapters(e)[:4] = [0, 0, 0, 1]
     e.arr_ptr = 4
     # counts: a0 = 3, a1 = 1, a2 = 0 -> victim a2
     assert cache.victim(3.0) == 2
-    e.adapter[:4] = [0, 0, 2, 1]
+    request_adapters(e)[:4] = [0, 0, 2, 1]
     cache.stats_.ptr = 0
     cache.stats_.count[:] = 0
     # counts: a0 = 2, a1 = 1, a2 = 1 -> tie between 1 and 2: least recently idle (1, at t=1)
@@ -108,7 +114,7 @@ def test_chameleon_score_and_queued_adapters():
     c.stats_.count[:] = [10, 2, 4, 0]
     e.arr_ptr = 4
     e.state[:3] = 3  # requests 0-2 finished
-    e.adapter[3] = 2  # request 3 (arrived, waiting) uses adapter 2
+    request_adapters(e)[3] = 2  # request 3 (arrived, waiting) uses adapter 2
     assert c.victim(10.0) == 0
 
 
