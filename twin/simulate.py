@@ -66,7 +66,11 @@ def stranded_note(engine: Any, summary: dict[str, Any], scheduler: Any) -> str |
     a run that admitted nothing has :func:`nothing_admitted_note`)."""
     if engine.horizon != float("inf") or summary.get("stopped_early"):
         return None
-    n = int(np.count_nonzero(outcomes(engine) == 3))
+    stranded = outcomes(engine) == 3
+    dropped = getattr(engine, "_dropped", None)
+    if dropped is not None:  # failed before the queue on purpose (drop_arrivals: fcfs+client-cap's client cap)
+        stranded &= ~dropped
+    n = int(np.count_nonzero(stranded))
     if not n:
         return None
     return (f"{n} request(s) never finished although the run had no horizon: the engine ran out of work while they "

@@ -921,3 +921,5 @@ def test_requests_a_scheduler_stops_offering_are_named_in_a_note():
         r = _tiny_run(scheduler=Loses())
     assert r.summary["requests_unfinished"] == 10 and "never finished" in r.summary["note"]
     assert "note" not in _tiny_run().summary and "note" not in _tiny_run(horizon_s=1.0).summary
+    capped = _tiny_run(scheduler=make_scheduler("fcfs+client-cap", client_cap=2))  # drops arrivals on purpose
+    assert capped.summary["requests_unfinished"] > 0 and "note" not in capped.summary
