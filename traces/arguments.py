@@ -25,6 +25,11 @@ _SEPARATORS = re.compile(r"[,/\s]+")
 _EMPTY_ITEM = re.compile(r"(^|,)\s*(,|$)")
 
 
+def is_flag(v: Any) -> bool:
+    """True or False (numpy's too): a value that ``int()`` and ``float()`` would take as 1 or 0."""
+    return isinstance(v, (bool, np.bool_))
+
+
 def is_real_number(v: Any) -> bool:
     """A real number (numpy's too), not a bool (``True`` would count as 1) nor a string: the test every
     numeric argument and constant of the project passes before it is used."""

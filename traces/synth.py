@@ -33,7 +33,7 @@ import numpy as np
 
 from traces import arrivals as arr
 from traces.adapters import DEFAULT_RANKS, assign_adapters, assign_ranks, parse_popularity
-from traces.arguments import parse_bool, parse_list
+from traces.arguments import is_flag, is_whole_number, parse_bool, parse_list
 from traces.conversations import ConversationConfig, synthesize_conversations
 from traces.lengths import LengthConfig, build_length_model, load_fitted, sample_lengths
 from traces.workload import Workload
@@ -110,24 +110,22 @@ def parse_ranks(value: Any) -> list[int]:
 def whole_number(v: Any) -> int:
     """A whole number from an int, an integral float or a command line's text; refuses 2.5 and True
     (``int()`` truncated ``adapters=2.5`` to 2 and took ``True`` as 1)."""
-    if isinstance(v, bool) or type(v).__name__ == "bool_":
+    if is_flag(v):
         raise ValueError(f"{v!r} is a flag, not a whole number")
-    if isinstance(v, numbers.Integral):
-        return int(v)
     if isinstance(v, str):
         try:
             return int(v.strip())
         except ValueError:
             pass
-    x = float(v)  # (text that is no number raises here)
-    if not math.isfinite(x) or x != int(x):
+    x = v if isinstance(v, numbers.Integral) else float(v)  # (text that is no number raises here)
+    if not is_whole_number(x):
         raise ValueError(f"{v!r} is not a whole number")
     return int(x)
 
 
 def _float(v: Any) -> float:
     """A number from a number or a command line's text; refuses True (``float()`` took it as 1.0)."""
-    if isinstance(v, bool) or type(v).__name__ == "bool_":
+    if is_flag(v):
         raise ValueError(f"{v!r} is a flag, not a number")
     return float(v)
 

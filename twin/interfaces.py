@@ -19,6 +19,8 @@ import numbers
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Protocol
 
+from traces.arguments import is_flag, is_real_number
+
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     import simpy
@@ -493,12 +495,9 @@ ADAPTER_PLACEMENTS = ("contiguous", "paged")
 LORA_COMPUTES = ("profile", "paged")
 
 
-def _is_flag(v: Any) -> bool:
-    return isinstance(v, bool) or type(v).__name__ == "bool_"  # (numpy's bool too)
-
-
 def _is_number(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not _is_flag(v) and not (isinstance(v, float) and math.isnan(v))
+    """A real number that is not NaN (:func:`traces.arguments.is_real_number`)."""
+    return is_real_number(v) and v == v
 
 
 def check_capabilities(policy: Any) -> None:
@@ -515,10 +514,10 @@ def check_capabilities(policy: Any) -> None:
         raise PolicyError(f"{who}: {attr} = {getattr(policy, attr)!r}; give {want} (see {_where(attr)})")
 
     for attr in ("prefetch_evicts", "prefetch_sync", "uses_events"):
-        if not _is_flag(getattr(policy, attr, False)):
+        if not is_flag(getattr(policy, attr, False)):
             fail(attr, "True or False")
     n = getattr(policy, "max_inflight", 4)
-    if not (isinstance(n, (int, numbers.Integral)) and not _is_flag(n) and n >= 1):
+    if not (isinstance(n, (int, numbers.Integral)) and not is_flag(n) and n >= 1):
         fail("max_inflight", "the asynchronous prefetches in flight at most, an integer >= 1")
     if not isinstance(policy, AdapterCachePolicy):
         return
@@ -530,16 +529,16 @@ def check_capabilities(policy: Any) -> None:
     share = policy.lora_share
     if share is not None and not (_is_number(share) and 0 <= share < 1):
         fail("lora_share", "the share of the pool given to the adapter region, a number >= 0 and < 1, or None")
-    if policy.prefix_kv is not None and not _is_flag(policy.prefix_kv):
+    if policy.prefix_kv is not None and not is_flag(policy.prefix_kv):
         fail("prefix_kv", "True, False or None (EngineConfig.prefix_caching decides)")
     for attr in ("history_to_host", "async_swap_in"):
-        if not _is_flag(getattr(policy, attr)):
+        if not is_flag(getattr(policy, attr)):
             fail(attr, "True or False")
     host = policy.host_kv_tokens
     if not (_is_number(host) and host >= 0):
         fail("host_kv_tokens", "the host memory for swapped history KV in tokens, a number >= 0 (math.inf: unbounded)")
     bs = policy.kv_block_size
-    if bs is not None and not (isinstance(bs, numbers.Integral) and not _is_flag(bs) and bs >= 1):
+    if bs is not None and not (isinstance(bs, numbers.Integral) and not is_flag(bs) and bs >= 1):
         fail("kv_block_size", "tokens per KV block, an integer >= 1 (vLLM uses 8, 16, 32, 64, 128), or None "
                               "(EngineConfig.block_size)")
 
@@ -581,7 +580,7 @@ def checked_schedule_waiting(scheduler: Scheduler) -> Callable[[Any], Admit | No
         stop = hook(ctx)
         if stop is None or isinstance(stop, Admit):
             return stop
-        if isinstance(stop, numbers.Integral) and not _is_flag(stop) and int(stop) in values:
+        if isinstance(stop, numbers.Integral) and not is_flag(stop) and int(stop) in values:
             return Admit(int(stop))
         raise PolicyError(f"{who}: schedule_waiting returned {stop!r}; return why admission stopped, an Admit "
                           f"(the ctx.try_admit outcome that stopped it, e.g. Admit.NO_KV), or None when no waiting "
@@ -601,7 +600,7 @@ def checked_evict_when_idle(policy: AdapterCachePolicy) -> Callable[[int], bool]
 
     def evict_when_idle(a: int) -> bool:
         got = hook(a)
-        if not _is_flag(got):
+        if not is_flag(got):
             raise PolicyError(f"{who}: evict_when_idle({a}) returned {got!r}; return True (discard the adapter as "
                               f"soon as it is idle) or False (keep it cached)")
         return bool(got)
@@ -637,7 +636,7 @@ def checked_prefetch(policy: Policy, n_adapters: int) -> Callable[[float], Itera
                               f"order, as a list or another iterable of ints (empty: none)")
         ids = list(got)
         for a in ids:
-            if not (isinstance(a, numbers.Integral) and not _is_flag(a) and a < n_adapters):
+            if not (isinstance(a, numbers.Integral) and not is_flag(a) and a < n_adapters):
                 raise PolicyError(f"{who}: prefetch returned adapter {a!r} in {ids[:8]!r}"
                                   f"{' ...' if len(ids) > 8 else ''}; adapter ids are the engine's dense indices, ints "
                                   f"from 0 to {n_adapters - 1} (engine.adapter_ids[i] is the workload's adapter_id of "
