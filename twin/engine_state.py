@@ -186,8 +186,6 @@ class EngineState:
         cpu_slots = cfg.max_cpu_loras if cfg.max_cpu_loras is not None else max(self.n_adapters, 1)
         self.cache = cache
         self.scheduler = scheduler
-        self._next_change_time = checked_next_change_time(scheduler)  # (a plug-in's return values checked)
-        self._schedule_waiting = checked_schedule_waiting(scheduler)
         self.adapters = AdapterMemory(self.adapter_rank, self.profile, slots, cpu_slots, cache, self.link,
                                       cfg.tensor_parallel, self.max_lora_rank)
         # the hook points of the extensions: all None/False on the default path, each tested
@@ -200,10 +198,13 @@ class EngineState:
         self._bind_policies(scheduler, cache)
 
     def _bind_policies(self, scheduler: Scheduler, cache: AdapterCachePolicy) -> None:
-        """The policies' :meth:`bind` (they see the engine from now on) and their tick timers;
-        the last step of every engine's ``_attach_policies``."""
+        """The policies' :meth:`bind` (they see the engine from now on), the scheduler's hooks as the step
+        loop calls them, and the tick timers; the last step of every engine's ``_attach_policies``."""
         cache.bind(self)
         scheduler.bind(self)
+        # the scheduler's hooks the step loop calls (a plug-in's answers checked, twin.interfaces.checked_*)
+        self._next_change_time = checked_next_change_time(scheduler)
+        self._schedule_waiting = checked_schedule_waiting(scheduler)
         self._sched_ticks = check_tick_interval(scheduler)
         self._cache_ticks = check_tick_interval(cache)
         self._next_tick = min(t for t in (self._sched_ticks, self._cache_ticks, INF) if t is not None)

@@ -83,8 +83,7 @@ from twin.adapter_placement import UnifiedPool
 from twin.adapters import AdapterMemory, HostLink
 from twin.config import ConfigError, EngineConfig
 from twin.engine_state import EngineState
-from twin.interfaces import (AdapterCachePolicy, Admit, Policy, Scheduler, checked_next_change_time,
-                             checked_schedule_waiting, is_builtin, policy_stats)
+from twin.interfaces import AdapterCachePolicy, Admit, Policy, Scheduler, is_builtin, policy_stats
 from twin.prefetch import AsyncLoader
 from twin.perf.slora_forms import SLORA_TARGETS, PunicaLoraCost, slora_load_s
 from twin.requests import FINISHED, REJECTED, REJECT_REASONS
@@ -360,8 +359,6 @@ class SLoRAEngine(EngineState):
         self.link = HostLink(self.env)
         self.cache = cache
         self.scheduler = scheduler
-        self._next_change_time = checked_next_change_time(scheduler)  # (a plug-in's return values checked)
-        self._schedule_waiting = checked_schedule_waiting(scheduler)
         n_ad = max(self.n_adapters, 1)
         mem = self.adapters = AdapterMemory(self.adapter_rank, self.profile, n_ad, n_ad, cache, self.link, 1,
                                             self.max_lora_rank)
