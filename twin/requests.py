@@ -252,7 +252,7 @@ class RequestTable:
         raw_rank = np.asarray(cols["adapter_rank"], np.int64)
         # adapters: dense ids 0..A-1 for the adapters the workload uses
         used, dense = dense_adapter_ids(raw_adapter)
-        self.adapter_ids = used
+        self.adapter_ids = read_only(used)
         self.adapter_a = as_column("q", dense)
         self.adapter = read_only(_view(self.adapter_a, np.int64))
         ranks = np.zeros(len(used), np.int64)
@@ -263,7 +263,6 @@ class RequestTable:
                 ranks[dense[raw_adapter >= 0]] = raw_rank[raw_adapter >= 0]
         self.adapter_rank = read_only(ranks)
         self.rank = read_only(raw_rank)
-        self.adapter_ids = read_only(np.asarray(used))
         self.n_adapters = len(used)
         # outcomes (written once per event)
         self.state = np.zeros(n, np.int8)   # RequestState values
