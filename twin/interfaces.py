@@ -19,7 +19,7 @@ import numbers
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Protocol
 
-from traces.arguments import is_flag, is_real_number
+from traces.arguments import is_flag, is_real_number, is_whole_number
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -656,15 +656,33 @@ def _where(attr: str) -> str:
 OPTION_MAXIMA = {"busy": 1.0, "idle": 1.0, "alpha": 1.0, "accuracy": 1.0, "head_pct": 100.0, "tail_pct": 100.0}
 
 
+def _annotated_kind(annotation: Any) -> str | None:
+    """``"flag"``, ``"int"`` or ``"real"`` for a constructor parameter annotated ``bool``, ``int`` or ``float``
+    (``| None`` allowed; ``float | int`` is real), else None (text, lists, the memory layout: checked where read)."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    parts = {t for t in text.replace(" ", "").split("|") if t and t != "None"}
+    if parts == {"bool"}:
+        return "flag"
+    if parts == {"int"}:
+        return "int"
+    if parts and parts <= {"int", "float"}:
+        return "real"
+    return None
+
+
 def check_builtin_options(policy: Any) -> None:
-    """A built-in policy's numeric options (the constructor arguments whose default is a number, or None for
-    "derived") are finite numbers >= 0, shares at most 1 and percentages at most 100 (:data:`OPTION_MAXIMA`);
-    else a :class:`PolicyError` naming the option, before any work. Every such option of the shipped policies is a
-    count, a time, a rate or a share; unchecked, ``client_cap=-1`` dropped every request and a NaN time or a
-    negative count ran. A user's plug-in keeps its own conventions (its hooks are checked as they run)."""
+    """A built-in policy's options have the kind their constructor declares (a ``bool`` True or False, an
+    ``int`` a whole number, a ``float`` a number: ``max_scan=2.5``, ``bypass='maybe'`` and ``slo_s='abc'`` ran
+    or failed later inside a hook), and its numeric options (the constructor arguments whose default is a
+    number, or None for "derived") are finite numbers >= 0, shares at most 1 and percentages at most 100
+    (:data:`OPTION_MAXIMA`); else a :class:`PolicyError` naming the option, before any work. Every such option
+    of the shipped policies is a count, a time, a rate or a share; unchecked, ``client_cap=-1`` dropped every
+    request and a NaN time or a negative count ran. A user's plug-in keeps its own conventions (its hooks are
+    checked as they run)."""
     if not is_builtin(policy):
         return
     defaults: dict[str, Any] = {}
+    kinds: dict[str, str | None] = {}
     for klass in type(policy).__mro__:
         init = klass.__dict__.get("__init__")
         if init is None or klass is object:
@@ -672,7 +690,15 @@ def check_builtin_options(policy: Any) -> None:
         for p in inspect.signature(init).parameters.values():
             if p.name not in defaults and p.default is not p.empty:
                 defaults[p.name] = p.default
+                kinds[p.name] = _annotated_kind(p.annotation) if p.annotation is not p.empty else None
+    who = policy_label(policy)
     for name, v in policy.get_params().items():
+        kind = kinds.get(name)
+        if v is not None and kind is not None:
+            ok = is_flag(v) if kind == "flag" else is_whole_number(v) if kind == "int" else is_real_number(v)
+            if not ok:
+                want = {"flag": "True or False", "int": "a whole number", "real": "a number"}[kind]
+                raise PolicyError(f"{who}: option {name} = {v!r}: give {want} (default {defaults[name]!r})")
         d = defaults.get(name, inspect.Parameter.empty)
         numeric_default = isinstance(d, numbers.Real) and not isinstance(d, bool)
         given_number = isinstance(v, numbers.Real) and not isinstance(v, bool)
@@ -681,7 +707,7 @@ def check_builtin_options(policy: Any) -> None:
         top = OPTION_MAXIMA.get(name, INF)
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (0 <= v <= top) or v == INF:
             bound = f">= 0 and <= {top:g}" if top < INF else ">= 0 and finite"
-            raise PolicyError(f"{policy_label(policy)}: option {name} = {v!r}: give a number {bound} (default "
+            raise PolicyError(f"{who}: option {name} = {v!r}: give a number {bound} (default "
                               f"{d!r}{': derived' if d is None else ''})")
 
 

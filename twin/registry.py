@@ -20,12 +20,13 @@ cache into S-LoRA's unified pool.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import types
 import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Any, Callable
 
 from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_policy_class, check_policy_name,
                              is_builtin, name_unusable)
@@ -177,8 +178,12 @@ def _construct(kind: str, name: str, cls: type, opts: dict[str, Any]) -> Any:
     except (TypeError, ValueError):  # pragma: no cover - a class without a readable signature
         return cls(**opts)
     params = sig.parameters.values()
+    takes: list[str] | None = None
     if not any(p.kind is p.VAR_KEYWORD for p in params):
         takes = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    elif isinstance(getattr(cls, "_param_names", None), Callable):  # **memory passed on: the names along the MRO
+        takes = cls._param_names()
+    if takes is not None:
         unknown = [k for k in opts if k not in takes]
         if unknown:
             raise PolicyError(f"{kind} {name!r} takes no option(s) {', '.join(map(repr, unknown))}; its options: "
@@ -191,14 +196,14 @@ def _construct(kind: str, name: str, cls: type, opts: dict[str, Any]) -> Any:
         raise PolicyError(f"{kind} {name!r}: {e}; check the option names of {cls.__qualname__}") from None
 
 
-def make_scheduler(name: str, **opts: Any) -> Scheduler:
+def make_scheduler(name: str, /, **opts: Any) -> Scheduler:
     load_entry_points()
     if name not in SCHEDULERS:
         raise _unknown("scheduler", name, SCHEDULERS)
     return _construct("scheduler", name, SCHEDULERS[name], opts)
 
 
-def make_cache(name: str, **opts: Any) -> AdapterCachePolicy:
+def make_cache(name: str, /, **opts: Any) -> AdapterCachePolicy:
     load_entry_points()
     if name not in CACHES:
         raise _unknown("adapter-cache policy", name, CACHES)
@@ -218,14 +223,16 @@ def resolve_policy(policy: str | None = None, scheduler: str | None = None,
                        f"or mix with --scheduler ({', '.join(sorted(SCHEDULERS))}) and --cache "
                        f"({', '.join(sorted(CACHES))})")
     p = PRESETS[name]
+    # (the preset's options are copied: a policy that keeps and changes a list it was given does not change
+    # the preset for the next run)
     s_opts, c_opts = dict(scheduler_opts or {}), dict(cache_opts or {})
-    s = make_scheduler(scheduler, **s_opts) if scheduler else make_scheduler(p.scheduler,
-                                                                             **{**p.scheduler_opts, **s_opts})
+    preset_s, preset_c = copy.deepcopy(p.scheduler_opts), copy.deepcopy(p.cache_opts)
+    s = make_scheduler(scheduler, **s_opts) if scheduler else make_scheduler(p.scheduler, **{**preset_s, **s_opts})
     if cache:  # the preset's memory set-up stays (e.g. S-LoRA's unified pool)
-        c = make_cache(cache, **{**{k: v for k, v in p.cache_opts.items() if k in MEMORY_OPTS and k != "prefetch_sync"},
+        c = make_cache(cache, **{**{k: v for k, v in preset_c.items() if k in MEMORY_OPTS and k != "prefetch_sync"},
                                  **c_opts})
     else:
-        c = make_cache(p.cache, **{**dict(p.cache_opts), **c_opts})
+        c = make_cache(p.cache, **{**preset_c, **c_opts})
     label = name if not (scheduler or cache) else f"{scheduler or p.scheduler}+{cache or p.cache}"
     return s, c, label
 

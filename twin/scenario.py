@@ -46,7 +46,7 @@ from traces.synth import MAX_ADAPTERS, OPTIONS, option_value_problem
 from traces.workload import Workload
 from twin.config import MAX_SIM_SECONDS, ConfigError, EngineConfig  # noqa: F401  (MAX_SIM_SECONDS re-exported)
 from twin.perf.profile import Profile, available_profiles, parse_lora_targets
-from twin.interfaces import PolicyError, check_builtin_options, check_capabilities
+from twin.interfaces import PolicyError, check_policy_objects
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
 from twin.slora_engine import check_slora_config
 from twin.tensor_parallel import kv_tokens_for_memory, tp_profile, valid_degrees
@@ -336,23 +336,22 @@ def _key_values(value: Any, flag: str, name: str) -> list[tuple[str, Any]]:
 
 
 def _check_policy_options(run: "RunConfig") -> None:
-    """``--scheduler-opt`` / ``--cache-opt``: each key once, each a constructor argument of the policy it
-    names, with a value the policy takes (a built-in's numbers in range), before any work."""
+    """The policies the run builds implement their protocols (:func:`twin.interfaces.check_policy_objects`: a
+    plug-in's constructor arguments stored, its capabilities in range), and ``--scheduler-opt`` /
+    ``--cache-opt`` give each key once, each a constructor argument of the policy it names, with a value the
+    policy takes (a built-in's kinds and ranges), before any work."""
     for flag, options in (("--scheduler-opt", run.scheduler_options), ("--cache-opt", run.cache_options)):
         keys = [k for k, _ in options]
         twice = sorted({k for k in keys if keys.count(k) > 1})
         if twice:
             raise ConfigError(f"{flag} {twice[0]}=... is given twice; give it once")
-    if not (run.scheduler_options or run.cache_options):
-        return
-    try:
+    try:  # (the policies the run builds, checked as an engine checks them: a plug-in's too)
         s, c, _ = resolve_policy(run.policy, run.scheduler, run.cache, dict(run.scheduler_options),
                                  dict(run.cache_options))
-        check_capabilities(s)
-        check_capabilities(c)
-        check_builtin_options(s)
-        check_builtin_options(c)
+        check_policy_objects(s, c)
     except (PolicyError, TypeError, ValueError) as e:
+        if not (run.scheduler_options or run.cache_options):
+            raise ConfigError(str(e)) from None
         flag = "--scheduler-opt" if run.scheduler_options and not run.cache_options else \
             "--cache-opt" if run.cache_options and not run.scheduler_options else "--scheduler-opt / --cache-opt"
         given = ", ".join(f"{k}={v!r}" for k, v in [*run.scheduler_options, *run.cache_options])

@@ -223,6 +223,10 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     if not isinstance(cfg, EngineConfig):
         raise TypeError(f"config: got {type(cfg).__name__}, not a twin.config.EngineConfig; build one, e.g. "
                         f"EngineConfig(max_loras=8)")
+    for obj, opts, arg in ((scheduler_obj, scheduler_opts, "scheduler"), (cache_obj, cache_opts, "cache")):
+        if obj is not None and opts:  # (the options would be dropped: the instance is built already)
+            raise ValueError(f"{arg}_opts {opts!r} with {arg}_obj: an instance is built with its options; give "
+                             f"them to its constructor, or name the policy ({arg}=...) with {arg}_opts")
     if scheduler_obj is not None:
         check_policy_object(scheduler_obj, "scheduler", "scheduler_obj")
     if cache_obj is not None:

@@ -923,3 +923,30 @@ def test_requests_a_scheduler_stops_offering_are_named_in_a_note():
     assert "note" not in _tiny_run().summary and "note" not in _tiny_run(horizon_s=1.0).summary
     capped = _tiny_run(scheduler=make_scheduler("fcfs+client-cap", client_cap=2))  # drops arrivals on purpose
     assert capped.summary["requests_unfinished"] > 0 and "note" not in capped.summary
+
+
+def test_options_given_with_an_instance_are_refused_and_preset_options_are_copied():
+    from policies.fcfs import FCFSScheduler
+
+    with pytest.raises(ValueError, match=r"scheduler_opts \{'aging': 5\} with scheduler_obj"):
+        _tiny_run(scheduler=FCFSScheduler(), scheduler_opts={"aging": 5})  # (silently dropped)
+
+    class Keeps(LRUCache):
+        name = "t-keeps"
+
+        def __init__(self, seen: list | None = None, **memory):
+            super().__init__(**memory)
+            self.seen = seen
+
+        def on_load(self, a, now):
+            self.seen.append(a)
+    registry.register_cache(Keeps)
+    registry.register_preset(Preset("t-keeps-p", "fcfs", "t-keeps", cache_opts={"seen": []}))
+    try:
+        first = len(registry.resolve_policy("t-keeps-p")[1].seen)
+        s, c, _ = registry.resolve_policy("t-keeps-p")
+        c.seen.append(1)  # a policy changing the list it was given leaves the preset's alone
+        assert registry.PRESETS["t-keeps-p"].cache_opts["seen"] == [] and first == 0
+    finally:
+        registry.CACHES.pop("t-keeps", None)
+        registry.PRESETS.pop("t-keeps-p", None)

@@ -408,3 +408,44 @@ def test_policy_options_reach_the_policy_and_replay(tmp_path, capsys):
 def test_bad_policy_options_are_refused_before_any_work(argv, message, capsys):
     assert main(["run", "--duration", "10", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("opt, message", [
+    ("max_scan=2.5", "option max_scan = 2.5: give a whole number (default 16)"),
+    ("bypass=maybe", "option bypass = 'maybe': give True or False (default True)"),
+    ("slo_s=abc", "option slo_s = 'abc': give a number (default None)"),  # (failed later inside a hook)
+    ("slo_s=True", "option slo_s = True: give a number"),
+    ("name=x", "scheduler 'chameleon' takes no option(s) 'name'"),  # (collided with make_scheduler's own name)
+])
+def test_a_built_in_option_of_the_wrong_kind_is_refused(opt, message, capsys):
+    """A built-in's options have the kind its constructor declares (bool, int, float): max_scan=2.5 and
+    bypass='maybe' ran silently."""
+    assert main(["run", "--duration", "5", "--policy", "chameleon", "--scheduler-opt", opt]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_cache_option_the_cache_does_not_take_lists_its_options(capsys):
+    """A cache passing **memory on answered with Python's bare 'unexpected keyword argument'."""
+    assert main(["run", "--duration", "5", "--policy", "chameleon", "--cache", "lru", "--cache-opt",
+                 "freq_window_s=60"]) == 2
+    assert ("adapter-cache policy 'lru' takes no option(s) 'freq_window_s'; its options: adapter_memory, "
+            in capsys.readouterr().err)
+
+
+def test_a_plug_in_that_does_not_store_its_arguments_is_refused_on_the_command_line(capsys):
+    """`twin run --cache NAME` of such a plug-in ended in a bare AttributeError from get_params()."""
+    from policies.lru import LRUCache
+    from twin import registry
+
+    class NotStored(LRUCache):
+        name = "t-cli-notstored"
+
+        def __init__(self, weight: float = 1.0, **memory):
+            super().__init__(**memory)
+            self.w = weight
+    registry.register_cache(NotStored)
+    try:
+        assert main(["run", "--duration", "5", "--cache", "t-cli-notstored"]) == 2
+        assert "constructor argument(s) weight are not stored under their own names" in capsys.readouterr().err
+    finally:
+        registry.CACHES.pop("t-cli-notstored", None)
