@@ -14,6 +14,7 @@ them by name. Policies keep their constructor arguments under the same names and
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import numbers
 from enum import IntEnum
@@ -616,7 +617,17 @@ def policy_stats(policy: Policy) -> dict[str, Any]:
     if not isinstance(got, Mapping) or not all(isinstance(k, str) for k in got):
         raise PolicyError(f"{policy_label(policy)}: stats() returned {got!r}; return a dict of counter names "
                           f"(strings) to numbers for the run summary, e.g. {{'my_policy_skips': 3}} ({{}}: none)")
+    for k, v in got.items():  # (summary.json holds them: a set was written as its text)
+        try:
+            json.dumps(v, allow_nan=True, default=lambda o: o.item() if hasattr(o, "item") else _unjsonable(o))
+        except (TypeError, ValueError):
+            raise PolicyError(f"{policy_label(policy)}: stats() entry {k!r} = {v!r} is not a number, text, or a list "
+                              f"or dict of them; the run summary is JSON") from None
     return dict(got)
+
+
+def _unjsonable(o: Any) -> Any:
+    raise TypeError(type(o).__name__)
 
 
 def checked_prefetch(policy: Policy, n_adapters: int) -> Callable[[float], Iterable[int]]:

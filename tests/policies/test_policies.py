@@ -824,6 +824,14 @@ def test_a_plug_in_s_stats_reach_the_summary_and_must_be_a_dict():
     with pytest.raises(PolicyError, match=r"cache policy 't-stats-bad' .*stats\(\) returned \[\('a', 1, 2\)\]"):
         _tiny_run(cache=Bad())
 
+    class SetStats(LRUCache):
+        name = "t-stats-set"
+
+        def stats(self):
+            return {"t_stats_set": {1, 2}}  # (written to summary.json as the text "{1, 2}")
+    with pytest.raises(PolicyError, match=r"stats\(\) entry 't_stats_set' = \{1, 2\} is not a number"):
+        _tiny_run(cache=SetStats())
+
 
 def test_a_tick_finer_than_a_millisecond_is_refused():
     """1e-7 s passed the check and hung the run."""
