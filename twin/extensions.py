@@ -72,6 +72,10 @@ def install_extensions(engine: "EngineCore", workload: Any) -> "Extensions | Non
         prefix = False
     sources = [p for p in (sched, cache) if _prefetches(p)]
     events = sched.uses_events or cache.uses_events
+    if cache.lora_share and memory != "region":  # (it sizes the region; vLLM's slots and a unified pool have none)
+        raise ValueError(f"cache policy {cache.name!r}: lora_share {cache.lora_share} sizes an adapter region, but the "
+                         f"adapter memory is {memory!r}; add adapter_memory=region (e.g. --cache-opt "
+                         f"adapter_memory=region) or leave lora_share out")
     if cache.async_swap_in and memory == "slots":
         raise ValueError(f"cache policy {cache.name!r} swaps in asynchronously (async_swap_in), which needs adapter "
                          "memory 'unified' or 'region' (vLLM's slots load in the step)")

@@ -871,6 +871,9 @@ def check_slora_config(config: EngineConfig, cache: AdapterCachePolicy) -> None:
     if cache.adapter_memory not in (None, "unified"):
         raise ConfigError(f"cache policy {cache.name!r} keeps adapters in a {cache.adapter_memory!r} memory, a vLLM-engine "
                           f"layout; S-LoRA keeps them in its unified pool: use --system vllm with it")
+    if cache.lora_share:
+        raise ConfigError(f"cache policy {cache.name!r}: lora_share {cache.lora_share} sizes a vLLM-engine adapter "
+                          f"region; S-LoRA keeps adapters in its unified pool: leave lora_share out or use --system vllm")
     if cache.prefix_kv or config.prefix_caching:
         raise ConfigError(f"prefix-KV reuse (cache policy {cache.name!r} or prefix_caching) is a vLLM-engine extension; "
                           f"S-LoRA frees a request's KV when it finishes: use --system vllm with it")

@@ -958,3 +958,16 @@ def test_options_given_with_an_instance_are_refused_and_preset_options_are_copie
     finally:
         registry.CACHES.pop("t-keeps", None)
         registry.PRESETS.pop("t-keeps-p", None)
+
+
+@pytest.mark.parametrize("system", ["vllm", "slora"])
+def test_a_lora_share_without_an_adapter_region_is_refused(system):
+    """lora_share sizes the 'region' adapter memory; with vLLM's slots (or S-LoRA's pool) it was recorded and
+    silently not read."""
+    cache = LRUCache(lora_share=0.5)
+    kw = {"system": system} if system == "slora" else {}
+    with pytest.raises(ValueError, match="lora_share 0.5 sizes"):
+        _tiny_run(cache=cache, **kw)
+    if system == "vllm":
+        r = _tiny_run(cache=LRUCache(lora_share=0.2, adapter_memory="region"))
+        assert r.summary["requests_finished"] == 30
