@@ -54,6 +54,11 @@ def check_run_arguments(config: EngineConfig, scheduler: Scheduler, cache: Adapt
                          f"integer >= 1 (1: step by step; None or 0: no limit)")
 
 
+#: the most timed events (:meth:`EngineState.push_event`) one step boundary fires: a policy's callback that
+#: keeps pushing events at the time already reached would otherwise never let the clock move
+MAX_EVENTS_AT_ONCE = 100_000
+
+
 class EngineState:
     """The state of one simulated server and its read-only view (see the module docstring).
 
@@ -423,10 +428,16 @@ class EngineState:
 
     def _fire_events(self, now: float) -> None:
         ev = self._events
+        fired = 0
         while ev and ev[0][0] <= now:
             _, _, cb = heapq.heappop(ev)
             if cb is not None:
                 cb(now)
+                fired += 1
+                if fired > MAX_EVENTS_AT_ONCE:  # (a callback that pushes itself at the same time looped for ever)
+                    raise PolicyError(f"more than {MAX_EVENTS_AT_ONCE:,} timed events fired at t = {now:g} s: a "
+                                      f"callback keeps pushing events at a time already reached (push_event(now, ...) "
+                                      f"from inside a callback); push a later time, e.g. now + the period it waits")
         self._async_until = ev[0][0] if ev else INF
 
     def emitted_now(self, rid: int) -> int:

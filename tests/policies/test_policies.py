@@ -971,3 +971,22 @@ def test_a_lora_share_without_an_adapter_region_is_refused(system):
     if system == "vllm":
         r = _tiny_run(cache=LRUCache(lora_share=0.2, adapter_memory="region"))
         assert r.summary["requests_finished"] == 30
+
+
+def test_a_callback_that_keeps_pushing_events_at_the_same_time_is_stopped():
+    """It looped for ever (the clock never moved)."""
+    from policies.fcfs import FCFSScheduler
+    from twin.interfaces import PolicyError
+
+    class Loop(FCFSScheduler):
+        name = "t-event-loop"
+        uses_events = True
+
+        def on_arrivals(self, lo, hi):
+            super().on_arrivals(lo, hi)
+            self.engine.push_event(self.engine.now, self.again)
+
+        def again(self, now):
+            self.engine.push_event(now, self.again)
+    with pytest.raises(PolicyError, match=r"timed events fired at t = .* a callback keeps pushing events"):
+        _tiny_run(scheduler=Loop())
