@@ -30,6 +30,27 @@ def data_dir(override: str | os.PathLike | None = None) -> Path:
     return Path(base) / "lora-twin" / "data"
 
 
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` as a result file records it, without this machine's directories: ``$TWIN_DATA_DIR/...`` inside
+    the data directory, relative to the working directory inside it (e.g. ``twin/configurator/models/...`` from
+    the project's root), else as given."""
+    p = Path(path)
+    try:
+        ap = p.expanduser().resolve()
+    except (OSError, RuntimeError):  # (an unreadable path: as given)
+        return str(path)
+    env = os.environ.get("TWIN_DATA_DIR")
+    if env:
+        try:
+            return str(Path("$TWIN_DATA_DIR") / ap.relative_to(Path(env).expanduser().resolve()))
+        except ValueError:
+            pass
+    try:
+        return str(ap.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def require(relpath: str, override: str | os.PathLike | None = None, fetch_hint: str | None = None) -> Path:
     """Path of ``relpath`` inside the data directory, or a FileNotFoundError saying how to get it."""
     root = data_dir(override)

@@ -38,6 +38,7 @@ from twin.configurator.labels import from_real
 from twin.sweep.scenario import START_FAILURE_STATUSES
 from twin.configurator.models import predict
 from traces.arguments import cell_error, parse_list
+from traces.datadir import shown_path
 from twin.configurator.search import search
 from twin.configurator.check import check_recommendation, known_from_runs
 from twin.configurator.models import load_model, resolve_engine
@@ -292,7 +293,7 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
             m["kind"], m["kind"])
         preds = model_predictions(m, truth)
         s, d = score_predictor(label, preds, truth, grid, served_grid, slot_grid)
-        s["model"] = m.get("_path")
+        s["model"] = shown_path(m["_path"]) if m.get("_path") else None
         table.append(s)
         per.append(d)
         if primary is None:
@@ -301,7 +302,7 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
             cp, cost = checked_predictions(preds, truth, profile, served_grid, slot_grid, known, serving_us,
                                            rank_tile_cost)
             s, d = score_predictor(f"{label} + twin check", cp, truth, grid, served_grid, slot_grid)
-            s["model"] = m.get("_path")
+            s["model"] = shown_path(m["_path"]) if m.get("_path") else None
             s.update(cost)
             s["changed_by_check"] = int((cp["check_steps"] > 0).sum())
             table.append(s)
@@ -324,7 +325,7 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
     for name, v in (PUBLISHED.get(fam, {}) if source == "ml_test" else {}).items():  # (their 9 test scenarios: beside
         table.append({"predictor": name, "scenarios": 9, **v})                   # another selection, not comparable)
     tab = pd.DataFrame(table)
-    summary = {"scenarios": int(len(truth)), "profile": profile, "real": str(real_csv), "source": source,
+    summary = {"scenarios": int(len(truth)), "profile": profile, "real": shown_path(real_csv), "source": source,
                "engine": {"serving_us": serving_us, "rank_tile_cost": rank_tile_cost},
                "model": (primary or {}).get("model") or (primary or {}).get("predictor"),
                **{k: (primary or {}).get(k) for k in ("smape_served", "smape_slots", "smape_throughput",

@@ -1,0 +1,32 @@
+"""traces/datadir.py: where the data lives, and how result files name paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from traces.datadir import data_dir, require, shown_path
+
+
+def test_shown_path_names_the_data_directory_and_the_working_directory(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    (data / "validation").mkdir(parents=True)
+    proj = tmp_path / "proj"
+    (proj / "models").mkdir(parents=True)
+    monkeypatch.setenv("TWIN_DATA_DIR", str(data))
+    monkeypatch.chdir(proj)
+    assert shown_path(data / "validation" / "runs.csv") == str(Path("$TWIN_DATA_DIR") / "validation" / "runs.csv")
+    assert shown_path(proj / "models" / "m.json") == str(Path("models") / "m.json")
+    outside = tmp_path / "elsewhere" / "x.csv"
+    assert shown_path(outside) == str(outside)  # neither: as given
+    assert shown_path("models/m.json") == str(Path("models") / "m.json")  # a relative path stays relative
+    monkeypatch.delenv("TWIN_DATA_DIR")
+    assert shown_path(data / "validation" / "runs.csv") == str(data / "validation" / "runs.csv")
+
+
+def test_require_names_the_missing_file_and_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"validation/x\.csv not found in the data directory .*does not exist"):
+        require("validation/x.csv", override=tmp_path / "none")
+    with pytest.raises(ValueError, match="--data-dir: empty"):
+        data_dir("  ")
