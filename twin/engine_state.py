@@ -209,16 +209,28 @@ class EngineState:
         scheduler.bind(self)
         # the scheduler's hooks the step loop calls (a plug-in's answers checked, twin.interfaces.checked_*)
         self._next_change_time = checked_next_change_time(scheduler)
-        self._schedule_waiting = checked_schedule_waiting(scheduler)
+        self._offer_ctx: Any = None  # the step context of a plug-in's schedule_waiting call in progress
+        self._schedule_waiting = checked_schedule_waiting(scheduler, self)
         self._sched_ticks = check_tick_interval(scheduler)
         self._cache_ticks = check_tick_interval(cache)
         self._next_tick = min(t for t in (self._sched_ticks, self._cache_ticks, INF) if t is not None)
 
-    def check_offer(self, rid: Any) -> None:
+    def check_offer(self, rid: Any, ctx: Any = None) -> None:
         """Refuse (:class:`~twin.interfaces.PolicyError`, naming the scheduler) an offer to
-        ``ctx.try_admit`` of a request that is not waiting: not a request index, not arrived yet,
-        rejected, finished, running, or dropped. Engines call it only for schedulers that are not
-        built in (the built-in ones offer waiting requests by construction; the hot path stays free)."""
+        ``ctx.try_admit`` made outside the scheduler's ``schedule_waiting`` call (a context kept
+        for later: nothing is being planned then), through the context of another step (``ctx``,
+        when the engine's contexts are distinct objects: S-LoRA's), or of a request that is not
+        waiting: not a request index, not arrived yet, rejected, finished, running, or dropped.
+        Engines call it only for schedulers that are not built in (the built-in ones offer waiting
+        requests by construction; the hot path stays free)."""
+        who = policy_label(self.scheduler)
+        if self._offer_ctx is None:
+            raise PolicyError(f"{who} called ctx.try_admit({rid!r}) outside schedule_waiting (a step context kept "
+                              f"after the call, used from another hook); offer waiting requests only inside "
+                              f"schedule_waiting, through the ctx it is given")
+        if ctx is not None and ctx is not self._offer_ctx:
+            raise PolicyError(f"{who} offered request {rid!r} through the step context of an earlier "
+                              f"schedule_waiting call; use the ctx of the current call")
         why = None
         if not isinstance(rid, (int, np.integer)) or isinstance(rid, bool):
             why = f"a {type(rid).__name__}, not a request index (an int)"
@@ -235,7 +247,7 @@ class EngineState:
         elif self._dropped is not None and self._dropped[rid]:
             why = "dropped (drop_arrivals)"
         if why is not None:
-            raise PolicyError(f"{policy_label(self.scheduler)} offered request {rid!r} to ctx.try_admit in "
+            raise PolicyError(f"{who} offered request {rid!r} to ctx.try_admit in "
                               f"schedule_waiting, but it is {why}; offer only waiting requests "
                               f"(engine.waiting_ids()), each at most once")
 

@@ -566,11 +566,13 @@ def checked_next_change_time(scheduler: Scheduler) -> Callable[[Admit | None], f
     return next_change_time
 
 
-def checked_schedule_waiting(scheduler: Scheduler) -> Callable[[Any], Admit | None]:
+def checked_schedule_waiting(scheduler: Scheduler, engine: Any = None) -> Callable[[Any], Admit | None]:
     """The scheduler's ``schedule_waiting`` as the engine calls it: a built-in's own method, a plug-in's
     wrapped so that a return value other than None or an :class:`Admit` (its integer value is taken) is a
     :class:`PolicyError` naming the hook ("OK", NaN or a list were taken silently and only misled the
-    run's end, ``next_change_time``)."""
+    run's end, ``next_change_time``). While a plug-in's call runs, ``engine._offer_ctx`` holds its step
+    context (None otherwise): the engine's checked ``try_admit`` refuses an offer outside the call or
+    through another step's context (:meth:`twin.engine_state.EngineState.check_offer`)."""
     hook = scheduler.schedule_waiting
     if is_builtin(scheduler):
         return hook
@@ -578,7 +580,14 @@ def checked_schedule_waiting(scheduler: Scheduler) -> Callable[[Any], Admit | No
     values = {int(a) for a in Admit}
 
     def schedule_waiting(ctx: Any) -> Admit | None:
-        stop = hook(ctx)
+        if engine is None:
+            stop = hook(ctx)
+        else:
+            engine._offer_ctx = ctx
+            try:
+                stop = hook(ctx)
+            finally:
+                engine._offer_ctx = None
         if stop is None or isinstance(stop, Admit):
             return stop
         if isinstance(stop, numbers.Integral) and not is_flag(stop) and int(stop) in values:

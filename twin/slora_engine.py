@@ -529,7 +529,7 @@ class SLoRAEngine(EngineState):
     def _try_admit_checked(self, ctx: SLoRAStepContext, rid: int) -> Admit:
         """``ctx.try_admit`` for a scheduler that is not built in: an offer of a request that is not
         waiting is refused (:meth:`EngineState.check_offer`), then :meth:`_try_admit`."""
-        self.check_offer(rid)
+        self.check_offer(rid, ctx)
         return SLoRAEngine._try_admit(self, ctx, int(rid))
 
     def _try_admit(self, ctx: SLoRAStepContext, rid: int) -> Admit:

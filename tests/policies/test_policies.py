@@ -540,6 +540,56 @@ def test_scheduler_offering_a_request_that_is_not_waiting_is_named():
             _tiny_run(scheduler=cls(), system="slora")
 
 
+def test_scheduler_offering_through_a_kept_step_context_is_named():
+    """A context kept after schedule_waiting and used from another hook (nothing is being planned then)
+    admitted into whatever step came next (vLLM) or crashed on a None context; S-LoRA's context of an
+    earlier call admitted against that call's stale budget and batch."""
+    from policies.fcfs import FCFSScheduler
+    from twin.interfaces import PolicyError
+
+    class Keeper(FCFSScheduler):
+        name = "t-keeper"
+        kept = None
+
+        def schedule_waiting(self, ctx):
+            self.kept = ctx
+            return super().schedule_waiting(ctx)
+
+        def on_finish(self, rid):
+            w = self.engine.waiting_ids()
+            if self.kept is not None and len(w):
+                self.kept.try_admit(int(w[0]))
+
+    class Stale(FCFSScheduler):
+        name = "t-stale"
+        kept = None
+
+        def schedule_waiting(self, ctx):
+            old, self.kept = self.kept, ctx
+            w = self.engine.waiting_ids()
+            if old is not None and len(w):
+                return old.try_admit(int(w[0]))
+            return super().schedule_waiting(ctx)
+
+    for system in ("vllm", "slora"):
+        with pytest.raises(PolicyError, match=r"scheduler 't-keeper' .*called ctx.try_admit\(\d+\) outside "
+                                              r"schedule_waiting"):
+            _tiny_run(scheduler=Keeper(), system=system)
+    with pytest.raises(PolicyError, match=r"scheduler 't-stale' .*offered request \d+ through the step context of an "
+                                          r"earlier schedule_waiting call"):
+        _tiny_run(scheduler=Stale(), system="slora")
+    # the same hooks offering only inside the call, through its own context, run as FCFS does
+    ref = _tiny_run()
+
+    class Polite(FCFSScheduler):
+        name = "t-polite"
+
+        def schedule_waiting(self, ctx):
+            return super().schedule_waiting(ctx)
+    got = _tiny_run(scheduler=Polite())
+    assert got.requests.equals(ref.requests)
+
+
 def test_cache_victim_that_is_not_evictable_is_named():
     from twin.interfaces import PolicyError
 
