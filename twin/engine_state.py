@@ -22,7 +22,8 @@ from twin.adapters import AdapterMemory, HostLink
 from twin.config import EngineConfig
 from twin.extensions import install_extensions
 from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_policy_objects, check_tick_interval,
-                             checked_next_change_time, checked_schedule_waiting, policy_label)
+                             callback_label, checked_next_change_time, checked_schedule_waiting,
+                             explain_policy_failure, policy_label)
 from twin.recorder import Recorder
 from twin.requests import FINISHED, PENDING, REJECTED, RequestTable, StartupError, check_startup
 from twin.tensor_parallel import tp_profile
@@ -444,7 +445,15 @@ class EngineState:
         while ev and ev[0][0] <= now:
             _, _, cb = heapq.heappop(ev)
             if cb is not None:
-                cb(now)
+                try:
+                    cb(now)
+                except PolicyError:
+                    raise
+                except Exception as e:  # (a policy's method names its hook; a bare callback is named here)
+                    raise (explain_policy_failure(e, (self.scheduler, self.cache))
+                           or PolicyError(f"the timed-event callback {callback_label(cb)} (engine.push_event) raised "
+                                          f"at t = {now:g} s: {type(e).__name__}: {e or 'no message'}; fix the "
+                                          f"callback (the chained traceback shows where)")) from e
                 fired += 1
                 if fired > MAX_EVENTS_AT_ONCE:  # (a callback that pushes itself at the same time looped for ever)
                     raise PolicyError(f"more than {MAX_EVENTS_AT_ONCE:,} timed events fired at t = {now:g} s: a "

@@ -745,6 +745,15 @@ def check_tick_interval(policy: Policy) -> float | None:
     return t
 
 
+def callback_label(cb: Any) -> str:
+    """A callable as an error names it: its qualified name and where it is defined (``file:line``), e.g.
+    ``MyScheduler.on_tick.<locals>.<lambda> (my_policy.py:42)``."""
+    fn = getattr(cb, "__func__", cb)
+    name = getattr(fn, "__qualname__", None) or repr(cb)
+    code = getattr(fn, "__code__", None)
+    return f"{name} ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})" if code is not None else name
+
+
 def explain_policy_failure(exc: BaseException, policies: Iterable[Any]) -> PolicyError | None:
     """A :class:`PolicyError` naming the policy and the hook when ``exc`` was raised inside one of
     ``policies``' methods during a run (found in its traceback: the engine's hot loop has no

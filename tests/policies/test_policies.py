@@ -1040,3 +1040,38 @@ def test_a_callback_that_keeps_pushing_events_at_the_same_time_is_stopped():
             self.engine.push_event(now, self.again)
     with pytest.raises(PolicyError, match=r"timed events fired at t = .* a callback keeps pushing events"):
         _tiny_run(scheduler=Loop())
+
+
+def test_a_timed_event_callback_that_raises_is_named():
+    """A lambda (no policy frame in the traceback) raised a bare exception out of the run; a policy's own
+    method pushed as the callback names the policy and the method, as its other hooks do."""
+    from policies.fcfs import FCFSScheduler
+    from twin.interfaces import PolicyError
+
+    class Lam(FCFSScheduler):
+        name = "t-event-lambda"
+        uses_events = True
+
+        def on_arrivals(self, lo, hi):
+            super().on_arrivals(lo, hi)
+            self.engine.push_event(self.engine.now + 0.5, lambda now: {}["missing"])
+
+    class Meth(Lam):
+        name = "t-event-method"
+
+        def on_arrivals(self, lo, hi):
+            FCFSScheduler.on_arrivals(self, lo, hi)
+            self.engine.push_event(self.engine.now + 0.5, self.fire)
+
+        def fire(self, now):
+            raise ZeroDivisionError("tick")
+
+    for system in ("vllm", "slora"):
+        with pytest.raises(PolicyError, match=r"the timed-event callback .*Lam\.on_arrivals\.<locals>\.<lambda> "
+                                              r"\(test_policies\.py:\d+\) \(engine\.push_event\) raised at t = .* s: "
+                                              r"KeyError: 'missing'") as e:
+            _tiny_run(scheduler=Lam(), system=system)
+        assert isinstance(e.value.__cause__, KeyError)
+        with pytest.raises(PolicyError, match=r"scheduler 't-event-method' .*failed in its hook fire .*"
+                                              r"ZeroDivisionError: tick"):
+            _tiny_run(scheduler=Meth(), system=system)
