@@ -45,7 +45,8 @@ REJECT_REASONS = ("", "prompt + output exceed max_model_len", "request can never
                   "prompt longer than the S-LoRA server's max prompt length",
                   "prompt + output exceed the S-LoRA server's max request length",
                   "prompt + output + 1 exceed S-LoRA's max_total_token_num",
-                  "request and its adapter can never fit S-LoRA's pool")
+                  "request and its adapter can never fit S-LoRA's pool",
+                  "prompt longer than S-LoRA's batch_max_tokens (one prefill mini-batch)")
 #: the option that sets the limit behind a rejection reason (what the console output points to)
 REJECT_OPTIONS = {"prompt + output exceed max_model_len": "--max-model-len",
                   "request can never fit in the KV cache": "--kv-tokens / --gpu-mem-gb",
@@ -54,7 +55,9 @@ REJECT_OPTIONS = {"prompt + output exceed max_model_len": "--max-model-len",
                   "prompt longer than the S-LoRA server's max prompt length": "--slora-max-prompt-len",
                   "prompt + output exceed the S-LoRA server's max request length": "--slora-max-total-len",
                   "prompt + output + 1 exceed S-LoRA's max_total_token_num": "--max-total-tokens",
-                  "request and its adapter can never fit S-LoRA's pool": "--max-total-tokens"}
+                  "request and its adapter can never fit S-LoRA's pool": "--max-total-tokens",
+                  "prompt longer than S-LoRA's batch_max_tokens (one prefill mini-batch)":
+                      "EngineConfig.slora_batch_max_tokens / --max-total-tokens"}
 
 
 def with_option(reason: str) -> str:

@@ -101,6 +101,9 @@ R_PROMPT, R_TOTAL, R_POOL, R_NEVER = (REJECT_REASONS.index(r) for r in (
     "prompt + output + 1 exceed S-LoRA's max_total_token_num",
     "request and its adapter can never fit S-LoRA's pool"))
 R_UNSERVED = REJECT_REASONS.index("unknown adapter (not served)")
+#: a prompt that no prefill mini-batch can hold (S-LoRA's ``generate_new_batch`` never takes it; it
+#: stranded every request behind it in the FIFO queue)
+R_BATCH = REJECT_REASONS.index("prompt longer than S-LoRA's batch_max_tokens (one prefill mini-batch)")
 
 
 def reservation_need(pairs: list[tuple[int, int]]) -> int:
@@ -338,6 +341,7 @@ class SLoRAEngine(EngineState):
         reason = np.zeros(t.n, np.int8)
         reason[p > cfg.slora_max_prompt_len] = R_PROMPT
         reason[(reason == 0) & (p + o > cfg.slora_max_total_len)] = R_TOTAL
+        reason[(reason == 0) & (p > self.batch_max_tokens)] = R_BATCH
         reason[(reason == 0) & (p + o + 1 > self.kv_tokens)] = R_POOL
         if cfg.served_adapters is not None and t.n_adapters:
             raw = np.where(has, t.adapter_ids[np.maximum(t.adapter, 0)], -1)
@@ -799,11 +803,15 @@ class SLoRAEngine(EngineState):
 
     def squash(self, rid: int) -> None:
         """A policy's preemption of running request ``rid`` (Chameleon's squash of a bypasser):
-        its KV is freed and it waits again, to recompute prompt + emitted tokens."""
+        its KV is freed and it waits again, to recompute prompt + emitted tokens. A request whose
+        recompute no prefill mini-batch can hold (more than ``batch_max_tokens``: S-LoRA prefills a
+        request whole) is left running: it could never be admitted again."""
         if rid not in self.running or rid not in self.dec:
             return
         now = self.env.now
         e = self.emitted_now(rid)
+        if int(self.prompt_a[rid]) + e > self.batch_max_tokens:
+            return
         j0, _ = self.dec.pop(rid)
         self.fin.pop(rid)
         self.base_sum -= self.inp.pop(rid) - j0

@@ -257,6 +257,48 @@ def test_rejection_reasons():
     assert run(wa, n_tok=1000).requests.loc[0, "reject_reason"] == "request and its adapter can never fit S-LoRA's pool"
 
 
+def test_a_prompt_no_prefill_mini_batch_holds_is_rejected_not_stranded():
+    """S-LoRA prefills a request whole, within batch_max_tokens: a longer prompt was never admitted and
+    stranded every request behind it in the FIFO queue, with no reason (both ended 'unfinished' and the run
+    stopped)."""
+    w = base([0.0, 1.0], [1500, 100], [10, 10])
+    res = simulate(w, constant_profile(c0=0.01, kv_tokens=40000),
+                   EngineConfig(max_loras=2, max_model_len=4096, slora_batch_max_tokens=1024), policy="slora")
+    r = res.requests
+    assert r.loc[0, "reject_reason"] == "prompt longer than S-LoRA's batch_max_tokens (one prefill mini-batch)"
+    assert r.loc[1, "outcome"] == "finished" and res.summary["requests_rejected"] == 1
+    # the default (max(N_tok / 6, 3072)) holds it
+    res = simulate(w, constant_profile(c0=0.01, kv_tokens=40000), EngineConfig(max_loras=2, max_model_len=4096),
+                   policy="slora")
+    assert list(res.requests["outcome"]) == ["finished", "finished"]
+
+
+def test_a_squash_whose_recompute_no_mini_batch_holds_leaves_the_request_running():
+    """A squashed request waits to recompute prompt + emitted tokens in one prefill: past batch_max_tokens it
+    could never be admitted again (it ended 'unfinished', with every request behind it)."""
+    from policies.slora import SLoRAScheduler
+
+    class Squasher(SLoRAScheduler):
+        name = "t-squasher"
+        uses_events = True
+
+        def on_arrivals(self, lo, hi):
+            super().on_arrivals(lo, hi)
+            if lo == 0:
+                self.engine.push_event(0.5, lambda now: self.engine.squash(0))
+
+    w = base([0.0, 0.1], [1000, 10], [200, 10])
+    res = simulate(w, constant_profile(c0=0.01, kv_tokens=40000),
+                   EngineConfig(max_loras=2, max_model_len=4096, slora_batch_max_tokens=1024),
+                   system="slora", scheduler_obj=Squasher(), cache="none")
+    assert list(res.requests["outcome"]) == ["finished", "finished"] and res.summary["preemptions"] == 0
+    # a recompute that fits is squashed and finishes
+    res = simulate(w, constant_profile(c0=0.01, kv_tokens=40000),
+                   EngineConfig(max_loras=2, max_model_len=4096, slora_batch_max_tokens=2048),
+                   system="slora", scheduler_obj=Squasher(), cache="none")
+    assert list(res.requests["outcome"]) == ["finished", "finished"] and res.summary["preemptions"] == 1
+
+
 def test_tensor_parallel_is_refused():
     with pytest.raises(ConfigError, match="world_size == 1"):
         check_run(RunConfig(policy="slora", tp=2))
