@@ -57,7 +57,7 @@ REJECT_OPTIONS = {"prompt + output exceed max_model_len": "--max-model-len",
                   "prompt + output + 1 exceed S-LoRA's max_total_token_num": "--max-total-tokens",
                   "request and its adapter can never fit S-LoRA's pool": "--max-total-tokens",
                   "prompt longer than S-LoRA's batch_max_tokens (one prefill mini-batch)":
-                      "EngineConfig.slora_batch_max_tokens / --max-total-tokens"}
+                      "--slora-batch-max-tokens"}
 
 
 def with_option(reason: str) -> str:

@@ -161,6 +161,7 @@ class RunConfig:
     slora_max_wait_tokens: int = _engine_field("slora_max_wait_tokens")
     slora_max_prompt_len: int = _engine_field("slora_max_prompt_len")
     slora_max_total_len: int = _engine_field("slora_max_total_len")
+    slora_batch_max_tokens: int | None = _engine_field("slora_batch_max_tokens")
     # run
     horizon: float | None = field(default=None, metadata={
         "help": "stop the simulation at this time; requests in flight count as unfinished"})
@@ -188,7 +189,8 @@ class RunConfig:
                                                "max_num_seqs", "max_batched_tokens", "gpu_mem_gb", "kv_tokens", "tp",
                                                "lora_targets"),
         "S-LoRA server (--system slora)": ("max_total_tokens", "slora_prefetch", "slora_max_wait_tokens",
-                                           "slora_max_prompt_len", "slora_max_total_len"),
+                                           "slora_max_prompt_len", "slora_max_total_len",
+                                           "slora_batch_max_tokens"),
         "run": ("horizon", "ttft_slo", "tbt_slo"),
         "terms fitted on the real runs (twin validate's; unset: the calibrated engine alone)": (
             "frontend_ms", "serving_us", "rank_tile_cost"),
@@ -231,6 +233,8 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
                                              "--slora-max-wait-tokens 10 (S-LoRA's own)"),
     "slora_max_prompt_len": (True, 1, True, "a prompt length in tokens, e.g. --slora-max-prompt-len 2048"),
     "slora_max_total_len": (True, 1, True, "a request length in tokens, e.g. --slora-max-total-len 3072"),
+    "slora_batch_max_tokens": (True, 1, True, "prompt tokens of one prefill mini-batch, e.g. "
+                                              "--slora-batch-max-tokens 8192 (or leave it to max(N_tok/6, 3072))"),
     "horizon": (False, 0, False, "the simulated seconds to stop at, e.g. --horizon 600 (or leave it out to "
                                  "run until every request finished)"),
     "ttft_slo": (False, 0, False, "a TTFT SLO in seconds, e.g. --ttft-slo 2"),
@@ -550,6 +554,7 @@ SYSTEM_OPTIONS: dict[str, tuple[str, str]] = {
     "slora_max_wait_tokens": ("slora", "vLLM's scheduler considers waiting requests at every step"),
     "slora_max_prompt_len": ("slora", "vLLM's limit is --max-model-len"),
     "slora_max_total_len": ("slora", "vLLM's limit is --max-model-len"),
+    "slora_batch_max_tokens": ("slora", "vLLM's step budget is --max-batched-tokens"),
     "cpu_slots": ("vllm", "S-LoRA keeps every adapter in host memory"),
     "max_model_len": ("vllm", "S-LoRA's limits are --slora-max-prompt-len and --slora-max-total-len"),
     "max_num_seqs": ("vllm", "S-LoRA caps the running requests by its running_max_req_size"),
@@ -708,7 +713,8 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
                        max_model_len=run.max_model_len, kv_capacity_tokens=run.kv_tokens, tensor_parallel=run.tp,
                        lora_targets=run.lora_targets, max_total_tokens=run.max_total_tokens,
                        slora_max_prompt_len=run.slora_max_prompt_len, slora_max_total_len=run.slora_max_total_len,
-                       slora_prefetch=run.slora_prefetch, slora_max_wait_tokens=run.slora_max_wait_tokens)
+                       slora_prefetch=run.slora_prefetch, slora_max_wait_tokens=run.slora_max_wait_tokens,
+                       slora_batch_max_tokens=run.slora_batch_max_tokens)
     if run.gpu_mem_gb is not None and run.kv_tokens is None:
         max_rank = max_lora_rank or int(workload.df["adapter_rank"].max() or 0)
         # S-LoRA keeps no per-slot LoRA buffers: its unified pool holds the adapters' weights with the KV cache
