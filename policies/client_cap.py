@@ -81,6 +81,21 @@ class ClientCappedFCFS(FCFSScheduler):
         if p < end:
             heapq.heappush(self.heap, q[p])
 
+    def next_change_time(self, stop) -> float:
+        """FCFS's, or earlier: the arrival that could find the client's ``client_cap`` requests in flight.
+        Which arrivals fail depends on the in-flight count when each arrives, and a run of decode steps ends
+        at a finish, so a run must not take such an arrival in: stepping one iteration at a time, it would be
+        counted before the run's finishes (the drops, and the waiting count the steps are priced with,
+        differed). Arrivals before it fail in neither case."""
+        t = super().next_change_time(stop)
+        e = self.engine
+        p = e.arr_ptr + max(self.cap - e.n_waiting - len(e.running), 0)  # the first arrival that may fail
+        if p < e.n:
+            tp = e.arrival_a[p]
+            if tp < t:
+                return tp
+        return t
+
     def on_arrivals(self, lo: int, hi: int) -> None:
         e = self.engine
         over = e.n_waiting + len(e.running) - self.cap  # the engine counted [lo, hi) already

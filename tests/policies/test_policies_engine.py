@@ -237,3 +237,28 @@ def test_fcfs_lazy_head_heap_is_exact(capped):
     for k, v in a.summary.items():
         if k not in ("wall_s", "x_realtime"):
             assert b.summary[k] == v, k
+
+
+def test_client_cap_drops_are_the_same_as_stepping_one_iteration_at_a_time():
+    """Which arrivals fail at the client depends on the requests in flight when each arrives; a run of decode
+    steps took arrivals in only at its end, after its finishes, so it dropped fewer requests than stepping
+    (here 1 of the 6 where stepping drops 3; with a scheduler term, every finish time moved too)."""
+    from policies.client_cap import ClientCappedFCFS
+    from tests.helpers import random_workload
+
+    w = Workload.from_arrays([0.0, 0.0, 0.0, 0.3, 0.4, 0.5], [10] * 6, [100, 100, 5, 5, 5, 5], [0] * 6, [8] * 6)
+    cfg = EngineConfig(max_loras=2, max_num_seqs=2, max_model_len=2048)
+    for prof in (constant_profile(c0=0.01, kv_tokens=40_000), constant_profile(c0=0.01, sched=1e-4, k2=1e-3,
+                                                                                kv_tokens=40_000)):
+        runs = [simulate(w, prof, cfg, scheduler_obj=ClientCappedFCFS(client_cap=3), cache="lru", max_run_steps=k)
+                for k in (None, 1)]
+        assert list(runs[1].requests["outcome"]) == ["finished"] * 3 + ["unfinished"] * 3  # as stepping drops them
+        pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests, check_exact=True)
+    # an overloaded random workload: drops, preemptions, runs cut at the arrival that may fail
+    prof = constant_profile(**{**PROF, "kv_tokens": 12_000})
+    w = random_workload(n=500, rps=7.0, adapters=16, seed=11)
+    cfg = EngineConfig(max_loras=4, max_num_seqs=24, max_model_len=4096)
+    runs = [simulate(w, prof, cfg, scheduler_obj=ClientCappedFCFS(client_cap=40, preload_cpu=False), cache="lru",
+                     max_run_steps=k) for k in (None, 1)]
+    assert runs[0].summary["preemptions"] > 0 and (runs[0].requests["outcome"] == "unfinished").sum() > 0
+    pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests, check_exact=True)
