@@ -69,10 +69,6 @@ class RuleFitMultiRegressor(RegressorMixin, BaseEstimator):
         self.random_state = random_state
 
     def fit(self, X, y):
-        try:
-            from imodels import RuleFitRegressor
-        except ImportError as e:
-            raise MissingExtra(f"model kind 'rulefit' needs imodels ({e}): {IMODELS_EXTRA}") from None
         for name, low in (("max_rules", 1), ("tree_size", 2), ("n_estimators", 1)):
             v = getattr(self, name)
             if not (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v >= low):
@@ -82,6 +78,10 @@ class RuleFitMultiRegressor(RegressorMixin, BaseEstimator):
         if X.shape[0] < 2:
             raise ValueError(f"{type(self).__name__}: fitting needs at least 2 samples, got {X.shape[0]}")
         Y = Y.reshape(-1, 1) if Y.ndim == 1 else Y
+        try:  # (after the checks, which need no imodels: bad arguments are named with or without it)
+            from imodels import RuleFitRegressor
+        except ImportError as e:
+            raise MissingExtra(f"model kind 'rulefit' needs imodels ({e}): {IMODELS_EXTRA}") from None
         self.estimators_ = [RuleFitRegressor(max_rules=self.max_rules, tree_size=self.tree_size,
                                              n_estimators=self.n_estimators, cv=self.cv,
                                              random_state=self.random_state)
