@@ -200,7 +200,10 @@ class Engine(PreemptionWalk, EngineState):
                     lw[rid] = lw.get(rid, 0.0) + load_s
             if check:
                 self.assert_invariants(mid_step=True)
-            if queue is not None and not queue:
+            if plan.end is not None:  # a run of decode steps: the clock lands on their summed end
+                if (wait := self._clock_until(plan.end)) is not None:
+                    yield wait
+            elif queue is not None and not queue:
                 env._now = env._now + plan.total_s
             else:
                 yield env.timeout(plan.total_s)
@@ -333,14 +336,8 @@ class Engine(PreemptionWalk, EngineState):
             d = self.profile.step_s(0, n_dec, self.dec_base_sum + n_dec * g, n_dec, self.adapters.n_active,
                                     self.max_lora_rank, self._max_loras, running, self.n_waiting, self.served,
                                     rank_sums)
-            end = now + d
-            total = end - now
-            while now + total < end:
-                total = math.nextafter(total, INF)
-            while now + total > end:
-                total = math.nextafter(total, -INF)
             varying = self._ctx_matters or (self._waiting_matters and self._next_arr_t < INF)
-            return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, 1, d, [d] if varying else None, total, 0, n_dec)
+            return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, 1, d, [d] if varying else None, d, 0, n_dec)
         k_max = min(self.max_run_steps, heap[0] // m - g) if heap else self.max_run_steps
         # KV: cumulative block needs of steps 1.. must stay within the free pool
         free = self.total_blocks - self.used_blocks
@@ -366,13 +363,11 @@ class Engine(PreemptionWalk, EngineState):
             now, k_max, t_evt, n_dec, self.dec_base_sum + n_dec * g, self.adapters.n_active, self.max_lora_rank,
             self._max_loras, len(self.running), self.served, self.n_waiting, varying,
             self.arrival_a, self.ok_cum, self.arr_ptr, self._next_arr_t, rank_sums)
-        total = end - now
-        # SimPy adds the delay to the clock: pick the delay that lands exactly on `end`
-        while now + total < end:
-            total = math.nextafter(total, INF)
-        while now + total > end:
-            total = math.nextafter(total, -INF)
-        return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, k, d, durs, total, 0, n_dec)
+        if k == 1:  # (the clock adds the one duration, as a single step's)
+            return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, 1, d, durs, d, 0, n_dec)
+        plan = StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, k, d, durs, end - now, 0, n_dec)
+        plan.end = end  # the clock lands on the summed end (EngineState._clock_until)
+        return plan
 
     def _preempt(self, rid: int, now: float) -> int:
         """Recompute preemption: free the blocks, back to the front of the waiting queue."""
@@ -664,9 +659,10 @@ class StepPlan:
     ``chunks`` ``(rid, tokens)``, the adapter ``loads`` it waits for and the requests
     ``load_rids`` that wait with them, the duration ``d`` of its first (or only) step, the
     per-step durations ``durs`` of a run whose steps differ (else None), the total
-    ``total_s``, its ``prefill_tokens`` and decoding requests ``n_dec``."""
+    ``total_s``, its ``prefill_tokens`` and decoding requests ``n_dec``; a run of ``k > 1`` steps also its
+    ``end``, the clock summed step by step, which the clock is moved to (a delay cannot always land on it)."""
 
-    __slots__ = ("chunks", "loads", "load_rids", "k", "d", "durs", "total_s", "prefill_tokens", "n_dec")
+    __slots__ = ("chunks", "loads", "load_rids", "k", "d", "durs", "total_s", "prefill_tokens", "n_dec", "end")
 
     def __init__(self, chunks: list[tuple[int, int]], loads: "list[Load] | tuple", load_rids: "list[int] | tuple",
                  k: int, d: float, durs: list[float] | None, total_s: float, prefill_tokens: int, n_dec: int) -> None:
@@ -679,3 +675,4 @@ class StepPlan:
         self.total_s = total_s
         self.prefill_tokens = prefill_tokens
         self.n_dec = n_dec
+        self.end: float | None = None  # a run of k > 1 decode steps: its end, summed step by step

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import simpy
+from simpy.events import NORMAL
 
 from twin.adapters import AdapterMemory, HostLink
 from twin.config import EngineConfig
@@ -271,6 +272,22 @@ class EngineState:
             env._now = env._now + d
             return None
         return env.timeout(d)
+
+    def _clock_until(self, t: float):
+        """Let the clock reach ``t`` exactly (the end of a run of decode steps, summed step by step as
+        stepping one iteration at a time sums it): moved directly as in :meth:`_clock_wait`, else an
+        event at ``t`` to yield. (A delay ``t - now`` cannot always land on ``t``: ``now + (t - now)`` may
+        round to either neighbour of ``t``, and no delay may give ``t`` itself; the clock then ended a
+        run one ulp early.) The event is what ``env.timeout`` queues, at an absolute time."""
+        env = self.env
+        if self.direct_clock and not env._queue:
+            env._now = t
+            return None
+        ev = env.event()
+        ev._ok = True
+        ev._value = None
+        heapq.heappush(env._queue, (t, NORMAL, next(env._eid), ev))
+        return ev
 
     def _read_step_model(self) -> None:
         """Which inputs of the step-time model can change during a decode run (looked up once)."""

@@ -725,12 +725,8 @@ class SLoRAEngine(EngineState):
             ctx_tok += n
             if t >= t_evt:
                 break
-        total = t - now
-        while now + total < t:
-            total = math.nextafter(total, INF)
-        while now + total > t:
-            total = math.nextafter(total, -INF)
-        if (wait := self._clock_wait(total)) is not None:
+        # the clock lands on the summed end (one step: now + d, as a single step's)
+        if (wait := (self._clock_wait(durs[0]) if k == 1 else self._clock_until(t))) is not None:
             yield wait
         self._complete_decode(now, k, durs, counting)
 
@@ -740,15 +736,18 @@ class SLoRAEngine(EngineState):
         self.g = g1 = self.g + k
         if counting:
             self.counter += k
+        elif k > 1 and self.n_waiting:  # stepping would have attempted (and failed) before each step of the run
+            self.n_attempts += k - 1
+            self.n_failed += k - 1
         if self._stalled:  # stalled requests: one ITL sample each of (prefill + this decode)
             self.gap_itl.extend([self._stall_s + durs[0]] * self._stalled)
             rec_n = n - self._stalled
             self._stalled = 0
         else:
             rec_n = n
-        same = all(x == durs[0] for x in durs)
-        # (the row's duration_s is the segment's, t1 - t0, as on the vLLM engine; ITL samples come from durs)
-        self.rec.step(t0, now, k, durs[0], None if same else durs, now - t0, len(self.running),
+        # (the row's duration_s is the segment's, t1 - t0, as on the vLLM engine; the ITL samples are the steps'
+        # durations, durs, for one step too: t1 - t0 of a step can differ from its duration in the last bit)
+        self.rec.step(t0, now, k, durs[0], durs, now - t0, len(self.running),
                       0, rec_n, self.adapters.n_active, self.base_sum + n * g1, self.adapters.resident_bytes, 0, 0)
         heap, dec = self.fin_heap, self.dec
         finished = False

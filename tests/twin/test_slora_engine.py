@@ -414,3 +414,33 @@ def test_an_slora_runs_summary_records_only_the_settings_its_engine_reads(tmp_pa
     s = json.loads((tmp_path / "summary.json").read_text())
     assert not set(VLLM_ONLY_CONFIG) & set(s["config"]) and s["adapter_memory"] == "unified"
     assert {"max_total_tokens", "running_max_req_size", "slora_max_wait_tokens", "block_size"} <= set(s["config"])
+
+
+@pytest.mark.parametrize("policy", ["vllm", "slora"])
+def test_a_run_of_decode_steps_ends_on_the_summed_clock_and_samples_the_steps(policy):
+    """The run's delay `end - now` cannot always land on `end` (`now + delay` rounds past it either way):
+    the clock ended the run one ulp early, so every later time differed from stepping one iteration at a
+    time. And one step's ITL sample was its clock difference, not its duration (an ulp apart)."""
+    prof = constant_profile(c0=0.0065886838, kv_tokens=40_000)
+    w = Workload.from_arrays([0.5118216247002567], [20], [900], [0], [8])
+    cfg = EngineConfig(max_loras=2, max_model_len=2048)
+    a, b = (simulate(w, prof, cfg, policy=policy, max_run_steps=k) for k in (None, 1))
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    for k in ("itl_ms_p50", "itl_ms_p90", "itl_ms_p99", "simulated_s"):
+        assert a.summary[k] == b.summary[k], k
+    w = Workload.from_arrays([1000.3], [100], [2], [0], [8])
+    a, b = (simulate(w, constant_profile(c0=0.01, kv_tokens=40_000), cfg, policy=policy, max_run_steps=k)
+            for k in (None, 1))
+    assert a.summary["itl_ms_p50"] == b.summary["itl_ms_p50"]
+
+
+def test_failed_admission_attempts_are_counted_as_stepping_counts_them():
+    """Admission is attempted at every iteration once it is due; a run of decode steps made one attempt for
+    all of them (3 attempts against stepping's 91)."""
+    prof = constant_profile(c0=0.01, kv_tokens=10_000)
+    w = Workload.from_arrays([0.0, 0.001], [100, 100], [100, 10], [0, 0], [8, 8])
+    cfg = EngineConfig(max_loras=2, max_model_len=2048, running_max_req_size=1)
+    a, b = (simulate(w, prof, cfg, policy="slora", max_run_steps=k) for k in (None, 1))
+    for k in ("slora_admission_attempts", "slora_failed_admissions"):
+        assert a.summary[k] == b.summary[k] > 50, k
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
