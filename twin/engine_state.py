@@ -215,7 +215,22 @@ class EngineState:
         self._schedule_waiting = checked_schedule_waiting(scheduler, self)
         self._sched_ticks = check_tick_interval(scheduler)
         self._cache_ticks = check_tick_interval(cache)
-        self._next_tick = min(t for t in (self._sched_ticks, self._cache_ticks, INF) if t is not None)
+        # each policy's next on_tick (INF: it does not tick); the step loop looks at the earlier one
+        self._sched_tick_due = self._sched_ticks if self._sched_ticks is not None else INF
+        self._cache_tick_due = self._cache_ticks if self._cache_ticks is not None else INF
+        self._next_tick = min(self._sched_tick_due, self._cache_tick_due)
+
+    def _tick(self, now: float) -> None:
+        """The policies' ``on_tick`` that are due at the step boundary ``now`` (scheduler first), each
+        every its own ``tick_interval``. (Both used to tick at the shorter of the two intervals:
+        ``chameleon+prefetch``'s 300 s quota refresh ran every second, at its cache's interval.)"""
+        if now >= self._sched_tick_due:
+            self.scheduler.on_tick(now)
+            self._sched_tick_due = now + self._sched_ticks
+        if now >= self._cache_tick_due:
+            self.cache.on_tick(now)
+            self._cache_tick_due = now + self._cache_ticks
+        self._next_tick = min(self._sched_tick_due, self._cache_tick_due)
 
     def check_offer(self, rid: Any, ctx: Any = None) -> None:
         """Refuse (:class:`~twin.interfaces.PolicyError`, naming the scheduler) an offer to

@@ -477,12 +477,6 @@ class SLoRAEngine(EngineState):
                 self.rec.progress(env.now, horizon, self.n_finished)
         self.rec.close_progress()
 
-    def _tick(self, now: float) -> None:
-        for interval, obj in ((self._sched_ticks, self.scheduler), (self._cache_ticks, self.cache)):
-            if interval is not None:
-                obj.on_tick(now)
-        self._next_tick = now + min(t for t in (self._sched_ticks, self._cache_ticks) if t is not None)
-
     def _ingest(self, now: float) -> None:
         """Requests that arrived by ``now`` join the waiting queue (rejected ones are counted)."""
         lo = self.arr_ptr

@@ -1075,3 +1075,34 @@ def test_a_timed_event_callback_that_raises_is_named():
         with pytest.raises(PolicyError, match=r"scheduler 't-event-method' .*failed in its hook fire .*"
                                               r"ZeroDivisionError: tick"):
             _tiny_run(scheduler=Meth(), system=system)
+
+
+@pytest.mark.parametrize("system", ["vllm", "slora"])
+def test_each_policy_ticks_at_its_own_interval(system):
+    """A scheduler and a cache policy that both tick: each on_tick comes every its own tick_interval (both
+    came at the shorter one: chameleon+prefetch's 300 s quota refresh ran every second, its cache's interval)."""
+    from policies.fcfs import FCFSScheduler
+
+    calls = {"sched": [], "cache": []}
+
+    class SlowTick(FCFSScheduler):
+        name = "t-slow-tick"
+        tick_interval = 2.0
+
+        def on_tick(self, now):
+            calls["sched"].append(now)
+
+    class FastTick(LRUCache):
+        name = "t-fast-tick"
+        tick_interval = 0.5
+
+        def on_tick(self, now):
+            calls["cache"].append(now)
+
+    res = _tiny_run(scheduler=SlowTick(), cache=FastTick(), system=system)
+    end = res.summary["simulated_s"]
+    s, c = np.array(calls["sched"]), np.array(calls["cache"])
+    assert len(c) >= 8 and len(s) >= 2, (len(s), len(c), end)
+    assert np.all(np.diff(s) >= 2.0) and np.all(np.diff(c) >= 0.5)
+    assert np.all(np.diff(s) < 2.0 + 0.5) and np.all(np.diff(c) < 0.5 + 0.5)  # (the next step boundary after each)
+    assert len(c) > 3 * len(s)
