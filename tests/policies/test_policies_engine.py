@@ -262,3 +262,30 @@ def test_client_cap_drops_are_the_same_as_stepping_one_iteration_at_a_time():
                      max_run_steps=k) for k in (None, 1)]
     assert runs[0].summary["preemptions"] > 0 and (runs[0].requests["outcome"] == "unfinished").sum() > 0
     pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests, check_exact=True)
+
+
+def test_sjf_capped_at_its_skips_runs_decode_steps_exactly():
+    """Once ``max_skips`` requests were skipped for a slot, SJF re-planned every step (next_change_time -inf);
+    the skipped requests stay refused until a finish, an admission or a load's end, which end a run anyway,
+    so runs of decode steps give exactly the results of stepping one iteration at a time."""
+    from policies.sjf import SJFScheduler
+    from tests.helpers import random_workload
+
+    prof = constant_profile(**{**PROF, "kv_tokens": 12_000})
+    w = random_workload(n=600, rps=9.0, adapters=120, seed=0)
+    cfg = EngineConfig(max_loras=2, max_num_seqs=24, max_model_len=4096)
+    capped = []
+
+    class Watched(SJFScheduler):
+        name = "t-sjf-watched"
+
+        def schedule_waiting(self, ctx):
+            stop = super().schedule_waiting(ctx)
+            capped.append(self._capped)
+            return stop
+
+    runs = [simulate(w, prof, cfg, scheduler_obj=Watched(max_skips=4), cache_obj=make_cache("lru"),
+                     max_run_steps=k) for k in (None, 1)]
+    assert sum(capped) > 100, "the scenario must reach the skip cap"
+    pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests, check_exact=True)
+    assert runs[0].summary["step_segments"] < runs[0].summary["engine_steps"] / 5  # decode steps run together
