@@ -51,6 +51,21 @@ def shown_path(path: str | os.PathLike) -> str:
         return str(path)
 
 
+#: the data directory's top-level folders (../shared/data): a missing path that starts at one of them
+#: was most likely written ``$TWIN_DATA_DIR/<folder>/...`` with the variable unset
+DATA_FOLDERS = ("validation", "calibration", "traces", "lengths")
+
+
+def unset_data_dir_hint(path: str | os.PathLike) -> str:
+    """For a missing ``path``: "" or a hint that it looks like ``$TWIN_DATA_DIR/...`` with TWIN_DATA_DIR unset
+    (``/validation/x.csv``: the shell expanded the unset variable to nothing)."""
+    parts = Path(path).parts
+    if os.environ.get("TWIN_DATA_DIR") or len(parts) < 2 or parts[0] != "/" or parts[1] not in DATA_FOLDERS:
+        return ""
+    return (f" (TWIN_DATA_DIR is not set: was it $TWIN_DATA_DIR{path}? set TWIN_DATA_DIR to the data directory, "
+            f"e.g. export TWIN_DATA_DIR=../shared/data)")
+
+
 def require(relpath: str, override: str | os.PathLike | None = None, fetch_hint: str | None = None) -> Path:
     """Path of ``relpath`` inside the data directory, or a FileNotFoundError saying how to get it."""
     root = data_dir(override)

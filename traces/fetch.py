@@ -47,7 +47,8 @@ class Source:
     sha256: str | None = None     # pinned digest of the downloaded file
     archive: str | None = None    # "tar.xz": extracted into ``dest``; "rar": kept, extraction by hand
     page: str = ""                # human page of the dataset
-    note: str = ""
+    note: str = ""                # why it cannot be downloaded automatically, or how to get it
+    digest_of: str = ""           # what the pinned sha256 is the digest of
 
 
 AZURE = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data"
@@ -55,11 +56,11 @@ SOURCES: dict[str, Source] = {s.name: s for s in [
     Source("splitwise", "traces/AzureLLMInferenceTrace_conv.csv", f"{AZURE}/AzureLLMInferenceTrace_conv.csv",
            "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8",
            page="https://github.com/Azure/AzurePublicDataset (AzureLLMInferenceDataset2023.md)",
-           note="digest of the copy in the shared data directory"),
+           digest_of="the copy in the shared data directory"),
     Source("splitwise-code", "traces/AzureLLMInferenceTrace_code.csv", f"{AZURE}/AzureLLMInferenceTrace_code.csv",
            "54e9a6d2a4bd06ba1e060304b900abbc74cbea53de96506e60fe5bb4f2277fb6",
            page="https://github.com/Azure/AzurePublicDataset (AzureLLMInferenceDataset2023.md)",
-           note="digest of the copy in the shared data directory"),
+           digest_of="the copy in the shared data directory"),
     Source("splitwise-2024", "traces/AzureLLMInferenceTrace_conv_1week.csv",
            "https://azurepublicdatasettraces.blob.core.windows.net/azurellminfererencetrace/"
            "AzureLLMInferenceTrace_conv_1week.csv",
@@ -112,7 +113,7 @@ def fetch_command(name: str) -> str:
 
 def _manual(src: Source, dest: Path, why: str) -> str:
     where = f"put it at {dest}" if not src.archive else f"extract it into {dest}"
-    digest = f" (sha256 {src.sha256})" if src.sha256 else ""
+    digest = f" (sha256 {src.sha256}{', of ' + src.digest_of if src.digest_of else ''})" if src.sha256 else ""
     return (f"{why}. Download {src.url or src.page} on a machine with network access{digest} and {where}, "
             f"or point TWIN_DATA_DIR (or --data-dir) at a directory that already holds "
             f"{src.dest}.{' ' + src.note if src.note else ''}")
@@ -173,6 +174,7 @@ def fetch(name: str, root: str | os.PathLike | None = None, *, force: bool = Fal
         return dest
     if link is None:
         raise FetchError(_manual(src, dest, f"{name} cannot be downloaded automatically ({src.note})"))
+    made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]  # (removed again if the fetch fails)
     try:
         if src.archive in ("tar.xz", "rar"):
             arch = dest.parent / Path(link).name
@@ -191,6 +193,11 @@ def fetch(name: str, root: str | os.PathLike | None = None, *, force: bool = Fal
         else:
             download(link, dest, digest_expected, timeout)
     except FetchError as e:
+        for p in made:  # the folders the download created, when it left nothing in them
+            try:
+                p.rmdir()
+            except OSError:
+                break
         if isinstance(e, EmptyDownloadError) or "RAR archive" in str(e) or "checksum mismatch" in str(e):
             raise
         raise FetchError(_manual(src, dest, f"fetching {name} failed ({e}); this machine may have no network "

@@ -126,3 +126,21 @@ def test_evaluate_refuses_another_models_profile_before_any_work(tmp_path):
     pd.DataFrame([row]).drop(columns="model").to_csv(path, index=False)
     with pytest.raises(ValueError, match="name no model"):
         evaluate(path, run_search=False)
+
+
+@pytest.mark.data
+def test_evaluate_says_what_takes_the_time_when_no_progress_bar_shows(real_data, monkeypatch, capsys):
+    """Without a terminal (no progress bar) the README's evaluate command printed nothing for its ~20 minutes
+    of twin runs; it now says so and names --jobs, --search-cache and --no-search. --no-search stays quiet."""
+    import twin.configurator.evaluate as ev
+
+    def fake_evaluate(*a, **k):
+        raise SystemExit(7)  # (stop before any twin run: only the notice is under test)
+    monkeypatch.setattr(ev, "evaluate", fake_evaluate)
+    real = str(real_data / "validation/vllm085_h100_llama31_8b.csv")
+    for extra, said in (([], True), (["--no-search"], False), (["--no-search", "--check"], True)):
+        ns = _cli().parse_args(["configure", "evaluate", "--real", real, *extra])
+        with pytest.raises(SystemExit):
+            ns.func(ns)
+        err = capsys.readouterr().err
+        assert ("--search-cache DIR keeps the runs" in err and "--no-search leaves" in err) == said, (extra, err)

@@ -30,3 +30,18 @@ def test_require_names_the_missing_file_and_the_fix(tmp_path):
         require("validation/x.csv", override=tmp_path / "none")
     with pytest.raises(ValueError, match="--data-dir: empty"):
         data_dir("  ")
+
+
+def test_a_data_path_with_the_variable_unset_says_so(monkeypatch):
+    """`--real $TWIN_DATA_DIR/validation/x.csv` with the variable unset reached the commands as /validation/x.csv,
+    and they said only that it does not exist."""
+    from traces.datadir import unset_data_dir_hint
+    from twin.validation.specs import read_table
+
+    monkeypatch.delenv("TWIN_DATA_DIR", raising=False)
+    with pytest.raises(FileNotFoundError, match=r"does not exist \(TWIN_DATA_DIR is not set: was it "
+                                                r"\$TWIN_DATA_DIR/validation/x\.csv\?"):
+        read_table("/validation/x.csv", "real-run table (--real)")
+    assert unset_data_dir_hint("/elsewhere/x.csv") == "" and unset_data_dir_hint("validation/x.csv") == ""
+    monkeypatch.setenv("TWIN_DATA_DIR", "/data")
+    assert unset_data_dir_hint("/validation/x.csv") == ""

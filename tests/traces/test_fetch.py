@@ -65,6 +65,23 @@ def test_unreachable_url_says_what_to_do(tmp_path):
     assert "no network" in msg and "traces/AzureLLMInferenceTrace_conv.csv" in msg and "TWIN_DATA_DIR" in msg
     assert SOURCES["splitwise"].sha256 in msg
     assert not (tmp_path / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv").exists()
+    # the digest's provenance is said as such (it ended the instructions as a stray phrase), and the folders the
+    # failed download made are removed (it left an empty traces/ in the data directory)
+    assert f"(sha256 {SOURCES['splitwise'].sha256}, of the copy in the shared data directory)" in msg
+    assert msg.endswith("holds traces/AzureLLMInferenceTrace_conv.csv.")
+    assert not (tmp_path / "data").exists()
+    (tmp_path / "kept" / "traces").mkdir(parents=True)  # folders that were there stay
+    with pytest.raises(FetchError):
+        fetch("splitwise", tmp_path / "kept", url=missing, timeout=2)
+    assert (tmp_path / "kept" / "traces").is_dir()
+
+
+def test_a_missing_trace_names_the_fetch_command_without_the_digest_note(tmp_path):
+    from traces.registry import get_workload
+
+    with pytest.raises(FileNotFoundError) as e:
+        get_workload("splitwise", data_dir=tmp_path)
+    assert str(e.value).endswith("run `twin traces fetch splitwise`, or set TWIN_DATA_DIR to a directory that holds it")
 
 
 def test_gated_dataset_manual_instructions(tmp_path):

@@ -773,6 +773,11 @@ def cmd_evaluate(args) -> int:
         from traces.datadir import require
 
         real = require("validation/vllm085_h100_llama31_8b.csv")
+    if (not args.no_search or args.check) and not sys.stderr.isatty():  # (no progress bar: say what takes the time)
+        print("twin configure evaluate: the twin runs over the measured grid (the twin-as-optimiser baseline"
+              f"{' and --check' if args.check else ''}): about 20 CPU-minutes for the 9 Llama ml_test scenarios, "
+              f"with --jobs {args.jobs}; --jobs N spreads it, --search-cache DIR keeps the runs for the next time, "
+              "--no-search leaves the baseline out", file=sys.stderr, flush=True)
     with _executor_extra():
         res = evaluate(real, args.profile, args.model, args.source or "", args.search_cache, not args.no_search,
                        args.executor, args.jobs, progress=sys.stderr.isatty(), check=args.check,

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 import pandas as pd
 
+from traces.datadir import unset_data_dir_hint
 from twin.sweep.grid import GridSpec
 from twin.sweep.walk import run_task
 from twin.sweep.scenario import (check_engine_overrides, check_some_config_starts, get_profile, profile_hash,
@@ -430,7 +431,7 @@ def exclusion_keys(spec: str | None) -> set[str]:
         looks_like_path = "/" in part or os.sep in part or p.suffix.lower() == ".csv"
         if not p.exists():
             if looks_like_path:
-                raise ValueError(f"--exclude {part}: file not found; {_EXCLUDE_FORMS}")
+                raise ValueError(f"--exclude {part}: file not found{unset_data_dir_hint(part)}; {_EXCLUDE_FORMS}")
             out.add(part)
             continue
         out |= _exclusion_file(p)

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from traces.arguments import cell_error, csv_layout_problem, parse_list
-from traces.datadir import require
+from traces.datadir import require, unset_data_dir_hint
 from traces.registry import MAX_REQUESTS
 from twin.scenario import MAX_SIM_SECONDS, VLLM_MAX_LORA_RANKS
 from twin.validation.metrics import METRICS
@@ -76,7 +76,7 @@ def read_table(path: str | os.PathLike, what: str) -> pd.DataFrame:
     missing, empty, binary or not CSV."""
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"{what} {p} does not exist")
+        raise FileNotFoundError(f"{what} {p} does not exist{unset_data_dir_hint(p)}")
     if p.is_dir():
         raise ValueError(f"{what} {p} is a directory; give the CSV file")
     with open(p, "rb") as fh:
