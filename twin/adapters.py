@@ -115,6 +115,7 @@ class AdapterMemory:
         self.active: list[int] = [0] * n       # running requests per adapter
         self.resident: list[bool] = [False] * n
         self.n_resident = 0
+        self._resident_ids: set[int] = set()  # the adapters with resident[a] (evictable() reads them, not all n)
         self.n_active = 0
         self.cpu: OrderedDict[int, None] = OrderedDict()  # LRU order, most recent last
         self.ranks_l: list[int] = [int(r) for r in ranks]
@@ -225,6 +226,7 @@ class AdapterMemory:
     def evict(self, a: int, now: float) -> None:
         """Adapter ``a`` leaves the GPU (the caller chose it; see :meth:`evict_victim`)."""
         self.resident[a] = False
+        self._resident_ids.discard(a)
         self.n_resident -= 1
         self.resident_bytes -= self.bytes[a]
         self.evictions += 1
@@ -254,16 +256,22 @@ class AdapterMemory:
         return v
 
     def evictable(self) -> list[int]:
-        """The adapters a load may evict: resident, idle and not loading."""
+        """The adapters a load may evict: resident, idle and not loading, in ascending order (from the
+        resident ones: a scan of every adapter cost O(adapters) per call)."""
         act, loading = self.active, self.loading
-        return [a for a, r in enumerate(self.resident) if r and not act[a] and a not in loading]
+        return sorted(a for a in self._resident_ids if not act[a] and a not in loading)
+
+    def any_evictable(self) -> bool:
+        """``bool(evictable())``, stopping at the first evictable adapter."""
+        act, loading = self.active, self.loading
+        return any(not act[a] and a not in loading for a in self._resident_ids)
 
     def slot_blocked_by_loads(self, a: int) -> bool:
         """True when adapter ``a`` needs a fixed slot but every slot is held by an adapter in
         use or by an asynchronous load still in flight (nothing is evictable): ``a`` must wait
         for the load to finish (:mod:`twin.prefetch`). Only possible while loads are in flight."""
         return (self.placement is None and not self.resident[a] and self.n_resident >= self.gpu_slots
-                and not self.evictable())
+                and not self.any_evictable())
 
     def _load(self, a: int, now: float) -> Load:
         if self.placement is not None:  # evicts through the policy until the adapter fits
@@ -290,6 +298,7 @@ class AdapterMemory:
     def mark_resident(self, a: int) -> None:
         """Adapter ``a`` holds GPU memory from now on (its copy may still be in flight)."""
         self.resident[a] = True
+        self._resident_ids.add(a)
         self.n_resident += 1
         self.resident_bytes += self.bytes[a]
 

@@ -540,6 +540,7 @@ class EngineState:
         res = np.asarray(ad.resident, bool)
         act = np.asarray(ad.active, np.int64)
         assert ad.n_resident == int(res.sum()) <= max(ad.gpu_slots, 0), "resident adapters exceed slots"
+        assert ad._resident_ids == set(np.flatnonzero(res).tolist()), "resident-adapter set out of sync"
         assert bool(np.all(res[act > 0])), "an adapter in use is not resident"
         assert ad.n_active == int((act > 0).sum()) <= self.config.max_loras, "too many adapters in the batch"
         assert len(self.dec) == self.n_dec == sum(1 for r in self.running if r not in self.prefilling), \

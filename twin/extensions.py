@@ -219,7 +219,7 @@ class Extensions:
                     freed += p.swap_out(node, now) if to_host else p.drop(node, now)
             if self.memory == "unified":
                 mem, ab = self.mem, self.mem.placement.ab
-                while freed < n and mem.evictable():
+                while freed < n and mem.any_evictable():
                     v = mem.evict_victim(now)
                     freed += ab[v]
                     if v == pin:

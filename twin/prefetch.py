@@ -57,7 +57,7 @@ class AsyncLoader:
             return mem.placement.allocate(a, now, evict)
         if mem.n_resident < mem.gpu_slots:
             return True
-        if not evict or not mem.evictable():
+        if not evict or not mem.any_evictable():
             return False
         mem.evict_victim(now)
         return True

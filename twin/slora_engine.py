@@ -189,7 +189,7 @@ class SLoRAPool(UnifiedPool):
                 if not evict:
                     return False
                 mem = self.mem
-                while self.ab[a] > e.unreserved_slots() and mem.evictable():
+                while self.ab[a] > e.unreserved_slots() and mem.any_evictable():
                     mem.evict_victim(now)
                 if self.ab[a] > e.unreserved_slots():
                     return False
@@ -587,7 +587,7 @@ class SLoRAEngine(EngineState):
         mem = self.adapters
         ab = mem.placement.ab
         idle = mem.placement.adapter_blocks - sum(ab[a] for a in mem.batch)  # (loading ones included)
-        while idle > self.kv_tokens - adapter_slots - need and mem.evictable():
+        while idle > self.kv_tokens - adapter_slots - need and mem.any_evictable():
             v = mem.evict_victim(now)
             idle -= ab[v]
             self.n_reservation_evictions += 1

@@ -41,9 +41,8 @@ def _state(cache: str, lora_last_use=(NOW, NOW), kv_last=NOW, kv_visits=2, kv_to
     c.sample_batch_size(NOW)
     e.running = {}
     for a, t in zip((0, 1), lora_last_use):
-        mem.resident[a] = True
+        mem.mark_resident(a)
         c.last_use[a] = t
-    mem.n_resident = 2
     node = HistoryNode(conv=0, adapter=0, tokens=kv_tokens, blocks=-(-kv_tokens // e.block_size), turn=0,
                        created=0.0, last_access=kv_last)
     store.nodes[0] = node
