@@ -578,7 +578,7 @@ class SLoRAEngine(EngineState):
                 ctx.loads.append(ld)
                 ctx.load_rids.append(rid)
             self.rank_sum += int(self.adapter_rank[a])
-        self._evict_for_reservations(reservation_need(ctx.pairs), ctx.adapter_slots, now)
+        self._evict_for_reservations(need, ctx.adapter_slots, now)  # (reservation_need(ctx.pairs): pair is in it now)
         return OK
 
     def _evict_for_reservations(self, need: int, adapter_slots: int, now: float) -> None:
