@@ -863,6 +863,7 @@ class ChameleonPrefetchCache(ChameleonCache):
         self.window: list[tuple[float, float] | None] = [None] * engine.n_adapters  # (head, tail) percentiles
         self.prev = np.full(engine.n_adapters, -INF)
         self.ptr = 0
+        self._windowed: set[int] = set()  # the adapters with a window (a tick reads only them, not all adapters)
 
     @property
     def tick_interval(self) -> float | None:
@@ -887,11 +888,11 @@ class ChameleonPrefetchCache(ChameleonCache):
             if len(xs) >= self.min_samples:
                 h = np.asarray(xs[-1000:])
                 self.window[a] = (float(np.percentile(h, self.head_pct)), float(np.percentile(h, self.tail_pct)))
+                self._windowed.add(a)
         want = []
-        for a, win in enumerate(self.window):
-            if win is None:
-                continue
-            head, tail = win
+        window = self.window
+        for a in self._windowed:  # (any order: the sort below orders by (-samples, adapter))
+            head, tail = window[a]
             xs = self.iat[a]
             idle = now - self.prev[a]
             if head <= idle <= tail + self.bin_s:
