@@ -128,19 +128,20 @@ def test_evaluate_refuses_another_models_profile_before_any_work(tmp_path):
         evaluate(path, run_search=False)
 
 
-@pytest.mark.data
-def test_evaluate_says_what_takes_the_time_when_no_progress_bar_shows(real_data, monkeypatch, capsys):
-    """Without a terminal (no progress bar) the README's evaluate command printed nothing for its ~20 minutes
-    of twin runs; it now says so and names --jobs, --search-cache and --no-search. --no-search stays quiet."""
-    import twin.configurator.evaluate as ev
+def test_a_search_without_a_terminal_says_once_that_it_is_under_way(tmp_path, monkeypatch, capsys):
+    """Without a terminal (no progress bar) the README's evaluate command printed nothing for its ~20 minutes of
+    twin runs; with progress None (what the commands pass then) one line follows the first finished walk, and
+    nothing comes before it (a missing executor extra is still the first and only thing said)."""
+    from twin.configurator import search as search_mod
+    from twin.sweep import runner
 
-    def fake_evaluate(*a, **k):
-        raise SystemExit(7)  # (stop before any twin run: only the notice is under test)
-    monkeypatch.setattr(ev, "evaluate", fake_evaluate)
-    real = str(real_data / "validation/vllm085_h100_llama31_8b.csv")
-    for extra, said in (([], True), (["--no-search"], False), (["--no-search", "--check"], True)):
-        ns = _cli().parse_args(["configure", "evaluate", "--real", real, *extra])
-        with pytest.raises(SystemExit):
-            ns.func(ns)
+    def fake(tasks, jobs, **_):
+        for _t in tasks:
+            yield []
+    monkeypatch.setitem(runner._EXEC, "fake", fake)
+    tasks = [{"scenario": {"rates": [0.1 * i]}} for i in range(3)]
+    for progress, said in ((None, True), (False, False)):
+        search_mod._run_tasks(tasks, tmp_path, "fake", 2, progress)
         err = capsys.readouterr().err
-        assert ("--search-cache DIR keeps the runs" in err and "--no-search leaves" in err) == said, (extra, err)
+        assert ("search: the twin's walk over the grid, 1 of 3 scenarios done" in err) == said, err
+        assert err.count("\n") == int(said)

@@ -773,14 +773,9 @@ def cmd_evaluate(args) -> int:
         from traces.datadir import require
 
         real = require("validation/vllm085_h100_llama31_8b.csv")
-    if (not args.no_search or args.check) and not sys.stderr.isatty():  # (no progress bar: say what takes the time)
-        print("twin configure evaluate: the twin runs over the measured grid (the twin-as-optimiser baseline"
-              f"{' and --check' if args.check else ''}): about 20 CPU-minutes for the 9 Llama ml_test scenarios, "
-              f"with --jobs {args.jobs}; --jobs N spreads it, --search-cache DIR keeps the runs for the next time, "
-              "--no-search leaves the baseline out", file=sys.stderr, flush=True)
-    with _executor_extra():
+    with _executor_extra():  # (progress None: no terminal, a line once the search is under way)
         res = evaluate(real, args.profile, args.model, args.source or "", args.search_cache, not args.no_search,
-                       args.executor, args.jobs, progress=sys.stderr.isatty(), check=args.check,
+                       args.executor, args.jobs, progress=sys.stderr.isatty() or None, check=args.check,
                        serving_us=args.serving_us, rank_tile_cost=args.rank_tile_cost)
     if args.out:
         out = Path(args.out)
@@ -876,7 +871,7 @@ def cmd_search(args) -> int:
     slo = _search_slo(args)
     with _executor_extra():
         labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
-                              progress=sys.stderr.isatty(), **slo, **kw)
+                              progress=sys.stderr.isatty() or None, **slo, **kw)
     if labels.empty and args.rule == "slo" and runs["status"].astype(str).eq("ok").any():
         raise ValueError(f"no configuration of the search meets the SLOs ({_slo_text(slo)}) without starving: "
                          f"{_no_result(runs)}; loosen --ttft-p99-s / --itl-p99-s, or lower --rates")

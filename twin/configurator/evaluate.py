@@ -163,7 +163,7 @@ def constant_predictions(model: dict[str, Any], truth: pd.DataFrame) -> pd.DataF
 
 
 def search_predictions(truth: pd.DataFrame, profile: str | None, cache: str | os.PathLike | None, executor: str,
-                       jobs: int, progress: bool, serving_us: float = 0.0,
+                       jobs: int, progress: bool | None, serving_us: float = 0.0,
                        rank_tile_cost: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     pairs = [(parse_list(a, float, "rates"), parse_list(b, int, "ranks")) for a, b in zip(truth["rates"], truth["ranks"])]
@@ -233,7 +233,7 @@ def checked_predictions(preds: pd.DataFrame, truth: pd.DataFrame, profile: str |
 
 def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path: str | None = None,
              source: str = "ml_test", search_cache: str | os.PathLike | None = None, run_search: bool = True,
-             executor: str = "local", jobs: int = 1, progress: bool = False, check: bool = False,
+             executor: str = "local", jobs: int = 1, progress: bool | None = False, check: bool = False,
              serving_us: float | None = None, rank_tile_cost: "float | str | None" = None) -> dict[str, Any]:
     """Evaluate the configurators of ``profile`` (or ``model_path``) on the real runs of ``real_csv``.
     ``serving_us``: the twin-as-optimiser baseline's and the check's serving-path host time per running

@@ -9,6 +9,8 @@ search of the same scenario with the same profile and grid costs nothing.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -69,7 +71,7 @@ def _pairs_tasks(g: GridSpec, pairs: list[tuple[list[float], list[int]]]) -> lis
 
 
 def search(pairs: list[tuple[list[float], list[int]]], profile: str | None, cache: str | os.PathLike | None = None,
-           executor: str = "local", jobs: int = 1, rule: str = "throughput90", progress: bool = False,
+           executor: str = "local", jobs: int = 1, rule: str = "throughput90", progress: bool | None = False,
            ttft_p99_s: float | None = None, itl_p99_s: float | None = None,
            **grid_kw: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Search every ``(rates, ranks)`` pair; returns ``(labels, runs)``: one label row per scenario
@@ -94,18 +96,26 @@ def search(pairs: list[tuple[list[float], list[int]]], profile: str | None, cach
     return labels, runs
 
 
-def _run_tasks(tasks: list[dict], cache: Path, executor: str, jobs: int, progress: bool) -> None:
-
+def _run_tasks(tasks: list[dict], cache: Path, executor: str, jobs: int, progress: bool | None) -> None:
+    """Run the scenario walks not in ``cache`` yet, writing each one's shard. ``progress``: a bar (True),
+    nothing (False), or one line on stderr once the first walk is done (None: no terminal to draw a bar
+    on, where the search printed nothing for its minutes of twin runs)."""
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(tasks), unit="scenario", desc="search")
     tasks = sorted(tasks, key=lambda t: -sum(t["scenario"]["rates"]))
+    t0, done = time.perf_counter(), 0
     for rows in runner._EXEC[executor](tasks, jobs):
         if rows:
             runner.write_shard(cache, rows[0]["task_hash"], rows)
+        done += 1
         if bar is not None:
             bar.update(1)
+        elif progress is None and done == 1 and len(tasks) > 1:
+            print(f"search: the twin's walk over the grid, 1 of {len(tasks)} scenarios done in "
+                  f"{time.perf_counter() - t0:.0f} s with {jobs} worker(s); the rest follows (--jobs N spreads it, "
+                  f"--search-cache DIR keeps the runs for the next time)", file=sys.stderr, flush=True)
     if bar is not None:
         bar.close()
