@@ -44,7 +44,7 @@ import pandas as pd
 
 from calibration.fitting.core import FitError, TableError, first_nan_counts, warn_dropped
 from traces.arguments import csv_layout_problem
-from traces.datadir import data_dir
+from traces.datadir import data_dir, unset_data_dir_hint
 from twin.model_spec import ModelSpec, get_model
 
 #: vLLM 0.8.5 V1 defaults of the measured servers
@@ -325,8 +325,10 @@ def detect_format(directory: Path) -> str:
     d = Path(directory)
     if not d.is_dir():
         what = "is a file, not a directory" if d.exists() else "does not exist"
-        raise FileNotFoundError(f"measurement directory {d} {what}; give --measurements the directory that "
-                                f"holds the calibration tables (e.g. $TWIN_DATA_DIR/calibration/vllm085_h100)")
+        raise FileNotFoundError(f"measurement directory {d} {what}{unset_data_dir_hint(d)}; give --measurements the "
+                                f"directory that holds the calibration tables: $TWIN_DATA_DIR/calibration/vllm085_h100 "
+                                f"(vLLM 0.8.5), .../vllm050_h100_llama2 (vLLM 0.5.0) or .../vidur_linear_ops "
+                                f"(Vidur's operator timings, with --gpu)")
     if (d / "step_latency.csv").exists():
         return "vllm085"
     if (d / "runs.csv").exists() and (d / "adapter_load_manual.csv").exists():

@@ -418,6 +418,11 @@ CASES: list[tuple[str, str]] = [
      "--out {d}/afile/p.json: {d}/afile is a file"),
     ("calibrate fit --measurements {d}/afile --model llama-3.1-8b --out {d}/p.json",
      "measurement directory {d}/afile is a file, not a directory"),  # (said "does not exist")
+    # the fix named only the vLLM 0.8.5 tables, also for a Vidur fit (--gpu)
+    ("calibrate fit --measurements {d}/nosuchdir --model llama-2-7b --gpu a40 --out {d}/p.json",
+     "measurement directory {d}/nosuchdir does not exist; give --measurements the directory that holds the "
+     "calibration tables: $TWIN_DATA_DIR/calibration/vllm085_h100 (vLLM 0.8.5), .../vllm050_h100_llama2 (vLLM 0.5.0) "
+     "or .../vidur_linear_ops (Vidur's operator timings, with --gpu)"),
     ("calibrate fit --measurements {d}/adir --model llama-3.1-8b --out {d}/p.txt",
      "--out {d}/p.txt: give a .json file"),
     ("calibrate replay --out ''", "--out: empty; give a file name"),
