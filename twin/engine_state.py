@@ -279,19 +279,15 @@ class EngineState:
         assert all(self.state[r] == PENDING for r in self.running), "running set out of sync"
 
     def _clock_wait(self, d: float):
-        """Let ``d`` seconds pass: with ``direct_clock`` and SimPy's queue empty nothing else can
-        happen meanwhile, so the clock moves directly (``env.timeout`` + ``env.step`` would do the
-        same float addition) and None is returned; otherwise the timeout event to yield."""
-        env = self.env
-        if self.direct_clock and not env._queue:
-            env._now = env._now + d
-            return None
-        return env.timeout(d)
+        """Let ``d`` seconds pass: :meth:`_clock_until` ``now + d`` (the float addition ``env.timeout(d)``
+        makes, and the same queue entry)."""
+        return self._clock_until(self.env._now + d)
 
     def _clock_until(self, t: float):
-        """Let the clock reach ``t`` exactly (the end of a run of decode steps, summed step by step as
-        stepping one iteration at a time sums it): moved directly as in :meth:`_clock_wait`, else an
-        event at ``t`` to yield. (A delay ``t - now`` cannot always land on ``t``: ``now + (t - now)`` may
+        """Let the clock reach ``t`` exactly (e.g. the end of a run of decode steps, summed step by step as
+        stepping one iteration at a time sums it). With ``direct_clock`` and SimPy's queue empty nothing
+        else can happen meanwhile, so the clock moves directly and None is returned; otherwise the event
+        at ``t`` to yield. (A delay ``t - now`` cannot always land on ``t``: ``now + (t - now)`` may
         round to either neighbour of ``t``, and no delay may give ``t`` itself; the clock then ended a
         run one ulp early.) The event is what ``env.timeout`` queues, at an absolute time."""
         env = self.env
