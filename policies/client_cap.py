@@ -30,6 +30,8 @@ from twin.registry import register_scheduler
 #: Requests the real runs' client can hold in flight (one local port per request; see the module
 #: docstring). ``None`` disables the cap.
 CLIENT_MAX_INFLIGHT: int | None = 28232
+#: the requests table's ``drop_reason`` of an arrival that failed at the client
+CLIENT_CAP_REASON = "failed at the client: client_cap requests were in flight (one local port each)"
 
 
 @register_scheduler
@@ -40,7 +42,8 @@ class ClientCappedFCFS(FCFSScheduler):
     An arrival that finds ``client_cap`` requests in flight (waiting + running in the engine) fails
     at the client: it never reaches the engine's queue. It stays ``unfinished`` in the twin's tables,
     as the real client counts it (sent, not successful; ``ttft_ms_incl_unfinished`` counts it as the
-    window length). ``n_dropped`` counts those failures. With ``preload_gpu`` the first adapters
+    window length), with :data:`CLIENT_CAP_REASON` as its ``drop_reason`` (the summary's
+    ``requests_dropped`` and ``drop_reasons``). ``n_dropped`` counts those failures. With ``preload_gpu`` the first adapters
     (as many as there are GPU slots) are also in GPU slots from the start, as on the calibration's
     offline LoRA servers (``calibration.offline_replay``)."""
 
@@ -105,7 +108,7 @@ class ClientCappedFCFS(FCFSScheduler):
             ones = b"\x01" * (hi - a)
             self.dropped[a:hi] = ones
             self.admitted[a:hi] = ones
-            e.drop_arrivals(range(a, hi))
+            e.drop_arrivals(range(a, hi), CLIENT_CAP_REASON)
             self.n_dropped += hi - a
             q, qptr, qend, dr, push_head = self.q, self.qptr, self.qend, self.dropped, self._push_head
             # adapters whose queue now starts with a dropped request: their head moves on (each
@@ -121,7 +124,7 @@ class ClientCappedFCFS(FCFSScheduler):
             drop = ok[len(ok) - over:] if over < len(ok) else ok
             np.frombuffer(self.dropped, np.uint8)[drop] = 1
             np.frombuffer(self.admitted, np.uint8)[drop] = 1  # skipped by the arrival-order pointer
-            e.drop_arrivals(drop)
+            e.drop_arrivals(drop, CLIENT_CAP_REASON)
             self.n_dropped += len(drop)
             q, qptr, qend, dr = self.q, self.qptr, self.qend, self.dropped
             grp = np.frombuffer(self.grp, np.int64)

@@ -41,7 +41,8 @@ COMMAND_MODULES = (traces.cli, calibration.cli, twin.validation.cli, twin.compar
 
 SUMMARY_ROWS = [
     ("requests arrived / finished", lambda s: f"{s['requests_arrived']} / {s['requests_finished']}"),
-    ("rejected / unfinished", lambda s: f"{s['requests_rejected']} / {s['requests_unfinished']}" + _reasons(s)),
+    ("rejected / unfinished", lambda s: f"{s['requests_rejected']} / {s['requests_unfinished']}" + _reasons(s)
+     + _drops(s)),
     ("offered / throughput (req/s)", lambda s: f"{_f(s['offered_rps'], 3)} / {_f(s['throughput_rps'], 3)}"),
     ("tokens/s in / out", lambda s: f"{_f(s['input_tok_s'], 1)} / {_f(s['output_tok_s'], 1)}"),
     ("TTFT ms mean / p50 / p99", lambda s: f"{_f(s['ttft_ms_mean'])} / {_f(s['ttft_ms_p50'])} / {_f(s['ttft_ms_p99'])}"),
@@ -63,6 +64,12 @@ def _reasons(s: dict[str, Any]) -> str:
     """The rejections by reason, e.g. `` (110: prompt longer than ...)``; nothing when none."""
     r = s.get("reject_reasons") or {}
     return " (" + "; ".join(f"{n}: {with_option(why)}" for why, n in r.items()) + ")" if r else ""
+
+
+def _drops(s: dict[str, Any]) -> str:
+    """The unfinished requests that failed before the queue, by reason (``drop_reasons``); nothing when none."""
+    r = s.get("drop_reasons") or {}
+    return " (of the unfinished: " + "; ".join(f"{n} {why}" for why, n in r.items()) + ")" if r else ""
 
 
 def _f(x: Any, nd: int = 1) -> str:

@@ -26,7 +26,7 @@ from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_p
                              callback_label, checked_next_change_time, checked_schedule_waiting,
                              explain_policy_failure, policy_label)
 from twin.recorder import Recorder
-from twin.requests import FINISHED, PENDING, REJECTED, RequestTable, StartupError, check_startup
+from twin.requests import DEFAULT_DROP_REASON, FINISHED, PENDING, REJECTED, RequestTable, StartupError, check_startup
 from twin.tensor_parallel import tp_profile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -127,6 +127,9 @@ class EngineState:
         self.load_wait_d, self.preempt_d, self.last_token_d = t.load_wait_d, t.preempt_d, t.last_token_d
         self._seen = t.seen
         self._dropped: np.ndarray | None = None  # requests that failed before the queue (drop_arrivals)
+        #: why each dropped request failed: an index into :attr:`drop_reason_names` (0: not dropped)
+        self._drop_code: np.ndarray | None = None
+        self.drop_reason_names: list[str] = [""]
         cfg = self.config
         self.served = cfg.served_adapters if cfg.served_adapters is not None else t.n_adapters
 
@@ -436,21 +439,36 @@ class EngineState:
             idx = np.setdiff1d(idx, np.fromiter(run.keys(), np.int64, len(run)), assume_unique=True)
         return idx
 
-    def drop_arrivals(self, rids: "np.ndarray | range") -> None:
+    def drop_arrivals(self, rids: "np.ndarray | range", reason: str = DEFAULT_DROP_REASON) -> None:
         """Requests ``rids``, which just arrived, failed before the server's queue (e.g. at a
-        client with an in-flight cap): they leave the waiting count (the scheduler must not
-        offer them) and stay unfinished in the tables. ``rids`` may be a ``range`` of step 1
-        (marked as a slice)."""
-        if self._dropped is None:  # a bytearray seen as a bool array (a slice of it is set without numpy)
+        client with an in-flight cap) because of ``reason``: they leave the waiting count (the
+        scheduler must not offer them) and stay unfinished in the tables, whose ``drop_reason``
+        column and the summary's ``drop_reasons`` give the reason. ``rids`` may be a ``range`` of
+        step 1 (marked as a slice)."""
+        if self._dropped is None:  # bytearrays seen as numpy arrays (a slice of them is set without numpy)
             self._dropped_b = bytearray(self.n)
             self._dropped = np.frombuffer(self._dropped_b, np.bool_)
+            self._drop_code_b = bytearray(self.n)
+            self._drop_code = np.frombuffer(self._drop_code_b, np.uint8)
+        if not isinstance(reason, str) or not reason.strip():
+            raise PolicyError(f"drop_arrivals(..., reason={reason!r}): give why the requests failed before the queue, "
+                              f"a non-empty string (it fills the requests table's drop_reason column)")
+        names = self.drop_reason_names
+        if reason not in names:
+            if len(names) == 256:
+                raise PolicyError(f"drop_arrivals: more than 255 distinct reasons (the last: {reason!r}); "
+                                  f"give a reason per cause, not per request")
+            names.append(reason)
+        code = names.index(reason)
         if rids.__class__ is range and rids.step == 1:
             n = len(rids)
             self._dropped_b[rids.start:rids.stop] = b"\x01" * n
+            self._drop_code_b[rids.start:rids.stop] = bytes((code,)) * n
             self.n_waiting -= n
             return
         rids = np.asarray(rids, np.int64)
         self._dropped[rids] = True
+        self._drop_code[rids] = code
         self.n_waiting -= len(rids)
 
     def reclaimable_blocks(self) -> int:

@@ -138,7 +138,9 @@ class EngineView(Protocol):
 
     def reclaimable_blocks(self) -> int: ...
 
-    def drop_arrivals(self, rids: "np.ndarray | range") -> None: ...
+    def drop_arrivals(self, rids: "np.ndarray | range", reason: str = ...) -> None:
+        """Requests ``rids``, which just arrived, fail before the queue for ``reason`` (the requests
+        table's ``drop_reason``); they stay unfinished and are never offered."""
 
     def squash(self, rid: int) -> None: ...
 

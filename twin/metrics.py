@@ -129,6 +129,8 @@ def requests_frame(e: "Engine") -> "pd.DataFrame":
         tpot = np.where(e.output > 1, (fn_c - ft_c) / (e.output - 1), np.nan)
     reason = np.array(REJECT_REASONS, dtype=object)[e.reject_reason]
     reason[oc == 0] = ""
+    code = e._drop_code
+    dropped = np.array(e.drop_reason_names, dtype=object)[code] if code is not None else np.full(e.n, "", object)
     return pd.DataFrame({
         "request_id": e.request_id,
         "arrival_s": e.arrival,
@@ -138,6 +140,7 @@ def requests_frame(e: "Engine") -> "pd.DataFrame":
         "output_tokens": e.output,
         "outcome": OUTCOME_NAMES[oc],
         "reject_reason": reason,
+        "drop_reason": dropped,
         "first_scheduled_s": e.first_sched,
         "first_token_s": ft_c,
         "finish_s": fn_c,
@@ -150,6 +153,18 @@ def requests_frame(e: "Engine") -> "pd.DataFrame":
         "tokens_emitted": e.emitted,
         "adapter_hit": adapter_hits(e),
     })
+
+
+def dropped_requests(e: "Engine") -> dict[str, Any]:
+    """``requests_dropped``: the unfinished requests that failed before the server's queue (e.g. at a client
+    with an in-flight cap, ``fcfs+client-cap``; ``EngineView.drop_arrivals``), and ``drop_reasons``, their
+    count by reason (empty when none)."""
+    code = e._drop_code
+    if code is None:
+        return {"requests_dropped": 0, "drop_reasons": {}}
+    counts = np.bincount(code, minlength=len(e.drop_reason_names))
+    return {"requests_dropped": int(counts[1:].sum()),
+            "drop_reasons": {why: int(c) for why, c in zip(e.drop_reason_names[1:], counts[1:].tolist()) if c}}
 
 
 def adapter_hits(e: "Engine") -> "pd.arrays.BooleanArray":
@@ -185,6 +200,7 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
         "requests_rejected": int(np.count_nonzero(rej)),
         "requests_unfinished": int(np.count_nonzero(oc == 3)),
         "reject_reasons": {REJECT_REASONS[i]: int(c) for i, c in enumerate(reasons) if c},
+        **dropped_requests(e),
         "simulated_s": float(window),
         "throughput_rps": n_fin / window,
         "offered_rps": arrived / arrival_window(e, oc),

@@ -47,6 +47,9 @@ REJECT_REASONS = ("", "prompt + output exceed max_model_len", "request can never
                   "prompt + output + 1 exceed S-LoRA's max_total_token_num",
                   "request and its adapter can never fit S-LoRA's pool",
                   "prompt longer than S-LoRA's batch_max_tokens (one prefill mini-batch)")
+#: why a request that arrived failed before the server's queue when a policy that drops arrivals
+#: (``EngineView.drop_arrivals``) gives no reason (the requests table's ``drop_reason``)
+DEFAULT_DROP_REASON = "dropped before the queue by the scheduler (drop_arrivals)"
 #: the option that sets the limit behind a rejection reason (what the console output points to)
 REJECT_OPTIONS = {"prompt + output exceed max_model_len": "--max-model-len",
                   "request can never fit in the KV cache": "--kv-tokens / --gpu-mem-gb",

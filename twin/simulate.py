@@ -50,6 +50,9 @@ def nothing_admitted_note(engine: Any, summary: dict[str, Any], scheduler: Any) 
     if summary.get("requests_finished"):
         return None
     waited = outcomes(engine) == 3  # arrived, neither rejected nor finished
+    dropped = getattr(engine, "_dropped", None)
+    if dropped is not None:  # failed before the queue, with a reason (drop_arrivals): they never waited
+        waited &= ~dropped
     n = int(np.count_nonzero(waited))
     if not n or not np.isnan(engine.first_sched[waited]).all():
         return None

@@ -752,3 +752,45 @@ def test_a_scheduler_that_admits_nothing_is_named_in_a_note_and_a_warning():
         cut = simulate(w, constant_profile(c0=1.0), cfg, horizon_s=0.9).summary  # (admitted, not finished)
         assert cut["requests_finished"] == 0 and "note" not in cut
         assert "note" not in simulate(w, constant_profile(), cfg).summary
+
+
+class _DropAll(Scheduler):
+    """A user scheduler that drops every arrival before the queue (``EngineView.drop_arrivals``)."""
+
+    name = "drop-all"
+
+    def __init__(self, reason: object = "turned away by the test's admission control") -> None:
+        self.reason = reason
+
+    def on_arrivals(self, lo: int, hi: int) -> None:
+        self.engine.drop_arrivals(range(lo, hi), self.reason)
+
+    def on_preempt(self, rid: int) -> None:
+        pass
+
+    def schedule_waiting(self, ctx):
+        return None
+
+
+def test_dropped_arrivals_carry_their_reason_and_are_not_blamed_on_the_scheduler():
+    """Requests a plug-in drops before the queue stay unfinished with its reason in ``drop_reason`` and the
+    summary's ``drop_reasons``; the run gets no "nothing admitted" note (nothing waited to be admitted). A
+    reason that is not a non-empty string is refused naming the call."""
+    import warnings
+
+    from twin.interfaces import PolicyError
+    from twin.registry import make_cache
+    from twin.simulate import NothingAdmittedWarning
+
+    w = Workload.from_arrays([0.0, 0.5, 1.0], [10, 20, 30], [5, 5, 5])
+    cfg = EngineConfig(kv_capacity_tokens=4000, max_model_len=2048)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NothingAdmittedWarning)
+        res = simulate(w, constant_profile(), cfg, scheduler_obj=_DropAll(), cache_obj=make_cache("lru"))
+    s = res.summary
+    assert (s["requests_unfinished"], s["requests_dropped"]) == (3, 3) and "note" not in s
+    assert s["drop_reasons"] == {"turned away by the test's admission control": 3}
+    assert res.requests["drop_reason"].tolist() == ["turned away by the test's admission control"] * 3
+    for bad in ("", "  ", None, 3):
+        with pytest.raises(PolicyError, match=r"drop_arrivals\(\.\.\., reason=.*\): give why the requests failed"):
+            simulate(w, constant_profile(), cfg, scheduler_obj=_DropAll(bad), cache_obj=make_cache("lru"))

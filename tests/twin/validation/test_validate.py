@@ -124,6 +124,19 @@ def test_client_cap_drops_arrivals_beyond_the_cap():
     assert (r["outcome"] == "unfinished").sum() == 6
     # unfinished requests count as the window in the published twin's TTFT
     assert res.summary["ttft_ms_incl_unfinished"] > res.summary["ttft_ms_mean"]
+    # each of them says why: nothing is lost silently
+    from policies.client_cap import CLIENT_CAP_REASON
+
+    assert r["drop_reason"].tolist() == [""] * 4 + [CLIENT_CAP_REASON] * 6
+    assert res.summary["requests_dropped"] == 6 and res.summary["drop_reasons"] == {CLIENT_CAP_REASON: 6}
+
+
+def test_a_run_without_drops_says_none():
+    prof = constant_profile(c0=0.01, cpu_s=0.0, disk_s=0.0)
+    w = Workload.from_arrays(np.linspace(0, 0.001, 10), [10] * 10, [5] * 10, [0, 1] * 5, [8] * 10)
+    res = simulate(w, prof, EngineConfig(max_loras=2), policy="vllm")
+    assert (res.requests["drop_reason"] == "").all()
+    assert res.summary["requests_dropped"] == 0 and res.summary["drop_reasons"] == {}
 
 
 def _random_workload(seed: int, n: int, window_s: float, max_output: int, adapters: int) -> Workload:
@@ -182,6 +195,7 @@ def test_client_cap_range_drops_match_the_general_drops():
     general = General(client_cap=40)
     b = simulate(w, prof, cfg, scheduler_obj=general, cache_obj=make_cache("lru"))
     assert general.n_dropped > 100
+    assert (a.requests["drop_reason"] != "").sum() == general.n_dropped == a.summary["requests_dropped"]
     pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
     pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
 
