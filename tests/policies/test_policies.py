@@ -837,6 +837,7 @@ def test_slora_next_batch_stops_before_the_first_request_that_does_not_fit():
     j.engine = eng
     eng.config.max_num_batched_tokens = 100
     j.heap = [(float(k), rid) for k, rid in ((3, 0), (1, 1), (2, 2), (4, 3))]
+    heapq.heapify(j.heap)  # (the scheduler's queue is a heap)
     assert list(j._next_batch()) == [1]
     eng.config.max_num_batched_tokens = 10_000
     j.heap = [(float(k), k) for k in range(100)]  # more than the first widening (32) of the SJF order
