@@ -59,7 +59,6 @@ class AdapterAwareScheduler(Scheduler):
         self.q: list[deque[int]] = [deque() for _ in range(A + 1)]  # per adapter; index A = base model
         self.base = A
         self.cap = self.max_adapters or engine.config.max_loras
-        self._stop_time = INF
         engine.adapters.tier_changes = []
         # per group, as of the last _refresh: head request (-1: none waiting), class, version
         self._head = [-1] * (A + 1)

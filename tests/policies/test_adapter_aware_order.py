@@ -30,6 +30,7 @@ class SortingAdapterAware(AdapterAwareScheduler):
 
     def bind(self, engine) -> None:
         super().bind(engine)
+        engine.adapters.tier_changes = None  # (nothing reads them here)
         self.ref_q = [deque() for _ in range(engine.n_adapters + 1)]
         self.nonempty: set[int] = set()
 
