@@ -122,23 +122,25 @@ class SLoRASJFScheduler(SJFScheduler):
 
     def _next_batch(self) -> Iterable[int]:
         """The prefix, in SJF order, of the waiting requests whose prompts fit in one step's token
-        budget (S-LoRA §4.2's prefetch set, ``next_batch()``; the first that does not fit ends it)."""
+        budget (S-LoRA §4.2's prefetch set, ``next_batch()``; the first that does not fit ends it).
+        The heap is read in key order from its root, through a frontier of the entries whose parent
+        was taken: a step reads what it yields and their children, not the whole queue."""
         e = self.engine
         budget = self.lookahead_tokens or e.config.max_num_batched_tokens
         heap, cap = self.heap, self.max_lookahead
-        k = min(32, cap) if cap is not None else 32
-        i = 0
-        while True:  # the smallest k, widened while the budget lasts (no sort of the whole queue per step)
-            order = heapq.nsmallest(k, heap)
-            for _, rid in order[i:]:
-                budget -= e.tokens_known(rid)
-                if budget < 0:
-                    return
-                yield rid
-            i = len(order)
-            if i < k or (cap is not None and k >= cap):
+        n = len(heap)
+        frontier = [(heap[0], 0)] if heap else []
+        taken = 0
+        while frontier and (cap is None or taken < cap):
+            item, i = heapq.heappop(frontier)
+            budget -= e.tokens_known(item[1])
+            if budget < 0:
                 return
-            k = 4 * k if cap is None else min(4 * k, cap)
+            yield item[1]
+            taken += 1
+            for c in (2 * i + 1, 2 * i + 2):
+                if c < n:
+                    heapq.heappush(frontier, (heap[c], c))
 
     def prefetch(self, now: float) -> Iterable[int]:
         return adapters_of(self.engine, self._next_batch())

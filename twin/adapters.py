@@ -118,6 +118,9 @@ class AdapterMemory:
         self._resident_ids: set[int] = set()  # the adapters with resident[a] (evictable() reads them, not all n)
         self.n_active = 0
         self.cpu: OrderedDict[int, None] = OrderedDict()  # LRU order, most recent last
+        #: the adapters whose GPU residency or CPU-tier membership changed, appended while not None (a
+        #: scheduler that keeps its own per-tier order sets a list and empties it: policies/adapter_aware.py)
+        self.tier_changes: list[int] | None = None
         self.ranks_l: list[int] = [int(r) for r in ranks]
         self.bytes: list[int] = [profile.adapter_bytes(r) for r in self.ranks_l]
         self.resident_bytes = 0
@@ -161,6 +164,8 @@ class AdapterMemory:
             if len(self.cpu) >= self.cpu_slots:
                 break
             self.cpu[int(a)] = None
+            if self.tier_changes is not None:
+                self.tier_changes.append(int(a))
 
     def preload_gpu(self, adapters, now: float = 0.0) -> None:
         """Adapters already in GPU slots (and the CPU tier) when serving starts, at most
@@ -179,7 +184,7 @@ class AdapterMemory:
             if self.resident[a]:
                 continue
             if a not in self.cpu and len(self.cpu) < self.cpu_slots:
-                self.cpu[a] = None
+                self.cpu[a] = None  # (mark_resident notes a's change of tier)
             self.mark_resident(a)
             self.policy.on_load(a, now)
             self.policy.on_idle(a, now)
@@ -230,6 +235,8 @@ class AdapterMemory:
         self.n_resident -= 1
         self.resident_bytes -= self.bytes[a]
         self.evictions += 1
+        if self.tier_changes is not None:
+            self.tier_changes.append(a)
         if self.placement is not None:
             self.placement.free(a)
         self.policy.on_evict(a, now)
@@ -301,6 +308,13 @@ class AdapterMemory:
         self._resident_ids.add(a)
         self.n_resident += 1
         self.resident_bytes += self.bytes[a]
+        if self.tier_changes is not None:
+            self.tier_changes.append(a)
+
+    @property
+    def resident_ids(self) -> set[int]:
+        """The adapters with ``resident[a]`` (the engine's own set: read it, never change it)."""
+        return self._resident_ids
 
     def activation_reloads(self, a: int, victim: int, now: float) -> list[int]:
         """Adapters of the batch that vLLM evicts and reloads while it activates ``a`` (whose slot
@@ -364,8 +378,10 @@ class AdapterMemory:
             self.loads_cpu += 1
         else:
             if len(self.cpu) >= self.cpu_slots:
-                self.cpu.popitem(last=False)
-            self.cpu[a] = None
+                dropped, _ = self.cpu.popitem(last=False)
+                if self.tier_changes is not None:
+                    self.tier_changes.append(dropped)
+            self.cpu[a] = None  # (a becomes resident: mark_resident notes it)
             source, disk_s = "disk", self.disk_load_s[r]
             self.loads_disk += 1
         return source, disk_s

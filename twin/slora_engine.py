@@ -109,14 +109,81 @@ R_BATCH = REJECT_REASONS.index("prompt longer than S-LoRA's batch_max_tokens (on
 def reservation_need(pairs: list[tuple[int, int]]) -> int:
     """S-LoRA's ``_can_add_new_req`` peak: ``pairs`` of ``(left, has)``, sorted by ``left``
     largest first; ``max_i(sum_{j<=i} has_j + (i+1) * left_i)`` (0 for no pair)."""
+    return sorted_need(sorted(pairs, key=lambda p: -p[0]))
+
+
+def sorted_need(pairs: list[tuple[int, int]]) -> int:
+    """:func:`reservation_need` of ``pairs`` already in its order."""
     need = 0
     cum = 0
-    for i, (left, has) in enumerate(sorted(pairs, key=lambda p: -p[0])):
+    for i, (left, has) in enumerate(pairs):
         cum += has
         v = cum + (i + 1) * left
         if v > need:
             need = v
     return need
+
+
+class Reservations:
+    """The ``(left, has)`` pairs of ``_can_add_new_req`` kept in :func:`reservation_need`'s order (``left``
+    largest first; equal ``left`` in the order added, as ``sorted`` leaves them), so that the need with
+    one more pair (each candidate of an admission) takes no sort of the batch's pairs. The first query
+    after a change is one pass over the pairs with the candidate in place; a second one indexes them:
+    the prefix sums ``pre_h``, the prefix maxima ``pre_max`` of the terms ``T_j = sum_{i<=j} h_i +
+    (j+1) l_j`` and the suffix maxima ``suf`` of ``T_j + l_j``, after which a query is a bisection. The
+    pair ``(L, H)`` goes after the ``p`` pairs with ``l_j >= L``; the terms before it stay, its own is
+    ``sum_{j<p} h_j + H + (p+1) L``, and each one behind it becomes ``T_j + H + l_j``: ``need = max(0,
+    max_{j<p} T_j, that, H + max_{j>=p} (T_j + l_j))`` (integers: exactly :func:`reservation_need`'s)."""
+
+    __slots__ = ("neg_l", "pairs", "pre_h", "pre_max", "suf", "queried")
+
+    def __init__(self, pairs: list[tuple[int, int]]) -> None:
+        self.pairs = sorted(pairs, key=lambda p: -p[0])
+        self.neg_l = [-left for left, _ in self.pairs]
+        self.pre_h: list[int] | None = None  # (None: not indexed since the last change)
+        self.queried = False                 # a query came since the last change
+
+    def index(self) -> None:
+        """Build the prefix sums and maxima (the class docstring)."""
+        pairs = self.pairs
+        n = len(pairs)
+        pre_h = [0] * (n + 1)
+        pre_max = [-INF] * (n + 1)
+        cum = 0
+        for j, (left, h) in enumerate(pairs):
+            cum += h
+            pre_h[j + 1] = cum
+            t = cum + (j + 1) * left
+            pre_max[j + 1] = t if t > pre_max[j] else pre_max[j]
+        suf = [-INF] * (n + 1)
+        for j in range(n - 1, -1, -1):
+            t = pre_h[j + 1] + (j + 1) * pairs[j][0] + pairs[j][0]
+            suf[j] = t if t > suf[j + 1] else suf[j + 1]
+        self.pre_h, self.pre_max, self.suf = pre_h, pre_max, suf
+
+    def need_with(self, left: int, has: int) -> int:
+        """``reservation_need(pairs + [(left, has)])``."""
+        p = bisect_right(self.neg_l, -left)
+        if self.pre_h is None:
+            if not self.queried:
+                self.queried = True
+                return sorted_need(self.pairs[:p] + [(left, has)] + self.pairs[p:])
+            self.index()
+        need = self.pre_h[p] + has + (p + 1) * left
+        if self.pre_max[p] > need:
+            need = self.pre_max[p]
+        c = has + self.suf[p]
+        if c > need:
+            need = c
+        return need if need > 0 else 0
+
+    def add(self, left: int, has: int) -> None:
+        """The pair joins (an admitted request): after the pairs with ``left`` at least as large."""
+        p = bisect_right(self.neg_l, -left)
+        self.pairs.insert(p, (left, has))
+        self.neg_l.insert(p, -left)
+        self.pre_h = None
+        self.queried = False
 
 
 def first_pass_step(running: list[tuple[int, int]], failed: list[tuple[int, int, int, int]], limit: int) -> float:
@@ -133,24 +200,12 @@ def first_pass_step(running: list[tuple[int, int]], failed: list[tuple[int, int,
     H - s + max_{j>=p} (T_j + l_j))``: prefix and suffix maxima make each ``s`` O(log n). The
     need may rise or fall with ``s`` (the candidate's window slides along the running requests'
     growth), so every ``s`` is evaluated; a test compares with :func:`reservation_need`."""
-    pairs = sorted(running, key=lambda p: -p[0])
-    n = len(pairs)
-    neg_l = [-left for left, _ in pairs]
-    pre_h = [0] * (n + 1)
-    pre_max = [-INF] * (n + 1)
-    cum = 0
-    for j, (left, h) in enumerate(pairs):
-        cum += h
-        pre_h[j + 1] = cum
-        t = cum + (j + 1) * left
-        pre_max[j + 1] = t if t > pre_max[j] else pre_max[j]
-    suf = [-INF] * (n + 1)
-    for j in range(n - 1, -1, -1):
-        t = pre_h[j + 1] + (j + 1) * pairs[j][0] + pairs[j][0]
-        suf[j] = t if t > suf[j + 1] else suf[j + 1]
+    res = Reservations(running)
+    res.index()
+    neg_l, pre_h, pre_max, suf = res.neg_l, res.pre_h, res.pre_max, res.suf
     best = INF
     for L, H, room, room_wo in failed:
-        need0 = reservation_need(running + [(L, H)])
+        need0 = res.need_with(L, H)
         cat0 = 0 if need0 < room else 1 if need0 < room_wo else 2
         for s in range(1, min(limit, best - 1 if best < INF else limit) + 1):
             p = bisect_right(neg_l, -(L + s))  # running with l_j >= L + s
@@ -261,7 +316,7 @@ class SLoRAStepContext:
     tokens left in ``batch_max_tokens`` (``budget``), the mini-batch ``admitted`` so far, the
     adapter ``loads`` its prefill waits for, ``now``; ``try_admit`` applies S-LoRA's test."""
 
-    __slots__ = ("engine", "budget", "admitted", "chunks", "loads", "load_rids", "now", "pairs", "adapters",
+    __slots__ = ("engine", "budget", "admitted", "chunks", "loads", "load_rids", "now", "reservations", "adapters",
                  "adapter_slots", "failed")
 
     def __init__(self, engine: "SLoRAEngine", budget: int, now: float) -> None:
@@ -272,7 +327,7 @@ class SLoRAStepContext:
         self.loads: list = []
         self.load_rids: list[int] = []
         self.now = now
-        self.pairs = engine._running_pairs()
+        self.reservations = Reservations(engine._running_pairs())
         self.adapters = set(engine.adapters.batch)
         ab = engine.adapters.placement.ab
         self.adapter_slots = sum(ab[a] for a in self.adapters)
@@ -542,7 +597,7 @@ class SLoRAEngine(EngineState):
         ab = self.adapters.placement.ab
         new_ad = ab[a] if a >= 0 and a not in ctx.adapters else 0
         pair = (out_left - 1, T + 1)
-        need = reservation_need(ctx.pairs + [pair])
+        need = ctx.reservations.need_with(*pair)
         room = self.kv_tokens - ctx.adapter_slots
         if self.adapters.loading:  # prefetches in flight hold their slots (they cannot be evicted)
             room -= self._loading_slots(ctx.adapters | ({a} if a >= 0 else set()))
@@ -551,7 +606,7 @@ class SLoRAEngine(EngineState):
             ctx.failed.append((pair[0], pair[1], room - new_ad, room))
             return NO_SLOT if slot else NO_KV
         # admitted: the mini-batch grows
-        ctx.pairs.append(pair)
+        ctx.reservations.add(*pair)
         if new_ad:
             ctx.adapters.add(a)
             ctx.adapter_slots += new_ad
@@ -578,7 +633,7 @@ class SLoRAEngine(EngineState):
                 ctx.loads.append(ld)
                 ctx.load_rids.append(rid)
             self.rank_sum += int(self.adapter_rank[a])
-        self._evict_for_reservations(need, ctx.adapter_slots, now)  # (reservation_need(ctx.pairs): pair is in it now)
+        self._evict_for_reservations(need, ctx.adapter_slots, now)  # (the reservations' need: pair is in it now)
         return OK
 
     def _evict_for_reservations(self, need: int, adapter_slots: int, now: float) -> None:

@@ -4,10 +4,12 @@ output-length predictor, and every preset from the CLI on ``splitwise``."""
 
 from __future__ import annotations
 
+import heapq
 import types
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import policies  # noqa: F401
 from twin import registry
@@ -294,6 +296,7 @@ def test_slora_sjf_prefetches_the_next_batch_in_sjf_order():
     s.engine = SimpleNamespace(config=SimpleNamespace(max_num_batched_tokens=700),
                                tokens_known=lambda rid: prompts[rid], adapter_a=[0, 1, 1, 2, 3])
     s.heap = [(50.0, 0), (10.0, 2), (30.0, 1), (5.0, 3), (70.0, 4)]
+    heapq.heapify(s.heap)  # (the scheduler's queue is a heap)
     # SJF order 3, 2, 1 (keys 5, 10, 30): 100 + 600 tokens fill the 700-token batch after two requests
     assert list(s.prefetch(0.0)) == [2, 1]
     s.engine.config.max_num_batched_tokens = 10_000
@@ -308,6 +311,46 @@ def test_slora_sjf_prefetches_the_next_batch_in_sjf_order():
     got = {p: simulate(w, prof, build_engine_config(run, w, prof), policy=p).summary for p in ("slora+sjf", "slora")}
     assert got["slora+sjf"]["scheduler"] == "slora-sjf"
     assert got["slora+sjf"].get("prefetches", 0) > 0 and got["slora"].get("prefetches", 0) > 0
+
+
+def next_batch_by_sorting(heap, tokens, budget, cap):
+    """S-LoRA+SJF's prefetch set as it was taken before: the smallest entries of the whole heap, in key
+    order, until the budget runs out (at most ``cap``)."""
+    out = []
+    for _, rid in sorted(heap)[:cap]:
+        budget -= tokens[rid]
+        if budget < 0:
+            break
+        out.append(rid)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(1, 400)), max_size=300), st.integers(0, 6000),
+       st.one_of(st.none(), st.integers(0, 80)))
+def test_slora_sjf_next_batch_reads_the_heap_in_order(entries, budget, cap):
+    """The prefetch set read from the heap's root (a frontier) is the sorted prefix of the whole queue,
+    ties of the key broken by rid, and it reads no more than its entries and their children."""
+    from types import SimpleNamespace
+
+    s = make_scheduler("slora-sjf", max_lookahead=cap, lookahead_tokens=budget or None)
+    tokens = [t for _, t in entries]
+    s.engine = SimpleNamespace(config=SimpleNamespace(max_num_batched_tokens=3000), tokens_known=tokens.__getitem__)
+    heap: list = []
+    for rid, (key, _) in enumerate(entries):
+        heapq.heappush(heap, (float(key), rid))
+
+    class CountedReads(list):
+        reads = 0
+
+        def __getitem__(self, i):
+            CountedReads.reads += 1
+            return list.__getitem__(self, i)
+
+    s.heap = CountedReads(heap)
+    got = list(s._next_batch())
+    assert got == next_batch_by_sorting(heap, tokens, budget or 3000, cap)
+    assert CountedReads.reads <= 1 + 2 * len(got)
 
 
 def test_adapter_aware_prefers_resident_adapters():
@@ -794,6 +837,7 @@ def test_slora_next_batch_stops_before_the_first_request_that_does_not_fit():
     j.engine = eng
     eng.config.max_num_batched_tokens = 100
     j.heap = [(float(k), rid) for k, rid in ((3, 0), (1, 1), (2, 2), (4, 3))]
+    heapq.heapify(j.heap)  # (the scheduler's queue is a heap)
     assert list(j._next_batch()) == [1]
     eng.config.max_num_batched_tokens = 10_000
     j.heap = [(float(k), k) for k in range(100)]  # more than the first widening (32) of the SJF order

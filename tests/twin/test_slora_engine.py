@@ -17,7 +17,7 @@ from twin.perf.profile import load_profile
 from twin.perf.slora_forms import PunicaLoraCost, slora_load_s
 from twin.scenario import RunConfig, check_run
 from twin.simulate import simulate
-from twin.slora_engine import first_pass_step, reservation_need
+from twin.slora_engine import Reservations, first_pass_step, reservation_need
 
 STEP = 0.01  # every step of the constant profile (no prefill/decode/LoRA term)
 
@@ -71,6 +71,24 @@ def test_first_pass_step_is_exact(running, L, H, room, slots):
 
     want = next((s for s in range(1, limit + 1) if cat(s) != cat(0)), float("inf"))
     assert first_pass_step(running, [(L, H, room, room + slots)], limit) == want
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(-3, 40), st.integers(0, 300)), min_size=0, max_size=10),
+       st.lists(st.tuples(st.booleans(), st.integers(-3, 40), st.integers(0, 300)), min_size=1, max_size=25))
+def test_reservations_equal_the_sorted_need(running, ops):
+    """The admission's kept order (a bisection per candidate) gives S-LoRA's need exactly as sorting
+    the batch's pairs for each candidate does, through candidates refused and admitted (ties of
+    ``left`` included, negative ``left`` too, where the ties' order changes the need)."""
+    res = Reservations(running)
+    pairs = list(running)
+    for admit, left, has in ops:
+        assert res.need_with(left, has) == reservation_need(pairs + [(left, has)])
+        assert res.need_with(left, has) == reservation_need(pairs + [(left, has)])  # (indexed by now)
+        if admit:
+            res.add(left, has)
+            pairs.append((left, has))
+            assert res.pairs == sorted(pairs, key=lambda p: -p[0])
 
 
 # ---------------------------------------------------------------------- when admission runs
