@@ -128,9 +128,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 OUT_FILES = ("requests.parquet", "steps.parquet", "summary.json")
 
 
-def check_out_dir(out: str) -> Path:
-    """``--out``: refused before any work when it names a file, sits under a file, or cannot be
-    created or written."""
+def check_out_dir(out: str) -> bool:
+    """``--out``: refused before any work when it names a file, sits under a file, cannot be created or
+    written, or holds a ``summary.json`` that is not a twin run's (a user's file would be overwritten).
+    Returns whether it holds an earlier run's results (whose figures a run without ``--plot`` removes)."""
     try:
         path = check_writable_dir("--out", out)
     except ValueError as e:
@@ -139,7 +140,17 @@ def check_out_dir(out: str) -> Path:
         f = path / name
         if f.exists() and (f.is_dir() or not os.access(f, os.W_OK)):
             raise ConfigError(f"--out {out}: {f} exists and cannot be replaced; remove it or give another directory")
-    return path
+    summary = path / "summary.json"
+    if not summary.exists():
+        return False
+    try:
+        earlier = json.loads(summary.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        earlier = None
+    if not isinstance(earlier, dict) or "requests_arrived" not in earlier:
+        raise ConfigError(f"--out {out}: {summary} is not the summary of a twin run and would be overwritten; give a "
+                          f"new or empty directory (or remove the file)")
+    return True
 
 
 def resolve_run(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
@@ -164,8 +175,7 @@ def resolve_run(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
 def cmd_run(args: argparse.Namespace) -> int:
     run, recorded = resolve_run(args)
     run = with_trace_defaults(run)  # e.g. the rate and window splitwise is replayed with, recorded in the scenario
-    if args.out is not None:
-        check_out_dir(args.out)
+    earlier_run = check_out_dir(args.out) if args.out is not None else False
     profile = load_profile(run.profile)
     check_model(run, profile)
     workload = build_workload(run)
@@ -202,7 +212,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 2
         if not args.json:
             print(f"wrote {Path(args.out) / 'requests.parquet'}, steps.parquet, summary.json")
-        if not args.plot:  # an earlier run's figures would sit beside this run's results: they go
+        if not args.plot and earlier_run:  # an earlier run's figures would sit beside this run's results: they go
             for name in (LATENCY_PNG, TIMELINE_PNG):
                 (Path(args.out) / name).unlink(missing_ok=True)
     figures = []

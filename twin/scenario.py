@@ -846,6 +846,17 @@ def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile:
                    else f"--slora-max-total-len {run.slora_max_total_len}")
             raise ConfigError(f"every request of the workload is longer than {why} (the shortest has "
                               f"{int(tot.min())} tokens): S-LoRA would refuse them all; raise it")
+        prompts = df["prompt_tokens"].to_numpy()
+        # its HTTP server's prompt limit, and a prompt is prefilled whole in one mini-batch (batch_max_tokens:
+        # S-LoRA's default, max(pool / 6, 3072), twin/slora_engine.py)
+        batch = run.slora_batch_max_tokens or (max(pool // 6, 3072) if pool else None)
+        for limit, flag in ((run.slora_max_prompt_len, "--slora-max-prompt-len"),
+                            (batch, "--slora-batch-max-tokens")):
+            if limit is not None and len(prompts) and prompts.min() > limit:
+                what = f"{flag} {limit}" if flag != "--slora-batch-max-tokens" or run.slora_batch_max_tokens else \
+                    f"S-LoRA's batch_max_tokens {limit} (max(pool / 6, 3072))"
+                raise ConfigError(f"every prompt of the workload is longer than {what} (the shortest has "
+                                  f"{int(prompts.min())} tokens): S-LoRA would refuse them all; raise {flag}")
         return
     if run.kv_tokens is not None and kv < max_len:  # the size given is the problem, not the memory
         lower = f", or lower --max-model-len (at most {kv})" if kv >= 16 * cfg.block_size else ""

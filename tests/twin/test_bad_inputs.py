@@ -237,6 +237,9 @@ CASES: list[tuple[str, str]] = [
     (R + "--max-lora-rank 33", "vLLM accepts only 8, 16, 32, 64, 128, 256, 320, 512 (LoRAConfig); give --max-lora-rank 64"),
     (R + "--system slora --slora-max-total-len 10", "(S-LoRA's max_req_input_len < max_req_total_len)"),
     (R + "--policy slora --kv-tokens 50", "longer than the pool of 50 tokens"),
+    (R + "--policy slora --slora-max-prompt-len 5", "every prompt of the workload is longer than "
+                                                     "--slora-max-prompt-len 5 (the shortest has"),
+    (R + "--policy slora --slora-batch-max-tokens 10", "S-LoRA would refuse them all; raise --slora-batch-max-tokens"),
     # times, rates, SLOs
     ("run --no-progress --horizon -5", "--horizon -5: must be > 0"),
     ("run --no-progress --horizon 0", "--horizon 0: must be > 0"),
@@ -1085,7 +1088,9 @@ def test_random_command_lines_never_crash(tmp_path_factory, data):
 @pytest.mark.parametrize("edit,fragment", [
     (("backbone", "c_mem", float("nan")), "components.backbone.params.c_mem is nan; every constant of a profile must "
                                           "be a finite number"),
-    (("backbone", "c0", -5.0), "the base-model (backbone) time of one decode token is -4.99"),
+    (("backbone", "c0", -5.0), "components.backbone.params.c0 is -5.0 s; a base-model time must be >= 0"),
+    # hidden by the roofline's memory floor: a 2048-token prefill priced at 16 ms
+    (("backbone", "c_tok", -0.01), "components.backbone.params.c_tok is -0.01 s/token; a base-model time must be"),
     # a negative LoRA constant: a run that ended at once with 0 requests arrived, or TTFTs below the base model's
     (("lora", "l0", -0.1), "the LoRA time of one decode token of one rank-8 adapter in 1 slot is -0.099"),
     (("scheduler", "k0", -1.0), "the scheduler time of one decode token is -0.99"),

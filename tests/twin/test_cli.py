@@ -246,6 +246,23 @@ def test_a_run_into_an_earlier_runs_out_replaces_its_figures(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["requests.parquet", "steps.parquet", "summary.json"]
 
 
+def test_a_users_files_in_out_are_neither_removed_nor_overwritten(tmp_path, capsys):
+    """A folder that holds no earlier run keeps a user's figures of the same names; one whose summary.json is not a
+    twin run's is refused before any work (the file would be overwritten)."""
+    (tmp_path / "latency.png").write_bytes(b"a user's figure")
+    assert main(["run", "--no-progress", "--duration", "20", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "latency.png").read_bytes() == b"a user's figure"
+    other = tmp_path / "other"
+    other.mkdir()
+    for text in ('{"accuracy": 0.9}', "not json", "[1, 2]"):
+        (other / "summary.json").write_text(text)
+        capsys.readouterr()
+        assert main(["run", "--no-progress", "--duration", "20", "--out", str(other)]) == 2
+        err = capsys.readouterr().err
+        assert "summary.json is not the summary of a twin run and would be overwritten; give a new or empty" in err
+        assert (other / "summary.json").read_text() == text and not (other / "requests.parquet").exists()
+
+
 def _options_of(parser: argparse.ArgumentParser, path: str):
     """``(command, action)`` of every argument of ``parser`` and its subcommands, recursively."""
     for action in parser._actions:

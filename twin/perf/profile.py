@@ -556,6 +556,14 @@ def _check_physical(comps: dict[str, Any], origin: str) -> None:
             if key in params and not (params[key] >= 0 if zero_ok else params[key] > 0):
                 raise ValueError(f"{origin}: components.{kind}.params.{key} is {params[key]!r}; {what} must be "
                                  f"{'>= 0' if zero_ok else '> 0'} {_FIX}")
+    backbone = comps.get("backbone", {})
+    units = backbone.get("units") or {}
+    for key, v in (backbone.get("params") or {}).items():
+        # a time or a time per token, sequence or context token of the base model: a negative one is no cost (a
+        # roofline's max() would hide a negative c_tok behind its memory floor: a 2048-token prefill at 16 ms)
+        if str(units.get(key, "")).startswith("s") and not v >= 0:
+            raise ValueError(f"{origin}: components.backbone.params.{key} is {v!r} {units[key]}; a base-model time "
+                             f"must be >= 0 {_FIX}")
     kv = comps.get("kv", {}).get("params", {})
     if "kv_bytes_per_token" in kv and kv["kv_bytes_per_token"] < 1:  # (1e-300: "cannot convert float NaN to integer")
         raise ValueError(f"{origin}: components.kv.params.kv_bytes_per_token is {kv['kv_bytes_per_token']!r}; a KV "
