@@ -291,10 +291,10 @@ class FastLibraCache(AdapterCachePolicy):
         return out
 
     def adapters_with_hbm_kv(self) -> set[int]:
-        """Adapters with a KV node in HBM (or being copied there): not leaves of the tree."""
+        """Adapters with a KV node in HBM (or being copied there): not leaves of the tree (the store's
+        per-adapter counts, no walk over the nodes)."""
         store = self._store()
-        return {n.adapter for n in store.nodes.values() if n.tier in ("hbm", "loading")} if store is not None \
-            else set()
+        return set(store.pool_nodes_of) if store is not None else set()
 
     def swap_out_candidates(self, pin: int = -1) -> list:
         """Leaves in HBM (with the dependency tree) or any HBM node (WoM)."""
@@ -379,8 +379,8 @@ class FastLibraCache(AdapterCachePolicy):
         vals = self.values(now, cands)
         a = cands[int(np.argmin(vals))][1]
         if self.dependency and store is not None:  # its KV children leave HBM first
-            for n in list(store.nodes.values()):
-                if n.adapter == a and n.tier == "hbm":
+            for n in store.hbm_nodes():
+                if n.adapter == a:
                     store.swap_out(n, now)
         return a
 
@@ -392,7 +392,8 @@ class FastLibraCache(AdapterCachePolicy):
     def sample_memory(self) -> None:
         """Record the HBM usage and the history-KV blocks in HBM (or being copied there), and those
         of them that are invalid: their adapter is not in HBM (nor being copied there), so they hold
-        blocks no query can use until it comes back."""
+        blocks no query can use until it comes back (summed per adapter: the store's counts, no walk
+        over the nodes, which host memory keeps growing)."""
         u = self.usage()
         self.ticks += 1
         self._usage_sum += u
@@ -402,8 +403,7 @@ class FastLibraCache(AdapterCachePolicy):
             return
         res = self.engine.adapters.resident
         self._kv_blocks_sum += store.hbm_blocks
-        self._invalid_blocks_sum += sum(n.blocks for n in store.nodes.values()
-                                        if n.tier != "host" and n.adapter >= 0 and not res[n.adapter])
+        self._invalid_blocks_sum += sum(b for a, b in store.pool_blocks_of.items() if a >= 0 and not res[a])
 
     def on_tick(self, now: float) -> None:
         """The swapper (every 100 ms): busy -> swap out leaves, idle -> swap in roots."""

@@ -45,7 +45,7 @@ def _state(cache: str, lora_last_use=(NOW, NOW), kv_last=NOW, kv_visits=2, kv_to
         c.last_use[a] = t
     node = HistoryNode(conv=0, adapter=0, tokens=kv_tokens, blocks=-(-kv_tokens // e.block_size), turn=0,
                        created=0.0, last_access=kv_last)
-    store.nodes[0] = node
+    store.insert(node)
     store.visit_times[0] = [kv_last] * kv_visits
     return e, node
 
@@ -129,7 +129,7 @@ def test_wos_ranks_by_recency_where_the_cost_model_ranks_by_value():
         e, a = _state(v, kv_last=NOW - 20.0, kv_visits=10)
         b = HistoryNode(conv=1, adapter=1, tokens=a.tokens, blocks=a.blocks, turn=0, created=0.0,
                         last_access=NOW - 1.0)
-        e.history.nodes[1] = b
+        e.history.insert(b)
         e.history.visit_times[1] = [NOW - 1.0]
         kv = [x for x in e.cache.swap_out_candidates() if x[0] == "kv"]
         vals = e.cache.values(NOW, kv)
