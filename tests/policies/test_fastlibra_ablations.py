@@ -94,8 +94,8 @@ def test_wol_drops_lora_eval_and_so_swaps_out_the_lora_fastlibra_keeps():
         kv = c.values(NOW, [("kv", node)])[0]
         assert lora < kv < term * lora  # the case: LoRA_Eval decides
         choices[v] = c.swap_out_choice(NOW)
-        cands, vals, i = c._choose(NOW)
-        c._audit_swap_out(NOW, cands, vals, i, -1)
+        cands, low, i = c._choose(NOW)
+        c._audit_swap_out(NOW, cands, low, i, -1)
         assert c.lora_eval_decisions == 1  # FastLibra: it changed the choice; WoL: it would have
     assert choices["fastlibra"][0] == "kv" and choices["fastlibra-wol"] == ("lora", 1)
 
@@ -110,8 +110,8 @@ def test_wom_swaps_out_a_lora_whose_kv_stays_in_hbm():
         e, node = _state(v, lora_last_use=(NOW - 600.0, NOW))
         c = e.cache
         got[v] = c.swap_out_choice(NOW)
-        cands, vals, i = c._choose(NOW)
-        c._audit_swap_out(NOW, cands, vals, i, -1)
+        cands, low, i = c._choose(NOW)
+        c._audit_swap_out(NOW, cands, low, i, -1)
         got[v + "/tree-decisions"] = c.dependency_decisions
         if v == "fastlibra-wom":
             assert ("lora", 0) in cands
