@@ -305,6 +305,7 @@ class HistoryKV:
                 self.pool_blocks_of[a] -= node.blocks
 
     def _move(self, node: HistoryNode, tier: str) -> None:
+        """``node`` changes tier (it keeps its place in the order of ``nodes``)."""
         self._leave(node)
         node.tier = tier
         self._enter(node)
