@@ -77,6 +77,8 @@ INF = math.inf
 DEFAULT_DECAY_UNIT_S = 60.0
 #: BS is the batch size "observed over the last 5 s" (§4.3)
 BS_WINDOW_S = 5.0
+#: above any history node's tokens (a request's prompt plus output, int64 columns)
+MAX_NODE_TOKENS = 2 ** 63
 #: FastLibra's LoRA compute: ``paged`` (the default, §2) or ``profile`` (the profile's own form: vLLM's kernel grid over its slots for the fitted profiles)
 LORA_COMPUTE = ("paged", "profile")
 
@@ -94,6 +96,13 @@ def low_lora(prob: np.ndarray, bs: float) -> float:
 def lora_eval(prob: np.ndarray, bs: float, now_lora: int) -> float:
     """FastLibra's LoRA quantity term ``max(1, Low_lora / Now_lora)``."""
     return max(1.0, low_lora(prob, bs) / max(now_lora, 1))
+
+
+def kv_copy_times_valid(store) -> bool:
+    """Whether the store's KV copy time (linear in the tokens) is finite and >= 0 for every node
+    size (0 to ``MAX_NODE_TOKENS``): then a KV node with ``prob`` = 0 has the value 0 exactly."""
+    lo, hi = store.transfer_s(0), store.transfer_s(MAX_NODE_TOKENS)
+    return 0.0 <= lo < INF and 0.0 <= hi < INF
 
 
 def node_eval(lora_term: float, cost: float, prob: float, t: float) -> float:
@@ -286,15 +295,57 @@ class FastLibraCache(AdapterCachePolicy):
                 t = (now - self.last_use.get(x, 0.0)) / unit
                 out.append(node_eval(term, cost, float(prob[x]), t))
             else:
-                t = (now - x.last_access) / unit
-                out.append(node_eval(1.0, store.transfer_s(x.tokens), self.node_prob(x, now), t))
+                out.append(self._kv_value(store, x, now))
         return out
 
-    def adapters_with_hbm_kv(self) -> set[int]:
-        """Adapters with a KV node in HBM (or being copied there): not leaves of the tree."""
+    def _kv_value(self, store, node, now: float) -> float:
+        """A KV node's value (``LoRA_Eval`` = 1): its copy time, its own visit frequency, its decay."""
+        return node_eval(1.0, store.transfer_s(node.tokens), self.node_prob(node, now),
+                         (now - node.last_access) / self.decay_unit_s)
+
+    def _argmin(self, now: float, cands: list, lora_term: float | None = None) -> tuple[int, float]:
+        """The index of the lowest of all the candidates' values (``np.argmin``) and that value."""
+        vals = self.values(now, cands, lora_term)
+        i = int(np.argmin(vals))
+        return i, vals[i]
+
+    def _lowest(self, now: float, cands: list, lora_term: float | None = None) -> tuple[int, float]:
+        """The index of the lowest-valued candidate, ``np.argmin(self.values(now, cands, lora_term))``,
+        and its value, without the values of the KV nodes after the first one with no visit in the
+        window. Such a node's value is exactly 0 (``prob`` = 0); when no value is NaN or negative,
+        the first 0 is the lowest value's first index, ``np.argmin``'s choice, so the nodes after it
+        cannot change the choice. That holds when the LoRA values (all computed) are >= 0 and the KV
+        copy times are finite and >= 0 for any node size; otherwise, and for WoS's LRU values, all
+        values are computed. (The swapper swaps out one leaf at a time over all the HBM nodes, most of
+        them, under a steady load, the unvisited histories of finished conversations.)"""
         store = self._store()
-        return {n.adapter for n in store.nodes.values() if n.tier in ("hbm", "loading")} if store is not None \
-            else set()
+        if not self.cost_model or store is None or not kv_copy_times_valid(store):
+            return self._argmin(now, cands, lora_term)
+        at = [j for j, (k, _) in enumerate(cands) if k == "lora"]
+        lora_vals = dict(zip(at, self.values(now, [cands[j] for j in at], lora_term)))
+        if not all(v >= 0.0 for v in lora_vals.values()):  # a NaN or a negative value: argmin over all
+            return self._argmin(now, cands, lora_term)
+        self._window(now)
+        t0 = now - self.window_s
+        best, low = -1, INF
+        for j, (k, x) in enumerate(cands):
+            if k == "lora":
+                v = lora_vals[j]
+            elif self._total <= 0 or store.visits_since(x, t0) == 0:
+                v = 0.0  # node_prob is 0
+            else:
+                v = self._kv_value(store, x, now)
+            if v == 0.0:
+                return j, v
+            if best < 0 or v < low:
+                best, low = j, v
+        return best, low
+
+    def adapters_with_hbm_kv(self) -> set[int]:
+        """Adapters with a KV node in HBM (or being copied there): not leaves of the tree (the store's
+        per-adapter counts, no walk over the nodes)."""
+        store = self._store()
+        return set(store.pool_nodes_of) if store is not None else set()
 
     def swap_out_candidates(self, pin: int = -1) -> list:
         """Leaves in HBM (with the dependency tree) or any HBM node (WoM)."""
@@ -317,13 +368,13 @@ class FastLibraCache(AdapterCachePolicy):
                   (mem.resident[n.adapter] and n.adapter not in mem.loading)]
         return [("lora", a) for a in loras] + [("kv", n) for n in kv]
 
-    def _choose(self, now: float, pin: int = -1) -> tuple[list, list[float], int]:
-        """The swap-out candidates, their values and the index of the lowest (-1: none)."""
+    def _choose(self, now: float, pin: int = -1) -> tuple[list, float, int]:
+        """The swap-out candidates, the lowest value and its index (-1: none; :meth:`_lowest`)."""
         cands = self.swap_out_candidates(pin)
         if not cands:
-            return cands, [], -1
-        vals = self.values(now, cands)
-        return cands, vals, int(np.argmin(vals))
+            return cands, INF, -1
+        i, v = self._lowest(now, cands)
+        return cands, v, i
 
     def swap_out_choice(self, now: float, pin: int = -1):
         """The node the swapper would swap out next, ``('lora', a)`` or ``('kv', node)`` (None: none)."""
@@ -331,11 +382,11 @@ class FastLibraCache(AdapterCachePolicy):
         return cands[i] if i >= 0 else None
 
     def _swap_out_one(self, now: float, pin: int = -1) -> int:
-        cands, vals, i = self._choose(now, pin)
+        cands, v, i = self._choose(now, pin)
         if i < 0:
             return 0
         k, x = cands[i]
-        self._audit_swap_out(now, cands, vals, i, pin)
+        self._audit_swap_out(now, cands, v, i, pin)
         self.swaps_out += 1
         if k == "kv":
             return self._store().swap_out(x, now)
@@ -346,19 +397,19 @@ class FastLibraCache(AdapterCachePolicy):
         mem.evict(x, now)
         return mem.placement.ab[x]
 
-    def _audit_swap_out(self, now: float, cands: list, vals: list[float], i: int, pin: int) -> None:
+    def _audit_swap_out(self, now: float, cands: list, v: float, i: int, pin: int) -> None:
         """Count whether LoRA_Eval and the tree changed this swap-out decision (the counters of
         :meth:`stats`; they read the state and change nothing). LoRA_Eval: the choice under the
         other setting of the term (FastLibra without it, WoL with it) differs. The tree: an
         evictable LoRA it holds back (a KV node of its in HBM) has a lower value than the choice."""
         if self.cost_model and any(k == "lora" for k, _ in cands):
             term = self.lora_eval_now(now)
-            if term > 1.0 and int(np.argmin(self.values(now, cands, 1.0 if self.lora_term else term))) != i:
+            if term > 1.0 and self._lowest(now, cands, 1.0 if self.lora_term else term)[0] != i:
                 self.lora_eval_decisions += 1
         if self.dependency:
             held = self.adapters_with_hbm_kv()
             held = [("lora", a) for a in self.engine.adapters.evictable() if a != pin and a in held]
-            if held and min(self.values(now, held)) < vals[i]:
+            if held and min(self.values(now, held)) < v:
                 self.dependency_decisions += 1
 
     # ------------------------------------------------------------------ engine callbacks
@@ -379,8 +430,8 @@ class FastLibraCache(AdapterCachePolicy):
         vals = self.values(now, cands)
         a = cands[int(np.argmin(vals))][1]
         if self.dependency and store is not None:  # its KV children leave HBM first
-            for n in list(store.nodes.values()):
-                if n.adapter == a and n.tier == "hbm":
+            for n in store.hbm_nodes():
+                if n.adapter == a:
                     store.swap_out(n, now)
         return a
 
@@ -392,7 +443,8 @@ class FastLibraCache(AdapterCachePolicy):
     def sample_memory(self) -> None:
         """Record the HBM usage and the history-KV blocks in HBM (or being copied there), and those
         of them that are invalid: their adapter is not in HBM (nor being copied there), so they hold
-        blocks no query can use until it comes back."""
+        blocks no query can use until it comes back (summed per adapter: the store's counts, no walk
+        over the nodes, which host memory keeps growing)."""
         u = self.usage()
         self.ticks += 1
         self._usage_sum += u
@@ -402,8 +454,7 @@ class FastLibraCache(AdapterCachePolicy):
             return
         res = self.engine.adapters.resident
         self._kv_blocks_sum += store.hbm_blocks
-        self._invalid_blocks_sum += sum(n.blocks for n in store.nodes.values()
-                                        if n.tier != "host" and n.adapter >= 0 and not res[n.adapter])
+        self._invalid_blocks_sum += sum(b for a, b in store.pool_blocks_of.items() if a >= 0 and not res[a])
 
     def on_tick(self, now: float) -> None:
         """The swapper (every 100 ms): busy -> swap out leaves, idle -> swap in roots."""

@@ -57,6 +57,7 @@ class HistoryNode:
     tier: str = "hbm"   # 'hbm' | 'host' | 'loading'
     hits: int = 0
     proc: Any = None    # swap-in process while loading
+    seq: int = -1       # the store's insertion number: the nodes' order in ``HistoryKV.nodes``
 
 
 class HistoryKV:
@@ -70,6 +71,17 @@ class HistoryKV:
         self.turn = turn.astype(np.int64).tolist()
         self.prefix = prefix.astype(np.int64).tolist()
         self.nodes: dict[int, HistoryNode] = {}
+        #: the nodes of each tier by insertion number, kept as they move so that listing a tier
+        #: (the swapper's candidates, every tick) costs no walk over all the nodes -- host memory
+        #: keeps every finished conversation's history, so ``nodes`` grows with the run; a tier in
+        #: ``_unsorted`` has had a node come back out of order (:meth:`_tier_nodes` sorts it)
+        self._tiers: dict[str, dict[int, HistoryNode]] = {"hbm": {}, "loading": {}, "host": {}}
+        self._unsorted: set[str] = set()
+        self._next_seq = 0
+        #: per adapter, the nodes and blocks in the pool (tiers ``hbm`` and ``loading``; adapters
+        #: with none are absent): FastLibra's tree asks which adapters have a KV child in HBM
+        self.pool_nodes_of: dict[int, int] = {}
+        self.pool_blocks_of: dict[int, int] = {}
         self.hbm_blocks = 0
         #: blocks of the nodes still being copied in (tier 'loading'; part of ``hbm_blocks``), kept
         #: as a count so that the reclaimable memory an admission checks costs no walk over the nodes
@@ -115,27 +127,38 @@ class HistoryKV:
         e = self.e
         if rid not in self._visited:  # created by a request that did not match it (one visit per request)
             self._visit(cv, rid, now)
-        old = self.nodes.pop(cv, None)
+        old = self.nodes.get(cv)
         if old is not None:
             self._release(old)
+            self._remove(old)
         tokens = int(e.prompt_a[rid] + e.output_a[rid] - 1)
         if tokens <= 0:
             return
         node = HistoryNode(cv, int(e.adapter_a[rid]), tokens, -(-tokens // e.block_size), self.turn[rid], now, now)
         tier = self.cache.history_tier(node, now)
-        if tier == "hbm" and node.blocks <= e.total_blocks - e.used_blocks:
-            e.lend_blocks(node.blocks)
-            self.hbm_blocks += node.blocks
-        elif tier in ("hbm", "host") and self.host_tokens + tokens <= self.host_capacity_tokens:
+        if not (tier == "hbm" and node.blocks <= e.total_blocks - e.used_blocks):
+            if tier not in ("hbm", "host") or self.host_tokens + tokens > self.host_capacity_tokens:
+                self.dropped += 1
+                return
             node.tier = "host"
-            self.host_tokens += tokens
             self.swapped_out_bytes += self.node_bytes(node)
-        else:
-            self.dropped += 1
-            return
-        self.nodes[cv] = node
+        self.insert(node)
         self.stored += 1
         self.cache.on_history(node, "store", now)
+
+    def insert(self, node: HistoryNode) -> None:
+        """Put ``node`` (tier ``hbm`` or ``host``) into the store as its conversation's history: an
+        HBM node's blocks are lent from the pool, a host node's tokens take host memory (the caller
+        has checked that they fit)."""
+        if node.tier == "hbm":
+            self.e.lend_blocks(node.blocks)
+            self.hbm_blocks += node.blocks
+        else:
+            self.host_tokens += node.tokens
+        node.seq = self._next_seq
+        self._next_seq += 1
+        self.nodes[node.conv] = node
+        self._enter(node)
 
     # -- a later turn is admitted
     def match(self, rid: int, T: int) -> tuple[int, HistoryNode | None]:
@@ -158,7 +181,7 @@ class HistoryKV:
         self.hit_tokens += h
         node.hits += 1
         self._visit(node.conv, rid, now)
-        del self.nodes[node.conv]
+        self._remove(node)
         if node.tier == "hbm":
             self.e.return_blocks(node.blocks)
             self.hbm_blocks -= node.blocks
@@ -214,7 +237,7 @@ class HistoryKV:
         """Discard a node; returns the HBM blocks freed."""
         freed = self.hbm_blocks_of(node)
         self._release(node)
-        del self.nodes[node.conv]
+        self._remove(node)
         self.dropped += 1
         self.cache.on_history(node, "drop", now)
         return freed
@@ -228,7 +251,7 @@ class HistoryKV:
         self.e.return_blocks(node.blocks)
         self.hbm_blocks -= node.blocks
         self.host_tokens += node.tokens
-        node.tier = "host"
+        self._move(node, "host")
         self.swapped_out_bytes += self.node_bytes(node)
         self.cache.on_history(node, "swap_out", now)
         return node.blocks
@@ -242,7 +265,7 @@ class HistoryKV:
         self.hbm_blocks += node.blocks
         self.loading_blocks += node.blocks
         self.host_tokens -= node.tokens
-        node.tier = "loading"
+        self._move(node, "loading")
         nbytes = self.node_bytes(node)
         self.swapped_in_bytes += nbytes
         gen = e.link.transfer(nbytes, self.transfer_s(node.tokens))
@@ -253,16 +276,60 @@ class HistoryKV:
 
     def _swapped_in(self, node: HistoryNode, now: float) -> None:
         if node.tier == "loading" and self.nodes.get(node.conv) is node:
-            node.tier = "hbm"
+            self._move(node, "hbm")
             self.loading_blocks -= node.blocks
             node.proc = None
             self.cache.on_history(node, "swap_in", now)
 
+    # -- the tier indexes (the order of ``nodes`` within each tier)
+    def _enter(self, node: HistoryNode) -> None:
+        """``node`` joins the index of its tier (and, in the pool, its adapter's counts)."""
+        d = self._tiers[node.tier]
+        if d and node.seq < next(reversed(d)):
+            self._unsorted.add(node.tier)
+        d[node.seq] = node
+        if node.tier != "host":
+            a = node.adapter
+            self.pool_nodes_of[a] = self.pool_nodes_of.get(a, 0) + 1
+            self.pool_blocks_of[a] = self.pool_blocks_of.get(a, 0) + node.blocks
+
+    def _leave(self, node: HistoryNode) -> None:
+        """``node`` leaves the index of its tier (and, in the pool, its adapter's counts)."""
+        del self._tiers[node.tier][node.seq]
+        if node.tier != "host":
+            a = node.adapter
+            if self.pool_nodes_of[a] == 1:
+                del self.pool_nodes_of[a], self.pool_blocks_of[a]
+            else:
+                self.pool_nodes_of[a] -= 1
+                self.pool_blocks_of[a] -= node.blocks
+
+    def _move(self, node: HistoryNode, tier: str) -> None:
+        """``node`` changes tier (it keeps its place in the order of ``nodes``)."""
+        self._leave(node)
+        node.tier = tier
+        self._enter(node)
+
+    def _remove(self, node: HistoryNode) -> None:
+        """``node`` leaves the store (its memory is the caller's to account)."""
+        del self.nodes[node.conv]
+        self._leave(node)
+
+    def _tier_nodes(self, tier: str) -> list[HistoryNode]:
+        """The nodes in ``tier``, in the order of ``nodes`` (insertion)."""
+        d = self._tiers[tier]
+        if tier in self._unsorted:
+            self._tiers[tier] = d = dict(sorted(d.items()))
+            self._unsorted.discard(tier)
+        return list(d.values())
+
     def hbm_nodes(self) -> list[HistoryNode]:
-        return [n for n in self.nodes.values() if n.tier == "hbm"]
+        """The nodes in HBM (not those being copied in), in the order of ``nodes``."""
+        return self._tier_nodes("hbm")
 
     def host_nodes(self) -> list[HistoryNode]:
-        return [n for n in self.nodes.values() if n.tier == "host"]
+        """The nodes in host memory, in the order of ``nodes``."""
+        return self._tier_nodes("host")
 
     def check(self) -> None:
         hb = sum(n.blocks for n in self.nodes.values() if n.tier in ("hbm", "loading"))
@@ -271,6 +338,17 @@ class HistoryKV:
         assert lb == self.loading_blocks, f"history KV: loading blocks {lb} != {self.loading_blocks}"
         ht = sum(n.tokens for n in self.nodes.values() if n.tier == "host")
         assert ht == self.host_tokens, "history KV: host tokens out of sync"
+        for tier in self._tiers:
+            walk = [n for n in self.nodes.values() if n.tier == tier]
+            assert self._tier_nodes(tier) == walk, f"history KV: the {tier} index is out of sync with the nodes"
+        pool = [n for n in self.nodes.values() if n.tier != "host"]
+        counts: dict[int, int] = {}
+        blocks: dict[int, int] = {}
+        for n in pool:
+            counts[n.adapter] = counts.get(n.adapter, 0) + 1
+            blocks[n.adapter] = blocks.get(n.adapter, 0) + n.blocks
+        assert counts == self.pool_nodes_of and blocks == self.pool_blocks_of, \
+            "history KV: the per-adapter pool counts are out of sync with the nodes"
 
     def stats(self) -> dict[str, Any]:
         return {"prefix_lookups": self.lookups, "prefix_hits": self.hits,

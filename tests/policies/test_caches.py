@@ -143,10 +143,8 @@ def _fastlibra_tree(cache):
     store = e.history
     kv0 = HistoryNode(conv=0, adapter=0, tokens=160, blocks=10, turn=0, created=0.0, last_access=0.0)
     kv2 = HistoryNode(conv=2, adapter=2, tokens=160, blocks=10, turn=0, created=0.0, last_access=0.0, tier="host")
-    store.nodes = {0: kv0, 2: kv2}
-    e.total_blocks -= 10
-    store.hbm_blocks = 10
-    store.host_tokens = 160
+    store.insert(kv0)
+    store.insert(kv2)
     return e, kv0, kv2
 
 

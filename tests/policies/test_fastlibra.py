@@ -296,3 +296,110 @@ def test_swaps_update_a_node_last_used_time():
     t_used = n2.last_access
     e2.history.swap_out(n2, 3.0)
     assert n2.last_access == t_used
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+NOW = 100.0
+#: a KV node: (visits in the window, visits before it, idle seconds (50000 s: the decay underflows to 0), tokens)
+_NODE = st.tuples(st.integers(0, 3), st.integers(0, 2), st.sampled_from([0.5, 30.0, 600.0, 50_000.0]),
+                  st.sampled_from([16, 160, 1600]))
+
+
+def _tree_state(cache: str, nodes: list, lora_idle: list[float]):
+    """Adapters 0..3 in HBM and idle, 20 requests of adapters 0..2 in the window (3's only request is
+    older: ``prob`` 0), and the history KV ``nodes`` in HBM (adapters 0..3 in turn)."""
+    n = 21
+    w = Workload.from_arrays([0.0] + [NOW - 10.0 + i * 0.5 for i in range(n - 1)], [100] * n, [10] * n,
+                             [3] + [i % 3 for i in range(n - 1)], [8] * n, conversation_id=list(range(n)),
+                             turn=[0] * n, prefix_tokens=[0] * n)
+    e = _engine(cache, w, kv_tokens=2_000_000)
+    c, mem, store = e.cache, e.adapters, e.history
+    e.arr_ptr = n
+    for a, idle in enumerate(lora_idle):
+        mem.mark_resident(a)
+        c.last_use[a] = NOW - idle
+    for j, (visits, old, idle, tokens) in enumerate(nodes):
+        store.insert(HistoryNode(conv=j, adapter=j % 4, tokens=tokens, blocks=-(-tokens // e.block_size), turn=0,
+                                 created=0.0, last_access=NOW - idle))
+        store.visit_times[j] = [NOW - 200.0] * old + [NOW - 1.0] * visits
+    return e
+
+
+def _plain_lowest(c, cands, term):
+    vals = c.values(NOW, cands, term)
+    i = int(np.argmin(vals))
+    return i, vals[i]
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.sampled_from(["fastlibra", "fastlibra-wom", "fastlibra-wol", "fastlibra-wos"]),
+       st.lists(_NODE, max_size=25),
+       st.lists(st.sampled_from([0.0, 5.0, 600.0, 50_000.0]), min_size=4, max_size=4),
+       st.sampled_from([None, 1.0, 3.0]), st.sampled_from(["", "nan", "negative"]))
+def test_lowest_is_argmin_over_all_values(cache, nodes, lora_idle, term, odd):
+    """The swap-out choice (:meth:`FastLibraCache._lowest`) stops at the first KV node without a
+    visit in the window (value 0): the same index and value as ``np.argmin`` over every candidate's
+    value, also with old visits,
+    decays that underflow to 0 with visits, LoRA_Eval given, and with a LoRA value that is NaN (an
+    infinite load time with ``prob`` 0) or negative, where it computes them all."""
+    e = _tree_state(cache, nodes, lora_idle)
+    c = e.cache
+    if odd == "nan":
+        c._cpu[3] = float("inf")
+        assert np.isnan(c.values(NOW, [("lora", 3)])[0]) or not c.cost_model
+    elif odd == "negative":
+        c._cpu[2] = -1.0
+    cands = c.swap_out_candidates()
+    if not cands:
+        return
+    i, low = c._lowest(NOW, cands, term)
+    j, want = _plain_lowest(c, cands, term)
+    assert i == j and (low == want or (np.isnan(low) and np.isnan(want)))
+
+
+def test_a_swap_out_does_not_value_the_nodes_after_an_unvisited_one():
+    """Among the HBM nodes (store order) the first without a visit in the window has value 0: the
+    lowest. The choice asks the visits of the nodes up to it only, however many nodes follow (the
+    histories of finished conversations that FastLibra keeps), and is the plain argmin's."""
+    for n in (100, 1000):
+        nodes = [(2, 0, 30.0, 160)] * 10 + [(0, 1, 30.0, 160)] * (n - 10)
+        e = _tree_state("fastlibra", nodes, [0.0, 5.0, 600.0, 60.0])
+        c, store = e.cache, e.history
+        asked = []
+        visits_since = store.visits_since
+        store.visits_since = lambda node, t0: asked.append(node) or visits_since(node, t0)
+        cands, low, i = c._choose(NOW)
+        assert len({id(x) for x in asked}) == 11 and cands[i] == ("kv", store.nodes[10]) and low == 0.0
+        store.visits_since = visits_since
+        assert (i, low) == _plain_lowest(c, cands, None)
+
+
+class _CountingNodes(dict):
+    """The store's node dict, counting the walks over it."""
+
+    walks = 0
+
+    def values(self):
+        type(self).walks += 1
+        return super().values()
+
+
+def test_swapper_ticks_do_not_walk_all_the_nodes():
+    """A busy swapper tick (samples, swap-outs, the tree's leaves) and an adapter victim read the
+    store's tier indexes and per-adapter counts, never a walk over all its nodes (host memory keeps
+    every finished conversation's history, so that walk grows with the run)."""
+    nodes = [(0, 1, 30.0, 160)] * 300
+    e = _tree_state("fastlibra", nodes, [0.0, 5.0, 600.0, 60.0])
+    c, store = e.cache, e.history
+    for node in list(store.nodes.values())[:200]:
+        store.swap_out(node, NOW - 1.0)
+    store.nodes = _CountingNodes(store.nodes)
+    c.victim(NOW)
+    e.used_blocks = e.total_blocks - 1
+    c.on_tick(NOW)
+    assert c.swaps_out > 0
+    assert _CountingNodes.walks == 0
+    store.check()
+    assert _CountingNodes.walks > 0  # the invariant check walks (and counts)

@@ -45,7 +45,7 @@ def _state(cache: str, lora_last_use=(NOW, NOW), kv_last=NOW, kv_visits=2, kv_to
         c.last_use[a] = t
     node = HistoryNode(conv=0, adapter=0, tokens=kv_tokens, blocks=-(-kv_tokens // e.block_size), turn=0,
                        created=0.0, last_access=kv_last)
-    store.nodes[0] = node
+    store.insert(node)
     store.visit_times[0] = [kv_last] * kv_visits
     return e, node
 
@@ -94,8 +94,8 @@ def test_wol_drops_lora_eval_and_so_swaps_out_the_lora_fastlibra_keeps():
         kv = c.values(NOW, [("kv", node)])[0]
         assert lora < kv < term * lora  # the case: LoRA_Eval decides
         choices[v] = c.swap_out_choice(NOW)
-        cands, vals, i = c._choose(NOW)
-        c._audit_swap_out(NOW, cands, vals, i, -1)
+        cands, low, i = c._choose(NOW)
+        c._audit_swap_out(NOW, cands, low, i, -1)
         assert c.lora_eval_decisions == 1  # FastLibra: it changed the choice; WoL: it would have
     assert choices["fastlibra"][0] == "kv" and choices["fastlibra-wol"] == ("lora", 1)
 
@@ -110,8 +110,8 @@ def test_wom_swaps_out_a_lora_whose_kv_stays_in_hbm():
         e, node = _state(v, lora_last_use=(NOW - 600.0, NOW))
         c = e.cache
         got[v] = c.swap_out_choice(NOW)
-        cands, vals, i = c._choose(NOW)
-        c._audit_swap_out(NOW, cands, vals, i, -1)
+        cands, low, i = c._choose(NOW)
+        c._audit_swap_out(NOW, cands, low, i, -1)
         got[v + "/tree-decisions"] = c.dependency_decisions
         if v == "fastlibra-wom":
             assert ("lora", 0) in cands
@@ -129,7 +129,7 @@ def test_wos_ranks_by_recency_where_the_cost_model_ranks_by_value():
         e, a = _state(v, kv_last=NOW - 20.0, kv_visits=10)
         b = HistoryNode(conv=1, adapter=1, tokens=a.tokens, blocks=a.blocks, turn=0, created=0.0,
                         last_access=NOW - 1.0)
-        e.history.nodes[1] = b
+        e.history.insert(b)
         e.history.visit_times[1] = [NOW - 1.0]
         kv = [x for x in e.cache.swap_out_candidates() if x[0] == "kv"]
         vals = e.cache.values(NOW, kv)

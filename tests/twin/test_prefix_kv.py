@@ -68,3 +68,72 @@ def test_loading_count_and_reclaimable_match_a_walk_through_every_tier_move():
     store._swapped_in(nodes[4], 3.0)
     check()
     assert store.loading_blocks == 0
+
+
+from hypothesis import example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+#: random tier moves of the store: (operation, index) pairs; 'full' toggles a full pool (a turn's
+#: history then goes to host memory), 'cap' toggles a host memory too small for a swap-out (it drops)
+_OPS = st.lists(st.tuples(st.sampled_from(["finish", "swap_out", "swap_in", "copied", "drop", "take", "full",
+                                           "cap", "resident"]), st.integers(0, 63)), max_size=60)
+
+
+def _walks(store, res) -> tuple[dict, set, int]:
+    """What the indexes replace, the plain way: each tier's nodes in store order, the adapters with
+    a node in the pool (FastLibra's tree), and the pool blocks whose adapter is not resident."""
+    tiers = {t: [n for n in store.nodes.values() if n.tier == t] for t in ("hbm", "loading", "host")}
+    pool = [n for n in store.nodes.values() if n.tier in ("hbm", "loading")]
+    return tiers, {n.adapter for n in pool}, sum(n.blocks for n in pool if n.adapter >= 0 and not res[n.adapter])
+
+
+@settings(max_examples=150, deadline=None)
+@given(_OPS)
+# nodes coming back to a tier out of store order: host memory (swap-outs), then HBM (copies done)
+@example([("finish", 0), ("finish", 1), ("finish", 2), ("swap_out", 1), ("swap_out", 0), ("swap_in", 1),
+          ("swap_in", 0), ("copied", 1), ("copied", 0), ("resident", 1)])
+def test_tier_indexes_match_walks_over_all_nodes(ops):
+    """The per-tier node lists and per-adapter pool counts the store keeps as nodes move (so that the
+    swapper's candidates cost no walk over every node host memory has kept) equal walks over all the
+    nodes after any sequence of stores, replacements, swaps, copies, drops and takes: the same nodes
+    in the same order (the swapper's ties and budget loop depend on it)."""
+    n = 64
+    w = Workload.from_arrays(np.arange(n) * 0.1, [100 + 37 * (i % 7) for i in range(n)], [10] * n,
+                             [i % 5 - 1 for i in range(n)], [8] * n, conversation_id=[i % 9 for i in range(n)],
+                             turn=[i // 9 for i in range(n)], prefix_tokens=[0] * n)
+    prof = constant_profile(c0=0.01, kv_tokens=200_000, disk_s=0.5, cpu_s=0.1)
+    e = Engine(w, prof, EngineConfig(max_loras=4, max_model_len=4096), make_scheduler("fcfs"), make_cache("fastlibra"))
+    store, cache, mem = e.history, e.cache, e.adapters
+    t = 0.0
+    for op, i in ops:
+        t += 0.5
+        nodes = list(store.nodes.values())
+        node = nodes[i % len(nodes)] if nodes else None
+        if op == "finish":
+            store.on_finish(i, t)
+        elif op == "full":
+            e.used_blocks = 0 if e.used_blocks else e.total_blocks
+        elif op == "cap":
+            store.host_capacity_tokens = float("inf") if store.host_capacity_tokens < 1e9 else store.host_tokens
+        elif op == "resident":
+            mem.mark_resident(i % 4)
+        elif node is None:
+            continue
+        elif op == "swap_out":
+            store.swap_out(node, t)
+        elif op == "swap_in":
+            store.swap_in(node, t)
+        elif op == "copied":
+            store._swapped_in(node, t)
+        elif op == "drop":
+            store.drop(node, t)
+        else:
+            store.take(node, 1, i, SimpleNamespace(loads=[], load_rids=[]), t)
+        tiers, with_kv, invalid = _walks(store, mem.resident)
+        assert [store.hbm_nodes(), store.host_nodes()] == [tiers["hbm"], tiers["host"]]
+        assert all(a is b for a, b in zip(store.hbm_nodes() + store.host_nodes(), tiers["hbm"] + tiers["host"]))
+        assert cache.adapters_with_hbm_kv() == with_kv
+        before = cache._invalid_blocks_sum
+        cache.sample_memory()
+        assert cache._invalid_blocks_sum - before == (invalid if store.hbm_blocks else 0)
+        store.check()  # the loading tier and the per-adapter block counts too
