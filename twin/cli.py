@@ -40,7 +40,9 @@ COMMAND_MODULES = (traces.cli, calibration.cli, twin.validation.cli, twin.compar
                    twin.configurator.cli, twin.reproduce.cli)
 
 SUMMARY_ROWS = [
-    ("requests arrived / finished", lambda s: f"{s['requests_arrived']} / {s['requests_finished']}"),
+    ("requests arrived / finished", lambda s: f"{s['requests_arrived']} / {s['requests_finished']}"
+     + (f" ({s['requests_not_arrived']} more of the workload arrive after the horizon, not simulated)"
+        if s.get("requests_not_arrived") else "")),
     ("rejected / unfinished", lambda s: f"{s['requests_rejected']} / {s['requests_unfinished']}" + _reasons(s)
      + _drops(s)),
     ("offered / throughput (req/s)", lambda s: f"{_f(s['offered_rps'], 3)} / {_f(s['throughput_rps'], 3)}"),

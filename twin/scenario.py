@@ -721,7 +721,7 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
         # (S-LoRA MemoryAllocator, pool_size_lora 0), so the memory left after the weights is all pool
         buffers = 0 if resolve_system(run.policy, run.system) == "slora" else slots
         cfg.kv_capacity_tokens = kv_tokens_in_memory(profile, run.gpu_mem_gb, buffers, max_rank, run.tp,
-                                                     bool(slots and max_rank))
+                                                     bool(buffers and max_rank))
     check_kv_fits(run, cfg, workload, profile)
     try:
         check_server(run, cfg, workload, profile)
@@ -882,7 +882,7 @@ def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile:
 
 # --------------------------------------------------------------------------- scenario files
 #: keys of a resolved scenario that record facts rather than options (checked when replayed)
-RECORDED = ("profile_sha256", "scheduler_params", "cache_params")
+RECORDED = ("profile_sha256", "trace_sha256", "scheduler_params", "cache_params")
 #: keys of a run's summary.json (its metrics) that no scenario option has: a file with one of them is a summary
 SUMMARY_MARKERS = frozenset({"requests_arrived", "requests_finished", "throughput_rps", "simulated_s", "ttft_ms_mean"})
 
@@ -894,6 +894,21 @@ class ScenarioFileError(ConfigError):
 def profile_sha256(profile: Profile) -> str:
     """SHA-256 of the profile's content (its JSON with sorted keys)."""
     return hashlib.sha256(json.dumps(profile.raw, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def trace_sha256(trace: str) -> str | None:
+    """SHA-256 of a workload file's bytes (``--trace PATH``); None for a built-in trace (a name) or a path that is
+    not a file."""
+    if trace in BUILTINS:
+        return None
+    path = Path(trace)
+    if not path.is_file():
+        return None
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _plain(x: Any) -> Any:
@@ -967,6 +982,8 @@ def resolved_scenario(run: RunConfig, profile: Profile, cfg: EngineConfig | None
         d["slots"] = cfg.max_loras
     d = _plain(d)
     d["profile_sha256"] = profile_sha256(profile)
+    if (digest := trace_sha256(run.trace)) is not None:  # (a replay of an edited workload file is said to differ)
+        d["trace_sha256"] = digest
     d.update(policy_params(run))
     return d
 
@@ -1171,8 +1188,9 @@ def replay_warnings(recorded: dict[str, Any], scenario: dict[str, Any]) -> list[
     out = []
     for key in RECORDED:
         if key in recorded and _strip_none(recorded[key]) != _strip_none(scenario.get(key)):
-            what = "the profile's content" if key == "profile_sha256" else key.replace("_", " ")
-            why = ("" if key == "profile_sha256" else
+            what = {"profile_sha256": "the profile's content",
+                    "trace_sha256": "the workload file's content"}.get(key, key.replace("_", " "))
+            why = ("" if key in ("profile_sha256", "trace_sha256") else
                    f" ([{key}] records the settings the preset gave its policy; it is not read as an option, so an edit "
                    f"of it changes nothing: the preset, --policy / --scheduler / --cache, sets them)")
             out.append(f"{what} differ(s) from the scenario file's; the results may differ from the recorded run{why}")

@@ -212,6 +212,9 @@ CASES: list[tuple[str, str]] = [
     # GPU memory and KV capacity
     (R + "--gpu-mem-gb 24", "--gpu-mem-gb 24: 24 GB cannot hold llama-3.1-8b's weights"),
     (R + "--gpu-mem-gb 10", "10 GB cannot hold llama-3.1-8b's weights (16.1 GB)"),
+    # S-LoRA has no adapter slots: neither named nor offered as the fix (--slots is refused on it)
+    (R + "--policy slora --gpu-mem-gb 20", "cannot hold llama-3.1-8b's weights (16.1 GB) and the 5 GB runtime reserve "
+                                           "at 90% utilization: it needs more than 23.4 GB; give a larger --gpu-mem-gb\n"),
     (R + "--gpu-mem-gb 0", "--gpu-mem-gb 0: must be > 0"),
     (R + "--gpu-mem-gb 1e300", "--gpu-mem-gb 1e+300: more than 100000 (100 TB on one GPU)"),
     (R + "--gpu-mem-gb -80", "--gpu-mem-gb -80: must be > 0"),

@@ -35,7 +35,7 @@ def test_summary_embeds_the_resolved_scenario(tmp_path):
     s = summary_of(["run", "--duration", "20", "--policy", "slora", "--trace-opt", "length_scale=0.5",
                     "--out", str(tmp_path)])
     sc = s["scenario"]
-    assert set(RUN_FIELDS) <= set(sc) and set(RECORDED) <= set(sc)
+    assert set(RUN_FIELDS) <= set(sc) and set(RECORDED) - {"trace_sha256"} <= set(sc)  # (a file's digest only)
     assert sc["policy"] == "slora" and sc["duration"] == 20.0 and sc["trace_options"]["length_scale"] == 0.5
     assert sc["profile"] == "llama-3.1-8b_h100_vllm085" and len(sc["profile_sha256"]) == 64
     assert sc["slots"] == 16  # the default, resolved
@@ -118,6 +118,24 @@ def test_a_changed_profile_or_policy_is_reported_when_replaying(tmp_path):
     rc, _, err = run_cli(["run", "--no-progress", "--config", str(tmp_path / "s.json")])
     assert rc == 0
     assert "warning: the profile's content differ(s)" in err and "warning: cache params differ(s)" in err
+
+
+def test_an_edited_workload_file_is_reported_when_replaying(tmp_path):
+    """The scenario records the workload file's SHA-256: a replay of the run after the file changed says so (it
+    replayed the new rows without a word); the unchanged file replays without a warning."""
+    trace = tmp_path / "w.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n1,200,10\n2,300,10\n")
+    rc, _, err = run_cli(["run", "--no-progress", "--trace", str(trace), "--out", str(tmp_path / "o")])
+    assert rc == 0, err
+    recorded = json.loads((tmp_path / "o" / "summary.json").read_text())["scenario"]
+    assert len(recorded["trace_sha256"]) == 64
+    rc, _, err = run_cli(["run", "--no-progress", "--config", str(tmp_path / "o" / "summary.json")])
+    assert rc == 0 and "differ(s)" not in err, err
+    with trace.open("a") as f:
+        f.write("7,500,50\n")
+    rc, _, err = run_cli(["run", "--no-progress", "--config", str(tmp_path / "o" / "summary.json")])
+    assert rc == 0 and "warning: the workload file's content differ(s) from the scenario file's" in err, err
+    assert "trace_sha256" not in summary_of(["run", "--duration", "5"])["scenario"]  # (a built-in trace: a name)
 
 
 def test_to_toml_round_trips_every_value_type():

@@ -128,3 +128,19 @@ def test_numpy_integers_in_the_config_run_as_python_ones():
     cfg = EngineConfig(block_size=np.int16(16), max_loras=np.uint8(4), max_num_seqs=np.int64(64))
     res = simulate(_df(adapter_id=[0, 1, 2], adapter_rank=[8, 8, 8]), config=cfg)
     assert res.summary["requests_finished"] == 3 and type(cfg.block_size) is int and type(cfg.max_loras) is int
+
+
+def test_requests_after_the_horizon_are_counted_as_not_arrived():
+    """A horizon shorter than the workload: the requests past it are counted (summary and console), so that every
+    request of the workload is accounted for."""
+    from tests.helpers import constant_profile
+    from traces.workload import Workload
+    from twin.cli import format_summary
+
+    w = Workload.from_arrays(np.arange(10, dtype=float), [10] * 10, [3] * 10)
+    res = simulate(w, constant_profile(), EngineConfig(), horizon_s=4.5)
+    s = res.summary
+    assert s["requests_not_arrived"] == (res.requests["outcome"] == "not_arrived").sum() == 5
+    assert s["requests_arrived"] + s["requests_not_arrived"] == 10
+    assert "(5 more of the workload arrive after the horizon, not simulated)" in format_summary(s, "")
+    assert simulate(w, constant_profile(), EngineConfig()).summary["requests_not_arrived"] == 0

@@ -708,8 +708,9 @@ def kv_tokens_for_memory(profile: Profile, gpu_mem_gb: float, slots: int, max_ra
     tokens = int(free // model.kv_bytes_per_token // 16 * 16) if free > 0 else 0
     if tokens < 16:
         need = (fixed + 16 * model.kv_bytes_per_token) / utilization / 1e9
-        raise ValueError(f"{gpu_mem_gb:g} GB cannot hold {model.name}'s weights ({model.weight_bytes / 1e9:.1f} GB), "
-                         f"the {runtime_overhead_gb:g} GB runtime reserve and {slots} adapter slots of rank {max_rank} "
-                         f"({slots * per_rank * max_rank / 1e9:.1f} GB) at {utilization:.0%} utilization: it needs more "
-                         f"than {need:.1f} GB")
+        buffers = (f" and {slots} adapter slots of rank {max_rank} ({slots * per_rank * max_rank / 1e9:.1f} GB)"
+                   if slots and max_rank else "")
+        raise ValueError(f"{gpu_mem_gb:g} GB cannot hold {model.name}'s weights ({model.weight_bytes / 1e9:.1f} GB)"
+                         f"{',' if buffers else ' and'} the {runtime_overhead_gb:g} GB runtime reserve{buffers} at "
+                         f"{utilization:.0%} utilization: it needs more than {need:.1f} GB")
     return tokens
