@@ -789,8 +789,8 @@ def _from_saved(path: Path, given: dict[str, Any], synth_opts: dict[str, Any], r
         ids = df["adapter_id"].to_numpy()
         table = assign_ranks(int(ids.max()) + 1 if len(ids) and ids.max() >= 0 else 0, cfg.adapters.ranks)
         df["adapter_rank"] = np.where(ids >= 0, table[np.maximum(ids, 0)] if len(table) else 0, 0)
-    df["request_id"] = np.arange(len(df))
-    meta = {**record, "kind": "derived", "derived_from": w.meta}
+    # (the file's request ids are kept: the results join back to its rows; they stay unique in any window)
+    meta = {**record, "kind": "derived", "derived_from": w.meta, "rows_kept": int(len(df)), "rows_in_file": int(len(w))}
     return Workload(df, meta)
 
 

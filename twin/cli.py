@@ -181,6 +181,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     profile = load_profile(run.profile)
     check_model(run, profile)
     workload = build_workload(run)
+    kept, rows = workload.meta.get("rows_kept"), workload.meta.get("rows_in_file")
+    if kept is not None and rows is not None and kept < rows:  # (a window of a saved workload file)
+        print(f"twin run: note: the --duration / window_start window keeps {kept} of the {rows} requests of "
+              f"{run.trace}; the others are not simulated (--horizon keeps them, as not_arrived)", file=sys.stderr)
     cfg = build_engine_config(run, workload, profile)
     scenario = resolved_scenario(run, profile, cfg, workload)
     for w in replay_warnings(recorded, scenario):

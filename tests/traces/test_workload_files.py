@@ -158,3 +158,26 @@ def test_a_table_without_adapter_id_is_base_model_requests():
     replay and the FastLibra tests build such tables; the file readers refuse them.)"""
     base = {"arrival_s": [0.0, 1.0], "prompt_tokens": [10, 20], "output_tokens": [5, 5]}
     assert (Workload(pd.DataFrame(base)).df["adapter_id"] == -1).all()
+
+@pytest.mark.parametrize("options", [{"rps": 10.0}, {"duration": 4.0}, {"adapters": 3}, {"ranks": [8]},
+                                     {"window_start": 2.0, "duration": 10.0}])
+def test_options_on_a_workload_file_keep_its_request_ids(tmp_path, options):
+    """Rescaled, windowed or given new adapters, a file's requests keep the file's ids (they were numbered
+    0, 1, 2 again, so the results no longer joined back to the file); a window records how many rows it kept."""
+    path = tmp_path / "w.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,request_id\n5,100,10,50\n1,200,10,10\n3,300,10,30\n")
+    w = get_workload(str(path), **options)
+    ids = w.df["request_id"].tolist()
+    assert set(ids) <= {10, 30, 50} and ids == sorted(ids)  # (arrival order: 1 s, 3 s, 5 s)
+    assert (w.meta["rows_kept"], w.meta["rows_in_file"]) == (len(ids), 3)
+
+
+def test_a_window_of_a_workload_file_is_noted_by_twin_run(tmp_path, capsys):
+    from twin.cli import main
+
+    path = tmp_path / "w.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n5,100,10\n1,200,10\n3,300,10\n")
+    assert main(["run", "--no-progress", "--trace", str(path), "--duration", "4"]) == 0
+    assert "window keeps 2 of the 3 requests of" in capsys.readouterr().err
+    assert main(["run", "--no-progress", "--trace", str(path), "--duration", "10"]) == 0
+    assert "window keeps" not in capsys.readouterr().err
