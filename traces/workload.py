@@ -177,6 +177,20 @@ def _read_csv(path: Path) -> pd.DataFrame:
     return df
 
 
+class _RepeatedKeyError(ValueError):
+    """A key given twice in one JSON object (``json`` keeps the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: a dict, refusing a repeated key."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _RepeatedKeyError(k)
+        out[k] = v
+    return out
+
+
 def _read_jsonl(path: Path) -> tuple[pd.DataFrame, list[int]]:
     records, lines = [], []
     try:
@@ -187,11 +201,17 @@ def _read_jsonl(path: Path) -> tuple[pd.DataFrame, list[int]]:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = json.loads(line, object_pairs_hook=_unique_keys)
+        except _RepeatedKeyError as e:
+            raise WorkloadError(f"{path}: line {n}: the key {e.args[0]!r} is given twice; give each column once per "
+                                f"object") from None
         except (json.JSONDecodeError, RecursionError) as e:
-            raise WorkloadError(f"{path}: line {n}: not valid JSON ({e.msg if hasattr(e, 'msg') else e}); a JSON "
-                                f"Lines workload has one object per line, e.g. "
-                                f'{{"arrival_s": 0.5, "prompt_tokens": 300, "output_tokens": 40}}') from None
+            csv_like = n == 1 and "," in line and not line.lstrip().startswith(("{", "["))
+            hint = (f"; it reads like a CSV header: name the file {path.with_suffix('.csv').name}" if csv_like else
+                    "; a JSON Lines workload has one object per line, e.g. "
+                    '{"arrival_s": 0.5, "prompt_tokens": 300, "output_tokens": 40}')
+            raise WorkloadError(f"{path}: line {n}: not valid JSON ({e.msg if hasattr(e, 'msg') else e}){hint}") \
+                from None
         if not isinstance(rec, dict):
             raise WorkloadError(f"{path}: line {n}: expected a JSON object with the workload columns, got "
                                 f"{type(rec).__name__}")
@@ -274,7 +294,12 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
             i = int(inf.argmax())
             raise WorkloadError(f"{path}: {where(i)}, column {col}: {_show(cells.iloc[i])} is not a finite number")
         if COLUMNS[col] == "int64":
-            frac = (nums != np.floor(nums)) | (np.abs(nums) > 2.0 ** 53)
+            big = np.abs(nums) >= 2.0 ** 53  # (read through a float: 2**53 + 1 would become 2**53)
+            if big.any():
+                i = int(big.argmax())
+                raise WorkloadError(f"{path}: {where(i)}, column {col}: {_show(cells.iloc[i])} is too large; the "
+                                    f"values of {col} must be below 2**53 = 9007199254740992")
+            frac = nums != np.floor(nums)
             if frac.any():
                 i = int(frac.argmax())
                 raise WorkloadError(f"{path}: {where(i)}, column {col}: {_show(cells.iloc[i])} is not an integer")

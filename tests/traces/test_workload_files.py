@@ -64,7 +64,18 @@ def test_a_workload_csv_runs(tmp_path, capsys):
                                                                           "'-2' is below the minimum 1"),
     ("inf.csv", "arrival_s,prompt_tokens,output_tokens\ninf,1,1\n", "row 1 (line 2), column arrival_s: 'inf' is not "
                                                                     "a finite number"),
-    ("big.csv", "arrival_s,prompt_tokens,output_tokens\n0,1e30,1\n", "column prompt_tokens: '1e30' is not an integer"),
+    ("big.csv", "arrival_s,prompt_tokens,output_tokens\n0,1e30,1\n", "column prompt_tokens: '1e30' is too large; the "
+                                                                     "values of prompt_tokens must be below 2**53"),
+    ("bigint.csv", "arrival_s,prompt_tokens,output_tokens\n0,1,99999999999999999999\n", "'99999999999999999999' is "
+                                                                                        "too large"),
+    # (read through a float it became 2**53, and a file with both ids was refused as repeating one)
+    ("id53.csv", "arrival_s,prompt_tokens,output_tokens,request_id\n0,1,1,9007199254740993\n",
+     "column request_id: '9007199254740993' is too large"),
+    ("half.csv", "arrival_s,prompt_tokens,output_tokens\n0,1.5,1\n", "column prompt_tokens: '1.5' is not an integer"),
+    ("dup.jsonl", '{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1, "arrival_s": 5}\n',
+     "line 1: the key 'arrival_s' is given twice; give each column once per object"),
+    ("hdr.jsonl", "arrival_s,prompt_tokens,output_tokens\n0,1,1\n", "line 1: not valid JSON (Expecting value); it "
+                                                                     "reads like a CSV header: name the file hdr.csv"),
     ("pre.csv", "arrival_s,prompt_tokens,output_tokens,prefix_tokens\n0,10,1,10\n", "column prefix_tokens: 10 is not "
                                                                                     "below prompt_tokens (10)"),
     ("j.jsonl", '{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}\n\n{"arrival_s": null, "prompt_tokens": 1, '
