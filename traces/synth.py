@@ -185,6 +185,9 @@ MAX_CV = 100.0
 MAX_ADAPTERS = 1_000_000
 #: most turns a conversation may have (``max_turns``)
 MAX_TURNS = 10_000
+#: the largest ``length_scale``: beyond it every length of any trace exceeds any model's context (1e30 overflowed
+#: the token counts, and drew 80 M lengths before the filter said none fits)
+MAX_LENGTH_SCALE = 10_000.0
 #: the mean matchings of ``lengths=sharegpt`` (``length_method``)
 LENGTH_METHODS = ("scale", "tilt")
 
@@ -207,6 +210,9 @@ def option_value_problem(key: str, v: Any) -> str | None:
         return "must be > 0"
     if key == "max_turns" and v > MAX_TURNS:  # (the expected turns sum over 0..max_turns: 1e9 exhausted the memory)
         return f"more than the {MAX_TURNS:,} turns a conversation may have; give fewer, e.g. max_turns = 16"
+    if key == "length_scale" and v > MAX_LENGTH_SCALE:
+        return (f"more than {MAX_LENGTH_SCALE:g}: every length would exceed any model's context; give a factor such "
+                f"as 0.5 or 2")
     if key == "mean_turns" and 0 < v < 1:
         return "must be >= 1 (a conversation has at least one turn)"
     if key == "adapters" and v > MAX_ADAPTERS:

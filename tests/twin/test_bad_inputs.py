@@ -240,6 +240,11 @@ CASES: list[tuple[str, str]] = [
     (R + "--max-lora-rank 33", "vLLM accepts only 8, 16, 32, 64, 128, 256, 320, 512 (LoRAConfig); give --max-lora-rank 64"),
     (R + "--system slora --slora-max-total-len 10", "(S-LoRA's max_req_input_len < max_req_total_len)"),
     (R + "--policy slora --kv-tokens 50", "longer than the pool of 50 tokens"),
+    # 1e30 overflowed the token counts (numpy warnings) and drew 80 M lengths before the filter's error
+    (R + "--trace-opt length_scale=1e30", "--trace-opt length_scale=1e+30: more than 10000: every length would exceed"),
+    # the option a tick interval comes from (it said "tick_interval is 0", no option of that name)
+    (R + "--policy chameleon --scheduler-opt refresh_s=0", "option refresh_s = 0 (its tick interval); give seconds"),
+    (R + "--policy fastlibra --cache-opt interval_s=0", "option interval_s = 0 (its tick interval); give seconds"),
     (R + "--policy slora --slora-max-prompt-len 5", "every prompt of the workload is longer than "
                                                      "--slora-max-prompt-len 5 (the shortest has"),
     (R + "--policy slora --slora-batch-max-tokens 10", "S-LoRA would refuse them all; raise --slora-batch-max-tokens"),
