@@ -577,3 +577,61 @@ def test_train_without_out_leaves_the_shipped_model_alone(tmp_path, capsys, monk
     assert (tmp_path / "configurators" / "llama-3.1-8b_h100_vllm085.cart.json").exists()
     assert "use it with --model configurators/llama-3.1-8b_h100_vllm085.cart.json" in out, out
     assert hashlib.sha256(shipped.read_bytes()).hexdigest() == before
+
+
+# --------------------------------------------------------------------------- predict --check, search: impossible input
+@pytest.mark.parametrize("argv", [PREDICT + ["--check"], PREDICT, SEARCH])
+def test_a_rank_above_vllms_limit_is_refused_before_any_run(tmp_path, capsys, monkeypatch, argv):
+    """`predict --check --ranks 8,16,1024` ran the twin (start failures) and still recommended a configuration;
+    search ran its walk. Both now refuse as `twin run` does."""
+    import twin.sweep.scenario as scenario
+
+    def no_run(*a, **k):
+        raise AssertionError("a twin run")
+
+    monkeypatch.setattr(scenario, "run_config", no_run)
+    err = _error(argv + ["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,1024", "--cache", str(tmp_path / "sc")]
+                 if argv is SEARCH else argv + ["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,1024"], capsys)
+    assert ("--ranks 1024: above 512, the largest --max-lora-rank vLLM accepts (8, 16, 32, 64, 128, 256, 320, 512; "
+            "LoRAConfig): vLLM cannot serve such an adapter; give ranks of at most 512, e.g. --ranks 8,16,32") in err
+    assert main(["run", "--ranks", "8,16,1024", "--adapters", "3"]) == 2  # (the same words as twin run's)
+    assert err.split("error: ", 1)[1] in capsys.readouterr().err
+
+
+def test_predict_check_where_no_configuration_starts_recommends_nothing(capsys):
+    """Rank 512: every configuration the check tries fails vLLM's start-up check; it printed "serve 160 adapters
+    with 16 GPU adapter slots" anyway."""
+    argv = PREDICT + ["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,512", "--check"]
+    assert main(argv) == 1
+    cap = capsys.readouterr()
+    assert "serve " not in cap.out and "GPU adapter slots" not in cap.out
+    assert ("twin configure predict: no recommendation: the twin's check tried 160/32, 160/16 (served/slots) and none "
+            "passed vLLM's start-up check (first: the KV cache left after the weights and 32 LoRA slots of max rank "
+            "512") in cap.err
+    assert main(argv + ["--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert d["served_adapters"] is None and d["adapter_slots"] is None and d["check"]["none_started"] is True
+    assert d["check"]["steps"][0]["startup_reason"].startswith("the KV cache left after the weights")
+
+
+def test_predict_check_refuses_rates_beyond_the_request_cap(capsys, monkeypatch):
+    """`--rates 1e30,1,1 --check` printed numpy's "lam value too large"."""
+    import twin.sweep.scenario as scenario
+
+    def no_run(*a, **k):
+        raise AssertionError("a twin run")
+
+    monkeypatch.setattr(scenario, "run_config", no_run)
+    err = _error(PREDICT + ["--rates", "1e30,1,1", "--ranks", "8,16,32", "--check"], capsys)
+    assert ("--rates 1e30,1,1: the twin's check at the recommended " in err and
+            "more than the 5,000,000 a run may hold (the cap of `twin run`); lower --rates" in err), err
+    assert "lam" not in err
+
+
+def test_predict_names_an_unknown_policy_as_unknown(capsys):
+    """`--policy nosuch` said the model "was trained without policy features"."""
+    err = _error(PREDICT + ["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--policy", "nosuch"], capsys)
+    assert "unknown policy 'nosuch'; use 'fcfs+client-cap' (the published runs) or a preset of `twin policies`: " \
+        in err and "ema-prefetch" in err and "trained without" not in err
+    err = _error(PREDICT + ["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--policy", "ema-prefetch"], capsys)
+    assert "this configurator was trained without policy features" in err  # (a known policy: the model's limit)

@@ -174,16 +174,22 @@ class GridSpec:
         return len(self.tasks()) * len(self.configs())
 
 
-def check_policies(names: list[str]) -> None:
-    """Every name is the published policy (``fcfs+client-cap``) or a preset of ``twin policies`` that
-    runs on the vLLM engine; otherwise an error naming the presets, before any run (the walk would
-    record every run of the scenario as an error, or run an S-LoRA preset on the wrong engine)."""
+def check_known_policies(names: list[str]) -> None:
+    """Every name is the published policy (``fcfs+client-cap``, also as None or empty), ``validation``
+    or a preset of ``twin policies`` (plugins' included); otherwise an error naming the presets."""
     load_entry_points()
     known = {DEFAULT_POLICY, "validation", *PRESETS}
     bad = [str(n) for n in names if n not in known and n not in (None, "")]
     if bad:
         raise ValueError(f"unknown policy {bad[0]!r}; use {DEFAULT_POLICY!r} (the published runs) or a preset of "
                          f"`twin policies`: {', '.join(sorted(PRESETS))}")
+
+
+def check_policies(names: list[str]) -> None:
+    """Every name is the published policy (``fcfs+client-cap``) or a preset of ``twin policies`` that
+    runs on the vLLM engine; otherwise an error naming the presets, before any run (the walk would
+    record every run of the scenario as an error, or run an S-LoRA preset on the wrong engine)."""
+    check_known_policies(names)
     slora = [str(n) for n in names if n in PRESETS and resolve_system(n, None) == "slora"]
     if slora:
         vllm = sorted(n for n in PRESETS if resolve_system(n, None) == "vllm")
