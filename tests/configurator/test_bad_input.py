@@ -635,3 +635,40 @@ def test_predict_names_an_unknown_policy_as_unknown(capsys):
         in err and "ema-prefetch" in err and "trained without" not in err
     err = _error(PREDICT + ["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--policy", "ema-prefetch"], capsys)
     assert "this configurator was trained without policy features" in err  # (a known policy: the model's limit)
+
+
+@pytest.mark.parametrize("flag", ["--served", "--slots"])
+def test_search_refuses_a_repeated_served_or_slot_value(tmp_path, capsys, flag):
+    """`--served 8,8` ran the value twice and printed "next run nan"."""
+    argv = [a for a in SEARCH]
+    argv[argv.index(flag) + 1] = "8,8"
+    err = _error(argv + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--cache", str(tmp_path / "sc")], capsys)
+    assert f"{flag} '8,8': 8 is listed twice (its runs would be done twice); give each value once" in err
+    assert not (tmp_path / "sc").exists()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (SEARCH + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--cache"], "--cache"),
+    (["configure", "evaluate", "--search-cache"], "--search-cache"),
+])
+def test_a_cache_that_is_a_file_is_named_by_its_flag(tmp_path, capsys, argv, flag):
+    """`--cache junk.csv` said "cannot use junk.csv/shards: Not a directory", naming no option."""
+    junk = tmp_path / "junk.csv"
+    junk.write_text("x\n")
+    err = _error(argv + [str(junk)], capsys)
+    assert f"{flag} {junk}: is an existing file, not a directory; give a directory" in err
+
+
+def test_train_says_when_it_cross_validates_with_fewer_folds_than_cv(tmp_path, capsys):
+    """`--cv 100` on 6 scenarios trained with 3 folds (two scenarios per fold) without a word."""
+    f = tmp_path / "labels.csv"
+    synthetic_labels(6).assign(rule="throughput90").to_csv(f, index=False)
+    assert main(["configure", "train", str(f), "--kind", "cart", "--cv", "100", "--out", str(tmp_path / "m.json"),
+                 "--json"]) == 0
+    cap = capsys.readouterr()
+    assert ("twin configure train: note: --cv 100: 6 labelled scenarios make at most 3 folds (the halving search fits "
+            "two scenarios per fold), so the search cross-validated with 3") in cap.err
+    assert json.loads(cap.out)["cv_folds"] == 3
+    assert main(["configure", "train", str(f), "--kind", "cart", "--cv", "3", "--out", str(tmp_path / "m.json"),
+                 "--json"]) == 0
+    assert "note" not in capsys.readouterr().err

@@ -245,6 +245,10 @@ def _int_list(flag: str, value: str, example: str, what: str) -> list[int]:
     if bad:
         raise ValueError(f"{flag} {value!r}: {bad[0]} is not {what}; give whole numbers >= 1, e.g. {flag} {example} "
                          f"(or leave out {flag} for the published grid)")
+    i = first_repeat(v)
+    if i >= 0:  # (as a grid refuses a repeated value: its runs would be done twice)
+        raise ValueError(f"{flag} {value!r}: {v[i]} is listed twice (its runs would be done twice); give each value "
+                         f"once, e.g. {flag} {example}")
     return v
 
 
@@ -459,8 +463,13 @@ def cmd_train(args) -> int:
     out = Path(args.out) if args.out else Path(DEFAULT_MODEL_DIR) / f"{profile or 'model'}.{args.kind}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     save_model(model, out)
+    folds = model["provenance"].get("cv_folds")
+    if folds is not None and folds < args.cv:  # (the folds were capped without a word)
+        print(f"twin configure train: note: --cv {args.cv}: {len(lab)} labelled scenarios make at most {folds} folds "
+              f"(the halving search fits two scenarios per fold), so the search cross-validated with {folds}",
+              file=sys.stderr)
     info = {"model": str(out), "kind": args.kind, "scenarios": len(lab), "profile": profile,
-            **{k: model["provenance"].get(k) for k in ("best_params", "cv_smape_served_slots_mean")},
+            **{k: model["provenance"].get(k) for k in ("best_params", "cv_smape_served_slots_mean", "cv_folds")},
             "bytes": out.stat().st_size}
     print(json.dumps(_finite(info), indent=1, default=_jd) if args.json else
           "\n".join(f"{k:<28} {v}" for k, v in info.items())
@@ -812,6 +821,8 @@ def cmd_evaluate(args) -> int:
     _check_rank_tile_cost(args.rank_tile_cost, args.profile)
     if args.out:
         check_writable_dir("--out", args.out)
+    if args.search_cache is not None:
+        check_writable_dir("--search-cache", args.search_cache)
     real = args.real
     if real is None:
         from traces.datadir import require
@@ -893,6 +904,8 @@ def cmd_search(args) -> int:
 
     check_number("--window", args.window, 0, False, "the simulated seconds of each run, e.g. --window 3600")
     check_selection(jobs=args.jobs)
+    if args.cache is not None:  # (a file there was "cannot use FILE/shards", naming no option)
+        check_writable_dir("--cache", args.cache)
     pair = _pair(args, triple=False)
     kw: dict[str, Any] = {"window_s": args.window}
     if args.policy is not None:  # checked with the grid, before any run
