@@ -32,6 +32,15 @@ A grid file (TOML shown; YAML has the same keys)::
     [slo]
     ttft_s = 10.0
     tbt_s = 0.2
+
+Rates and ranks are two axes, not (rate, rank) pairs: a run's ``served`` adapters take the ranks of
+its rank tuple round-robin (adapter ``i`` has ``ranks[i % len(ranks)]``) and the rates of its rate
+tuple round-robin, then shuffled independently of the ranks, as the real client assigned them
+(:mod:`twin.validation.recreate`). So a rate tuple and a rank tuple need not be as long as each other:
+``rates = [[0.4, 0.1]]`` with ``ranks = [[8, 16, 32]]`` is a scenario of half the adapters at each
+rate and a third at each rank, every rate spread over every rank. (``twin configure search`` takes
+one rate and one rank per adapter class, as many of each; the shipped configurators were trained on
+triples of both.)
 """
 
 from __future__ import annotations
