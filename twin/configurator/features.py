@@ -113,7 +113,13 @@ def resolve_policy_name(model: dict[str, Any], policy: str | None) -> str:
     (a model without policy features: the one it was trained on). Errors name the known ones."""
     pols = model_policies(model)
     if policy not in (None, *pols, trained_policy(model)):  # (a typo: named as such, not as a model's limit)
-        check_known_policies([policy])
+        try:
+            check_known_policies([policy])
+        except ValueError as e:
+            if not pols:
+                raise
+            raise ValueError(f"unknown policy {policy!r} (no preset of `twin policies`); this configurator knows "
+                             f"{', '.join(pols)} (--policy NAME)") from e
     if not pols:
         own = trained_policy(model)
         if policy not in (None, own):
