@@ -137,7 +137,7 @@ def check_foreign_shards(out: str | os.PathLike, task_hashes: set[str] | None, g
     raise ForeignShards(f"{what}: another grid's shards or stray files, which would be mixed into this sweep's rows; "
                         f"remove {'it' if len(bad) == 1 else 'them'} (or move {'it' if len(bad) == 1 else 'them'} to "
                         f"the --out of the sweep {'it belongs' if len(bad) == 1 else 'they belong'} to), or sweep into "
-                        f"another --out")
+                        f"another --out (--no-resume starts over in this one, deleting every shard there)")
 
 
 def read_results(out: str | os.PathLike, task_hashes: set[str] | None = None,
