@@ -577,3 +577,98 @@ def test_train_without_out_leaves_the_shipped_model_alone(tmp_path, capsys, monk
     assert (tmp_path / "configurators" / "llama-3.1-8b_h100_vllm085.cart.json").exists()
     assert "use it with --model configurators/llama-3.1-8b_h100_vllm085.cart.json" in out, out
     assert hashlib.sha256(shipped.read_bytes()).hexdigest() == before
+
+
+# --------------------------------------------------------------------------- predict --check, search: impossible input
+@pytest.mark.parametrize("argv", [PREDICT + ["--check"], PREDICT, SEARCH])
+def test_a_rank_above_vllms_limit_is_refused_before_any_run(tmp_path, capsys, monkeypatch, argv):
+    """`predict --check --ranks 8,16,1024` ran the twin (start failures) and still recommended a configuration;
+    search ran its walk. Both now refuse as `twin run` does."""
+    import twin.sweep.scenario as scenario
+
+    def no_run(*a, **k):
+        raise AssertionError("a twin run")
+
+    monkeypatch.setattr(scenario, "run_config", no_run)
+    err = _error(argv + ["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,1024", "--cache", str(tmp_path / "sc")]
+                 if argv is SEARCH else argv + ["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,1024"], capsys)
+    assert ("--ranks 1024: above 512, the largest --max-lora-rank vLLM accepts (8, 16, 32, 64, 128, 256, 320, 512; "
+            "LoRAConfig): vLLM cannot serve such an adapter; give ranks of at most 512, e.g. --ranks 8,16,32") in err
+    assert main(["run", "--ranks", "8,16,1024", "--adapters", "3"]) == 2  # (the same words as twin run's)
+    assert err.split("error: ", 1)[1] in capsys.readouterr().err
+
+
+def test_predict_check_where_no_configuration_starts_recommends_nothing(capsys):
+    """Rank 512: every configuration the check tries fails vLLM's start-up check; it printed "serve 160 adapters
+    with 16 GPU adapter slots" anyway."""
+    argv = PREDICT + ["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,512", "--check"]
+    assert main(argv) == 1
+    cap = capsys.readouterr()
+    assert "serve " not in cap.out and "GPU adapter slots" not in cap.out
+    assert ("twin configure predict: no recommendation: the twin's check tried 160/32, 160/16 (served/slots) and none "
+            "passed vLLM's start-up check (first: the KV cache left after the weights and 32 LoRA slots of max rank "
+            "512") in cap.err
+    assert main(argv + ["--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert d["served_adapters"] is None and d["adapter_slots"] is None and d["check"]["none_started"] is True
+    assert d["check"]["steps"][0]["startup_reason"].startswith("the KV cache left after the weights")
+
+
+def test_predict_check_refuses_rates_beyond_the_request_cap(capsys, monkeypatch):
+    """`--rates 1e30,1,1 --check` printed numpy's "lam value too large"."""
+    import twin.sweep.scenario as scenario
+
+    def no_run(*a, **k):
+        raise AssertionError("a twin run")
+
+    monkeypatch.setattr(scenario, "run_config", no_run)
+    err = _error(PREDICT + ["--rates", "1e30,1,1", "--ranks", "8,16,32", "--check"], capsys)
+    assert ("--rates 1e30,1,1: the twin's check at the recommended " in err and
+            "more than the 5,000,000 a run may hold (the cap of `twin run`); lower --rates" in err), err
+    assert "lam" not in err
+
+
+def test_predict_names_an_unknown_policy_as_unknown(capsys):
+    """`--policy nosuch` said the model "was trained without policy features"."""
+    err = _error(PREDICT + ["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--policy", "nosuch"], capsys)
+    assert "unknown policy 'nosuch'; use 'fcfs+client-cap' (the published runs) or a preset of `twin policies`: " \
+        in err and "ema-prefetch" in err and "trained without" not in err
+    err = _error(PREDICT + ["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--policy", "ema-prefetch"], capsys)
+    assert "this configurator was trained without policy features" in err  # (a known policy: the model's limit)
+
+
+@pytest.mark.parametrize("flag", ["--served", "--slots"])
+def test_search_refuses_a_repeated_served_or_slot_value(tmp_path, capsys, flag):
+    """`--served 8,8` ran the value twice and printed "next run nan"."""
+    argv = [a for a in SEARCH]
+    argv[argv.index(flag) + 1] = "8,8"
+    err = _error(argv + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--cache", str(tmp_path / "sc")], capsys)
+    assert f"{flag} '8,8': 8 is listed twice (its runs would be done twice); give each value once" in err
+    assert not (tmp_path / "sc").exists()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (SEARCH + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--cache"], "--cache"),
+    (["configure", "evaluate", "--search-cache"], "--search-cache"),
+])
+def test_a_cache_that_is_a_file_is_named_by_its_flag(tmp_path, capsys, argv, flag):
+    """`--cache junk.csv` said "cannot use junk.csv/shards: Not a directory", naming no option."""
+    junk = tmp_path / "junk.csv"
+    junk.write_text("x\n")
+    err = _error(argv + [str(junk)], capsys)
+    assert f"{flag} {junk}: is an existing file, not a directory; give a directory" in err
+
+
+def test_train_says_when_it_cross_validates_with_fewer_folds_than_cv(tmp_path, capsys):
+    """`--cv 100` on 6 scenarios trained with 3 folds (two scenarios per fold) without a word."""
+    f = tmp_path / "labels.csv"
+    synthetic_labels(6).assign(rule="throughput90").to_csv(f, index=False)
+    assert main(["configure", "train", str(f), "--kind", "cart", "--cv", "100", "--out", str(tmp_path / "m.json"),
+                 "--json"]) == 0
+    cap = capsys.readouterr()
+    assert ("twin configure train: note: --cv 100: 6 labelled scenarios make at most 3 folds (the halving search fits "
+            "two scenarios per fold), so the search cross-validated with 3") in cap.err
+    assert json.loads(cap.out)["cv_folds"] == 3
+    assert main(["configure", "train", str(f), "--kind", "cart", "--cv", "3", "--out", str(tmp_path / "m.json"),
+                 "--json"]) == 0
+    assert "note" not in capsys.readouterr().err

@@ -177,7 +177,8 @@ def test_predict_cli_policy(policy_models, capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["policies"] == [A, B] and any(c["feature"] == policy_column(B) for r in d["rules"] for c in r["conditions"])
     ns = p.parse_args(base + ["--model", str(paths["cart"]), "--policy", "sjf"])
-    with pytest.raises(ValueError, match="knows fcfs"):
+    with pytest.raises(ValueError, match=r"unknown policy 'sjf' \(no preset of `twin policies`\); this configurator "
+                                         r"knows fcfs"):
         ns.func(ns)
     ns = p.parse_args(base + ["--model", str(paths["cart"]), "--feature", f"policy={B}=1"])
     with pytest.raises(ValueError, match="--policy NAME"):

@@ -518,3 +518,23 @@ def test_every_policy_of_a_scenario_sees_the_same_workload():
     assert len(by_policy) == 3 and len(set(by_policy.values())) == 1
     other = [t for t in g.tasks() if workload_key(t["scenario"]["key"]) != "rate_0.8-0.4-0.1_size_8-16-32"][0]
     assert make_spec(other["scenario"], 16, 8, other["max_rank"], 0, other["window_s"]).seed not in by_policy.values()
+
+
+def test_rate_and_rank_tuples_of_different_lengths_are_two_axes():
+    """``rates = [[0.4, 0.1]]`` with ``ranks = [[8, 16, 32]]`` is a scenario, not a mismatch (unlike `configure
+    search`, which takes one rate and one rank per adapter class): the ranks go round-robin over the served
+    adapters and the rates round-robin, shuffled apart from the ranks (grid.py's docstring says so)."""
+    import numpy as np
+
+    import twin.sweep.grid as grid_module
+    from traces.arrivals import assign_rates_round_robin
+
+    g = grid_from_dict({"name": "two-rates", "window_s": 60, "scenarios": {"rates": [[0.4, 0.1]],
+                                                                          "ranks": [[8, 16, 32]]},
+                        "configs": {"served": [6], "slots": [6]}})
+    (t,) = g.tasks()
+    assert (t["scenario"]["rates"], t["scenario"]["ranks"]) == ([0.4, 0.1], [8, 16, 32])
+    ranks = np.asarray([8, 16, 32])[np.arange(6) % 3]
+    rates = assign_rates_round_robin([0.4, 0.1], 6, np.random.default_rng(0))
+    assert sorted(rates) == [0.1] * 3 + [0.4] * 3 and len(ranks) == 6
+    assert "need not be as long as each other" in " ".join(grid_module.__doc__.split())

@@ -561,3 +561,72 @@ def test_run_sweep_takes_a_grid_spec(tmp_path, grid, how):
 def test_a_count_that_is_not_a_whole_number_is_refused(tmp_path):
     with pytest.raises(ValueError, match="--jobs '2': must be a whole number"):
         run_sweep(load_grid("smoke"), tmp_path, jobs="2")
+
+
+def _sweep_copy(local_smoke, tmp_path):
+    src, _ = local_smoke
+    out = tmp_path / "sw"
+    shutil.copytree(src, out)
+    return out
+
+
+@pytest.mark.parametrize("old_record", [False, True])
+def test_shards_of_another_grid_are_refused_by_resume_summary_reader_and_dataset(local_smoke, tmp_path, capsys,
+                                                                                 old_record):
+    """Another grid's shards copied into a sweep's shards/ were counted: the resume said "0 tasks run (2 already
+    done of 2)", --summary counted 3 tasks for the 2-task grid and `configure dataset` labelled the mixed rows.
+    ``old_record``: a sweep.json of an earlier twin (no task_hashes: the grid's tasks are rebuilt from it)."""
+    from twin.cli import main
+
+    out = _sweep_copy(local_smoke, tmp_path)
+    if old_record:
+        meta = json.loads((out / "sweep.json").read_text())
+        meta.pop("task_hashes", None)
+        (out / "sweep.json").write_text(json.dumps(meta))
+    before = read_results(out)
+    stray = out / "shards" / "0123456789abcdef.parquet"
+    shutil.copy(sorted((out / "shards").glob("*.parquet"))[0], stray)
+    for cmd in (["sweep", "smoke", "--out", str(out), "--no-progress"], ["sweep", "--summary", "--out", str(out)],
+                ["configure", "dataset", str(out)]):
+        assert main(cmd) == 2, cmd
+        err = capsys.readouterr().err
+        assert ("error: 1 shard file under " in err and "belongs to no task of grid smoke (0123456789abcdef.parquet)"
+                in err and "remove it" in err and "Traceback" not in err), err
+    with pytest.raises(runner.ForeignShards, match="0123456789abcdef.parquet"):
+        read_results(out)
+    stray.unlink()  # (what the message says): the sweep resumes as before
+    assert main(["sweep", "smoke", "--out", str(out), "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tasks_run"] == 0
+    pd.testing.assert_frame_equal(_norm(read_results(out)), _norm(before))
+
+
+def test_a_sweep_copied_without_its_record_does_not_resume_another_grid(local_smoke, tmp_path, capsys):
+    """A sweep's directory copied and its sweep.json deleted: another grid swept into it ran and mixed its rows
+    with the copied shards, exit 0. The grid the shards are of still resumes there."""
+    from twin.cli import main
+
+    out = _sweep_copy(local_smoke, tmp_path)
+    (out / "sweep.json").unlink()
+    p = tmp_path / "g.toml"
+    p.write_text('name = "other"\nwindow_s = 30\n[scenarios]\nrates = [[0.4, 0.2, 0.1]]\nranks = [[8, 16, 32]]\n'
+                 '[configs]\nserved = [8]\nslots = [8]\n')
+    assert main(["sweep", str(p), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "error: 2 shard files under " in err and "belong to no task of grid other (" in err and "remove them" in err
+    assert not (out / "sweep.json").exists()  # (refused before the record is written)
+    assert main(["sweep", "smoke", "--out", str(out), "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tasks_run"] == 0
+
+
+def test_a_stray_unreadable_shard_of_no_task_is_named_to_remove(local_smoke, tmp_path, capsys):
+    """An empty shards/zzzz.parquet let the resume exit 0, and --summary then said to run the sweep again,
+    which cannot fix it (no task writes that file)."""
+    from twin.cli import main
+
+    out = _sweep_copy(local_smoke, tmp_path)
+    (out / "shards" / "zzzz.parquet").write_bytes(b"")
+    for cmd in (["sweep", "smoke", "--out", str(out), "--no-progress"], ["sweep", "--summary", "--out", str(out)]):
+        assert main(cmd) == 2
+        err = capsys.readouterr().err
+        assert "(zzzz.parquet; 1 not readable as Parquet)" in err and "remove it" in err, err
+        assert "run the sweep again" not in err

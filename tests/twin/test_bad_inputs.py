@@ -506,8 +506,8 @@ CASES: list[tuple[str, str]] = [
     ("configure predict --rates inf,0.1,0.05 --ranks 8,16,32", "--rates 'inf,0.1,0.05': inf is not a rate"),
     ("configure search --rates 0,0,0 --ranks 8 --cache {d}/sc", "--rates '0,0,0': 0 is not a rate"),
     ("configure search --rates 0.4,0.1 --ranks 8,1024 --served 16 --slots 16 --cache {d}/sc",
-     "no configuration of the search ran: 1 runs (1 start_failure); the first says: the KV cache left after the "
-     "weights and 16 LoRA slots of max rank 1024 holds 0 tokens"),
+     "--ranks 1024: above 512, the largest --max-lora-rank vLLM accepts (8, 16, 32, 64, 128, 256, 320, 512; "
+     "LoRAConfig): vLLM cannot serve such an adapter"),  # (it ran the walk: 1 start_failure, before)
     ("configure predict --rates 0.4,0.1,0.05 --ranks 8,16,32 --gpu-hour-usd -1", "--gpu-hour-usd -1: must be a price > 0"),
     ("configure predict --rates 0.4,0.1,0.05 --ranks 8,16,32 --model {d}/garbage.json",
      "{d}/garbage.json: not a configurator model (not valid JSON"),

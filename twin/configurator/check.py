@@ -96,7 +96,8 @@ def check_recommendation(rates: list[float], ranks: list[int], served: int, slot
     configuration that does not start with no smaller slot value left) and
     ``steps``: one dict per configuration tried (``served_adapters``, ``adapter_slots``, ``status``,
     ``ratio`` (throughput / offered), ``ratio_is_upper_bound``, ``starving``, ``simulated``: False
-    when the run came from ``known``). New runs are added to ``known`` when it is given."""
+    when the run came from ``known``; ``startup_reason`` on a configuration that does not start). New
+    runs are added to ``known`` when it is given."""
     task = scenario_task(rates, ranks, profile, window_s=window_s, policy=policy, lengths=lengths, seed=seed,
                          serving_us=serving_us, rank_tile_cost=rank_tile_cost)
     sc = task["scenario"]
@@ -124,6 +125,8 @@ def check_recommendation(rates: list[float], ranks: list[int], served: int, slot
         steps.append({"served_adapters": n, "adapter_slots": g, "status": status, "ratio": q,
                       "ratio_is_upper_bound": upper, "starving": starving, "simulated": simulated,
                       "cpu_s": float(r.get("cpu_s", 0.0) or 0.0) if simulated else 0.0})
+        if status in NO_START and r.get("startup_reason"):
+            steps[-1]["startup_reason"] = str(r["startup_reason"])
         if status in NO_START:
             nxt = step_down_slots(n, g, slot_grid)
         else:

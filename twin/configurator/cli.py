@@ -10,10 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from traces.arguments import check_writable_dir, check_writable_file, has_empty_item
+from traces.arguments import check_writable_dir, check_writable_file, first_repeat, has_empty_item
 from twin.configurator.domain import describe, outside, training_domain
 from twin.configurator.models import KINDS
-from twin.scenario import check_host_term, check_number
+from twin.scenario import check_host_term, check_number, rank_limit
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 
 DEFAULT_PROFILE = "llama-3.1-8b_h100_vllm085"
@@ -245,6 +245,10 @@ def _int_list(flag: str, value: str, example: str, what: str) -> list[int]:
     if bad:
         raise ValueError(f"{flag} {value!r}: {bad[0]} is not {what}; give whole numbers >= 1, e.g. {flag} {example} "
                          f"(or leave out {flag} for the published grid)")
+    i = first_repeat(v)
+    if i >= 0:  # (as a grid refuses a repeated value: its runs would be done twice)
+        raise ValueError(f"{flag} {value!r}: {v[i]} is listed twice (its runs would be done twice); give each value "
+                         f"once, e.g. {flag} {example}")
     return v
 
 
@@ -268,6 +272,10 @@ def _pair(args, triple: bool = True) -> tuple[list[float], list[int]]:
     if bad:
         raise ValueError(f"--ranks {args.ranks!r}: {bad[0]} is not a LoRA rank; give whole numbers >= 1, e.g. "
                          f"--ranks 8,16,32")
+    limit, why = rank_limit("vllm")
+    if max(ranks) > limit:  # (as `twin run` and a grid refuse it: every run of the twin would fail to start)
+        raise ValueError(f"--ranks {max(ranks)}: above {limit}, {why}: vLLM cannot serve such an adapter; give "
+                         f"ranks of at most {limit}, e.g. --ranks 8,16,32")
     for flag, v, example in (("--rates", rates, "0.4,0.05,0.00625"), ("--ranks", ranks, "8,16,32")):
         if triple and len(v) != ARITY:
             raise ValueError(f"{flag} {getattr(args, flag[2:])!r}: {len(v)} value{'s' if len(v) != 1 else ''}, "
@@ -455,8 +463,13 @@ def cmd_train(args) -> int:
     out = Path(args.out) if args.out else Path(DEFAULT_MODEL_DIR) / f"{profile or 'model'}.{args.kind}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     save_model(model, out)
+    folds = model["provenance"].get("cv_folds")
+    if folds is not None and folds < args.cv:  # (the folds were capped without a word)
+        print(f"twin configure train: note: --cv {args.cv}: {len(lab)} labelled scenarios make at most {folds} folds "
+              f"(the halving search fits two scenarios per fold), so the search cross-validated with {folds}",
+              file=sys.stderr)
     info = {"model": str(out), "kind": args.kind, "scenarios": len(lab), "profile": profile,
-            **{k: model["provenance"].get(k) for k in ("best_params", "cv_smape_served_slots_mean")},
+            **{k: model["provenance"].get(k) for k in ("best_params", "cv_smape_served_slots_mean", "cv_folds")},
             "bytes": out.stat().st_size}
     print(json.dumps(_finite(info), indent=1, default=_jd) if args.json else
           "\n".join(f"{k:<28} {v}" for k, v in info.items())
@@ -554,6 +567,8 @@ def cmd_predict(args) -> int:
                          f"give them as --feature NAME=VALUE (e.g. --feature {missing[0]}=...){lens}")
     res = predict(model, x, explain=args.explain, policy=args.policy)
     res["rates"], res["ranks"] = rates, ranks
+    if args.check:
+        _check_requests(args.rates, rates, res["served_adapters"])
     dom = training_domain(model)
     off = outside(dom, x)
     res["domain"] = None if dom is None else {"source": dom["source"], "outside": off}
@@ -572,6 +587,8 @@ def cmd_predict(args) -> int:
         from twin.configurator.models import resolve_engine
 
         _check(res, model, *resolve_engine([model], args.serving_us, args.rank_tile_cost))
+        if not any(st["status"] == "ok" for st in res["check"]["steps"]):
+            return _none_started(res, args.json)
     offered = offered_tok_s(rates, res["served_adapters"], res.get("lengths"))
     res["offered_tok_s"] = offered
     if res["throughput_tok_s"] > offered:  # (a model's extrapolation: 1204 tok/s of 161 offered)
@@ -652,6 +669,42 @@ def cmd_predict(args) -> int:
                 print(f"splits on the {n} trees' paths: " + ", ".join(
                     f"{feature_label(f)} {100 * v:.0f} %" for f, v in res["path_features"].items()))
     return 0
+
+
+def _check_requests(given: str, rates: list[float], served: int, window_s: float = 3600.0) -> None:
+    """``predict --check``: the twin's run at the recommended ``served`` adapters (its busiest: the check only
+    steps down) stays within ``twin run``'s request cap (:data:`traces.registry.MAX_REQUESTS`), as a search's
+    does; else an error naming --rates and the cap, before any run (numpy refused the draw: "lam value too
+    large"). ``given``: --rates as typed."""
+    from traces.registry import MAX_REQUESTS
+
+    k = len(rates)
+    n = (sum(rates) * (served // k) + sum(rates[: served % k])) * window_s
+    if n > MAX_REQUESTS:
+        count = f"{n:,.0f}" if n < 1e15 else f"{n:.3g}"
+        raise ValueError(f"--rates {given}: the twin's check at the recommended {served} "
+                         f"served adapters would be offered ~{count} requests over its {window_s:g} s window, more "
+                         f"than the {MAX_REQUESTS:,} a run may hold (the cap of `twin run`); lower --rates, or leave "
+                         f"out --check (the model's recommendation runs nothing)")
+
+
+def _none_started(res: dict[str, Any], as_json: bool) -> int:
+    """``predict --check`` where no configuration the check tried passed vLLM's start-up check: no
+    recommendation is printed (nor a configuration in the JSON: ``served_adapters`` and ``adapter_slots``
+    null, ``check.none_started`` true), what failed is said instead; exit status 1."""
+    c = res["check"]
+    tried = ", ".join(f"{st['served_adapters']}/{st['adapter_slots']}" for st in c["steps"])
+    reason = next((st.get("startup_reason") for st in c["steps"] if st.get("startup_reason")), "")
+    c["none_started"] = True
+    for k in ("served_adapters", "adapter_slots", "throughput_tok_s"):
+        res[k] = None
+    if as_json:
+        print(json.dumps(_finite(res), indent=1, default=_jd))
+    print(f"twin configure predict: no recommendation: the twin's check tried {tried} (served/slots) and none passed "
+          f"vLLM's start-up check{f' (first: {reason})' if reason else ''}; the model's "
+          f"{res['model_recommendation']['served_adapters']} / {res['model_recommendation']['adapter_slots']} cannot "
+          f"be served on this GPU: lower --ranks, or find what starts with `twin configure search`", file=sys.stderr)
+    return 1
 
 
 def _check(res: dict[str, Any], model: dict[str, Any], serving_us: float = 0.0,
@@ -768,6 +821,8 @@ def cmd_evaluate(args) -> int:
     _check_rank_tile_cost(args.rank_tile_cost, args.profile)
     if args.out:
         check_writable_dir("--out", args.out)
+    if args.search_cache is not None:
+        check_writable_dir("--search-cache", args.search_cache)
     real = args.real
     if real is None:
         from traces.datadir import require
@@ -849,6 +904,8 @@ def cmd_search(args) -> int:
 
     check_number("--window", args.window, 0, False, "the simulated seconds of each run, e.g. --window 3600")
     check_selection(jobs=args.jobs)
+    if args.cache is not None:  # (a file there was "cannot use FILE/shards", naming no option)
+        check_writable_dir("--cache", args.cache)
     pair = _pair(args, triple=False)
     kw: dict[str, Any] = {"window_s": args.window}
     if args.policy is not None:  # checked with the grid, before any run

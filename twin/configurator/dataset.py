@@ -11,7 +11,7 @@ import pandas as pd
 
 from traces.arguments import cell_error, csv_layout_problem
 from twin.configurator.labels import FEATURES, RULES, TARGETS, describe_engine, engines_of, label_scenarios
-from twin.sweep.runner import read_results
+from twin.sweep.runner import ForeignShards, read_results
 
 
 #: the columns of a sweep's run rows that labelling reads (``twin sweep`` writes them)
@@ -101,7 +101,7 @@ def load_runs(sources: Iterable[str | os.PathLike]) -> pd.DataFrame:
         if p.is_dir():
             try:
                 f = read_results(p)
-            except FileNotFoundError:
+            except (FileNotFoundError, ForeignShards):  # (their message names the file and the fix)
                 raise
             except (ValueError, TypeError, NotImplementedError, pa.lib.ArrowException) as e:
                 raise _read_error(p, "a sweep's runs", e) from None

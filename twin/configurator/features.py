@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from twin.configurator.labels import FEATURES
+from twin.sweep.grid import check_known_policies
 from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY
 
 #: the name that asks for the policy indicators in ``train --features``
@@ -111,6 +112,14 @@ def resolve_policy_name(model: dict[str, Any], policy: str | None) -> str:
     """The policy a prediction is for: ``policy``, or by default the published ``fcfs+client-cap``
     (a model without policy features: the one it was trained on). Errors name the known ones."""
     pols = model_policies(model)
+    if policy not in (None, *pols, trained_policy(model)):  # (a typo: named as such, not as a model's limit)
+        try:
+            check_known_policies([policy])
+        except ValueError as e:
+            if not pols:
+                raise
+            raise ValueError(f"unknown policy {policy!r} (no preset of `twin policies`); this configurator knows "
+                             f"{', '.join(pols)} (--policy NAME)") from e
     if not pols:
         own = trained_policy(model)
         if policy not in (None, own):

@@ -81,7 +81,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             if swept is not None and swept != grid.name:
                 raise ValueError(f"--summary --out {out}: it holds a sweep of grid {swept}, not {grid.name}; leave out "
                                  f"the grid name (the summary is of --out), or give the --out of the {grid.name} sweep")
-        s = summarize_results(read_results(out))
+        s = summarize_results(read_results(out))  # (shards of no task of the grid sweep.json records: refused)
         print(json.dumps(s, indent=2) if args.json else "\n".join(
             f"{k:<26} {'; '.join(v) if isinstance(v, list) else v}" for k, v in s.items()))
         return 0

@@ -32,6 +32,15 @@ A grid file (TOML shown; YAML has the same keys)::
     [slo]
     ttft_s = 10.0
     tbt_s = 0.2
+
+Rates and ranks are two axes, not (rate, rank) pairs: a run's ``served`` adapters take the ranks of
+its rank tuple round-robin (adapter ``i`` has ``ranks[i % len(ranks)]``) and the rates of its rate
+tuple round-robin, then shuffled independently of the ranks, as the real client assigned them
+(:mod:`twin.validation.recreate`). So a rate tuple and a rank tuple need not be as long as each other:
+``rates = [[0.4, 0.1]]`` with ``ranks = [[8, 16, 32]]`` is a scenario of half the adapters at each
+rate and a third at each rank, every rate spread over every rank. (``twin configure search`` takes
+one rate and one rank per adapter class, as many of each; the shipped configurators were trained on
+triples of both.)
 """
 
 from __future__ import annotations
@@ -174,16 +183,22 @@ class GridSpec:
         return len(self.tasks()) * len(self.configs())
 
 
-def check_policies(names: list[str]) -> None:
-    """Every name is the published policy (``fcfs+client-cap``) or a preset of ``twin policies`` that
-    runs on the vLLM engine; otherwise an error naming the presets, before any run (the walk would
-    record every run of the scenario as an error, or run an S-LoRA preset on the wrong engine)."""
+def check_known_policies(names: list[str]) -> None:
+    """Every name is the published policy (``fcfs+client-cap``, also as None or empty), ``validation``
+    or a preset of ``twin policies`` (plugins' included); otherwise an error naming the presets."""
     load_entry_points()
     known = {DEFAULT_POLICY, "validation", *PRESETS}
     bad = [str(n) for n in names if n not in known and n not in (None, "")]
     if bad:
         raise ValueError(f"unknown policy {bad[0]!r}; use {DEFAULT_POLICY!r} (the published runs) or a preset of "
                          f"`twin policies`: {', '.join(sorted(PRESETS))}")
+
+
+def check_policies(names: list[str]) -> None:
+    """Every name is the published policy (``fcfs+client-cap``) or a preset of ``twin policies`` that
+    runs on the vLLM engine; otherwise an error naming the presets, before any run (the walk would
+    record every run of the scenario as an error, or run an S-LoRA preset on the wrong engine)."""
+    check_known_policies(names)
     slora = [str(n) for n in names if n in PRESETS and resolve_system(n, None) == "slora"]
     if slora:
         vllm = sorted(n for n in PRESETS if resolve_system(n, None) == "vllm")

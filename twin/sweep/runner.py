@@ -9,7 +9,9 @@ A shard is written (to a temporary name, then renamed) as soon as its task's res
 an interrupted sweep loses at most the tasks in flight; ``--resume`` (the default when
 ``OUT/sweep.json`` matches the grid) skips every task whose shard exists. Results do not depend
 on the executor or the number of workers: every run is seeded by its key
-(:func:`twin.sweep.scenario.run_seed`).
+(:func:`twin.sweep.scenario.run_seed`). ``sweep.json`` lists the grid's task hashes: a shard file
+named for no task of the grid (another grid's shards copied in, a stray file) is refused by the
+resume, by ``--summary`` and by :func:`read_results`, naming it (:class:`ForeignShards`).
 """
 
 from __future__ import annotations
@@ -84,9 +86,71 @@ def write_shard(out: Path, task_hash: str, rows: list[dict[str, Any]]) -> Path:
     return final
 
 
-def read_results(out: str | os.PathLike) -> pd.DataFrame:
-    """Every row of a sweep directory (or of one shard file) as one table."""
+class ForeignShards(ValueError):
+    """Shard files under a sweep's ``shards/`` that belong to no task of its grid (another grid's shards
+    copied in, a stray file): reading or resuming would mix them into the grid's rows."""
+
+
+def grid_task_hashes(out: str | os.PathLike) -> set[str] | None:
+    """The task hashes (shard names) of the grid ``OUT/sweep.json`` records: its ``task_hashes``, or
+    for a record written before them the tasks of its grid rebuilt (when their digest and profile hash
+    match the record's). None where no record says: no ``sweep.json`` (e.g. a ``configure search``
+    cache, shared by many grids), a directory shared by several grids (``run_sweep(check_grid=False)``),
+    or a grid this twin cannot rebuild."""
     p = Path(out)
+    if not (p / "sweep.json").is_file():
+        return None
+    meta = read_meta(p)
+    if meta.get("shared_by_grids"):
+        return None
+    if isinstance(meta.get("task_hashes"), list):
+        return {str(h) for h in meta["task_hashes"]}
+    try:  # (a record of an earlier twin: no list of task hashes)
+        grid = GridSpec(**meta["grid"])
+        if grid.digest() != meta.get("grid_digest") or profile_hash(grid.profile) != meta.get("profile_hash"):
+            return None
+        return {t["task_hash"] for t in grid.tasks()}
+    except (KeyError, TypeError, ValueError, OSError):
+        return None
+
+
+def foreign_shards(out: str | os.PathLike, task_hashes: set[str]) -> list[Path]:
+    """The shard files under ``out`` (readable or not) named for no task in ``task_hashes``."""
+    d = shard_dir(Path(out))
+    return [p for p in sorted(d.glob("*.parquet")) if p.stem not in task_hashes] if d.exists() else []
+
+
+def check_foreign_shards(out: str | os.PathLike, task_hashes: set[str] | None, grid_name: str | None) -> None:
+    """:class:`ForeignShards` naming the shard files under ``out`` that belong to no task of the grid
+    (``task_hashes``; None: nothing to check), and what to do, before their rows are read or a resume
+    counts them."""
+    if task_hashes is None:
+        return
+    bad = foreign_shards(out, task_hashes)
+    if not bad:
+        return
+    names = ", ".join(p.name for p in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    unreadable = sum(not _shard_readable(p) for p in bad)
+    what = (f"{len(bad)} shard file{'s' if len(bad) != 1 else ''} under {shard_dir(Path(out))} belong"
+            f"{'s' if len(bad) == 1 else ''} to no task of grid {grid_name or '?'} ({names}"
+            f"{f'; {unreadable} not readable as Parquet' if unreadable else ''})")
+    raise ForeignShards(f"{what}: another grid's shards or stray files, which would be mixed into this sweep's rows; "
+                        f"remove {'it' if len(bad) == 1 else 'them'} (or move {'it' if len(bad) == 1 else 'them'} to "
+                        f"the --out of the sweep {'it belongs' if len(bad) == 1 else 'they belong'} to), or sweep into "
+                        f"another --out (--no-resume starts over in this one, deleting every shard there)")
+
+
+def read_results(out: str | os.PathLike, task_hashes: set[str] | None = None,
+                 grid_name: str | None = None) -> pd.DataFrame:
+    """Every row of a sweep directory (or of one shard file) as one table. A directory's shards must
+    belong to its grid (``task_hashes`` of grid ``grid_name``, else those ``OUT/sweep.json`` records,
+    :func:`grid_task_hashes`): :class:`ForeignShards` names any that do not."""
+    p = Path(out)
+    if not p.is_file():
+        if task_hashes is None:
+            task_hashes = grid_task_hashes(p)
+            grid_name = (read_meta(p).get("grid") or {}).get("name") if (p / "sweep.json").is_file() else None
+        check_foreign_shards(p, task_hashes, grid_name)
     files = [p] if p.is_file() else sorted(shard_dir(p).glob("*.parquet"))
     if not files:
         raise FileNotFoundError(f"no sweep shards under {p}; give the --out directory of a `twin sweep` that has "
@@ -348,6 +412,12 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
             older = [v for v in versions if v != meta["twin_version"]]
             older_version = ", ".join(dict.fromkeys(older)) or None
         meta["history"] = old.get("history", [])
+    if resume and check_grid:  # (another grid's shards copied in, a stray file: the resume would count or mix them)
+        check_foreign_shards(out, {t["task_hash"] for t in grid_tasks}, grid.name)
+    if check_grid:  # the shard names of the grid: the results reader refuses any other shard found here
+        meta["task_hashes"] = sorted(t["task_hash"] for t in grid_tasks)
+    else:
+        meta["shared_by_grids"] = True
     out.mkdir(parents=True, exist_ok=True)
     if not resume and shard_dir(out).exists():
         for p in shard_dir(out).glob("*.parquet"):
