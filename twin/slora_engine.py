@@ -835,8 +835,12 @@ class SLoRAEngine(EngineState):
         self.adapters.release(a, now, evict_idle=evict)
 
     def _evict_idle(self, now: float) -> None:
-        """``offload_adapters``: idle resident adapters go when the cache policy says so."""
+        """``offload_adapters``: idle resident adapters go when the cache policy says so (a policy that
+        keeps them all, ``AdapterMemory.keeps_idle``, is not asked: a scan of every idle cached adapter
+        after each finish cost O(adapters) per decode)."""
         mem = self.adapters
+        if mem.keeps_idle:
+            return
         evict_when_idle = mem.evict_when_idle
         keep = self._prefetched
         for a in mem.evictable():
