@@ -20,7 +20,7 @@ from twin.perf.profile import load_profile
 from twin.perf.slora_forms import PunicaLoraCost, slora_load_s
 from twin.scenario import RunConfig, check_run
 from twin.simulate import simulate
-from twin.slora_engine import Reservations, first_pass_step, reservation_need
+from twin.slora_engine import Reservations, SLoRAEngine, first_pass_step, reservation_need
 
 STEP = 0.01  # every step of the constant profile (no prefill/decode/LoRA term)
 
@@ -216,6 +216,27 @@ def test_pool_never_overflows_no_preemption_no_mixed_steps(seed, policy):
     assert not ((steps["prefill_tokens"] > 0) & (steps["decode_tokens"] > 0)).any()
     assert (steps["kv_blocks_used"] <= 4000).all()
     assert s["requests_finished"] + s["requests_rejected"] == s["requests_arrived"]
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.sampled_from(["slora", "chameleon", "chameleon-lru", "chameleon+prefetch"]),
+       st.sampled_from([4000, 20_000]))
+def test_the_batch_s_ranks_and_slots_are_kept_as_adapters_join_and_leave(seed, policy, n_tok):
+    """The largest rank of the batch (each decode) and its adapters' pool slots (each admission) were sums
+    over the batch's adapters, O(adapters in the batch) each time; they are kept as adapters join and leave.
+    The invariants compare them with the sums at every step, and the results equal those of the sums."""
+    w = pressure_workload(seed)
+    kept = run(w, n_tok=n_tok, policy=policy)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SLoRAEngine, "_batch_changed", lambda e, a: None)
+        mp.setattr(SLoRAEngine, "_batch_slots", property(lambda e: sum(e.adapters.placement.ab[a] for a in e.adapters.batch),
+                                                          lambda e, v: None), raising=False)
+        mp.setattr(SLoRAEngine, "_batch_max_rank",
+                   lambda e: max((int(e.adapter_rank[a]) for a in e.adapters.batch), default=0))
+        prof = constant_profile(c0=STEP, kv_tokens=200_000)
+        summed = simulate(w, prof, EngineConfig(max_total_tokens=n_tok), policy=policy)
+    pd.testing.assert_frame_equal(kept.requests, summed.requests, check_exact=True)
+    pd.testing.assert_frame_equal(kept.steps, summed.steps, check_exact=True)
 
 
 def test_decode_runs_are_exact():
