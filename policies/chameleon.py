@@ -787,12 +787,14 @@ class ChameleonCache(IdleTracking):
             self.R = R
         if S is not None:
             self.S = S
-        self.last_use: dict[int, float] = {}
 
     def bind(self, engine: EngineView) -> None:
         super().bind(engine)
         self.stats_ = WindowedArrivalCounts(engine, self.freq_window_s)
         self.size = np.asarray(engine.adapters.bytes, float)
+        #: each adapter's last use (its first request, or its last request's end; 0.0 before any), indexed
+        #: by adapter: a victim reads the candidates' at once (a dict read per candidate cost O(idle) Python steps)
+        self.last_use = np.zeros(engine.n_adapters)
 
     def on_active(self, a: int, now: float) -> None:
         super().on_active(a, now)
@@ -802,13 +804,13 @@ class ChameleonCache(IdleTracking):
         super().on_idle(a, now)
         self.last_use[a] = now
 
-    def scores(self, cands: list[int], now: float) -> np.ndarray:
+    def scores(self, cands: "list[int] | np.ndarray", now: float) -> np.ndarray:
         """``F*Frequency + R*Recency + S*Size`` over features normalised among ``cands``
         (frequency: requests within the last ``freq_window_s``)."""
         self.stats_.update()
         c = np.asarray(cands, np.int64)
         freq = self.stats_.count[c].astype(float)
-        last = np.array([self.last_use.get(int(a), 0.0) for a in c])
+        last = self.last_use[c]
         size = self.size[c]
         fmax = freq.max() if len(freq) else 0.0
         f_n = freq / fmax if fmax > 0 else np.zeros(len(c))
@@ -818,12 +820,13 @@ class ChameleonCache(IdleTracking):
         return self.F * f_n + self.R * r_n + self.S * s_n
 
     def victim(self, now: float) -> int:
-        cands = sorted(self.idle)
+        cands = np.fromiter(self.idle, np.int64, len(self.idle))
+        cands.sort()  # (ascending: the first lowest score wins a tie)
         queued = waiting_adapter_counts(self.engine)
-        free = [a for a in cands if queued[a] == 0]
-        group = free or cands  # adapters of queued requests only when memory forces it
+        free = cands[queued[cands] == 0]
+        group = free if len(free) else cands  # adapters of queued requests only when memory forces it
         sc = self.scores(group, now)
-        return group[int(np.argmin(sc))]
+        return int(group[int(np.argmin(sc))])
 
 
 @register_cache

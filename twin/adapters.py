@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Generator
 import numpy as np
 import simpy
 
-from twin.interfaces import PolicyError, checked_evict_when_idle, policy_label
+from twin.interfaces import AdapterCachePolicy, PolicyError, checked_evict_when_idle, policy_label
 
 if TYPE_CHECKING:  # pragma: no cover
     from twin.perf.profile import Profile
@@ -111,6 +111,9 @@ class AdapterMemory:
         self.policy = policy
         #: the policy's ``evict_when_idle`` (a plug-in's answer checked, :func:`twin.interfaces.checked_evict_when_idle`)
         self.evict_when_idle = checked_evict_when_idle(policy)
+        #: the policy keeps every idle adapter (its ``evict_when_idle`` is the base's, always False): an
+        #: offload of idle adapters has nothing to evict and need not ask it about each one
+        self.keeps_idle = getattr(policy.evict_when_idle, "__func__", None) is AdapterCachePolicy.evict_when_idle
         self.link = link
         self.active: list[int] = [0] * n       # running requests per adapter
         self.resident: list[bool] = [False] * n

@@ -433,11 +433,11 @@ class EngineState:
         while lo < hi and st[lo] != PENDING:  # a low-water mark past requests that can never wait again
             lo += 1
         self._waiting_lo = lo
-        idx = lo + np.nonzero(st[lo:hi] == PENDING)[0]
+        pending = st[lo:hi] == PENDING
         run = self.running
-        if run and len(idx):
-            idx = np.setdiff1d(idx, np.fromiter(run.keys(), np.int64, len(run)), assume_unique=True)
-        return idx
+        if run:  # (running requests arrived and are PENDING: lo <= rid < hi; a mask, not a sorted set difference)
+            pending[np.fromiter(run.keys(), np.int64, len(run)) - lo] = False
+        return lo + np.flatnonzero(pending)
 
     def drop_arrivals(self, rids: "np.ndarray | range", reason: str = DEFAULT_DROP_REASON) -> None:
         """Requests ``rids``, which just arrived, failed before the server's queue (e.g. at a

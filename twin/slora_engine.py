@@ -329,8 +329,7 @@ class SLoRAStepContext:
         self.now = now
         self.reservations = Reservations(engine._running_pairs())
         self.adapters = set(engine.adapters.batch)
-        ab = engine.adapters.placement.ab
-        self.adapter_slots = sum(ab[a] for a in self.adapters)
+        self.adapter_slots = engine._batch_slots
         #: candidates refused for memory: (left, has, room, room without the adapter's slots) --
         #: ``need < room`` admits, ``need < room without`` is NO_SLOT (the adapter is what does not fit)
         self.failed: list[tuple[int, int, int, int]] = []
@@ -447,6 +446,10 @@ class SLoRAEngine(EngineState):
         self._failed: list[tuple[int, int, int, int]] = []
         self._admitting = False               # admission loads always get their slots
         self._prefetched: set[int] = set()    # adapters of the latest prefetch (kept by offloads)
+        # the batch's adapters (``AdapterMemory.batch``) kept summed as they join and leave, so that no decode
+        # or admission walks them: how many have each rank, and their pool slots
+        self._batch_ranks: dict[int, int] = {}
+        self._batch_slots = 0
 
     # ------------------------------------------------------------------ view (overrides EngineState)
     @property
@@ -628,6 +631,8 @@ class SLoRAEngine(EngineState):
             self._admitting = True
             ld = ad.acquire(a, now)
             self._admitting = False
+            if ad.active[a] == 1:
+                self._batch_changed(a)
             if ld is not None:
                 ld.nbytes *= 2  # load_lora_A then load_lora_B: each layer's w_combined copied twice
                 ctx.loads.append(ld)
@@ -641,7 +646,7 @@ class SLoRAEngine(EngineState):
         the reservations, the batch's adapters and the idle adapters fit in ``N_tok``."""
         mem = self.adapters
         ab = mem.placement.ab
-        idle = mem.placement.adapter_blocks - sum(ab[a] for a in mem.batch)  # (loading ones included)
+        idle = mem.placement.adapter_blocks - self._batch_slots  # (loading ones included)
         while idle > self.kv_tokens - adapter_slots - need and mem.any_evictable():
             v = mem.evict_victim(now)
             idle -= ab[v]
@@ -671,8 +676,20 @@ class SLoRAEngine(EngineState):
                                      + self.lora_cost.decode_s(self.rank_sum, max_r, n))
 
     def _batch_max_rank(self) -> int:
-        ranks = self.adapter_rank
-        return max((int(ranks[a]) for a in self.adapters.batch), default=0)
+        return max(self._batch_ranks, default=0)
+
+    def _batch_changed(self, a: int) -> None:
+        """Adapter ``a`` joined the batch (its first running request) or left it (its last one ended)."""
+        r = int(self.adapter_rank[a])
+        ranks = self._batch_ranks
+        if self.adapters.active[a]:
+            ranks[r] = ranks.get(r, 0) + 1
+            self._batch_slots += self.adapters.placement.ab[a]
+        else:
+            ranks[r] -= 1
+            if not ranks[r]:
+                del ranks[r]
+            self._batch_slots -= self.adapters.placement.ab[a]
 
     def _prefill(self, ctx: SLoRAStepContext, now: float):
         """Load the mini-batch's missing adapters (synchronously, over the link), prefill it."""
@@ -833,10 +850,16 @@ class SLoRAEngine(EngineState):
         """The request leaves the batch; its adapter, when idle, is offered to the cache policy now
         (after a decode) or at the next offload (a finish in a prefill, a squash)."""
         self.adapters.release(a, now, evict_idle=evict)
+        if not self.adapters.active[a]:
+            self._batch_changed(a)
 
     def _evict_idle(self, now: float) -> None:
-        """``offload_adapters``: idle resident adapters go when the cache policy says so."""
+        """``offload_adapters``: idle resident adapters go when the cache policy says so (a policy that
+        keeps them all, ``AdapterMemory.keeps_idle``, is not asked: a scan of every idle cached adapter
+        after each finish cost O(adapters) per decode)."""
         mem = self.adapters
+        if mem.keeps_idle:
+            return
         evict_when_idle = mem.evict_when_idle
         keep = self._prefetched
         for a in mem.evictable():
@@ -907,6 +930,11 @@ class SLoRAEngine(EngineState):
         act = np.asarray(mem.active, np.int64)
         assert bool(np.all(res[act > 0])), "an adapter in use is not resident"
         assert mem.n_active == int((act > 0).sum()), "active adapter count out of sync"
+        ranks: dict[int, int] = {}
+        for r in (int(self.adapter_rank[a]) for a in mem.batch):
+            ranks[r] = ranks.get(r, 0) + 1
+        assert self._batch_ranks == ranks, "the batch's ranks out of sync"
+        assert self._batch_slots == sum(pl.ab[a] for a in mem.batch), "the batch's pool slots out of sync"
         self._assert_queue_accounting()
         pl.check()
 

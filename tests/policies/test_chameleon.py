@@ -10,10 +10,11 @@ from collections import deque
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings, strategies as st
 
 import policies  # noqa: F401  (registers the policies)
 from policies.chameleon import ChameleonCache, ChameleonScheduler
-from policies.common import WindowedArrivalCounts
+from policies.common import WindowedArrivalCounts, waiting_adapter_counts
 from tests.helpers import FakeCtx, constant_profile
 from traces.workload import Workload
 from twin.config import EngineConfig
@@ -296,6 +297,61 @@ def test_cache_frequency_counts_only_the_time_frame():
     assert ChameleonCache(freq_window_s=None).get_params()["freq_window_s"] is None
     with pytest.raises(ValueError, match="freq_window_s"):
         ChameleonCache(freq_window_s=0)
+
+
+RANKS10 = [8, 16, 8, 64, 32, 8, 128, 16, 8, 32]
+
+
+def plain_victim(c: ChameleonCache, last_use: dict[int, float], now: float) -> int:
+    """The cache's victim as first written: Python lists over the idle adapters, a dict of last uses."""
+    cands = sorted(c.idle)
+    queued = waiting_adapter_counts(c.engine)
+    group = [a for a in cands if queued[a] == 0] or cands
+    cc = np.asarray(group, np.int64)
+    freq = c.stats_.count[cc].astype(float)
+    last = np.array([last_use.get(int(a), 0.0) for a in cc])
+    size = c.size[cc]
+    fmax = freq.max() if len(freq) else 0.0
+    f_n = freq / fmax if fmax > 0 else np.zeros(len(cc))
+    lo, hi = (last.min(), last.max()) if len(last) else (0.0, 0.0)
+    r_n = (last - lo) / (hi - lo) if hi > lo else np.zeros(len(cc))
+    s_n = size / size.max() if len(size) and size.max() > 0 else np.zeros(len(cc))
+    return group[int(np.argmin(c.F * f_n + c.R * r_n + c.S * s_n))]
+
+
+@settings(max_examples=60, deadline=None)
+@example("chameleon", [("idle", 5, 1), ("idle", 0, 1), ("idle", 6, 2)], [0] * 10, 0)  # a tie: the lower adapter
+@given(st.sampled_from(["chameleon", "fairshare"]),
+       st.lists(st.tuples(st.sampled_from(["active", "idle", "evict"]), st.integers(0, 9), st.integers(0, 2)),
+                min_size=1, max_size=40),
+       st.lists(st.integers(0, 1), min_size=10, max_size=10), st.integers(0, 30))
+def test_victim_equals_the_plain_scan_after_random_operations(cache, ops, counts, arrived):
+    """The victim reads the candidates' last uses from an array and filters the queued adapters with numpy
+    (a Python list over every idle adapter cost O(adapters) per victim, about a fifth of a 2000-adapter run):
+    after random uses, idles and evictions (ties in time, frequency and size), with random requests waiting,
+    the last-use array equals the times the callbacks gave and the victim equals the plain scan's."""
+    prof = constant_profile(c0=0.01, kv_tokens=40_000)
+    ad = np.arange(30) % 10
+    w = Workload.from_arrays(np.arange(30) * 0.1, [10] * 30, [2] * 30, ad, [RANKS10[a] for a in ad])
+    e = Engine(w, prof, EngineConfig(max_loras=10, max_model_len=4096), ChameleonScheduler(), make_cache(cache))
+    c = e.cache
+    e.arr_ptr = arrived  # requests 0..arrived-1 wait (adapter rid % 10)
+    c.stats_.update = lambda: None
+    c.stats_.count[:] = counts
+    last_use: dict[int, float] = {}
+    for kind, a, t in ops:
+        if kind == "active":
+            c.on_active(a, float(t))
+            last_use[a] = float(t)
+        elif kind == "idle":
+            c.on_idle(a, float(t))
+            last_use[a] = float(t)
+        else:
+            c.on_evict(a, float(t))
+        assert c.last_use.tolist() == [last_use.get(b, 0.0) for b in range(10)]
+        if c.idle:
+            v = c.victim(7.0)
+            assert type(v) is int and v == plain_victim(c, last_use, 7.0)
 
 
 def test_predictor_accuracy_defaults_to_eighty_percent():

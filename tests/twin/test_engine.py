@@ -10,8 +10,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tests.helpers import constant_profile, random_workload
 from traces.workload import Workload
 from twin.config import ConfigError, EngineConfig
+from twin.engine import Engine
 from twin.interfaces import Scheduler
-from twin.requests import StartupError
+from twin.registry import make_cache, make_scheduler
+from twin.requests import FINISHED, PENDING, StartupError
 from twin.simulate import simulate
 
 
@@ -794,3 +796,32 @@ def test_dropped_arrivals_carry_their_reason_and_are_not_blamed_on_the_scheduler
     for bad in ("", "  ", None, 3):
         with pytest.raises(PolicyError, match=r"drop_arrivals\(\.\.\., reason=.*\): give why the requests failed"):
             simulate(w, constant_profile(), cfg, scheduler_obj=_DropAll(bad), cache_obj=make_cache("lru"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.lists(st.integers(0, 39), max_size=6),
+                          st.lists(st.integers(0, 39), max_size=6)), min_size=1, max_size=12))
+def test_waiting_ids_equal_the_set_difference_after_random_changes(rounds):
+    """``waiting_ids`` masks the running requests out of the arrived PENDING ones (a sorted set difference
+    with the running ones cost a sort per call, each victim of Chameleon's cache): after random arrivals,
+    admissions, finishes and preemptions, the same ascending indices as the plain set difference."""
+    n = 40
+    w = Workload.from_arrays(np.arange(n) * 0.1, [10] * n, [2] * n, [-1] * n, [0] * n)
+    e = Engine(w, constant_profile(c0=0.01, kv_tokens=40_000), EngineConfig(max_model_len=4096), make_scheduler("fcfs"),
+               make_cache("lru"))
+    for arrive, admit, finish in rounds:
+        e.arr_ptr = min(e.arr_ptr + arrive, n)
+        for rid in admit:  # arrived and PENDING requests start (or a running one is preempted: it waits again)
+            if rid < e.arr_ptr and e.state[rid] == PENDING:
+                if rid in e.running:
+                    del e.running[rid]
+                else:
+                    e.running[rid] = None
+        for rid in finish:
+            if rid < e.arr_ptr and e.state[rid] == PENDING:
+                e.running.pop(rid, None)
+                e.state[rid] = FINISHED
+        got = e.waiting_ids()
+        plain = np.setdiff1d(np.nonzero(e.state[:e.arr_ptr] == PENDING)[0], np.array(list(e.running), np.int64),
+                             assume_unique=True)
+        assert got.dtype == np.int64 and got.tolist() == plain.tolist()

@@ -9,15 +9,18 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from policies.lru import LRUCache
+from policies.slora import NoCache
 from tests.helpers import constant_profile
 from traces.workload import Workload
+from twin.adapters import AdapterMemory
 from twin.config import ConfigError, EngineConfig
 from twin.perf.forms import KernelGridLora
 from twin.perf.profile import load_profile
 from twin.perf.slora_forms import PunicaLoraCost, slora_load_s
 from twin.scenario import RunConfig, check_run
 from twin.simulate import simulate
-from twin.slora_engine import Reservations, first_pass_step, reservation_need
+from twin.slora_engine import Reservations, SLoRAEngine, first_pass_step, reservation_need
 
 STEP = 0.01  # every step of the constant profile (no prefill/decode/LoRA term)
 
@@ -215,6 +218,27 @@ def test_pool_never_overflows_no_preemption_no_mixed_steps(seed, policy):
     assert s["requests_finished"] + s["requests_rejected"] == s["requests_arrived"]
 
 
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.sampled_from(["slora", "chameleon", "chameleon-lru", "chameleon+prefetch"]),
+       st.sampled_from([4000, 20_000]))
+def test_the_batch_s_ranks_and_slots_are_kept_as_adapters_join_and_leave(seed, policy, n_tok):
+    """The largest rank of the batch (each decode) and its adapters' pool slots (each admission) were sums
+    over the batch's adapters, O(adapters in the batch) each time; they are kept as adapters join and leave.
+    The invariants compare them with the sums at every step, and the results equal those of the sums."""
+    w = pressure_workload(seed)
+    kept = run(w, n_tok=n_tok, policy=policy)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SLoRAEngine, "_batch_changed", lambda e, a: None)
+        mp.setattr(SLoRAEngine, "_batch_slots", property(lambda e: sum(e.adapters.placement.ab[a] for a in e.adapters.batch),
+                                                          lambda e, v: None), raising=False)
+        mp.setattr(SLoRAEngine, "_batch_max_rank",
+                   lambda e: max((int(e.adapter_rank[a]) for a in e.adapters.batch), default=0))
+        prof = constant_profile(c0=STEP, kv_tokens=200_000)
+        summed = simulate(w, prof, EngineConfig(max_total_tokens=n_tok), policy=policy)
+    pd.testing.assert_frame_equal(kept.requests, summed.requests, check_exact=True)
+    pd.testing.assert_frame_equal(kept.steps, summed.steps, check_exact=True)
+
+
 def test_decode_runs_are_exact():
     for policy in ("slora", "chameleon"):
         for n_tok in (3000, 60_000):
@@ -259,6 +283,49 @@ def test_idle_cached_adapters_give_way_to_reservations():
                              ad, np.full(n, 64))
     res = run(w, n_tok=6_000, cache="lru")
     assert res.summary["slora_reservation_evictions"] > 0
+
+
+def test_an_offload_skips_a_cache_that_keeps_every_idle_adapter(monkeypatch):
+    """``_evict_idle`` (S-LoRA's ``offload_adapters``) after each finish asked the cache about every idle
+    cached adapter, O(adapters) per decode; a cache that never discards one (``evict_when_idle`` not
+    overridden) is not asked. The results equal a run whose cache says False itself (the full scan),
+    and the offloads visit no adapter."""
+    class KeepAll(LRUCache):  # the same answers, given by an override: the engine scans
+        name = "t-keep-all"
+
+        def evict_when_idle(self, a: int) -> bool:
+            return False
+
+    rng = np.random.default_rng(3)
+    n = 120
+    ad = rng.integers(0, 40, n)
+    w = Workload.from_arrays(np.cumsum(rng.exponential(0.04, n)), rng.integers(10, 400, n), rng.integers(5, 80, n),
+                             ad, np.where(ad % 2, 8, 64))
+    visited = []
+    scan = AdapterMemory.evictable
+
+    def counted(self):
+        out = scan(self)
+        visited.append(len(out))
+        return out
+    monkeypatch.setattr(AdapterMemory, "evictable", counted)
+    prof = constant_profile(c0=STEP, kv_tokens=200_000)
+    cfg = EngineConfig(max_total_tokens=9_000)
+    runs = {}
+    for cache in (LRUCache(adapter_memory="unified"), KeepAll(adapter_memory="unified")):
+        visited.clear()
+        runs[cache.name] = simulate(w, prof, cfg, policy="slora", cache_obj=cache, check_invariants=True)
+        runs[cache.name + " visited"] = sum(visited)
+    assert runs["lru"].engine.adapters.keeps_idle and not runs["t-keep-all"].engine.adapters.keeps_idle
+    assert runs["lru"].summary["slora_reservation_evictions"] > 0  # (idle adapters were cached, then gave way)
+    pd.testing.assert_frame_equal(runs["lru"].requests, runs["t-keep-all"].requests)
+    pd.testing.assert_frame_equal(runs["lru"].steps, runs["t-keep-all"].steps)
+    assert runs["lru visited"] == 0 < runs["t-keep-all visited"]
+    plug = LRUCache()
+    plug.evict_when_idle = lambda a: a % 2 == 0  # an instance's own answer
+    link = runs["lru"].engine.link
+    for cache, keeps in ((LRUCache(), True), (KeepAll(), False), (NoCache(), False), (plug, False)):
+        assert AdapterMemory(np.array([8]), prof, 1, 1, cache, link).keeps_idle is keeps
 
 
 def test_rejection_reasons():
