@@ -385,6 +385,9 @@ CASES: list[tuple[str, str]] = [
     (R + "--trace {d}/nanrank.csv", "row 2 (line 3), column adapter_rank: a request for adapter 2 needs "
                                     "adapter_rank >= 1"),
     ("sweep {d}/explode.toml --dry-run", "grid: 184,756 rate tuples, more than 100,000"),
+    # (an unset shell variable: it excluded nothing, silently)
+    ("sweep smoke --dry-run --exclude ''", "--exclude '': empty; give scenario keys"),
+    ("sweep smoke --dry-run --exclude ' , '", "--exclude ' , ': empty"),
     ("sweep {d}/bigserved.toml --dry-run", "grid: its busiest run expects ~600,000,000 requests"),
     ("sweep {d}/lowrank.toml --dry-run", "grid [configs] max_lora_rank = [8]: below every scenario's largest rank"),
     ("configure dataset {d}/adir --ratio 2", "--ratio 2: must be at most 1"),

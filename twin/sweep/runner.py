@@ -490,8 +490,10 @@ def exclusion_keys(spec: str | None) -> set[str]:
     ``twin configure dataset``) all its scenarios. A part naming a path (an existing one, or one
     with a ``/`` or a ``.csv`` suffix) must be a readable CSV that gives at least one scenario;
     else an error naming it and what it must hold."""
-    if not spec:
+    if spec is None:
         return set()
+    if not spec.strip(" ,"):  # (`--exclude ''`, e.g. an unset shell variable: it excluded nothing, silently)
+        raise ValueError(f"--exclude {spec!r}: empty; {_EXCLUDE_FORMS}, or leave the option out")
     out: set[str] = set()
     for part in spec.split(","):
         part = part.strip()
