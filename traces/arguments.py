@@ -155,6 +155,25 @@ def first_repeat(values: list[Any]) -> int:
     return -1
 
 
+class RepeatedKey(ValueError):
+    """A key given twice in one object of a JSON or YAML file (``json`` and PyYAML keep the last silently; TOML's
+    parser refuses it itself); ``where``: the position, e.g. `` (line 3)``, when the parser gives one."""
+
+    def __init__(self, key: Any, where: str = "") -> None:
+        super().__init__(key)
+        self.key, self.where = key, where
+
+
+def unique_keys_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: a dict, refusing a repeated key (:class:`RepeatedKey`)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise RepeatedKey(k)
+        out[k] = v
+    return out
+
+
 def _hashable(v: Any) -> Any:
     """``v`` with lists (and tuples) as tuples, so that equal lists hash alike (``[8, 16]`` == ``[8.0, 16]``)."""
     return tuple(_hashable(x) for x in v) if isinstance(v, (list, tuple)) else v

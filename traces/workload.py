@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.arguments import csv_layout_problem
+from traces.arguments import RepeatedKey, csv_layout_problem, unique_keys_object
 from traces.schema import (  # noqa: F401  (the schema, re-exported: traces.workload is its home for users)
     COLUMNS, FILE_DEFAULTS, FILE_MINIMUM, FILE_SUFFIXES, OPTIONAL_DEFAULTS, REQUIRED_FILE_COLUMNS, WorkloadError)
 
@@ -177,20 +177,6 @@ def _read_csv(path: Path) -> pd.DataFrame:
     return df
 
 
-class _RepeatedKeyError(ValueError):
-    """A key given twice in one JSON object (``json`` keeps the last silently)."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``' ``object_pairs_hook``: a dict, refusing a repeated key."""
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _RepeatedKeyError(k)
-        out[k] = v
-    return out
-
-
 def _read_jsonl(path: Path) -> tuple[pd.DataFrame, list[int]]:
     records, lines = [], []
     try:
@@ -201,9 +187,9 @@ def _read_jsonl(path: Path) -> tuple[pd.DataFrame, list[int]]:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line, object_pairs_hook=_unique_keys)
-        except _RepeatedKeyError as e:
-            raise WorkloadError(f"{path}: line {n}: the key {e.args[0]!r} is given twice; give each column once per "
+            rec = json.loads(line, object_pairs_hook=unique_keys_object)
+        except RepeatedKey as e:
+            raise WorkloadError(f"{path}: line {n}: the key {e.key!r} is given twice; give each column once per "
                                 f"object") from None
         except (json.JSONDecodeError, RecursionError) as e:
             csv_like = n == 1 and "," in line and not line.lstrip().startswith(("{", "["))

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from traces.adapters import parse_popularity
-from traces.arguments import parse_list
+from traces.arguments import RepeatedKey, parse_list, unique_keys_object
 from traces.flags import flag_name
 from traces.lengths import LENGTH_SOURCE_MODELS
 from traces.registry import BUILTINS, REAL_OPTIONS, get_workload, run_defaults
@@ -988,24 +988,6 @@ def resolved_scenario(run: RunConfig, profile: Profile, cfg: EngineConfig | None
     return d
 
 
-class _RepeatedKey(ValueError):
-    """A key given twice in one table of a YAML or JSON file (TOML's parser refuses it itself)."""
-
-    def __init__(self, key: Any, where: str = "") -> None:
-        super().__init__(key)
-        self.key, self.where = key, where
-
-
-def _unique_keys_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``' ``object_pairs_hook``: a dict, refusing a repeated key (json keeps the last)."""
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _RepeatedKey(k)
-        out[k] = v
-    return out
-
-
 def _unique_keys_yaml_loader(yaml: Any) -> Any:
     """PyYAML's safe loader, refusing a repeated key in a mapping (PyYAML keeps the last)."""
     class Loader(yaml.SafeLoader):
@@ -1021,7 +1003,7 @@ def _unique_keys_yaml_loader(yaml: Any) -> Any:
                 except TypeError:  # an unhashable key: the base class refuses it
                     break
                 if repeated:
-                    raise _RepeatedKey(key, f" (line {key_node.start_mark.line + 1})")
+                    raise RepeatedKey(key, f" (line {key_node.start_mark.line + 1})")
             return super().construct_mapping(node, deep=deep)
 
     return Loader
@@ -1060,15 +1042,15 @@ def read_mapping_file(path: Path, label: str = "--config", what: str = "scenario
                         f"or write the {what} as TOML") from None
         try:
             data = yaml.load(text, Loader=_unique_keys_yaml_loader(yaml))
-        except _RepeatedKey as e:
+        except RepeatedKey as e:
             raise error(f"{label} {path}: key {e.key!r} is given twice{e.where}; give each option once (the "
                         f"second value would silently replace the first)") from None
         except yaml.YAMLError as e:
             raise error(f"{label} {path}: not valid YAML ({str(e).splitlines()[0]})") from None
     elif suffix == ".json":
         try:
-            data = json.loads(text, object_pairs_hook=_unique_keys_object)
-        except _RepeatedKey as e:
+            data = json.loads(text, object_pairs_hook=unique_keys_object)
+        except RepeatedKey as e:
             raise error(f"{label} {path}: key {e.key!r} is given twice; give each option once (the second value "
                         f"would silently replace the first)") from None
         except (json.JSONDecodeError, RecursionError) as e:
