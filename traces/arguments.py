@@ -9,12 +9,13 @@ table (:func:`cell_error`: the file, the row and its CSV line, the column, the v
 from __future__ import annotations
 
 import csv
+import difflib
 import numbers
 import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import numpy as np
 
@@ -172,6 +173,13 @@ def unique_keys_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise RepeatedKey(k)
         out[k] = v
     return out
+
+
+def did_you_mean(name: Any, choices: "Iterable[str]") -> str:
+    """`` (did you mean 'chameleon'?)`` for a misspelt ``name`` close to one of ``choices`` (difflib's ratio at
+    least 0.6), else an empty string: what an unknown-name error puts after the name."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _hashable(v: Any) -> Any:

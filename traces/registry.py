@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from traces.adapters import assign_adapters, assign_ranks, map_keys_to_adapters
-from traces.arguments import parse_bool
+from traces.arguments import did_you_mean, parse_bool
 from traces.arrivals import rescale_to_rps, time_window
 from traces.conversations import ConversationConfig, exclusive_group_cumsum, fill_turn_arrivals
 from traces.fetch import SOURCES, fetch_command
@@ -259,7 +259,8 @@ def resolve(name_or_path: str, data_dir: str | os.PathLike | None = None) -> tup
     if looks_like_path:
         raise FileNotFoundError(f"trace file {p} does not exist (and {name_or_path!r} is not a built-in name: "
                                 f"{', '.join(BUILTINS)})")
-    raise KeyError(f"unknown trace {name_or_path!r}; built-in names: {', '.join(BUILTINS)} (or give a path to a "
+    raise KeyError(f"unknown trace {name_or_path!r}{did_you_mean(name_or_path, BUILTINS)}; built-in names: "
+                   f"{', '.join(BUILTINS)} (or give a path to a "
                    f"workload .parquet or a raw trace file)")
 
 

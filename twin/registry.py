@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable
 
+from traces.arguments import did_you_mean
 from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_policy_class, check_policy_name,
                              is_builtin, name_unusable)
 
@@ -65,7 +66,8 @@ def resolve_system(policy: str | None = None, system: str | None = None) -> str:
         p = PRESETS.get(policy or "vllm")
         system = p.system if p is not None else "vllm"
     if system not in SYSTEMS:
-        raise KeyError(f"unknown serving system {system!r}; choose one of {', '.join(SYSTEMS)} (--system)")
+        raise KeyError(f"unknown serving system {system!r}{did_you_mean(system, SYSTEMS)}; choose one of "
+                       f"{', '.join(SYSTEMS)} (--system)")
     return system
 
 
@@ -219,7 +221,8 @@ def resolve_policy(policy: str | None = None, scheduler: str | None = None,
     load_entry_points()
     name = policy or "vllm"
     if name not in PRESETS:
-        raise KeyError(f"unknown policy {name!r}; available presets: {', '.join(sorted(PRESETS))}; "
+        raise KeyError(f"unknown policy {name!r}{did_you_mean(name, PRESETS)}; available presets: "
+                       f"{', '.join(sorted(PRESETS))}; "
                        f"or mix with --scheduler ({', '.join(sorted(SCHEDULERS))}) and --cache "
                        f"({', '.join(sorted(CACHES))})")
     p = PRESETS[name]

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from traces.adapters import parse_popularity
-from traces.arguments import RepeatedKey, parse_list, unique_keys_object
+from traces.arguments import RepeatedKey, did_you_mean, parse_list, unique_keys_object
 from traces.flags import flag_name
 from traces.lengths import LENGTH_SOURCE_MODELS
 from traces.registry import BUILTINS, REAL_OPTIONS, get_workload, run_defaults
@@ -467,13 +467,16 @@ def check_run(run: RunConfig) -> None:
         raise ConfigError(f"--trace-opt {twice[0]}=... repeats {option_name(twice[0])}; give it once")
     load_entry_points()
     if run.policy is not None and run.policy not in PRESETS:
-        raise ConfigError(f"unknown policy {run.policy!r}; available presets: {', '.join(sorted(PRESETS))}; "
+        raise ConfigError(f"unknown policy {run.policy!r}{did_you_mean(run.policy, PRESETS)}; available presets: "
+                          f"{', '.join(sorted(PRESETS))}; "
                           f"or mix with --scheduler and --cache (`twin policies`)")
     if run.scheduler is not None and run.scheduler not in SCHEDULERS:
-        raise ConfigError(f"--scheduler: unknown scheduler {run.scheduler!r}; available: "
+        raise ConfigError(f"--scheduler: unknown scheduler {run.scheduler!r}{did_you_mean(run.scheduler, SCHEDULERS)}; "
+                          f"available: "
                           f"{', '.join(sorted(SCHEDULERS))} (`twin policies`)")
     if run.cache is not None and run.cache not in CACHES:
-        raise ConfigError(f"--cache: unknown adapter-cache policy {run.cache!r}; available: "
+        raise ConfigError(f"--cache: unknown adapter-cache policy {run.cache!r}{did_you_mean(run.cache, CACHES)}; "
+                          f"available: "
                           f"{', '.join(sorted(CACHES))} (`twin policies`)")
     _check_policy_options(run)
     _check_system(run)

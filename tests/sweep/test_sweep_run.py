@@ -192,7 +192,9 @@ def test_exclusion_keys_take_keys_real_run_tables_and_label_tables_together(tmp_
     labels = tmp_path / "labels.csv"
     pd.DataFrame({"scenario": ["l1", "l2"], "served_adapters": [16, 32]}).to_csv(labels, index=False)
     assert exclusion_keys(f"{real},{labels},k1") == {"t1", "l1", "l2", "k1"}
-    assert exclusion_keys(None) == set() and exclusion_keys("") == set()
+    assert exclusion_keys(None) == set()
+    with pytest.raises(ValueError, match="--exclude '': empty"):  # (an unset shell variable: it excluded nothing)
+        exclusion_keys("")
     tasks = [{"scenario": {"key": k}} for k in ("t1", "d1", "l1", "l2", "k1", "x")]
     assert [t["scenario"]["key"] for t in select_tasks(tasks, exclude=exclusion_keys(f"{labels},{real}"))] == \
         ["d1", "k1", "x"]

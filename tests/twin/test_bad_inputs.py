@@ -242,6 +242,13 @@ CASES: list[tuple[str, str]] = [
     (R + "--policy slora --kv-tokens 50", "longer than the pool of 50 tokens"),
     # 1e30 overflowed the token counts (numpy warnings) and drew 80 M lengths before the filter's error
     (R + "--trace-opt length_scale=1e30", "--trace-opt length_scale=1e+30: more than 10000: every length would exceed"),
+    # a misspelt name gets the closest one (every name was listed, none pointed at)
+    (R + "--policy chamelon", "unknown policy 'chamelon' (did you mean 'chameleon'?); available presets:"),
+    (R + "--scheduler fcsf", "unknown scheduler 'fcsf' (did you mean 'fcfs'?)"),
+    (R + "--cache lur", "unknown adapter-cache policy 'lur' (did you mean 'lru'?)"),
+    (R + "--profile llama-3.1-8b_h100", "unknown profile 'llama-3.1-8b_h100' (did you mean 'llama-3.1-8b_h100_vllm085'?)"),
+    (R + "--trace splitwse", "unknown trace 'splitwse' (did you mean 'splitwise'?)"),
+    (R + "--system slor", "unknown serving system 'slor' (did you mean 'slora'?)"),
     # the option a tick interval comes from (it said "tick_interval is 0", no option of that name)
     (R + "--policy chameleon --scheduler-opt refresh_s=0", "option refresh_s = 0 (its tick interval); give seconds"),
     (R + "--policy fastlibra --cache-opt interval_s=0", "option interval_s = 0 (its tick interval); give seconds"),

@@ -33,7 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from traces.arguments import is_real_number
+from traces.arguments import did_you_mean, is_real_number
 from twin.perf.forms import FORMS, PerfModel, make_component
 from twin.perf.slora_forms import PagedLora
 from twin.model_spec import ALL_TARGETS, QKVO, ModelSpec, get_model
@@ -683,7 +683,8 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     if name_or_path == "embedded":
         return Profile.from_dict(DEFAULT_PROFILE, "embedded default")
     if name_or_path not in avail:
-        raise KeyError(f"unknown profile {name_or_path!r}; available: {', '.join(avail)} "
+        raise KeyError(f"unknown profile {name_or_path!r}{did_you_mean(name_or_path, avail)}; available: "
+                       f"{', '.join(avail)} "
                        f"(or give a path to a profile JSON file)")
     return _from_file(str(avail[name_or_path]), str(avail[name_or_path]))
 
