@@ -126,8 +126,8 @@ class EngineState:
         self._first_sched_a, self._first_token_a, self._finish_a = t.first_sched_a, t.first_token_a, t.finish_a
         self.load_wait_d, self.preempt_d, self.last_token_d = t.load_wait_d, t.preempt_d, t.last_token_d
         self._seen = t.seen
-        self._dropped: np.ndarray | None = None  # requests that failed before the queue (drop_arrivals)
-        #: why each dropped request failed: an index into :attr:`drop_reason_names` (0: not dropped)
+        #: requests that failed before the queue (drop_arrivals), each with why: an index into
+        #: :attr:`drop_reason_names` (0: not dropped); None while none was dropped
         self._drop_code: np.ndarray | None = None
         self.drop_reason_names: list[str] = [""]
         cfg = self.config
@@ -264,7 +264,7 @@ class EngineState:
             why = "finished"
         elif rid in self.running:
             why = "running (admitted already)"
-        elif self._dropped is not None and self._dropped[rid]:
+        elif self._drop_code is not None and self._drop_code[rid]:
             why = "dropped (drop_arrivals)"
         if why is not None:
             raise PolicyError(f"{who} offered request {rid!r} to ctx.try_admit in "
@@ -275,8 +275,8 @@ class EngineState:
         """The waiting count and the running set agree with the request states (both engines'
         ``assert_invariants``)."""
         arrived = self.state[: self.arr_ptr] == PENDING
-        if self._dropped is not None:
-            arrived &= ~self._dropped[: self.arr_ptr]
+        if self._drop_code is not None:
+            arrived &= self._drop_code[: self.arr_ptr] == 0
         waiting = int(arrived.sum()) - sum(1 for r in self.running if r < self.arr_ptr)
         assert waiting == self.n_waiting, f"waiting count out of sync ({waiting} != {self.n_waiting})"
         assert all(self.state[r] == PENDING for r in self.running), "running set out of sync"
@@ -426,14 +426,17 @@ class EngineState:
         return tokens / capacity if capacity > 0 else 0.0
 
     def waiting_ids(self) -> np.ndarray:
-        """Indices of the requests waiting now (arrived, not finished/rejected, not running)."""
+        """Indices of the requests waiting now (arrived, not finished/rejected/dropped, not running)."""
         hi = self.arr_ptr
         lo = self._waiting_lo
         st = self.state
-        while lo < hi and st[lo] != PENDING:  # a low-water mark past requests that can never wait again
-            lo += 1
+        dropped = self._drop_code
+        while lo < hi and (st[lo] != PENDING or (dropped is not None and dropped[lo])):
+            lo += 1  # a low-water mark past requests that can never wait again
         self._waiting_lo = lo
         pending = st[lo:hi] == PENDING
+        if dropped is not None:
+            pending &= dropped[lo:hi] == 0
         run = self.running
         if run:  # (running requests arrived and are PENDING: lo <= rid < hi; a mask, not a sorted set difference)
             pending[np.fromiter(run.keys(), np.int64, len(run)) - lo] = False
@@ -445,9 +448,7 @@ class EngineState:
         scheduler must not offer them) and stay unfinished in the tables, whose ``drop_reason``
         column and the summary's ``drop_reasons`` give the reason. ``rids`` may be a ``range`` of
         step 1 (marked as a slice)."""
-        if self._dropped is None:  # bytearrays seen as numpy arrays (a slice of them is set without numpy)
-            self._dropped_b = bytearray(self.n)
-            self._dropped = np.frombuffer(self._dropped_b, np.bool_)
+        if self._drop_code is None:  # a bytearray seen as a numpy array (a slice of it is set without numpy)
             self._drop_code_b = bytearray(self.n)
             self._drop_code = np.frombuffer(self._drop_code_b, np.uint8)
         if not isinstance(reason, str) or not reason.strip():
@@ -462,12 +463,10 @@ class EngineState:
         code = names.index(reason)
         if rids.__class__ is range and rids.step == 1:
             n = len(rids)
-            self._dropped_b[rids.start:rids.stop] = b"\x01" * n
             self._drop_code_b[rids.start:rids.stop] = bytes((code,)) * n
             self.n_waiting -= n
             return
         rids = np.asarray(rids, np.int64)
-        self._dropped[rids] = True
         self._drop_code[rids] = code
         self.n_waiting -= len(rids)
 

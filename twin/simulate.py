@@ -43,16 +43,23 @@ class NothingAdmittedWarning(UserWarning):
     or a run without a horizon that left requests waiting for ever (:func:`stranded_note`)."""
 
 
+def unfinished_not_dropped(engine: Any) -> np.ndarray:
+    """Per request: arrived and neither rejected, finished nor dropped before the queue with a reason
+    (``drop_arrivals``: e.g. fcfs+client-cap's client cap), i.e. it waited or ran and did not finish."""
+    mask = outcomes(engine) == 3
+    dropped = getattr(engine, "_drop_code", None)
+    if dropped is not None:
+        mask &= dropped == 0
+    return mask
+
+
 def nothing_admitted_note(engine: Any, summary: dict[str, Any], scheduler: Any) -> str | None:
     """The note of a run that finished no request because none was ever admitted (requests arrived, were
     not rejected, and none was ever scheduled), naming the scheduler; None otherwise (a run cut by its
     horizon after admissions, or whose requests were all rejected, is no such run)."""
     if summary.get("requests_finished"):
         return None
-    waited = outcomes(engine) == 3  # arrived, neither rejected nor finished
-    dropped = getattr(engine, "_dropped", None)
-    if dropped is not None:  # failed before the queue, with a reason (drop_arrivals): they never waited
-        waited &= ~dropped
+    waited = unfinished_not_dropped(engine)
     n = int(np.count_nonzero(waited))
     if not n or not np.isnan(engine.first_sched[waited]).all():
         return None
@@ -69,10 +76,7 @@ def stranded_note(engine: Any, summary: dict[str, Any], scheduler: Any) -> str |
     a run that admitted nothing has :func:`nothing_admitted_note`)."""
     if engine.horizon != float("inf") or summary.get("stopped_early"):
         return None
-    stranded = outcomes(engine) == 3
-    dropped = getattr(engine, "_dropped", None)
-    if dropped is not None:  # failed before the queue on purpose (drop_arrivals: fcfs+client-cap's client cap)
-        stranded &= ~dropped
+    stranded = unfinished_not_dropped(engine)
     n = int(np.count_nonzero(stranded))
     if not n:
         return None

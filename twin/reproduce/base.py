@@ -209,7 +209,7 @@ def every_request_finishes(engine: Any) -> bool:
     engine that drops arrivals. Only then does :func:`measured_ttft_mean_lower_bound` bound the
     final mean."""
     return engine.horizon == math.inf and getattr(engine.scheduler, "dropped", None) is None \
-        and getattr(engine, "_dropped", None) is None
+        and getattr(engine, "_drop_code", None) is None
 
 
 def ttft_mean_exceeds(limit_s: float, t0: float) -> Callable[[Any], bool]:

@@ -175,6 +175,28 @@ def test_client_cap_never_exceeded():
     assert s["requests_finished"] + s["requests_unfinished"] == n
 
 
+def test_waiting_ids_leave_out_the_requests_the_client_dropped():
+    """``waiting_ids`` (what Chameleon's victim and plug-ins read) lists the waiting requests only: it listed
+    the arrivals the client cap dropped, which a scheduler must not offer (380 of 400 here)."""
+    prof = constant_profile(c0=0.02, c_prefill=1e-5, cpu_s=0.001, disk_s=0.0)
+    w = _random_workload(6, 400, 4, 80, 8)
+    checked = []
+
+    class Probe(type(make_scheduler(CAPPED))):
+        def on_arrivals(self, lo, hi):
+            super().on_arrivals(lo, hi)
+            e = self.engine
+            ids = e.waiting_ids()
+            assert not np.frombuffer(self.dropped, np.uint8)[ids].any()
+            assert len(ids) == e.n_waiting
+            checked.append(len(ids))
+
+    probe = Probe(client_cap=20)
+    simulate(w, prof, EngineConfig(max_loras=3, max_num_seqs=8), scheduler_obj=probe, cache_obj=make_cache("lru"),
+             check_invariants=True)
+    assert probe.n_dropped > 300 and checked
+
+
 def test_client_cap_range_drops_match_the_general_drops():
     """The cap's usual case (every arrival of the step valid: the last ones dropped as a range,
     each of their adapters' heads moved once, in set order) gives exactly the general path (the valid
