@@ -48,7 +48,7 @@ from twin.config import MAX_SIM_SECONDS, ConfigError, EngineConfig  # noqa: F401
 from twin.perf.profile import Profile, available_profiles, parse_lora_targets
 from twin.interfaces import PolicyError, check_policy_objects
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
-from twin.slora_engine import check_slora_config
+from twin.slora_engine import batch_max_tokens, check_slora_config, slora_pool_tokens
 from twin.tensor_parallel import kv_tokens_for_memory, tp_profile, valid_degrees
 
 #: GPU adapter slots when none are given, capped at the number of adapters. With max rank
@@ -841,7 +841,7 @@ def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile:
         # S-LoRA starts with any pool and refuses, per request, one longer than the pool or its limits
         # (``slora.md`` §1; twin/slora_engine.py ``_apply_rejection_rules``): refuse only a set-up where
         # every request of the workload would be refused
-        pool = cfg.max_total_tokens or cfg.kv_capacity_tokens
+        pool = slora_pool_tokens(cfg, profile)
         tot = (df["prompt_tokens"] + df["output_tokens"]).to_numpy()
         lim = min(run.slora_max_total_len, pool - 1) if pool else run.slora_max_total_len
         if len(tot) and tot.min() > lim:
@@ -850,14 +850,13 @@ def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile:
             raise ConfigError(f"every request of the workload is longer than {why} (the shortest has "
                               f"{int(tot.min())} tokens): S-LoRA would refuse them all; raise it")
         prompts = df["prompt_tokens"].to_numpy()
-        # its HTTP server's prompt limit, and a prompt is prefilled whole in one mini-batch (batch_max_tokens:
-        # S-LoRA's default, max(pool / 6, 3072), twin/slora_engine.py)
-        batch = run.slora_batch_max_tokens or (max(pool // 6, 3072) if pool else None)
+        # its HTTP server's prompt limit, and a prompt is prefilled whole in one mini-batch (batch_max_tokens)
+        batch = batch_max_tokens(cfg, pool)
         for limit, flag in ((run.slora_max_prompt_len, "--slora-max-prompt-len"),
                             (batch, "--slora-batch-max-tokens")):
             if limit is not None and len(prompts) and prompts.min() > limit:
                 what = f"{flag} {limit}" if flag != "--slora-batch-max-tokens" or run.slora_batch_max_tokens else \
-                    f"S-LoRA's batch_max_tokens {limit} (max(pool / 6, 3072))"
+                    f"S-LoRA's batch_max_tokens {limit} (max(pool / 6, 3072) of its {pool}-token pool)"
                 raise ConfigError(f"every prompt of the workload is longer than {what} (the shortest has "
                                   f"{int(prompts.min())} tokens): S-LoRA would refuse them all; raise {flag}")
         return

@@ -106,6 +106,18 @@ R_UNSERVED = REJECT_REASONS.index("unknown adapter (not served)")
 R_BATCH = REJECT_REASONS.index("prompt longer than S-LoRA's batch_max_tokens (one prefill mini-batch)")
 
 
+def slora_pool_tokens(cfg: EngineConfig, profile: "Profile") -> int:
+    """S-LoRA's unified pool in token slots: ``--max-total-tokens``, else the KV size given or derived from
+    the GPU memory, else what the profile's GPU holds after the weights (S-LoRA keeps no slot buffers)."""
+    return int(cfg.max_total_tokens or cfg.kv_capacity_tokens or profile.kv_capacity_tokens(0, 0))
+
+
+def batch_max_tokens(cfg: EngineConfig, pool_tokens: int) -> int:
+    """The prompt tokens of one prefill mini-batch: ``--slora-batch-max-tokens``, else S-LoRA's default
+    ``max(max_total_token_num / 6, 3072)`` (``slora/server/api_server.py``)."""
+    return int(cfg.slora_batch_max_tokens or max(pool_tokens // 6, 3072))
+
+
 def reservation_need(pairs: list[tuple[int, int]]) -> int:
     """S-LoRA's ``_can_add_new_req`` peak: ``pairs`` of ``(left, has)``, sorted by ``left``
     largest first; ``max_i(sum_{j<=i} has_j + (i+1) * left_i)`` (0 for no pair)."""
@@ -372,13 +384,13 @@ class SLoRAEngine(EngineState):
         ranks = self.adapter_rank
         self.max_model_len = cfg.slora_max_total_len
         self.max_lora_rank = int(ranks.max()) if len(ranks) else 0
-        self.kv_tokens = int(cfg.max_total_tokens or cfg.kv_capacity_tokens or profile.kv_capacity_tokens(0, 0))
+        self.kv_tokens = slora_pool_tokens(cfg, profile)
         if self.kv_tokens < 2:
             raise ConfigError(f"S-LoRA's pool holds {self.kv_tokens} token slots: {profile.model.name}'s weights leave "
                               f"no room ({profile.name}); set --max-total-tokens or use a GPU with more memory")
         self.block_size = 1  # one slot per KV token
         self.total_blocks = self.kv_tokens
-        self.batch_max_tokens = int(cfg.slora_batch_max_tokens or max(self.kv_tokens // 6, 3072))
+        self.batch_max_tokens = batch_max_tokens(cfg, self.kv_tokens)
         # S-LoRA has no limit on the distinct adapters of a batch and nothing here costs per slot:
         # policies that read max_loras see every adapter allowed at once
         self.config = dataclasses.replace(cfg, max_loras=max(self.n_adapters, 1) + 1, block_size=1,

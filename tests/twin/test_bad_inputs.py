@@ -1256,3 +1256,15 @@ def test_a_real_row_pasted_twice_is_said_and_scored_per_row(files):
 
     a, b = (spec_from_row(r) for _, r in df.iterrows())
     assert a.seed == b.seed and a.run_id != b.run_id
+
+
+def test_slora_prompts_beyond_its_default_batch_max_tokens_are_refused_up_front(tmp_path):
+    """Without --gpu-mem-gb the pool is the profile's (the check skipped it and the run rejected every request):
+    S-LoRA's default batch_max_tokens, max(pool / 6, 3072), is checked as the engine sizes it."""
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps({"arrival_s": i, "prompt_tokens": 150_000, "output_tokens": 10}) + "\n"
+                            for i in range(5)))
+    rc, out, err = run_cli(["run", "--no-progress", "--policy", "slora", "--trace", str(path),
+                            "--slora-max-prompt-len", "200000", "--slora-max-total-len", "300000"])
+    assert rc == 2 and "every prompt of the workload is longer than S-LoRA's batch_max_tokens" in err, err
+    assert "raise --slora-batch-max-tokens" in err and "Traceback" not in err
