@@ -168,6 +168,8 @@ class EMAPrefetchCache(IdleTracking):
         self.k = self.top_k or max(1, engine.adapters.gpu_slots)
         self.decisions = 0
 
+    tick_option = "interval_s"
+
     @property
     def tick_interval(self) -> float | None:
         return None if self.every_requests else self.interval_s

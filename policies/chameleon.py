@@ -269,6 +269,8 @@ class ChameleonScheduler(Scheduler):
                 e.profile, float(e.prompt.mean()) if e.n else 512.0, float(self.pred.pred.mean()) if e.n else 128.0,
                 max(int(e.max_lora_rank), 1), max(int(e.config.max_loras), 1), max(int(e.served), 1))
 
+    tick_option = "refresh_s"
+
     @property
     def tick_interval(self) -> float | None:
         return self.refresh_s
@@ -867,6 +869,8 @@ class ChameleonPrefetchCache(ChameleonCache):
         self.prev = np.full(engine.n_adapters, -INF)
         self.ptr = 0
         self._windowed: set[int] = set()  # the adapters with a window (a tick reads only them, not all adapters)
+
+    tick_option = "bin_s"
 
     @property
     def tick_interval(self) -> float | None:

@@ -186,6 +186,8 @@ class FastLibraCache(AdapterCachePolicy):
         self._cpu = [mem.cpu_load_s[r] for r in mem.ranks_l]
         self._disk = [mem.disk_load_s[r] for r in mem.ranks_l]
 
+    tick_option = "interval_s"
+
     @property
     def tick_interval(self) -> float | None:
         return self.interval_s

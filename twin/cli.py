@@ -30,8 +30,9 @@ from twin.figures import LATENCY_PNG, TIMELINE_PNG, write_run_figures
 from twin.perf.profile import load_profile
 from twin.registry import describe_all, resolve_system
 from twin.requests import with_option
-from twin.scenario import (RunConfig, build_engine_config, build_workload, check_model, check_run, check_system_options,
-                           with_trace_defaults, load_scenario_file, replay_warnings, resolved_scenario, to_toml)
+from twin.scenario import (SUMMARY_MARKERS, RunConfig, build_engine_config, build_workload, check_model, check_run,
+                           check_system_options, with_trace_defaults, load_scenario_file, replay_warnings,
+                           resolved_scenario, to_toml)
 from twin.simulate import NothingAdmittedWarning, simulate
 
 #: the modules that add the other commands (``traces``, ``calibrate``, ``validate``, ``compare``, ``sweep``,
@@ -149,7 +150,7 @@ def check_out_dir(out: str) -> bool:
         earlier = json.loads(summary.read_text())
     except (OSError, UnicodeDecodeError, ValueError):
         earlier = None
-    if not isinstance(earlier, dict) or "requests_arrived" not in earlier:
+    if not isinstance(earlier, dict) or not SUMMARY_MARKERS & set(earlier):
         raise ConfigError(f"--out {out}: {summary} is not the summary of a twin run and would be overwritten; give a "
                           f"new or empty directory (or remove the file)")
     return True
@@ -184,7 +185,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     kept, rows = workload.meta.get("rows_kept"), workload.meta.get("rows_in_file")
     if kept is not None and rows is not None and kept < rows:  # (a window of a saved workload file)
         print(f"twin run: note: the --duration / window_start window keeps {kept} of the {rows} requests of "
-              f"{run.trace}; the others are not simulated (--horizon keeps them, as not_arrived)", file=sys.stderr)
+              f"{run.trace}; the others are not simulated (a later window_start or a longer --duration takes them; "
+              f"--horizon instead of --duration keeps them as not_arrived)", file=sys.stderr)
     cfg = build_engine_config(run, workload, profile)
     scenario = resolved_scenario(run, profile, cfg, workload)
     for w in replay_warnings(recorded, scenario):

@@ -184,6 +184,9 @@ class Policy:
         """Called once before the run; keep a reference to the engine (read-only use)."""
         self.engine = engine
 
+    #: the constructor option :attr:`tick_interval` reads, named when its value is refused (None: none)
+    tick_option: ClassVar[str | None] = None
+
     @property
     def tick_interval(self) -> float | None:
         """Seconds between periodic :meth:`on_tick` calls (None: never)."""
@@ -742,14 +745,8 @@ def check_tick_interval(policy: Policy) -> float | None:
     """A policy's ``tick_interval``: None or a finite number of seconds >= :data:`MIN_TICK_S`."""
     t = policy.tick_interval
     if t is not None and not (isinstance(t, numbers.Real) and not isinstance(t, bool) and MIN_TICK_S <= t < INF):
-        # the option it comes from, when one holds the same value (chameleon's refresh_s, fastlibra's interval_s)
-        get = getattr(policy, "get_params", None)
-        params = get() if callable(get) else {}
-        names = [k for k, v in (params.items() if isinstance(params, dict) else ())
-                 if isinstance(v, numbers.Real) and not isinstance(v, bool) and v == t]
-        if len(names) > 1:  # (a seed of 0 beside a period of 0: the option in seconds)
-            names = [k for k in names if k.endswith("_s")]
-        what = (f"option {names[0]} = {t!r} (its tick interval)" if len(names) == 1 else f"tick_interval is {t!r}")
+        option = getattr(policy, "tick_option", None)  # (the option it reads: chameleon's refresh_s, ...)
+        what = f"option {option} = {t!r} (its tick interval)" if option else f"tick_interval is {t!r}"
         raise PolicyError(f"{policy_label(policy)}: {what}; give seconds between on_tick calls, "
                           f">= {MIN_TICK_S:g} and finite, or None (no ticks)")
     return t
