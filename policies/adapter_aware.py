@@ -37,8 +37,8 @@ class AdapterAwareScheduler(Scheduler):
     sort of every adapter group with waiting requests: the groups of non-resident adapters sit in
     one heap per tier (CPU, disk) keyed by their head request (rids are in arrival order), updated
     from the groups whose head changed and the adapters whose tier changed
-    (``AdapterMemory.tier_changes``); the resident ones (at most the GPU's slots) are sorted per
-    plan. A plan walks these in order (:meth:`_walk`), taking entries off the heaps only as far as
+    (``AdapterMemory.tier_changes``); the resident ones (at most the GPU's slots with slot memory; as
+    many as the adapter region or the unified pool holds with a placement) are sorted per plan. A plan walks these in order (:meth:`_walk`), taking entries off the heaps only as far as
     it goes; each entry carries its group's version, so an outdated one is dropped when met."""
 
     name = "adapter-aware"
@@ -196,7 +196,7 @@ class AdapterAwareScheduler(Scheduler):
         """The groups :meth:`schedule_waiting` offers, in :meth:`_walk`'s order. Once the batch holds
         ``cap`` adapters, a group whose adapter is not in it is skipped; the adapters in it were
         resident when the walk began (an admission only adds to the batch), so the rest of the walk
-        is the walk's resident groups after that point (a few), not every group left."""
+        is the walk's resident groups after that point, not every group left."""
         mem, base, cap = self.engine.adapters, self.base, self.cap
         for key, g in self._walk():
             if g != base and not mem.active[g] and mem.n_active >= cap:

@@ -122,7 +122,8 @@ class AdapterMemory:
         self.n_active = 0
         self.cpu: OrderedDict[int, None] = OrderedDict()  # LRU order, most recent last
         #: the adapters whose GPU residency or CPU-tier membership changed, appended while not None (a
-        #: scheduler that keeps its own per-tier order sets a list and empties it: policies/adapter_aware.py)
+        #: scheduler that keeps its own per-tier order sets a list and empties it: policies/adapter_aware.py).
+        #: One owner: the run's scheduler; a second reader would take the first's changes when it empties it
         self.tier_changes: list[int] | None = None
         self.ranks_l: list[int] = [int(r) for r in ranks]
         self.bytes: list[int] = [profile.adapter_bytes(r) for r in self.ranks_l]

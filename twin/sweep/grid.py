@@ -53,7 +53,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from traces.arguments import first_repeat
+from traces.arguments import did_you_mean, first_repeat
 from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points, resolve_system
 from twin.sweep.scenario import (DEFAULT_POLICY, POLICY_KEY_PART, check_length_corr, check_lengths, get_profile,
@@ -190,7 +190,8 @@ def check_known_policies(names: list[str]) -> None:
     known = {DEFAULT_POLICY, "validation", *PRESETS}
     bad = [str(n) for n in names if n not in known and n not in (None, "")]
     if bad:
-        raise ValueError(f"unknown policy {bad[0]!r}; use {DEFAULT_POLICY!r} (the published runs) or a preset of "
+        raise ValueError(f"unknown policy {bad[0]!r}{did_you_mean(bad[0], known)}; use {DEFAULT_POLICY!r} (the "
+                         f"published runs) or a preset of "
                          f"`twin policies`: {', '.join(sorted(PRESETS))}")
 
 
