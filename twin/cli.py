@@ -8,6 +8,7 @@ default scenario); ``twin policies`` lists schedulers, caches and presets; the `
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -293,10 +294,45 @@ def _said_warning(prog: str) -> Callable[..., None]:
     return show
 
 
+def _parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser by its name (``twin configure predict``), the top one included."""
+    out = {parser.prog: parser}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out.update(_parsers(sub))
+    return out
+
+
+def unrecognized_message(parser: argparse.ArgumentParser, prog: str, extras: list[str]) -> str:
+    """What ``twin CMD`` says for arguments it does not take: the option's closest name in this command,
+    the other commands that take it (``--policy`` is ``twin run``'s; ``twin compare`` takes ``--policies``),
+    and the help to read; a stray value is named as such (argparse says only "unrecognized arguments")."""
+    parsers = _parsers(parser)
+    own = parsers.get(prog, parser)
+    flags = [o for a in own._actions for o in a.option_strings]
+    first = next((x for x in extras if x.startswith("-") and len(x) > 1), None)
+    if first is None:
+        return (f"unexpected argument{'s' if len(extras) > 1 else ''} {' '.join(map(repr, extras))}: {prog} takes "
+                f"no value there (is an option name missing, or a value quoted apart?); see {prog} --help")
+    name = first.split("=", 1)[0]
+    others = [p for p, sub in parsers.items() if p != prog and any(name in a.option_strings for a in sub._actions)]
+    where = (f"; it is an option of {', '.join(others)}" if others else "")
+    rest = [x for x in extras if x.startswith("-") and len(x) > 1 and x.split("=", 1)[0] != name]
+    more = f" (and {', '.join(x.split('=', 1)[0] for x in rest)})" if rest else ""
+    close = difflib.get_close_matches(name.lstrip("-"), [f.lstrip("-") for f in flags], n=1, cutoff=0.7)
+    mean = f" (did you mean --{close[0]}?)" if close else ""
+    return f"{name} is not an option of {prog}{mean}{where}{more}; see {prog} --help"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            prog = getattr(args, "prog", None) or parser.prog
+            print(f"{prog}: error: {unrecognized_message(parser, prog, extras)}", file=sys.stderr)
+            return 2
     except SystemExit as e:  # argparse has printed the usage and the error (or the help)
         return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "func", None):

@@ -762,6 +762,11 @@ def kv_tokens_in_memory(profile: Profile, gpu_mem_gb: float, slots: int, max_ran
     try:
         return kv_tokens_for_memory(profile, gpu_mem_gb, slots, max_rank, tp, **memory)
     except ValueError as e:
+        if slot_hint and slots:  # fewer slots help only when the weights alone fit
+            try:
+                kv_tokens_for_memory(profile, gpu_mem_gb, 0, 0, tp, **memory)
+            except ValueError:
+                slot_hint = False
         raise ConfigError(f"--gpu-mem-gb {gpu_mem_gb:g}: {e}; give a larger --gpu-mem-gb"
                           + (", fewer --slots or a lower --max-lora-rank" if slot_hint else "")) from None
 
@@ -865,6 +870,15 @@ def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile:
         raise ConfigError(f"--kv-tokens {kv}: too small; vLLM needs a KV cache that holds at least one "
                           f"--max-model-len request ({max_len} tokens) and would refuse to start: give --kv-tokens "
                           f"{max_len} or more{lower}")
+    # the weights alone (no adapter slots) leave too little: fewer slots or a lower rank cannot help
+    bare = kv if cfg.kv_capacity_tokens or not slots else profile.kv_capacity_tokens(0, 0)
+    if kv < max_len and bare < max_len:
+        more = "give a larger --gpu-mem-gb" if run.gpu_mem_gb is not None else "use a GPU with more memory"
+        raise KVCapacityError(f"the KV cache holds {max(kv, 0)} tokens: {profile.model.name}'s weights alone leave "
+                              f"{max(bare, 0)} tokens even without adapter slots ({profile.name}), less than one "
+                              f"--max-model-len {max_len} request; vLLM would refuse to start: {more}"
+                              + (f", or lower --max-model-len (at most {bare})" if bare >= 16 * cfg.block_size
+                                 else ""))
     if kv < max_len and kv < 16 * cfg.block_size:
         raise KVCapacityError(f"the KV cache holds {max(kv, 0)} tokens: {profile.model.name}'s weights and {slots} "
                               f"adapter slots of rank {max_rank} leave no room for it ({profile.name}); vLLM would "

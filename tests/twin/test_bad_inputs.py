@@ -161,6 +161,10 @@ FILES.update({  # real-run tables (twin validate, twin configure evaluate) with 
     # cannot re-create, pool lengths the length model cannot draw (each failed alone, after the other runs)
     "real_bttext.csv": _real_with("benchmark_time_s", "long"),
     "real_senttext.csv": _real_with("requests_sent", "many"),
+    "real_senthalf.csv": _real_with("requests_sent", "1200.5"),
+    # a row that contradicts itself: more requests finished than the client sent
+    "real_sentfew.csv": (_REAL_HEADER.replace(b"\n", b",requests_sent,successful_requests\n")
+                         + b"llama-3.1-8b,ml_test,s,r,8-16-32,0.4-0.1-0.05,16,16,32,ok,1,222,197,100,150\n"),
     "real_itltext.csv": _real_with("mean_itl_ms", "fast"),
     "real_btzero.csv": _real_with("benchmark_time_s", "0", "failed_kv_insufficient"),
     "real_bthuge.csv": _real_with("benchmark_time_s", "1e12"),
@@ -215,6 +219,12 @@ CASES: list[tuple[str, str]] = [
     # S-LoRA has no adapter slots: neither named nor offered as the fix (--slots is refused on it)
     (R + "--policy slora --gpu-mem-gb 20", "cannot hold llama-3.1-8b's weights (16.1 GB) and the 5 GB runtime reserve "
                                            "at 90% utilization: it needs more than 23.4 GB; give a larger --gpu-mem-gb\n"),
+    # the weights alone do not fit: fewer slots cannot help, so they are not offered as the fix
+    (R + "--gpu-mem-gb 17", "at 90% utilization: it needs more than 26.7 GB; give a larger --gpu-mem-gb\n"),
+    (R + "--profile llama-2-13b_a100-24gb_vidur", "llama-2-13b's weights alone leave 0 tokens even without adapter "
+                                                  "slots (llama-2-13b_a100-24gb_vidur), less than one --max-model-len "
+                                                  "4096 request; vLLM would refuse to start: use a GPU with more "
+                                                  "memory; or split the weights over more GPUs: --tp 2 holds it"),
     (R + "--gpu-mem-gb 0", "--gpu-mem-gb 0: must be > 0"),
     (R + "--gpu-mem-gb 1e300", "--gpu-mem-gb 1e+300: more than 100000 (100 TB on one GPU)"),
     (R + "--gpu-mem-gb -80", "--gpu-mem-gb -80: must be > 0"),
@@ -314,7 +324,13 @@ CASES: list[tuple[str, str]] = [
     (R + "--trace-opt max_total=10", "rejects almost every draw of copula"),
     (R + "--trace-opt popularity=bad", "--trace-opt popularity: unknown popularity law"),
     (R + "--trace-opt window_start=5", "apply to real traces, not to the synthetic 'synthetic'"),
-    ("run --bogus-flag", "unrecognized arguments: --bogus-flag"),
+    ("run --bogus-flag", "twin run: error: --bogus-flag is not an option of twin run; see twin run --help"),
+    # an option of another command: the closest name here, and the commands that take it
+    ("compare --policies fcfs --rps 4 --policy fcfs", "twin compare: error: --policy is not an option of twin "
+                                                      "compare (did you mean --policies?); it is an option of twin run,"),
+    ("run --polcy fcfs --bogus", "--polcy is not an option of twin run (did you mean --policy?) (and --bogus)"),
+    ("configure predict --rates 1,1,1 --ranks 8,8,8 --explian", "(did you mean --explain?)"),
+    ("run --duration 5 fcfs", "twin run: error: unexpected argument 'fcfs': twin run takes no value there"),
     (R + "--rps fast", "argument --rps: expected a number, got 'fast'"),
     (R + "--slots 2.5", "argument --slots: expected an integer, got '2.5'"),
     # --trace FILE
@@ -479,6 +495,9 @@ CASES: list[tuple[str, str]] = [
     ("validate --real {d}/real_bttext.csv", "{d}/real_bttext.csv: row 1 (line 2), column benchmark_time_s: 'long' is "
                                             "not a measurement (leave the cell empty when it was not recorded)"),
     ("validate --real {d}/real_senttext.csv", "column requests_sent: 'many' is not a number"),
+    ("validate --real {d}/real_senthalf.csv", "column requests_sent: 1200.5 is not a whole number of requests"),
+    ("validate --real {d}/real_sentfew.csv", "column requests_sent: 100 is below the row's successful_requests 150: "
+                                             "the client cannot finish more requests than it sent"),
     ("validate --real {d}/real_itltext.csv", "column mean_itl_ms: 'fast' is not a measurement"),
     ("validate --real {d}/real_btzero.csv", "column benchmark_time_s: 0 is not a benchmark window in seconds, > 0 and "
                                             "at most 1e+08"),

@@ -271,6 +271,20 @@ def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
         if wrong.any():
             raise bad(int(np.argmax(wrong)), "requests_sent", f"is not a request count from 0 to {MAX_REQUESTS:,} "
                                                               f"(leave it empty for the nominal load)")
+        with np.errstate(invalid="ignore"):
+            wrong = used & np.isfinite(x) & (x != np.round(x))
+        if wrong.any():  # (the re-created workload draws this many requests: 12.5 is no count)
+            raise bad(int(np.argmax(wrong)), "requests_sent", "is not a whole number of requests (leave it empty "
+                                                              "for the nominal load)")
+        if "successful_requests" in df.columns:  # a client cannot finish more requests than it sent
+            done = pd.to_numeric(df["successful_requests"], errors="coerce").to_numpy(float)
+            with np.errstate(invalid="ignore"):
+                wrong = ok & np.isfinite(x) & np.isfinite(done) & (done > x)
+            if wrong.any():
+                i = int(np.argmax(wrong))
+                raise bad(i, "requests_sent", f"is below the row's successful_requests {done[i]:g}: the client cannot "
+                                              f"finish more requests than it sent; fix either (or leave requests_sent "
+                                              f"empty for the nominal load)")
     for i in np.flatnonzero(used).tolist():  # the nominal load a row without requests_sent re-creates
         n = nominal_requests(df.iloc[i])
         if not n <= MAX_REQUESTS:
