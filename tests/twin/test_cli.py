@@ -233,7 +233,8 @@ def test_a_closed_stdout_pipe_stops_quietly(monkeypatch, capsys):
     monkeypatch.setattr(cli, "make_parser", lambda: parser)
     parser.set_defaults(func=closed)
     ns = parser.parse_args(["policies"])
-    monkeypatch.setattr(parser, "parse_args", lambda argv=None: argparse.Namespace(**{**vars(ns), "func": closed}))
+    monkeypatch.setattr(parser, "parse_known_args",
+                        lambda argv=None: (argparse.Namespace(**{**vars(ns), "func": closed}), []))
     assert cli.main(["policies"]) == 1
     assert capsys.readouterr().err == ""
 
