@@ -8,6 +8,7 @@ default scenario); ``twin policies`` lists schedulers, caches and presets; the `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
 import os
@@ -31,9 +32,9 @@ from twin.figures import LATENCY_PNG, TIMELINE_PNG, write_run_figures
 from twin.perf.profile import load_profile
 from twin.registry import describe_all, resolve_system
 from twin.requests import with_option
-from twin.scenario import (SUMMARY_MARKERS, RunConfig, build_engine_config, build_workload, check_model, check_run,
-                           check_system_options, with_trace_defaults, load_scenario_file, replay_warnings,
-                           resolved_scenario, to_toml)
+from twin.scenario import (DEFAULT_ADAPTER_SLOTS, SUMMARY_MARKERS, SYSTEM_OPTIONS, RunConfig, build_engine_config,
+                           build_workload, check_model, check_run, check_system_options, load_scenario_file,
+                           option_name, replay_warnings, resolved_scenario, to_toml, with_trace_defaults)
 from twin.simulate import NothingAdmittedWarning, simulate
 
 #: the modules that add the other commands (``traces``, ``calibrate``, ``validate``, ``compare``, ``sweep``,
@@ -168,11 +169,25 @@ def resolve_run(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
     for key in ("trace_options", "scheduler_options", "cache_options"):  # a flag's keys over the file's
         if key in given and key in values:
             given[key] = list({**dict(values[key]), **dict(given[key])}.items())
+    # a file's options that differ from their defaults count as given (a file records every option: a dumped
+    # S-LoRA scenario holds vLLM's default slots, which it does not read)
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
+    in_file = [k for k, v in values.items() if k in SYSTEM_OPTIONS and k not in given and v != defaults.get(k)
+               # (a scenario the twin wrote for a run that left --slots out records the default it resolved: at
+               # most DEFAULT_ADAPTER_SLOTS, also on S-LoRA; a hand-written file has no recorded profile hash)
+               and not (k == "slots" and "profile_sha256" in recorded and isinstance(v, int)
+                        and v <= DEFAULT_ADAPTER_SLOTS)]
     values.update(given)
     run = RunConfig(**values)
     check_run(run)
-    # (the flags given only: a scenario file, a run's summary.json among them, records every option)
-    check_system_options(given, {run.policy or "vllm": resolve_system(run.policy, run.system)}, run.system is not None)
+    runs_on = {run.policy or "vllm": resolve_system(run.policy, run.system)}
+    check_system_options(given, runs_on, run.system is not None)
+    try:
+        check_system_options(in_file, runs_on, run.system is not None)
+    except ConfigError as e:
+        key = next(k for k in in_file if str(e).startswith(option_name(k) + ":"))
+        why = str(e).split(": ", 1)[1].replace(f"leave {option_name(key)} out", "remove it from the file")
+        raise ConfigError(f"--config {args.config}: {key} = {values[key]!r}: {why}") from None
     return run, recorded
 
 

@@ -366,6 +366,10 @@ def _check_policy_options(run: "RunConfig") -> None:
 
 def _check_trace_options(options: list[tuple[str, Any]]) -> None:
     known = sorted(OPTIONS) + sorted(REAL_OPTIONS)
+    keys = [k for k, _ in options]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:  # (the workload read the first value and the summary recorded the last)
+        raise ConfigError(f"--trace-opt {twice[0]}=... is given twice; give it once")
     for key, value in options:
         if key not in OPTIONS and key not in REAL_OPTIONS:
             raise ConfigError(f"--trace-opt: unknown workload option {key!r}; known options: {', '.join(known)} "

@@ -54,6 +54,9 @@ FILES: dict[str, bytes] = {
     "unknownkey.toml": b"rpz = 3\n",
     "twice.toml": b"max-num-seqs = 4\nmax_num_seqs = 8\nduration = 5\n",
     "zero.toml": b"rps = 0\n",
+    # options of the other serving system in a hand-written scenario (the flags are refused; the file's were ignored)
+    "slora_slots.toml": b'policy = "chameleon"\nslots = 8\nduration = 5\n',
+    "vllm_slora_opt.toml": b'policy = "vllm"\nslora_max_prompt_len = 5\nduration = 5\n',
     "ranks.toml": b'ranks = "8-128"\n',
     "scenario.ini": b"[run]\nrps = 2\n",
     "missing.csv": b"arrival_s,prompt_tokens\n0.5,10\n",
@@ -324,6 +327,13 @@ CASES: list[tuple[str, str]] = [
     (R + "--trace-opt max_total=10", "rejects almost every draw of copula"),
     (R + "--trace-opt popularity=bad", "--trace-opt popularity: unknown popularity law"),
     (R + "--trace-opt window_start=5", "apply to real traces, not to the synthetic 'synthetic'"),
+    ("run --no-progress --config {d}/slora_slots.toml", "--config {d}/slora_slots.toml: slots = 8: an option of the "
+                                                         "vLLM engine, but the run is on the S-LoRA engine"),
+    ("run --no-progress --config {d}/vllm_slora_opt.toml", "slora_max_prompt_len = 5: an option of the S-LoRA engine, "
+                                                           "but the run is on the vLLM engine (preset 'vllm' runs on "
+                                                           "vLLM), which does not read it (vLLM's limit is "
+                                                           "--max-model-len); remove it from the file, or give "),
+    (R + "--trace-opt length_scale=0.5 --trace-opt length_scale=2", "--trace-opt length_scale=... is given twice"),
     ("run --bogus-flag", "twin run: error: --bogus-flag is not an option of twin run; see twin run --help"),
     # an option of another command: the closest name here, and the commands that take it
     ("compare --policies fcfs --rps 4 --policy fcfs", "twin compare: error: --policy is not an option of twin "
@@ -1287,3 +1297,12 @@ def test_slora_prompts_beyond_its_default_batch_max_tokens_are_refused_up_front(
                             "--slora-max-prompt-len", "200000", "--slora-max-total-len", "300000"])
     assert rc == 2 and "every prompt of the workload is longer than S-LoRA's batch_max_tokens" in err, err
     assert "raise --slora-batch-max-tokens" in err and "Traceback" not in err
+
+
+def test_a_dumped_s_lora_scenario_replays(tmp_path, capsys):
+    """The scenario the twin writes for an S-LoRA run records the slots it resolved (vLLM's default); replaying
+    it is not refused as a vLLM option given to S-LoRA, as the same key in a hand-written file is."""
+    assert main(["run", "--policy", "chameleon", "--dump-config"]) == 0
+    (tmp_path / "c.toml").write_text(capsys.readouterr().out)
+    rc, out, err = run_cli(["run", "--no-progress", "--json", "--duration", "5", "--config", str(tmp_path / "c.toml")])
+    assert rc == 0, err
