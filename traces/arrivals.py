@@ -281,7 +281,9 @@ def rescale_to_rps(times: np.ndarray, target_rps: float) -> tuple[np.ndarray, fl
     t = t - t.min()
     span = float(t.max())
     if span <= 0:
-        raise ArrivalError("cannot rescale a trace whose arrivals all share one timestamp")
+        raise ArrivalError(f"cannot rescale to --rps {target_rps:g} a trace whose {t.size} arrivals all share one "
+                           f"timestamp: a burst has no rate to scale; replay it as it is (twin run without --rps), or "
+                           f"spread its arrival times")
     factor = (t.size / span) / target_rps
     return t * factor, factor
 

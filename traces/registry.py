@@ -769,7 +769,10 @@ def _from_saved(path: Path, given: dict[str, Any], synth_opts: dict[str, Any], r
     df = w.df.copy()
     t = df["arrival_s"].to_numpy()
     if "rps" in given:
-        t, _ = rescale_to_rps(t, float(given["rps"]))
+        try:
+            t, _ = rescale_to_rps(t, float(given["rps"]))
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
     start = float(given.get("window_start", 0.0))
     m = time_window(t, start, given.get("duration"))
     if len(df) and not m.any():  # (as for a raw trace: an empty window is an error, not an empty workload)

@@ -48,7 +48,8 @@ SUMMARY_ROWS = [
         if s.get("requests_not_arrived") else "")),
     ("rejected / unfinished", lambda s: f"{s['requests_rejected']} / {s['requests_unfinished']}" + _reasons(s)
      + _drops(s)),
-    ("offered / throughput (req/s)", lambda s: f"{_f(s['offered_rps'], 3)} / {_f(s['throughput_rps'], 3)}"),
+    ("offered / throughput (req/s)", lambda s: ("all at t=0" if s["offered_rps"] is None else _f(s["offered_rps"], 3))
+                                               + f" / {_f(s['throughput_rps'], 3)}"),
     ("tokens/s in / out", lambda s: f"{_f(s['input_tok_s'], 1)} / {_f(s['output_tok_s'], 1)}"),
     ("TTFT ms mean / p50 / p99", lambda s: f"{_f(s['ttft_ms_mean'])} / {_f(s['ttft_ms_p50'])} / {_f(s['ttft_ms_p99'])}"),
     ("ITL ms mean / p99", lambda s: f"{_f(s['itl_ms_mean'])} / {_f(s['itl_ms_p99'])}"),

@@ -72,17 +72,18 @@ def outcomes(e: "Engine") -> np.ndarray:
     return out
 
 
-def arrival_window(e: "Engine", oc: np.ndarray) -> float:
+def arrival_window(e: "Engine", oc: np.ndarray) -> float | None:
     """The span the arrivals were offered over (s): the horizon when the run has one, else the last arrival's time
     (a run without a horizon drains its queue after the last arrival; that tail offers nothing). A replayed trace's
     ``--rps`` is its mean rate over the trace's whole span, so the window it replays can offer more or less:
-    ``offered_rps`` says what it did."""
+    ``offered_rps`` says what it did. None when the arrivals span no time (every request at t = 0, no horizon):
+    a burst has no rate (a 1 s stand-in read as an offered load below the throughput)."""
     if e.horizon != float("inf"):
         w = float(e.horizon)
     else:
         arrived = e.arrival[oc != 0]
         w = float(arrived.max()) if len(arrived) else 0.0
-    return w if w > 0 else 1.0
+    return w if w > 0 else None
 
 
 OUTCOME_NAMES = np.array(["not_arrived", "finished", "rejected", "unfinished"], dtype=object)
@@ -204,7 +205,7 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
         **dropped_requests(e),
         "simulated_s": float(window),
         "throughput_rps": n_fin / window,
-        "offered_rps": arrived / arrival_window(e, oc),
+        "offered_rps": arrived / span if (span := arrival_window(e, oc)) else None if arrived else 0.0,
         "input_tok_s": float(e.prompt[fin].sum()) / window,
         "output_tok_s": float(e.output[fin].sum()) / window,
     }

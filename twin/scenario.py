@@ -1008,9 +1008,35 @@ def resolved_scenario(run: RunConfig, profile: Profile, cfg: EngineConfig | None
     return d
 
 
+#: YAML 1.2's core-schema numbers (PyYAML reads YAML 1.1: ``010`` as octal 8, ``1:00`` as 60 in base 60, and
+#: ``1e0`` as text): decimal, ``0o`` octal and ``0x`` hexadecimal integers, and floats with or without a dot
+_YAML12_INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_YAML12_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+                           r"|\.(?:nan|NaN|NAN))$")
+_YAML_INT_TAG, _YAML_FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+
+def _yaml12_int(loader: Any, node: Any) -> int:
+    v = loader.construct_scalar(node)
+    sign, digits = (-1, v[1:]) if v[0] == "-" else (1, v.lstrip("+"))
+    base = 8 if digits.startswith("0o") else 16 if digits.startswith("0x") else 10
+    return sign * int(digits[2:] if base != 10 else digits, base)
+
+
+def _yaml12_float(loader: Any, node: Any) -> float:
+    v = loader.construct_scalar(node).lower().replace(".inf", "inf").replace(".nan", "nan")
+    return float(v)
+
+
 def _unique_keys_yaml_loader(yaml: Any) -> Any:
-    """PyYAML's safe loader, refusing a repeated key in a mapping (PyYAML keeps the last)."""
+    """PyYAML's safe loader, refusing a repeated key in a mapping (PyYAML keeps the last), reading numbers
+    as YAML 1.2 does (TOML and JSON read them alike: ``slots: 010`` is 10, ``rps: 1e0`` is 1.0, and
+    ``1:00`` is text, refused where a number belongs)."""
     class Loader(yaml.SafeLoader):
+        yaml_implicit_resolvers = {
+            first: [(tag, rx) for tag, rx in resolvers if tag not in (_YAML_INT_TAG, _YAML_FLOAT_TAG)]
+            for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen = set()
             for key_node, _ in node.value:
@@ -1026,6 +1052,10 @@ def _unique_keys_yaml_loader(yaml: Any) -> Any:
                     raise RepeatedKey(key, f" (line {key_node.start_mark.line + 1})")
             return super().construct_mapping(node, deep=deep)
 
+    Loader.add_implicit_resolver(_YAML_INT_TAG, _YAML12_INT, list("-+0123456789"))
+    Loader.add_implicit_resolver(_YAML_FLOAT_TAG, _YAML12_FLOAT, list("-+.0123456789"))
+    Loader.add_constructor(_YAML_INT_TAG, _yaml12_int)
+    Loader.add_constructor(_YAML_FLOAT_TAG, _yaml12_float)
     return Loader
 
 

@@ -55,6 +55,9 @@ FILES: dict[str, bytes] = {
     "twice.toml": b"max-num-seqs = 4\nmax_num_seqs = 8\nduration = 5\n",
     "zero.toml": b"rps = 0\n",
     # options of the other serving system in a hand-written scenario (the flags are refused; the file's were ignored)
+    # YAML 1.1 numbers PyYAML would read silently as others (base 60)
+    "sexagesimal.yaml": b"duration: 5\nmax_num_seqs: 1:00\n",
+    "burst.csv": b"arrival_s,prompt_tokens,output_tokens\n" + b"0,100,10\n" * 20,
     "slora_slots.toml": b'policy = "chameleon"\nslots = 8\nduration = 5\n',
     "vllm_slora_opt.toml": b'policy = "vllm"\nslora_max_prompt_len = 5\nduration = 5\n',
     "ranks.toml": b'ranks = "8-128"\n',
@@ -333,6 +336,9 @@ CASES: list[tuple[str, str]] = [
                                                            "but the run is on the vLLM engine (preset 'vllm' runs on "
                                                            "vLLM), which does not read it (vLLM's limit is "
                                                            "--max-model-len); remove it from the file, or give "),
+    ("run --no-progress --config {d}/sexagesimal.yaml", "max_num_seqs"),
+    ("compare --trace {d}/burst.csv --policies vllm --rps 1,2 --slo 1", "burst.csv: cannot rescale to --rps 1 a trace "
+                                                                       "whose 20 arrivals all share one timestamp"),
     (R + "--trace-opt length_scale=0.5 --trace-opt length_scale=2", "--trace-opt length_scale=... is given twice"),
     ("run --bogus-flag", "twin run: error: --bogus-flag is not an option of twin run; see twin run --help"),
     # an option of another command: the closest name here, and the commands that take it
@@ -1306,3 +1312,25 @@ def test_a_dumped_s_lora_scenario_replays(tmp_path, capsys):
     (tmp_path / "c.toml").write_text(capsys.readouterr().out)
     rc, out, err = run_cli(["run", "--no-progress", "--json", "--duration", "5", "--config", str(tmp_path / "c.toml")])
     assert rc == 0, err
+
+
+def test_yaml_numbers_read_as_toml_reads_them(tmp_path):
+    """YAML 1.2 numbers (PyYAML reads YAML 1.1: ``010`` as octal 8, ``1e0`` as text): a scenario in YAML runs as
+    the same scenario in TOML does."""
+    from twin.scenario import load_scenario_file
+
+    (tmp_path / "s.yaml").write_text("duration: 5\nslots: 010\nrps: 1e0\nranks: [8, 0x10]\n")
+    (tmp_path / "s.toml").write_text("duration = 5\nslots = 10\nrps = 1.0\nranks = [8, 16]\n")
+    y, _ = load_scenario_file(tmp_path / "s.yaml")
+    t, _ = load_scenario_file(tmp_path / "s.toml")
+    assert y == t and y["slots"] == 10 and y["rps"] == 1.0
+
+
+def test_a_burst_has_no_offered_rate(files):
+    """Every request at t = 0 without a horizon: the offered rate is undefined (null; the console says so), not
+    the requests over a 1 s stand-in, which read as a throughput above the offered load."""
+    rc, out, err = run_cli(["run", "--no-progress", "--json", "--trace", str(files / "burst.csv")])
+    s = json.loads(out)
+    assert rc == 0 and s["offered_rps"] is None and s["requests_finished"] == 20
+    rc, out, err = run_cli(["run", "--no-progress", "--trace", str(files / "burst.csv")])
+    assert "all at t=0 / " in out
