@@ -33,8 +33,9 @@ from twin.perf.profile import load_profile
 from twin.registry import describe_all, resolve_system
 from twin.requests import with_option
 from twin.scenario import (DEFAULT_ADAPTER_SLOTS, SUMMARY_MARKERS, SYSTEM_OPTIONS, RunConfig, build_engine_config,
-                           build_workload, check_model, check_run, check_system_options, load_scenario_file,
-                           option_name, replay_warnings, resolved_scenario, to_toml, with_trace_defaults)
+                           build_workload, check_adapter_options_act, check_model, check_run, check_system_options,
+                           load_scenario_file, option_name, replay_warnings, resolved_scenario, to_toml,
+                           with_trace_defaults)
 from twin.simulate import NothingAdmittedWarning, simulate
 
 #: the modules that add the other commands (``traces``, ``calibrate``, ``validate``, ``compare``, ``sweep``,
@@ -199,6 +200,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     profile = load_profile(run.profile)
     check_model(run, profile)
     workload = build_workload(run)
+    check_adapter_options_act(run, workload, given_values(RunConfig, args))
     kept, rows = workload.meta.get("rows_kept"), workload.meta.get("rows_in_file")
     if kept is not None and rows is not None and kept < rows:  # (a window of a saved workload file)
         print(f"twin run: note: the --duration / window_start window keeps {kept} of the {rows} requests of "

@@ -643,6 +643,24 @@ def build_workload(run: RunConfig) -> Workload:
     return w
 
 
+def check_adapter_options_act(run: RunConfig, w: Workload, given: typing.Collection[str]) -> None:
+    """``--ranks`` and ``--popularity`` (of ``given``, the options given on the command line) shape the adapters of
+    a workload: on one without adapters (a trace file with no ``adapter_id``, ``--adapters 0``) they change nothing,
+    so they are refused (a recorded scenario holds the defaults it resolved, and replays)."""
+    if not len(w) or (w.df["adapter_id"].to_numpy() >= 0).any():
+        return
+    for key in ("ranks", "popularity"):
+        value = getattr(run, key)
+        if key not in given or value is None:
+            continue
+        shown = ",".join(map(str, value)) if key == "ranks" else value
+        why = ("--adapters 0" if run.adapters == 0 else
+               f"{run.trace} has no adapter_id column" if run.trace not in BUILTINS else
+               f"the trace {run.trace!r} has no adapters here")
+        raise ConfigError(f"--{key} {shown} has no effect: the workload serves the base model only ({why}); give "
+                          f"--adapters N to draw adapters, or leave --{key} out")
+
+
 def _seconds(x: float) -> str:
     """A time in seconds written out in full (``1700000000``, ``109.5``), to the millisecond."""
     v = round(x, 3)

@@ -57,6 +57,7 @@ FILES: dict[str, bytes] = {
     # options of the other serving system in a hand-written scenario (the flags are refused; the file's were ignored)
     # YAML 1.1 numbers PyYAML would read silently as others (base 60)
     "sexagesimal.yaml": b"duration: 5\nmax_num_seqs: 1:00\n",
+    "base_only.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,100,10\n0.1,50,5\n",
     "burst.csv": b"arrival_s,prompt_tokens,output_tokens\n" + b"0,100,10\n" * 20,
     "slora_slots.toml": b'policy = "chameleon"\nslots = 8\nduration = 5\n',
     "vllm_slora_opt.toml": b'policy = "vllm"\nslora_max_prompt_len = 5\nduration = 5\n',
@@ -337,6 +338,12 @@ CASES: list[tuple[str, str]] = [
                                                            "vLLM), which does not read it (vLLM's limit is "
                                                            "--max-model-len); remove it from the file, or give "),
     ("run --no-progress --config {d}/sexagesimal.yaml", "max_num_seqs"),
+    # adapter options on a workload without adapters change nothing
+    ("run --no-progress --trace {d}/base_only.csv --ranks 8,64", "--ranks 8,64 has no effect: the workload serves the "
+                                                                 "base model only ({d}/base_only.csv has no adapter_id "
+                                                                 "column); give --adapters N"),
+    (R + "--adapters 0 --popularity uniform", "--popularity uniform has no effect: the workload serves the base model "
+                                              "only (--adapters 0)"),
     ("compare --trace {d}/burst.csv --policies vllm --rps 1,2 --slo 1", "burst.csv: cannot rescale to --rps 1 a trace "
                                                                        "whose 20 arrivals all share one timestamp"),
     (R + "--trace-opt length_scale=0.5 --trace-opt length_scale=2", "--trace-opt length_scale=... is given twice"),
