@@ -45,7 +45,7 @@ from traces.registry import BUILTINS, REAL_OPTIONS, get_workload, run_defaults
 from traces.synth import MAX_ADAPTERS, OPTIONS, option_value_problem
 from traces.workload import Workload
 from twin.config import MAX_SIM_SECONDS, ConfigError, EngineConfig  # noqa: F401  (MAX_SIM_SECONDS re-exported)
-from twin.perf.profile import Profile, available_profiles, parse_lora_targets
+from twin.perf.profile import Profile, available_profiles, gpu_memory_gb, parse_lora_targets
 from twin.interfaces import PolicyError, check_policy_objects
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
 from twin.slora_engine import batch_max_tokens, check_slora_config, slora_pool_tokens
@@ -772,8 +772,7 @@ def _tp_hint(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Pro
 
 def profile_gpu_mem_gb(profile: Profile) -> float | None:
     """The memory (GB) of the profile's GPU as its name states it (``H100-64GB`` -> 64.0), or None."""
-    m = re.search(r"(\d+(?:\.\d+)?)\s*GB", profile.gpu or "", re.IGNORECASE)
-    return float(m.group(1)) if m else None
+    return gpu_memory_gb(profile.gpu)
 
 
 def kv_tokens_in_memory(profile: Profile, gpu_mem_gb: float, slots: int, max_rank: int, tp: int,

@@ -1244,6 +1244,9 @@ def _edit(path: str, value):
     ("model", 5, "model is a JSON int; give the profile's model as text (e.g. llama-3.1-8b)"),
     # read as text by --gpu-mem-gb's default (a TypeError traceback)
     ("gpu", 5, "gpu is a JSON int; give it as text (e.g. 'H100-64GB') or leave it out"),
+    # a GPU whose memory cannot hold the profile's weights and KV memory (it ran with 37 GB of KV on "8 GB")
+    ("gpu", "H100-8GB", "gpu 'H100-8GB' names 8 GB, less than llama-3.1-8b's weights (16.1 GB) and the KV memory of "
+                        "components.kv.params.free_bytes"),
     ("lora_targets", "q_proj", "lora_targets is the text 'q_proj'; give a list of the modules the adapters adapt"),
     ("lora_targets", [], "lora_targets is an empty list"),
     ("lora_targets", ["nosuch_proj"], "lora_targets names unknown module 'nosuch_proj'; choose from q_proj"),

@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -369,7 +370,23 @@ class Profile:
         prof = cls(name=d["name"], model=model, components=comps, gpu=d.get("gpu", ""),
                    software=d.get("software", ""), lora_targets=tuple(d.get("lora_targets", ALL_TARGETS)), raw=d)
         prof._check_positive_steps(origin)
+        prof._check_gpu_memory(origin)
         return prof
+
+    def _check_gpu_memory(self, origin: str) -> None:
+        """A GPU named with its memory (``H100-64GB``) holds the weights and the KV memory the profile gives
+        (``kv.params.free_bytes``): a run sizes its KV cache from ``free_bytes``, so a profile relabelled
+        ``H100-8GB`` ran with 37 GB of KV on an 8 GB GPU (a GB read as a GiB here, to refuse only the impossible)."""
+        gb = gpu_memory_gb(self.gpu)
+        free = self.raw.get("components", {}).get("kv", {}).get("params", {}).get("free_bytes")
+        if gb is None or free is None:
+            return
+        need = free + self.model.weight_bytes
+        if need > gb * 2 ** 30:
+            raise ValueError(f"{origin}: gpu {self.gpu!r} names {gb:g} GB, less than {self.model.name}'s weights "
+                             f"({self.model.weight_bytes / 1e9:.1f} GB) and the KV memory of "
+                             f"components.kv.params.free_bytes ({free / 1e9:.1f} GB) take; fix the profile's gpu or "
+                             f"refit it on that GPU (`twin calibrate fit`)")
 
     #: batches the profile's terms are checked on when it loads (:meth:`_check_positive_steps`): what, prefill
     #: tokens, decode tokens, context tokens, adapters in the batch, max rank, slots, running, waiting, served
@@ -715,3 +732,9 @@ def kv_tokens_for_memory(profile: Profile, gpu_mem_gb: float, slots: int, max_ra
                          f"{',' if buffers else ' and'} the {runtime_overhead_gb:g} GB runtime reserve{buffers} at "
                          f"{utilization:.0%} utilization: it needs more than {need:.1f} GB")
     return tokens
+
+
+def gpu_memory_gb(gpu: str | None) -> float | None:
+    """The memory (GB) a GPU's name states (``H100-64GB`` -> 64.0), or None."""
+    m = re.search(r"(\d+(?:\.\d+)?)\s*GB", gpu or "", re.IGNORECASE)
+    return float(m.group(1)) if m else None
