@@ -194,6 +194,12 @@ def resolve_run(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.dump_config:  # (it prints the scenario and stops: what writes or prints results would be ignored)
+        moot = [f for f, v in (("--out", args.out), ("--json", args.json), ("--plot", args.plot),
+                               ("--progress", args.progress)) if v]
+        if moot:
+            raise ConfigError(f"{' / '.join(moot)} with --dump-config: nothing is run or written (it prints the "
+                              f"scenario and stops); leave {'it' if len(moot) == 1 else 'them'} out")
     run, recorded = resolve_run(args)
     run = with_trace_defaults(run)  # e.g. the rate and window splitwise is replayed with, recorded in the scenario
     earlier_run = check_out_dir(args.out) if args.out is not None else False

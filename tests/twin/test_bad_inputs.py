@@ -347,6 +347,8 @@ CASES: list[tuple[str, str]] = [
     ("compare --trace {d}/burst.csv --policies vllm --rps 1,2 --slo 1", "burst.csv: cannot rescale to --rps 1 a trace "
                                                                        "whose 20 arrivals all share one timestamp"),
     (R + "--trace-opt length_scale=0.5 --trace-opt length_scale=2", "--trace-opt length_scale=... is given twice"),
+    ("run --dump-config --out {d}/dc --plot", "--out / --plot with --dump-config: nothing is run or written (it "
+                                               "prints the scenario and stops); leave them out"),
     ("run --bogus-flag", "twin run: error: --bogus-flag is not an option of twin run; see twin run --help"),
     # an option of another command: the closest name here, and the commands that take it
     ("compare --policies fcfs --rps 4 --policy fcfs", "twin compare: error: --policy is not an option of twin "

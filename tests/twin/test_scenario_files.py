@@ -101,12 +101,15 @@ def test_yaml_and_json_scenarios(tmp_path):
 
 
 def test_dump_config_prints_toml_and_does_no_run(tmp_path):
-    rc, out, err = run_cli(["run", "--dump-config", "--rps", "3", "--duration", "30", "--out", str(tmp_path / "o")])
+    rc, out, err = run_cli(["run", "--dump-config", "--rps", "3", "--duration", "30"])
     assert rc == 0, err
     d = tomllib.loads(out)
     assert d["rps"] == 3.0 and d["duration"] == 30.0 and d["policy"] == "vllm" and "requests_arrived" not in out
     assert d["adapters"] == 100 and d["ranks"] == [8, 16, 32]
     assert "# horizon =" in out  # unset options are listed as comments
+    # --out would be ignored: refused, and nothing is written
+    rc, out, err = run_cli(["run", "--dump-config", "--rps", "3", "--duration", "30", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "--out with --dump-config: nothing is run or written" in err and out == ""
     assert not (tmp_path / "o").exists()
 
 
