@@ -762,8 +762,13 @@ def _from_saved(path: Path, given: dict[str, Any], synth_opts: dict[str, Any], r
     allowed = {"rps", "duration", "adapters", "ranks", "popularity", "window_start"}
     extra = set(given) - allowed
     if extra:
-        raise OptionError(f"a saved workload can only be rescaled, windowed or get new adapters; options {sorted(extra)} "
-                        f"do not apply (regenerate it from its meta instead)")
+        src = w.meta.get("source") if w.meta.get("kind") not in (None, "file") else None  # (the twin wrote it)
+        instead = (f"regenerate it from {src!r}, the trace its meta names, with them instead: twin traces synth "
+                   f"--trace {src} ..." if src else "its requests are replayed as the file gives them: edit the file "
+                                                    "instead")
+        raise OptionError(f"{path}: a workload file can only be rescaled (--rps), windowed (--duration, window_start) "
+                          f"or get new adapters (--adapters, --ranks, --popularity); options {sorted(extra)} do not "
+                          f"apply ({instead})")
     if not given:
         return w
     df = w.df.copy()

@@ -350,6 +350,12 @@ def _check_conversations(frame: pd.DataFrame, path: Path, where) -> None:
         raise WorkloadError(f"{path}: {where(i)}, column {col}: {frame[col].iloc[i]} on a request of no conversation "
                             f"(conversation_id -1); give its conversation_id, or leave {col} empty")
     inside = np.flatnonzero(conv >= 0)
+    untold = inside[turn[inside] < 0]
+    if untold.size:  # (a file with conversation_id but no turn column: "turn -1 ... after its turn -1")
+        i = int(untold[0])
+        raise WorkloadError(f"{path}: {where(i)}, column turn: a request of conversation {conv[i]} without its turn "
+                            f"(no turn column, or an empty cell); give each turn of a conversation its number (0, 1, "
+                            f"... in arrival order), or leave conversation_id out")
     if inside.size < 2:
         return
     rid = frame["request_id"].to_numpy() if "request_id" in frame else np.arange(len(frame))  # (the file's order)

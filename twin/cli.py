@@ -179,9 +179,17 @@ def resolve_run(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
                # most DEFAULT_ADAPTER_SLOTS, also on S-LoRA; a hand-written file has no recorded profile hash)
                and not (k == "slots" and "profile_sha256" in recorded and isinstance(v, int)
                         and v <= DEFAULT_ADAPTER_SLOTS)]
+    from_file = {k for k in ("scheduler_options", "cache_options", "trace_options") if values.get(k) and k not in given}
     values.update(given)
     run = RunConfig(**values)
-    check_run(run)
+    try:
+        check_run(run)
+    except ConfigError as e:  # a policy or trace option of the file: named as the file's, not as a flag
+        flags = {"scheduler_options": "--scheduler-opt", "cache_options": "--cache-opt", "trace_options": "--trace-opt"}
+        key = next((k for k in from_file if str(e).startswith(flags[k])), None)
+        if key is None:
+            raise
+        raise ConfigError(f"--config {args.config} [{key}]{str(e)[len(flags[key]):]}") from None
     runs_on = {run.policy or "vllm": resolve_system(run.policy, run.system)}
     check_system_options(given, runs_on, run.system is not None)
     try:

@@ -58,6 +58,8 @@ FILES: dict[str, bytes] = {
     # YAML 1.1 numbers PyYAML would read silently as others (base 60)
     "sexagesimal.yaml": b"duration: 5\nmax_num_seqs: 1:00\n",
     "base_only.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,100,10\n0.1,50,5\n",
+    "opts_fcfs.toml": b'duration = 5\npolicy = "chameleon"\n[scheduler_options]\nrefresh_s = 2\n',
+    "conv_no_turn.csv": b"arrival_s,prompt_tokens,output_tokens,conversation_id\n0.1,10,5,1\n0.2,10,5,1\n",
     "burst.csv": b"arrival_s,prompt_tokens,output_tokens\n" + b"0,100,10\n" * 20,
     "slora_slots.toml": b'policy = "chameleon"\nslots = 8\nduration = 5\n',
     "vllm_slora_opt.toml": b'policy = "vllm"\nslora_max_prompt_len = 5\nduration = 5\n',
@@ -342,11 +344,25 @@ CASES: list[tuple[str, str]] = [
     ("run --no-progress --trace {d}/base_only.csv --ranks 8,64", "--ranks 8,64 has no effect: the workload serves the "
                                                                  "base model only ({d}/base_only.csv has no adapter_id "
                                                                  "column); give --adapters N"),
+    ("run --no-progress --trace {d}/base_only.csv --trace-opt length_scale=2", "{d}/base_only.csv: a workload file "
+                                                                               "can only be rescaled (--rps), windowed"
+                                                                               " (--duration, window_start) or get new "
+                                                                               "adapters (--adapters, --ranks, "
+                                                                               "--popularity); options ['length_scale']"
+                                                                               " do not apply (its requests are "
+                                                                               "replayed as the file gives them: edit "
+                                                                               "the file instead)"),
+    ("run --no-progress --trace {d}/conv_no_turn.csv", "conv_no_turn.csv: row 1 (line 2), column turn: a request of "
+                                                       "conversation 1 without its turn (no turn column, or an empty "
+                                                       "cell)"),
     (R + "--adapters 0 --popularity uniform", "--popularity uniform has no effect: the workload serves the base model "
                                               "only (--adapters 0)"),
     ("compare --trace {d}/burst.csv --policies vllm --rps 1,2 --slo 1", "burst.csv: cannot rescale to --rps 1 a trace "
                                                                        "whose 20 arrivals all share one timestamp"),
     (R + "--trace-opt length_scale=0.5 --trace-opt length_scale=2", "--trace-opt length_scale=... is given twice"),
+    # a policy option of a scenario file that the policy given on the command line does not take: named as the file's
+    ("run --no-progress --config {d}/opts_fcfs.toml --policy vllm", "--config {d}/opts_fcfs.toml [scheduler_options]: "
+                                                                    "scheduler 'fcfs' takes no option(s) 'refresh_s'"),
     ("run --dump-config --out {d}/dc --plot", "--out / --plot with --dump-config: nothing is run or written (it "
                                                "prints the scenario and stops); leave them out"),
     ("run --bogus-flag", "twin run: error: --bogus-flag is not an option of twin run; see twin run --help"),
