@@ -695,6 +695,39 @@ def _annotated_kind(annotation: Any) -> str | None:
     return None
 
 
+def _declared_options(cls: type) -> tuple[dict[str, Any], dict[str, str | None]]:
+    """The constructor options along ``cls``'s MRO: their defaults, and the kind their annotation declares
+    (:func:`_annotated_kind`: ``flag``, ``int``, ``real`` or None)."""
+    defaults: dict[str, Any] = {}
+    kinds: dict[str, str | None] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.name not in defaults and p.default is not p.empty:
+                defaults[p.name] = p.default
+                kinds[p.name] = _annotated_kind(p.annotation) if p.annotation is not p.empty else None
+    return defaults, kinds
+
+
+def check_option_kinds(cls: type, options: dict[str, Any], who: str) -> None:
+    """A built-in policy's ``options`` have the kind its constructor declares (a ``bool`` True or False, an ``int``
+    a whole number, a ``float`` a number); else a :class:`PolicyError` naming the option. Run on the given options
+    before the constructor (whose own range checks compared ``'nan' <= 1``: a TypeError) and on the built policy's
+    parameters (:func:`check_builtin_options`)."""
+    if not is_builtin(cls):
+        return
+    defaults, kinds = _declared_options(cls)
+    for name, v in options.items():
+        kind = kinds.get(name)
+        if v is not None and kind is not None:
+            ok = is_flag(v) if kind == "flag" else is_whole_number(v) if kind == "int" else is_real_number(v)
+            if not ok:
+                want = {"flag": "True or False", "int": "a whole number", "real": "a number"}[kind]
+                raise PolicyError(f"{who}: option {name} = {v!r}: give {want} (default {defaults[name]!r})")
+
+
 def check_builtin_options(policy: Any) -> None:
     """A built-in policy's options have the kind their constructor declares (a ``bool`` True or False, an
     ``int`` a whole number, a ``float`` a number: ``max_scan=2.5``, ``bypass='maybe'`` and ``slo_s='abc'`` ran
@@ -706,24 +739,11 @@ def check_builtin_options(policy: Any) -> None:
     checked as they run)."""
     if not is_builtin(policy):
         return
-    defaults: dict[str, Any] = {}
-    kinds: dict[str, str | None] = {}
-    for klass in type(policy).__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or klass is object:
-            continue
-        for p in inspect.signature(init).parameters.values():
-            if p.name not in defaults and p.default is not p.empty:
-                defaults[p.name] = p.default
-                kinds[p.name] = _annotated_kind(p.annotation) if p.annotation is not p.empty else None
+    defaults, _ = _declared_options(type(policy))
     who = policy_label(policy)
-    for name, v in policy.get_params().items():
-        kind = kinds.get(name)
-        if v is not None and kind is not None:
-            ok = is_flag(v) if kind == "flag" else is_whole_number(v) if kind == "int" else is_real_number(v)
-            if not ok:
-                want = {"flag": "True or False", "int": "a whole number", "real": "a number"}[kind]
-                raise PolicyError(f"{who}: option {name} = {v!r}: give {want} (default {defaults[name]!r})")
+    params = policy.get_params()
+    check_option_kinds(type(policy), params, who)
+    for name, v in params.items():
         d = defaults.get(name, inspect.Parameter.empty)
         numeric_default = isinstance(d, numbers.Real) and not isinstance(d, bool)
         given_number = isinstance(v, numbers.Real) and not isinstance(v, bool)

@@ -29,8 +29,8 @@ from importlib import metadata
 from typing import Any, Callable
 
 from traces.arguments import did_you_mean
-from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_policy_class, check_policy_name,
-                             is_builtin, name_unusable)
+from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_option_kinds, check_policy_class,
+                             check_policy_name, is_builtin, name_unusable)
 
 SCHEDULERS: dict[str, type[Scheduler]] = {}
 CACHES: dict[str, type[AdapterCachePolicy]] = {}
@@ -190,6 +190,7 @@ def _construct(kind: str, name: str, cls: type, opts: dict[str, Any]) -> Any:
         if unknown:
             raise PolicyError(f"{kind} {name!r} takes no option(s) {', '.join(map(repr, unknown))}; its options: "
                               f"{', '.join(takes) or 'none'}")
+    check_option_kinds(cls, opts, f"{kind} {name!r} ({cls.__qualname__})")
     try:
         return cls(**opts)
     except TypeError as e:

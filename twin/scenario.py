@@ -360,6 +360,7 @@ def _check_policy_options(run: "RunConfig") -> None:
             "--cache-opt" if run.cache_options and not run.scheduler_options else "--scheduler-opt / --cache-opt"
         given = ", ".join(f"{k}={v!r}" for k, v in [*run.scheduler_options, *run.cache_options])
         why = str(e) if isinstance(e, (PolicyError, KeyError)) or "option" in str(e) else \
+            f"{e} (of {given}); give a value it takes" if isinstance(e, ValueError) else \
             f"the policy could not take {given} ({type(e).__name__}: {e}); give values of the kind its defaults are"
         raise ConfigError(f"{flag}: {why}") from None
 

@@ -420,7 +420,12 @@ def test_policy_options_reach_the_policy_and_replay(tmp_path, capsys):
     (["--policy", "chameleon", "--scheduler-opt", "slo_s=1", "--scheduler-opt", "slo_s=2"],
      "--scheduler-opt slo_s=... is given twice"),
     (["--policy", "chameleon", "--cache-opt", "freq_window_s=x"],
-     "--cache-opt: the policy could not take freq_window_s='x'"),
+     "--cache-opt: adapter-cache policy 'chameleon' (ChameleonCache): option freq_window_s = 'x': give a number"),
+    # the kind is checked before the constructor's own range checks ('nan' <= 1: a TypeError before)
+    (["--policy", "chameleon", "--scheduler-opt", "accuracy=nan"],
+     "--scheduler-opt: scheduler 'chameleon' (ChameleonScheduler): option accuracy = 'nan': give a number"),
+    (["--policy", "chameleon", "--scheduler-opt", "accuracy=2"],
+     "--scheduler-opt: chameleon: accuracy must be in [0, 1], got 2 (of accuracy=2); give a value it takes"),
     (["--scheduler-opt", "slo_s"], "--scheduler-opt takes KEY=VALUE, got 'slo_s'"),
 ])
 def test_bad_policy_options_are_refused_before_any_work(argv, message, capsys):
