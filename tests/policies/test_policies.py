@@ -711,9 +711,11 @@ def test_a_built_in_policy_s_options_are_checked_before_any_work(kind, name, opt
 
     w = Workload.from_arrays(np.arange(10.0), [100] * 10, [20] * 10, adapter_id=np.arange(10) % 3,
                              adapter_rank=[8] * 10)
-    sched = make_scheduler(name, **opts) if kind == "scheduler" else make_scheduler("fcfs")
-    cache = make_cache(name, **opts) if kind == "cache" else make_cache("lru")
     with pytest.raises(PolicyError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        # (an option of the wrong kind is refused as the registry builds the policy; a value out of range as the
+        # engine checks the policy)
+        sched = make_scheduler(name, **opts) if kind == "scheduler" else make_scheduler("fcfs")
+        cache = make_cache(name, **opts) if kind == "cache" else make_cache("lru")
         simulate(w, scheduler_obj=sched, cache_obj=cache)
 
 

@@ -370,7 +370,6 @@ class Profile:
         prof = cls(name=d["name"], model=model, components=comps, gpu=d.get("gpu", ""),
                    software=d.get("software", ""), lora_targets=tuple(d.get("lora_targets", ALL_TARGETS)), raw=d)
         prof._check_positive_steps(origin)
-        prof._check_gpu_memory(origin)
         return prof
 
     def _check_gpu_memory(self, origin: str) -> None:
@@ -673,7 +672,9 @@ def _from_file(path: str, origin: str) -> Profile:
         raise ValueError(f"profile file {origin} is not a LoRA Twin profile (schema {d.get('schema')!r}, expected "
                          f"{PROFILE_SCHEMA!r}); `twin calibrate fit` writes one")
     try:
-        return Profile.from_dict(d, origin)
+        prof = Profile.from_dict(d, origin)
+        prof._check_gpu_memory(origin)  # (a profile file's claim; a dict built in code may size its KV freely)
+        return prof
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         msg = f"missing key {e.args[0]!r}" if isinstance(e, KeyError) and e.args else str(e)
         msg = msg[len(origin) + 2:] if msg.startswith(f"{origin}: ") else msg  # (the file is named once)
