@@ -1224,6 +1224,10 @@ def load_scenario_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]
             elif name == "trace_options":
                 options[name] = rebase_trace_options(options[name], path.parent)
         elif name in RECORDED:
+            if name.endswith("_sha256") and not (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value)):
+                raise ScenarioFileError(f"--config {path}: {name} = {value!r} is not a SHA-256 digest (64 hexadecimal "
+                                        f"digits, as the twin records it); remove the line (it is a fact the twin "
+                                        f"writes, not an option)")
             recorded[name] = value
         else:
             unknown.append(str(key))
@@ -1236,7 +1240,12 @@ def load_scenario_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]
 def replay_warnings(recorded: dict[str, Any], scenario: dict[str, Any]) -> list[str]:
     """Differences between a replayed file's recorded facts and the scenario as built now."""
     out = []
+    if "trace_sha256" in recorded and "trace_sha256" not in scenario:  # (no workload file: nothing to compare with)
+        out.append(f"the scenario file records a workload file's content (trace_sha256) but replays no file (trace "
+                   f"{scenario.get('trace')!r}); the line is not read: remove it")
     for key in RECORDED:
+        if key == "trace_sha256" and "trace_sha256" not in scenario:
+            continue
         if key in recorded and _strip_none(recorded[key]) != _strip_none(scenario.get(key)):
             what = {"profile_sha256": "the profile's content",
                     "trace_sha256": "the workload file's content"}.get(key, key.replace("_", " "))

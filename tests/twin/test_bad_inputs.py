@@ -60,6 +60,7 @@ FILES: dict[str, bytes] = {
     "base_only.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,100,10\n0.1,50,5\n",
     "opts_fcfs.toml": b'duration = 5\npolicy = "chameleon"\n[scheduler_options]\nrefresh_s = 2\n',
     "conv_no_turn.csv": b"arrival_s,prompt_tokens,output_tokens,conversation_id\n0.1,10,5,1\n0.2,10,5,1\n",
+    "bad_digest.toml": b'duration = 5\ntrace_sha256 = "xyz"\n',
     "burst.csv": b"arrival_s,prompt_tokens,output_tokens\n" + b"0,100,10\n" * 20,
     "slora_slots.toml": b'policy = "chameleon"\nslots = 8\nduration = 5\n',
     "vllm_slora_opt.toml": b'policy = "vllm"\nslora_max_prompt_len = 5\nduration = 5\n',
@@ -363,6 +364,8 @@ CASES: list[tuple[str, str]] = [
     # a policy option of a scenario file that the policy given on the command line does not take: named as the file's
     ("run --no-progress --config {d}/opts_fcfs.toml --policy vllm", "--config {d}/opts_fcfs.toml [scheduler_options]: "
                                                                     "scheduler 'fcfs' takes no option(s) 'refresh_s'"),
+    ("run --no-progress --config {d}/bad_digest.toml", "--config {d}/bad_digest.toml: trace_sha256 = 'xyz' is not a "
+                                                       "SHA-256 digest"),
     ("run --dump-config --out {d}/dc --plot", "--out / --plot with --dump-config: nothing is run or written (it "
                                                "prints the scenario and stops); leave them out"),
     ("run --bogus-flag", "twin run: error: --bogus-flag is not an option of twin run; see twin run --help"),
@@ -1362,3 +1365,12 @@ def test_a_burst_has_no_offered_rate(files):
     assert rc == 0 and s["offered_rps"] is None and s["requests_finished"] == 20
     rc, out, err = run_cli(["run", "--no-progress", "--trace", str(files / "burst.csv")])
     assert "all at t=0 / " in out
+
+
+def test_a_recorded_trace_digest_without_a_trace_file_is_said_so(tmp_path):
+    """A scenario that records a workload file's digest but replays a synthetic trace: not 'the workload file's
+    content differs' (there is no file), but that the line is not read."""
+    (tmp_path / "s.toml").write_text(f'duration = 5\ntrace_sha256 = "{"a" * 64}"\n')
+    rc, out, err = run_cli(["run", "--no-progress", "--config", str(tmp_path / "s.toml")])
+    assert rc == 0 and "records a workload file's content (trace_sha256) but replays no file" in err, err
+    assert "differ" not in err
