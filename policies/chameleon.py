@@ -797,23 +797,14 @@ class ChameleonCache(IdleTracking):
         #: each adapter's last use (its first request, or its last request's end; 0.0 before any), indexed
         #: by adapter: a victim reads the candidates' at once (a dict read per candidate cost O(idle) Python steps)
         self.last_use = np.zeros(engine.n_adapters)
-        #: the idle resident adapters (``self.idle``) as a mask over the adapters, kept by the callbacks: a
-        #: victim takes them in ascending order at once (a sort of the idle ones per victim)
-        self.idle_mask = np.zeros(engine.n_adapters, bool)
 
     def on_active(self, a: int, now: float) -> None:
         super().on_active(a, now)
         self.last_use[a] = now
-        self.idle_mask[a] = False
 
     def on_idle(self, a: int, now: float) -> None:
         super().on_idle(a, now)
         self.last_use[a] = now
-        self.idle_mask[a] = True
-
-    def on_evict(self, a: int, now: float) -> None:
-        super().on_evict(a, now)
-        self.idle_mask[a] = False
 
     def scores(self, cands: "list[int] | np.ndarray", now: float) -> np.ndarray:
         """``F*Frequency + R*Recency + S*Size`` over features normalised among ``cands``
@@ -835,7 +826,8 @@ class ChameleonCache(IdleTracking):
         idle one is (the queued requests per adapter are the engine's, kept as requests arrive, start and
         wait again: :meth:`twin.engine_state.EngineState.waiting_adapter_counts`; a scan of the waiting
         requests per victim cost O(waiting), most of an overloaded run)."""
-        cands = np.flatnonzero(self.idle_mask)  # (ascending: the first lowest score wins a tie)
+        cands = np.fromiter(self.idle, np.int64, len(self.idle))
+        cands.sort()  # (ascending: the first lowest score wins a tie)
         queued = self.engine.waiting_adapter_counts()
         free = cands[queued[cands] == 0]
         group = free if len(free) else cands  # adapters of queued requests only when memory forces it
