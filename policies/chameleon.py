@@ -142,7 +142,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from policies.caches import IdleTracking
-from policies.common import OutputPredictor, WindowedArrivalCounts, kmeans_1d, waiting_adapter_counts
+from policies.common import OutputPredictor, WindowedArrivalCounts, kmeans_1d
 from twin.interfaces import Admit, EngineView, Scheduler
 from twin.registry import Preset, register_cache, register_preset, register_scheduler
 from twin.requests import RequestState
@@ -822,9 +822,13 @@ class ChameleonCache(IdleTracking):
         return self.F * f_n + self.R * r_n + self.S * s_n
 
     def victim(self, now: float) -> int:
+        """The idle adapter with the lowest score (§4.2), among those no queued request uses unless every
+        idle one is (the queued requests per adapter are the engine's, kept as requests arrive, start and
+        wait again: :meth:`twin.engine_state.EngineState.waiting_adapter_counts`; a scan of the waiting
+        requests per victim cost O(waiting), most of an overloaded run)."""
         cands = np.fromiter(self.idle, np.int64, len(self.idle))
         cands.sort()  # (ascending: the first lowest score wins a tie)
-        queued = waiting_adapter_counts(self.engine)
+        queued = self.engine.waiting_adapter_counts()
         free = cands[queued[cands] == 0]
         group = free if len(free) else cands  # adapters of queued requests only when memory forces it
         sc = self.scores(group, now)

@@ -1,5 +1,6 @@
 """Shared pieces of the policies: an output-length predictor, per-adapter request statistics,
-and the view of the waiting queue that cache policies need.
+and the adapters of a list of requests (what a prefetch copies). (Waiting requests per adapter, which
+Chameleon's cache reads, are the engine's: ``EngineView.waiting_adapter_counts``.)
 """
 
 from __future__ import annotations
@@ -108,13 +109,6 @@ class WindowedArrivalCounts:
             if len(ad):
                 self.count -= np.bincount(ad, minlength=len(self.count))
             self.lo = j
-
-
-def waiting_adapter_counts(engine: "EngineView") -> np.ndarray:
-    """Waiting requests per adapter (Chameleon keeps the adapters of queued requests)."""
-    ad = engine.adapter[engine.waiting_ids()]
-    ad = ad[ad >= 0]
-    return np.bincount(ad, minlength=engine.n_adapters)
 
 
 def adapters_of(engine: "EngineView", rids: "Iterable[int]") -> "Iterator[int]":

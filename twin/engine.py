@@ -396,6 +396,7 @@ class Engine(PreemptionWalk, EngineState):
         self.rec.preemptions += 1
         a = self.adapter_a[rid]
         if a >= 0:
+            self._wad[a] += 1
             self.adapters.release(a, now)
         self.scheduler.on_preempt(rid)
         return freed
@@ -464,6 +465,7 @@ class Engine(PreemptionWalk, EngineState):
         self.n_waiting -= 1
         seen = self._seen
         if a >= 0:
+            self._wad[a] -= 1
             now = ctx.now
             if not seen[rid]:
                 seen[rid] = 1

@@ -177,6 +177,10 @@ class EngineState:
         self.fin_heap: list = []        # (finish step, rid) (Engine: encoded as one int, see Engine._fin_m)
         self.used_blocks = 0
         self.n_waiting = 0
+        # waiting requests per adapter (waiting_adapter_counts), kept on the events that change them; the
+        # arrivals before _wad_ptr counted
+        self._wad = np.zeros(self.n_adapters, np.int64)
+        self._wad_ptr = 0
         self.arr_ptr = 0                # requests with index < arr_ptr have arrived
         self._next_arr_t = self.arrival_a[0] if self.n else INF
         self._waiting_lo = 0            # no request below this index can wait again
@@ -279,6 +283,9 @@ class EngineState:
             arrived &= self._drop_code[: self.arr_ptr] == 0
         waiting = int(arrived.sum()) - sum(1 for r in self.running if r < self.arr_ptr)
         assert waiting == self.n_waiting, f"waiting count out of sync ({waiting} != {self.n_waiting})"
+        ad = self.adapter[self.waiting_ids()]
+        assert np.array_equal(self.waiting_adapter_counts(), np.bincount(ad[ad >= 0], minlength=self.n_adapters)), \
+            "waiting requests per adapter out of sync"
         assert all(self.state[r] == PENDING for r in self.running), "running set out of sync"
 
     def _clock_wait(self, d: float):
@@ -442,6 +449,23 @@ class EngineState:
             pending[np.fromiter(run.keys(), np.int64, len(run)) - lo] = False
         return lo + np.flatnonzero(pending)
 
+    def waiting_adapter_counts(self) -> np.ndarray:
+        """Waiting requests per adapter (the engine's array: read it, never change it), as
+        ``np.bincount`` of the adapters of :meth:`waiting_ids` (the base model's left out) would give, without
+        a pass over the waiting requests: an admission takes one off its adapter, a preemption puts it back,
+        :meth:`drop_arrivals` takes the dropped ones off, and the arrivals since the last call (those not
+        rejected at start-up) are added here -- the events of one that came in between were counted already.
+        (Chameleon's cache keeps the adapters of queued requests, :class:`policies.chameleon.ChameleonCache`:
+        a scan of the waiting requests per victim cost O(waiting), most of an overloaded run.)"""
+        lo, hi = self._wad_ptr, self.arr_ptr
+        if hi > lo:
+            ad = self.adapter[lo:hi]
+            ad = ad[(ad >= 0) & (self.reject_reason[lo:hi] == 0)]
+            if len(ad):
+                np.add.at(self._wad, ad, 1)
+            self._wad_ptr = hi
+        return self._wad
+
     def drop_arrivals(self, rids: "np.ndarray | range", reason: str = DEFAULT_DROP_REASON) -> None:
         """Requests ``rids``, which just arrived, failed before the server's queue (e.g. at a
         client with an in-flight cap) because of ``reason``: they leave the waiting count (the
@@ -465,10 +489,18 @@ class EngineState:
             n = len(rids)
             self._drop_code_b[rids.start:rids.stop] = bytes((code,)) * n
             self.n_waiting -= n
+            self._unwait(self.adapter[rids.start:rids.stop])
             return
         rids = np.asarray(rids, np.int64)
         self._drop_code[rids] = code
         self.n_waiting -= len(rids)
+        self._unwait(self.adapter[rids])
+
+    def _unwait(self, ad: np.ndarray) -> None:
+        """Requests of adapters ``ad`` left the waiting queue without an admission (dropped)."""
+        ad = ad[ad >= 0]
+        if len(ad):
+            np.subtract.at(self._wad, ad, 1)
 
     def reclaimable_blocks(self) -> int:
         """Pool blocks that evicting idle adapters (unified pool) and history KV would free."""

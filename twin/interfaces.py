@@ -136,6 +136,10 @@ class EngineView(Protocol):
 
     def waiting_ids(self) -> "np.ndarray": ...
 
+    def waiting_adapter_counts(self) -> "np.ndarray":
+        """Waiting requests per adapter (``np.bincount`` of the adapters of :meth:`waiting_ids`, kept by the
+        engine: read it, never change it)."""
+
     def reclaimable_blocks(self) -> int: ...
 
     def drop_arrivals(self, rids: "np.ndarray | range", reason: str = ...) -> None:

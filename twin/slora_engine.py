@@ -66,7 +66,9 @@ arrival, event, tick or horizon, and, after a failed admission, nothing that cou
 (``Scheduler.next_change_time``; S-LoRA's ``need`` is constant while the running set is, since
 every request's ``has`` grows by one and ``left`` falls by one each decode) -- are advanced at
 once, each step's duration summed in the same order as single steps (``max_run_steps=1`` steps
-one at a time; a test compares both).
+one at a time; a test compares both). The admission test's need reads the running batch's reservation pairs
+kept in its order from step to step (:class:`Reservations`: a join, a settle or a leave shifts the terms behind
+one pair; a decode changes nothing), not a pass over the batch per candidate (a test compares them).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ import dataclasses
 import heapq
 import math
 from bisect import bisect_right
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
@@ -137,72 +139,174 @@ def sorted_need(pairs: list[tuple[int, int]]) -> int:
 
 
 class Reservations:
-    """The ``(left, has)`` pairs of ``_can_add_new_req`` kept in :func:`reservation_need`'s order (``left``
-    largest first; equal ``left`` in the order added, as ``sorted`` leaves them), so that the need with
-    one more pair (each candidate of an admission) takes no sort of the batch's pairs. The first query
-    after a change is one pass over the pairs with the candidate in place; a second one indexes them:
-    the prefix sums ``pre_h``, the prefix maxima ``pre_max`` of the terms ``T_j = sum_{i<=j} h_i +
-    (j+1) l_j`` and the suffix maxima ``suf`` of ``T_j + l_j``, after which a query is a bisection. The
-    pair ``(L, H)`` goes after the ``p`` pairs with ``l_j >= L``; the terms before it stay, its own is
-    ``sum_{j<p} h_j + H + (p+1) L``, and each one behind it becomes ``T_j + H + l_j``: ``need = max(0,
-    max_{j<p} T_j, that, H + max_{j>=p} (T_j + l_j))`` (integers: exactly :func:`reservation_need`'s)."""
+    """The ``(left, has)`` pairs of ``_can_add_new_req`` (S-LoRA's ``req_queue.py``) kept in
+    :func:`reservation_need`'s order -- ``left`` largest first, equal ``left`` in the order added, as
+    ``sorted`` leaves them -- with each pair's term of the need kept up to date, so that the need with
+    one more pair (each candidate of an admission) is a bisection and two maxima over the kept terms,
+    and a pair joins or leaves by one shift of the terms behind it: a few array operations (numpy), no
+    Python pass over the pairs and no sort of them.
 
-    __slots__ = ("neg_l", "pairs", "pre_h", "pre_max", "suf", "queried")
+    The pairs are kept in coordinates that decodes do not change. A decode lowers every ``left`` by one
+    and raises every ``has`` by one, so at decode count ``g`` the pair ``(left, has)`` is kept as
+    ``f = left + g + 1`` and ``b = has - g - 1``; the term ``T_j = sum_{i<=j} has_i + (j+1) left_j =
+    sum_{i<=j} b_i + (j+1) f_j`` does not depend on ``g`` (S-LoRA's need is constant while the running
+    set is). So one instance serves the engine's running batch from step to step: the admission adds
+    the mini-batch's pairs at ``g`` (:meth:`add`), the end of the prefill moves each to its decoding
+    pair (:meth:`settle`: ``left`` one lower), the requests that finish in a decode leave at once (:meth:`finish`:
+    theirs are the smallest ``f``, the last pairs, nothing to shift) and a squash takes one out (:meth:`remove`).
 
-    def __init__(self, pairs: list[tuple[int, int]]) -> None:
-        self.pairs = sorted(pairs, key=lambda p: -p[0])
-        self.neg_l = [-left for left, _ in self.pairs]
-        self.pre_h: list[int] | None = None  # (None: not indexed since the last change)
-        self.queried = False                 # a query came since the last change
+    A pair ``(F, B)`` goes after the ``p`` pairs with ``f_j >= F``: the terms before it stay, its own is
+    ``sum_{j<p} b_j + B + (p+1) F`` (with ``sum_{j<p} b_j = T_{p-1} - p f_{p-1}``), each one behind it
+    becomes ``T_j + B + f_j``, so ``need = max(0, max_{j<p} T_j, that, B + max_{j>=p} (T_j + f_j))``; a
+    pair that leaves takes ``b + f_j`` off each term behind it (integers: exactly
+    :func:`reservation_need`'s). Kept: ``nf = -f`` (ascending, for the bisection) and ``t = T``, the
+    first ``n`` entries of each array, and the request of each pair (``rids``)."""
 
-    def index(self) -> None:
-        """Build the prefix sums and maxima (the class docstring)."""
-        pairs = self.pairs
-        n = len(pairs)
-        pre_h = [0] * (n + 1)
-        pre_max = [-INF] * (n + 1)
-        cum = 0
-        for j, (left, h) in enumerate(pairs):
-            cum += h
-            pre_h[j + 1] = cum
-            t = cum + (j + 1) * left
-            pre_max[j + 1] = t if t > pre_max[j] else pre_max[j]
-        suf = [-INF] * (n + 1)
-        for j in range(n - 1, -1, -1):
-            t = pre_h[j + 1] + (j + 1) * pairs[j][0] + pairs[j][0]
-            suf[j] = t if t > suf[j + 1] else suf[j + 1]
-        self.pre_h, self.pre_max, self.suf = pre_h, pre_max, suf
+    __slots__ = ("g", "n", "nf", "t", "rids")
+
+    def __init__(self, pairs: "Iterable[tuple[int, int]]" = (), g: int = 0) -> None:
+        #: the decode count that :meth:`need_with`, :meth:`add` and :attr:`pairs` read ``(left, has)`` at
+        self.g = g
+        pairs = sorted(pairs, key=lambda p: -p[0])
+        n = self.n = len(pairs)
+        cap = max(2 * n, 16)
+        self.nf = np.zeros(cap, np.int64)
+        self.t = np.zeros(cap, np.int64)
+        if n:
+            lh = np.asarray(pairs, np.int64)
+            f = lh[:, 0] + (g + 1)
+            self.nf[:n] = -f
+            self.t[:n] = np.cumsum(lh[:, 1] - (g + 1)) + np.arange(1, n + 1, dtype=np.int64) * f
+        #: the request of each pair (-1: none given)
+        self.rids: list[int] = [-1] * n
+
+    def fork(self, g: int) -> "Reservations":
+        """A copy read at decode count ``g`` (it shares the arrays: read it before this instance changes)."""
+        r = Reservations.__new__(Reservations)
+        r.g, r.n, r.nf, r.t, r.rids = g, self.n, self.nf, self.t, self.rids
+        return r
+
+    @property
+    def pairs(self) -> list[tuple[int, int]]:
+        """The ``(left, has)`` pairs at ``g``, in order."""
+        n, g1 = self.n, self.g + 1
+        f = -self.nf[:n]
+        b = np.diff(self.t[:n] - np.arange(1, n + 1, dtype=np.int64) * f, prepend=0)
+        return list(zip((f - g1).tolist(), (b + g1).tolist()))
+
+    def need(self) -> int:
+        """``reservation_need(pairs)``."""
+        return max(int(self.t[:self.n].max()), 0) if self.n else 0
 
     def need_with(self, left: int, has: int) -> int:
         """``reservation_need(pairs + [(left, has)])``."""
-        p = bisect_right(self.neg_l, -left)
-        if self.pre_h is None:
-            if not self.queried:
-                self.queried = True
-                return sorted_need(self.pairs[:p] + [(left, has)] + self.pairs[p:])
-            self.index()
-        need = self.pre_h[p] + has + (p + 1) * left
-        if self.pre_max[p] > need:
-            need = self.pre_max[p]
-        c = has + self.suf[p]
-        if c > need:
-            need = c
+        F = left + self.g + 1
+        B = has - self.g - 1
+        n = self.n
+        nf = self.nf
+        p = int(nf[:n].searchsorted(-F, "right"))
+        if p:
+            t = self.t
+            need = int(t[p - 1]) + p * int(nf[p - 1]) + B + (p + 1) * F
+            m = int(t[:p].max())
+            if m > need:
+                need = m
+        else:
+            need = B + F
+        if p < n:
+            c = B + int((self.t[p:n] - nf[p:n]).max())
+            if c > need:
+                need = c
         return need if need > 0 else 0
 
-    def add(self, left: int, has: int) -> None:
-        """The pair joins (an admitted request): after the pairs with ``left`` at least as large."""
-        p = bisect_right(self.neg_l, -left)
-        self.pairs.insert(p, (left, has))
-        self.neg_l.insert(p, -left)
-        self.pre_h = None
-        self.queried = False
+    def add(self, left: int, has: int, rid: int = -1) -> None:
+        """The pair of request ``rid`` joins (an admitted request): after the pairs with ``left`` at least as large."""
+        self.insert(rid, left + self.g + 1, has - self.g - 1)
+
+    def insert(self, rid: int, f: int, b: int) -> None:
+        """Request ``rid`` joins with ``f`` (``left + g + 1``) and ``b`` (``has - g - 1``): after the pairs
+        with ``f`` at least as large."""
+        n = self.n
+        if n == len(self.nf):
+            cap = 2 * n
+            for name in ("nf", "t"):
+                a = np.zeros(cap, np.int64)
+                a[:n] = getattr(self, name)[:n]
+                setattr(self, name, a)
+        nf, t = self.nf, self.t
+        p = int(nf[:n].searchsorted(-f, "right"))
+        if p < n:  # each term behind it: T_j + b + f_j
+            np.subtract(t[p:n], nf[p:n], out=t[p + 1:n + 1])
+            t[p + 1:n + 1] += b
+            nf[p + 1:n + 1] = nf[p:n]
+        T = b + (p + 1) * f
+        if p:
+            T += int(t[p - 1]) + p * int(nf[p - 1])
+        nf[p] = -f
+        t[p] = T
+        self.n = n + 1
+        self.rids.insert(p, rid)
+
+    def _index(self, rid: int, f: int) -> int:
+        n = self.n
+        if self.rids[n - 1] == rid:
+            return n - 1
+        seg = self.nf[:n]
+        return self.rids.index(rid, int(seg.searchsorted(-f, "left")), int(seg.searchsorted(-f, "right")))
+
+    def _b(self, j: int) -> int:
+        nf, t = self.nf, self.t
+        b = int(t[j]) + (j + 1) * int(nf[j])
+        return b - int(t[j - 1]) - j * int(nf[j - 1]) if j else b
+
+    def remove(self, rid: int, f: int) -> None:
+        """Request ``rid``, kept with ``f``, leaves."""
+        j = self._index(rid, f)
+        n = self.n
+        if j < n - 1:  # each term behind it: T_k - b - f_k
+            nf, t = self.nf, self.t
+            b = self._b(j)
+            np.add(t[j + 1:n], nf[j + 1:n], out=t[j:n - 1])
+            t[j:n - 1] -= b
+            nf[j:n - 1] = nf[j + 1:n]
+        self.n = n - 1
+        del self.rids[j]
+
+    def finish(self, g: int) -> None:
+        """The pairs with ``f <= g`` leave: the requests that finish at decode count ``g``, whose ``f`` is the
+        smallest (the last pairs: nothing behind them to shift)."""
+        n = int(self.nf[:self.n].searchsorted(-g, "left"))
+        del self.rids[n:]
+        self.n = n
+
+    def settle(self, rid: int, f: int) -> None:
+        """Request ``rid``, kept with ``f``, goes on with ``f - 1`` (its ``left`` one lower, its ``has`` the
+        same): behind the pairs with ``f - 1`` (or more) it was ahead of, each of which loses ``b + f_k``."""
+        j = self._index(rid, f)
+        nf, t = self.nf, self.t
+        n = self.n
+        k = int(nf[:n].searchsorted(1 - f, "right")) - 1  # its place: after every f_k >= f - 1
+        b = self._b(j)
+        if k > j:
+            np.add(t[j + 1:k + 1], nf[j + 1:k + 1], out=t[j:k])
+            t[j:k] -= b
+            nf[j:k] = nf[j + 1:k + 1]
+            del self.rids[j]
+            self.rids.insert(k, rid)
+        T = b + (k + 1) * (f - 1)
+        if k:
+            T += int(t[k - 1]) + k * int(nf[k - 1])
+        nf[k] = 1 - f
+        t[k] = T
 
 
-def first_pass_step(running: list[tuple[int, int]], failed: list[tuple[int, int, int, int]], limit: int) -> float:
+def first_pass_step(running: "list[tuple[int, int]] | Reservations", failed: list[tuple[int, int, int, int]],
+                    limit: int) -> float:
     """The first number of decode steps ``s`` (1..``limit``, no finish in between) after which the
     outcome of one of the ``failed`` candidates ``(left, has, room, room_without)`` changes, each
-    tested alone against the ``running`` pairs ``(left, has)``: admitted (``need < room``), refused
-    for its adapter's slots (``NO_SLOT``: ``need < room_without``) or for KV (``NO_KV``); inf if none.
+    tested alone against the ``running`` pairs ``(left, has)`` (or :class:`Reservations` of them):
+    admitted (``need < room``), refused for its adapter's slots (``NO_SLOT``: ``need < room_without``)
+    or for KV (``NO_KV``); inf if none.
 
     With the running requests sorted by ``left`` (``l_j``, ``h_j`` now), after ``s`` decodes
     they are ``(l_j - s, h_j + s)`` and the candidate ``(L, H)`` sits after the ``p(s)`` requests
@@ -212,9 +316,14 @@ def first_pass_step(running: list[tuple[int, int]], failed: list[tuple[int, int,
     H - s + max_{j>=p} (T_j + l_j))``: prefix and suffix maxima make each ``s`` O(log n). The
     need may rise or fall with ``s`` (the candidate's window slides along the running requests'
     growth), so every ``s`` is evaluated; a test compares with :func:`reservation_need`."""
-    res = Reservations(running)
-    res.index()
-    neg_l, pre_h, pre_max, suf = res.neg_l, res.pre_h, res.pre_max, res.suf
+    res = running if isinstance(running, Reservations) else Reservations(running)
+    n, g1 = res.n, res.g + 1
+    nf, t = res.nf[:n], res.t[:n]
+    idx = np.arange(1, n + 1, dtype=np.int64)
+    neg_l = (nf + g1).tolist()                                               # -l_j
+    pre_h = [0] + (t + idx * nf + idx * g1).tolist()                         # sum_{i<j} h_i
+    pre_max = [-INF] + np.maximum.accumulate(t).tolist()                     # max_{i<j} T_i
+    suf = np.maximum.accumulate((t - nf - g1)[::-1])[::-1].tolist() + [-INF]  # max_{i>=j} (T_i + l_i)
     best = INF
     for L, H, room, room_wo in failed:
         need0 = res.need_with(L, H)
@@ -339,7 +448,8 @@ class SLoRAStepContext:
         self.loads: list = []
         self.load_rids: list[int] = []
         self.now = now
-        self.reservations = Reservations(engine._running_pairs())
+        self.reservations = engine._reservations  # (the running batch's: the mini-batch joins it as admitted)
+        self.reservations.g = engine.g
         self.adapters = set(engine.adapters.batch)
         self.adapter_slots = engine._batch_slots
         #: candidates refused for memory: (left, has, room, room without the adapter's slots) --
@@ -462,6 +572,8 @@ class SLoRAEngine(EngineState):
         # or admission walks them: how many have each rank, and their pool slots
         self._batch_ranks: dict[int, int] = {}
         self._batch_slots = 0
+        #: the running requests' reservation pairs in the admission test's order, kept as they join and leave
+        self._reservations = Reservations()
 
     # ------------------------------------------------------------------ view (overrides EngineState)
     @property
@@ -560,7 +672,7 @@ class SLoRAEngine(EngineState):
     # ------------------------------------------------------------------ admission
     def unreserved_slots(self) -> int:
         """Slots that neither the running requests' reservations nor resident adapters hold."""
-        return self.kv_tokens - reservation_need(self._running_pairs()) - self.adapters.placement.adapter_blocks
+        return self.kv_tokens - self._reservations.need() - self.adapters.placement.adapter_blocks
 
     def _loading_slots(self, exclude: set[int]) -> int:
         ab = self.adapters.placement.ab
@@ -592,7 +704,7 @@ class SLoRAEngine(EngineState):
 
     def first_pass_step(self, failed: list[tuple[int, int, int, int]], limit: int) -> float:
         """:func:`first_pass_step` over the running requests now."""
-        return first_pass_step(self._running_pairs(), failed, limit)
+        return first_pass_step(self._reservations.fork(self.g), failed, limit)
 
     def _try_admit_checked(self, ctx: SLoRAStepContext, rid: int) -> Admit:
         """``ctx.try_admit`` for a scheduler that is not built in: an offer of a request that is not
@@ -621,7 +733,7 @@ class SLoRAEngine(EngineState):
             ctx.failed.append((pair[0], pair[1], room - new_ad, room))
             return NO_SLOT if slot else NO_KV
         # admitted: the mini-batch grows
-        ctx.reservations.add(*pair)
+        ctx.reservations.add(*pair, rid)
         if new_ad:
             ctx.adapters.add(a)
             ctx.adapter_slots += new_ad
@@ -632,6 +744,8 @@ class SLoRAEngine(EngineState):
         self.prefilling[rid] = None
         self.resume_T.pop(rid, None)
         self.n_waiting -= 1
+        if a >= 0:
+            self._wad[a] -= 1
         now = ctx.now
         ad = self.adapters
         if not self._seen[rid]:
@@ -735,6 +849,7 @@ class SLoRAEngine(EngineState):
         # the batch during the prefill, recorded before the requests that end in it (output 1) leave
         batch, active, resident = len(self.running), self.adapters.n_active, self.adapters.resident_bytes
         ended_tokens = 0
+        res = self._reservations
         for rid, T in ctx.chunks:
             prefill_tok += T
             del self.prefilling[rid]
@@ -745,6 +860,7 @@ class SLoRAEngine(EngineState):
             e0 = T - int(self.prompt_a[rid])
             out_left = int(self.output_a[rid]) - e0
             if out_left <= 1:
+                res.remove(rid, g + out_left)
                 ended_tokens += T
                 self._finish(rid, now, evict=False)
                 continue
@@ -752,6 +868,7 @@ class SLoRAEngine(EngineState):
             self.inp[rid] = T
             fg = g + out_left - 1
             self.dec[rid] = (g, fg)
+            res.settle(rid, fg + 1)  # (admitted with left out_left - 1: now one token less)
             self.fin[rid] = fg
             self.base_sum += T - g
             self.n_dec += 1
@@ -835,6 +952,8 @@ class SLoRAEngine(EngineState):
             if dd is not None and dd[1] == fg:
                 self._finish(rid, now, evict=True)
                 finished = True
+        if finished:
+            self._reservations.finish(g1)
         self.used_blocks = self.base_sum + self.n_dec * g1
         if finished:
             self._evict_idle(now)  # offload_adapters after a decode in which a request finished
@@ -843,7 +962,7 @@ class SLoRAEngine(EngineState):
 
     def _finish(self, rid: int, now: float, evict: bool) -> None:
         del self.running[rid]
-        if rid in self.dec:
+        if rid in self.dec:  # (its reservation pair left with the decode's others: _complete_decode)
             j0, _ = self.dec.pop(rid)
             self.fin.pop(rid)
             self.base_sum -= self.inp.pop(rid) - j0
@@ -895,7 +1014,8 @@ class SLoRAEngine(EngineState):
         e = self.emitted_now(rid)
         if int(self.prompt_a[rid]) + e > self.batch_max_tokens:
             return
-        j0, _ = self.dec.pop(rid)
+        j0, fg = self.dec.pop(rid)
+        self._reservations.remove(rid, fg)
         self.fin.pop(rid)
         self.base_sum -= self.inp.pop(rid) - j0
         self.n_dec -= 1
@@ -909,6 +1029,7 @@ class SLoRAEngine(EngineState):
         self.rec.preemptions += 1
         a = self.adapter_a[rid]
         if a >= 0:
+            self._wad[a] += 1
             self.rank_sum -= int(self.adapter_rank[a])
             self._release(a, now, False)
         self.scheduler.on_preempt(rid)
@@ -931,7 +1052,12 @@ class SLoRAEngine(EngineState):
         ad_slots = pl.adapter_blocks
         assert self.total_blocks == self.kv_tokens - ad_slots, "pool accounting: KV capacity != N_tok - adapters"
         assert kv + ad_slots <= self.kv_tokens, f"pool overflow: KV {kv} + adapters {ad_slots} > {self.kv_tokens}"
-        need = reservation_need(self._running_pairs())
+        pairs = self._running_pairs()
+        need = reservation_need(pairs)
+        res = self._reservations
+        assert res.need() == need and res.n == len(pairs), "kept reservations' need out of sync"
+        assert res.fork(g).pairs == sorted(pairs, key=lambda p: -p[0]), "kept reservation pairs out of sync"
+        assert res.rids == sorted(self.dec, key=lambda r: -self.dec[r][1]), "kept reservations' requests out of order"
         assert need + ad_slots <= self.kv_tokens, f"reservations {need} + adapters {ad_slots} > {self.kv_tokens}"
         assert not self.prefilling, "a prefill outlived its iteration"
         assert len(self.running) <= self.config.running_max_req_size, "more running requests than running_max_req_size"

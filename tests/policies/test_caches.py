@@ -113,8 +113,8 @@ def test_chameleon_score_and_queued_adapters():
     c.stats_.update = lambda: None
     c.stats_.count[:] = [10, 2, 4, 0]
     e.arr_ptr = 4
-    e.state[:3] = 3  # requests 0-2 finished
-    request_adapters(e)[3] = 2  # request 3 (arrived, waiting) uses adapter 2
+    e.drop_arrivals(np.array([0, 1, 2]), "left the queue")  # requests 0-2 do not wait (through the engine's API:
+    request_adapters(e)[3] = 2  # it keeps the waiting requests per adapter); request 3 (waiting) uses adapter 2
     assert c.victim(10.0) == 0
 
 

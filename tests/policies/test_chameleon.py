@@ -14,7 +14,7 @@ from hypothesis import example, given, settings, strategies as st
 
 import policies  # noqa: F401  (registers the policies)
 from policies.chameleon import ChameleonCache, ChameleonScheduler
-from policies.common import WindowedArrivalCounts, waiting_adapter_counts
+from policies.common import WindowedArrivalCounts
 from tests.helpers import FakeCtx, constant_profile
 from traces.workload import Workload
 from twin.config import EngineConfig
@@ -305,7 +305,8 @@ RANKS10 = [8, 16, 8, 64, 32, 8, 128, 16, 8, 32]
 def plain_victim(c: ChameleonCache, last_use: dict[int, float], now: float) -> int:
     """The cache's victim as first written: Python lists over the idle adapters, a dict of last uses."""
     cands = sorted(c.idle)
-    queued = waiting_adapter_counts(c.engine)
+    waiting = c.engine.adapter[c.engine.waiting_ids()]
+    queued = np.bincount(waiting[waiting >= 0], minlength=c.engine.n_adapters)
     group = [a for a in cands if queued[a] == 0] or cands
     cc = np.asarray(group, np.int64)
     freq = c.stats_.count[cc].astype(float)
@@ -352,6 +353,41 @@ def test_victim_equals_the_plain_scan_after_random_operations(cache, ops, counts
         if c.idle:
             v = c.victim(7.0)
             assert type(v) is int and v == plain_victim(c, last_use, 7.0)
+
+
+@pytest.mark.parametrize("system,kv,outs,seed", [("slora", 3000, (1, 60), 1), ("slora", 5000, (100, 400), 3),
+                                                  ("vllm", 3000, (100, 400), 3)])
+def test_victims_of_a_run_equal_the_plain_scan(system, kv, outs, seed):
+    """In runs where requests queue, start, wait again (a squash on S-LoRA, preemptions on vLLM) and idle adapters
+    are evicted for room, every victim equals the plain scan's (the queued requests per adapter counted from
+    ``waiting_ids``, the candidates sorted from the idle dict), with and without idle adapters that no queued
+    request uses; the engine's waiting requests per adapter equal that count at every victim."""
+    rng = np.random.default_rng(seed)
+    n = 300
+    ad = rng.integers(0, 30, n)
+    w = Workload.from_arrays(np.sort(rng.uniform(0, 3, n)), rng.integers(10, 300, n), rng.integers(*outs, n), ad,
+                             [(8, 16, 32, 64, 128)[a % 5] for a in ad])
+    queued_victims: list[bool] = []
+
+    class Checked(ChameleonCache):
+        name = "chameleon-checked"
+
+        def victim(self, now: float) -> int:
+            v = super().victim(now)
+            e = self.engine
+            waiting = e.adapter[e.waiting_ids()]
+            queued = np.bincount(waiting[waiting >= 0], minlength=e.n_adapters)
+            assert np.array_equal(e.waiting_adapter_counts(), queued)
+            assert v == plain_victim(self, dict(enumerate(self.last_use.tolist())), now)
+            queued_victims.append(bool(queued[v]))
+            return v
+
+    cfg = EngineConfig(max_total_tokens=kv) if system == "slora" else EngineConfig(max_loras=8, max_model_len=1024)
+    s = simulate(w, constant_profile(c0=0.01, kv_tokens=kv), cfg, scheduler_obj=ChameleonScheduler(), cache_obj=Checked(),
+                 system=system, check_invariants=True, record_steps=False).summary
+    assert s["requests_finished"] + s["requests_rejected"] == n and len(queued_victims) > 100
+    assert 0 < sum(queued_victims) < len(queued_victims)  # (victims among the free idle adapters, and forced ones)
+    assert s["preemptions"] > 0 or kv == 3000 and system == "slora"
 
 
 def test_predictor_accuracy_defaults_to_eighty_percent():

@@ -774,6 +774,63 @@ class _DropAll(Scheduler):
         return None
 
 
+class _DropSome(Scheduler):
+    """A user scheduler that drops a random share of the arrivals (a range or an array of them) and offers
+    the waiting requests oldest first, checking the engine's waiting requests per adapter at every call."""
+
+    name = "drop-some"
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.checks = 0
+
+    def on_arrivals(self, lo: int, hi: int) -> None:
+        e = self.engine
+        ok = np.arange(lo, hi)[e.reject_reason[lo:hi] == 0]
+        if len(ok) and self.rng.random() < 0.3:
+            if self.rng.random() < 0.5 and len(ok) == hi - lo:
+                e.drop_arrivals(range(int(ok[-1]), hi), "dropped by the test")
+            else:
+                e.drop_arrivals(ok[self.rng.random(len(ok)) < 0.5], "dropped by the test")
+
+    def on_preempt(self, rid: int) -> None:
+        pass
+
+    def schedule_waiting(self, ctx):
+        e = self.engine
+        waiting = e.adapter[e.waiting_ids()]
+        assert np.array_equal(e.waiting_adapter_counts(), np.bincount(waiting[waiting >= 0], minlength=e.n_adapters))
+        self.checks += 1
+        for rid in e.waiting_ids():
+            r = ctx.try_admit(int(rid))
+            if r != r.OK:
+                return r
+        return None
+
+
+@pytest.mark.parametrize("system,seed", [("vllm", 0), ("vllm", 1), ("slora", 2), ("slora", 3)])
+def test_waiting_requests_per_adapter_are_kept_through_admissions_preemptions_and_drops(system, seed):
+    """``waiting_adapter_counts`` (kept on the events that change it, the arrivals added when read) equals the
+    bincount of the adapters of ``waiting_ids`` at every admission attempt and every step (the invariants),
+    through arrivals, rejections at start-up, admissions, preemptions and dropped arrivals."""
+    rng = np.random.default_rng(seed)
+    n = 300
+    ad = rng.integers(-1, 12, n)  # (-1: the base model)
+    prompt, output = rng.integers(10, 400, n), rng.integers(1, 300, n)
+    prompt[::25], output[::25] = 1500, 1600  # rejected at start-up (longer than either server takes)
+    w = Workload.from_arrays(np.sort(rng.uniform(0, 3, n)), prompt, output, ad, np.where(ad >= 0, 8, 0))
+    sched = _DropSome(seed)
+    cfg = EngineConfig(max_loras=4, max_model_len=1024) if system == "vllm" else EngineConfig(max_total_tokens=3000)
+    res = simulate(w, constant_profile(c0=0.01, kv_tokens=3000), cfg, scheduler_obj=sched, cache_obj=make_cache("lru"),
+                   system=system, check_invariants=True)
+    s = res.summary
+    assert sched.checks > 20 and s["requests_dropped"] > 0 and s["requests_rejected"] > 0
+    assert s["requests_finished"] + s["requests_dropped"] + s["requests_rejected"] == n
+    if system == "vllm":
+        assert s["preemptions"] > 0
+
+
 def test_dropped_arrivals_carry_their_reason_and_are_not_blamed_on_the_scheduler():
     """Requests a plug-in drops before the queue stay unfinished with its reason in ``drop_reason`` and the
     summary's ``drop_reasons``; the run gets no "nothing admitted" note (nothing waited to be admitted). A

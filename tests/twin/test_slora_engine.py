@@ -94,6 +94,64 @@ def test_reservations_equal_the_sorted_need(running, ops):
             assert res.pairs == sorted(pairs, key=lambda p: -p[0])
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_kept_reservations_follow_the_running_batch(seed):
+    """The engine's reservations kept from step to step (mini-batches added at admission, moved to their
+    decoding pairs at the end of the prefill, the finishing requests dropped, squashed ones taken out, decodes
+    changing nothing) give S-LoRA's need exactly as sorting the running pairs, in the running set's order (ties
+    of ``left`` included: small lengths make many), with and without a candidate, and the same first step at
+    which a refused candidate's outcome changes as stepping the decodes one by one."""
+    import random
+    rng = random.Random(seed)
+    res = Reservations()
+    dec: dict[int, tuple[int, int]] = {}  # the engine's running set in its order: rid -> (f, b)
+    g = 0
+    rid = 0
+
+    def plain(extra=()):
+        return [(f - g - 1, b + g + 1) for f, b in dec.values()] + list(extra)
+
+    for _ in range(40):
+        op = rng.random()
+        if op < 0.45 or not dec:  # an admission: candidates tested, some admitted, then the prefill
+            res.g = g
+            batch: list[tuple[int, int, int]] = []
+            for _ in range(rng.randint(1, 5)):
+                left, has = rng.randint(0, 6), rng.randint(1, 40)
+                assert res.need_with(left, has) == reservation_need(plain([(l, h) for _, l, h in batch] + [(left, has)]))
+                if rng.random() < 0.7:
+                    res.add(left, has, rid)
+                    batch.append((rid, left, has))
+                    rid += 1
+            for r, left, has in batch:  # S-LoRA's prefill: the first token; a request of one token ends
+                if left == 0:
+                    res.remove(r, left + g + 1)
+                else:
+                    res.settle(r, left + g + 1)
+                    dec[r] = (left + g, has - g - 1)
+        elif op < 0.85:  # decodes up to the first finish, which ends the requests finishing there
+            g = min(f for f, _ in dec.values()) if rng.random() < 0.6 else g + 1
+            if any(f <= g for f, _ in dec.values()):
+                for r in [r for r, (f, _) in dec.items() if f <= g]:
+                    del dec[r]
+                res.finish(g)
+        else:  # a squash: any running request leaves
+            r = rng.choice(list(dec))
+            res.remove(r, dec.pop(r)[0])
+        res.g = g
+        want = sorted(plain(), key=lambda p: -p[0])
+        assert res.n == len(dec) and res.pairs == want
+        assert res.rids == sorted(dec, key=lambda r: -dec[r][0])
+        assert res.need() == reservation_need(plain())
+        if dec:  # a candidate refused now: when does its outcome change?
+            L, H = rng.randint(0, 8), rng.randint(1, 60)
+            room = reservation_need(plain([(L, H)])) + rng.randint(-20, 20)
+            slots = rng.randint(0, 30)
+            limit = min(l for l, _ in want)
+            assert first_pass_step(res.fork(g), [(L, H, room, room + slots)], limit) == \
+                first_pass_step(plain(), [(L, H, room, room + slots)], limit)
+
+
 # ---------------------------------------------------------------------- when admission runs
 def test_idle_poll_and_admission_every_ten_decodes():
     # r0 arrives at 3 ms on an idle server: the router polls every 10 ms -> admitted at 10 ms;
