@@ -746,3 +746,24 @@ def test_train_names_an_unknown_feature_as_a_feature(tables, tmp_path, capsys, f
                   "--features", features], capsys)
     assert message in err, err
     assert "not a labels table" not in err
+
+
+# --------------------------------------------------------------------------- the slo rule's starving runs
+def test_dataset_slo_says_the_runs_that_meet_the_slo_are_starving(tmp_path, capsys):
+    """Every run met the SLO but starved, and the message said "no run meets the SLO (lower --slo-share, ...)",
+    an option refused beside --ttft-p99-s."""
+    feats = features_of([0.4, 0.2, 0.1], [8, 16, 32])
+    rows = [_run_rows(scenario=f"s{i}", offered_tok_s=1000.0, total_tok_s=880.0 + i, starving=True,
+                      ttft_ms_p99=200.0, itl_ms_p99=20.0, **feats) for i in range(3)]
+    pd.DataFrame(rows).to_csv(tmp_path / "r.csv", index=False)
+    err = _error(["configure", "dataset", str(tmp_path / "r.csv"), "--rule", "slo", "--ttft-p99-s", "5"], capsys)
+    assert ("no scenario of the 3 runs could be labelled under rule slo: all 3 runs meet the SLO but are starving "
+            "(throughput at most 0.882 of the offered tokens, below the sweep's starvation line); the slo rule labels "
+            "only runs that keep up") in err, err
+    assert "--slo-share" not in err
+    err = _error(["configure", "dataset", str(tmp_path / "r.csv"), "--rule", "slo", "--ttft-p99-s", "0.1"], capsys)
+    assert "none of the 3 runs with a throughput meets the SLO; loosen --ttft-p99-s / --itl-p99-s" in err, err
+    assert "--slo-share" not in err
+    pd.DataFrame([{**r, "slo_attainment": 0.5} for r in rows]).to_csv(tmp_path / "r.csv", index=False)
+    err = _error(["configure", "dataset", str(tmp_path / "r.csv"), "--rule", "slo"], capsys)
+    assert "none of the 3 runs with a throughput meets the SLO; lower --slo-share, or give the sweep's [slo]" in err

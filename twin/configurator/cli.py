@@ -335,6 +335,7 @@ def _check_rule_args(args) -> None:
 
 def cmd_dataset(args) -> int:
     from twin.configurator.dataset import build_dataset, load_runs
+    from twin.configurator.labels import slo_miss
 
     _check_rule_args(args)
     if args.out:
@@ -343,7 +344,7 @@ def cmd_dataset(args) -> int:
     lab = build_dataset(runs, args.rule, ratio=args.ratio, tolerance=args.tolerance, slo_share=args.slo_share,
                         ttft_p99_s=args.ttft_p99_s, itl_p99_s=args.itl_p99_s)
     if not len(lab):  # (an empty table was printed and written as if labelled)
-        why = ("no run meets the SLO (lower --slo-share, or give the sweep's [slo] a looser target)" if args.rule == "slo"
+        why = (slo_miss(runs, args.slo_share, args.ttft_p99_s, args.itl_p99_s) if args.rule == "slo"
                else "no candidate run has a throughput (total_tok_s is empty: every candidate stopped early, or the "
                     "column was lost from the run tables)")
         raise ValueError(f"no scenario of the {len(runs)} runs could be labelled under rule {args.rule}: {why}")
