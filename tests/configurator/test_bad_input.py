@@ -767,3 +767,18 @@ def test_dataset_slo_says_the_runs_that_meet_the_slo_are_starving(tmp_path, caps
     pd.DataFrame([{**r, "slo_attainment": 0.5} for r in rows]).to_csv(tmp_path / "r.csv", index=False)
     err = _error(["configure", "dataset", str(tmp_path / "r.csv"), "--rule", "slo"], capsys)
     assert "none of the 3 runs with a throughput meets the SLO; lower --slo-share, or give the sweep's [slo]" in err
+
+
+# --------------------------------------------------------------------------- search: a window too short for the line
+def test_search_warns_of_a_window_too_short_for_the_starvation_line(tmp_path, capsys):
+    """`--window 30` answered differently than `--window 600` without a word: the requests still in flight at the
+    window's end (about a request's time / the window of the offered tokens) go uncounted."""
+    argv = ["configure", "search", "--rates", "0.2,0.1", "--ranks", "8,8", "--served", "8", "--slots", "8",
+            "--cache", str(tmp_path / "sc")]
+    assert main(argv + ["--window", "30"]) == 0
+    err = capsys.readouterr().err
+    assert ("twin configure search: warning: --window 30 is short for the starvation line (throughput >= 0.9 of the "
+            "offered tokens): a request of the scenario takes ~") in err, err
+    assert "even a run offered next to nothing is expected to read as starving; give --window >= " in err
+    assert main(argv + ["--window", "600"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -946,6 +946,17 @@ def _executor_extra():
         raise ValueError(f"{e}; or use --executor local") from None
 
 
+def _window_warning(grid) -> None:
+    """``search --window`` too short for the starvation line (:func:`twin.sweep.grid.window_note`): a warning
+    beside the answer (a short window still answers, and quickly; the tokens in flight at its end go uncounted,
+    so a configuration that keeps up can read as starving and the answer be too few served adapters)."""
+    from twin.sweep.grid import window_note
+
+    short = window_note(grid, "the scenario", "--window")
+    if short:
+        print(f"twin configure search: warning: {short}", file=sys.stderr)
+
+
 def cmd_search(args) -> int:
     from twin.configurator.search import search
     from twin.sweep.runner import check_selection
@@ -976,14 +987,16 @@ def cmd_search(args) -> int:
         _check_rank_tile_cost(args.rank_tile_cost, args.profile)
         kw["rank_tile_cost"] = float(args.rank_tile_cost)
     slo = _search_slo(args)
+    grids: list = []  # (the search's grid, checked: for the window's warning)
     with _executor_extra():
         labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
-                              progress=sys.stderr.isatty() or None, **slo, **kw)
+                              progress=sys.stderr.isatty() or None, on_grid=grids.append, **slo, **kw)
     if labels.empty and args.rule == "slo" and runs["status"].astype(str).eq("ok").any():
         raise ValueError(f"no configuration of the search meets the SLOs ({_slo_text(slo)}) without starving: "
                          f"{_no_result(runs)}; loosen --ttft-p99-s / --itl-p99-s, or lower --rates")
     if labels.empty:  # no run of the walk gave a result (the rule skips start failures and errors)
         raise ValueError(f"no configuration of the search ran: {_no_result(runs)}")
+    _window_warning(grids[0])
     lab = labels.iloc[0].to_dict()
     res = {"served_adapters": int(lab["served_adapters"]), "adapter_slots": int(lab["adapter_slots"]),
            "throughput_tok_s": float(lab["throughput_tok_s"]), "ratio_at_label": lab["ratio_at_label"],

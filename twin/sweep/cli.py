@@ -46,7 +46,7 @@ def register_cli(subparsers) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from twin.sweep.grid import defaults_note, load_grid
+    from twin.sweep.grid import defaults_note, load_grid, window_note
     from twin.sweep.scenario import twin_version
     from twin.sweep.runner import (MissingExtra, check_address, check_executor, check_runnable, check_selection,
                                    done_tasks, exclusion_keys, read_meta, read_results, run_sweep, select_tasks,
@@ -107,7 +107,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if exclude and not select_tasks(grid_tasks, exclude=exclude):
         print(f"twin sweep: warning: --exclude leaves none of the {len(grid_tasks)} tasks of grid {grid.name}: "
               f"nothing to run", file=sys.stderr)
+
+    def short_window() -> None:  # (a warning, not a refusal: short windows still serve smoke runs and latency checks)
+        short = window_note(grid, f"grid {grid.name!r}", "window_s") if grid_tasks else ""
+        if short:
+            print(f"twin sweep: warning: {short}", file=sys.stderr)
+
     if args.dry_run:
+        short_window()
         d = {"grid": grid.name, "tasks": len(tasks), "configs_per_task": len(grid.configs()),
              "runs_max": len(tasks) * len(grid.configs()), "profile": grid.profile, "digest": grid.digest()}
         print(json.dumps(d, indent=2) if args.json else "\n".join(f"{k:<18} {v}" for k, v in d.items()))
@@ -115,7 +122,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     try:
         rep = run_sweep(grid, out, args.executor, args.jobs, args.address, args.resume, args.limit, args.shard,
-                        args.every, progress, exclude=exclude, order=args.order)
+                        args.every, progress, exclude=exclude, order=args.order, on_start=short_window)
     except MissingExtra as e:
         print(f"twin sweep: error: {e}", file=sys.stderr)
         return 2
