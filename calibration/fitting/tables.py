@@ -46,6 +46,7 @@ from calibration.fitting.core import FitError, TableError, first_nan_counts, war
 from traces.arguments import csv_layout_problem
 from traces.datadir import data_dir, unset_data_dir_hint
 from twin.model_spec import ModelSpec, get_model
+from twin.scenario import VLLM_MAX_LORA_RANKS
 
 #: vLLM 0.8.5 V1 defaults of the measured servers
 MAX_BATCHED_TOKENS = 2048
@@ -86,7 +87,9 @@ class Col:
     times that may be 0), ``frac`` (0..1) or ``any``; ``missing_ok``: an empty cell (NaN) is allowed --
     the fit leaves such rows out (named in a DroppedRowsWarning) or fills them in, as documented where
     it reads the column; ``whole``: a whole number (ranks, indices: the fit casts them to int);
-    ``required``: the table must have the column (else it is checked only when present).
+    ``required``: the table must have the column (else it is checked only when present); ``most``: the largest
+    value the server accepts and ``choices``: the only values it accepts (vLLM's ranks, :func:`adapter_rank` and
+    :func:`max_lora_rank`), with ``why`` saying whose limit it is.
     """
 
     name: str
@@ -96,6 +99,29 @@ class Col:
     missing_ok: bool = True
     whole: bool = False
     required: bool = True
+    most: float | None = None
+    choices: tuple[float, ...] | None = None
+    why: str = ""
+
+
+#: vLLM's max_lora_rank values (LoRAConfig's possible_max_ranks), as ``twin run --max-lora-rank`` takes them
+_VLLM_RANKS = f"{', '.join(map(str, VLLM_MAX_LORA_RANKS))}; LoRAConfig's possible_max_ranks"
+
+
+def adapter_rank(name: str = "adapter_rank") -> Col:
+    """An adapter's rank: a whole number from 1 to the largest ``max_lora_rank`` vLLM accepts (it refuses an
+    adapter above the server's ``max_lora_rank``): a rank 1000 times too large fitted a degenerate load model."""
+    return Col(name, "an adapter rank", "pos", missing_ok=False, whole=True, most=VLLM_MAX_LORA_RANKS[-1],
+               why=f"the largest max_lora_rank vLLM accepts ({_VLLM_RANKS}): no vLLM server loads such an adapter")
+
+
+def max_lora_rank(name: str = "max_lora_rank", what: str = "a max LoRA rank", without_lora: bool = False,
+                  missing_ok: bool = True, required: bool = True) -> Col:
+    """A server's ``max_lora_rank``: one of the values vLLM accepts (:data:`twin.scenario.VLLM_MAX_LORA_RANKS`), or
+    0 for a server without LoRA where the table writes it so (``without_lora``)."""
+    choices = ((0,) if without_lora else ()) + tuple(VLLM_MAX_LORA_RANKS)
+    return Col(name, what, "nonneg" if without_lora else "pos", missing_ok=missing_ok, whole=True, required=required,
+               choices=choices, why=f"vLLM accepts only {_VLLM_RANKS}" + (" (0: without LoRA)" if without_lora else ""))
 
 
 def text(name: str, what: str, missing_ok: bool = False, required: bool = True) -> Col:
@@ -219,6 +245,18 @@ def read_table(path: str | Path, columns: Sequence[Col], source: str) -> pd.Data
                 problems.append(f"{where}: {_value(v[frac][0])} at {_rows(frac)} is not a whole number; "
                                 f"{c.what} is a whole number: {_fix(frac, remove=False)}")
                 continue
+        if c.most is not None:
+            over = fin & (np.where(fin, v, 0.0) > c.most)
+            if over.any():
+                problems.append(f"{where}: {_value(v[over][0])} at {_rows(over)} is above {c.most:g}, {c.why}; "
+                                f"{c.what} is at most {c.most:g}: {_fix(over)}")
+                continue
+        if c.choices is not None:
+            odd = fin & ~np.isin(np.where(fin, v, c.choices[0]), c.choices)
+            if odd.any():
+                problems.append(f"{where}: {_value(v[odd][0])} at {_rows(odd)} is not a value the server accepts "
+                                f"({c.why}); {c.what} is one of them: {_fix(odd)}")
+                continue
         if num is not s:
             df[c.name] = num
     if problems:
@@ -251,7 +289,7 @@ def _window_columns(lora: bool) -> tuple[Col, ...]:
         Col("adapter_slots", "a number of adapter slots", required=lora),
         Col("adapters_used", "a number of adapters used", required=lora),
         Col("mean_unique_adapters", "a mean number of distinct adapters per step", required=lora),
-        Col("max_lora_rank", "a max LoRA rank", "pos", required=lora),
+        max_lora_rank(required=lora),
     )
 
 #: the columns each vLLM 0.8.5 table must have (and what their values may be)
@@ -269,7 +307,7 @@ VLLM085_COLUMNS: dict[str, tuple[Col, ...]] = {
     "adapter_overhead.csv": _RUN_KEYS + (
         Col("kv_cache_tokens", "a KV cache size (tokens)", "pos"),
         Col("adapter_slots", "a number of adapter slots"),
-        Col("max_lora_rank", "a max LoRA rank", "pos"),
+        max_lora_rank(),
         Col("adapters_used", "a number of adapters used"),
         Col("engine_steps", "a number of engine steps"),
         Col("mean_itl_ms", "a mean inter-token latency (ms)"),
@@ -282,15 +320,15 @@ VLLM085_COLUMNS: dict[str, tuple[Col, ...]] = {
     "adapter_load.csv": (
         text("model", "model name", required=False),
         text("load_kind", "load kind (disk_to_cpu or cpu_to_gpu)"), text("phase", "load phase (startup or serving)"),
-        Col("adapter_rank", "an adapter rank", "pos", missing_ok=False, whole=True),
-        Col("max_lora_rank", "a max LoRA rank", "pos", missing_ok=False, whole=True),
+        adapter_rank(),
+        max_lora_rank(missing_ok=False),
         Col("load_index", "a load's position in its server start (1, 2, ...)", "pos", missing_ok=False, whole=True),
         Col("load_ms", "an adapter load time (ms)", "pos", missing_ok=False),
     ),
     "kv_capacity.csv": (
         text("model", "model name", required=False), text("experiment", "experiment name"),
         Col("adapter_slots", "a number of adapter slots", missing_ok=False, whole=True),
-        Col("max_lora_rank", "a max LoRA rank (0 without LoRA)", missing_ok=False, whole=True),
+        max_lora_rank(what="a max LoRA rank (0 without LoRA)", without_lora=True, missing_ok=False),
         Col("max_num_seqs", "a max_num_seqs setting", "pos"),
         text("status", "server start status (ok, failed_...)"),
         Col("kv_cache_tokens", "a KV cache size (tokens)", "pos"),

@@ -165,6 +165,18 @@ def test_negative_step_times_refused(tables, tmp_path):
                                                               "is negative; a scheduler time per step (ms) cannot be "
                                                               "negative"),
     ("scheduler_overhead.csv", "mean_waiting", -2.0, "column mean_waiting: -2 at row 1 (line 2) is negative"),
+    # ranks vLLM cannot serve: a rank 1000 times too large fitted a degenerate load model (fixed times of 1e-27 s)
+    ("adapter_load.csv", "adapter_rank", 8000, "column adapter_rank: 8000 at row 1 (line 2) is above 512, the "
+                                               "largest max_lora_rank vLLM accepts (8, 16, 32, 64, 128, 256, 320, "
+                                               "512; LoRAConfig's possible_max_ranks): no vLLM server loads such an "
+                                               "adapter; an adapter rank is at most 512: correct the value or remove "
+                                               "the row"),
+    ("adapter_load.csv", "max_lora_rank", 24, "column max_lora_rank: 24 at row 1 (line 2) is not a value the server "
+                                              "accepts (vLLM accepts only 8, 16, 32, 64, 128, 256, 320, 512; "
+                                              "LoRAConfig's possible_max_ranks); a max LoRA rank is one of them"),
+    ("kv_capacity.csv", "max_lora_rank", 16000, "column max_lora_rank: 16000 at row 1 (line 2) is not a value the "
+                                                "server accepts (vLLM accepts only 8, 16, 32, 64, 128, 256, 320, 512; "
+                                                "LoRAConfig's possible_max_ranks (0: without LoRA))"),
 ])
 def test_impossible_value_refused(tables, tmp_path, name, column, value, fragment):
     def edit(df):
@@ -186,6 +198,25 @@ def test_every_problem_of_a_table_listed(tables, tmp_path):
     assert rc == 2 and f"{d / 'adapter_load.csv'} has 2 problems (fix them, then run again):" in err, err
     assert "  - column max_lora_rank: 0 at row 7 (line 8) is not positive" in err, err
     assert "  - column load_ms: -1 at row 4 (line 5) is not positive" in err, err
+
+
+def test_the_ranks_of_the_vllm050_tables_are_bounded_too(tmp_path):
+    """The vLLM 0.5.0 runs and load samples read ranks with the same bounds as the 0.8.5 tables; a server without
+    LoRA (an empty max_lora_rank) passes."""
+    from calibration.fitting.vllm050 import LOAD_COLUMNS, RUNS_COLUMNS
+
+    p = tmp_path / "adapter_load_manual.csv"
+    p.write_text("model,phase,adapter_rank,sample,loading_ms,activating_ms\nllama-2-7b,first_load,1024,1,5,1\n")
+    with pytest.raises(TableError, match=r"column adapter_rank: 1024 at row 1 \(line 2\) is above 512"):
+        read_table(p, LOAD_COLUMNS, "the test")
+    cols = [c for c in RUNS_COLUMNS if c.name in ("run_dir", "max_lora_rank")]
+    p = tmp_path / "runs.csv"
+    p.write_text("run_dir,max_lora_rank\na,\nb,0\nc,64\n")
+    assert read_table(p, cols, "the test")["max_lora_rank"].tolist()[1:] == [0, 64]
+    p.write_text("run_dir,max_lora_rank\na,\nb,48\n")
+    with pytest.raises(TableError, match=r"column max_lora_rank: 48 at row 2 \(line 3\) is not a value the server "
+                                         r"accepts \(vLLM accepts only 8, 16, 32, 64"):
+        read_table(p, cols, "the test")
 
 
 def test_read_table_keeps_legitimate_zeros_and_missing_values(tmp_path):

@@ -672,3 +672,113 @@ def test_train_says_when_it_cross_validates_with_fewer_folds_than_cv(tmp_path, c
     assert main(["configure", "train", str(f), "--kind", "cart", "--cv", "3", "--out", str(tmp_path / "m.json"),
                  "--json"]) == 0
     assert "note" not in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- labels files, --profile, --cv, --features
+def test_a_model_trained_on_a_labels_file_snaps_to_the_labels_configurations(tmp_path, capsys):
+    """A model trained on a labels file snapped to the published grid (16 and up): labels of 8 served adapters
+    and 8 slots gave "serve 16 adapters with 16 GPU adapter slots (raw 8.0 / 8.0)", where the model trained on
+    their sweep directory said 8 / 8. It records the configurations of its labels (and of its sweeps)."""
+    from twin.configurator.dataset import trained_grid
+
+    lab = synthetic_labels(4).assign(served_adapters=8, adapter_slots=8, rule="throughput90",
+                                     profile="llama-3.1-8b_h100_vllm085")
+    lab.to_csv(tmp_path / "labels.csv", index=False)
+    assert main(["configure", "train", str(tmp_path / "labels.csv"), "--kind", "cart", "--no-search", "--out",
+                 str(tmp_path / "m.json"), "--json"]) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "m.json").read_text())["grid"] == {"served": [8], "slots": [8]}
+    assert main(PREDICT + ["--rates", "0.4,0.2,0.1", "--ranks", "8,8,8", "--model", str(tmp_path / "m.json"),
+                           "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["served_adapters"], got["adapter_slots"]) == (8, 8)
+    # a sweep's grid and its labels' values (next_served: a configuration its walk ran) together
+    sweeps = [{"served": [8, 16], "slots": [8]}]
+    assert trained_grid(lab.assign(next_served=float("nan")), sweeps) == {"served": [8, 16], "slots": [8]}
+    assert trained_grid(lab.assign(next_served=32.0), []) == {"served": [8, 32], "slots": [8]}
+
+
+def test_a_profile_other_than_the_labels_or_the_models_is_refused(tmp_path, capsys):
+    """`train labels.csv --profile qwen...` recorded qwen for llama labels (predict --check then ran qwen), and
+    `predict --model <a llama model> --profile qwen...` ignored --profile."""
+    from twin.configurator.models import shipped_model_path
+
+    llama, qwen = "llama-3.1-8b_h100_vllm085", "qwen-2.5-7b_h100_vllm085"
+    lab = synthetic_labels(4).assign(profile=llama, rule="throughput90")
+    lab.to_csv(tmp_path / "labels.csv", index=False)
+    argv = ["configure", "train", str(tmp_path / "labels.csv"), "--no-search", "--out", str(tmp_path / "m.json")]
+    err = _error(argv + ["--profile", qwen], capsys)
+    assert (f"--profile {qwen}: the labels were made with profile {llama} (their profile column), not {qwen}; the "
+            f"model would record the wrong profile") in err and "leave --profile out (it is read from the data)" in err
+    assert not (tmp_path / "m.json").exists()
+    assert main(argv + ["--profile", llama, "--json"]) == 0  # the labels' own: fine
+    capsys.readouterr()
+    model = str(shipped_model_path(llama, "cart"))
+    for command in (PREDICT + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32"], ["configure", "rules"]):
+        err = _error(command + ["--model", model, "--profile", qwen], capsys)
+        assert (f"--profile {qwen} with --model {model}: the model was trained on {llama}, and --profile picks only a "
+                f"shipped model; leave --profile out (the model's own profile is used)") in err, err
+        assert main(command + ["--model", model, "--profile", llama]) == 0  # the model's own: fine
+        capsys.readouterr()
+
+
+def test_train_refuses_cv_without_a_search(tmp_path, capsys):
+    """`--cv 3 --no-search` was accepted and read by nothing."""
+    lab = synthetic_labels(8).assign(rule="throughput90")
+    lab.to_csv(tmp_path / "labels.csv", index=False)
+    err = _error(["configure", "train", str(tmp_path / "labels.csv"), "--cv", "3", "--no-search", "--out",
+                  str(tmp_path / "m.json")], capsys)
+    assert "--cv 3 with --no-search: no cross-validation is run (the default hyper-parameters are fitted once); " \
+           "leave one out" in err
+    assert not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.parametrize("features, message", [
+    ("rate_max,nosuch", "--features: unknown feature 'nosuch'; the known features are rate_max, rate_min, rate_mean, "
+                        "rate_std, rank_max, rank_min, rank_mean, rank_std, mean_input_tokens, mean_output_tokens, "
+                        "policy"),
+    ("rate_max,rank_maxx", "--features: unknown feature 'rank_maxx' (did you mean 'rank_max'?); the known features"),
+    ("rate_max,policy=fcfs", "--features: 'policy=fcfs' is an indicator column; name 'policy'"),
+])
+def test_train_names_an_unknown_feature_as_a_feature(tables, tmp_path, capsys, features, message):
+    """A misspelt feature read "labels.csv: not a labels table (missing columns ['nosuch'])"."""
+    err = _error(["configure", "train", str(tables["labels"]), "--no-search", "--out", str(tmp_path / "m.json"),
+                  "--features", features], capsys)
+    assert message in err, err
+    assert "not a labels table" not in err
+
+
+# --------------------------------------------------------------------------- the slo rule's starving runs
+def test_dataset_slo_says_the_runs_that_meet_the_slo_are_starving(tmp_path, capsys):
+    """Every run met the SLO but starved, and the message said "no run meets the SLO (lower --slo-share, ...)",
+    an option refused beside --ttft-p99-s."""
+    feats = features_of([0.4, 0.2, 0.1], [8, 16, 32])
+    rows = [_run_rows(scenario=f"s{i}", offered_tok_s=1000.0, total_tok_s=880.0 + i, starving=True,
+                      ttft_ms_p99=200.0, itl_ms_p99=20.0, **feats) for i in range(3)]
+    pd.DataFrame(rows).to_csv(tmp_path / "r.csv", index=False)
+    err = _error(["configure", "dataset", str(tmp_path / "r.csv"), "--rule", "slo", "--ttft-p99-s", "5"], capsys)
+    assert ("no scenario of the 3 runs could be labelled under rule slo: all 3 runs meet the SLO but are starving "
+            "(throughput at most 0.882 of the offered tokens, below the sweep's starvation line); the slo rule labels "
+            "only runs that keep up") in err, err
+    assert "--slo-share" not in err
+    err = _error(["configure", "dataset", str(tmp_path / "r.csv"), "--rule", "slo", "--ttft-p99-s", "0.1"], capsys)
+    assert "none of the 3 runs with a throughput meets the SLO; loosen --ttft-p99-s / --itl-p99-s" in err, err
+    assert "--slo-share" not in err
+    pd.DataFrame([{**r, "slo_attainment": 0.5} for r in rows]).to_csv(tmp_path / "r.csv", index=False)
+    err = _error(["configure", "dataset", str(tmp_path / "r.csv"), "--rule", "slo"], capsys)
+    assert "none of the 3 runs with a throughput meets the SLO; lower --slo-share, or give the sweep's [slo]" in err
+
+
+# --------------------------------------------------------------------------- search: a window too short for the line
+def test_search_warns_of_a_window_too_short_for_the_starvation_line(tmp_path, capsys):
+    """`--window 30` answered differently than `--window 600` without a word: the requests still in flight at the
+    window's end (about a request's time / the window of the offered tokens) go uncounted."""
+    argv = ["configure", "search", "--rates", "0.2,0.1", "--ranks", "8,8", "--served", "8", "--slots", "8",
+            "--cache", str(tmp_path / "sc")]
+    assert main(argv + ["--window", "30"]) == 0
+    err = capsys.readouterr().err
+    assert ("twin configure search: warning: --window 30 is short for the starvation line (throughput >= 0.9 of the "
+            "offered tokens): a request of the scenario takes ~") in err, err
+    assert "even a run offered next to nothing is expected to read as starving; give --window >= " in err
+    assert main(argv + ["--window", "600"]) == 0
+    assert "warning" not in capsys.readouterr().err

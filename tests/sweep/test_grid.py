@@ -538,3 +538,26 @@ def test_rate_and_rank_tuples_of_different_lengths_are_two_axes():
     rates = assign_rates_round_robin([0.4, 0.1], 6, np.random.default_rng(0))
     assert sorted(rates) == [0.1] * 3 + [0.4] * 3 and len(ranks) == 6
     assert "need not be as long as each other" in " ".join(grid_module.__doc__.split())
+
+
+def test_the_window_cut_is_a_request_time_over_the_window():
+    """The share of the offered tokens still in flight at a window's end is about a request's time over the window
+    (:func:`twin.sweep.grid.window_cut`); past a tenth of the line's margin :func:`~twin.sweep.grid.window_note`
+    warns, and past the whole margin it says even an unloaded run reads as starving."""
+    from twin.sweep.grid import WINDOW_MARGIN_SHARE, window_cut, window_note
+
+    g = grid_from_dict({"window_s": 60, "scenarios": {"rates": [[0.4, 0.2]], "ranks": [[8]]},
+                        "configs": {"served": [8, 16], "slots": [8]}})
+    c = window_cut(g)
+    assert 2.0 < c["request_s"] < 10.0  # 197 output tokens at ~14 ms a step, token-weighted
+    assert c["cut"] == pytest.approx(c["request_s"] / 60) and c["margin"] == pytest.approx(0.1)
+    assert c["min_window_s"] == pytest.approx(c["request_s"] / (WINDOW_MARGIN_SHARE * 0.1))
+    assert "to spare is expected to read as starving" in window_note(g, "grid 'x'", "window_s")
+    g.window_s = 20.0
+    assert "even a run offered next to nothing is expected to read as starving" in window_note(g, "x", "window_s")
+    g.window_s = c["min_window_s"] * 1.01
+    assert window_note(g, "x", "window_s") == ""
+    longer = grid_from_dict({"window_s": 60, "scenarios": {"rates": [[0.4, 0.2]], "ranks": [[8]],
+                                                           "lengths": [[222, 197], [222, 600]]},
+                             "configs": {"served": [8, 16], "slots": [8]}})
+    assert window_cut(longer)["request_s"] > 2 * c["request_s"]  # the grid's longest request mix decides

@@ -351,7 +351,7 @@ def test_exclusion_keys_that_match_no_scenario_are_warned_about(tmp_path, capsys
     assert ("twin sweep: warning: 1 of the 2 --exclude keys match no scenario of grid smoke (e.g. 'no-such-key') "
             "and exclude nothing; its keys look like 'rate_") in cap.err
     assert main(["sweep", "smoke", "--exclude", "rate_3.2-1.6-0.8_size_8-16-32", "--dry-run"]) == 0
-    assert "warning" not in capsys.readouterr().err
+    assert "--exclude" not in capsys.readouterr().err
     both = "rate_3.2-1.6-0.8_size_8-16-32,rate_0.8-0.4-0.1_size_8-16-32"
     assert main(["sweep", "smoke", "--exclude", both, "--dry-run"]) == 0
     assert "--exclude leaves none of the 2 tasks of grid smoke: nothing to run" in capsys.readouterr().err
@@ -398,6 +398,26 @@ def test_a_grid_file_left_at_the_published_axes_says_so_on_a_dry_run(tmp_path, c
     assert json.loads(cap.out)["tasks"] == 840
     assert cap.err.startswith("twin sweep: note: grid 'only' leaves rates, ranks, served, slots at the published "
                               "grid's values and profile at the default (")
+
+
+def test_a_dry_run_names_the_profile_and_warns_of_a_short_window(tmp_path, capsys):
+    """A grid on the default profile printed ``profile None``; a window_s too short for the 90 % line (the requests in
+    flight at its end go uncounted: every run of this grid read as starving) said nothing."""
+    from twin.cli import main
+    from twin.sweep.scenario import get_profile
+
+    p = tmp_path / "g2.toml"
+    p.write_text("window_s = 60\n[scenarios]\nrates = [[0.4, 0.2], [0.8, 0.4]]\nranks = [[8]]\n[configs]\n"
+                 "served = [8, 16]\nslots = [8]\n")
+    assert main(["sweep", str(p), "--dry-run", "--limit", "1", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["profile"] == get_profile(None).name == "llama-3.1-8b_h100_vllm085"
+    assert ("twin sweep: warning: window_s 60 is short for the starvation line (throughput >= 0.9 of the offered "
+            "tokens): a request of grid 'g2' takes ~") in cap.err, cap.err
+    assert "to spare is expected to read as starving; give window_s >= " in cap.err
+    p.write_text(p.read_text().replace("window_s = 60", "window_s = 3600"))
+    assert main(["sweep", str(p), "--dry-run"]) == 0
+    assert "profile            llama-3.1-8b_h100_vllm085" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
@@ -485,10 +505,17 @@ def test_a_missing_executor_extra_is_refused_before_out_is_made(tmp_path, capsys
     (["--summary", "--out", "{out}", "--dry-run"], "so --dry-run would be ignored"),
     (["policy-demo", "--summary", "--out", "{out}"], "--summary --out {out}: it holds a sweep of grid smoke, not "
                                                      "policy-demo; leave out the grid name"),
+    (["smoke", "--dry-run", "--out", "{out}", "--no-resume"],
+     "--dry-run prints the grid's size and runs nothing, so --no-resume would be ignored; leave it out (or drop "
+     "--dry-run to run the sweep)"),
+    (["smoke", "--dry-run", "--executor", "ray", "--jobs", "4"], "--dry-run prints the grid's size and runs nothing, "
+                                                                 "so --executor and --jobs would be ignored"),
+    (["smoke", "--dry-run", "--order", "grid"], "so --order would be ignored"),
 ])
 def test_options_list_and_summary_would_ignore_are_refused(local_smoke, capsys, flags, message):
-    """``--list`` / ``--summary`` run nothing: a run's options beside them (or a grid the --out is not
-    a sweep of) were ignored in silence."""
+    """``--list`` / ``--summary`` / ``--dry-run`` run nothing: a run's options beside them (or a grid the --out is
+    not a sweep of) were ignored in silence (``--dry-run`` reads the selection options: ``--limit`` and the
+    like)."""
     from twin.cli import main
 
     out, _ = local_smoke

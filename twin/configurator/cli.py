@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from traces.arguments import check_writable_dir, check_writable_file, first_repeat, has_empty_item
+from traces.arguments import check_writable_dir, check_writable_file, did_you_mean, first_repeat, has_empty_item
 from twin.configurator.domain import describe, outside, training_domain
 from twin.configurator.models import KINDS
 from twin.scenario import check_host_term, check_number, rank_limit
@@ -19,6 +19,8 @@ from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 DEFAULT_PROFILE = "llama-3.1-8b_h100_vllm085"
 #: where ``configure train`` writes a model without --out (relative to the current directory)
 DEFAULT_MODEL_DIR = "configurators"
+#: folds of ``configure train``'s grid search without --cv
+DEFAULT_CV = 5
 
 
 def _finite(o: Any) -> Any:
@@ -92,7 +94,8 @@ def register_cli(subparsers) -> None:
                         "ending in .gz is written compressed). The shipped models are replaced only when --out names "
                         "one (twin/configurator/models/<profile>.<kind>.json[.gz])")
     t.add_argument("--profile", default=None, help="profile the sweeps ran with (default: from the data)")
-    t.add_argument("--cv", type=int, default=5, help="folds of the halving grid search (default 5)")
+    t.add_argument("--cv", type=int, default=None,
+                   help=f"folds of the halving grid search (default {DEFAULT_CV}; not with --no-search)")
     t.add_argument("--no-search", action="store_true", help="fit the default hyper-parameters only")
     t.add_argument("--features", default=None,
                    help="feature columns (default: the published 8); add mean_input_tokens,mean_output_tokens "
@@ -107,8 +110,9 @@ def register_cli(subparsers) -> None:
     pr = sub.add_parser("predict", help="recommend served adapters and slots for a scenario")
     _scenario_args(pr)
     pr.add_argument("--model", default=None, help="model file (default: the shipped configurator of --profile)")
-    pr.add_argument("--profile", default=DEFAULT_PROFILE,
-                    help=f"profile whose shipped configurator recommends (default {DEFAULT_PROFILE})")
+    pr.add_argument("--profile", default=None,
+                    help=f"profile whose shipped configurator recommends (default {DEFAULT_PROFILE}); with --model, "
+                         f"the model's own profile only")
     pr.add_argument("--kind", choices=KINDS, default=None, help="shipped model kind (default rf)")
     pr.add_argument("--explain", action="store_true", help="print the rule path")
     pr.add_argument("--adapters", type=int, default=None,
@@ -129,8 +133,9 @@ def register_cli(subparsers) -> None:
 
     r = sub.add_parser("rules", help="print the <= 30-rule configurator (or a RuleFit model's terms)")
     r.add_argument("--model", default=None, help="model file with rules (default: the shipped cart model)")
-    r.add_argument("--profile", default=DEFAULT_PROFILE,
-                   help=f"profile whose shipped rule model to print (default {DEFAULT_PROFILE})")
+    r.add_argument("--profile", default=None,
+                   help=f"profile whose shipped rule model to print (default {DEFAULT_PROFILE}); with --model, the "
+                        f"model's own profile only")
     r.add_argument("--kind", choices=("cart", "hstree", "rulefit"), default=None,
                    help="shipped rule model: cart (default), hstree (the same rules, shrunk leaf values) or "
                         "rulefit (per target: rules and linear terms with non-zero coefficients, by importance)")
@@ -330,6 +335,7 @@ def _check_rule_args(args) -> None:
 
 def cmd_dataset(args) -> int:
     from twin.configurator.dataset import build_dataset, load_runs
+    from twin.configurator.labels import slo_miss
 
     _check_rule_args(args)
     if args.out:
@@ -338,7 +344,7 @@ def cmd_dataset(args) -> int:
     lab = build_dataset(runs, args.rule, ratio=args.ratio, tolerance=args.tolerance, slo_share=args.slo_share,
                         ttft_p99_s=args.ttft_p99_s, itl_p99_s=args.itl_p99_s)
     if not len(lab):  # (an empty table was printed and written as if labelled)
-        why = ("no run meets the SLO (lower --slo-share, or give the sweep's [slo] a looser target)" if args.rule == "slo"
+        why = (slo_miss(runs, args.slo_share, args.ttft_p99_s, args.itl_p99_s) if args.rule == "slo"
                else "no candidate run has a throughput (total_tok_s is empty: every candidate stopped early, or the "
                     "column was lost from the run tables)")
         raise ValueError(f"no scenario of the {len(runs)} runs could be labelled under rule {args.rule}: {why}")
@@ -372,17 +378,55 @@ def _check_profile(name: str) -> None:
         raise ValueError(f"--profile: {e.args[0]}") from None
 
 
+def _check_features(feats: list[str]) -> None:
+    """``train --features``: every name one the configurator computes (:data:`~twin.configurator.labels.FEATURES`,
+    the length mix, ``policy``), before any table is read (a misspelt name was reported as a column the labels
+    file lacks)."""
+    from twin.configurator.features import LENGTH_FEATURES, POLICY, is_policy_column
+    from twin.configurator.labels import FEATURES
+
+    known = (*FEATURES, *LENGTH_FEATURES, POLICY)
+    for f in feats:
+        if is_policy_column(f):
+            raise ValueError(f"--features: {f!r} is an indicator column; name {POLICY!r} to encode every policy of "
+                             f"the labels")
+        if f not in known:
+            raise ValueError(f"--features: unknown feature {f!r}{did_you_mean(f, known)}; the known features are "
+                             f"{', '.join(known)} (the published 8 are the default)")
+
+
+def _check_labels_profile(profile: str, lab) -> None:
+    """``train --profile``: the profile the labels were made with (their ``profile`` column, where they have one),
+    else an error: the model would record the wrong profile, and ``predict --check`` / ``evaluate`` would run it."""
+    from twin.perf.profile import load_profile
+
+    if "profile" not in lab:
+        return
+    have = sorted({str(v) for v in lab["profile"].dropna()})
+    name = load_profile(profile).name  # (a profile file: the name it holds)
+    if have and (len(have) > 1 or name != have[0]):
+        raise ValueError(f"--profile {profile}: the labels were made with profile {', '.join(have)} (their profile "
+                         f"column), not {name}; the model would record the wrong profile and `configure predict "
+                         f"--check` / `configure evaluate` would run it; leave --profile out (it is read from the "
+                         f"data), or label sweeps run with {name}")
+
+
 #: the fewest labelled scenarios ``train``'s grid search cross-validates (:func:`twin.configurator.models.train`)
 MIN_SEARCH_SCENARIOS = 6
 
 
 def cmd_train(args) -> int:
-    from twin.configurator.dataset import build_dataset, combine_labels, label_engine, load_labels, load_runs, sweep_meta
+    from twin.configurator.dataset import (build_dataset, combine_labels, label_engine, load_labels, load_runs, sweep_meta,
+                                           trained_grid)
     from twin.configurator.labels import FEATURES
     from twin.configurator.models import save_model, shipped_model_path, train
 
-    if args.cv < 2:
+    if args.cv is not None and args.no_search:  # (the folds were read by nothing)
+        raise ValueError(f"--cv {args.cv} with --no-search: no cross-validation is run (the default hyper-parameters "
+                         f"are fitted once); leave one out")
+    if args.cv is not None and args.cv < 2:
         raise ValueError(f"--cv {args.cv}: the grid search needs at least 2 folds, e.g. --cv 5 (or --no-search)")
+    args.cv = DEFAULT_CV if args.cv is None else args.cv
     if args.seed < 0:
         raise ValueError(f"--seed {args.seed}: must be >= 0, e.g. --seed 0")
     _check_percentile_slo(args)
@@ -403,6 +447,8 @@ def cmd_train(args) -> int:
     if feats is not None and len(set(feats)) < len(feats):
         twice = next(f for f in feats if feats.count(f) > 1)
         raise ValueError(f"--features {args.features!r}: {twice} is named twice; name each feature once")
+    if feats is not None:
+        _check_features(feats)
     # label files of `configure dataset`: read and checked before any sweep is labelled
     files = [(s, load_labels(s, feats)) for s in srcs if not Path(s).is_dir()]
     meta: dict[str, Any] = {}
@@ -435,14 +481,10 @@ def cmd_train(args) -> int:
                          f"search's cross-validation (it needs at least {MIN_SEARCH_SCENARIOS}: two per fold, three "
                          f"folds); label more scenarios, or give --no-search to fit the default hyper-parameters "
                          f"without cross-validation")
+    if args.profile is not None:
+        _check_labels_profile(args.profile, lab)
     profile = args.profile or (str(lab["profile"].iloc[0]) if "profile" in lab else None)
-    grid = {}
-    if meta.get("sweeps"):
-        grid = {"served": sorted(meta["sweeps"][0]["served"]), "slots": sorted(meta["sweeps"][0]["slots"])}
-    if not grid:
-        from twin.sweep.grid import PUBLISHED_GRID
-
-        grid = {"served": list(PUBLISHED_GRID), "slots": list(PUBLISHED_GRID)}
+    grid = trained_grid(lab, meta.get("sweeps") or [])
     prov = {"profile": profile, "rule": str(lab["rule"].iloc[0]) if "rule" in lab else args.rule,
             "engine": label_engine(lab), "sources": [str(s) for s in srcs], **meta,
             "command": "twin configure train " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else srcs)}
@@ -516,16 +558,24 @@ def _extra_features(items: list[str]) -> dict[str, float]:
 
 
 def _load_for(args, default_kind: str):
-    """The model of ``--model FILE``, else the shipped one of ``--profile`` and ``--kind`` (``default_kind``
-    when not given); a ``--kind`` that the file is not is refused (it picks only a shipped model)."""
+    """The model of ``--model FILE``, else the shipped one of ``--profile`` (default :data:`DEFAULT_PROFILE`) and
+    ``--kind`` (``default_kind`` when not given); a ``--kind`` that the file is not is refused (it picks only a
+    shipped model), as is a ``--profile`` that is not the file's (it was ignored: the model's own profile is the
+    one its recommendation is for, and the one ``--check`` runs)."""
     from twin.configurator.models import load_model
 
     kind = getattr(args, "kind", None) or default_kind
-    model = load_model(args.model or args.profile, kind)
+    model = load_model(args.model or args.profile or DEFAULT_PROFILE, kind)
     if args.model and getattr(args, "kind", None) and model.get("kind") != args.kind:
         raise ValueError(f"--kind {args.kind} with --model {args.model}: the file is a {model.get('kind')} model, and "
                          f"--kind picks only a shipped model of --profile; leave --kind out, or leave --model out for "
                          f"the shipped {args.kind} model")
+    own = (model.get("provenance") or {}).get("profile")
+    if args.model and args.profile is not None and args.profile != own:
+        raise ValueError(f"--profile {args.profile} with --model {args.model}: the model was trained on "
+                         f"{own or 'runs of no recorded profile'}, and --profile picks only a shipped model; leave "
+                         f"--profile out (the model's own profile is used), or leave --model out for the shipped "
+                         f"model of {args.profile}")
     return model
 
 
@@ -547,7 +597,7 @@ def cmd_predict(args) -> int:
     _check_serving_us(args.serving_us)
     model = _load_for(args, "rf")
     if args.check:
-        _check_rank_tile_cost(args.rank_tile_cost, model.get("provenance", {}).get("profile") or args.profile)
+        _check_rank_tile_cost(args.rank_tile_cost, model.get("provenance", {}).get("profile") or DEFAULT_PROFILE)
     x = features_of(rates, ranks)
     both = sorted(set(extra) & set(LENGTH_FEATURES))
     if both and lengths is not None:
@@ -896,6 +946,17 @@ def _executor_extra():
         raise ValueError(f"{e}; or use --executor local") from None
 
 
+def _window_warning(grid) -> None:
+    """``search --window`` too short for the starvation line (:func:`twin.sweep.grid.window_note`): a warning
+    beside the answer (a short window still answers, and quickly; the tokens in flight at its end go uncounted,
+    so a configuration that keeps up can read as starving and the answer be too few served adapters)."""
+    from twin.sweep.grid import window_note
+
+    short = window_note(grid, "the scenario", "--window")
+    if short:
+        print(f"twin configure search: warning: {short}", file=sys.stderr)
+
+
 def cmd_search(args) -> int:
     from twin.configurator.search import search
     from twin.sweep.runner import check_selection
@@ -926,14 +987,16 @@ def cmd_search(args) -> int:
         _check_rank_tile_cost(args.rank_tile_cost, args.profile)
         kw["rank_tile_cost"] = float(args.rank_tile_cost)
     slo = _search_slo(args)
+    grids: list = []  # (the search's grid, checked: for the window's warning)
     with _executor_extra():
         labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
-                              progress=sys.stderr.isatty() or None, **slo, **kw)
+                              progress=sys.stderr.isatty() or None, on_grid=grids.append, **slo, **kw)
     if labels.empty and args.rule == "slo" and runs["status"].astype(str).eq("ok").any():
         raise ValueError(f"no configuration of the search meets the SLOs ({_slo_text(slo)}) without starving: "
                          f"{_no_result(runs)}; loosen --ttft-p99-s / --itl-p99-s, or lower --rates")
     if labels.empty:  # no run of the walk gave a result (the rule skips start failures and errors)
         raise ValueError(f"no configuration of the search ran: {_no_result(runs)}")
+    _window_warning(grids[0])
     lab = labels.iloc[0].to_dict()
     res = {"served_adapters": int(lab["served_adapters"]), "adapter_slots": int(lab["adapter_slots"]),
            "throughput_tok_s": float(lab["throughput_tok_s"]), "ratio_at_label": lab["ratio_at_label"],

@@ -230,6 +230,20 @@ def sweep_meta(sources: Iterable[str | os.PathLike]) -> dict[str, Any]:
     return {"sweeps": out}
 
 
+def trained_grid(lab: pd.DataFrame, sweeps: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """The configurations a model trained on ``lab`` snaps its predictions to: the served adapters and slots of the
+    sweeps behind it (``sweeps``: :func:`~twin.configurator.dataset.sweep_meta`'s records) and every value the labels
+    hold (a labels file's ``served_adapters``, ``next_served`` and ``adapter_slots``: the configurations its sweep
+    ran), so a model trained on a sweep directory and one trained on the labels written from it agree (a labels
+    file snapped to the published grid, 16 and up, whatever its sweep's grid)."""
+    served = {int(v) for s in sweeps for v in (s.get("served") or [])}
+    slots = {int(v) for s in sweeps for v in (s.get("slots") or [])}
+    for col, into in (("served_adapters", served), ("next_served", served), ("adapter_slots", slots)):
+        if col in lab:
+            into.update(int(v) for v in pd.to_numeric(lab[col], errors="coerce").dropna())
+    return {"served": sorted(served), "slots": sorted(slots)}
+
+
 def combine_labels(parts: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
     """Label tables from several sources (``(source, labels)`` pairs: sweep directories labelled
     here, label files of ``configure dataset``) as one, so a model can be trained on a sample

@@ -214,6 +214,32 @@ def _slo_pass(df: pd.DataFrame, slo_share: float, ttft_p99_s: float | None,
     return out
 
 
+def slo_miss(runs: pd.DataFrame, slo_share: float = 0.9, ttft_p99_s: float | None = None,
+             itl_p99_s: float | None = None) -> str:
+    """Why the ``slo`` rule labelled no scenario of ``runs`` (:func:`label_scenarios` gave no row), with the fix
+    that applies: no run with a throughput meets the SLO (loosen the percentile SLOs given, or lower the share
+    of the sweep's ``[slo]`` attainment), or those that meet it are all starving (the rule labels only runs that
+    keep up: a run whose throughput is below the line loses its unfinished requests from the percentiles)."""
+    pct = ttft_p99_s is not None or itl_p99_s is not None
+    loosen = ("loosen --ttft-p99-s / --itl-p99-s" if pct
+              else "lower --slo-share, or give the sweep's [slo] a looser target")
+    ran = runs[(runs["status"] == "ok") & pd.to_numeric(runs["total_tok_s"], errors="coerce").notna()] \
+        if "total_tok_s" in runs and "status" in runs else runs.iloc[:0]
+    if not len(ran):
+        return "no run has a throughput (every run stopped early, failed to start or ended in an error)"
+    met = ran[_slo_pass(ran, slo_share, ttft_p99_s, itl_p99_s)["slo_ok"].astype(bool).to_numpy()]
+    if not len(met):
+        return f"none of the {len(ran)} runs with a throughput meets the SLO; {loosen}"
+    ratio = pd.to_numeric(met["total_tok_s"], errors="coerce") / pd.to_numeric(met["offered_tok_s"], errors="coerce")
+    best = float(ratio.max()) if ratio.notna().any() else math.nan
+    most = f"at most {best:.3f}" if math.isfinite(best) else "below the line"
+    share = f"all {len(met)}" if len(met) == len(ran) else f"{len(met)} of the {len(ran)}"
+    return (f"{share} runs meet the SLO but are starving (throughput {most} of the offered tokens, below the "
+            f"sweep's starvation line); the slo rule labels only runs that keep up: sweep configurations that keep "
+            f"up (fewer served adapters, lower rates), or a longer window_s if the sweep's is short (the requests "
+            f"still in flight at its end are not counted), or label with --rule throughput90")
+
+
 def _label_one(g: pd.DataFrame, rule: str, ratio: float, tolerance: float, slo_share: float,
                strict: bool) -> dict[str, Any] | None:
     if rule == "slo":

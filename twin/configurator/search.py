@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 
@@ -73,16 +73,20 @@ def _pairs_tasks(g: GridSpec, pairs: list[tuple[list[float], list[int]]]) -> lis
 def search(pairs: list[tuple[list[float], list[int]]], profile: str | None, cache: str | os.PathLike | None = None,
            executor: str = "local", jobs: int = 1, rule: str = "throughput90", progress: bool | None = False,
            ttft_p99_s: float | None = None, itl_p99_s: float | None = None,
-           **grid_kw: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+           on_grid: Callable[[GridSpec], None] | None = None, **grid_kw: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Search every ``(rates, ranks)`` pair; returns ``(labels, runs)``: one label row per scenario
     (and seed) under ``rule``, and the runs behind them. ``ttft_p99_s`` / ``itl_p99_s``: the ``slo``
     rule's percentile SLOs on the runs' summaries (:func:`twin.configurator.labels.label_scenarios`;
     the search's runs record no ``[slo]`` attainment). A search whose busiest run would exceed the
-    twin's request cap is refused first (:func:`check_requests`)."""
+    twin's request cap is refused first (:func:`check_requests`). ``on_grid``: called with the search's grid once it
+    is checked, before any run (``configure search`` warns of a window too short for the starvation line there,
+    :func:`twin.sweep.grid.window_note`)."""
 
     check_requests(pairs, grid_kw.get("served", PUBLISHED_GRID), grid_kw.get("window_s", 3600.0))
     g = search_grid(pairs, profile, **grid_kw)
     tasks = _pairs_tasks(g, pairs)
+    if on_grid is not None:
+        on_grid(g)
     cache = Path(cache or DEFAULT_CACHE)
     done = runner.done_tasks(cache)
     todo = [t for t in tasks if t["task_hash"] not in done]

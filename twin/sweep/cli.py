@@ -46,7 +46,7 @@ def register_cli(subparsers) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from twin.sweep.grid import defaults_note, load_grid
+    from twin.sweep.grid import defaults_note, load_grid, window_note
     from twin.sweep.scenario import twin_version
     from twin.sweep.runner import (MissingExtra, check_address, check_executor, check_runnable, check_selection,
                                    done_tasks, exclusion_keys, read_meta, read_results, run_sweep, select_tasks,
@@ -107,15 +107,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if exclude and not select_tasks(grid_tasks, exclude=exclude):
         print(f"twin sweep: warning: --exclude leaves none of the {len(grid_tasks)} tasks of grid {grid.name}: "
               f"nothing to run", file=sys.stderr)
+
+    def short_window() -> None:  # (a warning, not a refusal: short windows still serve smoke runs and latency checks)
+        short = window_note(grid, f"grid {grid.name!r}", "window_s") if grid_tasks else ""
+        if short:
+            print(f"twin sweep: warning: {short}", file=sys.stderr)
+
     if args.dry_run:
+        from twin.sweep.scenario import get_profile
+
+        short_window()
         d = {"grid": grid.name, "tasks": len(tasks), "configs_per_task": len(grid.configs()),
-             "runs_max": len(tasks) * len(grid.configs()), "profile": grid.profile, "digest": grid.digest()}
+             "runs_max": len(tasks) * len(grid.configs()), "profile": grid.profile or get_profile(None).name,
+             "digest": grid.digest()}
         print(json.dumps(d, indent=2) if args.json else "\n".join(f"{k:<18} {v}" for k, v in d.items()))
         return 0
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     try:
         rep = run_sweep(grid, out, args.executor, args.jobs, args.address, args.resume, args.limit, args.shard,
-                        args.every, progress, exclude=exclude, order=args.order)
+                        args.every, progress, exclude=exclude, order=args.order, on_start=short_window)
     except MissingExtra as e:
         print(f"twin sweep: error: {e}", file=sys.stderr)
         return 2
@@ -152,8 +162,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _check_mode(args: argparse.Namespace) -> None:
-    """``--list`` and ``--summary`` run nothing: the options only a run reads are refused beside them
-    (they would be ignored), as are the two together."""
+    """``--list``, ``--summary`` and ``--dry-run`` run nothing: the options only a run reads are refused beside them
+    (they would be ignored), as are the first two together (``--dry-run`` reads the selection: ``--limit``,
+    ``--every``, ``--shard``, ``--exclude``)."""
     run_only = [("--limit", args.limit is not None), ("--every", args.every is not None),
                 ("--shard", args.shard is not None), ("--exclude", args.exclude is not None),
                 ("--executor", args.executor != "local"), ("--jobs", args.jobs != 1),
@@ -171,3 +182,10 @@ def _check_mode(args: argparse.Namespace) -> None:
             raise ValueError(f"--summary summarizes the results already in --out and runs nothing, so "
                              f"{' and '.join(given)} would be ignored; leave {'them' if len(given) > 1 else 'it'} out "
                              f"(or drop --summary to run the sweep)")
+    elif args.dry_run:
+        selection = {"--limit", "--every", "--shard", "--exclude"}  # (they decide the tasks the dry run counts)
+        given = [f for f, on in run_only if on and f not in selection and f != "--dry-run"]
+        if given:
+            raise ValueError(f"--dry-run prints the grid's size and runs nothing, so {' and '.join(given)} would be "
+                             f"ignored; leave {'them' if len(given) > 1 else 'it'} out (or drop --dry-run to run "
+                             f"the sweep)")

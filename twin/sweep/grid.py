@@ -57,7 +57,7 @@ from traces.arguments import did_you_mean, first_repeat
 from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points, resolve_system
 from twin.sweep.scenario import (DEFAULT_POLICY, POLICY_KEY_PART, check_length_corr, check_lengths, get_profile,
-                                 profile_hash)
+                                 profile_hash, scenario_profile, unloaded_request_s)
 from twin.config import SLORA_ONLY_FIELDS, ConfigError, EngineConfig
 from twin.model_spec import get_model
 from twin.perf.profile import parse_lora_targets
@@ -666,6 +666,53 @@ def _check_requests(g: GridSpec) -> None:
         raise ValueError(f"grid: its busiest run expects ~{n:.2g} requests ({max(g.served)} adapters at a mean "
                          f"{mean_rate:g} req/s each over window_s = {g.window_s:g}), so every run would hold no "
                          f"request; lengthen window_s (e.g. window_s = 3600) or raise the rates")
+
+
+#: the share of the starvation line's margin (1 - ratio: 10 % of the offered tokens at the published 0.9) that the
+#: tokens still in flight at a window's end may take before :func:`window_note` warns: past it, more than a tenth of
+#: the runs that keep up with margin to spare (throughput between the line and the offered load) read as starving
+WINDOW_MARGIN_SHARE = 0.1
+
+
+def window_cut(g: GridSpec) -> dict[str, float]:
+    """How much of the offered tokens a run of ``g`` loses at its window's end, at the least.
+
+    A run counts the tokens of the requests finished within ``window_s``; those still running when it ends are
+    cancelled. Requests arrive at a steady rate, so the requests in flight at the end are those that arrived in the
+    last request time ``L``: about ``L / window_s`` of the offered tokens (``cut``) go uncounted even when the server
+    keeps up, and a run reads ``ratio`` below what it serves. ``L`` is :func:`twin.sweep.scenario.unloaded_request_s`
+    (a request with the engine to itself, token-weighted: a lower bound, queueing under load only lengthens it) at
+    the grid's lightest configuration (fewest slots and served adapters, smallest maximum rank) for its longest
+    request mix. The starvation line leaves a ``margin`` of ``1 - ratio``: a ``cut`` of the whole margin makes even
+    an unloaded run read as starving, and a ``cut`` above :data:`WINDOW_MARGIN_SHARE` of it misreads a run that
+    keeps up with that much to spare. ``min_window_s``: the window whose ``cut`` is that share of the margin."""
+    tasks = g.tasks()
+    slots, served = min(g.slots), min(g.served)
+    rank = min(t["max_rank"] for t in tasks)
+    longest = 0.0
+    for pair in {tuple(t["scenario"]["lengths"]) for t in tasks}:
+        sc = next(t["scenario"] for t in tasks if tuple(t["scenario"]["lengths"]) == pair)
+        prof = scenario_profile(g.profile, sc)
+        longest = max(longest, unloaded_request_s(prof, pair, g.length_corr, slots, rank, served))
+    margin = 1.0 - float(g.ratio)
+    return {"request_s": longest, "cut": longest / float(g.window_s), "margin": margin,
+            "min_window_s": longest / (WINDOW_MARGIN_SHARE * margin) if margin > 0 else math.inf}
+
+
+def window_note(g: GridSpec, what: str, flag: str) -> str:
+    """A warning for a window too short for the starvation line (:func:`window_cut`; empty when it is long
+    enough); ``what`` names the runs (``grid 'g2'``), ``flag`` the setting to lengthen (``window_s``, ``--window``)."""
+    c = window_cut(g)
+    if c["margin"] <= 0 or c["cut"] <= WINDOW_MARGIN_SHARE * c["margin"]:
+        return ""
+    reads = ("even a run offered next to nothing is expected to read as starving" if c["cut"] >= c["margin"]
+             else f"a run that keeps up with less than {100 * c['cut']:.1f} % to spare is expected to read as starving")
+    lo = math.ceil(c["min_window_s"] / 10.0) * 10
+    return (f"{flag} {g.window_s:g} is short for the starvation line (throughput >= {g.ratio:g} of the offered "
+            f"tokens): a request of {what} takes ~{c['request_s']:.1f} s even with the engine to itself, so "
+            f"~{100 * c['cut']:.1f} % or more of the offered tokens are expected to be still in flight when the window "
+            f"ends, uncounted, against the line's margin of {100 * c['margin']:g} %: {reads}; give {flag} >= {lo:g} "
+            f"(in flight at most a tenth of the margin; the published runs use 3600)")
 
 
 def load_grid(name_or_path: str | os.PathLike) -> GridSpec:

@@ -371,9 +371,12 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
               address: str | None = None, resume: bool = True, limit: int | None = None,
               shard: str | None = None, every: int | None = None, progress: bool = True,
               on_result: Callable[[list[dict]], None] | None = None, check_grid: bool = True,
-              exclude: set[str] | None = None, order: str = "heavy") -> SweepReport:
+              exclude: set[str] | None = None, order: str = "heavy",
+              on_start: Callable[[], None] | None = None) -> SweepReport:
     """Run ``grid`` into ``out`` (see the module docstring). ``check_grid=False`` lets several grids
-    share one directory (a cache: shards are named by the hash of their task's content)."""
+    share one directory (a cache: shards are named by the hash of their task's content). ``on_start``: called
+    once every check has passed, before ``out`` is written (``twin sweep`` warns there of a window too short for
+    the starvation line, after any error)."""
     if not isinstance(grid, GridSpec):
         how = ("twin.sweep.grid.load_grid(name_or_path)" if isinstance(grid, (str, os.PathLike)) else
                "twin.sweep.grid.grid_from_dict(table)" if isinstance(grid, dict) else
@@ -414,6 +417,10 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
         meta["history"] = old.get("history", [])
     if resume and check_grid:  # (another grid's shards copied in, a stray file: the resume would count or mix them)
         check_foreign_shards(out, {t["task_hash"] for t in grid_tasks}, grid.name)
+    if order not in ("heavy", "shuffle", "grid"):  # (checked before anything is written)
+        raise ValueError(f"unknown order {order!r}; choose heavy, shuffle or grid")
+    if on_start is not None:
+        on_start()
     if check_grid:  # the shard names of the grid: the results reader refuses any other shard found here
         meta["task_hashes"] = sorted(t["task_hash"] for t in grid_tasks)
     else:

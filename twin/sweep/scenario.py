@@ -275,6 +275,40 @@ def throughput_upper_bound(eng, window_s: float, r_max: float, tokens: np.ndarra
     return F + R + min(rho * budget, max(remaining, 0.0))
 
 
+# --------------------------------------------------------------------------- the window's cut
+def unloaded_request_s(profile, lengths: tuple[float, float] | list[float] = DEFAULT_LENGTHS, length_corr: float = 0.0,
+                       slots: int = 1, max_rank: int = 8, served: int = 1, n: int = 4000) -> float:
+    """The time a request of the scenario's pool takes with the engine to itself (the profile's step times: one
+    prefill step of the mean prompt, then one decode step per output token at the mean context), weighted by its
+    tokens: ``t_prefill + t_decode * E[(p + o) o] / E[p + o]`` over ``n`` lengths drawn (a fixed seed) from the
+    pool's length model (:func:`twin.validation.recreate.sharegpt_model`; the mean output tokens when no model is
+    at hand). A run's window ``W`` cancels the requests still running at its end, so about ``unloaded_request_s /
+    W`` of the offered tokens go uncounted even in an unloaded run (the tokens of the requests that arrived in the
+    last ``unloaded_request_s``; queueing under load only adds to it): :func:`twin.sweep.grid.window_cut`."""
+    mean_in, mean_out = float(lengths[0]), float(lengths[1])
+    try:
+        p, o = sharegpt_model(mean_in, mean_out, float(length_corr)).sample(int(n), np.random.default_rng(0))
+        p, o = np.asarray(p, float), np.asarray(o, float)
+        out_weighted = float(((p + o) * o).sum() / (p + o).sum())
+    except (FileNotFoundError, ValueError):  # (no length model here: the grid's own check reports it)
+        out_weighted = mean_out
+    rank, slots, served = int(max_rank), max(int(slots), 1), max(int(served), 1)
+    prefill = profile.step_s(int(round(mean_in)), 0, 0, 1, 1, rank, slots, 1, 0, served)
+    decode = profile.step_s(0, 1, int(round(mean_in + mean_out)), 1, 1, rank, slots, 1, 0, served)
+    return float(prefill + decode * out_weighted)
+
+
+def scenario_profile(profile: str | None, scenario: dict[str, Any]):
+    """The profile a run of ``scenario`` steps with: ``profile`` with the grid's serving-path host time
+    (:attr:`twin.sweep.grid.GridSpec.serving_us`) and rank-tile cost (:attr:`~twin.sweep.grid.GridSpec.rank_tile_cost`)."""
+    prof = get_profile(profile)
+    if scenario.get("serving_us"):  # the serving path's host time (GridSpec.serving_us)
+        prof = prof.with_serving_host(float(scenario["serving_us"]) * 1e-6)
+    if scenario.get("rank_tile_cost") is not None:  # the LoRA shrink's rank tiles (GridSpec.rank_tile_cost)
+        prof = prof.with_rank_tile_cost(float(scenario["rank_tile_cost"]))
+    return prof
+
+
 # --------------------------------------------------------------------------- one run
 def run_config(scenario: dict[str, Any], served: int, slots: int, max_rank: int, *, seed: int = 0,
                window_s: float = WINDOW_S, profile: str | None = None, policy: str | None = None,
@@ -290,11 +324,7 @@ def run_config(scenario: dict[str, Any], served: int, slots: int, max_rank: int,
     the original error (chained), as :func:`twin.simulate.simulate` does; the walk records it in the row's
     ``error``."""
 
-    prof = get_profile(profile)
-    if scenario.get("serving_us"):  # the serving path's host time (GridSpec.serving_us)
-        prof = prof.with_serving_host(float(scenario["serving_us"]) * 1e-6)
-    if scenario.get("rank_tile_cost") is not None:  # the LoRA shrink's rank tiles (GridSpec.rank_tile_cost)
-        prof = prof.with_rank_tile_cost(float(scenario["rank_tile_cost"]))
+    prof = scenario_profile(profile, scenario)
     if (engine_overrides or {}).get("lora_targets") is not None:
         # the adapters' modules: bytes, slot buffers and compute (simulate() applies them; the sweep builds its
         # Engine itself and ran the profile's targets whatever the grid said)
