@@ -782,3 +782,15 @@ def test_search_warns_of_a_window_too_short_for_the_starvation_line(tmp_path, ca
     assert "even a run offered next to nothing is expected to read as starving; give --window >= " in err
     assert main(argv + ["--window", "600"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_labels_without_a_profile_column_give_a_model_that_loads(tmp_path, capsys):
+    """Hand-made labels with no profile column: the model records the default profile and says so (it recorded
+    profile None, which load_model then refused as a damaged file)."""
+    synthetic_labels(8).drop(columns=["profile"], errors="ignore").to_csv(tmp_path / "labels.csv", index=False)
+    assert main(["configure", "train", str(tmp_path / "labels.csv"), "--kind", "cart", "--no-search", "--out",
+                 str(tmp_path / "m.json")]) == 0
+    assert "the labels name no profile (no profile column)" in capsys.readouterr().err
+    assert main(["configure", "predict", "--rates", "0.4,0.2,0.1", "--ranks", "8,16,32", "--model",
+                 str(tmp_path / "m.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["adapter_slots"] >= 1

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -484,6 +485,12 @@ def cmd_train(args) -> int:
     if args.profile is not None:
         _check_labels_profile(args.profile, lab)
     profile = args.profile or (str(lab["profile"].iloc[0]) if "profile" in lab else None)
+    if profile is None:  # (the model recorded profile None, and load_model refused it as damaged)
+        from twin.perf.profile import DEFAULT_FITTED
+
+        profile = DEFAULT_FITTED
+        warnings.warn(f"the labels name no profile (no profile column): the model records the default profile "
+                      f"{profile}, which predict --check and evaluate run; give --profile P if they came from another")
     grid = trained_grid(lab, meta.get("sweeps") or [])
     prov = {"profile": profile, "rule": str(lab["rule"].iloc[0]) if "rule" in lab else args.rule,
             "engine": label_engine(lab), "sources": [str(s) for s in srcs], **meta,
