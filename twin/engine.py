@@ -396,7 +396,8 @@ class Engine(PreemptionWalk, EngineState):
         self.rec.preemptions += 1
         a = self.adapter_a[rid]
         if a >= 0:
-            self._wad[a] += 1
+            if self._wad is not None:  # (kept once a policy asked: waiting_adapter_counts)
+                self._wad[a] += 1
             self.adapters.release(a, now)
         self.scheduler.on_preempt(rid)
         return freed
@@ -465,7 +466,8 @@ class Engine(PreemptionWalk, EngineState):
         self.n_waiting -= 1
         seen = self._seen
         if a >= 0:
-            self._wad[a] -= 1
+            if self._wad is not None:  # (kept once a policy asked: waiting_adapter_counts)
+                self._wad[a] -= 1
             now = ctx.now
             if not seen[rid]:
                 seen[rid] = 1

@@ -177,9 +177,10 @@ class EngineState:
         self.fin_heap: list = []        # (finish step, rid) (Engine: encoded as one int, see Engine._fin_m)
         self.used_blocks = 0
         self.n_waiting = 0
-        # waiting requests per adapter (waiting_adapter_counts), kept on the events that change them; the
+        # waiting requests per adapter (waiting_adapter_counts), kept on the events that change them once a
+        # policy first asks (None until then: no cost on the engine's path for the policies that never do); the
         # arrivals before _wad_ptr counted
-        self._wad = np.zeros(self.n_adapters, np.int64)
+        self._wad: np.ndarray | None = None
         self._wad_ptr = 0
         self.arr_ptr = 0                # requests with index < arr_ptr have arrived
         self._next_arr_t = self.arrival_a[0] if self.n else INF
@@ -457,6 +458,11 @@ class EngineState:
         rejected at start-up) are added here -- the events of one that came in between were counted already.
         (Chameleon's cache keeps the adapters of queued requests, :class:`policies.chameleon.ChameleonCache`:
         a scan of the waiting requests per victim cost O(waiting), most of an overloaded run.)"""
+        if self._wad is None:  # the first call: counted from the waiting requests, kept from here on
+            ad = self.adapter[self.waiting_ids()]
+            self._wad = np.bincount(ad[ad >= 0], minlength=self.n_adapters).astype(np.int64)
+            self._wad_ptr = self.arr_ptr
+            return self._wad
         lo, hi = self._wad_ptr, self.arr_ptr
         if hi > lo:
             ad = self.adapter[lo:hi]
@@ -498,6 +504,8 @@ class EngineState:
 
     def _unwait(self, ad: np.ndarray) -> None:
         """Requests of adapters ``ad`` left the waiting queue without an admission (dropped)."""
+        if self._wad is None:
+            return
         ad = ad[ad >= 0]
         if len(ad):
             np.subtract.at(self._wad, ad, 1)

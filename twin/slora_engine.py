@@ -745,7 +745,8 @@ class SLoRAEngine(EngineState):
         self.resume_T.pop(rid, None)
         self.n_waiting -= 1
         if a >= 0:
-            self._wad[a] -= 1
+            if self._wad is not None:  # (kept once a policy asked: waiting_adapter_counts)
+                self._wad[a] -= 1
         now = ctx.now
         ad = self.adapters
         if not self._seen[rid]:
@@ -1029,7 +1030,8 @@ class SLoRAEngine(EngineState):
         self.rec.preemptions += 1
         a = self.adapter_a[rid]
         if a >= 0:
-            self._wad[a] += 1
+            if self._wad is not None:  # (kept once a policy asked: waiting_adapter_counts)
+                self._wad[a] += 1
             self.rank_sum -= int(self.adapter_rank[a])
             self._release(a, now, False)
         self.scheduler.on_preempt(rid)
