@@ -32,7 +32,7 @@ from twin.figures import LATENCY_PNG, TIMELINE_PNG, write_run_figures
 from twin.perf.profile import load_profile
 from twin.registry import describe_all, resolve_system
 from twin.requests import with_option
-from twin.scenario import (DEFAULT_ADAPTER_SLOTS, SUMMARY_MARKERS, SYSTEM_OPTIONS, RunConfig, build_engine_config,
+from twin.scenario import (SUMMARY_MARKERS, SYSTEM_OPTIONS, RunConfig, build_engine_config,
                            build_workload, check_adapter_options_act, check_model, check_run, check_system_options,
                            load_scenario_file, option_name, replay_warnings, resolved_scenario, to_toml,
                            with_trace_defaults)
@@ -167,38 +167,72 @@ def resolve_run(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
     recorded: dict[str, Any] = {}
     if args.config:
         values, recorded = load_scenario_file(args.config)
+    in_file = dict(values)
     given = given_values(RunConfig, args)
     for key in ("trace_options", "scheduler_options", "cache_options"):  # a flag's keys over the file's
         if key in given and key in values:
             given[key] = list({**dict(values[key]), **dict(given[key])}.items())
-    # a file's options that differ from their defaults count as given (a file records every option: a dumped
-    # S-LoRA scenario holds vLLM's default slots, which it does not read)
-    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
-    in_file = [k for k, v in values.items() if k in SYSTEM_OPTIONS and k not in given and v != defaults.get(k)
-               # (a scenario the twin wrote for a run that left --slots out records the default it resolved: at
-               # most DEFAULT_ADAPTER_SLOTS, also on S-LoRA; a hand-written file has no recorded profile hash)
-               and not (k == "slots" and "profile_sha256" in recorded and isinstance(v, int)
-                        and v <= DEFAULT_ADAPTER_SLOTS)]
-    from_file = {k for k in ("scheduler_options", "cache_options", "trace_options") if values.get(k) and k not in given}
     values.update(given)
     run = RunConfig(**values)
     try:
         check_run(run)
-    except ConfigError as e:  # a policy or trace option of the file: named as the file's, not as a flag
-        flags = {"scheduler_options": "--scheduler-opt", "cache_options": "--cache-opt", "trace_options": "--trace-opt"}
-        key = next((k for k in from_file if str(e).startswith(flags[k])), None)
-        if key is None:
-            raise
-        raise ConfigError(f"--config {args.config} [{key}]{str(e)[len(flags[key]):]}") from None
+    except ConfigError as e:  # a policy or trace option of the file: named as the file's, not as a flag's
+        raise ConfigError(_name_option_sources(str(e), given, in_file, args.config)) from None
     runs_on = {run.policy or "vllm": resolve_system(run.policy, run.system)}
     check_system_options(given, runs_on, run.system is not None)
-    try:
-        check_system_options(in_file, runs_on, run.system is not None)
-    except ConfigError as e:
-        key = next(k for k in in_file if str(e).startswith(option_name(k) + ":"))
-        why = str(e).split(": ", 1)[1].replace(f"leave {option_name(key)} out", "remove it from the file")
-        raise ConfigError(f"--config {args.config}: {key} = {values[key]!r}: {why}") from None
+    _check_file_system_options(args.config, in_file, given, recorded, run, runs_on)
     return run, recorded
+
+
+#: how an error names the option tables, as flags
+_TABLE_FLAGS = {"scheduler_options": "--scheduler-opt", "cache_options": "--cache-opt", "trace_options": "--trace-opt"}
+
+
+def _name_option_sources(msg: str, given: dict[str, Any], in_file: dict[str, Any], path: str | None) -> str:
+    """An option-table error (``--scheduler-opt: ...``, ``--scheduler-opt / --cache-opt: ...``) with each table
+    named where it came from: the flag, the scenario file's ``[scheduler_options]``, or both."""
+    def source(key: str) -> str:
+        parts = [_TABLE_FLAGS[key]] if key in given else []
+        if in_file.get(key):
+            parts.append(f"--config {path} [{key}]")
+        return " / ".join(parts) or _TABLE_FLAGS[key]
+
+    both = f"{_TABLE_FLAGS['scheduler_options']} / {_TABLE_FLAGS['cache_options']}"
+    if msg.startswith(both):
+        label = f"{source('scheduler_options')} / {source('cache_options')}"
+        if not ({"scheduler_options", "cache_options"} & set(given)):  # (both tables of the file)
+            label = f"--config {path} [scheduler_options] / [cache_options]"
+        return label + msg[len(both):]
+    for key, flag in _TABLE_FLAGS.items():
+        if msg.startswith(flag):
+            return source(key) + msg[len(flag):]
+    return msg
+
+
+def _check_file_system_options(path: str | None, in_file: dict[str, Any], given: dict[str, Any],
+                               recorded: dict[str, Any], run: RunConfig, runs_on: dict[str, str]) -> None:
+    """A scenario file's options that the run's serving system does not read (:data:`SYSTEM_OPTIONS`): refused in a
+    hand-written file, as their flags are; in a scenario the twin wrote (a recorded profile hash: it holds every
+    option, those it resolved included), said in a warning when they differ from the defaults, so a vLLM run's
+    summary replays on an S-LoRA preset."""
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
+    unread = [k for k, v in in_file.items() if k in SYSTEM_OPTIONS and k not in given and v != defaults.get(k)]
+    if not unread:
+        return
+    system = next(iter(runs_on.values()))
+    unread = [k for k in unread if SYSTEM_OPTIONS[k][0] != system]
+    if unread and "profile_sha256" in recorded:
+        # (every recorded scenario holds the slots it resolved, a run's on S-LoRA too: not said)
+        if shown := ", ".join(f"{k} = {in_file[k]!r}" for k in unread if k != "slots"):
+            warnings.warn(f"--config {path}: {shown}: options of another serving system than this run's, which "
+                          f"does not read them")
+        return
+    try:
+        check_system_options(unread, runs_on, run.system is not None)
+    except ConfigError as e:
+        key = next(k for k in unread if str(e).startswith(option_name(k) + ":"))
+        why = str(e).split(": ", 1)[1].replace(f"leave {option_name(key)} out", "remove it from the file")
+        raise ConfigError(f"--config {path}: {key} = {in_file[key]!r}: {why}") from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:

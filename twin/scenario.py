@@ -655,9 +655,8 @@ def check_adapter_options_act(run: RunConfig, w: Workload, given: typing.Collect
         if key not in given or value is None:
             continue
         shown = ",".join(map(str, value)) if key == "ranks" else value
-        why = ("--adapters 0" if run.adapters == 0 else
-               f"{run.trace} has no adapter_id column" if run.trace not in BUILTINS else
-               f"the trace {run.trace!r} has no adapters here")
+        why = ("--adapters 0" if run.adapters == 0 else f"the trace {run.trace!r} has no adapters here"
+               if run.trace in BUILTINS else f"{run.trace} gives no request an adapter: no adapter_id column, or all -1")
         raise ConfigError(f"--{key} {shown} has no effect: the workload serves the base model only ({why}); give "
                           f"--adapters N to draw adapters, or leave --{key} out")
 
@@ -892,10 +891,11 @@ def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile:
         raise ConfigError(f"--kv-tokens {kv}: too small; vLLM needs a KV cache that holds at least one "
                           f"--max-model-len request ({max_len} tokens) and would refuse to start: give --kv-tokens "
                           f"{max_len} or more{lower}")
-    # the weights alone (no adapter slots) leave too little: fewer slots or a lower rank cannot help
-    bare = kv if cfg.kv_capacity_tokens or not slots else profile.kv_capacity_tokens(0, 0)
+    # the weights alone (no adapter slots) leave too little: fewer slots or a lower rank cannot help (a cache the
+    # profile sizes; --kv-tokens and --gpu-mem-gb give their own messages)
+    bare = profile.kv_capacity_tokens(0, 0) if not cfg.kv_capacity_tokens else max_len
     if kv < max_len and bare < max_len:
-        more = "give a larger --gpu-mem-gb" if run.gpu_mem_gb is not None else "use a GPU with more memory"
+        more = "use a GPU with more memory"
         raise KVCapacityError(f"the KV cache holds {max(kv, 0)} tokens: {profile.model.name}'s weights alone leave "
                               f"{max(bare, 0)} tokens even without adapter slots ({profile.name}), less than one "
                               f"--max-model-len {max_len} request; vLLM would refuse to start: {more}"

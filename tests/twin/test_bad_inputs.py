@@ -60,6 +60,9 @@ FILES: dict[str, bytes] = {
     "base_only.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,100,10\n0.1,50,5\n",
     "opts_fcfs.toml": b'duration = 5\npolicy = "chameleon"\n[scheduler_options]\nrefresh_s = 2\n',
     "conv_no_turn.csv": b"arrival_s,prompt_tokens,output_tokens,conversation_id\n0.1,10,5,1\n0.2,10,5,1\n",
+    "both_tables.toml": b'duration = 5\npolicy = "chameleon"\n[scheduler_options]\nslo_s = "abc"\n[cache_options]\n'
+                        b'freq_window_s = 60\n',
+    "cache_table.toml": b'duration = 5\npolicy = "chameleon"\n[cache_options]\nfreq_window_s = "x"\n',
     "bad_digest.toml": b'duration = 5\ntrace_sha256 = "xyz"\n',
     "burst.csv": b"arrival_s,prompt_tokens,output_tokens\n" + b"0,100,10\n" * 20,
     "slora_slots.toml": b'policy = "chameleon"\nslots = 8\nduration = 5\n',
@@ -235,6 +238,12 @@ CASES: list[tuple[str, str]] = [
                                                   "slots (llama-2-13b_a100-24gb_vidur), less than one --max-model-len "
                                                   "4096 request; vLLM would refuse to start: use a GPU with more "
                                                   "memory; or split the weights over more GPUs: --tp 2 holds it"),
+    # under --gpu-mem-gb fewer slots can help: they stay the fix offered (not "the weights alone")
+    (R + "--gpu-mem-gb 50.3 --slots 32 --ranks 128 --max-model-len 8192", "the KV cache holds 4864 tokens, less than "
+                                                                         "one --max-model-len 8192 request "
+                                                                         "(llama-3.1-8b, 32 adapter slots of rank 128);"
+                                                                         " vLLM would refuse to start: lower "
+                                                                         "--max-model-len (at most 4864), lower --slots"),
     (R + "--gpu-mem-gb 0", "--gpu-mem-gb 0: must be > 0"),
     (R + "--gpu-mem-gb 1e300", "--gpu-mem-gb 1e+300: more than 100000 (100 TB on one GPU)"),
     (R + "--gpu-mem-gb -80", "--gpu-mem-gb -80: must be > 0"),
@@ -343,8 +352,9 @@ CASES: list[tuple[str, str]] = [
     ("run --no-progress --config {d}/sexagesimal.yaml", "max_num_seqs"),
     # adapter options on a workload without adapters change nothing
     ("run --no-progress --trace {d}/base_only.csv --ranks 8,64", "--ranks 8,64 has no effect: the workload serves the "
-                                                                 "base model only ({d}/base_only.csv has no adapter_id "
-                                                                 "column); give --adapters N"),
+                                                                 "base model only ({d}/base_only.csv gives no request an "
+                                                                 "adapter: no adapter_id column, or all -1); give "
+                                                                 "--adapters N"),
     ("run --no-progress --trace {d}/base_only.csv --trace-opt length_scale=2", "{d}/base_only.csv: a workload file "
                                                                                "can only be rescaled (--rps), windowed"
                                                                                " (--duration, window_start) or get new "
@@ -364,6 +374,11 @@ CASES: list[tuple[str, str]] = [
     # a policy option of a scenario file that the policy given on the command line does not take: named as the file's
     ("run --no-progress --config {d}/opts_fcfs.toml --policy vllm", "--config {d}/opts_fcfs.toml [scheduler_options]: "
                                                                     "scheduler 'fcfs' takes no option(s) 'refresh_s'"),
+    ("run --no-progress --config {d}/both_tables.toml", "--config {d}/both_tables.toml [scheduler_options] / "
+                                                        "[cache_options]: scheduler 'chameleon'"),
+    ("run --no-progress --config {d}/cache_table.toml --scheduler-opt slo_s=5", "--scheduler-opt / --config "
+                                                                               "{d}/cache_table.toml [cache_options]: "
+                                                                               "adapter-cache policy 'chameleon'"),
     ("run --no-progress --config {d}/bad_digest.toml", "--config {d}/bad_digest.toml: trace_sha256 = 'xyz' is not a "
                                                        "SHA-256 digest"),
     ("run --dump-config --out {d}/dc --plot", "--out / --plot with --dump-config: nothing is run or written (it "
@@ -1374,3 +1389,15 @@ def test_a_recorded_trace_digest_without_a_trace_file_is_said_so(tmp_path):
     rc, out, err = run_cli(["run", "--no-progress", "--config", str(tmp_path / "s.toml")])
     assert rc == 0 and "records a workload file's content (trace_sha256) but replays no file" in err, err
     assert "differ" not in err
+
+
+def test_a_vllm_run_s_summary_replays_on_an_s_lora_preset(tmp_path):
+    """A summary the twin wrote holds every option of its run: replayed with --policy slora, its vLLM options are
+    said in a warning (S-LoRA does not read them), not refused as a hand-written file's are."""
+    rc, _, err = run_cli(["run", "--no-progress", "--duration", "5", "--cpu-slots", "8", "--slots", "4",
+                          "--max-lora-rank", "64", "--out", str(tmp_path / "v")])
+    assert rc == 0, err
+    rc, out, err = run_cli(["run", "--no-progress", "--json", "--config", str(tmp_path / "v" / "summary.json"),
+                            "--policy", "slora"])
+    assert rc == 0, err
+    assert "cpu_slots = 8, max_lora_rank = 64: options of another serving system than this run's" in err, err
