@@ -734,18 +734,27 @@ def test_train_refuses_cv_without_a_search(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("features, message", [
-    ("rate_max,nosuch", "--features: unknown feature 'nosuch'; the known features are rate_max, rate_min, rate_mean, "
-                        "rate_std, rank_max, rank_min, rank_mean, rank_std, mean_input_tokens, mean_output_tokens, "
-                        "policy"),
-    ("rate_max,rank_maxx", "--features: unknown feature 'rank_maxx' (did you mean 'rank_max'?); the known features"),
+    ("rate_max,nosuch", "has no column 'nosuch' (a feature is a numeric column of the labels; the configurator "
+                        "computes rate_max, rate_min, rate_mean, rate_std, rank_max, rank_min, rank_mean, rank_std, "
+                        "mean_input_tokens, mean_output_tokens and policy)"),
+    ("rate_max,rank_maxx", "--features: {labels} has no column 'rank_maxx' (did you mean 'rank_max'?)"),
     ("rate_max,policy=fcfs", "--features: 'policy=fcfs' is an indicator column; name 'policy'"),
 ])
 def test_train_names_an_unknown_feature_as_a_feature(tables, tmp_path, capsys, features, message):
     """A misspelt feature read "labels.csv: not a labels table (missing columns ['nosuch'])"."""
     err = _error(["configure", "train", str(tables["labels"]), "--no-search", "--out", str(tmp_path / "m.json"),
                   "--features", features], capsys)
-    assert message in err, err
+    assert message.format(labels=tables["labels"]) in err, err
     assert "not a labels table" not in err
+
+
+def test_a_numeric_column_of_the_labels_can_be_a_feature(tmp_path, capsys):
+    """A feature is any numeric column of the labels (predict --feature NAME=VALUE gives it), not only those the
+    configurator computes."""
+    lab = synthetic_labels(8).assign(rule="throughput90", gpu_gb=80.0)
+    lab.to_csv(tmp_path / "labels.csv", index=False)
+    assert main(["configure", "train", str(tmp_path / "labels.csv"), "--no-search", "--kind", "cart", "--features",
+                 "rate_max,rank_max,gpu_gb", "--out", str(tmp_path / "m.json")]) == 0, capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- the slo rule's starving runs
@@ -782,6 +791,11 @@ def test_search_warns_of_a_window_too_short_for_the_starvation_line(tmp_path, ca
     assert "even a run offered next to nothing is expected to read as starving; give --window >= " in err
     assert main(argv + ["--window", "600"]) == 0
     assert "warning" not in capsys.readouterr().err
+    # a search the short window leaves without an answer says it too (the warning came after the runs, and an
+    # error came first)
+    assert main(argv + ["--window", "30", "--rule", "slo", "--ttft-p99-s", "0.000001"]) == 2
+    err = capsys.readouterr().err
+    assert "warning: --window 30 is short for the starvation line" in err and "no configuration of the search" in err
 
 
 def test_labels_without_a_profile_column_give_a_model_that_loads(tmp_path, capsys):

@@ -351,7 +351,7 @@ def test_exclusion_keys_that_match_no_scenario_are_warned_about(tmp_path, capsys
     assert ("twin sweep: warning: 1 of the 2 --exclude keys match no scenario of grid smoke (e.g. 'no-such-key') "
             "and exclude nothing; its keys look like 'rate_") in cap.err
     assert main(["sweep", "smoke", "--exclude", "rate_3.2-1.6-0.8_size_8-16-32", "--dry-run"]) == 0
-    assert "--exclude" not in capsys.readouterr().err
+    assert "warning" not in capsys.readouterr().err  # (a named grid's short window is its design: not warned of)
     both = "rate_3.2-1.6-0.8_size_8-16-32,rate_0.8-0.4-0.1_size_8-16-32"
     assert main(["sweep", "smoke", "--exclude", both, "--dry-run"]) == 0
     assert "--exclude leaves none of the 2 tasks of grid smoke: nothing to run" in capsys.readouterr().err

@@ -379,10 +379,11 @@ def _check_profile(name: str) -> None:
         raise ValueError(f"--profile: {e.args[0]}") from None
 
 
-def _check_features(feats: list[str]) -> None:
-    """``train --features``: every name one the configurator computes (:data:`~twin.configurator.labels.FEATURES`,
-    the length mix, ``policy``), before any table is read (a misspelt name was reported as a column the labels
-    file lacks)."""
+def _check_features(feats: list[str], columns: "list[str] | None" = None) -> None:
+    """``train --features``: every name a feature the configurator computes (:data:`~twin.configurator.labels.FEATURES`,
+    the length mix, ``policy``) or, once the labels are read (``columns``), a numeric column of theirs (``predict
+    --feature NAME=VALUE`` gives it); an indicator column is named as such before any table is read (a misspelt name
+    was reported as a column the labels file lacks, listing every column)."""
     from twin.configurator.features import LENGTH_FEATURES, POLICY, is_policy_column
     from twin.configurator.labels import FEATURES
 
@@ -391,9 +392,10 @@ def _check_features(feats: list[str]) -> None:
         if is_policy_column(f):
             raise ValueError(f"--features: {f!r} is an indicator column; name {POLICY!r} to encode every policy of "
                              f"the labels")
-        if f not in known:
-            raise ValueError(f"--features: unknown feature {f!r}{did_you_mean(f, known)}; the known features are "
-                             f"{', '.join(known)} (the published 8 are the default)")
+        if columns is not None and f not in known and f not in columns:
+            raise ValueError(f"--features: unknown feature {f!r}{did_you_mean(f, [*known, *columns])}; the known "
+                             f"features are {', '.join(known)} (the published 8 are the default), or a numeric "
+                             f"column of the labels")
 
 
 def _check_labels_profile(profile: str, lab) -> None:
@@ -496,8 +498,9 @@ def cmd_train(args) -> int:
             "engine": label_engine(lab), "sources": [str(s) for s in srcs], **meta,
             "command": "twin configure train " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else srcs)}
     if feats:
+        _check_features(feats, [c for c in lab.columns if pd.api.types.is_numeric_dtype(lab[c])])
         missing = [f for f in feats if f not in lab and f != "policy"]  # policy: checked by train
-        if missing:
+        if missing:  # (a feature the configurator computes that these labels lack: older labels)
             raise ValueError(f"--features: {missing} not in the labels (columns: {sorted(lab.columns)})")
     from twin.sweep.runner import MissingExtra
 
@@ -955,8 +958,8 @@ def _executor_extra():
 
 def _window_warning(grid) -> None:
     """``search --window`` too short for the starvation line (:func:`twin.sweep.grid.window_note`): a warning
-    beside the answer (a short window still answers, and quickly; the tokens in flight at its end go uncounted,
-    so a configuration that keeps up can read as starving and the answer be too few served adapters)."""
+    before any run (a short window still answers, and quickly; the tokens in flight at its end go uncounted,
+    so a configuration that keeps up can read as starving and the answer be too few served adapters, or none)."""
     from twin.sweep.grid import window_note
 
     short = window_note(grid, "the scenario", "--window")
@@ -994,16 +997,14 @@ def cmd_search(args) -> int:
         _check_rank_tile_cost(args.rank_tile_cost, args.profile)
         kw["rank_tile_cost"] = float(args.rank_tile_cost)
     slo = _search_slo(args)
-    grids: list = []  # (the search's grid, checked: for the window's warning)
-    with _executor_extra():
+    with _executor_extra():  # (the window's warning once the grid is checked, before any run)
         labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
-                              progress=sys.stderr.isatty() or None, on_grid=grids.append, **slo, **kw)
+                              progress=sys.stderr.isatty() or None, on_grid=_window_warning, **slo, **kw)
     if labels.empty and args.rule == "slo" and runs["status"].astype(str).eq("ok").any():
         raise ValueError(f"no configuration of the search meets the SLOs ({_slo_text(slo)}) without starving: "
                          f"{_no_result(runs)}; loosen --ttft-p99-s / --itl-p99-s, or lower --rates")
     if labels.empty:  # no run of the walk gave a result (the rule skips start failures and errors)
         raise ValueError(f"no configuration of the search ran: {_no_result(runs)}")
-    _window_warning(grids[0])
     lab = labels.iloc[0].to_dict()
     res = {"served_adapters": int(lab["served_adapters"]), "adapter_slots": int(lab["adapter_slots"]),
            "throughput_tok_s": float(lab["throughput_tok_s"]), "ratio_at_label": lab["ratio_at_label"],

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from traces.arguments import cell_error, csv_layout_problem
+from traces.arguments import cell_error, csv_layout_problem, did_you_mean
 from twin.configurator.labels import FEATURES, RULES, TARGETS, describe_engine, engines_of, label_scenarios
 from twin.sweep.runner import ForeignShards, read_results
 
@@ -175,6 +175,11 @@ def load_labels(path: str | os.PathLike, features: Iterable[str] | None = None) 
             raise ValueError(f"{p}: a sweep's run table, not labels (missing columns {missing}); label it first: "
                              f"`twin configure dataset {p} --out labels.csv`, then train on labels.csv (or give "
                              f"train the sweep's --out directory, which it labels under --rule)")
+        if features is not None and all(c in cols for c in LABEL_COLUMNS):  # a labels table, a --features name not
+            f = next(c for c in missing if c in feats)                     # one of its columns
+            raise ValueError(f"--features: {p} has no column {f!r}{did_you_mean(f, lab.columns)} (a feature is a "
+                             f"numeric column of the labels; the configurator computes {', '.join(FEATURES)}, "
+                             f"mean_input_tokens, mean_output_tokens and policy)")
         raise ValueError(f"{p}: not a labels table (missing columns {missing}); `twin configure train` expects the "
                          f"labels written by `twin configure dataset --out labels.csv` (one row per scenario) or the "
                          f"--out directory of `twin sweep`")

@@ -445,8 +445,6 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
         import random
 
         random.Random(0).shuffle(todo)
-    elif order != "grid":
-        raise ValueError(f"unknown order {order!r}; choose heavy, shuffle or grid")
     bar = None
     if progress and todo:
         from tqdm import tqdm
