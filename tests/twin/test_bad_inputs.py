@@ -780,8 +780,8 @@ CASES: list[tuple[str, str]] = [
      "--config {d}/oldsummary.json: a run's summary (metrics such as requests_arrived) with no 'scenario' key instead "
      "of the table of the run's options"),
     ("run --no-progress --config {d}/strsummary.json", "with a str under 'scenario' instead of the table"),
-    ("run --no-progress --config {d}/listopt.toml", "--trace-opt length_scale=[1]: a list where one value belongs; "
-                                                    "multiply all lengths by this factor"),
+    ("run --no-progress --config {d}/listopt.toml", "--config {d}/listopt.toml [trace_options] length_scale=[1]: a "
+                                                    "list where one value belongs; multiply all lengths by this factor"),
     # real-trace option values: a tokenizer whose package is missing (an ImportError traceback), a count of 0 or
     # -1 conversations or a fractional one (read every conversation), a text where a count belongs ("'>=' not
     # supported between instances of 'int' and 'str'"), a keep_failed of "maybe" (taken as true)
