@@ -23,11 +23,14 @@ PREDICT = ["configure", "predict"]
 
 
 def _error(argv: list[str], capsys) -> str:
-    """Run ``twin ARGV``; it must exit 2 with one ``twin configure SUBCMD: error:`` line and no traceback."""
+    """Run ``twin ARGV``; it must exit 2 with one ``twin configure SUBCMD: error:`` line (after any warnings, e.g.
+    search's short window, said before any run) and no traceback."""
     rc = main(argv)
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert err.startswith(f"twin configure {argv[1]}: error: ") and "Traceback" not in err, err
+    before, sep, _ = err.partition(f"twin configure {argv[1]}: error: ")
+    assert sep and "Traceback" not in err, err
+    assert all(line.startswith(f"twin configure {argv[1]}: warning: ") for line in before.splitlines()), err
     return err
 
 
@@ -152,7 +155,7 @@ def test_train_checks_every_labels_file_before_labelling_a_sweep(tables, tmp_pat
         load_labels(tables["shard"])
     # the features asked for are the columns needed (policy: the indicators, checked by training)
     assert len(load_labels(tables["labels"], ["rate_max", "policy"])) == 8
-    with pytest.raises(ValueError, match=r"missing columns \['mean_input_tokens'\]"):
+    with pytest.raises(ValueError, match=r"labels\.csv has no column 'mean_input_tokens'"):
         load_labels(tables["labels"], ["rate_max", "mean_input_tokens"])
 
 
