@@ -770,11 +770,6 @@ def _tp_hint(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Pro
     return ""
 
 
-def profile_gpu_mem_gb(profile: Profile) -> float | None:
-    """The memory (GB) of the profile's GPU as its name states it (``H100-64GB`` -> 64.0), or None."""
-    return gpu_memory_gb(profile.gpu)
-
-
 def kv_tokens_in_memory(profile: Profile, gpu_mem_gb: float, slots: int, max_rank: int, tp: int,
                         slot_hint: bool, **memory: float) -> int:
     """:func:`twin.tensor_parallel.kv_tokens_for_memory`, a memory too small for the weights (and slot
@@ -803,7 +798,7 @@ def check_kv_fits(run: RunConfig, cfg: EngineConfig, workload: Workload, profile
     (:func:`twin.tensor_parallel.tp_profile`)."""
     given = [(name, v) for name, v in (("kv_tokens", run.kv_tokens), ("max_total_tokens", run.max_total_tokens))
              if v is not None]
-    mem = run.gpu_mem_gb if run.gpu_mem_gb is not None else profile_gpu_mem_gb(profile)
+    mem = run.gpu_mem_gb if run.gpu_mem_gb is not None else gpu_memory_gb(profile.gpu)
     if not given or mem is None:
         return
     slora = resolve_system(run.policy, run.system) == "slora"

@@ -1001,12 +1001,12 @@ def test_kv_tokens_up_to_what_the_memory_holds_are_accepted():
     slot buffers) at utilization 1.0 with no runtime reserve (the profile's GPU, ``H100-64GB``, or
     ``--gpu-mem-gb``): more than the profile's own capacity at vLLM's default 0.9 is accepted (a server run
     at a higher ``--gpu-memory-utilization``); one token beyond the bound is refused."""
-    from twin.perf.profile import load_profile
-    from twin.scenario import build_engine_config, build_workload, profile_gpu_mem_gb
+    from twin.perf.profile import gpu_memory_gb, load_profile
+    from twin.scenario import build_engine_config, build_workload
     from twin.tensor_parallel import kv_tokens_for_memory
 
     prof = load_profile(None)
-    assert profile_gpu_mem_gb(prof) == 64.0
+    assert gpu_memory_gb(prof.gpu) == 64.0
     run = RunConfig(trace="synthetic", duration=5.0)
     w = build_workload(run)
     slots = run.adapter_slots(int(w.df["adapter_id"].max()) + 1)
