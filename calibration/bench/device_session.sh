@@ -1,31 +1,54 @@
 #!/usr/bin/env bash
 # One time-boxed GPU session of `twin calibrate bench`, prepared for a lent H100/H200 (the `device`
-# tool's `run`, 15 minutes of device time in all): every part at Llama-3.1-8B's dimensions --
-#   * the Triton SGMV/BGMV kernels at ranks 8-128 and 8-512 adapters per batch, and vLLM 0.8.5's
-#     slot-grid kernels (blocks launched for every slot) at 8-512 slots,
-#   * mixed prefill + decode steps of the model with random weights up to 300k context tokens
-#     (part `step`, stopped after --step-time-limit seconds with the rows so far),
-#   * host-to-GPU copies alone and concurrent, adapter loads, the base model's linear operators,
-#   * the Triton kernels checked against their torch references in the run's dtype.
-# The LoRA and step sweeps stop after 150 s each (seeded orders: a stopped sweep is an even sample).
-# About 6 minutes on an H200 (an estimate: not yet run on one). Needs python3 with torch, triton,
-# numpy, pandas and safetensors (the GPU machine's image has them); nothing is installed.
+# tool's `run`, 15 minutes of device time in all, the machine's start included): every part at
+# Llama-3.1-8B's dimensions, in three processes so that one part's failure or time-out keeps the others:
+#   1. `step`: mixed prefill + decode steps of the model with random weights up to 300k context tokens
+#      (stopped after 140 s with the rows so far; a seeded order, so a stopped sweep is an even sample),
+#   2. `check,lora`: the Triton kernels checked against their torch references in the run's dtype, then
+#      the Triton SGMV/BGMV kernels at ranks 8-128 and 8-512 adapters per batch and vLLM 0.8.5's
+#      slot-grid kernels (blocks launched for every slot) at 8-512 slots (stopped after 100 s),
+#   3. `linear,h2d,load`: the base model's linear operators, host-to-GPU copies alone and concurrent,
+#      adapter loads from disk and from CPU memory.
+# Each process has a hard `timeout` as well (210 + 170 + 100 s at most). Needs python3 with torch,
+# triton, numpy, pandas and safetensors (the GPU machine's image has them); nothing is installed.
+# Kernels checked beforehand to compile for sm_90 with Triton 3.6 (the H200 image's) as well as 3.9.
 #
-#   OUT=/some/dir bash calibration/bench/device_session.sh
+#   OUT=/some/dir bash calibration/bench/device_session.sh          # DEVICE=cpu SMALL=1: a dry run here
 #
-# Writes $OUT/bench/: linear_ops.csv, lora_kernels.csv, h2d_copy.csv, adapter_load.csv,
-# kernel_check.csv, step_bench.csv, bench_meta.json and log.txt (8 files). Back here:
-#   twin calibrate bench-report <that folder> --markdown results/calibration/bench_<gpu>.md
-set -euo pipefail
+# Writes $OUT/log.txt, $OUT/env.txt and $OUT/bench.tgz (folders step/, lora/, rest/, each with its
+# tables and bench_meta.json). Back here:
+#   mkdir -p runs/h200 && tar -xzf bench.tgz -C runs/h200
+#   twin calibrate bench-report runs/h200/step --markdown results/calibration/bench_step_h200.md
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-runs/device}"
-mkdir -p "$OUT/bench"
+DEVICE="${DEVICE:-cuda}"
+SIZE=(--model-dims llama-3.1-8b)
+[ -n "${SMALL:-}" ] && SIZE=(--small)
+W="$OUT/work"
+mkdir -p "$W"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 {
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  python3 -m calibration.bench --device cuda --model-dims llama-3.1-8b --out "$OUT/bench" \
-      --ranks 8,16,32,64,128 --adapters 8,32,128,512 --slots 8,32,128,512 --lora-tokens 16,256,1024,4096 \
-      --repeats 10 --warmup 3 --load-repeats 5 --lora-time-limit 150 --step-time-limit 150
-} 2>&1 | tee "$OUT/bench/log.txt"
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv || true
+  python3 -c "import torch, triton, numpy, pandas; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'numpy', numpy.__version__, 'pandas', pandas.__version__)"
+  nproc; free -g | head -2
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+bench() {  # bench <name> <seconds> <args...>
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name: $(date -u +%T), timeout ${limit}s"
+  timeout -k 5 "$limit" python3 -m calibration.bench --device "$DEVICE" "${SIZE[@]}" --out "$W/$name" "$@"
+  echo "=== $name: exit $? at $(date -u +%T)"
+}
+{
+  bench step 210 --parts step --step-time-limit 140
+  bench lora 170 --parts check,lora --ranks 8,16,32,64,128 --adapters 8,32,128,512 --slots 8,32,128,512 \
+      --lora-tokens 16,256,1024,4096 --repeats 10 --warmup 3 --lora-time-limit 100
+  bench rest 100 --parts linear,h2d,load --ranks 8,16,32,64,128 --repeats 10 --warmup 3 --load-repeats 5
+} 2>&1 | tee "$OUT/log.txt"
+tar -czf "$OUT/bench.tgz" -C "$W" . && rm -rf "$W"
+ls -la "$OUT"
