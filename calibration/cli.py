@@ -110,6 +110,8 @@ def register_cli(subparsers) -> None:
                                                    "beside (default: the shipped default profile)")
     br.add_argument("--markdown", metavar="MD", help="write the report as Markdown (e.g. under results/calibration/)")
     br.add_argument("--out", metavar="CSV", help="write the step table with the predictions and ratios")
+    br.add_argument("--plot", metavar="PNG", help="draw the steps against context with the fitted form, and "
+                                                  "measured / predicted per shape (needs step_bench.csv)")
     br.add_argument("--json", action="store_true", help="print the report as JSON")
     br.set_defaults(func=cmd_bench_report)
 
@@ -134,7 +136,7 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
         max_ctx = FIT_MAX_CONTEXT if args.fit_max_context is None else args.fit_max_context
         if max_dec < 0 or max_ctx < 0:
             raise ValueError("--fit-max-decodes and --fit-max-context must be >= 0")
-        for opt, path in (("--markdown", args.markdown), ("--out", args.out)):
+        for opt, path in (("--markdown", args.markdown), ("--out", args.out), ("--plot", args.plot)):
             if path:
                 check_writable_file(opt, path)
         profile = load_profile(args.profile)  # (an unknown --profile is refused whether or not a slot grid is there)
@@ -145,6 +147,9 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
         if not (has_step or has_lora):
             raise FileNotFoundError(f"{src}: neither {STEP_FILE} nor {LORA_FILE} here; run `twin calibrate bench "
                                     f"--parts step,lora --out DIR` and give DIR")
+        if args.plot and not has_step:
+            raise FileNotFoundError(f"--plot draws the mixed steps, and {src} holds no {STEP_FILE}; leave --plot out "
+                                    f"or give a bench directory with the step part")
         step = step_report(read_step_table(src), max_dec, max_ctx) if has_step else None
         grid, grid_why = None, None
         if has_lora:
@@ -167,6 +172,9 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
     if args.out and step:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         step.table.to_csv(args.out, index=False)
+    if args.plot and step:
+        from calibration.bench.step_report import plot_steps
+        plot_steps(step, args.plot)
     if args.json:
         print(json.dumps({"step": step.to_dict() if step else None, "slot_grid": grid.to_dict() if grid else None},
                          indent=1, default=float))

@@ -93,6 +93,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     help="attention: torch SDPA with grouped KV heads, or batched matmuls (auto: SDPA where it runs)")
     st.add_argument("--step-time-limit", type=float, metavar="S",
                     help="stop the step sweep after S seconds, keeping the rows so far (for a time-boxed GPU)")
+    st.add_argument("--step-graphs", action="store_true",
+                    help="capture each step once in a CUDA graph and time its replays, as vLLM replays its "
+                         "captured steps: the GPU's time without the eager host launch cost (cuda only)")
     s.add_argument("--warm-cache", action="store_true",
                    help="do not drop adapter files from the page cache before each disk load")
     s.add_argument("--keep-adapters", action="store_true", help="keep the safetensors files written under OUT/adapters")

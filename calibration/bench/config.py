@@ -129,6 +129,8 @@ class BenchConfig:
     step_warmup: int = CPU_DEFAULTS["step_warmup"]
     step_attention: str = "auto"
     step_time_limit_s: float | None = None
+    #: capture each step shape once in a CUDA graph and time its replays (no host launch cost; GPU only)
+    step_graphs: bool = False
     #: stop the LoRA kernel sweep after this many seconds (its (module, rank) sweeps then run in a seeded order)
     lora_time_limit_s: float | None = None
     seed: int = 0
@@ -242,7 +244,7 @@ PART_OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     **{f"--{n.replace('_', '-')}": (n, ("step",)) for n in ("step_decodes", "step_context", "step_prefill",
                                                              "step_prefill_ctx", "step_chunk", "step_budget",
                                                              "step_repeats", "step_warmup", "step_attention",
-                                                             "step_time_limit")},
+                                                             "step_time_limit", "step_graphs")},
 }
 
 
@@ -304,6 +306,9 @@ def resolve_config(args, cuda_available: bool | None = None) -> BenchConfig:
     if repeats < 1 or warmup < 0 or load_repeats < 1:
         raise ValueError("--repeats and --load-repeats must be >= 1 and --warmup >= 0")
     step = _step_settings(args, defaults)
+    if step["step_graphs"] and device != "cuda":
+        raise ValueError("--step-graphs captures CUDA graphs and needs --device cuda; on the CPU leave it out "
+                         "(the steps then run eagerly)")
     tp = parse_int_list(args.tp, "tp") or (1,)
     for t in tp:
         if spec.heads % t:
@@ -357,7 +362,8 @@ def _step_settings(args, defaults: dict) -> dict:
                step_chunk=num("step_chunk", 1), step_budget=num("step_budget", 1),
                step_repeats=num("step_repeats", 1), step_warmup=num("step_warmup", 0),
                step_attention=getattr(args, "step_attention", None) or "auto",
-               step_time_limit_s=getattr(args, "step_time_limit", None))
+               step_time_limit_s=getattr(args, "step_time_limit", None),
+               step_graphs=bool(getattr(args, "step_graphs", False)))
     if out["step_attention"] not in ("auto", "sdpa", "matmul"):
         raise ValueError(f"--step-attention must be auto, sdpa or matmul, got {out['step_attention']!r}")
     out["step_time_limit_s"] = _time_limit(out["step_time_limit_s"], "--step-time-limit")

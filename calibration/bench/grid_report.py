@@ -7,7 +7,9 @@ windows and serving runs), where they share the step with everything else. A GPU
 ``twin calibrate bench --parts lora`` times the same launch pattern on its own (``slot_shrink`` and
 ``slot_expand`` rows of ``lora_kernels.csv``, with each call's launched and working blocks), over
 8-512 slots. :func:`grid_report` fits, per kernel, ``t = c + l_cta * launched + l_active * working``
-with ``curve_fit`` on the Triton rows and sets the per-block costs beside the profile's.
+with ``curve_fit`` on the Triton rows and sets the per-block costs beside the profile's. For the shrink
+kernel it also fits the two split-K regimes apart (``SPLIT_K = 64`` below 128 tokens, 8 from 128): the
+ratio of their working-block costs is the kernel-level counterpart of the profile's ``split64_cost``.
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ class GridReport:
     fits: pd.DataFrame          # per kernel: rows, c_us, l_cta_ns, l_active_ns, r2, mape_pct
     profile: dict[str, float]   # the profile's l_cta / l_active in ns per block (empty without a kernel_grid form)
     meta: dict[str, Any]
+    #: the shrink kernel per split-K regime (None when either regime has fewer than 4 rows)
+    splits: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fits": self.fits.to_dict(orient="records"), "profile_ns_per_block": self.profile, **self.meta}
+        return {"fits": self.fits.to_dict(orient="records"), "profile_ns_per_block": self.profile,
+                "shrink_split_regimes": self.splits, **self.meta}
 
 
 def read_grid_rows(path: str | Path) -> pd.DataFrame:
@@ -55,26 +60,60 @@ def read_grid_rows(path: str | Path) -> pd.DataFrame:
     return rows.reset_index(drop=True)
 
 
+def _fit_blocks(g: pd.DataFrame, what: str):
+    """``t_ms = c + l_cta * launched + l_active * working`` on rows ``g``: (fitted, predictions, y)."""
+    y = g["time_ms_median"].to_numpy(float)
+    launched = g["blocks_launched"].to_numpy(float)
+    working = g["blocks_working"].to_numpy(float)
+    if len(g) < 4:
+        raise FitError(f"grid report: {len(g)} {what} rows; need at least 4 (more slots, tokens or adapters)")
+    scale = float(np.median(y))
+    specs = [ParamSpec("c", 0.5 * scale, 0.0), ParamSpec("l_cta", scale / max(launched.max(), 1.0) * 0.1, 0.0),
+             ParamSpec("l_active", scale / max(working.max(), 1.0), 0.0)]
+
+    def f(c, l_cta, l_active):
+        return c + l_cta * launched + l_active * working
+
+    fit = fit_params(f, specs, y, np.maximum(y, 1e-9), f"grid report / {what}")
+    v = fit.values
+    return fit, f(v["c"], v["l_cta"], v["l_active"]), y
+
+
+#: vLLM 0.8.5's lora_shrink splits K 64 ways below this many tokens, 8 ways from it
+SPLIT64_BELOW_TOKENS = 128
+
+
+def split_regimes(rows: pd.DataFrame) -> dict[str, Any] | None:
+    """The shrink kernel fitted apart on its 64-split (fewer than 128 tokens) and 8-split rows: each regime's
+    per-block costs with standard errors and the working-block ratio 64-split / 8-split (None when a regime
+    has fewer than 4 rows)."""
+    g = rows[rows["kernel"] == "slot_shrink"]
+    few = g["batch_tokens"] < SPLIT64_BELOW_TOKENS
+    if few.sum() < 4 or (~few).sum() < 4:
+        return None
+    out: dict[str, Any] = {}
+    for name, sub in (("split64", g[few]), ("split8", g[~few])):
+        fit, _, _ = _fit_blocks(sub, f"slot_shrink {name}")
+        out[name] = {"rows": int(len(sub)), "l_cta_ns": fit.values["l_cta"] * 1e6,
+                     "l_active_ns": fit.values["l_active"] * 1e6,
+                     "l_active_se_ns": fit.stderr["l_active"] * 1e6, "l_cta_se_ns": fit.stderr["l_cta"] * 1e6}
+    a64, a8 = out["split64"], out["split8"]
+    ratio = a64["l_active_ns"] / a8["l_active_ns"] if a8["l_active_ns"] > 0 else float("nan")
+    # first-order error propagation of a ratio of independent estimates (nan where a constant sat at a bound)
+    rel = np.hypot(a64["l_active_se_ns"] / a64["l_active_ns"], a8["l_active_se_ns"] / a8["l_active_ns"]) \
+        if a64["l_active_ns"] > 0 and a8["l_active_ns"] > 0 else float("nan")
+    out["working_ratio"] = float(ratio)
+    out["working_ratio_se"] = float(ratio * rel)
+    return out
+
+
 def grid_report(rows: pd.DataFrame, profile: Any = None) -> GridReport:
     """Per kernel, ``t_ms = c + l_cta * blocks_launched + l_active * blocks_working`` (all >= 0) fitted
     with curve_fit, relative errors; ``profile`` (a :class:`twin.perf.profile.Profile`) for comparison."""
     out = []
     for kernel, g in rows.groupby("kernel", sort=True):
-        y = g["time_ms_median"].to_numpy(float)
-        launched = g["blocks_launched"].to_numpy(float)
-        working = g["blocks_working"].to_numpy(float)
-        if len(g) < 4:
-            raise FitError(f"grid report: {len(g)} {kernel} rows; need at least 4 (more slots, tokens or adapters)")
-        scale = float(np.median(y))
-        specs = [ParamSpec("c", 0.5 * scale, 0.0), ParamSpec("l_cta", scale / max(launched.max(), 1.0) * 0.1, 0.0),
-                 ParamSpec("l_active", scale / max(working.max(), 1.0), 0.0)]
-
-        def f(c, l_cta, l_active):
-            return c + l_cta * launched + l_active * working
-
-        fit = fit_params(f, specs, y, np.maximum(y, 1e-9), f"grid report / {kernel}")
+        fit, pred, y = _fit_blocks(g, kernel)
         v = fit.values
-        pred = f(v["c"], v["l_cta"], v["l_active"])
         q = quality(y, pred)
         out.append({"kernel": kernel, "rows": len(g), "slots_max": int(g["slots"].max()), "c_us": v["c"] * 1e3,
                     "l_cta_ns": v["l_cta"] * 1e6, "l_active_ns": v["l_active"] * 1e6, "r2": q["r2"],
@@ -82,9 +121,25 @@ def grid_report(rows: pd.DataFrame, profile: Any = None) -> GridReport:
     prof: dict[str, float] = {}
     if profile is not None and "lora" in profile.components and profile.components["lora"].form == "kernel_grid":
         p = profile.components["lora"].params
-        prof = {"l_cta_ns": float(p["l_cta"]) * 1e9, "l_active_ns": float(p["l_active"]) * 1e9}
+        prof = {"l_cta_ns": float(p["l_cta"]) * 1e9, "l_active_ns": float(p["l_active"]) * 1e9,
+                "split64_cost": float(p.get("split64_cost", 1.0))}
     return GridReport(pd.DataFrame(out), prof, {"profile": getattr(profile, "name", None),
-                                                "device": str(rows["device"].iloc[0]) if "device" in rows else "?"})
+                                                "device": str(rows["device"].iloc[0]) if "device" in rows else "?"},
+                      split_regimes(rows))
+
+
+def _split_text(rep: GridReport) -> str | None:
+    sp = rep.splits
+    if not sp:
+        return None
+    a64, a8 = sp["split64"], sp["split8"]
+    text = (f"a working block costs {a64['l_active_ns']:.3g} +- "
+            f"{a64['l_active_se_ns']:.2g} ns with 64 splits (< {SPLIT64_BELOW_TOKENS} tokens, {a64['rows']} rows) and "
+            f"{a8['l_active_ns']:.3g} +- {a8['l_active_se_ns']:.2g} ns with 8 ({a8['rows']} rows): ratio "
+            f"{sp['working_ratio']:.2f} +- {sp['working_ratio_se']:.2f}")
+    if "split64_cost" in rep.profile:
+        text += f" (the profile's split64_cost: {rep.profile['split64_cost']:.3g})"
+    return text
 
 
 def grid_lines(rep: GridReport) -> list[str]:
@@ -95,6 +150,9 @@ def grid_lines(rep: GridReport) -> list[str]:
     if rep.profile:
         lines.append(f"  profile {rep.meta['profile']} (fitted on whole steps): l_cta {rep.profile['l_cta_ns']:.3g} ns  "
                      f"l_active {rep.profile['l_active_ns']:.3g} ns")
+    split = _split_text(rep)
+    if split:
+        lines.append(f"  slot_shrink by split-K regime: {split}")
     return lines
 
 
@@ -111,4 +169,7 @@ def grid_markdown(rep: GridReport) -> str:
         lines += ["", f"The profile `{rep.meta['profile']}` prices a launched block at {rep.profile['l_cta_ns']:.3g} ns "
                       f"and a working one at {rep.profile['l_active_ns']:.3g} ns, fitted on whole steps (all layers, "
                       f"host time included)."]
+    split = _split_text(rep)
+    if split:
+        lines += ["", f"`slot_shrink` by split-K regime: {split}."]
     return "\n".join(lines) + "\n"

@@ -41,6 +41,7 @@ import random
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -300,6 +301,32 @@ def attention_impl(device: torch.device, dtype: torch.dtype, wanted: str = "auto
     return "sdpa", "torch scaled_dot_product_attention, grouped KV heads"
 
 
+def _time_step(model: "RandomLlama", shape: StepShape, inp: dict, impl: str, device: torch.device,
+               cfg: BenchConfig) -> np.ndarray:
+    """Milliseconds of ``cfg.step_repeats`` forward passes of ``shape``, eagerly, or (``cfg.step_graphs``) as
+    replays of one CUDA graph captured after the warm-ups on a side stream (``torch.cuda.graph``), as vLLM
+    replays the steps it captured (``vllm/v1/worker/gpu_model_runner.py``, ``capture_model``): the GPU's
+    time without the eager host launch cost, which dominates small steps of a 32-layer model."""
+    def step():
+        return model.forward(shape, inp, impl)
+    if not cfg.step_graphs:
+        return time_op(step, device, cfg.step_warmup, cfg.step_repeats, flush=False)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(max(cfg.step_warmup, 1)):  # kernels chosen and workspaces allocated before capture
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    try:
+        return time_op(graph.replay, device, 1, cfg.step_repeats, flush=False)
+    finally:
+        del graph
+        torch.cuda.empty_cache()
+
+
 def run_steps(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=print) -> tuple[list[dict], str]:
     """Time every shape of :func:`step_shapes`, in a seeded random order; returns (rows, note). Stops early,
     with a note, once ``cfg.step_time_limit_s`` has passed (the rows so far are kept; the first shape is
@@ -331,14 +358,12 @@ def run_steps(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=pr
         inp = model.inputs(shape, cfg.seed + i)
         try:
             try:
-                ms = time_op(lambda m=model: m.forward(shape, inp, impl), device, cfg.step_warmup, cfg.step_repeats,
-                             flush=False)
+                ms = _time_step(model, shape, inp, impl, device, cfg)
             except RuntimeError as e:  # no fused SDPA kernel for this shape: the matmul arithmetic from here on
                 if impl != "sdpa" or isinstance(e, torch.cuda.OutOfMemoryError) or cfg.step_attention == "sdpa":
                     raise
                 impl, switched = "matmul", f"SDPA failed at shape {i + 1} ({str(e).splitlines()[0][:120]})"
-                ms = time_op(lambda m=model: m.forward(shape, inp, impl), device, cfg.step_warmup, cfg.step_repeats,
-                             flush=False)
+                ms = _time_step(model, shape, inp, impl, device, cfg)
         except torch.cuda.OutOfMemoryError:  # activations of a large step: keep the others
             oom.append(f"T={shape.batch_tokens} D={shape.decodes} C={shape.context_tokens}")
             torch.cuda.empty_cache()
@@ -351,12 +376,14 @@ def run_steps(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=pr
                      "repeats": len(ms), "device": device.type, "model": cfg.spec.name, "layers": model.n_layers,
                      "dtype": str(dtype).replace("torch.", ""), "attention": impl, "time_ms_median": st["median"],
                      "time_ms_min": st["min"], "time_ms_max": st["max"],
-                     "lm_head_rows": shape.prefill_seqs + shape.decodes, "timer": timer})
+                     "lm_head_rows": shape.prefill_seqs + shape.decodes,
+                     "timer": timer + ("+cuda_graph" if cfg.step_graphs else "")})
         if (i + 1) % 10 == 0 or i + 1 == len(shapes):
             log(f"  step {i + 1}/{len(shapes)}: T={shape.batch_tokens} D={shape.decodes} C={shape.context_tokens} "
                 f"-> {st['median']:.2f} ms")
     note = (f"step: {len(rows)} shapes of {model.n_layers} layers, attention {impl} ({why}), KV cache of "
-            f"{cache} tokens shared by the layers, {timer}")
+            f"{cache} tokens shared by the layers, {timer}"
+            + (", each shape captured once in a CUDA graph and replayed" if cfg.step_graphs else ", eager"))
     if switched:
         note += f"; {switched}: later shapes use batched matmuls (column attention)"
     if oom:

@@ -30,6 +30,7 @@ from calibration.bench.schema import STEP_BENCH_COLUMNS
 from traces.arguments import cell_error
 from calibration.fitting.components import MS, backbone_candidates
 from calibration.fitting.core import FitError, ParamSpec, fit_params
+from twin.model_spec import get_model
 
 STEP_FILE = "step_bench.csv"
 #: the calibration's reach (vLLM 0.8.5 step-latency and adapter-overhead windows): running requests, context tokens
@@ -128,8 +129,12 @@ def step_report(table: pd.DataFrame, fit_max_decodes: int = FIT_MAX_DECODES,
         return np.asarray(cand.model(theta).predict(P[idx], D[idx], C[idx]), float) / MS
 
     idx_fit = np.flatnonzero(fit_rows)
-    fitted = fit_params(lambda *th: predict_ms(dict(zip(names, th)), idx_fit), cand.specs, y[idx_fit],
-                        np.maximum(y[idx_fit], 1e-9), "step report / graph_roofline")  # relative errors
+
+    def fit_on(idx: np.ndarray, what: str):
+        return fit_params(lambda *th: predict_ms(dict(zip(names, th)), idx), cand.specs, y[idx],
+                          np.maximum(y[idx], 1e-9), f"step report / graph_roofline ({what})")  # relative errors
+
+    fitted = fit_on(idx_fit, "calibration-like shapes")
     pred = predict_ms(fitted.values, np.arange(len(df)))
     df["predicted_ms"] = pred
     df["ratio"] = y / pred
@@ -138,17 +143,45 @@ def step_report(table: pd.DataFrame, fit_max_decodes: int = FIT_MAX_DECODES,
                .agg(rows=("ratio", "size"), median_ratio=("ratio", "median"), max_ratio=("ratio", "max"),
                     mape_pct=("ape", "mean"))
                .reset_index())
+    # the form's adequacy apart from its extrapolation: the same form fitted on every shape
+    everywhere = fit_on(np.arange(len(df)), "every shape")
+    pred_all = predict_ms(everywhere.values, np.arange(len(df)))
+    sat = df["region"].str.startswith("saturated").to_numpy()
+    all_fit = {"params": {k: float(v) for k, v in cand.model(everywhere.values).params.items()},
+               "mape_pct": float(np.mean(np.abs(y / pred_all - 1.0)) * 100.0),
+               "max_ratio": float(np.max(y / pred_all)), "min_ratio": float(np.min(y / pred_all)),
+               "saturated_median_ratio": float(np.median(y[sat] / pred_all[sat])) if sat.any() else None,
+               "at_bound": list(everywhere.at_bound)}
     params = cand.model(fitted.values).params
+    model = str(df.get("model", pd.Series(["?"])).iloc[0])
+    timer = str(df["timer"].iloc[0]) if "timer" in df else ""
     return StepReport(df, {k: float(v) for k, v in params.items()}, regions, context_slopes(df, time_col),
                       {"fit_max_decodes": fit_max_decodes, "fit_max_context": fit_max_context, "time_column": time_col,
                        "rows": len(df), "fit_rows": n_fit, "at_bound": list(fitted.at_bound),
                        "layers": int(df["layers"].iloc[0]) if "layers" in df else None,
-                       "device": str(df["device"].iloc[0]), "model": str(df.get("model", pd.Series(["?"])).iloc[0])})
+                       "device": str(df["device"].iloc[0]), "model": model, "timer": timer,
+                       "cuda_graphs": "cuda_graph" in timer, "all_fit": all_fit,
+                       "kv_bytes_per_context_token": kv_bytes_per_token(model, df)})
+
+
+def kv_bytes_per_token(model: str, df: pd.DataFrame) -> float | None:
+    """Bytes of K and V one context token holds over all layers (what a step's attention reads per context
+    token): ``2 * layers * kv_heads * head_dim * dtype bytes``, from :mod:`twin.model_spec` when the table's
+    model is one it knows (None otherwise, e.g. a ``--small`` CPU run)."""
+    try:
+        spec = get_model(model)
+    except (KeyError, ValueError):
+        return None
+    layers = int(df["layers"].iloc[0]) if "layers" in df else spec.layers
+    dtype = str(df["dtype"].iloc[0]) if "dtype" in df else "float16"
+    size = {"float16": 2, "bfloat16": 2, "float32": 4}.get(dtype, spec.dtype_bytes)
+    return float(2 * layers * spec.kv_heads * spec.head_dim * size)
 
 
 def context_slopes(df: pd.DataFrame, time_col: str = "time_ms_median") -> pd.DataFrame:
     """For each line of shapes equal but for the decodes' context: the slope (ms per 100k context tokens)
-    of each successive interval, first to last, and last / first (1 for a linear cost)."""
+    of each successive interval, first to last, last / first (1 for a linear cost), and the least-squares
+    slope over the whole line (less sensitive to one noisy shape)."""
     keys = ["decodes", "prefill_tokens", "prefill_seqs", "prefill_ctx_before"]
     rows = []
     for key, g in df[df["decodes"] > 0].groupby(keys):
@@ -159,9 +192,29 @@ def context_slopes(df: pd.DataFrame, time_col: str = "time_ms_median") -> pd.Dat
         s = np.diff(t) / np.diff(c) * 1e5
         rows.append({**dict(zip(keys, key)), "contexts": len(g), "context_max": int(c[-1]),
                      "slope_first_ms_per_100k": float(s[0]), "slope_last_ms_per_100k": float(s[-1]),
-                     "last_over_first": float(s[-1] / s[0]) if s[0] > 0 else float("nan")})
+                     "last_over_first": float(s[-1] / s[0]) if s[0] > 0 else float("nan"),
+                     "slope_lsq_ms_per_100k": float(np.polyfit(c / 1e5, t, 1)[0])})
     return pd.DataFrame(rows, columns=keys + ["contexts", "context_max", "slope_first_ms_per_100k",
-                                              "slope_last_ms_per_100k", "last_over_first"])
+                                              "slope_last_ms_per_100k", "last_over_first", "slope_lsq_ms_per_100k"])
+
+
+def _mode(m: dict) -> str:
+    return ("each shape captured in a CUDA graph and replayed (`--step-graphs`): GPU time without host launch cost"
+            if m.get("cuda_graphs") else "eager (no CUDA graphs): small steps include the host's launch cost")
+
+
+def _bandwidth_text(rep: StepReport) -> str | None:
+    """The KV read bandwidth the lines' median least-squares context slope implies (TB/s), if known."""
+    kv = rep.meta.get("kv_bytes_per_context_token")
+    if not kv or not len(rep.slopes):
+        return None
+    slope = float(rep.slopes["slope_lsq_ms_per_100k"].median())
+    if slope <= 0:
+        return None
+    tbps = kv * 1e5 / (slope * 1e-3) / 1e12
+    return (f"{slope:.3g} ms per 100k context tokens, least squares along each line (median): with "
+            f"{kv / 1024:.0f} KiB of K and V per context token over the layers, the attention reads the cache at "
+            f"~{tbps:.2f} TB/s")
 
 
 def report_markdown(rep: StepReport, source: str) -> str:
@@ -169,9 +222,10 @@ def report_markdown(rep: StepReport, source: str) -> str:
     p = rep.params
     lines = [f"# Mixed-step bench: does the backbone form extrapolate? ({m['model']}, {m['device']}, "
              f"{m['layers']} layers)", "",
-             f"Source: `{source}` ({m['rows']} shapes). `graph_roofline` fitted with curve_fit on the {m['fit_rows']} "
-             f"calibration-like shapes (decodes <= {m['fit_max_decodes']}, context <= {m['fit_max_context']:,} "
-             f"tokens; `c_eager` = 0: the bench runs eagerly), on `{m['time_column']}`:", "",
+             f"Source: `{source}` ({m['rows']} shapes; timing: {_mode(m)}). `graph_roofline` fitted with curve_fit "
+             f"on the {m['fit_rows']} calibration-like shapes (decodes <= {m['fit_max_decodes']}, context <= "
+             f"{m['fit_max_context']:,} tokens; `c_eager` = 0: a run is all eager or all replayed), on "
+             f"`{m['time_column']}`:", "",
              "| constant | value |", "| --- | --- |"]
     for k in ("c0", "c_mem", "c_tok", "c_seq", "c_ctx"):
         lines.append(f"| `{k}` | {p[k]:.4g} |")
@@ -181,24 +235,90 @@ def report_markdown(rep: StepReport, source: str) -> str:
               "| --- | --- | --- | --- | --- |"]
     for r in rep.regions.itertuples():
         lines.append(f"| {r.region} | {r.rows} | {r.median_ratio:.3f} | {r.max_ratio:.3f} | {r.mape_pct:.1f} |")
+    a = m.get("all_fit")
+    if a:
+        sat = "" if a["saturated_median_ratio"] is None else \
+            f", saturated-region median measured / predicted {a['saturated_median_ratio']:.3f}"
+        lines += ["", f"The same form fitted on every shape (its adequacy apart from extrapolation): MAPE "
+                      f"{a['mape_pct']:.1f} %, measured / predicted {a['min_ratio']:.3f} to {a['max_ratio']:.3f}{sat}; "
+                      f"`c_ctx` {a['params']['c_ctx']:.4g} s per context token"
+                      + (f" (at a bound: {', '.join(a['at_bound'])})" if a["at_bound"] else "") + "."]
     if len(rep.slopes):
         s = rep.slopes
         lines += ["", f"Context slopes (ms per 100k tokens) along {len(s)} lines of shapes: first interval median "
                       f"{s['slope_first_ms_per_100k'].median():.3g}, last {s['slope_last_ms_per_100k'].median():.3g}, "
                       f"last / first median {s['last_over_first'].median():.2f} (1 for a cost linear in the context)."]
+        bw = _bandwidth_text(rep)
+        if bw:
+            lines += ["", bw[0].upper() + bw[1:] + "."]
     lines += ["", "A median ratio near 1 beyond the calibration says the form extrapolates on this software stack "
-                  "(torch eager, SDPA attention); a ratio above 1 in the saturated region is a step cost the "
+                  "(torch, SDPA attention); a ratio above 1 in the saturated region is a step cost the "
                   "calibration-fitted form misses there."]
     return "\n".join(lines) + "\n"
 
 
 def summary_lines(rep: StepReport) -> list[str]:
-    out = [f"step report: {rep.meta['rows']} shapes ({rep.meta['model']}, {rep.meta['device']}), fitted on "
+    out = [f"step report: {rep.meta['rows']} shapes ({rep.meta['model']}, {rep.meta['device']}, "
+           f"{'CUDA graphs' if rep.meta.get('cuda_graphs') else 'eager'}), fitted on "
            f"{rep.meta['fit_rows']} calibration-like ones"]
     for r in rep.regions.itertuples():
         out.append(f"  {r.region:<58} {r.rows:>4} shapes  measured/predicted median {r.median_ratio:.3f}  "
                    f"max {r.max_ratio:.3f}  MAPE {r.mape_pct:.1f} %")
+    a = rep.meta.get("all_fit")
+    if a:
+        sat = "" if a["saturated_median_ratio"] is None else f", saturated median {a['saturated_median_ratio']:.3f}"
+        out.append(f"  the form fitted on every shape: MAPE {a['mape_pct']:.1f} %{sat}")
     if len(rep.slopes):
         out.append(f"  context slope last/first interval, median over {len(rep.slopes)} lines: "
                    f"{rep.slopes['last_over_first'].median():.2f}")
+        bw = _bandwidth_text(rep)
+        if bw:
+            out.append(f"  context slope {bw}")
     return out
+
+
+def plot_steps(rep: StepReport, path: str | Path) -> None:
+    """Step time against context along the full-budget and decode-only lines, measured (points) and the
+    calibration-fitted form (lines), beside measured / predicted per shape coloured by region."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = rep.table
+    budget = int(df["batch_tokens"].max())
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    for ax, sel, title in ((axes[0], (df["batch_tokens"] == budget) & (df["decodes"] > 0),
+                            f"full {budget}-token steps (prefill fills the rest)"),
+                           (axes[1], df["prefill_tokens"] == 0, "decode-only steps")):
+        sub = df[sel]
+        if "prefill_ctx_before" in sub:
+            sub = sub[sub["prefill_ctx_before"] == sub["prefill_ctx_before"].min()]
+        cmap = plt.get_cmap("viridis")
+        decs = sorted(sub["decodes"].unique())
+        for i, d in enumerate(decs):
+            g = sub[sub["decodes"] == d].sort_values("context_tokens")
+            col = cmap(i / max(len(decs) - 1, 1))
+            ax.plot(g["context_tokens"] / 1e3, g[rep.meta["time_column"]], "o", color=col, label=f"{d} decodes")
+            ax.plot(g["context_tokens"] / 1e3, g["predicted_ms"], "-", color=col, alpha=0.7)
+        ax.set_xlabel("context tokens (thousands)")
+        ax.set_ylabel("step time (ms)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    ax = axes[2]
+    for region, g in df.groupby("region", sort=False):
+        ax.scatter(g["batch_tokens"], g["ratio"], s=14, label=f"{region.split(':')[0]} ({len(g)})")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("tokens in the step")
+    ax.set_ylabel("measured / predicted")
+    ax.set_title("the form fitted on the calibration-like shapes", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    m = rep.meta
+    fig.suptitle(f"{m['model']} on {m['device']}: mixed steps, {'CUDA graphs' if m.get('cuda_graphs') else 'eager'}"
+                 f" (points measured, lines the form fitted on decodes <= {m['fit_max_decodes']}, context <= "
+                 f"{m['fit_max_context'] // 1000}k)", fontsize=10)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -270,42 +270,101 @@ def test_bench_report_cli(tmp_path, capsys):
 
 
 def test_device_session_script_asks_for_a_valid_gpu_run(tmp_path):
-    """The prepared GPU script's bench command parses and resolves (no argument error spends device time),
-    measures what the brief asks and writes at most the 8 files a device run brings back."""
+    """The prepared GPU script's bench commands parse and resolve (no argument error spends device time),
+    measure together what the brief asks, each within its hard timeout, and write at most the 8 files a
+    device run brings back."""
     import re
     import shlex
 
     text = (ROOT / "calibration" / "bench" / "device_session.sh").read_text()
-    cmd = re.search(r"python3 -m calibration\.bench (.*?)\n\s*\}", text, re.S).group(1)
-    argv = shlex.split(cmd.replace("\\\n", " ").replace('"$OUT/bench"', str(tmp_path / "bench")))
-    cfg = resolve_config(build_parser().parse_args(argv), cuda_available=True)
-    assert cfg.device == "cuda" and not cfg.small and cfg.spec.name == "llama-3.1-8b"
-    assert min(cfg.ranks) == 8 and max(cfg.ranks) == 128 and min(cfg.adapters) == 8 and max(cfg.adapters) == 512
-    assert min(cfg.slots) == 8 and max(cfg.slots) == 512
-    assert "step" in cfg.parts and max(cfg.step_context) >= 300_000 and cfg.step_time_limit_s
-    assert cfg.lora_time_limit_s and cfg.lora_time_limit_s + cfg.step_time_limit_s <= 360  # the sweeps fit the lease
-    from calibration.bench.schema import META_FILE, TABLES
+    common = ["--device", "cuda", "--model-dims", "llama-3.1-8b"]
+    assert re.search(r'python3 -m calibration\.bench --device "\$DEVICE" "\$\{SIZE\[@\]\}" --out', text)
+    calls = re.findall(r"^\s*bench (\w+) (\d+) (.*?)(?<!\\)\n", text.replace("\\\n", " "), re.M)
+    assert [c[0] for c in calls] == ["step", "lora", "rest"]
+    cfgs = {}
+    for name, limit, args in calls:
+        argv = common + ["--out", str(tmp_path / name)] + shlex.split(args)
+        cfgs[name] = (resolve_config(build_parser().parse_args(argv), cuda_available=True), int(limit))
+    for cfg, _ in cfgs.values():
+        assert cfg.device == "cuda" and not cfg.small and cfg.spec.name == "llama-3.1-8b"
+    parts = {p for cfg, _ in cfgs.values() for p in cfg.parts}
+    assert parts == {"check", "linear", "lora", "h2d", "load", "step"}
+    lora, lora_limit = cfgs["lora"]
+    assert min(lora.ranks) == 8 and max(lora.ranks) == 128 and min(lora.adapters) == 8 and max(lora.adapters) == 512
+    assert min(lora.slots) == 8 and max(lora.slots) == 512 and lora.lora_time_limit_s < lora_limit - 30
+    step, step_limit = cfgs["step"]
+    assert max(step.step_context) >= 300_000 and step.step_time_limit_s < step_limit - 30
+    assert sum(limit for _, limit in cfgs.values()) <= 540  # the hard limits fit one 10-minute call
+    # the files back: log.txt, env.txt and one tarball (the device tool returns at most 8)
+    assert re.search(r'tar -czf "\$OUT/bench\.tgz"', text) and '"$OUT/log.txt"' in text and '"$OUT/env.txt"' in text
 
-    assert len(TABLES) + 2 <= 8  # the tables, bench_meta.json and log.txt
-    assert META_FILE == "bench_meta.json" and "log.txt" in text
 
+def test_step_graphs_need_a_gpu_and_the_step_part(tmp_path):
+    with pytest.raises(ValueError, match="--step-graphs captures CUDA graphs and needs --device cuda"):
+        _cfg(tmp_path, "--step-graphs")
+    argv = ["--device", "cuda", "--out", str(tmp_path), "--parts", "step", "--step-graphs"]
+    assert resolve_config(build_parser().parse_args(argv), cuda_available=True).step_graphs
+    argv = ["--device", "cuda", "--out", str(tmp_path), "--parts", "lora", "--step-graphs"]
+    with pytest.raises(ValueError, match="--step-graphs sets the step part"):
+        resolve_config(build_parser().parse_args(argv), cuda_available=True)
+
+
+def test_report_fits_the_form_everywhere_and_reads_the_kv_bandwidth(tmp_path):
+    """Beside the calibration-like fit: the form fitted on every shape (its adequacy), each line's
+    least-squares context slope, and for a known model the cache bandwidth that slope implies."""
+    rep = step_report(_synthetic())
+    a = rep.meta["all_fit"]
+    assert a["mape_pct"] < 0.1 and a["saturated_median_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert np.allclose(rep.slopes["slope_lsq_ms_per_100k"], 9.1, rtol=1e-3)  # 9.1e-5 ms per token
+    assert rep.meta["kv_bytes_per_context_token"] is None  # 'synthetic' is no model twin.model_spec knows
+    quad = step_report(_synthetic(quad=10.0))
+    assert quad.meta["all_fit"]["mape_pct"] > 1.0  # a curvature the linear term cannot follow, even fitted there
+    df = _synthetic().assign(model="llama-3.1-8b", dtype="float16")
+    rep = step_report(df)
+    kv = 2 * 32 * 8 * 128 * 2  # layers, KV heads, head dim, bytes
+    assert rep.meta["kv_bytes_per_context_token"] == kv
+    from calibration.bench.step_report import report_markdown, summary_lines
+
+    tbps = kv * 1e5 / 9.1e-3 / 1e12
+    assert any(f"~{tbps:.2f} TB/s" in line for line in summary_lines(rep))
+    md = report_markdown(rep, "x")
+    assert f"~{tbps:.2f} TB/s" in md and "fitted on every shape" in md and "eager" in md
+    rep.meta["cuda_graphs"] = True
+    assert "CUDA graph" in report_markdown(rep, "x")
+
+
+def test_bench_report_plot(tmp_path, capsys):
+    from twin.cli import main as twin_main
+
+    d = tmp_path / "bench"
+    d.mkdir()
+    _synthetic().to_csv(d / "step_bench.csv", index=False)
+    png = tmp_path / "fig" / "steps.png"
+    assert twin_main(["calibrate", "bench-report", str(d), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (d / "step_bench.csv").rename(d / "other.csv")
+    _grid_rows().to_csv(d / "lora_kernels.csv", index=False)
+    assert twin_main(["calibrate", "bench-report", str(d), "--plot", str(png)]) == 2
+    assert "--plot draws the mixed steps" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the slot-grid report (torch-free)
-def _grid_rows(l_cta=0.9e-6, l_active=22e-6, c=0.004):
-    """Triton slot-grid rows whose times follow known per-block costs (ms)."""
+def _grid_rows(l_cta=0.9e-6, l_active=22e-6, c=0.004, split64=1.0):
+    """Triton slot-grid rows whose times follow known per-block costs (ms); ``split64`` prices a working
+    shrink block below 128 tokens relative to one from 128."""
     rows = []
     for kernel, per_tile, bm in (("slot_shrink", 64, 32), ("slot_expand", 2, 64)):
         for S in (8, 32, 128, 512):
-            for n in (8, 32):
-                for T in (16, 256, 1024):
+            for n in (4, 8, 32):
+                for T in (16, 64, 256, 1024):
                     if n > S or n > T:
                         continue
                     launched = (S + 1) * -(-T // bm) * per_tile
                     working = n * -(-(T // n) // bm) * per_tile
                     rows.append({"kernel": kernel, "impl": "triton", "batch_tokens": T, "n_adapters": n, "slots": S,
                                  "blocks_launched": launched, "blocks_working": working, "device": "cuda",
-                                 "time_ms_median": c + l_cta * launched + l_active * working})
+                                 "time_ms_median": c + l_cta * launched + l_active * working
+                                 * (split64 if kernel == "slot_shrink" and T < 128 else 1.0)})
     rows.append({**rows[0], "impl": "torch", "time_ms_median": 99.0})  # a reference row: left out
     return pd.DataFrame(rows)
 
@@ -321,6 +380,21 @@ def test_grid_report_recovers_the_per_block_costs_and_sets_the_profile_beside_th
     fits = rep.fits.set_index("kernel")
     assert np.allclose(fits["l_cta_ns"], 0.9, rtol=1e-3) and np.allclose(fits["l_active_ns"], 22.0, rtol=1e-3)
     assert (fits["r2"] > 0.999).all() and rep.profile["l_cta_ns"] > 0
+    assert rep.splits["working_ratio"] == pytest.approx(1.0, rel=1e-3)
+    assert rep.profile["split64_cost"] == pytest.approx(0.58, abs=0.01)
+
+
+def test_grid_report_reads_the_shrink_split_regimes_apart(capsys):
+    """A 64-split working block priced at half an 8-split one is read back as a ratio of 0.5; a table
+    without rows of one regime gives no ratio rather than a fit on nothing."""
+    from calibration.bench.grid_report import grid_lines, grid_markdown, grid_report, split_regimes
+
+    rows = _grid_rows(split64=0.5).iloc[:-1]  # the Triton rows (read_grid_rows drops the torch reference)
+    rep = grid_report(rows)
+    assert rep.splits["working_ratio"] == pytest.approx(0.5, rel=1e-3)
+    assert rep.splits["split64"]["rows"] + rep.splits["split8"]["rows"] == (rows.kernel == "slot_shrink").sum()
+    assert any("ratio 0.50" in line for line in grid_lines(rep)) and "ratio 0.50" in grid_markdown(rep)
+    assert split_regimes(rows[rows.batch_tokens >= 128]) is None
 
 
 def test_grid_report_refuses_a_cpu_table(tmp_path):
