@@ -33,7 +33,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import numpy as np
 import pandas as pd
@@ -753,6 +753,17 @@ def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike
     w.meta.update(record, kind="real", name=spec.name if spec else None, format=fmt, loader=table.meta,
                   transform=_jsonable(info), config=cfg.to_dict())
     return w
+
+
+def seed_acts(name_or_path: str, data_dir: str | os.PathLike | None = None,
+              options: Collection[str] = ()) -> bool:
+    """Whether a seed can change the workload of ``name_or_path`` built with ``options`` (the option names
+    given): a saved workload file is replayed as written and its seed only draws new adapters
+    (``adapters``, ``popularity``; see :func:`_from_saved`); every other source draws with it."""
+    spec, path = resolve(name_or_path, data_dir)
+    if spec is not None or path is None or _file_format(path) != "workload":
+        return True
+    return bool({"adapters", "popularity"} & set(options))
 
 
 def _from_saved(path: Path, given: dict[str, Any], synth_opts: dict[str, Any], real_opts: dict[str, Any], seed: int,

@@ -41,7 +41,7 @@ from traces.adapters import parse_popularity
 from traces.arguments import RepeatedKey, did_you_mean, parse_list, unique_keys_object
 from traces.flags import flag_name
 from traces.lengths import LENGTH_SOURCE_MODELS
-from traces.registry import BUILTINS, REAL_OPTIONS, get_workload, run_defaults
+from traces.registry import BUILTINS, REAL_OPTIONS, get_workload, run_defaults, seed_acts
 from traces.synth import MAX_ADAPTERS, OPTIONS, option_value_problem
 from traces.workload import Workload
 from twin.config import MAX_SIM_SECONDS, ConfigError, EngineConfig  # noqa: F401  (MAX_SIM_SECONDS re-exported)
@@ -647,7 +647,15 @@ def build_workload(run: RunConfig) -> Workload:
 def check_adapter_options_act(run: RunConfig, w: Workload, given: typing.Collection[str]) -> None:
     """``--ranks`` and ``--popularity`` (of ``given``, the options given on the command line) shape the adapters of
     a workload: on one without adapters (a trace file with no ``adapter_id``, ``--adapters 0``) they change nothing,
-    so they are refused (a recorded scenario holds the defaults it resolved, and replays)."""
+    so they are refused (a recorded scenario holds the defaults it resolved, and replays). So is ``--seed`` on a
+    saved workload file replayed as written: its seed only draws new adapters (:func:`traces.registry.seed_acts`)."""
+    if "seed" in given:
+        drawn = [k for k in ("adapters", "popularity") if getattr(run, k) is not None]
+        drawn += [k for k, _ in run.trace_options if k in ("adapters", "popularity")]
+        if not seed_acts(run.trace, run.data_dir, drawn):
+            raise ConfigError(f"--seed {run.seed} has no effect: {run.trace} is a workload file, replayed as written "
+                              f"(a seed only draws new adapters for it, with --adapters N or --popularity); leave "
+                              f"--seed out, or give --adapters N to draw adapters with it")
     if not len(w) or (w.df["adapter_id"].to_numpy() >= 0).any():
         return
     for key in ("ranks", "popularity"):

@@ -7,7 +7,7 @@ import pytest
 
 from traces.adapters import top_k_share
 from traces.arrivals import interarrival_cv, rate_profile
-from traces.registry import BUILTINS, get_workload, list_traces, regenerate
+from traces.registry import BUILTINS, get_workload, list_traces, regenerate, seed_acts
 from traces.samples import write_sample, write_sample_data_dir
 from traces.workload import Workload
 
@@ -36,6 +36,19 @@ def test_same_seed_same_workload_and_regenerate(tmp_path):
     assert regenerate(loaded.meta).df.equals(a.df)
     c = get_workload("synthetic", rps=7.0, popularity="zipf:1.1", seed=4, lengths="sharegpt", mean_in=222)
     assert not c.df["arrival_s"].equals(a.df["arrival_s"])
+
+
+def test_seed_acts_on_a_workload_file_only_when_it_draws_adapters(tmp_path):
+    """A saved workload is replayed as written: another seed changes it only when new adapters are drawn
+    (which ``seed_acts`` says, so ``twin run --seed`` on such a file can be refused as having no effect)."""
+    path = get_workload("synthetic", duration=20.0, seed=1).save(tmp_path / "w.parquet")
+    assert not seed_acts(str(path)) and not seed_acts(str(path), options=["rps", "ranks", "duration"])
+    assert get_workload(str(path), seed=5, rps=3.0).df.equals(get_workload(str(path), seed=6, rps=3.0).df)
+    for opt in ("adapters", "popularity"):
+        assert seed_acts(str(path), options=[opt])
+    a, b = (get_workload(str(path), seed=s, adapters=40).df for s in (5, 6))
+    assert not a["adapter_id"].equals(b["adapter_id"])
+    assert seed_acts("synthetic") and seed_acts("synthetic", options=[])
 
 
 def test_target_rps_within_tolerance():

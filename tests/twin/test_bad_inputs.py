@@ -355,6 +355,10 @@ CASES: list[tuple[str, str]] = [
                                                                  "base model only ({d}/base_only.csv gives no request an "
                                                                  "adapter: no adapter_id column, or all -1); give "
                                                                  "--adapters N"),
+    # a seed on a workload file replayed as written was recorded and changed nothing
+    ("run --no-progress --trace {d}/base_only.csv --seed 3", "--seed 3 has no effect: {d}/base_only.csv is a workload "
+                                                             "file, replayed as written (a seed only draws new adapters "
+                                                             "for it, with --adapters N or --popularity)"),
     ("run --no-progress --trace {d}/base_only.csv --trace-opt length_scale=2", "{d}/base_only.csv: a workload file "
                                                                                "can only be rescaled (--rps), windowed"
                                                                                " (--duration, window_start) or get new "
