@@ -106,6 +106,9 @@ def register_cli(subparsers) -> None:
                     help="largest decode count of the calibration-like shapes (default 256)")
     br.add_argument("--fit-max-context", type=int, default=None,
                     help="largest context of the calibration-like shapes, tokens (default 100000)")
+    br.add_argument("--form", choices=("graph_roofline", "graph_linear"), default="graph_roofline",
+                    help="the backbone form the step report fits (graph_roofline: Llama-3.1-8B's profile; "
+                         "graph_linear: Qwen-2.5-7B's)")
     br.add_argument("--profile", default=None, help="profile whose kernel_grid constants the slot-grid fit is set "
                                                    "beside (default: the shipped default profile)")
     br.add_argument("--markdown", metavar="MD", help="write the report as Markdown (e.g. under results/calibration/)")
@@ -150,7 +153,7 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
         if args.plot and not has_step:
             raise FileNotFoundError(f"--plot draws the mixed steps, and {src} holds no {STEP_FILE}; leave --plot out "
                                     f"or give a bench directory with the step part")
-        step = step_report(read_step_table(src), max_dec, max_ctx) if has_step else None
+        step = step_report(read_step_table(src), max_dec, max_ctx, form=args.form) if has_step else None
         grid, grid_why = None, None
         if has_lora:
             try:

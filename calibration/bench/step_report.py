@@ -95,14 +95,22 @@ def _region(df: pd.DataFrame, max_dec: int, max_ctx: int, budget: int) -> np.nda
                                                                       "full budget", "beyond the calibration"))
 
 
+#: the backbone forms the report can fit (those with a CUDA-graph term; see :mod:`twin.perf.forms`)
+STEP_FORMS = ("graph_roofline", "graph_linear")
+
+
 def step_report(table: pd.DataFrame, fit_max_decodes: int = FIT_MAX_DECODES,
-                fit_max_context: int = FIT_MAX_CONTEXT, time_col: str = TIME_COLUMN) -> StepReport:
-    """Fit the backbone form on the calibration-like rows of ``table`` and score it on all of them."""
+                fit_max_context: int = FIT_MAX_CONTEXT, time_col: str = TIME_COLUMN,
+                form: str = "graph_roofline") -> StepReport:
+    """Fit the backbone ``form`` (``graph_roofline``, Llama's profile; ``graph_linear``, Qwen's) on the
+    calibration-like rows of ``table`` and score it on all of them."""
+    if form not in STEP_FORMS:
+        raise ValueError(f"step report: form {form!r} is not one the report fits; choose from {', '.join(STEP_FORMS)}")
     df = table.copy()
     budget = int(df["batch_tokens"].max())
     df["region"] = _region(df, fit_max_decodes, fit_max_context, budget)
     fit_rows = df["region"].str.startswith("fit").to_numpy()
-    cand = next(c for c in backbone_candidates(graph_max_tokens=int(budget) + 1) if c.form == "graph_roofline")
+    cand = next(c for c in backbone_candidates(graph_max_tokens=int(budget) + 1) if c.form == form)
     cand.fixed = {**cand.fixed, "c_eager": 0.0}  # eager throughout (module docstring)
     y_fit = df.loc[df["region"].str.startswith("fit"), time_col].to_numpy(float)
     T_max = max(float(df["batch_tokens"].max()), 1.0)
@@ -111,9 +119,9 @@ def step_report(table: pd.DataFrame, fit_max_decodes: int = FIT_MAX_DECODES,
     span = float(np.ptp(y_fit)) if len(y_fit) else 1.0
     lo_y = float(y_fit.min()) if len(y_fit) else 1.0
     # starting points from the table's own scale, no upper bounds (a CPU step is seconds, a GPU one ms)
-    cand.specs = [ParamSpec("c0", 0.5 * lo_y, 0.0), ParamSpec("c_mem", 0.25 * lo_y, 0.0),
-                  ParamSpec("c_tok", span / T_max, 0.0), ParamSpec("c_seq", 0.1 * span / D_max, 0.0),
-                  ParamSpec("c_ctx", 0.1 * span / C_max, 0.0)]
+    start = {"c0": 0.5 * lo_y, "c_mem": 0.25 * lo_y, "c_tok": span / T_max, "c_seq": 0.1 * span / D_max,
+             "c_ctx": 0.1 * span / C_max, "c_prefill": span / T_max, "c_decode": span / D_max}
+    cand.specs = [ParamSpec(sp.name, start[sp.name], 0.0) for sp in cand.specs if sp.name != "c_eager"]
     names = [s.name for s in cand.specs]
     n_fit = int(fit_rows.sum())
     if n_fit < len(names) + 1:
@@ -132,7 +140,7 @@ def step_report(table: pd.DataFrame, fit_max_decodes: int = FIT_MAX_DECODES,
 
     def fit_on(idx: np.ndarray, what: str):
         return fit_params(lambda *th: predict_ms(dict(zip(names, th)), idx), cand.specs, y[idx],
-                          np.maximum(y[idx], 1e-9), f"step report / graph_roofline ({what})")  # relative errors
+                          np.maximum(y[idx], 1e-9), f"step report / {form} ({what})")  # relative errors
 
     fitted = fit_on(idx_fit, "calibration-like shapes")
     pred = predict_ms(fitted.values, np.arange(len(df)))
@@ -157,7 +165,8 @@ def step_report(table: pd.DataFrame, fit_max_decodes: int = FIT_MAX_DECODES,
     timer = str(df["timer"].iloc[0]) if "timer" in df else ""
     return StepReport(df, {k: float(v) for k, v in params.items()}, regions, context_slopes(df, time_col),
                       {"fit_max_decodes": fit_max_decodes, "fit_max_context": fit_max_context, "time_column": time_col,
-                       "rows": len(df), "fit_rows": n_fit, "at_bound": list(fitted.at_bound),
+                       "rows": len(df), "fit_rows": n_fit, "at_bound": list(fitted.at_bound), "form": form,
+                       "constants": names,
                        "layers": int(df["layers"].iloc[0]) if "layers" in df else None,
                        "device": str(df["device"].iloc[0]), "model": model, "timer": timer,
                        "cuda_graphs": "cuda_graph" in timer, "all_fit": all_fit,
@@ -222,12 +231,12 @@ def report_markdown(rep: StepReport, source: str) -> str:
     p = rep.params
     lines = [f"# Mixed-step bench: does the backbone form extrapolate? ({m['model']}, {m['device']}, "
              f"{m['layers']} layers)", "",
-             f"Source: `{source}` ({m['rows']} shapes; timing: {_mode(m)}). `graph_roofline` fitted with curve_fit "
+             f"Source: `{source}` ({m['rows']} shapes; timing: {_mode(m)}). `{m.get('form', 'graph_roofline')}` fitted with curve_fit "
              f"on the {m['fit_rows']} calibration-like shapes (decodes <= {m['fit_max_decodes']}, context <= "
              f"{m['fit_max_context']:,} tokens; `c_eager` = 0: a run is all eager or all replayed), on "
              f"`{m['time_column']}`:", "",
              "| constant | value |", "| --- | --- |"]
-    for k in ("c0", "c_mem", "c_tok", "c_seq", "c_ctx"):
+    for k in m.get("constants", ("c0", "c_mem", "c_tok", "c_seq", "c_ctx")):
         lines.append(f"| `{k}` | {p[k]:.4g} |")
     if m["at_bound"]:
         lines += ["", f"At a bound: {', '.join(m['at_bound'])}."]
@@ -259,8 +268,8 @@ def report_markdown(rep: StepReport, source: str) -> str:
 
 def summary_lines(rep: StepReport) -> list[str]:
     out = [f"step report: {rep.meta['rows']} shapes ({rep.meta['model']}, {rep.meta['device']}, "
-           f"{'CUDA graphs' if rep.meta.get('cuda_graphs') else 'eager'}), fitted on "
-           f"{rep.meta['fit_rows']} calibration-like ones"]
+           f"{'CUDA graphs' if rep.meta.get('cuda_graphs') else 'eager'}), {rep.meta.get('form', 'graph_roofline')} "
+           f"fitted on {rep.meta['fit_rows']} calibration-like ones"]
     for r in rep.regions.itertuples():
         out.append(f"  {r.region:<58} {r.rows:>4} shapes  measured/predicted median {r.median_ratio:.3f}  "
                    f"max {r.max_ratio:.3f}  MAPE {r.mape_pct:.1f} %")

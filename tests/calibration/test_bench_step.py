@@ -333,6 +333,29 @@ def test_report_fits_the_form_everywhere_and_reads_the_kv_bandwidth(tmp_path):
     assert "CUDA graph" in report_markdown(rep, "x")
 
 
+def test_report_fits_the_linear_form_too(tmp_path, capsys):
+    """``graph_linear`` (the Qwen profile's form) recovers a linear step; on a roofline step its calibration-like
+    fit reads a per-decode cost the full steps do not pay; an unknown form is refused."""
+    df = _synthetic()
+    lin = df.assign(time_ms_median=12.0 + 0.0205 * df["prefill_tokens"] + 0.03 * df["decodes"]
+                    + 9.1e-5 * df["context_tokens"])
+    rep = step_report(lin, form="graph_linear")
+    assert rep.meta["form"] == "graph_linear" and rep.meta["constants"] == ["c0", "c_prefill", "c_decode", "c_ctx"]
+    assert rep.params["c_decode"] == pytest.approx(3e-5, rel=1e-3) and np.allclose(rep.table["ratio"], 1, atol=1e-3)
+    from calibration.bench.step_report import report_markdown
+
+    assert "`graph_linear` fitted" in report_markdown(rep, "x") and "| `c_decode` |" in report_markdown(rep, "x")
+    with pytest.raises(ValueError, match="form 'linear' is not one the report fits"):
+        step_report(df, form="linear")
+    from twin.cli import main as twin_main
+
+    d = tmp_path / "b"
+    d.mkdir()
+    lin.to_csv(d / "step_bench.csv", index=False)
+    assert twin_main(["calibrate", "bench-report", str(d), "--form", "graph_linear"]) == 0
+    assert "graph_linear fitted on" in capsys.readouterr().out
+
+
 def test_bench_report_plot(tmp_path, capsys):
     from twin.cli import main as twin_main
 
