@@ -280,13 +280,20 @@ def test_device_session_script_asks_for_a_valid_gpu_run(tmp_path):
     common = ["--device", "cuda", "--model-dims", "llama-3.1-8b"]
     assert re.search(r'python3 -m calibration\.bench --device "\$DEVICE" "\$\{SIZE\[@\]\}" --out', text)
     calls = re.findall(r"^\s*bench (\w+) (\d+) (.*?)(?<!\\)\n", text.replace("\\\n", " "), re.M)
-    assert [c[0] for c in calls] == ["step", "lora", "rest"]
+    assert [c[0] for c in calls] == ["step", "step_qwen", "lora", "rest"]
+    arrays = {"GRAPHS": "--step-graphs", "QWEN": "--model-dims qwen-2.5-7b"}  # their values on a GPU
+    for name, value in arrays.items():
+        assert re.search(rf"^{name}=\({re.escape(value)}\)$", text, re.M)
     cfgs = {}
     for name, limit, args in calls:
+        for array, value in arrays.items():
+            args = args.replace(f'"${{{array}[@]}}"', value)
         argv = common + ["--out", str(tmp_path / name)] + shlex.split(args)
         cfgs[name] = (resolve_config(build_parser().parse_args(argv), cuda_available=True), int(limit))
-    for cfg, _ in cfgs.values():
-        assert cfg.device == "cuda" and not cfg.small and cfg.spec.name == "llama-3.1-8b"
+    for name, (cfg, _) in cfgs.items():
+        assert cfg.device == "cuda" and not cfg.small
+        assert cfg.spec.name == ("qwen-2.5-7b" if name == "step_qwen" else "llama-3.1-8b")
+    assert cfgs["step"][0].step_graphs and cfgs["step_qwen"][0].step_graphs
     parts = {p for cfg, _ in cfgs.values() for p in cfg.parts}
     assert parts == {"check", "linear", "lora", "h2d", "load", "step"}
     lora, lora_limit = cfgs["lora"]
