@@ -286,23 +286,25 @@ def summary_lines(rep: StepReport) -> list[str]:
     return out
 
 
-def plot_steps(rep: StepReport, path: str | Path) -> None:
+def plot_steps(rep: StepReport, path: str | Path | None = None):
     """Step time against context along the full-budget and decode-only lines, measured (points) and the
-    calibration-fitted form (lines), beside measured / predicted per shape coloured by region."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    calibration-fitted form (lines), beside measured / predicted per shape coloured by region. Saved to
+    ``path``; without one the figure is returned (e.g. to show in a notebook). Built without pyplot, as
+    :mod:`twin.figures` builds its figures (no global state)."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
 
     df = rep.table
     budget = int(df["batch_tokens"].max())
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    fig = Figure(figsize=(15, 4.4))
+    axes = fig.subplots(1, 3)
     for ax, sel, title in ((axes[0], (df["batch_tokens"] == budget) & (df["decodes"] > 0),
                             f"full {budget}-token steps (prefill fills the rest)"),
                            (axes[1], df["prefill_tokens"] == 0, "decode-only steps")):
         sub = df[sel]
         if "prefill_ctx_before" in sub:
             sub = sub[sub["prefill_ctx_before"] == sub["prefill_ctx_before"].min()]
-        cmap = plt.get_cmap("viridis")
+        cmap = colormaps["viridis"]
         decs = sorted(sub["decodes"].unique())
         for i, d in enumerate(decs):
             g = sub[sub["decodes"] == d].sort_values("context_tokens")
@@ -328,6 +330,8 @@ def plot_steps(rep: StepReport, path: str | Path) -> None:
                  f" (points measured, lines the form fitted on decodes <= {m['fit_max_decodes']}, context <= "
                  f"{m['fit_max_context'] // 1000}k)", fontsize=10)
     fig.tight_layout()
+    if path is None:
+        return fig
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return None
