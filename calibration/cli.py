@@ -148,6 +148,11 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
         has_step = (src / STEP_FILE).is_file() if src.is_dir() else src.name == STEP_FILE
         has_lora = (src / LORA_FILE).is_file() if src.is_dir() else src.name == LORA_FILE
         if not (has_step or has_lora):
+            inside = sorted({str(f.parent.relative_to(src)) for name in (STEP_FILE, LORA_FILE)
+                             for f in src.glob(f"*/{name}")}) if src.is_dir() else []
+            if inside:  # (e.g. the device session's bench.tgz, unpacked: one folder per bench process)
+                raise FileNotFoundError(f"{src}: neither {STEP_FILE} nor {LORA_FILE} here, but its folder(s) "
+                                        f"{', '.join(inside)} hold them; give one, e.g. {src / inside[0]}")
             raise FileNotFoundError(f"{src}: neither {STEP_FILE} nor {LORA_FILE} here; run `twin calibrate bench "
                                     f"--parts step,lora --out DIR` and give DIR")
         if args.plot and not has_step:

@@ -261,6 +261,9 @@ def test_bench_report_cli(tmp_path, capsys):
     assert {"params", "regions", "slopes"} <= set(js["step"]) and js["slot_grid"] is None
     assert twin_main(["calibrate", "bench-report", str(tmp_path / "none")]) == 2
     assert "no such bench directory" in capsys.readouterr().err
+    # the unpacked device session: one folder per bench process, named in the error
+    assert twin_main(["calibrate", "bench-report", str(tmp_path)]) == 2
+    assert f"its folder(s) bench hold them; give one, e.g. {d}" in capsys.readouterr().err
     # an unknown --profile is refused without a slot-grid table too; --out / --markdown in new directories
     assert twin_main(["calibrate", "bench-report", str(d), "--profile", "nosuch"]) == 2
     assert "unknown profile 'nosuch'" in capsys.readouterr().err
