@@ -41,8 +41,8 @@ from twin.config import ConfigError
 from twin.perf.profile import Profile, load_profile
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
 from twin.requests import with_option
-from twin.scenario import (MAX_SIM_SECONDS, RunConfig, build_engine_config, build_workload, check_number,
-                           check_run, check_system_options, for_preset)
+from twin.scenario import (MAX_SIM_SECONDS, RunConfig, build_engine_config, build_workload, check_adapter_options_act,
+                           check_number, check_run, check_system_options, for_preset)
 from twin.simulate import simulate
 
 COLUMNS = [("ttft_ms_p50", "TTFT p50 ms", 0), ("ttft_ms_p99", "TTFT p99 ms", 0), ("itl_ms_p50", "TBT p50 ms", 1),
@@ -335,11 +335,14 @@ def common_adapters(run: RunConfig, policies: Collection[str]) -> RunConfig:
     return dataclasses.replace(run, lora_targets=MIXED_SYSTEMS_TARGETS) if len(systems) > 1 else run
 
 
-def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
+def compare(run: RunConfig, options: CompareConfig, progress: bool = False, given: Collection[str] = (),
             ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
     """Every preset of ``options.policies`` at every rate of ``options.rps``: the summary rows,
     the sustained throughput per preset and the TTFT SLO (s). ``progress``: a progress bar
-    (tqdm, on stderr) over the runs, the unloaded reference run included."""
+    (tqdm, on stderr) over the runs, the unloaded reference run included. ``given``: the workload
+    options given on the command line, refused before any run where they change nothing
+    (:func:`twin.scenario.check_adapter_options_act`: ``--seed`` on a workload file replayed as written,
+    ``--ranks`` / ``--popularity`` on a workload without adapters)."""
     pols, rates = options.policies, options.rps
     if not pols or not rates:
         raise ValueError("--policies and --rps need at least one value each")
@@ -356,7 +359,8 @@ def compare(run: RunConfig, options: CompareConfig, progress: bool = False,
     for p in pols:  # before any run, also when the runs go to worker processes: each preset as it runs
         check_run(for_preset(run, p))  # (its own serving system's checks)
     for r in sorted({min(rates), max(rates)}):  # an empty or oversized workload: refused before any run, not
-        build_workload(dataclasses.replace(for_preset(run, pols[0]), rps=r))  # after the rates before it ran
+        w = build_workload(dataclasses.replace(for_preset(run, pols[0]), rps=r))  # after the rates before it ran
+        check_adapter_options_act(dataclasses.replace(run, rps=r), w, given)
     jobs = [(p, r) for p in pols for r in rates]
     bar = None
     if progress:
@@ -402,11 +406,11 @@ def p99_by_policy(rows: list[dict[str, Any]]) -> dict[str, list[float | None]]:
 def cmd_compare(args: argparse.Namespace) -> int:
     run = from_namespace(RunConfig, args, exclude=NOT_COMPARE_OPTIONS)
     options = from_namespace(CompareConfig, args)
-    check_given(run, options, {*given_values(RunConfig, args, exclude=NOT_COMPARE_OPTIONS),
-                               *given_values(CompareConfig, args)})
+    given = {*given_values(RunConfig, args, exclude=NOT_COMPARE_OPTIONS), *given_values(CompareConfig, args)}
+    check_given(run, options, given)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     out = check_writable_dir("--out", args.out) if args.out is not None else Path(DEFAULT_OUT) / Path(run.trace).stem
-    rows, sustained, slo = compare(run, options, progress=progress)
+    rows, sustained, slo = compare(run, options, progress=progress, given=given)
     out.mkdir(parents=True, exist_ok=True)
     rows_frame(rows).to_csv(out / "compare.csv", index=False)
     prof_name = load_compare_profile(run.profile, None).name

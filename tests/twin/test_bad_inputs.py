@@ -355,6 +355,11 @@ CASES: list[tuple[str, str]] = [
                                                                  "base model only ({d}/base_only.csv gives no request an "
                                                                  "adapter: no adapter_id column, or all -1); give "
                                                                  "--adapters N"),
+    # the same on twin compare (its runs took them silently)
+    ("compare --no-progress --policies vllm,chameleon --rps 1 --trace {d}/base_only.csv --seed 3 --out {d}/cmp",
+     "twin compare: error: --seed 3 has no effect: {d}/base_only.csv is a workload file"),
+    ("compare --no-progress --policies vllm --rps 1 --duration 5 --adapters 0 --ranks 8,16 --out {d}/cmp",
+     "twin compare: error: --ranks 8,16 has no effect: the workload serves the base model only (--adapters 0)"),
     # a seed on a workload file replayed as written was recorded and changed nothing
     ("run --no-progress --trace {d}/base_only.csv --seed 3", "--seed 3 has no effect: {d}/base_only.csv is a workload "
                                                              "file, replayed as written (a seed only draws new adapters "
