@@ -1,6 +1,6 @@
 """What a ``step_bench.csv`` says about the backbone form's shape where the calibration has no data (torch-free).
 
-The shipped profiles fit the twin's backbone form (``graph_roofline``,
+The Llama profile fits the twin's backbone form (``graph_roofline``,
 :class:`twin.perf.forms.GraphRooflineBackbone`) on vLLM 0.8.5 windows with at most ~256 running
 requests and ~100k context tokens. The validation runs the twin misses (issue 17) run 500-800
 requests over 200-300k context tokens in 2,048-token mixed steps. :func:`step_report` asks the
@@ -11,10 +11,12 @@ measured / predicted and the MAPE, and for every line of shapes that differ only
 context the slope (ms per 100k context tokens) of each successive interval, so a curvature the
 linear ``c_ctx * C`` term cannot follow shows as slopes that grow along the line.
 
-The bench runs every step eagerly (no CUDA graphs), so ``c_eager`` is pinned to 0; the other five
-constants are fitted, in ms, with the project's :func:`calibration.fitting.core.fit_params`.
+A bench run times every step the same way, eagerly or (``--step-graphs``) as CUDA-graph replays, with no
+switch at a capture size, so ``c_eager`` is pinned to 0; the other constants are fitted, in ms, with the
+project's :func:`calibration.fitting.core.fit_params`. The same form is also fitted on every shape (its
+adequacy apart from extrapolation), and ``graph_linear`` (Qwen-2.5-7B's profile form) can be fitted instead.
 
-    twin calibrate bench-report runs/bench-h200 --markdown results/calibration/bench_step_h200.md
+    twin calibrate bench-report results/calibration/bench_h200/step_graphs_llama --plot steps.png
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def step_report(table: pd.DataFrame, fit_max_decodes: int = FIT_MAX_DECODES,
     df["region"] = _region(df, fit_max_decodes, fit_max_context, budget)
     fit_rows = df["region"].str.startswith("fit").to_numpy()
     cand = next(c for c in backbone_candidates(graph_max_tokens=int(budget) + 1) if c.form == form)
-    cand.fixed = {**cand.fixed, "c_eager": 0.0}  # eager throughout (module docstring)
+    cand.fixed = {**cand.fixed, "c_eager": 0.0}  # one timing mode per run (module docstring)
     y_fit = df.loc[df["region"].str.startswith("fit"), time_col].to_numpy(float)
     T_max = max(float(df["batch_tokens"].max()), 1.0)
     C_max = max(float(df["context_tokens"].max()), 1.0)
