@@ -485,3 +485,34 @@ def test_lora_sweep_honours_its_time_limit(tmp_path):
     cfg.lora_time_limit_s = None
     rows_all, note_all = run_lora_kernels(cfg, torch.device("cpu"), torch.float32, log=lambda m: None)
     assert "stopped" not in note_all and len({(r["module"], r["rank"]) for r in rows_all}) == pairs
+
+
+# ---------------------------------------------------------------- the committed H200 run (results/calibration/bench_h200)
+H200 = ROOT / "results" / "calibration" / "bench_h200"
+
+
+def test_the_committed_h200_tables_give_the_figures_its_readme_states():
+    """results/calibration/bench_h200/README.md quotes the reports of the committed tables: a change to the
+    report code that moves them must move the README too."""
+    from calibration.bench.grid_report import grid_report, read_grid_rows
+    from twin.perf.profile import load_profile
+
+    text = (H200 / "README.md").read_text()
+    llama = step_report(read_step_table(H200 / "step_graphs_llama"))
+    qwen = step_report(read_step_table(H200 / "step_graphs_qwen"))
+    for rep, row in ((llama, "| Llama-3.1-8B | calibration-like shapes |"),
+                     (qwen, "| Qwen-2.5-7B | calibration-like shapes |")):
+        reg = rep.regions.set_index(rep.regions["region"].str.split(":").str[0])
+        line = next(ln for ln in text.splitlines() if ln.startswith(row))
+        assert f"**{reg.loc['saturated', 'median_ratio']:.3f}**" in line
+        assert f"{rep.meta['all_fit']['mape_pct']:.1f} % (saturated {rep.meta['all_fit']['saturated_median_ratio']:.3f})" \
+            in line.replace("median ", "")
+    assert f"{llama.slopes['slope_lsq_ms_per_100k'].median():.2f} ms per 100k tokens for Llama" in text
+    linear = step_report(read_step_table(H200 / "step_graphs_qwen"), form="graph_linear")
+    assert f"({linear.regions.set_index('region').filter(like='saturated', axis=0)['median_ratio'].iloc[0]:.3f} median" \
+        in text.replace("\n  ", " ")
+    grid = grid_report(read_grid_rows(H200 / "lora"), load_profile("llama-3.1-8b_h100_vllm085"))
+    fits = grid.fits.set_index("kernel")
+    assert f"| slot_shrink | {fits.loc['slot_shrink', 'l_cta_ns']:.3f} | {fits.loc['slot_shrink', 'l_active_ns']:.2f} |" in text
+    assert f"| slot_expand | {fits.loc['slot_expand', 'l_cta_ns']:.3f} |" in text
+    assert f"The ratio is {grid.splits['working_ratio']:.2f} ± {grid.splits['working_ratio_se']:.2f}" in text
