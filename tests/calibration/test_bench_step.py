@@ -319,6 +319,67 @@ def test_step_graphs_need_a_gpu_and_the_step_part(tmp_path):
         resolve_config(build_parser().parse_args(argv), cuda_available=True)
 
 
+def test_step_graphs_capture_once_after_the_warmups_and_time_the_replays(tmp_path, monkeypatch):
+    """``--step-graphs`` without a GPU: torch.cuda's graph machinery replaced by a recorder. The warm-ups run on the
+    side stream before the capture, the step runs once inside it, the replays (not the eager step) are timed, and
+    the graph's memory is released after each shape."""
+    torch = pytest.importorskip("torch", reason="torch is the optional calibration extra")
+    from calibration.bench import step as S
+
+    log = []
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+
+        def __del__(self):
+            log.append("graph freed")
+
+    class Ctx:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            log.append(f"enter {self.name}")
+
+        def __exit__(self, *exc):
+            log.append(f"exit {self.name}")
+
+    class Stream:
+        def wait_stream(self, other):
+            log.append("wait")
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: Ctx("side stream"))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: Ctx("capture"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: log.append("empty_cache"))
+
+    def time_op(fn, device, warmup, repeats, flush=True):
+        for _ in range(warmup + repeats):
+            fn()
+        return np.ones(repeats)
+
+    monkeypatch.setattr(S, "time_op", time_op)
+
+    class Model:
+        def forward(self, shape, inp, impl):
+            log.append("step")
+
+    cfg = _cfg(tmp_path, "--step-warmup", "2", "--step-repeats", "3")
+    cfg.step_graphs = True  # (a CPU config refuses the flag; the recorder stands in for the GPU)
+    ms = S._time_step(Model(), None, {}, "sdpa", torch.device("cpu"), cfg)
+    assert len(ms) == 3
+    assert log == ["wait", "enter side stream", "step", "step", "exit side stream", "wait",
+                   "enter capture", "step", "exit capture", "replay", "replay", "replay", "replay",
+                   "graph freed", "empty_cache"]
+    log.clear()
+    cfg.step_graphs = False  # eager: the step itself, warm-ups included, no graph
+    S._time_step(Model(), None, {}, "sdpa", torch.device("cpu"), cfg)
+    assert log == ["step"] * 5
+
+
 def test_report_fits_the_form_everywhere_and_reads_the_kv_bandwidth(tmp_path):
     """Beside the calibration-like fit: the form fitted on every shape (its adequacy), each line's
     least-squares context slope, and for a known model the cache bandwidth that slope implies."""
