@@ -165,6 +165,13 @@ def test_negative_step_times_refused(tables, tmp_path):
                                                               "is negative; a scheduler time per step (ms) cannot be "
                                                               "negative"),
     ("scheduler_overhead.csv", "mean_waiting", -2.0, "column mean_waiting: -2 at row 1 (line 2) is negative"),
+    # counts of slots, adapters, requests, steps and tokens are whole numbers (a fractional one was fitted as given)
+    ("scheduler_overhead.csv", "adapter_slots", 12.5, "column adapter_slots: 12.5 at row 1 (line 2) is not a whole "
+                                                      "number; a number of adapter slots is a whole number"),
+    ("adapter_overhead_windows.csv", "running_end", 3.25, "column running_end: 3.25 at row 1 (line 2) is not a whole "
+                                                          "number; a running-request gauge is a whole number"),
+    ("step_latency_runs.csv", "engine_steps", 10.5, "column engine_steps: 10.5 at row 1 (line 2) is not a whole "
+                                                    "number"),
     # ranks vLLM cannot serve: a rank 1000 times too large fitted a degenerate load model (fixed times of 1e-27 s)
     ("adapter_load.csv", "adapter_rank", 8000, "column adapter_rank: 8000 at row 1 (line 2) is above 512, the "
                                                "largest max_lora_rank vLLM accepts (8, 16, 32, 64, 128, 256, 320, "
