@@ -115,6 +115,8 @@ def register_cli(subparsers) -> None:
     br.add_argument("--out", metavar="CSV", help="write the step table with the predictions and ratios")
     br.add_argument("--plot", metavar="PNG", help="draw the steps against context with the fitted form, and "
                                                   "measured / predicted per shape (needs step_bench.csv)")
+    br.add_argument("--grid-plot", metavar="PNG", help="draw the slot-grid kernels' time against the slots with the "
+                                                       "fitted per-block costs (needs a GPU run's lora_kernels.csv)")
     br.add_argument("--json", action="store_true", help="print the report as JSON")
     br.set_defaults(func=cmd_bench_report)
 
@@ -139,7 +141,8 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
         max_ctx = FIT_MAX_CONTEXT if args.fit_max_context is None else args.fit_max_context
         if max_dec < 0 or max_ctx < 0:
             raise ValueError("--fit-max-decodes and --fit-max-context must be >= 0")
-        for opt, path in (("--markdown", args.markdown), ("--out", args.out), ("--plot", args.plot)):
+        for opt, path in (("--markdown", args.markdown), ("--out", args.out), ("--plot", args.plot),
+                          ("--grid-plot", args.grid_plot)):
             if path:
                 check_writable_file(opt, path)
         profile = load_profile(args.profile)  # (an unknown --profile is refused whether or not a slot grid is there)
@@ -169,6 +172,10 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
                 grid_why = str(e)
             else:
                 grid = grid_report(rows, profile)
+        if args.grid_plot and grid is None:
+            raise FileNotFoundError(f"--grid-plot draws the slot-grid kernels, and {src} holds no GPU run's Triton "
+                                    f"slot-grid rows ({LORA_FILE}){f': {grid_why}' if grid_why else ''}; leave "
+                                    f"--grid-plot out or give a GPU bench directory with the lora part")
     except (FileNotFoundError, KeyError, ValueError, FitError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"twin calibrate bench-report: error: {msg}", file=sys.stderr)
@@ -183,6 +190,9 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
     if args.plot and step:
         from calibration.bench.step_report import plot_steps
         plot_steps(step, args.plot)
+    if args.grid_plot and grid is not None:
+        from calibration.bench.grid_report import plot_grid
+        plot_grid(grid, rows, args.grid_plot)
     if args.json:
         print(json.dumps({"step": step.to_dict() if step else None, "slot_grid": grid.to_dict() if grid else None},
                          indent=1, default=float))

@@ -173,3 +173,59 @@ def grid_markdown(rep: GridReport) -> str:
     if split:
         lines += ["", f"`slot_shrink` by split-K regime: {split}."]
     return "\n".join(lines) + "\n"
+
+
+def plot_grid(rep: GridReport, rows: pd.DataFrame, path: str | Path | None = None):
+    """Each slot-grid kernel's median time against the slots (one line per batch size, medians over the
+    adapters, modules and ranks measured), measured (points) and as the fitted per-block costs predict it
+    (dashed), beside measured against predicted per row. Saved to ``path``; without one the figure is
+    returned. Built without pyplot (no global state), as :mod:`twin.figures` builds its figures."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    fits = rep.fits.set_index("kernel")
+    df = rows.copy()
+    df["predicted_ms"] = [fits.loc[k, "c_us"] * 1e-3 + fits.loc[k, "l_cta_ns"] * 1e-6 * launched
+                          + fits.loc[k, "l_active_ns"] * 1e-6 * working
+                          for k, launched, working in zip(df["kernel"], df["blocks_launched"], df["blocks_working"])]
+    kernels = sorted(df["kernel"].unique())
+    fig = Figure(figsize=(5 * (len(kernels) + 1), 4.4))
+    axes = fig.subplots(1, len(kernels) + 1)
+    cmap = colormaps["viridis"]
+    for ax, kernel in zip(axes, kernels):
+        g = df[df["kernel"] == kernel]
+        sizes = sorted(g["batch_tokens"].unique())
+        for i, t in enumerate(sizes):
+            m = g[g["batch_tokens"] == t].groupby("slots")[["time_ms_median", "predicted_ms"]].median()
+            col = cmap(i / max(len(sizes) - 1, 1))
+            ax.plot(m.index, m["time_ms_median"], "o", color=col, label=f"{t} tokens")
+            ax.plot(m.index, m["predicted_ms"], "--", color=col, alpha=0.7)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("adapter slots (blocks launched for each)")
+        ax.set_ylabel("kernel time (ms, median)")
+        f = fits.loc[kernel]
+        ax.set_title(f"{kernel}: l_cta {f['l_cta_ns']:.3g} ns, l_active {f['l_active_ns']:.3g} ns", fontsize=10)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+    ax = axes[-1]
+    for kernel in kernels:
+        g = df[df["kernel"] == kernel]
+        ax.scatter(g["predicted_ms"], g["time_ms_median"], s=8, label=kernel)
+    lo, hi = float(df[["predicted_ms", "time_ms_median"]].min().min()), float(df[["predicted_ms", "time_ms_median"]].max().max())
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted (ms)")
+    ax.set_ylabel("measured (ms)")
+    ax.set_title("every row", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+    fig.suptitle(f"vLLM 0.8.5's slot-grid LoRA kernels on {rep.meta['device']}: t = c + l_cta * launched + "
+                 f"l_active * working (points measured, dashed fitted)", fontsize=10)
+    fig.tight_layout()
+    if path is None:
+        return fig
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return None

@@ -478,6 +478,21 @@ def test_grid_report_recovers_the_per_block_costs_and_sets_the_profile_beside_th
     assert rep.profile["split64_cost"] == pytest.approx(0.58, abs=0.01)
 
 
+def test_bench_report_grid_plot(tmp_path, capsys):
+    from twin.cli import main as twin_main
+
+    d = tmp_path / "bench"
+    d.mkdir()
+    _grid_rows().to_csv(d / "lora_kernels.csv", index=False)
+    png = tmp_path / "fig" / "grid.png"
+    assert twin_main(["calibrate", "bench-report", str(d), "--grid-plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (d / "lora_kernels.csv").unlink()
+    _synthetic().to_csv(d / "step_bench.csv", index=False)
+    assert twin_main(["calibrate", "bench-report", str(d), "--grid-plot", str(png)]) == 2
+    assert "--grid-plot draws the slot-grid kernels" in capsys.readouterr().err
+
+
 def test_grid_report_reads_the_shrink_split_regimes_apart(capsys):
     """A 64-split working block priced at half an 8-split one is read back as a ratio of 0.5; a table
     without rows of one regime gives no ratio rather than a fit on nothing."""
