@@ -187,12 +187,16 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
     if args.out and step:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         step.table.to_csv(args.out, index=False)
+    figures = []
     if args.plot and step:
         from calibration.bench.step_report import plot_steps
-        plot_steps(step, args.plot)
+        figures.append((plot_steps(step), args.plot))
     if args.grid_plot and grid is not None:
         from calibration.bench.grid_report import plot_grid
-        plot_grid(grid, rows, args.grid_plot)
+        figures.append((plot_grid(grid, rows), args.grid_plot))
+    for fig, path in figures:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
     if args.json:
         print(json.dumps({"step": step.to_dict() if step else None, "slot_grid": grid.to_dict() if grid else None},
                          indent=1, default=float))

@@ -175,11 +175,11 @@ def grid_markdown(rep: GridReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_grid(rep: GridReport, rows: pd.DataFrame, path: str | Path | None = None):
+def plot_grid(rep: GridReport, rows: pd.DataFrame):
     """Each slot-grid kernel's median time against the slots (one line per batch size, medians over the
     adapters, modules and ranks measured), measured (points) and as the fitted per-block costs predict it
-    (dashed), beside measured against predicted per row. Saved to ``path``; without one the figure is
-    returned. Built without pyplot (no global state), as :mod:`twin.figures` builds its figures."""
+    (dashed), beside measured against predicted per row: a :class:`matplotlib.figure.Figure` built without
+    pyplot, as :func:`calibration.bench.step_report.plot_steps` (``bench-report --grid-plot`` saves it)."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
@@ -224,8 +224,4 @@ def plot_grid(rep: GridReport, rows: pd.DataFrame, path: str | Path | None = Non
     fig.suptitle(f"vLLM 0.8.5's slot-grid LoRA kernels on {rep.meta['device']}: t = c + l_cta * launched + "
                  f"l_active * working (points measured, dashed fitted)", fontsize=10)
     fig.tight_layout()
-    if path is None:
-        return fig
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return None
+    return fig

@@ -288,11 +288,11 @@ def summary_lines(rep: StepReport) -> list[str]:
     return out
 
 
-def plot_steps(rep: StepReport, path: str | Path | None = None):
+def plot_steps(rep: StepReport):
     """Step time against context along the full-budget and decode-only lines, measured (points) and the
-    calibration-fitted form (lines), beside measured / predicted per shape coloured by region. Saved to
-    ``path``; without one the figure is returned (e.g. to show in a notebook). Built without pyplot, as
-    :mod:`twin.figures` builds its figures (no global state)."""
+    calibration-fitted form (lines), beside measured / predicted per shape coloured by region: a
+    :class:`matplotlib.figure.Figure` built without pyplot (no global state), as :mod:`twin.figures` builds its
+    figures (``twin calibrate bench-report --plot`` saves it; a notebook shows it)."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
@@ -332,8 +332,4 @@ def plot_steps(rep: StepReport, path: str | Path | None = None):
                  f" (points measured, lines the form fitted on decodes <= {m['fit_max_decodes']}, context <= "
                  f"{m['fit_max_context'] // 1000}k)", fontsize=10)
     fig.tight_layout()
-    if path is None:
-        return fig
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return None
+    return fig

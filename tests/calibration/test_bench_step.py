@@ -427,21 +427,6 @@ def test_report_fits_the_linear_form_too(tmp_path, capsys):
     assert "graph_linear fitted on" in capsys.readouterr().out
 
 
-def test_bench_report_plot(tmp_path, capsys):
-    from twin.cli import main as twin_main
-
-    d = tmp_path / "bench"
-    d.mkdir()
-    _synthetic().to_csv(d / "step_bench.csv", index=False)
-    png = tmp_path / "fig" / "steps.png"
-    assert twin_main(["calibrate", "bench-report", str(d), "--plot", str(png)]) == 0
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    (d / "step_bench.csv").rename(d / "other.csv")
-    _grid_rows().to_csv(d / "lora_kernels.csv", index=False)
-    assert twin_main(["calibrate", "bench-report", str(d), "--plot", str(png)]) == 2
-    assert "--plot draws the mixed steps" in capsys.readouterr().err
-
-
 # ---------------------------------------------------------------- the slot-grid report (torch-free)
 def _grid_rows(l_cta=0.9e-6, l_active=22e-6, c=0.004, split64=1.0):
     """Triton slot-grid rows whose times follow known per-block costs (ms); ``split64`` prices a working
@@ -478,19 +463,25 @@ def test_grid_report_recovers_the_per_block_costs_and_sets_the_profile_beside_th
     assert rep.profile["split64_cost"] == pytest.approx(0.58, abs=0.01)
 
 
-def test_bench_report_grid_plot(tmp_path, capsys):
+@pytest.mark.parametrize("option,table,other,refusal", [
+    ("--plot", "step_bench.csv", "lora_kernels.csv", "--plot draws the mixed steps"),
+    ("--grid-plot", "lora_kernels.csv", "step_bench.csv", "--grid-plot draws the slot-grid kernels"),
+])
+def test_bench_report_figures(tmp_path, capsys, option, table, other, refusal):
+    """Each figure is drawn from its own table, and refused, naming the table, in a directory without it."""
     from twin.cli import main as twin_main
 
+    tables = {"step_bench.csv": _synthetic, "lora_kernels.csv": _grid_rows}
     d = tmp_path / "bench"
     d.mkdir()
-    _grid_rows().to_csv(d / "lora_kernels.csv", index=False)
-    png = tmp_path / "fig" / "grid.png"
-    assert twin_main(["calibrate", "bench-report", str(d), "--grid-plot", str(png)]) == 0
+    tables[table]().to_csv(d / table, index=False)
+    png = tmp_path / "fig" / "figure.png"
+    assert twin_main(["calibrate", "bench-report", str(d), option, str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    (d / "lora_kernels.csv").unlink()
-    _synthetic().to_csv(d / "step_bench.csv", index=False)
-    assert twin_main(["calibrate", "bench-report", str(d), "--grid-plot", str(png)]) == 2
-    assert "--grid-plot draws the slot-grid kernels" in capsys.readouterr().err
+    (d / table).unlink()
+    tables[other]().to_csv(d / other, index=False)
+    assert twin_main(["calibrate", "bench-report", str(d), option, str(png)]) == 2
+    assert refusal in capsys.readouterr().err
 
 
 def test_grid_report_reads_the_shrink_split_regimes_apart(capsys):
@@ -542,7 +533,6 @@ def test_bench_report_cli_reads_both_tables(tmp_path, capsys):
     (d / "lora_kernels.csv").unlink()
     assert twin_main(["calibrate", "bench-report", str(d)]) == 2
     assert "neither step_bench.csv nor lora_kernels.csv" in capsys.readouterr().err
-
 
 
 def test_lora_sweep_honours_its_time_limit(tmp_path):
