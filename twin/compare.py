@@ -360,7 +360,7 @@ def compare(run: RunConfig, options: CompareConfig, progress: bool = False, give
         check_run(for_preset(run, p))  # (its own serving system's checks)
     for r in sorted({min(rates), max(rates)}):  # an empty or oversized workload: refused before any run, not
         w = build_workload(dataclasses.replace(for_preset(run, pols[0]), rps=r))  # after the rates before it ran
-        check_adapter_options_act(dataclasses.replace(run, rps=r), w, given)
+    check_adapter_options_act(run, w, given)  # (the rate changes neither the adapters nor what the seed draws)
     jobs = [(p, r) for p in pols for r in rates]
     bar = None
     if progress:
