@@ -487,8 +487,12 @@ def check_run(run: RunConfig) -> None:
     _check_system(run)
 
 
-#: the ``max_lora_rank`` values vLLM 0.8.5 accepts (``LoRAConfig.__post_init__``: ``possible_max_ranks``)
+#: the ``max_lora_rank`` values vLLM 0.8.5 accepts (``LoRAConfig.__post_init__``: ``possible_max_ranks``,
+#: ``vllm/config.py`` of the 0.8.5 wheel, line 2677)
 VLLM_MAX_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+#: the ``max_lora_rank`` values vLLM 0.5.0 accepts (the same check, ``vllm/config.py`` of the 0.5.0 wheel, line
+#: 1054): the servers of the older calibration runs (``calibration.fitting.vllm050``); the twin's engine is 0.8.5's
+VLLM050_MAX_LORA_RANKS = (8, 16, 32, 64)
 
 
 def rank_limit(system: str, model: Any | None = None) -> tuple[int, str]:

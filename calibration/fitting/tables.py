@@ -104,24 +104,28 @@ class Col:
     why: str = ""
 
 
-#: vLLM's max_lora_rank values (LoRAConfig's possible_max_ranks), as ``twin run --max-lora-rank`` takes them
-_VLLM_RANKS = f"{', '.join(map(str, VLLM_MAX_LORA_RANKS))}; LoRAConfig's possible_max_ranks"
+def _vllm_ranks(ranks: tuple[int, ...]) -> str:
+    """vLLM's ``max_lora_rank`` values (LoRAConfig's possible_max_ranks), as ``twin run --max-lora-rank`` takes them."""
+    return f"{', '.join(map(str, ranks))}; LoRAConfig's possible_max_ranks"
 
 
-def adapter_rank(name: str = "adapter_rank") -> Col:
-    """An adapter's rank: a whole number from 1 to the largest ``max_lora_rank`` vLLM accepts (it refuses an
-    adapter above the server's ``max_lora_rank``): a rank 1000 times too large fitted a degenerate load model."""
-    return Col(name, "an adapter rank", "pos", missing_ok=False, whole=True, most=VLLM_MAX_LORA_RANKS[-1],
-               why=f"the largest max_lora_rank vLLM accepts ({_VLLM_RANKS}): no vLLM server loads such an adapter")
+def adapter_rank(name: str = "adapter_rank", ranks: tuple[int, ...] = VLLM_MAX_LORA_RANKS) -> Col:
+    """An adapter's rank: a whole number from 1 to the largest ``max_lora_rank`` the tables' vLLM accepts (``ranks``:
+    :data:`twin.scenario.VLLM_MAX_LORA_RANKS` for 0.8.5, :data:`~twin.scenario.VLLM050_MAX_LORA_RANKS` for 0.5.0; it
+    refuses an adapter above the server's ``max_lora_rank``): a rank 1000 times too large fitted a degenerate load
+    model."""
+    return Col(name, "an adapter rank", "pos", missing_ok=False, whole=True, most=ranks[-1],
+               why=f"the largest max_lora_rank vLLM accepts ({_vllm_ranks(ranks)}): no vLLM server loads such an adapter")
 
 
 def max_lora_rank(name: str = "max_lora_rank", what: str = "a max LoRA rank", without_lora: bool = False,
-                  missing_ok: bool = True, required: bool = True) -> Col:
-    """A server's ``max_lora_rank``: one of the values vLLM accepts (:data:`twin.scenario.VLLM_MAX_LORA_RANKS`), or
-    0 for a server without LoRA where the table writes it so (``without_lora``)."""
-    choices = ((0,) if without_lora else ()) + tuple(VLLM_MAX_LORA_RANKS)
+                  missing_ok: bool = True, required: bool = True, ranks: tuple[int, ...] = VLLM_MAX_LORA_RANKS) -> Col:
+    """A server's ``max_lora_rank``: one of the values the tables' vLLM accepts (``ranks``, as :func:`adapter_rank`),
+    or 0 for a server without LoRA where the table writes it so (``without_lora``)."""
+    choices = ((0,) if without_lora else ()) + tuple(ranks)
     return Col(name, what, "nonneg" if without_lora else "pos", missing_ok=missing_ok, whole=True, required=required,
-               choices=choices, why=f"vLLM accepts only {_VLLM_RANKS}" + (" (0: without LoRA)" if without_lora else ""))
+               choices=choices,
+               why=f"vLLM accepts only {_vllm_ranks(ranks)}" + (" (0: without LoRA)" if without_lora else ""))
 
 
 def text(name: str, what: str, missing_ok: bool = False, required: bool = True) -> Col:

@@ -38,6 +38,7 @@ from calibration.fitting.tables import Col, adapter_rank, max_lora_rank, read_ta
 from calibration.fitting.vidur import read_ops
 from twin.perf.forms import FORMS
 from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
+from twin.scenario import VLLM050_MAX_LORA_RANKS
 
 GPU = "H100-64GB"
 SOFTWARE = "vllm-0.5.0"
@@ -54,7 +55,8 @@ VLLM050_README = "the data README, section calibration/vllm050_h100_llama2"
 RUNS_COLUMNS = (
     text("study", "study name"), text("experiment", "experiment name"), text("model", "model name"),
     text("variant", "variant name"), text("run_dir", "run directory"), text("status", "run status (ok, failed_...)"),
-    Col("max_loras", "a number of adapter slots", whole=True), max_lora_rank(without_lora=True),
+    Col("max_loras", "a number of adapter slots", whole=True),
+    max_lora_rank(without_lora=True, ranks=VLLM050_MAX_LORA_RANKS),
     Col("restrict_loras", "a number of adapters requested"),
     Col("median_itl_ms", "a median inter-token latency (ms)", "pos"),
     Col("ts_mean_running", "a mean running-request gauge"), Col("ts_mean_kv_usage", "a mean KV usage", "frac"),
@@ -63,7 +65,7 @@ RUNS_COLUMNS = (
 )
 LOAD_COLUMNS = (
     text("model", "model name"), text("phase", "load phase (first_load or later_load)"),
-    adapter_rank(),
+    adapter_rank(ranks=VLLM050_MAX_LORA_RANKS),
     Col("sample", "a sample number (1, 2, ...)", "pos", missing_ok=False, whole=True),
     Col("loading_ms", "an adapter loading time (ms)", "pos", missing_ok=False),
     Col("activating_ms", "an adapter activation time (ms)", "pos", missing_ok=False),

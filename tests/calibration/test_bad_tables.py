@@ -208,22 +208,24 @@ def test_every_problem_of_a_table_listed(tables, tmp_path):
 
 
 def test_the_ranks_of_the_vllm050_tables_are_bounded_too(tmp_path):
-    """The vLLM 0.5.0 runs and load samples read ranks with the same bounds as the 0.8.5 tables; a server without
-    LoRA (an empty max_lora_rank) passes."""
+    """The vLLM 0.5.0 runs and load samples read ranks with 0.5.0's bounds (``possible_max_ranks`` = 8, 16, 32, 64
+    in that wheel's ``vllm/config.py``; 0.8.5 adds 128-512); a server without LoRA (an empty max_lora_rank) passes."""
     from calibration.fitting.vllm050 import LOAD_COLUMNS, RUNS_COLUMNS
 
     p = tmp_path / "adapter_load_manual.csv"
-    p.write_text("model,phase,adapter_rank,sample,loading_ms,activating_ms\nllama-2-7b,first_load,1024,1,5,1\n")
-    with pytest.raises(TableError, match=r"column adapter_rank: 1024 at row 1 \(line 2\) is above 512"):
+    p.write_text("model,phase,adapter_rank,sample,loading_ms,activating_ms\nllama-2-7b,first_load,128,1,5,1\n")
+    with pytest.raises(TableError, match=r"column adapter_rank: 128 at row 1 \(line 2\) is above 64, the largest "
+                                         r"max_lora_rank vLLM accepts \(8, 16, 32, 64; LoRAConfig"):
         read_table(p, LOAD_COLUMNS, "the test")
     cols = [c for c in RUNS_COLUMNS if c.name in ("run_dir", "max_lora_rank")]
     p = tmp_path / "runs.csv"
     p.write_text("run_dir,max_lora_rank\na,\nb,0\nc,64\n")
     assert read_table(p, cols, "the test")["max_lora_rank"].tolist()[1:] == [0, 64]
-    p.write_text("run_dir,max_lora_rank\na,\nb,48\n")
-    with pytest.raises(TableError, match=r"column max_lora_rank: 48 at row 2 \(line 3\) is not a value the server "
-                                         r"accepts \(vLLM accepts only 8, 16, 32, 64"):
-        read_table(p, cols, "the test")
+    for bad in (48, 128):  # (128 is a value vLLM 0.8.5 accepts, 0.5.0 does not: vllm/config.py possible_max_ranks)
+        p.write_text(f"run_dir,max_lora_rank\na,\nb,{bad}\n")
+        with pytest.raises(TableError, match=rf"column max_lora_rank: {bad} at row 2 \(line 3\) is not a value the "
+                                             r"server accepts \(vLLM accepts only 8, 16, 32, 64; LoRAConfig"):
+            read_table(p, cols, "the test")
 
 
 def test_read_table_keeps_legitimate_zeros_and_missing_values(tmp_path):
