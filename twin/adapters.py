@@ -162,8 +162,10 @@ class AdapterMemory:
         as given). The real runs' server (the peer fork of vLLM 0.8.5, ``--dummy-lora-modules``)
         creates and loads its ``--max-cpu-loras`` adapters from disk during start-up
         (``adapter_load.csv``: every disk->CPU load is a ``startup`` load), so no request of
-        those runs waits for a disk load; stock vLLM loads an adapter from disk at its first
-        request (``LRUCacheWorkerLoRAManager.add_adapter``), which is the default here."""
+        those runs waits for a disk load. Stock vLLM 0.8.5's OpenAI server likewise loads the adapters its
+        ``--lora-modules`` names at start-up (``OpenAIServingModels.init_static_loras`` -> ``add_lora``), while
+        offline ``LLM.generate`` loads an adapter from disk at its first request
+        (``LRUCacheWorkerLoRAManager.add_adapter``), which is the default here."""
         for a in adapters:
             if len(self.cpu) >= self.cpu_slots:
                 break
@@ -289,11 +291,13 @@ class AdapterMemory:
             if not self.placement.allocate(a, now):
                 raise RuntimeError(f"adapter {a} admitted but its memory could not be freed")
         reloads: list[int] = []
+        # the CPU tier first: vLLM registers a new adapter (making room in its CPU cache, which can free a slot,
+        # fetch) before it activates it in a slot (LRUCacheWorkerLoRAManager.add_adapter: add, then activate)
+        source, disk_s = self.fetch(a, now)
         if self.placement is None and self.n_resident >= self.gpu_slots:
             v = self.evict_victim(now)
             if self.order_reloads:
                 reloads = self.activation_reloads(a, v, now)
-        source, disk_s = self.fetch(a)
         self.mark_resident(a)
         self.loaded_at[a] = now
         self.policy.on_load(a, now)
@@ -332,10 +336,13 @@ class AdapterMemory:
         the batch's adapters and the adapters that left then were all touched in the previous
         walk: the oldest of them not yet reached by this walk is evicted -- possibly an adapter
         of the batch, copied back when the walk reaches it, evicting the next oldest, until an
-        idle adapter goes. The set order is not the same from step to step (the set is rebuilt
-        every step, and CPython resolves hash collisions in insertion order, which changes as
-        adapters come and go): both walks are drawn as independent random orders (seeded, so
-        runs are reproducible). Adapters loaded in this step are not candidates (the walk loads
+        idle adapter goes. The set's order follows the adapters' name hashes (``LoRARequest.__hash__``,
+        fixed within a server process) in a table whose size, and whose collisions (resolved in
+        insertion order), change as adapters come and go; two consecutive walks over a similar batch
+        mostly agree. The twin draws both walks as independent random orders (seeded, so runs are
+        reproducible): a modelling choice, not a property of the set, kept because it reproduces the
+        real serving runs' load counts (median 0.98x) where one fixed order made 1.2x, up to 3x at 64-128
+        slots (``results/calibration/serving_replay.md``). Adapters loaded in this step are not candidates (the walk loads
         them at their own position). Each reload is a CPU->GPU copy of that adapter."""
         if self.idle_at[victim] != now:
             return []
@@ -373,19 +380,37 @@ class AdapterMemory:
                     self.cpu.move_to_end(b)
         return out
 
-    def fetch(self, a: int) -> tuple[str, float]:
-        """Where the copy to the GPU starts: the CPU tier, or disk (it then enters the CPU tier)."""
+    def fetch(self, a: int, now: float = 0.0) -> tuple[str, float]:
+        """Where the copy to the GPU starts: the CPU tier, or disk (it then enters the CPU tier).
+
+        A full CPU tier drops its least recently used adapter *not in the batch*: vLLM 0.8.5 touches every
+        adapter of the batch in its CPU cache each step (``LRUCacheWorkerLoRAManager.add_adapter``:
+        ``get_adapter``), so they are always newer than any idle one, while this tier is touched when an
+        adapter joins or leaves the batch (the touch times of idle adapters agree). On vLLM's fixed slots the
+        dropped adapter also leaves its GPU slot when the slots are vLLM's own LRU manager (``lru``: the
+        policy's ``activation_order_reloads``): the CPU cache's removal callback is ``deactivate_adapter``
+        (``LRUCacheLoRAModelManager.__init__``, ``vllm/lora/models.py``), so its next request loads it from
+        disk, and every adapter in a slot is in the CPU tier. Another cache policy decides its slots itself.
+        Only with fewer CPU slots than adapters (``--cpu-slots``; vLLM's own default is ``max_loras``)."""
         r = self.ranks_l[a]
-        if a in self.cpu:
-            self.cpu.move_to_end(a)
+        cpu = self.cpu
+        if a in cpu:
+            cpu.move_to_end(a)
             source, disk_s = "cpu", 0.0
             self.loads_cpu += 1
         else:
-            if len(self.cpu) >= self.cpu_slots:
-                dropped, _ = self.cpu.popitem(last=False)
+            if len(cpu) >= self.cpu_slots:
+                act = self.active
+                dropped = next((b for b in cpu if not act[b]), None)
+                if dropped is None:  # (every CPU adapter in the batch: more active adapters than CPU slots)
+                    dropped = next(iter(cpu))
+                del cpu[dropped]
                 if self.tier_changes is not None:
                     self.tier_changes.append(dropped)
-            self.cpu[a] = None  # (a becomes resident: mark_resident notes it)
+                if (self.order_reloads and self.placement is None and self.resident[dropped] and not act[dropped]
+                        and dropped not in self.loading):
+                    self.evict(dropped, now)  # (deactivate_adapter: its slot is free)
+            cpu[a] = None  # (a becomes resident: mark_resident notes it)
             source, disk_s = "disk", self.disk_load_s[r]
             self.loads_disk += 1
         return source, disk_s

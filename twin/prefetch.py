@@ -76,7 +76,7 @@ class AsyncLoader:
             return False
         if not self._room(a, now, evict):
             return False
-        source, disk_s = mem.fetch(a)
+        source, disk_s = mem.fetch(a, now)
         mem.mark_resident(a)
         link_s = mem.cpu_load_s[mem.ranks_l[a]]
         if mem.placement is not None:

@@ -69,6 +69,37 @@ def test_cpu_tier_and_lru_eviction():
     assert ttft == pytest.approx([0.61, 0.61, 0.11, 0.11], abs=1e-12)
 
 
+def test_cpu_tier_keeps_the_adapters_of_the_batch():
+    """A full CPU tier drops its least recently used adapter *not in the batch*: vLLM touches the CPU cache's
+    entry of every batch adapter each step (``LRUCacheWorkerLoRAManager.add_adapter``: ``get_adapter``).
+
+    Two slots, three CPU slots. Adapter 0 runs from t=0 to ~12 s; 1, 2, 3 come and go at t=1, 2, 3 (3 fills the
+    CPU tier: 1 goes, not 0, which joined first but is in the batch); 1 and 2 come back at t=20, 21, pushing 0
+    out of its GPU slot; 0 comes back at t=30 and is copied from the CPU tier (0.1 s), not loaded from disk."""
+    prof = constant_profile(c0=0.01, disk_s=0.5, cpu_s=0.1)
+    w = Workload.from_arrays([0.0, 1.0, 2.0, 3.0, 20.0, 21.0, 30.0], [10] * 7, [1000, 1, 1, 1, 1, 1, 1],
+                             [0, 1, 2, 3, 1, 2, 0], [8] * 7)
+    res = simulate(w, prof, EngineConfig(max_loras=2, max_cpu_loras=3), check_invariants=True)
+    r = res.requests.set_index("request_id")
+    assert 12 < r.loc[0, "finish_s"] < 20 and r.loc[3, "finish_s"] < 20
+    assert r.loc[6, "ttft_s"] == pytest.approx(0.11, abs=1e-12)  # (0.61 when the tier dropped adapter 0 at t=3)
+    assert res.summary["adapter_loads_from_disk"] == 6 and res.summary["adapter_loads_from_cpu"] == 1
+
+
+@pytest.mark.parametrize("cpu_slots", [4, 5, 9])
+def test_an_adapter_dropped_from_the_cpu_tier_leaves_its_slot(cpu_slots):
+    """vLLM's CPU cache removes an adapter through ``deactivate_adapter`` (``LRUCacheLoRAModelManager``), so
+    with vLLM's LRU slots every adapter in a slot stays in the CPU tier (the invariant ``check_invariants``
+    asserts at every step), down to vLLM's default of as many CPU slots as GPU slots. The runs must drop
+    adapters that hold a slot: evictions beyond the slot loads' own."""
+    prof = constant_profile(c0=0.01, disk_s=0.05, cpu_s=0.01)
+    w = random_workload(n=300, rps=8.0, adapters=24, seed=11)
+    res = simulate(w, prof, EngineConfig(max_loras=4, max_cpu_loras=cpu_slots, max_num_seqs=16),
+                   check_invariants=True)
+    s = res.summary
+    assert s["requests_finished"] == 300 and s["adapter_loads_from_disk"] > 24
+
+
 def test_slot_limit_skips_but_keeps_order():
     """max_loras=1: a request of another adapter waits while adapter 0 runs; same-adapter
     requests behind it are admitted (vLLM v1 skips, it does not block)."""
