@@ -11,7 +11,9 @@ overloaded runs, whatever the slots, adapters and rates).
 The same runs' server (the peer fork of vLLM 0.8.5, ``--dummy-lora-modules``) loads its
 ``--max-cpu-loras`` adapters into the CPU tier during start-up, so with ``preload_cpu`` the
 adapters start in the CPU tier (:meth:`twin.adapters.AdapterMemory.preload_cpu`) instead of on
-disk (stock vLLM).
+disk (the twin's default: an adapter first met at its first request, as offline ``LLM.generate`` meets it; stock
+vLLM's OpenAI server also pre-loads the adapters its ``--lora-modules`` names at start-up,
+``OpenAIServingModels.init_static_loras``).
 
 ``twin validate`` and ``twin calibrate replay`` build it by name: ``make_scheduler("fcfs+client-cap",
 client_cap=None)``.

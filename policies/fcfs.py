@@ -6,8 +6,9 @@ exceed ``max_loras`` distinct adapters in the batch is *skipped* and keeps its p
 the scan stops at the first request that fails for any other reason (no KV blocks for
 its first chunk, ``max_num_seqs`` reached, token budget spent). A request whose adapter or
 history KV is still being swapped in (``Admit.NOT_READY``, caches with ``async_swap_in`` such
-as FastLibra's) is skipped too and keeps its place, as vLLM v1 skips requests waiting for
-their KV (``WAITING_FOR_REMOTE_KVS``, ``skipped_waiting_requests``): the scan goes on past it
+as FastLibra's) is skipped too and keeps its place, as vLLM 0.8.5 v1 skips a request it cannot
+start yet and keeps its place (``skipped_waiting_requests``, as for one whose grammar is still compiling,
+``WAITING_FOR_FSM``; later versions do the same for KV still arriving, ``WAITING_FOR_REMOTE_KVS``): the scan goes on past it
 in arrival order (:meth:`FCFSScheduler._scan_past_not_ready`), so ready requests run while it waits.
 
 Data structures follow the events, not the queue length: requests sit in per-adapter

@@ -240,8 +240,10 @@ class Policy:
 class Scheduler(Policy):
     """Decides, each engine step, which waiting requests join the batch.
 
-    The engine schedules the running requests first (decodes, then continuing prefill
-    chunks, preempting by recompute when KV blocks run out, as vLLM v1 does) and then,
+    The engine schedules the running requests first (in admission order, preempting the last
+    by recompute when KV blocks run out, as vLLM v1's ``Scheduler.schedule`` does; at most one of
+    them is part-way through its prefill, and it is the last, so this is decodes, then that
+    chunk) and then,
     if nothing was preempted, calls :meth:`schedule_waiting`, which offers candidates to
     ``ctx.try_admit(rid)`` in the policy's order.
     """
@@ -313,9 +315,11 @@ class AdapterCachePolicy(Policy):
     #: kernel grid over its slots for the fitted profiles) or ``"paged"`` (adapter weights paged in the KV pool, computed as S-LoRA does:
     #: :class:`twin.perf.slora_forms.PagedLora`; FastLibra §2)
     lora_compute: str | None = None
-    #: vLLM's worker activates the batch's adapters one by one in set (hash) order, so an LRU
-    #: eviction can hit an adapter of the batch not yet touched in this step, which is then
-    #: reloaded (see :meth:`twin.adapters.AdapterMemory.activation_reloads`)
+    #: the slots are vLLM's own LRU manager (``LRUCacheLoRAModelManager``): its worker activates the
+    #: batch's adapters one by one in set (hash) order, so an LRU eviction can hit an adapter of the
+    #: batch not yet touched in this step, which is then reloaded (see
+    #: :meth:`twin.adapters.AdapterMemory.activation_reloads`); and an adapter dropped from the CPU tier
+    #: leaves its slot (:meth:`~twin.adapters.AdapterMemory.fetch`)
     activation_order_reloads: ClassVar[bool] = False
     #: ``reclaim_blocks(n, now, pin) -> freed``: free at least ``n`` pool blocks, never evicting
     #: adapter ``pin``. None (not provided): the engine's order -- history KV least recently

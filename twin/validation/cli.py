@@ -42,7 +42,8 @@ def register_cli(subparsers) -> None:
                    help=f"requests the real client can hold in flight (default {CLIENT_MAX_INFLIGHT}: one TCP "
                         "connection per request, Linux's default ephemeral port range); 'none' disables the cap")
     p.add_argument("--no-preload", action="store_true",
-                   help="adapters start on disk (stock vLLM) instead of in the CPU tier (the real runs' server)")
+                   help="adapters start on disk (loaded at their first request, as offline vLLM does) instead of in the CPU "
+                        "tier (the real runs' server pre-loads its --max-cpu-loras adapters)")
     p.add_argument("--length-corr", type=float, default=PROMPT_OUTPUT_CORR,
                    help=f"Gaussian-copula correlation of prompt and output length in the re-created request pools "
                         f"(default {PROMPT_OUTPUT_CORR}: fitted on the dt_modelling runs' KV gauges, "
