@@ -73,13 +73,24 @@ def test_max_token_rate_bounds_every_step():
         assert T / d <= rmax * (1 + 1e-9)
 
 
-def test_a_grid_s_lora_targets_reach_the_runs():
+def test_a_grid_s_lora_targets_reach_the_runs(monkeypatch):
     """``[configs.engine] lora_targets`` was ignored: the sweep builds its Engine itself, and only simulate()
-    applied the targets, so a qkvo grid ran the profile's seven projections. Fewer adapted modules: smaller
-    adapters to load and other LoRA compute."""
+    applied the targets, so a qkvo grid ran the profile's seven projections. The run's engine gets a profile of
+    those adapters (their bytes; the vLLM profile's measured per-rank load times and its kernels over every
+    linear layer do not change with them, so the timings alone cannot show it)."""
+    import twin.sweep.scenario as S
+
+    seen = []
+
+    class Spy(S.Engine):
+        def __init__(self, wl, prof, *a, **k):
+            seen.append((prof.lora_targets, prof.adapter_bytes(32)))
+            super().__init__(wl, prof, *a, **k)
+
+    monkeypatch.setattr(S, "Engine", Spy)
     sc = {"key": "targets", "rates": [1.6, 0.8, 0.4], "ranks": [8, 16, 32], "lengths": [222.0, 197.0]}
     kw = dict(seed=0, window_s=60.0, profile=PROFILE, early_stop=False)
     all7 = run_config(sc, 32, 16, 32, **kw)
     qkvo = run_config(sc, 32, 16, 32, engine_overrides={"lora_targets": "qkvo"}, **kw)
-    same = run_config(sc, 32, 16, 32, engine_overrides={"lora_targets": "all"}, **kw)
-    assert qkvo["ttft_ms_mean"] != all7["ttft_ms_mean"] == same["ttft_ms_mean"]
+    assert seen[1][0] == ("q_proj", "k_proj", "v_proj", "o_proj") and seen[1][1] < seen[0][1]
+    assert qkvo["requests_finished"] == all7["requests_finished"] > 0

@@ -439,30 +439,16 @@ class KernelGridLora(PerfModel):
     EXPAND_BLOCK_M: ClassVar[int] = 64
     EXPAND_BLOCK_N: ClassVar[int] = 128
 
-    #: the adapted projections (Hugging Face names); None: all of them (the profile's measurements).
-    #: ``--lora-targets`` sets it through :meth:`twin.perf.profile.Profile.with_lora_targets`, so
-    #: the launched and working blocks follow the modules an adapter really has
-    targets: tuple[str, ...] | None = None
+    @staticmethod
+    def _layer_slices(p: dict[str, float]) -> tuple[tuple[int, float], ...]:
+        """LoRA linear layers of a decoder layer: (slices, widest output) of qkv, o, gate_up, down.
 
-    def _layer_slices(self, p: dict[str, float]) -> tuple[tuple[int, float], ...]:
-        """LoRA linear layers of a decoder layer: (slices, widest output) of qkv, o, gate_up, down
-        (with ``targets``: only the slices of the adapted projections; a layer without any is left out)."""
-        full = ((3, max(p["q_dim"], p["kv_dim"])), (1, p["hidden"]), (2, p["intermediate"]), (1, p["hidden"]))
-        t = self.targets
-        if t is None:
-            return full
-        qkv = [d for m, d in (("q_proj", p["q_dim"]), ("k_proj", p["kv_dim"]), ("v_proj", p["kv_dim"])) if m in t]
-        gu = [m for m in ("gate_proj", "up_proj") if m in t]
-        out = []
-        if qkv:
-            out.append((len(qkv), max(qkv)))
-        if "o_proj" in t:
-            out.append((1, p["hidden"]))
-        if gu:
-            out.append((len(gu), p["intermediate"]))
-        if "down_proj" in t:
-            out.append((1, p["hidden"]))
-        return tuple(out)
+        Every one of them, whatever modules the adapters adapt (``--lora-targets``): vLLM 0.8.5 wraps every
+        linear layer of the model in a LoRA layer (``get_supported_lora_modules``, ``vllm/lora/utils.py``: "all
+        linear layers support LoRA"; ``LoRAModelManager._create_lora_modules``) and runs the shrink and expand
+        kernels on each for every slot; a module an adapter lacks is zeros in its slot
+        (``LoRAModelManager.activate_adapter``: ``reset_lora``). The targets set the adapter's bytes only."""
+        return ((3, max(p["q_dim"], p["kv_dim"])), (1, p["hidden"]), (2, p["intermediate"]), (1, p["hidden"]))
 
     def _constants(self) -> tuple[float, float, float]:
         """(expand blocks per row tile: all layers + embedding; shrink slices of all layers; LM-head N tiles)."""

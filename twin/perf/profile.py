@@ -307,16 +307,12 @@ class Profile:
 
     def with_lora_targets(self, targets: "Sequence[str] | str") -> "Profile":
         """A copy whose adapters adapt ``targets`` (``'qkvo'``, ``'all'``, a comma list or a
-        sequence of module names): the adapter bytes *and* the LoRA compute follow them (the
-        ``kernel_grid`` form counts the blocks of those projections only)."""
-        t = parse_lora_targets(targets)
-        comps = dict(self.components)
-        lo = comps["lora"]
-        if hasattr(type(lo), "targets"):
-            lo = copy.copy(lo)
-            lo.targets = None if t == ALL_TARGETS else t
-            comps["lora"] = lo
-        return dataclasses.replace(self, components=comps, lora_targets=t)
+        sequence of module names): the adapter bytes follow them (loads, copies, S-LoRA's pool slots), and
+        the LoRA compute of the forms that run per adapted projection (S-LoRA's Punica form, the paged form:
+        :class:`twin.perf.slora_forms.PunicaLoraCost` reads ``lora_targets``). vLLM's own kernels
+        (``kernel_grid``) run on every linear layer whatever the targets
+        (:meth:`twin.perf.forms.KernelGridLora._layer_slices`), and its slot buffers are the fitted ones."""
+        return dataclasses.replace(self, lora_targets=parse_lora_targets(targets))
 
     def with_paged_lora(self) -> "Profile":
         """A copy whose LoRA compute is :class:`twin.perf.slora_forms.PagedLora` (adapter weights
