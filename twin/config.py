@@ -112,8 +112,9 @@ class EngineConfig:
     prefix_caching: bool = field(default=False, metadata=_help(
         "keep the history KV of conversations for their next turn (twin/prefix_kv.py)"))
     lora_targets: str | None = field(default=None, metadata=_help(
-        "projections the adapters adapt: qkvo, all, or a comma list of module names; sets the adapter bytes and "
-        "the LoRA compute (default: the profile's on --system vllm, qkvo on --system slora)"))
+        "projections the adapters adapt: qkvo, all, or a comma list of module names; sets the adapter bytes, and "
+        "the LoRA compute on --system slora (vLLM's kernels run on every linear layer whatever the adapters "
+        "adapt) (default: the profile's on --system vllm, qkvo on --system slora)"))
     # S-LoRA engine (--system slora, twin/slora_engine.py); S-LoRA's defaults
     max_total_tokens: int | None = field(default=None, metadata=_help(
         "S-LoRA's pool in token slots, N_tok (--max_total_token_num; default: the GPU memory left after the "

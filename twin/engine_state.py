@@ -596,7 +596,7 @@ class EngineState:
         assert ad._resident_ids == set(np.flatnonzero(res).tolist()), "resident-adapter set out of sync"
         assert bool(np.all(res[act > 0])), "an adapter in use is not resident"
         assert ad.n_active == int((act > 0).sum()) <= self.config.max_loras, "too many adapters in the batch"
-        if ad.order_reloads and ad.placement is None and not ad.loading:  # vLLM's LRU manager: slots within the CPU tier
+        if ad.order_reloads and ad.placement is None and not ad.loading:  # vLLM's LRU manager: slots within CPU
             assert ad._resident_ids <= set(ad.cpu), "an adapter in a GPU slot is not in the CPU tier"
         assert len(self.dec) == self.n_dec == sum(1 for r in self.running if r not in self.prefilling), \
             "decode aggregate out of sync"

@@ -58,7 +58,8 @@ def vllm085_schedule(prompt, output, lora, *, budget: int, max_num_seqs: int, bl
     free = num_blocks
     step = finished = 0
 
-    def allocate(r: _Req, num_new: int) -> bool:  # KVCacheManager.allocate_slots (kv_cache_manager.py:220-232; no prefix cache, no lookahead)
+    def allocate(r: _Req, num_new: int) -> bool:
+        """KVCacheManager.allocate_slots (kv_cache_manager.py:220-232; no prefix cache, no lookahead)."""
         nonlocal free
         need = _cdiv(r.num_computed_tokens + num_new, block_size) - r.blocks
         if need > free:

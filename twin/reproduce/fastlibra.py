@@ -67,7 +67,9 @@ GPU_MEM_GB = 64.0
 #: the adapters' target modules, the same on every system: the paper serves the same LoRAs on FastLibra,
 #: vLLM and S-LoRA (its targets are unspecified, fastlibra.md §7), and S-LoRA adapts q, k, v and o only
 #: (slora.md, "Adapted projections"; the S-LoRA engine's default) -- with vLLM's default (all seven
-#: projections) FastLibra and vLLM would compute and move adapters 2.4x the size of S-LoRA's
+#: projections) FastLibra and vLLM would move adapters 2.4x the size of S-LoRA's, and FastLibra's paged
+#: kernels compute them. (vLLM's own kernels run on every linear layer whatever the targets: its baseline's
+#: LoRA compute does not follow them, twin.perf.forms.KernelGridLora._layer_slices)
 LORA_TARGETS = "qkvo"
 FASTLIBRA = "fastlibra"
 #: FastLibra's vLLM baseline (static LoRA/KV partition with prefix caching, LRU) and S-LoRA
