@@ -41,9 +41,23 @@ def test_map_tokens_skips_an_unchanged_mapping(bench, monkeypatch):
 
 
 def test_apply_adapters_refuses_an_unregistered_adapter(bench):
-    bench.apply_adapters(np.array([1, 2, 2], dtype=np.int32), {1: 0, 2: 0})
+    from collections import OrderedDict
+
+    bench.apply_adapters(np.array([1, 2, 2], dtype=np.int32), {1: 0, 2: 0}, OrderedDict.fromkeys((2, 1)))
     with pytest.raises(RuntimeError):
-        bench.apply_adapters(np.array([3], dtype=np.int32), {1: 0})
+        bench.apply_adapters(np.array([3], dtype=np.int32), {1: 0}, OrderedDict.fromkeys((1,)))
+
+
+def test_the_registered_adapters_are_read_through_vllm_s_cache_view(bench):
+    """``LRUCache.cache`` (vLLM 0.8.5 ``vllm/utils.py``) is a ``UserDict`` copy of cachetools' data iterated in the
+    LRU order: ``dict`` of it holds every entry, in that order (the replica must pay what vLLM's view pays, not a
+    plain dict's copy)."""
+    from collections import OrderedDict, UserDict
+    from types import MappingProxyType
+
+    data = {1: "a", 2: "b", 3: "c"}
+    view = bench._MappingOrderCacheView(data, MappingProxyType(OrderedDict.fromkeys((3, 1, 2))))
+    assert isinstance(view, UserDict) and list(dict(view).items()) == [(3, "c"), (1, "a"), (2, "b")]
 
 
 def test_fit_recovers_known_constants(bench):
