@@ -380,7 +380,7 @@ class AdapterMemory:
                     self.cpu.move_to_end(b)
         return out
 
-    def fetch(self, a: int, now: float = 0.0) -> tuple[str, float]:
+    def fetch(self, a: int, now: float) -> tuple[str, float]:
         """Where the copy to the GPU starts: the CPU tier, or disk (it then enters the CPU tier).
 
         A full CPU tier drops its least recently used adapter *not in the batch*: vLLM 0.8.5 touches every

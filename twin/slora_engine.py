@@ -421,7 +421,7 @@ class SLoRAPrefetcher(AsyncLoader):
             return False
         if not mem.placement.allocate(a, now, evict):
             return False
-        mem.fetch(a)
+        mem.fetch(a, now)
         mem.mark_resident(a)
         self.started += 1
         nbytes = 2 * mem.bytes[a]
