@@ -10,12 +10,14 @@ arithmetic (``vllm/v1/core/kv_cache_manager.py``: ``cdiv(num_computed + num_new,
 preallocation, no watermark, no lookahead). Prefix caching is off, as in the real validation runs
 (``shared/data/README.md``, "Setup"); no spec decode, no encoder inputs, no structured output.
 
-Every request arrives at time 0 (an offline batch), so steps are the clock: the port counts steps, and the twin's
-step records (segments of ``n_steps``) give the step at which each request got its first token and finished.
-For seeded random workloads -- KV pools from just large enough (hundreds of preemptions) to roomy, 0-11 adapters
+Offline batches (every request at time 0) make steps the clock: the port counts steps, and the twin's step
+records (segments of ``n_steps``) give the step at which each request got its first token and finished. For
+seeded random workloads -- KV pools from just large enough (hundreds of preemptions) to roomy, 0-11 adapters
 with 1-5 slots, budgets 512 / 2048, 8-256 sequences -- the twin's :class:`~twin.engine.Engine` (FCFS, LRU slots)
 must give every request the same first-token step, finish step and preemption count, and the same number of
-steps, with its decode runs advanced at once (the default) and stepped one at a time.
+steps, with its decode runs advanced at once (the default) and stepped one at a time. With arrivals over time
+(the engine core adds the arrived requests before each step) and a constant step time, the same holds for the
+first-token and finish times, from a flood of arrivals to an engine idle half the time.
 """
 
 from __future__ import annotations
@@ -40,23 +42,30 @@ class _Req:
     """``vllm/v1/request.py``'s ``Request``, the fields the scheduler reads."""
 
     __slots__ = ("rid", "num_tokens", "num_computed_tokens", "num_output_tokens", "max_tokens", "lora", "blocks",
-                 "first_step", "finish_step", "preemptions")
+                 "first_step", "finish_step", "preemptions", "first_s", "finish_s")
 
     def __init__(self, rid: int, prompt: int, max_tokens: int, lora: int) -> None:
         self.rid, self.num_tokens, self.max_tokens, self.lora = rid, prompt, max_tokens, lora
         self.num_computed_tokens = self.num_output_tokens = self.blocks = self.preemptions = 0
         self.first_step = self.finish_step = -1
+        self.first_s = self.finish_s = -1.0
 
 
 def vllm085_schedule(prompt, output, lora, *, budget: int, max_num_seqs: int, block_size: int, num_blocks: int,
-                     max_loras: int) -> tuple[list[_Req], int]:
-    """Run vLLM 0.8.5 V1's scheduler over an offline batch; returns the requests (first-token step, finish step,
-    preemptions) and the number of steps."""
+                     max_loras: int, arrival=None, step_s: float = 0.01) -> tuple[list[_Req], int]:
+    """Run vLLM 0.8.5 V1's scheduler over a batch; returns the requests (first-token and finish step and time,
+    preemptions) and the number of steps.
+
+    ``arrival`` (seconds; None: all at 0, offline): before each step the engine core adds the requests that arrived
+    (``EngineCore.step``: the input queue is drained into ``Scheduler.add_request`` -- ``waiting.append`` -- before
+    ``schedule()``); an idle engine waits for the next arrival. Every step lasts ``step_s``."""
     reqs = [_Req(i, int(p), int(o), int(a)) for i, (p, o, a) in enumerate(zip(prompt, output, lora))]
-    waiting: deque[_Req] = deque(reqs)
+    arr = [0.0] * len(reqs) if arrival is None else [float(x) for x in arrival]
+    waiting: deque[_Req] = deque()
     running: list[_Req] = []
     free = num_blocks
-    step = finished = 0
+    step = finished = nxt = 0
+    now = 0.0
 
     def allocate(r: _Req, num_new: int) -> bool:
         """KVCacheManager.allocate_slots (kv_cache_manager.py:220-232; no prefix cache, no lookahead)."""
@@ -69,7 +78,13 @@ def vllm085_schedule(prompt, output, lora, *, budget: int, max_num_seqs: int, bl
         return True
 
     while finished < len(reqs):
+        if not running and not waiting:  # idle until the next arrival
+            now = max(now, arr[nxt])
+        while nxt < len(reqs) and arr[nxt] <= now:
+            waiting.append(reqs[nxt])
+            nxt += 1
         step += 1
+        now += step_s
         token_budget = budget
         scheduled: dict[int, tuple[_Req, int]] = {}
         preempted: list[_Req] = []
@@ -129,9 +144,9 @@ def vllm085_schedule(prompt, output, lora, *, budget: int, max_num_seqs: int, bl
                 r.num_output_tokens += 1
                 r.num_tokens += 1
                 if r.first_step < 0:
-                    r.first_step = step
+                    r.first_step, r.first_s = step, now
                 if r.num_output_tokens >= r.max_tokens:  # check_stop: max_tokens reached; _free_request (:701-703)
-                    r.finish_step = step
+                    r.finish_step, r.finish_s = step, now
                     free += r.blocks
                     r.blocks = 0
                     finished += 1
@@ -207,3 +222,30 @@ def test_the_cases_reach_what_they_claim():
         n_adapters = len(set(case["lora"].tolist()) - {-1})
         skips += n_adapters > case["max_loras"]
     assert pre > 500 and skips >= 8, (pre, skips)
+
+
+@pytest.mark.parametrize("seed", range(100, 112))
+def test_the_engine_schedules_arrivals_as_vllm_085_v1(seed):
+    """The same port with requests arriving over time (Poisson, from a trickle to a flood) and every step lasting
+    10 ms (a profile of a constant step, loads free): the twin's event-driven engine -- idle until an arrival,
+    arrivals joining at the next step's start, decode runs advanced at once up to the next arrival -- gives every
+    request the first-token and finish times and preemptions of vLLM's step loop."""
+    from tests.helpers import constant_profile
+
+    case = _case(seed)
+    n = len(case["prompt"])
+    rng = np.random.default_rng(seed + 1000)
+    arrival = np.cumsum(rng.exponential(float(rng.choice([0.002, 0.02, 0.2, 1.0])), n))
+    reqs, steps = vllm085_schedule(**case, arrival=arrival, step_s=0.01)
+    p, o, a = case["prompt"], case["output"], case["lora"]
+    wl = Workload.from_arrays(arrival, p, o, a, np.where(a >= 0, 8, 0))
+    cfg = EngineConfig(kv_capacity_tokens=case["num_blocks"] * case["block_size"], max_model_len=int((p + o).max()),
+                       max_loras=case["max_loras"], max_num_seqs=case["max_num_seqs"],
+                       max_num_batched_tokens=case["budget"], block_size=case["block_size"],
+                       enable_lora=bool((a >= 0).any()))
+    eng = Engine(wl, constant_profile(c0=0.01, disk_s=0.0, cpu_s=0.0), cfg, make_scheduler("fcfs"), make_cache("lru"))
+    eng.run()
+    assert eng.rec.n_steps == steps
+    np.testing.assert_allclose(eng.first_token, [r.first_s for r in reqs], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(eng.finish, [r.finish_s for r in reqs], rtol=0, atol=1e-9)
+    assert [int(x) for x in eng.preemptions] == [r.preemptions for r in reqs]
