@@ -42,9 +42,10 @@ argument (listed by ``get_params()``) with its reason here.
    reading), ``D_i`` the mean predicted service time of its requests (predicted output x the
    measured time per engine step) and ``lambda_i`` its arrival rate over the window. ``SLO``
    is ``slo_s`` or 5x an unloaded request's estimated execution time, its prefill and its
-   predicted output's decode steps (the paper: "5x the mean low-load execution time";
-   :func:`unloaded_service_s`). ``twin run --ttft-slo`` only scores SLO attainment; Chameleon's
-   quota SLO is this option (``twin run --scheduler-opt slo_s=5``; ``ChameleonScheduler(slo_s=5)``).
+   predicted output's decode steps, priced by the engine it runs on (the paper: "5x the mean low-load
+   execution time"; :meth:`twin.interfaces.EngineView.unloaded_service_s`: on the S-LoRA engine its Punica
+   LoRA cost, until stop 56 the vLLM profile's kernel grid). ``twin run --ttft-slo`` only scores SLO
+   attainment; Chameleon's quota SLO is this option (``twin run --scheduler-opt slo_s=5``; ``ChameleonScheduler(slo_s=5)``).
    The capacity ``Tok_total`` is the KV pool in tokens (adapters included, as in S-LoRA's
    unified pool). The paper splits the remainder ``Tok_total - sum(Tok_min)`` "in proportion to initial weights", which it does not define:
    ``remainder="demand"`` (default) weighs each queue by its token demand ``lambda_i * S_i``,
@@ -137,7 +138,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 
@@ -167,24 +168,6 @@ _CHOICES = {"k_rule": ("elbow", "min-wcss"), "wrs": ("full", "output"), "size_st
             "adapter_charge": ("queue", "request", "none"), "leftover_from": ("emptied", "all"),
             "leftover_charge": ("lender", "queue", "pool"), "oversize_head": ("wait", "admit-alone"),
             "remainder": ("demand", "equal")}
-
-
-def unloaded_service_s(profile: Any, mean_in: float, mean_out: float, rank: int = 8, slots: int = 1,
-                       served: int = 1) -> float:
-    """A request's execution time on an otherwise idle server (the paper's "low-load execution
-    time", §6.1): its prefill of ``mean_in`` tokens, then ``mean_out`` decode steps of a batch of
-    one attending to the context at the run's midpoint, each priced by the profile's step-time
-    entry point (:meth:`twin.perf.profile.Profile.step_s`: scheduler, backbone and the LoRA term of
-    one adapter of ``rank`` among ``slots``). (Before stop 51 the default SLO counted the prefill's
-    backbone only, about 1/20 of this for Splitwise-like lengths.)"""
-    n_in = max(int(round(mean_in)), 1)
-    ctx = int(round(mean_in + mean_out / 2.0))
-    own = profile.lora_own_ranks
-
-    def step(prefill: int, n_dec: int, ctx_tokens: int) -> float:
-        sums = (rank, rank * (prefill + n_dec)) if own else None
-        return float(profile.step_s(prefill, n_dec, ctx_tokens, 1, 1, rank, slots, 1, 0, served, sums))
-    return step(n_in, 0, 0) + mean_out * step(0, 1, ctx)
 
 
 @register_scheduler
@@ -265,9 +248,9 @@ class ChameleonScheduler(Scheduler):
         self._time_dependent = False
         self.slo_target_s = self.slo_s
         if self.slo_target_s is None:  # 5x the mean low-load execution time (the paper's SLO, §6.1)
-            self.slo_target_s = 5.0 * unloaded_service_s(
-                e.profile, float(e.prompt.mean()) if e.n else 512.0, float(self.pred.pred.mean()) if e.n else 128.0,
-                max(int(e.max_lora_rank), 1), max(int(e.config.max_loras), 1), max(int(e.served), 1))
+            self.slo_target_s = 5.0 * e.unloaded_service_s(
+                float(e.prompt.mean()) if e.n else 512.0, float(self.pred.pred.mean()) if e.n else 128.0,
+                max(int(e.max_lora_rank), 1))
 
     tick_option = "refresh_s"
 

@@ -450,6 +450,22 @@ class EngineState:
             pending[np.fromiter(run.keys(), np.int64, len(run)) - lo] = False
         return lo + np.flatnonzero(pending)
 
+    def unloaded_service_s(self, mean_in: float, mean_out: float, rank: int) -> float:
+        """A request's execution time with the engine to itself (:meth:`twin.interfaces.EngineView.unloaded_service_s`):
+        its prefill, then ``mean_out`` decode steps of a batch of one attending to the context at the midpoint,
+        each priced by the profile's step-time entry point (:meth:`twin.perf.profile.Profile.step_s`: scheduler,
+        backbone and the LoRA term of one adapter of ``rank`` among the engine's slots)."""
+        prof = self.profile
+        n_in = max(int(round(mean_in)), 1)
+        ctx = int(round(mean_in + mean_out / 2.0))
+        rank, slots, served = max(int(rank), 1), max(int(self.config.max_loras), 1), max(int(self.served), 1)
+        own = prof.lora_own_ranks
+
+        def step(prefill: int, n_dec: int, ctx_tokens: int) -> float:
+            sums = (rank, rank * (prefill + n_dec)) if own else None
+            return float(prof.step_s(prefill, n_dec, ctx_tokens, 1, 1, rank, slots, 1, 0, served, sums))
+        return step(n_in, 0, 0) + mean_out * step(0, 1, ctx)
+
     def waiting_adapter_counts(self) -> np.ndarray:
         """Waiting requests per adapter (the engine's array: read it, never change it), as
         ``np.bincount`` of the adapters of :meth:`waiting_ids` (the base model's left out) would give, without

@@ -140,6 +140,11 @@ class EngineView(Protocol):
         """Waiting requests per adapter (``np.bincount`` of the adapters of :meth:`waiting_ids`, kept by the
         engine: read it, never change it)."""
 
+    def unloaded_service_s(self, mean_in: float, mean_out: float, rank: int) -> float:
+        """A request's execution time on this engine with nothing else running: its prefill of ``mean_in`` tokens,
+        then ``mean_out`` decode steps at the context's midpoint, its adapter of ``rank`` resident, each step priced
+        as this engine prices it (e.g. Chameleon's "low-load execution time", §6.1)."""
+
     def reclaimable_blocks(self) -> int: ...
 
     def drop_arrivals(self, rids: "np.ndarray | range", reason: str = ...) -> None:

@@ -595,3 +595,28 @@ def test_failed_admission_attempts_are_counted_as_stepping_counts_them():
     for k in ("slora_admission_attempts", "slora_failed_admissions"):
         assert a.summary[k] == b.summary[k] > 50, k
     pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+
+
+def test_an_unloaded_request_is_priced_by_the_engine_it_runs_on():
+    """``EngineView.unloaded_service_s`` (Chameleon's "low-load execution time", the base of its quota SLO): on
+    the S-LoRA engine a lone request's prefill and decode steps as that engine prices its iterations (S-LoRA's
+    Punica LoRA cost), on the vLLM engine the profile's step time with vLLM's kernel grid over the slots. Chameleon
+    on S-LoRA priced it with vLLM's kernel grid until stop 56."""
+    from twin.engine import Engine
+    from twin.registry import make_cache, make_scheduler
+
+    prof = load_profile(None)
+    w = Workload.from_arrays([0.0, 1.0], [800, 300], [100, 50], [0, 1], [32, 16])
+    cfg = EngineConfig(max_loras=16, max_lora_rank=32)
+    sl = SLoRAEngine(w, prof, cfg, make_scheduler("slora"), NoCache())
+    vl = Engine(w, prof, cfg, make_scheduler("fcfs"), make_cache("lru"))
+    n_in, n_out, r = 800.0, 100.0, 32
+    ctx = 850
+    cpu = sl.profile.scheduler_s(1, 0, 0, sl.served)
+    want = (cpu + sl.profile.backbone_s(800, 0, 0) + sl.lora_cost.prefill_s(800 * r, 800, r, 1, 800)
+            + n_out * (cpu + sl.profile.backbone_s(0, 1, ctx) + sl.lora_cost.decode_s(r, r, 1)))
+    assert sl.unloaded_service_s(n_in, n_out, r) == pytest.approx(want, rel=1e-12)
+    want_v = (prof.step_s(800, 0, 0, 1, 1, r, 16, 1, 0, vl.served)
+              + n_out * prof.step_s(0, 1, ctx, 1, 1, r, 16, 1, 0, vl.served))
+    assert vl.unloaded_service_s(n_in, n_out, r) == pytest.approx(want_v, rel=1e-12)
+    assert sl.unloaded_service_s(n_in, n_out, r) != pytest.approx(want_v, rel=1e-3)
