@@ -454,17 +454,21 @@ class EngineState:
         """A request's execution time with the engine to itself (:meth:`twin.interfaces.EngineView.unloaded_service_s`):
         its prefill, then ``mean_out`` decode steps of a batch of one attending to the context at the midpoint,
         each priced by the profile's step-time entry point (:meth:`twin.perf.profile.Profile.step_s`: scheduler,
-        backbone and the LoRA term of one adapter of ``rank`` among the engine's slots)."""
-        prof = self.profile
+        backbone and the LoRA term of one adapter of ``rank`` among the engine's slots; another engine prices the
+        steps its own way, :meth:`_lone_step_s`)."""
         n_in = max(int(round(mean_in)), 1)
         ctx = int(round(mean_in + mean_out / 2.0))
-        rank, slots, served = max(int(rank), 1), max(int(self.config.max_loras), 1), max(int(self.served), 1)
-        own = prof.lora_own_ranks
+        rank = max(int(rank), 1)
+        return self._lone_step_s(n_in, 0, rank) + mean_out * self._lone_step_s(0, ctx, rank)
 
-        def step(prefill: int, n_dec: int, ctx_tokens: int) -> float:
-            sums = (rank, rank * (prefill + n_dec)) if own else None
-            return float(prof.step_s(prefill, n_dec, ctx_tokens, 1, 1, rank, slots, 1, 0, served, sums))
-        return step(n_in, 0, 0) + mean_out * step(0, 1, ctx)
+    def _lone_step_s(self, prefill: int, ctx: int, rank: int) -> float:
+        """One step of a lone request of adapter ``rank``: its prefill of ``prefill`` tokens, or (``prefill`` 0)
+        one decode attending to ``ctx`` tokens, priced by the profile's step time on the engine's slots."""
+        prof = self.profile
+        n_dec = 0 if prefill else 1
+        sums = (rank, rank * (prefill + n_dec)) if prof.lora_own_ranks else None
+        return float(prof.step_s(prefill, n_dec, ctx, 1, 1, rank, max(int(self.config.max_loras), 1), 1, 0,
+                                 max(int(self.served), 1), sums))
 
     def waiting_adapter_counts(self) -> np.ndarray:
         """Waiting requests per adapter (the engine's array: read it, never change it), as

@@ -802,18 +802,16 @@ class SLoRAEngine(EngineState):
         return self._step_cpu_s() + (self.profile.backbone_s(0, n, ctx_tok)
                                      + self.lora_cost.decode_s(self.rank_sum, max_r, n))
 
-    def unloaded_service_s(self, mean_in: float, mean_out: float, rank: int) -> float:
-        """A request's execution time with the engine to itself (:meth:`twin.interfaces.EngineView.unloaded_service_s`),
-        priced as this engine prices its iterations (:meth:`_prefill_s`, :meth:`_decode_s`): S-LoRA's Punica LoRA cost
-        of one adapter of ``rank``, not the vLLM profile's kernel grid over slots."""
-        prof, served = self.profile, self.served
-        n_in = max(int(round(mean_in)), 1)
-        ctx = int(round(mean_in + mean_out / 2.0))
-        r = max(int(rank), 1)
-        cpu = prof.scheduler_s(1, 0, 0, served)
-        prefill = cpu + prof.backbone_s(n_in, 0, 0) + self.lora_cost.prefill_s(n_in * r, n_in, r, 1, n_in)
-        decode = cpu + prof.backbone_s(0, 1, ctx) + self.lora_cost.decode_s(r, r, 1)
-        return float(prefill + mean_out * decode)
+    def _lone_step_s(self, prefill: int, ctx: int, rank: int) -> float:
+        """A lone request's step (:meth:`EngineState.unloaded_service_s`) as this engine prices its iterations
+        (:meth:`_prefill_s`, :meth:`_decode_s`): S-LoRA's Punica LoRA cost of one adapter of ``rank``, not the vLLM
+        profile's kernel grid over slots."""
+        prof = self.profile
+        cpu = prof.scheduler_s(1, 0, 0, self.served)
+        if prefill:
+            return float(cpu + prof.backbone_s(prefill, 0, 0) + self.lora_cost.prefill_s(prefill * rank, prefill, rank,
+                                                                                          1, prefill))
+        return float(cpu + prof.backbone_s(0, 1, ctx) + self.lora_cost.decode_s(rank, rank, 1))
 
     def _batch_max_rank(self) -> int:
         return max(self._batch_ranks, default=0)

@@ -173,14 +173,20 @@ def _case(seed: int) -> dict:
                 num_blocks=blocks, max_loras=int(rng.integers(1, 6)))
 
 
+def _config(case: dict) -> EngineConfig:
+    """The case's server: its KV pool, slots, sequences and token budget."""
+    p, o, a = case["prompt"], case["output"], case["lora"]
+    return EngineConfig(kv_capacity_tokens=case["num_blocks"] * case["block_size"], max_model_len=int((p + o).max()),
+                        max_loras=case["max_loras"], max_num_seqs=case["max_num_seqs"],
+                        max_num_batched_tokens=case["budget"], block_size=case["block_size"],
+                        enable_lora=bool((a >= 0).any()))
+
+
 def _twin(case: dict, max_run_steps: int | None) -> tuple[list[int], list[int], list[int], int]:
     p, o, a = case["prompt"], case["output"], case["lora"]
     n = len(p)
     wl = Workload.from_arrays(np.zeros(n), p, o, a, np.where(a >= 0, 8, 0))
-    cfg = EngineConfig(kv_capacity_tokens=case["num_blocks"] * case["block_size"], max_model_len=int((p + o).max()),
-                       max_loras=case["max_loras"], max_num_seqs=case["max_num_seqs"],
-                       max_num_batched_tokens=case["budget"], block_size=case["block_size"],
-                       enable_lora=bool((a >= 0).any()))
+    cfg = _config(case)
     eng = Engine(wl, load_profile(None), cfg, make_scheduler("fcfs"), make_cache("lru"), max_run_steps=max_run_steps)
     eng.run()
     rows = eng.rec.rows
@@ -239,10 +245,7 @@ def test_the_engine_schedules_arrivals_as_vllm_085_v1(seed):
     reqs, steps = vllm085_schedule(**case, arrival=arrival, step_s=0.01)
     p, o, a = case["prompt"], case["output"], case["lora"]
     wl = Workload.from_arrays(arrival, p, o, a, np.where(a >= 0, 8, 0))
-    cfg = EngineConfig(kv_capacity_tokens=case["num_blocks"] * case["block_size"], max_model_len=int((p + o).max()),
-                       max_loras=case["max_loras"], max_num_seqs=case["max_num_seqs"],
-                       max_num_batched_tokens=case["budget"], block_size=case["block_size"],
-                       enable_lora=bool((a >= 0).any()))
+    cfg = _config(case)
     eng = Engine(wl, constant_profile(c0=0.01, disk_s=0.0, cpu_s=0.0), cfg, make_scheduler("fcfs"), make_cache("lru"))
     eng.run()
     assert eng.rec.n_steps == steps
