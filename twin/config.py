@@ -23,6 +23,26 @@ class ConfigError(ValueError):
     """An engine configuration that vLLM would refuse (or that makes no sense)."""
 
 
+#: vLLM 0.8.5's V1 engine picks larger defaults for ``--max-num-seqs`` and ``--max-num-batched-tokens``
+#: on a GPU with at least this much memory (``EngineArgs._set_default_args_v1``,
+#: ``vllm/engine/arg_utils.py``: ``device_memory >= 70 * GiB_bytes``, "GPUs like H100 and MI300x")
+VLLM_LARGE_GPU_BYTES = 70 * 2**30
+#: ``(max_num_seqs, max_num_batched_tokens)`` of vLLM 0.8.5's OpenAI API server (the usage context of a
+#: served trace) when neither is given: on a GPU of at least :data:`VLLM_LARGE_GPU_BYTES`, and below it (also
+#: vLLM's choice when it cannot read the device's memory). Offline ``LLM`` takes 16,384 / 8,192 tokens.
+VLLM_SERVER_LIMITS_LARGE_GPU = (1024, 8192)
+VLLM_SERVER_LIMITS = (256, 2048)
+
+
+def vllm_default_limits(device_memory_bytes: float | None) -> tuple[int, int]:
+    """``(max_num_seqs, max_num_batched_tokens)`` vLLM 0.8.5's API server uses on one GPU of
+    ``device_memory_bytes`` (None: unknown, vLLM's own fallback, the smaller pair) when they are not given
+    (``EngineArgs._set_default_args_v1``): 1,024 / 8,192 from 70 GiB up, else 256 / 2,048."""
+    if device_memory_bytes is not None and device_memory_bytes >= VLLM_LARGE_GPU_BYTES:
+        return VLLM_SERVER_LIMITS_LARGE_GPU
+    return VLLM_SERVER_LIMITS
+
+
 #: the :class:`EngineConfig` fields only the S-LoRA engine (``--system slora``, twin/slora_engine.py) reads
 SLORA_ONLY_FIELDS = ("max_total_tokens", "slora_batch_max_tokens", "running_max_req_size", "slora_max_wait_tokens",
                      "slora_poll_s", "slora_prefetch", "slora_max_prompt_len", "slora_max_total_len")
@@ -81,10 +101,12 @@ class EngineConfig:
     :mod:`twin.scenario`).
     """
 
-    max_num_batched_tokens: int = field(default=2048, metadata=_help(
-        "token budget of one engine step (vLLM --max-num-batched-tokens)"))
-    max_num_seqs: int = field(default=256, metadata=_help(
-        "most requests running at once (vLLM --max-num-seqs)"))
+    max_num_batched_tokens: int = field(default=VLLM_SERVER_LIMITS[1], metadata=_help(
+        "token budget of one engine step (vLLM --max-num-batched-tokens; 2048: vLLM 0.8.5's API-server default "
+        "below 70 GiB of GPU memory, vllm_default_limits)"))
+    max_num_seqs: int = field(default=VLLM_SERVER_LIMITS[0], metadata=_help(
+        "most requests running at once (vLLM --max-num-seqs; 256: vLLM 0.8.5's default below 70 GiB of GPU "
+        "memory, vllm_default_limits)"))
     block_size: int = field(default=16, metadata=_help("tokens per KV-cache block (vLLM --block-size)"))
     enable_lora: bool = field(default=True, metadata=_help("serve LoRA adapters (vLLM --enable-lora)"))
     max_loras: int = field(default=8, metadata=_help(

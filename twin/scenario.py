@@ -44,7 +44,7 @@ from traces.lengths import LENGTH_SOURCE_MODELS
 from traces.registry import BUILTINS, REAL_OPTIONS, get_workload, run_defaults, seed_acts
 from traces.synth import MAX_ADAPTERS, OPTIONS, option_value_problem
 from traces.workload import Workload
-from twin.config import MAX_SIM_SECONDS, ConfigError, EngineConfig  # noqa: F401  (MAX_SIM_SECONDS re-exported)
+from twin.config import MAX_SIM_SECONDS, ConfigError, EngineConfig, vllm_default_limits  # noqa: F401  (MAX_SIM_SECONDS re-exported)
 from twin.perf.profile import Profile, available_profiles, gpu_memory_gb, parse_lora_targets
 from twin.interfaces import PolicyError, check_policy_objects
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
@@ -148,8 +148,12 @@ class RunConfig:
         "rank every slot's buffers are padded to (vLLM --max-lora-rank; default: the largest rank in the workload); "
         "a vLLM option: refused for a run on S-LoRA, `twin compare` gives it to its vLLM presets only"))
     max_model_len: int | None = _engine_field("max_model_len")
-    max_num_seqs: int = _engine_field("max_num_seqs")
-    max_batched_tokens: int = _engine_field("max_num_batched_tokens", "--max-batched-tokens")
+    max_num_seqs: int | None = field(default=None, metadata={
+        "help": "most requests running at once (vLLM --max-num-seqs; default: vLLM 0.8.5's for the GPU's memory, "
+                "256 below 70 GiB and 1024 from 70 GiB, e.g. 1024 on an A100-80GB profile or --gpu-mem-gb 80)"})
+    max_batched_tokens: int | None = field(default=None, metadata={
+        "help": "token budget of one engine step (vLLM --max-num-batched-tokens; default: vLLM 0.8.5's API server's "
+                "for the GPU's memory, 2048 below 70 GiB and 8192 from 70 GiB)", "flag": "--max-batched-tokens"})
     gpu_mem_gb: float | None = field(default=None, metadata={
         "help": "GPU memory (GB); the KV capacity follows from it (default: the profile's GPU)"})
     kv_tokens: int | None = _engine_field("kv_capacity_tokens", help=(
@@ -449,7 +453,7 @@ def check_run(run: RunConfig) -> None:
     if run.adapters is not None and run.adapters > MAX_ADAPTERS:
         raise ConfigError(f"--adapters {run.adapters}: more than the {MAX_ADAPTERS:,} adapters a workload may have "
                           f"(the popularity tables hold one entry per adapter); give fewer")
-    if run.max_batched_tokens < run.max_num_seqs:
+    if run.max_batched_tokens is not None and run.max_num_seqs is not None and run.max_batched_tokens < run.max_num_seqs:
         raise ConfigError(f"--max-batched-tokens {run.max_batched_tokens} is below --max-num-seqs "
                           f"{run.max_num_seqs} (vLLM refuses a step budget smaller than the running requests); raise "
                           f"--max-batched-tokens or lower --max-num-seqs")
@@ -745,7 +749,8 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
         top = int(ranks.max()) if len(ranks) else 0
         if top and top not in VLLM_MAX_LORA_RANKS and top < VLLM_MAX_LORA_RANKS[-1]:
             max_lora_rank = min(r for r in VLLM_MAX_LORA_RANKS if r >= top)
-    cfg = EngineConfig(max_num_batched_tokens=run.max_batched_tokens, max_num_seqs=run.max_num_seqs,
+    max_num_seqs, max_batched_tokens = engine_limits(run, single_gpu)
+    cfg = EngineConfig(max_num_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs,
                        max_loras=slots, max_cpu_loras=run.cpu_slots, max_lora_rank=max_lora_rank,
                        max_model_len=run.max_model_len, kv_capacity_tokens=run.kv_tokens, tensor_parallel=run.tp,
                        lora_targets=run.lora_targets, max_total_tokens=run.max_total_tokens,
@@ -765,6 +770,32 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
     except KVCapacityError as e:  # a memory problem: more GPUs may hold the weights and the KV cache
         raise KVCapacityError(str(e) + _tp_hint(run, cfg, workload, single_gpu)) from None
     return cfg
+
+
+def device_memory_bytes(run: RunConfig, profile: Profile) -> float | None:
+    """One GPU's memory in bytes: ``--gpu-mem-gb`` when given, else what the profile's GPU names
+    (``A100-80GB``), else None (unknown)."""
+    gb = run.gpu_mem_gb if run.gpu_mem_gb is not None else gpu_memory_gb(profile.gpu)
+    return None if gb is None else gb * 1e9
+
+
+def engine_limits(run: RunConfig, profile: Profile) -> tuple[int, int]:
+    """``(max_num_seqs, max_batched_tokens)`` of a vLLM-engine run: the given ones, the others vLLM 0.8.5's
+    API-server defaults for the GPU's memory (:func:`twin.config.vllm_default_limits`: 1,024 / 8,192 from 70 GiB,
+    e.g. an A100-80GB profile, else 256 / 2,048, e.g. the H100-64GB calibration). A step budget below the running
+    requests is refused, as vLLM refuses it (``SchedulerConfig._verify_args``), naming where each came from."""
+    seqs_d, tokens_d = vllm_default_limits(device_memory_bytes(run, profile))
+    seqs = run.max_num_seqs if run.max_num_seqs is not None else seqs_d
+    tokens = run.max_batched_tokens if run.max_batched_tokens is not None else tokens_d
+    if tokens < seqs:
+        gpu = f"a GPU of {run.gpu_mem_gb:g} GB" if run.gpu_mem_gb is not None else profile.gpu or "this GPU"
+
+        def said(v: int, given: bool, flag: str) -> str:
+            return f"{flag} {v}" if given else f"{flag} {v} (vLLM's default on {gpu})"
+        raise ConfigError(f"{said(tokens, run.max_batched_tokens is not None, '--max-batched-tokens')} is below "
+                          f"{said(seqs, run.max_num_seqs is not None, '--max-num-seqs')} (vLLM refuses a step budget "
+                          f"smaller than the running requests); raise --max-batched-tokens or lower --max-num-seqs")
+    return seqs, tokens
 
 
 def _tp_hint(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Profile) -> str:

@@ -13,7 +13,7 @@ import pytest
 from traces.flags import add_arguments, from_namespace
 from twin.cli import main, make_parser
 from twin.compare import NOT_COMPARE_OPTIONS, CompareConfig
-from twin.config import EngineConfig
+from twin.config import EngineConfig, vllm_default_limits
 from twin.scenario import DEFAULT_ADAPTER_SLOTS, RunConfig
 
 REQUIRED_KEYS = ["requests_arrived", "requests_finished", "requests_rejected", "requests_unfinished",
@@ -163,9 +163,38 @@ def test_every_engine_config_field_has_help():
 def test_run_flags_round_trip_to_the_defaults():
     args = make_parser().parse_args(["run"])
     assert from_namespace(RunConfig, args) == RunConfig()
-    assert RunConfig().max_num_seqs == EngineConfig().max_num_seqs
-    assert RunConfig().max_batched_tokens == EngineConfig().max_num_batched_tokens
+    assert RunConfig().max_num_seqs is None and RunConfig().max_batched_tokens is None  # vLLM's for the GPU
+    assert (EngineConfig().max_num_seqs, EngineConfig().max_num_batched_tokens) == vllm_default_limits(None)
     assert RunConfig().tp == EngineConfig().tensor_parallel
+
+
+@pytest.mark.parametrize("extra, want", [
+    ([], (256, 2048)),                                             # the H100-64GB calibration: below 70 GiB
+    (["--gpu-mem-gb", "80"], (1024, 8192)),                        # 80 GB >= 70 GiB (75.2 GB)
+    (["--gpu-mem-gb", "75"], (256, 2048)),                         # 75 GB < 70 GiB
+    (["--profile", "llama-2-7b_a100-80gb_vidur"], (1024, 8192)),
+    (["--profile", "llama-2-7b_a100-80gb_vidur", "--max-num-seqs", "64"], (64, 8192)),
+    (["--profile", "llama-2-7b_a100-80gb_vidur", "--max-batched-tokens", "4096"], (1024, 4096)),
+    (["--profile", "llama-2-7b_a40_vidur"], (256, 2048)),
+])
+def test_batch_limits_default_to_vllms_for_the_gpus_memory(tmp_path, capsys, extra, want):
+    """vLLM 0.8.5's server picks max_num_seqs / max_num_batched_tokens by the device's memory
+    (EngineArgs._set_default_args_v1: >= 70 GiB -> 1024 / 8192, else 256 / 2048); a given value is kept."""
+    assert main(["run", "--duration", "5", "--out", str(tmp_path), *extra]) == 0
+    cfg = json.loads((tmp_path / "summary.json").read_text())["config"]
+    assert (cfg["max_num_seqs"], cfg["max_num_batched_tokens"]) == want
+    assert vllm_default_limits(70 * 2**30) == (1024, 8192) and vllm_default_limits(70 * 2**30 - 1) == (256, 2048)
+
+
+def test_a_default_batch_limit_below_the_given_other_names_where_it_came_from(capsys):
+    assert main(["run", "--duration", "5", "--max-num-seqs", "4096"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-batched-tokens 2048 (vLLM's default on H100-64GB) is below --max-num-seqs 4096" in err
+    assert "Traceback" not in err
+    assert main(["run", "--duration", "5", "--max-num-seqs", "9000", "--gpu-mem-gb", "80"]) == 2
+    assert "--max-batched-tokens 8192 (vLLM's default on a GPU of 80 GB) is below --max-num-seqs 9000" in (
+        capsys.readouterr().err)
+    assert main(["run", "--duration", "5", "--max-num-seqs", "4096", "--gpu-mem-gb", "80"]) == 0  # 8192 holds it
 
 
 def test_run_and_compare_share_their_scenario_flags():
