@@ -23,7 +23,7 @@ from calibration.fitting.vllm050 import kv_probes
 from traces.datadir import data_dir
 from twin.model_spec import get_model
 from twin.perf.forms import make_component
-from twin.perf.profile import DEFAULT_FITTED, KINDS, OPTIONAL_KINDS, available_profiles
+from twin.perf.profile import DEFAULT_FITTED, KINDS, OPTIONAL_KINDS, Profile, available_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,6 +63,16 @@ def _read_json(p: Path) -> dict[str, Any]:
 def committed_figures_dir(name: str) -> Path:
     """Where the committed figures of a profile live (``results/calibration/<name>``)."""
     return ROOT / "results" / "calibration" / name
+
+
+def default_figures_dir(name: str, path: Path) -> Path:
+    """Where ``report`` draws a profile's figures without ``--out-dir``: the committed folder
+    (:func:`committed_figures_dir`) for a shipped profile, and for any other file (a user's profile, or a copy of a
+    shipped one, whatever its ``name``) ``<file>-figures`` beside it, so it never replaces committed figures."""
+    shipped = available_profiles().get(name)
+    if shipped is not None and Path(shipped).resolve() == Path(path).resolve():
+        return committed_figures_dir(name)
+    return Path(path).with_name(Path(path).stem + "-figures")
 
 
 def _is_committed(out_dir: Path, name: str) -> bool:
@@ -538,9 +548,14 @@ def report(name_or_path: str, measurements: str | None = None, out_dir: str | No
     The committed figures (``results/calibration/<name>``) are drawn with the measurements; when
     these are not found, the report refuses to replace them (``FileNotFoundError`` before anything
     is printed) and draws curve-only figures only into an explicit ``out_dir`` elsewhere."""
-    d, _ = load_profile_dict(name_or_path)
+    d, path = load_profile_dict(name_or_path)
+    try:  # the checks every other command applies to a profile (layout, finite and physical constants)
+        Profile.from_dict(d, str(path))
+    except (ValueError, KeyError, TypeError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise ValueError(f"{msg}" if str(path) in str(msg) else f"profile file {path}: {msg}") from None
     meas = _measurements_dir(d, measurements) if figures else None
-    od = Path(out_dir) if out_dir else committed_figures_dir(d["name"])
+    od = Path(out_dir) if out_dir else default_figures_dir(d["name"], path)
     if figures and measurements and (meas is None or not meas.is_dir()):
         raise FileNotFoundError(f"--measurements {measurements}: not a directory; give the directory of the "
                                 f"calibration tables (e.g. $TWIN_DATA_DIR/calibration/vllm085_h100)")

@@ -383,3 +383,36 @@ def test_report_takes_the_default_profile_name():
 
     d, path = load_profile_dict("default")
     assert d["name"] == load_profile("default").name and path.name == f"{d['name']}.json"
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda d: d["components"]["backbone"]["params"].__setitem__("c0", "abc"), "is the text 'abc', not a number"),
+    (lambda d: d["components"]["backbone"]["params"].__setitem__("c0", -1.0), "must be >= 0"),
+    (lambda d: d["components"].pop("backbone"), "lacks components ['backbone']"),
+    (lambda d: d.pop("model"), "no 'model' key"),
+])
+def test_report_refuses_a_profile_every_other_command_refuses(tmp_path, capsys, edit, said):
+    """`twin calibrate report FILE` printed a damaged profile's constants (`c0 = abc +- ...`) and drew its figures;
+    it now applies the checks `twin run` applies, before printing anything."""
+    from twin.cli import main
+
+    d = json.loads(Path(available_profiles()["qwen-2.5-7b_h100_vllm085"]).read_text())
+    edit(d)
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(d))
+    assert main(["calibrate", "report", str(f), "--no-figures"]) == 2
+    out, err = capsys.readouterr()
+    assert said in err and "Traceback" not in err and not out
+
+
+def test_report_of_a_profile_file_draws_beside_it_not_over_the_committed_figures(tmp_path, capsys):
+    """A copy of a shipped profile names the shipped one inside; without --out-dir its figures go to
+    ``<file>-figures`` beside it (they replaced the committed figures of that name)."""
+    from calibration.report import committed_figures_dir, default_figures_dir
+
+    name = "qwen-2.5-7b_h100_vllm085"
+    shipped = Path(available_profiles()[name])
+    copy = tmp_path / "mine.json"
+    copy.write_bytes(shipped.read_bytes())
+    assert default_figures_dir(name, copy) == tmp_path / "mine-figures"
+    assert default_figures_dir(name, shipped) == committed_figures_dir(name)

@@ -86,6 +86,22 @@ def test_a_damaged_cache_file_is_a_miss(tmp_path, content):
     assert cache.get(key) is None and cache.misses == 1
 
 
+@pytest.mark.parametrize("edit", [lambda pt: {k: "garbage" if isinstance(v, (int, float)) else v for k, v in pt.items()},
+                                  lambda pt: {}, lambda pt: {**pt, "c": 2.5}])
+def test_a_cache_file_edited_since_it_was_written_is_a_miss(tmp_path, edit):
+    """A stored point whose numbers were replaced (strings, an empty table, another value) parses and has its key,
+    but no longer hashes to the digest written with it: it is ignored and simulated again, not read back (its
+    strings crashed the knee search with a TypeError)."""
+    cache = PointCache(tmp_path)
+    key = ("k",)
+    cache.put(key, {"a": 1, "c": 1.5, "d": "x"})
+    p = cache.path(key)
+    doc = json.loads(p.read_text())
+    doc["point"] = edit(doc["point"])
+    p.write_text(json.dumps(doc))
+    assert cache.get(key) is None and cache.misses == 1
+
+
 def test_a_cache_variable_naming_a_file_is_refused(tmp_path, monkeypatch):
     f = tmp_path / "afile"
     f.write_text("x")

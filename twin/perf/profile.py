@@ -358,6 +358,9 @@ class Profile:
                              f"(refit it with `twin calibrate fit`)")
         comps = {k: make_component(k, v) for k, v in d["components"].items()}
         _check_physical(d["components"], origin)
+        if "model" not in d:
+            raise ValueError(f"{origin}: no 'model' key; give the name of the model the profile was fitted on (e.g. "
+                             f"\"model\": \"llama-3.1-8b\")")
         try:
             model = get_model(d["model"])
         except KeyError as e:

@@ -9,7 +9,8 @@ left on disk. A second process (the reproduction notebooks, a re-run of ``all``)
 the first one simulated instead of simulating them again.
 
 Points are JSON (one small file per point, written to a temporary name and renamed, so an
-interrupted run never leaves a half-written point that a later run would read).
+interrupted run never leaves a half-written point that a later run would read), each with the SHA-256 of
+its content: a point edited or damaged on disk since is not read back but simulated again.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ def _decode(value: Any) -> Any:
     return value
 
 
+def _digest(point: dict[str, Any]) -> str:
+    """SHA-256 of a stored point's JSON (sorted keys): written with the point, checked when it is read back."""
+    return hashlib.sha256(json.dumps(point, sort_keys=True).encode()).hexdigest()
+
+
 class PointCache:
     """Points on disk under ``directory``, keyed by the point's definition and :func:`code_fingerprint`."""
 
@@ -95,8 +101,9 @@ class PointCache:
             self.misses += 1
             return None
         point = doc.get("point") if isinstance(doc, dict) else None
-        if not isinstance(point, dict) or doc.get("key") != repr(key):
-            # a hash collision, a foreign or damaged file: ignore it (the point is simulated again)
+        if not isinstance(point, dict) or doc.get("key") != repr(key) or doc.get("sha256") != _digest(point):
+            # a hash collision, a foreign file, or one edited or damaged since it was written (its content no
+            # longer hashes to the digest stored with it): ignore it (the point is simulated again)
             self.misses += 1
             return None
         self.hits += 1
@@ -107,5 +114,6 @@ class PointCache:
         p = self.path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": repr(key), "point": {k: _encode(v) for k, v in point.items()}}))
+        body = {k: _encode(v) for k, v in point.items()}
+        tmp.write_text(json.dumps({"key": repr(key), "sha256": _digest(body), "point": body}))
         os.replace(tmp, p)
