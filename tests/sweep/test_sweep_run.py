@@ -420,7 +420,7 @@ def test_a_dry_run_names_the_profile_and_warns_of_a_short_window(tmp_path, capsy
     assert "profile            llama-3.1-8b_h100_vllm085" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "another table", "another task"])
 def test_a_damaged_shard_is_recomputed_not_counted_as_done(local_smoke, tmp_path, capsys, damage):
     """A shard overwritten or cut short (a crash, a full disk) counted as a finished task: the resumed sweep
     ran nothing and every later read failed with pyarrow's message alone."""
@@ -433,19 +433,28 @@ def test_a_damaged_shard_is_recomputed_not_counted_as_done(local_smoke, tmp_path
     shutil.copytree(src, out)
     before = read_results(out)
     shard = sorted((out / "shards").glob("*.parquet"))[0]
+    said = "not readable as Parquet ("
     if damage == "garbage":
         shard.write_bytes(b"this is not parquet")
-    else:
+    elif damage == "truncated":
         shard.write_bytes(shard.read_bytes()[:100])
+    elif damage == "another table":  # (readable: a resume counted it as done, and every later read failed)
+        pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [5]}).to_parquet(shard)
+        said = "a Parquet table but not a sweep's run rows (missing columns task_hash, status, scenario)"
+    else:  # the other task's shard copied over this one
+        other = sorted((out / "shards").glob("*.parquet"))[1]
+        shard.write_bytes(other.read_bytes())
+        said = f"rows of task {other.stem}, not of task {shard.stem}"
     assert main(["sweep", "smoke", "--out", str(out), "--summary"]) == 2
     err = capsys.readouterr().err
-    assert (f"twin sweep: error: {shard}: a damaged sweep shard, not readable as Parquet (" in err and
+    assert (f"twin sweep: error: {shard}: a damaged sweep shard, {said}" in err and
             "run the sweep again with the same --out (a resumed sweep recomputes the tasks of damaged shards)" in err)
     assert main(["sweep", "smoke", "--out", str(out), "--no-progress", "--json"]) == 0
     cap = capsys.readouterr()
     d = json.loads(cap.out)
     assert (d["tasks_run"], d["tasks_done_before"], d["shards_damaged"]) == (1, 1, [shard.name])
-    assert f"twin sweep: note: 1 damaged shards (not readable as Parquet, e.g. {shard.name})" in cap.err
+    assert (f"twin sweep: note: 1 damaged shards (not readable as Parquet, or not their task's run rows, e.g. "
+            f"{shard.name})") in cap.err
     pd.testing.assert_frame_equal(_norm(read_results(out)), _norm(before))
 
 
@@ -659,3 +668,13 @@ def test_a_stray_unreadable_shard_of_no_task_is_named_to_remove(local_smoke, tmp
         err = capsys.readouterr().err
         assert "(zzzz.parquet; 1 not readable as Parquet)" in err and "remove it" in err, err
         assert "run the sweep again" not in err
+
+
+def test_a_file_where_the_shards_go_is_named(tmp_path, capsys):
+    """``OUT/shards`` a file: the error said "cannot use OUT/shards: File exists"."""
+    from twin.cli import main
+
+    (tmp_path / "shards").write_text("x")
+    assert main(["sweep", "smoke", "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'shards'} is a file, where the sweep keeps its shards (a folder)" in err and "Traceback" not in err

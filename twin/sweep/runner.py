@@ -44,21 +44,39 @@ def shard_dir(out: Path) -> Path:
     return Path(out) / "shards"
 
 
-def _shard_readable(p: Path) -> bool:
-    """Whether ``p`` has a Parquet footer (a shard cut short by a crash, or garbage, has none)."""
+#: columns every shard's run rows have (:func:`twin.sweep.scenario.run_config`'s rows)
+SHARD_COLUMNS = ("task_hash", "status", "scenario")
+
+
+def _shard_problem(p: Path) -> str | None:
+    """Why ``p`` is not a shard of its task, or None: not readable as Parquet (a shard cut short by a crash, or
+    garbage, has no footer), a table without the run rows' columns (:data:`SHARD_COLUMNS`), or rows of another
+    task than the one its name says (another file copied over it)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        pq.read_metadata(p)
-    except (OSError, pa.ArrowException):
-        return False
-    return True
+        names = pq.read_schema(p).names
+        missing = [c for c in SHARD_COLUMNS if c not in names]
+        if missing:
+            return f"a Parquet table but not a sweep's run rows (missing columns {', '.join(missing)})"
+        hashes = set(pq.read_table(p, columns=["task_hash"]).column("task_hash").to_pylist())
+    except (OSError, pa.ArrowException) as e:
+        return "not readable as Parquet (" + ((str(e).strip().splitlines() or [type(e).__name__])[0]) + ")"
+    if hashes != {p.stem}:
+        return f"rows of {'no task' if not hashes else 'task ' + ', '.join(sorted(map(str, hashes))[:2])}, not of task {p.stem}"
+    return None
+
+
+def _shard_readable(p: Path) -> bool:
+    """Whether ``p`` is its task's shard (:func:`_shard_problem`)."""
+    return _shard_problem(p) is None
 
 
 def damaged_shards(out: Path) -> list[Path]:
-    """The shards under ``out`` that cannot be read as Parquet (truncated, overwritten): their tasks
-    count as not done, so a resumed sweep runs them again (and replaces the shard)."""
+    """The shards under ``out`` that are not their task's run rows (:func:`_shard_problem`: truncated, overwritten,
+    another table or another task's rows copied in): their tasks count as not done, so a resumed sweep runs them
+    again (and replaces the shard)."""
     d = shard_dir(out)
     return [p for p in sorted(d.glob("*.parquet")) if not _shard_readable(p)] if d.exists() else []
 
@@ -130,7 +148,7 @@ def check_foreign_shards(out: str | os.PathLike, task_hashes: set[str] | None, g
     if not bad:
         return
     names = ", ".join(p.name for p in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-    unreadable = sum(not _shard_readable(p) for p in bad)
+    unreadable = sum((_shard_problem(p) or "").startswith("not readable") for p in bad)
     what = (f"{len(bad)} shard file{'s' if len(bad) != 1 else ''} under {shard_dir(Path(out))} belong"
             f"{'s' if len(bad) == 1 else ''} to no task of grid {grid_name or '?'} ({names}"
             f"{f'; {unreadable} not readable as Parquet' if unreadable else ''})")
@@ -162,11 +180,15 @@ def _read_shard(f: Path) -> pd.DataFrame:
     import pyarrow as pa
 
     try:
-        return pd.read_parquet(f)
+        df = pd.read_parquet(f)
     except (OSError, pa.ArrowException) as e:
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"{f}: a damaged sweep shard, not readable as Parquet ({why}); run the sweep again with the "
                          f"same --out (a resumed sweep recomputes the tasks of damaged shards), or delete the file")
+    if f.parent.name == "shards" and (why := _shard_problem(f)) is not None:
+        raise ValueError(f"{f}: a damaged sweep shard, {why}; run the sweep again with the same --out (a resumed "
+                         f"sweep recomputes the tasks of damaged shards), or delete the file")
+    return df
 
 
 # --------------------------------------------------------------------------- executors
@@ -259,7 +281,8 @@ class SweepReport:
     #: runs that failed vLLM's start-up check (status ``start_failure``, not simulated)
     runs_start_failed: int = 0
     first_start_failure: str = ""
-    #: shards found damaged (not readable as Parquet) before the run: their tasks ran again if selected
+    #: shards found damaged (not readable as Parquet, or not their task's run rows) before the run: their tasks ran
+    #: again if selected
     shards_damaged: list[str] | None = None
     #: the twin version that started the sweep in ``out`` when another one (its shards are reused)
     resumed_from_version: str | None = None
@@ -419,6 +442,9 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
         check_foreign_shards(out, {t["task_hash"] for t in grid_tasks}, grid.name)
     if order not in ("heavy", "shuffle", "grid"):  # (checked before anything is written)
         raise ValueError(f"unknown order {order!r}; choose heavy, shuffle or grid")
+    if shard_dir(out).exists() and not shard_dir(out).is_dir():  # (was "cannot use OUT/shards: File exists")
+        raise ValueError(f"{shard_dir(out)} is a file, where the sweep keeps its shards (a folder); move or remove it, "
+                         f"or sweep into another --out")
     if on_start is not None:
         on_start()
     if check_grid:  # the shard names of the grid: the results reader refuses any other shard found here
