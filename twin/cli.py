@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -391,8 +392,29 @@ def unrecognized_message(parser: argparse.ArgumentParser, prog: str, extras: lis
     return f"{name} is not an option of {prog}{mean}{where}{more}; see {prog} --help"
 
 
+#: a value that starts like a negative number (``-0.4,0.05``, ``-1/2``, ``-.5``): argparse takes only a bare
+#: ``-1`` or ``-0.5`` for a value, so ``--rates -0.4,0.05,0.1`` read as an option ("expected one argument")
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d")
+
+
+def attach_negative_values(argv: list[str]) -> list[str]:
+    """``--flag -0.4,0.05`` as ``--flag=-0.4,0.05``: a value after a long option that looks like a negative number
+    (not a bare one, which argparse already takes) reaches the option, whose own check then names the problem
+    ("-0.4 is not a rate") instead of argparse's "expected one argument"."""
+    out: list[str] = []
+    for tok in argv:
+        prev = out[-1] if out else ""
+        if (_NEGATIVE_VALUE.match(tok) and prev.startswith("--") and "=" not in prev and len(prev) > 2
+                and not re.fullmatch(r"-\d+(\.\d*)?|-\.\d+", tok)):
+            out[-1] = f"{prev}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
+    argv = attach_negative_values(list(sys.argv[1:] if argv is None else argv))
     try:
         args, extras = parser.parse_known_args(argv)
         if extras:

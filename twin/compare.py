@@ -66,7 +66,11 @@ def parse_names(text: str) -> list[str]:
 
 def parse_rates(text: str) -> list[float]:
     """Request rates such as ``6,8,9`` (each once)."""
-    rates = parse_list(text, float, "--rps", minimum=0)
+    rates = parse_list(text, float, "--rps")
+    bad = [r for r in rates if not r > 0]
+    if bad:  # (the same words as a single run's --rps, which every rate of the comparison is)
+        raise ValueError(f"{bad[0]:g} is not a request rate (must be > 0); give request rates in requests per second, "
+                         f"e.g. --rps 6,8,9")
     _no_repeats("--rps", rates)
     return rates
 

@@ -307,6 +307,12 @@ CASES: list[tuple[str, str]] = [
     (R + "--rps 0", "--rps 0: must be > 0"),
     (R + "--rps -1", "--rps -1: must be > 0"),
     (R + "--rps nan", "--rps nan: must be a finite number"),
+    # a value that starts like a negative number reaches its option (argparse said "expected one argument")
+    ("configure predict --rates -0.4,0.05,0.1 --ranks 8,16,32", "-0.4 is not a rate; give per-adapter request rates"),
+    ("sweep smoke --dry-run --shard -1/2", "--shard -1/2: give i/k with 0 <= i < k"),
+    ("configure predict --rates 1e300,0.05,0.1 --ranks 8,16,32", "1e+300 req/s per adapter is beyond what the twin can "
+                                                                 "simulate"),
+    ("compare --policies vllm --rps 1,-1", "-1 is not a request rate (must be > 0)"),
     (R + "--ttft-slo -1", "--ttft-slo -1: must be > 0"),
     (R + "--tbt-slo 0", "--tbt-slo 0: must be > 0"),
     # server
@@ -502,7 +508,7 @@ CASES: list[tuple[str, str]] = [
     ("calibrate replay --every 0", "--every 0: must be >= 1"),
     # twin compare
     ("compare --policies vllm --rps 1 --duration 5 --out {d}/afile", "--out {d}/afile: is an existing file, not a directory"),
-    ("compare --policies vllm --rps 0 --duration 5", "--rps 0: must be > 0"),
+    ("compare --policies vllm --rps 0 --duration 5", "argument --rps: 0 is not a request rate (must be > 0)"),
     ("compare --policies nosuch --rps 1 --duration 5", "unknown policies ['nosuch']"),
     ("compare --policies vllm --rps 1 --duration 5 --tp 3", "--tp 3 does not divide"),
     ("compare --policies vllm --rps 1 --duration 5 --slo -1", "--slo -1: must be > 0"),

@@ -15,7 +15,8 @@ from traces.arguments import check_writable_dir, check_writable_file, did_you_me
 from twin.configurator.domain import describe, outside, training_domain
 from twin.configurator.models import KINDS
 from twin.scenario import check_host_term, check_number, rank_limit
-from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
+from traces.registry import MAX_REQUESTS
+from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING, WINDOW_S
 
 DEFAULT_PROFILE = "llama-3.1-8b_h100_vllm085"
 #: where ``configure train`` writes a model without --out (relative to the current directory)
@@ -273,6 +274,12 @@ def _pair(args, triple: bool = True) -> tuple[list[float], list[int]]:
     if bad:
         raise ValueError(f"--rates {args.rates!r}: {bad[0]:g} is not a rate; give per-adapter request rates in req/s "
                          f"above 0, e.g. --rates 0.4,0.05,0.00625 (leave out a class of adapters without traffic)")
+    top = MAX_REQUESTS / WINDOW_S  # (one adapter alone would send more requests in the hour than a run may hold)
+    if max(rates) > top:
+        raise ValueError(f"--rates {args.rates!r}: {max(rates):g} req/s per adapter is beyond what the twin can "
+                         f"simulate: one such adapter sends more than {MAX_REQUESTS:,} requests (a run's limit) in the "
+                         f"{WINDOW_S:g} s window; give per-adapter rates of at most {top:g} req/s (the published "
+                         f"grid's highest is 3.2)")
     ranks = parse_list(args.ranks, int, "--ranks", None)
     bad = [k for k in ranks if k < 1]
     if bad:
