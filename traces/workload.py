@@ -235,7 +235,9 @@ def read_workload_file(path: str | Path) -> "Workload":
 
 
 def _show(v: Any) -> str:
-    """A cell as the file wrote it (numpy scalars as Python values)."""
+    """A cell as the file wrote it (numpy scalars as Python values, arrays as lists)."""
+    if isinstance(v, np.ndarray):
+        return repr(v.tolist())
     return repr(v.item() if hasattr(v, "item") else v)
 
 
@@ -259,6 +261,11 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
         if col not in df.columns:
             continue
         cells = df[col]
+        nested = cells.map(lambda v: isinstance(v, (list, tuple, dict, set, np.ndarray))).to_numpy(dtype=bool)
+        if nested.any():  # (a Parquet list column: its cells are arrays, "[1]" read as the number 1)
+            i = int(nested.argmax())
+            raise WorkloadError(f"{path}: {where(i)}, column {col}: {_show(cells.iloc[i])} is a list, not a number; "
+                                f"give one number per request")
         text = cells.map(lambda v: "" if v is None else (str(v).strip() if not isinstance(v, bool) else "bool"))
         empty = (text == "").to_numpy()
         nums = pd.to_numeric(text.where(~empty, "0"), errors="coerce").to_numpy(dtype=float, copy=True)  # (written below)

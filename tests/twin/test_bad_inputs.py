@@ -117,6 +117,8 @@ FILES: dict[str, bytes] = {
     "sloraengine.toml": b"window_s = 20\n[scenarios]\nrates = [[0.4, 0.2]]\nranks = [[8]]\n[configs]\nserved = [8]\n"
                         b"slots = [8]\nengine = { slora_max_wait_tokens = 3 }\n",
     "noarrival.parquet": _parquet({"prompt_tokens": [10], "output_tokens": [5]}),
+    # Parquet list columns: cells are arrays ([1, 2] raised numpy's "can only convert an array of size 1")
+    "listcol.parquet": _parquet({"arrival_s": [0.0, 1.0], "prompt_tokens": [[5], [1, 2]], "output_tokens": [5, 5]}),
     # arrivals as epoch timestamps, and arrivals that start after a horizon
     "epoch.csv": b"arrival_s,prompt_tokens,output_tokens\n1700000000,100,10\n1700000000.5,100,10\n",
     "late.csv": b"arrival_s,prompt_tokens,output_tokens\n100,100,10\n100.5,100,10\n",
@@ -434,6 +436,7 @@ CASES: list[tuple[str, str]] = [
     (R + "--trace {d}/bool.jsonl", "row 1 (line 1), column prompt_tokens: True is not a number"),
     (R + "--trace {d}/azure_header.csv", "{d}/azure_header.csv: the trace holds no requests"),
     (R + "--trace {d}/notrace.csv", "{d}/notrace.csv: unrecognised trace format"),
+    (R + "--trace {d}/listcol.parquet", "{d}/listcol.parquet: row 1, column prompt_tokens: [5] is a list, not a number"),
     (R + "--trace {d}/noarrival.parquet", "{d}/noarrival.parquet: missing column(s) arrival_s (found prompt_tokens"),
     (R + "--trace {d}/adir", "{d}/adir: directory holds no trace files"),
     # --profile FILE
