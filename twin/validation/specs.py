@@ -115,6 +115,14 @@ def load_real(path: str | os.PathLike) -> pd.DataFrame:
                            "pool_mean_output_tokens") if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: not a real-run validation table (missing columns {missing})")
+    scored = [m.real for m in METRICS if m.real]
+    absent = [c for c in scored if c not in df.columns]
+    if len(absent) == len(scored):  # (it ran, and every figure read "n 0 / -")
+        raise ValueError(f"{path}: no measured figure to score the twin against (none of the columns "
+                         f"{', '.join(scored)}); give the real runs' measurements")
+    if absent:
+        warnings.warn(f"{path}: no column {', '.join(absent)}: "
+                      f"{'that figure is' if len(absent) == 1 else 'those figures are'} not scored")
     dup = df.duplicated(keep="first").to_numpy()
     if dup.any():  # (a pasted copy is re-created and scored twice, as run_id#0 and #1: said, not refused, since
         # a table of real runs may repeat a run on purpose and the scoring keeps every row it is given)
