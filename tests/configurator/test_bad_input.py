@@ -178,12 +178,13 @@ def test_dataset_names_a_file_that_is_not_a_sweep(tables, capsys, key, message):
 
 def test_dataset_of_a_sweep_whose_every_run_failed_to_start(tmp_path, capsys):
     why = "the KV cache left after the weights and 8 LoRA slots of max rank 1000000 holds 0 tokens"
-    runner.write_shard(tmp_path / "failed", "h1", [_run_rows("start_failure", startup_reason=why)])
+    runner.write_shard(tmp_path / "failed", "h1", [_run_rows("start_failure", startup_reason=why, task_hash="h1")])
     err = _error(["configure", "dataset", str(tmp_path / "failed")], capsys)
     assert (f"failed: no run of the sweep started or finished, so there is nothing to label: 1 runs (1 start_failure); "
             f"the first says: {why}") in err
     # beside a sweep that ran, its scenario is simply left out (as in one sweep directory)
-    runner.write_shard(tmp_path / "ran", "h2", [_run_rows(scenario="s2", offered_tok_s=1000.0, total_tok_s=950.0)])
+    runner.write_shard(tmp_path / "ran", "h2", [_run_rows(scenario="s2", offered_tok_s=1000.0, total_tok_s=950.0,
+                                                         task_hash="h2")])
     runs = load_runs([tmp_path / "failed", tmp_path / "ran"])
     assert len(runs) == 2
     assert main(["configure", "dataset", str(tmp_path / "failed"), str(tmp_path / "ran"), "--json"]) == 0
@@ -432,12 +433,17 @@ def test_a_model_file_of_an_unknown_kind_is_refused(tmp_path, capsys):
     ("policy", 5, "policy 5, expected the name of the policy the model was trained on"),
     ("policies", [5], "policies [5], expected the list of the policy names"),
     ("features", ["foo"] * 8, "feature 'foo' is none the configurator computes (rate_max, "),
+    # predicted, printed "policy bogus", and failed only under --check
+    ("policy", "bogus", "a policy it was trained on is not one the twin sweeps: unknown policy 'bogus'"),
+    # "could not convert string to float: 'x'" under --check, naming neither the file nor the field
+    ("provenance", {"engine": {"serving_us": 18, "rank_tile_cost": "x"}}, "provenance engine {'serving_us': 18, "
+                                                                            "'rank_tile_cost': 'x'}, expected"),
 ])
 def test_a_hand_edited_model_file_is_refused_naming_the_key(tmp_path, capsys, key, value, message):
     from twin.configurator.models import shipped_model_path
 
     m = json.loads(shipped_model_path("llama-3.1-8b_h100_vllm085", "cart").read_text())
-    m[key] = value
+    m[key] = {**m[key], **value} if key == "provenance" else value
     (tmp_path / "m.json").write_text(json.dumps(m))
     for argv in (PREDICT + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32"], ["configure", "rules"]):
         err = _error(argv + ["--model", str(tmp_path / "m.json")], capsys)
@@ -626,9 +632,14 @@ def test_predict_check_refuses_rates_beyond_the_request_cap(capsys, monkeypatch)
 
     monkeypatch.setattr(scenario, "run_config", no_run)
     err = _error(PREDICT + ["--rates", "1e30,1,1", "--ranks", "8,16,32", "--check"], capsys)
-    assert ("--rates 1e30,1,1: the twin's check at the recommended " in err and
-            "more than the 5,000,000 a run may hold (the cap of `twin run`); lower --rates" in err), err
+    # (refused with the rates, before the model is read: one such adapter alone exceeds a run's requests)
+    assert ("--rates '1e30,1,1': 1e+30 req/s per adapter is beyond what the twin can simulate: one such adapter sends "
+            "more than 5,000,000 requests (a run's limit)" in err), err
     assert "lam" not in err
+    # a rate within the bound whose recommended configuration still exceeds the cap: the check's own refusal
+    err = _error(PREDICT + ["--rates", "1000,1000,1000", "--ranks", "8,16,32", "--check"], capsys)
+    assert ("the twin's check at the recommended " in err and
+            "more than the 5,000,000 a run may hold (the cap of `twin run`); lower --rates" in err), err
 
 
 def test_predict_names_an_unknown_policy_as_unknown(capsys):
@@ -811,3 +822,28 @@ def test_labels_without_a_profile_column_give_a_model_that_loads(tmp_path, capsy
     assert main(["configure", "predict", "--rates", "0.4,0.2,0.1", "--ranks", "8,16,32", "--model",
                  str(tmp_path / "m.json"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["adapter_slots"] >= 1
+
+
+def test_a_model_whose_log_prediction_overflows_is_refused(tmp_path, capsys):
+    """A leaf of 1000 in log space passed the load check (< 1e12) and overflowed exp: numpy's warning, then a
+    recommendation of inf served adapters with exit 0."""
+    from twin.configurator.models import shipped_model_path
+
+    m = json.loads(shipped_model_path("llama-3.1-8b_h100_vllm085", "cart").read_text())
+    assert m["log_targets"]
+    m["trees"][0]["leaf_value"] = [[1000.0, 3.0, 9.0] for _ in m["trees"][0]["leaf_value"]]
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    err = _error(PREDICT + ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32", "--model", str(tmp_path / "m.json")],
+                 capsys)
+    assert "m.json: predicts served_adapters of exp(1000), beyond 1e12 (a damaged model file" in err, err
+    assert "overflow" not in err
+
+
+def test_train_refuses_labels_of_a_profile_this_twin_cannot_load(tmp_path, capsys):
+    """Labels whose profile column names an unknown profile trained to exit 0; the model failed only at
+    `predict --check` ("unknown profile"). --profile FILE is the fix the error names."""
+    labels = tmp_path / "labels.csv"
+    synthetic_labels(8).assign(profile="other").to_csv(labels, index=False)
+    err = _error(["configure", "train", str(labels), "--no-search", "--out", str(tmp_path / "m.json")], capsys)
+    assert "the labels were made with profile 'other' (their profile column), which this twin cannot load" in err
+    assert "give --profile with that profile's name or JSON file" in err and not (tmp_path / "m.json").exists()

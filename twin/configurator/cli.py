@@ -494,6 +494,17 @@ def cmd_train(args) -> int:
     if args.profile is not None:
         _check_labels_profile(args.profile, lab)
     profile = args.profile or (str(lab["profile"].iloc[0]) if "profile" in lab else None)
+    if args.profile is None and profile is not None:  # (trained, then predict --check failed: "unknown profile")
+        from twin.perf.profile import load_profile
+
+        try:
+            load_profile(profile)
+        except (KeyError, ValueError, OSError) as e:
+            why = e.args[0] if isinstance(e, KeyError) and e.args else e
+            raise ValueError(f"the labels were made with profile {profile!r} (their profile column), which this twin "
+                             f"cannot load ({why}); the model would record it and `configure predict --check` / "
+                             f"`configure evaluate` would fail: give --profile with that profile's name or JSON "
+                             f"file") from None
     if profile is None:  # (the model recorded profile None, and load_model refused it as damaged)
         from twin.perf.profile import DEFAULT_FITTED
 

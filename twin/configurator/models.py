@@ -65,7 +65,7 @@ from twin.configurator.features import (LENGTH_FEATURES, describe_condition, des
                                         simplify_policy_conditions, single_policy, training_columns)
 from twin.configurator.domain import feature_box
 from twin.configurator.labels import CALIBRATED_ENGINE, FEATURES, TARGETS, describe_engine
-from twin.sweep.grid import PUBLISHED_GRID
+from twin.sweep.grid import PUBLISHED_GRID, check_policies
 from twin.sweep.runner import MissingExtra
 
 SCHEMA = "lora-twin-configurator/1"
@@ -453,6 +453,19 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
     pols = m.get("policies")
     if pols is not None and not (isinstance(pols, list) and all(isinstance(x, str) for x in pols)):
         raise bad(f"policies {pols!r}, expected the list of the policy names the model was trained on")
+    named = [x for x in ([m.get("policy")] if isinstance(m.get("policy"), str) else []) + (pols or [])]
+    try:  # (a policy "bogus" predicted, printed "policy bogus", and failed only under --check)
+        check_policies(named)
+    except ValueError as e:
+        raise bad(f"a policy it was trained on is not one the twin sweeps: {e}") from None
+    eng = m["provenance"].get("engine")
+    if eng is not None:  # (a rank_tile_cost of "x" failed under --check as "could not convert string to float: 'x'")
+        num_ok = all(isinstance(eng.get(k), (int, float)) and not isinstance(eng.get(k), bool)
+                     and math.isfinite(eng.get(k)) and eng.get(k) >= 0
+                     for k in ("serving_us", "rank_tile_cost") if isinstance(eng, dict) and eng.get(k) is not None)
+        if not isinstance(eng, dict) or not num_ok:
+            raise bad(f"provenance engine {eng!r}, expected {{\"serving_us\": us >= 0, \"rank_tile_cost\": a "
+                      f"number >= 0 or null}} (the twin's engine constants the labels were swept with)")
     if "profile" in m["provenance"] and not isinstance(m["provenance"]["profile"], str):
         raise bad(f"provenance profile {m['provenance']['profile']!r}, expected a profile name")
     n_feat = len(m["features"])
@@ -561,8 +574,10 @@ def _predict(model: dict[str, Any], x: dict[str, float], explain: bool) -> dict[
     V = np.asarray(outs)
     additive = model.get("combine", "mean") == "sum"
     mean = V.sum(axis=0) if additive else V.mean(axis=0)
+    if model.get("log_targets"):
+        _check_log_prediction(model, dict(zip(targets, mean.tolist())))
     pred = np.exp(mean) if model.get("log_targets") else mean
-    per_tree = np.exp(V) if model.get("log_targets") else V
+    per_tree = np.exp(np.minimum(V, _LOG_MAX)) if model.get("log_targets") else V
     res = _recommendation(model, {t: float(p) for t, p in zip(targets, pred)})
     if len(model["trees"]) > 1 and not additive:  # a sum's terms are not alternatives: no spread
         lo, hi = np.percentile(per_tree, [10, 90], axis=0)
@@ -628,6 +643,19 @@ def path_feature_shares(trees: list[dict[str, Any]], paths: list[list[int]], fea
     return {f: round(c / n, 3) for f, c in sorted(counts.items(), key=lambda kv: -kv[1])[:top]}
 
 
+#: the largest log-space prediction a model may make (a target of 1e12: beyond any served adapters, slots or tok/s)
+_LOG_MAX = math.log(1e12)
+
+
+def _check_log_prediction(model: dict[str, Any], logs: dict[str, float]) -> None:
+    """A damaged model (a leaf or a rule term of 1000 in log space) overflowed ``exp`` into a recommendation of
+    ``inf`` served adapters with numpy's warning: refused, naming the model file and the target."""
+    for t, v in logs.items():
+        if not (math.isfinite(v) and v < _LOG_MAX):
+            raise ValueError(f"{model.get('_path', 'the model')}: predicts {t} of exp({v:.4g}), beyond 1e12 (a damaged "
+                             f"model file: retrain it with `twin configure train`)")
+
+
 def _recommendation(model: dict[str, Any], raw: dict[str, float]) -> dict[str, Any]:
     """The raw targets and served / slots snapped to the model's grid (slots <= served)."""
     res: dict[str, Any] = {"model": model.get("kind"), "profile": model["provenance"].get("profile"),
@@ -651,6 +679,8 @@ def _predict_rule_ensembles(model: dict[str, Any], x: dict[str, float], explain:
             raise ValueError(f"{model.get('_path', 'model')}: rule ensemble for {ens['target']!r} where "
                              f"{t!r} is expected (targets {model['targets']})")
         total, tt = ensemble_terms(ens, x)
+        if log:
+            _check_log_prediction(model, {t: total})
         raw[t] = math.exp(total) if log else total
         terms[t] = {"log_prediction" if log else "prediction": total, "terms": tt}
     res = _recommendation(model, raw)
