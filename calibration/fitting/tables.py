@@ -232,7 +232,7 @@ def read_table(path: str | Path, columns: Sequence[Col], source: str) -> pd.Data
         inf = np.isinf(v) | (np.abs(np.where(np.isnan(v), 0.0, v)) > MAX_MEASURED)  # (1e300: a fit that never converged)
         if inf.any():
             problems.append(f"{where}: {_value(v[inf][0])} at {_rows(inf)} is not a finite number of a measurable "
-                            f"size (at most {MAX_MEASURED:g}); {c.what} must be: {_fix(inf)}")
+                            f"size (at most {MAX_MEASURED:g}); {c.what} must be a finite measurement: {_fix(inf)}")
             continue
         fin = ~null
         if c.check in _RULES:

@@ -847,3 +847,11 @@ def test_train_refuses_labels_of_a_profile_this_twin_cannot_load(tmp_path, capsy
     err = _error(["configure", "train", str(labels), "--no-search", "--out", str(tmp_path / "m.json")], capsys)
     assert "the labels were made with profile 'other' (their profile column), which this twin cannot load" in err
     assert "give --profile with that profile's name or JSON file" in err and not (tmp_path / "m.json").exists()
+
+
+def test_the_search_line_says_when_the_walk_has_no_next_run():
+    """`configure search` printed "next run nan" where the walk ran nothing after the label."""
+    from twin.configurator.cli import _next_run
+
+    assert _next_run(float("nan")) == _next_run(None) == "no next run in the walk"
+    assert _next_run(0.8874) == "next run 0.887"

@@ -515,8 +515,9 @@ def test_a_missing_executor_extra_is_refused_before_out_is_made(tmp_path, capsys
     (["policy-demo", "--summary", "--out", "{out}"], "--summary --out {out}: it holds a sweep of grid smoke, not "
                                                      "policy-demo; leave out the grid name"),
     (["smoke", "--dry-run", "--out", "{out}", "--no-resume"],
-     "--dry-run prints the grid's size and runs nothing, so --no-resume would be ignored; leave it out (or drop "
-     "--dry-run to run the sweep)"),
+     "--dry-run prints the grid's size and runs nothing, so --no-resume and --out would be ignored; leave them out "
+     "(or drop --dry-run to run the sweep)"),
+    (["smoke", "--dry-run", "--out", "/etc/passwd"], "so --out would be ignored; leave it out"),
     (["smoke", "--dry-run", "--executor", "ray", "--jobs", "4"], "--dry-run prints the grid's size and runs nothing, "
                                                                  "so --executor and --jobs would be ignored"),
     (["smoke", "--dry-run", "--order", "grid"], "so --order would be ignored"),

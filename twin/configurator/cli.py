@@ -372,6 +372,14 @@ def cmd_dataset(args) -> int:
     return 0
 
 
+def _next_run(ratio: float | None) -> str:
+    """The walk's next run as the search line says it: its share of the offered tokens, or that the walk has none
+    there (the label is the grid's last served value, or no run after it was simulated: it printed "next run nan")."""
+    if ratio is None or not math.isfinite(ratio):
+        return "no next run in the walk"
+    return f"next run {ratio:.3f}"
+
+
 def _check_profile(name: str) -> None:
     """``train --profile``: a shipped profile name or a profile JSON file (:func:`twin.perf.profile.load_profile`
     refuses an unknown one, listing the shipped ones), checked before any data is read."""
@@ -1036,6 +1044,6 @@ def cmd_search(args) -> int:
         print(json.dumps(_finite(res), indent=1, default=_jd))
     else:
         print(f"serve {res['served_adapters']} adapters with {res['adapter_slots']} slots: "
-              f"{res['throughput_tok_s']:.0f} tok/s ({res['ratio_at_label']:.3f} of offered; next run "
-              f"{res['next_ratio']:.3f}) [{args.rule}, twin walk of {res['runs']} runs, {res['cpu_s']:.0f} CPU-s]")
+              f"{res['throughput_tok_s']:.0f} tok/s ({res['ratio_at_label']:.3f} of offered; "
+              f"{_next_run(res['next_ratio'])}) [{args.rule}, twin walk of {res['runs']} runs, {res['cpu_s']:.0f} CPU-s]")
     return 0

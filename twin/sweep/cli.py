@@ -185,7 +185,8 @@ def _check_mode(args: argparse.Namespace) -> None:
                              f"(or drop --summary to run the sweep)")
     elif args.dry_run:
         selection = {"--limit", "--every", "--shard", "--exclude"}  # (they decide the tasks the dry run counts)
-        given = [f for f, on in run_only if on and f not in selection and f != "--dry-run"]
+        given = [f for f, on in run_only + [("--out", args.out is not None)]
+                 if on and f not in selection and f != "--dry-run"]
         if given:
             raise ValueError(f"--dry-run prints the grid's size and runs nothing, so {' and '.join(given)} would be "
                              f"ignored; leave {'them' if len(given) > 1 else 'it'} out (or drop --dry-run to run "
