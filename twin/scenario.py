@@ -469,6 +469,10 @@ def check_run(run: RunConfig) -> None:
                           "leave --profile out for the default")
     if run.data_dir is not None and not str(run.data_dir).strip():
         raise ConfigError("--data-dir: empty; give the data directory, or leave --data-dir out for $TWIN_DATA_DIR")
+    if run.data_dir is not None and not Path(run.data_dir).expanduser().is_dir():  # (ignored where no data was read)
+        what = "is a file" if Path(run.data_dir).expanduser().exists() else "does not exist"
+        raise ConfigError(f"--data-dir {run.data_dir}: {what}; give the data directory (the one holding traces/, "
+                          f"calibration/, ...), or leave --data-dir out for $TWIN_DATA_DIR")
     _check_trace_options(run.trace_options)
     given = {"rps", "duration", "adapters", "ranks", "popularity"}
     twice = [k for k, _ in run.trace_options if k in given and getattr(run, k) is not None]

@@ -309,6 +309,9 @@ CASES: list[tuple[str, str]] = [
     (R + "--rps 0", "--rps 0: must be > 0"),
     (R + "--rps -1", "--rps -1: must be > 0"),
     (R + "--rps nan", "--rps nan: must be a finite number"),
+    # a data directory that is not one was ignored where the run read no data
+    (R + "--data-dir {d}/nosuch", "--data-dir {d}/nosuch: does not exist; give the data directory"),
+    (R + "--data-dir {d}/empty.csv", "--data-dir {d}/empty.csv: is a file; give the data directory"),
     # a value that starts like a negative number reaches its option (argparse said "expected one argument")
     ("configure predict --rates -0.4,0.05,0.1 --ranks 8,16,32", "-0.4 is not a rate; give per-adapter request rates"),
     ("sweep smoke --dry-run --shard -1/2", "--shard -1/2: give i/k with 0 <= i < k"),
