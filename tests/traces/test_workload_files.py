@@ -80,8 +80,8 @@ def test_a_workload_csv_runs(tmp_path, capsys):
                                                                                     "below prompt_tokens (10)"),
     ("j.jsonl", '{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}\n\n{"arrival_s": null, "prompt_tokens": 1, '
                 '"output_tokens": 1}\n', "row 2 (line 3), column arrival_s: empty (the column is required)"),
-    ("k.jsonl", '{"arrival_s": 0, "prompt_tokens": [1], "output_tokens": 1}\n', "column prompt_tokens: [1] is not a "
-                                                                                  "number"),
+    ("k.jsonl", '{"arrival_s": 0, "prompt_tokens": [1], "output_tokens": 1}\n', "column prompt_tokens: [1] is a list, "
+                                                                                  "not a number"),
     ("w.txt", "arrival_s,prompt_tokens,output_tokens\n0,1,1\n", "unknown workload file type '.txt'"),
     # conversations: turns and prefixes of no conversation, a turn before the one it follows (accepted and run)
     ("t.csv", "arrival_s,prompt_tokens,output_tokens,turn\n0,10,5,0\n", "row 1 (line 2), column turn: 0 on a request "

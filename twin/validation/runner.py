@@ -27,7 +27,8 @@ from twin.validation.recreate import sharegpt_model, simulate_run
 from twin.validation.scoring import score, summarize
 from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, RANK_TILE_COST, SCRAPE_S_PER_LABEL,
                                    SERVING_S_PER_RUNNING, START_FAILURE_STATUSES, RunSpec, attach_peer,
-                                   default_peer_csv, default_real_csv, load_peer, load_real, select_runs, spec_from_row)
+                                   default_peer_csv, default_real_csv, load_peer, load_real, select_runs, spec_from_row,
+                                   warn_unscored_figures)
 
 
 @dataclass
@@ -118,6 +119,7 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
     t0 = time.perf_counter()
     real_csv = Path(real_csv) if real_csv else default_real_csv(data_dir)
     real = load_real(real_csv)
+    warn_unscored_figures(real, real_csv)
     if peer_csv is None:
         peer_csv = default_peer_csv(real_csv)
     peer = load_peer(peer_csv) if peer_csv else None

@@ -115,14 +115,6 @@ def load_real(path: str | os.PathLike) -> pd.DataFrame:
                            "pool_mean_output_tokens") if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: not a real-run validation table (missing columns {missing})")
-    scored = [m.real for m in METRICS if m.real]
-    absent = [c for c in scored if c not in df.columns]
-    if len(absent) == len(scored):  # (it ran, and every figure read "n 0 / -")
-        raise ValueError(f"{path}: no measured figure to score the twin against (none of the columns "
-                         f"{', '.join(scored)}); give the real runs' measurements")
-    if absent:
-        warnings.warn(f"{path}: no column {', '.join(absent)}: "
-                      f"{'that figure is' if len(absent) == 1 else 'those figures are'} not scored")
     dup = df.duplicated(keep="first").to_numpy()
     if dup.any():  # (a pasted copy is re-created and scored twice, as run_id#0 and #1: said, not refused, since
         # a table of real runs may repeat a run on purpose and the scoring keeps every row it is given)
@@ -162,6 +154,24 @@ _REAL_MEASURED_COLUMNS = ("benchmark_time_s", "total_tok_s", "request_throughput
 #: step mix, the KV tokens per running request): >= 0 where recorded, ``ts_mean_kv_usage`` a fraction
 _REAL_GAUGE_COLUMNS = ("input_tok_s", "output_tok_s", "ts_mean_running", "ts_mean_waiting", "ts_max_waiting",
                        "ts_mean_kv_usage", "ts_preemptions")
+
+
+class UnscoredFigureWarning(UserWarning):
+    """A real-run table lacks the column of a figure ``twin validate`` scores (:func:`warn_unscored_figures`)."""
+
+
+def warn_unscored_figures(df: pd.DataFrame, path: str | os.PathLike) -> list[str]:
+    """Name the measured figures (:data:`twin.validation.metrics.METRICS`) a real-run table has no column for: their
+    rows of the report read "n 0 / -" (a table without ``total_tok_s`` validated without a word). Returns them."""
+    scored = [m.real for m in METRICS if m.real]
+    absent = [c for c in scored if c not in df.columns]
+    if len(absent) == len(scored):
+        warnings.warn(f"{path}: no measured figure (none of the columns {', '.join(scored)}): nothing is scored, the "
+                      f"report gives the twin's figures alone", UnscoredFigureWarning, stacklevel=2)
+    elif absent:
+        warnings.warn(f"{path}: no column {', '.join(absent)}: {'that figure is' if len(absent) == 1 else 'those figures are'}"
+                      f" not scored", UnscoredFigureWarning, stacklevel=2)
+    return absent
 
 
 def check_real_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
