@@ -420,7 +420,7 @@ def test_a_dry_run_names_the_profile_and_warns_of_a_short_window(tmp_path, capsy
     assert "profile            llama-3.1-8b_h100_vllm085" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "another table", "another task"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "another task"])
 def test_a_damaged_shard_is_recomputed_not_counted_as_done(local_smoke, tmp_path, capsys, damage):
     """A shard overwritten or cut short (a crash, a full disk) counted as a finished task: the resumed sweep
     ran nothing and every later read failed with pyarrow's message alone."""
@@ -438,9 +438,6 @@ def test_a_damaged_shard_is_recomputed_not_counted_as_done(local_smoke, tmp_path
         shard.write_bytes(b"this is not parquet")
     elif damage == "truncated":
         shard.write_bytes(shard.read_bytes()[:100])
-    elif damage == "another table":  # (readable: a resume counted it as done, and every later read failed)
-        pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [5]}).to_parquet(shard)
-        said = "a Parquet table but not a sweep's run rows (missing columns task_hash, status, scenario)"
     else:  # the other task's shard copied over this one
         other = sorted((out / "shards").glob("*.parquet"))[1]
         shard.write_bytes(other.read_bytes())
@@ -679,3 +676,20 @@ def test_a_file_where_the_shards_go_is_named(tmp_path, capsys):
     assert main(["sweep", "smoke", "--out", str(tmp_path), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'shards'} is a file, where the sweep keeps its shards (a folder)" in err and "Traceback" not in err
+
+
+def test_a_readable_table_that_is_not_run_rows_is_a_damaged_shard(tmp_path):
+    """Another table saved under a shard's name read as Parquet: a resume counted its task as done, and every later
+    read failed ("not a sweep's run table")."""
+    from twin.sweep.runner import _shard_problem, damaged_shards
+
+    d = tmp_path / "shards"
+    d.mkdir()
+    pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [5]}).to_parquet(d / "abc.parquet")
+    pd.DataFrame({"task_hash": ["abc"], "status": ["ok"], "scenario": ["s"]}).to_parquet(d / "abd.parquet")
+    pd.DataFrame({"task_hash": ["abe"], "status": ["ok"], "scenario": ["s"]}).to_parquet(d / "abe.parquet")
+    assert _shard_problem(d / "abc.parquet") == ("a Parquet table but not a sweep's run rows (missing columns "
+                                                  "task_hash, status, scenario)")
+    assert _shard_problem(d / "abd.parquet") == "rows of task abc, not of task abd"
+    assert _shard_problem(d / "abe.parquet") is None
+    assert [p.name for p in damaged_shards(tmp_path)] == ["abc.parquet", "abd.parquet"]

@@ -14,7 +14,8 @@ from traces.flags import add_arguments, from_namespace
 from twin.cli import main, make_parser
 from twin.compare import NOT_COMPARE_OPTIONS, CompareConfig
 from twin.config import EngineConfig, vllm_default_limits
-from twin.scenario import DEFAULT_ADAPTER_SLOTS, RunConfig
+from twin.perf.profile import load_profile
+from twin.scenario import DEFAULT_ADAPTER_SLOTS, RunConfig, engine_limits
 
 REQUIRED_KEYS = ["requests_arrived", "requests_finished", "requests_rejected", "requests_unfinished",
                  "throughput_rps", "input_tok_s", "output_tok_s", "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p99",
@@ -168,22 +169,26 @@ def test_run_flags_round_trip_to_the_defaults():
     assert RunConfig().tp == EngineConfig().tensor_parallel
 
 
-@pytest.mark.parametrize("extra, want", [
-    ([], (256, 2048)),                                             # the H100-64GB calibration: below 70 GiB
-    (["--gpu-mem-gb", "80"], (1024, 8192)),                        # 80 GB >= 70 GiB (75.2 GB)
-    (["--gpu-mem-gb", "75"], (256, 2048)),                         # 75 GB < 70 GiB
-    (["--profile", "llama-2-7b_a100-80gb_vidur"], (1024, 8192)),
-    (["--profile", "llama-2-7b_a100-80gb_vidur", "--max-num-seqs", "64"], (64, 8192)),
-    (["--profile", "llama-2-7b_a100-80gb_vidur", "--max-batched-tokens", "4096"], (1024, 4096)),
-    (["--profile", "llama-2-7b_a40_vidur"], (256, 2048)),
+@pytest.mark.parametrize("options, profile, want", [
+    ({}, None, (256, 2048)),                                     # the H100-64GB calibration: below 70 GiB
+    ({"gpu_mem_gb": 80.0}, None, (1024, 8192)),                  # 80 GB >= 70 GiB (75.2 GB)
+    ({"gpu_mem_gb": 75.0}, None, (256, 2048)),                   # 75 GB < 70 GiB
+    ({}, "llama-2-7b_a100-80gb_vidur", (1024, 8192)),
+    ({"max_num_seqs": 64}, "llama-2-7b_a100-80gb_vidur", (64, 8192)),
+    ({"max_batched_tokens": 4096}, "llama-2-7b_a100-80gb_vidur", (1024, 4096)),
+    ({}, "llama-2-7b_a40_vidur", (256, 2048)),
 ])
-def test_batch_limits_default_to_vllms_for_the_gpus_memory(tmp_path, capsys, extra, want):
+def test_batch_limits_default_to_vllms_for_the_gpus_memory(options, profile, want):
     """vLLM 0.8.5's server picks max_num_seqs / max_num_batched_tokens by the device's memory
     (EngineArgs._set_default_args_v1: >= 70 GiB -> 1024 / 8192, else 256 / 2048); a given value is kept."""
-    assert main(["run", "--duration", "5", "--out", str(tmp_path), *extra]) == 0
-    cfg = json.loads((tmp_path / "summary.json").read_text())["config"]
-    assert (cfg["max_num_seqs"], cfg["max_num_batched_tokens"]) == want
+    assert engine_limits(RunConfig(profile=profile, **options), load_profile(profile)) == want
     assert vllm_default_limits(70 * 2**30) == (1024, 8192) and vllm_default_limits(70 * 2**30 - 1) == (256, 2048)
+
+
+def test_a_run_records_the_batch_limits_it_used(tmp_path, capsys):
+    assert main(["run", "--duration", "5", "--profile", "llama-2-7b_a100-80gb_vidur", "--out", str(tmp_path)]) == 0
+    cfg = json.loads((tmp_path / "summary.json").read_text())["config"]
+    assert (cfg["max_num_seqs"], cfg["max_num_batched_tokens"]) == (1024, 8192)
 
 
 def test_a_default_batch_limit_below_the_given_other_names_where_it_came_from(capsys):
@@ -194,7 +199,7 @@ def test_a_default_batch_limit_below_the_given_other_names_where_it_came_from(ca
     assert main(["run", "--duration", "5", "--max-num-seqs", "9000", "--gpu-mem-gb", "80"]) == 2
     assert "--max-batched-tokens 8192 (vLLM's default on a GPU of 80 GB) is below --max-num-seqs 9000" in (
         capsys.readouterr().err)
-    assert main(["run", "--duration", "5", "--max-num-seqs", "4096", "--gpu-mem-gb", "80"]) == 0  # 8192 holds it
+    assert engine_limits(RunConfig(max_num_seqs=4096, gpu_mem_gb=80.0), load_profile(None)) == (4096, 8192)
 
 
 def test_run_and_compare_share_their_scenario_flags():
