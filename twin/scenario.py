@@ -44,7 +44,8 @@ from traces.lengths import LENGTH_SOURCE_MODELS
 from traces.registry import BUILTINS, REAL_OPTIONS, get_workload, run_defaults, seed_acts
 from traces.synth import MAX_ADAPTERS, OPTIONS, option_value_problem
 from traces.workload import Workload
-from twin.config import MAX_SIM_SECONDS, ConfigError, EngineConfig, vllm_default_limits  # noqa: F401  (MAX_SIM_SECONDS re-exported)
+from twin.config import (MAX_SIM_SECONDS, ConfigError, EngineConfig,  # noqa: F401  (MAX_SIM_SECONDS re-exported)
+                         vllm_default_limits)
 from twin.perf.profile import Profile, available_profiles, gpu_memory_gb, parse_lora_targets
 from twin.interfaces import PolicyError, check_policy_objects
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
@@ -453,7 +454,8 @@ def check_run(run: RunConfig) -> None:
     if run.adapters is not None and run.adapters > MAX_ADAPTERS:
         raise ConfigError(f"--adapters {run.adapters}: more than the {MAX_ADAPTERS:,} adapters a workload may have "
                           f"(the popularity tables hold one entry per adapter); give fewer")
-    if run.max_batched_tokens is not None and run.max_num_seqs is not None and run.max_batched_tokens < run.max_num_seqs:
+    seqs, tokens = run.max_num_seqs, run.max_batched_tokens  # (one left out: engine_limits checks its default)
+    if seqs is not None and tokens is not None and tokens < seqs:
         raise ConfigError(f"--max-batched-tokens {run.max_batched_tokens} is below --max-num-seqs "
                           f"{run.max_num_seqs} (vLLM refuses a step budget smaller than the running requests); raise "
                           f"--max-batched-tokens or lower --max-num-seqs")

@@ -86,7 +86,8 @@ def test_a_damaged_cache_file_is_a_miss(tmp_path, content):
     assert cache.get(key) is None and cache.misses == 1
 
 
-@pytest.mark.parametrize("edit", [lambda pt: {k: "garbage" if isinstance(v, (int, float)) else v for k, v in pt.items()},
+@pytest.mark.parametrize("edit", [lambda pt: {k: "garbage" if isinstance(v, (int, float)) else v
+                                              for k, v in pt.items()},
                                   lambda pt: {}, lambda pt: {**pt, "c": 2.5}])
 def test_a_cache_file_edited_since_it_was_written_is_a_miss(tmp_path, edit):
     """A stored point whose numbers were replaced (strings, an empty table, another value) parses and has its key,

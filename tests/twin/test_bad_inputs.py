@@ -439,7 +439,8 @@ CASES: list[tuple[str, str]] = [
     (R + "--trace {d}/bool.jsonl", "row 1 (line 1), column prompt_tokens: True is not a number"),
     (R + "--trace {d}/azure_header.csv", "{d}/azure_header.csv: the trace holds no requests"),
     (R + "--trace {d}/notrace.csv", "{d}/notrace.csv: unrecognised trace format"),
-    (R + "--trace {d}/listcol.parquet", "{d}/listcol.parquet: row 1, column prompt_tokens: [5] is a list, not a number"),
+    (R + "--trace {d}/listcol.parquet", "{d}/listcol.parquet: row 1, column prompt_tokens: [5] is a list, not a "
+                                        "number"),
     (R + "--trace {d}/noarrival.parquet", "{d}/noarrival.parquet: missing column(s) arrival_s (found prompt_tokens"),
     (R + "--trace {d}/adir", "{d}/adir: directory holds no trace files"),
     # --profile FILE

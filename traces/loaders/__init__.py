@@ -65,7 +65,8 @@ def _format_from_columns(cols: list[str], path: Path) -> str:
         if path.suffix.lower() in (".parquet", ".csv", ".jsonl"):  # (met only inside a directory)
             raise TraceFormatError(f"{path}: a workload file inside a directory; a directory is read as the parts "
                                    f"of one raw trace, so give the workload file itself (--trace {path})")
-        raise TraceFormatError(f"{path}: the workload columns in {('a ' + path.suffix) if path.suffix else 'an extension-less'} file; a workload "
+        kind = f"a {path.suffix}" if path.suffix else "an extension-less"
+        raise TraceFormatError(f"{path}: the workload columns in {kind} file; a workload "
                                f"is read from .parquet, .csv (a header row) or .jsonl (one JSON object per line): "
                                f"save it as one of those")
     if "conversations" in s:

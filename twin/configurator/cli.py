@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from traces.arguments import check_writable_dir, check_writable_file, did_you_mean, first_repeat, has_empty_item
+from traces.registry import MAX_REQUESTS
 from twin.configurator.domain import describe, outside, training_domain
 from twin.configurator.models import KINDS
 from twin.scenario import check_host_term, check_number, rank_limit
-from traces.registry import MAX_REQUESTS
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING, WINDOW_S
 
 DEFAULT_PROFILE = "llama-3.1-8b_h100_vllm085"
@@ -1045,5 +1045,6 @@ def cmd_search(args) -> int:
     else:
         print(f"serve {res['served_adapters']} adapters with {res['adapter_slots']} slots: "
               f"{res['throughput_tok_s']:.0f} tok/s ({res['ratio_at_label']:.3f} of offered; "
-              f"{_next_run(res['next_ratio'])}) [{args.rule}, twin walk of {res['runs']} runs, {res['cpu_s']:.0f} CPU-s]")
+              f"{_next_run(res['next_ratio'])}) [{args.rule}, twin walk of {res['runs']} runs, "
+              f"{res['cpu_s']:.0f} CPU-s]")
     return 0

@@ -453,7 +453,7 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
     pols = m.get("policies")
     if pols is not None and not (isinstance(pols, list) and all(isinstance(x, str) for x in pols)):
         raise bad(f"policies {pols!r}, expected the list of the policy names the model was trained on")
-    named = [x for x in ([m.get("policy")] if isinstance(m.get("policy"), str) else []) + (pols or [])]
+    named = ([m["policy"]] if isinstance(m.get("policy"), str) else []) + list(pols or [])
     try:  # (a policy "bogus" predicted, printed "policy bogus", and failed only under --check)
         check_policies(named)
     except ValueError as e:

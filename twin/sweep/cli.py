@@ -136,7 +136,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               f"run the same command to resume (only unfinished tasks run again)", file=sys.stderr)
         return 130
     if rep.shards_damaged:
-        print(f"twin sweep: note: {len(rep.shards_damaged)} damaged shards (not readable as Parquet, or not their task's run rows, e.g. "
+        print(f"twin sweep: note: {len(rep.shards_damaged)} damaged shards (not readable as Parquet, or not their "
+              f"task's run rows, e.g. "
               f"{rep.shards_damaged[0]}) were not counted as finished: their tasks ran again when selected",
               file=sys.stderr)
     if rep.resumed_from_version:

@@ -64,7 +64,8 @@ def _shard_problem(p: Path) -> str | None:
     except (OSError, pa.ArrowException) as e:
         return "not readable as Parquet (" + ((str(e).strip().splitlines() or [type(e).__name__])[0]) + ")"
     if hashes != {p.stem}:
-        return f"rows of {'no task' if not hashes else 'task ' + ', '.join(sorted(map(str, hashes))[:2])}, not of task {p.stem}"
+        whose = "task " + ", ".join(sorted(map(str, hashes))[:2]) if hashes else "no task"
+        return f"rows of {whose}, not of task {p.stem}"
     return None
 
 

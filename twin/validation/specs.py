@@ -169,8 +169,8 @@ def warn_unscored_figures(df: pd.DataFrame, path: str | os.PathLike) -> list[str
         warnings.warn(f"{path}: no measured figure (none of the columns {', '.join(scored)}): nothing is scored, the "
                       f"report gives the twin's figures alone", UnscoredFigureWarning, stacklevel=2)
     elif absent:
-        warnings.warn(f"{path}: no column {', '.join(absent)}: {'that figure is' if len(absent) == 1 else 'those figures are'}"
-                      f" not scored", UnscoredFigureWarning, stacklevel=2)
+        which = "that figure is" if len(absent) == 1 else "those figures are"
+        warnings.warn(f"{path}: no column {', '.join(absent)}: {which} not scored", UnscoredFigureWarning, stacklevel=2)
     return absent
 
 
