@@ -778,11 +778,10 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
     return cfg
 
 
-def device_memory_bytes(run: RunConfig, profile: Profile) -> float | None:
-    """One GPU's memory in bytes: ``--gpu-mem-gb`` when given, else what the profile's GPU names
+def device_memory_gb(run: RunConfig, profile: Profile) -> float | None:
+    """One GPU's memory in GB: ``--gpu-mem-gb`` when given, else what the profile's GPU names
     (``A100-80GB``), else None (unknown)."""
-    gb = run.gpu_mem_gb if run.gpu_mem_gb is not None else gpu_memory_gb(profile.gpu)
-    return None if gb is None else gb * 1e9
+    return run.gpu_mem_gb if run.gpu_mem_gb is not None else gpu_memory_gb(profile.gpu)
 
 
 def engine_limits(run: RunConfig, profile: Profile) -> tuple[int, int]:
@@ -790,7 +789,8 @@ def engine_limits(run: RunConfig, profile: Profile) -> tuple[int, int]:
     API-server defaults for the GPU's memory (:func:`twin.config.vllm_default_limits`: 1,024 / 8,192 from 70 GiB,
     e.g. an A100-80GB profile, else 256 / 2,048, e.g. the H100-64GB calibration). A step budget below the running
     requests is refused, as vLLM refuses it (``SchedulerConfig._verify_args``), naming where each came from."""
-    seqs_d, tokens_d = vllm_default_limits(device_memory_bytes(run, profile))
+    gb = device_memory_gb(run, profile)
+    seqs_d, tokens_d = vllm_default_limits(None if gb is None else gb * 1e9)
     seqs = run.max_num_seqs if run.max_num_seqs is not None else seqs_d
     tokens = run.max_batched_tokens if run.max_batched_tokens is not None else tokens_d
     if tokens < seqs:
@@ -847,7 +847,7 @@ def check_kv_fits(run: RunConfig, cfg: EngineConfig, workload: Workload, profile
     (:func:`twin.tensor_parallel.tp_profile`)."""
     given = [(name, v) for name, v in (("kv_tokens", run.kv_tokens), ("max_total_tokens", run.max_total_tokens))
              if v is not None]
-    mem = run.gpu_mem_gb if run.gpu_mem_gb is not None else gpu_memory_gb(profile.gpu)
+    mem = device_memory_gb(run, profile)
     if not given or mem is None:
         return
     slora = resolve_system(run.policy, run.system) == "slora"
