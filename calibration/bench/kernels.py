@@ -564,6 +564,11 @@ SLOT_SHRINK_BLOCKS = {"small": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=256, SPLIT_K
 SLOT_EXPAND_BLOCKS = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=16)
 #: the shrink's configuration switches at this many tokens (``M < 128``: ``small``)
 SLOT_SHRINK_SWITCH = 128
+#: the shrink's split count in the correctness checks run by Triton's interpreter (:func:`slot_shrink`'s
+#: ``split_k``): more than one split, so the atomic partial sums and the fully masked splits past ``d_in``
+#: (``BLOCK_K`` 256 and ``d_in`` below 256 in every check) are both exercised, at a sixteenth of the
+#: ``small`` configuration's 64 programs per tile
+INTERPRETER_SPLIT_K = 4
 
 
 def slot_meta(token_slot: IntSeq, slots: int, device: torch.device | str | None = None) -> tuple[torch.Tensor, ...]:
@@ -605,10 +610,15 @@ def slot_grid_blocks(kind: str, tokens: int, slots: int, n_out: int, slot_tokens
 
 
 def slot_shrink(x: torch.Tensor, lora_a_stack: torch.Tensor, meta: tuple[torch.Tensor, ...], scale: float = 1.0,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, split_k: int | None = None) -> torch.Tensor:
     """vLLM 0.8.5's ``lora_shrink``: ``out[t] = scale * x[t] @ A[slot of t]`` over the padded rank, into a
     float32 ``(T, R_max)`` buffer (zeroed first; split-K partial sums are added atomically). ``meta`` is
-    :func:`slot_meta` of the batch (its ``slots + 1`` groups are the grid's slot dimension)."""
+    :func:`slot_meta` of the batch (its ``slots + 1`` groups are the grid's slot dimension).
+
+    ``split_k`` replaces the configuration's ``SPLIT_K`` (None: vLLM's, :data:`SLOT_SHRINK_BLOCKS`). Only the
+    correctness checks under Triton's interpreter pass it (:data:`INTERPRETER_SPLIT_K`): the kernel's code is
+    the same for any split count, and a split past ``d_in`` is a fully masked program that adds zeros, which
+    the interpreter runs in Python at ~25 ms each (64 splits made the shrink 90 % of the kernel checks' time)."""
     _require_triton(x.device)
     T, K = x.shape
     S, Ka, R = lora_a_stack.shape
@@ -623,6 +633,10 @@ def slot_shrink(x: torch.Tensor, lora_a_stack: torch.Tensor, meta: tuple[torch.T
     if T == 0:
         return out
     c = SLOT_SHRINK_BLOCKS["small" if T < SLOT_SHRINK_SWITCH else "large"]
+    if split_k is not None:
+        if not isinstance(split_k, int) or split_k < 1:
+            raise ValueError(f"split_k must be a positive integer, got {split_k!r}")
+        c = {**c, "SPLIT_K": split_k}
     grid = (c["SPLIT_K"] * triton.cdiv(T, c["BLOCK_M"]) * triton.cdiv(R, c["BLOCK_N"]), S + 1)
     _slot_shrink_kernel[grid](
         x, lora_a_stack, out, order, count, start, lora_id, T, R, K,

@@ -253,12 +253,16 @@ def check_case(case: dict, device: torch.device, dtype: torch.dtype = torch.floa
     # vLLM's slot-grid kernels over the BGMV case's tokens (padded rank R, float32 shrink buffer): with a
     # stack of one slot more than the case names, so an empty slot launches blocks that must exit (one is
     # enough: every empty slot's blocks take the same exit; the interpreter runs each block in Python)
+    # (under the interpreter the small-batch shrink runs INTERPRETER_SPLIT_K splits instead of vLLM's 64:
+    # the same kernel code, without 60 fully masked programs per tile that cost the checks a minute)
+    interpreted = K.INTERPRETED and device.type != "cuda"
+    split_k = K.INTERPRETER_SPLIT_K if interpreted else None
     S2 = S + 1
     a2 = torch.cat([a, rnd(1, d_in, R, std=d_in ** -0.5)])
     b2 = torch.cat([b, rnd(1, R, d_out, std=R ** -0.5)])
     meta = K.slot_meta(torch.tensor(toks, dtype=torch.int32), S2, device)
     y32 = K.slot_shrink_ref(f32(xt), f32(a2), toks, scale=0.5)
-    results["slot_shrink"] = (K.slot_shrink(xt, a2, meta, scale=0.5), y32)
+    results["slot_shrink"] = (K.slot_shrink(xt, a2, meta, scale=0.5, split_k=split_k), y32)
     results["slot_expand_add"] = (K.slot_expand(y32.to(device), b2, meta, out=baset.clone()),
                                   K.slot_expand_ref(y32, f32(b2), toks, out=baser[:nt].clone()))
     if nt >= 2:  # the large-batch configuration (8 split-K partial sums) on a batch of 128+ tokens
@@ -274,7 +278,7 @@ def check_case(case: dict, device: torch.device, dtype: torch.dtype = torch.floa
         err = float((got - ref).abs().max()) if got.numel() else 0.0
         ok = bool(got.shape == ref.shape and torch.allclose(got, ref, atol=atol, rtol=rtol))
         rows.append({"case": case["name"], "kernel": kernel, "dtype": _dtype_name(dtype), "device": device.type,
-                     "interpreted": K.INTERPRETED and device.type != "cuda", "max_abs_err": err,
+                     "interpreted": interpreted, "max_abs_err": err,
                      "atol": atol, "ok": ok})
     return rows
 
@@ -302,6 +306,8 @@ def check_kernels(device: torch.device, dtype: torch.dtype = torch.float32, seed
     worst = max((r["max_abs_err"] for r in rows if r["max_abs_err"] == r["max_abs_err"]), default=float("nan"))
     note = (f"{len(rows) - n_bad}/{len(rows)} kernel checks agree with the torch reference "
             f"({_dtype_name(dtype)}, {why}; max abs err {worst:.2e})")
+    if K.INTERPRETED and device.type != "cuda":
+        note += f"; interpreted: the small-batch slot shrink ran {K.INTERPRETER_SPLIT_K} split-K programs, not 64"
     if errors:
         note += "; errors: " + " | ".join(errors)
     return rows, note

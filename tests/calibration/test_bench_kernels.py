@@ -144,7 +144,8 @@ def test_slot_kernels_agree_with_reference_in_vllm_layouts(T):
     slots = [1, 4, 6, -1]
     ts = [slots[(t * 7) % 4] for t in range(T)]
     meta = K.slot_meta(ts, S, DEVICE)
-    y = K.slot_shrink(x, a, meta, scale=0.25)
+    # (the small-batch shrink's 64 splits cost the interpreter ~25 ms each; 4 exercise the same code)
+    y = K.slot_shrink(x, a, meta, scale=0.25, split_k=K.INTERPRETER_SPLIT_K if K.INTERPRETED and DEVICE.type != "cuda" and T < 128 else None)
     assert y.dtype == torch.float32
     assert torch.allclose(y, K.slot_shrink_ref(x, a, ts, scale=0.25), atol=1e-4, rtol=1e-4)
     assert torch.all(y[[i for i, s in enumerate(ts) if s < 0]] == 0)
@@ -156,3 +157,24 @@ def test_slot_kernels_agree_with_reference_in_vllm_layouts(T):
     assert torch.equal(out[untouched], base[untouched])
     with pytest.raises(ValueError, match="meta is for"):
         K.slot_shrink(x, a[:5], meta)
+
+
+def test_slot_shrink_split_count_does_not_change_the_result():
+    """vLLM's 64 splits of the small-batch shrink on a batch small enough for the interpreter (one token of one
+    slot, one rank tile), against the reduced count the other checks run there, 1 split and the reference;
+    and a split count that is not a positive integer is refused."""
+    g = torch.Generator().manual_seed(3)
+    d_in, R = 40, 16
+    x = torch.randn(2, d_in, generator=g).to(DEVICE)
+    a = torch.randn(1, d_in, R, generator=g).to(DEVICE)
+    ts = [0, -1]
+    meta = K.slot_meta(ts, 1, DEVICE)
+    ref = K.slot_shrink_ref(x, a, ts, scale=0.5)
+    full = K.slot_shrink(x, a, meta, scale=0.5)
+    assert K.SLOT_SHRINK_BLOCKS["small"]["SPLIT_K"] == 64
+    assert torch.allclose(full, ref, atol=1e-4, rtol=1e-4)
+    for sk in (K.INTERPRETER_SPLIT_K, 1):
+        assert torch.allclose(K.slot_shrink(x, a, meta, scale=0.5, split_k=sk), full, atol=1e-5, rtol=1e-5)
+    for bad in (0, -2, 2.5):
+        with pytest.raises(ValueError, match="split_k must be a positive integer"):
+            K.slot_shrink(x, a, meta, split_k=bad)
