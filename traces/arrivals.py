@@ -9,7 +9,10 @@ Every generator is vectorised numpy (no per-request Python loop) and takes an ex
   of the Poisson process), which is what :func:`per_adapter_poisson` exploits.
 * :func:`gamma_renewal` -- renewal process with gamma inter-arrivals of mean ``1/rps`` and
   coefficient of variation ``cv`` (shape ``k = 1/cv**2``, scale ``cv**2/rps``); ``cv = 1`` is
-  Poisson, ``cv > 1`` bursty (the bursty set-ups of AlpaServe / S-LoRA's "gamma arrivals").
+  Poisson, ``cv > 1`` bursty (the bursty set-ups of AlpaServe / S-LoRA's "gamma arrivals"); with
+  ``stationary`` observed from a random moment (the equilibrium renewal process).
+* :func:`parse_arrival` -- an arrival-process name (``poisson``, ``gamma:CV``) as the sweep's
+  ``arrival`` axis takes it, and :func:`per_adapter_arrivals`, one such stream per adapter.
 * :func:`onoff` -- a two-state Markov-modulated Poisson process (on/off bursts): exponential
   on and off periods of means ``on_s``/``off_s``; rate ``r_on`` while on and
   ``off_frac * r_on`` while off, with ``r_on`` chosen so that the long-run mean rate is
@@ -30,6 +33,7 @@ Every generator is vectorised numpy (no per-request Python loop) and takes an ex
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -97,13 +101,18 @@ def poisson(rps: float, rng: np.random.Generator, duration_s: float | None = Non
 
 
 def _renewal(gap_sampler, mean_gap: float, rng: np.random.Generator, duration_s: float | None,
-             n: int | None) -> np.ndarray:
-    """Cumulative sum of i.i.d. gaps until ``n`` arrivals or the end of ``duration_s``."""
+             n: int | None, first: float = 0.0) -> np.ndarray:
+    """Cumulative sum of i.i.d. gaps until ``n`` arrivals or the end of ``duration_s``; with ``first`` > 0 the
+    first arrival is at ``first`` and the gaps follow it (a stationary start, :func:`gamma_renewal`)."""
     if n is not None:
+        if first > 0.0:
+            return first + np.concatenate(([0.0], np.cumsum(gap_sampler(int(n) - 1)))) if n else np.zeros(0)
         return np.cumsum(gap_sampler(int(n)))
+    if first >= duration_s:
+        return np.zeros(0)
     expected = duration_s / mean_gap
-    chunks: list[np.ndarray] = []
-    t0 = 0.0
+    chunks: list[np.ndarray] = [np.array([first])] if first > 0.0 else []
+    t0 = first
     while True:
         m = int(expected * 1.1 + 10.0 * np.sqrt(expected) + 64)
         t = t0 + np.cumsum(gap_sampler(m))
@@ -123,11 +132,21 @@ MIN_CV, MAX_CV = 1e-3, 100.0
 
 
 def gamma_renewal(rps: float, cv: float, rng: np.random.Generator, duration_s: float | None = None,
-                  n: int | None = None) -> np.ndarray:
+                  n: int | None = None, stationary: bool = False) -> np.ndarray:
     """Arrival times of a gamma renewal process: mean rate ``rps``, inter-arrival CV ``cv``.
 
     Gamma gaps with shape ``k = 1/cv**2`` and scale ``theta = cv**2 / rps`` (mean ``1/rps``,
     CV ``cv``); ``cv = 1`` reduces to :func:`poisson`.
+
+    By default the process starts with a gap at 0 (an *ordinary* renewal process: time 0 is an arrival
+    epoch). With ``stationary`` it is observed from a random moment of a process running since long before
+    (the *equilibrium* renewal process, whose arrivals have rate ``rps`` at every ``t``, also at the window's
+    start): the first arrival is at ``U * L`` with ``U`` uniform on ``[0, 1)`` and ``L`` the length-biased
+    gap, gamma of shape ``k + 1`` and the same scale (the gap that covers a random moment; its residual is
+    uniform along it). The difference matters when a window holds few gaps, e.g. an adapter at 0.003125
+    req/s in a one-hour window: with ``cv = 4`` half of the gaps are below ``1.4e-4 / rps``, so an ordinary
+    start sends half of such adapters' first requests in the window's first 0.05 s, all at once; the
+    equilibrium start spreads them as a server that has been running sees them.
     """
     _check_window(rps, duration_s, n)
     check_rng(rng)
@@ -135,7 +154,12 @@ def gamma_renewal(rps: float, cv: float, rng: np.random.Generator, duration_s: f
         raise ArrivalError(f"coefficient of variation cv must be in [{MIN_CV:g}, {MAX_CV:g}] (1: Poisson, > 1: "
                            f"bursty), got {cv!r}")
     shape, scale = 1.0 / cv**2, cv**2 / rps
-    return _renewal(lambda m: rng.gamma(shape, scale, size=m), 1.0 / rps, rng, duration_s, n)
+    first = 0.0
+    if stationary:
+        first = float(rng.uniform()) * float(rng.gamma(shape + 1.0, scale))
+        if first <= 0.0:  # (a zero draw: the start is an arrival epoch after all)
+            first = float(np.nextafter(0.0, 1.0))
+    return _renewal(lambda m: rng.gamma(shape, scale, size=m), 1.0 / rps, rng, duration_s, n, first)
 
 
 def onoff(rps: float, rng: np.random.Generator, duration_s: float, on_s: float = 10.0, off_s: float = 30.0,
@@ -221,6 +245,71 @@ def per_adapter_poisson(rates: Sequence[float], n_adapters: int, duration_s: flo
     ids = rng.permutation(np.repeat(np.arange(n_adapters, dtype=np.int64), counts))
     t = np.sort(rng.uniform(0.0, duration_s, size=ids.size))
     return t, ids, ar
+
+
+#: the arrival processes a per-adapter stream takes by name (the sweep grid's ``arrival`` axis)
+ARRIVAL_HELP = ("poisson (independent Poisson streams per adapter: the published runs) | gamma:CV (per-adapter "
+                "gamma renewal streams with inter-arrival coefficient of variation CV, observed in steady state; "
+                "CV > 1 is bursty, e.g. gamma:2)")
+
+
+@dataclass(frozen=True)
+class ArrivalProcess:
+    """A per-adapter arrival process by name (:func:`parse_arrival`): ``kind`` ``poisson`` or ``gamma``, and the
+    gamma gaps' coefficient of variation ``cv`` (1 for Poisson)."""
+
+    kind: str
+    cv: float = 1.0
+
+    @property
+    def name(self) -> str:
+        """The canonical name: ``poisson`` or ``gamma:<cv>`` (``gamma:2.0`` and ``gamma:2`` are both ``gamma:2``)."""
+        return "poisson" if self.kind == "poisson" else f"gamma:{self.cv:g}"
+
+
+def parse_arrival(name: Any) -> ArrivalProcess:
+    """``poisson`` or ``gamma:CV`` (CV within [:data:`MIN_CV`, :data:`MAX_CV`]) as an :class:`ArrivalProcess`;
+    anything else is an :class:`ArrivalError` naming the accepted forms."""
+    text = str(name).strip().lower() if isinstance(name, str) else None
+    if text == "poisson":
+        return ArrivalProcess("poisson")
+    if text is not None and text.startswith("gamma:"):
+        arg = text[len("gamma:"):].strip()
+        try:
+            cv = float(arg)
+        except ValueError:
+            cv = math.nan
+        if not (math.isfinite(cv) and MIN_CV <= cv <= MAX_CV):
+            raise ArrivalError(f"arrival process {name!r}: the coefficient of variation must be a number in "
+                               f"[{MIN_CV:g}, {MAX_CV:g}] (1: as random as Poisson, > 1: bursty), e.g. gamma:2")
+        return ArrivalProcess("gamma", cv)
+    raise ArrivalError(f"unknown arrival process {name!r}; use {ARRIVAL_HELP}")
+
+
+def per_adapter_arrivals(adapter_rates: Sequence[float], duration_s: float, process: ArrivalProcess,
+                         rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Independent streams of ``process``, one per adapter at its rate ``adapter_rates[a]`` over ``[0,
+    duration_s)``: ``(times, adapter_ids)`` sorted by time (ties in adapter order).
+
+    A gamma stream is the equilibrium renewal process (:func:`gamma_renewal` with ``stationary``): the window
+    is a stretch of a server's steady traffic, each adapter's gaps as bursty at the window's start as later.
+    Poisson streams are drawn as :func:`per_adapter_poisson` draws them (counts, then uniform times)."""
+    _check_window(1.0, duration_s, None)
+    check_rng(rng)
+    ar = np.asarray(adapter_rates, dtype=float)
+    if ar.ndim != 1 or not ar.size or not np.isfinite(ar).all() or (ar <= 0).any():
+        raise ArrivalError(f"per-adapter rates must be a non-empty list of positive req/s, got {adapter_rates!r}")
+    _check_expected(float(ar.sum()) * duration_s, f"per-adapter rates summing to {float(ar.sum()):g} req/s over "
+                                                   f"duration_s={duration_s!r}")
+    if process.kind == "poisson":
+        counts = rng.poisson(ar * duration_s)
+        ids = rng.permutation(np.repeat(np.arange(ar.size, dtype=np.int64), counts))
+        return np.sort(rng.uniform(0.0, duration_s, size=ids.size)), ids
+    streams = [gamma_renewal(float(r), process.cv, rng, duration_s=duration_s, stationary=True) for r in ar]
+    t = np.concatenate(streams) if streams else np.zeros(0)
+    ids = np.repeat(np.arange(ar.size, dtype=np.int64), [len(x) for x in streams])
+    order = np.argsort(t, kind="stable")
+    return t[order], ids[order]
 
 
 def cumulative_intensity(profile: Sequence[float], bin_s: float, duration_s: float) -> tuple[np.ndarray, np.ndarray]:

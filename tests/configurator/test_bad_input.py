@@ -432,7 +432,8 @@ def test_a_model_file_of_an_unknown_kind_is_refused(tmp_path, capsys):
     # accepted, or refused as something else
     ("policy", 5, "policy 5, expected the name of the policy the model was trained on"),
     ("policies", [5], "policies [5], expected the list of the policy names"),
-    ("features", ["foo"] * 8, "feature 'foo' is none the configurator computes (rate_max, "),
+    ("features", ["foo"] * 8, "feature 'foo' listed twice; each feature is one column of the model's input"),
+    ("features", [5] * 8, "feature 5 is not a feature name (the configurator computes rate_max, "),
     # predicted, printed "policy bogus", and failed only under --check
     ("policy", "bogus", "a policy it was trained on is not one the twin sweeps: unknown policy 'bogus'"),
     # "could not convert string to float: 'x'" under --check, naming neither the file nor the field
@@ -769,6 +770,15 @@ def test_a_numeric_column_of_the_labels_can_be_a_feature(tmp_path, capsys):
     lab.to_csv(tmp_path / "labels.csv", index=False)
     assert main(["configure", "train", str(tmp_path / "labels.csv"), "--no-search", "--kind", "cart", "--features",
                  "rate_max,rank_max,gpu_gb", "--out", str(tmp_path / "m.json")]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    # ... and the saved model predicts with it (stop 57's model-file check refused every such model as damaged)
+    assert main(["configure", "predict", "--model", str(tmp_path / "m.json"), "--rates", "0.4,0.2,0.1", "--ranks",
+                 "8,16,32", "--feature", "gpu_gb=80", "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["served_adapters"] >= 1
+    err = _error(["configure", "predict", "--model", str(tmp_path / "m.json"), "--rates", "0.4,0.2,0.1", "--ranks",
+                  "8,16,32"], capsys)
+    assert "the model was trained on features ['gpu_gb'] beyond the rate and rank triples; give them as --feature " \
+           "NAME=VALUE (e.g. --feature gpu_gb=...)" in err, err
 
 
 # --------------------------------------------------------------------------- the slo rule's starving runs

@@ -204,6 +204,11 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
                    help="request-length mix: mean input and output tokens (the published ShareGPT pool is "
                         "222,197, search's default); predict: needed by a model trained on the length features, "
                         "and only 222,197 is accepted by one trained without them")
+    p.add_argument("--arrival", default=None, metavar="PROCESS",
+                   help="each adapter's arrival process: poisson (the published runs; search's default) or "
+                        "gamma:CV, bursty streams whose inter-arrival gaps have coefficient of variation CV (e.g. "
+                        "gamma:2); predict: needed by a model trained on the arrival_cv feature, and only poisson is "
+                        "accepted by one trained without it")
 
 
 def _lengths(args) -> tuple[float, float] | None:
@@ -399,10 +404,10 @@ def _check_features(feats: list[str], columns: "list[str] | None" = None) -> Non
     the length mix, ``policy``) or, once the labels are read (``columns``), a numeric column of theirs (``predict
     --feature NAME=VALUE`` gives it); an indicator column is named as such before any table is read (a misspelt name
     was reported as a column the labels file lacks, listing every column)."""
-    from twin.configurator.features import LENGTH_FEATURES, POLICY, is_policy_column
+    from twin.configurator.features import ARRIVAL_FEATURE, LENGTH_FEATURES, POLICY, is_policy_column
     from twin.configurator.labels import FEATURES
 
-    known = (*FEATURES, *LENGTH_FEATURES, POLICY)
+    known = (*FEATURES, *LENGTH_FEATURES, ARRIVAL_FEATURE, POLICY)
     for f in feats:
         if is_policy_column(f):
             raise ValueError(f"--features: {f!r} is an indicator column; name {POLICY!r} to encode every policy of "
@@ -616,7 +621,8 @@ def _load_for(args, default_kind: str):
 
 
 def cmd_predict(args) -> int:
-    from twin.configurator.features import LENGTH_FEATURES, is_policy_column, length_columns
+    from twin.configurator.features import (ARRIVAL_FEATURE, LENGTH_FEATURES, arrival_columns, arrival_name,
+                                            is_policy_column, length_columns)
     from twin.configurator.labels import features_of
     from twin.configurator.models import predict
 
@@ -640,6 +646,12 @@ def cmd_predict(args) -> int:
         raise ValueError(f"--feature {both[0]} and --lengths both set the request-length mix; give only --lengths")
     if not both:
         x.update(length_columns(model, lengths))
+    if ARRIVAL_FEATURE in extra and args.arrival is not None:
+        raise ValueError(f"--feature {ARRIVAL_FEATURE} and --arrival both set the arrival process; give only "
+                         f"--arrival (e.g. --arrival gamma:2)")
+    if ARRIVAL_FEATURE in extra and extra[ARRIVAL_FEATURE] != 1.0:
+        arrival_name(extra)  # (a CV outside the gamma streams' range: refused as --arrival would be)
+    x.update(arrival_columns(model, args.arrival))
     unused = sorted(set(extra) - set(model["features"]))
     if unused:
         raise ValueError(f"--feature {unused[0]}: this model does not use it (its features: "
@@ -649,6 +661,8 @@ def cmd_predict(args) -> int:
     if missing:
         lens = " or as --lengths IN,OUT (mean input and output tokens, e.g. --lengths 222,197)" if set(missing) & set(
             LENGTH_FEATURES) else ""
+        if ARRIVAL_FEATURE in missing:
+            lens += " or as --arrival poisson|gamma:CV (each adapter's arrival process, e.g. --arrival gamma:2)"
         raise ValueError(f"the model was trained on features {missing} beyond the rate and rank triples; "
                          f"give them as --feature NAME=VALUE (e.g. --feature {missing[0]}=...){lens}")
     res = predict(model, x, explain=args.explain, policy=args.policy)
@@ -669,6 +683,7 @@ def cmd_predict(args) -> int:
               file=sys.stderr)
     if all(f in x for f in LENGTH_FEATURES):
         res["lengths"] = [x[f] for f in LENGTH_FEATURES]
+    res["arrival"] = arrival_name(x)
     if args.check:
         from twin.configurator.models import resolve_engine
 
@@ -715,7 +730,8 @@ def cmd_predict(args) -> int:
           f"({raw}{res['served_adapters_raw']:.1f} / {res['adapter_slots_raw']:.1f}); expected throughput "
           f"{tp:.0f} tok/s{capped}  [{res['model']} configurator, profile {res['profile']}, rule {res['rule']}, "
           f"policy {res['policy']}" + (f", lengths {res['lengths'][0]:g}/{res['lengths'][1]:g}" if "lengths" in res
-                                       else "") + "]")
+                                       else "")
+          + (f", arrival {res['arrival']}" if res["arrival"] != "poisson" else "") + "]")
     u = res.get("uncertainty")
     if u:
         print(f"{'the model' + chr(39) + 's ' if stepped else ''}spread across {u['trees']} trees (p10-p90): served {u['served_adapters']['p10']:.0f}-"
@@ -807,7 +823,8 @@ def _check(res: dict[str, Any], model: dict[str, Any], serving_us: float = 0.0,
     c = check_recommendation(res["rates"], res["ranks"], res["served_adapters"], res["adapter_slots"], res["profile"],
                              served_grid=grid.get("served") or list(PUBLISHED_GRID),
                              slot_grid=grid.get("slots") or list(PUBLISHED_GRID), policy=res["policy"], lengths=lengths,
-                             serving_us=serving_us, rank_tile_cost=rank_tile_cost)
+                             serving_us=serving_us, rank_tile_cost=rank_tile_cost,
+                             arrival=res.get("arrival") or "poisson")
     res["model_recommendation"] = {k: res[k] for k in ("served_adapters", "adapter_slots", "throughput_tok_s")}
     res["check"] = {k: c[k] for k in ("changed", "starving", "steps", "scenario", "window_s", "ratio_line")}
     res["check"]["engine"] = {"serving_us": serving_us, "rank_tile_cost": rank_tile_cost}
@@ -1010,6 +1027,13 @@ def cmd_search(args) -> int:
     lengths = _lengths(args)
     if lengths is not None:
         kw["lengths"] = lengths
+    if args.arrival is not None:
+        from traces.arrivals import ArrivalError, parse_arrival
+
+        try:
+            kw["arrival"] = parse_arrival(args.arrival).name
+        except ArrivalError as e:
+            raise ValueError(f"--arrival: {e}") from None
     kw["served"] = (_int_list("--served", args.served, "16,32,64", "a served-adapter count")
                     if args.served is not None else list(PUBLISHED_GRID))
     kw["slots"] = (_int_list("--slots", args.slots, "16,32", "a slot count")
@@ -1036,7 +1060,7 @@ def cmd_search(args) -> int:
            "throughput_tok_s": float(lab["throughput_tok_s"]), "ratio_at_label": lab["ratio_at_label"],
            "margin": lab["margin"], "next_ratio": lab["next_ratio"], "rule": args.rule, "profile": args.profile,
            "policy": kw.get("policy", DEFAULT_POLICY), "lengths": list(kw.get("lengths", DEFAULT_LENGTHS)),
-           "length_corr": float(kw.get("length_corr", 0.0)), "serving_us": float(kw.get("serving_us", 0.0)),
+           "arrival": kw.get("arrival", "poisson"), "length_corr": float(kw.get("length_corr", 0.0)), "serving_us": float(kw.get("serving_us", 0.0)),
            "rank_tile_cost": kw.get("rank_tile_cost"),
            "runs": int(len(runs)), "runs_simulated": int((runs["status"] == "ok").sum()),
            "cpu_s": float(runs["wall_s"].fillna(0).sum()), **({"slo": slo} if slo else {})}

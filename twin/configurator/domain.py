@@ -7,8 +7,8 @@ nearest leaf's answer, not a prediction. The published training grid spans per-a
 population at 100 req/s per adapter, of rank-512 adapters, or of a single rate class (a rate
 std of 0, which no triple of distinct rates has) gets an answer that no run backs.
 
-The domain is the box of the model's numeric features (the published 8, and the length mix where
-the model uses it) over its training scenarios:
+The domain is the box of the model's numeric features (the published 8, and the length mix and the
+arrival process's burstiness where the model uses them) over its training scenarios:
 
 * models trained by this version store it in their provenance (``provenance["domain"]``, from the
   training labels: :func:`feature_box`);
@@ -31,12 +31,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from twin.configurator.features import LENGTH_FEATURES
+from traces.arrivals import parse_arrival
+from twin.configurator.features import ARRIVAL_FEATURE, LENGTH_FEATURES
 from twin.configurator.labels import FEATURES, features_of
 from twin.sweep.grid import NAMED_GRIDS
 
 #: the numeric features a domain covers (policy indicators are checked by name instead)
-NUMERIC = (*FEATURES, *LENGTH_FEATURES)
+NUMERIC = (*FEATURES, *LENGTH_FEATURES, ARRIVAL_FEATURE)
 #: relative slack of the box's bounds (the features are means and stds of the same numbers)
 _SLACK = 1e-9
 
@@ -56,6 +57,7 @@ def grid_box(grid_names: Iterable[str], features: Iterable[str]) -> dict[str, li
         for sc in NAMED_GRIDS[n]().scenarios():
             x = features_of(sc["rates"], sc["ranks"])
             x.update(zip(LENGTH_FEATURES, sc["lengths"]))
+            x[ARRIVAL_FEATURE] = parse_arrival(sc.get("arrival", "poisson")).cv
             rows.append(x)
     return feature_box(pd.DataFrame(rows), features)
 

@@ -9,6 +9,9 @@ models recommend for one policy only (vLLM FCFS behind the client's in-flight ca
 * the request-length mix: ``mean_input_tokens`` and ``mean_output_tokens`` (numeric columns of
   every sweep row, :func:`twin.sweep.walk.scenario_columns`; the published pool means are 222 /
   197, :data:`twin.sweep.scenario.DEFAULT_LENGTHS`);
+* the per-adapter arrival process's burstiness: ``arrival_cv``, the coefficient of variation of each
+  adapter's inter-arrival gaps (1 for Poisson, the published runs; a sweep grid's ``arrival`` axis,
+  ``gamma:CV``), a numeric column of every sweep row since stop 58 (:func:`arrival_columns`);
 * the policy (a ``twin policies`` preset name, the sweep grid's ``policy`` axis), a categorical
   feature encoded as one 0/1 indicator column per policy seen in training, named
   ``policy=<name>`` (one-hot encoding: every tree kind splits an indicator at 0.5, so a rule
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from traces.arrivals import ArrivalError, parse_arrival
 from twin.configurator.labels import FEATURES
 from twin.sweep.grid import check_known_policies
 from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY
@@ -40,6 +44,9 @@ POLICY = "policy"
 POLICY_PREFIX = "policy="
 #: the request-length mix (mean input / output tokens of the scenario's request pool)
 LENGTH_FEATURES = ("mean_input_tokens", "mean_output_tokens")
+#: the per-adapter arrival process's inter-arrival coefficient of variation (1: Poisson, the published runs;
+#: a sweep grid's ``arrival`` axis, ``gamma:CV``)
+ARRIVAL_FEATURE = "arrival_cv"
 
 
 def policy_column(name: str) -> str:
@@ -161,6 +168,33 @@ def length_columns(model: dict[str, Any], lengths: tuple[float, float] | list[fl
                              f"sweep with a lengths axis, or drop --lengths")
         return {}
     return dict(zip(LENGTH_FEATURES, vals))
+
+
+def arrival_columns(model: dict[str, Any], arrival: str | None) -> dict[str, float]:
+    """The arrival feature of a prediction from ``arrival`` (``poisson`` or ``gamma:CV``,
+    :func:`traces.arrivals.parse_arrival`); none when ``arrival`` is None (a model trained on it then asks for
+    it: ``--arrival``). A model trained without it refuses any arrival process but Poisson, the one its
+    sweep ran, instead of ignoring it."""
+    if arrival is None:
+        return {}
+    try:
+        proc = parse_arrival(arrival)
+    except ArrivalError as e:
+        raise ValueError(f"--arrival: {e}") from None
+    if ARRIVAL_FEATURE not in model["features"]:
+        if proc.kind != "poisson":
+            raise ValueError(f"--arrival {proc.name}: this configurator was trained without the arrival feature, on "
+                             f"Poisson arrivals only; train one with --features ...,{ARRIVAL_FEATURE} on a sweep with "
+                             f"an arrival axis (e.g. arrival = [\"poisson\", \"gamma:2\"]), or drop --arrival")
+        return {}
+    return {ARRIVAL_FEATURE: proc.cv}
+
+
+def arrival_name(x: dict[str, float]) -> str:
+    """The arrival process a prediction's features describe: ``poisson`` without the feature or at CV 1 (a
+    Poisson stream's), else ``gamma:CV`` (what ``--check`` runs)."""
+    cv = x.get(ARRIVAL_FEATURE)
+    return "poisson" if cv is None or float(cv) == 1.0 else parse_arrival(f"gamma:{float(cv):g}").name
 
 
 def feature_label(feature: str) -> str:

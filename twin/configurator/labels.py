@@ -39,8 +39,11 @@ TARGETS = ("served_adapters", "adapter_slots", "throughput_tok_s")
 ENGINE_COLUMNS = ("serving_us", "rank_tile_cost")
 #: the calibrated engine: no serving-path host time, the profile's own rank tiles
 CALIBRATED_ENGINE: dict[str, Any] = {"serving_us": 0.0, "rank_tile_cost": None}
+#: a sweep's arrival process per scenario (``twin sweep``'s ``arrival`` axis): its name and the per-adapter
+#: inter-arrival coefficient of variation (1 for Poisson), a numeric feature ``train --features`` may name
+ARRIVAL_COLUMNS = ("arrival", "arrival_cv")
 GROUP_CANDIDATES = ("scenario", "policy", "seed", "max_lora_rank", "profile", "mean_input_tokens",
-                    "mean_output_tokens", *ENGINE_COLUMNS)
+                    "mean_output_tokens", *ARRIVAL_COLUMNS, *ENGINE_COLUMNS)
 
 
 def features_of(rates, ranks) -> dict[str, float]:

@@ -60,7 +60,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from twin.configurator.features import (LENGTH_FEATURES, describe_condition, design_matrix, feature_label,
+from traces.arguments import first_repeat
+from twin.configurator.features import (ARRIVAL_FEATURE, LENGTH_FEATURES, describe_condition, design_matrix, feature_label,
                                         is_policy_column, policy_columns, readable_conditions,
                                         simplify_policy_conditions, single_policy, training_columns)
 from twin.configurator.domain import feature_box
@@ -443,10 +444,16 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
         raise bad(f"kind {m['kind']!r}, expected one of {', '.join(KINDS)}")
     if list(m["targets"]) != list(TARGETS):
         raise bad(f"targets {m['targets']}, expected {list(TARGETS)}")
-    known = (*FEATURES, *LENGTH_FEATURES)
-    odd = [f for f in m["features"] if not (isinstance(f, str) and (f in known or is_policy_column(f)))]
+    # a feature is a name: one the configurator computes, a policy indicator, or a numeric column of the training
+    # labels that `predict --feature NAME=VALUE` gives (train accepts any); each once
+    odd = [f for f in m["features"] if not (isinstance(f, str) and f.strip() and f == f.strip())]
     if odd:  # (read as "a rule without its conditions or prediction")
-        raise bad(f"feature {odd[0]!r} is none the configurator computes ({', '.join(known)}, policy=NAME)")
+        raise bad(f"feature {odd[0]!r} is not a feature name (the configurator computes "
+                  f"{', '.join((*FEATURES, *LENGTH_FEATURES, ARRIVAL_FEATURE))}, policy=NAME; any other is a "
+                  f"numeric column of the training labels)")
+    rep = first_repeat(m["features"])
+    if rep >= 0:
+        raise bad(f"feature {m['features'][rep]!r} listed twice; each feature is one column of the model's input")
     for key in ("policy",):
         if key in m and m[key] is not None and not isinstance(m[key], str):  # (5 was taken as a policy name)
             raise bad(f"{key} {m[key]!r}, expected the name of the policy the model was trained on")

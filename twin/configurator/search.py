@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 
 from traces.registry import MAX_REQUESTS
+from traces.arrivals import parse_arrival
 from twin.sweep.grid import PUBLISHED_GRID, GridSpec
 from twin.sweep.grid import scenario_key
 from twin.configurator.labels import label_scenarios
@@ -29,8 +30,9 @@ def search_grid(scenarios: Iterable[tuple[list[float], list[int]]], profile: str
                 served: Iterable[int] = PUBLISHED_GRID, slots: Iterable[int] = PUBLISHED_GRID,
                 seeds: Iterable[int] = (0,), lengths: tuple[float, float] = (222.0, 197.0),
                 policy: str = "fcfs+client-cap", model: str = "", length_corr: float = 0.0,
-                serving_us: float = 0.0, rank_tile_cost: float | None = None) -> GridSpec:
-    """A grid holding exactly the given scenarios (no cross product of rates and ranks); ``length_corr``:
+                serving_us: float = 0.0, rank_tile_cost: float | None = None, arrival: str = "poisson") -> GridSpec:
+    """A grid holding exactly the given scenarios (no cross product of rates and ranks); ``arrival``: each
+    adapter's arrival process (:attr:`GridSpec.arrival`, ``poisson`` or ``gamma:CV``); ``length_corr``:
     the request pools' prompt-output length coupling (:attr:`GridSpec.length_corr`); ``serving_us``: the
     serving path's host time (:attr:`GridSpec.serving_us`); ``rank_tile_cost``: the LoRA shrink's rank
     tiles beyond the first (:attr:`GridSpec.rank_tile_cost`; None: the profile's own)."""
@@ -38,6 +40,7 @@ def search_grid(scenarios: Iterable[tuple[list[float], list[int]]], profile: str
     g = GridSpec(name="search", profile=profile, window_s=float(window_s), seeds=[int(s) for s in seeds],
                  served=sorted(int(x) for x in served), slots=sorted(int(x) for x in slots),
                  lengths=[[float(lengths[0]), float(lengths[1])]], policy=[policy], model=model,
+                 arrival=[parse_arrival(arrival).name],
                  length_corr=float(length_corr), serving_us=float(serving_us),
                  rank_tile_cost=None if rank_tile_cost is None else float(rank_tile_cost))
     g.rates = [list(x) for x in dict.fromkeys(tuple(map(float, r)) for r, _ in sc)]
@@ -61,7 +64,7 @@ def check_requests(pairs: list[tuple[list[float], list[int]]], served: Iterable[
 
 def _pairs_tasks(g: GridSpec, pairs: list[tuple[list[float], list[int]]]) -> list[dict[str, Any]]:
 
-    want = {scenario_key(r, k, g.lengths[0], g.policy[0]) for r, k in pairs}
+    want = {scenario_key(r, k, g.lengths[0], g.policy[0], g.arrival[0]) for r, k in pairs}
     out, seen = [], set()
     for t in g.tasks():
         if t["scenario"]["key"] in want and t["task_hash"] not in seen:

@@ -15,7 +15,7 @@ A grid file (TOML shown; YAML has the same keys)::
     # ranks = [[8, 16, 32]]
     lengths = [[222, 197]]                    # mean input / output tokens (ShareGPT-like)
     # length_corr = -0.37                     # prompt-output length coupling (default 0: independent)
-    arrival = ["poisson"]
+    arrival = ["poisson"]                     # per-adapter streams: poisson, or gamma:CV (bursty when CV > 1)
     policy = ["fcfs+client-cap"]              # or any vLLM-engine preset of `twin policies`
 
     [configs]
@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from traces.arguments import did_you_mean, first_repeat
+from traces.arrivals import ArrivalError, parse_arrival
 from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points, resolve_system
 from twin.sweep.scenario import (DEFAULT_POLICY, POLICY_KEY_PART, check_length_corr, check_lengths, get_profile,
@@ -132,9 +133,11 @@ class GridSpec:
         out = []
         for rates, ranks, lengths, arrival, policy in itertools.product(self.rates, self.ranks, self.lengths,
                                                                         self.arrival, self.policy):
-            if arrival != "poisson":
-                raise ValueError(f"arrival process {arrival!r} is not supported by the sweep yet (use 'poisson')")
-            key = scenario_key(rates, ranks, lengths, policy)
+            try:
+                arrival = parse_arrival(arrival).name
+            except ArrivalError as e:
+                raise ValueError(f"grid arrival: {e}") from None
+            key = scenario_key(rates, ranks, lengths, policy, arrival)
             sc = {"key": key, "rates": [float(r) for r in rates], "ranks": [int(r) for r in ranks],
                   "lengths": [float(x) for x in lengths], "arrival": arrival, "policy": policy, "model": self.model}
             if self.length_corr:  # absent at 0: the task hashes (shard names) of every earlier sweep hold
@@ -223,12 +226,15 @@ def _fmt(x: float) -> str:
     return s[:-2] if s.endswith(".0") else s
 
 
-def scenario_key(rates, ranks, lengths=None, policy: str | None = None) -> str:
-    """``rate_0.4-0.05-0.00625_size_8-16-32`` (the real runs' folder names), with the lengths and the
-    policy appended when they are not the published ones."""
+def scenario_key(rates, ranks, lengths=None, policy: str | None = None, arrival: str | None = None) -> str:
+    """``rate_0.4-0.05-0.00625_size_8-16-32`` (the real runs' folder names), with the lengths, the arrival
+    process (``_arrival_gamma-2``) and the policy appended when they are not the published ones (the
+    policy last: :func:`twin.sweep.scenario.workload_key` cuts it off, keeping what decides the workload)."""
     key = "rate_" + "-".join(_fmt(r) for r in rates) + "_size_" + "-".join(str(int(r)) for r in ranks)
     if lengths is not None and [round(float(x), 3) for x in lengths] != [222.0, 197.0]:
         key += "_len_" + "-".join(_fmt(x) for x in lengths)
+    if arrival not in (None, "", "poisson"):
+        key += "_arrival_" + parse_arrival(arrival).name.replace(":", "-")
     if policy not in (None, "", "fcfs+client-cap"):
         key += f"{POLICY_KEY_PART}{policy}"
     return key
@@ -282,6 +288,13 @@ NAMED_GRIDS = {
         rates=[[3.2, 1.6, 0.8], [1.6, 0.8, 0.4], [0.8, 0.4, 0.1], [0.4, 0.1, 0.05]], ranks=[[8, 16, 32], [8, 8, 16]],
         policy=["fcfs+client-cap", "ema-prefetch", "vllm-partition"], served=[8, 12, 16, 24, 32, 48, 64, 96],
         slots=[8, 16]),
+    # the arrival process as a scenario axis (results/configurator/README.md, "Bursty arrivals"): four rate
+    # triples from the published set, each adapter's stream Poisson or gamma of CV 2 or 4, the published
+    # served x slots grid over the published hour
+    "arrival-demo": lambda: GridSpec(
+        name="arrival-demo", profile="llama-3.1-8b_h100_vllm085", model="llama-3.1-8b",
+        rates=[[1.6, 0.8, 0.4], [0.4, 0.1, 0.05], [0.1, 0.05, 0.025], [0.025, 0.0125, 0.00625]], ranks=[[8, 16, 32]],
+        arrival=["poisson", "gamma:2", "gamma:4"]),
 }
 
 
@@ -433,7 +446,12 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
                                                                 lo_ok=True, example="rank_tile_cost = 0.7091"),
                                       "rank_tile_cost = 0.7091")
     if "arrival" in sc:
-        g.arrival = _names(sc["arrival"], "[scenarios] arrival", 'arrival = ["poisson"]')
+        names = _names(sc["arrival"], "[scenarios] arrival", 'arrival = ["poisson", "gamma:2"]')
+        try:  # (the canonical names: gamma:2.0 and gamma:2 are one process, one scenario)
+            g.arrival = _unique([parse_arrival(x).name for x in names], "[scenarios] arrival",
+                                'arrival = ["poisson", "gamma:2"]')
+        except ArrivalError as e:
+            raise ValueError(f"grid [scenarios] arrival: {e}") from None
     if "policy" in sc:
         g.policy = _names(sc["policy"], "[scenarios] policy", f'policy = ["{DEFAULT_POLICY}", "vllm-partition"]',
                           none_ok=True)

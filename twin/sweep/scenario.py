@@ -130,7 +130,8 @@ def make_spec(scenario: dict[str, Any], served: int, slots: int, max_rank: int, 
                    served=int(served), slots=int(slots), max_rank=int(max_rank),
                    cpu_slots=int(cpu_slots if cpu_slots else served), max_num_seqs=int(max_num_seqs),
                    mean_in=float(mean_in), mean_out=float(mean_out), requests_sent=None, window_s=float(window_s),
-                   seed=run_seed(key, served, seed), length_corr=float(scenario.get("length_corr", 0.0)))
+                   seed=run_seed(key, served, seed), length_corr=float(scenario.get("length_corr", 0.0)),
+                   arrival=str(scenario.get("arrival") or "poisson"))
 
 
 def check_engine_overrides(task: dict[str, Any]) -> None:

@@ -14,6 +14,8 @@ import gc
 import time
 import traceback
 from typing import Any
+
+from traces.arrivals import parse_arrival
 from twin.sweep.scenario import run_config
 
 
@@ -33,7 +35,8 @@ def scenario_columns(sc: dict[str, Any]) -> dict[str, Any]:
             "rate_std": float(rates.std()), "rank_max": float(ranks.max()), "rank_min": float(ranks.min()),
             "rank_mean": float(ranks.mean()), "rank_std": float(ranks.std()),
             "mean_input_tokens": float(sc["lengths"][0]), "mean_output_tokens": float(sc["lengths"][1]),
-            "arrival": sc.get("arrival", "poisson"), "policy": sc.get("policy", "fcfs+client-cap"), **coupling}
+            "arrival": sc.get("arrival", "poisson"), "arrival_cv": parse_arrival(sc.get("arrival", "poisson")).cv,
+            "policy": sc.get("policy", "fcfs+client-cap"), **coupling}
 
 
 def _f(x: float) -> str:

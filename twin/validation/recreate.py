@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from policies.client_cap import CLIENT_MAX_INFLIGHT
-from traces.arrivals import assign_rates_round_robin
+from traces.arrivals import assign_rates_round_robin, parse_arrival, per_adapter_arrivals
 from traces.datadir import require
 from traces.lengths import SHAREGPT_FILTER, ShareGPTLengths
 from traces.workload import Workload
@@ -104,14 +104,22 @@ def sharegpt_from_histograms() -> ShareGPTLengths:
 
 
 def build_workload(spec: RunSpec) -> tuple[Workload, str]:
-    """The run's workload: per-adapter Poisson arrivals in the window and ShareGPT-like lengths.
+    """The run's workload: per-adapter Poisson arrivals in the window (or the spec's other ``arrival``
+    process, a sweep's) and ShareGPT-like lengths.
 
     Returns ``(workload, load_basis)``; see the module docstring for the offered load."""
     rng = np.random.default_rng(spec.seed)
     n_ad = spec.served
     ranks = np.asarray(spec.ranks, np.int64)[np.arange(n_ad) % len(spec.ranks)]
     ad_rate = assign_rates_round_robin(spec.rates, n_ad, rng, shuffle=True)
-    if spec.requests_sent is not None:
+    process = parse_arrival(spec.arrival)
+    if process.kind != "poisson":  # a sweep's bursty per-adapter streams (the real runs' client sent Poisson)
+        if spec.requests_sent is not None:
+            raise ValueError(f"run {spec.run_id}: arrival process {process.name} with a sent-request count; only "
+                             f"Poisson streams are re-created conditioned on the count a real run sent")
+        t, ids = per_adapter_arrivals(ad_rate, spec.window_s, process, rng)
+        basis = "nominal"
+    elif spec.requests_sent is not None:
         # per-adapter Poisson streams conditioned on their total = requests_sent
         n = int(round(spec.requests_sent))
         ids = rng.choice(n_ad, size=n, p=ad_rate / ad_rate.sum())
@@ -120,9 +128,10 @@ def build_workload(spec: RunSpec) -> tuple[Workload, str]:
         counts = rng.poisson(ad_rate * spec.window_s)
         ids = np.repeat(np.arange(n_ad, dtype=np.int64), counts)
         basis = "nominal"
-    t = rng.uniform(0.0, spec.window_s, size=ids.size)
-    order = np.argsort(t, kind="stable")
-    t, ids = t[order], ids[order].astype(np.int64)
+    if process.kind == "poisson":
+        t = rng.uniform(0.0, spec.window_s, size=ids.size)
+        order = np.argsort(t, kind="stable")
+        t, ids = t[order], ids[order].astype(np.int64)
     p, o = sharegpt_model(spec.mean_in, spec.mean_out, spec.length_corr).sample(t.size, rng)
     wl = Workload.from_arrays(t, p, o, ids, ranks[ids],
                               meta={"source": "validation", "run": spec.run_id, "load_basis": basis})

@@ -439,6 +439,9 @@ class RunSpec:
     #: the real run's status: a start failure (:data:`START_FAILURE_STATUSES`) is only checked
     #: against the twin's start-up check, never simulated (it served nothing to compare with)
     real_status: str = "ok"
+    #: each adapter's arrival process (:func:`traces.arrivals.parse_arrival`): ``poisson``, the real runs'
+    #: client, or ``gamma:CV``, bursty per-adapter streams, which only a sweep grid's ``arrival`` axis asks for
+    arrival: str = "poisson"
 
     @property
     def adapter_rates(self) -> np.ndarray:
