@@ -399,6 +399,39 @@ def interarrival_cv(times: np.ndarray) -> float:
     return float(g.std() / m) if m > 0 else float("nan")
 
 
+#: the fewest requests an adapter needs for :func:`per_adapter_interarrival_cv` to count its gaps' CV
+MIN_ADAPTER_REQUESTS = 10
+
+
+def per_adapter_interarrival_cv(times: np.ndarray, adapter_ids: np.ndarray,
+                                min_requests: int = MIN_ADAPTER_REQUESTS) -> tuple[float, int]:
+    """``(median CV, adapters)``: the coefficient of variation of each adapter's own inter-arrival gaps
+    (:func:`interarrival_cv` of its requests), its median over the adapters with at least ``min_requests``
+    requests, and how many those are (``(NaN, 0)`` when none has). What the sweep's ``arrival = ["gamma:CV"]``
+    sets per adapter: 1 for independent Poisson streams (or any trace whose requests pick their adapter
+    independently of time), above 1 where an adapter's requests come in bursts. Adapter ids below 0 (the base
+    model) are left out."""
+    t = np.asarray(times, dtype=float)
+    ids = np.asarray(adapter_ids, dtype=np.int64)
+    keep = ids >= 0
+    t, ids = t[keep], ids[keep]
+    if t.size < 2:
+        return float("nan"), 0
+    order = np.lexsort((t, ids))
+    t, ids = t[order], ids[order]
+    same = ids[1:] == ids[:-1]
+    g, a = np.diff(t)[same], ids[1:][same]
+    _, a = np.unique(a, return_inverse=True)
+    n = np.bincount(a).astype(float)
+    s1, s2 = np.bincount(a, g), np.bincount(a, g * g)
+    ok = n + 1 >= max(int(min_requests), 3)
+    mean = s1[ok] / n[ok]
+    var = np.maximum(s2[ok] / n[ok] - mean * mean, 0.0)
+    pos = mean > 0
+    cv = np.sqrt(var[pos]) / mean[pos]
+    return (float(np.median(cv)), int(cv.size)) if cv.size else (float("nan"), 0)
+
+
 def rate_profile(times: np.ndarray, bin_s: float, duration_s: float | None = None) -> np.ndarray:
     """Relative rate per ``bin_s`` bin (count / (mean rate * bin width)), mean 1 over the span.
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from traces.adapters import top_k_share
-from traces.arrivals import interarrival_cv
+from traces.arrivals import MIN_ADAPTER_REQUESTS, interarrival_cv, per_adapter_interarrival_cv
 from traces.workload import Workload
 
 PERCENTILES = (50, 90, 99)
@@ -70,6 +70,7 @@ def summarize(w: Workload, bin_s: float | None = None, top_k: tuple[int, ...] = 
         "duration_s": round(dur, 3),
         "mean_rps": round(n / dur, 4) if dur > 0 else float("nan"),
         "interarrival_cv": round(interarrival_cv(t), 4),
+        "adapter_interarrival_cv": _adapter_cv(t, df["adapter_id"].to_numpy()),
         "rate_over_time": {"bin_s": b, "rps": _bin_rates(counts, b, dur)},
         "prompt_tokens": _pcts(df["prompt_tokens"].to_numpy()),
         "output_tokens": _pcts(df["output_tokens"].to_numpy()),
@@ -82,6 +83,11 @@ def summarize(w: Workload, bin_s: float | None = None, top_k: tuple[int, ...] = 
         "mean_prefix_tokens": round(float(df["prefix_tokens"].mean()), 2) if n else 0.0,
     }
     return s
+
+
+def _adapter_cv(t: np.ndarray, ids: np.ndarray) -> dict[str, Any]:
+    cv, n = per_adapter_interarrival_cv(t, ids)
+    return {"median": round(cv, 4), "adapters": n, "min_requests": MIN_ADAPTER_REQUESTS}
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -100,6 +106,10 @@ def format_summary(s: dict[str, Any]) -> str:
             rows.append((col.replace("_", " "), f"mean {d['mean']:.1f}  " + "  ".join(
                 f"p{q} {d[f'p{q}']:.0f}" for q in PERCENTILES) + f"  max {d['max']}"))
     rows.append(("adapters", f"{s['adapters']} (+{s['base_model_requests']} base-model requests)"))
+    a = s.get("adapter_interarrival_cv") or {}
+    if a.get("adapters"):
+        rows.append(("per-adapter gap CV", f"median {a['median']:.3f} over the {a['adapters']} adapters with >= "
+                                           f"{a['min_requests']} requests (a sweep's arrival gamma:CV)"))
     if s["top_k_share"]:
         rows.append(("top-k adapter share", "  ".join(f"top-{k} {v:.1%}" for k, v in s["top_k_share"].items())))
     if s["rank_share"]:

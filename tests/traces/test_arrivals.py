@@ -139,3 +139,21 @@ def test_odd_arguments_are_refused_before_any_draw(call, error, message):
 def test_the_widest_cv_still_fills_its_window():
     t = arr.gamma_renewal(1.0, arr.MAX_CV, np.random.default_rng(0), duration_s=600.0)
     assert t.size and t.max() < 600.0
+
+
+def test_per_adapter_interarrival_cv():
+    """The median CV of each adapter's own gaps: the gamma streams' CV, 1 for Poisson streams, base-model requests
+    and adapters with too few requests left out."""
+    rng = np.random.default_rng(9)
+    rates = np.full(40, 0.2)
+    for proc, want in (("gamma:3", 3.0), ("poisson", 1.0)):
+        t, ids = arr.per_adapter_arrivals(rates, 3000.0, arr.parse_arrival(proc), rng)
+        cv, n = arr.per_adapter_interarrival_cv(t, ids)
+        assert n == 40 and abs(cv - want) / want < 0.15, (proc, cv)
+        assert arr.per_adapter_interarrival_cv(t, np.full(len(ids), -1)) == (pytest.approx(float("nan"), nan_ok=True), 0)
+    # one adapter's gaps by hand: 0, 1, 3, 6 -> gaps 1, 2, 3 (CV = std / mean = 0.8165 / 2); the other has 2 requests
+    t = np.array([0.0, 1.0, 3.0, 6.0, 2.0, 5.0, 0.5])
+    ids = np.array([0, 0, 0, 0, 1, 1, -1])
+    cv, n = arr.per_adapter_interarrival_cv(t, ids, min_requests=3)
+    assert n == 1 and cv == pytest.approx(np.std([1, 2, 3]) / 2)
+    assert arr.per_adapter_interarrival_cv(t, ids, min_requests=5)[1] == 0
