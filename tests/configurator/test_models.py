@@ -237,6 +237,11 @@ def test_dataset_and_train_cli_on_a_sweep(tmp_path, capsys):
     assert d["scenarios"] == 2 and Path(d["model"]).exists()
     m = load_model(tmp_path / "m.json")
     assert m["grid"]["slots"] == [8, 16] and m["provenance"]["sweeps"][0]["grid"] == "smoke"
+    # --features on a sweep directory (a NameError traceback until stop 58: pandas was imported only for labels files)
+    ns = p.parse_args(["configure", "train", str(tmp_path / "sw"), "--kind", "cart", "--no-search", "--out",
+                       str(tmp_path / "m2.json"), "--features", "rate_max,rank_max,mean_input_tokens,arrival_cv"])
+    assert ns.func(ns) == 0
+    assert load_model(tmp_path / "m2.json")["features"] == ["rate_max", "rank_max", "mean_input_tokens", "arrival_cv"]
 
 
 def test_unknown_model_kind_is_refused():

@@ -439,6 +439,8 @@ MIN_SEARCH_SCENARIOS = 6
 
 
 def cmd_train(args) -> int:
+    import pandas as pd
+
     from twin.configurator.dataset import (build_dataset, combine_labels, label_engine, load_labels, load_runs, sweep_meta,
                                            trained_grid)
     from twin.configurator.labels import FEATURES
@@ -477,8 +479,6 @@ def cmd_train(args) -> int:
     meta: dict[str, Any] = {}
     dirs = [s for s in srcs if Path(s).is_dir()]
     if not dirs:  # labels files only: nothing is labelled here, so a rule or SLO given would be ignored
-        import pandas as pd
-
         slo = [f for f, v in (("--ttft-p99-s", args.ttft_p99_s), ("--itl-p99-s", args.itl_p99_s)) if v is not None]
         if slo:
             raise ValueError(f"{' / '.join(slo)}: label sweep directories, and {', '.join(s for s, _ in files)} "
