@@ -119,7 +119,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         short_window()
         d = {"grid": grid.name, "tasks": len(tasks), "configs_per_task": len(grid.configs()),
-             "runs_max": len(tasks) * len(grid.configs()), "profile": grid.profile or get_profile(None).name,
+             "runs_max": grid.n_runs_max(), "profile": grid.profile or get_profile(None).name,
              "digest": grid.digest()}
         print(json.dumps(d, indent=2) if args.json else "\n".join(f"{k:<18} {v}" for k, v in d.items()))
         return 0

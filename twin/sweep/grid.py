@@ -17,6 +17,8 @@ A grid file (TOML shown; YAML has the same keys)::
     # length_corr = -0.37                     # prompt-output length coupling (default 0: independent)
     arrival = ["poisson"]                     # per-adapter streams: poisson, or gamma:CV (bursty when CV > 1)
     policy = ["fcfs+client-cap"]              # or any vLLM-engine preset of `twin policies`
+    # workload = ["my-trace.parquet"]         # instead of rates ... arrival: replay a workload file, served
+                                              # walking nested subsets of its adapters (twin/sweep/workload_scenario.py)
 
     [configs]
     served = [16, 32, 64]
@@ -59,6 +61,8 @@ from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points, resolve_system
 from twin.sweep.scenario import (DEFAULT_POLICY, POLICY_KEY_PART, check_length_corr, check_lengths, get_profile,
                                  profile_hash, scenario_profile, unloaded_request_s)
+from twin.sweep.workload_scenario import FILE_ARRIVAL, load_workload_scenario, served_values
+from twin.sweep.workload_scenario import scenario_key as workload_scenario_key
 from twin.config import SLORA_ONLY_FIELDS, ConfigError, EngineConfig
 from twin.model_spec import get_model
 from twin.perf.profile import parse_lora_targets
@@ -110,6 +114,9 @@ class GridSpec:
     ttft_slo_s: float | None = None
     tbt_slo_s: float | None = None
     model: str = ""
+    #: workload files replayed as scenarios instead of the rates x ranks x lengths x arrival product
+    #: (:mod:`twin.sweep.workload_scenario`; resolved paths)
+    workloads: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -119,6 +126,8 @@ class GridSpec:
             del d["serving_us"]  # likewise
         if d["rank_tile_cost"] is None:
             del d["rank_tile_cost"]  # likewise
+        if not d["workloads"]:
+            del d["workloads"]  # likewise
         return d
 
     def digest(self) -> str:
@@ -127,8 +136,10 @@ class GridSpec:
 
     # ------------------------------------------------------------------ enumeration
     def scenarios(self) -> list[dict[str, Any]]:
-        """Every scenario (rates x ranks x lengths x arrival x policy) with its key."""
+        """Every scenario (rates x ranks x lengths x arrival x policy, or workload file x policy) with its key."""
         check_policies(self.policy)
+        if self.workloads:
+            return self._workload_scenarios()
         check_lengths(self.lengths, self.length_corr)
         out = []
         for rates, ranks, lengths, arrival, policy in itertools.product(self.rates, self.ranks, self.lengths,
@@ -145,6 +156,26 @@ class GridSpec:
             if self.serving_us:  # likewise
                 sc["serving_us"] = float(self.serving_us)
             if self.rank_tile_cost is not None:  # likewise
+                sc["rank_tile_cost"] = float(self.rank_tile_cost)
+            out.append(sc)
+        return out
+
+    def _workload_scenarios(self) -> list[dict[str, Any]]:
+        """One scenario per workload file and policy (:mod:`twin.sweep.workload_scenario`)."""
+        out = []
+        for path, policy in itertools.product(self.workloads, self.policy):
+            info = load_workload_scenario(path, self.window_s)
+            key = workload_scenario_key(path, info["sha256"])
+            if policy not in (None, "", DEFAULT_POLICY):
+                key += f"{POLICY_KEY_PART}{policy}"
+            f = info["features"]
+            sc = {"key": key, "workload": info["path"], "workload_sha256": info["sha256"], "rates": [],
+                  "ranks": info["ranks"], "adapters": info["adapters"],
+                  "lengths": [f["mean_input_tokens"], f["mean_output_tokens"]], "arrival": FILE_ARRIVAL,
+                  "policy": policy, "model": self.model, "features": f}
+            if self.serving_us:
+                sc["serving_us"] = float(self.serving_us)
+            if self.rank_tile_cost is not None:
                 sc["rank_tile_cost"] = float(self.rank_tile_cost)
             out.append(sc)
         return out
@@ -170,11 +201,15 @@ class GridSpec:
         self.check_configs()
         out = []
         for sc in self.scenarios():
+            served = sorted(int(x) for x in self.served)
+            if "workload" in sc:  # (a file's walk stops at its own adapters)
+                _check_workload_served(self, sc["workload"], sc["adapters"])
+                served = served_values(served, sc["adapters"])
             for seed in self.seeds:
                 for mr in self.max_rank_for(sc["ranks"]):
                     tid = f"{sc['key']}|seed={seed}|maxrank={mr}"
                     out.append({"task_id": tid, "scenario": sc, "seed": int(seed), "max_rank": int(mr),
-                                "slots": sorted(int(x) for x in self.slots), "served": sorted(int(x) for x in self.served),
+                                "slots": sorted(int(x) for x in self.slots), "served": served,
                                 "window_s": float(self.window_s), "profile": self.profile, "engine": dict(self.engine),
                                 "early_stop_walk": self.early_stop_walk, "early_stop_run": self.early_stop_run,
                                 "ratio": float(self.ratio), "ttft_slo_s": self.ttft_slo_s, "tbt_slo_s": self.tbt_slo_s})
@@ -183,7 +218,8 @@ class GridSpec:
         return out
 
     def n_runs_max(self) -> int:
-        return len(self.tasks()) * len(self.configs())
+        """Runs of every task's walk with nothing stopped early (a workload file's walk stops at its adapters)."""
+        return sum(sum(1 for g in t["slots"] for n in t["served"] if g <= n) for t in self.tasks())
 
 
 def check_known_policies(names: list[str]) -> None:
@@ -299,7 +335,45 @@ NAMED_GRIDS = {
 
 
 _SCEN_KEYS = {"rates", "rate_values", "rate_arity", "ranks", "rank_values", "rank_arity", "max_largest", "lengths",
-              "length_corr", "serving_us", "rank_tile_cost", "arrival", "policy"}
+              "length_corr", "serving_us", "rank_tile_cost", "arrival", "policy", "workload"}
+#: the [scenarios] keys a workload file gives itself (refused beside ``workload``)
+_FILE_GIVES = ("rates", "rate_values", "rate_arity", "ranks", "rank_values", "rank_arity", "max_largest", "lengths",
+               "length_corr", "arrival")
+
+
+def _check_workload_served(g: GridSpec, path: str, adapters: int) -> None:
+    """A workload file of ``adapters`` adapters keeps a configuration of the grid: a served value of at most
+    its adapters, with a slot value at most that; else an error naming the file and the bound."""
+    served = served_values(sorted(g.served), adapters)
+    if not served or not any(s <= max(served) for s in g.slots):
+        raise ValueError(f"grid [configs] served {sorted(g.served)} / slots {sorted(g.slots)}: the workload file {path} "
+                         f"has {adapters} adapters, fewer than every served value (or every slot value above the "
+                         f"served ones it can take), so its walk would run nothing; give served and slots values of "
+                         f"at most {adapters}")
+
+
+def _workload_grid(g: GridSpec, sc: dict[str, Any], base: Any) -> None:
+    """``[scenarios] workload``: the files (relative to the grid file's directory ``base``), read and checked
+    (:func:`twin.sweep.workload_scenario.load_workload_scenario`); the grid's ranks and lengths become the
+    files' (for the rank and window checks)."""
+    both = [k for k in _FILE_GIVES if k in sc]
+    if both:
+        raise ValueError(f"grid [scenarios] workload and {', '.join(both)}: a workload file gives its requests' "
+                         f"rates, ranks, lengths and arrival times itself; leave out {', '.join(both)} (or sweep "
+                         f"synthetic scenarios in another grid)")
+    names = _names(sc["workload"], "[scenarios] workload", 'workload = ["my-trace.parquet"]')
+    paths = [str(rebase_path("workload", n, Path(base))) if base is not None else n for n in names]
+    for n, p in zip(names, paths):
+        if not Path(p).is_file():
+            raise ValueError(f"grid [scenarios] workload {n!r}: {'a directory' if Path(p).is_dir() else 'no such file'}"
+                             f" ({Path(p).resolve()}); give a workload file (.parquet, .csv, .jsonl) as `twin run "
+                             f"--trace FILE` takes it (a relative path is read from the grid file's directory)")
+    g.workloads = _unique([str(Path(p).resolve()) for p in paths], "[scenarios] workload",
+                          'workload = ["a.parquet", "b.parquet"]')
+    infos = [load_workload_scenario(p, g.window_s) for p in g.workloads]
+    g.ranks = [list(i["ranks"]) for i in infos]
+    g.lengths = [[i["features"]["mean_input_tokens"], i["features"]["mean_output_tokens"]] for i in infos]
+    g.arrival = [FILE_ARRIVAL]
 _CONF_KEYS = {"served", "slots", "max_lora_rank", "engine"}
 _TOP_KEYS = {"name", "profile", "window_s", "seeds", "model", "scenarios", "configs", "early_stop", "slo"}
 #: the EngineConfig fields each run takes from a grid axis ([configs] key), not from [configs.engine]
@@ -385,7 +459,7 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
         raise TypeError(f"grid: got {type(d).__name__}; give a dict of the grid file's keys, e.g. "
                         f"{{'name': 'my-grid', 'scenarios': {{...}}, 'configs': {{...}}}} (a named grid or a file: "
                         f"load_grid(name_or_path))")
-    unknown = set(d) - _TOP_KEYS
+    unknown = set(d) - _TOP_KEYS - {"_grid_dir"}
     if unknown:
         raise ValueError(f"grid: unknown keys {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
     for k in ("scenarios", "configs", "early_stop", "slo"):
@@ -402,6 +476,8 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
                  seeds=_unique(_numbers(d.get("seeds", [0]), "seeds", int, lo_ok=True, example="seeds = [0, 1]"),
                                "seeds", "seeds = [0, 1]"),
                  model=_model(d.get("model", "")))
+    if "workload" in sc:
+        _workload_grid(g, sc, d.get("_grid_dir"))
     for given, generators in (("rates", ("rate_values", "rate_arity")), ("ranks", ("rank_values", "rank_arity",
                                                                                     "max_largest"))):
         both = [k for k in generators if k in sc]
@@ -410,7 +486,9 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
                              f"{' / '.join(generators[:2])} generate them, so {', '.join(both)} would be ignored; give "
                              f"one of the two forms")
     _check_model(g)
-    if "rates" in sc:
+    if g.workloads:
+        pass  # (rates, ranks, lengths and arrivals are the files')
+    elif "rates" in sc:
         g.rates = _unique(_tuples(sc["rates"], "[scenarios] rates", float, "rates = [[0.4, 0.05, 0.00625]]"),
                           "[scenarios] rates", "rates = [[0.4, 0.05, 0.00625], [3.2, 1.6, 0.8]]")
     else:
@@ -422,7 +500,9 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
                              f"give at least {k} rates or a smaller arity")
         _check_count(math.comb(len(set(vals)), k), "rate tuples", "rate_values / rate_arity")
         g.rates = rate_triples(vals, k)
-    if "ranks" in sc:
+    if g.workloads:
+        pass
+    elif "ranks" in sc:
         g.ranks = _unique(_tuples(sc["ranks"], "[scenarios] ranks", int, "ranks = [[8, 16, 32]]"),
                           "[scenarios] ranks", "ranks = [[8, 16, 32], [8, 8, 16]]")
     else:  # (a repeated rank value would repeat every multiset holding it)
@@ -507,14 +587,17 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
             _number(slo[k], f"[slo] {k}", example=example)
     g.ttft_slo_s = slo.get("ttft_s")  # (as written: the value is part of the resume digest)
     g.tbt_slo_s = slo.get("tbt_s")
-    if not g.rates or not g.ranks:
+    if not g.workloads and (not g.rates or not g.ranks):
         raise ValueError("grid: no scenario (empty rates or ranks)")
-    _check_rank_limit(g, "ranks" if "ranks" in sc else "rank_values")
+    _check_rank_limit(g, "workload" if g.workloads else "ranks" if "ranks" in sc else "rank_values")
     g.check_configs()
-    _check_count(len(g.rates) * len(g.ranks) * len(g.lengths) * len(g.arrival) * len(g.policy) * len(g.seeds),
-                 "tasks (scenarios x seeds)", "the scenario axes or seeds")
+    for path in g.workloads:
+        _check_workload_served(g, path, load_workload_scenario(path, g.window_s)["adapters"])
+    n_scen = len(g.workloads) if g.workloads else len(g.rates) * len(g.ranks) * len(g.lengths) * len(g.arrival)
+    _check_count(n_scen * len(g.policy) * len(g.seeds), "tasks (scenarios x seeds)", "the scenario axes or seeds")
     _check_max_rank(g)
-    _check_requests(g)
+    if not g.workloads:  # (a file's requests are its own: read and capped when the grid is read)
+        _check_requests(g)
     tp = g.engine.get("tensor_parallel", 1)
     if tp != 1:  # (every run ended in an error)
         try:
@@ -604,6 +687,8 @@ _DEFAULTED_AXES = (("rates", "scenarios", ("rates", "rate_values")), ("ranks", "
 def _defaulted(d: dict[str, Any]) -> list[str]:
     """The axes a grid file leaves at the published grid's values (and ``profile`` at the default)."""
     out = [axis for axis, table, keys in _DEFAULTED_AXES if not any(k in (d.get(table) or {}) for k in keys)]
+    if "workload" in (d.get("scenarios") or {}):  # (a file gives its rates and ranks)
+        out = [a for a in out if a not in ("rates", "ranks")]
     if d.get("profile") in (None, ""):
         out.append("profile")
     return out
@@ -746,4 +831,6 @@ def load_grid(name_or_path: str | os.PathLike) -> GridSpec:
                           example="`twin sweep --list` names the built-in grids", also="")
     if isinstance(d, dict) and "profile" in d:  # a relative profile path is read relative to the grid file
         d["profile"] = rebase_path("profile", d["profile"], p.parent)
+    if isinstance(d, dict):  # (and a relative workload file)
+        d["_grid_dir"] = str(p.parent)
     return grid_from_dict(d or {}, default_name=p.stem)

@@ -53,6 +53,7 @@ from twin.validation import (  # noqa: F401  (re-exported for the sweep and the 
 )
 from twin.perf.profile import load_profile
 from twin.validation.recreate import sharegpt_model
+from twin.sweep.workload_scenario import served_workload
 import twin
 from twin.requests import FINISHED
 from twin.engine import Engine
@@ -342,7 +343,10 @@ def run_config(scenario: dict[str, Any], served: int, slots: int, max_rank: int,
         return row
     t0 = time.perf_counter()
     c0 = time.process_time()
-    wl, _ = build_workload(spec)
+    if scenario.get("workload"):  # a workload file's requests (twin/sweep/workload_scenario.py)
+        wl = served_workload(scenario, served, seed, window_s)
+    else:
+        wl, _ = build_workload(spec)
     cfg = build_config(spec)
     if engine_overrides:
         cfg = dataclasses.replace(cfg, **engine_overrides)

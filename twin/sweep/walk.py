@@ -22,6 +22,11 @@ from twin.sweep.scenario import run_config
 def scenario_columns(sc: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
+    if sc.get("workload"):  # a workload file: its features over its adapters (twin/sweep/workload_scenario.py)
+        extra = {k: float(sc[k]) for k in ("serving_us", "rank_tile_cost") if sc.get(k) is not None}
+        return {"scenario": sc["key"], "workload": sc["workload"], "workload_sha256": sc["workload_sha256"],
+                "rates": "", "ranks": "-".join(str(int(r)) for r in sc["ranks"]), **sc["features"],
+                "arrival": sc["arrival"], "policy": sc.get("policy") or "fcfs+client-cap", **extra}
     rates = np.asarray(sc["rates"], float)
     ranks = np.asarray(sc["ranks"], float)
     coupling = {"length_corr": float(sc["length_corr"])} if sc.get("length_corr") else {}  # absent: 0
