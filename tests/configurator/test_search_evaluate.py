@@ -145,3 +145,40 @@ def test_a_search_without_a_terminal_says_once_that_it_is_under_way(tmp_path, mo
         err = capsys.readouterr().err
         assert ("search: the twin's walk over the grid, 1 of 3 scenarios done" in err) == said, err
         assert err.count("\n") == int(said)
+
+
+def test_search_a_workload_file(tmp_path, capsys):
+    """``configure search --workload FILE``: the twin walks nested subsets of the file's adapters (the sweep's
+    workload scenario, the same runs as a grid with that file); the options the file gives are refused beside
+    it, and the file's checks speak of the options."""
+    from tests.sweep.test_workload_scenario import _trace
+    from twin.cli import main
+
+    f = _trace(tmp_path / "t.parquet", n_adapters=40, rps=12.0)
+    base = ["configure", "search", "--workload", str(f), "--served", "10,20,40,64", "--slots", "8,16", "--window",
+            "600", "--cache", str(tmp_path / "c")]
+    assert main(base + ["--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["workload"] == str(f.resolve()) and res["arrival"] == "file"
+    assert res["served_adapters"] in (10, 20, 40) and res["adapter_slots"] in (8, 16)
+    assert res["runs"] <= 2 + 3  # (64 > the file's 40 adapters: left out of the walk)
+    assert res["lengths"][0] == pytest.approx(224.5, abs=15)
+    grid = tmp_path / "g.toml"
+    grid.write_text(f'name = "g"\nprofile = "llama-3.1-8b_h100_vllm085"\nwindow_s = 600\n[scenarios]\nworkload = '
+                    f'["t.parquet"]\n[configs]\nserved = [10, 20, 40]\nslots = [8, 16]\n')
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "sw"), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["configure", "dataset", str(tmp_path / "sw"), "--json"]) == 0
+    (lab,) = json.loads(capsys.readouterr().out)["labels"]
+    assert (lab["served_adapters"], lab["adapter_slots"]) == (res["served_adapters"], res["adapter_slots"])
+    assert lab["throughput_tok_s"] == pytest.approx(res["throughput_tok_s"], rel=1e-12)
+    for extra, msg in ((["--rates", "0.1", "--ranks", "8"], "--workload with --rates, --ranks: the workload file gives"),
+                       (["--arrival", "gamma:2"], "leave out --arrival")):
+        assert main(base + extra) == 2
+        assert msg in capsys.readouterr().err
+    assert main(base[:2] + ["--workload", str(tmp_path / "no.parquet")]) == 2
+    assert "--workload " + str(tmp_path / "no.parquet") + ": no such file" in capsys.readouterr().err
+    assert main(base[:4] + ["--served", "64", "--slots", "8", "--cache", str(tmp_path / "c")]) == 2
+    assert "--served [64] / --slots [8]: the workload file" in capsys.readouterr().err
+    assert main(["configure", "search", "--cache", str(tmp_path / "c")]) == 2
+    assert "--rates and --ranks are required" in capsys.readouterr().err

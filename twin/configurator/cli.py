@@ -172,6 +172,10 @@ def register_cli(subparsers) -> None:
                    help="optimum rule (default throughput90); slo needs --ttft-p99-s and/or --itl-p99-s (the "
                         "search's runs record no [slo] attainment)")
     _percentile_slo_args(s)
+    s.add_argument("--workload", default=None, metavar="FILE",
+                   help="search a workload file of your own instead of --rates/--ranks (any file twin run --trace "
+                        "takes): a run serving N adapters replays the requests of N of its adapters (nested subsets "
+                        "along the walk; twin/sweep/workload_scenario.py)")
     s.add_argument("--cache", default=None, help="sweep directory caching the runs (default sweeps/search-cache)")
     s.add_argument("--window", type=float, default=3600.0,
                    help="simulated seconds of each run (default 3600; the busiest run may be offered at most "
@@ -192,10 +196,10 @@ def register_cli(subparsers) -> None:
 
 
 def _scenario_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rates", required=True,
+    p.add_argument("--rates", default=None,
                    help="per-adapter rate triple (req/s, numbers > 0: one per adapter class), e.g. 0.4,0.05,0.00625; "
                         "predict takes exactly three (the models were trained on triples), search as many as --ranks")
-    p.add_argument("--ranks", required=True,
+    p.add_argument("--ranks", default=None,
                    help="rank triple (whole numbers >= 1, one per adapter class, as many as --rates), e.g. 8,16,32")
     p.add_argument("--policy", default=None,
                    help="scheduler/cache policy (a `twin policies` preset; default: the published "
@@ -272,6 +276,11 @@ def _pair(args, triple: bool = True) -> tuple[list[float], list[int]]:
     classes) as many rates as ranks."""
     from traces.arguments import parse_list
 
+    missing = [f for f, v in (("--rates", args.rates), ("--ranks", args.ranks)) if v is None]
+    if missing:
+        alt = " (or, for search, --workload FILE: a trace of your own)" if hasattr(args, "workload") else ""
+        raise ValueError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required: the per-adapter "
+                         f"rates and ranks of the scenario, e.g. --rates 0.4,0.05,0.00625 --ranks 8,16,32{alt}")
     _items("--rates", args.rates, "0.4,0.05,0.00625")
     _items("--ranks", args.ranks, "8,16,32")
     rates = parse_list(args.rates, float, "--rates", None)
@@ -1020,8 +1029,20 @@ def cmd_search(args) -> int:
     check_selection(jobs=args.jobs)
     if args.cache is not None:  # (a file there was "cannot use FILE/shards", naming no option)
         check_writable_dir("--cache", args.cache)
-    pair = _pair(args, triple=False)
     kw: dict[str, Any] = {"window_s": args.window}
+    if args.workload is not None:  # a trace of the user's: its rates, ranks, lengths and arrivals are the file's
+        given = [f for f, v in (("--rates", args.rates), ("--ranks", args.ranks), ("--lengths", args.lengths),
+                                ("--arrival", args.arrival), ("--length-corr", args.length_corr or None)) if v is not None]
+        if given:
+            raise ValueError(f"--workload with {', '.join(given)}: the workload file gives its requests' rates, ranks, "
+                             f"lengths and arrival times itself; leave out {', '.join(given)}")
+        if not Path(args.workload).is_file():
+            raise ValueError(f"--workload {args.workload}: {'a directory' if Path(args.workload).is_dir() else 'no such file'}"
+                             f"; give a workload file (.parquet, .csv, .jsonl) as `twin run --trace FILE` takes it")
+        kw["workload"] = args.workload
+        pair = None
+    else:
+        pair = _pair(args, triple=False)
     if args.policy is not None:  # checked with the grid, before any run
         kw["policy"] = args.policy
     lengths = _lengths(args)
@@ -1048,8 +1069,15 @@ def cmd_search(args) -> int:
         kw["rank_tile_cost"] = float(args.rank_tile_cost)
     slo = _search_slo(args)
     with _executor_extra():  # (the window's warning once the grid is checked, before any run)
-        labels, runs = search([pair], args.profile, args.cache, args.executor, args.jobs, args.rule,
-                              progress=sys.stderr.isatty() or None, on_grid=_window_warning, **slo, **kw)
+        try:
+            labels, runs = search([pair] if pair else [], args.profile, args.cache, args.executor, args.jobs,
+                                  args.rule, progress=sys.stderr.isatty() or None, on_grid=_window_warning, **slo, **kw)
+        except ValueError as e:  # (the file's checks speak of a grid's key: here it is the option)
+            msg = str(e)
+            if args.workload is None or not msg.startswith(("grid [scenarios] workload", "grid [configs] served")):
+                raise
+            raise ValueError(msg.replace("grid [scenarios] workload", "--workload", 1).replace(
+                "grid [configs] served", "--served", 1).replace("/ slots", "/ --slots", 1)) from None
     if labels.empty and args.rule == "slo" and runs["status"].astype(str).eq("ok").any():
         raise ValueError(f"no configuration of the search meets the SLOs ({_slo_text(slo)}) without starving: "
                          f"{_no_result(runs)}; loosen --ttft-p99-s / --itl-p99-s, or lower --rates")
@@ -1060,7 +1088,10 @@ def cmd_search(args) -> int:
            "throughput_tok_s": float(lab["throughput_tok_s"]), "ratio_at_label": lab["ratio_at_label"],
            "margin": lab["margin"], "next_ratio": lab["next_ratio"], "rule": args.rule, "profile": args.profile,
            "policy": kw.get("policy", DEFAULT_POLICY), "lengths": list(kw.get("lengths", DEFAULT_LENGTHS)),
-           "arrival": kw.get("arrival", "poisson"), "length_corr": float(kw.get("length_corr", 0.0)), "serving_us": float(kw.get("serving_us", 0.0)),
+           "arrival": kw.get("arrival", "poisson"), "length_corr": float(kw.get("length_corr", 0.0)),
+           **({"workload": str(Path(args.workload).resolve()), "lengths": [float(lab["mean_input_tokens"]),
+                                                                           float(lab["mean_output_tokens"])],
+               "arrival": "file"} if args.workload else {}), "serving_us": float(kw.get("serving_us", 0.0)),
            "rank_tile_cost": kw.get("rank_tile_cost"),
            "runs": int(len(runs)), "runs_simulated": int((runs["status"] == "ok").sum()),
            "cpu_s": float(runs["wall_s"].fillna(0).sum()), **({"slo": slo} if slo else {})}

@@ -19,7 +19,8 @@ import pandas as pd
 from traces.registry import MAX_REQUESTS
 from traces.arrivals import parse_arrival
 from twin.sweep.grid import PUBLISHED_GRID, GridSpec
-from twin.sweep.grid import scenario_key
+from twin.sweep.grid import add_workload, check_workload_served, scenario_key
+from twin.sweep.workload_scenario import load_workload_scenario
 from twin.configurator.labels import label_scenarios
 from twin.sweep import runner
 
@@ -30,7 +31,8 @@ def search_grid(scenarios: Iterable[tuple[list[float], list[int]]], profile: str
                 served: Iterable[int] = PUBLISHED_GRID, slots: Iterable[int] = PUBLISHED_GRID,
                 seeds: Iterable[int] = (0,), lengths: tuple[float, float] = (222.0, 197.0),
                 policy: str = "fcfs+client-cap", model: str = "", length_corr: float = 0.0,
-                serving_us: float = 0.0, rank_tile_cost: float | None = None, arrival: str = "poisson") -> GridSpec:
+                serving_us: float = 0.0, rank_tile_cost: float | None = None, arrival: str = "poisson",
+                workload: str | None = None) -> GridSpec:
     """A grid holding exactly the given scenarios (no cross product of rates and ranks); ``arrival``: each
     adapter's arrival process (:attr:`GridSpec.arrival`, ``poisson`` or ``gamma:CV``); ``length_corr``:
     the request pools' prompt-output length coupling (:attr:`GridSpec.length_corr`); ``serving_us``: the
@@ -45,6 +47,10 @@ def search_grid(scenarios: Iterable[tuple[list[float], list[int]]], profile: str
                  rank_tile_cost=None if rank_tile_cost is None else float(rank_tile_cost))
     g.rates = [list(x) for x in dict.fromkeys(tuple(map(float, r)) for r, _ in sc)]
     g.ranks = [list(x) for x in dict.fromkeys(tuple(map(int, k)) for _, k in sc)]
+    if workload is not None:  # a workload file instead of the (rates, ranks) pairs (twin/sweep/workload_scenario.py)
+        add_workload(g, {"workload": [str(workload)]}, None)
+        for path in g.workloads:
+            check_workload_served(g, path, load_workload_scenario(path, g.window_s)["adapters"])
     return g
 
 
@@ -67,7 +73,7 @@ def _pairs_tasks(g: GridSpec, pairs: list[tuple[list[float], list[int]]]) -> lis
     want = {scenario_key(r, k, g.lengths[0], g.policy[0], g.arrival[0]) for r, k in pairs}
     out, seen = [], set()
     for t in g.tasks():
-        if t["scenario"]["key"] in want and t["task_hash"] not in seen:
+        if (g.workloads or t["scenario"]["key"] in want) and t["task_hash"] not in seen:
             seen.add(t["task_hash"])
             out.append(t)
     return out
@@ -85,7 +91,8 @@ def search(pairs: list[tuple[list[float], list[int]]], profile: str | None, cach
     is checked, before any run (``configure search`` warns of a window too short for the starvation line there,
     :func:`twin.sweep.grid.window_note`)."""
 
-    check_requests(pairs, grid_kw.get("served", PUBLISHED_GRID), grid_kw.get("window_s", 3600.0))
+    if grid_kw.get("workload") is None:  # (a workload file's requests are its own)
+        check_requests(pairs, grid_kw.get("served", PUBLISHED_GRID), grid_kw.get("window_s", 3600.0))
     g = search_grid(pairs, profile, **grid_kw)
     tasks = _pairs_tasks(g, pairs)
     if on_grid is not None:

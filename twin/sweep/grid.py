@@ -203,7 +203,7 @@ class GridSpec:
         for sc in self.scenarios():
             served = sorted(int(x) for x in self.served)
             if "workload" in sc:  # (a file's walk stops at its own adapters)
-                _check_workload_served(self, sc["workload"], sc["adapters"])
+                check_workload_served(self, sc["workload"], sc["adapters"])
                 served = served_values(served, sc["adapters"])
             for seed in self.seeds:
                 for mr in self.max_rank_for(sc["ranks"]):
@@ -341,7 +341,7 @@ _FILE_GIVES = ("rates", "rate_values", "rate_arity", "ranks", "rank_values", "ra
                "length_corr", "arrival")
 
 
-def _check_workload_served(g: GridSpec, path: str, adapters: int) -> None:
+def check_workload_served(g: GridSpec, path: str, adapters: int) -> None:
     """A workload file of ``adapters`` adapters keeps a configuration of the grid: a served value of at most
     its adapters, with a slot value at most that; else an error naming the file and the bound."""
     served = served_values(sorted(g.served), adapters)
@@ -352,7 +352,7 @@ def _check_workload_served(g: GridSpec, path: str, adapters: int) -> None:
                          f"at most {adapters}")
 
 
-def _workload_grid(g: GridSpec, sc: dict[str, Any], base: Any) -> None:
+def add_workload(g: GridSpec, sc: dict[str, Any], base: Any) -> None:
     """``[scenarios] workload``: the files (relative to the grid file's directory ``base``), read and checked
     (:func:`twin.sweep.workload_scenario.load_workload_scenario`); the grid's ranks and lengths become the
     files' (for the rank and window checks)."""
@@ -477,7 +477,7 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
                                "seeds", "seeds = [0, 1]"),
                  model=_model(d.get("model", "")))
     if "workload" in sc:
-        _workload_grid(g, sc, d.get("_grid_dir"))
+        add_workload(g, sc, d.get("_grid_dir"))
     for given, generators in (("rates", ("rate_values", "rate_arity")), ("ranks", ("rank_values", "rank_arity",
                                                                                     "max_largest"))):
         both = [k for k in generators if k in sc]
@@ -592,7 +592,7 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
     _check_rank_limit(g, "workload" if g.workloads else "ranks" if "ranks" in sc else "rank_values")
     g.check_configs()
     for path in g.workloads:
-        _check_workload_served(g, path, load_workload_scenario(path, g.window_s)["adapters"])
+        check_workload_served(g, path, load_workload_scenario(path, g.window_s)["adapters"])
     n_scen = len(g.workloads) if g.workloads else len(g.rates) * len(g.ranks) * len(g.lengths) * len(g.arrival)
     _check_count(n_scen * len(g.policy) * len(g.seeds), "tasks (scenarios x seeds)", "the scenario axes or seeds")
     _check_max_rank(g)
