@@ -109,6 +109,25 @@ def load_workload_scenario(path: str | Path, window_s: float) -> dict[str, Any]:
     return info
 
 
+_READ: dict[str, tuple[tuple[int, int], str, Workload]] = {}
+
+
+def _read_checked(path: str, sha: str) -> Workload:
+    """The workload file at ``path``, whose content must still hash to ``sha`` (read once per process while its
+    size and modification time stay the same: a walk replays it at every configuration)."""
+    st = Path(path).stat()
+    sig = (st.st_size, st.st_mtime_ns)
+    hit = _READ.get(path)
+    if hit is None or hit[0] != sig:
+        hit = (sig, file_sha256(path), read_workload_file(path))
+        _READ.clear()  # (one file at a time: a walk is one scenario's)
+        _READ[path] = hit
+    if hit[1] != sha:
+        raise ValueError(f"workload file {path} changed since the grid was read (its SHA-256 is no longer "
+                         f"{sha[:12]}...); run the sweep again to replay the new content as a new scenario")
+    return hit[2]
+
+
 def scenario_key(path: str | Path, sha256: str) -> str:
     """``workload_<stem>_<12 hex of the content's SHA-256>`` (characters outside ``[A-Za-z0-9._-]`` as ``-``)."""
     stem = "".join(c if c.isalnum() or c in "._-" else "-" for c in Path(path).stem) or "file"
@@ -132,10 +151,7 @@ def served_workload(scenario: dict[str, Any], served: int, seed: int, window_s: 
     ``served`` adapters of the seeded order, renumbered ``0 .. served-1``, their requests and the base
     model's, arriving before ``window_s``."""
     path, sha = scenario["workload"], scenario["workload_sha256"]
-    if file_sha256(path) != sha:
-        raise ValueError(f"workload file {path} changed since the grid was read (its SHA-256 is no longer "
-                         f"{sha[:12]}...); run the sweep again to replay the new content as a new scenario")
-    w = read_workload_file(path)
+    w = _read_checked(path, sha)
     ids, _, _ = _adapter_table(w, window_s)
     rng = np.random.default_rng(order_seed(scenario_key(path, sha), seed))
     chosen = rng.permutation(ids)[: int(served)]
