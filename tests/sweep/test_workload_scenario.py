@@ -144,3 +144,19 @@ def test_sweep_of_a_workload_file_labels_and_resumes(tmp_path, capsys):
     lab = pd.read_csv(labels)
     assert len(lab) == 2 and lab["scenario"].str.startswith("workload_t_").all()
     assert lab["served_adapters"].isin([10, 20, 40]).all()
+
+
+def test_a_window_that_outlasts_the_file_is_warned_of(tmp_path):
+    """A window well past the file's last request gives every run's backlog time to drain, which the published
+    runs' window (their arrivals fill it) does not: the sweep and the search warn, naming the window to give."""
+    from twin.sweep.grid import window_note
+
+    f = _trace(tmp_path / "t.parquet", duration=500.0)
+    last = Workload.load(f).df["arrival_s"].max()
+    g = grid_from_dict({"window_s": 600, "scenarios": {"workload": [str(f)]}, "configs": {"served": [8],
+                                                                                         "slots": [8]}})
+    note = window_note(g, "grid 'g'", "window_s")
+    assert f"window_s 600: the last request of {f.resolve()} arrives at {last:.1f} s" in note
+    assert f"give window_s {int(last)} to cut as they do" in note
+    g.window_s = float(int(last))
+    assert window_note(g, "grid 'g'", "window_s") == ""

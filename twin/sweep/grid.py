@@ -61,7 +61,7 @@ from traces.registry import MAX_REQUESTS
 from twin.registry import PRESETS, load_entry_points, resolve_system
 from twin.sweep.scenario import (DEFAULT_POLICY, POLICY_KEY_PART, check_length_corr, check_lengths, get_profile,
                                  profile_hash, scenario_profile, unloaded_request_s)
-from twin.sweep.workload_scenario import FILE_ARRIVAL, load_workload_scenario, served_values
+from twin.sweep.workload_scenario import FILE_ARRIVAL, grace_note, load_workload_scenario, served_values
 from twin.sweep.workload_scenario import scenario_key as workload_scenario_key
 from twin.config import SLORA_ONLY_FIELDS, ConfigError, EngineConfig
 from twin.model_spec import get_model
@@ -804,7 +804,11 @@ def window_cut(g: GridSpec) -> dict[str, float]:
 
 def window_note(g: GridSpec, what: str, flag: str) -> str:
     """A warning for a window too short for the starvation line (:func:`window_cut`; empty when it is long
-    enough); ``what`` names the runs (``grid 'g2'``), ``flag`` the setting to lengthen (``window_s``, ``--window``)."""
+    enough); ``what`` names the runs (``grid 'g2'``), ``flag`` the setting to lengthen (``window_s``, ``--window``).
+    A workload file's window is checked the other way: one that outlasts the file's requests
+    (:func:`twin.sweep.workload_scenario.grace_note`)."""
+    if g.workloads:
+        return "; ".join(n for n in (grace_note(p, g.window_s, flag) for p in g.workloads) if n)
     c = window_cut(g)
     if c["margin"] <= 0 or c["cut"] <= WINDOW_MARGIN_SHARE * c["margin"]:
         return ""
