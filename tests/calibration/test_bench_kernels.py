@@ -145,7 +145,8 @@ def test_slot_kernels_agree_with_reference_in_vllm_layouts(T):
     ts = [slots[(t * 7) % 4] for t in range(T)]
     meta = K.slot_meta(ts, S, DEVICE)
     # (the small-batch shrink's 64 splits cost the interpreter ~25 ms each; 4 exercise the same code)
-    y = K.slot_shrink(x, a, meta, scale=0.25, split_k=K.INTERPRETER_SPLIT_K if K.INTERPRETED and DEVICE.type != "cuda" and T < 128 else None)
+    interpreted_small = K.INTERPRETED and DEVICE.type != "cuda" and T < K.SLOT_SHRINK_SWITCH
+    y = K.slot_shrink(x, a, meta, scale=0.25, split_k=K.INTERPRETER_SPLIT_K if interpreted_small else None)
     assert y.dtype == torch.float32
     assert torch.allclose(y, K.slot_shrink_ref(x, a, ts, scale=0.25), atol=1e-4, rtol=1e-4)
     assert torch.all(y[[i for i, s in enumerate(ts) if s < 0]] == 0)

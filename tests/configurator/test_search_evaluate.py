@@ -172,7 +172,8 @@ def test_search_a_workload_file(tmp_path, capsys):
     (lab,) = json.loads(capsys.readouterr().out)["labels"]
     assert (lab["served_adapters"], lab["adapter_slots"]) == (res["served_adapters"], res["adapter_slots"])
     assert lab["throughput_tok_s"] == pytest.approx(res["throughput_tok_s"], rel=1e-12)
-    for extra, msg in ((["--rates", "0.1", "--ranks", "8"], "--workload with --rates, --ranks: the workload file gives"),
+    for extra, msg in ((["--rates", "0.1", "--ranks", "8"],
+                        "--workload with --rates, --ranks: the workload file gives"),
                        (["--arrival", "gamma:2"], "leave out --arrival")):
         assert main(base + extra) == 2
         assert msg in capsys.readouterr().err

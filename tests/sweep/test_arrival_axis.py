@@ -20,7 +20,8 @@ from twin.sweep.walk import scenario_columns
 # --------------------------------------------------------------------------- the process by name
 @pytest.mark.parametrize("name, kind, cv, canonical", [
     ("poisson", "poisson", 1.0, "poisson"), (" Poisson ", "poisson", 1.0, "poisson"),
-    ("gamma:2", "gamma", 2.0, "gamma:2"), ("gamma:2.0", "gamma", 2.0, "gamma:2"), ("gamma:0.5", "gamma", 0.5, "gamma:0.5"),
+    ("gamma:2", "gamma", 2.0, "gamma:2"), ("gamma:2.0", "gamma", 2.0, "gamma:2"),
+    ("gamma:0.5", "gamma", 0.5, "gamma:0.5"),
 ])
 def test_parse_arrival_names(name, kind, cv, canonical):
     p = A.parse_arrival(name)
@@ -92,7 +93,8 @@ def test_grid_arrival_axis_is_canonical_keyed_and_checked():
     assert g.arrival == ["poisson", "gamma:2"]
     keys = [s["key"] for s in g.scenarios()]
     assert keys == ["rate_0.4-0.1_size_8-16", "rate_0.4-0.1_size_8-16_arrival_gamma-2"]
-    assert scenario_key([0.4, 0.1], [8, 16], None, "vllm", "gamma:2") == "rate_0.4-0.1_size_8-16_arrival_gamma-2_policy_vllm"
+    assert scenario_key([0.4, 0.1], [8, 16], None, "vllm", "gamma:2") == \
+        "rate_0.4-0.1_size_8-16_arrival_gamma-2_policy_vllm"
     # the published grids' scenarios and task hashes hold: Poisson adds nothing to a key
     plain = grid_from_dict({"scenarios": {"rates": [[0.4, 0.1]], "ranks": [[8, 16]]},
                             "configs": {"served": [8], "slots": [8]}})

@@ -11,7 +11,7 @@ from traces.workload import Workload
 from twin.cli import main
 from twin.sweep.grid import grid_from_dict, load_grid
 from twin.sweep.walk import scenario_columns
-from twin.sweep.workload_scenario import load_workload_scenario, served_workload
+from twin.sweep.workload_scenario import served_workload
 
 
 def _trace(path, n_adapters: int = 30, duration: float = 600.0, rps: float = 6.0, seed: int = 0, base: int = 0):
@@ -98,7 +98,7 @@ def test_a_file_changed_after_the_grid_was_read_is_refused(tmp_path):
      "grid [configs] served [64, 128] / slots [8]: the workload file {f} has 30 adapters, fewer than every served "
      "value"),
     ({"workload": ["late.parquet"]}, {}, "none of its 3,600 requests arrives before window_s 600 s (the first at"),
-    ({"workload": ["base.parquet"]}, {}, "every request is for the base model (adapter_id -1)"),
+    ({"workload": ["base.parquet"]}, {}, "every request in the window is for the base model (adapter_id -1)"),
     ({"workload": ["bad.csv"]}, {}, "grid [scenarios] workload: {d}/bad.csv: missing column(s) output_tokens"),
     ({"workload": []}, {}, "grid [scenarios] workload: an empty list"),
 ])
@@ -160,3 +160,21 @@ def test_a_window_that_outlasts_the_file_is_warned_of(tmp_path):
     assert f"give window_s {int(last)} to cut as they do" in note
     g.window_s = float(int(last))
     assert window_note(g, "grid 'g'", "window_s") == ""
+
+
+def test_only_adapters_with_requests_in_the_window_are_the_scenario_s(tmp_path):
+    """An adapter whose requests all arrive after ``window_s`` is not served (it would take a served place and
+    offer nothing)."""
+    f = _trace(tmp_path / "t.parquet", n_adapters=10, duration=600.0)
+    w = Workload.load(f)
+    late = pd.DataFrame({"arrival_s": [700.0, 710.0], "prompt_tokens": [10, 10], "output_tokens": [5, 5],
+                         "adapter_id": [999, 999], "adapter_rank": [8, 8]})
+    Workload(pd.concat([w.df.drop(columns=["request_id"]), late], ignore_index=True).assign(
+        request_id=lambda d: range(len(d))), {}).save(f)
+    g = grid_from_dict({"window_s": 600, "scenarios": {"workload": [str(f)]}, "configs": {"served": [5, 10, 11],
+                                                                                         "slots": [5]}})
+    (sc,) = g.scenarios()
+    assert sc["adapters"] == 10 and g.tasks()[0]["served"] == [5, 10]
+    assert scenario_columns(sc)["rate_min"] > 0
+    df = served_workload(sc, 10, 0, 600.0).df
+    assert df["arrival_s"].max() < 600 and sorted(set(df["adapter_id"])) == list(range(10))

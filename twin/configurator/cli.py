@@ -1032,13 +1032,15 @@ def cmd_search(args) -> int:
     kw: dict[str, Any] = {"window_s": args.window}
     if args.workload is not None:  # a trace of the user's: its rates, ranks, lengths and arrivals are the file's
         given = [f for f, v in (("--rates", args.rates), ("--ranks", args.ranks), ("--lengths", args.lengths),
-                                ("--arrival", args.arrival), ("--length-corr", args.length_corr or None)) if v is not None]
+                                ("--arrival", args.arrival), ("--length-corr", args.length_corr or None))
+                 if v is not None]
         if given:
             raise ValueError(f"--workload with {', '.join(given)}: the workload file gives its requests' rates, ranks, "
                              f"lengths and arrival times itself; leave out {', '.join(given)}")
         if not Path(args.workload).is_file():
-            raise ValueError(f"--workload {args.workload}: {'a directory' if Path(args.workload).is_dir() else 'no such file'}"
-                             f"; give a workload file (.parquet, .csv, .jsonl) as `twin run --trace FILE` takes it")
+            what = "a directory" if Path(args.workload).is_dir() else "no such file"
+            raise ValueError(f"--workload {args.workload}: {what}; give a workload file (.parquet, .csv, .jsonl) as "
+                             f"`twin run --trace FILE` takes it")
         kw["workload"] = args.workload
         pair = None
     else:

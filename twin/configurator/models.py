@@ -61,8 +61,8 @@ import numpy as np
 import pandas as pd
 
 from traces.arguments import first_repeat
-from twin.configurator.features import (ARRIVAL_FEATURE, LENGTH_FEATURES, describe_condition, design_matrix, feature_label,
-                                        is_policy_column, policy_columns, readable_conditions,
+from twin.configurator.features import (ARRIVAL_FEATURE, LENGTH_FEATURES, describe_condition, design_matrix,
+                                        feature_label, is_policy_column, policy_columns, readable_conditions,
                                         simplify_policy_conditions, single_policy, training_columns)
 from twin.configurator.domain import feature_box
 from twin.configurator.labels import CALIBRATED_ENGINE, FEATURES, TARGETS, describe_engine

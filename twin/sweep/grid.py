@@ -346,10 +346,10 @@ def check_workload_served(g: GridSpec, path: str, adapters: int) -> None:
     its adapters, with a slot value at most that; else an error naming the file and the bound."""
     served = served_values(sorted(g.served), adapters)
     if not served or not any(s <= max(served) for s in g.slots):
-        raise ValueError(f"grid [configs] served {sorted(g.served)} / slots {sorted(g.slots)}: the workload file {path} "
-                         f"has {adapters} adapters, fewer than every served value (or every slot value above the "
-                         f"served ones it can take), so its walk would run nothing; give served and slots values of "
-                         f"at most {adapters}")
+        raise ValueError(f"grid [configs] served {sorted(g.served)} / slots {sorted(g.slots)}: the workload file "
+                         f"{path} has {adapters} adapters, fewer than every served value (or every slot value above "
+                         f"the served ones it can take), so its walk would run nothing; give served and slots values "
+                         f"of at most {adapters}")
 
 
 def add_workload(g: GridSpec, sc: dict[str, Any], base: Any) -> None:

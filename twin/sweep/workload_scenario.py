@@ -55,14 +55,13 @@ def file_sha256(path: str | Path) -> str:
 
 
 def _adapter_table(w: Workload, window_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(adapter ids, their ranks, their requests in the window)`` of ``w``, ids ascending."""
+    """``(adapter ids, their ranks, their requests)`` of the adapters with requests in ``w``'s window, ids
+    ascending (an adapter whose requests all come later is not one of the scenario's)."""
     df = w.df
     ids = df["adapter_id"].to_numpy()
-    inw = df["arrival_s"].to_numpy() < window_s
-    a = ids >= 0
-    uniq, first = np.unique(ids[a], return_index=True)
+    a = (ids >= 0) & (df["arrival_s"].to_numpy() < window_s)
+    uniq, first, counts = np.unique(ids[a], return_index=True, return_counts=True)
     ranks = df["adapter_rank"].to_numpy()[a][first]
-    counts = np.bincount(np.searchsorted(uniq, ids[a & inw]), minlength=uniq.size) if uniq.size else np.zeros(0)
     return uniq.astype(np.int64), ranks.astype(np.int64), counts
 
 
@@ -94,15 +93,16 @@ def load_workload_scenario(path: str | Path, window_s: float) -> dict[str, Any]:
                          f"at {t.min():g} s); give a window_s beyond it, or a file whose times start near 0")
     ids, ranks, counts = _adapter_table(w, window_s)
     if not ids.size:
-        raise ValueError(f"{where}: every request is for the base model (adapter_id -1); a sweep walks served "
-                         f"adapters and slots, so give a file whose requests name adapters")
+        raise ValueError(f"{where}: every request in the window is for the base model (adapter_id -1); a sweep walks "
+                         f"served adapters and slots, so give a file whose requests name adapters")
     rates = counts / float(window_s)
     cv, _ = per_adapter_interarrival_cv(t[inw], df["adapter_id"].to_numpy()[inw])
     d = df[inw]
     feats = {"rate_max": float(rates.max()), "rate_min": float(rates.min()), "rate_mean": float(rates.mean()),
              "rate_std": float(rates.std()), "rank_max": float(ranks.max()), "rank_min": float(ranks.min()),
              "rank_mean": float(ranks.mean()), "rank_std": float(ranks.std()),
-             "mean_input_tokens": float(d["prompt_tokens"].mean()), "mean_output_tokens": float(d["output_tokens"].mean()),
+             "mean_input_tokens": float(d["prompt_tokens"].mean()),
+             "mean_output_tokens": float(d["output_tokens"].mean()),
              "arrival_cv": float(cv)}
     info = {"path": str(p.resolve()), "sha256": sha, "adapters": int(ids.size),
             "ranks": sorted({int(r) for r in ranks}), "requests": int(inw.sum()), "features": feats,
