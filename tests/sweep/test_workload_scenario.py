@@ -178,3 +178,11 @@ def test_only_adapters_with_requests_in_the_window_are_the_scenario_s(tmp_path):
     assert scenario_columns(sc)["rate_min"] > 0
     df = served_workload(sc, 10, 0, 600.0).df
     assert df["arrival_s"].max() < 600 and sorted(set(df["adapter_id"])) == list(range(10))
+
+
+def test_a_home_relative_workload_path_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _trace(tmp_path / "t.parquet")
+    g = grid_from_dict({"window_s": 600, "scenarios": {"workload": ["~/t.parquet"]}, "configs": {"served": [8],
+                                                                                                "slots": [8]}})
+    assert g.workloads == [str((tmp_path / "t.parquet").resolve())]

@@ -1037,6 +1037,7 @@ def cmd_search(args) -> int:
         if given:
             raise ValueError(f"--workload with {', '.join(given)}: the workload file gives its requests' rates, ranks, "
                              f"lengths and arrival times itself; leave out {', '.join(given)}")
+        args.workload = str(Path(args.workload).expanduser())
         if not Path(args.workload).is_file():
             what = "a directory" if Path(args.workload).is_dir() else "no such file"
             raise ValueError(f"--workload {args.workload}: {what}; give a workload file (.parquet, .csv, .jsonl) as "

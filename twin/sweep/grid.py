@@ -362,7 +362,8 @@ def add_workload(g: GridSpec, sc: dict[str, Any], base: Any) -> None:
                          f"rates, ranks, lengths and arrival times itself; leave out {', '.join(both)} (or sweep "
                          f"synthetic scenarios in another grid)")
     names = _names(sc["workload"], "[scenarios] workload", 'workload = ["my-trace.parquet"]')
-    paths = [str(rebase_path("workload", n, Path(base))) if base is not None else n for n in names]
+    paths = [str(Path(str(rebase_path("workload", n, Path(base)) if base is not None else n)).expanduser())
+             for n in names]
     for n, p in zip(names, paths):
         if not Path(p).is_file():
             raise ValueError(f"grid [scenarios] workload {n!r}: {'a directory' if Path(p).is_dir() else 'no such file'}"
