@@ -239,11 +239,7 @@ def per_adapter_poisson(rates: Sequence[float], n_adapters: int, duration_s: flo
     _check_window(1.0, duration_s, None)
     check_rng(rng)
     ar = assign_rates_round_robin(rates, n_adapters, rng, shuffle)
-    _check_expected(float(ar.sum()) * duration_s, f"per-adapter rates summing to {float(ar.sum()):g} req/s over "
-                                                   f"duration_s={duration_s!r}")
-    counts = rng.poisson(ar * duration_s)
-    ids = rng.permutation(np.repeat(np.arange(n_adapters, dtype=np.int64), counts))
-    t = np.sort(rng.uniform(0.0, duration_s, size=ids.size))
+    t, ids = per_adapter_arrivals(ar, duration_s, ArrivalProcess("poisson"), rng)
     return t, ids, ar
 
 

@@ -1052,12 +1052,9 @@ def cmd_search(args) -> int:
     if lengths is not None:
         kw["lengths"] = lengths
     if args.arrival is not None:
-        from traces.arrivals import ArrivalError, parse_arrival
+        from twin.configurator.features import arrival_option
 
-        try:
-            kw["arrival"] = parse_arrival(args.arrival).name
-        except ArrivalError as e:
-            raise ValueError(f"--arrival: {e}") from None
+        kw["arrival"] = arrival_option(args.arrival).name
     kw["served"] = (_int_list("--served", args.served, "16,32,64", "a served-adapter count")
                     if args.served is not None else list(PUBLISHED_GRID))
     kw["slots"] = (_int_list("--slots", args.slots, "16,32", "a slot count")

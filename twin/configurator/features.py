@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.arrivals import ArrivalError, parse_arrival
+from traces.arrivals import ArrivalError, ArrivalProcess, parse_arrival
 from twin.configurator.labels import FEATURES
 from twin.sweep.grid import check_known_policies
 from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY
@@ -170,6 +170,15 @@ def length_columns(model: dict[str, Any], lengths: tuple[float, float] | list[fl
     return dict(zip(LENGTH_FEATURES, vals))
 
 
+def arrival_option(value: str) -> ArrivalProcess:
+    """``--arrival``'s value as an arrival process (:func:`traces.arrivals.parse_arrival`); an error names the
+    option and the accepted forms."""
+    try:
+        return parse_arrival(value)
+    except ArrivalError as e:
+        raise ValueError(f"--arrival: {e}") from None
+
+
 def arrival_columns(model: dict[str, Any], arrival: str | None) -> dict[str, float]:
     """The arrival feature of a prediction from ``arrival`` (``poisson`` or ``gamma:CV``,
     :func:`traces.arrivals.parse_arrival`); none when ``arrival`` is None (a model trained on it then asks for
@@ -177,10 +186,7 @@ def arrival_columns(model: dict[str, Any], arrival: str | None) -> dict[str, flo
     sweep ran, instead of ignoring it."""
     if arrival is None:
         return {}
-    try:
-        proc = parse_arrival(arrival)
-    except ArrivalError as e:
-        raise ValueError(f"--arrival: {e}") from None
+    proc = arrival_option(arrival)
     if ARRIVAL_FEATURE not in model["features"]:
         if proc.kind != "poisson":
             raise ValueError(f"--arrival {proc.name}: this configurator was trained without the arrival feature, on "

@@ -75,16 +75,14 @@ def load_workload_scenario(path: str | Path, window_s: float) -> dict[str, Any]:
         raise ValueError(f"{where}: no such file; give a workload file (.parquet, .csv, .jsonl) as `twin run --trace "
                          f"FILE` takes it (a relative path is read from the grid file's directory)")
     try:
-        sha = file_sha256(p)
+        sha, w = _read(str(p.resolve()))
     except OSError as e:
         raise ValueError(f"{where}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:  # (a malformed file: its message names the file)
+        raise ValueError(f"grid [scenarios] workload: {e}") from None
     key = (str(p.resolve()), sha, float(window_s))
     if key in _CACHE:
         return _CACHE[key]
-    try:
-        w = read_workload_file(p)
-    except (ValueError, OSError) as e:  # (its message names the file)
-        raise ValueError(f"grid [scenarios] workload: {e}") from None
     df = w.df
     t = df["arrival_s"].to_numpy()
     inw = t < window_s
@@ -114,9 +112,10 @@ def load_workload_scenario(path: str | Path, window_s: float) -> dict[str, Any]:
 _READ: dict[str, tuple[tuple[int, int], str, Workload]] = {}
 
 
-def _read_checked(path: str, sha: str) -> Workload:
-    """The workload file at ``path``, whose content must still hash to ``sha`` (read once per process while its
-    size and modification time stay the same: a walk replays it at every configuration)."""
+def _read(path: str) -> tuple[str, Workload]:
+    """``(SHA-256 of the content, workload)`` of the file at ``path``: hashed and read once per process while its
+    size and modification time stay the same (the grid reads it, then a walk replays it at every
+    configuration)."""
     st = Path(path).stat()
     sig = (st.st_size, st.st_mtime_ns)
     hit = _READ.get(path)
@@ -124,10 +123,7 @@ def _read_checked(path: str, sha: str) -> Workload:
         hit = (sig, file_sha256(path), read_workload_file(path))
         _READ.clear()  # (one file at a time: a walk is one scenario's)
         _READ[path] = hit
-    if hit[1] != sha:
-        raise ValueError(f"workload file {path} changed since the grid was read (its SHA-256 is no longer "
-                         f"{sha[:12]}...); run the sweep again to replay the new content as a new scenario")
-    return hit[2]
+    return hit[1], hit[2]
 
 
 #: the share of the window past a file's last arrival beyond which :func:`grace_note` warns
@@ -173,7 +169,10 @@ def served_workload(scenario: dict[str, Any], served: int, seed: int, window_s: 
     ``served`` adapters of the seeded order, renumbered ``0 .. served-1``, their requests and the base
     model's, arriving before ``window_s``."""
     path, sha = scenario["workload"], scenario["workload_sha256"]
-    w = _read_checked(path, sha)
+    now, w = _read(path)
+    if now != sha:
+        raise ValueError(f"workload file {path} changed since the grid was read (its SHA-256 is no longer "
+                         f"{sha[:12]}...); run the sweep again to replay the new content as a new scenario")
     ids, _, _ = _adapter_table(w, window_s)
     rng = np.random.default_rng(order_seed(scenario_key(path, sha), seed))
     chosen = rng.permutation(ids)[: int(served)]
