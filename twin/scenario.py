@@ -277,9 +277,21 @@ def check_host_term(name: str, v: float, flag: str | None = None, fix: str | Non
         raise ConfigError(f"{flag} {v:g}: more than {high:g} ({meaning}); give {fix}")
 
 
+_RUN_HINTS: dict[str, Any] = {}
+
+
+def _run_hint(name: str) -> Any:
+    """The type hint of :class:`RunConfig` field ``name``, resolved once (``typing.get_type_hints`` evaluates every
+    annotation string of the class on each call: about 2 ms, which a sweep's or a reproduction's thousands of
+    checked runs paid again and again)."""
+    if not _RUN_HINTS:
+        _RUN_HINTS.update(typing.get_type_hints(RunConfig))
+    return _RUN_HINTS[name]
+
+
 def _check_type(name: str, value: Any) -> Any:
     """``value`` as the type of field ``name`` (a scenario file's value), or ConfigError."""
-    hint = typing.get_type_hints(RunConfig)[name]
+    hint = _run_hint(name)
     flag = option_name(name)
     if value is None:
         if type(None) in typing.get_args(hint):
