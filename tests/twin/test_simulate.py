@@ -144,3 +144,32 @@ def test_requests_after_the_horizon_are_counted_as_not_arrived():
     assert s["requests_arrived"] + s["requests_not_arrived"] == 10
     assert "(5 more of the workload arrive after the horizon, not simulated)" in format_summary(s, "")
     assert simulate(w, constant_profile(), EngineConfig()).summary["requests_not_arrived"] == 0
+
+
+def test_collect_run_garbage_frees_each_run_s_engine():
+    """The runs of a sweep's walk: every call frees the previous run's engine (its reference cycles), also after
+    the first call froze the survivors (in a child process: the freeze is process-wide)."""
+    import subprocess
+    import sys
+
+    code = """
+import gc, weakref
+import numpy as np
+from twin.simulate import collect_run_garbage, simulate
+w = {"arrival_s": np.array([0.0, 0.5]), "prompt_tokens": np.array([64, 64]), "output_tokens": np.array([8, 8]),
+     "adapter_id": np.array([0, 1]), "adapter_rank": np.array([8, 8])}
+gc.disable()  # (only the helper collects)
+frozen = []
+for _ in range(3):
+    res = simulate(w, horizon_s=10.0)
+    assert res.summary["requests_finished"] == 2
+    engine = weakref.ref(res.engine)
+    del res
+    collect_run_garbage()
+    assert engine() is None, "the run's engine survived the collection"
+    frozen.append(gc.get_freeze_count())
+assert min(frozen) > 0, frozen
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -10,12 +10,12 @@ to the end (the rule keeps it, with its throughput, when it starves); later runs
 
 from __future__ import annotations
 
-import gc
 import time
 import traceback
 from typing import Any
 
 from traces.arrivals import parse_arrival
+from twin.simulate import collect_run_garbage
 from twin.sweep.scenario import run_config
 
 
@@ -73,7 +73,7 @@ def run_task(task: dict[str, Any]) -> list[dict[str, Any]]:
                      "seed": task["seed"], "status": "error", "error": f"{type(e).__name__}: {e}",
                      "traceback": traceback.format_exc(limit=3), "wall_s": time.perf_counter() - t0}
             finally:
-                gc.collect()  # the engine's reference cycles hold a run's arrays until collected
+                collect_run_garbage()  # (the engine's reference cycles hold a run's arrays until collected)
             r.update(base)
             r["walk_index"] = len(rows)
             rows.append(r)

@@ -9,7 +9,6 @@ first so the pool's tail is short. A run whose simulation raises is reported in 
 
 from __future__ import annotations
 
-import gc
 import multiprocessing as mp
 import os
 import time
@@ -22,6 +21,7 @@ import pandas as pd
 from policies.client_cap import CLIENT_MAX_INFLIGHT
 from traces.arguments import cell_error
 from traces.lengths import LengthError
+from twin.simulate import collect_run_garbage
 from twin.validation.profiles import cached_profile, check_profile_model, profile_of_runs
 from twin.validation.recreate import sharegpt_model, simulate_run
 from twin.validation.scoring import score, summarize
@@ -47,7 +47,7 @@ def _worker(args: tuple[dict, dict]) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 -- reported per run, the validation goes on
         return {"run_id": spec.run_id, "twin_status": "error", "error": f"{type(e).__name__}: {e}"}
     finally:
-        gc.collect()  # the engine's reference cycles hold a run's arrays until collected
+        collect_run_garbage()  # (the engine's reference cycles hold a run's arrays until collected)
 
 
 def _progress_bar(total: int):
