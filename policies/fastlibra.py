@@ -329,14 +329,17 @@ class FastLibraCache(AdapterCachePolicy):
             return self._argmin(now, cands, lora_term)
         self._window(now)
         t0 = now - self.window_s
+        total = self._total
+        unit = self.decay_unit_s
+        visits = store.visits_since
         best, low = -1, INF
         for j, (k, x) in enumerate(cands):
             if k == "lora":
                 v = lora_vals[j]
-            elif self._total <= 0 or store.visits_since(x, t0) == 0:
+            elif total <= 0 or (n := visits(x, t0)) == 0:
                 v = 0.0  # node_prob is 0
-            else:
-                v = self._kv_value(store, x, now)
+            else:  # :meth:`_kv_value` with its node_prob (n / total: the window is current) written out
+                v = node_eval(1.0, store.transfer_s(x.tokens), n / float(total), (now - x.last_access) / unit)
             if v == 0.0:
                 return j, v
             if best < 0 or v < low:
