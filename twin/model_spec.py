@@ -15,7 +15,7 @@ Worked examples (fp16, 2 bytes):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, asdict, field
+from dataclasses import asdict, dataclass
 from typing import Iterable
 
 #: Modules a LoRA adapter can target, by their Hugging Face names.
