@@ -1258,9 +1258,9 @@ def _edit(path: str, value):
     ("components.backbone", "graph_roofline", "components.backbone is the text 'graph_roofline'; give an object "
                                               "{\"form\": ..., \"params\": {...}}"),
     ("components", [1, 2], "components is a JSON list; give an object of components (backbone, lora, scheduler, load, "
-                           "kv, mixed)"),
+                           "kv, mixed, adapter_check)"),
     ("components.bogus", {"form": "x", "params": {}}, "unknown component 'bogus'; a profile has backbone, lora, "
-                                                      "scheduler, load, kv (and optionally mixed)"),
+                                                      "scheduler, load, kv (and optionally mixed, adapter_check)"),
     ("components.backbone.params", [1], "components.backbone.params is a JSON list; give an object of the form's "
                                         "constants by name"),
     # a misspelt (optional) parameter ran at its default

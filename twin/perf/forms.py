@@ -692,6 +692,39 @@ class PrefillAdaptersMixed(PerfModel):
 
 @register_form
 @dataclass
+class RegistryPairsAdapterCheck(PerfModel):
+    """extra = c_pair * A * N  (A distinct adapters in the step's batch, N registered adapters).
+
+    vLLM 0.8.5's host time for the per-step adapter check: ``LRUCacheWorkerLoRAManager._apply_adapters`` asks, for
+    each of the batch's ``A`` distinct adapters, whether it is registered (``adapter_id not in self.list_adapters()``),
+    and ``list_adapters`` copies the registry (a ``vllm.utils.LRUCache`` of ``max_cpu_loras`` entries, through
+    Python-level ``__setitem__`` / ``__getitem__`` calls) each time, so the check costs about ``A * N`` entry copies,
+    without overlapping the GPU. ``N`` is the step model's ``served`` (the adapters registered: the calibration's and the
+    validation's servers register every served adapter). Fitted by :mod:`calibration.fitting.adapter_check` on the
+    calibration tables *beside* the kernel grid's ``l_cta``/``l_active``/``split64_cost`` and the mixed ``h_slot``,
+    which, fitted without it, held it at the calibration's own ``A`` and ``N``; a replica of the code timed on a CPU
+    (``benchmarks/vllm085_lora_mapping_host.py``) costs the same order per pair. Only the
+    ``llama-3.1-8b_h100_vllm085_adaptercheck`` profile carries it (issue 17; the default profile does not, yet).
+    """
+
+    kind: ClassVar[str] = "adapter_check"
+    form: ClassVar[str] = "registry_pairs"
+    param_names: ClassVar[tuple[str, ...]] = ("c_pair",)
+    units: ClassVar[dict[str, str]] = {"c_pair": "s/(distinct adapter x registered adapter)/step"}
+
+    def predict(self, active, served):
+        return _scalar_or_array(self.params["c_pair"] * np.asarray(active, float) * np.asarray(served, float))
+
+    def scalar(self):
+        c = float(self.params["c_pair"])
+
+        def f(A, N):
+            return c * A * N
+        return f
+
+
+@register_form
+@dataclass
 class PrefillSlotsMixed(PerfModel):
     """extra = h_slot * G * [P > 0]  (G adapter slots, P prefill tokens of the step).
 

@@ -42,7 +42,7 @@ from twin.model_spec import ALL_TARGETS, QKVO, ModelSpec, get_model
 PROFILE_SCHEMA = "lora-twin-profile/1"
 KINDS = ("backbone", "lora", "scheduler", "load", "kv")
 #: components a profile may add to :data:`KINDS` (absent: the term is 0)
-OPTIONAL_KINDS = ("mixed",)
+OPTIONAL_KINDS = ("mixed", "adapter_check")
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 
 #: The embedded default: Llama-3.1-8B on an H100 with vLLM 0.8.5, hand-set from public
@@ -111,6 +111,11 @@ class Profile:
         self._kv = c["kv"].predict
         #: per-slot time of a step with a prefill (None: the profile has no such component)
         self.mixed_s = c["mixed"].scalar() if "mixed" in c else None
+        #: host time of vLLM's per-step adapter check, ``f(active, served)`` (None: the profile has no such component;
+        #: :class:`twin.perf.forms.RegistryPairsAdapterCheck`)
+        self.adapter_check_s = c["adapter_check"].scalar() if "adapter_check" in c else None
+        if self.adapter_check_s is not None:
+            self.step_s = self._step_s_adapter_check
         # a decode run's steps differ only in their context tokens (and the waiting count at
         # arrivals): when the backbone adds its context term last and the LoRA term does not
         # depend on the base time (or is a percentage of it), a step is a few float operations
@@ -147,6 +152,18 @@ class Profile:
         if prefill_tokens > 0 and self.mixed_s is not None:  # never in a decode run (see :meth:`decode_run`)
             comp = comp + self.mixed_s(prefill_tokens, active, slots)
         return self.scheduler_s(running, waiting, slots, served) + comp
+
+    def _step_s_adapter_check(self, prefill_tokens: int, n_dec: int, ctx_tokens: int, n_req: int, active: int,
+                              max_rank: int, slots: int, running: int, waiting: int, served: int,
+                              rank_sums: tuple[int, int] | None = None) -> float:
+        """:meth:`step_s` of a profile with an ``adapter_check`` component (the instance's ``step_s``, set when it
+        loads, so the others pay nothing): its host time added to the scheduler term (constant within a decode
+        run, where :meth:`_decode_run_fast` adds it the same way)."""
+        base = self.backbone_s(prefill_tokens, n_dec, ctx_tokens)
+        comp = base + self.lora_s(base, active, max_rank, prefill_tokens + n_dec, slots, n_req, rank_sums)
+        if prefill_tokens > 0 and self.mixed_s is not None:
+            comp = comp + self.mixed_s(prefill_tokens, active, slots)
+        return (self.scheduler_s(running, waiting, slots, served) + self.adapter_check_s(active, served)) + comp
 
     def decode_run(self, t: float, k_max: int, t_end: float, n_dec: int, ctx_tokens: int, active: int,
                    max_rank: int, slots: int, running: int, served: int, waiting: int, varying: bool,
@@ -217,6 +234,9 @@ class Profile:
         next_t = next_arrival
         w0 = waiting - ok_cum[p]
         sch = self.scheduler_s
+        if self.adapter_check_s is not None:  # (added to the scheduler term, as :meth:`step_s` adds it)
+            chk = self.adapter_check_s(active, served)
+            sch = lambda r, w, g, n, _sch=sch, _chk=chk: _sch(r, w, g, n) + _chk  # noqa: E731
         s = sch(running, waiting, slots, served)
         k0 = self.backbone_s(0, n_dec, 0)
         cc = self._ctx_coef
