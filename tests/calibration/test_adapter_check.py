@@ -1,0 +1,40 @@
+"""vLLM 0.8.5's per-step adapter check fitted with the kernel grid and the mixed term (issue 17; a what-if):
+calibration/fitting/adapter_check.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from calibration.fitting.adapter_check import fit_adapter_check, main
+from twin.perf.profile import load_profile
+
+
+def test_cli_refuses_a_missing_directory_before_work(tmp_path, capsys):
+    assert main(["--data", str(tmp_path / "nowhere")]) == 2
+    assert "no calibration directory" in capsys.readouterr().err
+
+
+@pytest.mark.data
+def test_without_the_term_the_fixed_point_is_the_shipped_profile_s_and_the_term_is_fitted(real_data):
+    without, with_check = fit_adapter_check(str(real_data / "calibration" / "vllm085_h100"))
+    prof = load_profile("llama-3.1-8b_h100_vllm085")
+    lo, mixed = prof.components["lora"].params, prof.components["mixed"].params
+    p = without["params"]
+    # the shipped profile is this fixed point (twin calibrate fit's split64 + mixed, calibration/fitting/split64.py)
+    assert p["l_cta_ns"] == pytest.approx(lo["l_cta"] * 1e9, rel=1e-4)
+    assert p["l_active_ns"] == pytest.approx(lo["l_active"] * 1e9, rel=1e-4)
+    assert p["split64_cost"] == pytest.approx(lo["split64_cost"], rel=1e-4)
+    assert p["h_slot_ms"] == pytest.approx(mixed["h_slot"] * 1e3, rel=1e-4)
+    assert p["c_us_per_pair"] == 0.0 and not without["with_adapter_check"]
+    # with the term: a positive cost per (distinct x registered) adapter pair, the other parameters refitted, and the
+    # fitted profile dict carries the refitted grid and mixed term
+    q = with_check["params"]
+    assert with_check["with_adapter_check"] and q["c_us_per_pair"] > 0
+    assert q["h_slot_ms"] != pytest.approx(p["h_slot_ms"], rel=1e-3)
+    d = with_check["profile"]
+    assert d["components"]["lora"]["params"]["l_active"] == pytest.approx(q["l_active_ns"] * 1e-9, rel=1e-6)
+    assert d["components"]["mixed"]["params"]["h_slot"] == pytest.approx(q["h_slot_ms"] * 1e-3, rel=1e-6)
+    for point in (without, with_check):
+        assert set(point["mixed_heldout_pct"]) == {"serving runs with a queue", "serving runs without a queue",
+                                                   "300-slot windows"}
+        assert 0 < point["mixed_criterion_pct"] < 20
