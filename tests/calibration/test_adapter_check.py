@@ -38,3 +38,8 @@ def test_without_the_term_the_fixed_point_is_the_shipped_profile_s_and_the_term_
         assert set(point["mixed_heldout_pct"]) == {"serving runs with a queue", "serving runs without a queue",
                                                    "300-slot windows"}
         assert 0 < point["mixed_criterion_pct"] < 20
+    # the committed variant is this fixed point (python -m calibration.fitting.adapter_check --write)
+    v = load_profile("llama-3.1-8b_h100_vllm085_adaptercheck")
+    assert v.components["adapter_check"].params["c_pair"] == pytest.approx(q["c_us_per_pair"] * 1e-6, rel=1e-5)
+    assert v.components["lora"].params["l_cta"] == pytest.approx(q["l_cta_ns"] * 1e-9, rel=1e-6)
+    assert v.components["mixed"].params["h_slot"] == pytest.approx(q["h_slot_ms"] * 1e-3, rel=1e-6)
