@@ -36,14 +36,12 @@ import sys
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from calibration.fitting import components as C
 from calibration.fitting import mixed as M
 from calibration.fitting.core import FitError, ParamSpec, cross_val_predict, dropped_rows_reported, fit_params
 from calibration.fitting.split64 import FIXED_POINT_MAX_ITER, LoraRows, _grid_candidate, _heldout_by_kind, _with_grid
 from calibration.fitting.tables import Vllm085Tables, vllm085_directory
-from calibration.fitting.vllm085 import _serving_run_frame, lora_obs, per_adapter_serving_runs
 from twin.perf.profile import PROFILE_DIR, Profile, load_profile
 
 #: ``c`` is fitted in ms per thousand (distinct adapter x registered adapter) pairs and step
@@ -52,27 +50,12 @@ PAIRS = 1000.0
 RTOL = 1e-6
 
 
-def _mixed_frame(t: Vllm085Tables, prof: Profile) -> pd.DataFrame:
-    """:func:`calibration.fitting.mixed.mixed_obs` with the served (registered) adapters ``N`` kept."""
-    bb, lo = prof.components["backbone"], prof.components["lora"]
-    s = per_adapter_serving_runs(t.sched).reset_index(drop=True)
-    runs = _serving_run_frame(s)
-    queued = (s["mean_waiting"] >= 1.0).to_numpy()
-    step = np.where(queued, (s["duration_s"] / s["engine_steps"]).to_numpy(float) / M.MS, runs["step_ms"].to_numpy(float))
-    runs = runs.assign(step_ms=step, source=np.where(queued, M.SOURCES[0], M.SOURCES[1]),
-                       model_ms=C.window_lora_ms(bb, lo, runs, np.full(len(runs), 8.0)) + runs["sched_ms"])
-    win, rank = lora_obs(t)
-    win = win.assign(source=M.SOURCES[2], model_ms=C.window_lora_ms(bb, lo, win, rank) + win["sched_ms"])
-    cols = ["group", "source", "step_ms", "model_ms", "R", "W", "G", "A", "S", "n_pre", "N"]
-    return M.with_mixed_inputs(pd.concat([runs[cols], win[cols]], ignore_index=True))
-
-
 def _mixed_with_check(t: Vllm085Tables, prof: Profile, c_ms: float) -> dict[str, Any]:
     """The mixed ``prefill_slots`` fit (:func:`calibration.fitting.mixed.fit_mixed`) with ``c * A * N`` in the model."""
-    obs = _mixed_frame(t, prof)
+    obs = M.mixed_obs(t, prof)
     obs["model_ms"] = obs["model_ms"] + c_ms * obs["A"] * obs["N"] / PAIRS
     orig = M.mixed_obs
-    M.mixed_obs = lambda *_a, **_k: obs  # (fit_mixed reads its rows through mixed_obs)
+    M.mixed_obs = lambda *_a, **_k: obs  # (fit_mixed reads its rows through mixed_obs: these, with the term)
     try:
         return M.fit_mixed(t, prof, 5, forms=("prefill_slots",))
     finally:

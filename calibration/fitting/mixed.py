@@ -75,7 +75,7 @@ CANDIDATES: tuple[MixedCandidate, ...] = (
 def mixed_obs(t, profile: Profile, host_s_per_running: float = 0.0) -> pd.DataFrame:
     """Rows (one per serving run or window): measured mean step ``step_ms``, the calibrated
     model's ``model_ms`` (backbone + LoRA at the row's step mixture, + measured scheduler and
-    load time), the inputs ``R W G A pre pre_G pre_A`` and ``source``/``group``.
+    load time), the inputs ``R W G A N pre pre_G pre_A`` (``N``: served adapters) and ``source``/``group``.
 
     ``host_s_per_running`` (a what-if; 0 for the profile): host time per running request and step
     added to the serving runs' model (not the offline windows'), as the validated engine's serving
@@ -92,7 +92,7 @@ def mixed_obs(t, profile: Profile, host_s_per_running: float = 0.0) -> pd.DataFr
     win = win.assign(source=SOURCES[2], model_ms=C.window_lora_ms(bb, lo, win, rank) + win["sched_ms"])
     if host_s_per_running:
         runs = runs.assign(model_ms=runs["model_ms"] + host_s_per_running / MS * runs["R"])
-    cols = ["group", "source", "step_ms", "model_ms", "R", "W", "G", "A", "S", "n_pre"]
+    cols = ["group", "source", "step_ms", "model_ms", "R", "W", "G", "A", "S", "n_pre", "N"]
     return with_mixed_inputs(pd.concat([runs[cols], win[cols]], ignore_index=True))
 
 
