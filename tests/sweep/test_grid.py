@@ -37,6 +37,20 @@ def test_the_validated_llama_grid_is_the_published_one_on_the_validated_engine()
     assert val.digest() != pub.digest()
 
 
+def test_the_adaptercheck_llama_grid_is_the_validated_one_on_the_adaptercheck_profile():
+    """``adapter-twin-llama-adaptercheck``: the validated grid's scenarios and engine constants, run with the
+    profile variant that prices vLLM's per-step adapter check; its tasks hash apart from the validated grid's."""
+    from twin.perf.profile import load_profile
+
+    val, chk = load_grid("adapter-twin-llama-validated"), load_grid("adapter-twin-llama-adaptercheck")
+    assert chk.profile == "llama-3.1-8b_h100_vllm085_adaptercheck"
+    assert "adapter_check" in load_profile(chk.profile).components
+    assert [s["key"] for s in chk.scenarios()] == [s["key"] for s in val.scenarios()]
+    assert (chk.serving_us, chk.rank_tile_cost, chk.served, chk.slots) == (
+        val.serving_us, val.rank_tile_cost, val.served, val.slots)
+    assert chk.digest() != val.digest()
+
+
 def test_scenario_key_matches_real_folders():
     assert scenario_key([0.4, 0.05, 0.00625], [8, 16, 32]) == "rate_0.4-0.05-0.00625_size_8-16-32"
     assert scenario_key([3.2, 1.6, 0.025], [16, 16, 16]) == "rate_3.2-1.6-0.025_size_16-16-16"

@@ -308,6 +308,12 @@ NAMED_GRIDS = {
     # README.md, "The validated engine's sweep")
     "adapter-twin-llama-validated": lambda: _published("adapter-twin-llama-validated", "llama-3.1-8b_h100_vllm085",
                                                        "llama-3.1-8b", **VALIDATED_ENGINE),
+    # the published Llama grid on the validated engine with vLLM's per-step adapter check (the profile variant
+    # ``adaptercheck``, fitted on the calibration tables: results/configurator/README.md, "The adapter-check
+    # engine's sweep")
+    "adapter-twin-llama-adaptercheck": lambda: _published(
+        "adapter-twin-llama-adaptercheck", "llama-3.1-8b_h100_vllm085_adaptercheck", "llama-3.1-8b",
+        **VALIDATED_ENGINE),
     # the published grid plus the slot values it could not reach (8; 160-224 where vLLM starts)
     "adapter-twin-llama-ext": lambda: GridSpec(
         name="adapter-twin-llama-ext", profile="llama-3.1-8b_h100_vllm085", model="llama-3.1-8b",
