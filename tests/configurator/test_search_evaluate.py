@@ -183,3 +183,37 @@ def test_search_a_workload_file(tmp_path, capsys):
     assert "--served [64] / --slots [8]: the workload file" in capsys.readouterr().err
     assert main(["configure", "search", "--cache", str(tmp_path / "c")]) == 2
     assert "--rates and --ranks are required" in capsys.readouterr().err
+
+
+def test_search_predictions_and_crossings_use_the_real_tables_scenario_names(monkeypatch):
+    """The fit split's folders are not named by the twin's keys (``rank_16_rates_0.1_0.05_0.025``, the twin's
+    ``rate_0.1-0.05-0.025_size_8-16``): the search's optimum is scored under the real name, and the crossings find
+    the walk's runs through the twin's key (evaluating ``--source dt_modelling`` once failed with 'regret')."""
+    import pandas as pd
+
+    import twin.configurator.evaluate as ev
+
+    key = "rate_0.1-0.05-0.025_size_8-16"
+    runs = pd.DataFrame({"scenario": [key, key], "served_adapters": [8, 16], "adapter_slots": [8, 8],
+                         "status": ["ok", "ok"], "total_tok_s": [95.0, 150.0], "offered_tok_s": [100.0, 200.0],
+                         "early_stop": [False, False]})
+    labels = pd.DataFrame({"scenario": [key], "served_adapters": [8], "adapter_slots": [8], "throughput_tok_s": [95.0]})
+    monkeypatch.setattr(ev, "search", lambda pairs, *a, **k: (labels, runs))
+    truth = pd.DataFrame({"scenario": ["rank_16_rates_0.1_0.05_0.025"], "rates": ["0.1-0.05-0.025"],
+                          "ranks": ["8-16"]})
+    preds, got_runs = ev.search_predictions(truth, "p", None, "local", 1, False)
+    assert preds["scenario"].tolist() == ["rank_16_rates_0.1_0.05_0.025"]
+    assert got_runs["scenario"].tolist() == [key, key]  # (the check looks its runs up by the twin's key)
+
+    real = pd.DataFrame({"source": "dt_modelling", "scenario": "rank_16_rates_0.1_0.05_0.025", "rates": "0.1-0.05-0.025",
+                         "ranks": "8-16", "served_adapters": [8, 16], "adapter_slots": 8, "status": "ok",
+                         "total_tok_s": [97.0, 160.0], "offered_tok_s_est": [100.0, 200.0]})
+    monkeypatch.setattr(ev, "from_real", lambda df: df.assign(offered_tok_s=df["offered_tok_s_est"]))
+    cross = ev.crossings(real, got_runs, "dt_modelling")
+    assert cross["side"].tolist() == ["last_above", "first_below"]
+    assert cross["twin_ratio"].tolist() == pytest.approx([0.95, 0.75])
+
+    empty = ev.score_predictor("nobody", preds.iloc[:0], truth.assign(served_adapters=8, adapter_slots=8,
+                                                                     throughput_tok_s=95.0, ratio_at_label=0.95),
+                               {}, [8, 16], [8])[0]
+    assert empty["scenarios"] == 0 and empty["starving"] == 0

@@ -33,7 +33,7 @@ from twin.configurator.labels import FEATURES, real_optima, run_ratio
 from twin.configurator.features import LENGTH_FEATURES, length_columns
 from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY
 from twin.configurator.models import smape_pct, snap_config
-from twin.sweep.grid import PUBLISHED_GRID
+from twin.sweep.grid import PUBLISHED_GRID, scenario_key
 from twin.configurator.labels import from_real
 from twin.sweep.scenario import START_FAILURE_STATUSES
 from twin.configurator.models import predict
@@ -108,6 +108,11 @@ def score_recommendation(grid: dict, scenario: str, served: int, slots: int, opt
     return math.nan, None
 
 
+#: the columns of a predictor's per-scenario scores (:func:`score_predictor`)
+SCORE_COLUMNS = ("predictor", "scenario", "real_served", "real_slots", "real_tok_s", "served_raw", "slots_raw", "served",
+                 "slots", "pred_tok_s", "regret", "starving", "violation")
+
+
 def score_predictor(name: str, preds: pd.DataFrame, truth: pd.DataFrame, grid: dict,
                     served_grid: list[int], slot_grid: list[int]) -> tuple[dict[str, Any], pd.DataFrame]:
     """``preds``: one row per scenario with ``served_raw``, ``slots_raw``, ``throughput``."""
@@ -124,7 +129,7 @@ def score_predictor(name: str, preds: pd.DataFrame, truth: pd.DataFrame, grid: d
                      "served_raw": float(r["served_raw"]), "slots_raw": float(r["slots_raw"]),
                      "served": n, "slots": g, "pred_tok_s": float(r["throughput"]), "regret": reg,
                      "starving": starv, "violation": viol})
-    d = pd.DataFrame(rows)
+    d = pd.DataFrame(rows, columns=SCORE_COLUMNS)  # (no row: a predictor that named none of the scenarios)
     reg = d["regret"].dropna()
     out = {"predictor": name, "scenarios": int(len(d)),
            "smape_served": smape_pct(d["served"], d["real_served"]),
@@ -165,15 +170,25 @@ def constant_predictions(model: dict[str, Any], truth: pd.DataFrame) -> pd.DataF
 def search_predictions(truth: pd.DataFrame, profile: str | None, cache: str | os.PathLike | None, executor: str,
                        jobs: int, progress: bool | None, serving_us: float = 0.0,
                        rank_tile_cost: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The twin's own optimum of each ``truth`` scenario (``configure search``), named as in the real table (whose
+    folder names need not be the twin's keys: the fit split's ``rank_16_rates_0.1_0.05_0.025``), and the walk's
+    runs, keyed by the twin's scenario keys (:func:`twin.sweep.grid.scenario_key`) as the check's runs are."""
 
     pairs = [(parse_list(a, float, "rates"), parse_list(b, int, "ranks")) for a, b in zip(truth["rates"], truth["ranks"])]
     kw: dict[str, Any] = {"serving_us": float(serving_us)} if serving_us else {}
     if rank_tile_cost is not None:
         kw["rank_tile_cost"] = float(rank_tile_cost)
     labels, runs = search(pairs, profile, cache, executor, jobs, progress=progress, **kw)
+    names = {scenario_key(rates, ranks): sc for sc, (rates, ranks) in zip(truth["scenario"], pairs)}
+    labels = labels.assign(scenario=labels["scenario"].map(lambda k: names.get(k, k)))  # the real table's names
     p = labels.rename(columns={"served_adapters": "served_raw", "adapter_slots": "slots_raw",
                                "throughput_tok_s": "throughput"})[["scenario", "served_raw", "slots_raw", "throughput"]]
     return p, runs
+
+
+def _twin_key(rates: Any, ranks: Any) -> str:
+    """The twin's scenario key of a real scenario's rates and ranks (the search walk's runs carry it)."""
+    return scenario_key(parse_list(rates, float, "rates"), parse_list(ranks, int, "ranks"))
 
 
 def crossings(real: pd.DataFrame, twin_runs: pd.DataFrame | None, source: str = "ml_test") -> pd.DataFrame:
@@ -183,6 +198,7 @@ def crossings(real: pd.DataFrame, twin_runs: pd.DataFrame | None, source: str = 
 
     df = from_real(real[real["source"] == source] if source else real)
     df = df[df["status"] == "ok"]
+    key = {sc: _twin_key(rates, ranks) for sc, rates, ranks in zip(df["scenario"], df["rates"], df["ranks"])}
     tw = {}
     if twin_runs is not None and len(twin_runs):
         for _, r in twin_runs[twin_runs["status"] == "ok"].iterrows():
@@ -196,7 +212,7 @@ def crossings(real: pd.DataFrame, twin_runs: pd.DataFrame | None, source: str = 
         for i in range(len(sub) - 1):
             if ratios[i] >= 0.9 > ratios[i + 1]:
                 for side, j in (("last_above", i), ("first_below", i + 1)):
-                    t = tw.get((sc, int(served[j]), int(g)), math.nan)
+                    t = tw.get((key[sc], int(served[j]), int(g)), math.nan)
                     rows.append({"scenario": sc, "adapter_slots": int(g), "side": side,
                                  "served_adapters": int(served[j]), "real_ratio": float(ratios[j]),
                                  "twin_ratio": abs(t) if t == t else math.nan,
