@@ -88,6 +88,39 @@ def test_evaluate_on_real_ml_test(real_data, tmp_path, capsys):
     names = [r["predictor"] for r in d["table"]]
     assert "constant (training median)" in names and "published random forest" in names
     assert (tmp_path / "ev" / "evaluation.csv").exists()
+    # the model names no profile of this twin ("test"): the runs' model's configurator profile
+    assert d["profile"] == "llama-3.1-8b_h100_vllm085_adaptercheck"
+
+
+@pytest.mark.data
+def test_evaluate_with_a_model_runs_the_profile_it_was_trained_on(real_data, capsys):
+    """Without --profile, ``evaluate --model M`` scores (and would search and check) on M's own profile, as its
+    --help says; without --model, on the configurator profile of the runs' model."""
+    from twin.configurator.models import DEFAULT_PROFILE, shipped_model_path
+
+    real = str(real_data / "validation/vllm085_h100_llama31_8b.csv")
+    p = _cli()
+    for model, profile in ((str(shipped_model_path("llama-3.1-8b_h100_vllm085", "cart")), "llama-3.1-8b_h100_vllm085"),
+                           (None, DEFAULT_PROFILE)):
+        ns = p.parse_args(["configure", "evaluate", "--real", real, "--no-search", "--json"]
+                          + (["--model", model] if model else []))
+        assert ns.func(ns) == 0
+        assert json.loads(capsys.readouterr().out)["profile"] == profile
+
+
+def test_search_runs_the_engine_of_the_profiles_shipped_configurator():
+    """``configure search`` without --serving-us / --rank-tile-cost: the engine the profile's shipped configurator
+    was trained on (the default profile's: twin validate's constants), the calibrated engine for a profile with
+    none (or with a calibrated-engine one, Qwen's); a constant given wins."""
+    from twin.configurator.cli import _shipped_engine
+    from twin.configurator.models import DEFAULT_PROFILE
+    from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
+
+    assert _shipped_engine(DEFAULT_PROFILE, None, None) == (pytest.approx(SERVING_S_PER_RUNNING * 1e6), RANK_TILE_COST)
+    assert _shipped_engine("qwen-2.5-7b_h100_vllm085", None, None) == (0.0, None)
+    assert _shipped_engine("llama-2-7b_a40_vidur", None, None) == (0.0, None)
+    assert _shipped_engine(DEFAULT_PROFILE, 0.0, 1.0) == (0.0, 1.0)
+    assert _shipped_engine(DEFAULT_PROFILE, 5.0, None) == (5.0, RANK_TILE_COST)
 
 
 @pytest.mark.data

@@ -116,3 +116,39 @@ def test_the_validated_sample_runs_give_its_labels():
                                   lab[cols].sort_values("scenario").reset_index(drop=True), check_dtype=False)
     test = {"rate_0.4-0.05-0.00625_size_8-16-32", "rate_0.8-0.4-0.05_size_8-8-32", "rate_3.2-1.6-0.1_size_8-8-32"}
     assert not test & set(lab["scenario"])
+
+
+ADAPTERCHECK = REPO / "results" / "configurator" / "adaptercheck"
+
+
+def test_the_configurator_default_is_the_adapter_check_engine():
+    """``twin configure`` without --profile recommends with the adapter-check engine's models (results/configurator/
+    README.md, "The adapter-check engine's sweep"); the runs of Llama-3.1-8B map to it, other models keep theirs."""
+    from twin.configurator.models import DEFAULT_PROFILE, configurator_profile, shipped_model_path
+
+    assert DEFAULT_PROFILE == "llama-3.1-8b_h100_vllm085_adaptercheck"
+    assert configurator_profile("llama-3.1-8b_h100_vllm085") == DEFAULT_PROFILE
+    assert configurator_profile("qwen-2.5-7b_h100_vllm085") == "qwen-2.5-7b_h100_vllm085"
+    for kind in ("rf", "cart", "hstree", "figs", "rulefit"):
+        assert shipped_model_path(DEFAULT_PROFILE, kind).exists(), kind
+
+
+@pytest.mark.parametrize("path", sorted(MODEL_DIR.glob("llama-3.1-8b_h100_vllm085_adaptercheck.*")), ids=lambda p: p.name)
+def test_the_adapter_check_models_come_from_its_sweeps_committed_labels(path):
+    """Trained on the adapter-check sweep's committed labels, whose engine is the validated grid's constants on the
+    variant profile (twin.sweep.grid, ``adapter-twin-llama-adaptercheck``); the committed runs give those labels."""
+    from twin.configurator.dataset import build_dataset, load_runs
+    from twin.configurator.labels import engines_of
+    from twin.configurator.models import model_engine
+    from twin.sweep.grid import VALIDATED_ENGINE
+
+    m = json.loads(read_model_text(path))
+    src = "results/configurator/adaptercheck/labels_llama_adaptercheck_throughput90.csv"
+    lab = pd.read_csv(REPO / src)
+    assert m["provenance"]["sources"] == [src] and m["provenance"]["rule"] == "throughput90"
+    assert engines_of(lab) == [VALIDATED_ENGINE] and model_engine(m) == VALIDATED_ENGINE
+    assert set(lab["profile"]) == {"llama-3.1-8b_h100_vllm085_adaptercheck"}
+    again = build_dataset(load_runs([ADAPTERCHECK / "runs_llama_adaptercheck.parquet"]))
+    cols = ["scenario", "served_adapters", "adapter_slots", "throughput_tok_s", "serving_us", "rank_tile_cost"]
+    pd.testing.assert_frame_equal(again[cols].sort_values("scenario").reset_index(drop=True),
+                                  lab[cols].sort_values("scenario").reset_index(drop=True), check_dtype=False)

@@ -14,11 +14,10 @@ from typing import Any
 from traces.arguments import check_writable_dir, check_writable_file, did_you_mean, first_repeat, has_empty_item
 from traces.registry import MAX_REQUESTS
 from twin.configurator.domain import describe, outside, training_domain
-from twin.configurator.models import KINDS
+from twin.configurator.models import DEFAULT_PROFILE, KINDS
 from twin.scenario import check_host_term, check_number, rank_limit
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING, WINDOW_S
 
-DEFAULT_PROFILE = "llama-3.1-8b_h100_vllm085"
 #: where ``configure train`` writes a model without --out (relative to the current directory)
 DEFAULT_MODEL_DIR = "configurators"
 #: folds of ``configure train``'s grid search without --cv
@@ -147,7 +146,8 @@ def register_cli(subparsers) -> None:
     e = sub.add_parser("evaluate", help="score configurators on real runs (SMAPE, regret, starvation)")
     e.add_argument("--real", default=None,
                    help="real-run table in the validation format (default: validation/vllm085_h100_llama31_8b.csv)")
-    e.add_argument("--profile", default=None, help="profile (default: the model's fitted profile)")
+    e.add_argument("--profile", default=None, help="profile (default: with --model, the profile the model was trained on; "
+                   "else the configurator profile of the runs' model, for Llama-3.1-8B " + DEFAULT_PROFILE + ")")
     e.add_argument("--model", default=None, help="model file (default: the shipped configurators of the profile)")
     e.add_argument("--source", default="ml_test", help="rows of the table to use (column source; '' = all)")
     e.add_argument("--no-search", action="store_true", help="leave out the twin-as-optimiser baseline")
@@ -877,16 +877,33 @@ def _engine_args(p: argparse.ArgumentParser, whose: str, from_model: bool = Fals
         us_default = "the engine the model was trained on, in its provenance; 0, the calibrated engine, for a model without one"
         cost_default, profile_word, cost_type = "the engine the model was trained on", ", or 'profile' for the profile's own", _tile_cost
     else:
-        us_default, cost_default, profile_word, cost_type = ("0: the calibrated engine alone",
-                                                             "the profile's own, 1 in the calibrated profiles", "", float)
+        us_default, cost_default, profile_word, cost_type = (
+            "the engine the profile's shipped configurator was trained on; 0, the calibrated engine, for a profile "
+            "without one", "the same engine's; the profile's own for a profile without a configurator", "", float)
     used = "twin validate and the adapter-twin-llama-validated grid use"
-    p.add_argument("--serving-us", type=float, default=None if from_model else 0.0, metavar="US",
+    p.add_argument("--serving-us", type=float, default=None, metavar="US",
                    help=f"{whose} serving-path host time per running request and engine step, microseconds (default: "
                         f"{us_default}; {used} {SERVING_S_PER_RUNNING * 1e6:g})")
     p.add_argument("--rank-tile-cost", type=cost_type, default=None, metavar="COST",
                    help=f"{whose} working-block cost of a LoRA shrink rank tile beyond the first, relative to the "
                         f"first (rank-32 slots run two tiles){profile_word} (default: {cost_default}; {used} "
                         f"{RANK_TILE_COST:g})")
+
+
+def _shipped_engine(profile: str, serving_us: float | None, rank_tile_cost: float | None) -> tuple[float, float | None]:
+    """``configure search``'s engine: each constant given, else the one the profile's shipped configurator was
+    trained on (:func:`twin.configurator.models.model_engine`: the default profile's is ``twin validate``'s 18 us and
+    0.7091), else the calibrated engine (0 us, the profile's own rank tiles) for a profile without a configurator."""
+    from twin.configurator.models import load_model, model_engine
+
+    if serving_us is None or rank_tile_cost is None:
+        try:
+            engine = model_engine(load_model(profile, "rf"))
+        except (FileNotFoundError, ValueError):  # (no shipped configurator, or a profile given as a file)
+            engine = {"serving_us": 0.0, "rank_tile_cost": None}
+        serving_us = engine["serving_us"] if serving_us is None else serving_us
+        rank_tile_cost = engine["rank_tile_cost"] if rank_tile_cost is None else rank_tile_cost
+    return float(serving_us), None if rank_tile_cost is None else float(rank_tile_cost)
 
 
 def _tile_cost(text: str) -> "float | str":
@@ -1061,12 +1078,14 @@ def cmd_search(args) -> int:
                    if args.slots is not None else list(PUBLISHED_GRID))
     if args.length_corr:
         kw["length_corr"] = check_length_corr(args.length_corr, "--length-corr")
-    if args.serving_us:
-        _check_serving_us(args.serving_us)
-        kw["serving_us"] = float(args.serving_us)
+    _check_serving_us(args.serving_us)
     if args.rank_tile_cost is not None:
         _check_rank_tile_cost(args.rank_tile_cost, args.profile)
-        kw["rank_tile_cost"] = float(args.rank_tile_cost)
+    us, cost = _shipped_engine(args.profile, args.serving_us, args.rank_tile_cost)
+    if us:
+        kw["serving_us"] = us
+    if cost is not None:
+        kw["rank_tile_cost"] = cost
     slo = _search_slo(args)
     with _executor_extra():  # (the window's warning once the grid is checked, before any run)
         try:

@@ -41,7 +41,7 @@ from traces.arguments import cell_error, parse_list
 from traces.datadir import shown_path
 from twin.configurator.search import search
 from twin.configurator.check import check_recommendation, known_from_runs
-from twin.configurator.models import load_model, resolve_engine
+from twin.configurator.models import configurator_profile, load_model, resolve_engine
 from twin.sweep.scenario import load_real
 from twin.validation.profiles import cached_profile, check_profile_model, profile_of_runs
 
@@ -266,7 +266,14 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
         have = sorted(real["source"].astype(str).unique()) if "source" in real.columns else []
         raise ValueError(f"{real_csv}: no rows with source == {source!r} (its sources: {have}); pass --source NAME, "
                          f"or --source '' for every row")
-    profile = profile_of_runs(sel, profile, f"the {source or 'selected'} runs of {real_csv}")
+    if profile is None and model_path:  # the profile the model was trained on, where this twin has it
+        own = (load_model(model_path, "rf").get("provenance") or {}).get("profile")
+        try:
+            profile = own if own and cached_profile(own) else None
+        except (KeyError, ValueError, OSError):  # (not a profile here: the runs' model's, as --help says)
+            profile = None
+    if profile is None:
+        profile = configurator_profile(profile_of_runs(sel, None, f"the {source or 'selected'} runs of {real_csv}"))
     if not model_path:  # the shipped configurators of another model's profile would score nothing real
         check_profile_model(cached_profile(profile), sel)
     if not sel["status"].astype(str).eq("ok").any():
