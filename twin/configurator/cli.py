@@ -894,16 +894,15 @@ def _shipped_engine(profile: str, serving_us: float | None, rank_tile_cost: floa
     """``configure search``'s engine: each constant given, else the one the profile's shipped configurator was
     trained on (:func:`twin.configurator.models.model_engine`: the default profile's is ``twin validate``'s 18 us and
     0.7091), else the calibrated engine (0 us, the profile's own rank tiles) for a profile without a configurator."""
-    from twin.configurator.models import load_model, model_engine
+    from twin.configurator.models import load_model, resolve_engine
 
+    models = []
     if serving_us is None or rank_tile_cost is None:
         try:
-            engine = model_engine(load_model(profile, "rf"))
+            models = [load_model(profile, "rf")]
         except (FileNotFoundError, ValueError):  # (no shipped configurator, or a profile given as a file)
-            engine = {"serving_us": 0.0, "rank_tile_cost": None}
-        serving_us = engine["serving_us"] if serving_us is None else serving_us
-        rank_tile_cost = engine["rank_tile_cost"] if rank_tile_cost is None else rank_tile_cost
-    return float(serving_us), None if rank_tile_cost is None else float(rank_tile_cost)
+            pass
+    return resolve_engine(models, serving_us, rank_tile_cost)
 
 
 def _tile_cost(text: str) -> "float | str":

@@ -179,7 +179,7 @@ def search_predictions(truth: pd.DataFrame, profile: str | None, cache: str | os
     if rank_tile_cost is not None:
         kw["rank_tile_cost"] = float(rank_tile_cost)
     labels, runs = search(pairs, profile, cache, executor, jobs, progress=progress, **kw)
-    names = {scenario_key(rates, ranks): sc for sc, (rates, ranks) in zip(truth["scenario"], pairs)}
+    names = {_twin_key(a, b): sc for sc, a, b in zip(truth["scenario"], truth["rates"], truth["ranks"])}
     labels = labels.assign(scenario=labels["scenario"].map(lambda k: names.get(k, k)))  # the real table's names
     p = labels.rename(columns={"served_adapters": "served_raw", "adapter_slots": "slots_raw",
                                "throughput_tok_s": "throughput"})[["scenario", "served_raw", "slots_raw", "throughput"]]
