@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,9 @@ from twin.compare import load_compare_profile  # noqa: E402
 from twin.registry import resolve_policy, resolve_system  # noqa: E402
 from twin.scenario import RunConfig, build_engine_config, build_workload, parse_workload_option  # noqa: E402
 from twin.simulate import ENGINES, SimResult  # noqa: E402
+
+if TYPE_CHECKING:  # pragma: no cover
+    from twin.engine import Engine
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:

@@ -6,7 +6,6 @@ between that order and their recency order is printed (1: the ranking is pure re
 
     PYTHONPATH=. python benchmarks/fastlibra_decay_ranking.py
 """
-import numpy as np
 from scipy.stats import kendalltau
 import policies  # noqa
 from traces.registry import get_workload

@@ -197,8 +197,8 @@ def test_search_a_workload_file(tmp_path, capsys):
     assert res["runs"] <= 2 + 3  # (64 > the file's 40 adapters: left out of the walk)
     assert res["lengths"][0] == pytest.approx(224.5, abs=15)
     grid = tmp_path / "g.toml"
-    grid.write_text(f'name = "g"\nprofile = "llama-3.1-8b_h100_vllm085"\nwindow_s = 600\n[scenarios]\nworkload = '
-                    f'["t.parquet"]\n[configs]\nserved = [10, 20, 40]\nslots = [8, 16]\n')
+    grid.write_text('name = "g"\nprofile = "llama-3.1-8b_h100_vllm085"\nwindow_s = 600\n[scenarios]\nworkload = '
+                    '["t.parquet"]\n[configs]\nserved = [10, 20, 40]\nslots = [8, 16]\n')
     assert main(["sweep", str(grid), "--out", str(tmp_path / "sw"), "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["configure", "dataset", str(tmp_path / "sw"), "--json"]) == 0
