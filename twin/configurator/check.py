@@ -55,15 +55,20 @@ def step_down_slots(served: int, slots: int, slot_grid: Iterable[int]) -> tuple[
 def scenario_task(rates: list[float], ranks: list[int], profile: str | None, *, window_s: float = 3600.0,
                   policy: str = DEFAULT_POLICY, lengths: tuple[float, float] = DEFAULT_LENGTHS,
                   seed: int = 0, serving_us: float = 0.0, rank_tile_cost: float | None = None,
-                  arrival: str = "poisson") -> dict[str, Any]:
+                  arrival: str = "poisson", workload: str | None = None,
+                  served_grid: Iterable[int] = PUBLISHED_GRID,
+                  slot_grid: Iterable[int] = PUBLISHED_GRID) -> dict[str, Any]:
     """The task ``twin configure search`` would run for this scenario (its scenario dict, seed,
     maximum rank, window and profile), so that a check's run equals the search walk's run;
     ``serving_us`` / ``rank_tile_cost``: the engine constants of the search
-    (:attr:`twin.sweep.grid.GridSpec.serving_us`, :attr:`~twin.sweep.grid.GridSpec.rank_tile_cost`)."""
-    pair = (list(map(float, rates)), list(map(int, ranks)))
-    g = search_grid([pair], profile, window_s=window_s, policy=policy, lengths=lengths, seeds=(seed,),
-                    serving_us=serving_us, rank_tile_cost=rank_tile_cost, arrival=arrival)
-    tasks = _pairs_tasks(g, [pair])
+    (:attr:`twin.sweep.grid.GridSpec.serving_us`, :attr:`~twin.sweep.grid.GridSpec.rank_tile_cost`).
+    ``workload``: a workload file's scenario instead of ``rates`` / ``ranks`` (``configure search --workload``'s:
+    :mod:`twin.sweep.workload_scenario`; ``served_grid`` and ``slot_grid`` then hold values the file can serve)."""
+    pairs = [] if workload is not None else [(list(map(float, rates)), list(map(int, ranks)))]
+    g = search_grid(pairs, profile, window_s=window_s, policy=policy, lengths=lengths, seeds=(seed,),
+                    serving_us=serving_us, rank_tile_cost=rank_tile_cost, arrival=arrival, workload=workload,
+                    served=served_grid, slots=slot_grid)
+    tasks = _pairs_tasks(g, pairs)
     if not tasks:  # pragma: no cover -- search_grid holds exactly this scenario
         raise ValueError(f"no task for rates {rates} and ranks {ranks}")
     return tasks[0]
@@ -85,7 +90,8 @@ def check_recommendation(rates: list[float], ranks: list[int], served: int, slot
                          policy: str = DEFAULT_POLICY, lengths: tuple[float, float] = DEFAULT_LENGTHS,
                          window_s: float = 3600.0, seed: int = 0, ratio: float = 0.9,
                          known: Known | None = None, serving_us: float = 0.0,
-                         rank_tile_cost: float | None = None, arrival: str = "poisson") -> dict[str, Any]:
+                         rank_tile_cost: float | None = None, arrival: str = "poisson",
+                         workload: str | None = None) -> dict[str, Any]:
     """Check ``(served, slots)`` in the twin and step the served adapters down while it starves.
 
     ``serving_us`` / ``rank_tile_cost``: the twin's engine constants, as ``twin configure search`` takes them
@@ -98,9 +104,14 @@ def check_recommendation(rates: list[float], ranks: list[int], served: int, slot
     ``steps``: one dict per configuration tried (``served_adapters``, ``adapter_slots``, ``status``,
     ``ratio`` (throughput / offered), ``ratio_is_upper_bound``, ``starving``, ``simulated``: False
     when the run came from ``known``; ``startup_reason`` on a configuration that does not start). New
-    runs are added to ``known`` when it is given."""
+    runs are added to ``known`` when it is given.
+
+    ``workload``: check the scenario of a workload file (``predict --workload``; ``rates`` / ``ranks`` unused): a
+    run at ``N`` served adapters replays ``N`` of its adapters, as ``configure search --workload`` does;
+    ``served_grid`` and ``slot_grid`` must then stay within its adapters."""
     task = scenario_task(rates, ranks, profile, window_s=window_s, policy=policy, lengths=lengths, seed=seed,
-                         serving_us=serving_us, rank_tile_cost=rank_tile_cost, arrival=arrival)
+                         serving_us=serving_us, rank_tile_cost=rank_tile_cost, arrival=arrival, workload=workload,
+                         **({"served_grid": served_grid, "slot_grid": slot_grid} if workload is not None else {}))
     sc = task["scenario"]
     key = sc["key"]
     known = {} if known is None else known

@@ -124,6 +124,15 @@ def register_cli(subparsers) -> None:
                          "`train --features` (e.g. mean_input_tokens=222); repeat for several. The features "
                          "derived from --rates / --ranks (rate_max ... rank_std) are refused here: change "
                          "--rates / --ranks instead")
+    pr.add_argument("--workload", default=None, metavar="FILE",
+                    help="recommend for a workload file of your own instead of --rates/--ranks (any file twin run "
+                         "--trace takes): the features are the max, min, mean and std of its adapters' rates "
+                         "(requests in --window / --window) and ranks, as configure search --workload measures "
+                         "them; a model trained without the length or arrival features refuses a file whose "
+                         "lengths or burstiness it never saw")
+    pr.add_argument("--window", type=float, default=3600.0,
+                    help="with --workload: the seconds of the file whose requests make the rates (default 3600, as "
+                         "configure search --workload and the sweeps replay a file)")
     pr.add_argument("--check", action="store_true",
                     help="run the twin at the recommendation and step the served adapters down while it starves "
                          "there (the model's own rule; about 2 CPU-s per simulated hour)")
@@ -581,6 +590,59 @@ def offered_tok_s(rates: list[float], served: int, lengths: list[float] | None =
     return req_s * (float(mean_in) + float(mean_out))
 
 
+def workload_offered_tok_s(wl: dict[str, Any], served: int, seed: int = 0) -> float:
+    """The tokens/s that ``served`` of a workload file's adapters offer over the window (``wl``: what
+    :func:`_predict_workload` read): the requests the twin's run at ``served`` replays
+    (:func:`twin.sweep.workload_scenario.served_workload`, the seeded order's first ``served`` adapters and the
+    base model's requests), as a sweep row's ``offered_tok_s``."""
+    from twin.sweep.workload_scenario import served_workload
+
+    w = served_workload({"workload": wl["path"], "workload_sha256": wl["sha256"]}, min(int(served), wl["adapters"]),
+                        seed, wl["window_s"])
+    df = w.df
+    inw = df["arrival_s"].to_numpy() <= wl["window_s"]
+    tok = df["prompt_tokens"].to_numpy()[inw].sum() + df["output_tokens"].to_numpy()[inw].sum()
+    return float(tok) / wl["window_s"]
+
+
+def _predict_workload(args) -> dict[str, Any]:
+    """``predict --workload FILE``: the file read as ``configure search --workload`` reads it
+    (:func:`twin.sweep.workload_scenario.load_workload_scenario` over ``--window``), with ``window_s``; the options
+    the file gives (--rates, --ranks, --lengths, --arrival) are refused beside it, before the model is read."""
+    from twin.sweep.workload_scenario import load_workload_scenario
+
+    given = [f for f, v in (("--rates", args.rates), ("--ranks", args.ranks), ("--lengths", args.lengths),
+                            ("--arrival", args.arrival)) if v is not None]
+    if given:
+        raise ValueError(f"--workload with {', '.join(given)}: the workload file gives its requests' rates, ranks, "
+                         f"lengths and arrival times itself; leave out {', '.join(given)}")
+    check_number("--window", args.window, 0, False, "the seconds of the file whose requests make the rates, e.g. "
+                                                     "--window 3600")
+    args.workload = str(Path(args.workload).expanduser())
+    if not Path(args.workload).is_file():
+        what = "a directory" if Path(args.workload).is_dir() else "no such file"
+        raise ValueError(f"--workload {args.workload}: {what}; give a workload file (.parquet, .csv, .jsonl) as "
+                         f"`twin run --trace FILE` takes it")
+    try:
+        info = load_workload_scenario(args.workload, args.window)
+    except ValueError as e:  # (its messages speak of a grid's keys: here they are the options)
+        raise ValueError(str(e).replace("grid [scenarios] workload", "--workload", 1).replace(
+            "give a window_s", "give a --window", 1)) from None
+    return {**info, "window_s": float(args.window)}
+
+
+def _fit_to_workload(res: dict[str, Any], wl: dict[str, Any]) -> None:
+    """A recommendation for a workload file of ``N`` adapters serves at most ``N`` (``res`` changed in place): a
+    model's served count above it becomes ``N`` (all of the file's adapters on one GPU; the model's own count stays
+    under ``served_adapters_model``), and the slots at most the served adapters."""
+    n = int(wl["adapters"])
+    if res["served_adapters"] > n:
+        res["served_adapters_model"] = res["served_adapters"]
+        res["served_adapters"] = n
+    res["adapter_slots"] = min(int(res["adapter_slots"]), int(res["served_adapters"]))
+    res["workload"] = {k: wl[k] for k in ("path", "sha256", "adapters", "requests", "window_s")}
+
+
 def _extra_features(items: list[str]) -> dict[str, float]:
     """``--feature NAME=VALUE`` flags as a feature dict (numeric values only; not the features that
     --rates / --ranks give, which a flag would silently override)."""
@@ -634,13 +696,15 @@ def cmd_predict(args) -> int:
                                             is_policy_column, length_columns)
     from twin.configurator.labels import features_of
     from twin.configurator.models import predict
+    from twin.sweep.workload_scenario import FILE_ARRIVAL
 
     if args.adapters is not None:
         check_number("--adapters", args.adapters, 1, True, "the adapters to host (for the GPUs needed), e.g. 1000")
     if args.gpu_hour_usd is not None and not (math.isfinite(args.gpu_hour_usd) and args.gpu_hour_usd > 0):
         raise ValueError(f"--gpu-hour-usd {args.gpu_hour_usd:g}: must be a price > 0 in USD per GPU-hour, e.g. 2.5")
     extra = _extra_features(args.feature)
-    rates, ranks = _pair(args, triple=True)
+    wl = _predict_workload(args) if args.workload is not None else None
+    rates, ranks = (None, None) if wl else _pair(args, triple=True)
     lengths = _lengths(args)
     if not args.check and (args.serving_us is not None or args.rank_tile_cost is not None):
         raise ValueError("--serving-us / --rank-tile-cost set the twin's engine for --check; add --check (a model's "
@@ -649,7 +713,16 @@ def cmd_predict(args) -> int:
     model = _load_for(args, "rf")
     if args.check:
         _check_rank_tile_cost(args.rank_tile_cost, model.get("provenance", {}).get("profile") or DEFAULT_PROFILE)
-    x = features_of(rates, ranks)
+    if wl:
+        from twin.configurator.features import workload_columns
+
+        bad = sorted(set(extra) & (set(LENGTH_FEATURES) | {ARRIVAL_FEATURE}))
+        if bad:
+            raise ValueError(f"--workload with --feature {bad[0]}: the file gives its requests' lengths and arrival "
+                             f"times itself; drop --feature {bad[0]}")
+        x = workload_columns(model, wl["features"], f"--workload {args.workload}")
+    else:
+        x = features_of(rates, ranks)
     both = sorted(set(extra) & set(LENGTH_FEATURES))
     if both and lengths is not None:
         raise ValueError(f"--feature {both[0]} and --lengths both set the request-length mix; give only --lengths")
@@ -676,7 +749,9 @@ def cmd_predict(args) -> int:
                          f"give them as --feature NAME=VALUE (e.g. --feature {missing[0]}=...){lens}")
     res = predict(model, x, explain=args.explain, policy=args.policy)
     res["rates"], res["ranks"] = rates, ranks
-    if args.check:
+    if wl:
+        _fit_to_workload(res, wl)
+    elif args.check:
         _check_requests(args.rates, rates, res["served_adapters"])
     dom = training_domain(model)
     off = outside(dom, x)
@@ -686,6 +761,7 @@ def cmd_predict(args) -> int:
 
         us, cost = resolve_engine([model])  # (search defaults to the calibrated engine: name the model's)
         flags = (f" --serving-us {us:g}" if us else "") + (f" --rank-tile-cost {cost:g}" if cost is not None else "")
+        flags = (f" --workload {args.workload}" if wl else "") + flags
         print(f"twin configure predict: warning: outside the model's training domain ({dom['source']}): "
               f"{describe(off)}; the recommendation extrapolates. --check runs the twin at it; "
               f"`twin configure search{flags}` finds the twin's own optimum on the engine the model was trained on",
@@ -693,19 +769,25 @@ def cmd_predict(args) -> int:
     if all(f in x for f in LENGTH_FEATURES):
         res["lengths"] = [x[f] for f in LENGTH_FEATURES]
     res["arrival"] = arrival_name(x)
+    if wl:
+        res["lengths"] = [float(wl["features"][f]) for f in LENGTH_FEATURES]
+        res["arrival"] = FILE_ARRIVAL
     if args.check:
         from twin.configurator.models import resolve_engine
 
-        _check(res, model, *resolve_engine([model], args.serving_us, args.rank_tile_cost))
+        _check(res, model, *resolve_engine([model], args.serving_us, args.rank_tile_cost), workload=wl)
         if not any(st["status"] == "ok" for st in res["check"]["steps"]):
             return _none_started(res, args.json)
-    offered = offered_tok_s(rates, res["served_adapters"], res.get("lengths"))
+    offered = (workload_offered_tok_s(wl, res["served_adapters"]) if wl
+               else offered_tok_s(rates, res["served_adapters"], res.get("lengths")))
     res["offered_tok_s"] = offered
     if res["throughput_tok_s"] > offered:  # (a model's extrapolation: 1204 tok/s of 161 offered)
         res["throughput_model_tok_s"] = res["throughput_tok_s"]
         res["throughput_tok_s"] = offered
     tp = res["throughput_tok_s"]
     gpus = None
+    if wl and not args.adapters:  # (the adapters to host: the file's)
+        args.adapters = wl["adapters"]
     if args.adapters:
         res["gpus_needed"] = gpus = int(math.ceil(args.adapters / res["served_adapters"]))
     if args.gpu_hour_usd:
@@ -738,7 +820,7 @@ def cmd_predict(args) -> int:
     print(f"serve {res['served_adapters']} adapters with {res['adapter_slots']} GPU adapter slots "
           f"({raw}{res['served_adapters_raw']:.1f} / {res['adapter_slots_raw']:.1f}); expected throughput "
           f"{tp:.0f} tok/s{capped}  [{res['model']} configurator, profile {res['profile']}, rule {res['rule']}, "
-          f"policy {res['policy']}" + (f", lengths {res['lengths'][0]:g}/{res['lengths'][1]:g}" if "lengths" in res
+          f"policy {res['policy']}" + (f", lengths {res['lengths'][0]:.4g}/{res['lengths'][1]:.4g}" if "lengths" in res
                                        else "")
           + (f", arrival {res['arrival']}" if res["arrival"] != "poisson" else "") + "]")
     u = res.get("uncertainty")
@@ -819,21 +901,28 @@ def _none_started(res: dict[str, Any], as_json: bool) -> int:
 
 
 def _check(res: dict[str, Any], model: dict[str, Any], serving_us: float = 0.0,
-           rank_tile_cost: float | None = None) -> None:
+           rank_tile_cost: float | None = None, workload: dict[str, Any] | None = None) -> None:
     """``predict --check``: the twin's check of the recommendation (:mod:`twin.configurator.check`);
     ``res`` then holds the checked configuration, the model's own under ``model_recommendation``, and
-    the twin's throughput where the check changed the configuration."""
+    the twin's throughput where the check changed the configuration. ``workload`` (``predict --workload``): the
+    file's scenario is checked, on the grid's values within its adapters and the recommendation's own."""
     from twin.configurator.check import check_recommendation
     from twin.sweep.grid import PUBLISHED_GRID
     from twin.sweep.scenario import DEFAULT_LENGTHS
 
     grid = model.get("grid") or {}
+    served_grid = grid.get("served") or list(PUBLISHED_GRID)
+    slot_grid = grid.get("slots") or list(PUBLISHED_GRID)
+    kw: dict[str, Any] = {"arrival": res.get("arrival") or "poisson"}
+    if workload is not None:
+        n = int(workload["adapters"])
+        served_grid = sorted({int(v) for v in served_grid if int(v) <= n} | {int(res["served_adapters"])})
+        slot_grid = sorted({int(v) for v in slot_grid if int(v) <= n} | {int(res["adapter_slots"])})
+        kw = {"workload": workload["path"], "window_s": workload["window_s"]}
     lengths = tuple(res.get("lengths") or DEFAULT_LENGTHS)
     c = check_recommendation(res["rates"], res["ranks"], res["served_adapters"], res["adapter_slots"], res["profile"],
-                             served_grid=grid.get("served") or list(PUBLISHED_GRID),
-                             slot_grid=grid.get("slots") or list(PUBLISHED_GRID), policy=res["policy"], lengths=lengths,
-                             serving_us=serving_us, rank_tile_cost=rank_tile_cost,
-                             arrival=res.get("arrival") or "poisson")
+                             served_grid=served_grid, slot_grid=slot_grid, policy=res["policy"], lengths=lengths,
+                             serving_us=serving_us, rank_tile_cost=rank_tile_cost, **kw)
     res["model_recommendation"] = {k: res[k] for k in ("served_adapters", "adapter_slots", "throughput_tok_s")}
     res["check"] = {k: c[k] for k in ("changed", "starving", "steps", "scenario", "window_s", "ratio_line")}
     res["check"]["engine"] = {"serving_us": serving_us, "rank_tile_cost": rank_tile_cost}

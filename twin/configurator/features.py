@@ -203,6 +203,53 @@ def arrival_name(x: dict[str, float]) -> str:
     return "poisson" if cv is None or float(cv) == 1.0 else parse_arrival(f"gamma:{float(cv):g}").name
 
 
+#: ``predict --workload`` with a model trained without the length features: the file's mean input and output
+#: tokens may differ from the published pool's (222 / 197) by at most this share each (a measured mean is never
+#: exactly the pool's; a mix further off is another scenario, which such a model never saw)
+LENGTH_TOLERANCE = 0.10
+#: ``predict --workload`` with a model trained without the arrival feature: the largest median per-adapter
+#: inter-arrival CV read as Poisson (measured on Poisson streams of the published rates: 0.84-1.00, the low values
+#: where adapters send barely the 10 requests a CV needs; gamma streams of CV 1.5 and above are bursty)
+POISSON_CV_MAX = 1.25
+
+
+def workload_columns(model: dict[str, Any], feats: dict[str, float], where: str) -> dict[str, float]:
+    """The prediction features of a workload file (``feats``: the scenario features
+    :func:`twin.sweep.workload_scenario.load_workload_scenario` measures over its adapters: the published 8 over
+    the adapters instead of a triple, the mean lengths and ``arrival_cv``), for ``model``. The 8 always; the length
+    and arrival features where the model uses them. Where it does not, the file must look like what the model was
+    trained on (the published pool's lengths within :data:`LENGTH_TOLERANCE`, a median CV of at most
+    :data:`POISSON_CV_MAX`): else a ``ValueError`` naming the file's value, ``where`` (the option) and the fix,
+    rather than a recommendation for a scenario the model never saw. A file whose adapters send too few requests to
+    measure a CV (NaN) reads as Poisson for such a model, and is refused by one that needs the feature."""
+    x = {f: float(feats[f]) for f in FEATURES}
+    fix = ("`twin configure search --workload FILE` runs the twin on the file itself (no model), or train a "
+           "configurator with --features ...,{} on a sweep with that axis")
+    lengths = [float(feats[f]) for f in LENGTH_FEATURES]
+    if any(f in model["features"] for f in LENGTH_FEATURES):
+        x.update(zip(LENGTH_FEATURES, lengths))
+    else:
+        off = [abs(v / float(d) - 1.0) for v, d in zip(lengths, DEFAULT_LENGTHS)]
+        if max(off) > LENGTH_TOLERANCE:
+            raise ValueError(f"{where}: its requests' mean lengths are {lengths[0]:.0f} input / {lengths[1]:.0f} "
+                             f"output tokens, and this configurator was trained without the length-mix features, on "
+                             f"the published {DEFAULT_LENGTHS[0]:g} / {DEFAULT_LENGTHS[1]:g} only (within "
+                             f"{100 * LENGTH_TOLERANCE:.0f} % is accepted); "
+                             + fix.format("mean_input_tokens,mean_output_tokens"))
+    cv = float(feats[ARRIVAL_FEATURE])
+    if ARRIVAL_FEATURE in model["features"]:
+        if not math.isfinite(cv):
+            raise ValueError(f"{where}: no adapter sends the 10 requests in the window that its inter-arrival CV "
+                             f"needs, and this configurator uses that feature ({ARRIVAL_FEATURE}); give a longer "
+                             f"--window or a busier file, or pass --rates/--ranks with --arrival instead")
+        x[ARRIVAL_FEATURE] = cv
+    elif math.isfinite(cv) and cv > POISSON_CV_MAX:
+        raise ValueError(f"{where}: its adapters' arrivals are bursty (median inter-arrival CV {cv:.2f}; Poisson "
+                         f"reads about 1, and up to {POISSON_CV_MAX:g} is accepted), and this configurator was "
+                         f"trained on Poisson arrivals only; " + fix.format(ARRIVAL_FEATURE))
+    return x
+
+
 def feature_label(feature: str) -> str:
     """A feature as text: an indicator as ``[policy is X]``, anything else by its name."""
     return f"[policy is {feature[len(POLICY_PREFIX):]}]" if is_policy_column(feature) else str(feature)
