@@ -28,7 +28,6 @@ shipped profile with the grid and the mixed term of the second fixed point and t
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -39,9 +38,9 @@ import numpy as np
 
 from calibration.fitting import components as C
 from calibration.fitting import mixed as M
-from calibration.fitting.core import FitError, ParamSpec, cross_val_predict, dropped_rows_reported, fit_params
+from calibration.fitting.core import ParamSpec, cross_val_predict, dropped_rows_reported, fit_params
 from calibration.fitting.split64 import FIXED_POINT_MAX_ITER, LoraRows, _grid_candidate, _heldout_by_kind, _with_grid
-from calibration.fitting.tables import Vllm085Tables, vllm085_directory
+from calibration.fitting.tables import FITTING_ERRORS, Vllm085Tables, fitting_error, fitting_parser, vllm085_directory
 from twin.perf.profile import PROFILE_DIR, Profile, load_profile
 
 #: ``c`` is fitted in ms per thousand (distinct adapter x registered adapter) pairs and step
@@ -163,20 +162,15 @@ def adaptercheck_variant(raw: dict[str, Any], point: dict[str, Any], command: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m calibration.fitting.adapter_check", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=None, help="the vLLM 0.8.5 calibration directory (default: "
-                                                 "$TWIN_DATA_DIR/calibration/vllm085_h100)")
-    ap.add_argument("--model", default="llama-3.1-8b", help="model of the tables (default llama-3.1-8b)")
-    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap = fitting_parser("adapter_check", __doc__)
     ap.add_argument("--write", action="store_true",
                     help="write the variant profile <model>_h100_vllm085_adaptercheck into calibration/profiles/")
     a = ap.parse_args(argv)
     try:
         with dropped_rows_reported("adapter_check"):
             points = fit_adapter_check(a.data, a.model)
-    except (ValueError, KeyError, FileNotFoundError, FitError) as e:  # (an incomplete directory, an absent model)
-        print(f"adapter_check: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
-        return 2
+    except FITTING_ERRORS as e:  # (an incomplete directory, an absent model)
+        return fitting_error("adapter_check", e)
     if a.write:
         raw = load_profile(f"{a.model}_h100_vllm085").raw
         cmd = "python -m calibration.fitting.adapter_check" + (f" --model {a.model}" if a.model != "llama-3.1-8b" else "") \

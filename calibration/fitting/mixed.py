@@ -26,7 +26,6 @@ them net of a host time per running request and step in the serving runs (a what
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -35,8 +34,8 @@ import numpy as np
 import pandas as pd
 
 from calibration.fitting import components as C
-from calibration.fitting.core import FitError, ParamSpec, cross_val_predict, dropped_rows_reported, fit_params, quality
-from calibration.fitting.tables import Vllm085Tables, vllm085_directory
+from calibration.fitting.core import ParamSpec, cross_val_predict, dropped_rows_reported, fit_params, quality
+from calibration.fitting.tables import FITTING_ERRORS, Vllm085Tables, fitting_error, fitting_parser, vllm085_directory
 from calibration.fitting.vllm085 import _serving_run_frame, lora_obs, per_adapter_serving_runs, serving_run_lora_obs
 from twin.perf.forms import FORMS
 from twin.perf.profile import Profile, load_profile
@@ -193,9 +192,7 @@ def add_mixed(profile: dict[str, Any], directory, k: int = 5, command: str = "")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m calibration.fitting.mixed", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=None, help="the vLLM 0.8.5 calibration directory (default: "
-                                                 "$TWIN_DATA_DIR/calibration/vllm085_h100)")
+    ap = fitting_parser("mixed", __doc__, tables=False)
     ap.add_argument("--profile", default="llama-3.1-8b_h100_vllm085",
                     help="profile whose backbone and LoRA components the excess is measured against")
     ap.add_argument("--host-us", type=float, default=0.0,
@@ -216,9 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"give --profile llama-3.1-8b_h100_vllm085", file=sys.stderr)
                 return 2
             entry = fit_mixed(t, prof, host_s_per_running=a.host_us * 1e-6)
-    except (ValueError, KeyError, FileNotFoundError, FitError) as e:
-        print(f"mixed: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
-        return 2
+    except FITTING_ERRORS as e:
+        return fitting_error("mixed", e)
     net = f", net of {a.host_us:g} us per running request and step in the serving runs" if a.host_us else ""
     print(f"mixed-step candidates on {a.profile}{net} (held-out MAPE of the mean step, %, grouped 5-fold; "
           f"criterion = mean of the three sources)")

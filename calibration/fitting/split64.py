@@ -29,7 +29,6 @@ fitted alone (with ``split64_cost`` 1 and free) and every form's fixed point.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -41,10 +40,10 @@ import numpy as np
 import pandas as pd
 
 from calibration.fitting import components as C
-from calibration.fitting.core import (FitError, ParamSpec, cross_val_predict, dropped_rows_reported, fit_params,
+from calibration.fitting.core import (ParamSpec, cross_val_predict, dropped_rows_reported, fit_params,
                                      quality)
 from calibration.fitting.mixed import CANDIDATES as MIXED_CANDIDATES, add_mixed, fit_mixed, with_mixed_inputs
-from calibration.fitting.tables import Vllm085Tables, vllm085_directory
+from calibration.fitting.tables import FITTING_ERRORS, Vllm085Tables, fitting_error, fitting_parser, vllm085_directory
 from calibration.fitting.vllm085 import (BACKBONE_METHOD, GRAPH_MAX_TOKENS, backbone_obs, fit_vllm085, lora_obs,
                                          serving_run_lora_obs)
 from twin.perf.profile import Profile
@@ -252,21 +251,15 @@ def add_split64_and_mixed(profile: dict[str, Any], directory, k: int = 5, comman
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m calibration.fitting.split64", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=None, help="the vLLM 0.8.5 calibration directory (default: "
-                                                 "$TWIN_DATA_DIR/calibration/vllm085_h100)")
-    ap.add_argument("--model", default="llama-3.1-8b", help="model of the tables (default llama-3.1-8b)")
-    ap.add_argument("--json", action="store_true", help="print the result as JSON")
-    a = ap.parse_args(argv)
+    a = fitting_parser("split64", __doc__).parse_args(argv)
     try:
         directory = vllm085_directory(a.data)
         with dropped_rows_reported("split64"):
             out = fit_split64(directory, a.model)
             t = Vllm085Tables.read(directory, a.model)
             res = fit_split64_with_mixed(t, fit_vllm085(directory, a.model))
-    except (ValueError, KeyError, FileNotFoundError, FitError) as e:  # (an incomplete directory, an absent model)
-        print(f"split64: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
-        return 2
+    except FITTING_ERRORS as e:  # (an incomplete directory, an absent model)
+        return fitting_error("split64", e)
     out["fixed_points"] = [] if res is None else [
         {"mixed_form": p["form"], "params": {kk: round(float(v), 6) for kk, v in p["fit"].values.items()},
          "stderr": {kk: (round(float(v), 6) if v is not None else None) for kk, v in p["fit"].stderr.items()},

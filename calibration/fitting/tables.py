@@ -34,7 +34,9 @@ steps, ``P`` prompt tokens, running/waiting gauges at its two ends and KV usage 
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -72,6 +74,31 @@ def vllm085_directory(data: str | None) -> Path:
     if not directory.is_dir():
         raise ValueError(f"no calibration directory {directory}; set TWIN_DATA_DIR or pass --data")
     return directory
+
+
+#: what a ``python -m calibration.fitting.*`` command reports as its error (exit 2) instead of a traceback: a
+#: directory or table that is not there or incomplete, a model absent from the tables, a fit that cannot be made
+FITTING_ERRORS = (ValueError, KeyError, FileNotFoundError, FitError)
+
+
+def fitting_parser(module: str, doc: str | None, tables: bool = True) -> argparse.ArgumentParser:
+    """The parser of ``python -m calibration.fitting.<module>`` (described by the first paragraph of ``doc``): its
+    ``--data`` option (:func:`vllm085_directory`), and with ``tables`` the ``--model`` of the tables and ``--json``."""
+    ap = argparse.ArgumentParser(prog=f"python -m calibration.fitting.{module}",
+                                 description=(doc or "").split("\n\n")[0])
+    ap.add_argument("--data", default=None, help="the vLLM 0.8.5 calibration directory (default: "
+                                                 "$TWIN_DATA_DIR/calibration/vllm085_h100)")
+    if tables:
+        ap.add_argument("--model", default="llama-3.1-8b", help="model of the tables (default llama-3.1-8b)")
+        ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    return ap
+
+
+def fitting_error(module: str, e: BaseException) -> int:
+    """Print one of :data:`FITTING_ERRORS` as ``<module>: <message>`` on stderr (a ``KeyError``'s own text, not its
+    quoted repr) and return the exit status 2."""
+    print(f"{module}: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
+    return 2
 
 
 # ------------------------------------------------------------------------------------------

@@ -342,3 +342,22 @@ def test_bench_part_options_with_their_part_are_accepted(tmp_path):
                                       "--tokens", "8", "--keep-adapters", "--warm-cache", "--load-repeats", "2"])
     cfg = resolve_config(args, cuda_available=False)
     assert cfg.tokens == (8,) and cfg.keep_adapters and not cfg.cold_cache and cfg.load_repeats == 2
+
+
+@pytest.mark.parametrize("module", ["split64", "adapter_check", "mixed"])
+def test_the_fitting_modules_commands_refuse_a_missing_or_empty_data_directory(module, tmp_path, capsys):
+    """``python -m calibration.fitting.<module>``: the shared parser (:func:`calibration.fitting.tables.fitting_parser`)
+    and error report (:func:`~calibration.fitting.tables.fitting_error`): exit 2, the module's name and the fix."""
+    import importlib
+
+    main_of = importlib.import_module(f"calibration.fitting.{module}").main
+    assert main_of(["--data", str(tmp_path / "absent")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{module}: no calibration directory {tmp_path / 'absent'}; set TWIN_DATA_DIR or pass --data")
+    assert main_of(["--data", " "]) == 2
+    assert "--data: empty; give the vLLM 0.8.5 calibration directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main_of(["--help"])
+    out = capsys.readouterr().out
+    assert f"python -m calibration.fitting.{module}" in out and "--data DATA" in out
+    assert ("--model MODEL" in out and "--json" in out) == (module != "mixed")
