@@ -121,6 +121,8 @@ def test_predict_workload_refuses_what_the_file_gives_and_bad_files(tmp_path):
                        (["--feature", "mean_input_tokens=222"], "--workload with --feature mean_input_tokens")):
         with pytest.raises(ValueError, match=msg):
             _cli(["--workload", str(f), *extra])
+    with pytest.raises(ValueError, match="--window sets the seconds of a --workload file"):
+        _cli(["--rates", "0.4,0.05,0.00625", "--ranks", "8,16,32", "--window", "600"])
     with pytest.raises(ValueError, match="no such file"):
         _cli(["--workload", str(tmp_path / "nope.parquet")])
     with pytest.raises(ValueError, match=r"^--workload .*none of its .* requests arrives before window_s.*--window"):

@@ -130,7 +130,7 @@ def register_cli(subparsers) -> None:
                          "(requests in --window / --window) and ranks, as configure search --workload measures "
                          "them; a model trained without the length or arrival features refuses a file whose "
                          "lengths or burstiness it never saw")
-    pr.add_argument("--window", type=float, default=3600.0,
+    pr.add_argument("--window", type=float, default=None,
                     help="with --workload: the seconds of the file whose requests make the rates (default 3600, as "
                          "configure search --workload and the sweeps replay a file)")
     pr.add_argument("--check", action="store_true",
@@ -616,6 +616,8 @@ def _predict_workload(args) -> dict[str, Any]:
     if given:
         raise ValueError(f"--workload with {', '.join(given)}: the workload file gives its requests' rates, ranks, "
                          f"lengths and arrival times itself; leave out {', '.join(given)}")
+    if args.window is None:
+        args.window = 3600.0
     check_number("--window", args.window, 0, False, "the seconds of the file whose requests make the rates, e.g. "
                                                      "--window 3600")
     args.workload = str(Path(args.workload).expanduser())
@@ -703,6 +705,9 @@ def cmd_predict(args) -> int:
     if args.gpu_hour_usd is not None and not (math.isfinite(args.gpu_hour_usd) and args.gpu_hour_usd > 0):
         raise ValueError(f"--gpu-hour-usd {args.gpu_hour_usd:g}: must be a price > 0 in USD per GPU-hour, e.g. 2.5")
     extra = _extra_features(args.feature)
+    if args.workload is None and args.window is not None:
+        raise ValueError("--window sets the seconds of a --workload file whose requests make the rates; give it with "
+                         "--workload FILE, or drop it (--rates / --ranks are rates already)")
     wl = _predict_workload(args) if args.workload is not None else None
     rates, ranks = (None, None) if wl else _pair(args, triple=True)
     lengths = _lengths(args)
