@@ -605,26 +605,33 @@ def workload_offered_tok_s(wl: dict[str, Any], served: int, seed: int = 0) -> fl
     return float(tok) / wl["window_s"]
 
 
+def _workload_option(args, beside: list[tuple[str, Any]]) -> str:
+    """``--workload FILE`` of ``search`` and ``predict``: the options in ``beside`` (``(flag, value)``) that the
+    file gives itself are refused when set, and the file must exist; returns its path, ``~`` expanded."""
+    given = [f for f, v in beside if v is not None]
+    if given:
+        raise ValueError(f"--workload with {', '.join(given)}: the workload file gives its requests' rates, ranks, "
+                         f"lengths and arrival times itself; leave out {', '.join(given)}")
+    path = str(Path(args.workload).expanduser())
+    if not Path(path).is_file():
+        what = "a directory" if Path(path).is_dir() else "no such file"
+        raise ValueError(f"--workload {path}: {what}; give a workload file (.parquet, .csv, .jsonl) as "
+                         f"`twin run --trace FILE` takes it")
+    return path
+
+
 def _predict_workload(args) -> dict[str, Any]:
     """``predict --workload FILE``: the file read as ``configure search --workload`` reads it
     (:func:`twin.sweep.workload_scenario.load_workload_scenario` over ``--window``), with ``window_s``; the options
     the file gives (--rates, --ranks, --lengths, --arrival) are refused beside it, before the model is read."""
     from twin.sweep.workload_scenario import load_workload_scenario
 
-    given = [f for f, v in (("--rates", args.rates), ("--ranks", args.ranks), ("--lengths", args.lengths),
-                            ("--arrival", args.arrival)) if v is not None]
-    if given:
-        raise ValueError(f"--workload with {', '.join(given)}: the workload file gives its requests' rates, ranks, "
-                         f"lengths and arrival times itself; leave out {', '.join(given)}")
+    args.workload = _workload_option(args, [("--rates", args.rates), ("--ranks", args.ranks),
+                                            ("--lengths", args.lengths), ("--arrival", args.arrival)])
     if args.window is None:
         args.window = 3600.0
     check_number("--window", args.window, 0, False, "the seconds of the file whose requests make the rates, e.g. "
                                                      "--window 3600")
-    args.workload = str(Path(args.workload).expanduser())
-    if not Path(args.workload).is_file():
-        what = "a directory" if Path(args.workload).is_dir() else "no such file"
-        raise ValueError(f"--workload {args.workload}: {what}; give a workload file (.parquet, .csv, .jsonl) as "
-                         f"`twin run --trace FILE` takes it")
     try:
         info = load_workload_scenario(args.workload, args.window)
     except ValueError as e:  # (its messages speak of a grid's keys: here they are the options)
@@ -1141,17 +1148,9 @@ def cmd_search(args) -> int:
         check_writable_dir("--cache", args.cache)
     kw: dict[str, Any] = {"window_s": args.window}
     if args.workload is not None:  # a trace of the user's: its rates, ranks, lengths and arrivals are the file's
-        given = [f for f, v in (("--rates", args.rates), ("--ranks", args.ranks), ("--lengths", args.lengths),
-                                ("--arrival", args.arrival), ("--length-corr", args.length_corr or None))
-                 if v is not None]
-        if given:
-            raise ValueError(f"--workload with {', '.join(given)}: the workload file gives its requests' rates, ranks, "
-                             f"lengths and arrival times itself; leave out {', '.join(given)}")
-        args.workload = str(Path(args.workload).expanduser())
-        if not Path(args.workload).is_file():
-            what = "a directory" if Path(args.workload).is_dir() else "no such file"
-            raise ValueError(f"--workload {args.workload}: {what}; give a workload file (.parquet, .csv, .jsonl) as "
-                             f"`twin run --trace FILE` takes it")
+        args.workload = _workload_option(args, [("--rates", args.rates), ("--ranks", args.ranks),
+                                                ("--lengths", args.lengths), ("--arrival", args.arrival),
+                                                ("--length-corr", args.length_corr or None)])
         kw["workload"] = args.workload
         pair = None
     else:
