@@ -71,8 +71,10 @@ class ClientCappedFCFS(FCFSScheduler):
         super().bind(engine)
         # the engine's prefix counts of the requests not rejected at arrival
         self.ok_cum: "range | memoryview" = engine.ok_cum
-        if self.preload_cpu:
-            engine.adapters.preload_cpu(range(engine.n_adapters))
+        if self.preload_cpu:  # the server registers min(served, --max-cpu-loras) adapters at start-up
+            cap = engine.config.max_cpu_loras
+            n_reg = int(engine.served) if cap is None else min(int(engine.served), int(cap))
+            engine.adapters.preload_cpu(range(engine.n_adapters), unused=n_reg - engine.n_adapters)
         if self.preload_gpu:  # the calibration's offline LoRA servers (lora_pre_loading)
             engine.adapters.preload_gpu(range(engine.n_adapters))
 

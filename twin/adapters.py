@@ -121,6 +121,9 @@ class AdapterMemory:
         self._resident_ids: set[int] = set()  # the adapters with resident[a] (evictable() reads them, not all n)
         self.n_active = 0
         self.cpu: OrderedDict[int, None] = OrderedDict()  # LRU order, most recent last
+        #: served adapters registered at start-up that no request names (:meth:`preload_cpu`): never touched,
+        #: so a server's CPU cache that holds them all keeps them; the twin's tier leaves them out
+        self.registered_unused = 0
         #: the adapters whose GPU residency or CPU-tier membership changed, appended while not None (a
         #: scheduler that keeps its own per-tier order sets a list and empties it: policies/adapter_aware.py).
         #: One owner: the run's scheduler; a second reader would take the first's changes when it empties it
@@ -157,7 +160,7 @@ class AdapterMemory:
         self.placement = placement
         self.gpu_slots = gpu_slots
 
-    def preload_cpu(self, adapters) -> None:
+    def preload_cpu(self, adapters, unused: int = 0) -> None:
         """Adapters already in the CPU tier when serving starts (at most ``cpu_slots``, LRU order
         as given). The real runs' server (the peer fork of vLLM 0.8.5, ``--dummy-lora-modules``)
         creates and loads its ``--max-cpu-loras`` adapters from disk during start-up
@@ -165,7 +168,10 @@ class AdapterMemory:
         those runs waits for a disk load. Stock vLLM 0.8.5's OpenAI server likewise loads the adapters its
         ``--lora-modules`` names at start-up (``OpenAIServingModels.init_static_loras`` -> ``add_lora``), while
         offline ``LLM.generate`` loads an adapter from disk at its first request
-        (``LRUCacheWorkerLoRAManager.add_adapter``), which is the default here."""
+        (``LRUCacheWorkerLoRAManager.add_adapter``), which is the default here. ``unused``: the served
+        adapters the server also registers at start-up that no request of the workload names (the tier holds
+        only the workload's adapters; these count in :attr:`registered_unused`, the registry's size beside it)."""
+        self.registered_unused = max(int(unused), 0)
         for a in adapters:
             if len(self.cpu) >= self.cpu_slots:
                 break

@@ -300,7 +300,7 @@ class Engine(PreemptionWalk, EngineState):
             rank_sums = (rank_req, rank_tok)
         d = self.profile.step_s(prefill, n_dec, ctx_tok, n_dec + len(chunks), self.adapters.n_active,
                                 self.max_lora_rank, self._max_loras, len(self.running), self.n_waiting, self.served,
-                                rank_sums)
+                                rank_sums, self._registered() if self._registry is not None else None)
         return StepPlan(chunks, loads, load_rids, 1, d, None, d, prefill, n_dec)
 
     def _decode_run(self, now: float, stop: Admit | None) -> "StepPlan":
@@ -329,7 +329,7 @@ class Engine(PreemptionWalk, EngineState):
             running = len(self.running)
             d = self.profile.step_s(0, n_dec, self.dec_base_sum + n_dec * g, n_dec, self.adapters.n_active,
                                     self.max_lora_rank, self._max_loras, running, self.n_waiting, self.served,
-                                    rank_sums)
+                                    rank_sums, self._registered() if self._registry is not None else None)
             varying = self._ctx_matters or (self._waiting_matters and self._next_arr_t < INF)
             return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, 1, d, [d] if varying else None, d, 0, n_dec)
         k_max = min(self.max_run_steps, heap[0] // m - g) if heap else self.max_run_steps
@@ -356,7 +356,8 @@ class Engine(PreemptionWalk, EngineState):
         k, end, d, durs = self.profile.decode_run(
             now, k_max, t_evt, n_dec, self.dec_base_sum + n_dec * g, self.adapters.n_active, self.max_lora_rank,
             self._max_loras, len(self.running), self.served, self.n_waiting, varying,
-            self.arrival_a, self.ok_cum, self.arr_ptr, self._next_arr_t, rank_sums)
+            self.arrival_a, self.ok_cum, self.arr_ptr, self._next_arr_t, rank_sums,
+            self._registered() if self._registry is not None else None)
         if k == 1:  # (the clock adds the one duration, as a single step's)
             return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, 1, d, durs, d, 0, n_dec)
         plan = StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, k, d, durs, end - now, 0, n_dec)

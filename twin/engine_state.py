@@ -203,6 +203,9 @@ class EngineState:
         self.scheduler = scheduler
         self.adapters = AdapterMemory(self.adapter_rank, self.profile, slots, cpu_slots, cache, self.link,
                                       cfg.tensor_parallel, self.max_lora_rank)
+        #: the CPU tier, read by :meth:`_registered` for a profile that prices vLLM's per-step adapter check;
+        #: None: the profile has no such term
+        self._registry = self.adapters.cpu if self.profile.adapter_check_s is not None else None
         # the hook points of the extensions: all None/False on the default path, each tested
         # once per admission, finish or KV shortage -- never per decode step
         ext = self.extensions = install_extensions(self, workload)
@@ -460,6 +463,16 @@ class EngineState:
         ctx = int(round(mean_in + mean_out / 2.0))
         rank = max(int(rank), 1)
         return self._lone_step_s(n_in, 0, rank) + mean_out * self._lone_step_s(0, ctx, rank)
+
+    def _registered(self) -> int:
+        """The adapters registered with the server at this step: the ``N`` of vLLM 0.8.5's per-step adapter check
+        (``LRUCacheWorkerLoRAManager._apply_adapters`` walks ``list_adapters()``, its CPU cache;
+        :class:`twin.perf.forms.RegistryPairsAdapterCheck`). That is the CPU tier: the adapters requested so far,
+        at most ``max_cpu_loras`` (an adapter is added at its first request, ``add_adapter``), plus the served
+        adapters a pre-loading server registered at start-up that the workload never requests
+        (:meth:`twin.adapters.AdapterMemory.preload_cpu`). A server that pre-loads every served adapter into a tier
+        that holds them all (the validation runs, the sweeps) registers ``served`` on every step."""
+        return len(self._registry) + self.adapters.registered_unused
 
     def _lone_step_s(self, prefill: int, ctx: int, rank: int) -> float:
         """One step of a lone request of adapter ``rank``: its prefill of ``prefill`` tokens, or (``prefill`` 0)

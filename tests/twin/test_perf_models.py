@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import random_workload
+from traces.workload import Workload
 from twin.config import EngineConfig
 from twin.perf.forms import FORMS
 from twin.perf.profile import available_profiles, load_profile
@@ -59,6 +60,33 @@ def test_adapter_check_adds_c_pair_per_distinct_and_registered_adapter_pair_to_a
         assert v.step_s(*args) - plain.step_s(*args) == pytest.approx(c * A * N, rel=1e-9)
     # a batch without adapters pays nothing
     assert v.step_s(0, 4, 1000, 4, 0, 16, 8, 4, 0, 64) == plain.step_s(0, 4, 1000, 4, 0, 16, 8, 4, 0, 64)
+    # N is the adapters registered when given (the CPU tier); the scheduler term keeps the served adapters
+    args = (0, 64, 50_000, 64, 8, 16, 32, 65, 5, 384)
+    assert v.step_s(*args, None, 40) - plain.step_s(*args) == pytest.approx(c * 8 * 40, rel=1e-9)
+    assert v.step_s(*args, None, 384) == v.step_s(*args)
+    assert plain.step_s(*args, None, 40) == plain.step_s(*args)  # (a profile without the term ignores it)
+
+
+def _lone_requests(n_served: int, preload: bool):
+    """Three requests of adapter 0, one after another, on a server of ``n_served`` adapters."""
+    w = Workload.from_arrays([0.0, 10.0, 20.0], [300, 300, 300], [40, 40, 40], [0, 0, 0], [16, 16, 16])
+    cfg = EngineConfig(max_loras=8, max_num_seqs=64, max_lora_rank=16, served_adapters=n_served)
+    r = simulate(w, ADAPTERCHECK, cfg, scheduler="fcfs+client-cap", scheduler_opts={"preload_cpu": preload})
+    return r.requests.sort_values("request_id")["finish_s"].to_numpy() - np.array([0.0, 10.0, 20.0])
+
+
+def test_adapter_check_counts_the_registered_adapters_not_the_served():
+    """vLLM walks ``list_adapters()``, the CPU tier's adapters: without a start-up preload only the adapters
+    requested so far are registered (offline ``LLM.generate`` adds one at its first request), so a lone adapter's
+    requests cost the same whatever the served count; a server that pre-loads its CPU tier registers all of them
+    from the start and pays for every one."""
+    few, many = _lone_requests(4, preload=False), _lone_requests(384, preload=False)
+    assert np.array_equal(few, many)
+    pre_few, pre_many = _lone_requests(4, preload=True), _lone_requests(384, preload=True)
+    c = load_profile(ADAPTERCHECK).components["adapter_check"].params["c_pair"]
+    # 40 steps each (a prefill step with the first token, 39 decode steps), each paying c x 1 x N
+    assert pre_many - pre_few == pytest.approx(np.full(3, 40 * c * (384 - 4)), rel=1e-6)
+    assert np.allclose(pre_few[1:] - few[1:], 40 * c * 3, rtol=1e-6)  # (4 registered against 1; the first also loads from disk)
 
 
 def test_adapter_check_decode_runs_are_exact():

@@ -699,8 +699,9 @@ class RegistryPairsAdapterCheck(PerfModel):
     each of the batch's ``A`` distinct adapters, whether it is registered (``adapter_id not in self.list_adapters()``),
     and ``list_adapters`` copies the registry (a ``vllm.utils.LRUCache`` of ``max_cpu_loras`` entries, through
     Python-level ``__setitem__`` / ``__getitem__`` calls) each time, so the check costs about ``A * N`` entry copies,
-    without overlapping the GPU. ``N`` is the step model's ``served`` (the adapters registered: the calibration's and the
-    validation's servers register every served adapter). Fitted by :mod:`calibration.fitting.adapter_check` on the
+    without overlapping the GPU. ``N`` is the adapters registered at the step (the engine's
+    :meth:`twin.engine_state.EngineState._registered`: the CPU tier, those requested so far, or every served adapter
+    on a server that pre-loads them, as the calibration's and the validation's servers do). Fitted by :mod:`calibration.fitting.adapter_check` on the
     calibration tables *beside* the kernel grid's ``l_cta``/``l_active``/``split64_cost`` and the mixed ``h_slot``,
     which, fitted without it, held it at the calibration's own ``A`` and ``N``; a replica of the code timed on a CPU
     (``benchmarks/vllm085_lora_mapping_host.py``) costs the same order per pair. Only the

@@ -133,7 +133,7 @@ class Profile:
     # ------------------------------------------------------------------ the step-time entry point
     def step_s(self, prefill_tokens: int, n_dec: int, ctx_tokens: int, n_req: int, active: int, max_rank: int,
                slots: int, running: int, waiting: int, served: int,
-               rank_sums: tuple[int, int] | None = None) -> float:
+               rank_sums: tuple[int, int] | None = None, registered: int | None = None) -> float:
         """Duration of one engine step: scheduler CPU time + (backbone + LoRA overhead).
 
         ``prefill_tokens`` and ``n_dec`` (one token each) are the step's work, ``ctx_tokens``
@@ -145,7 +145,9 @@ class Profile:
         requests and the ``served`` adapters. A step with prefill tokens adds the profile's
         ``mixed`` term (per distinct adapter; :class:`twin.perf.forms.PrefillAdaptersMixed`) when it
         has one. ``rank_sums`` (only for a LoRA form with ``lora_own_ranks``): the sums of the
-        step's requests' own ranks over its requests and over its LoRA tokens. The engine, its
+        step's requests' own ranks over its requests and over its LoRA tokens. ``registered``: the adapters in
+        the CPU tier at the step (vLLM's ``list_adapters()``), priced by an ``adapter_check`` component only
+        (None: ``served``, every served adapter registered). The engine, its
         decode-run fast path (:meth:`decode_run`) and the validation diagnostic all use this formula."""
         base = self.backbone_s(prefill_tokens, n_dec, ctx_tokens)
         comp = base + self.lora_s(base, active, max_rank, prefill_tokens + n_dec, slots, n_req, rank_sums)
@@ -155,21 +157,24 @@ class Profile:
 
     def _step_s_adapter_check(self, prefill_tokens: int, n_dec: int, ctx_tokens: int, n_req: int, active: int,
                               max_rank: int, slots: int, running: int, waiting: int, served: int,
-                              rank_sums: tuple[int, int] | None = None) -> float:
+                              rank_sums: tuple[int, int] | None = None, registered: int | None = None) -> float:
         """:meth:`step_s` of a profile with an ``adapter_check`` component (the instance's ``step_s``, set when it
         loads, so the others pay nothing): its host time added to the scheduler term (constant within a decode
-        run, where :meth:`_decode_run_fast` adds it the same way)."""
+        run, where :meth:`_decode_run_fast` adds it the same way). Its ``N`` is ``registered`` (the CPU tier's
+        adapters: ``LRUCacheWorkerLoRAManager.list_adapters()``), ``served`` when not given."""
         base = self.backbone_s(prefill_tokens, n_dec, ctx_tokens)
         comp = base + self.lora_s(base, active, max_rank, prefill_tokens + n_dec, slots, n_req, rank_sums)
         if prefill_tokens > 0 and self.mixed_s is not None:
             comp = comp + self.mixed_s(prefill_tokens, active, slots)
-        return (self.scheduler_s(running, waiting, slots, served) + self.adapter_check_s(active, served)) + comp
+        n_reg = served if registered is None else registered
+        return (self.scheduler_s(running, waiting, slots, served) + self.adapter_check_s(active, n_reg)) + comp
 
     def decode_run(self, t: float, k_max: int, t_end: float, n_dec: int, ctx_tokens: int, active: int,
                    max_rank: int, slots: int, running: int, served: int, waiting: int, varying: bool,
                    arrivals: Sequence[float] = (), ok_cum: Sequence[int] = (0,), ptr: int = 0,
                    next_arrival: float = math.inf,
-                   rank_sums: tuple[int, int] | None = None) -> tuple[int, float, float, list[float] | None]:
+                   rank_sums: tuple[int, int] | None = None,
+                   registered: int | None = None) -> tuple[int, float, float, list[float] | None]:
         """A run of up to ``k_max`` pure-decode steps starting at ``t``, stopped after the first
         step that ends at or after ``t_end``: returns ``(steps, end time, first duration,
         per-step durations or None when they are all equal)``.
@@ -178,12 +183,13 @@ class Profile:
         ``n_dec`` tokens a step, and (when ``varying``) requests arriving before a step's start
         join the waiting queue (``arrivals`` is the arrival-time column, ``ok_cum`` the prefix
         counts of requests that are not rejected, ``ptr`` the next arrival's index; ``rank_sums``
-        as in :meth:`step_s`, constant over the run). The clock is summed step by step in the
+        and ``registered`` as in :meth:`step_s`, constant over the run). The clock is summed step by step in the
         engine's order, so it is bit-identical to single steps."""
         k = 0
         ctx_tok = ctx_tokens
         if not varying:
-            d = self.step_s(0, n_dec, ctx_tok, n_dec, active, max_rank, slots, running, waiting, served, rank_sums)
+            d = self.step_s(0, n_dec, ctx_tok, n_dec, active, max_rank, slots, running, waiting, served, rank_sums,
+                            registered)
             while k < k_max:
                 t += d
                 k += 1
@@ -193,7 +199,7 @@ class Profile:
         if (self._ctx_coef is not None and self.backbone_s is self._bb_scalar and self.lora_s is self._lora_scalar
                 and (self._lora_const or self._lora_factor is not None)):
             return self._decode_run_fast(t, k_max, t_end, n_dec, ctx_tokens, active, max_rank, slots, running, served,
-                                         waiting, arrivals, ok_cum, ptr, next_arrival, rank_sums)
+                                         waiting, arrivals, ok_cum, ptr, next_arrival, rank_sums, registered)
         durs: list[float] = []
         n = len(arrivals)
         p = ptr
@@ -206,7 +212,8 @@ class Profile:
                     p += 1
                 next_t = arrivals[p] if p < n else math.inf
                 waiting = w0 + ok_cum[p]
-            d = step(0, n_dec, ctx_tok, n_dec, active, max_rank, slots, running, waiting, served, rank_sums)
+            d = step(0, n_dec, ctx_tok, n_dec, active, max_rank, slots, running, waiting, served, rank_sums,
+                     registered)
             durs.append(d)
             t += d
             k += 1
@@ -218,7 +225,8 @@ class Profile:
     def _decode_run_fast(self, t: float, k_max: int, t_end: float, n_dec: int, ctx_tokens: int, active: int,
                          max_rank: int, slots: int, running: int, served: int, waiting: int, arrivals: Sequence[float],
                          ok_cum: Sequence[int], ptr: int, next_arrival: float,
-                         rank_sums: tuple[int, int] | None = None) -> tuple[int, float, float, list[float]]:
+                         rank_sums: tuple[int, int] | None = None,
+                         registered: int | None = None) -> tuple[int, float, float, list[float]]:
         """:meth:`decode_run` (varying steps) with each step's :meth:`step_s` written out on
         the run's constants: ``base = backbone(0, D, 0) + c_ctx * C`` (the backbone adds its
         context term last), the LoRA term once (it does not depend on ``base``) or as
@@ -235,7 +243,7 @@ class Profile:
         w0 = waiting - ok_cum[p]
         sch = self.scheduler_s
         if self.adapter_check_s is not None:  # (added to the scheduler term, as :meth:`step_s` adds it)
-            chk = self.adapter_check_s(active, served)
+            chk = self.adapter_check_s(active, served if registered is None else registered)
             sch = lambda r, w, g, n, _sch=sch, _chk=chk: _sch(r, w, g, n) + _chk  # noqa: E731
         s = sch(running, waiting, slots, served)
         k0 = self.backbone_s(0, n_dec, 0)
