@@ -16,11 +16,14 @@ RSS (it is reported separately); the child process imports only the core twin.
 
 With ``--repeat N`` each scenario is simulated in N fresh processes and the lines give the
 median wall and CPU seconds (``x_realtime`` from the median wall) and the largest peak RSS; the
-issue's figures are ``--repeat 3`` on a quiet machine.
+issue's figures are ``--repeat 3`` on a quiet machine. ``--system slora`` replays the same workloads
+through the S-LoRA engine (:mod:`twin.slora_engine`; its own memory pool and iteration model, so its
+steps and outcomes differ from vLLM's); the default is vLLM v1, the issue's figures.
 
     python benchmarks/bench_speed.py                # both scenarios
     python benchmarks/bench_speed.py reference      # one
     python benchmarks/bench_speed.py --repeat 3     # median of three
+    python benchmarks/bench_speed.py --system slora reference
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+#: the serving engines ``--system`` takes (vLLM v1 by default)
+SYSTEMS = ("vllm", "slora")
 
 SCENARIOS = {
     "overloaded": dict(adapters=384, slots=128, rates=(1.6, 0.8, 0.4)),
@@ -80,7 +86,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_one(name: str, npz: str, gen_s: float) -> dict:
+def run_one(name: str, npz: str, gen_s: float, system: str = "vllm") -> dict:
     """Simulate the workload saved in ``npz`` (the child process imports only the core)."""
     import numpy as np
 
@@ -91,7 +97,8 @@ def run_one(name: str, npz: str, gen_s: float) -> dict:
     w = {k: data[k] for k in data.files}
     cfg = build_config(name)
     c0 = time.process_time()
-    res = simulate(w, load_profile(None), cfg, horizon_s=3600.0, record_steps=True)
+    res = simulate(w, load_profile(None), cfg, horizon_s=3600.0, record_steps=True,
+                   system=None if system == "vllm" else system)
     cpu_s = time.process_time() - c0
     s = res.summary
     rss_mb = peak_rss_mb()
@@ -102,8 +109,8 @@ def run_one(name: str, npz: str, gen_s: float) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 4 and argv[0] == "--child":
-        print(json.dumps(run_one(argv[1], argv[2], float(argv[3]))))
+    if len(argv) == 5 and argv[0] == "--child":
+        print(json.dumps(run_one(argv[1], argv[2], float(argv[3]), argv[4])))
         return 0
     import tempfile
 
@@ -121,6 +128,14 @@ def main(argv: list[str]) -> int:
             return 2
         repeat = int(value)
         argv = argv[:i] + argv[i + 2:]
+    system = "vllm"
+    if "--system" in argv:
+        i = argv.index("--system")
+        system = argv[i + 1] if i + 1 < len(argv) else ""
+        if system not in SYSTEMS:
+            print(f"bench_speed: --system takes one of {', '.join(SYSTEMS)} (got {system!r})", file=sys.stderr)
+            return 2
+        argv = argv[:i] + argv[i + 2:]
     unknown = [a for a in argv if a not in SCENARIOS]
     if unknown:
         print(f"bench_speed: unknown scenario {', '.join(map(repr, unknown))}; give any of "
@@ -137,7 +152,7 @@ def main(argv: list[str]) -> int:
         del w
         runs = []
         for _ in range(repeat):  # a fresh process each time (peak RSS is the run's own)
-            out = subprocess.run([sys.executable, __file__, "--child", name, npz, str(gen_s)], capture_output=True,
+            out = subprocess.run([sys.executable, __file__, "--child", name, npz, str(gen_s), system], capture_output=True,
                                  text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
             if out.returncode != 0:
                 print(out.stderr, file=sys.stderr)
@@ -150,7 +165,8 @@ def main(argv: list[str]) -> int:
         r["x_realtime"] = 3600.0 / r["sim_wall_s"]
         walls = ", ".join(f"{x['sim_wall_s']:.3f}" for x in runs)
         of = f" (median of {repeat}: {walls} s)" if repeat > 1 else ""
-        print(f"# {name} hour: {r['arrivals']} arrivals, {r['finished']} finished, {r['unfinished']} unfinished, "
+        on = f" on {system}" if system != "vllm" else ""
+        print(f"# {name} hour{on}: {r['arrivals']} arrivals, {r['finished']} finished, {r['unfinished']} unfinished, "
               f"{r['engine_steps']} engine steps in {r['step_segments']} segments; simulated in "
               f"{r['sim_wall_s']:.3f} s{of} (+{r['workload_gen_s']:.2f} s workload generation)")
         print(f"scenario={name}")
