@@ -927,31 +927,18 @@ class SLoRAEngine(EngineState):
         append = durs.append
         # each step is :meth:`_decode_s` written out on the run's constants: the host time (the running set) and
         # the LoRA time (the batch's ranks and size) do not change within a run, only the context does; the same
-        # float operations in the same order, so the durations are the ones stepping gives (tests compare)
+        # float operations in the same order, so the durations are the ones stepping gives (a test compares)
         cpu = self._step_cpu_s()
         lora = self.lora_cost.decode_s(self.rank_sum, max_r, n)
-        prof = self.profile
-        cc = prof._ctx_coef
-        if cc is not None and prof.backbone_s is prof._bb_scalar:  # the backbone adds its context term last
-            k0 = prof.backbone_s(0, n, 0)
-            while k < k_max:
-                d = cpu + ((k0 + cc * ctx_tok) + lora)
-                append(d)
-                t += d
-                k += 1
-                ctx_tok += n
-                if t >= t_evt:
-                    break
-        else:
-            bb = prof.backbone_s
-            while k < k_max:
-                d = cpu + (bb(0, n, ctx_tok) + lora)
-                append(d)
-                t += d
-                k += 1
-                ctx_tok += n
-                if t >= t_evt:
-                    break
+        backbone = self.profile.backbone_s
+        while k < k_max:
+            d = cpu + (backbone(0, n, ctx_tok) + lora)
+            append(d)
+            t += d
+            k += 1
+            ctx_tok += n
+            if t >= t_evt:
+                break
         # the clock lands on the summed end (one step: now + d, as a single step's)
         if (wait := (self._clock_wait(durs[0]) if k == 1 else self._clock_until(t))) is not None:
             yield wait
