@@ -206,6 +206,12 @@ class EngineState:
         #: the CPU tier, read by :meth:`_registered` for a profile that prices vLLM's per-step adapter check;
         #: None: the profile has no such term
         self._registry = self.adapters.cpu if self.profile.adapter_check_s is not None else None
+        #: the step-time entry points the engine calls (:meth:`twin.perf.profile.Profile.step_s`, ``decode_run``):
+        #: the profile's own, or with the adapters registered at the step added for the adapter check
+        if self._registry is None:
+            self._price_step, self._price_decode_run = self.profile.step_s, self.profile.decode_run
+        else:
+            self._price_step, self._price_decode_run = self._step_s_registered, self._decode_run_registered
         # the hook points of the extensions: all None/False on the default path, each tested
         # once per admission, finish or KV shortage -- never per decode step
         ext = self.extensions = install_extensions(self, workload)
@@ -473,6 +479,14 @@ class EngineState:
         (:meth:`twin.adapters.AdapterMemory.preload_cpu`). A server that pre-loads every served adapter into a tier
         that holds them all (the validation runs, the sweeps) registers ``served`` on every step."""
         return len(self._registry) + self.adapters.registered_unused
+
+    def _step_s_registered(self, *step: Any) -> float:
+        """The profile's ``step_s(*step)`` with the adapters registered now (:meth:`_registered`)."""
+        return self.profile.step_s(*step, registered=self._registered())
+
+    def _decode_run_registered(self, *run: Any) -> tuple[int, float, float, list[float] | None]:
+        """The profile's ``decode_run(*run)`` with the adapters registered now (constant over the run)."""
+        return self.profile.decode_run(*run, registered=self._registered())
 
     def _lone_step_s(self, prefill: int, ctx: int, rank: int) -> float:
         """One step of a lone request of adapter ``rank``: its prefill of ``prefill`` tokens, or (``prefill`` 0)
