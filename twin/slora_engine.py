@@ -553,6 +553,10 @@ class SLoRAEngine(EngineState):
         self.extensions = SLoRAExtensions(self, loader)
         self._admit_hook = self._reclaim = self._finish_hook = None
         self._prefetch_on = loader is not None
+        #: the scheduler does nothing on arrivals (``on_arrivals`` is the base's: FCFS and S-LoRA's own), so while no
+        #: admission is due (S-LoRA's counter, ``has_wait_tokens``) an arrival changes nothing a decode run prices or
+        #: decides, and a counting run need not end at one (:meth:`_decode`)
+        self._arrivals_inert = getattr(scheduler.on_arrivals, "__func__", None) is Scheduler.on_arrivals
         self._bind_policies(scheduler, cache)
 
     def _init_step_state(self) -> None:
@@ -913,8 +917,12 @@ class SLoRAEngine(EngineState):
             k_max = 1  # the first decode after a prefill carries the stalled requests' gap
         k_max = min(k_max, self.max_run_steps)
         # arrivals end a run too: a policy hears of them (on_arrivals) at the step boundary after
-        # them, as when stepping one iteration at a time (Chameleon refreshes its queues there)
-        t_evt = min(self._async_until, self._next_tick, self.horizon, self._next_arr_t)
+        # them, as when stepping one iteration at a time (Chameleon refreshes its queues there) -- unless no
+        # admission is due and the scheduler does nothing on arrivals: they join the queue at the run's end
+        # (:meth:`_complete_decode`), those before its last step ahead of its finishes, as stepping has them
+        t_evt = min(self._async_until, self._next_tick, self.horizon)
+        if not (counting and self._arrivals_inert):
+            t_evt = min(t_evt, self._next_arr_t)
         if not counting:  # admission is attempted at every iteration: until its outcome may change
             t_evt = min(t_evt, self._next_change_time(self._stop))
             if self._failed and k_max > 1:  # a refused candidate may pass as the running requests progress
@@ -931,9 +939,11 @@ class SLoRAEngine(EngineState):
         cpu = self._step_cpu_s()
         lora = self.lora_cost.decode_s(self.rank_sum, max_r, n)
         backbone = self.profile.backbone_s
+        t_last = t  # the last step's start
         while k < k_max:
             d = cpu + (backbone(0, n, ctx_tok) + lora)
             append(d)
+            t_last = t
             t += d
             k += 1
             ctx_tok += n
@@ -942,10 +952,12 @@ class SLoRAEngine(EngineState):
         # the clock lands on the summed end (one step: now + d, as a single step's)
         if (wait := (self._clock_wait(durs[0]) if k == 1 else self._clock_until(t))) is not None:
             yield wait
-        self._complete_decode(now, k, durs, counting)
+        self._complete_decode(now, k, durs, counting, t_last)
 
-    def _complete_decode(self, t0: float, k: int, durs: list[float], counting: bool) -> None:
+    def _complete_decode(self, t0: float, k: int, durs: list[float], counting: bool, t_last: float) -> None:
         now = self.env.now
+        if t_last >= self._next_arr_t:  # (a counting run over arrivals: those by its last step's start wait now)
+            self._ingest(t_last)
         n = self.n_dec
         self.g = g1 = self.g + k
         if counting:

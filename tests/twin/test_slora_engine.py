@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from policies.lru import LRUCache
-from policies.slora import NoCache
-from tests.helpers import constant_profile
+from policies.slora import NoCache, SLoRAScheduler
+from tests.helpers import constant_profile, random_workload
 from traces.workload import Workload
 from twin.adapters import AdapterMemory
 from twin.config import ConfigError, EngineConfig
@@ -320,6 +320,32 @@ def test_decode_run_durations_are_decode_s_written_out():
             cpu, lora = e._step_cpu_s(), e.lora_cost.decode_s(e.rank_sum, max_r, n)
             ctx = int(rng.integers(0, 300_000))
             assert cpu + (prof.backbone_s(0, n, ctx) + lora) == e._decode_s(n, ctx, max_r)
+
+
+class _HearsArrivals(SLoRAScheduler):
+    """S-LoRA's scheduler with an ``on_arrivals`` of its own (doing nothing): its runs end at every arrival."""
+
+    def on_arrivals(self, lo: int, hi: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("cache,prefetch", [("none", False), ("lru", False), ("chameleon", False), ("lru", True)])
+def test_counting_runs_go_on_over_arrivals_exactly(cache, prefetch):
+    """While no admission is due (S-LoRA's counter below max_wait_tokens) and the scheduler does nothing on arrivals,
+    a decode run goes on over them: the same outcomes as stepping one iteration at a time and as a scheduler whose
+    runs end at each arrival, in fewer segments (the arrivals before a run's last step join the queue ahead of its
+    finishes, so a cache policy's idle decisions see the queue stepping shows them)."""
+    w = random_workload(n=700, rps=7.0, adapters=40, seed=3)
+    prof = load_profile(None)
+    cfg = EngineConfig(slora_prefetch=prefetch)
+    a = simulate(w, prof, cfg, system="slora", scheduler="slora", cache=cache)
+    b = simulate(w, prof, cfg, system="slora", scheduler="slora", cache=cache, max_run_steps=1)
+    c = simulate(w, prof, cfg, system="slora", scheduler_obj=_HearsArrivals(), cache=cache)
+    assert a.engine._arrivals_inert and not c.engine._arrivals_inert
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.requests, c.requests, check_exact=True)
+    assert a.summary["step_segments"] < c.summary["step_segments"] < b.summary["step_segments"]
+    assert a.summary["engine_steps"] == b.summary["engine_steps"] == c.summary["engine_steps"]
 
 
 # ---------------------------------------------------------------------- adapters
