@@ -802,9 +802,14 @@ class SLoRAEngine(EngineState):
         lora = self.lora_cost.prefill_s(tok_rank, tok, max_r, n_lora, max_len) if n_lora else 0.0
         return self._step_cpu_s() + (self.profile.backbone_s(tok, 0, 0) + lora)
 
+    def _decode_terms(self, n: int, max_r: int) -> tuple[float, float]:
+        """A decode step's host time and LoRA time: constant while the running set and its ranks are."""
+        return self._step_cpu_s(), self.lora_cost.decode_s(self.rank_sum, max_r, n)
+
     def _decode_s(self, n: int, ctx_tok: int, max_r: int) -> float:
-        return self._step_cpu_s() + (self.profile.backbone_s(0, n, ctx_tok)
-                                     + self.lora_cost.decode_s(self.rank_sum, max_r, n))
+        """One decode step of ``n`` requests attending to ``ctx_tok`` tokens (:meth:`_decode` sums these)."""
+        cpu, lora = self._decode_terms(n, max_r)
+        return cpu + (self.profile.backbone_s(0, n, ctx_tok) + lora)
 
     def _lone_step_s(self, prefill: int, ctx: int, rank: int) -> float:
         """A lone request's step (:meth:`EngineState.unloaded_service_s`) as this engine prices its iterations
@@ -936,8 +941,7 @@ class SLoRAEngine(EngineState):
         # each step is :meth:`_decode_s` written out on the run's constants: the host time (the running set) and
         # the LoRA time (the batch's ranks and size) do not change within a run, only the context does; the same
         # float operations in the same order, so the durations are the ones stepping gives (a test compares)
-        cpu = self._step_cpu_s()
-        lora = self.lora_cost.decode_s(self.rank_sum, max_r, n)
+        cpu, lora = self._decode_terms(n, max_r)
         backbone = self.profile.backbone_s
         t_last = t  # the last step's start
         while k < k_max:
