@@ -264,7 +264,13 @@ def test_committed_profiles_load_and_carry_provenance(name):
 
 
 def test_llama_profile_is_the_default():
-    assert load_profile(None).name == "llama-3.1-8b_h100_vllm085"
+    """No --profile gives Llama-3.1-8B's calibrated profile in its default variant, which adds vLLM's adapter
+    check to it and keeps the rest of the calibration (the variant's own refit test checks its numbers)."""
+    default, calibrated = load_profile(None), load_profile("llama-3.1-8b_h100_vllm085")
+    assert default.name == "llama-3.1-8b_h100_vllm085_adaptercheck"
+    assert "adapter_check" in default.components and "adapter_check" not in calibrated.components
+    for kind in ("backbone", "load", "kv"):
+        assert default.raw["components"][kind]["params"] == calibrated.raw["components"][kind]["params"], kind
 
 
 # ------------------------------------------------------------------------------------------

@@ -1149,6 +1149,7 @@ def test_each_policy_ticks_at_its_own_interval(system):
     end = res.summary["simulated_s"]
     s, c = np.array(calls["sched"]), np.array(calls["cache"])
     assert len(c) >= 8 and len(s) >= 2, (len(s), len(c), end)
-    assert np.all(np.diff(s) >= 2.0) and np.all(np.diff(c) >= 0.5)
+    # (a tick due at t + 0.5 that fires on time differs from t by 0.5 up to the subtraction's rounding)
+    assert np.all(np.diff(s) >= 2.0 - 1e-9) and np.all(np.diff(c) >= 0.5 - 1e-9)
     assert np.all(np.diff(s) < 2.0 + 0.5) and np.all(np.diff(c) < 0.5 + 0.5)  # (the next step boundary after each)
     assert len(c) > 3 * len(s)

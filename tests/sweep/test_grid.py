@@ -177,7 +177,7 @@ def test_grid_errors(tmp_path):
                                                    r"would be ignored"),
     # the model its rows are recorded under: unknown, or not the profile's (ran llama's profile as qwen's runs)
     ('model = "nosuch"', r"grid model: unknown model 'nosuch'; known models: "),
-    ('model = "qwen-2.5-7b"', r"grid model 'qwen-2.5-7b': the grid's profile 'llama-3.1-8b_h100_vllm085' describes "
+    ('model = "qwen-2.5-7b"', r"grid model 'qwen-2.5-7b': the grid's profile 'llama-3.1-8b_h100_vllm085_adaptercheck' describes "
                               r"llama-3.1-8b, so its runs would be recorded as qwen-2.5-7b's; give model = "
                               r"\"llama-3.1-8b\""),
     # settings that ended every run in an error, rejected every request, or were ignored (exit 0)

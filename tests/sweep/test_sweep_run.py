@@ -404,6 +404,7 @@ def test_a_dry_run_names_the_profile_and_warns_of_a_short_window(tmp_path, capsy
     """A grid on the default profile printed ``profile None``; a window_s too short for the 90 % line (the requests in
     flight at its end go uncounted: every run of this grid read as starving) said nothing."""
     from twin.cli import main
+    from twin.perf.profile import DEFAULT_FITTED
     from twin.sweep.scenario import get_profile
 
     p = tmp_path / "g2.toml"
@@ -411,13 +412,13 @@ def test_a_dry_run_names_the_profile_and_warns_of_a_short_window(tmp_path, capsy
                  "served = [8, 16]\nslots = [8]\n")
     assert main(["sweep", str(p), "--dry-run", "--limit", "1", "--json"]) == 0
     cap = capsys.readouterr()
-    assert json.loads(cap.out)["profile"] == get_profile(None).name == "llama-3.1-8b_h100_vllm085"
+    assert json.loads(cap.out)["profile"] == get_profile(None).name == DEFAULT_FITTED
     assert ("twin sweep: warning: window_s 60 is short for the starvation line (throughput >= 0.9 of the offered "
             "tokens): a request of grid 'g2' takes ~") in cap.err, cap.err
     assert "to spare is expected to read as starving; give window_s >= " in cap.err
     p.write_text(p.read_text().replace("window_s = 60", "window_s = 3600"))
     assert main(["sweep", str(p), "--dry-run"]) == 0
-    assert "profile            llama-3.1-8b_h100_vllm085" in capsys.readouterr().out
+    assert f"profile            {DEFAULT_FITTED}\n" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "another task"])

@@ -845,7 +845,7 @@ CASES: list[tuple[str, str]] = [
      "S-LoRA)"),
     # a KV cache larger than the whole GPU memory holds (ran with 100,000,000 tokens of KV on one H100)
     (R + "--kv-tokens 100000000", "--kv-tokens 100000000: more than the 343264 tokens the whole 64 GB of profile "
-                                  "llama-3.1-8b_h100_vllm085's GPU (H100-64GB) can hold (after llama-3.1-8b's weights "
+                                  "llama-3.1-8b_h100_vllm085_adaptercheck's GPU (H100-64GB) can hold (after llama-3.1-8b's weights "
                                   "and 16 adapter slots of rank 32, for vLLM's KV cache, even at "
                                   "--gpu-memory-utilization 1.0); the cache could not be allocated: give --kv-tokens "
                                   "343264 or less, or --gpu-mem-gb for a GPU with more memory, fewer --slots or a "
@@ -854,7 +854,7 @@ CASES: list[tuple[str, str]] = [
                                                "GPU memory (--gpu-mem-gb) can hold"),
     (R + "--kv-tokens 300000 --gpu-mem-gb 10", "--gpu-mem-gb 10: 10 GB cannot hold llama-3.1-8b's weights"),
     (R + "--policy slora --max-total-tokens 400000", "--max-total-tokens 400000: more than the 365744 tokens the "
-                                                     "whole 64 GB of profile llama-3.1-8b_h100_vllm085's GPU "
+                                                     "whole 64 GB of profile llama-3.1-8b_h100_vllm085_adaptercheck's GPU "
                                                      "(H100-64GB) can hold (after llama-3.1-8b's weights, for S-LoRA's "
                                                      "unified pool, even at --gpu-memory-utilization 1.0); the pool "
                                                      "could not be allocated: give --max-total-tokens 365744 or less"),

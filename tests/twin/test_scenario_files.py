@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from twin.cli import main
+from twin.perf.profile import DEFAULT_FITTED
 from twin.scenario import RECORDED, RUN_FIELDS, RunConfig, to_toml
 
 
@@ -37,7 +38,7 @@ def test_summary_embeds_the_resolved_scenario(tmp_path):
     sc = s["scenario"]
     assert set(RUN_FIELDS) <= set(sc) and set(RECORDED) - {"trace_sha256"} <= set(sc)  # (a file's digest only)
     assert sc["policy"] == "slora" and sc["duration"] == 20.0 and sc["trace_options"]["length_scale"] == 0.5
-    assert sc["profile"] == "llama-3.1-8b_h100_vllm085" and len(sc["profile_sha256"]) == 64
+    assert sc["profile"] == DEFAULT_FITTED and len(sc["profile_sha256"]) == 64
     assert sc["slots"] == 16  # the default, resolved
     assert (sc["rps"], sc["adapters"], sc["popularity"]) == (1.0, 100, "powerlaw")  # the preset's own, pinned
     assert sc["trace_options"]["lengths"] == "splitwise"

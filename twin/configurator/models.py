@@ -66,6 +66,7 @@ from twin.configurator.features import (ARRIVAL_FEATURE, LENGTH_FEATURES, descri
                                         simplify_policy_conditions, single_policy, training_columns)
 from twin.configurator.domain import feature_box
 from twin.configurator.labels import CALIBRATED_ENGINE, FEATURES, TARGETS, describe_engine
+from twin.perf.profile import DEFAULT_FITTED, default_variant
 from twin.sweep.grid import PUBLISHED_GRID, check_policies
 from twin.sweep.runner import MissingExtra
 
@@ -73,19 +74,16 @@ SCHEMA = "lora-twin-configurator/1"
 MODEL_DIR = Path(__file__).resolve().parent / "models"
 #: ``--rank-tile-cost profile``: the profile's own rank tiles, whatever engine a model was trained on
 PROFILE_TILES = "profile"
-#: The profile whose shipped configurators ``twin configure`` uses for a model's runs when no ``--profile`` is
-#: given, by the model's calibrated profile (:func:`twin.validation.profiles.profile_for_model`): Llama-3.1-8B's
-#: adapter-check engine, the profile variant that prices vLLM's per-step adapter check (results/configurator/
-#: README.md, "The adapter-check engine's sweep": decided there before its models were scored). A model not
-#: named here keeps its calibrated profile.
-CONFIGURATOR_PROFILES = {"llama-3.1-8b_h100_vllm085": "llama-3.1-8b_h100_vllm085_adaptercheck"}
-#: ``twin configure``'s profile without ``--profile`` (predict, rules, search)
-DEFAULT_PROFILE = CONFIGURATOR_PROFILES["llama-3.1-8b_h100_vllm085"]
+#: ``twin configure``'s profile without ``--profile`` (predict, rules, search): the twin's default
+#: (:data:`twin.perf.profile.DEFAULT_FITTED`), Llama-3.1-8B's adapter-check engine, whose configurators were
+#: decided before their models were scored (results/configurator/README.md, "The adapter-check engine's sweep")
+DEFAULT_PROFILE = DEFAULT_FITTED
 
 
 def configurator_profile(calibrated: str) -> str:
-    """The profile ``twin configure`` prefers for the runs of ``calibrated``'s model (:data:`CONFIGURATOR_PROFILES`)."""
-    return CONFIGURATOR_PROFILES.get(calibrated, calibrated)
+    """The profile ``twin configure`` prefers for the runs of ``calibrated``'s model: its default variant
+    (:func:`twin.perf.profile.default_variant`)."""
+    return default_variant(calibrated)
 
 
 def model_engine(model: dict[str, Any]) -> dict[str, Any]:

@@ -50,8 +50,21 @@ PROFILE_DIR = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 #: published adapter twin's constants; prefill 0.07 ms/token is a typical H100 figure for
 #: an 8B model; loads 7 ms CPU->GPU; KV 305k tokens at 8 slots of rank 8 falling by 47
 #: tokens per slot-rank unit). Fitted profiles in ``calibration/profiles`` replace it.
+#: Shipped variants that stand in for a calibrated profile wherever the twin picks the profile itself (no
+#: ``--profile``: ``twin run``, ``twin validate`` by the runs' model, ``twin configure``): Llama-3.1-8B's
+#: ``adaptercheck`` variant, the calibrated profile plus vLLM 0.8.5's per-step adapter check fitted beside the
+#: kernel grid on the calibration tables (``calibration/fitting/adapter_check.py``; README.md, "Profile variant
+#: ``adaptercheck``": chosen on the fit split of the real runs, every figure better, since stop 63 the default).
+#: Giving the calibrated name itself still selects the profile without the check.
+DEFAULT_VARIANTS = {"llama-3.1-8b_h100_vllm085": "llama-3.1-8b_h100_vllm085_adaptercheck"}
 #: the shipped fitted profile that the name ``default`` (or none) resolves to when it is present
-DEFAULT_FITTED = "llama-3.1-8b_h100_vllm085"
+DEFAULT_FITTED = DEFAULT_VARIANTS["llama-3.1-8b_h100_vllm085"]
+
+
+def default_variant(calibrated: str) -> str:
+    """The profile the twin picks for ``calibrated``'s model when no ``--profile`` is given
+    (:data:`DEFAULT_VARIANTS`; a profile without a variant is its own, and a variant maps to itself)."""
+    return DEFAULT_VARIANTS.get(calibrated, calibrated)
 DEFAULT_PROFILE: dict[str, Any] = {
     "schema": PROFILE_SCHEMA,
     "name": "default-llama-3.1-8b-h100",

@@ -12,7 +12,7 @@ import re
 
 import pandas as pd
 
-from twin.perf.profile import Profile, available_profiles, load_profile
+from twin.perf.profile import Profile, available_profiles, default_variant, load_profile
 
 _PROFILES: dict[str, Profile] = {}
 
@@ -51,11 +51,17 @@ def _calibrated_profiles() -> list[str]:
 
 def profile_for_model(model: str | None) -> str | None:
     """The calibrated vLLM 0.8.5 / H100 profile of ``model`` (``qwen-2.5-7b-instruct`` ->
-    ``qwen-2.5-7b_h100_vllm085``; names normalised by :func:`model_tag`) when it is shipped, else None."""
+    ``qwen-2.5-7b_h100_vllm085``; names normalised by :func:`model_tag`) when it is shipped, else None;
+    its default variant where one is shipped (:func:`twin.perf.profile.default_variant`:
+    ``llama-3.1-8b-instruct`` -> ``llama-3.1-8b_h100_vllm085_adaptercheck``)."""
     if not model or (isinstance(model, float) and model != model):
         return None
     name = f"{model_tag(model)}_h100_vllm085"
-    return name if available_profiles().get(name) else None
+    avail = available_profiles()
+    if not avail.get(name):
+        return None
+    variant = default_variant(name)
+    return variant if avail.get(variant) else name
 
 
 def profile_of_runs(sel: pd.DataFrame, profile: str | None, what: str = "the real runs") -> str:

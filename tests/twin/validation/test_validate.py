@@ -324,7 +324,7 @@ def test_select_runs():
 
 
 def test_profile_follows_the_runs_model():
-    assert V.profile_for_model("llama-3.1-8b-instruct") == "llama-3.1-8b_h100_vllm085"
+    assert V.profile_for_model("llama-3.1-8b-instruct") == "llama-3.1-8b_h100_vllm085_adaptercheck"
     assert V.profile_for_model("qwen-2.5-7b-instruct") == "qwen-2.5-7b_h100_vllm085"
     assert V.profile_for_model("no-such-model") is None
     real = pd.DataFrame([_row(model="qwen-2.5-7b-instruct")])
@@ -336,7 +336,7 @@ def test_model_names_are_normalised_to_the_profiles_tags():
     """A checkpoint name in any usual spelling finds its calibrated profile."""
     for name in ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b-instruct", "Qwen-2.5-7B-Instruct", "qwen-2.5-7b"):
         assert V.profile_for_model(name) == "qwen-2.5-7b_h100_vllm085", name
-    assert V.profile_for_model("meta-llama/Meta-Llama-3.1-8B-Instruct") == "llama-3.1-8b_h100_vllm085"
+    assert V.profile_for_model("meta-llama/Meta-Llama-3.1-8B-Instruct") == "llama-3.1-8b_h100_vllm085_adaptercheck"
     qwen = pd.DataFrame([_row(model="Qwen/Qwen2.5-7B-Instruct")])
     V.check_profile_model(V.cached_profile("qwen-2.5-7b_h100_vllm085"), qwen)  # the same model: accepted
     with pytest.raises(ValueError, match="pass --profile qwen-2.5-7b_h100_vllm085"):
