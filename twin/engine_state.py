@@ -203,15 +203,10 @@ class EngineState:
         self.scheduler = scheduler
         self.adapters = AdapterMemory(self.adapter_rank, self.profile, slots, cpu_slots, cache, self.link,
                                       cfg.tensor_parallel, self.max_lora_rank)
-        #: the CPU tier, read by :meth:`_registered` for a profile that prices vLLM's per-step adapter check;
-        #: None: the profile has no such term
-        self._registry = self.adapters.cpu if self.profile.adapter_check_s is not None else None
-        #: the step-time entry points the engine calls (:meth:`twin.perf.profile.Profile.step_s`, ``decode_run``):
-        #: the profile's own, or with the adapters registered at the step added for the adapter check
-        if self._registry is None:
-            self._price_step, self._price_decode_run = self.profile.step_s, self.profile.decode_run
-        else:
-            self._price_step, self._price_decode_run = self._step_s_registered, self._decode_run_registered
+        #: the step-time entry points the engine calls (:meth:`twin.perf.profile.Profile.step_s`, ``decode_run``),
+        #: always given the adapters registered at the step (:meth:`_registered`) as their last argument: a profile
+        #: with an ``adapter_check`` component prices them, the others ignore it
+        self._price_step, self._price_decode_run = self.profile.step_s, self.profile.decode_run
         # the hook points of the extensions: all None/False on the default path, each tested
         # once per admission, finish or KV shortage -- never per decode step
         ext = self.extensions = install_extensions(self, workload)
@@ -478,15 +473,7 @@ class EngineState:
         adapters a pre-loading server registered at start-up that the workload never requests
         (:meth:`twin.adapters.AdapterMemory.preload_cpu`). A server that pre-loads every served adapter into a tier
         that holds them all (the validation runs, the sweeps) registers ``served`` on every step."""
-        return len(self._registry) + self.adapters.registered_unused
-
-    def _step_s_registered(self, *step: Any) -> float:
-        """The profile's ``step_s(*step)`` with the adapters registered now (:meth:`_registered`)."""
-        return self.profile.step_s(*step, registered=self._registered())
-
-    def _decode_run_registered(self, *run: Any) -> tuple[int, float, float, list[float] | None]:
-        """The profile's ``decode_run(*run)`` with the adapters registered now (constant over the run)."""
-        return self.profile.decode_run(*run, registered=self._registered())
+        return len(self.adapters.cpu) + self.adapters.registered_unused
 
     def _lone_step_s(self, prefill: int, ctx: int, rank: int) -> float:
         """One step of a lone request of adapter ``rank``: its prefill of ``prefill`` tokens, or (``prefill`` 0)
