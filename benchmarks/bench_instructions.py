@@ -20,6 +20,7 @@ excluded), and the same in every run of the same code. Per-step recording is on,
     python benchmarks/bench_instructions.py --horizon 3600        # the whole hour (~2 min)
     python benchmarks/bench_instructions.py overloaded --horizon 60
     python benchmarks/bench_instructions.py --code /tmp/old      # an older commit's twin, same workload
+    python benchmarks/bench_instructions.py --profile llama-3.1-8b_h100_vllm085   # another shipped profile
 
 prints ``scenario=``, ``horizon_s=``, ``instructions=<count>`` and ``instructions_per_simulated_s=``.
 """
@@ -58,7 +59,7 @@ from twin.simulate import simulate
 data = np.load({npz!r})
 w = {{k: data[k] for k in data.files}}
 cfg = bench_speed.build_config({name!r})
-profile = load_profile(None)
+profile = load_profile({profile!r})
 simulate(w, profile, cfg, horizon_s=1.0, record_steps=True)  # (warm-up: whatever a run imports on first use)
 import operator
 # the one call of operator.call in the process: callgrind counts only while it runs (--toggle-collect)
@@ -66,11 +67,11 @@ operator.call(simulate, w, profile, cfg, horizon_s={horizon!r}, record_steps=Tru
 """
 
 
-def count(name: str, npz: str, horizon: float, code_root: Path = ROOT) -> int:
-    """Instructions of the simulation of ``horizon`` seconds, with the twin of the checkout ``code_root``, in a
-    child that loads the workload and warms up first (neither counted)."""
+def count(name: str, npz: str, horizon: float, code_root: Path = ROOT, profile: str | None = None) -> int:
+    """Instructions of the simulation of ``horizon`` seconds, with the twin of the checkout ``code_root`` and its
+    ``profile`` (None: its default), in a child that loads the workload and warms up first (neither counted)."""
     code = CHILD.format(bench=str(Path(__file__).resolve().parent), root=str(code_root), npz=npz, name=name,
-                        horizon=float(horizon))
+                        horizon=float(horizon), profile=profile)
     out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--collect-atstart=no",
                           "--toggle-collect=_operator_call*", sys.executable, "-c", code],
                          capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
@@ -97,6 +98,10 @@ def main(argv: list[str]) -> int:
                     help="simulate with the twin of another checkout (e.g. a worktree of an older commit: "
                          "git worktree add /tmp/old COMMIT): the same workload and engine configuration, that "
                          "checkout's default profile")
+    ap.add_argument("--profile", default=None, metavar="NAME",
+                    help="a profile that checkout ships (default: its default profile; e.g. "
+                         "llama-3.1-8b_h100_vllm085, the calibrated profile without the adapter check, which was "
+                         "the default until stop 63)")
     args = ap.parse_args(argv)
     code_root = Path(args.code).resolve() if args.code else ROOT
     if not (code_root / "twin" / "simulate.py").is_file():
@@ -112,8 +117,9 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="twin-instr-") as tmp:
         npz = os.path.join(tmp, f"{args.scenario}.npz")
         np.savez(npz, **build(args.scenario))
-        n = count(args.scenario, npz, args.horizon, code_root)
+        n = count(args.scenario, npz, args.horizon, code_root, args.profile)
     of = f" with the twin of {code_root}" if args.code else ""
+    of += f", profile {args.profile}" if args.profile else ""
     print(f"# {args.scenario}: first {args.horizon:g} simulated s{of}: {n:,} instructions under callgrind")
     print(f"scenario={args.scenario}")
     print(f"horizon_s={args.horizon:g}")
