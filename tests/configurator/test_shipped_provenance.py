@@ -133,6 +133,21 @@ def test_the_configurator_default_is_the_adapter_check_engine():
         assert shipped_model_path(DEFAULT_PROFILE, kind).exists(), kind
 
 
+def test_one_default_profile_across_the_commands():
+    """`twin run` (no --profile), `twin validate` for Llama runs, a sweep grid without a profile and `twin configure`
+    pick the same profile, whose configurators ship (they differed until stop 63: the configurator alone used the
+    adapter-check variant)."""
+    from twin.configurator.models import DEFAULT_PROFILE, shipped_model_path
+    from twin.perf.profile import DEFAULT_FITTED, load_profile
+    from twin.sweep.scenario import get_profile
+    from twin.validation.profiles import profile_for_model
+
+    assert load_profile(None).name == DEFAULT_FITTED == DEFAULT_PROFILE
+    assert profile_for_model("meta-llama/Llama-3.1-8B-Instruct") == DEFAULT_FITTED
+    assert get_profile(None).name == DEFAULT_FITTED
+    assert shipped_model_path(DEFAULT_FITTED, "rf").exists()
+
+
 @pytest.mark.parametrize("path", sorted(MODEL_DIR.glob("llama-3.1-8b_h100_vllm085_adaptercheck.*")), ids=lambda p: p.name)
 def test_the_adapter_check_models_come_from_its_sweeps_committed_labels(path):
     """Trained on the adapter-check sweep's committed labels, whose engine is the validated grid's constants on the
