@@ -46,7 +46,7 @@ from traces.synth import MAX_ADAPTERS, OPTIONS, option_value_problem
 from traces.workload import Workload
 from twin.config import (MAX_SIM_SECONDS, ConfigError, EngineConfig,  # noqa: F401  (MAX_SIM_SECONDS re-exported)
                          vllm_default_limits)
-from twin.perf.profile import Profile, available_profiles, gpu_memory_gb, parse_lora_targets
+from twin.perf.profile import DEFAULT_FITTED, Profile, available_profiles, gpu_memory_gb, parse_lora_targets
 from twin.interfaces import PolicyError, check_policy_objects
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
 from twin.slora_engine import batch_max_tokens, check_slora_config, slora_pool_tokens
@@ -138,7 +138,8 @@ class RunConfig:
         "metavar": "KEY=VALUE", "parse": parse_cache_option})
     # server
     profile: str | None = field(default=None, metadata={
-        "help": "profile name (`twin calibrate list`) or JSON file"})
+        "help": f"profile name (`twin calibrate list`) or JSON file (default {DEFAULT_FITTED}: the calibrated "
+                "Llama-3.1-8B / H100 / vLLM 0.8.5 profile with vLLM's per-step adapter check)"})
     slots: int | None = field(default=None, metadata={
         "help": f"GPU adapter slots of the vLLM engine (max_loras; default {DEFAULT_ADAPTER_SLOTS} capped at the "
                 f"number of adapters; a given value is used as is: vLLM accepts more slots than adapters and sizes "
