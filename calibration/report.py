@@ -102,6 +102,47 @@ def _q(q: dict[str, Any] | None) -> str:
     return f"R2={_fmt(q.get('r2'))} MAPE={_fmt(q.get('mape_pct'))}% (n={q.get('n', '-')})"
 
 
+def variant_of(d: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``provenance.variant`` record of a variant profile (``of``, ``command``, ``changed``), else None."""
+    v = d.get("provenance", {}).get("variant")
+    return v if isinstance(v, dict) and v.get("of") else None
+
+
+def variant_changed_kinds(d: dict[str, Any]) -> set[str]:
+    """The components a variant profile refitted or added (``lora`` of ``lora.l_cta``, ``adapter_check`` of
+    ``adapter_check (new)``): their held-out figures in the component's ``fit`` are the base profile's, unless the
+    variant wrote its own."""
+    v = variant_of(d)
+    return {str(c).split(".")[0].split(" ")[0] for c in v.get("changed", [])} if v else set()
+
+
+def _fit_figures(fit: dict[str, Any]) -> str:
+    """A variant's own fit record, written out: ``name X %`` for each ``*_pct`` figure, per source for a dict
+    of them (e.g. the adapter check's ``mixed_heldout_pct``)."""
+    parts = []
+    for k, v in fit.items():
+        if not k.endswith("_pct"):
+            continue
+        label = k[: -len("_pct")].replace("_", " ")
+        if isinstance(v, dict):
+            parts.append(f"{label}: " + ", ".join(f"{s} {_fmt(x)} %" for s, x in v.items()))
+        else:
+            parts.append(f"{label} {_fmt(v)} %")
+    return "; ".join(parts)
+
+
+def _variant_lines(d: dict[str, Any]) -> list[str]:
+    """What a variant profile is: its command, its base and what it changed; the figures a reader must not take
+    for the variant's."""
+    v = variant_of(d)
+    if v is None:
+        return []
+    data = f" (data: {v['data']})" if v.get("data") else ""
+    return [f"a variant of {v['of']}, written by `{v.get('command', '')}`{data}; it changes "
+            f"{', '.join(v.get('changed', []))}. The held-out figures of the components it changed and the comparison "
+            f"with the published twin are the base profile's, unless marked as the variant's."]
+
+
 def summary_lines(d: dict[str, Any]) -> list[str]:
     """Human-readable summary of a profile dict: constants with units and standard errors, fit quality."""
     out = [f"profile {d['name']} (v{d.get('version')}): {d['model']} on {d.get('gpu')} with {d.get('software')}",
@@ -109,10 +150,14 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
     prov = d.get("provenance", {})
     if prov.get("command"):
         out.append(f"  fitted by: {prov['command']}")
+    out += [f"  {line}" for line in _variant_lines(d)]
+    changed = variant_changed_kinds(d)
     for kind in [k for k in KINDS + OPTIONAL_KINDS if k in d["components"]]:
         c = d["components"][kind]
         out.append("")
-        out.append(f"[{kind}] form {c['form']}: {c.get('equation', '')}")
+        out.append(f"[{kind}] form {c['form']}: {c.get('equation', '')}"
+                   + (" (changed by the variant; held-out figures below: the base profile's)"
+                      if kind in changed and c.get("fit", {}).get("heldout") else ""))
         units = c.get("units", {})
         se = c.get("stderr", {}) or {}
         for name, v in c["params"].items():
@@ -129,6 +174,8 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
             out.append(f"    {name:<18} = {_fmt(v):>12}{'' if s is None else ' +- ' + _fmt(s)} "
                        f"{units.get(name, '')}{fixed}{bound}")
         fit = c.get("fit", {})
+        if kind in changed and fit and "heldout" not in fit and _fit_figures(fit):
+            out.append(f"  the variant's fit (held-out MAPE): {_fit_figures(fit)}")
         if "train" in fit:
             out.append(f"  fit (training):  {_q(fit['train'])}")
         held = fit.get("heldout", {})
@@ -171,6 +218,8 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
 def quality_table(d: dict[str, Any]) -> dict[str, Any]:
     """Compact JSON summary: per component the chosen form, held-out quality and the published twin's."""
     res: dict[str, Any] = {"profile": d["name"], "components": {}}
+    if variant_of(d):  # (the components it changed carry the base profile's held-out figures)
+        res["variant"] = variant_of(d)
     for kind in [k for k in KINDS + OPTIONAL_KINDS if k in d["components"]]:
         c = d["components"][kind]
         res["components"][kind] = {"form": c["form"], "heldout": c.get("fit", {}).get("heldout", {}),
@@ -191,11 +240,16 @@ def _cell(q: dict[str, Any] | None) -> str:
 def markdown(d: dict[str, Any]) -> str:
     """Markdown tables: every component's held-out fit quality, and ours next to the published twin's."""
     lines = [f"### {d['name']}", "", f"{d.get('description', '')}", "",
-             f"Command: `{d.get('provenance', {}).get('command', '')}`", "",
-             "| component | chosen form | held-out R2 / MAPE | candidates (held-out MAPE %) |", "|---|---|---|---|"]
+             f"Command: `{d.get('provenance', {}).get('command', '')}`", ""]
+    lines += [f"Variant: {line}" for line in _variant_lines(d)] + ([""] if variant_of(d) else [])
+    lines += ["| component | chosen form | held-out R2 / MAPE | candidates (held-out MAPE %) |", "|---|---|---|---|"]
+    changed = variant_changed_kinds(d)
     for kind in [k for k in KINDS + OPTIONAL_KINDS if k in d["components"]]:
         c = d["components"][kind]
         held = c.get("fit", {}).get("heldout", {})
+        if kind in changed and not held and _fit_figures(c.get("fit", {})):  # the variant's own fit record
+            lines.append(f"| {kind} | {c['form']} | the variant's held-out MAPE: {_fit_figures(c['fit'])} | - |")
+            continue
         main = held.get("all") if isinstance(held.get("all"), dict) else None
         extra = []
         for key, q in held.items():
@@ -207,11 +261,13 @@ def markdown(d: dict[str, Any]) -> str:
             cl = c["classification"]
             extra.append(f"probe starts classified right {cl['correct']}/{cl['total']}")
         rank = ", ".join(f"{n} {_fmt(m)}" for n, m in c.get("selection", {}).get("ranking") or [])
-        lines.append(f"| {kind} | {c['form']} | {_cell(main)}{'<br>' + '<br>'.join(extra) if extra else ''} | "
+        base = "base profile's: " if kind in changed and held else ""
+        lines.append(f"| {kind} | {c['form']} | {base}{_cell(main)}{'<br>' + '<br>'.join(extra) if extra else ''} | "
                      f"{rank or '-'} |")
     comp = d.get("comparison_with_published_twin")
     if comp:
-        lines += ["", "| observations | ours (held-out) R2 / MAPE | published twin R2 / MAPE |", "|---|---|---|"]
+        of = f" (the base profile {variant_of(d)['of']}'s)" if variant_of(d) else ""
+        lines += ["", f"| observations | ours (held-out) R2 / MAPE{of} | published twin R2 / MAPE |", "|---|---|---|"]
         for key, block in comp.items():
             if not isinstance(block, dict):
                 continue
@@ -320,24 +376,32 @@ def _figures_vllm085(d: dict[str, Any], meas: Path, out: Path, tables: Vllm085Ta
     paths.append(_save(fig, out / "backbone.png"))
     # lora
     lo, mr = vllm085.lora_obs(t)
-    lp = C.window_lora_ms(bm, lm, lo, mr)
+    # a profile with vLLM's adapter check prices c * A * N beside the grid (fitted with it: its LoRA figures show both)
+    check = _model(d, "adapter_check") if "adapter_check" in d["components"] else None
+
+    def check_ms(obs) -> np.ndarray:
+        return np.asarray(check.predict(obs["A"], obs["N"]), float) * 1e3 if check is not None else 0.0
+
+    fit_label = f"fit ({lm.form}{' + adapter check' if check is not None else ''})"
+    lp = C.window_lora_ms(bm, lm, lo, mr) + check_ms(lo)
     base = C.window_backbone_ms(bm, lo)
     runs, runs_info = vllm085.serving_run_lora_obs(t, bm)
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     m = (lo["kind"] == "decode").to_numpy()
     ax[0].scatter(lo.loc[m, "A"], lo.loc[m, "comp_ms"] - base[m], s=8, alpha=.6, label="measured (step - base)")
-    ax[0].scatter(lo.loc[m, "A"], lp[m] - base[m], s=4, c="C3", label=f"fit ({lm.form})")
+    ax[0].scatter(lo.loc[m, "A"], lp[m] - base[m], s=4, c="C3", label=fit_label)
     ax[0].set(xlabel="distinct adapters per step A", ylabel="LoRA extra per step (ms)",
               title="LoRA overhead, decode windows (300 slots)")
     ax[0].legend(fontsize=7)
     if len(runs):
-        rp = C.window_lora_ms(bm, lm, runs, np.full(len(runs), 8.0))
+        rp = C.window_lora_ms(bm, lm, runs, np.full(len(runs), 8.0)) + check_ms(runs)
         rb = C.window_backbone_ms(bm, runs)
         sc = ax[1].scatter(runs["comp_ms"] - rb, rp - rb, s=10, c=np.log2(runs["G"]), cmap="viridis")
         lim = [0, float(max((runs["comp_ms"] - rb).max(), (rp - rb).max())) * 1.05]
         ax[1].plot(lim, lim, "k--", lw=1)
         fig.colorbar(sc, ax=ax[1], label="log2 adapter slots")
-        ax[1].set(xlabel="measured ITL - base - scheduler - loads (ms)", ylabel="fitted LoRA extra (ms)",
+        ax[1].set(xlabel="measured ITL - base - scheduler - loads (ms)",
+                  ylabel="fitted LoRA extra (ms)" + (" + adapter check" if check is not None else ""),
                   title=f"published serving runs, 8-448 slots ({len(runs)})")
     else:
         ax[1].text(0.5, 0.5, f"serving runs not used:\n{runs_info.get('reason', '')}", ha="center", va="center",
@@ -346,7 +410,8 @@ def _figures_vllm085(d: dict[str, Any], meas: Path, out: Path, tables: Vllm085Ta
     ax[2].scatter(lo["comp_ms"], lp, s=6, alpha=.6)
     lim = [0, float(max(lo["comp_ms"].max(), lp.max())) * 1.05]
     ax[2].plot(lim, lim, "k--", lw=1)
-    ax[2].set(xlabel="measured step - scheduler (ms)", ylabel="fitted base + LoRA (ms)", title="all LoRA windows")
+    ax[2].set(xlabel="measured step - scheduler (ms)",
+              ylabel="fitted base + LoRA (ms)" + (" + adapter check" if check is not None else ""), title="all LoRA windows")
     paths.append(_save(fig, out / "lora.png"))
     # scheduler
     so = vllm085.scheduler_obs(t, bb, lo)

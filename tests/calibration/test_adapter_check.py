@@ -43,3 +43,27 @@ def test_without_the_term_the_fixed_point_is_the_shipped_profile_s_and_the_term_
     assert v.components["adapter_check"].params["c_pair"] == pytest.approx(q["c_us_per_pair"] * 1e-6, rel=1e-5)
     assert v.components["lora"].params["l_cta"] == pytest.approx(q["l_cta_ns"] * 1e-9, rel=1e-6)
     assert v.components["mixed"].params["h_slot"] == pytest.approx(q["h_slot_ms"] * 1e-3, rel=1e-6)
+
+
+def test_the_report_of_the_variant_says_which_figures_are_its_own():
+    """`twin calibrate report` of the variant (the default profile) names its base and command, marks the held-out
+    figures of the components it changed as the base profile's, and gives the variant's own held-out MAPE; the
+    calibrated profile's report has none of that."""
+    from calibration.report import load_profile_dict, markdown, quality_table, summary_lines
+
+    d, _ = load_profile_dict("llama-3.1-8b_h100_vllm085_adaptercheck")
+    md = markdown(d)
+    assert "Variant: a variant of llama-3.1-8b_h100_vllm085, written by " \
+           "`python -m calibration.fitting.adapter_check --write`" in md
+    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
+    assert "base profile's: " in rows["lora"] and "base profile's: " in rows["mixed"]
+    assert "base profile's" not in rows["backbone"] and "base profile's" not in rows["kv"]
+    fit = d["components"]["adapter_check"]["fit"]
+    assert f"mixed criterion {fit['mixed_criterion_pct']:.4g} %" in rows["adapter_check"]
+    assert "windows 2.518 %" in rows["adapter_check"]
+    assert "(the base profile llama-3.1-8b_h100_vllm085's)" in md
+    assert quality_table(d)["variant"]["of"] == "llama-3.1-8b_h100_vllm085"
+    assert any("the variant's fit (held-out MAPE): mixed criterion" in line for line in summary_lines(d))
+    base, _ = load_profile_dict("llama-3.1-8b_h100_vllm085")
+    assert "Variant" not in markdown(base) and "base profile's" not in markdown(base)
+    assert "variant" not in quality_table(base)

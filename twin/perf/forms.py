@@ -705,7 +705,7 @@ class RegistryPairsAdapterCheck(PerfModel):
     calibration tables *beside* the kernel grid's ``l_cta``/``l_active``/``split64_cost`` and the mixed ``h_slot``,
     which, fitted without it, held it at the calibration's own ``A`` and ``N``; a replica of the code timed on a CPU
     (``benchmarks/vllm085_lora_mapping_host.py``) costs the same order per pair. Only the
-    ``llama-3.1-8b_h100_vllm085_adaptercheck`` profile carries it (issue 17; the default profile does not, yet).
+    ``llama-3.1-8b_h100_vllm085_adaptercheck`` profile carries it (issue 17; the default profile since stop 63).
     """
 
     kind: ClassVar[str] = "adapter_check"
