@@ -347,7 +347,7 @@ class AdapterMemory:
         insertion order), change as adapters come and go; two consecutive walks over a similar batch
         mostly agree. The twin draws both walks as independent random orders (seeded, so runs are
         reproducible): a modelling choice, not a property of the set, kept because it reproduces the
-        real serving runs' load counts (median 0.98x) where one fixed order made 1.2x, up to 3x at 64-128
+        real serving runs' load counts (median 0.97x; 0.98x on the calibrated profile) where one fixed order made 1.2x, up to 3x at 64-128
         slots (``results/calibration/serving_replay.md``). Adapters loaded in this step are not candidates
         (the walk loads them at their own position). Each reload is a CPU->GPU copy of that adapter."""
         if self.idle_at[victim] != now:
