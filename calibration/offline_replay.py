@@ -207,9 +207,13 @@ def summary(rows: pd.DataFrame) -> dict[str, Any]:
 
 
 def profile_for_model(model: str) -> str:
-    """The shipped profile fitted on a calibration model's tables (``twin.model_spec`` name)."""
+    """The shipped profile fitted on a calibration model's tables (``twin.model_spec`` name), in its default variant
+    where one is shipped (:func:`twin.perf.profile.default_variant`: Llama-3.1-8B's adapter check, fitted on the same
+    tables), so the replay runs the profile every other command picks."""
+    from twin.perf.profile import default_variant
+
     try:
-        return PROFILE_OF_MODEL[model]
+        return default_variant(PROFILE_OF_MODEL[model])
     except KeyError:
         raise ValueError(f"no shipped profile for the calibration model {model!r}; known: "
                          f"{', '.join(sorted(PROFILE_OF_MODEL))}; give --profile") from None

@@ -110,8 +110,9 @@ def test_replay_figure_draws_each_kind_of_run_on_three_panels(profile):
 
 def test_profile_for_model_names_the_shipped_profiles():
     for model, prof in PROFILE_OF_MODEL.items():
-        assert profile_for_model(model) == prof
-        load_profile(prof)
+        assert profile_for_model(model) in (prof, prof + "_adaptercheck")
+        load_profile(profile_for_model(model))
+    assert profile_for_model("llama-3.1-8b") == "llama-3.1-8b_h100_vllm085_adaptercheck"  # the default profile
     with pytest.raises(ValueError, match="give --profile"):
         profile_for_model("llama-2-7b")
 
