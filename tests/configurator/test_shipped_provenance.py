@@ -124,11 +124,12 @@ ADAPTERCHECK = REPO / "results" / "configurator" / "adaptercheck"
 def test_the_configurator_default_is_the_adapter_check_engine():
     """``twin configure`` without --profile recommends with the adapter-check engine's models (results/configurator/
     README.md, "The adapter-check engine's sweep"); the runs of Llama-3.1-8B map to it, other models keep theirs."""
-    from twin.configurator.models import DEFAULT_PROFILE, configurator_profile, shipped_model_path
+    from twin.configurator.models import DEFAULT_PROFILE, shipped_model_path
+    from twin.perf.profile import default_variant
 
     assert DEFAULT_PROFILE == "llama-3.1-8b_h100_vllm085_adaptercheck"
-    assert configurator_profile("llama-3.1-8b_h100_vllm085") == DEFAULT_PROFILE
-    assert configurator_profile("qwen-2.5-7b_h100_vllm085") == "qwen-2.5-7b_h100_vllm085"
+    assert default_variant("llama-3.1-8b_h100_vllm085") == DEFAULT_PROFILE
+    assert default_variant("qwen-2.5-7b_h100_vllm085") == "qwen-2.5-7b_h100_vllm085"
     for kind in ("rf", "cart", "hstree", "figs", "rulefit"):
         assert shipped_model_path(DEFAULT_PROFILE, kind).exists(), kind
 

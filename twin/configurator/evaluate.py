@@ -41,7 +41,7 @@ from traces.arguments import cell_error, parse_list
 from traces.datadir import shown_path
 from twin.configurator.search import search
 from twin.configurator.check import check_recommendation, known_from_runs
-from twin.configurator.models import configurator_profile, load_model, resolve_engine
+from twin.configurator.models import load_model, resolve_engine
 from twin.sweep.scenario import load_real
 from twin.validation.profiles import cached_profile, check_profile_model, profile_of_runs
 
@@ -273,7 +273,7 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
         except (KeyError, ValueError, OSError):  # (not a profile here: the runs' model's, as --help says)
             profile = None
     if profile is None:
-        profile = configurator_profile(profile_of_runs(sel, None, f"the {source or 'selected'} runs of {real_csv}"))
+        profile = profile_of_runs(sel, None, f"the {source or 'selected'} runs of {real_csv}")  # (its default variant)
     if not model_path:  # the shipped configurators of another model's profile would score nothing real
         check_profile_model(cached_profile(profile), sel)
     if not sel["status"].astype(str).eq("ok").any():

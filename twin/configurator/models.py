@@ -66,7 +66,7 @@ from twin.configurator.features import (ARRIVAL_FEATURE, LENGTH_FEATURES, descri
                                         simplify_policy_conditions, single_policy, training_columns)
 from twin.configurator.domain import feature_box
 from twin.configurator.labels import CALIBRATED_ENGINE, FEATURES, TARGETS, describe_engine
-from twin.perf.profile import DEFAULT_FITTED, default_variant
+from twin.perf.profile import DEFAULT_FITTED
 from twin.sweep.grid import PUBLISHED_GRID, check_policies
 from twin.sweep.runner import MissingExtra
 
@@ -78,12 +78,6 @@ PROFILE_TILES = "profile"
 #: (:data:`twin.perf.profile.DEFAULT_FITTED`), Llama-3.1-8B's adapter-check engine, whose configurators were
 #: decided before their models were scored (results/configurator/README.md, "The adapter-check engine's sweep")
 DEFAULT_PROFILE = DEFAULT_FITTED
-
-
-def configurator_profile(calibrated: str) -> str:
-    """The profile ``twin configure`` prefers for the runs of ``calibrated``'s model: its default variant
-    (:func:`twin.perf.profile.default_variant`)."""
-    return default_variant(calibrated)
 
 
 def model_engine(model: dict[str, Any]) -> dict[str, Any]:
