@@ -52,7 +52,7 @@ import pandas as pd
 
 from traces.workload import Workload
 from twin.config import EngineConfig
-from twin.perf.profile import Profile, load_profile
+from twin.perf.profile import Profile, default_variant, load_profile
 from twin.registry import make_cache, make_scheduler
 from twin.simulate import simulate
 from twin.validation.scoring import smape
@@ -210,8 +210,6 @@ def profile_for_model(model: str) -> str:
     """The shipped profile fitted on a calibration model's tables (``twin.model_spec`` name), in its default variant
     where one is shipped (:func:`twin.perf.profile.default_variant`: Llama-3.1-8B's adapter check, fitted on the same
     tables), so the replay runs the profile every other command picks."""
-    from twin.perf.profile import default_variant
-
     try:
         return default_variant(PROFILE_OF_MODEL[model])
     except KeyError:
