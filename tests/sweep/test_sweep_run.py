@@ -243,7 +243,7 @@ def test_a_grid_where_no_configuration_starts_is_refused_before_any_run(tmp_path
     g = load_grid("smoke")
     g.slots, g.served = [5000], [5000]
     with pytest.raises(ValueError, match=r"grid: no configuration passes vLLM's start-up check with profile "
-                                         r"llama-3.1-8b_h100_vllm085, so every run would be a start failure \(at "
+                                         r"llama-3.1-8b_h100_vllm085_adaptercheck, so every run would be a start failure \(at "
                                          r"5000 slots of max LoRA rank 32: the KV cache left .* give smaller"):
         run_sweep(g, tmp_path / "sw", "local", progress=False)
     assert not (tmp_path / "sw").exists()

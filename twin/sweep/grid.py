@@ -65,7 +65,7 @@ from twin.sweep.workload_scenario import FILE_ARRIVAL, grace_note, load_workload
 from twin.sweep.workload_scenario import scenario_key as workload_scenario_key
 from twin.config import SLORA_ONLY_FIELDS, ConfigError, EngineConfig
 from twin.model_spec import get_model
-from twin.perf.profile import parse_lora_targets
+from twin.perf.profile import DEFAULT_FITTED, parse_lora_targets
 from twin.scenario import VLLM_MAX_LORA_RANKS, check_host_term, rank_limit, read_mapping_file, rebase_path
 from twin.tensor_parallel import TensorParallelError, check_degree
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
@@ -318,8 +318,8 @@ NAMED_GRIDS = {
     "adapter-twin-llama-ext": lambda: GridSpec(
         name="adapter-twin-llama-ext", profile="llama-3.1-8b_h100_vllm085", model="llama-3.1-8b",
         rates=rate_triples(), ranks=rank_multisets(), slots=sorted(set(PUBLISHED_GRID) | {8, 176, 208, 224})),
-    # two scenarios, served 8-32 x slots 8-16, a 120 s window: seconds, for CI
-    "smoke": lambda: GridSpec(name="smoke", profile="llama-3.1-8b_h100_vllm085", model="llama-3.1-8b",
+    # two scenarios, served 8-32 x slots 8-16, a 120 s window: seconds, for CI; on the twin's default profile
+    "smoke": lambda: GridSpec(name="smoke", profile=DEFAULT_FITTED, model="llama-3.1-8b",
                               window_s=120.0, rates=[[3.2, 1.6, 0.8], [0.8, 0.4, 0.1]],
                               ranks=[[8, 16, 32]], served=[8, 16, 32], slots=[8, 16], ttft_slo_s=5.0, tbt_slo_s=0.2),
     # the policy as a scenario axis (one configurator per policy, results/configurator/README.md): 8
