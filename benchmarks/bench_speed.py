@@ -24,6 +24,15 @@ steps and outcomes differ from vLLM's); the default is vLLM v1, the issue's figu
     python benchmarks/bench_speed.py reference      # one
     python benchmarks/bench_speed.py --repeat 3     # median of three
     python benchmarks/bench_speed.py --system slora reference
+    python benchmarks/bench_speed.py --repeat 3 --anchor 82c8a38   # and the ratio to the published twin
+
+The published twin's code is not available here, so the speed issue's "10x the published twin" is measured
+through an anchor: commit ``82c8a38`` of this twin ran the two hours in :data:`ANCHOR_S` on the machine where the
+published twin took :data:`PUBLISHED_S` (issue 13's table). ``--anchor COMMIT`` checks that commit out into a
+temporary ``git worktree``, simulates the same scenarios with its own ``benchmarks/bench_speed.py`` (``--repeat``
+times each, fresh processes, alternating with this checkout's runs) and prints ``anchor_sim_wall_s=``,
+``published_est_s=`` (the published twin's seconds scaled by the anchor's ratio between the two machines) and
+``x_published=`` (that estimate over this checkout's median). Only the vLLM engine (the published twin's).
 """
 
 from __future__ import annotations
@@ -47,6 +56,12 @@ SCENARIOS = {
     "overloaded": dict(adapters=384, slots=128, rates=(1.6, 0.8, 0.4)),
     "reference": dict(adapters=128, slots=128, rates=(0.1, 0.05, 0.025)),
 }
+
+#: issue 13's table: the published twin's seconds per hour, run by its own code on the issue's machine
+PUBLISHED_S = {"reference": 3.3, "overloaded": 11.3}
+#: the anchor commit and its seconds on that machine (the same table: 0.93-0.97 s and 1.76 s)
+ANCHOR_COMMIT = "82c8a38"
+ANCHOR_S = {"reference": 0.95, "overloaded": 1.76}
 
 
 def build(name: str, seed: int = 0):
@@ -108,13 +123,45 @@ def run_one(name: str, npz: str, gen_s: float, system: str = "vllm") -> dict:
             "x_realtime": 3600.0 / s["wall_s"], "peak_rss_mb": rss_mb, "throughput_rps": s["throughput_rps"]}
 
 
+class Anchor:
+    """A temporary ``git worktree`` of ``commit`` whose own ``benchmarks/bench_speed.py`` times a scenario."""
+
+    def __init__(self, commit: str) -> None:
+        import tempfile
+
+        self.commit = commit
+        self.dir = Path(tempfile.mkdtemp(prefix="twin-anchor-")) / "tree"
+        out = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(self.dir), commit],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            import shutil
+
+            shutil.rmtree(self.dir.parent, ignore_errors=True)
+            raise SystemExit(f"bench_speed: --anchor {commit}: git worktree add failed ({out.stderr.strip()}); give a "
+                             f"commit of this repository, e.g. --anchor {ANCHOR_COMMIT}")
+
+    def wall_s(self, name: str) -> float:
+        """One simulation of ``name`` by the anchor's code in a fresh process: its seconds (3600 / x_realtime)."""
+        out = subprocess.run([sys.executable, str(self.dir / "benchmarks" / "bench_speed.py"), name],
+                             capture_output=True, text=True, cwd=str(self.dir),
+                             env={**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(self.dir)})
+        lines = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line and not line.startswith("#"))
+        if out.returncode != 0 or "x_realtime" not in lines:
+            raise SystemExit(f"bench_speed: the anchor {self.commit} failed on {name}: {out.stderr.strip()[-500:]}")
+        return 3600.0 / float(lines["x_realtime"])
+
+    def close(self) -> None:
+        import shutil
+
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(self.dir)], capture_output=True)
+        shutil.rmtree(self.dir.parent, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 5 and argv[0] == "--child":
         print(json.dumps(run_one(argv[1], argv[2], float(argv[3]), argv[4])))
         return 0
     import tempfile
-
-    import numpy as np
 
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
@@ -136,6 +183,18 @@ def main(argv: list[str]) -> int:
             print(f"bench_speed: --system takes one of {', '.join(SYSTEMS)} (got {system!r})", file=sys.stderr)
             return 2
         argv = argv[:i] + argv[i + 2:]
+    anchor_commit = None
+    if "--anchor" in argv:
+        i = argv.index("--anchor")
+        anchor_commit = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
+        if not anchor_commit:
+            print(f"bench_speed: --anchor takes a commit (the issue's anchor is {ANCHOR_COMMIT})", file=sys.stderr)
+            return 2
+        if system != "vllm":
+            print("bench_speed: --anchor compares with the published twin, which models vLLM: leave out --system",
+                  file=sys.stderr)
+            return 2
+        argv = argv[:i] + argv[i + 2:]
     unknown = [a for a in argv if a not in SCENARIOS]
     if unknown:
         print(f"bench_speed: unknown scenario {', '.join(map(repr, unknown))}; give any of "
@@ -143,6 +202,17 @@ def main(argv: list[str]) -> int:
         return 2
     names = argv or ["overloaded", "reference"]
     tmp = tempfile.mkdtemp(prefix="twin-bench-")
+    anchor = Anchor(anchor_commit) if anchor_commit else None
+    try:
+        return _bench(names, tmp, repeat, system, anchor)
+    finally:
+        if anchor is not None:
+            anchor.close()
+
+
+def _bench(names: list[str], tmp: str, repeat: int, system: str, anchor: "Anchor | None") -> int:
+    import numpy as np
+
     for name in names:
         t0 = time.perf_counter()
         w = build(name)
@@ -150,7 +220,7 @@ def main(argv: list[str]) -> int:
         npz = os.path.join(tmp, f"{name}.npz")
         np.savez(npz, **w)
         del w
-        runs = []
+        runs, anchor_s = [], []
         for _ in range(repeat):  # a fresh process each time (peak RSS is the run's own)
             out = subprocess.run([sys.executable, __file__, "--child", name, npz, str(gen_s), system], capture_output=True,
                                  text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
@@ -158,6 +228,8 @@ def main(argv: list[str]) -> int:
                 print(out.stderr, file=sys.stderr)
                 return out.returncode
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            if anchor is not None:  # (alternating with this checkout's runs: the machine's drift hits both)
+                anchor_s.append(anchor.wall_s(name))
         r = dict(runs[0])
         r["sim_wall_s"] = statistics.median(x["sim_wall_s"] for x in runs)
         r["sim_cpu_s"] = statistics.median(x["sim_cpu_s"] for x in runs)
@@ -174,6 +246,15 @@ def main(argv: list[str]) -> int:
         print(f"sim_wall_s={r['sim_wall_s']:.3f}")
         print(f"sim_cpu_s={r['sim_cpu_s']:.3f}")
         print(f"peak_rss_mb={r['peak_rss_mb']:.1f}")
+        if anchor is not None:
+            a = statistics.median(anchor_s)
+            est = PUBLISHED_S[name] * a / ANCHOR_S[name]
+            print(f"# {name} hour: the anchor {anchor.commit} took {a:.3f} s here (median of {len(anchor_s)}), "
+                  f"{ANCHOR_S[name]:.2f} s where the published twin took {PUBLISHED_S[name]:.1f} s: the published twin "
+                  f"would take about {est:.2f} s here, {est / r['sim_wall_s']:.1f}x this checkout's time")
+            print(f"anchor_sim_wall_s={a:.3f}")
+            print(f"published_est_s={est:.3f}")
+            print(f"x_published={est / r['sim_wall_s']:.2f}")
     return 0
 
 
