@@ -45,11 +45,6 @@ KINDS = ("backbone", "lora", "scheduler", "load", "kv")
 OPTIONAL_KINDS = ("mixed", "adapter_check")
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 
-#: The embedded default: Llama-3.1-8B on an H100 with vLLM 0.8.5, hand-set from public
-#: figures before any fit (decode 10.5 ms + 0.044 ms/seq and the LoRA percent model are the
-#: published adapter twin's constants; prefill 0.07 ms/token is a typical H100 figure for
-#: an 8B model; loads 7 ms CPU->GPU; KV 305k tokens at 8 slots of rank 8 falling by 47
-#: tokens per slot-rank unit). Fitted profiles in ``calibration/profiles`` replace it.
 #: Shipped variants that stand in for a calibrated profile wherever the twin picks the profile itself (no
 #: ``--profile``: ``twin run``, ``twin validate`` by the runs' model, ``twin configure``): Llama-3.1-8B's
 #: ``adaptercheck`` variant, the calibrated profile plus vLLM 0.8.5's per-step adapter check fitted beside the
@@ -65,6 +60,13 @@ def default_variant(calibrated: str) -> str:
     """The profile the twin picks for ``calibrated``'s model when no ``--profile`` is given
     (:data:`DEFAULT_VARIANTS`; a profile without a variant is its own, and a variant maps to itself)."""
     return DEFAULT_VARIANTS.get(calibrated, calibrated)
+
+
+#: The embedded default: Llama-3.1-8B on an H100 with vLLM 0.8.5, hand-set from public
+#: figures before any fit (decode 10.5 ms + 0.044 ms/seq and the LoRA percent model are the
+#: published adapter twin's constants; prefill 0.07 ms/token is a typical H100 figure for
+#: an 8B model; loads 7 ms CPU->GPU; KV 305k tokens at 8 slots of rank 8 falling by 47
+#: tokens per slot-rank unit). Fitted profiles in ``calibration/profiles`` replace it.
 DEFAULT_PROFILE: dict[str, Any] = {
     "schema": PROFILE_SCHEMA,
     "name": "default-llama-3.1-8b-h100",
