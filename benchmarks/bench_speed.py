@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -134,8 +135,6 @@ class Anchor:
         out = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(self.dir), commit],
                              capture_output=True, text=True)
         if out.returncode != 0:
-            import shutil
-
             shutil.rmtree(self.dir.parent, ignore_errors=True)
             raise SystemExit(f"bench_speed: --anchor {commit}: git worktree add failed ({out.stderr.strip()}); give a "
                              f"commit of this repository, e.g. --anchor {ANCHOR_COMMIT}")
@@ -151,8 +150,6 @@ class Anchor:
         return 3600.0 / float(lines["x_realtime"])
 
     def close(self) -> None:
-        import shutil
-
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(self.dir)], capture_output=True)
         shutil.rmtree(self.dir.parent, ignore_errors=True)
 

@@ -298,10 +298,9 @@ class Engine(PreemptionWalk, EngineState):
                 rank_req += r
                 rank_tok += k * r
             rank_sums = (rank_req, rank_tok)
-        ad = self.adapters
-        d = self._price_step(prefill, n_dec, ctx_tok, n_dec + len(chunks), ad.n_active,
+        d = self._price_step(prefill, n_dec, ctx_tok, n_dec + len(chunks), self.adapters.n_active,
                              self.max_lora_rank, self._max_loras, len(self.running), self.n_waiting, self.served,
-                             rank_sums, len(ad.cpu) + ad.registered_unused)  # (the registered: _registered)
+                             rank_sums, self._registered())
         return StepPlan(chunks, loads, load_rids, 1, d, None, d, prefill, n_dec)
 
     def _decode_run(self, now: float, stop: Admit | None) -> "StepPlan":
@@ -327,10 +326,9 @@ class Engine(PreemptionWalk, EngineState):
             # a decoder finishes after the next step: the run is that one step, whatever the
             # KV pool and the external events (what :meth:`Profile.decode_run` returns for
             # ``k_max == 1``: its one duration is :meth:`Profile.step_s` of the batch)
-            ad = self.adapters
-            d = self._price_step(0, n_dec, self.dec_base_sum + n_dec * g, n_dec, ad.n_active,
+            d = self._price_step(0, n_dec, self.dec_base_sum + n_dec * g, n_dec, self.adapters.n_active,
                                  self.max_lora_rank, self._max_loras, len(self.running), self.n_waiting, self.served,
-                                 rank_sums, len(ad.cpu) + ad.registered_unused)
+                                 rank_sums, self._registered())
             varying = self._ctx_matters or (self._waiting_matters and self._next_arr_t < INF)
             return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, 1, d, [d] if varying else None, d, 0, n_dec)
         k_max = min(self.max_run_steps, heap[0] // m - g) if heap else self.max_run_steps
@@ -354,11 +352,10 @@ class Engine(PreemptionWalk, EngineState):
             t_evt = self._next_arr_t
         # sum the steps (the profile's decode-run entry point; same arithmetic as single steps)
         varying = self._ctx_matters or (self._waiting_matters and self._next_arr_t < INF)
-        ad = self.adapters
         k, end, d, durs = self._price_decode_run(
-            now, k_max, t_evt, n_dec, self.dec_base_sum + n_dec * g, ad.n_active, self.max_lora_rank,
+            now, k_max, t_evt, n_dec, self.dec_base_sum + n_dec * g, self.adapters.n_active, self.max_lora_rank,
             self._max_loras, len(self.running), self.served, self.n_waiting, varying,
-            self.arrival_a, self.ok_cum, self.arr_ptr, self._next_arr_t, rank_sums, len(ad.cpu) + ad.registered_unused)
+            self.arrival_a, self.ok_cum, self.arr_ptr, self._next_arr_t, rank_sums, self._registered())
         if k == 1:  # (the clock adds the one duration, as a single step's)
             return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, 1, d, durs, d, 0, n_dec)
         plan = StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, k, d, durs, end - now, 0, n_dec)
