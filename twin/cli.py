@@ -54,7 +54,7 @@ SUMMARY_ROWS = [
                                                + f" / {_f(s['throughput_rps'], 3)}"),
     ("tokens/s in / out", lambda s: f"{_f(s['input_tok_s'], 1)} / {_f(s['output_tok_s'], 1)}"),
     ("TTFT ms mean / p50 / p99", lambda s: f"{_f(s['ttft_ms_mean'])} / {_f(s['ttft_ms_p50'])} / {_f(s['ttft_ms_p99'])}"),
-    ("ITL ms mean / p99", lambda s: f"{_f(s['itl_ms_mean'])} / {_f(s['itl_ms_p99'])}"),
+    ("ITL ms mean / p99", lambda s: f"{_itl_mean(s)} / {_f(s['itl_ms_p99'])}"),
     ("TPOT ms mean", lambda s: _f(s["tpot_ms_mean"])),
     ("E2E ms mean / p99", lambda s: f"{_f(s['e2e_ms_mean'])} / {_f(s['e2e_ms_p99'])}"),
     ("adapter hit rate requests / activations",
@@ -66,6 +66,14 @@ SUMMARY_ROWS = [
     ("KV capacity (tokens)", lambda s: str(s["kv_capacity_tokens"])),
     ("simulated s / wall s", lambda s: f"{_f(s['simulated_s'], 1)} / {_f(s['wall_s'], 3)}"),
 ]
+
+
+def _itl_mean(s: dict[str, Any]) -> str:
+    """The mean ITL (over finished requests), saying why it is empty when the P99 (over every emitted token,
+    unfinished requests' included) is not."""
+    if s["itl_ms_mean"] is None and s.get("itl_ms_p99") is not None:
+        return "- (no finished request of 2+ tokens)"
+    return _f(s["itl_ms_mean"])
 
 
 def _reasons(s: dict[str, Any]) -> str:

@@ -447,6 +447,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print()
     print("sustained throughput (P99 TTFT <= SLO):")
     print("\n".join(format_sustained(sustained, bounds, options.rps)))
-    print(f"wrote {out / 'compare.csv'}, {fig}")
+    print(f"wrote {out / 'compare.csv'}, {out / 'sustained.json'}, {fig}")
     return 0
 

@@ -697,7 +697,10 @@ def check_adapter_options_act(run: RunConfig, w: Workload, given: typing.Collect
 
 
 def _seconds(x: float) -> str:
-    """A time in seconds written out in full (``1700000000``, ``109.5``), to the millisecond."""
+    """A time in seconds written out in full (``1700000000``, ``109.5``), to the millisecond; past 1e15 s (no
+    clock's timestamp: a garbled value) in ``%g`` form (``1e+300``)."""
+    if not abs(x) < 1e15:
+        return f"{x:g}"
     v = round(x, 3)
     return str(int(v)) if v.is_integer() else repr(v)
 

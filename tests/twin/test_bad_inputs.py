@@ -122,6 +122,8 @@ FILES: dict[str, bytes] = {
     # arrivals as epoch timestamps, and arrivals that start after a horizon
     "epoch.csv": b"arrival_s,prompt_tokens,output_tokens\n1700000000,100,10\n1700000000.5,100,10\n",
     "late.csv": b"arrival_s,prompt_tokens,output_tokens\n100,100,10\n100.5,100,10\n",
+    # a garbled arrival far past any clock (its integer was printed in full: a 300-digit line)
+    "huge.csv": b"arrival_s,prompt_tokens,output_tokens\n0.5,100,10\n1e300,100,10\n",
     # a trailing comma on every row (pandas took the first column as row labels and shifted every value left), a
     # column named twice (the second read as "arrival_s.1"), a rank on a base-model request (dropped), workload
     # columns in a .json file and a workload in a directory ("unrecognised trace format"), repeated scenario keys
@@ -294,6 +296,8 @@ CASES: list[tuple[str, str]] = [
      "--trace {d}/epoch.csv: the arrivals run from 1700000000 s to 1700000000.5 s, beyond the 1e+08 s"),
     ("run --no-progress --trace {d}/epoch.csv",
      "arrival_s looks like absolute (epoch) timestamps: rebase the arrivals to start at 0 (subtract the first, "),
+    ("run --no-progress --trace {d}/huge.csv",
+     "--trace {d}/huge.csv: the arrivals run from 0.5 s to 1e+300 s, beyond the 1e+08 s"),
     ("run --no-progress --duration 1e9 --rps 1e-6", "beyond the 1e+08 s (about 3 years) a run may simulate"),
     ("run --no-progress --trace {d}/late.csv --horizon 50",
      "--horizon 50: the first request of --trace {d}/late.csv arrives at 100 s, so nothing arrives before the horizon"),

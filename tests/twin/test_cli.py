@@ -506,3 +506,12 @@ def test_a_plug_in_that_does_not_store_its_arguments_is_refused_on_the_command_l
         assert "constructor argument(s) weight are not stored under their own names" in capsys.readouterr().err
     finally:
         registry.CACHES.pop("t-cli-notstored", None)
+
+
+def test_run_table_says_why_the_mean_itl_is_empty_beside_its_p99(capsys):
+    """Nothing finished by the horizon: the mean ITL (finished requests) is empty while the P99 (every emitted
+    token) is not, and the table says which."""
+    assert main(["run", "--duration", "5", "--rps", "1", "--horizon", "1"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("ITL ms mean / p99"))
+    mean, p99 = row.split(None, 5)[-1].split(" / ")
+    assert mean == "- (no finished request of 2+ tokens)" and float(p99) > 0
