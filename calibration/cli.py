@@ -343,6 +343,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.json and args.markdown:
             raise ValueError("--json and --markdown: give one of them (the fit-quality summary as JSON, or its tables "
                              "as Markdown)")
+        if args.measurements is not None and args.no_figures:  # (the text part reads the profile file only)
+            raise ValueError(f"--measurements {args.measurements} with --no-figures: the measurements are read only "
+                             f"for the figures; leave one of them out")
         if args.out_dir is not None:
             if args.no_figures:
                 raise ValueError(f"--out-dir {args.out_dir} with --no-figures: no figure would be drawn there; leave "
@@ -390,6 +393,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile_of_another_model(given: str, its_model: str, model: str) -> str:
+    """The refusal of ``--profile given`` (a profile of ``its_model``) for the runs of ``model``, naming the shipped
+    profiles of ``model``."""
+    own = []
+    for name, path in available_profiles().items():
+        if path is None:
+            continue
+        try:
+            if load_profile(str(path)).model.name == model:
+                own.append(name)
+        except (FileNotFoundError, KeyError, ValueError):  # (a broken file is not offered)
+            continue
+    which = (f"pass a profile of {model} (shipped: {', '.join(own)})" if own
+             else f"pass a profile fitted for {model} (`twin calibrate fit --model {model}`)")
+    return (f"--profile {given}: a profile of {its_model}, but --model {model} replays the runs of {model}; leave "
+            f"--profile out (the model's shipped profile) or {which}")
+
+
 def cmd_replay_offline(args: argparse.Namespace) -> int:
     from calibration.fitting.core import FitError
     from calibration.fitting.tables import Vllm085Tables
@@ -411,6 +432,8 @@ def cmd_replay_offline(args: argparse.Namespace) -> int:
                 check_writable_file(flag, path, ext)
         spec = get_model(args.model)
         profile = load_profile(args.profile or profile_for_model(spec.name))
+        if profile.model.name != spec.name:  # (it would price the runs of one model with another's constants)
+            raise ValueError(_profile_of_another_model(args.profile, profile.model.name, spec.name))
         directory = data_dir(args.data_dir) / "calibration" / "vllm085_h100"
         if not directory.is_dir():
             raise FileNotFoundError(f"{directory} does not exist: set TWIN_DATA_DIR to the shared data directory "

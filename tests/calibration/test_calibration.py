@@ -422,3 +422,18 @@ def test_report_of_a_profile_file_draws_beside_it_not_over_the_committed_figures
     copy.write_bytes(shipped.read_bytes())
     assert default_figures_dir(name, copy) == tmp_path / "mine-figures"
     assert default_figures_dir(name, shipped) == committed_figures_dir(name)
+
+
+@pytest.mark.parametrize("measurements", ["/nonexistent-twin-measurements", "."])
+def test_report_refuses_measurements_with_no_figures(capsys, measurements):
+    """`twin calibrate report default --measurements /nonexistent --no-figures` exited 0 (without --no-figures the
+    same path was refused): the measurements are read only for the figures, so with --no-figures the option did
+    nothing, like --out-dir, which is refused beside --no-figures too."""
+    from twin.cli import main
+
+    assert main(["calibrate", "report", "default", "--measurements", measurements, "--no-figures"]) == 2
+    out, err = capsys.readouterr()
+    assert not out and "Traceback" not in err
+    assert err.startswith(f"twin calibrate report: error: --measurements {measurements} with --no-figures: the "
+                          f"measurements are read only for the figures; leave one of them out")
+    assert main(["calibrate", "report", "default", "--no-figures", "--json"]) == 0  # (without it: the summary)

@@ -160,3 +160,40 @@ def test_cli_replay_offline_refuses_bad_input_before_any_work(argv, message, cap
     assert main(["calibrate", "replay-offline", *argv]) == 2
     err = capsys.readouterr().err
     assert "twin calibrate replay-offline:" in err and message in err
+
+
+@pytest.mark.parametrize("model, profile, own", [
+    ("qwen-2.5-7b", "llama-3.1-8b_h100_vllm085", "qwen-2.5-7b_h100_vllm085"),
+    ("llama-3.1-8b", "qwen-2.5-7b_h100_vllm085", "llama-3.1-8b_h100_vllm085"),
+    ("llama-3.1-8b", "llama-2-7b_h100_vllm050", "llama-3.1-8b_h100_vllm085"),
+    ("llama-3.1-8b", "FILE", "llama-3.1-8b_h100_vllm085"),  # a profile file: its recorded model
+])
+def test_cli_replay_offline_refuses_a_profile_of_another_model(model, profile, own, tmp_path, capsys):
+    """`replay-offline --model qwen-2.5-7b --profile llama-3.1-8b_h100_vllm085` exited 0, replaying Qwen's runs
+    through Llama's constants; refused before the data is read (the missing --data-dir is never reached)."""
+    from twin.cli import main
+    from twin.perf.profile import available_profiles
+
+    if profile == "FILE":
+        profile = str(tmp_path / "mine.json")
+        (tmp_path / "mine.json").write_bytes(available_profiles()["qwen-2.5-7b_h100_vllm085"].read_bytes())
+    its = load_profile(profile).model.name
+    assert its != model
+    assert main(["calibrate", "replay-offline", "--model", model, "--profile", profile,
+                 "--data-dir", "/nonexistent-twin-data", "--out", str(tmp_path / "o.csv")]) == 2
+    out, err = capsys.readouterr()
+    assert not out and "Traceback" not in err and not (tmp_path / "o.csv").exists()
+    assert err.startswith(f"twin calibrate replay-offline: error: --profile {profile}: a profile of {its}, but "
+                          f"--model {model} replays the runs of {model}; leave --profile out (the model's shipped "
+                          f"profile) or pass a profile of {model} (shipped: ")
+    shipped = err.split("(shipped: ")[1].strip().rstrip(")").split(", ")
+    assert own in shipped and all(n.startswith(f"{model}_") for n in shipped)
+
+
+def test_cli_replay_offline_takes_a_profile_of_its_model(capsys):
+    """The model check lets a profile of the replayed model through (the run stops at the missing data after it)."""
+    from twin.cli import main
+
+    assert main(["calibrate", "replay-offline", "--model", "llama-3.1-8b", "--profile", "llama-3.1-8b_h100_vllm085",
+                 "--data-dir", "/nonexistent-twin-data"]) == 2
+    assert "set TWIN_DATA_DIR" in capsys.readouterr().err

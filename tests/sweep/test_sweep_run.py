@@ -341,11 +341,13 @@ def test_an_exclusion_file_that_gives_no_scenario_is_refused_naming_it(tmp_path,
     assert not (tmp_path / "sw").exists()
 
 
-def test_exclusion_keys_that_match_no_scenario_are_warned_about(tmp_path, capsys):
+def test_exclusion_keys_of_a_table_that_match_no_scenario_are_warned_about(tmp_path, capsys):
+    """A table's keys may legitimately miss the grid (a real-run table, labels of another grid): a warning."""
     from twin.cli import main
 
-    assert main(["sweep", "smoke", "--exclude", "rate_3.2-1.6-0.8_size_8-16-32,no-such-key", "--dry-run",
-                 "--json"]) == 0
+    labels = tmp_path / "labels.csv"
+    pd.DataFrame({"scenario": ["rate_3.2-1.6-0.8_size_8-16-32", "no-such-key"]}).to_csv(labels, index=False)
+    assert main(["sweep", "smoke", "--exclude", str(labels), "--dry-run", "--json"]) == 0
     cap = capsys.readouterr()
     assert json.loads(cap.out)["tasks"] == 1
     assert ("twin sweep: warning: 1 of the 2 --exclude keys match no scenario of grid smoke (e.g. 'no-such-key') "
@@ -355,6 +357,30 @@ def test_exclusion_keys_that_match_no_scenario_are_warned_about(tmp_path, capsys
     both = "rate_3.2-1.6-0.8_size_8-16-32,rate_0.8-0.4-0.1_size_8-16-32"
     assert main(["sweep", "smoke", "--exclude", both, "--dry-run"]) == 0
     assert "--exclude leaves none of the 2 tasks of grid smoke: nothing to run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given, named, dry", [
+    ("bogus,zzz", "--exclude bogus,zzz: these keys match no scenario of grid smoke, so they would exclude nothing",
+     False),
+    ("rate_3.2-1.6-0.8_size_8-16-32, no-such-key", "--exclude no-such-key: the key matches no scenario of grid "
+                                                   "smoke, so it would exclude nothing", True),
+    ("LABELS,no-such-key", "--exclude no-such-key: the key matches no scenario", False),  # (a table beside a typo)
+])
+def test_exclusion_keys_given_as_keys_that_match_no_scenario_are_refused(tmp_path, capsys, given, named, dry):
+    """`twin sweep GRID --exclude bogus,zzz` only warned and ran: a key typed as such that names no scenario of the
+    grid is a typo (or another grid's key), refused before anything runs or --out is made."""
+    from twin.cli import main
+
+    labels = tmp_path / "labels.csv"
+    pd.DataFrame({"scenario": ["rate_3.2-1.6-0.8_size_8-16-32", "other-grid-key"]}).to_csv(labels, index=False)
+    out = tmp_path / "sw"
+    argv = ["sweep", "smoke", "--exclude", given.replace("LABELS", str(labels))]
+    argv += ["--dry-run"] if dry else ["--out", str(out), "--no-progress"]
+    assert main(argv) == 2
+    cap = capsys.readouterr()
+    assert not cap.out and "Traceback" not in cap.err and not out.exists()
+    assert cap.err.startswith(f"twin sweep: error: {named}")
+    assert "; its keys look like 'rate_" in cap.err and "warning" not in cap.err
 
 
 def test_an_address_with_the_local_executor_is_refused(tmp_path, capsys):

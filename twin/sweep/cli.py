@@ -96,7 +96,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     grid_tasks = grid.tasks()
     check_runnable(grid_tasks)
     unmatched = unmatched_exclusions(exclude, grid_tasks)
-    if unmatched and grid_tasks:  # (a typo, or a table of another grid's scenarios: they exclude nothing)
+    # a key given as such that names no scenario is a typo (or another grid's key): refused; a table's keys may
+    # legitimately miss the grid (a real-run table, labels of another grid): warned of
+    typos = sorted(unmatched & _literal_exclusions(args.exclude))
+    if typos and grid_tasks:
+        raise ValueError(f"--exclude {','.join(typos)}: {'these keys match' if len(typos) > 1 else 'the key matches'} "
+                         f"no scenario of grid {grid.name}, so {'they' if len(typos) > 1 else 'it'} would exclude "
+                         f"nothing; its keys look like {grid_tasks[0]['scenario']['key']!r}: fix or drop "
+                         f"{'them' if len(typos) > 1 else 'it'}")
+    if unmatched and grid_tasks:  # (a table of another grid's scenarios: they exclude nothing)
         print(f"twin sweep: warning: {len(unmatched)} of the {len(exclude)} --exclude keys match no scenario of grid "
               f"{grid.name} (e.g. {sorted(unmatched)[0]!r}) and exclude nothing; its keys look like "
               f"{grid_tasks[0]['scenario']['key']!r}", file=sys.stderr)
@@ -161,6 +169,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               f"rows have status 'error' and the exception in column 'error' (exit status 1)", file=sys.stderr)
         return 1  # the shards are written; a script must not read the sweep as a success
     return 0
+
+
+def _literal_exclusions(spec: str | None) -> set[str]:
+    """The parts of ``--exclude`` given as scenario keys, not as tables (as
+    :func:`twin.sweep.runner.exclusion_keys` reads them: a part naming no existing path; a missing path is refused
+    there)."""
+    return {part.strip() for part in (spec or "").split(",") if part.strip() and not Path(part.strip()).exists()}
 
 
 def _check_mode(args: argparse.Namespace) -> None:

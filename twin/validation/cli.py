@@ -17,6 +17,10 @@ from twin.validation.specs import (FRONTEND_LATENCY_S, PROMPT_OUTPUT_CORR, RANK_
                                    SERVING_S_PER_RUNNING, check_length_corr)
 
 
+#: the largest errors the table lists without --top
+TOP_DEFAULT = 8
+
+
 def register_cli(subparsers) -> None:
     p = subparsers.add_parser(
         "validate", help="re-create real vLLM runs from their configuration and score the twin (SMAPE)",
@@ -68,7 +72,8 @@ def register_cli(subparsers) -> None:
                         f"that differ only in the slots' max rank, twin.validation.rank_tile; 1: every tile alike, "
                         f"the calibrated profiles' extrapolation from rank 8; 'profile': the profile's own value)")
     p.add_argument("--no-figures", action="store_true", help="with --out: skip the figures")
-    p.add_argument("--top", type=int, default=8, help="largest errors listed in the table")
+    p.add_argument("--top", type=int, default=None,
+                   help=f"largest errors listed in the table (default {TOP_DEFAULT}; not with --json)")
     p.add_argument("--data-dir", default=None, help="data directory (default $TWIN_DATA_DIR)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: on for a terminal)")
@@ -117,6 +122,9 @@ def check_args(args: argparse.Namespace) -> None:
                              ("--top", args.top, 0)):
         if value is not None and value < low:
             raise ValueError(f"{flag} {value}: must be >= {low}")
+    if args.top is not None and args.json:  # (the JSON summary lists no largest errors: --top did nothing)
+        raise ValueError(f"--top {args.top} with --json: --top sets the largest errors listed in the table, and "
+                         f"--json prints the JSON summary instead of the table; leave one of them out")
     _client_cap(args.client_cap)
     check_length_corr(args.length_corr, "--length-corr")
     check_host_term("frontend_ms", args.frontend_ms, fix="a latency in milliseconds, e.g. --frontend-ms "
@@ -153,7 +161,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.json:
         print(json_summary(res))
     else:
-        print(format_report(res, args.top))
+        print(format_report(res, TOP_DEFAULT if args.top is None else args.top))
         for p in paths:
             print(f"wrote {p}")
     return 0

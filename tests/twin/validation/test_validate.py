@@ -315,6 +315,36 @@ def test_cli_validate(tmp_path, capsys):
     assert "twin validate:" in out
 
 
+def test_cli_validate_refuses_top_with_json(tmp_path, capsys, monkeypatch):
+    """`twin validate --json --top 3` exited 0: the JSON summary lists no largest errors, so --top did nothing.
+    Refused before any run; without --json the table still lists --top (default 8) errors."""
+    import twin.validation.cli as vcli
+    from twin.cli import main
+
+    def no_run(*a, **k):
+        raise AssertionError("ran the validation")
+
+    monkeypatch.setattr(vcli, "run_validation", no_run)
+    assert main(["validate", "--limit", "1", "--no-figures", "--json", "--top", "3"]) == 2
+    cap = capsys.readouterr()
+    assert not cap.out and "Traceback" not in cap.err
+    assert cap.err.startswith("twin validate: error: --top 3 with --json: --top sets the largest errors listed in "
+                              "the table, and --json prints the JSON summary instead of the table; leave one of them "
+                              "out")
+    assert main(["validate", "--limit", "1", "--json", "--top", "8"]) == 2  # (explicit, even at the default's value)
+    capsys.readouterr()
+    tops = []
+    monkeypatch.setattr(vcli, "run_validation", lambda *a, **k: None)
+    monkeypatch.setattr(vcli, "json_summary", lambda res: "{}")
+    monkeypatch.setattr(vcli, "format_report", lambda res, top: tops.append(top) or "table")
+    assert main(["validate", "--limit", "1", "--json"]) == 0
+    assert main(["validate", "--limit", "1"]) == 0
+    assert main(["validate", "--limit", "1", "--top", "3"]) == 0
+    assert tops == [vcli.TOP_DEFAULT, 3] and vcli.TOP_DEFAULT == 8
+    assert main(["validate", "--limit", "1", "--top", "-1"]) == 2
+    assert "--top -1: must be >= 0" in capsys.readouterr().err
+
+
 def test_select_runs():
     real = pd.DataFrame([_row(run_dir=f"_{i}_", served_adapters=8 * (i + 1)) for i in range(10)])
     assert len(V.select_runs(real, "served_adapters > 40")) == 5
