@@ -91,9 +91,9 @@ def register_cli(subparsers) -> None:
                    help="label rule when sweep directories are given (default throughput90; labels files keep theirs)")
     _percentile_slo_args(t)
     t.add_argument("--out", default=None,
-                   help="model file (default: configurators/<profile>.<kind>.json in the current directory; a name "
-                        "ending in .gz is written compressed). The shipped models are replaced only when --out names "
-                        "one (twin/configurator/models/<profile>.<kind>.json[.gz])")
+                   help="model file, .json or .json.gz (default: configurators/<profile>.<kind>.json in the current "
+                        "directory; a name ending in .gz is written compressed). The shipped models are replaced only "
+                        "when --out names one (twin/configurator/models/<profile>.<kind>.json[.gz])")
     t.add_argument("--profile", default=None, help="profile the sweeps ran with (default: from the data)")
     t.add_argument("--cv", type=int, default=None,
                    help=f"folds of the halving grid search (default {DEFAULT_CV}; not with --no-search)")
@@ -160,14 +160,15 @@ def register_cli(subparsers) -> None:
     e.add_argument("--model", default=None, help="model file (default: the shipped configurators of the profile)")
     e.add_argument("--source", default="ml_test", help="rows of the table to use (column source; '' = all)")
     e.add_argument("--no-search", action="store_true", help="leave out the twin-as-optimiser baseline")
-    e.add_argument("--search-cache", default=None, help="sweep directory caching the search runs")
+    e.add_argument("--search-cache", default=None,
+                   help="sweep directory caching the search runs (not with --no-search)")
     _engine_args(e, "the search baseline's and the check's", from_model=True)
     e.add_argument("--check", action="store_true",
                    help="also score every model after the twin's check of its recommendations (predict --check)")
-    e.add_argument("--executor", choices=("local", "dask", "ray"), default="local",
+    e.add_argument("--executor", choices=("local", "dask", "ray"), default=None,
                    help="where the search baseline's twin runs go: local worker processes (default), a local "
-                        "Dask or Ray cluster")
-    e.add_argument("--jobs", type=int, default=1, help="workers of the executor (default 1)")
+                        "Dask or Ray cluster (not with --no-search)")
+    e.add_argument("--jobs", type=int, default=None, help="workers of the executor (default 1; not with --no-search)")
     e.add_argument("--out", default=None, help="write evaluation.csv, per_scenario.csv, crossings.csv, summary.json")
     e.add_argument("--json", action="store_true",
                    help="print one object: scenarios, smape_served, smape_slots, smape_throughput, regret_mean, "
@@ -229,8 +230,11 @@ def _lengths(args) -> tuple[float, float] | None:
 
     if args.lengths is None:
         return None
-    v = parse_list(args.lengths, float, "--lengths", 0.0)
-    if len(v) != 2 or min(v) <= 0:
+    try:  # (parse_list's own messages gave another example, 0.5,1,2, and refused a sign but not a zero)
+        v = parse_list(args.lengths, float, "--lengths", None)
+    except ValueError:
+        v = []
+    if len(v) != 2 or not all(math.isfinite(x) and x > 0 for x in v):
         raise ValueError(f"--lengths {args.lengths!r}: expected two positive numbers IN,OUT (mean input and output "
                          f"tokens), e.g. --lengths 222,197")
     return float(v[0]), float(v[1])
@@ -370,7 +374,8 @@ def cmd_dataset(args) -> int:
 
     _check_rule_args(args)
     if args.out:
-        check_writable_file("--out", args.out)
+        check_writable_file("--out", args.out, (".csv", ".parquet"))
+    _check_repeated_sources(args.sweeps)
     runs = load_runs(args.sweeps)
     lab = build_dataset(runs, args.rule, ratio=args.ratio, tolerance=args.tolerance, slo_share=args.slo_share,
                         ttft_p99_s=args.ttft_p99_s, itl_p99_s=args.itl_p99_s)
@@ -382,7 +387,7 @@ def cmd_dataset(args) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        (lab.to_parquet if out.suffix == ".parquet" else lab.to_csv)(out, index=False)
+        (lab.to_parquet if out.suffix.lower() == ".parquet" else lab.to_csv)(out, index=False)
     if args.json:
         print(json.dumps(_finite({"rule": args.rule, "scenarios": len(lab), "labels": lab.to_dict(orient="records")}),
                          default=_jd, indent=1))
@@ -393,6 +398,29 @@ def cmd_dataset(args) -> int:
         print(f"{len(lab)} scenarios labelled ({args.rule}) from {len(runs)} runs"
               + (f"; wrote {args.out}" if args.out else ""))
     return 0
+
+
+def _check_repeated_sources(srcs: list[str]) -> None:
+    """``dataset`` / ``train``: each source once (compared as resolved paths): a sweep given twice was counted
+    twice ("1 scenarios labelled from 2 runs"), and train fitted every scenario of it twice."""
+    seen: dict[Path, str] = {}
+    for s in srcs:
+        key = Path(s).expanduser().resolve()
+        if key in seen:
+            same = f" (the same path as {seen[key]})" if seen[key] != s else ""
+            raise ValueError(f"{s} is given twice{same}: its runs or labels would be counted twice; give each sweep "
+                             f"directory or labels file once")
+        seen[key] = s
+
+
+def _check_model_out(out: str) -> None:
+    """``train --out``: a .json file (or .json.gz, written compressed: :func:`twin.configurator.models.save_model`),
+    writable, before any data is read (``--out m.txt`` wrote a model's JSON into a .txt)."""
+    name = Path(out).name
+    if not (name.lower().endswith(".json") or (name.endswith(".gz") and name[:-3].lower().endswith(".json"))):
+        raise ValueError(f"--out {out}: give a .json or .json.gz file (the model as JSON; .gz: written compressed), "
+                         f"e.g. --out configurators/my-model.rf.json")
+    check_writable_file("--out", out)
 
 
 def _next_run(ratio: float | None) -> str:
@@ -476,8 +504,9 @@ def cmd_train(args) -> int:
     if args.profile is not None:  # stored in the model (predict --check and evaluate run the twin with it)
         _check_profile(args.profile)
     if args.out:
-        check_writable_file("--out", args.out)
+        _check_model_out(args.out)
     srcs = args.dataset
+    _check_repeated_sources(srcs)
     for s in srcs:
         if not Path(s).exists():
             raise FileNotFoundError(f"{s}: no such sweep directory or labels file; give the --out directory of "
@@ -691,13 +720,19 @@ def _load_for(args, default_kind: str):
         raise ValueError(f"--kind {args.kind} with --model {args.model}: the file is a {model.get('kind')} model, and "
                          f"--kind picks only a shipped model of --profile; leave --kind out, or leave --model out for "
                          f"the shipped {args.kind} model")
+    _check_model_profile(args, model)
+    return model
+
+
+def _check_model_profile(args, model: dict[str, Any]) -> None:
+    """``--profile`` beside ``--model FILE`` (predict, rules, evaluate --no-search): only the file's own profile,
+    else an error (it was ignored: the model's own profile is the one its recommendation is for)."""
     own = (model.get("provenance") or {}).get("profile")
     if args.model and args.profile is not None and args.profile != own:
         raise ValueError(f"--profile {args.profile} with --model {args.model}: the model was trained on "
                          f"{own or 'runs of no recorded profile'}, and --profile picks only a shipped model; leave "
                          f"--profile out (the model's own profile is used), or leave --model out for the shipped "
                          f"model of {args.profile}")
-    return model
 
 
 def cmd_predict(args) -> int:
@@ -957,9 +992,8 @@ def cmd_rules(args) -> int:
             print(format_rule_ensembles(model))
         return 0
     if not model.get("rules"):
-        print(f"twin configure rules: {model.get('_path')} has no rules (train with --kind cart, hstree or rulefit)",
-              file=sys.stderr)
-        return 2
+        raise ValueError(f"{model.get('_path')} has no rules (kind {model.get('kind')}); give a model trained with "
+                         f"--kind cart, hstree or rulefit, or leave --model out for the shipped cart model")
     if args.json:
         pol = {"policies": model["policies"]} if model.get("policies") else {}  # the indicators' policies
         print(json.dumps(_finite({"rules": model["rules"], **pol, "provenance": model["provenance"]}), indent=1,
@@ -1045,6 +1079,15 @@ def cmd_evaluate(args) -> int:
     from twin.configurator.evaluate import evaluate, format_table
     from twin.sweep.runner import check_selection
 
+    if args.no_search:  # (the search baseline's options were read by nothing)
+        given = [f for f, v in (("--search-cache", args.search_cache), ("--executor", args.executor),
+                                ("--jobs", args.jobs)) if v is not None]
+        if given:
+            raise ValueError(f"{' / '.join(given)} with --no-search: {'it sets' if len(given) == 1 else 'they set'} "
+                             f"the twin-as-optimiser baseline's runs, which --no-search leaves out; drop "
+                             f"{'it' if len(given) == 1 else 'them'}, or drop --no-search")
+    args.executor = args.executor or "local"
+    args.jobs = 1 if args.jobs is None else args.jobs
     check_selection(jobs=args.jobs)
     _check_serving_us(args.serving_us)
     _check_rank_tile_cost(args.rank_tile_cost, args.profile)
@@ -1052,6 +1095,10 @@ def cmd_evaluate(args) -> int:
         check_writable_dir("--out", args.out)
     if args.search_cache is not None:
         check_writable_dir("--search-cache", args.search_cache)
+    if args.no_search and args.model and args.profile is not None:  # (as predict refuses it)
+        from twin.configurator.models import load_model
+
+        _check_model_profile(args, load_model(args.model, "rf"))
     real = args.real
     if real is None:
         from traces.datadir import require

@@ -178,7 +178,7 @@ def search_predictions(truth: pd.DataFrame, profile: str | None, cache: str | os
     kw: dict[str, Any] = {"serving_us": float(serving_us)} if serving_us else {}
     if rank_tile_cost is not None:
         kw["rank_tile_cost"] = float(rank_tile_cost)
-    labels, runs = search(pairs, profile, cache, executor, jobs, progress=progress, **kw)
+    labels, runs = search(pairs, profile, cache, executor, jobs, progress=progress, cache_flag="--search-cache", **kw)
     names = {_twin_key(a, b): sc for sc, a, b in zip(truth["scenario"], truth["rates"], truth["ranks"])}
     labels = labels.assign(scenario=labels["scenario"].map(lambda k: names.get(k, k)))  # the real table's names
     p = labels.rename(columns={"served_adapters": "served_raw", "adapter_slots": "slots_raw",

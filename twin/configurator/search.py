@@ -79,15 +79,40 @@ def _pairs_tasks(g: GridSpec, pairs: list[tuple[list[float], list[int]]]) -> lis
     return out
 
 
+def check_cache(cache: str | os.PathLike, tasks: list[dict[str, Any]], flag: str = "--cache") -> None:
+    """The search's cache ``cache`` is not the directory of a ``twin sweep`` of another grid: a ``sweep.json``
+    recording a grid's tasks (:func:`twin.sweep.runner.grid_task_hashes`) of which some of the search's ``tasks``
+    are not. Their shards would be mixed into that sweep's (``twin configure dataset`` and ``twin sweep --out`` then
+    refuse the directory, :class:`twin.sweep.runner.ForeignShards`), so the search is refused before any run,
+    naming ``flag`` (the option that gave the cache). A cache of the search's own (no ``sweep.json``) or one shared
+    by several grids passes, and so does a sweep whose grid holds every task of the search (its shards are reused)."""
+    p = Path(cache)
+    try:
+        hashes = runner.grid_task_hashes(p)
+    except ValueError as e:  # (sweep.json of no sweep: its message names twin sweep's --out)
+        raise ValueError(f"{flag} {cache}: {str(e).split('; use another --out')[0]}; give another {flag} (a "
+                         f"directory of the search's own, e.g. {DEFAULT_CACHE})") from None
+    if hashes is None:
+        return
+    if any(t["task_hash"] not in hashes for t in tasks):
+        name = (runner.read_meta(p).get("grid") or {}).get("name") or "?"
+        raise ValueError(f"{flag} {cache}: holds a sweep of another grid ({name}, its sweep.json), whose tasks are "
+                         f"not the search's: the search's shards would be mixed into that sweep's rows (`twin "
+                         f"configure dataset` and `twin sweep --out {cache}` would then refuse the directory); give "
+                         f"another {flag} (a directory of the search's own, e.g. {DEFAULT_CACHE})")
+
+
 def search(pairs: list[tuple[list[float], list[int]]], profile: str | None, cache: str | os.PathLike | None = None,
            executor: str = "local", jobs: int = 1, rule: str = "throughput90", progress: bool | None = False,
            ttft_p99_s: float | None = None, itl_p99_s: float | None = None,
-           on_grid: Callable[[GridSpec], None] | None = None, **grid_kw: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+           on_grid: Callable[[GridSpec], None] | None = None, cache_flag: str = "--cache",
+           **grid_kw: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Search every ``(rates, ranks)`` pair; returns ``(labels, runs)``: one label row per scenario
     (and seed) under ``rule``, and the runs behind them. ``ttft_p99_s`` / ``itl_p99_s``: the ``slo``
     rule's percentile SLOs on the runs' summaries (:func:`twin.configurator.labels.label_scenarios`;
     the search's runs record no ``[slo]`` attainment). A search whose busiest run would exceed the
-    twin's request cap is refused first (:func:`check_requests`). ``on_grid``: called with the search's grid once it
+    twin's request cap is refused first (:func:`check_requests`), as is a ``cache`` holding a sweep of another grid
+    (:func:`check_cache`; ``cache_flag``: the option that gave it). ``on_grid``: called with the search's grid once it
     is checked, before any run (``configure search`` warns of a window too short for the starvation line there,
     :func:`twin.sweep.grid.window_note`)."""
 
@@ -95,9 +120,10 @@ def search(pairs: list[tuple[list[float], list[int]]], profile: str | None, cach
         check_requests(pairs, grid_kw.get("served", PUBLISHED_GRID), grid_kw.get("window_s", 3600.0))
     g = search_grid(pairs, profile, **grid_kw)
     tasks = _pairs_tasks(g, pairs)
+    cache = Path(cache or DEFAULT_CACHE)
+    check_cache(cache, tasks, cache_flag)
     if on_grid is not None:
         on_grid(g)
-    cache = Path(cache or DEFAULT_CACHE)
     done = runner.done_tasks(cache)
     todo = [t for t in tasks if t["task_hash"] not in done]
     if todo:
