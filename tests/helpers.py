@@ -110,3 +110,17 @@ def ml_test_row(**kw) -> dict:
                pool_mean_output_tokens=196.0, offered_tok_s_est=1200.0, total_tok_s=1190.0)
     row.update(kw)
     return row
+
+
+def configure_error(argv: list[str], capsys) -> str:
+    """Run ``twin ARGV`` (a ``twin configure`` subcommand); it must exit 2 with one ``twin configure SUBCMD: error:``
+    line (after any warnings, e.g. search's short window, said before any run) and no traceback. Returns stderr."""
+    from twin.cli import main
+
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    before, sep, _ = err.partition(f"twin configure {argv[1]}: error: ")
+    assert sep and "Traceback" not in err, err
+    assert all(line.startswith(f"twin configure {argv[1]}: warning: ") for line in before.splitlines()), err
+    return err

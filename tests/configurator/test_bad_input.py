@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from tests.configurator.test_models import synthetic_labels
-from tests.helpers import configure_parser, ml_test_row
+from tests.helpers import configure_error, configure_parser, ml_test_row
 from traces.registry import MAX_REQUESTS
 from twin.cli import main
 from twin.configurator.dataset import load_labels, load_runs
@@ -22,16 +22,7 @@ SEARCH = ["configure", "search", "--window", "60", "--served", "8", "--slots", "
 PREDICT = ["configure", "predict"]
 
 
-def _error(argv: list[str], capsys) -> str:
-    """Run ``twin ARGV``; it must exit 2 with one ``twin configure SUBCMD: error:`` line (after any warnings, e.g.
-    search's short window, said before any run) and no traceback."""
-    rc = main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    before, sep, _ = err.partition(f"twin configure {argv[1]}: error: ")
-    assert sep and "Traceback" not in err, err
-    assert all(line.startswith(f"twin configure {argv[1]}: warning: ") for line in before.splitlines()), err
-    return err
+_error = configure_error  # (tests/helpers.py)
 
 
 def _run_rows(status: str = "ok", **kw) -> dict:

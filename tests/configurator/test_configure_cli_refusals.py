@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from tests.configurator.test_models import synthetic_labels
+from tests.helpers import configure_error
 from twin.cli import main
 from twin.sweep.grid import grid_from_dict
 from twin.sweep.runner import run_sweep
@@ -18,15 +19,7 @@ LLAMA, QWEN = "llama-3.1-8b_h100_vllm085", "qwen-2.5-7b_h100_vllm085"
 SCENARIO = ["--rates", "0.4,0.05,0.1", "--ranks", "8,16,32"]
 
 
-def _error(argv: list[str], capsys) -> str:
-    """Run ``twin ARGV``: exit 2, one ``twin configure SUBCMD: error:`` line (after any warnings), no traceback."""
-    rc = main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    before, sep, _ = err.partition(f"twin configure {argv[1]}: error: ")
-    assert sep and "Traceback" not in err, err
-    assert all(line.startswith(f"twin configure {argv[1]}: warning: ") for line in before.splitlines()), err
-    return err
+_error = configure_error  # (tests/helpers.py)
 
 
 @pytest.fixture()
