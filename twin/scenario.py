@@ -46,7 +46,7 @@ from traces.synth import MAX_ADAPTERS, OPTIONS, option_value_problem
 from traces.workload import Workload
 from twin.config import (MAX_SIM_SECONDS, ConfigError, EngineConfig,  # noqa: F401  (MAX_SIM_SECONDS re-exported)
                          vllm_default_limits)
-from twin.perf.profile import DEFAULT_FITTED, Profile, available_profiles, gpu_memory_gb, parse_lora_targets
+from twin.perf.profile import DEFAULT_FITTED, GPU_GB, Profile, available_profiles, gpu_memory_gb, parse_lora_targets
 from twin.interfaces import PolicyError, check_policy_objects
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
 from twin.slora_engine import batch_max_tokens, check_slora_config, slora_pool_tokens
@@ -157,7 +157,8 @@ class RunConfig:
         "help": "token budget of one engine step (vLLM --max-num-batched-tokens; default: vLLM 0.8.5's API server's "
                 "for the GPU's memory, 2048 below 70 GiB and 8192 from 70 GiB)", "flag": "--max-batched-tokens"})
     gpu_mem_gb: float | None = field(default=None, metadata={
-        "help": "GPU memory (GB); the KV capacity follows from it (default: the profile's GPU)"})
+        "help": "GPU memory in GB as the GPU states it, read as GiB (2^30 bytes), e.g. 80 for an H100-80GB; the KV "
+                "capacity follows from it (default: the profile's GPU)"})
     kv_tokens: int | None = _engine_field("kv_capacity_tokens", help=(
         "override the KV capacity (tokens); at most what the GPU memory holds (the profile's GPU, or --gpu-mem-gb)"))
     tp: int = _engine_field("tensor_parallel")
@@ -231,7 +232,7 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
     "max_model_len": (True, 1, True, "a context length in tokens, e.g. --max-model-len 8192"),
     "max_num_seqs": (True, 1, True, "at least one running request, e.g. --max-num-seqs 256"),
     "max_batched_tokens": (True, 1, True, "a token budget per step, e.g. --max-batched-tokens 2048"),
-    "gpu_mem_gb": (False, 0, False, "the GPU memory in GB, e.g. --gpu-mem-gb 80"),
+    "gpu_mem_gb": (False, 0, False, "the GPU memory in GB as the GPU states it, e.g. --gpu-mem-gb 80"),
     "kv_tokens": (True, 1, True, "a KV capacity in tokens, e.g. --kv-tokens 200000 (or leave it to the profile)"),
     "tp": (True, 1, True, "a tensor-parallel degree that divides the model's heads, e.g. --tp 2"),
     "max_total_tokens": (True, 2, True, "S-LoRA's pool in token slots, e.g. --max-total-tokens 65000"),
@@ -795,7 +796,8 @@ def build_engine_config(run: RunConfig, workload: Workload, profile: Profile) ->
 
 
 def device_memory_gb(run: RunConfig, profile: Profile) -> float | None:
-    """One GPU's memory in GB: ``--gpu-mem-gb`` when given, else what the profile's GPU names
+    """One GPU's memory in GB as GPUs state it (:data:`twin.perf.profile.GPU_GB`: GiB): ``--gpu-mem-gb`` when given,
+    else what the profile's GPU names
     (``A100-80GB``), else None (unknown)."""
     return run.gpu_mem_gb if run.gpu_mem_gb is not None else gpu_memory_gb(profile.gpu)
 
@@ -806,7 +808,7 @@ def engine_limits(run: RunConfig, profile: Profile) -> tuple[int, int]:
     e.g. an A100-80GB profile, else 256 / 2,048, e.g. the H100-64GB calibration). A step budget below the running
     requests is refused, as vLLM refuses it (``SchedulerConfig._verify_args``), naming where each came from."""
     gb = device_memory_gb(run, profile)
-    seqs_d, tokens_d = vllm_default_limits(None if gb is None else gb * 1e9)
+    seqs_d, tokens_d = vllm_default_limits(None if gb is None else gb * GPU_GB)
     seqs = run.max_num_seqs if run.max_num_seqs is not None else seqs_d
     tokens = run.max_batched_tokens if run.max_batched_tokens is not None else tokens_d
     if tokens < seqs:

@@ -231,23 +231,25 @@ R = "run --no-progress --duration 5 "
 #: (command line, fragment of the error). ``{d}``: the directory of :data:`FILES`.
 CASES: list[tuple[str, str]] = [
     # GPU memory and KV capacity
-    (R + "--gpu-mem-gb 24", "--gpu-mem-gb 24: 24 GB cannot hold llama-3.1-8b's weights"),
-    (R + "--gpu-mem-gb 10", "10 GB cannot hold llama-3.1-8b's weights (16.1 GB)"),
+    (R + "--gpu-mem-gb 24", "--gpu-mem-gb 24: 24 GB of GPU memory (GiB, as GPUs state it) cannot hold llama-3.1-8b's "
+                            "weights"),
+    (R + "--gpu-mem-gb 10", "10 GB of GPU memory (GiB, as GPUs state it) cannot hold llama-3.1-8b's weights (15.0 GiB)"),
     # S-LoRA has no adapter slots: neither named nor offered as the fix (--slots is refused on it)
-    (R + "--policy slora --gpu-mem-gb 20", "cannot hold llama-3.1-8b's weights (16.1 GB) and the 5 GB runtime reserve "
-                                           "at 90% utilization: it needs more than 23.4 GB; give a larger --gpu-mem-gb\n"),
+    (R + "--policy slora --gpu-mem-gb 20", "cannot hold llama-3.1-8b's weights (15.0 GiB) and the 4.66 GiB runtime "
+                                           "reserve at 90% utilization: it needs more than 21.8 GiB; give a larger "
+                                           "--gpu-mem-gb\n"),
     # the weights alone do not fit: fewer slots cannot help, so they are not offered as the fix
-    (R + "--gpu-mem-gb 17", "at 90% utilization: it needs more than 26.7 GB; give a larger --gpu-mem-gb\n"),
+    (R + "--gpu-mem-gb 17", "at 90% utilization: it needs more than 24.8 GiB; give a larger --gpu-mem-gb\n"),
     (R + "--profile llama-2-13b_a100-24gb_vidur", "llama-2-13b's weights alone leave 0 tokens even without adapter "
                                                   "slots (llama-2-13b_a100-24gb_vidur), less than one --max-model-len "
                                                   "4096 request; vLLM would refuse to start: use a GPU with more "
                                                   "memory; or split the weights over more GPUs: --tp 2 holds it"),
     # under --gpu-mem-gb fewer slots can help: they stay the fix offered (not "the weights alone")
-    (R + "--gpu-mem-gb 50.3 --slots 32 --ranks 128 --max-model-len 8192", "the KV cache holds 4864 tokens, less than "
+    (R + "--gpu-mem-gb 46.8 --slots 32 --ranks 128 --max-model-len 8192", "the KV cache holds 4528 tokens, less than "
                                                                          "one --max-model-len 8192 request "
                                                                          "(llama-3.1-8b, 32 adapter slots of rank 128);"
                                                                          " vLLM would refuse to start: lower "
-                                                                         "--max-model-len (at most 4864), lower --slots"),
+                                                                         "--max-model-len (at most 4528), lower --slots"),
     (R + "--gpu-mem-gb 0", "--gpu-mem-gb 0: must be > 0"),
     (R + "--gpu-mem-gb 1e300", "--gpu-mem-gb 1e+300: more than 100000 (100 TB on one GPU)"),
     (R + "--gpu-mem-gb -80", "--gpu-mem-gb -80: must be > 0"),
@@ -848,21 +850,22 @@ CASES: list[tuple[str, str]] = [
      "--slots: an option of the vLLM engine, but the run is on the S-LoRA engine (presets slora, chameleon all run on "
      "S-LoRA)"),
     # a KV cache larger than the whole GPU memory holds (ran with 100,000,000 tokens of KV on one H100)
-    (R + "--kv-tokens 100000000", "--kv-tokens 100000000: more than the 343264 tokens the whole 64 GB of profile "
+    (R + "--kv-tokens 100000000", "--kv-tokens 100000000: more than the 379280 tokens the whole 64 GB of profile "
                                   "llama-3.1-8b_h100_vllm085_adaptercheck's GPU (H100-64GB) can hold (after llama-3.1-8b's weights "
                                   "and 16 adapter slots of rank 32, for vLLM's KV cache, even at "
                                   "--gpu-memory-utilization 1.0); the cache could not be allocated: give --kv-tokens "
-                                  "343264 or less, or --gpu-mem-gb for a GPU with more memory, fewer --slots or a "
+                                  "379280 or less, or --gpu-mem-gb for a GPU with more memory, fewer --slots or a "
                                   "lower --max-lora-rank"),
-    (R + "--kv-tokens 500000 --gpu-mem-gb 80", "--kv-tokens 500000: more than the 465328 tokens the whole 80 GB of "
+    (R + "--kv-tokens 600000 --gpu-mem-gb 80", "--kv-tokens 600000: more than the 510352 tokens the whole 80 GB of "
                                                "GPU memory (--gpu-mem-gb) can hold"),
-    (R + "--kv-tokens 300000 --gpu-mem-gb 10", "--gpu-mem-gb 10: 10 GB cannot hold llama-3.1-8b's weights"),
-    (R + "--policy slora --max-total-tokens 400000", "--max-total-tokens 400000: more than the 365744 tokens the "
+    (R + "--kv-tokens 300000 --gpu-mem-gb 10", "--gpu-mem-gb 10: 10 GB of GPU memory (GiB, as GPUs state it) cannot "
+                                               "hold llama-3.1-8b's weights"),
+    (R + "--policy slora --max-total-tokens 500000", "--max-total-tokens 500000: more than the 401744 tokens the "
                                                      "whole 64 GB of profile llama-3.1-8b_h100_vllm085_adaptercheck's GPU "
                                                      "(H100-64GB) can hold (after llama-3.1-8b's weights, for S-LoRA's "
                                                      "unified pool, even at --gpu-memory-utilization 1.0); the pool "
-                                                     "could not be allocated: give --max-total-tokens 365744 or less"),
-    (R + "--policy slora --kv-tokens 400000", "--kv-tokens 400000: more than the 365744 tokens"),
+                                                     "could not be allocated: give --max-total-tokens 401744 or less"),
+    (R + "--policy slora --kv-tokens 500000", "--kv-tokens 500000: more than the 401744 tokens"),
     # SLOs no request could miss (--ttft-slo 1e308 ran and reported an attainment of 1)
     (R + "--ttft-slo 1e308", "--ttft-slo 1e+308: beyond the 1e+08 s (about 3 years) a run may simulate, so every "
                              "request would meet it; give a TTFT SLO in seconds, e.g. --ttft-slo 2"),

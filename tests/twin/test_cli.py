@@ -171,8 +171,9 @@ def test_run_flags_round_trip_to_the_defaults():
 
 @pytest.mark.parametrize("options, profile, want", [
     ({}, None, (256, 2048)),                                     # the H100-64GB calibration: below 70 GiB
-    ({"gpu_mem_gb": 80.0}, None, (1024, 8192)),                  # 80 GB >= 70 GiB (75.2 GB)
-    ({"gpu_mem_gb": 75.0}, None, (256, 2048)),                   # 75 GB < 70 GiB
+    ({"gpu_mem_gb": 80.0}, None, (1024, 8192)),                  # 80 GB (a GPU's GB: GiB) >= 70 GiB
+    ({"gpu_mem_gb": 70.0}, None, (1024, 8192)),
+    ({"gpu_mem_gb": 69.9}, None, (256, 2048)),                   # < 70 GiB
     ({}, "llama-2-7b_a100-80gb_vidur", (1024, 8192)),
     ({"max_num_seqs": 64}, "llama-2-7b_a100-80gb_vidur", (64, 8192)),
     ({"max_batched_tokens": 4096}, "llama-2-7b_a100-80gb_vidur", (1024, 4096)),

@@ -170,15 +170,32 @@ def test_a_form_with_its_own_shard_is_split_by_it():
 
 
 def test_gpu_memory_option_sizes_each_rank():
-    """``--gpu-mem-gb`` per GPU: 0.9 x memory - weights / tp - the 5 GB runtime reserve - per-rank LoRA buffers."""
+    """``--gpu-mem-gb`` per GPU (GiB, as GPUs state their memory): 0.9 x memory - weights / tp - the 5 GB runtime
+    reserve - per-rank LoRA buffers."""
     from twin.tensor_parallel import kv_tokens_for_memory
 
     p = load_profile(A100_7B)
     spr = p.components["kv"].params["slot_bytes_per_rank"]
     for tp in (1, 2, 4):
         share = lora_buffer_share(p.model, tp)
-        free = 0.9 * 80e9 - 6.74e9 * 2 / tp - 5e9 - 8 * spr * share * 16
+        free = 0.9 * 80 * 2**30 - 6.74e9 * 2 / tp - 5e9 - 8 * spr * share * 16
         hand = int(free // (2 * 32 * (32 // tp) * 128 * 2) // 16 * 16)
         assert kv_tokens_for_memory(p, 80, 8, 16, tp) == hand
     with pytest.raises(TensorParallelError, match="use one of"):
         kv_tokens_for_memory(p, 80, 8, 16, 3)
+
+
+def test_a_gpus_stated_gb_is_a_gib_as_the_calibrations_measured_kv_memory_shows():
+    """A GPU's "64GB" is 64 GiB: the calibration's H100-64GB profile's KV memory measured by vLLM (``free_bytes``) is
+    what 0.9 x 64 GiB leaves after the weights and the 5 GB runtime reserve, within 0.5 % (64e9 bytes would leave
+    10 % less), and ``--gpu-mem-gb 64`` sizes the KV cache within 0.5 % of the profile's own."""
+    from twin.perf.profile import GPU_GB, gpu_memory_gb, kv_tokens_for_memory
+
+    p = load_profile("llama-3.1-8b_h100_vllm085")
+    gb = gpu_memory_gb(p.gpu)
+    free = p.raw["components"]["kv"]["params"]["free_bytes"]
+    assert gb == 64 and GPU_GB == 2**30
+    assert abs((0.9 * gb * GPU_GB - p.model.weight_bytes - 5e9) / free - 1) < 0.005
+    assert abs((0.9 * gb * 1e9 - p.model.weight_bytes - 5e9) / free - 1) > 0.09
+    own = p.kv_capacity_tokens(0, 0)
+    assert abs(kv_tokens_for_memory(p, gb, 0, 0) / own - 1) < 0.005

@@ -417,13 +417,13 @@ class Profile:
     def _check_gpu_memory(self, origin: str) -> None:
         """A GPU named with its memory (``H100-64GB``) holds the weights and the KV memory the profile gives
         (``kv.params.free_bytes``): a run sizes its KV cache from ``free_bytes``, so a profile relabelled
-        ``H100-8GB`` ran with 37 GB of KV on an 8 GB GPU (a GB read as a GiB here, to refuse only the impossible)."""
+        ``H100-8GB`` ran with 37 GB of KV on an 8 GB GPU (the GPU's GB: :data:`GPU_GB`)."""
         gb = gpu_memory_gb(self.gpu)
         free = self.raw.get("components", {}).get("kv", {}).get("params", {}).get("free_bytes")
         if gb is None or free is None:
             return
         need = free + self.model.weight_bytes
-        if need > gb * 2 ** 30:
+        if need > gb * GPU_GB:
             raise ValueError(f"{origin}: gpu {self.gpu!r} names {gb:g} GB, less than {self.model.name}'s weights "
                              f"({self.model.weight_bytes / 1e9:.1f} GB) and the KV memory of "
                              f"components.kv.params.free_bytes ({free / 1e9:.1f} GB) take; fix the profile's gpu or "
@@ -749,14 +749,21 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     return _from_file(str(avail[name_or_path]), str(avail[name_or_path]))
 
 
+#: bytes in one "GB" of a GPU's stated memory: binary, as GPUs are sized (an H100-80GB holds 81,559 MiB, 79.6 GiB,
+#: 85.5e9 bytes; vLLM's ``gpu_memory_utilization`` applies to those bytes). The calibration's H100-64GB profile
+#: agrees: 0.9 x 64 GiB - 16.06 GB of weights - the 5 GB runtime reserve = 40.79 GB, against the 40.65 GB of KV
+#: memory vLLM measured (``kv.params.free_bytes``); 64e9 bytes would give 36.54 GB
+GPU_GB = 2 ** 30
+
+
 def kv_tokens_for_memory(profile: Profile, gpu_mem_gb: float, slots: int, max_rank: int,
                          utilization: float = 0.9, runtime_overhead_gb: float = 5.0) -> int:
-    """KV capacity (tokens) of a GPU with ``gpu_mem_gb`` GB, as vLLM sizes it.
+    """KV capacity (tokens) of a GPU with ``gpu_mem_gb`` GB as GPUs state it (:data:`GPU_GB`: GiB), as vLLM sizes it.
 
     ``utilization * memory - weights - runtime overhead (activations, CUDA graphs) -
     slots * LoRA slot buffers`` divided by the KV bytes per token, rounded down to blocks.
     The slot buffer per rank comes from the profile's KV model when it has one, else
-    from the model's dimensions (all target modules). The 5 GB runtime overhead is the
+    from the model's dimensions (all target modules). The 5 GB (1e9 bytes) runtime overhead is the
     typical activation + CUDA-graph reserve of a 7-8B model in vLLM 0.8.5.
     """
     model = profile.model
@@ -765,15 +772,16 @@ def kv_tokens_for_memory(profile: Profile, gpu_mem_gb: float, slots: int, max_ra
     if not (gpu_mem_gb > 0 and math.isfinite(gpu_mem_gb)):
         raise ValueError(f"GPU memory must be a positive number of GB, got {gpu_mem_gb}")
     fixed = model.weight_bytes + runtime_overhead_gb * 1e9 + slots * per_rank * max_rank
-    free = utilization * gpu_mem_gb * 1e9 - fixed
+    free = utilization * gpu_mem_gb * GPU_GB - fixed
     tokens = int(free // model.kv_bytes_per_token // 16 * 16) if free > 0 else 0
-    if tokens < 16:
-        need = (fixed + 16 * model.kv_bytes_per_token) / utilization / 1e9
-        buffers = (f" and {slots} adapter slots of rank {max_rank} ({slots * per_rank * max_rank / 1e9:.1f} GB)"
+    if tokens < 16:  # (every size in the GPU's GB, GiB)
+        need = (fixed + 16 * model.kv_bytes_per_token) / utilization / GPU_GB
+        buffers = (f" and {slots} adapter slots of rank {max_rank} ({slots * per_rank * max_rank / GPU_GB:.1f} GiB)"
                    if slots and max_rank else "")
-        raise ValueError(f"{gpu_mem_gb:g} GB cannot hold {model.name}'s weights ({model.weight_bytes / 1e9:.1f} GB)"
-                         f"{',' if buffers else ' and'} the {runtime_overhead_gb:g} GB runtime reserve{buffers} at "
-                         f"{utilization:.0%} utilization: it needs more than {need:.1f} GB")
+        raise ValueError(f"{gpu_mem_gb:g} GB of GPU memory (GiB, as GPUs state it) cannot hold {model.name}'s weights "
+                         f"({model.weight_bytes / GPU_GB:.1f} GiB){',' if buffers else ' and'} the "
+                         f"{runtime_overhead_gb * 1e9 / GPU_GB:.3g} GiB runtime reserve{buffers} at "
+                         f"{utilization:.0%} utilization: it needs more than {need:.1f} GiB")
     return tokens
 
 
