@@ -23,7 +23,7 @@ from twin.adapters import AdapterMemory, HostLink
 from twin.config import EngineConfig
 from twin.extensions import install_extensions
 from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_policy_objects, check_tick_interval,
-                             callback_label, checked_next_change_time, checked_schedule_waiting,
+                             callback_label, checked_next_change_time, claim_for_run, checked_schedule_waiting,
                              explain_policy_failure, policy_label)
 from twin.recorder import Recorder
 from twin.requests import DEFAULT_DROP_REASON, FINISHED, PENDING, REJECTED, RequestTable, StartupError, check_startup
@@ -218,7 +218,10 @@ class EngineState:
 
     def _bind_policies(self, scheduler: Scheduler, cache: AdapterCachePolicy) -> None:
         """The policies' :meth:`bind` (they see the engine from now on), the scheduler's hooks as the step
-        loop calls them, and the tick timers; the last step of every engine's ``_attach_policies``."""
+        loop calls them, and the tick timers; the last step of every engine's ``_attach_policies``. A policy
+        instance serves one run (:func:`twin.interfaces.claim_for_run`)."""
+        claim_for_run(cache, "cache")
+        claim_for_run(scheduler, "scheduler")
         cache.bind(self)
         scheduler.bind(self)
         # the scheduler's hooks the step loop calls (a plug-in's answers checked, twin.interfaces.checked_*)

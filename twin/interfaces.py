@@ -507,6 +507,21 @@ def check_policy_objects(scheduler: Any, cache: Any) -> None:
     check_builtin_options(cache)
 
 
+def claim_for_run(policy: Any, kind: str) -> None:
+    """Mark ``policy`` as serving the run that binds it, refusing one that already served a run: a policy keeps its
+    state (queues, cache contents, counters) in the instance from :meth:`Policy.bind` on, so a second run with the
+    same instance started from the first one's end state (a built-in LRU cache then named a victim the new engine
+    had never loaded; a prefetching cache silently changed the run's results)."""
+    if getattr(policy, "_twin_claimed", False):
+        raise PolicyError(f"{policy_label(policy)}: this instance was bound to an earlier run's engine, and a policy "
+                          f"keeps its state in the instance; pass a new one to each run (e.g. twin.registry.make_{kind}("
+                          f"{getattr(policy, 'name', '...')!r}, ...), or {type(policy).__name__}(...))")
+    try:
+        policy._twin_claimed = True
+    except AttributeError:  # (a policy class with __slots__ and no room for the mark: not checked)
+        pass
+
+
 #: the adapter memories and allocators a cache policy may ask for (``twin.extensions``, ``twin.adapter_placement``)
 ADAPTER_MEMORIES = ("slots", "region", "unified")
 ADAPTER_PLACEMENTS = ("contiguous", "paged")

@@ -23,7 +23,7 @@ from tests.helpers import FakeCtx, constant_profile
 from traces.workload import Workload
 from twin.config import EngineConfig
 from twin.engine import Engine
-from twin.interfaces import Admit, AdapterCachePolicy, Scheduler
+from twin.interfaces import Admit, AdapterCachePolicy, PolicyError, Scheduler
 from twin.simulate import simulate
 
 REQUIRED_PRESETS = ["slora", "chameleon", "chameleon-nocache", "chameleon-nosched", "slora+sjf", "chameleon-lru",
@@ -1153,3 +1153,20 @@ def test_each_policy_ticks_at_its_own_interval(system):
     assert np.all(np.diff(s) >= 2.0 - 1e-9) and np.all(np.diff(c) >= 0.5 - 1e-9)
     assert np.all(np.diff(s) < 2.0 + 0.5) and np.all(np.diff(c) < 0.5 + 0.5)  # (the next step boundary after each)
     assert len(c) > 3 * len(s)
+
+
+@pytest.mark.parametrize("kind, name", [("cache", "lru"), ("cache", "ema-prefetch"), ("scheduler", "fcfs")])
+def test_a_policy_instance_serves_one_run(kind, name):
+    """A second run with the same instance is refused before it starts (an LRU cache reused named a victim the new
+    engine never loaded; a prefetching cache silently changed the run): a fresh instance runs as the first did."""
+    from tests.helpers import random_workload
+
+    make = make_cache if kind == "cache" else make_scheduler
+    w = random_workload(60, seed=3)
+    p = make(name)
+    first = simulate(w, **{f"{kind}_obj": p}).summary
+    with pytest.raises(PolicyError, match="was bound to an earlier run's engine.*pass a new one to each run"):
+        simulate(w, **{f"{kind}_obj": p})
+    again = simulate(w, **{f"{kind}_obj": make(name)}).summary
+    timing = ("wall_s", "x_realtime")  # (the host's)
+    assert {k: v for k, v in again.items() if k not in timing} == {k: v for k, v in first.items() if k not in timing}
