@@ -721,3 +721,26 @@ def test_a_readable_table_that_is_not_run_rows_is_a_damaged_shard(tmp_path):
     assert _shard_problem(d / "abd.parquet") == "rows of task abc, not of task abd"
     assert _shard_problem(d / "abe.parquet") is None
     assert [p.name for p in damaged_shards(tmp_path)] == ["abc.parquet", "abd.parquet"]
+
+
+def test_the_record_and_shards_are_written_whole_and_a_killed_writers_leftovers_go(local_smoke, tmp_path,
+                                                                                    monkeypatch):
+    """``sweep.json`` is written as the shards are (a temporary name of the writer's own, then renamed: a sweep killed
+    while writing it left half a record, which made every finished shard unusable), and a resume removes what a
+    killed writer left (its process gone) while another running writer's temporaries stay."""
+    out = tmp_path / "smoke"
+    shutil.copytree(local_smoke[0], out)
+    writes: list[str] = []
+    real_replace = runner.os.replace
+    monkeypatch.setattr(runner.os, "replace", lambda a, b: (writes.append(f"{a}->{b}"), real_replace(a, b))[1])
+    dead = 2 ** 22 + 12345  # (above Linux's default pid_max: no such process)
+    stale = [out / "shards" / ".0123abcd.parquet.tmp", out / "shards" / f".0123abcd.{dead}.parquet.tmp",
+             out / f".sweep.json.{dead}.tmp"]
+    live = out / "shards" / f".4567cdef.{runner.os.getpid()}.parquet.tmp"
+    for p in (*stale, live):
+        p.write_bytes(b"half")
+    run_sweep(load_grid("smoke"), out, "local", jobs=1, progress=False)
+    assert not any(p.exists() for p in stale) and live.exists()
+    assert any(w.endswith(f"->{out / 'sweep.json'}") and f".sweep.json.{runner.os.getpid()}.tmp" in w for w in writes)
+    json.loads((out / "sweep.json").read_text())  # whole
+    assert read_results(out)["status"].eq("ok").all()

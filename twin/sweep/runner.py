@@ -98,11 +98,44 @@ def write_shard(out: Path, task_hash: str, rows: list[dict[str, Any]]) -> Path:
     for c in ("startup_reason", "error", "traceback"):
         if c in df:
             df[c] = df[c].astype(str)
-    tmp = d / f".{task_hash}.parquet.tmp"
+    tmp = d / f".{task_hash}.{os.getpid()}.parquet.tmp"  # (the writer's own: two processes never share one)
     df.to_parquet(tmp, index=False)
     final = d / f"{task_hash}.parquet"
     os.replace(tmp, final)
     return final
+
+
+def write_meta(path: Path, meta: dict[str, Any]) -> None:
+    """``sweep.json`` written whole or not at all (to a temporary name, then renamed, as the shards are): a sweep
+    killed while writing it left half a record, which made its finished shards unusable."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(meta, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def remove_stale_temporaries(out: Path) -> None:
+    """Temporary files a killed writer left in ``out`` (a shard or the record half written; never read): removed
+    when a sweep starts there, unless the process named in them (:func:`write_shard`, :func:`write_meta`) still runs
+    on this host."""
+    for p in (*shard_dir(out).glob(".*.tmp"), *out.glob(".sweep.json.*.tmp")):
+        parts = p.name.split(".")
+        pid = parts[-3] if p.name.endswith(".parquet.tmp") else parts[-2]
+        if pid.isdigit() and len(pid) <= 9 and _running(int(pid)):
+            continue
+        try:
+            p.unlink()
+        except OSError:  # (renamed meanwhile)
+            pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (exists, another user's)
+        return True
+    return True
 
 
 class ForeignShards(ValueError):
@@ -456,9 +489,10 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
     if not resume and shard_dir(out).exists():
         for p in shard_dir(out).glob("*.parquet"):
             p.unlink()
+    remove_stale_temporaries(out)
     meta.setdefault("history", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                            "executor": executor, "jobs": jobs})
-    meta_p.write_text(json.dumps(meta, indent=1, default=str))
+    write_meta(meta_p, meta)
 
     all_tasks = select_tasks(grid_tasks, limit, shard, every, exclude)
     damaged = [p.name for p in damaged_shards(out)]
@@ -507,7 +541,7 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
                       failed, first_error, start_failed, first_start_failure, damaged, older_version)
     meta["history"][-1].update(finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **{
         k: v for k, v in rep.to_dict().items() if k != "out"})
-    meta_p.write_text(json.dumps(meta, indent=1, default=str))
+    write_meta(meta_p, meta)
     return rep
 
 
