@@ -55,6 +55,15 @@ def collect_run_garbage() -> None:
         _FROZEN = True
 
 
+def resolved_config(config: dict[str, Any], engine: Any, profile: Any) -> dict[str, Any]:
+    """The engine settings ``config`` (``EngineConfig.to_dict()``) with those left to the engine (None) replaced by
+    the values the run used: the slots' max LoRA rank (the largest adapter's), the KV capacity (the profile's for the
+    GPU) and the adapters' target modules (the profile's)."""
+    used = {"max_lora_rank": getattr(engine, "max_lora_rank", None), "kv_capacity_tokens": getattr(engine, "kv_tokens", None),
+            "lora_targets": ",".join(profile.lora_targets)}
+    return {k: (used[k] if v is None and used.get(k) is not None else v) for k, v in config.items()}
+
+
 class NothingAdmittedWarning(UserWarning):
     """A run whose scheduler admitted no request: every request that arrived (and was not rejected)
     ended unfinished, so the summary's latencies and throughput are empty (:func:`nothing_admitted_note`);
@@ -295,6 +304,8 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     summary = summarize(eng, wall, ttft_slo_s, tbt_slo_s)
     if system == "slora" and extra and "config" in extra:  # the engine's settings (1-token slots, its limits)
         extra = {**extra, "config": {k: v for k, v in eng.config.to_dict().items() if k not in VLLM_ONLY_CONFIG}}
+    if extra and isinstance(extra.get("config"), dict):  # settings left to the engine: the values it used
+        extra = {**extra, "config": resolved_config(extra["config"], eng, prof)}
     clash = sorted(str(k) for k in (extra or {}) if k in summary)
     if clash:  # (the run's own metrics would be replaced silently)
         raise ValueError(f"extra: {', '.join(clash)} would replace the run's own summary field(s); give the field(s) "

@@ -516,3 +516,16 @@ def test_run_table_says_why_the_mean_itl_is_empty_beside_its_p99(capsys):
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("ITL ms mean / p99"))
     mean, p99 = row.split(None, 5)[-1].split(" / ")
     assert mean == "- (no finished request of 2+ tokens)" and float(p99) > 0
+
+
+@pytest.mark.parametrize("policy", ["vllm", "slora"])
+def test_the_summarys_config_records_the_settings_the_engine_resolved(tmp_path, capsys, policy):
+    """``config`` records the values used: the settings left to the engine (None) hold what it chose (the largest
+    adapter's rank, the profile's KV capacity and target modules), as the console table shows them."""
+    assert main(["run", "--no-progress", "--duration", "10", "--policy", policy, "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    c = s["config"]
+    assert c["kv_capacity_tokens"] == s["kv_capacity_tokens"]
+    assert c["lora_targets"] == ",".join(load_profile(s["profile"]).lora_targets)
+    if policy == "vllm":
+        assert c["max_lora_rank"] == 32
