@@ -20,7 +20,7 @@ import simpy
 from simpy.events import NORMAL
 
 from twin.adapters import AdapterMemory, HostLink
-from twin.config import EngineConfig
+from twin.config import MAX_SIM_SECONDS, EngineConfig
 from twin.extensions import install_extensions
 from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_policy_objects, check_tick_interval,
                              callback_label, checked_next_change_time, claim_for_run, checked_schedule_waiting,
@@ -47,9 +47,10 @@ def check_run_arguments(config: EngineConfig, scheduler: Scheduler, cache: Adapt
                         f"EngineConfig(max_loras=8)")
     check_policy_objects(scheduler, cache)
     if horizon_s is not None and not (isinstance(horizon_s, (int, float, np.integer, np.floating))
-                                      and not isinstance(horizon_s, bool) and horizon_s >= 0):
-        raise ValueError(f"horizon_s {horizon_s!r}: give the simulated seconds to stop at, >= 0 (None: run until "
-                         f"every request has finished)")
+                                      and not isinstance(horizon_s, bool) and 0 <= horizon_s <= MAX_SIM_SECONDS):
+        raise ValueError(f"horizon_s {horizon_s!r}: give the simulated seconds to stop at, from 0 to "
+                         f"{MAX_SIM_SECONDS:g} (about 3 years, the longest a run may simulate; None: run until every "
+                         f"request has finished)")
     if max_run_steps is not None and not (isinstance(max_run_steps, (int, np.integer))
                                           and not isinstance(max_run_steps, bool) and max_run_steps >= 0):
         raise ValueError(f"max_run_steps {max_run_steps!r}: give the most decode steps advanced at once, an "
@@ -222,8 +223,14 @@ class EngineState:
         instance serves one run (:func:`twin.interfaces.claim_for_run`)."""
         claim_for_run(cache, "cache")
         claim_for_run(scheduler, "scheduler")
-        cache.bind(self)
-        scheduler.bind(self)
+        try:
+            cache.bind(self)
+            scheduler.bind(self)
+        except Exception as e:  # a policy's bind that raised: name the policy and the hook, as for the run's hooks
+            err = explain_policy_failure(e, (cache, scheduler))
+            if err is None:
+                raise
+            raise err from e
         # the scheduler's hooks the step loop calls (a plug-in's answers checked, twin.interfaces.checked_*)
         self._next_change_time = checked_next_change_time(scheduler)
         self._offer_ctx: Any = None  # the step context of a plug-in's schedule_waiting call in progress

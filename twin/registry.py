@@ -26,7 +26,7 @@ import types
 import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from traces.arguments import did_you_mean
 from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_option_kinds, check_policy_class,
@@ -229,6 +229,10 @@ def resolve_policy(policy: str | None = None, scheduler: str | None = None,
     p = PRESETS[name]
     # (the preset's options are copied: a policy that keeps and changes a list it was given does not change
     # the preset for the next run)
+    for flag, opts in (("scheduler_opts", scheduler_opts), ("cache_opts", cache_opts)):
+        if opts is not None and not (isinstance(opts, Mapping) and all(isinstance(k, str) for k in opts)):
+            raise TypeError(f"{flag} {opts!r}: give the policy's constructor arguments as a dict of names to values, "
+                            f"e.g. {{'max_wait_s': 2.0}} (None: the preset's own)")
     s_opts, c_opts = dict(scheduler_opts or {}), dict(cache_opts or {})
     preset_s, preset_c = copy.deepcopy(p.scheduler_opts), copy.deepcopy(p.cache_opts)
     s = make_scheduler(scheduler, **s_opts) if scheduler else make_scheduler(p.scheduler, **{**preset_s, **s_opts})

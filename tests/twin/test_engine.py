@@ -913,3 +913,33 @@ def test_waiting_ids_equal_the_set_difference_after_random_changes(rounds):
         plain = np.setdiff1d(np.nonzero(e.state[:e.arr_ptr] == PENDING)[0], np.array(list(e.running), np.int64),
                              assume_unique=True)
         assert got.dtype == np.int64 and got.tolist() == plain.tolist()
+
+
+@pytest.mark.parametrize("horizon", [1e9, float("inf"), -1.0])
+def test_a_horizon_beyond_the_longest_run_is_refused(horizon):
+    """``horizon_s`` from 0 to MAX_SIM_SECONDS (1e8 s), as ``--horizon`` is (config.py): past it the summary's rates
+    read ~0 and the clock's resolution breaks the latencies."""
+    with pytest.raises(ValueError, match=r"horizon_s .*from 0 to 1e\+08"):
+        simulate(random_workload(20), horizon_s=horizon)
+
+
+def test_a_policy_whose_bind_raises_is_named_with_the_hook():
+    """``bind`` is a hook like the others: what it raises comes out as a PolicyError naming the policy and the hook."""
+    from policies.fcfs import FCFSScheduler
+    from twin.interfaces import PolicyError
+
+    class BadBind(FCFSScheduler):
+        name = "bad-bind"
+
+        def bind(self, engine):
+            super().bind(engine)
+            raise ValueError("boom")
+
+    with pytest.raises(PolicyError, match=r"scheduler 'bad-bind' \(.*BadBind\) failed in its hook bind.*ValueError: boom"):
+        simulate(random_workload(20), scheduler_obj=BadBind())
+
+
+@pytest.mark.parametrize("opts", [[1], "max_wait_s=2", {1: 2}])
+def test_policy_options_that_are_not_a_dict_of_names_are_refused(opts):
+    with pytest.raises(TypeError, match="scheduler_opts .*give the policy's constructor arguments as a dict"):
+        simulate(random_workload(20), scheduler_opts=opts)
