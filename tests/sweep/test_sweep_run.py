@@ -744,3 +744,165 @@ def test_the_record_and_shards_are_written_whole_and_a_killed_writers_leftovers_
     assert any(w.endswith(f"->{out / 'sweep.json'}") and f".sweep.json.{runner.os.getpid()}.tmp" in w for w in writes)
     json.loads((out / "sweep.json").read_text())  # whole
     assert read_results(out)["status"].eq("ok").all()
+
+
+# --------------------------------------------------------------------------- one sweep at a time into an --out
+def _no_task_runs(monkeypatch):
+    """Any task run fails the test (a refusal must come before any work)."""
+    def ran(*a, **k):
+        raise AssertionError("a task ran")
+    monkeypatch.setattr(runner, "run_task", ran)
+    monkeypatch.setitem(runner._EXEC, "local", ran)
+
+
+def _lock_is_free(out) -> bool:
+    import fcntl
+    import os
+
+    fd = os.open(out / runner.LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # (releases it)
+
+
+@pytest.mark.skipif(runner.fcntl is None, reason="no flock on this platform: no lock taken")
+def test_a_second_sweep_into_a_locked_out_is_refused_up_front(local_smoke, tmp_path, capsys, monkeypatch):
+    """Two sweeps into one --out at once both ran every task, and one's history entry in sweep.json was lost (also
+    with --shard 0/2 and 1/2): the second is refused before any work, naming the holder; --summary and --dry-run,
+    which write nothing, still work."""
+    import os
+
+    from twin.cli import main
+
+    out = tmp_path / "smoke"
+    shutil.copytree(local_smoke[0], out)
+    (out / "shards" / sorted(p.name for p in (out / "shards").glob("*.parquet"))[0]).unlink()  # a task left to run
+    record = (out / "sweep.json").read_text()
+    held = runner.lock_out(out, "smoke", "0/2")  # another sweep's, as the lock file records it
+    try:
+        _no_task_runs(monkeypatch)
+        assert main(["sweep", "smoke", "--out", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert (f"twin sweep: error: --out {out} is in use by another twin sweep (pid {os.getpid()}, started "
+                in err), err
+        assert "grid smoke, --shard 0/2); wait for it to finish or give another --out" in err
+        assert "give each its own --out" in err and "`twin configure dataset`" in err  # (the other is a shard)
+        assert "Traceback" not in err
+        assert main(["sweep", "smoke", "--out", str(out), "--no-progress", "--shard", "1/2"]) == 2
+        assert "run them one after another into this one" in capsys.readouterr().err
+        with pytest.raises(runner.OutInUse, match="is in use by another twin sweep"):
+            run_sweep(load_grid("smoke"), out, progress=False)
+        assert (out / "sweep.json").read_text() == record  # (untouched: no history entry added)
+        assert main(["sweep", "--summary", "--out", str(out)]) == 0  # (reads only)
+        assert main(["sweep", "smoke", "--dry-run"]) == 0
+        capsys.readouterr()
+    finally:
+        runner.unlock_out(held)
+    monkeypatch.undo()
+    rep = run_sweep(load_grid("smoke"), out, progress=False)  # the holder gone: the sweep runs
+    assert rep.tasks_run == 1 and _lock_is_free(out)
+
+
+@pytest.mark.skipif(runner.fcntl is None, reason="no flock on this platform: no lock taken")
+def test_a_lock_that_records_no_holder_still_refuses(tmp_path, capsys, monkeypatch):
+    import fcntl
+    import os
+
+    from twin.cli import main
+
+    fd = os.open(tmp_path / ".sweep.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        _no_task_runs(monkeypatch)
+        assert main(["sweep", "smoke", "--out", str(tmp_path), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {tmp_path} is in use by another twin sweep (its pid and start not recorded)" in err
+        assert not (tmp_path / "sweep.json").exists() and not (tmp_path / "shards").exists()
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(runner.fcntl is None, reason="no flock on this platform: no lock taken")
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError])
+def test_the_lock_is_released_when_a_sweep_is_interrupted_or_fails(tmp_path, monkeypatch, raised):
+    seen = []
+
+    def stopped(tasks, jobs, **k):
+        seen.append(_lock_is_free(tmp_path))  # (held while the tasks run)
+        raise raised("stop")
+        yield
+
+    monkeypatch.setitem(runner._EXEC, "local", stopped)
+    with pytest.raises(raised):
+        run_sweep(load_grid("smoke"), tmp_path, progress=False)
+    assert seen == [False] and _lock_is_free(tmp_path) and not runner._HELD_LOCK_FDS
+
+
+def test_a_read_only_shards_folder_is_named_before_any_task(tmp_path, capsys, monkeypatch):
+    """A read-only OUT/shards was found only when the first task's shard was written (its work lost), in an error
+    naming no path ("cannot use: Failed to open local file ... Read-only file system")."""
+    import errno
+    import os
+
+    from twin.cli import main
+
+    (tmp_path / "shards").mkdir()
+    real_open = os.open
+
+    def read_only(path, *a, **k):  # (as a read-only mount answers: permission bits cannot make it so for root)
+        if str(path).startswith(str(tmp_path / "shards")):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *a, **k)
+
+    _no_task_runs(monkeypatch)
+    monkeypatch.setattr(runner.os, "open", read_only)
+    assert main(["sweep", "smoke", "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert (f"twin sweep: error: {tmp_path / 'shards'}: cannot write there (Read-only file system), where the sweep "
+            f"keeps its shards" in err), err
+    assert "Traceback" not in err and not (tmp_path / "sweep.json").exists()
+
+
+_WORKERS_SCRIPT = r"""
+import os, signal, sys, time
+from twin.sweep import runner
+
+def task(t):  # Ctrl-C reaches every process of the terminal's group: here the worker alone gets it
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    lock_open = False
+    for held in [int(sys.argv[2])] + ([fd] if fd is not None else []):
+        try:
+            os.fstat(held)
+            lock_open = True
+        except OSError:
+            pass
+    return [{"i": t["i"], "lock_open": lock_open}]
+
+runner.run_task = task
+fd = runner.lock_out(sys.argv[1])
+runner._HELD_LOCK_FDS.add(int(sys.argv[2]))  # (and a stand-in held as a lock is: fd is None without flock)
+print(sorted((r[0]["i"], r[0]["lock_open"]) for r in runner._local([{"i": i} for i in range(4)], 2)))
+"""
+
+
+def test_local_workers_leave_ctrl_c_to_the_sweep_and_close_its_lock(tmp_path):
+    """Ctrl-C with --jobs 2 printed each worker's KeyboardInterrupt traceback before the clean "interrupted" message:
+    a worker ignores SIGINT (the parent stops the pool); and a forked worker closes its copy of the --out lock."""
+    import os
+    import subprocess
+    import sys
+
+    stand_in = os.open(tmp_path / "stand-in", os.O_RDWR | os.O_CREAT)
+    os.set_inheritable(stand_in, True)
+    try:
+        p = subprocess.run([sys.executable, "-c", _WORKERS_SCRIPT, str(tmp_path), str(stand_in)], capture_output=True,
+                           text=True, timeout=60, pass_fds=(stand_in,))
+    finally:
+        os.close(stand_in)
+    assert p.returncode == 0 and "Traceback" not in p.stderr and "KeyboardInterrupt" not in p.stderr, p.stderr
+    assert p.stdout.strip() == str([(i, False) for i in range(4)])

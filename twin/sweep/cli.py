@@ -28,7 +28,8 @@ def register_cli(subparsers) -> None:
                    help="skip tasks whose shard exists (default); --no-resume starts over")
     p.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
     p.add_argument("--every", type=int, default=None, help="run one task in N (an evenly spread fraction)")
-    p.add_argument("--shard", default=None, help="i/k: run the i-th of k interleaved parts of the grid")
+    p.add_argument("--shard", default=None, help="i/k: run the i-th of k interleaved parts of the grid (parts run at the same time each need "
+                        "their own --out: one sweep at a time writes into an --out)")
     p.add_argument("--exclude", default=None,
                    help="scenarios to leave out, comma-separated: keys, a real-run CSV (its ml_test scenarios, the "
                         "held-out test set) or a labels CSV of `configure dataset` (all its scenarios: sweep the "

@@ -12,19 +12,33 @@ on the executor or the number of workers: every run is seeded by its key
 (:func:`twin.sweep.scenario.run_seed`). ``sweep.json`` lists the grid's task hashes: a shard file
 named for no task of the grid (another grid's shards copied in, a stray file) is refused by the
 resume, by ``--summary`` and by :func:`read_results`, naming it (:class:`ForeignShards`).
+
+One sweep at a time writes into an ``OUT``: it holds an exclusive lock on ``OUT/.sweep.lock`` (flock, which
+ends with the process) from before it reads ``sweep.json`` to its end, and a second sweep into ``OUT`` is refused
+up front, naming the holder's pid and start (:class:`OutInUse`). Shards of one grid (``--shard i/k``) run at once
+go to separate ``OUT`` directories (``twin configure dataset`` / ``train`` take several).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import numbers
 import os
+import signal
+import socket
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pandas as pd
+
+try:
+    import fcntl
+except ImportError:  # (a platform without flock, e.g. Windows: a sweep there takes no lock on its --out)
+    fcntl = None  # type: ignore[assignment]
 
 from traces.datadir import unset_data_dir_hint
 from twin.sweep.grid import GridSpec
@@ -225,7 +239,131 @@ def _read_shard(f: Path) -> pd.DataFrame:
     return df
 
 
+def _probe_writable(d: Path, name: str) -> None:
+    """Create (exclusively) and remove ``d/name``: a directory's permission bits do not tell whether a file can be
+    made there (a read-only mount; root's access to everything)."""
+    fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.close(fd)
+    os.unlink(d / name)
+
+
+def check_out_writable(out: Path) -> None:
+    """``out``'s record (``sweep.json``) and shard folder can be written, checked before any task runs (a read-only
+    ``OUT/shards`` was found only when the first task's shard was written, the task's work lost, in an error naming no
+    path); a ``ValueError`` naming the path and the fix, else. Makes ``OUT/shards``."""
+    meta_p = out / "sweep.json"
+    if meta_p.exists() and not meta_p.is_file():
+        raise ValueError(f"{meta_p} is not a file, where the sweep keeps its record; move or remove it, or sweep into "
+                         f"another --out")
+    d = shard_dir(out)
+    for where, what, probe in ((out, "its record (sweep.json)", f".sweep.json.{os.getpid()}.tmp"),
+                               (d, "its shards", f".write-probe.{os.getpid()}.parquet.tmp")):
+        try:
+            if where == d:
+                d.mkdir(exist_ok=True)
+            _probe_writable(where, probe)
+        except OSError as e:
+            raise ValueError(f"{where}: cannot write there ({e.strerror or e}), where the sweep keeps {what}; make it "
+                             f"writable (e.g. chmod u+w {where}; a read-only mount: remount it) or sweep into another "
+                             f"--out") from None
+
+
+# --------------------------------------------------------------------------- the --out lock
+#: the lock file of a sweep's --out: held (flock, exclusive) by the ``twin sweep`` process that writes there
+LOCK_NAME = ".sweep.lock"
+
+#: the lock files' descriptors this process holds (a forked pool worker closes its copies: :func:`_worker_init`)
+_HELD_LOCK_FDS: set[int] = set()
+
+
+class OutInUse(ValueError):
+    """The --out directory is locked by another sweep writing there (two sweeps at once ran every task twice and
+    lost one's record in ``sweep.json``)."""
+
+
+def _lock_holder(fd: int) -> str:
+    """What the lock file says of the sweep that holds it: ``pid N, started T`` (and its grid and shard)."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not isinstance(info, dict) or "pid" not in info:  # (a holder that recorded nothing, or not yet)
+        return "its pid and start not recorded"
+    parts = [f"pid {info.get('pid', '?')}" + (f" on {info['host']}" if info.get("host") and
+                                                 info.get("host") != socket.gethostname() else ""),
+             f"started {info.get('started', '?')}"]
+    if info.get("grid"):
+        parts.append(f"grid {info['grid']}")
+    if info.get("shard"):
+        parts.append(f"--shard {info['shard']}")
+    return ", ".join(parts)
+
+
+def lock_out(out: Path, grid_name: str | None = None, shard: str | None = None) -> int | None:
+    """Take the exclusive lock of ``out`` (``OUT/.sweep.lock``, non-blocking) for a sweep writing there, recording
+    this process's pid and start time in it; :class:`OutInUse` naming the holder where another sweep has it. The lock
+    goes with the process (released on exit, Ctrl-C, an error, even ``kill -9``); :func:`unlock_out` releases it
+    earlier. Returns the lock's descriptor (None where the platform or the file system has no flock)."""
+    if fcntl is None:
+        return None
+    p = Path(out) / LOCK_NAME
+    try:
+        fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ValueError(f"{out}: cannot write there ({e.strerror or e}), where the sweep keeps its record and shards; "
+                         f"make it writable or sweep into another --out") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):  # (a file system without flock)
+            os.close(fd)
+            warnings.warn(f"{p}: cannot lock it ({e.strerror or e}); two sweeps run into {out} at once would both run "
+                          f"every task")
+            return None
+        holder = _lock_holder(fd)
+        os.close(fd)
+        shards = ("; shards of one grid (--shard i/k) cannot run into one --out at once: give each its own --out "
+                  "(`twin configure dataset` and `twin configure train` take several sweep directories: DIR1 DIR2 "
+                  "...) or run them one after another into this one") if shard or "--shard" in holder else ""
+        raise OutInUse(f"--out {out} is in use by another twin sweep ({holder}); wait for it to finish or give another "
+                       f"--out{shards}") from None
+    info = {"pid": os.getpid(), "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "grid": grid_name, "shard": shard}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+    except OSError:  # (the holder's details are for the message of a refused sweep only)
+        pass
+    _HELD_LOCK_FDS.add(fd)
+    return fd
+
+
+def unlock_out(fd: int | None) -> None:
+    """Release a lock :func:`lock_out` took (closing its descriptor releases the flock)."""
+    if fd is None:
+        return
+    _HELD_LOCK_FDS.discard(fd)
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 # --------------------------------------------------------------------------- executors
+def _worker_init() -> None:
+    """A local pool worker's start: Ctrl-C (SIGINT, sent to the terminal's whole process group) is the parent's to
+    handle (it stops the pool and says how to resume), so a worker ignores it instead of printing a
+    ``KeyboardInterrupt`` traceback; and a forked worker closes its copies of the parent's --out lock
+    (:func:`lock_out`), so the lock ends with the sweep's own process even where a worker outlives it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for fd in list(_HELD_LOCK_FDS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD_LOCK_FDS.clear()
+
+
 def _local(tasks: list[dict], jobs: int, **_: Any) -> Iterator[list[dict]]:
     if jobs <= 1 or len(tasks) <= 1:
         for t in tasks:
@@ -234,8 +372,8 @@ def _local(tasks: list[dict], jobs: int, **_: Any) -> Iterator[list[dict]]:
     import multiprocessing as mp
 
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    with ctx.Pool(min(jobs, len(tasks)), maxtasksperchild=20) as pool:  # (no idle workers)
-        yield from pool.imap_unordered(run_task, tasks, chunksize=1)
+    with ctx.Pool(min(jobs, len(tasks)), initializer=_worker_init, maxtasksperchild=20) as pool:  # (no idle workers)
+        yield from pool.imap_unordered(run_task, tasks, chunksize=1)  # (Ctrl-C: the with block terminates the pool)
 
 
 def _dask(tasks: list[dict], jobs: int, address: str | None = None, **_: Any) -> Iterator[list[dict]]:
@@ -444,9 +582,33 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
     check_selection(limit, shard, every, jobs)
     check_address(executor, address)
     check_executor(executor)
+    if order not in ("heavy", "shuffle", "grid"):  # (checked before anything is written)
+        raise ValueError(f"unknown order {order!r}; choose heavy, shuffle or grid")
     grid_tasks = grid.tasks()
     check_runnable(grid_tasks)
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: is an existing file, not a directory; give a directory (new or existing)")
+    # one sweep at a time writes into ``out`` (the lock is the driver's; workers, local or remote, write nothing
+    # there): two at once ran every task twice and lost one's history entry in sweep.json. Taken before sweep.json
+    # is read, so the record is read and rewritten by its holder only.
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot be made ({e.strerror or e}); give a path you can write to") from None
+    lock = lock_out(out, grid.name, shard)
+    try:
+        return _run_locked(grid, grid_tasks, out, executor, jobs, address, resume, limit, shard, every, progress,
+                           on_result, check_grid, exclude, order, on_start)
+    finally:
+        unlock_out(lock)
+
+
+def _run_locked(grid: GridSpec, grid_tasks: list[dict], out: Path, executor: str, jobs: int, address: str | None,
+                resume: bool, limit: int | None, shard: str | None, every: int | None, progress: bool,
+                on_result: Callable[[list[dict]], None] | None, check_grid: bool, exclude: set[str] | None,
+                order: str, on_start: Callable[[], None] | None) -> SweepReport:
+    """:func:`run_sweep` once its checks have passed and it holds the lock of ``out``."""
     meta_p = out / "sweep.json"
     meta = {"grid": grid.to_dict(), "grid_digest": grid.digest(), "profile_hash": profile_hash(grid.profile),
             "twin_version": twin_version()}
@@ -474,18 +636,16 @@ def run_sweep(grid: GridSpec, out: str | os.PathLike, executor: str = "local", j
         meta["history"] = old.get("history", [])
     if resume and check_grid:  # (another grid's shards copied in, a stray file: the resume would count or mix them)
         check_foreign_shards(out, {t["task_hash"] for t in grid_tasks}, grid.name)
-    if order not in ("heavy", "shuffle", "grid"):  # (checked before anything is written)
-        raise ValueError(f"unknown order {order!r}; choose heavy, shuffle or grid")
     if shard_dir(out).exists() and not shard_dir(out).is_dir():  # (was "cannot use OUT/shards: File exists")
         raise ValueError(f"{shard_dir(out)} is a file, where the sweep keeps its shards (a folder); move or remove it, "
                          f"or sweep into another --out")
+    check_out_writable(out)  # (a read-only OUT/shards was found after the first task, its work lost)
     if on_start is not None:
         on_start()
     if check_grid:  # the shard names of the grid: the results reader refuses any other shard found here
         meta["task_hashes"] = sorted(t["task_hash"] for t in grid_tasks)
     else:
         meta["shared_by_grids"] = True
-    out.mkdir(parents=True, exist_ok=True)
     if not resume and shard_dir(out).exists():
         for p in shard_dir(out).glob("*.parquet"):
             p.unlink()
