@@ -47,7 +47,8 @@ import pandas as pd
 
 from traces.arguments import RepeatedKey, csv_layout_problem, unique_keys_object
 from traces.schema import (  # noqa: F401  (the schema, re-exported: traces.workload is its home for users)
-    COLUMNS, FILE_DEFAULTS, FILE_MINIMUM, FILE_SUFFIXES, OPTIONAL_DEFAULTS, REQUIRED_FILE_COLUMNS, WorkloadError)
+    COLUMNS, FILE_DEFAULTS, FILE_MINIMUM, FILE_SUFFIXES, NO_RANK_COLUMN, OPTIONAL_DEFAULTS, REQUIRED_FILE_COLUMNS,
+    TOKEN_COLUMNS, WorkloadError, too_large)
 
 META_KEY = b"lora_twin"
 
@@ -80,8 +81,9 @@ class Workload:
             "prompt_tokens": np.asarray(prompt_tokens),
             "output_tokens": np.asarray(output_tokens),
             "adapter_id": np.full(n, -1, np.int64) if adapter_id is None else np.asarray(adapter_id),
-            "adapter_rank": np.zeros(n, np.int64) if adapter_rank is None else np.asarray(adapter_rank),
         }
+        if adapter_rank is not None:  # (left out, :func:`validate` gives 0 and says so if a request names an adapter)
+            data["adapter_rank"] = np.asarray(adapter_rank)
         for k, v in optional.items():
             data[k] = np.asarray(v)
         bad = {k: len(v) for k, v in data.items() if v.ndim != 1 or len(v) != n}
@@ -323,9 +325,7 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
     if norank.any():
         i = int(norank.argmax())
         if not rank_given:
-            raise WorkloadError(f"{path}: requests name adapters (column adapter_id) but the file has no "
-                                f"adapter_rank column; add each adapter's LoRA rank (e.g. 8), or use adapter_id "
-                                f"-1 for base-model requests")
+            raise WorkloadError(f"{path}: {NO_RANK_COLUMN.format(what='the file')}")
         raise WorkloadError(f"{path}: {where(i)}, column adapter_rank: a request for adapter "
                             f"{frame['adapter_id'].iloc[i]} needs adapter_rank >= 1")
     base_rank = ~has & (rank > 0)
@@ -390,6 +390,7 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
                             f"{', '.join(COLUMNS)}; rename a misspelt one, or drop the others first "
                             f"(df.drop(columns={unknown!r}))")
     df = df.copy()
+    rank_given = "adapter_rank" in df.columns
     for col, default in FILE_DEFAULTS.items():  # (adapter_id: -1, the base model, as in a file)
         if col not in df.columns:
             df[col] = default
@@ -411,10 +412,18 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
             if frac.any():
                 row = int(frac.argmax())
                 raise WorkloadError(f"workload column {col!r} holds integers; row {row} has {float(v[row])!r}")
+        if dtype == "int64" and df[col].dtype.kind == "u":  # (before the cast: >= 2**63 would wrap to a negative)
+            problem = too_large(col, df[col].to_numpy())
+            if problem:
+                raise WorkloadError(problem)
         try:
             df[col] = df[col].astype(dtype)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:
             raise WorkloadError(f"workload column {col!r} cannot be read as {dtype}: {e}") from e
+        if col in TOKEN_COLUMNS:  # (prompt + output must not overflow int64: a prompt of 2**63 - 1 never finished)
+            problem = too_large(col, df[col].to_numpy())
+            if problem:
+                raise WorkloadError(problem)
     if len(df):
         if not np.isfinite(df["arrival_s"].to_numpy()).all() or (df["arrival_s"] < 0).any():
             raise WorkloadError("workload column 'arrival_s' must be finite and >= 0")
@@ -427,6 +436,8 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
                                     f"{df[col].iloc[row]})")
         if df["request_id"].duplicated().any():
             raise WorkloadError("workload column 'request_id' has duplicates")
+        if not rank_given and (df["adapter_id"] >= 0).any():
+            raise WorkloadError(NO_RANK_COLUMN.format(what="the workload"))
         if ((df["adapter_id"] >= 0) & (df["adapter_rank"] <= 0)).any():
             raise WorkloadError("requests with an adapter (adapter_id >= 0) need adapter_rank >= 1")
         ranks = df[df["adapter_id"] >= 0].groupby("adapter_id")["adapter_rank"].nunique()

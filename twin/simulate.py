@@ -67,7 +67,8 @@ def resolved_config(config: dict[str, Any], engine: Any, profile: Any) -> dict[s
 class NothingAdmittedWarning(UserWarning):
     """A run whose scheduler admitted no request: every request that arrived (and was not rejected)
     ended unfinished, so the summary's latencies and throughput are empty (:func:`nothing_admitted_note`);
-    or a run without a horizon that left requests waiting for ever (:func:`stranded_note`)."""
+    or a run that left requests waiting for ever: without a horizon, or with one that the engine reached idle,
+    every request arrived (:func:`stranded_note`)."""
 
 
 def unfinished_not_dropped(engine: Any) -> np.ndarray:
@@ -96,20 +97,46 @@ def nothing_admitted_note(engine: Any, summary: dict[str, Any], scheduler: Any) 
 
 
 def stranded_note(engine: Any, summary: dict[str, Any], scheduler: Any) -> str | None:
-    """The note of a run without a horizon that ended with requests that arrived, were admitted at some
-    point or not, and never finished: the engine had nothing left to run while they waited, so the
-    scheduler stopped offering them (e.g. an ``on_preempt`` that drops the request instead of queueing it
-    again: 62 of 250 requests ended silently unfinished). None otherwise (a horizon cuts runs on purpose;
-    a run that admitted nothing has :func:`nothing_admitted_note`)."""
-    if engine.horizon != float("inf") or summary.get("stopped_early"):
+    """The note of a run that ended with requests that arrived, were admitted at some point or not, and never
+    finished although the engine had nothing left to run while they waited, so the scheduler stopped offering
+    them (e.g. an ``on_preempt`` that drops the request instead of queueing it again: 62 of 250 requests ended
+    silently unfinished). Without a horizon, every such run; with one, a run whose engine went idle before the
+    horizon in the state a run without one stops in (:func:`idle_before_horizon`): those requests would never
+    have run, however long the horizon. None otherwise (a horizon that cuts a busy run cuts it on purpose; a run
+    that admitted nothing has :func:`nothing_admitted_note`)."""
+    if summary.get("stopped_early"):
+        return None
+    horizon = engine.horizon != float("inf")
+    if horizon and not idle_before_horizon(engine):
         return None
     stranded = unfinished_not_dropped(engine)
     n = int(np.count_nonzero(stranded))
     if not n:
         return None
-    return (f"{n} request(s) never finished although the run had no horizon: the engine ran out of work while they "
-            f"waited, i.e. {policy_label(scheduler)} stopped offering them to ctx.try_admit (a preempted request "
-            f"must be queued again in on_preempt, an arrival in on_arrivals; twin.interfaces.Scheduler)")
+    fix = (f"{policy_label(scheduler)} stopped offering them to ctx.try_admit (a preempted request must be queued "
+           f"again in on_preempt, an arrival in on_arrivals; twin.interfaces.Scheduler)")
+    if not horizon:
+        return (f"{n} request(s) never finished although the run had no horizon: the engine ran out of work while "
+                f"they waited, i.e. {fix}")
+    preempted = int(np.count_nonzero(np.isin(np.flatnonzero(stranded), np.fromiter(engine.preempt_d, np.int64))))
+    return (f"{n} request(s) ({preempted} of them preempted) were left waiting at the horizon ({engine.horizon:g} s) "
+            f"although the engine went idle before it, every request had arrived and nothing was running or due "
+            f"(no adapter load, no policy tick): they would never have run, i.e. {fix}")
+
+
+def idle_before_horizon(engine: Any) -> bool:
+    """Whether a run with a horizon ended as a run without one stops (``Engine._run``: nothing to plan and nothing
+    to wait for): every request arrived, no adapter load in flight, no policy tick due, nothing running, and the
+    last step ended before the horizon (no request finished at or after it: a step that emptied the batch finishes
+    its requests at its end), so the scheduler was offered the waiting requests with the engine idle and admitted
+    none, and nothing could change that before the horizon. Only the vLLM engine's loop is known to offer them
+    after its last step (the S-LoRA engine polls on a grid that may not reach the horizon): False for others."""
+    if type(engine) is not Engine:
+        return False
+    inf = float("inf")
+    return (not engine.running and engine.arr_ptr >= engine.n and engine._next_arr_t == inf
+            and engine._async_until == inf and engine._next_tick == inf
+            and not bool((engine.finish >= engine.horizon).any()))
 
 
 def dataframe_columns(df: Any) -> dict[str, np.ndarray]:
@@ -197,7 +224,9 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
     ``stopped_at_s`` (with the policy, system and profile): the caller's rule decided the outcome.
     A run that finishes no request because its scheduler admitted none (a user scheduler that never calls
     ``ctx.try_admit``) says so: the summary gets a ``note`` naming the scheduler and a
-    :class:`NothingAdmittedWarning` is issued (:func:`nothing_admitted_note`).
+    :class:`NothingAdmittedWarning` is issued (:func:`nothing_admitted_note`); so does a run whose scheduler
+    stopped offering requests that waited (an ``on_preempt`` that does not queue the request again), with or
+    without a horizon (:func:`stranded_note`).
     """
     if hasattr(workload, "columns") and hasattr(workload, "to_numpy"):  # a pandas DataFrame: its columns are
         workload = dataframe_columns(workload)  # checked as a mapping of columns (a misspelt one is refused)
