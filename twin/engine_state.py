@@ -144,6 +144,11 @@ class EngineState:
         self.kv_tokens = cfg.kv_capacity_tokens or profile.kv_capacity_tokens(slots, self.max_lora_rank if slots else 0)
         self.block_size = cfg.block_size
         self.total_blocks = self.kv_tokens // self.block_size
+        if self.total_blocks < 1 and not cfg.kv_capacity_tokens and slots and self.max_lora_rank:
+            # the slots' LoRA buffers took the memory the KV cache would have had (vLLM: no blocks left)
+            raise StartupError(f"{slots} adapter slots of max rank {self.max_lora_rank} leave no memory for the KV "
+                               f"cache on {profile.name}'s GPU (their LoRA buffers take what the weights leave); vLLM "
+                               f"would refuse to start: give fewer slots (max_loras) or a lower max_lora_rank")
         if self.total_blocks < 1:  # (and a per-block-offset table of block_size entries would not fit either)
             raise StartupError(f"block_size {self.block_size} exceeds the KV cache's {self.kv_tokens} tokens: not one "
                                f"block fits; use vLLM's block sizes (8, 16, 32, 64, 128; default 16)")

@@ -943,3 +943,11 @@ def test_a_policy_whose_bind_raises_is_named_with_the_hook():
 def test_policy_options_that_are_not_a_dict_of_names_are_refused(opts):
     with pytest.raises(TypeError, match="scheduler_opts .*give the policy's constructor arguments as a dict"):
         simulate(random_workload(20), scheduler_opts=opts)
+
+
+@pytest.mark.parametrize("config", [EngineConfig(max_loras=1000), EngineConfig(max_lora_rank=10**6)])
+def test_slots_whose_lora_buffers_leave_no_kv_memory_are_named(config):
+    """Slots and a max rank whose LoRA buffers take all the memory: the message names them (it blamed the block size)."""
+    with pytest.raises(StartupError, match=r"adapter slots of max rank \d+ leave no memory for the KV cache.*give "
+                                           r"fewer slots \(max_loras\) or a lower max_lora_rank"):
+        simulate(random_workload(20), config=config)
