@@ -14,6 +14,7 @@ them by name. Policies keep their constructor arguments under the same names and
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import math
 import numbers
@@ -672,6 +673,10 @@ def _unjsonable(o: Any) -> Any:
     raise TypeError(type(o).__name__)
 
 
+#: the most adapter ids one ``prefetch`` call may return per adapter (repeats allowed, an endless generator refused)
+PREFETCH_IDS_PER_ADAPTER = 16
+
+
 def checked_prefetch(policy: Policy, n_adapters: int) -> Callable[[float], Iterable[int]]:
     """The policy's ``prefetch`` as the engine calls it: a built-in's own method, a plug-in's wrapped so
     that anything but an iterable of adapter ids below ``n_adapters`` is a :class:`PolicyError` naming the
@@ -687,7 +692,12 @@ def checked_prefetch(policy: Policy, n_adapters: int) -> Callable[[float], Itera
         if isinstance(got, (str, bytes)) or not isinstance(got, Iterable):
             raise PolicyError(f"{who}: prefetch returned {got!r}; return the adapter ids to load, in priority "
                               f"order, as a list or another iterable of ints (empty: none)")
-        ids = list(got)
+        cap = PREFETCH_IDS_PER_ADAPTER * n_adapters + 1024
+        ids = list(itertools.islice(got, cap + 1))  # (an endless generator filled the memory until the run was killed)
+        if len(ids) > cap:
+            raise PolicyError(f"{who}: prefetch returned more than {cap} adapter ids for {n_adapters} adapters (an "
+                              f"endless generator?); return each adapter to load once, in priority order, as a list "
+                              f"or a finite iterable of ints")
         for a in ids:
             if not (isinstance(a, numbers.Integral) and not is_flag(a) and a < n_adapters):
                 raise PolicyError(f"{who}: prefetch returned adapter {a!r} in {ids[:8]!r}"

@@ -765,6 +765,21 @@ def test_prefetch_that_names_no_adapter_is_named(ret, named):
         _tiny_run(cache=Bad())
 
 
+def test_prefetch_that_never_ends_is_named():
+    """An endless generator filled the memory until the process was killed: it is cut and named."""
+    import itertools
+
+    from twin.interfaces import PolicyError
+
+    class Endless(LRUCache):
+        name = "t-prefetch-endless"
+
+        def prefetch(self, now):
+            return itertools.repeat(0)
+    with pytest.raises(PolicyError, match=r"prefetch returned more than \d+ adapter ids .*endless generator"):
+        _tiny_run(cache=Endless())
+
+
 def test_prefetch_of_valid_ids_runs_and_skips_negative_ids():
     class Good(LRUCache):
         name = "t-prefetch-ok"
