@@ -906,3 +906,28 @@ def test_local_workers_leave_ctrl_c_to_the_sweep_and_close_its_lock(tmp_path):
         os.close(stand_in)
     assert p.returncode == 0 and "Traceback" not in p.stderr and "KeyboardInterrupt" not in p.stderr, p.stderr
     assert p.stdout.strip() == str([(i, False) for i in range(4)])
+
+
+def test_a_terminated_sweep_stops_its_workers_and_says_how_to_resume(tmp_path):
+    """SIGTERM (kill, a batch scheduler's time limit) stops a --jobs 2 sweep as Ctrl-C does: exit 130 with the
+    resume message and no traceback, and no pool worker outlives it (they ran on as orphans)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "twin", "sweep", "arrival-demo", "--out", str(out), "--jobs", "2",
+                          "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (out / "sweep.json").exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # (the pool's workers are running tasks)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "twin sweep: interrupted;" in err and "Traceback" not in err, err
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):  # (nothing of the sweep's process group is left)
+        os.killpg(p.pid, 0)

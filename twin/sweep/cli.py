@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 from traces.arguments import check_writable_dir
 from twin.sweep.grid import NAMED_GRIDS
@@ -133,6 +136,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(json.dumps(d, indent=2) if args.json else "\n".join(f"{k:<18} {v}" for k, v in d.items()))
         return 0
     progress = sys.stderr.isatty() if args.progress is None else args.progress
+    # a SIGTERM (kill, a batch scheduler's time limit) stops the sweep as Ctrl-C does: the pool's workers are
+    # terminated with it (they ran on as orphans), finished shards are kept, and the command says how to resume
+    old_term = signal.signal(signal.SIGTERM, _term_as_interrupt) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         rep = run_sweep(grid, out, args.executor, args.jobs, args.address, args.resume, args.limit, args.shard,
                         args.every, progress, exclude=exclude, order=args.order, on_start=short_window)
@@ -144,6 +151,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"twin sweep: interrupted; {done} finished task shards are kept under {shard_dir(out)}: "
               f"run the same command to resume (only unfinished tasks run again)", file=sys.stderr)
         return 130
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     if rep.shards_damaged:
         print(f"twin sweep: note: {len(rep.shards_damaged)} damaged shards (not readable as Parquet, or not their "
               f"task's run rows, e.g. "
@@ -170,6 +180,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               f"rows have status 'error' and the exception in column 'error' (exit status 1)", file=sys.stderr)
         return 1  # the shards are written; a script must not read the sweep as a success
     return 0
+
+
+def _term_as_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM handled as Ctrl-C (:func:`cmd_sweep`)."""
+    raise KeyboardInterrupt
 
 
 def _literal_exclusions(spec: str | None) -> set[str]:

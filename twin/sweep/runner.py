@@ -356,6 +356,7 @@ def _worker_init() -> None:
     ``KeyboardInterrupt`` traceback; and a forked worker closes its copies of the parent's --out lock
     (:func:`lock_out`), so the lock ends with the sweep's own process even where a worker outlives it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (the pool's terminate: a forked worker ends, whatever the parent's)
     for fd in list(_HELD_LOCK_FDS):
         try:
             os.close(fd)
