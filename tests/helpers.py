@@ -7,7 +7,7 @@ import copy
 import numpy as np
 
 from traces.workload import Workload
-from twin.interfaces import Admit
+from twin.interfaces import Admit, Scheduler
 from twin.perf.profile import DEFAULT_PROFILE, Profile
 
 
@@ -124,3 +124,28 @@ def configure_error(argv: list[str], capsys) -> str:
     assert sep and "Traceback" not in err, err
     assert all(line.startswith(f"twin configure {argv[1]}: warning: ") for line in before.splitlines()), err
     return err
+
+
+class ListQueueScheduler(Scheduler):
+    """A plug-in scheduler for tests: a list of arrived requests (not rejected) offered in order until one is refused;
+    ``on_preempt`` puts a preempted request back at the front. Tests override a hook to break it on purpose."""
+
+    name = "t-list-queue"
+
+    def bind(self, engine):
+        super().bind(engine)
+        self.queue = []
+
+    def on_arrivals(self, lo, hi):
+        self.queue += [r for r in range(lo, hi) if self.engine.reject_reason[r] == 0]
+
+    def on_preempt(self, rid):
+        self.queue.insert(0, rid)
+
+    def schedule_waiting(self, ctx):
+        while self.queue:
+            r = ctx.try_admit(self.queue[0])
+            if r != Admit.OK:
+                return r
+            self.queue.pop(0)
+        return None

@@ -19,7 +19,7 @@ from policies.common import OutputPredictor, kmeans_1d
 from policies.lru import LRUCache
 from policies.sjf import SJFScheduler
 from twin.registry import PRESETS, Preset, describe_all, make_cache, make_scheduler, resolve_policy
-from tests.helpers import FakeCtx, constant_profile
+from tests.helpers import FakeCtx, ListQueueScheduler, constant_profile
 from traces.workload import Workload
 from twin.config import EngineConfig
 from twin.engine import Engine
@@ -1015,26 +1015,11 @@ def test_requests_a_scheduler_stops_offering_are_named_in_a_note():
     unfinished in a run without a horizon, silently."""
     from twin.simulate import NothingAdmittedWarning
 
-    class Loses(Scheduler):
+    class Loses(ListQueueScheduler):
         name = "t-loses"
-
-        def bind(self, engine):
-            super().bind(engine)
-            self.queue = []
 
         def on_arrivals(self, lo, hi):  # loses every third arrival
             self.queue += [r for r in range(lo, hi) if self.engine.reject_reason[r] == 0 and r % 3]
-
-        def on_preempt(self, rid):
-            self.queue.insert(0, rid)
-
-        def schedule_waiting(self, ctx):
-            while self.queue:
-                r = ctx.try_admit(self.queue[0])
-                if r != Admit.OK:
-                    return r
-                self.queue.pop(0)
-            return None
     with pytest.warns(NothingAdmittedWarning, match=r"10 request\(s\) never finished although the run had no "
                                                     r"horizon.*scheduler 't-loses'"):
         r = _tiny_run(scheduler=Loses())

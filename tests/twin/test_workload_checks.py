@@ -13,11 +13,10 @@ import pytest
 
 from policies.fcfs import FCFSScheduler
 from policies.lru import LRUCache
-from tests.helpers import random_workload
+from tests.helpers import ListQueueScheduler, random_workload
 from traces.schema import MAX_TOKENS
 from traces.workload import Workload, WorkloadError
 from twin.config import EngineConfig
-from twin.interfaces import Admit, Scheduler
 from twin.requests import RequestTable, workload_columns
 from twin.simulate import NothingAdmittedWarning, simulate
 
@@ -141,28 +140,13 @@ def test_adapters_without_a_rank_column_are_named_as_a_missing_column():
 
 # 5. a horizon run whose scheduler abandoned requests -------------------------------------------------------------
 
-class _DropsPreempted(Scheduler):
+class _DropsPreempted(ListQueueScheduler):
     """Queues arrivals, but does not queue a preempted request again (it is lost)."""
 
     name = "t-drops-preempted"
 
-    def bind(self, engine):
-        super().bind(engine)
-        self.queue = []
-
-    def on_arrivals(self, lo, hi):
-        self.queue += [r for r in range(lo, hi) if self.engine.reject_reason[r] == 0]
-
     def on_preempt(self, rid):
         pass
-
-    def schedule_waiting(self, ctx):
-        while self.queue:
-            r = ctx.try_admit(self.queue[0])
-            if r != Admit.OK:
-                return r
-            self.queue.pop(0)
-        return None
 
 
 def _preempting_run(scheduler, horizon_s):
