@@ -1014,27 +1014,30 @@ class SLoRAEngine(EngineState):
 
     def _release(self, a: int, now: float, evict: bool) -> None:
         """The request leaves the batch; its adapter, when idle, is offered to the cache policy now
-        (after a decode) or at the next offload (a finish in a prefill, a squash)."""
-        self.adapters.release(a, now, evict_idle=evict)
+        (after a decode) or at the next offload (a finish in a prefill, a squash). An adapter the latest prefetch
+        tagged stays (``offload_adapters`` keeps them: S-LoRA ``manager.py``), as in :meth:`_evict_idle`."""
+        self.adapters.release(a, now, evict_idle=evict and a not in self._prefetched)
         if not self.adapters.active[a]:
             self._batch_changed(a)
 
-    def _evict_idle(self, now: float) -> None:
+    def _evict_idle(self, now: float, keep_prefetched: bool = True) -> None:
         """``offload_adapters``: idle resident adapters go when the cache policy says so (a policy that
         keeps them all, ``AdapterMemory.keeps_idle``, is not asked: a scan of every idle cached adapter
-        after each finish cost O(adapters) per decode)."""
+        after each finish cost O(adapters) per decode); after a decode the latest prefetch's adapters stay
+        (``keep_prefetched``: a partial offload), when the batch empties they go too (:meth:`_batch_emptied`)."""
         mem = self.adapters
         if mem.keeps_idle:
             return
         evict_when_idle = mem.evict_when_idle
-        keep = self._prefetched
+        keep = self._prefetched if keep_prefetched else ()
         for a in mem.evictable():
             if a not in keep and evict_when_idle(a):
                 mem.evict(a, now)
 
     def _batch_emptied(self, now: float) -> None:
-        """``_filter_runing_batch`` with an empty batch: offload, then poll every ``poll_s``."""
-        self._evict_idle(now)
+        """``_filter_runing_batch`` with an empty batch: every idle adapter is offloaded (the latest prefetch's
+        too: ``slora.md`` section 4), then poll every ``poll_s``."""
+        self._evict_idle(now, keep_prefetched=False)
         self._poll0 = now
         self._poll_k = 1
 

@@ -560,6 +560,19 @@ def test_cli_names_the_system(capsys):
     assert "--max-total-tokens sizes S-LoRA's pool" in capsys.readouterr().err
 
 
+def test_the_latest_prefetchs_adapters_survive_a_partial_offload_and_go_when_the_batch_empties():
+    """S-LoRA (refs/slora.md section 4): adapters tagged by the latest prefetch are protected from the offload after
+    a decode in which a request finished, and every adapter is freed when the batch empties. r1's adapter is
+    prefetched at counter 7 and r1 finishes while r0 decodes: r2 (same adapter) then finds it resident (it was
+    evicted with r1's finish); after the batch emptied, r3 loads it again (a prefetched adapter was kept)."""
+    w = Workload.from_arrays([0.0, 0.075, 0.3, 2.0], [10, 10, 10, 10], [60, 3, 3, 3], [0, 1, 1, 1], [16, 16, 16, 16])
+    res = run(w, slora_prefetch=True)
+    r = res.requests
+    assert res.summary["prefetches"] == 1 and r.loc[1, "load_wait_s"] == 0.0
+    assert bool(r.loc[2, "adapter_hit"]) and r.loc[2, "load_wait_s"] == 0.0
+    assert not bool(r.loc[3, "adapter_hit"]) and r.loc[3, "load_wait_s"] > 0
+
+
 def test_prefetch_at_decode_counters_five_and_seven():
     # r1 waits while r0 decodes; with --prefetch its adapter is copied before the decode at
     # counter 5, so its prefill (after 10 decodes) waits for no load
