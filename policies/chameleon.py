@@ -248,9 +248,19 @@ class ChameleonScheduler(Scheduler):
         self._time_dependent = False
         self.slo_target_s = self.slo_s
         if self.slo_target_s is None:  # 5x the mean low-load execution time (the paper's SLO, §6.1)
-            self.slo_target_s = 5.0 * e.unloaded_service_s(
-                float(e.prompt.mean()) if e.n else 512.0, float(self.pred.pred.mean()) if e.n else 128.0,
-                max(int(e.max_lora_rank), 1))
+            self.slo_target_s = 5.0 * self.mean_low_load_execution_s()
+
+    def mean_low_load_execution_s(self) -> float:
+        """The mean low-load execution time over the workload's requests (§6.1's SLO base): a request of the mean
+        prompt and mean predicted output alone on the engine, at each request's own adapter rank (1 for a
+        base-model request), averaged over the requests (the rank of the slots, the largest, overstated it)."""
+        e = self.engine
+        if not e.n:
+            return e.unloaded_service_s(512.0, 128.0, max(int(e.max_lora_rank), 1))
+        mean_in, mean_out = float(e.prompt.mean()), float(self.pred.pred.mean())
+        ranks, counts = np.unique(np.where(e.adapter >= 0, e.rank, 1), return_counts=True)
+        return float(sum(int(c) * e.unloaded_service_s(mean_in, mean_out, int(r))
+                         for r, c in zip(ranks.tolist(), counts.tolist())) / e.n)
 
     tick_option = "refresh_s"
 

@@ -470,3 +470,15 @@ def test_default_slo_is_five_times_an_unloaded_request_s_execution_time():
     s = ChameleonScheduler(slo_s=7.0)
     Engine(w2, prof, EngineConfig(max_loras=4), s, make_cache("chameleon"))
     assert s.slo_target_s == 7.0
+
+
+def test_default_slo_averages_the_requests_own_ranks():
+    """"The *mean* low-load execution time": over the requests, each at its own adapter's rank (it priced every
+    request at the slots' rank, the largest): 3 requests of rank 8 and 1 of rank 128 weigh 3:1."""
+    prof = load_profile("default")
+    w = Workload.from_arrays(np.arange(4) * 100.0, np.full(4, 1000), np.full(4, 200), [0, 1, 2, 3], [8, 8, 8, 128])
+    s = ChameleonScheduler(accuracy=1.0)
+    e = Engine(w, prof, EngineConfig(max_loras=4), s, make_cache("chameleon"))
+    t8, t128 = (e.unloaded_service_s(1000.0, 200.0, r) for r in (8, 128))
+    assert t8 < t128
+    assert s.slo_target_s == pytest.approx(5 * (3 * t8 + t128) / 4, rel=1e-12)
