@@ -368,20 +368,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise ValueError(f"--every {args.every}: must be >= 1 (replay every k-th run)")
         if args.out is not None:  # checked before the replay (minutes), not after it
             check_writable_file("--out", args.out, (".csv",))
+        profile = load_profile(args.profile)
+        if profile.model.name != SERVING_RUNS_MODEL:  # (checked before the replay, as replay-offline checks)
+            raise ValueError(_profile_of_another_model(args.profile, profile.model.name, SERVING_RUNS_MODEL).replace(
+                f"--model {SERVING_RUNS_MODEL} replays the runs of {SERVING_RUNS_MODEL}",
+                f"the published serving runs were served by {SERVING_RUNS_MODEL} (the Qwen fit found their lightest "
+                f"steps are not Qwen's)"))
         table = select_runs(read_table(args.data_dir), args.every, only_swapping=not args.all_runs)
         runs = replay_serving_runs(table, args.profile)
     except (FileNotFoundError, KeyError, ValueError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"twin calibrate replay: error: {msg}", file=sys.stderr)
         return 2
-    s = summary(runs)
+    s = {"profile": profile.name, **summary(runs)}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         runs.to_csv(args.out, index=False)
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
-    print(f"{s['runs']} published serving runs replayed (600 s each)")
+    print(f"{s['runs']} published serving runs replayed (600 s each) on profile {profile.name}")
     print(f"{'LRU variant':<40} {'loads |log t/r|':>16} {'loads t/r':>10} {'completed':>10} {'mean ITL':>9}")
     for k, label in (("plain", "LRU, batch touched at once"), ("order", "LRU, vLLM activation order")):
         v = s[k]
@@ -391,6 +397,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.out:
         print(f"wrote {args.out}")
     return 0
+
+
+#: the model that served the calibration's published 600 s serving runs (``scheduler_overhead.csv``)
+SERVING_RUNS_MODEL = "llama-3.1-8b"
 
 
 def _profile_of_another_model(given: str, its_model: str, model: str) -> str:

@@ -367,6 +367,18 @@ def test_fitted_profiles_lora_cost_by_slots():
         assert 0.012 < prof.lora_s(0.016, 1, 8, 200, 300, 200) < 0.03
 
 
+@pytest.mark.parametrize("profile", ["qwen-2.5-7b_h100_vllm085", "llama-2-7b_a40_vidur"])
+def test_serving_replay_refuses_a_profile_of_another_model(profile, capsys):
+    """The published serving runs were served by Llama-3.1-8B: another model's profile is refused before the replay
+    (it ran and read 54 % off on completed requests), naming the model's shipped profiles."""
+    from twin.cli import main
+
+    assert main(["calibrate", "replay", "--every", "50", "--profile", profile, "--data-dir", "/nonexistent"]) == 2
+    err = capsys.readouterr().err
+    assert "twin calibrate replay: error: --profile " + profile in err
+    assert "the published serving runs were served by llama-3.1-8b" in err and "llama-3.1-8b_h100_vllm085" in err
+
+
 @pytest.mark.data
 def test_serving_replay_supports_vllm_activation_order(real_data):
     """Replaying published serving runs (calibration data): the twin's adapter-load counts are
