@@ -122,6 +122,9 @@ def check_args(args: argparse.Namespace) -> None:
                              ("--top", args.top, 0)):
         if value is not None and value < low:
             raise ValueError(f"{flag} {value}: must be >= {low}")
+    if args.no_figures and args.out is None:  # (the figures are drawn only into --out: the flag did nothing)
+        raise ValueError("--no-figures without --out: figures are drawn only into --out; give --out DIR, or leave "
+                         "--no-figures out")
     if args.top is not None and args.json:  # (the JSON summary lists no largest errors: --top did nothing)
         raise ValueError(f"--top {args.top} with --json: --top sets the largest errors listed in the table, and "
                          f"--json prints the JSON summary instead of the table; leave one of them out")

@@ -325,7 +325,7 @@ def test_cli_validate_refuses_top_with_json(tmp_path, capsys, monkeypatch):
         raise AssertionError("ran the validation")
 
     monkeypatch.setattr(vcli, "run_validation", no_run)
-    assert main(["validate", "--limit", "1", "--no-figures", "--json", "--top", "3"]) == 2
+    assert main(["validate", "--limit", "1", "--json", "--top", "3"]) == 2
     cap = capsys.readouterr()
     assert not cap.out and "Traceback" not in cap.err
     assert cap.err.startswith("twin validate: error: --top 3 with --json: --top sets the largest errors listed in "
@@ -452,3 +452,12 @@ def test_a_real_table_without_a_measured_figures_column_names_what_is_not_scored
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert warn_unscored_figures(real, "r.csv") == []
+
+
+def test_cli_validate_refuses_no_figures_without_out(capsys):
+    """--no-figures without --out did nothing (the figures are drawn only into --out): refused before any run."""
+    from twin.cli import main
+
+    assert main(["validate", "--no-figures", "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "twin validate: error: --no-figures without --out" in err and "Traceback" not in err
