@@ -141,10 +141,10 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
         max_ctx = FIT_MAX_CONTEXT if args.fit_max_context is None else args.fit_max_context
         if max_dec < 0 or max_ctx < 0:
             raise ValueError("--fit-max-decodes and --fit-max-context must be >= 0")
-        for opt, path in (("--markdown", args.markdown), ("--out", args.out), ("--plot", args.plot),
-                          ("--grid-plot", args.grid_plot)):
-            if path:
-                check_writable_file(opt, path)
+        for opt, path, ext in (("--markdown", args.markdown, ()), ("--out", args.out, ()),
+                               ("--plot", args.plot, FIGURE_SUFFIXES), ("--grid-plot", args.grid_plot, FIGURE_SUFFIXES)):
+            if path:  # (a figure's format from its suffix: checked before the fit, not by matplotlib after it)
+                check_writable_file(opt, path, ext)
         profile = load_profile(args.profile)  # (an unknown --profile is refused whether or not a slot grid is there)
         if not src.exists():
             raise FileNotFoundError(f"{src}: no such bench directory; give the --out of `twin calibrate bench`")
@@ -172,6 +172,9 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
                 grid_why = str(e)
             else:
                 grid = grid_report(rows, profile)
+        if args.profile is not None and not has_lora:  # (the profile prices the slot grid only: it did nothing)
+            raise ValueError(f"--profile {args.profile}: it prices the slot-grid kernels, and {src} holds no "
+                             f"{LORA_FILE}; leave --profile out or give a bench directory with the lora part")
         if args.grid_plot and grid is None:
             raise FileNotFoundError(f"--grid-plot draws the slot-grid kernels, and {src} holds no GPU run's Triton "
                                     f"slot-grid rows ({LORA_FILE}){f': {grid_why}' if grid_why else ''}; leave "
@@ -398,6 +401,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}")
     return 0
 
+
+#: the figure formats the reports draw (matplotlib's raster and vector ones)
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
 
 #: the model that served the calibration's published 600 s serving runs (``scheduler_overhead.csv``)
 SERVING_RUNS_MODEL = "llama-3.1-8b"

@@ -270,6 +270,13 @@ def test_bench_report_cli(tmp_path, capsys):
     md, csv = tmp_path / "new" / "r.md", tmp_path / "new2" / "sub" / "r.csv"
     assert twin_main(["calibrate", "bench-report", str(d), "--markdown", str(md), "--out", str(csv)]) == 0
     assert md.is_file() and csv.is_file()
+    # a figure in a format the report cannot draw, named before the fit (matplotlib refused it after the Markdown
+    # was written); --profile, which prices the slot grid only, beside a bench without one
+    md2 = tmp_path / "r2.md"
+    assert twin_main(["calibrate", "bench-report", str(d), "--markdown", str(md2), "--plot", str(tmp_path / "p.txt")]) == 2
+    assert "--plot " in (err := capsys.readouterr().err) and "give a .png, .pdf or .svg file" in err and not md2.exists()
+    assert twin_main(["calibrate", "bench-report", str(d), "--profile", "qwen-2.5-7b_h100_vllm085"]) == 2
+    assert "it prices the slot-grid kernels" in capsys.readouterr().err
 
 
 def test_device_session_script_asks_for_a_valid_gpu_run(tmp_path):
