@@ -469,7 +469,9 @@ def cmd_replay_offline(args: argparse.Namespace) -> int:
         print(f"twin calibrate replay-offline: error: {msg}", file=sys.stderr)
         return 2
     s = offline_summary(rows)
-    s.update({"model": spec.name, "profile": profile.name, "client_start_ms": client_s * 1e3})
+    skipped = runs.attrs.get("skipped", [])
+    s.update({"model": spec.name, "profile": profile.name, "client_start_ms": client_s * 1e3,
+              "runs_not_replayed": [{"run_dir": r, "status": st} for r, st in skipped]})
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         rows.to_csv(args.out, index=False, float_format="%.6g")
@@ -488,6 +490,9 @@ def cmd_replay_offline(args: argparse.Namespace) -> int:
         return 0
     print(f"{s['runs']} offline runs of {spec.name} replayed (profile {profile.name}; client start-up "
           f"{client_s * 1e3:.2f} ms per request)")
+    if skipped:  # (a failed run, or one without its lengths or duration: nothing to replay against)
+        print(f"{len(skipped)} run(s) of the tables not replayed: "
+              + "; ".join(f"{r} ({st})" for r, st in skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
     print(f"{'runs':<12} {'experiment':<18} {'n':>3} {'duration':>9} {'mean TTFT':>10} {'mean ITL':>9} {'tok/s':>7}")
 
     def f(v):

@@ -93,9 +93,13 @@ def offline_runs(step_runs: pd.DataFrame, lora_runs: pd.DataFrame) -> pd.DataFra
     if not frames:
         return pd.DataFrame(columns=cols + ["lora", "fitted"])
     runs = pd.concat(frames, ignore_index=True)
-    runs = runs[(runs["status"] == "ok") & runs["num_prompts"].notna() & runs["input_tokens_per_req"].notna()
-                & runs["output_tokens_per_req"].notna() & runs["duration_s"].notna()].reset_index(drop=True)
+    ok = ((runs["status"] == "ok") & runs["num_prompts"].notna() & runs["input_tokens_per_req"].notna()
+          & runs["output_tokens_per_req"].notna() & runs["duration_s"].notna())
+    skipped = runs.loc[~ok, ["run_dir", "status"]]
+    runs = runs[ok].reset_index(drop=True)
     runs["fitted"] = runs["engine_steps"].notna()
+    #: the runs not replayed (a failed run, one that recorded no lengths or duration): ``(run_dir, status)``
+    runs.attrs["skipped"] = [(str(r), str(st)) for r, st in zip(skipped["run_dir"], skipped["status"])]
     return runs
 
 

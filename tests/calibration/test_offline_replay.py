@@ -38,6 +38,7 @@ def test_offline_runs_keeps_successful_runs_and_marks_those_with_a_step_log():
     assert list(runs["fitted"]) == [True, False, True]
     assert list(runs["lora"]) == [False, False, True]
     assert runs.loc[runs["run_dir"] == "_l_", "adapters_used"].item() == 4
+    assert runs.attrs["skipped"] == [("_z_", "failed")]  # (named by replay-offline: it was dropped in silence)
 
 
 def test_replay_run_finishes_every_request_with_the_runs_batch_limit(profile):
