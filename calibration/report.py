@@ -38,6 +38,9 @@ def load_profile_dict(name_or_path: str) -> tuple[dict[str, Any], Path]:
     if name_or_path in ("default", "") and avail.get(DEFAULT_FITTED):  # (the name every other command takes)
         name_or_path = DEFAULT_FITTED
     path = avail.get(name_or_path)
+    if path is None and name_or_path == "embedded":  # (listed by `twin calibrate list`, with no file)
+        raise ValueError(f"profile {name_or_path!r} holds hand-set constants, not a fit: there is no fit quality to "
+                         f"report; give a fitted profile, e.g. {DEFAULT_FITTED} (`twin calibrate list`)")
     if path is None:
         raise KeyError(f"unknown profile {name_or_path!r}; fitted profiles: "
                        f"{', '.join(k for k, v in avail.items() if v is not None)} (or give a JSON file)")

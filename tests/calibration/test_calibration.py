@@ -449,3 +449,12 @@ def test_report_refuses_measurements_with_no_figures(capsys, measurements):
     assert err.startswith(f"twin calibrate report: error: --measurements {measurements} with --no-figures: the "
                           f"measurements are read only for the figures; leave one of them out")
     assert main(["calibrate", "report", "default", "--no-figures", "--json"]) == 0  # (without it: the summary)
+
+
+def test_report_of_the_embedded_profile_says_it_holds_no_fit(capsys):
+    """`twin calibrate list` lists `embedded` (hand-set constants): its report says there is no fit, not "unknown"."""
+    from twin.cli import main
+
+    assert main(["calibrate", "report", "embedded", "--no-figures"]) == 2
+    err = capsys.readouterr().err
+    assert "profile 'embedded' holds hand-set constants, not a fit" in err and "unknown profile" not in err
