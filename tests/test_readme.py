@@ -129,7 +129,7 @@ def test_readme_command(cmd, tmp_path, monkeypatch):
     if sub == "compare":
         argv = _set_option(argv, "--jobs", "1", cap=1) + ["--no-progress"]
     if sub == "validate":
-        argv = _set_option(argv, "--limit", "2", cap=2) + ["--no-progress", "--no-figures"]
+        argv = _set_option(argv, "--limit", "2", cap=2) + ["--no-progress"] + (["--no-figures"] if "--out" in argv else [])
         argv = _set_option(argv, "--jobs", "1", cap=1)
     monkeypatch.chdir(tmp_path)
     rc, out = _run_twin(argv)

@@ -143,7 +143,7 @@ def check_args(args: argparse.Namespace) -> None:
     if cost is not None:
         check_host_term("rank_tile_cost", cost, fix=f"a cost relative to the first rank tile, e.g. --rank-tile-cost "
                                                     f"{RANK_TILE_COST:g} (1: every tile alike), or 'profile'")
-    if args.out is not None:  # (--no-figures without --out is a no-op, as the README's test commands use it)
+    if args.out is not None:
         check_writable_dir("--out", args.out)
     if args.filter is not None and not args.filter.strip():
         raise ValueError("--filter: empty; give a pandas query or a substring of the run id")
