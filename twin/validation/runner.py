@@ -133,8 +133,12 @@ def run_validation(real_csv: str | os.PathLike | None = None, peer_csv: str | os
     if rank_tile_cost is not None:
         try:
             prof.with_rank_tile_cost(rank_tile_cost)
-        except ValueError as e:
-            raise ValueError(f"rank tile cost {rank_tile_cost:g}: {e} (twin validate --rank-tile-cost profile)") from None
+        except ValueError:  # (twin validate applies its fitted default unless told otherwise: say how to turn it off)
+            lo = prof.components["lora"]
+            raise ValueError(f"rank tile cost {rank_tile_cost:g} (twin validate's default unless --rank-tile-cost is "
+                             f"given): profile {profile or prof.name!r} prices LoRA with the {lo.form!r} form, which "
+                             f"has no rank tiles (only vLLM 0.8.5's kernel_grid form does); give --rank-tile-cost "
+                             f"profile (or 1) with this profile") from None
     specs = [spec_from_row(row, seed, use_sent, length_corr, frontend_s, scrape_s_per_label, serving_s_per_running,
                            rank_tile_cost)
              for _, row in sel.iterrows()
