@@ -47,7 +47,7 @@ def _scenario_row(axes, i: int, n_rows: int, sc: str, g: pd.DataFrame, cmap) -> 
             ax.plot(h["served_adapters"], h[f"twin_{m}"] * scale, "--x", color=col, ms=3, lw=1.0)
             pc = f"peer_{m}"
             if pc in h and h[pc].notna().any():
-                ax.plot(h["served_adapters"], h[pc] * scale, ":", color=col, lw=1.0)
+                ax.plot(h["served_adapters"], h[pc] * scale, ":+", color=col, ms=4, lw=1.0)  # (markers: a lone point)
         if m.startswith("ttft"):
             ax.set_yscale("log")
         ax.set_title(f"{sc}: {lab}", fontsize=8)
@@ -60,7 +60,7 @@ def _scenario_row(axes, i: int, n_rows: int, sc: str, g: pd.DataFrame, cmap) -> 
 
 def figure7(runs: pd.DataFrame, src: str, out: Path) -> Path:
     """``fig7_<src>.png``: for each scenario (rates x ranks) of one source, twin against real
-    across served adapters, one line per adapter-slot value (solid real, dashed ours, dotted
+    across served adapters, one line per adapter-slot value (solid real, dashed ours, dotted with + markers
     published twin), for throughput, mean ITL and TTFT incl. unfinished (mean TTFT of finished
     requests where the real table lacks it)."""
     plt = _pyplot()
@@ -69,7 +69,7 @@ def figure7(runs: pd.DataFrame, src: str, out: Path) -> Path:
     fig, axes = plt.subplots(len(scen), 3, figsize=(14, 2.6 * len(scen) + 0.6), squeeze=False)
     for i, (sc, g) in enumerate(scen):
         _scenario_row(axes, i, len(scen), sc, g, cmap)
-    fig.suptitle(f"{src}: real (solid, o), twin (dashed, x), published twin (dotted); colour = adapter slots",
+    fig.suptitle(f"{src}: real (solid, o), twin (dashed, x), published twin (dotted, +); colour = adapter slots",
                  fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / (2.6 * len(scen) + 0.6)))
     p = out / f"fig7_{src}.png"
