@@ -82,6 +82,10 @@ def summarize(w: Workload, bin_s: float | None = None, top_k: tuple[int, ...] = 
         "multi_turn_requests": int((df["turn"].to_numpy() > 0).sum()),
         "mean_prefix_tokens": round(float(df["prefix_tokens"].mean()), 2) if n else 0.0,
     }
+    retimed = ((w.meta.get("transform") or {}).get("arrivals") or {}) if w.meta.get("kind") == "real" else {}
+    if retimed.get("process"):  # a trace whose timestamps were replaced by a drawn process (arrival=poisson|gamma)
+        s["arrivals_retimed"] = {"process": retimed["process"], "rps": retimed.get("rps"),
+                                 "rps_given": ((w.meta.get("config") or {}).get("arrivals") or {}).get("rps") is not None}
     return s
 
 
@@ -96,6 +100,11 @@ def format_summary(s: dict[str, Any]) -> str:
         ("source", str(s["source"])), ("requests", f"{s['requests']:,}"), ("duration", f"{s['duration_s']:.1f} s"),
         ("mean rate", f"{s['mean_rps']:.3f} req/s"), ("inter-arrival CV", f"{s['interarrival_cv']:.3f}"),
     ]
+    rt = s.get("arrivals_retimed")
+    if rt:  # (the trace's own timestamps are not these: say so, and where the rate came from)
+        rows.insert(1, ("arrivals", f"re-timed: {rt['process']} at {rt['rps']:g} req/s "
+                                    f"({'--rps' if rt['rps_given'] else 'the default; --rps sets it'}), not the "
+                                    f"trace's timestamps"))
     r = np.asarray(s["rate_over_time"]["rps"])
     if r.size:
         rows.append((f"rate per {s['rate_over_time']['bin_s']:g} s bin",

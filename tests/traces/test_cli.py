@@ -104,6 +104,21 @@ def test_show_real_splitwise(real_data, capsys):
     assert "19,366" in out and "5.530 req/s" in out
 
 
+@pytest.mark.data
+def test_show_says_when_a_traces_arrivals_were_re_timed(real_data, capsys):
+    """arrival=poisson replaces the trace's timestamps at a default 4 req/s: the table said `source splitwise` and
+    the rate as if they were the trace's. It says so now, and where the rate came from; a replay says nothing."""
+    assert run(["traces", "show", "splitwise", "--arrival", "poisson", "--data-dir", str(real_data)]) == 0
+    assert "re-timed: poisson at 4 req/s (the default; --rps sets it), not the trace's timestamps" in \
+        capsys.readouterr().out
+    assert run(["traces", "show", "splitwise", "--arrival", "poisson", "--rps", "2", "--json",
+                "--data-dir", str(real_data)]) == 0
+    assert json.loads(capsys.readouterr().out)["arrivals_retimed"] == {"process": "poisson", "rps": 2.0,
+                                                                        "rps_given": True}
+    assert run(["traces", "show", "splitwise", "--data-dir", str(real_data)]) == 0
+    assert "re-timed" not in capsys.readouterr().out
+
+
 def test_show_a_raw_trace_path(tmp_path, capsys):
     from traces.samples import write_sample
 
