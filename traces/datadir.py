@@ -71,8 +71,9 @@ def require(relpath: str, override: str | os.PathLike | None = None, fetch_hint:
     root = data_dir(override)
     p = root / relpath
     if not p.exists():
-        hint = fetch_hint or "set TWIN_DATA_DIR to a directory that holds it"
         where = "--data-dir" if override else "TWIN_DATA_DIR" if os.environ.get("TWIN_DATA_DIR") else "the default"
+        hint = fetch_hint or (f"give {where} a directory that holds it" if where != "the default"
+                              else "set TWIN_DATA_DIR to a directory that holds it")
         state = (" (it is a file, not a directory)" if root.is_file() else
                  " (it does not exist)" if not root.exists() else "")
         raise FileNotFoundError(f"{relpath} not found in the data directory {root}{state} (from {where}); {hint}")

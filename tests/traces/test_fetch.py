@@ -132,3 +132,14 @@ def test_extraction_without_the_data_filter_refuses_escaping_members(tmp_path, m
     with tarfile.open(bad) as tf, pytest.raises(FetchError, match="refusing to extract"):
         extract_safely(tf, tmp_path / "out2")
     assert not (tmp_path / "evil.txt").exists()
+
+
+def test_a_missing_data_file_names_the_option_that_gave_the_directory(tmp_path, monkeypatch):
+    """A --data-dir that lacks the file is named as the one to fix (it said to set TWIN_DATA_DIR, which was not used)."""
+    from traces.datadir import require
+
+    with pytest.raises(FileNotFoundError, match=r"\(from --data-dir\); give --data-dir a directory that holds it"):
+        require("validation/x.csv", tmp_path)
+    monkeypatch.setenv("TWIN_DATA_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"\(from TWIN_DATA_DIR\); give TWIN_DATA_DIR a directory"):
+        require("validation/x.csv")
