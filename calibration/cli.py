@@ -373,8 +373,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             check_writable_file("--out", args.out, (".csv",))
         profile = load_profile(args.profile)
         if profile.model.name != SERVING_RUNS_MODEL:  # (checked before the replay, as replay-offline checks)
-            raise ValueError(_profile_of_another_model(args.profile, profile.model.name, SERVING_RUNS_MODEL).replace(
-                f"--model {SERVING_RUNS_MODEL} replays the runs of {SERVING_RUNS_MODEL}",
+            raise ValueError(_profile_of_another_model(
+                args.profile, profile.model.name, SERVING_RUNS_MODEL,
                 f"the published serving runs were served by {SERVING_RUNS_MODEL} (the Qwen fit found their lightest "
                 f"steps are not Qwen's)"))
         table = select_runs(read_table(args.data_dir), args.every, only_swapping=not args.all_runs)
@@ -409,9 +409,9 @@ FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
 SERVING_RUNS_MODEL = "llama-3.1-8b"
 
 
-def _profile_of_another_model(given: str, its_model: str, model: str) -> str:
-    """The refusal of ``--profile given`` (a profile of ``its_model``) for the runs of ``model``, naming the shipped
-    profiles of ``model``."""
+def _profile_of_another_model(given: str, its_model: str, model: str, whose: str | None = None) -> str:
+    """The refusal of ``--profile given`` (a profile of ``its_model``) for the runs of ``model`` (``whose``: what says
+    they are ``model``'s; default: ``--model``), naming the shipped profiles of ``model``."""
     own = []
     for name, path in available_profiles().items():
         if path is None:
@@ -423,7 +423,8 @@ def _profile_of_another_model(given: str, its_model: str, model: str) -> str:
             continue
     which = (f"pass a profile of {model} (shipped: {', '.join(own)})" if own
              else f"pass a profile fitted for {model} (`twin calibrate fit --model {model}`)")
-    return (f"--profile {given}: a profile of {its_model}, but --model {model} replays the runs of {model}; leave "
+    whose = whose or f"--model {model} replays the runs of {model}"
+    return (f"--profile {given}: a profile of {its_model}, but {whose}; leave "
             f"--profile out (the model's shipped profile) or {which}")
 
 

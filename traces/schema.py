@@ -27,8 +27,9 @@ FILE_MINIMUM = {"request_id": 0, "arrival_s": 0, "prompt_tokens": 1, "output_tok
 #: the token counts of one request (prompt, output, shared prefix) stay below 2**53, the bound of the workload
 #: files' values (read through a float): far beyond any model's context (such a request is rejected for
 #: max_model_len), and prompt + output, the engine's sums of them, can never overflow int64 (a prompt of 2**63 - 1
-#: wrapped to a negative total and ran as a request that never finished)
-MAX_TOKENS = 2**53 - 1
+#: wrapped to a negative total and ran as a request that never finished). (The dataset loaders' own MAX_TOKENS,
+#: 2**31 - 1, bounds an imported table's cells.)
+MAX_REQUEST_TOKENS = 2**53 - 1
 TOKEN_COLUMNS = ("prompt_tokens", "output_tokens", "prefix_tokens")
 INT64_MAX = 2**63 - 1
 #: the message for requests that name adapters without their ranks (a file without the column, a mapping or
@@ -44,19 +45,19 @@ class WorkloadError(ValueError):
 
 
 def too_large(col: str, values) -> str | None:
-    """The problem of an integer column ``col`` holding a value above its bound (:data:`MAX_TOKENS` for the token
+    """The problem of an integer column ``col`` holding a value above its bound (:data:`MAX_REQUEST_TOKENS` for the token
     counts, the int64 range for the others), checked before the column is cast to int64: a uint64 value of 2**63 or
     more wrapped silently (an adapter id of 2**64 - 1 became the base model's -1); None when every value is within.
     Vectorised: one ``max`` over the column (none for an int64 id column, which cannot exceed its range)."""
     v = np.asarray(values)
     if v.dtype.kind not in "iu" or not v.size:
         return None
-    top = MAX_TOKENS if col in TOKEN_COLUMNS else INT64_MAX
+    top = MAX_REQUEST_TOKENS if col in TOKEN_COLUMNS else INT64_MAX
     if int(np.iinfo(v.dtype).max) <= top or int(v.max()) <= top:
         return None
     row = int(np.argmax(v > top))
     if col in TOKEN_COLUMNS:
-        return (f"workload column {col!r}: row {row} has {int(v[row])} tokens, above the {MAX_TOKENS} (2**53 - 1) a "
+        return (f"workload column {col!r}: row {row} has {int(v[row])} tokens, above the {MAX_REQUEST_TOKENS} (2**53 - 1) a "
                 f"request may have (prompt + output must not overflow); give token counts, e.g. 300")
     return (f"workload column {col!r}: row {row} has {int(v[row])}, beyond the int64 range (at most 2**63 - 1 = "
             f"{INT64_MAX}; an unsigned value this large would wrap to a negative one); give values below 2**63")

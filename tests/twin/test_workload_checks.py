@@ -14,7 +14,7 @@ import pytest
 from policies.fcfs import FCFSScheduler
 from policies.lru import LRUCache
 from tests.helpers import ListQueueScheduler, random_workload
-from traces.schema import MAX_TOKENS
+from traces.schema import MAX_REQUEST_TOKENS
 from traces.workload import Workload, WorkloadError
 from twin.config import EngineConfig
 from twin.requests import RequestTable, workload_columns
@@ -102,7 +102,7 @@ def test_unsigned_columns_within_range_run_as_their_int64_values():
 
 # 3. token counts whose sum would overflow ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value", [2**63 - 1, 2**62, MAX_TOKENS + 1])
+@pytest.mark.parametrize("value", [2**63 - 1, 2**62, MAX_REQUEST_TOKENS + 1])
 def test_token_counts_beyond_the_bound_are_refused_up_front(value):
     cols = _cols()
     cols["prompt_tokens"] = np.full(20, value, np.int64)  # (prompt + output wrapped: 20 requests never finished)
@@ -113,7 +113,7 @@ def test_token_counts_beyond_the_bound_are_refused_up_front(value):
 
 
 def test_the_largest_token_count_is_rejected_for_max_model_len_as_2_40_is():
-    for value in (2**40, MAX_TOKENS):
+    for value in (2**40, MAX_REQUEST_TOKENS):
         cols = _cols()
         cols["prompt_tokens"] = np.full(20, value, np.int64)
         cols["output_tokens"] = np.full(20, value, np.int64)
