@@ -119,6 +119,28 @@ def test_show_says_when_a_traces_arrivals_were_re_timed(real_data, capsys):
     assert "re-timed" not in capsys.readouterr().out
 
 
+@pytest.mark.data
+def test_show_names_the_scenario_defaults_twin_run_adds(real_data, capsys):
+    """`traces show splitwise` gives the trace as recorded (100 adapters at ranks 8..128, 5.5 req/s), while `twin run
+    --trace splitwise` replays it at 2.2 req/s over 600 s at ranks 8/16/32: the table read as the run's workload. A
+    note names what the run adds, only the defaults not given; with all of them given it goes, and the table is the
+    run's workload (its request count)."""
+    assert run(["traces", "show", "splitwise", "--data-dir", str(real_data)]) == 0
+    out = capsys.readouterr().out
+    assert ("note: twin run --trace splitwise replays it with --rps 2.2, --duration 600, --ranks 8,16,32 unless "
+            "given") in out
+    assert run(["traces", "show", "splitwise", "--rps", "2.2", "--data-dir", str(real_data)]) == 0
+    assert "with --duration 600, --ranks 8,16,32 unless" in capsys.readouterr().out
+    assert run(["traces", "show", "splitwise", "--rps", "2.2", "--duration", "600", "--ranks", "8,16,32",
+                "--data-dir", str(real_data)]) == 0
+    out = capsys.readouterr().out
+    assert "note:" not in out and "requests             1,132" in out and "r64" not in out
+    assert run(["traces", "show", "splitwise", "--json", "--data-dir", str(real_data)]) == 0
+    json.loads(capsys.readouterr().out)  # (the JSON stays one object)
+    assert run(["traces", "show", "synthetic"]) == 0  # a synthetic trace: its defaults are its own
+    assert "note:" not in capsys.readouterr().out
+
+
 def test_show_a_raw_trace_path(tmp_path, capsys):
     from traces.samples import write_sample
 
