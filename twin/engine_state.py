@@ -47,8 +47,8 @@ def check_run_arguments(config: EngineConfig, scheduler: Scheduler, cache: Adapt
                         f"EngineConfig(max_loras=8)")
     check_policy_objects(scheduler, cache)
     if horizon_s is not None and not (isinstance(horizon_s, (int, float, np.integer, np.floating))
-                                      and not isinstance(horizon_s, bool) and 0 <= horizon_s <= MAX_SIM_SECONDS):
-        raise ValueError(f"horizon_s {horizon_s!r}: give the simulated seconds to stop at, from 0 to "
+                                      and not isinstance(horizon_s, bool) and 0 < horizon_s <= MAX_SIM_SECONDS):
+        raise ValueError(f"horizon_s {horizon_s!r}: give the simulated seconds to stop at, above 0 and up to "
                          f"{MAX_SIM_SECONDS:g} (about 3 years, the longest a run may simulate; None: run until every "
                          f"request has finished)")
     if max_run_steps is not None and not (isinstance(max_run_steps, (int, np.integer))

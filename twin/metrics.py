@@ -63,12 +63,15 @@ def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> floa
 
 
 def outcomes(e: "Engine") -> np.ndarray:
-    """Per request: 0 not arrived (after the horizon), 1 finished, 2 rejected, 3 unfinished."""
-    t_end = e.horizon if e.horizon != float("inf") else e.env.now
+    """Per request: 0 not arrived (at or after the horizon: the engine stops there before it takes in the arrivals
+    due then), 1 finished, 2 rejected, 3 unfinished."""
     out = np.full(e.n, 3, np.int8)
     out[e.state == FINISHED] = 1
     out[e.state == REJECTED] = 2
-    out[e.arrival > t_end] = 0
+    if e.horizon != float("inf"):
+        out[e.arrival >= e.horizon] = 0
+    else:
+        out[e.arrival > e.env.now] = 0
     return out
 
 
@@ -191,7 +194,9 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
     fin = oc == 1
     arrived = int(np.count_nonzero(oc))
     window = e.horizon if e.horizon != float("inf") else float(e.env.now)
-    window = window if window > 0 else 1.0
+    # a run that spent no simulated time (every request at t = 0 and rejected; no request): its rates have no window
+    # (None, not a 1 s stand-in that read as a run of 1 s)
+    timed = window > 0
     n_fin = int(np.count_nonzero(fin))
     rej = oc == 2
     reasons = np.bincount(e.reject_reason[rej], minlength=len(REJECT_REASONS))
@@ -204,12 +209,12 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
         "reject_reasons": {REJECT_REASONS[i]: int(c) for i, c in enumerate(reasons) if c},
         **dropped_requests(e),
         "simulated_s": float(window),
-        "throughput_rps": n_fin / window,
+        "throughput_rps": n_fin / window if timed else None,
         "offered_rps": arrived / span if (span := arrival_window(e, oc)) else None if arrived else 0.0,
-        "input_tok_s": float(e.prompt[fin].sum()) / window,
-        "output_tok_s": float(e.output[fin].sum()) / window,
+        "input_tok_s": float(e.prompt[fin].sum()) / window if timed else None,
+        "output_tok_s": float(e.output[fin].sum()) / window if timed else None,
     }
-    s["total_tok_s"] = s["input_tok_s"] + s["output_tok_s"]
+    s["total_tok_s"] = s["input_tok_s"] + s["output_tok_s"] if timed else None
     ft_c, fn_c = client_times(e)  # client-observed first token and finish (the module docstring)
     arr, ft, fn, out = e.arrival[fin], ft_c[fin], fn_c[fin], e.output[fin]
     ttft = ft - arr
@@ -243,8 +248,8 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
         if tbt_slo_s is not None:
             tp = np.where(out > 1, (fn - ft) / np.maximum(out - 1, 1), 0.0)
             ok &= tp <= tbt_slo_s
-        s["slo_attainment"] = float(ok.sum()) / max(sent, 1)
-        s["goodput_rps"] = float(ok.sum()) / window
+        s["slo_attainment"] = float(ok.sum()) / sent if sent else None  # (no request sent: none met or missed them)
+        s["goodput_rps"] = float(ok.sum()) / window if timed else None
         s["ttft_slo_s"], s["tbt_slo_s"] = ttft_slo_s, tbt_slo_s
     s.update(e._scrape_stats)  # the scrape stall's figures, when it is modelled
     ad = e.adapters
@@ -259,8 +264,8 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
     s["adapter_reloads_in_batch"] = int(ad.reloads)  # of adapter_loads: vLLM's activation order (policies/lru.py)
     s["adapter_evictions"] = int(ad.evictions)
     s["link_gb"] = e.link.bytes_moved / 1e9
-    s["link_utilization"] = min(1.0, e.link.busy_s / window)
-    s["gpu_busy_fraction"] = min(1.0, e.rec.busy_s / window)
+    s["link_utilization"] = min(1.0, e.link.busy_s / window) if timed else None
+    s["gpu_busy_fraction"] = min(1.0, e.rec.busy_s / window) if timed else None
     s["preemptions"] = int(e.rec.preemptions)
     s["engine_steps"] = int(e.rec.n_steps)
     s["step_segments"] = int(e.rec.n_segments)

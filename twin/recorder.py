@@ -51,20 +51,24 @@ class Recorder:
         self._last_wall = 0.0
         self.progress_requests = 0  # requests the progress bar counts (set by the engine)
 
-    def step(self, t0, t1, k, d, durs, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes):
+    def step(self, t0, t1, k, d, durs, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes,
+             itl_n=None):
         """One step (k == 1) or a run of k decode steps of duration ``d`` each (or ``durs``), from ``t0`` to ``t1``;
-        ``total`` is the row's ``duration_s``: the segment's whole time (``t1 - t0``, synchronous loads included)."""
+        ``total`` is the row's ``duration_s``: the segment's whole time (``t1 - t0``, synchronous loads included).
+        ``n_dec`` decode tokens per step; ``itl_n`` of them give an ITL sample of the step's duration (default: all;
+        the S-LoRA engine's first decode after a prefill gives its stalled requests their own, longer samples)."""
         self.n_steps += k
         self.n_segments += 1
         self.busy_s += t1 - t0
-        if n_dec:
+        w = n_dec if itl_n is None else itl_n
+        if w:
             if durs is not None:
                 self.itl_run_d.extend(durs)
-                self.itl_run_n.append(n_dec)
+                self.itl_run_n.append(w)
                 self.itl_run_k.append(len(durs))
             else:
                 self.itl_d.append(total if k == 1 else d)
-                self.itl_w.append(n_dec * k)
+                self.itl_w.append(w * k)
         if self.record_steps:
             self.rows.append((t0, t1, k, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes))
         elif self.keep_segments:

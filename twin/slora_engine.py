@@ -971,14 +971,14 @@ class SLoRAEngine(EngineState):
             self.n_failed += k - 1
         if self._stalled:  # stalled requests: one ITL sample each of (prefill + this decode)
             self.gap_itl.extend([self._stall_s + durs[0]] * self._stalled)
-            rec_n = n - self._stalled
+            itl_n = n - self._stalled  # (their tokens are this step's decode tokens all the same)
             self._stalled = 0
         else:
-            rec_n = n
+            itl_n = None
         # (the row's duration_s is the segment's, t1 - t0, as on the vLLM engine; the ITL samples are the steps'
         # durations, durs, for one step too: t1 - t0 of a step can differ from its duration in the last bit)
         self.rec.step(t0, now, k, durs[0], durs, now - t0, len(self.running),
-                      0, rec_n, self.adapters.n_active, self.base_sum + n * g1, self.adapters.resident_bytes, 0, 0)
+                      0, n, self.adapters.n_active, self.base_sum + n * g1, self.adapters.resident_bytes, 0, 0, itl_n)
         heap, dec = self.fin_heap, self.dec
         finished = False
         while heap and heap[0][0] <= g1:
@@ -1126,6 +1126,10 @@ VLLM_ONLY_CONFIG = ("max_num_batched_tokens", "max_num_seqs", "max_loras", "max_
 
 def check_slora_config(config: EngineConfig, cache: AdapterCachePolicy) -> None:
     """Refuse what the S-LoRA engine cannot run, naming the fix (before any work)."""
+    if not config.enable_lora:
+        raise ConfigError("enable_lora=False with the S-LoRA engine: S-LoRA always serves adapters (it has no switch "
+                          "like vLLM's --enable-lora, so its requests' adapters would be served regardless); leave "
+                          "enable_lora on, or use the vLLM engine (system='vllm') to reject LoRA requests")
     if config.tensor_parallel > 1:
         raise ConfigError(f"--tp {config.tensor_parallel} with --system slora: the released S-LoRA runs on one GPU "
                           f"(LoraTpPartAdapter asserts world_size == 1); use --tp 1 or --system vllm")
