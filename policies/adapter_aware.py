@@ -237,8 +237,9 @@ class AdapterAwareScheduler(Scheduler):
         yield from groups
 
     def next_change_time(self, stop: Admit | None) -> float:
-        if stop == Admit.NO_SEQ:
-            return INF
+        # NO_SEQ: no admission can pass before a running request finishes (which ends a run), but aging still
+        # reorders the walk that :meth:`prefetch` follows at every step, so the run ends at the next aging too
+        # (an arrival ends it in the engine when prefetching)
         # aging moves a request to the front max_wait_s after it arrived: the first head (smallest
         # rid, so earliest arrival) not aged by now; the heads aged by now leave the heap for good
         self._refresh()
@@ -250,6 +251,8 @@ class AdapterAwareScheduler(Scheduler):
                 break
             heapq.heappop(ages)
         t_age = arr[ages[0][0]] + w if ages else INF
+        if stop == Admit.NO_SEQ:
+            return t_age
         return min(e.next_arrival_time(), t_age)
 
 

@@ -94,6 +94,10 @@ class EngineState:
         self.profile = profile
         self.env = simpy.Environment()
         self.horizon = INF if horizon_s is None else float(horizon_s)
+        #: the next time the engine's state may be looked at (the horizon, or a ``simulate(stop_when=...)`` check): a
+        #: run of decode steps ends at its last step that ends by then, so the state there is the one stepping one
+        #: iteration at a time shows (the step that crosses it starts a segment of its own)
+        self._observe_t = self.horizon
         self.max_run_steps = max_run_steps or (1 << 62)
         self.progress = progress
         self.check_invariants = check_invariants

@@ -108,8 +108,8 @@ def client_times(e: "Engine") -> tuple[np.ndarray, np.ndarray]:
     seg = e.rec.segments() if len(p.starts) else None
     if seg is not None:
         t0, t1, k, n_dec = seg
-        lost = merged_gaps(e.first_token, e.finish, p.shift, p.starts, p.ends, step_end_times(t0, t1, k),
-                           np.repeat(n_dec, k))
+        lost = merged_gaps(e.first_token, e.finish, p.shift, p.starts, p.ends,
+                           step_end_times(t0, t1, k, e.rec.run_step_ends(t0)), np.repeat(n_dec, k))
     e._merged_gaps = lost
     return e._client_times
 
@@ -265,7 +265,7 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
     s["adapter_evictions"] = int(ad.evictions)
     s["link_gb"] = e.link.bytes_moved / 1e9
     s["link_utilization"] = min(1.0, e.link.busy_s / window) if timed else None
-    s["gpu_busy_fraction"] = min(1.0, e.rec.busy_s / window) if timed else None
+    s["gpu_busy_fraction"] = min(1.0, e.rec.busy_time() / window) if timed else None
     s["preemptions"] = int(e.rec.preemptions)
     s["engine_steps"] = int(e.rec.n_steps)
     s["step_segments"] = int(e.rec.n_segments)

@@ -38,6 +38,9 @@ class Recorder:
         #: :func:`twin.scrape_stall.merged_gaps` needs the steps' end times; :meth:`segments`)
         self.keep_segments = False
         self.seg: list[tuple] = []
+        #: with ``keep_segments``: per segment index of a run (k > 1), its steps' durations (a list) or the one
+        #: duration they all share (a float), so its steps' end times are the clock's (:meth:`run_step_ends`)
+        self.run_durs: dict[int, "list[float] | float"] = {}
         self.itl_d: list[float] = []      # single-step durations with decode tokens
         self.itl_w: list[int] = []
         self.itl_run_d: list[float] = []  # per-step durations of runs whose steps differ, run after run
@@ -46,7 +49,11 @@ class Recorder:
         self.preemptions = 0
         self.n_steps = 0
         self.n_segments = 0
-        self.busy_s = 0.0  # time in steps, adapter loads on the step's path included (GPU busy fraction)
+        # time in steps, adapter loads on the step's path included (GPU busy fraction; :meth:`busy_time`), summed over
+        # the spans of back-to-back segments: a run of k steps covers the span its k steps cover one at a time, so the
+        # sum does not depend on how the steps were grouped (per-segment differences t1 - t0 differed in the last bit)
+        self.busy_s = 0.0  # the spans closed so far
+        self._span_t0 = self._span_t1 = 0.0  # the open span
         self._bar = None
         self._last_wall = 0.0
         self.progress_requests = 0  # requests the progress bar counts (set by the engine)
@@ -59,7 +66,10 @@ class Recorder:
         the S-LoRA engine's first decode after a prefill gives its stalled requests their own, longer samples)."""
         self.n_steps += k
         self.n_segments += 1
-        self.busy_s += t1 - t0
+        if t0 != self._span_t1:  # the engine idled before this segment: its busy span before closes
+            self.busy_s += self._span_t1 - self._span_t0
+            self._span_t0 = t0
+        self._span_t1 = t1
         w = n_dec if itl_n is None else itl_n
         if w:
             if durs is not None:
@@ -73,6 +83,12 @@ class Recorder:
             self.rows.append((t0, t1, k, total, batch, prefill, n_dec, adapters, kv_blocks, mem, loads, link_bytes))
         elif self.keep_segments:
             self.seg.append((t0, t1, k, n_dec))
+        if k > 1 and self.keep_segments:
+            self.run_durs[self.n_segments - 1] = durs if durs is not None else d
+
+    def busy_time(self) -> float:
+        """Seconds in steps (adapter loads on a step's path included): the busy spans' lengths, summed."""
+        return self.busy_s + (self._span_t1 - self._span_t0)
 
     def segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
         """Every segment's start, end, steps and decode tokens per step (arrays), or None when
@@ -87,6 +103,20 @@ class Recorder:
             return np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64)
         a = np.asarray(src, float)
         return a[:, 0], a[:, 1], a[:, 2].astype(np.int64), a[:, 3].astype(np.int64)
+
+    def run_step_ends(self, t_start: np.ndarray) -> dict[int, list[float]]:
+        """Per run segment (``keep_segments``), the end times of its steps before the last: the segment's start plus
+        its steps' durations added one by one, the clock's own arithmetic (the engine sums a run's end that way,
+        and stepping moves the clock by each duration in turn)."""
+        from itertools import accumulate
+
+        out = {}
+        for i, ds in self.run_durs.items():
+            if isinstance(ds, float):
+                k = int(self.rows[i][2] if self.record_steps else self.seg[i][2])
+                ds = [ds] * k
+            out[i] = list(accumulate(ds[:-1], initial=float(t_start[i])))[1:]
+        return out
 
     def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
         d = np.concatenate((np.asarray(self.itl_d, float), np.asarray(self.itl_run_d, float)))

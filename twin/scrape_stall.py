@@ -229,11 +229,14 @@ def client_times(arrival: np.ndarray, first_token: np.ndarray, finish: np.ndarra
     return p.first_token, p.finish, p.stats
 
 
-def step_end_times(t_start: np.ndarray, t_end: np.ndarray, n_steps: np.ndarray) -> np.ndarray:
+def step_end_times(t_start: np.ndarray, t_end: np.ndarray, n_steps: np.ndarray,
+                   run_ends: "dict[int, list[float]] | None" = None) -> np.ndarray:
     """The end time of every engine step from the recorder's segments (a segment of ``k`` steps
     from ``t_start`` to ``t_end``): a segment's last step ends at ``t_end`` exactly (the engine's
-    clock there, where first tokens and finishes are stamped); the steps before it are spaced
-    evenly (the steps of a decode run differ only by their growing context, microseconds)."""
+    clock there, where first tokens and finishes are stamped); the steps before it end at
+    ``run_ends[i]`` (:meth:`twin.recorder.Recorder.run_step_ends`: the clock stepping one iteration at a
+    time passes through, so a stall boundary between two steps counts the same tokens however the steps
+    were grouped), else, for a segment without them, are spaced evenly."""
     k = np.asarray(n_steps, np.int64)
     if not len(k):
         return np.zeros(0)
@@ -243,6 +246,10 @@ def step_end_times(t_start: np.ndarray, t_end: np.ndarray, n_steps: np.ndarray) 
     ends = t0 + (t1 - t0) * (j / k[seg])
     last = j == k[seg]
     ends[last] = t1[last]
+    if run_ends:
+        first = np.cumsum(k) - k  # each segment's first step
+        for i, e in run_ends.items():
+            ends[first[i]:first[i] + len(e)] = e
     return ends
 
 

@@ -316,7 +316,9 @@ def simulate(workload, profile: Profile | str | None = None, config: EngineConfi
             env, t = eng.env, stop_check_s
             while eng.proc.is_alive:
                 # to the next check, or to the engine's end if that comes first (the clock must not
-                # pass it: the summary's simulated time is the clock's)
+                # pass it: the summary's simulated time is the clock's); a run of decode steps ends by the check,
+                # so the rule reads the state stepping one iteration at a time has there
+                eng._observe_t = min(t, eng.horizon)
                 env.run(until=env.any_of([eng.proc, env.timeout(max(t - env.now, 0.0))]))
                 if eng.proc.is_alive and stop_when(eng):
                     return SimResult({"policy": label, "system": system, "scheduler": scheduler_obj.name,

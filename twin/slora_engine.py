@@ -484,6 +484,7 @@ class SLoRAEngine(EngineState):
         self._stalled = 0                     # decoding requests that stalled through the last prefill
         self._stall_s = 0.0                   # ... and how long (loads + prefill)
         self.n_attempts = self.n_failed = self.n_prefills = self.n_polls = self.n_reservation_evictions = 0
+        self._cut = False  # the step in flight at the horizon was left uncompleted: the router loop stops
         if progress:
             self.rec.progress_requests = int(np.count_nonzero(self.state != REJECTED))
 
@@ -657,6 +658,8 @@ class SLoRAEngine(EngineState):
                 yield from self._prefill(ctx, now)
             else:
                 yield from self._decode(now, self.counter < wait_max)
+            if self._cut:  # the step ends after the horizon: in flight there, not completed
+                break
             if check:
                 self.assert_invariants()
             if self.progress:
@@ -853,6 +856,9 @@ class SLoRAEngine(EngineState):
             for rid in ctx.load_rids:
                 lw[rid] = lw.get(rid, 0.0) + load_s
         d = self._prefill_s(ctx)
+        if env.now + d > self.horizon:  # in flight at the horizon: its first tokens come after the window
+            self._cut = True
+            return
         stalled = len(self.dec)
         if (wait := self._clock_wait(d)) is not None:
             yield wait
@@ -925,7 +931,7 @@ class SLoRAEngine(EngineState):
         # them, as when stepping one iteration at a time (Chameleon refreshes its queues there) -- unless no
         # admission is due and the scheduler does nothing on arrivals: they join the queue at the run's end
         # (:meth:`_complete_decode`), those before its last step ahead of its finishes, as stepping has them
-        t_evt = min(self._async_until, self._next_tick, self.horizon)
+        t_evt = min(self._async_until, self._next_tick, self._observe_t)
         if not (counting and self._arrivals_inert):
             t_evt = min(t_evt, self._next_arr_t)
         if not counting:  # admission is attempted at every iteration: until its outcome may change
@@ -953,6 +959,16 @@ class SLoRAEngine(EngineState):
             ctx_tok += n
             if t >= t_evt:
                 break
+        if k > 1 and t > self._observe_t:  # the last step crosses the horizon or a check: the run ends before it
+            durs.pop()
+            k -= 1
+            t = t_last  # (the end of step k: the start of the step dropped)
+            t_last = now
+            for x in durs[:-1]:  # (the start of the run's last step, summed as the loop sums it)
+                t_last += x
+        elif t > self.horizon:  # one step, ending after the horizon: in flight there, not completed
+            self._cut = True
+            return
         # the clock lands on the summed end (one step: now + d, as a single step's)
         if (wait := (self._clock_wait(durs[0]) if k == 1 else self._clock_until(t))) is not None:
             yield wait

@@ -79,8 +79,8 @@ class SortingAdapterAware(AdapterAwareScheduler):
                 yield g
 
     def next_change_time(self, stop: Admit | None) -> float:
-        if stop == Admit.NO_SEQ:
-            return INF
+        if stop == Admit.NO_SEQ:  # (no admission before a finish; the aging still reorders prefetch's walk)
+            return next_age(self, self.ref_q)
         return min(self.engine.next_arrival_time(), next_age(self, self.ref_q))
 
 
@@ -130,7 +130,9 @@ class CheckedAdapterAware(AdapterAwareScheduler):
 
     def next_change_time(self, stop: Admit | None) -> float:
         t = super().next_change_time(stop)
-        assert t == (INF if stop == Admit.NO_SEQ else min(self.engine.next_arrival_time(), next_age(self, self.q)))
+        # NO_SEQ: only the aging (it reorders the walk prefetch follows); else the next arrival too
+        assert t == (next_age(self, self.q) if stop == Admit.NO_SEQ
+                     else min(self.engine.next_arrival_time(), next_age(self, self.q)))
         return t
 
 

@@ -109,7 +109,11 @@ def test_memory_gauge_reads_the_run_without_changing_it(monkeypatch):
     gauged = runner.point(run, "fastlibra", 2.0, measure_from_s=10.0, memory_gauge_s=0.5)
     assert gauged is not plain
     extra = {k: gauged[k] for k in set(gauged) - set(plain)}
-    assert {k: gauged[k] for k in plain} == plain
+    # (the checks end runs of decode steps, so the gauge reads the state stepping has there: more segments, the
+    # same steps and results)
+    assert {k: gauged[k] for k in plain if k != "step_segments"} == {k: v for k, v in plain.items()
+                                                                    if k != "step_segments"}
+    assert gauged["step_segments"] >= plain["step_segments"] and gauged["engine_steps"] == plain["engine_steps"]
     assert set(extra) == {"memory_in_use_mean", "memory_in_use_readings"}
     assert 0.0 < extra["memory_in_use_mean"] <= 1.0
     assert 35 <= extra["memory_in_use_readings"] <= 41  # every 0.5 s from 10 s to the last arrival (< 30 s)
