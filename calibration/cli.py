@@ -128,12 +128,14 @@ def register_cli(subparsers) -> None:
 
 
 def cmd_bench_report(args: argparse.Namespace) -> int:
-    """The step report (``step_bench.csv``) and the slot-grid report (Triton rows of ``lora_kernels.csv``)
-    of a bench directory, each when its table is there."""
+    """The step report (``step_bench.csv``), the slot-grid report (Triton rows of ``lora_kernels.csv``) and the
+    host-to-device copies (``h2d_copy.csv``: alone, concurrent, beside a compute job) of a bench directory, each when
+    its table is there."""
     from calibration.fitting.core import FitError
     from calibration.bench.grid_report import LORA_FILE, grid_lines, grid_markdown, grid_report, read_grid_rows
     from calibration.bench.step_report import FIT_MAX_CONTEXT, FIT_MAX_DECODES, STEP_FILE, read_step_table, \
         report_markdown, step_report, summary_lines as step_lines
+    from calibration.bench.transfer_report import H2D_FILE, h2d_lines, h2d_markdown, h2d_summary, read_h2d_table
 
     src = Path(args.bench)
     try:
@@ -150,18 +152,21 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"{src}: no such bench directory; give the --out of `twin calibrate bench`")
         has_step = (src / STEP_FILE).is_file() if src.is_dir() else src.name == STEP_FILE
         has_lora = (src / LORA_FILE).is_file() if src.is_dir() else src.name == LORA_FILE
-        if not (has_step or has_lora):
-            inside = sorted({str(f.parent.relative_to(src)) for name in (STEP_FILE, LORA_FILE)
+        has_h2d = (src / H2D_FILE).is_file() if src.is_dir() else src.name == H2D_FILE
+        if not (has_step or has_lora or has_h2d):
+            names = f"none of {STEP_FILE}, {LORA_FILE}, {H2D_FILE}"
+            inside = sorted({str(f.parent.relative_to(src)) for name in (STEP_FILE, LORA_FILE, H2D_FILE)
                              for f in src.glob(f"*/{name}")}) if src.is_dir() else []
             if inside:  # (e.g. the device session's bench.tgz, unpacked: one folder per bench process)
-                raise FileNotFoundError(f"{src}: neither {STEP_FILE} nor {LORA_FILE} here, but its folder(s) "
+                raise FileNotFoundError(f"{src}: {names} here, but its folder(s) "
                                         f"{', '.join(inside)} hold them; give one, e.g. {src / inside[0]}")
-            raise FileNotFoundError(f"{src}: neither {STEP_FILE} nor {LORA_FILE} here; run `twin calibrate bench "
-                                    f"--parts step,lora --out DIR` and give DIR")
+            raise FileNotFoundError(f"{src}: {names} here; run `twin calibrate bench "
+                                    f"--parts step,lora,h2d --out DIR` and give DIR")
         if args.plot and not has_step:
             raise FileNotFoundError(f"--plot draws the mixed steps, and {src} holds no {STEP_FILE}; leave --plot out "
                                     f"or give a bench directory with the step part")
         step = step_report(read_step_table(src), max_dec, max_ctx, form=args.form) if has_step else None
+        h2d = read_h2d_table(src) if has_h2d else None
         grid, grid_why = None, None
         if has_lora:
             try:
@@ -184,7 +189,8 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
         print(f"twin calibrate bench-report: error: {msg}", file=sys.stderr)
         return 2
     if args.markdown:
-        parts = ([report_markdown(step, str(src))] if step else []) + ([grid_markdown(grid)] if grid else [])
+        parts = (([report_markdown(step, str(src))] if step else []) + ([grid_markdown(grid)] if grid else [])
+                 + ([h2d_markdown(h2d)] if h2d is not None else []))
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text("\n".join(parts))
     if args.out and step:
@@ -201,10 +207,12 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
     if args.json:
-        print(json.dumps({"step": step.to_dict() if step else None, "slot_grid": grid.to_dict() if grid else None},
+        print(json.dumps({"step": step.to_dict() if step else None, "slot_grid": grid.to_dict() if grid else None,
+                          "h2d": h2d_summary(h2d).to_dict(orient="records") if h2d is not None else None},
                          indent=1, default=float))
         return 0
-    lines = (step_lines(step) if step else []) + (grid_lines(grid) if grid else [])
+    lines = (step_lines(step) if step else []) + (grid_lines(grid) if grid else []) + \
+        (h2d_lines(h2d) if h2d is not None else [])
     if grid_why:
         lines.append(f"slot-grid report skipped: {grid_why}")
     print("\n".join(lines))

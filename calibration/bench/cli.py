@@ -56,7 +56,14 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     s.add_argument("--slots", help=f"adapter slots of vLLM's slot-grid LoRA kernels ({_csv(GPU_DEFAULTS['slots'])} / "
                                    f"{_csv(CPU_DEFAULTS['slots'])})")
     s.add_argument("--lora-time-limit", type=float, metavar="S",
-                   help="stop the LoRA kernel sweep after S seconds, keeping the rows so far (for a time-boxed GPU)")
+                   help=f"stop the LoRA kernel sweep before a (module, rank) sweep that would end past S seconds, "
+                        f"keeping the rows so far ({GPU_DEFAULTS['lora_time_limit']:g} on a GPU / none)")
+    s.add_argument("--no-ref", action="store_true",
+                   help="on a GPU, time only the Triton kernels, not their plain torch references (whose "
+                        "per-adapter loops, with a host sync each, take most of a LoRA sweep's time; cuda only)")
+    s.add_argument("--skip-measured", metavar="CSV",
+                   help="a previous run's lora_kernels.csv (or its directory): skip the (module shape, rank) pairs it "
+                        "measured on this device, so a second time-boxed run measures new ones")
     s.add_argument("--concurrency", help=f"simultaneous host-to-device copies ({_csv(GPU_DEFAULTS['concurrency'])} / "
                                          f"{_csv(CPU_DEFAULTS['concurrency'])})")
     s.add_argument("--tp", help="tensor-parallel degrees emulated for the linear ops (default 1)")
@@ -92,7 +99,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     st.add_argument("--step-attention", choices=("auto", "sdpa", "matmul"),
                     help="attention: torch SDPA with grouped KV heads, or batched matmuls (auto: SDPA where it runs)")
     st.add_argument("--step-time-limit", type=float, metavar="S",
-                    help="stop the step sweep after S seconds, keeping the rows so far (for a time-boxed GPU)")
+                    help=f"stop the step sweep before a shape that would end past S seconds, keeping the rows so far "
+                         f"({GPU_DEFAULTS['step_time_limit']:g} on a GPU / none)")
     st.add_argument("--step-graphs", action="store_true",
                     help="capture each step once in a CUDA graph and time its replays, as vLLM replays its "
                          "captured steps: the GPU's time without the eager host launch cost (cuda only)")
@@ -122,7 +130,9 @@ def build_parser(prog: str = "python -m calibration.bench") -> argparse.Argument
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run the bench for parsed arguments; returns an exit code (2 on a usage or dependency error)."""
+    """Run the bench for parsed arguments; returns an exit code: 2 on a usage or dependency error, 1 when the
+    kernel check failed, ``128 + signal`` (143 for SIGTERM) when a signal stopped the run (the tables so far and
+    ``bench_meta.json`` are written)."""
     from calibration.bench import BenchDependencyError, require_torch
 
     if not getattr(args, "command_line", None):
@@ -130,11 +140,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     prog = getattr(args, "prog", None) or "bench"  # (errors named as argparse names them)
     try:
         torch = require_torch()
-        from calibration.bench.config import resolve_config
+        from calibration.bench.config import check_triton_interpret, resolve_config
         from calibration.bench.harness import run_bench
 
         try:
             cfg = resolve_config(args, cuda_available=torch.cuda.is_available())
+            check_triton_interpret(cfg.device)  # before any work, and before the GPU is looked at
             if cfg.device == "cuda" and not torch.cuda.is_available():
                 raise ValueError("--device cuda, but torch sees no GPU (torch.cuda.is_available() is False); "
                                  "use --device cpu")
@@ -145,6 +156,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     except BenchDependencyError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    if summary.get("interrupted"):
+        sig = summary["interrupted"]
+        print(f"bench: stopped by {sig['name']} in part {sig['part']}; wrote {', '.join(summary['tables'])} "
+              f"(the rows measured so far) to {summary['out']}", file=sys.stderr)
+        return 128 + int(sig["signum"])
     if not args.quiet:
         print(f"bench: wrote {', '.join(summary['tables'])} to {summary['out']}")
     return 0 if summary.get("ok", True) else 1

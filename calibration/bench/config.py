@@ -10,9 +10,11 @@ default can be overridden on the command line.
 
 from __future__ import annotations
 
+import csv
+import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from traces.arguments import check_writable_dir
 from twin.model_spec import ALL_TARGETS, ModelSpec, get_model
@@ -45,6 +47,11 @@ GPU_DEFAULTS = dict(
     step_budget=2048,
     step_repeats=5,
     step_warmup=2,
+    # time limits (s) that bound the default GPU run (every part) to about 7 minutes on an H200: the LoRA
+    # sweep with its torch references takes 20-30 s per (module, rank) pair, 20 pairs (~8 min) unbounded;
+    # the 154 step shapes took 70-84 s there. Give larger ones on the command line for full sweeps.
+    lora_time_limit=150.0,
+    step_time_limit=120.0,
 )
 CPU_DEFAULTS = dict(
     ranks=(8, 16, 32, 64),
@@ -64,7 +71,33 @@ CPU_DEFAULTS = dict(
     step_budget=64,
     step_repeats=3,
     step_warmup=1,
+    lora_time_limit=None,
+    step_time_limit=None,
 )
+
+#: columns a ``--skip-measured`` table must have: the (d_in, d_out, rank) pairs it measured, and where
+SKIP_MEASURED_COLUMNS = ("d_in", "d_out", "rank", "device")
+
+
+def env_flag_set(value: str | None) -> bool:
+    """Whether an environment flag such as ``TRITON_INTERPRET`` is on (anything but unset, empty, 0, false)."""
+    return value is not None and value.strip().lower() not in ("", "0", "false", "off", "no")
+
+
+def check_triton_interpret(device: str, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a GPU run with ``TRITON_INTERPRET`` set, before any work.
+
+    Triton reads the variable when a kernel is defined (at the import of ``calibration.bench.kernels``) and
+    then runs every launch of it in its Python interpreter on host copies of the tensors. A GPU bench would time
+    those interpreted launches with CUDA events and label them as the compiled kernels (``impl=triton``), so the
+    figures would be meaningless; the only fix is to start the process without the variable.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get("TRITON_INTERPRET")
+    if device == "cuda" and env_flag_set(value):
+        raise ValueError(f"TRITON_INTERPRET={value} is set: on --device cuda Triton would interpret the LoRA kernels "
+                         f"on the host while they are timed as compiled GPU kernels; unset it "
+                         f"(`unset TRITON_INTERPRET`) and rerun")
 
 SMALL_HIDDEN = 256
 SMALL_HEADS = 4
@@ -131,8 +164,13 @@ class BenchConfig:
     step_time_limit_s: float | None = None
     #: capture each step shape once in a CUDA graph and time its replays (no host launch cost; GPU only)
     step_graphs: bool = False
-    #: stop the LoRA kernel sweep after this many seconds (its (module, rank) sweeps then run in a seeded order)
+    #: stop the LoRA kernel sweep before a (module, rank) sweep that would end past this many seconds
     lora_time_limit_s: float | None = None
+    #: time the plain torch references beside the Triton kernels on a GPU (``--no-ref`` turns it off: their
+    #: per-adapter loops with a host sync each dominate a GPU sweep's time)
+    lora_refs: bool = True
+    #: a previous ``lora_kernels.csv`` whose (d_in, d_out, rank) pairs measured on this device are skipped
+    skip_measured: Path | None = None
     seed: int = 0
     threads: int | None = None
     quiet: bool = False
@@ -140,7 +178,11 @@ class BenchConfig:
 
     @property
     def adapter_dtype(self) -> str:
-        """Dtype of the adapter weights (files, copies): the model's serving dtype."""
+        """Dtype of the adapter weights (files, copies): the model's serving dtype, of the width
+        ``spec.dtype_bytes`` (so the bytes are :meth:`ModelSpec.adapter_bytes`); a 2-byte model's adapters
+        are in the run's ``--dtype`` when that is bfloat16 (Llama-3.1 and Qwen-2.5 serve in bf16)."""
+        if self.spec.dtype_bytes == 2 and self.dtype == "bfloat16":
+            return "bfloat16"
         return {2: "float16", 4: "float32", 1: "int8"}.get(self.spec.dtype_bytes, "float16")
 
     @property
@@ -154,6 +196,7 @@ class BenchConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["out"] = str(self.out)
+        d["skip_measured"] = None if self.skip_measured is None else str(self.skip_measured)
         d["spec"] = self.spec.to_dict()
         d["adapter_dtype"] = self.adapter_dtype
         return d
@@ -239,6 +282,7 @@ PART_OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "--tokens": ("tokens", ("linear",)), "--tp": ("tp", ("linear",)),
     "--lora-tokens": ("lora_tokens", ("lora",)), "--adapters": ("adapters", ("lora",)),
     "--slots": ("slots", ("lora",)), "--lora-time-limit": ("lora_time_limit", ("lora",)),
+    "--no-ref": ("no_ref", ("lora",)), "--skip-measured": ("skip_measured", ("lora",)),
     "--concurrency": ("concurrency", ("h2d",)), "--load-repeats": ("load_repeats", ("load",)),
     "--warm-cache": ("warm_cache", ("load",)), "--keep-adapters": ("keep_adapters", ("load",)),
     **{f"--{n.replace('_', '-')}": (n, ("step",)) for n in ("step_decodes", "step_context", "step_prefill",
@@ -309,6 +353,13 @@ def resolve_config(args, cuda_available: bool | None = None) -> BenchConfig:
     if step["step_graphs"] and device != "cuda":
         raise ValueError("--step-graphs captures CUDA graphs and needs --device cuda; on the CPU leave it out "
                          "(the steps then run eagerly)")
+    no_ref = bool(getattr(args, "no_ref", False))
+    if no_ref and device != "cuda":
+        raise ValueError("--no-ref drops the torch reference timings, which are the only LoRA timings on the CPU "
+                         "(Triton is only checked there); use it with --device cuda, or leave it out")
+    skip_measured = _skip_measured(getattr(args, "skip_measured", None))
+    lora_limit = getattr(args, "lora_time_limit", None)
+    lora_limit = defaults["lora_time_limit"] if lora_limit is None else lora_limit
     tp = parse_int_list(args.tp, "tp") or (1,)
     for t in tp:
         if spec.heads % t:
@@ -336,7 +387,9 @@ def resolve_config(args, cuda_available: bool | None = None) -> BenchConfig:
         cold_cache=not args.warm_cache,
         keep_adapters=args.keep_adapters,
         **step,
-        lora_time_limit_s=_time_limit(getattr(args, "lora_time_limit", None), "--lora-time-limit"),
+        lora_time_limit_s=_time_limit(lora_limit, "--lora-time-limit"),
+        lora_refs=not no_ref,
+        skip_measured=skip_measured,
         seed=args.seed,
         threads=getattr(args, "threads", None),
         quiet=args.quiet,
@@ -362,7 +415,8 @@ def _step_settings(args, defaults: dict) -> dict:
                step_chunk=num("step_chunk", 1), step_budget=num("step_budget", 1),
                step_repeats=num("step_repeats", 1), step_warmup=num("step_warmup", 0),
                step_attention=getattr(args, "step_attention", None) or "auto",
-               step_time_limit_s=getattr(args, "step_time_limit", None),
+               step_time_limit_s=(defaults["step_time_limit"] if getattr(args, "step_time_limit", None) is None
+                                  else args.step_time_limit),
                step_graphs=bool(getattr(args, "step_graphs", False)))
     if out["step_attention"] not in ("auto", "sdpa", "matmul"):
         raise ValueError(f"--step-attention must be auto, sdpa or matmul, got {out['step_attention']!r}")
@@ -370,6 +424,28 @@ def _step_settings(args, defaults: dict) -> dict:
     if all(d == 0 for d in out["step_decodes"]) and all(p == 0 for p in out["step_prefill"]):
         raise ValueError("--step-decodes and --step-prefill are all 0: every step would be empty")
     return out
+
+
+def _skip_measured(value: str | None) -> Path | None:
+    """``--skip-measured FILE``: a readable CSV with the columns :data:`SKIP_MEASURED_COLUMNS` (checked before any
+    work, so a wrong path does not cost a lent GPU's time)."""
+    if value is None:
+        return None
+    p = Path(value)
+    if p.is_dir():
+        p = p / "lora_kernels.csv"
+    if not p.is_file():
+        raise ValueError(f"--skip-measured {value}: no such file; give a previous run's lora_kernels.csv (or its "
+                         f"--out directory)")
+    try:
+        with p.open(newline="") as f:
+            header = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--skip-measured {value}: not readable ({type(e).__name__}: {e})") from None
+    missing = [c for c in SKIP_MEASURED_COLUMNS if c not in header]
+    if missing:
+        raise ValueError(f"--skip-measured {value}: not a lora_kernels.csv (missing columns {missing})")
+    return p
 
 
 def _time_limit(value: float | None, flag: str) -> float | None:

@@ -57,6 +57,8 @@ from typing import Sequence
 
 import torch
 
+from calibration.bench.config import env_flag_set
+
 try:  # triton is part of the optional calibration extra, like torch
     import triton
     import triton.language as tl
@@ -70,7 +72,7 @@ except Exception as _e:  # pragma: no cover - depends on the environment
     TRITON_IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
 #: Whether the kernels were defined for Triton's interpreter (TRITON_INTERPRET=1 at import).
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false")
+INTERPRETED = env_flag_set(os.environ.get("TRITON_INTERPRET"))
 
 IntSeq = Sequence[int] | torch.Tensor
 
@@ -85,6 +87,9 @@ def triton_usable(device: torch.device | str) -> tuple[bool, str]:
         return False, f"triton is not importable ({TRITON_IMPORT_ERROR})"
     dev = torch.device(device)
     if dev.type == "cuda":
+        if INTERPRETED:  # Triton fixed interpretation at the kernels' definition: they would not be compiled
+            return False, ("TRITON_INTERPRET was set when calibration.bench.kernels was imported: the kernels run "
+                           "in Triton's interpreter, not compiled; unset it and restart")
         return True, "compiled"
     if INTERPRETED:
         return True, "TRITON_INTERPRET=1"

@@ -109,11 +109,13 @@ def build_ops(w: dict, num_tokens: int, device: torch.device, dtype: torch.dtype
     }
 
 
-def run_linear_ops(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=print) -> list[dict]:
-    """One row per (num_tokens, tp) in Vidur's column layout."""
+def run_linear_ops(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=print,
+                   rows: list | None = None) -> list[dict]:
+    """One row per (num_tokens, tp) in Vidur's column layout, appended to ``rows`` (the harness passes a list
+    that writes each row to the table at once) as it is measured."""
     spec = cfg.spec
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    rows = []
+    rows = [] if rows is None else rows
     for tp in cfg.tp:
         weights = build_weights(cfg, tp, device, dtype, gen)
         for T in cfg.tokens:

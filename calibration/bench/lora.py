@@ -15,19 +15,27 @@ all adapters have rank ``rank`` in slots padded to ``rank``. The rows are:
 
 ``d_in``/``d_out`` are the dimensions of the adapted linear module (shrink maps ``d_in -> rank``,
 expand ``rank -> d_out``); ``module`` names the modules sharing that shape.
+
+Order of the ``(module shape, rank)`` sweeps (:func:`plan_pairs`): balanced, so that every prefix of it (what a
+``--lora-time-limit`` keeps) covers the ranks and the shapes as evenly as it can: the first ``len(ranks)``
+sweeps take each rank once, on shapes in turn. ``--skip-measured`` drops the pairs a previous table measured on
+this device and counts them in the balance, so a second time-boxed run measures the pairs the first missed.
 """
 
 from __future__ import annotations
 
-import random
-import time
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from calibration.bench import kernels as K
 from calibration.bench.config import BenchConfig
-from calibration.bench.timing import stats, time_op
+from calibration.bench.timing import TimeBudget, stats, time_op
+
+#: untimed calls before a Triton kernel is timed, whatever ``--warmup`` says: its first call compiles it (and a
+#: new specialisation of its integer arguments compiles again), seconds that must not land between CUDA events
+TRITON_MIN_WARMUP = 1
 
 
 def module_shapes(cfg: BenchConfig) -> list[tuple[str, int, int]]:
@@ -42,18 +50,87 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def run_lora_kernels(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=print) -> tuple[list[dict], str]:
-    """Time the four operations over the sweep; returns (rows, note on what was timed)."""
+Pair = tuple[str, int, int, int]  # (module, d_in, d_out, rank)
+
+
+def balanced_order(n_ranks: int, n_shapes: int, seed: int = 0,
+                   done: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+    """Every ``(rank index, shape index)`` pair not in ``done``, ordered so that each prefix covers the ranks and
+    the shapes evenly: each next pair takes the least-covered rank, then the least-covered shape of those it has
+    left, then the next in a rotation (``seed`` shifts where it starts). ``done`` (pairs already measured) counts
+    in the coverage. With the ranks and shapes coprime (5 ranks, 4 shapes) pair ``k`` is ``(k % 5, k % 4)``."""
+    rank_n, shape_n = [0] * n_ranks, [0] * n_shapes
+    used = set()
+    for r, sh in done:
+        if (r, sh) not in used:
+            used.add((r, sh))
+            rank_n[r] += 1
+            shape_n[sh] += 1
+    out: list[tuple[int, int]] = []
+    left = [(r, sh) for r in range(n_ranks) for sh in range(n_shapes) if (r, sh) not in used]
+    k = 0
+    while left:
+        best = min(left, key=lambda p: (rank_n[p[0]], shape_n[p[1]], (p[0] - k - seed) % n_ranks,
+                                        (p[1] - k - seed) % n_shapes))
+        left.remove(best)
+        out.append(best)
+        rank_n[best[0]] += 1
+        shape_n[best[1]] += 1
+        k += 1
+    return out
+
+
+def measured_pairs(path: Path | str, device: str) -> set[tuple[int, int, int]]:
+    """The ``(d_in, d_out, rank)`` pairs a previous ``lora_kernels.csv`` holds rows of on ``device``."""
+    import pandas as pd
+
+    df = pd.read_csv(path, usecols=["d_in", "d_out", "rank", "device"])
+    df = df[df["device"].astype(str) == device]
+    return {(int(a), int(b), int(r)) for a, b, r in zip(df["d_in"], df["d_out"], df["rank"])}
+
+
+def plan_pairs(cfg: BenchConfig, device: str | None = None) -> tuple[list[Pair], list[Pair]]:
+    """The ``(module, d_in, d_out, rank)`` sweeps in the order they run (:func:`balanced_order`), and those
+    skipped because ``cfg.skip_measured`` measured them on this device (the run's device by default)."""
+    shapes = module_shapes(cfg)
+    ranks = list(cfg.ranks)
+    seen = measured_pairs(cfg.skip_measured, device or cfg.device) if cfg.skip_measured is not None else set()
+    done = [(ri, si) for si, (_, d_in, d_out) in enumerate(shapes) for ri, r in enumerate(ranks)
+            if (d_in, d_out, r) in seen]
+    order = balanced_order(len(ranks), len(shapes), cfg.seed, done)
+
+    def pair(ri: int, si: int) -> Pair:
+        return (*shapes[si], ranks[ri])
+
+    return [pair(ri, si) for ri, si in order], [pair(ri, si) for ri, si in done]
+
+
+def _times_triton(device: torch.device, usable: bool) -> bool:
+    """Whether the sweep times the Triton kernels: only compiled on a GPU (the interpreter is a correctness
+    tool; its timings mean nothing)."""
+    return usable and device.type == "cuda"
+
+
+def run_lora_kernels(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=print,
+                     rows: list | None = None, info: dict | None = None) -> tuple[list[dict], str]:
+    """Time the four operations over the sweep; returns (rows, note on what was timed). ``rows``: the list the
+    rows are appended to as they are measured (the harness passes one that writes them to the table at once);
+    ``info`` receives ``cut_by_time_limit``, ``units`` and ``units_done`` ((module, rank) sweeps)."""
     use_triton, why = K.triton_usable(device)
-    time_triton = use_triton and device.type == "cuda"
+    time_triton = _times_triton(device, use_triton)
+    # --no-ref drops the references only where the Triton kernels are timed (elsewhere they are the timing)
+    time_refs = cfg.lora_refs or not time_triton
+    triton_warmup = max(cfg.warmup, TRITON_MIN_WARMUP)
     if time_triton:
-        note = "Triton kernels timed with CUDA events; torch_ref rows time the plain torch reference"
+        note = (f"Triton kernels timed with CUDA events after >= {triton_warmup} warm-up call(s); "
+                + ("torch_ref rows time the plain torch reference" if time_refs
+                   else "torch references not timed (--no-ref)"))
     elif device.type == "cuda":
         note = f"Triton unavailable ({why}): only the torch references were timed (kernel = operation, impl=torch)"
     else:
         note = "CPU: the torch references were timed (kernel = operation, impl=torch); Triton is only checked"
     gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)
-    rows: list[dict] = []
+    rows = [] if rows is None else rows
     failures: list[str] = []
 
     def rnd(*shape, std):  # generated on the device: fast for GPU-sized stacks
@@ -68,13 +145,10 @@ def run_lora_kernels(cfg: BenchConfig, device: torch.device, dtype: torch.dtype,
                      "time_ms_min": st["min"], "slots": n if slots is None else slots,
                      "blocks_launched": blocks[0], "blocks_working": blocks[1]})
 
-    pairs = [(module, d_in, d_out, rank) for module, d_in, d_out in module_shapes(cfg) for rank in cfg.ranks]
-    if cfg.lora_time_limit_s is not None:  # a seeded order: a sweep the limit stops is an even sample
-        random.Random(cfg.seed).shuffle(pairs)
-    t_start, stopped = time.perf_counter(), None
-    for i, (module, d_in, d_out, rank) in enumerate(pairs):
-        if i and cfg.lora_time_limit_s is not None and time.perf_counter() - t_start > cfg.lora_time_limit_s:
-            stopped = i
+    pairs, skipped = plan_pairs(cfg, device.type)
+    budget = TimeBudget(cfg.lora_time_limit_s)
+    for module, d_in, d_out, rank in pairs:
+        if not budget.next_fits():
             break
         for n in cfg.adapters:
             a_stack = rnd(n, d_in, rank, std=d_in ** -0.5)
@@ -115,28 +189,38 @@ def run_lora_kernels(cfg: BenchConfig, device: torch.device, dtype: torch.dtype,
                     if time_triton:
                         fn = K.KERNELS[op]
                         try:
-                            ms = time_op(lambda: call(fn), device, cfg.warmup, cfg.repeats)
+                            ms = time_op(lambda: call(fn), device, triton_warmup, cfg.repeats)
                             add_row(op, op, "triton", module, T, n, rank, d_in, d_out, ms)
                         except Exception as e:  # keep the torch figures if a kernel fails
                             failures.append(f"{op} T={T} n={n} rank={rank} {d_in}x{d_out}: "
                                             f"{type(e).__name__}: {e}")
                             log(f"  Triton {failures[-1]}")
-                    ref = K.REFERENCES[op]
-                    ms = time_op(lambda: call(ref), device, cfg.warmup, cfg.repeats)
-                    add_row("torch_ref" if time_triton else op, op, "torch", module, T, n, rank, d_in, d_out, ms)
+                    if time_refs:
+                        ref = K.REFERENCES[op]
+                        ms = time_op(lambda: call(ref), device, cfg.warmup, cfg.repeats)
+                        add_row("torch_ref" if time_triton else op, op, "torch", module, T, n, rank, d_in, d_out,
+                                ms)
         log(f"  lora_kernels {module} ({d_in}x{d_out}) rank={rank}: {len(rows)} rows")
-        _slot_grid_sweep(cfg, device, dtype, module, d_in, d_out, rank, rnd, time_triton, add_row, failures, log)
+        _slot_grid_sweep(cfg, device, dtype, module, d_in, d_out, rank, rnd, time_triton, time_refs, triton_warmup,
+                         add_row, failures, log)
         log(f"  lora_kernels slot grid {module} rank={rank}: {len(rows)} rows")
     if failures:
         note += f"; {len(failures)} Triton timings failed, first: {failures[0]}"
-    if stopped is not None:
-        note += (f"; stopped after {stopped} of {len(pairs)} (module, rank) sweeps: the time limit of "
-                 f"{cfg.lora_time_limit_s:g} s was reached (--lora-time-limit)")
+    if skipped:
+        note += (f"; {len(skipped)} (module, rank) sweeps skipped, measured on {device.type} in "
+                 f"{cfg.skip_measured} (--skip-measured)")
+    done = budget.stopped_at if budget.stopped else len(pairs)
+    if budget.stopped:
+        note += (f"; stopped after {done} of {len(pairs)} (module, rank) sweeps: the next would have ended past "
+                 f"the time limit of {cfg.lora_time_limit_s:g} s (--lora-time-limit)")
+    if info is not None:
+        info.update(cut_by_time_limit=budget.stopped, units=len(pairs), units_done=done,
+                    pairs_run=[f"{m} rank {r}" for m, _, _, r in pairs[:done]], pairs_skipped=len(skipped))
     return rows, note
 
 
-def _slot_grid_sweep(cfg: BenchConfig, device, dtype, module, d_in, d_out, rank, rnd, time_triton, add_row, failures,
-                     log) -> None:
+def _slot_grid_sweep(cfg: BenchConfig, device, dtype, module, d_in, d_out, rank, rnd, time_triton, time_refs,
+                     triton_warmup, add_row, failures, log) -> None:
     """vLLM 0.8.5's slot-grid kernels (``slot_shrink``/``slot_expand``) over ``cfg.slots`` slots with ``n``
     adapters of the batch (``n <= slots``, ``n <= T``) on slots spread over the stack, token ``t`` on the
     ``t % n``-th of them; weights in vLLM's layouts (``A``: ``(S, R, d_in)``, ``B``: ``(S, d_out, R)``)
@@ -172,15 +256,16 @@ def _slot_grid_sweep(cfg: BenchConfig, device, dtype, module, d_in, d_out, rank,
                     blocks = K.slot_grid_blocks(op.split("_")[1], T, S, n_out, counts)
                     if time_triton:
                         try:
-                            ms = time_op(kern, device, cfg.warmup, cfg.repeats)
+                            ms = time_op(kern, device, triton_warmup, cfg.repeats)
                             add_row(op, op, "triton", module, T, n, rank, d_in, d_out, ms, S, blocks)
                         except Exception as e:  # keep the torch figures if a kernel fails
                             failures.append(f"{op} T={T} n={n} slots={S} rank={rank} {d_in}x{d_out}: "
                                             f"{type(e).__name__}: {e}")
                             log(f"  Triton {failures[-1]}")
-                    ms = time_op(ref, device, cfg.warmup, cfg.repeats)
-                    add_row("torch_ref" if time_triton else op, op, "torch", module, T, n, rank, d_in, d_out, ms, S,
-                            blocks)
+                    if time_refs:
+                        ms = time_op(ref, device, cfg.warmup, cfg.repeats)
+                        add_row("torch_ref" if time_triton else op, op, "torch", module, T, n, rank, d_in, d_out, ms,
+                                S, blocks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,7 +340,7 @@ def check_case(case: dict, device: torch.device, dtype: torch.dtype = torch.floa
     # enough: every empty slot's blocks take the same exit; the interpreter runs each block in Python)
     # (under the interpreter the small-batch shrink runs INTERPRETER_SPLIT_K splits instead of vLLM's 64:
     # the same kernel code, without 60 fully masked programs per tile that cost the checks a minute)
-    interpreted = K.INTERPRETED and device.type != "cuda"
+    interpreted = K.INTERPRETED  # (the kernels were defined for the interpreter: on any device, they ran in it)
     split_k = K.INTERPRETER_SPLIT_K if interpreted else None
     S2 = S + 1
     a2 = torch.cat([a, rnd(1, d_in, R, std=d_in ** -0.5)])
@@ -284,13 +369,14 @@ def check_case(case: dict, device: torch.device, dtype: torch.dtype = torch.floa
 
 
 def check_kernels(device: torch.device, dtype: torch.dtype = torch.float32, seed: int = 0,
-                  cases: Sequence[str] | None = None) -> tuple[list[dict], str]:
+                  cases: Sequence[str] | None = None, rows: list | None = None) -> tuple[list[dict], str]:
     """The :data:`CHECK_CASES` named in ``cases`` (all by default); returns (rows, note). No rows when
-    Triton cannot run here. Each case keeps its seed (``seed`` + its index) whichever others run."""
+    Triton cannot run here. Each case keeps its seed (``seed`` + its index) whichever others run. ``rows``: the
+    list each case's rows are appended to as it is checked."""
+    rows = [] if rows is None else rows
     usable, why = K.triton_usable(device)
     if not usable:
-        return [], f"kernel check skipped: {why}"
-    rows = []
+        return rows, f"kernel check skipped: {why}"
     errors = []
     for i, case in enumerate(CHECK_CASES):
         if cases is not None and case["name"] not in cases:
@@ -300,7 +386,7 @@ def check_kernels(device: torch.device, dtype: torch.dtype = torch.float32, seed
         except Exception as e:  # a kernel that does not compile/run is a failed check, not a crash
             errors.append(f"{case['name']}: {type(e).__name__}: {e}")
             rows.append({"case": case["name"], "kernel": "error", "dtype": _dtype_name(dtype),
-                         "device": device.type, "interpreted": K.INTERPRETED and device.type != "cuda",
+                         "device": device.type, "interpreted": K.INTERPRETED,
                          "max_abs_err": float("nan"), "atol": _tolerance(dtype)[0], "ok": False})
     n_bad = sum(not r["ok"] for r in rows)
     worst = max((r["max_abs_err"] for r in rows if r["max_abs_err"] == r["max_abs_err"]), default=float("nan"))

@@ -47,7 +47,8 @@ ADAPTER_LOAD_COLUMNS = [
     "load_ms",
     "raw_path",
 ]
-ADAPTER_LOAD_EXTRA = ["device", "bytes", "memory", "page_cache"]
+#: ``dtype``: the adapter weights' (the model's serving dtype; bfloat16 when the run's ``--dtype`` is)
+ADAPTER_LOAD_EXTRA = ["device", "bytes", "memory", "page_cache", "dtype"]
 LOAD_KINDS = ("disk_to_cpu", "cpu_to_gpu")
 
 LORA_KERNELS = ("sgmv_shrink", "sgmv_expand", "bgmv_shrink", "bgmv_expand", "slot_shrink", "slot_expand")
@@ -81,7 +82,14 @@ H2D_COPY_COLUMNS = [
     "gbps",
     "device",
 ]
-H2D_COPY_EXTRA = ["model", "repeats", "time_ms_min", "timer"]
+#: ``dtype``: the run's compute dtype (the ``with_compute`` job's GEMMs; the copies move bytes). ``with_compute``:
+#: the copies ran while a compute job ran on another CUDA stream (``overlap=cuda_streams``; on the CPU the two ran
+#: one after the other, ``overlap=sequential``); such a row's ``time_ms_*``/``gbps`` are the copies' makespan
+#: with the job running, ``copy_ms_alone``/``compute_ms_alone`` each alone in the same repeats, ``compute_ms`` the
+#: job with the copies, ``*_slowdown`` the ratios, ``compute_gemms`` the job's GEMMs. Older tables lack these
+#: columns (every row is then a copy alone; :func:`calibration.bench.transfer_report.read_h2d_table`).
+H2D_COPY_EXTRA = ["model", "repeats", "time_ms_min", "timer", "dtype", "with_compute", "overlap", "copy_ms_alone",
+                  "copy_slowdown", "compute_ms", "compute_ms_alone", "compute_slowdown", "compute_gemms"]
 
 #: ``step_bench.csv`` (calibration/bench/step.py): one forward pass of a mixed prefill + decode step;
 #: ``context_tokens`` is the twin's ``C`` (decode contexts plus each chunk's prior context)

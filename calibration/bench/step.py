@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from calibration.bench.config import BenchConfig
-from calibration.bench.timing import stats, time_op
+from calibration.bench.timing import TimeBudget, stats, time_op
 
 RMS_EPS = 1e-5
 
@@ -327,10 +326,13 @@ def _time_step(model: "RandomLlama", shape: StepShape, inp: dict, impl: str, dev
         torch.cuda.empty_cache()
 
 
-def run_steps(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=print) -> tuple[list[dict], str]:
+def run_steps(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=print, rows: list | None = None,
+              info: dict | None = None) -> tuple[list[dict], str]:
     """Time every shape of :func:`step_shapes`, in a seeded random order; returns (rows, note). Stops early,
-    with a note, once ``cfg.step_time_limit_s`` has passed (the rows so far are kept; the first shape is
-    always timed)."""
+    with a note, before a shape that would end past ``cfg.step_time_limit_s`` (:class:`TimeBudget`; the rows so
+    far are kept, the first shape is always timed). ``rows``: the list the rows are appended to as each shape is
+    timed (the harness passes one that writes them to the table at once); ``info`` receives
+    ``cut_by_time_limit``, ``units`` and ``units_done``."""
     shapes = step_shapes(cfg)
     if not shapes:
         return [], "step: no shape fits the step budget"
@@ -346,14 +348,12 @@ def run_steps(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=pr
         return [], (f"step: skipped, the model with its KV cache of {cache} tokens (~{need / 2**30:.1f} GiB) does not "
                     f"fit in {device.type} memory ({type(e).__name__}); lower --layers or --step-context")
     timer = "cuda_events" if device.type == "cuda" else "perf_counter"
-    rows: list[dict] = []
+    rows = [] if rows is None else rows
     oom: list[str] = []
     switched = None
-    t_start = time.perf_counter()
-    stopped = None
+    budget = TimeBudget(cfg.step_time_limit_s)
     for i, shape in enumerate(shapes):
-        if i and cfg.step_time_limit_s is not None and time.perf_counter() - t_start > cfg.step_time_limit_s:
-            stopped = i
+        if not budget.next_fits():
             break
         inp = model.inputs(shape, cfg.seed + i)
         try:
@@ -388,9 +388,11 @@ def run_steps(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, log=pr
         note += f"; {switched}: later shapes use batched matmuls (column attention)"
     if oom:
         note += f"; {len(oom)} shapes ran out of device memory and were skipped (first: {oom[0]})"
-    if stopped is not None:
-        note += (f"; stopped after {stopped} of {len(shapes)} shapes: the step time limit of "
-                 f"{cfg.step_time_limit_s:g} s was reached (--step-time-limit)")
+    if budget.stopped:
+        note += (f"; stopped after {budget.stopped_at} of {len(shapes)} shapes: the next would have ended past the "
+                 f"step time limit of {cfg.step_time_limit_s:g} s (--step-time-limit)")
+    if info is not None:
+        info.update(cut_by_time_limit=budget.stopped, units=len(shapes), units_done=budget.stopped_at or len(shapes))
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()

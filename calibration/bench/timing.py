@@ -88,6 +88,46 @@ def time_wall(fn: Callable[[], object], device: torch.device | str, warmup: int,
     return out
 
 
+class TimeBudget:
+    """A part's time limit over a sweep of units (a LoRA ``(module, rank)`` pair, a step shape).
+
+    Checking the clock only between units lets a sweep overrun its limit by a whole unit (a LoRA pair with its
+    torch references took ~20 s on an H200), and the hard ``timeout`` of a lent GPU then kills the process.
+    :meth:`next_fits` is called before each unit: it refuses the next one when the time spent so far plus the
+    last unit's duration would pass the limit (units of one sweep are alike, so the last one's duration is the
+    estimate of the next). The first unit always runs. ``limit_s`` None: no limit.
+    """
+
+    def __init__(self, limit_s: float | None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.limit_s = limit_s
+        self.clock = clock
+        self.start = clock()
+        self.units = 0  # units started
+        self.last_s = 0.0  # duration of the last finished unit
+        self.stopped_at: int | None = None  # units run when the limit stopped the sweep
+        self._unit_start: float | None = None
+
+    def next_fits(self) -> bool:
+        """Close the running unit, then whether the next one fits (it is then counted as started)."""
+        now = self.clock()
+        if self._unit_start is not None:
+            self.last_s = now - self._unit_start
+        if self.limit_s is not None and self.units and (now - self.start) + self.last_s > self.limit_s:
+            self.stopped_at = self.units
+            self._unit_start = None
+            return False
+        self._unit_start = now
+        self.units += 1
+        return True
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopped_at is not None
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+
 def stats(ms: np.ndarray) -> dict[str, float]:
     """min/max/mean/median/std (population std, as numpy's default) of a sample in ms."""
     ms = np.asarray(ms, dtype=float)

@@ -85,7 +85,8 @@ def test_kernels_agree_fp16_on_gpu():
 
 def test_kernels_compile_for_gpu_targets_without_a_gpu():
     """The compiled (non-interpreted) path: Triton compiles the kernels to cubin for sm_80/sm_90
-    here, with no GPU, using the ptxas it ships. Runs in a subprocess without TRITON_INTERPRET."""
+    here, with no GPU, using the ptxas it ships (bf16 too: the device session runs in bfloat16, and the interpreter
+    cannot check bf16 ``tl.dot``: it multiplies the raw bits). Runs in a subprocess without TRITON_INTERPRET."""
     import subprocess
     import sys
     from pathlib import Path
@@ -97,7 +98,7 @@ def test_kernels_compile_for_gpu_targets_without_a_gpu():
             "except Exception as e:\n"
             "    print(f'SKIP: no CUDA backend/ptxas in this Triton build ({e})'); sys.exit(0)\n"
             "from calibration.bench import kernels as K\n"
-            "for arch, dt in ((90, 'fp16'), (80, 'fp16'), (90, 'fp32')):\n"
+            "for arch, dt in ((90, 'fp16'), (90, 'bf16'), (80, 'fp16'), (90, 'fp32')):\n"
             "    r = K.compile_for_target(arch, dt)\n"
             "    assert all('cubin' in v for v in r.values()), r\n"
             "print('compiled', len(r))\n")

@@ -279,19 +279,23 @@ def test_bench_report_cli(tmp_path, capsys):
     assert "it prices the slot-grid kernels" in capsys.readouterr().err
 
 
-def test_device_session_script_asks_for_a_valid_gpu_run(tmp_path):
+def test_device_session_script_asks_for_a_valid_gpu_run(tmp_path, monkeypatch):
     """The prepared GPU script's bench commands parse and resolve (no argument error spends device time),
     measure together what the brief asks, each within its hard timeout, and write at most the 8 files a
-    device run brings back."""
+    device run brings back: one tarball, packed after every process (a kill of the whole command keeps what
+    finished), from work folders outside $OUT; TRITON_INTERPRET unset before any of them."""
     import re
     import shlex
 
+    monkeypatch.chdir(ROOT)  # (the script runs from the repository root: --skip-measured is relative to it)
     text = (ROOT / "calibration" / "bench" / "device_session.sh").read_text()
-    common = ["--device", "cuda", "--model-dims", "llama-3.1-8b"]
-    assert re.search(r'python3 -m calibration\.bench --device "\$DEVICE" "\$\{SIZE\[@\]\}" --out', text)
+    common = ["--device", "cuda", "--model-dims", "llama-3.1-8b", "--dtype", "bfloat16"]
+    assert re.search(r'python3 -m calibration\.bench --device "\$DEVICE" "\$\{SIZE\[@\]\}" --dtype bfloat16 \\\n'
+                     r'\s+--out', text)
     calls = re.findall(r"^\s*bench (\w+) (\d+) (.*?)(?<!\\)\n", text.replace("\\\n", " "), re.M)
     assert [c[0] for c in calls] == ["step", "step_qwen", "lora", "rest"]
-    arrays = {"GRAPHS": "--step-graphs", "QWEN": "--model-dims qwen-2.5-7b"}  # their values on a GPU
+    # their values on a GPU
+    arrays = {"GRAPHS": "--step-graphs", "QWEN": "--model-dims qwen-2.5-7b", "NOREF": "--no-ref"}
     for name, value in arrays.items():
         assert re.search(rf"^{name}=\({re.escape(value)}\)$", text, re.M)
     cfgs = {}
@@ -301,7 +305,7 @@ def test_device_session_script_asks_for_a_valid_gpu_run(tmp_path):
         argv = common + ["--out", str(tmp_path / name)] + shlex.split(args)
         cfgs[name] = (resolve_config(build_parser().parse_args(argv), cuda_available=True), int(limit))
     for name, (cfg, _) in cfgs.items():
-        assert cfg.device == "cuda" and not cfg.small
+        assert cfg.device == "cuda" and not cfg.small and cfg.dtype == "bfloat16"
         assert cfg.spec.name == ("qwen-2.5-7b" if name == "step_qwen" else "llama-3.1-8b")
     assert cfgs["step"][0].step_graphs and cfgs["step_qwen"][0].step_graphs
     parts = {p for cfg, _ in cfgs.values() for p in cfg.parts}
@@ -309,11 +313,19 @@ def test_device_session_script_asks_for_a_valid_gpu_run(tmp_path):
     lora, lora_limit = cfgs["lora"]
     assert min(lora.ranks) == 8 and max(lora.ranks) == 128 and min(lora.adapters) == 8 and max(lora.adapters) == 512
     assert min(lora.slots) == 8 and max(lora.slots) == 512 and lora.lora_time_limit_s < lora_limit - 30
+    assert not lora.lora_refs
+    assert lora.skip_measured.resolve() == (ROOT / "results/calibration/bench_h200/lora/lora_kernels.csv").resolve()
     step, step_limit = cfgs["step"]
     assert max(step.step_context) >= 300_000 and step.step_time_limit_s < step_limit - 30
     assert sum(limit for _, limit in cfgs.values()) <= 540  # the hard limits fit one 10-minute call
-    # the files back: log.txt, env.txt and one tarball (the device tool returns at most 8)
-    assert re.search(r'tar -czf "\$OUT/bench\.tgz"', text) and '"$OUT/log.txt"' in text and '"$OUT/env.txt"' in text
+    # the files back: log.txt, env.txt and one tarball (the device tool returns at most 8), packed aside and renamed
+    # after every bench process and once more at the end; the work folders outside $OUT
+    assert re.search(r'tar -czf "\$OUT/bench\.tgz\.part" -C "\$W" .*'
+                     r'&& mv -f "\$OUT/bench\.tgz\.part" "\$OUT/bench\.tgz"', text)
+    assert re.search(r'rc=\$\?\n.*\n\s*pack\n\}', text) and re.search(r'^pack$', text, re.M)
+    assert re.search(r'^W="\$\(mktemp -d "\$\{TMPDIR:-/tmp\}/', text, re.M) and '"$OUT/log.txt"' in text \
+        and '"$OUT/env.txt"' in text
+    assert re.search(r"^unset TRITON_INTERPRET$", text, re.M).start() < text.index('python3 -c "import torch')
 
 
 def test_step_graphs_need_a_gpu_and_the_step_part(tmp_path):
@@ -539,7 +551,29 @@ def test_bench_report_cli_reads_both_tables(tmp_path, capsys):
     assert js["step"] is None and len(js["slot_grid"]["fits"]) == 2
     (d / "lora_kernels.csv").unlink()
     assert twin_main(["calibrate", "bench-report", str(d)]) == 2
-    assert "neither step_bench.csv nor lora_kernels.csv" in capsys.readouterr().err
+    assert "none of step_bench.csv, lora_kernels.csv, h2d_copy.csv here" in capsys.readouterr().err
+
+
+def test_bench_report_reads_the_host_to_device_copies(tmp_path, capsys):
+    """bench-report reads h2d_copy.csv too (it read the step and slot-grid tables only, so a device run's copies
+    were summarised by nothing): the committed H200 table, written before the with_compute mode, in the text, the
+    Markdown and the JSON."""
+    import shutil
+
+    from twin.cli import main as twin_main
+
+    d = tmp_path / "h2d"
+    d.mkdir()
+    shutil.copy(ROOT / "results" / "calibration" / "bench_h200" / "linear_h2d_load" / "h2d_copy.csv", d)
+    md = tmp_path / "r.md"
+    assert twin_main(["calibrate", "bench-report", str(d), "--markdown", str(md)]) == 0
+    out = capsys.readouterr().out
+    assert "host-to-device copies (h2d_copy.csv, cuda)" in out
+    assert re.search(r"pinned +x2 +5 ranks +51\.6-54\.5 GB/s +makespan / one copy's 1\.95-1\.99", out)
+    assert "## Host-to-device copies" in md.read_text()
+    assert twin_main(["calibrate", "bench-report", str(d), "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["step"] is None and js["slot_grid"] is None and len(js["h2d"]) == 6
 
 
 def test_lora_sweep_honours_its_time_limit(tmp_path):
