@@ -153,6 +153,7 @@ class Engine(PreemptionWalk, EngineState):
     def _run(self):
         env = self.env
         horizon = self.horizon
+        timed = horizon < INF
         check = self.check_invariants
         progress = self.progress
         idle_ticks = 0
@@ -198,7 +199,7 @@ class Engine(PreemptionWalk, EngineState):
                 lw = self.load_wait_d
                 for rid in plan.load_rids:
                     lw[rid] = lw.get(rid, 0.0) + load_s
-            if (plan.end if plan.end is not None else env._now + plan.total_s) > horizon:
+            if timed and (plan.end if plan.end is not None else env._now + plan.total_s) > horizon:
                 # the step ends after the horizon: it is in flight there, and its tokens, first tokens and finishes
                 # come after the window (its requests stay unfinished); a run ends before it (_decode_run)
                 break
@@ -273,30 +274,36 @@ class Engine(PreemptionWalk, EngineState):
             return self._decode_run(now, None)
         ctx = StepContext(self, budget, chunks, now)
         stop: Admit | None = None
-        ext = self.extensions
+        blocked0 = -1
         if admit:
-            blocked0 = ext.blocked if ext is not None else 0
+            if self.extensions is not None:
+                blocked0 = self.extensions.blocked
             stop = self._schedule_waiting(ctx)
         if not self.running:
             return None
-        stale = False
-        if self._prefetch_on:  # prefetch decisions (twin/extensions.py, twin/prefetch.py)
-            loader, mem = ext.loader, self.adapters
-            before = (loader.started, mem.evictions, len(mem.loading))
-            ext.after_schedule(ctx, now)
-            # a prefetch started (or an eviction made room for one) after the admissions: the outcome that
-            # stopped them (``stop``) may no longer hold -- its slot now held by a load in flight, a NO_KV head
-            # turns NO_SLOT, which FCFS skips -- so the next step must try again, as stepping does
-            stale = (loader.started, mem.evictions, len(mem.loading)) != before
         # 3./4. duration: one step, or a run of identical decode steps
-        if ctx.chunks or ctx.loads or preempted or stale or self.max_run_steps == 1:
+        # (the prefetch decisions first: every step makes them, and a synchronous prefetch adds to ctx.loads)
+        if ((self._prefetch_on and self._prefetch_changed(ctx, now))
+                or ctx.chunks or ctx.loads or preempted or self.max_run_steps == 1):
             return self._single_step(ctx.chunks, ctx.loads, ctx.load_rids)
         plan = self._decode_run(now, stop)
-        if admit and ext is not None and plan.k > 1 and ext.blocked != blocked0:
+        if blocked0 >= 0 and plan.k > 1 and self.extensions.blocked != blocked0:
             # stepping would have tried the same admissions before each step of the run, blocked the same way
             # each time (nothing changes within a run): the extensions' per-attempt counter counts them all
+            ext = self.extensions
             ext.blocked += (ext.blocked - blocked0) * (plan.k - 1)
         return plan
+
+    def _prefetch_changed(self, ctx: StepContext, now: float) -> bool:
+        """The prefetch decisions after a step's admissions (twin/extensions.py, twin/prefetch.py); True when one
+        started (or an eviction made room for one): the outcome that stopped the admissions may no longer hold --
+        its slot now held by a load in flight, a NO_KV head turns NO_SLOT, which FCFS skips -- so the next step
+        must try again, as stepping does, and this one is a single step."""
+        ext, mem = self.extensions, self.adapters
+        loader = ext.loader
+        before = (loader.started, mem.evictions, len(mem.loading))
+        ext.after_schedule(ctx, now)
+        return (loader.started, mem.evictions, len(mem.loading)) != before
 
     def _single_step(self, chunks: list[tuple[int, int]], loads: "list[Load]", load_rids: list[int]) -> "StepPlan":
         """One step of the current batch: the decoders' tokens plus the prefill ``chunks``."""
@@ -370,12 +377,15 @@ class Engine(PreemptionWalk, EngineState):
             t_evt = self._next_arr_t
         # sum the steps (the profile's decode-run entry point; same arithmetic as single steps)
         varying = self._ctx_matters or (self._waiting_matters and self._next_arr_t < INF)
-        args = (n_dec, self.dec_base_sum + n_dec * g, self.adapters.n_active, self.max_lora_rank,
+        k, end, d, durs = self._price_decode_run(
+            now, k_max, t_evt, n_dec, self.dec_base_sum + n_dec * g, self.adapters.n_active, self.max_lora_rank,
+            self._max_loras, len(self.running), self.served, self.n_waiting, varying,
+            self.arrival_a, self.ok_cum, self.arr_ptr, self._next_arr_t, rank_sums, self._registered())
+        if k > 1 and end > self._observe_t:  # the last step crosses the horizon or a check: the run ends before it
+            k, end, d, durs = self._price_decode_run(  # (the same steps, one fewer: nothing changed in between)
+                now, k - 1, t_evt, n_dec, self.dec_base_sum + n_dec * g, self.adapters.n_active, self.max_lora_rank,
                 self._max_loras, len(self.running), self.served, self.n_waiting, varying,
                 self.arrival_a, self.ok_cum, self.arr_ptr, self._next_arr_t, rank_sums, self._registered())
-        k, end, d, durs = self._price_decode_run(now, k_max, t_evt, *args)
-        if k > 1 and end > self._observe_t:  # the last step crosses the horizon or a check: the run ends before it
-            k, end, d, durs = self._price_decode_run(now, k - 1, t_evt, *args)  # (the same steps, one fewer)
         if k == 1:  # (the clock adds the one duration, as a single step's)
             return StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, 1, d, durs, d, 0, n_dec)
         plan = StepPlan(_NO_LOADS, _NO_LOADS, _NO_LOADS, k, d, durs, end - now, 0, n_dec)
