@@ -151,8 +151,9 @@ class RegionPlacement:
 
     ``alloc_failures`` counts allocations that failed although the free bytes would have
     held the adapter (external fragmentation): the allocator then evicts more adapters
-    than the bytes require (``fragmentation_evictions``), or the request waits
-    (``blocked``) when the idle adapters do not free a large enough hole.
+    than the bytes require (``fragmentation_evictions``), or the request waits when the idle
+    adapters do not free a large enough hole (the extensions' ``requests_blocked_by_adapter_memory``).
+    A prefetch retried at every step counts at every step (the engine counts a run's steps alike).
     """
 
     def __init__(self, engine: "EngineCore", capacity_bytes: int, allocator: str = "contiguous",
@@ -173,7 +174,6 @@ class RegionPlacement:
                              f"({self.size[too_big[0]] / 2**20:.0f} MiB)")
         self.alloc_failures = 0
         self.fragmentation_evictions = 0
-        self.blocked = 0
         self.allocations = 0
         self._int_frag_sum = 0.0
         self._int_frag_n = 0
@@ -232,8 +232,7 @@ class RegionPlacement:
     def stats(self) -> dict[str, Any]:
         out = {"adapter_placement": self.alloc.kind, "adapter_region_bytes": self.alloc.capacity,
                "adapter_alloc_failures": self.alloc_failures,
-               "adapter_fragmentation_evictions": self.fragmentation_evictions,
-               "adapter_alloc_blocked": self.blocked}
+               "adapter_fragmentation_evictions": self.fragmentation_evictions}
         if isinstance(self.alloc, PagedAllocator):
             out["adapter_internal_fragmentation"] = self._int_frag_sum / self._int_frag_n if self._int_frag_n else 0.0
         return out
@@ -252,7 +251,6 @@ class UnifiedPool:
         self.ab = [-(-b // self.block_bytes) for b in self.mem.bytes]
         self.adapter_blocks = 0
         self.pool_blocks = engine.total_blocks  # set by install before adapters are placed
-        self.blocked = 0
         self.allocations = 0
 
     def need_blocks(self, a: int) -> int:
@@ -293,5 +291,4 @@ class UnifiedPool:
         assert want == self.adapter_blocks, "unified pool: adapter blocks out of sync"
 
     def stats(self) -> dict[str, Any]:
-        return {"adapter_placement": "unified", "pool_blocks": self.pool_blocks,
-                "adapter_alloc_blocked": self.blocked}
+        return {"adapter_placement": "unified", "pool_blocks": self.pool_blocks}

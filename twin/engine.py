@@ -188,6 +188,9 @@ class Engine(PreemptionWalk, EngineState):
                 continue
             load_s = 0.0
             if plan.loads:  # synchronous loads, on the step's critical path
+                if timed and now + plan.total_s + sum(ld.disk_s + ld.link_s for ld in plan.loads
+                                                      if ld.wait is None) > horizon:
+                    break  # the step ends after the horizon, however soon the link is free: in flight there
                 for ld in plan.loads:
                     if ld.wait is not None:  # an asynchronous load still in flight (twin/prefetch.py)
                         yield ld.wait
@@ -274,10 +277,7 @@ class Engine(PreemptionWalk, EngineState):
             return self._decode_run(now, None)
         ctx = StepContext(self, budget, chunks, now)
         stop: Admit | None = None
-        blocked0 = -1
         if admit:
-            if self.extensions is not None:
-                blocked0 = self.extensions.blocked
             stop = self._schedule_waiting(ctx)
         if not self.running:
             return None
@@ -287,11 +287,11 @@ class Engine(PreemptionWalk, EngineState):
                 or ctx.chunks or ctx.loads or preempted or self.max_run_steps == 1):
             return self._single_step(ctx.chunks, ctx.loads, ctx.load_rids)
         plan = self._decode_run(now, stop)
-        if blocked0 >= 0 and plan.k > 1 and self.extensions.blocked != blocked0:
-            # stepping would have tried the same admissions before each step of the run, blocked the same way
-            # each time (nothing changes within a run): the extensions' per-attempt counter counts them all
-            ext = self.extensions
-            ext.blocked += (ext.blocked - blocked0) * (plan.k - 1)
+        if self._prefetch_failed and plan.k > 1:
+            # stepping retries the failed prefetch placements before every step of the run, failing alike (a failure
+            # changes nothing, and nothing that would change it happens within a run): the per-attempt counter
+            # counts them all
+            self.adapters.placement.alloc_failures += self._prefetch_failed * (plan.k - 1)
         return plan
 
     def _prefetch_changed(self, ctx: StepContext, now: float) -> bool:
@@ -302,7 +302,9 @@ class Engine(PreemptionWalk, EngineState):
         ext, mem = self.extensions, self.adapters
         loader = ext.loader
         before = (loader.started, mem.evictions, len(mem.loading))
+        fails = getattr(mem.placement, "alloc_failures", 0)
         ext.after_schedule(ctx, now)
+        self._prefetch_failed = getattr(mem.placement, "alloc_failures", 0) - fails  # (placements it tried in vain)
         return (loader.started, mem.evictions, len(mem.loading)) != before
 
     def _single_step(self, chunks: list[tuple[int, int]], loads: "list[Load]", load_rids: list[int]) -> "StepPlan":

@@ -98,6 +98,7 @@ class EngineState:
         #: run of decode steps ends at its last step that ends by then, so the state there is the one stepping one
         #: iteration at a time shows (the step that crosses it starts a segment of its own)
         self._observe_t = self.horizon
+        self._prefetch_failed = 0  # adapter placements the last step's prefetch decisions tried in vain (Engine)
         self.max_run_steps = max_run_steps or (1 << 62)
         self.progress = progress
         self.check_invariants = check_invariants

@@ -93,7 +93,11 @@ class Extensions:
         self.cache = engine.cache
         self.memory = memory
         self.prefetch_sources = sources
+        #: requests refused admission at least once because their adapter could not get memory (a region hole, pool
+        #: blocks, or a swap-in that could not start). Requests, not attempts: a scheduler retries a refused request at
+        #: every step, so attempts count the steps (and a run of decode steps priced at once makes one attempt)
         self.blocked = 0
+        self._blocked_rid = bytearray(e.n)
         self.reclaimed_blocks = 0
         if memory != "slots":
             self._place_adapters(memory)
@@ -246,7 +250,7 @@ class Extensions:
             if self.memory == "unified":
                 need_ad = pl.ab[a]
             elif not pl.can_place(a):
-                self.blocked += 1
+                self._refused_for_memory(rid)
                 return Admit.NO_SLOT
         node_blocks = self.prefix.hbm_blocks_of(node) if node is not None else 0
         free = e.total_blocks - e.used_blocks + node_blocks
@@ -255,7 +259,7 @@ class Extensions:
             avail = free + self.reclaimable(node, a)
             if need > avail:
                 if need_ad and nb <= avail:
-                    self.blocked += 1
+                    self._refused_for_memory(rid)
                     return Admit.NO_SLOT
                 return Admit.NO_KV
         now = e.now
@@ -291,7 +295,7 @@ class Extensions:
                 # fewer than asked, e.g. an adapter whose KV child is still loading stays);
                 # a region evicts idle adapters inside it
                 if not self._swapper.start(a, now, evict=self.memory != "unified", demand=True):
-                    self.blocked += 1
+                    self._refused_for_memory(rid)
                     return Admit.NO_SLOT
                 self.swap_in_adapters += 1
                 self._swap_adapter_for[rid] = a
@@ -347,10 +351,16 @@ class Extensions:
         for a in mem.loading:
             assert mem.resident[a], "a loading adapter holds no memory"
 
+    def _refused_for_memory(self, rid: int) -> None:
+        """Request ``rid`` was refused admission because its adapter could not get memory (:attr:`blocked`)."""
+        if not self._blocked_rid[rid]:
+            self._blocked_rid[rid] = 1
+            self.blocked += 1
+
     def stats(self) -> dict[str, Any]:
         """The extensions' counters, then the policies' :meth:`stats` (for the run summary)."""
         out: dict[str, Any] = {"adapter_memory": self.memory, "reclaimed_blocks": self.reclaimed_blocks,
-                               "admissions_blocked_by_adapter_memory": self.blocked}
+                               "requests_blocked_by_adapter_memory": self.blocked}
         if self.cache.kv_block_size:  # the system's own block size replaced EngineConfig.block_size
             out["kv_block_size"] = self.e.block_size
         if self.memory == "region" and self.cache.lora_share:

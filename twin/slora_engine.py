@@ -845,6 +845,10 @@ class SLoRAEngine(EngineState):
         """Load the mini-batch's missing adapters (synchronously, over the link), prefill it."""
         env = self.env
         load_s = 0.0
+        d = self._prefill_s(ctx)
+        if ctx.loads and now + d + sum(ld.link_s for ld in ctx.loads if ld.wait is None) > self.horizon:
+            self._cut = True  # the prefill ends after the horizon, however soon the link is free: in flight there
+            return
         if ctx.loads:
             for ld in ctx.loads:
                 if ld.wait is not None:  # a prefetch still in flight: the prefill waits for it
@@ -855,7 +859,6 @@ class SLoRAEngine(EngineState):
             lw = self.load_wait_d
             for rid in ctx.load_rids:
                 lw[rid] = lw.get(rid, 0.0) + load_s
-        d = self._prefill_s(ctx)
         if env.now + d > self.horizon:  # in flight at the horizon: its first tokens come after the window
             self._cut = True
             return

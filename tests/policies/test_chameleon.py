@@ -233,7 +233,7 @@ def test_bypass_fires_on_the_unified_pool(head_prompt):
                    check_invariants=True)
     s = res.summary
     assert s["requests_finished"] == 3
-    assert (s["admissions_blocked_by_adapter_memory"] >= 1) == (head_prompt == 300)  # NO_SLOT, else NO_KV
+    assert (s["requests_blocked_by_adapter_memory"] >= 1) == (head_prompt == 300)  # NO_SLOT, else NO_KV
     assert s["chameleon_bypasses"] == 1
     r = res.requests.set_index("request_id")
     assert r.loc[2, "first_scheduled_s"] < r.loc[1, "first_scheduled_s"]  # r2 went first

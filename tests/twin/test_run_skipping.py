@@ -67,16 +67,49 @@ def test_adapter_aware_aging_ends_a_run_while_the_batch_is_full():
     _assert_same(a, b)
 
 
-def test_blocked_admissions_are_counted_per_attempt_in_a_run():
-    """A request whose adapter cannot be placed in a fixed adapter region is refused at every step's admission
-    attempt; a run of 49 decode steps made one attempt, so admissions_blocked_by_adapter_memory read 1, not 49."""
+def test_blocked_requests_are_counted_once_whatever_the_runs():
+    """Requests refused for adapter memory were counted per admission attempt: a run of decode steps made one
+    attempt where stepping makes one per step (1 vs 49 below), and multiplying a run's first attempt by its steps
+    over-counted where the running requests' KV grows within the run and a refusal turns from adapter memory
+    (NO_SLOT) to KV (NO_KV) partway (fastlibra-wos: 65 vs 62; adapter-aware with chameleon+prefetch: 190 vs 158).
+    A request counts once now (requests_blocked_by_adapter_memory), the same either way."""
     prof = constant_profile(c0=0.01, disk_s=0.0, cpu_s=0.0)
     w = Workload.from_arrays([0.0, 0.001], [10, 10], [50, 5], [0, 1], [64, 64])
     cfg = EngineConfig(max_loras=1, max_model_len=512, kv_capacity_tokens=6000, adapter_memory="region",
                        adapter_placement="paged")
     a, b = _both(w, prof, cfg, scheduler="sjf", cache="lru")
-    assert b.summary["admissions_blocked_by_adapter_memory"] == 49
+    assert b.summary["requests_blocked_by_adapter_memory"] == 1
     assert a.summary["step_segments"] < b.summary["step_segments"]
+    _assert_same(a, b)
+    prof = constant_profile(c0=0.006348212428669207, c_ctx=1e-07, c_decode=0.0, kv_tokens=100000)
+    w = Workload.from_arrays(
+        [26.876386269121443, 27.05710815321425, 27.543051554932482, 27.543051554932482, 27.61106716690379,
+         27.61106716690379, 27.61106716690379],
+        [64] * 7, [365, 255, 321, 282, 293, 150, 281], [2, 3, 3, -1, 2, 0, 3], [32, 64, 64, 0, 32, 8, 64],
+        conversation_id=[310012, 310020, 310023, 320016, 320029, 320019, 320030], turn=[0] * 7, prefix_tokens=[0] * 7)
+    cfg = EngineConfig(max_loras=3, block_size=8, kv_capacity_tokens=6000, max_model_len=512)
+    a, b = _both(w, prof, cfg, policy="fastlibra-wos", cache_opts={"busy": 0.5, "idle": 0.3})
+    assert b.summary["requests_blocked_by_adapter_memory"] >= 1
+    _assert_same(a, b)
+    w = Workload.from_arrays([14.948173382045887] * 3, [64] * 3, [224, 214, 41], [2, 5, 8], [8, 16, 8],
+                             conversation_id=[160000, 160010, 160008], turn=[0] * 3, prefix_tokens=[0] * 3)
+    cfg = EngineConfig(max_num_seqs=8, kv_capacity_tokens=1500, max_model_len=512)
+    a, b = _both(w, "llama-3.1-8b_h100_vllm085_interval_ranktile", cfg, scheduler="adapter-aware",
+                 cache="chameleon+prefetch")
+    assert b.summary["requests_blocked_by_adapter_memory"] >= 1
+    _assert_same(a, b)
+
+
+def test_failed_prefetch_placements_are_counted_per_step_in_a_run():
+    """A prefetch whose adapter finds no hole in a fragmented region fails, changing nothing, and stepping retries
+    it at every step; a run made one attempt (adapter_alloc_failures 5 vs 104). The run counts its steps' attempts."""
+    w = Workload.from_arrays(
+        [8.522168540056267, 12.765092588628388, 13.136082718348321, 14.902208545875794, 15.28354492923682,
+         15.301470936025236, 17.213540506827066], [64] * 7, [258, 89, 275, 183, 295, 23, 216],
+        [5, 10, 9, 8, 3, 7, 11], [32, 64, 32, 16, 128, 128, 128])
+    a, b = _both(w, "llama-3.1-8b_h100_vllm085_adaptercheck", EngineConfig(max_loras=4, adapter_memory="region"),
+                 scheduler="adapter-aware", cache="ema-prefetch")
+    assert b.summary["adapter_alloc_failures"] > 50
     _assert_same(a, b)
 
 
@@ -139,3 +172,17 @@ def test_the_step_in_flight_at_the_horizon_is_not_completed(system, horizon):
     s = a.summary
     assert s["requests_finished"] + s["requests_rejected"] + s["requests_unfinished"] == s["requests_arrived"]
     assert s["requests_unfinished"] > 0
+
+
+@pytest.mark.parametrize("policy,horizon", [("vllm", 0.3), ("slora", 0.005)])
+def test_a_step_whose_loads_end_after_the_horizon_does_not_start_them(policy, horizon):
+    """The horizon's cut came after the step's synchronous adapter loads: a 0.6 s load started before a 0.3 s horizon
+    ran the clock to 0.6 s and put its link time (all of it after the horizon) into the link utilisation. A step
+    whose loads alone end past the horizon is in flight there and does not start them."""
+    prof = constant_profile(c0=0.01, disk_s=0.5, cpu_s=0.1)
+    w = Workload.from_arrays([0.0], [16], [5], [0], [64])
+    a, b = _both(w, prof, EngineConfig(max_loras=1, max_model_len=512, kv_capacity_tokens=6000), policy=policy,
+                 horizon_s=horizon)
+    _assert_same(a, b)
+    assert a.engine.env.now <= horizon and a.summary["link_utilization"] == 0.0
+    assert a.requests["outcome"].tolist() == ["unfinished"]
