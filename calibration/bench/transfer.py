@@ -250,6 +250,19 @@ class ComputeJob:
         return self.n
 
 
+def _enqueue_copies(dsts, srcs, streams, start) -> list:
+    """Each copy ``src -> dst`` on its own stream, after the ``start`` event: the copies' completion events."""
+    done = []
+    for d, s, stream in zip(dsts, srcs, streams):
+        stream.wait_event(start)
+        with torch.cuda.stream(stream):
+            d.copy_(s, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        done.append(ev)
+    return done
+
+
 def _time_streams(dsts, srcs, streams, warmup: int, repeats: int) -> np.ndarray:
     """Concurrent async copies on separate CUDA streams, timed with CUDA events (ms)."""
     main = torch.cuda.current_stream()
@@ -257,15 +270,8 @@ def _time_streams(dsts, srcs, streams, warmup: int, repeats: int) -> np.ndarray:
     def once():
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        done = []
         start.record(main)
-        for d, s, stream in zip(dsts, srcs, streams):
-            stream.wait_event(start)
-            with torch.cuda.stream(stream):
-                d.copy_(s, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(stream)
-            done.append(ev)
+        done = _enqueue_copies(dsts, srcs, streams, start)
         for ev in done:
             main.wait_event(ev)
         end.record(main)
@@ -301,15 +307,8 @@ def _time_copies_with_compute_cuda(dsts, srcs, copy_streams, job: ComputeJob, co
             gate(int(GATE_CYCLES + GATE_CYCLES_PER_LAUNCH * ((len(dsts) if copies else 0) + (job.n if compute else 0))))
         start = torch.cuda.Event(enable_timing=True)
         start.record(main)
-        copy_done, compute_done = [], None
-        if copies:
-            for d, s, stream in zip(dsts, srcs, copy_streams):
-                stream.wait_event(start)
-                with torch.cuda.stream(stream):
-                    d.copy_(s, non_blocking=True)
-                ev = torch.cuda.Event()
-                ev.record(stream)
-                copy_done.append(ev)
+        copy_done = _enqueue_copies(dsts, srcs, copy_streams, start) if copies else []
+        compute_done = None
         if compute:
             compute_stream.wait_event(start)
             with torch.cuda.stream(compute_stream):
