@@ -143,7 +143,10 @@ def test_checked_predictions_score_the_checked_configuration():
     preds = pd.DataFrame({"scenario": truth["scenario"], "served_raw": [187.8], "slots_raw": [32.0],
                           "throughput": [11000.0]})
     cp, cost = checked_predictions(preds, truth, PROFILE, GRID, GRID, known)
-    assert cp.loc[0, "served_raw"] == 160 and cp.loc[0, "slots_raw"] == 32 and cp.loc[0, "check_steps"] == 1
+    # the checked configuration is the one recommended; the raw values stay the model's (they were the checked
+    # configuration's, so the "+ twin check" rows' raw SMAPE read as the snapped one)
+    assert cp.loc[0, "served"] == 160 and cp.loc[0, "slots"] == 32 and cp.loc[0, "check_steps"] == 1
+    assert cp.loc[0, "served_raw"] == 187.8 and cp.loc[0, "slots_raw"] == 32.0
     assert cp.loc[0, "throughput"] == pytest.approx(950.0)  # the twin's, since the check changed it
     assert cost == {"check_runs_simulated": 0, "check_cpu_s": 0.0}
 

@@ -5,13 +5,17 @@ the ``throughput90`` label of the measured grid (it reproduces ``is_optimum_est`
 recommends (served adapters, slots) and a throughput; scored per predictor:
 
 * SMAPE in the published convention (``100 * mean(|p - y| / (|p| + |y|))``) of served adapters,
-  slots (raw and snapped to the grid) and throughput (predicted vs the real optimum's);
+  slots (raw and snapped to the grid) and throughput: ``smape_throughput`` the predicted throughput vs the real
+  optimum's (the published convention: the label's throughput is a target), ``smape_throughput_at_rec`` vs the real
+  throughput at the recommended configuration (what an operator following it would see);
 * regret = real throughput at the recommended (snapped) configuration / the real optimum's
   throughput, from the measured grid (a recommendation that does not start counts 0; a real run
   that failed for reasons unrelated to the configuration leaves it unknown);
 * starving recommendations (``starving``): the real run at the recommended configuration serves
-  less than 90 % of its offered tokens while the real optimum does not (in an overloaded scenario
-  even the optimum starves: ``starving_incl_overloaded`` counts those too), or does not start.
+  less than 90 % of its offered tokens, or does not start. ``throughput90`` itself can pick a starving
+  configuration (it keeps the highest throughput across slot values, and a slot value's walk keeps its first run
+  when even that one is below the line): ``starving_beyond_label`` counts only the recommendations that starve where
+  the real optimum does not.
 
 Predictors: the trained model (random forest), its <= 30-rule tree, a constant predictor (the
 training labels' median), the twin used directly as the optimiser (``twin configure search``), and
@@ -94,41 +98,48 @@ def real_grid(real: pd.DataFrame) -> dict[tuple[str, int, int], pd.Series]:
     return {(r["scenario"], int(r["served_adapters"]), int(r["adapter_slots"])): r for _, r in df.iterrows()}
 
 
-def score_recommendation(grid: dict, scenario: str, served: int, slots: int, opt_tp: float) -> tuple[float, bool | None]:
-    """(regret, starving) of a recommendation against the measured grid."""
+def score_recommendation(grid: dict, scenario: str, served: int, slots: int,
+                         opt_tp: float) -> tuple[float, bool | None, float]:
+    """(regret, starving, real throughput) of a recommendation against the measured grid (NaN / None where the grid
+    does not know it: not measured, or a run that failed for reasons unrelated to the configuration; a configuration
+    that does not start scores regret 0, starving, throughput 0)."""
 
     r = grid.get((scenario, int(served), int(slots)))
     if r is None:
-        return math.nan, None
+        return math.nan, None, math.nan
     if r["status"] == "ok":
         ratio = float(r["total_tok_s"]) / float(r["offered_tok_s"])
-        return float(r["total_tok_s"]) / opt_tp, bool(ratio < 0.9)
+        return float(r["total_tok_s"]) / opt_tp, bool(ratio < 0.9), float(r["total_tok_s"])
     if r["status"] in START_FAILURE_STATUSES:
-        return 0.0, True
-    return math.nan, None
+        return 0.0, True, 0.0
+    return math.nan, None, math.nan
 
 
 #: the columns of a predictor's per-scenario scores (:func:`score_predictor`)
 SCORE_COLUMNS = ("predictor", "scenario", "real_served", "real_slots", "real_tok_s", "served_raw", "slots_raw", "served",
-                 "slots", "pred_tok_s", "regret", "starving", "violation")
+                 "slots", "pred_tok_s", "real_tok_s_at_rec", "regret", "starving", "starving_beyond_label")
 
 
 def score_predictor(name: str, preds: pd.DataFrame, truth: pd.DataFrame, grid: dict,
                     served_grid: list[int], slot_grid: list[int]) -> tuple[dict[str, Any], pd.DataFrame]:
-    """``preds``: one row per scenario with ``served_raw``, ``slots_raw``, ``throughput``."""
+    """``preds``: one row per scenario with ``served_raw``, ``slots_raw``, ``throughput``, and optionally the
+    configuration recommended in the end, ``served`` / ``slots`` (the twin's check: else the raw values snapped)."""
     m = truth.merge(preds, on="scenario", how="inner")
     rows = []
     for _, r in m.iterrows():
-        n, g = snap_config(r["served_raw"], r["slots_raw"], served_grid, slot_grid)
-        reg, starv = score_recommendation(grid, r["scenario"], n, g, float(r["throughput_tok_s"]))
+        if "served" in r.index and pd.notna(r["served"]):
+            n, g = int(r["served"]), int(r["slots"])
+        else:
+            n, g = snap_config(r["served_raw"], r["slots_raw"], served_grid, slot_grid)
+        reg, starv, tp = score_recommendation(grid, r["scenario"], n, g, float(r["throughput_tok_s"]))
         opt_starves = float(r["ratio_at_label"]) < 0.9
-        # a violation: the recommendation starves (or does not start) where the real optimum does not
-        viol = None if starv is None else bool(starv and (not opt_starves or reg == 0.0))
+        # beyond the label: the recommendation starves (or does not start) where the real optimum does not
+        beyond = None if starv is None else bool(starv and (not opt_starves or reg == 0.0))
         rows.append({"predictor": name, "scenario": r["scenario"], "real_served": int(r["served_adapters"]),
                      "real_slots": int(r["adapter_slots"]), "real_tok_s": float(r["throughput_tok_s"]),
                      "served_raw": float(r["served_raw"]), "slots_raw": float(r["slots_raw"]),
-                     "served": n, "slots": g, "pred_tok_s": float(r["throughput"]), "regret": reg,
-                     "starving": starv, "violation": viol})
+                     "served": n, "slots": g, "pred_tok_s": float(r["throughput"]), "real_tok_s_at_rec": tp,
+                     "regret": reg, "starving": starv, "starving_beyond_label": beyond})
     d = pd.DataFrame(rows, columns=SCORE_COLUMNS)  # (no row: a predictor that named none of the scenarios)
     reg = d["regret"].dropna()
     out = {"predictor": name, "scenarios": int(len(d)),
@@ -137,11 +148,12 @@ def score_predictor(name: str, preds: pd.DataFrame, truth: pd.DataFrame, grid: d
            "smape_served_raw": smape_pct(d["served_raw"], d["real_served"]),
            "smape_slots_raw": smape_pct(d["slots_raw"], d["real_slots"]),
            "smape_throughput": smape_pct(d["pred_tok_s"], d["real_tok_s"]),
+           "smape_throughput_at_rec": smape_pct(d["pred_tok_s"], d["real_tok_s_at_rec"]),
            "regret_mean": float(reg.mean()) if len(reg) else math.nan,
            "regret_min": float(reg.min()) if len(reg) else math.nan,
            "regret_known": int(len(reg)),
-           "starving": int(d["violation"].fillna(False).astype(bool).sum()),
-           "starving_incl_overloaded": int(d["starving"].fillna(False).astype(bool).sum())}
+           "starving": int(d["starving"].fillna(False).astype(bool).sum()),
+           "starving_beyond_label": int(d["starving_beyond_label"].fillna(False).astype(bool).sum())}
     return out, d
 
 
@@ -197,6 +209,7 @@ def crossings(real: pd.DataFrame, twin_runs: pd.DataFrame | None, source: str = 
     the same configuration (from the search runs, where its walk reached it)."""
 
     df = from_real(real[real["source"] == source] if source else real)
+    measured = {k: sorted(v) for k, v in df.groupby(["scenario", "adapter_slots"])["served_adapters"]}  # (failed too)
     df = df[df["status"] == "ok"]
     key = {sc: _twin_key(rates, ranks) for sc, rates, ranks in zip(df["scenario"], df["rates"], df["ranks"])}
     tw = {}
@@ -213,8 +226,11 @@ def crossings(real: pd.DataFrame, twin_runs: pd.DataFrame | None, source: str = 
             if ratios[i] >= 0.9 > ratios[i + 1]:
                 for side, j in (("last_above", i), ("first_below", i + 1)):
                     t = tw.get((key[sc], int(served[j]), int(g)), math.nan)
+                    grid_g = measured[(sc, g)]
                     rows.append({"scenario": sc, "adapter_slots": int(g), "side": side,
                                  "served_adapters": int(served[j]), "real_ratio": float(ratios[j]),
+                                 # (False: the two runs are not neighbours on the grid: failed runs lie between)
+                                 "adjacent": grid_g.index(int(served[i + 1])) - grid_g.index(int(served[i])) == 1,
                                  "twin_ratio": abs(t) if t == t else math.nan,
                                  "twin_ratio_is_upper_bound": bool(t == t and t < 0),
                                  "same_side": (bool((abs(t) >= 0.9) == (ratios[j] >= 0.9)) if t == t and t >= 0
@@ -229,8 +245,8 @@ def checked_predictions(preds: pd.DataFrame, truth: pd.DataFrame, profile: str |
     """A model's recommendations after the twin's check (:mod:`twin.configurator.check`): each
     snapped recommendation is run in the twin and its served adapters stepped down while the twin
     reads it starving. ``known`` (runs by scenario and configuration) is shared across models and
-    with the search's walk. The checked rows carry the checked configuration as their raw values
-    too, and the twin's throughput there where the check changed the configuration. ``serving_us`` /
+    with the search's walk. The checked rows keep the model's raw values, carry the checked configuration as
+    ``served`` / ``slots``, and the twin's throughput there where the check changed the configuration. ``serving_us`` /
     ``rank_tile_cost``: the twin's engine constants (those of the search whose runs ``known`` holds)."""
     m = truth[["scenario", "rates", "ranks"]].merge(preds, on="scenario", how="inner")
     rows, runs, cpu = [], 0, 0.0
@@ -242,8 +258,9 @@ def checked_predictions(preds: pd.DataFrame, truth: pd.DataFrame, profile: str |
         runs += sum(1 for st in c["steps"] if st["simulated"])
         cpu += sum(st["cpu_s"] for st in c["steps"])
         tp = c["throughput_tok_s"] if c["changed"] and math.isfinite(c["throughput_tok_s"]) else float(r["throughput"])
-        rows.append({"scenario": r["scenario"], "served_raw": float(c["served_adapters"]),
-                     "slots_raw": float(c["adapter_slots"]), "throughput": tp, "check_steps": len(c["steps"]) - 1})
+        rows.append({"scenario": r["scenario"], "served_raw": float(r["served_raw"]), "slots_raw": float(r["slots_raw"]),
+                     "served": int(c["served_adapters"]), "slots": int(c["adapter_slots"]), "throughput": tp,
+                     "check_steps": len(c["steps"]) - 1})
     return pd.DataFrame(rows), {"check_runs_simulated": runs, "check_cpu_s": cpu}
 
 
@@ -352,13 +369,14 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
                "engine": {"serving_us": serving_us, "rank_tile_cost": rank_tile_cost},
                "model": (primary or {}).get("model") or (primary or {}).get("predictor"),
                **{k: (primary or {}).get(k) for k in ("smape_served", "smape_slots", "smape_throughput",
-                                                       "smape_served_raw", "smape_slots_raw", "regret_mean",
-                                                       "regret_min", "starving")},
+                                                       "smape_throughput_at_rec", "smape_served_raw",
+                                                       "smape_slots_raw", "regret_mean", "regret_min", "regret_known",
+                                                       "starving", "starving_beyond_label")},
                "table": tab.to_dict(orient="records")}
     if checked_summary is not None:  # the primary model after the twin's check
         summary["checked"] = {k: checked_summary.get(k) for k in (
             "predictor", "smape_served", "smape_slots", "smape_throughput", "regret_mean", "regret_min", "starving",
-            "changed_by_check", "check_runs_simulated", "check_cpu_s")}
+            "starving_beyond_label", "changed_by_check", "check_runs_simulated", "check_cpu_s")}
     cross = crossings(real, twin_runs, source) if twin_runs is not None else pd.DataFrame()
     if len(cross):
         both = cross.dropna(subset=["twin_ratio"])
@@ -371,8 +389,10 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
 def format_table(tab: pd.DataFrame) -> str:
     cols = [("predictor", 44, "s"), ("smape_served", 9, ".2f"), ("smape_slots", 9, ".2f"),
             ("smape_served_raw", 9, ".2f"), ("smape_slots_raw", 9, ".2f"), ("smape_throughput", 9, ".2f"),
-            ("regret_mean", 8, ".3f"), ("regret_min", 8, ".3f"), ("starving", 6, ".0f")]
-    hdr = ["predictor".ljust(44), "served", "slots", "served*", "slots*", "tok/s", "regret", "min", "starve"]
+            ("smape_throughput_at_rec", 9, ".2f"), ("regret_mean", 8, ".3f"), ("regret_min", 8, ".3f"),
+            ("starving", 6, ".0f"), ("starving_beyond_label", 7, ".0f")]
+    hdr = ["predictor".ljust(44), "served", "slots", "served*", "slots*", "tok/s", "tok/s@", "regret", "min", "starve",
+           "beyond"]
     lines = [" ".join(h.rjust(w) if i else h for i, (h, (_, w, _)) in enumerate(zip(hdr, cols)))]
     for _, r in tab.iterrows():
         cells = []
@@ -386,7 +406,9 @@ def format_table(tab: pd.DataFrame) -> str:
                 cells.append(format(float(v), f).rjust(w))
         lines.append(" ".join(cells))
     lines.append("SMAPE % in the published convention 100*mean(|p-y|/(|p|+|y|)), snapped to the grid "
-                 "(* = raw prediction); regret = real tok/s at the recommendation / real optimum")
+                 "(* = raw prediction); tok/s: predicted vs the real optimum's, tok/s@: vs the real run at the "
+                 "recommendation; regret = real tok/s at the recommendation / real optimum; starve: recommendations "
+                 "whose real run serves < 90 % of offered, beyond: of those, where the real optimum does not")
     return "\n".join(lines)
 
 
