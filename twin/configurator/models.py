@@ -116,7 +116,9 @@ HS_LAMBDAS = (0.0, 0.1, 1.0, 10.0, 25.0, 50.0, 100.0)
 
 
 def smape_pct(pred, true) -> float:
-    """The published convention: ``100 * mean(|p - y| / (|p| + |y|))``."""
+    """The published convention: ``100 * mean(|p - y| / (|p| + |y|))``, over the pairs where both are finite (a
+    real run the measured grid does not know is NaN and left out: the evaluation's ``regret_known`` says how many
+    remain; a model's prediction is never NaN, :func:`predict` refuses a damaged model first); NaN when none is."""
     p = np.asarray(pred, float)
     y = np.asarray(true, float)
     den = np.abs(p) + np.abs(y)
