@@ -37,6 +37,38 @@ if TYPE_CHECKING:  # pragma: no cover
 INF = math.inf
 
 
+def engine_setup(config: EngineConfig, profile: "Profile", cache: AdapterCachePolicy) -> tuple[EngineConfig, "Profile"]:
+    """The configuration and profile an engine runs with (validated): the cache policy's own KV block size, and the
+    profile priced for tensor parallelism (each GPU computes 1/TP of the step, :mod:`twin.tensor_parallel`) and for
+    adapters paged in the KV pool (FastLibra §2). A sweep's start-up check and early-stop bound read the same."""
+    if cache.kv_block_size and cache.kv_block_size != config.block_size:  # the system's block size
+        config = dataclasses.replace(config, block_size=int(cache.kv_block_size))
+    config.validate()
+    if config.tensor_parallel > 1:
+        profile = tp_profile(profile, config.tensor_parallel)
+    if cache.lora_compute == "paged":
+        profile = profile.with_paged_lora()
+    return config, profile
+
+
+def kv_at_startup(cfg: EngineConfig, profile: "Profile", max_lora_rank: int) -> int:
+    """vLLM's start-up: the KV cache's tokens left after the weights and the LoRA buffers of ``cfg``'s slots at
+    ``max_lora_rank`` (or ``kv_capacity_tokens``), refused with a :class:`StartupError` naming the fix when it cannot
+    hold one block or one ``max_model_len`` request (``profile``: :func:`engine_setup`'s)."""
+    slots = cfg.max_loras if cfg.enable_lora else 0
+    kv = cfg.kv_capacity_tokens or profile.kv_capacity_tokens(slots, max_lora_rank if slots else 0)
+    if kv // cfg.block_size < 1 and not cfg.kv_capacity_tokens and slots and max_lora_rank:
+        # the slots' LoRA buffers took the memory the KV cache would have had (vLLM: no blocks left)
+        raise StartupError(f"{slots} adapter slots of max rank {max_lora_rank} leave no memory for the KV "
+                           f"cache on {profile.name}'s GPU (their LoRA buffers take what the weights leave); vLLM "
+                           f"would refuse to start: give fewer slots (max_loras) or a lower max_lora_rank")
+    if kv // cfg.block_size < 1:  # (and a per-block-offset table of block_size entries would not fit either)
+        raise StartupError(f"block_size {cfg.block_size} exceeds the KV cache's {kv} tokens: not one "
+                           f"block fits; use vLLM's block sizes (8, 16, 32, 64, 128; default 16)")
+    check_startup(kv, cfg.max_model_len or profile.model.max_model_len, slots, max_lora_rank)
+    return int(kv)
+
+
 def check_run_arguments(config: EngineConfig, scheduler: Scheduler, cache: AdapterCachePolicy,
                         horizon_s: float | None, max_run_steps: int | None) -> None:
     """What an engine refuses before any work: a configuration that is not an :class:`EngineConfig`,
@@ -82,15 +114,9 @@ class EngineState:
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
                  progress: bool = False, record_steps: bool = True, check_invariants: bool = False) -> None:
         check_run_arguments(config, scheduler, cache, horizon_s, max_run_steps)
-        if cache.kv_block_size and cache.kv_block_size != config.block_size:  # the system's block size
-            config = dataclasses.replace(config, block_size=int(cache.kv_block_size))
-        config.validate()
+        config, profile = engine_setup(config, profile, cache)
         self.config = config
         self._cache_limits()
-        if config.tensor_parallel > 1:  # each GPU computes 1/TP of the step (twin/tensor_parallel.py)
-            profile = tp_profile(profile, config.tensor_parallel)
-        if cache.lora_compute == "paged":  # adapters paged in the KV pool (FastLibra §2)
-            profile = profile.with_paged_lora()
         self.profile = profile
         self.env = simpy.Environment()
         self.horizon = INF if horizon_s is None else float(horizon_s)
@@ -140,24 +166,14 @@ class EngineState:
         self.served = cfg.served_adapters if cfg.served_adapters is not None else t.n_adapters
 
     def _size_kv_cache(self) -> None:
-        """vLLM's start-up: KV for one max_model_len request after the weights and the LoRA buffers."""
-        cfg, profile = self.config, self.profile
-        ranks = self.adapter_rank
-        self.max_model_len = cfg.max_model_len or profile.model.max_model_len
+        """vLLM's start-up: KV for one max_model_len request after the weights and the LoRA buffers
+        (:func:`kv_at_startup`)."""
+        cfg, ranks = self.config, self.adapter_rank
+        self.max_model_len = cfg.max_model_len or self.profile.model.max_model_len
         self.max_lora_rank = cfg.max_lora_rank or (int(ranks.max()) if len(ranks) else 0)
-        slots = cfg.max_loras if cfg.enable_lora else 0
-        self.kv_tokens = cfg.kv_capacity_tokens or profile.kv_capacity_tokens(slots, self.max_lora_rank if slots else 0)
+        self.kv_tokens = kv_at_startup(cfg, self.profile, self.max_lora_rank)
         self.block_size = cfg.block_size
         self.total_blocks = self.kv_tokens // self.block_size
-        if self.total_blocks < 1 and not cfg.kv_capacity_tokens and slots and self.max_lora_rank:
-            # the slots' LoRA buffers took the memory the KV cache would have had (vLLM: no blocks left)
-            raise StartupError(f"{slots} adapter slots of max rank {self.max_lora_rank} leave no memory for the KV "
-                               f"cache on {profile.name}'s GPU (their LoRA buffers take what the weights leave); vLLM "
-                               f"would refuse to start: give fewer slots (max_loras) or a lower max_lora_rank")
-        if self.total_blocks < 1:  # (and a per-block-offset table of block_size entries would not fit either)
-            raise StartupError(f"block_size {self.block_size} exceeds the KV cache's {self.kv_tokens} tokens: not one "
-                               f"block fits; use vLLM's block sizes (8, 16, 32, 64, 128; default 16)")
-        check_startup(self.kv_tokens, self.max_model_len, slots, self.max_lora_rank)
         self._apply_rejection_rules()
 
     def _apply_rejection_rules(self, adapter_blocks: list[int] | None = None) -> None:

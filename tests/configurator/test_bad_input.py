@@ -607,12 +607,12 @@ def test_predict_check_where_no_configuration_starts_recommends_nothing(capsys):
     cap = capsys.readouterr()
     assert "serve " not in cap.out and "GPU adapter slots" not in cap.out
     assert ("twin configure predict: no recommendation: the twin's check tried 160/32, 160/16 (served/slots) and none "
-            "passed vLLM's start-up check (first: the KV cache left after the weights and 32 LoRA slots of max rank "
-            "512") in cap.err
+            "passed vLLM's start-up check (first: 32 adapter slots of max rank 512 leave no memory for the KV cache") \
+        in cap.err
     assert main(argv + ["--json"]) == 1
     d = json.loads(capsys.readouterr().out)
     assert d["served_adapters"] is None and d["adapter_slots"] is None and d["check"]["none_started"] is True
-    assert d["check"]["steps"][0]["startup_reason"].startswith("the KV cache left after the weights")
+    assert d["check"]["steps"][0]["startup_reason"].startswith("32 adapter slots of max rank 512 leave no memory")
 
 
 def test_predict_check_refuses_rates_beyond_the_request_cap(capsys, monkeypatch):

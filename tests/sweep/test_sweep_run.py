@@ -244,7 +244,8 @@ def test_a_grid_where_no_configuration_starts_is_refused_before_any_run(tmp_path
     g.slots, g.served = [5000], [5000]
     with pytest.raises(ValueError, match=r"grid: no configuration passes vLLM's start-up check with profile "
                                          r"llama-3.1-8b_h100_vllm085_adaptercheck, so every run would be a start failure \(at "
-                                         r"5000 slots of max LoRA rank 32: the KV cache left .* give smaller"):
+                                         r"5000 slots of max LoRA rank 32: 5000 adapter slots of max rank 32 leave no memory for the KV cache"
+                                         r".* give smaller"):
         run_sweep(g, tmp_path / "sw", "local", progress=False)
     assert not (tmp_path / "sw").exists()
 
@@ -259,10 +260,11 @@ def test_the_summary_of_a_sweep_whose_runs_all_failed_to_start_says_so(tmp_path,
     s = summarize_results(read_results(tmp_path))
     assert (s["runs"], s["simulated"], s["start_failures"], s["starving"], s["early_stopped"]) == (1, 0, 1, 0, 0)
     assert s["note"] == "no run was simulated: all 1 runs failed vLLM's start-up check"
-    assert s["start_failure_reasons"][0].startswith("1 run: the KV cache left after the weights and 5000 LoRA slots")
+    assert s["start_failure_reasons"][0].startswith("1 run: 5000 adapter slots of max rank 32 leave no memory for "
+                                                    "the KV cache")
     assert main(["sweep", "smoke", "--out", str(tmp_path), "--summary"]) == 0
     out = capsys.readouterr().out
-    assert "no run was simulated: all 1 runs failed vLLM's start-up check" in out and "5000 LoRA slots" in out
+    assert "no run was simulated: all 1 runs failed vLLM's start-up check" in out and "5000 adapter slots" in out
     assert main(["sweep", "smoke", "--out", str(tmp_path), "--summary", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["start_failures"] == 1
 
@@ -931,3 +933,34 @@ def test_a_terminated_sweep_stops_its_workers_and_says_how_to_resume(tmp_path):
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):  # (nothing of the sweep's process group is left)
         os.killpg(p.pid, 0)
+
+
+@pytest.mark.parametrize("override", [{"max_model_len": 4096}, {"tensor_parallel": 2}])
+def test_start_up_check_reads_the_grids_engine_overrides(override):
+    """The start-up check read the slots and rank only: 128 slots at rank 32 was recorded as a start failure with
+    max_model_len 4096 or tensor parallelism 2, where the engine built with the same override starts (KV 121,456 and
+    486,448 tokens). It checks the engine the run builds now."""
+    from twin.sweep.scenario import run_config
+
+    sc = {"key": "x", "rates": [0.1, 0.05, 0.025], "ranks": [8, 16, 32], "lengths": [222.0, 197.0]}
+    r = run_config(sc, 192, 128, 32, window_s=20.0, profile="llama-3.1-8b_h100_vllm085", engine_overrides=override)
+    assert r["status"] == "ok" and r["kv_tokens"] in (121456, 486448)
+    r = run_config(sc, 192, 128, 32, window_s=20.0, profile="llama-3.1-8b_h100_vllm085",
+                   engine_overrides={"kv_capacity_tokens": 4096})  # (below one max_model_len request: refused)
+    assert r["status"] == "start_failure" and "vLLM would refuse to start" in r["startup_reason"]
+
+
+def test_labels_below_the_walks_ratio_are_refused():
+    """A sweep walked at ratio 0.95 stops each slot value's walk at its first run below 0.95; labelled at 0.9 the
+    labels silently lacked the runs a walk at 0.9 goes on to (11 of 24 differed). Refused now; at or above the walk's
+    ratio the labels hold."""
+    import pandas as pd
+
+    from twin.configurator.dataset import build_dataset
+
+    runs = pd.DataFrame({"scenario": ["s"] * 2, "served_adapters": [8, 16], "adapter_slots": [8, 8], "seed": [0, 0],
+                         "max_lora_rank": [8, 8], "status": ["ok", "ok"], "offered_tok_s": [100.0, 200.0],
+                         "total_tok_s": [99.0, 186.0], "early_stop": [False, False], "walk_ratio": [0.95, 0.95],
+                         "rates": ["0.1-0.1-0.1"] * 2, "ranks": ["8-8-8"] * 2})
+    with pytest.raises(ValueError, match=r"--ratio 0.9 from a sweep that walked at ratio 0.95"):
+        build_dataset(runs, "throughput90", ratio=0.9)

@@ -322,6 +322,14 @@ def build_dataset(runs: pd.DataFrame, rule: str = "throughput90", **kw: Any) -> 
             what = "; ".join(f"{p} in {n} runs" for p, n in counts.items())
             raise ValueError(f"the runs mix profiles ({what}): label the sweeps of each profile apart (and train one "
                              f"model per profile)")
+    if "walk_ratio" in runs:  # (rows of sweeps before stop 65 do not say: not checked)
+        walked = pd.to_numeric(runs["walk_ratio"], errors="coerce").dropna()
+        ratio = float(kw.get("ratio", 0.9))
+        if len(walked) and ratio < float(walked.max()) - 1e-12:
+            raise ValueError(f"labels at --ratio {ratio:g} from a sweep that walked at ratio {walked.max():g}: each "
+                             f"slot value's walk stopped at its first run below {walked.max():g} of the offered tokens, "
+                             f"so the runs a walk at {ratio:g} would go on to are missing; label at --ratio "
+                             f"{walked.max():g} or above, or sweep again with [early_stop] ratio = {ratio:g}")
     labels = label_scenarios(runs, rule, **kw)
     if "profile" in runs and "profile" not in labels:
         labels["profile"] = runs["profile"].iloc[0]
