@@ -135,3 +135,21 @@ def test_a_mean_of_changes_of_mixed_sign_is_not_a_reproduction():
     same = mixed_sign_verdict(row(paper, -60.3), {"chatbot": -50.0, "translation": -70.0, "agent": -61.0})
     assert verdict(same) == "yes"
     assert verdict(mixed_sign_verdict(row(paper, -20.0), {"a": -10.0, "b": -30.0})) == "no"
+
+
+def test_a_point_sizes_the_server_as_its_presets_system(monkeypatch):
+    """Runner.point built the engine configuration from a run without the preset, so an S-LoRA preset's pool with
+    gpu_mem_gb was sized as vLLM's, less the per-slot LoRA buffers S-LoRA does not have (72,480 of 82,704 tokens in
+    the FastLibra set-up). It is sized as `twin run` and `twin compare` size it now."""
+    from twin.scenario import for_preset
+
+    monkeypatch.delenv("TWIN_REPRODUCE_CACHE", raising=False)
+    run = dataclasses.replace(RunConfig(trace="multiturn-synth", duration=10.0, adapters=20, slots=8, seed=2),
+                              gpu_mem_gb=48.0)
+    runner = Runner(cache=False)
+    for preset in ("slora", "fastlibra"):
+        got = runner.point(run, preset, 1.0)["kv_capacity_tokens"]
+        r = dataclasses.replace(for_preset(run, preset), rps=1.0)
+        prof = load_compare_profile(r.profile, None)
+        want = build_engine_config(r, build_workload(r), prof).kv_capacity_tokens
+        assert got == want, preset

@@ -407,7 +407,9 @@ class Runner:
             self.bar.set_postfix_str(f"{policy or scheduler}+{cache or ''} at {run.rps:.3g} req/s")
         prof = load_compare_profile(run.profile, lora_targets)
         w = build_workload(run)
-        cfg = build_engine_config(run, w, prof)
+        # the server as the preset's own system sizes it (its run carries the preset, as `twin compare`'s does): an
+        # S-LoRA preset's pool was sized as vLLM's, less the per-slot LoRA buffers S-LoRA does not have (12 % of it)
+        cfg = build_engine_config(dataclasses.replace(run, policy=policy) if policy is not None else run, w, prof)
         s, c, label = resolve_policy(policy, scheduler, cache)
         if slo_s is not None and hasattr(s, "slo_s"):
             s.slo_s = slo_s
