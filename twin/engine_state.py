@@ -51,12 +51,18 @@ def engine_setup(config: EngineConfig, profile: "Profile", cache: AdapterCachePo
     return config, profile
 
 
-def kv_at_startup(cfg: EngineConfig, profile: "Profile", max_lora_rank: int) -> int:
-    """vLLM's start-up: the KV cache's tokens left after the weights and the LoRA buffers of ``cfg``'s slots at
-    ``max_lora_rank`` (or ``kv_capacity_tokens``), refused with a :class:`StartupError` naming the fix when it cannot
-    hold one block or one ``max_model_len`` request (``profile``: :func:`engine_setup`'s)."""
+def kv_capacity(cfg: EngineConfig, profile: "Profile", max_lora_rank: int) -> int:
+    """The KV cache's tokens left after the weights and the LoRA buffers of ``cfg``'s slots at ``max_lora_rank``
+    (or ``kv_capacity_tokens``; ``profile``: :func:`engine_setup`'s)."""
     slots = cfg.max_loras if cfg.enable_lora else 0
-    kv = cfg.kv_capacity_tokens or profile.kv_capacity_tokens(slots, max_lora_rank if slots else 0)
+    return int(cfg.kv_capacity_tokens or profile.kv_capacity_tokens(slots, max_lora_rank if slots else 0))
+
+
+def kv_at_startup(cfg: EngineConfig, profile: "Profile", max_lora_rank: int) -> int:
+    """vLLM's start-up: :func:`kv_capacity`, refused with a :class:`StartupError` naming the fix when it cannot
+    hold one block or one ``max_model_len`` request."""
+    slots = cfg.max_loras if cfg.enable_lora else 0
+    kv = kv_capacity(cfg, profile, max_lora_rank)
     if kv // cfg.block_size < 1 and not cfg.kv_capacity_tokens and slots and max_lora_rank:
         # the slots' LoRA buffers took the memory the KV cache would have had (vLLM: no blocks left)
         raise StartupError(f"{slots} adapter slots of max rank {max_lora_rank} leave no memory for the KV "
@@ -66,7 +72,7 @@ def kv_at_startup(cfg: EngineConfig, profile: "Profile", max_lora_rank: int) -> 
         raise StartupError(f"block_size {cfg.block_size} exceeds the KV cache's {kv} tokens: not one "
                            f"block fits; use vLLM's block sizes (8, 16, 32, 64, 128; default 16)")
     check_startup(kv, cfg.max_model_len or profile.model.max_model_len, slots, max_lora_rank)
-    return int(kv)
+    return kv
 
 
 def check_run_arguments(config: EngineConfig, scheduler: Scheduler, cache: AdapterCachePolicy,

@@ -57,7 +57,7 @@ from twin.sweep.workload_scenario import served_workload
 import twin
 from twin.requests import FINISHED
 from twin.engine import Engine
-from twin.engine_state import engine_setup, kv_at_startup
+from twin.engine_state import engine_setup, kv_at_startup, kv_capacity
 from twin.requests import StartupError
 from twin.metrics import summarize
 
@@ -156,20 +156,35 @@ def check_engine_overrides(task: dict[str, Any]) -> None:
                 raise ValueError(f"grid [configs.engine] {engine}: {e} (at {g} slots, {n} served adapters)") from None
 
 
+def run_server(scenario: dict[str, Any], served: int, slots: int, max_rank: int, seed: int, window_s: float,
+               profile: str | None, policy: str | None, engine_overrides: dict[str, Any] | None,
+               cpu_slots: int | None = None) -> dict[str, Any]:
+    """What one configuration of a scenario runs on: ``prof`` (the scenario's profile, with the grid's adapter
+    targets), ``spec``, ``cfg`` (with the grid's engine overrides), ``sched`` / ``cache``, and the engine's own
+    ``eng_cfg`` / ``eng_prof`` (:func:`twin.engine_state.engine_setup`: the policy's block size, tensor parallelism,
+    paged adapters), which the start-up check and the early-stop bound read."""
+    prof = scenario_profile(profile, scenario)
+    if (engine_overrides or {}).get("lora_targets") is not None:
+        # the adapters' modules: bytes, slot buffers and compute (simulate() applies them; the sweep builds its
+        # Engine itself and ran the profile's targets whatever the grid said)
+        prof = prof.with_lora_targets(engine_overrides["lora_targets"])
+    spec = make_spec(scenario, served, slots, max_rank, seed, window_s, cpu_slots)
+    cfg = build_config(spec)
+    if engine_overrides:
+        cfg = dataclasses.replace(cfg, **engine_overrides)
+    sched, cache = _policy_objects(policy)
+    eng_cfg, eng_prof = engine_setup(cfg, prof, cache)
+    return {"prof": prof, "spec": spec, "cfg": cfg, "sched": sched, "cache": cache, "eng_cfg": eng_cfg,
+            "eng_prof": eng_prof}
+
+
 def startup_failure(task: dict[str, Any], served: int, slots: int) -> str | None:
-    """Why vLLM would not start the engine :func:`run_config` builds for ``(served, slots)`` of ``task`` (the grid's
-    engine overrides and the policy's set-up included: :func:`twin.engine_state.engine_setup`), or None."""
-    sc = task["scenario"]
-    prof = scenario_profile(task["profile"], sc)
-    engine = task.get("engine") or {}
-    if engine.get("lora_targets") is not None:
-        prof = prof.with_lora_targets(engine["lora_targets"])
-    cfg = build_config(make_spec(sc, served, slots, task["max_rank"], task["seed"], task["window_s"]))
-    if engine:
-        cfg = dataclasses.replace(cfg, **engine)
-    eng_cfg, eng_prof = engine_setup(cfg, prof, _policy_objects(sc.get("policy"))[1])
+    """Why vLLM would not start the engine :func:`run_config` builds for ``(served, slots)`` of ``task``
+    (:func:`run_server`), or None."""
+    srv = run_server(task["scenario"], served, slots, task["max_rank"], task["seed"], task["window_s"],
+                     task["profile"], task["scenario"].get("policy"), task.get("engine") or None)
     try:
-        kv_at_startup(eng_cfg, eng_prof, int(task["max_rank"]))
+        kv_at_startup(srv["eng_cfg"], srv["eng_prof"], int(task["max_rank"]))
     except StartupError as e:
         return str(e)
     return None
@@ -347,29 +362,19 @@ def run_config(scenario: dict[str, Any], served: int, slots: int, max_rank: int,
     the original error (chained), as :func:`twin.simulate.simulate` does; the walk records it in the row's
     ``error``."""
 
-    prof = scenario_profile(profile, scenario)
-    if (engine_overrides or {}).get("lora_targets") is not None:
-        # the adapters' modules: bytes, slot buffers and compute (simulate() applies them; the sweep builds its
-        # Engine itself and ran the profile's targets whatever the grid said)
-        prof = prof.with_lora_targets(engine_overrides["lora_targets"])
-    spec = make_spec(scenario, served, slots, max_rank, seed, window_s, cpu_slots)
+    srv = run_server(scenario, served, slots, max_rank, seed, window_s, profile, policy, engine_overrides, cpu_slots)
+    prof, spec, cfg, sched, cache = srv["prof"], srv["spec"], srv["cfg"], srv["sched"], srv["cache"]
     row: dict[str, Any] = {"served_adapters": int(served), "adapter_slots": int(slots), "max_lora_rank": int(max_rank),
                            "seed": int(seed), "run_seed": int(spec.seed), "profile": prof.name,
                            "profile_hash": profile_hash(profile), "twin_version": twin_version(),
                            "early_stop": False, "status": "ok", "startup_reason": "", "walk_ratio": float(ratio)}
-    cfg = build_config(spec)
-    if engine_overrides:
-        cfg = dataclasses.replace(cfg, **engine_overrides)
-    sched, cache = _policy_objects(policy)
     # vLLM's start-up check on the engine this run builds: the grid's engine overrides (max_model_len, tensor
     # parallelism, kv_capacity_tokens, ...) and the policy's block size and paged adapters included
-    eng_cfg, eng_prof = engine_setup(cfg, prof, cache)
     try:
-        row["kv_tokens"] = kv_at_startup(eng_cfg, eng_prof, int(max_rank))
+        row["kv_tokens"] = kv_at_startup(srv["eng_cfg"], srv["eng_prof"], int(max_rank))
     except StartupError as e:
-        slots_ = eng_cfg.max_loras if eng_cfg.enable_lora else 0
-        row.update(status="start_failure", startup_reason=str(e), wall_s=0.0, kv_tokens=int(
-            eng_cfg.kv_capacity_tokens or eng_prof.kv_capacity_tokens(slots_, int(max_rank) if slots_ else 0)))
+        row.update(status="start_failure", startup_reason=str(e), wall_s=0.0,
+                   kv_tokens=kv_capacity(srv["eng_cfg"], srv["eng_prof"], int(max_rank)))
         return row
     t0 = time.perf_counter()
     c0 = time.process_time()
