@@ -199,10 +199,15 @@ def sustained_rps(rates: list[float], p99_ms: list[float | None], slo_s: float) 
 
 def sustained_bound(rates: list[float], p99_ms: list[float | None], slo_s: float) -> str:
     """Where :func:`sustained_rps` is only a bound: ``">="`` when every swept rate meets the SLO (the
-    knee lies above the sweep), ``"<"`` when even the lowest misses it, else ``"="`` (interpolated)."""
-    pts = sorted(zip(rates, p99_ms))
-    ok = [p is not None and p <= slo_s * 1000.0 for _, p in pts]
-    return ">=" if all(ok) else "<" if not ok[0] else "="
+    knee lies above the sweep) or when the first rate that does not has no P99 TTFT (every request
+    rejected: the value is the last rate that met it, with the knee somewhere before the next, unmeasured),
+    ``"<"`` when even the lowest misses it, else ``"="`` (interpolated between two measured rates)."""
+    lim = slo_s * 1000.0
+    for i, (_, p) in enumerate(sorted(zip(rates, p99_ms))):
+        if p is not None and p <= lim:
+            continue
+        return "<" if i == 0 else ">=" if p is None else "="
+    return ">="
 
 
 def format_sustained(sustained: dict[str, float], bounds: dict[str, str], rates: list[float]) -> list[str]:
@@ -213,7 +218,9 @@ def format_sustained(sustained: dict[str, float], bounds: dict[str, str], rates:
     lines = []
     for p, v in sustained.items():
         b = bounds[p]
-        val = f">= {v:6.2f} req/s (every swept rate meets the SLO: sweep higher --rps)" if b == ">=" else \
+        val = (f">= {v:6.2f} req/s (every swept rate meets the SLO: sweep higher --rps)" if v >= max(rates) else
+               f">= {v:6.2f} req/s (the next swept rate has no P99 TTFT, every request rejected: the knee lies "
+               f"between)") if b == ">=" else \
             f" < {lo:6.2f} req/s (even the lowest swept rate misses the SLO)" if b == "<" else f"   {v:6.2f} req/s"
         if p != first and b == "=" and bounds[first] == "=" and sustained[first] > 0:
             val += f"  ({v / sustained[first]:.2f}x {first})"

@@ -195,6 +195,13 @@ def test_compare_command_writes_table_and_figure(tmp_path, capsys):
     assert sustained_bound([6, 8, 9], [500.0, 900.0, 3000.0], 1.0) == "="
     assert sustained_bound([6, 8], [100.0, 300.0], 1.0) == ">="  # the knee lies above the sweep: a bound
     assert sustained_bound([6, 8], [2000.0, 3000.0], 1.0) == "<"
+    # a rate whose every request was rejected has no P99: the last rate that met the SLO is a lower bound, not an
+    # interpolation (the knee lies somewhere before the unmeasured rate)
+    assert sustained_rps([6, 8, 9], [500.0, None, 300.0], 1.0) == 6
+    assert sustained_bound([6, 8, 9], [500.0, None, 300.0], 1.0) == ">="
+    assert sustained_bound([6, 8], [None, 300.0], 1.0) == "<"
+    gap = format_sustained({"a": 6.0}, {"a": ">="}, [6, 8, 9])
+    assert "every request rejected" in gap[0] and "sweep higher" not in gap[0]
     lines = format_sustained({"a": 8.0, "b": 8.0, "c": 7.0}, {"a": ">=", "b": ">=", "c": "="}, [6, 8])
     assert ">=" in lines[0] and "x a" not in "".join(lines)  # no ratio to a bound
     lines = format_sustained({"a": 7.0, "b": 7.5}, {"a": "=", "b": "="}, [6, 8])
