@@ -7,11 +7,22 @@ directory (``traces.datadir.data_dir()``); anything else is taken as a path -- a
 Real traces carry no adapters, so adapters are assigned by the synthesis options (default:
 100 adapters, ranks 8..128 with N/5 each, ``powerlaw`` popularity; a conversation keeps one
 adapter), or mapped from the trace's key column with ``adapters_from="key"`` (the n
-most-invoked Azure Functions / most-used models become n adapters; the default for
-``azure-functions``). ``rps`` rescales a replayed trace to that mean rate keeping its shape;
-``duration`` keeps the first ``duration`` seconds (after rescaling; ``window_start`` moves the
-window). Datasets without timestamps (ShareGPT, LMSYS) get conversation starts from the
-arrival options (default Poisson, 4 req/s, 300 s) and later turns from the think-time model.
+most-invoked Azure Functions / most-used models over the whole trace become n adapters; the
+default for ``azure-functions``; the requests of the other keys have no adapter and are dropped
+before any re-timing, rescaling or window, so ``rps`` holds for what is run, and the count is in
+``meta["transform"]["dropped_by_adapters_from_key"]``). ``rps`` rescales a replayed trace to
+that mean rate keeping its shape; ``duration`` keeps the first ``duration`` seconds (after
+rescaling; ``window_start`` moves the window). Datasets without timestamps (ShareGPT, LMSYS) get
+conversation starts from the arrival options (default Poisson, 4 req/s, 300 s) and later turns
+from the think-time model. A trace that has timestamps is re-timed only when asked
+(``arrival=poisson|gamma``): its arrivals are then drawn from 0 s for ``duration`` seconds at
+``rps`` (default 4 req/s, 300 s), and each arrival takes a request (a conversation, for a
+conversation dataset) of the trace in a seeded random order without replacement, or with
+replacement when the window needs more than the trace has (``reused_requests`` /
+``reused_conversations`` in ``meta["transform"]["arrivals"]``). A trace whose timestamps are only
+partly missing (an Arena or WildChat conversation without its start time) is refused naming the
+rows, as the loaders refuse a missing timestamp (:func:`traces.loaders.base.seconds_from_timestamps`):
+its recorded times are not silently replaced.
 
 Every workload's ``meta`` holds ``source``, ``seed`` and ``options``; :func:`regenerate`
 rebuilds it from them.
@@ -20,7 +31,8 @@ A path with a workload extension (``.csv``, ``.jsonl``, ``.parquet``) whose colu
 workload's (:mod:`traces.workload`) is read as a workload; other files are sniffed as raw
 traces. Empty, header-only or unreadable files are refused naming the file. Workloads too large
 to generate are refused before anything is drawn: the expected request count (rate x duration,
-or ``n_requests``) must stay within :data:`MAX_REQUESTS`.
+or ``n_requests``, times the mean turns where ``n_requests`` counts conversations) must stay
+within :data:`MAX_REQUESTS`.
 """
 
 from __future__ import annotations
@@ -46,8 +58,9 @@ from traces.fetch import SOURCES, fetch_command
 from traces.lengths import LengthConfig, build_length_model, load_fitted, sample_lengths, scale_lengths
 from traces.loaders import CONVERSATION_FORMATS, LOADERS, UNTIMED_FORMATS, TraceTable, detect_format
 from traces.loaders.tokens import tokenizer_problem
-from traces.synth import (DEFAULT_RATES, ArrivalConfig, AdapterConfig, OPTIONS, SynthConfig, apply_options,
-                          check_options_apply, generate_arrivals, synthesize, validate_config, whole_number)
+from traces.synth import (DEFAULT_RATES, ArrivalConfig, AdapterConfig, OPTIONS, SynthConfig, align_warmup,
+                          apply_options, check_options_apply, generate_arrivals, synthesize, validate_config,
+                          whole_number)
 from traces.workload import FILE_SUFFIXES, Workload, WorkloadError
 from traces.datadir import data_dir as _data_dir
 
@@ -63,7 +76,8 @@ class OptionError(TypeError, ValueError):
 #: options for real traces beyond the synthesis options
 REAL_OPTIONS: dict[str, str] = {
     "window_start": "start of the time window (s, after rescaling)",
-    "adapters_from": "synthetic (draw by popularity) | key (map the most frequent functions/models to adapters)",
+    "adapters_from": "synthetic (draw by popularity) | key (map the n most frequent functions/models to n adapters; "
+                     "the requests of other keys are dropped, before --rps and --duration, and counted in the meta)",
     "tokenizer": "text -> tokens for conversation datasets: auto | approx | hf:NAME | tiktoken:NAME",
     "turns": "conversation datasets: all (multi-turn with prefixes) | first",
     "side": "chatbot-arena: a | b | both",
@@ -323,9 +337,17 @@ def check_arrival_options(fmt: str, given: dict[str, Any], source: str) -> None:
     """Refuse the arrival options of ``given`` that a replayed trace of format ``fmt`` does not read:
     ``window_start`` where no recorded time is windowed (a trace re-timed by ``arrival``, or a dataset
     that records no time, :data:`UNTIMED_FORMATS`: its arrivals are drawn from 0 s); ``n_requests``
-    where no arrival is drawn to count (it counts the conversations a conversation dataset's drawn
-    starts begin; a trace of single requests keeps its own requests, re-timed or not)."""
+    where it counts nothing (it counts the conversations a conversation dataset's drawn starts begin;
+    a trace of single requests is replayed with its own requests, or re-timed for ``duration``
+    seconds at ``rps``); an ``arrival`` other than poisson or gamma on a trace of single requests
+    (the processes its re-timing draws)."""
     drawn = given.get("arrival") is not None or fmt in UNTIMED_FORMATS
+    if given.get("arrival") is not None and fmt not in CONVERSATION_FORMATS and given["arrival"] not in ("poisson",
+                                                                                                       "gamma"):
+        raise OptionError(f"workload option arrival={given['arrival']}: re-timing a trace supports arrival=poisson "
+                          f"or gamma, not {given['arrival']!r} ({source} is re-timed by drawing its arrivals for "
+                          f"--duration seconds at --rps); give arrival=poisson or arrival=gamma, or leave arrival out "
+                          f"to replay its own times")
     if given.get("window_start") is not None and drawn:
         why = (f"{source} is re-timed by arrival={given['arrival']}" if given.get("arrival") is not None else
                f"{source} is a {fmt} dataset, which records no time")
@@ -334,7 +356,8 @@ def check_arrival_options(fmt: str, given: dict[str, Any], source: str) -> None:
                           f"recorded time is windowed; leave window_start out")
     if given.get("n_requests") is not None and not (drawn and fmt in CONVERSATION_FORMATS):
         what = (f"{source} is {'an' if fmt[:1] in 'aeiou' else 'a'} {fmt} trace of single requests, replayed with "
-                f"its own requests (re-timed or not)" if fmt not in CONVERSATION_FORMATS else
+                f"its own requests, or re-timed (arrival=poisson|gamma) for --duration seconds at --rps"
+                if fmt not in CONVERSATION_FORMATS else
                 f"{source} is a {fmt} dataset replayed with its own (recorded) conversation starts")
         raise OptionError(f"workload option n_requests={given['n_requests']} has no effect: {what}; n_requests sets "
                           f"the request count of a synthetic preset, or the conversations of a conversation dataset "
@@ -438,14 +461,79 @@ def _conversations_at(df: pd.DataFrame, starts: np.ndarray, rng: np.random.Gener
     return out, t
 
 
+def _requests_at(df: pd.DataFrame, times: np.ndarray, rng: np.random.Generator, info: dict[str, Any]) -> pd.DataFrame:
+    """One request of a single-request trace per drawn arrival time (as :func:`_conversations_at` does
+    with conversations): requests taken in a seeded random order without replacement, or with
+    replacement when there are more arrivals than requests (``info["reused_requests"]``)."""
+    u, s = len(df), times.size
+    if s <= u:
+        chosen = rng.permutation(u)[:s]
+    else:
+        chosen = rng.integers(0, u, size=s)
+        info["reused_requests"] = True
+    out = df.iloc[chosen].reset_index(drop=True)
+    out["arrival_s"] = np.asarray(times, float)
+    return out
+
+
+def _first_few(values: np.ndarray, k: int = 5) -> str:
+    shown = ", ".join(str(int(v)) for v in values[:k])
+    return shown + (f" ... ({values.size} in all)" if values.size > k else "")
+
+
+def _starts_are_drawn(df: pd.DataFrame, has_conv: bool, fmt: str, source: str) -> bool:
+    """Whether a trace's arrivals (conversation starts) are drawn although no ``arrival`` was given:
+    a dataset that records no time at all (:data:`UNTIMED_FORMATS`: ShareGPT, LMSYS). A trace whose
+    times are missing otherwise (a first turn or a single request without a timestamp) is refused
+    naming the first few, before any work: it used to be re-timed as a whole with Poisson arrivals
+    (and its ``window_start`` ignored) without a word, as the loaders' own missing timestamps were
+    (:func:`traces.loaders.base.seconds_from_timestamps`). Later turns without a time are timed by
+    the think-time model, as documented (:func:`traces.conversations.fill_turn_arrivals`)."""
+    if fmt in UNTIMED_FORMATS:
+        return True
+    t = df["arrival_s"].to_numpy(float) if "arrival_s" in df else np.full(len(df), np.nan)
+    if has_conv:
+        first = df["turn"].to_numpy() == 0
+        missing = np.unique(df["conversation_id"].to_numpy()[first][~np.isfinite(t[first])])
+        total, what = int(first.sum()), "conversation"
+    else:
+        missing = np.flatnonzero(~np.isfinite(t)) + 1
+        total, what = len(t), "request"
+    if not missing.size:
+        return False
+    fix = ("re-time the whole trace explicitly with arrival=poisson (or gamma; --trace-opt arrival=poisson, with "
+           "--rps and --duration)")
+    if missing.size == total:
+        raise WorkloadError(f"{source}: no {what} of this {fmt} trace has a timestamp"
+                            f"{' (start time)' if has_conv else ''}, so there are no recorded times to replay; give "
+                            f"the file with its timestamps, or {fix}")
+    where = (f"conversations {_first_few(missing)} (numbered from 0 in the order read)" if has_conv else
+             f"rows {_first_few(missing)} (numbered from 1 in the order read)")
+    raise WorkloadError(f"{source}: {missing.size} of the {total} {what}s of this {fmt} trace have no timestamp"
+                        f"{' for their first turn' if has_conv else ''}: {where}; drop those {what}s from the file to "
+                        f"replay the recorded times of the others, or {fix}")
+
+
 def _table_to_workload(table: TraceTable, cfg: SynthConfig, real: dict[str, Any], given: dict[str, Any],
-                       data_dir: str | os.PathLike | None) -> tuple[Workload, dict[str, Any]]:
-    """Apply lengths, arrivals, window/rescale and adapters to a loaded trace."""
+                       data_dir: str | os.PathLike | None, fmt: str | None = None) -> tuple[Workload, dict[str, Any]]:
+    """Apply lengths, arrivals, window/rescale and adapters to a loaded trace (the module docstring
+    says how). The trace's timestamps (:func:`_starts_are_drawn`) and the key column of
+    ``adapters_from="key"`` are checked first, before any work."""
     r_arr, r_ad, r_len, r_conv = (np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(4))
-    lc, cc = cfg.lengths, cfg.conversations
+    lc, cc, ad = cfg.lengths, cfg.conversations, cfg.adapters
+    fmt = str(fmt if fmt is not None else table.meta.get("format", ""))
+    source = str(table.meta.get("path") or "the trace")
     df = table.df.copy()
     info: dict[str, Any] = {"rows_loaded": int(len(df))}
     has_conv = "conversation_id" in df
+    retime = "arrival" in given
+    drawn = retime or _starts_are_drawn(df, has_conv, fmt, source)
+    mode = real.get("adapters_from", "synthetic")
+    if mode not in ("synthetic", "key"):
+        raise ValueError(f"adapters_from must be 'synthetic' or 'key', got {mode!r}")
+    if mode == "key" and "key" not in df:
+        raise ValueError(f"{table.meta.get('format')} traces have no key column to map adapters from; "
+                         f"use adapters_from=synthetic")
     if has_conv:
         df = df.sort_values(["conversation_id", "turn"], kind="stable").reset_index(drop=True)
         conv = df["conversation_id"].to_numpy()
@@ -480,47 +568,62 @@ def _table_to_workload(table: TraceTable, cfg: SynthConfig, real: dict[str, Any]
     df = df[keep].reset_index(drop=True)
     if df.empty:
         raise ValueError("no request of the trace passes the length limits (max_prompt/max_total/min_*)")
+    # ---- adapters_from=key: the n most frequent keys of the whole trace become the n adapters; the requests of
+    # the others (whole conversations) have no adapter and are dropped here, before any re-timing, rescaling or
+    # window, so that --rps and --duration hold for the requests that are run (they were dropped after them)
+    if mode == "key":
+        keys = df["key"].to_numpy()
+        kid, _, _ = map_keys_to_adapters(keys, ad.n_adapters, ad.ranks)
+        unmapped = kid < 0
+        if has_conv:  # (a conversation keeps one key; drop it whole should a turn carry another)
+            conv = df["conversation_id"].to_numpy()
+            unmapped = np.isin(conv, np.unique(conv[unmapped]))
+        n_keys = int(pd.unique(keys).size)
+        n_mapped = min(ad.n_adapters, n_keys)
+        info["dropped_by_adapters_from_key"] = int(unmapped.sum())
+        if unmapped.any():
+            info["adapters_from_key_reason"] = (
+                f"adapters_from=key maps the {n_mapped} most frequent of the trace's {n_keys} keys to adapters "
+                f"(adapters={ad.n_adapters}); the requests of the other {n_keys - n_mapped} keys have no adapter and "
+                f"were dropped before re-timing, --rps and --duration")
+            df = df[~unmapped].reset_index(drop=True)
+        if df.empty:
+            raise ValueError(f"{source}: adapters_from=key with adapters={ad.n_adapters} maps no key of the trace to "
+                             f"an adapter, so no request is left; give adapters >= 1")
     # ---- arrivals
     ac = cfg.arrivals
     t = df["arrival_s"].to_numpy(float) if "arrival_s" in df else np.full(len(df), np.nan)
-    retime = "arrival" in given
-    synthesized = False
     if has_conv:
         conv = df["conversation_id"].to_numpy()
-        first = df["turn"].to_numpy() == 0
-        if retime or not np.isfinite(t[first]).all():
+        if drawn:
             # conversation starts from the arrival process; conversations in a seeded random order
             rps = ac.rps if ac.rps is not None else 4.0
             uniq = np.unique(conv)
             divisor = float(len(conv) / uniq.size)
             a2 = copy.deepcopy(ac)
             a2.rps, a2.process = rps, (ac.process if retime else "poisson")
-            warm = cc.warmup_s() if ac.n_requests is None else 0.0
+            warm = align_warmup(a2, cc.warmup_s()) if ac.n_requests is None else 0.0
             a2.duration_s += warm
             check_size(dataclasses.replace(cfg, arrivals=a2, conversations=dataclasses.replace(cc, enabled=False)),
-                       str(table.meta.get("path", "the trace")))  # (its duration holds the warm-up already)
-            starts, _, ainfo = generate_arrivals(a2, cfg.adapters.n_adapters, r_arr, divisor)
+                       source, turns=divisor)  # (its duration holds the warm-up already)
+            starts, _, ainfo = generate_arrivals(a2, ad.n_adapters, r_arr, divisor, lead_s=warm)
             starts = starts - warm
             info["arrivals"] = {"process": a2.process, "rps": rps, "conversation_rate": rps / divisor, **ainfo}
             df, t = _conversations_at(df, starts, r_arr, info["arrivals"])
             conv = df["conversation_id"].to_numpy()
-            synthesized = True
         t = fill_turn_arrivals(t, conv, df["output_tokens"].to_numpy(), cc, r_conv)
         df["arrival_s"] = t
-        if synthesized and ac.n_requests is None:
+        if drawn and ac.n_requests is None:
             a_s = df["arrival_s"]
             df = df[(a_s >= 0) & (a_s < ac.duration_s)].reset_index(drop=True)
-    elif retime or not np.isfinite(t).all():
+    elif drawn:  # re-timed (arrival=poisson|gamma, check_arrival_options): arrivals over [0, duration) at rps
         a2 = copy.deepcopy(ac)
-        a2.rps = ac.rps if ac.rps is not None else 4.0
-        a2.n_requests, a2.process = len(df), (ac.process if retime else "poisson")
-        if a2.process not in ("poisson", "gamma"):
-            raise ValueError(f"re-timing a trace supports arrival=poisson or gamma, not {a2.process!r}")
+        a2.rps, a2.n_requests, a2.process = (ac.rps if ac.rps is not None else 4.0), None, ac.process
+        check_size(dataclasses.replace(cfg, arrivals=a2), source, replay=True)
         tt, _, ainfo = generate_arrivals(a2, 0, r_arr)
-        df["arrival_s"] = tt
-        info["arrivals"] = {"process": a2.process, "rps": a2.rps, **ainfo}
-        synthesized = True
-    if not synthesized:  # replay: start at 0, rescale to the target rate, cut the window
+        info["arrivals"] = {"process": a2.process, "rps": a2.rps, "duration_s": float(a2.duration_s), **ainfo}
+        df = _requests_at(df, tt, r_arr, info["arrivals"])
+    if not drawn:  # replay: start at 0, rescale to the target rate, cut the window
         df["arrival_s"] = df["arrival_s"] - float(df["arrival_s"].min())
         if given.get("rps") is not None:
             t2, factor = rescale_to_rps(df["arrival_s"].to_numpy(), float(given["rps"]))
@@ -536,29 +639,19 @@ def _table_to_workload(table: TraceTable, cfg: SynthConfig, real: dict[str, Any]
     if df.empty:
         raise ValueError("the time window holds no request; widen duration or move window_start")
     # ---- adapters
-    ad = cfg.adapters
-    mode = real.get("adapters_from", "synthetic")
-    if mode == "key":
-        if "key" not in df:
-            raise ValueError(f"{table.meta.get('format')} traces have no key column to map adapters from; "
-                             f"use adapters_from=synthetic")
+    if mode == "key":  # (every key left is one of the n mapped ones; ids by frequency in what is run, as before)
         ids, ranks, top = map_keys_to_adapters(df["key"].to_numpy(), ad.n_adapters, ad.ranks)
         info["adapter_keys"] = [str(k) for k in top[:20]]
-        df = df[ids >= 0].reset_index(drop=True)
-        ids, ranks = ids[ids >= 0], ranks[ids >= 0]
-    elif mode == "synthetic":
-        if has_conv:
-            conv = df["conversation_id"].to_numpy()
-            uniq, inv = np.unique(conv, return_inverse=True)
-            cid, crank = assign_adapters(uniq.size, ad.n_adapters, r_ad, ad.ranks, ad.popularity)
-            ids, ranks = cid[inv.ravel()], crank[inv.ravel()]
-        else:
-            order = np.argsort(df["arrival_s"].to_numpy(), kind="stable")
-            ids_s, ranks_s = assign_adapters(len(df), ad.n_adapters, r_ad, ad.ranks, ad.popularity)
-            ids, ranks = np.empty_like(ids_s), np.empty_like(ranks_s)
-            ids[order], ranks[order] = ids_s, ranks_s
+    elif has_conv:
+        conv = df["conversation_id"].to_numpy()
+        uniq, inv = np.unique(conv, return_inverse=True)
+        cid, crank = assign_adapters(uniq.size, ad.n_adapters, r_ad, ad.ranks, ad.popularity)
+        ids, ranks = cid[inv.ravel()], crank[inv.ravel()]
     else:
-        raise ValueError(f"adapters_from must be 'synthetic' or 'key', got {mode!r}")
+        order = np.argsort(df["arrival_s"].to_numpy(), kind="stable")
+        ids_s, ranks_s = assign_adapters(len(df), ad.n_adapters, r_ad, ad.ranks, ad.popularity)
+        ids, ranks = np.empty_like(ids_s), np.empty_like(ranks_s)
+        ids[order], ranks[order] = ids_s, ranks_s
     extra = {}
     if has_conv:
         extra = {"conversation_id": df["conversation_id"].to_numpy(), "turn": df["turn"].to_numpy(),
@@ -568,12 +661,17 @@ def _table_to_workload(table: TraceTable, cfg: SynthConfig, real: dict[str, Any]
     return w, info
 
 
-def expected_requests(cfg: SynthConfig, replay: bool = False) -> float:
+def expected_requests(cfg: SynthConfig, replay: bool = False, turns: float | None = None) -> float:
     """Requests the arrival options of ``cfg`` generate, on average (``replay``: the process
-    re-times a dataset, whose default rate is 4 req/s)."""
+    re-times a dataset, whose default rate is 4 req/s). ``n_requests`` counts the drawn arrivals:
+    requests, or conversation starts where each starts a conversation (:class:`traces.synth.ArrivalConfig`),
+    whose turns are counted too: ``n_requests`` x the mean turns of a conversation (``turns``, a
+    replayed dataset's, else ``cfg.conversations.expected_turns()`` of synthetic ones)."""
     a = cfg.arrivals
     if a.n_requests is not None:
-        return float(a.n_requests)
+        if turns is None:
+            turns = cfg.conversations.expected_turns() if cfg.conversations.enabled else 1.0
+        return float(a.n_requests) * float(turns)
     if a.process == "per-adapter":
         rates = [float(r) for r in (a.rates or DEFAULT_RATES)]
         n = max(cfg.adapters.n_adapters, 1)
@@ -593,15 +691,23 @@ def _warmup_s(cfg: SynthConfig) -> float:
     return cfg.conversations.warmup_s()
 
 
-def check_size(cfg: SynthConfig, name: str, replay: bool = False) -> None:
-    """Refuse, before drawing anything, a workload expected to exceed :data:`MAX_REQUESTS`."""
+def check_size(cfg: SynthConfig, name: str, replay: bool = False, turns: float | None = None) -> None:
+    """Refuse, before drawing anything, a workload expected to exceed :data:`MAX_REQUESTS`
+    (:func:`expected_requests`; ``turns``: the mean turns of a replayed dataset's conversations, whose
+    starts ``n_requests`` counts)."""
     try:
-        n = expected_requests(cfg, replay)
+        n = expected_requests(cfg, replay, turns)
     except (KeyError, TypeError, ValueError, FileNotFoundError):
         return  # an invalid option is reported by the generator itself
     if n > MAX_REQUESTS and cfg.arrivals.n_requests is not None:
-        raise OptionError(f"the workload of {name} would hold n_requests={cfg.arrivals.n_requests} requests, more "
-                          f"than the {MAX_REQUESTS:,} a run may generate; give a smaller n_requests")
+        per = n / cfg.arrivals.n_requests
+        if per == 1.0:
+            raise OptionError(f"the workload of {name} would hold n_requests={cfg.arrivals.n_requests} requests, more "
+                              f"than the {MAX_REQUESTS:,} a run may generate; give a smaller n_requests")
+        raise OptionError(f"the workload of {name} would hold about {n:.3g} requests: n_requests="
+                          f"{cfg.arrivals.n_requests} counts conversations, of {per:.3g} turns each on average (every "
+                          f"turn a request), more than the {MAX_REQUESTS:,} requests a run may generate; give "
+                          f"n_requests <= {int(MAX_REQUESTS / per):,}")
     if n > MAX_REQUESTS:
         warm = _warmup_s(cfg)
         if warm > 0 and warm >= cfg.arrivals.duration_s:  # (the conversations' warm-up is most of it)
@@ -749,7 +855,7 @@ def get_workload(name_or_path: str = "synthetic", *, data_dir: str | os.PathLike
         raise WorkloadError(msg if str(path) in str(msg) else f"{path}: cannot read it as a {fmt} trace ({msg})") from None
     if not len(table):
         raise WorkloadError(f"{path}: the trace holds no requests (a header but no rows?)")
-    w, info = _table_to_workload(table, cfg, real_opts, merged, data_dir)
+    w, info = _table_to_workload(table, cfg, real_opts, merged, data_dir, fmt)
     w.meta.update(record, kind="real", name=spec.name if spec else None, format=fmt, loader=table.meta,
                   transform=_jsonable(info), config=cfg.to_dict())
     return w
@@ -768,7 +874,8 @@ def seed_acts(name_or_path: str, data_dir: str | os.PathLike | None = None,
 
 def _from_saved(path: Path, given: dict[str, Any], synth_opts: dict[str, Any], real_opts: dict[str, Any], seed: int,
                 record: dict[str, Any]) -> Workload:
-    """A saved workload, optionally rescaled / windowed / with adapters reassigned."""
+    """A saved workload, optionally rescaled / windowed / with adapters reassigned (one adapter per
+    conversation, as :func:`_table_to_workload` assigns them)."""
     w = Workload.load(path)
     allowed = {"rps", "duration", "adapters", "ranks", "popularity", "window_start"}
     extra = set(given) - allowed
@@ -800,8 +907,19 @@ def _from_saved(path: Path, given: dict[str, Any], synth_opts: dict[str, Any], r
         cfg = apply_options(SynthConfig(seed=seed), {k: given[k] for k in ("adapters", "ranks", "popularity")
                                                      if k in given})
         r_ad = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[1])
-        ids, ranks = assign_adapters(len(df), cfg.adapters.n_adapters, r_ad, cfg.adapters.ranks,
-                                     cfg.adapters.popularity)
+        conv = df["conversation_id"].to_numpy() if "conversation_id" in df else np.full(len(df), -1)
+        if (conv >= 0).any():
+            # a conversation keeps one adapter, as a replayed dataset's and a synthetic one's do (its later turns
+            # reuse the history KV of the earlier ones, twin/prefix_kv.py, which is only valid under one LoRA): one
+            # draw per conversation in the order they first appear, one per request outside any (id -1)
+            group = np.where(conv >= 0, conv, -1 - np.arange(len(df), dtype=np.int64))
+            codes, uniq = pd.factorize(group)
+            gid, grank = assign_adapters(len(uniq), cfg.adapters.n_adapters, r_ad, cfg.adapters.ranks,
+                                         cfg.adapters.popularity)
+            ids, ranks = gid[codes], grank[codes]
+        else:  # single requests: one draw each, in the file's order
+            ids, ranks = assign_adapters(len(df), cfg.adapters.n_adapters, r_ad, cfg.adapters.ranks,
+                                         cfg.adapters.popularity)
         df["adapter_id"], df["adapter_rank"] = ids, ranks
     elif "ranks" in given:  # new ranks only: the file's adapters keep their requests (ranks cycled over the ids;
         # before stop 51 the ids were drawn again too, with the default popularity and 100 adapters)

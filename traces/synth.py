@@ -52,7 +52,10 @@ class ArrivalConfig:
     list is scaled so that the adapters' rates sum to ``rps``)
     | ``fitted`` (rate profile and renewal CV of a committed fit ``fit``, e.g.
     ``splitwise_conv_fit``; ``rps`` defaults to the fitted mean rate).
-    ``n_requests`` (poisson/gamma only) generates exactly that many instead of a time window.
+    ``n_requests`` (poisson/gamma only) generates exactly that many arrivals instead of a time
+    window: that many requests, or, with conversations (:class:`ConversationConfig`), that many
+    conversation starts, each bringing its turns (about ``n_requests x expected_turns()``
+    requests; the size check, ``traces.registry.expected_requests``, counts them so).
     """
 
     process: str = "poisson"
@@ -143,7 +146,8 @@ OPTIONS: dict[str, tuple[str, str, Callable[[Any], Any], str]] = {
     "arrival": ("arrivals", "process", str, f"arrival process: {' | '.join(ARRIVAL_PROCESSES)}"),
     "rps": ("arrivals", "rps", _opt_float, "mean request rate (req/s); for a replayed trace: rescale to it"),
     "duration": ("arrivals", "duration_s", _float, "seconds to generate; for a replayed trace: keep the first seconds"),
-    "n_requests": ("arrivals", "n_requests", _opt_int, "exact request count (poisson/gamma) instead of a window"),
+    "n_requests": ("arrivals", "n_requests", _opt_int, "exact request count (poisson/gamma) instead of a window; "
+                   "with conversations: the number of conversations (each with its turns)"),
     "cv": ("arrivals", "cv", _opt_float, "inter-arrival coefficient of variation (gamma; default 2)"),
     "on_s": ("arrivals", "on_s", _float, "mean on-period of on/off bursts (s)"),
     "off_s": ("arrivals", "off_s", _float, "mean off-period of on/off bursts (s)"),
@@ -337,11 +341,28 @@ def check_options_apply(cfg: SynthConfig, given: dict[str, Any], source: str = "
                          f"it sets {what}; give {fix}, or leave {key} out")
 
 
+def align_warmup(a: ArrivalConfig, warmup_s: float) -> float:
+    """The warm-up to draw before the window's time 0 for the arrival process of ``a``: ``warmup_s``
+    as is, except for ``arrival=fitted``, whose rate profile is cyclic in bins of ``bin_s``: there it is
+    rounded up to whole bins, so that :func:`generate_arrivals` (``lead_s``) can put the profile's time 0
+    at the window's time 0 (a longer warm-up only starts a few more conversations that end before it)."""
+    if warmup_s <= 0 or a.process != "fitted" or not a.fit:
+        return float(warmup_s)
+    bin_s = float(load_fitted(a.fit)["arrivals"]["bin_s"])
+    return float(math.ceil(warmup_s / bin_s - 1e-9) * bin_s)
+
+
 def generate_arrivals(a: ArrivalConfig, n_adapters: int, rng: np.random.Generator, rate_divisor: float = 1.0,
-                      ) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
+                      lead_s: float = 0.0) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
     """Arrival times (and adapter ids for ``per-adapter``) of an :class:`ArrivalConfig`.
 
     ``rate_divisor`` divides the rate (conversation starts = request rate / expected turns).
+    ``lead_s``: the first seconds of ``a.duration_s`` that come before the window's time 0 (the
+    conversations' warm-up; the caller shifts the times by it). Only ``arrival=fitted`` reads it: its
+    rate profile (cyclic, :func:`traces.arrivals.cumulative_intensity`) is rotated so that the
+    profile's time 0 falls at ``lead_s``, i.e. at the window's time 0 (before, the profile began at
+    -warm-up, 750 s early with the default conversation settings). ``lead_s`` must then be whole bins
+    (:func:`align_warmup`).
     """
     info: dict[str, Any] = {}
     rps = None if a.rps is None else a.rps / rate_divisor
@@ -368,7 +389,15 @@ def generate_arrivals(a: ArrivalConfig, n_adapters: int, rng: np.random.Generato
         rps = (fa["mean_rps"] if a.rps is None else a.rps) / rate_divisor
         cv = fa["renewal_cv"] if a.cv is None else a.cv
         info.update(fit=a.fit, rps=rps * rate_divisor, cv=cv, bin_s=fa["bin_s"])
-        return arr.profiled_renewal(rps, cv, fa["profile"], fa["bin_s"], a.duration_s, rng), None, info
+        profile = np.asarray(fa["profile"], dtype=float)
+        if lead_s:
+            shift = lead_s / float(fa["bin_s"])
+            if abs(shift - round(shift)) > 1e-9:
+                raise ValueError(f"arrival=fitted: a warm-up of {lead_s:g} s is not a whole number of the fit's "
+                                 f"{fa['bin_s']:g} s bins (align it with align_warmup)")
+            profile = np.roll(profile, int(round(shift)) % profile.size)  # profile[0] now starts at lead_s
+            info["profile_starts_at_s"] = float(lead_s)
+        return arr.profiled_renewal(rps, cv, profile, fa["bin_s"], a.duration_s, rng), None, info
     raise ValueError(f"unknown arrival process {a.process!r}")
 
 
@@ -385,9 +414,9 @@ def synthesize(cfg: SynthConfig, trace_lengths: Callable[[str], tuple[np.ndarray
     filt = lc.filter()
     draw = lambda m: sample_lengths(model, m, r_len, lc.scale, filt)  # noqa: E731
     divisor = cc.expected_turns() if cc.enabled else 1.0
-    warm = cc.warmup_s() if cc.enabled and cfg.arrivals.n_requests is None else 0.0
+    warm = align_warmup(cfg.arrivals, cc.warmup_s()) if cc.enabled and cfg.arrivals.n_requests is None else 0.0
     a_cfg = dataclasses.replace(cfg.arrivals, duration_s=cfg.arrivals.duration_s + warm) if warm else cfg.arrivals
-    t, ids, info = generate_arrivals(a_cfg, ad.n_adapters, r_arr, divisor)
+    t, ids, info = generate_arrivals(a_cfg, ad.n_adapters, r_arr, divisor, lead_s=warm)
     extra: dict[str, np.ndarray] = {}
     if cc.enabled:
         conv = synthesize_conversations(t - warm, cc, r_conv, draw, lc.max_prompt, lc.max_total)
