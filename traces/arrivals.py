@@ -16,7 +16,8 @@ Every generator is vectorised numpy (no per-request Python loop) and takes an ex
 * :func:`onoff` -- a two-state Markov-modulated Poisson process (on/off bursts): exponential
   on and off periods of means ``on_s``/``off_s``; rate ``r_on`` while on and
   ``off_frac * r_on`` while off, with ``r_on`` chosen so that the long-run mean rate is
-  ``rps``: ``rps = r_on * (on_s + off_frac * off_s) / (on_s + off_s)``.
+  ``rps``: ``rps = r_on * (on_s + off_frac * off_s) / (on_s + off_s)``. Started in its
+  stationary state, so the expected count in any window is ``rps`` x its length.
 * :func:`per_adapter_poisson` -- the published adapter twin's set-up (Agullo et al. 2025,
   ``benchmark_serving_by_time.py``): the rates of a list such as ``{0.1, 0.05, 0.025}`` req/s
   are assigned round-robin to the adapters and shuffled, and every adapter sends an
@@ -164,12 +165,22 @@ def gamma_renewal(rps: float, cv: float, rng: np.random.Generator, duration_s: f
 
 def onoff(rps: float, rng: np.random.Generator, duration_s: float, on_s: float = 10.0, off_s: float = 30.0,
           off_frac: float = 0.0) -> np.ndarray:
-    """On/off bursts: a two-state MMPP whose long-run mean rate is ``rps``.
+    """On/off bursts: a two-state MMPP whose mean rate is ``rps`` in every window.
 
-    Periods alternate (starting "on") with exponential lengths of means ``on_s`` and ``off_s``.
-    The on-rate is ``r_on = rps * (on_s + off_s) / (on_s + off_frac * off_s)`` and the off-rate
-    ``off_frac * r_on``; given the periods, arrivals are Poisson (thinning of one homogeneous
-    stream at ``r_on``: points in off periods are kept with probability ``off_frac``).
+    Periods alternate with exponential lengths of means ``on_s`` and ``off_s``. The on-rate is
+    ``r_on = rps * (on_s + off_s) / (on_s + off_frac * off_s)`` and the off-rate ``off_frac * r_on``;
+    given the periods, arrivals are Poisson (thinning of one homogeneous stream at ``r_on``: points in
+    off periods are kept with probability ``off_frac``).
+
+    The process is observed from a random moment of its steady state (the stationary alternating
+    renewal process; Ross, *Stochastic Processes*, 2nd ed., ch. 3: alternating and equilibrium renewal
+    processes): time 0 is in an on period with probability ``on_s / (on_s + off_s)``, and the rest of that
+    period has the equilibrium (residual-life) law of its length, ``F_e(x) = (1/mu) int_0^x (1 - F(y)) dy``,
+    which for an exponential length is the same exponential (memorylessness), so the first period is drawn
+    like any other of its state. The expected count in ``[0, T)`` is then exactly ``rps * T`` for every
+    ``T``. (The process used to start at the beginning of an on period, so short windows overshot ``rps``:
+    ``rps=2, on_s=10, off_s=30`` gave 2.15 req/s over 300 s and 3.46 over 30 s.) Without off periods
+    (``off_s = 0``) it is a Poisson process at ``rps`` and draws as before.
     """
     _check_window(rps, duration_s, None)
     check_rng(rng)
@@ -182,21 +193,24 @@ def onoff(rps: float, rng: np.random.Generator, duration_s: float, on_s: float =
     if off_frac == 0 and off_s > 0:
         _check_expected(rps * duration_s * (on_s + off_s) / on_s, f"rate {rps!r} req/s in on periods")
     r_on = rps * (on_s + off_s) / (on_s + off_frac * off_s)
-    # alternating period boundaries: on, off, on, off, ...
+    # the state at time 0: on with the stationary probability on_s / (on_s + off_s) (always on without off periods)
+    start_on = off_s == 0 or bool(rng.random() < on_s / (on_s + off_s))
+    first_mean, second_mean = (on_s, off_s) if start_on else (off_s, on_s)
+    # alternating period boundaries from the starting state: on, off, on, ... or off, on, off, ...
     n_cycles = int(duration_s / (on_s + off_s) * 1.5 + 10 * np.sqrt(duration_s / (on_s + off_s)) + 8)
     bounds = [np.zeros(1)]
     t_end = 0.0
     while t_end < duration_s:
         lengths = np.empty(2 * n_cycles)
-        lengths[0::2] = rng.exponential(on_s, n_cycles)
-        lengths[1::2] = rng.exponential(off_s, n_cycles) if off_s > 0 else 0.0
+        lengths[0::2] = rng.exponential(first_mean, n_cycles)
+        lengths[1::2] = rng.exponential(second_mean, n_cycles) if second_mean > 0 else 0.0
         b = t_end + np.cumsum(lengths)
         bounds.append(b)
         t_end = float(b[-1])
-    edges = np.concatenate(bounds)  # edges[i]..edges[i+1] is on when i is even
+    edges = np.concatenate(bounds)  # edges[i]..edges[i+1] is in the starting state when i is even
     count = int(rng.poisson(r_on * duration_s))
     t = np.sort(rng.uniform(0.0, duration_s, size=count))
-    state_on = (np.searchsorted(edges, t, side="right") - 1) % 2 == 0
+    state_on = ((np.searchsorted(edges, t, side="right") - 1) % 2 == 0) == start_on
     keep = state_on | (rng.random(count) < off_frac)
     return t[keep]
 

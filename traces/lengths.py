@@ -53,17 +53,70 @@ def _fitted_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+#: what reads each section of a committed fit (named in the error for a fit that lacks it)
+FIT_SECTION_USERS = {"arrivals": "arrival=fitted (fit=NAME, --fit NAME)",
+                     "lengths": "lengths=splitwise|splitwise-code"}
+
+
+class FitSectionError(KeyError, LengthError):
+    """A committed fit lacks a section (or an entry) that is asked of it: a ``KeyError`` (what a dict lookup
+    raises, and what callers catch) and a :class:`LengthError` (bad input), whose message says which fits have
+    it. ``str()`` is the message itself (a plain ``KeyError`` quotes it: the CLI printed ``error: arrivals``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class FittedStats(dict):
+    """A committed fit as loaded by :func:`load_fitted`: a plain ``dict`` (of such dicts) whose missing key is a
+    :class:`FitSectionError` naming the fit, the key, the keys it has, what reads that key and the committed
+    fits that have it (``load_fitted("sharegpt_lengths")["arrivals"]`` said only ``arrivals``). Uses the
+    ``dict.__missing__`` hook of :meth:`dict.__getitem__`; ``get``, ``in`` and equality are a dict's."""
+
+    def __init__(self, data: dict[str, Any], name: str = "", where: tuple[str, ...] = ()) -> None:
+        super().__init__({k: FittedStats(v, name, where + (str(k),)) if isinstance(v, dict) and
+                          not isinstance(v, FittedStats) else v for k, v in data.items()})
+        self.name, self.where = name, where
+
+    def __missing__(self, key: Any) -> Any:
+        path = self.where + (str(key),)
+        entry = "/".join(path)
+
+        def has(stats: Any) -> bool:
+            for k in path:
+                if not isinstance(stats, dict) or k not in stats:
+                    return False
+                stats = dict.__getitem__(stats, k)
+            return True
+
+        others = []
+        for stem in (sorted(p.stem for p in DATA.glob("*.json")) if DATA.is_dir() else []):
+            try:
+                if stem != self.name and has(load_fitted(stem)):
+                    others.append(stem)
+            except (OSError, ValueError):  # (an unreadable file: not offered)
+                continue
+        user = f", read by {FIT_SECTION_USERS[path[0]]}" if path[0] in FIT_SECTION_USERS else ""
+        inside = f" under {'/'.join(self.where)}" if self.where else ""
+        instead = (f"; use a fit that has it: {', '.join(others)}" if others else
+                   f"; no committed fit has it (fits written by an older `{FIT_COMMAND}`? run it again)")
+        raise FitSectionError(f"fitted statistics {self.name!r} (traces/data/{self.name}.json) hold no {entry!r}"
+                              f"{user} (its keys{inside}: {', '.join(map(str, self)) or 'none'}){instead}")
+
+
 @lru_cache(maxsize=None)
-def load_fitted(name: str) -> dict[str, Any]:
+def load_fitted(name: str) -> FittedStats:
     """A committed fit from ``traces/data/<name>.json`` (cached); an unknown name is an error listing
-    the committed ones (a file name such as ``x.json`` is a name too: ``x``)."""
+    the committed ones (a file name such as ``x.json`` is a name too: ``x``), and a missing section of a
+    known one (:class:`FittedStats`) an error naming the fits that have it."""
     path = DATA / f"{name}.json"
     known = sorted(p.stem for p in DATA.glob("*.json")) if DATA.is_dir() else []
     if not path.exists() and known:
         hint = f" (a name, not a file: {name[:-5]!r})" if name.endswith(".json") and name[:-5] in known else ""
         raise FileNotFoundError(f"unknown fitted statistics {name!r}{hint}; the committed ones are "
                                 f"{', '.join(known)} (traces/data/<name>.json)")
-    return _fitted_json(path)
+    data = _fitted_json(path)
+    return FittedStats(data, name) if isinstance(data, dict) else data
 
 
 # --------------------------------------------------------------------------- filters, scaling
@@ -519,9 +572,33 @@ def build_length_model(cfg: LengthConfig, trace_lengths: Callable[[str], tuple[n
     raise LengthError(f"unknown length model {cfg.dist!r}; use one of {', '.join(LENGTH_DISTS)}")
 
 
+#: the smallest share of draws a length filter may keep (0.1 %): below it :func:`sample_lengths` refuses the
+#: filter instead of drawing on (an impossible filter was found out after 200 rounds of ever larger draws: 14 s,
+#: or 477 M draws, or 1.2e8 pairs a round at 100 k requests); the rounds draw at most 1000 x what they still need,
+#: the same bound
+MIN_ACCEPTANCE = 1e-3
+
+
+def _filter_text(filt: LengthFilter, scale: float) -> str:
+    """The limits of ``filt`` that bind, as ``max_prompt=2, min_output=900`` (and the scale they apply after)."""
+    d = LengthFilter()
+    parts = [f"{k}={v}" for k, v in asdict(filt).items() if v is not None and v != getattr(d, k)]
+    return (", ".join(parts) or "no limit") + (f" (after length_scale={scale:g})" if scale != 1.0 else "")
+
+
 def sample_lengths(model: LengthModel, n: int, rng: np.random.Generator, scale: float = 1.0,
                    filt: LengthFilter | None = None, max_rounds: int = 200) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` pairs from ``model``, scaled by ``scale``, redrawn until all pass ``filt``."""
+    """``n`` pairs from ``model``, scaled by ``scale``, redrawn until all pass ``filt``.
+
+    Rejection sampling in rounds: the first draws ``n``, each later one what is still needed times the
+    inverse of the share kept so far (at most 1000, +20 % and 16). After every round the share kept is checked
+    against :data:`MIN_ACCEPTANCE`: when even its upper bound, ``(kept + 3 sqrt(kept) + 3) / drawn`` (three
+    standard errors, and the "rule of three" 95 % bound when nothing is kept), is below the floor, the filter
+    is refused with a :class:`LengthError` naming its limits and the share observed. A filter that keeps a
+    normal share never meets the check, so its draws are those of the plain rounds; an empty or vanishingly
+    small acceptance region is refused after one or two rounds (``n`` draws, or ``n`` x min(``n``, 1000) x 1.2
+    more when ``n`` <= 3,000), not 200.
+    """
     filt = filt or LengthFilter()
     if n <= 0:  # (a workload with no arrivals: nothing to draw)
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -532,6 +609,12 @@ def sample_lengths(model: LengthModel, n: int, rng: np.random.Generator, scale: 
         need = n - have
         if need <= 0:
             break
+        if drawn and (have + 3.0 * np.sqrt(have) + 3.0) / drawn < MIN_ACCEPTANCE:
+            model_name = model.describe().get("model")
+            raise LengthError(f"length filter {_filter_text(filt, scale)} rejects almost every draw of {model_name} "
+                              f"lengths: it kept {have:,} of {drawn:,} ({100.0 * have / drawn:.3g} %), below the "
+                              f"{100 * MIN_ACCEPTANCE:g} % a workload may be drawn at; relax the limits (max_prompt, "
+                              f"max_output, max_total, min_prompt, min_output) or change length_scale")
         m = need if have == drawn == 0 else int(need * min(drawn / max(have, 1), 1000) * 1.2) + 16
         p, o = model.sample(max(m, 1), rng)
         p, o = scale_lengths(p, o, scale)
