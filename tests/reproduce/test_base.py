@@ -12,8 +12,8 @@ from twin.config import ConfigError
 from twin.compare import load_compare_profile
 from twin.model_spec import QKVO
 from twin.reproduce import adaptive_caching, fastlibra
-from twin.reproduce.base import (LOW_LOAD_OCCUPANCY, PaperNumber, Runner, knee_search, low_load_reference,
-                                 pct_change, pick, ratio)
+from twin.reproduce.base import (LOW_LOAD_OCCUPANCY, Knee, PaperNumber, Runner, knee_search, low_load_reference,
+                                 pct_change, pick, ratio, refine_knee)
 from twin.scenario import RunConfig, build_engine_config, build_workload
 from twin.simulate import simulate
 
@@ -44,6 +44,40 @@ def test_knee_search_resolution_bounds_the_bracket(true_knee, resolution):
     assert coarse.failed - coarse.rate <= 0.25 * coarse.failed
     with pytest.raises(ValueError, match="resolution"):
         knee_search(lambda r: {"r": r}, lambda s: True, 1.0, 0, resolution=0.0)
+
+
+@pytest.mark.parametrize("true_knee", [3.3, 22.6, 0.7])
+def test_refine_knee_continues_the_search(true_knee):
+    """Refining a coarse knee probes the midpoints the search would have probed next: the same knee and probes
+    as one search with that resolution, and a bracket within it; a knee without a failing rate stays."""
+    point, ok = (lambda r: {"r": r}), (lambda s: s["r"] <= true_knee)
+    coarse = knee_search(point, ok, 1.0, 2)
+    fine = refine_knee(point, ok, coarse, 0.005)
+    assert fine == knee_search(point, ok, 1.0, 2, resolution=0.005)
+    assert fine.rate <= true_knee < fine.failed and fine.failed - fine.rate <= 0.005 * fine.rate
+    assert fine.probes[:len(coarse.probes)] == coarse.probes and len(fine.probes) > len(coarse.probes)
+    open_ended = Knee(4.0, None, [(4.0, True)])
+    assert refine_knee(point, ok, open_ended, 0.005) is open_ended
+    with pytest.raises(ValueError, match="resolution"):
+        refine_knee(point, ok, coarse, 0.0)
+
+
+def test_ratio_rows_unresolved_by_their_knees():
+    """A throughput ratio whose knees' brackets straddle the tolerance band is graded 'unresolved', not yes/no
+    (the fig11 ablation row read 0.96 against 1.05, 'yes', while its brackets allowed 0.945-0.981)."""
+    from twin.reproduce.chameleon import PAPER, ratio_bracket, ratio_row
+    from twin.reproduce.report import verdict
+
+    slora = Knee(22.422, 22.837, [])
+    nocache = Knee(21.591, 22.006, [])
+    lo, hi = ratio_bracket(nocache, slora)
+    assert lo == pytest.approx(21.591 / 22.837) and hi == pytest.approx(22.006 / 22.422)
+    r = ratio_row(PAPER["thr_ChameleonNoCache"], nocache, slora)
+    assert r.twin == 0.96 and verdict(r).startswith("unresolved")
+    fine = ratio_row(PAPER["thr_ChameleonNoCache"], Knee(21.591, 21.65, []), Knee(22.422, 22.5, []))
+    assert verdict(fine) == "yes"  # 0.960-0.966: within 0.10 of 1.05 at both ends
+    far = ratio_row(PAPER["thr_Chameleon"], Knee(22.837, 23.252, []), slora)
+    assert verdict(far) == "no"  # 1.000-1.037 against 1.5: outside at both ends
 
 
 def test_knee_search_limits():

@@ -573,9 +573,26 @@ def knee_search(point: Callable[[float], dict[str, Any]], ok: Callable[[dict[str
             lo = mid
         else:
             hi = mid
-    while resolution is not None and hi - lo > resolution * lo:
+    knee = Knee(lo, hi, probes)
+    return knee if resolution is None else refine_knee(point, ok, knee, resolution)
+
+
+def refine_knee(point: Callable[[float], dict[str, Any]], ok: Callable[[dict[str, Any]], bool], knee: Knee,
+                resolution: float) -> Knee:
+    """``knee`` bisected further (the same midpoints :func:`knee_search` would probe next) until
+    ``failed - rate <= resolution * rate``; a knee with no failing rate, or rate 0, is returned as it is.
+    The probes are ``knee``'s followed by the new ones."""
+    if not resolution > 0:
+        raise ValueError(f"refine_knee: resolution {resolution!r} must be > 0 (a fraction of the knee, e.g. 0.05)")
+    lo, hi = knee.rate, knee.failed
+    if hi is None or lo <= 0:
+        return knee
+    probes = list(knee.probes)
+    while hi - lo > resolution * lo:
         mid = 0.5 * (lo + hi)
-        if test(mid):
+        met = bool(ok(point(mid)))
+        probes.append((mid, met))
+        if met:
             lo = mid
         else:
             hi = mid

@@ -67,8 +67,9 @@ from policies.chameleon import ChameleonScheduler, weighted_request_size
 from policies.common import kmeans_1d
 from traces.registry import BUILTINS
 from twin.config import ConfigError
-from twin.reproduce.base import (Knee, Outcome, PaperNumber, RequestMetrics, Row, Runner, knee_search,
+from twin.reproduce.base import (Knee, Outcome, PaperNumber, RequestMetrics, Row, Runner, knee_search, refine_knee,
                                  low_load_reference, pct_change, pct_text, pick, ratio, row, system_of, yes_no)
+from twin.reproduce.report import TOLERANCE
 from twin.scenario import RunConfig
 
 # ------------------------------------------------------------------ the paper's set-up (names and definitions)
@@ -224,9 +225,13 @@ class Effort:
     low_load_requests: int
     #: geometric bisections of the length-scale search (:func:`length_scale_search`)
     scale_bisections: int = 4
+    #: the knees of the throughput rows are bisected further, until each is bracketed within this share of
+    #: itself (:func:`twin.reproduce.base.refine_knee`; None: not refined): after ``bisections`` the brackets
+    #: are one grid step of ``start * 2**-bisections`` (1.9 % of the knee), as wide as the ratios' gaps
+    ratio_resolution: float | None = None
 
 
-FULL = Effort(duration_s=600.0, bisections=5, low_load_requests=200, scale_bisections=4)
+FULL = Effort(duration_s=600.0, bisections=5, low_load_requests=200, scale_bisections=4, ratio_resolution=0.005)
 QUICK = Effort(duration_s=120.0, bisections=2, low_load_requests=60, scale_bisections=2)
 
 
@@ -249,12 +254,16 @@ def slo_reference(runner: Runner, run: RunConfig, base: str, effort: Effort) -> 
     slo_s = SLO_X * low["e2e_ms_mean"] / 1000.0
     start = 1000.0 / low["e2e_ms_mean"]  # one request in flight on average at low-load service time
 
-    def knee_of(preset: str) -> Knee:
-        return knee_search(lambda r: runner.point(run, preset, r, slo_s=slo_s),
-                           lambda s: s["ttft_ms_p99"] is not None and s["ttft_ms_p99"] <= slo_s * 1000.0,
-                           start, effort.bisections)
+    def met(s: dict[str, Any]) -> bool:
+        return s["ttft_ms_p99"] is not None and s["ttft_ms_p99"] <= slo_s * 1000.0
 
-    return {"low": low, "slo_s": slo_s, "knee_of": knee_of}
+    def knee_of(preset: str) -> Knee:
+        return knee_search(lambda r: runner.point(run, preset, r, slo_s=slo_s), met, start, effort.bisections)
+
+    def refined(preset: str, knee: Knee, resolution: float) -> Knee:
+        return refine_knee(lambda r: runner.point(run, preset, r, slo_s=slo_s), met, knee, resolution)
+
+    return {"low": low, "slo_s": slo_s, "knee_of": knee_of, "refined": refined}
 
 
 def memory_at_knee(runner: Runner, run: RunConfig, preset: str, ref: dict[str, Any]) -> tuple[Knee, dict[str, Any]]:
@@ -360,7 +369,7 @@ def experiment(runner: Runner, quick: bool, length_rule: str | None = None) -> d
             "length_rule": rule, "length_rule_system": measured, "length_scale": search.scale,
             "workload_length_scale": own,
             "scale_probes": search.probes,
-            "knee_of": ref["knee_of"], "loads": loads, "substitutions": subs}
+            "knee_of": ref["knee_of"], "refined": ref["refined"], "loads": loads, "substitutions": subs}
 
 
 def _setup(e: dict[str, Any], presets: list[str]) -> dict[str, Any]:
@@ -446,13 +455,17 @@ def run_fig11(runner: Runner, quick: bool) -> Outcome:
     presets = {"Chameleon": cham, **{k: pick("preset", v, v, subs) for k, v in ABLATIONS.items()}}
     for label, preset in presets.items():
         knees[label] = e["knee_of"](preset)
+    res = e["effort"].ratio_resolution
+    if res is not None:  # the throughput rows' knees, bisected until they resolve the ratios (the loads stay)
+        knees = {label: e["refined"](base if label == "S-LoRA" else presets[label], k, res)
+                 for label, k in knees.items()}
     for label, k in knees.items():
         for r_, met in k.probes:
             points.append({"experiment": "knee", "system": label, "rps": r_, "met_slo": met})
     rows.append(row(PAPER["knee_slora"], knees["S-LoRA"].rate, 2))
     rows.append(row(PAPER["knee_chameleon"], knees["Chameleon"].rate, 2))
     for label in presets:
-        rows.append(row(PAPER[f"thr_{label}"], ratio(knees[label].rate, knees["S-LoRA"].rate), 2))
+        rows.append(ratio_row(PAPER[f"thr_{label}"], knees[label], knees["S-LoRA"]))
     rows.append(row(PAPER["tbt"], yes_no(tbt_ok)))
     b_hi, c_hi = got["high"]
     rows.append(row(PAPER["tbt_lower"], yes_no(c_hi["itl_ms_p99"] is not None and b_hi["itl_ms_p99"] is not None
@@ -468,6 +481,15 @@ def run_fig11(runner: Runner, quick: bool) -> Outcome:
              _memory_note(e), _rank_note(got["high"]),
              _pool_note("S-LoRA", {k: v[0] for k, v in got.items()}) + "; "
              + _pool_note("Chameleon", {k: v[1] for k, v in got.items()})[len("pool by load, "):] + "."]
+    if res is not None:
+        notes.append(f"throughput rows: each knee bisected until its passing and first failing rates are within "
+                     f"{100 * res:g} % (the loads above keep the first bracket), passing-failing: "
+                     + ", ".join(f"{k} {v.rate:.4g}-{v.failed:.4g}" if v.failed is not None else f"{k} >= {v.rate:.4g}"
+                                 for k, v in knees.items())
+                     + " req/s; so each ratio to S-LoRA lies within "
+                     + ", ".join(f"{k} {lo:.3f}-{hi:.3f}" for k in presets
+                                 for lo, hi in [ratio_bracket(knees[k], knees["S-LoRA"])])
+                     + " (a row is 'unresolved' when the tolerance test differs across its range).")
     if quick:  # the knees share a coarse probe grid: their ratios are not resolved
         brackets = ", ".join(f"{k} {v.rate:.3g}-{v.failed:.3g}" if v.failed is not None else f"{k} >= {v.rate:.3g}"
                              for k, v in knees.items())
@@ -476,6 +498,31 @@ def run_fig11(runner: Runner, quick: bool) -> Outcome:
                      f"ratios are not resolved; run without --quick to compare them with the paper.")
     return Outcome("chameleon-fig11", "Chameleon vs S-LoRA: TTFT at three loads and throughput within the SLO "
                    "(Fig. 11)", rows, setup, points, notes)
+
+
+def ratio_bracket(knee: Knee, base: Knee) -> tuple[float, float]:
+    """The range of ``knee``'s true rate over ``base``'s that the two brackets allow: from the passing rate over
+    ``base``'s first failing one to the first failing rate over ``base``'s passing one (inf without a failing
+    rate; NaN when ``base`` never passed)."""
+    if base.rate <= 0:
+        return float("nan"), float("nan")
+    lo = knee.rate / base.failed if base.failed is not None else 0.0
+    hi = knee.failed / base.rate if knee.failed is not None else float("inf")
+    return lo, hi
+
+
+def ratio_row(paper: PaperNumber, knee: Knee, base: Knee) -> Row:
+    """The row of a throughput ratio (the passing rates' ratio), graded ``unresolved`` when the tolerance test
+    (:data:`twin.reproduce.report.TOLERANCE`) would answer differently at the two ends of
+    :func:`ratio_bracket`: the knees' brackets then do not say whether the twin meets the paper's number."""
+    r = row(paper, ratio(knee.rate, base.rate), 2)
+    lo, hi = ratio_bracket(knee, base)
+    if isinstance(paper.value, (int, float)) and math.isfinite(lo):
+        tol = TOLERANCE[paper.unit]
+        if (abs(lo - paper.value) <= tol) != (abs(hi - paper.value) <= tol) or (lo < paper.value - tol < hi and
+                                                                               lo < paper.value + tol < hi):
+            r.verdict_override = f"unresolved: the knees bracket the ratio within {lo:.3f}-{hi:.3f}"
+    return r
 
 
 def mark_unexercised_caches(rows: list[Row], got: dict[str, dict[str, Any]]) -> dict[str, int]:
