@@ -86,7 +86,23 @@ def summarize(w: Workload, bin_s: float | None = None, top_k: tuple[int, ...] = 
     if retimed.get("process"):  # a trace whose timestamps were replaced by a drawn process (arrival=poisson|gamma)
         s["arrivals_retimed"] = {"process": retimed["process"], "rps": retimed.get("rps"),
                                  "rps_given": ((w.meta.get("config") or {}).get("arrivals") or {}).get("rps") is not None}
+    dropped = _dropped_by_adapters_from_key(w.meta)
+    if dropped:  # (requests of the trace that are not in the workload: say how many, and why)
+        s["dropped_by_adapters_from_key"] = dropped
     return s
+
+
+def _dropped_by_adapters_from_key(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"requests": n, "reason": ...}`` when ``adapters_from=key`` dropped ``n`` > 0 requests of the trace
+    (``transform.dropped_by_adapters_from_key`` and ``transform.adapters_from_key_reason`` of the workload's meta,
+    :mod:`traces.registry`), else None (nothing dropped, or another kind of workload)."""
+    tr = meta.get("transform") if isinstance(meta, dict) else None
+    if not isinstance(tr, dict):
+        return None
+    n = tr.get("dropped_by_adapters_from_key")
+    if isinstance(n, bool) or not isinstance(n, (int, float, np.integer)) or not n > 0:
+        return None
+    return {"requests": int(n), "reason": str(tr.get("adapters_from_key_reason") or "")}
 
 
 def _adapter_cv(t: np.ndarray, ids: np.ndarray) -> dict[str, Any]:
@@ -115,6 +131,10 @@ def format_summary(s: dict[str, Any]) -> str:
             rows.append((col.replace("_", " "), f"mean {d['mean']:.1f}  " + "  ".join(
                 f"p{q} {d[f'p{q}']:.0f}" for q in PERCENTILES) + f"  max {d['max']}"))
     rows.append(("adapters", f"{s['adapters']} (+{s['base_model_requests']} base-model requests)"))
+    dropped = s.get("dropped_by_adapters_from_key")
+    if dropped:
+        rows.append(("dropped requests", f"{dropped['requests']:,} of the trace: "
+                                         + (dropped["reason"] or "adapters_from=key left their keys without adapter")))
     a = s.get("adapter_interarrival_cv") or {}
     if a.get("adapters"):
         rows.append(("per-adapter gap CV", f"median {a['median']:.3f} over the {a['adapters']} adapters with >= "

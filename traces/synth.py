@@ -259,6 +259,8 @@ def validate_config(cfg: SynthConfig) -> None:
         raise ValueError(f"unknown arrival process {a.process!r}; use one of {', '.join(ARRIVAL_PROCESSES)}")
     if a.process == "fitted" and not a.fit:
         raise ValueError("arrival=fitted needs fit=NAME of a committed fit (e.g. splitwise_conv_fit)")
+    if a.process == "fitted":
+        fitted_arrivals(a.fit)  # (a fit without arrivals, e.g. sharegpt_lengths: said before any drawing)
     if a.process != "per-adapter" and a.process != "fitted" and (a.rps is None or a.rps <= 0):
         raise ValueError(f"arrival process {a.process} needs rps > 0 (got {a.rps})")
     if a.n_requests is not None and a.process not in ("poisson", "gamma"):
@@ -342,14 +344,22 @@ def check_options_apply(cfg: SynthConfig, given: dict[str, Any], source: str = "
 
 
 def align_warmup(a: ArrivalConfig, warmup_s: float) -> float:
-    """The warm-up to draw before the window's time 0 for the arrival process of ``a``: ``warmup_s``
-    as is, except for ``arrival=fitted``, whose rate profile is cyclic in bins of ``bin_s``: there it is
-    rounded up to whole bins, so that :func:`generate_arrivals` (``lead_s``) can put the profile's time 0
-    at the window's time 0 (a longer warm-up only starts a few more conversations that end before it)."""
-    if warmup_s <= 0 or a.process != "fitted" or not a.fit:
-        return float(warmup_s)
-    bin_s = float(load_fitted(a.fit)["arrivals"]["bin_s"])
-    return float(math.ceil(warmup_s / bin_s - 1e-9) * bin_s)
+    """The warm-up to draw before the window's time 0 for the arrival process of ``a``: ``warmup_s`` as is,
+    for every process. (It used to round a warm-up of ``arrival=fitted`` up to whole bins of the fit, as
+    :func:`generate_arrivals` put the profile's time 0 at the window's by rotating the profile by whole bins;
+    it now starts the periodic profile at an offset, :func:`traces.arrivals.cumulative_intensity`'s
+    ``start_s``, which holds for any warm-up and for a fit whose last bin is partial. Kept for its callers.)"""
+    return float(warmup_s)
+
+
+def fitted_arrivals(name: str) -> Any:
+    """The ``arrivals`` section of the committed fit ``name`` (:func:`traces.lengths.load_fitted`): a
+    :class:`traces.lengths.FitSectionError` naming the fit and the fits that have the section when it has none,
+    and an error naming a missing entry of the section (``mean_rps``, ``renewal_cv``, ``bin_s``, ``profile``)."""
+    fa = load_fitted(name)["arrivals"]
+    for key in ("mean_rps", "renewal_cv", "bin_s", "profile"):
+        fa[key]  # (a missing entry: FitSectionError naming it)
+    return fa
 
 
 def generate_arrivals(a: ArrivalConfig, n_adapters: int, rng: np.random.Generator, rate_divisor: float = 1.0,
@@ -359,10 +369,10 @@ def generate_arrivals(a: ArrivalConfig, n_adapters: int, rng: np.random.Generato
     ``rate_divisor`` divides the rate (conversation starts = request rate / expected turns).
     ``lead_s``: the first seconds of ``a.duration_s`` that come before the window's time 0 (the
     conversations' warm-up; the caller shifts the times by it). Only ``arrival=fitted`` reads it: its
-    rate profile (cyclic, :func:`traces.arrivals.cumulative_intensity`) is rotated so that the
-    profile's time 0 falls at ``lead_s``, i.e. at the window's time 0 (before, the profile began at
-    -warm-up, 750 s early with the default conversation settings). ``lead_s`` must then be whole bins
-    (:func:`align_warmup`).
+    rate profile (periodic, :func:`traces.arrivals.cumulative_intensity`) starts ``lead_s`` before its
+    own time 0, so that the profile's time 0 falls at the window's time 0 (before, the profile began at
+    -warm-up, 750 s early with the default conversation settings). The profile's period is the fit's span
+    (``duration_s``), its last bin lasting its real width, so the mean rate is the fitted one.
     """
     info: dict[str, Any] = {}
     rps = None if a.rps is None else a.rps / rate_divisor
@@ -385,19 +395,19 @@ def generate_arrivals(a: ArrivalConfig, n_adapters: int, rng: np.random.Generato
         info["offered_rps"] = float(ar.sum() * rate_divisor)
         return t, ids, info
     if a.process == "fitted":
-        fa = load_fitted(a.fit)["arrivals"]
+        fa = fitted_arrivals(a.fit)
         rps = (fa["mean_rps"] if a.rps is None else a.rps) / rate_divisor
         cv = fa["renewal_cv"] if a.cv is None else a.cv
-        info.update(fit=a.fit, rps=rps * rate_divisor, cv=cv, bin_s=fa["bin_s"])
+        bin_s = float(fa["bin_s"])
         profile = np.asarray(fa["profile"], dtype=float)
+        # the profile's period: the fit's span (its last bin partial, normalised by its real width); a fit without
+        # one (written before the span was recorded) is taken as whole bins
+        period = float(fa["duration_s"]) if fa.get("duration_s") is not None else profile.size * bin_s
+        info.update(fit=a.fit, rps=rps * rate_divisor, cv=cv, bin_s=fa["bin_s"], period_s=period)
         if lead_s:
-            shift = lead_s / float(fa["bin_s"])
-            if abs(shift - round(shift)) > 1e-9:
-                raise ValueError(f"arrival=fitted: a warm-up of {lead_s:g} s is not a whole number of the fit's "
-                                 f"{fa['bin_s']:g} s bins (align it with align_warmup)")
-            profile = np.roll(profile, int(round(shift)) % profile.size)  # profile[0] now starts at lead_s
             info["profile_starts_at_s"] = float(lead_s)
-        return arr.profiled_renewal(rps, cv, profile, fa["bin_s"], a.duration_s, rng), None, info
+        return arr.profiled_renewal(rps, cv, profile, bin_s, a.duration_s, rng, period_s=period,
+                                    start_s=-float(lead_s)), None, info
     raise ValueError(f"unknown arrival process {a.process!r}")
 
 

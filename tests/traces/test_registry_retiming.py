@@ -227,16 +227,19 @@ def test_fitted_profile_starts_at_the_window_with_conversations():
     conv = get_workload("splitwise-synth", conversations=True, mean_turns=1.0)
     assert _profile_lag0_corr(plain, fit) > 0.95
     assert _profile_lag0_corr(conv, fit) > 0.95
-    assert conv.meta["arrivals_info"]["profile_starts_at_s"] % 60.0 == 0
+    # (the warm-up, 750 s, is no whole number of the fit's 60 s bins: the profile starts at an offset, not rotated)
+    assert conv.meta["arrivals_info"]["profile_starts_at_s"] == ConversationConfig(enabled=True).warmup_s() == 750.0
 
 
-def test_align_warmup_rounds_fitted_warmups_to_whole_bins():
+def test_align_warmup_keeps_fitted_warmups_as_they_are():
+    """The profile used to be rotated by whole bins, so the warm-up was rounded up to them (750 -> 780 s); a start
+    offset into the periodic profile (traces.test_fitted_period) takes any warm-up."""
     fitted = ArrivalConfig(process="fitted", fit="splitwise_conv_fit", rps=None)
-    assert align_warmup(fitted, 750.0) == 780.0 and align_warmup(fitted, 0.0) == 0.0
+    assert align_warmup(fitted, 750.0) == 750.0 and align_warmup(fitted, 0.0) == 0.0
     assert align_warmup(ArrivalConfig(), 750.0) == 750.0
-    with pytest.raises(ValueError, match="whole number"):
-        generate_arrivals(ArrivalConfig(process="fitted", fit="splitwise_conv_fit", rps=None, duration_s=100.0), 1,
-                          np.random.default_rng(0), lead_s=30.0)
+    t, _, info = generate_arrivals(ArrivalConfig(process="fitted", fit="splitwise_conv_fit", rps=None,
+                                                 duration_s=100.0), 1, np.random.default_rng(0), lead_s=30.0)
+    assert info["profile_starts_at_s"] == 30.0 and t.size and t.max() < 100.0
     # without a warm-up the draw is unchanged
     a = ArrivalConfig(process="fitted", fit="splitwise_conv_fit", rps=None, duration_s=600.0)
     t0, _, _ = generate_arrivals(a, 1, np.random.default_rng(0))
