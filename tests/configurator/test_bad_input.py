@@ -782,8 +782,8 @@ def test_dataset_slo_says_the_runs_that_meet_the_slo_are_starving(tmp_path, caps
     pd.DataFrame(rows).to_csv(tmp_path / "r.csv", index=False)
     err = _error(["configure", "dataset", str(tmp_path / "r.csv"), "--rule", "slo", "--ttft-p99-s", "5"], capsys)
     assert ("no scenario of the 3 runs could be labelled under rule slo: all 3 runs meet the SLO but are starving "
-            "(throughput at most 0.882 of the offered tokens, below the sweep's starvation line); the slo rule labels "
-            "only runs that keep up") in err, err
+            "(throughput at most 0.882 of the offered tokens, below the starvation line, --ratio 0.9); the slo rule "
+            "labels only runs that keep up") in err, err
     assert "--slo-share" not in err
     err = _error(["configure", "dataset", str(tmp_path / "r.csv"), "--rule", "slo", "--ttft-p99-s", "0.1"], capsys)
     assert "none of the 3 runs with a throughput meets the SLO; loosen --ttft-p99-s / --itl-p99-s" in err, err

@@ -74,7 +74,7 @@ def run(labels_path: str, profile: str | None, kind: str = "rf", folds: int = 5,
     profile = profile or str(labels["profile"].dropna().iloc[0])
     engine = label_engine(labels)  # the check runs the twin the labels came from
     try:  # the shipped model's chosen hyper-parameters
-        params = dict(load_model(profile, kind)["provenance"].get("best_params") or {})
+        params = dict(load_model(profile, kind, as_path=False)["provenance"].get("best_params") or {})
     except FileNotFoundError:
         params = {}
     preds = cross_validated_predictions(labels, kind, folds, seed, params)

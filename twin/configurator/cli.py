@@ -68,7 +68,9 @@ def register_cli(subparsers) -> None:
                         "best throughput over the slot values, which can be such a starving first run: the label's "
                         "margin says so), robust (fewest slots within --tolerance of the best), slo (best "
                         "throughput with SLO attainment >= --slo-share)")
-    d.add_argument("--ratio", type=float, default=0.9, help="starvation line: throughput / offered (default 0.9)")
+    d.add_argument("--ratio", type=float, default=0.9,
+                   help="starvation line: throughput / offered (default 0.9; every rule's, the slo rule's 'not "
+                        "starving' too); not below the line the sweep walked at, whose walks stopped there")
     d.add_argument("--tolerance", type=float, default=None, help="robust: throughput tolerance (default 1 %%)")
     d.add_argument("--slo-share", type=float, default=None,
                    help="slo: minimum SLO attainment of the sweep's [slo] (default 0.9; not with --ttft-p99-s / "
@@ -369,7 +371,7 @@ def _check_rule_args(args) -> None:
 
 
 def cmd_dataset(args) -> int:
-    from twin.configurator.dataset import build_dataset, load_runs
+    from twin.configurator.dataset import build_dataset, load_runs, sweep_meta
     from twin.configurator.labels import slo_miss
 
     _check_rule_args(args)
@@ -377,10 +379,11 @@ def cmd_dataset(args) -> int:
         check_writable_file("--out", args.out, (".csv", ".parquet"))
     _check_repeated_sources(args.sweeps)
     runs = load_runs(args.sweeps)
-    lab = build_dataset(runs, args.rule, ratio=args.ratio, tolerance=args.tolerance, slo_share=args.slo_share,
+    lab = build_dataset(runs, args.rule, sweeps=sweep_meta([s for s in args.sweeps if Path(s).is_dir()])["sweeps"],
+                        ratio=args.ratio, tolerance=args.tolerance, slo_share=args.slo_share,
                         ttft_p99_s=args.ttft_p99_s, itl_p99_s=args.itl_p99_s)
     if not len(lab):  # (an empty table was printed and written as if labelled)
-        why = (slo_miss(runs, args.slo_share, args.ttft_p99_s, args.itl_p99_s) if args.rule == "slo"
+        why = (slo_miss(runs, args.slo_share, args.ttft_p99_s, args.itl_p99_s, args.ratio) if args.rule == "slo"
                else "no candidate run has a throughput (total_tok_s is empty: every candidate stopped early, or the "
                     "column was lost from the run tables)")
         raise ValueError(f"no scenario of the {len(runs)} runs could be labelled under rule {args.rule}: {why}")
@@ -480,6 +483,21 @@ def _check_labels_profile(profile: str, lab) -> None:
                          f"data), or label sweeps run with {name}")
 
 
+def _file_record(path: str, lab: Any) -> dict[str, Any]:
+    """A labels file behind a model, pinned in its provenance: the path as given, the SHA-256 and size of its bytes
+    (as read for training) and its rows, so the data a model was trained on can be told from a later edit of the
+    file at the same path."""
+    import hashlib
+
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            size += len(block)
+    return {"path": str(path), "sha256": h.hexdigest(), "bytes": size, "rows": int(len(lab))}
+
+
 #: the fewest labelled scenarios ``train``'s grid search cross-validates (:func:`twin.configurator.models.train`)
 MIN_SEARCH_SCENARIOS = 6
 
@@ -541,9 +559,9 @@ def cmd_train(args) -> int:
     parts = []
     if dirs:  # sweep directories: labelled here under --rule (all together: one table of runs)
         runs = load_runs(dirs)
-        parts.append((", ".join(dirs), build_dataset(runs, args.rule, ttft_p99_s=args.ttft_p99_s,
-                                                     itl_p99_s=args.itl_p99_s)))
         meta = sweep_meta(dirs)
+        parts.append((", ".join(dirs), build_dataset(runs, args.rule, sweeps=meta["sweeps"],
+                                                     ttft_p99_s=args.ttft_p99_s, itl_p99_s=args.itl_p99_s)))
     parts += files
     lab = combine_labels(parts)
     if not args.no_search and len(lab) < MIN_SEARCH_SCENARIOS:  # (the search was skipped in silence)
@@ -572,8 +590,11 @@ def cmd_train(args) -> int:
         warnings.warn(f"the labels name no profile (no profile column): the model records the default profile "
                       f"{profile}, which predict --check and evaluate run; give --profile P if they came from another")
     grid = trained_grid(lab, meta.get("sweeps") or [])
+    from twin.sweep.scenario import twin_version
+
     prov = {"profile": profile, "rule": str(lab["rule"].iloc[0]) if "rule" in lab else args.rule,
             "engine": label_engine(lab), "sources": [str(s) for s in srcs], **meta,
+            "source_files": [_file_record(s, f) for s, f in files], "twin_version": twin_version(),
             "command": "twin configure train " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else srcs)}
     if feats:
         _check_features(feats, [c for c in lab.columns if pd.api.types.is_numeric_dtype(lab[c])])
@@ -715,7 +736,8 @@ def _load_for(args, default_kind: str):
     from twin.configurator.models import load_model
 
     kind = getattr(args, "kind", None) or default_kind
-    model = load_model(args.model or args.profile or DEFAULT_PROFILE, kind)
+    model = (load_model(args.model, kind, as_path=True) if args.model  # (a path; a profile name is never one)
+             else load_model(args.profile or DEFAULT_PROFILE, kind, as_path=False))
     if args.model and getattr(args, "kind", None) and model.get("kind") != args.kind:
         raise ValueError(f"--kind {args.kind} with --model {args.model}: the file is a {model.get('kind')} model, and "
                          f"--kind picks only a shipped model of --profile; leave --kind out, or leave --model out for "
@@ -831,6 +853,9 @@ def cmd_predict(args) -> int:
     if res["throughput_tok_s"] > offered:  # (a model's extrapolation: 1204 tok/s of 161 offered)
         res["throughput_model_tok_s"] = res["throughput_tok_s"]
         res["throughput_tok_s"] = offered
+    _cap_spread(res, offered if not (res.get("check") or {}).get("changed") else
+                (workload_offered_tok_s(wl, res["model_recommendation"]["served_adapters"]) if wl
+                 else offered_tok_s(rates, res["model_recommendation"]["served_adapters"], res.get("lengths"))))
     tp = res["throughput_tok_s"]
     gpus = None
     if wl and not args.adapters:  # (the adapters to host: the file's)
@@ -872,9 +897,12 @@ def cmd_predict(args) -> int:
           + (f", arrival {res['arrival']}" if res["arrival"] != "poisson" else "") + "]")
     u = res.get("uncertainty")
     if u:
+        tu, tm = u["throughput_tok_s"], u.get("throughput_model_tok_s")
+        trees = (f" (capped at the offered load, as the expected throughput; the trees' {tm['p10']:.0f}-"
+                 f"{tm['p90']:.0f})" if tm else "")
         print(f"{'the model' + chr(39) + 's ' if stepped else ''}spread across {u['trees']} trees (p10-p90): served {u['served_adapters']['p10']:.0f}-"
               f"{u['served_adapters']['p90']:.0f}, slots {u['adapter_slots']['p10']:.0f}-{u['adapter_slots']['p90']:.0f}, "
-              f"throughput {u['throughput_tok_s']['p10']:.0f}-{u['throughput_tok_s']['p90']:.0f} tok/s")
+              f"throughput {tu['p10']:.0f}-{tu['p90']:.0f} tok/s{trees}")
     if "gpus_needed" in res:
         print(f"{args.adapters} adapters need {res['gpus_needed']} GPU{'s' * (res['gpus_needed'] != 1)} at this "
               f"configuration")
@@ -909,6 +937,19 @@ def cmd_predict(args) -> int:
                 print(f"splits on the {n} trees' paths: " + ", ".join(
                     f"{feature_label(f)} {100 * v:.0f} %" for f, v in res["path_features"].items()))
     return 0
+
+
+def _cap_spread(res: dict[str, Any], offered: float) -> None:
+    """The forest's throughput spread (``res["uncertainty"]``, p10-p90 across its trees) capped at ``offered``, the
+    tokens/s its recommendation's served adapters offer, as the expected throughput is (``res`` changed in place; the
+    trees' own under ``uncertainty["throughput_model_tok_s"]``): a spread of 9672-10937 tok/s was printed beside an
+    expected 8129 capped at the offered load, and 1160-1175 beside 0."""
+    u = res.get("uncertainty")
+    t = (u or {}).get("throughput_tok_s")
+    if not t or not (t["p10"] > offered or t["p90"] > offered):
+        return
+    u["throughput_model_tok_s"] = dict(t)
+    u["throughput_tok_s"] = {k: min(float(v), offered) for k, v in t.items()}
 
 
 def _check_requests(given: str, rates: list[float], served: int, window_s: float = 3600.0) -> None:
@@ -1034,7 +1075,7 @@ def _shipped_engine(profile: str, serving_us: float | None, rank_tile_cost: floa
     models = []
     if serving_us is None or rank_tile_cost is None:
         try:
-            models = [load_model(profile, "rf")]
+            models = [load_model(profile, "rf", as_path=False)]
         except (FileNotFoundError, ValueError):  # (no shipped configurator, or a profile given as a file)
             pass
     return resolve_engine(models, serving_us, rank_tile_cost)
@@ -1098,7 +1139,7 @@ def cmd_evaluate(args) -> int:
     if args.no_search and args.model and args.profile is not None:  # (as predict refuses it)
         from twin.configurator.models import load_model
 
-        _check_model_profile(args, load_model(args.model, "rf"))
+        _check_model_profile(args, load_model(args.model, "rf", as_path=True))
     real = args.real
     if real is None:
         from traces.datadir import require

@@ -10,7 +10,8 @@ from typing import Any, Iterable
 import pandas as pd
 
 from traces.arguments import cell_error, csv_layout_problem, did_you_mean
-from twin.configurator.labels import FEATURES, RULES, TARGETS, describe_engine, engines_of, label_scenarios
+from twin.configurator.labels import (FEATURES, RULES, TARGETS, _group_keys, describe_engine, engines_of,
+                                      label_scenarios)
 from twin.sweep.runner import ForeignShards, read_results
 
 
@@ -237,16 +238,61 @@ def sweep_meta(sources: Iterable[str | os.PathLike]) -> dict[str, Any]:
 
 def trained_grid(lab: pd.DataFrame, sweeps: list[dict[str, Any]]) -> dict[str, list[int]]:
     """The configurations a model trained on ``lab`` snaps its predictions to: the served adapters and slots of the
-    sweeps behind it (``sweeps``: :func:`~twin.configurator.dataset.sweep_meta`'s records) and every value the labels
-    hold (a labels file's ``served_adapters``, ``next_served`` and ``adapter_slots``: the configurations its sweep
-    ran), so a model trained on a sweep directory and one trained on the labels written from it agree (a labels
-    file snapped to the published grid, 16 and up, whatever its sweep's grid)."""
+    sweeps behind it (``sweeps``: :func:`~twin.configurator.dataset.sweep_meta`'s records), the sweep's configurations
+    that labels written since carry (:data:`GRID_COLUMNS`) and every value the labels hold (``served_adapters``,
+    ``next_served`` and ``adapter_slots``: configurations its sweep ran), so a model trained on a sweep directory and
+    one trained on the labels written from it agree (a labels file snapped to the published grid, 16 and up,
+    whatever its sweep's grid). Labels without :data:`GRID_COLUMNS` (the committed ones) give only their own values:
+    a configuration of the sweep that no label or next run landed on (served 320 of the published grid in the Llama
+    labels, slots above 160) is not among them, where the models trained before this function (the validated
+    Llama and the Qwen ones) recorded the published grid."""
     served = {int(v) for s in sweeps for v in (s.get("served") or [])}
     slots = {int(v) for s in sweeps for v in (s.get("slots") or [])}
     for col, into in (("served_adapters", served), ("next_served", served), ("adapter_slots", slots)):
         if col in lab:
             into.update(int(v) for v in pd.to_numeric(lab[col], errors="coerce").dropna())
+    for col, into in GRID_COLUMNS.items():  # (labels written since: the sweep's own configurations)
+        if col in lab:
+            into_set = served if into == "served" else slots
+            for cell in lab[col].dropna():
+                into_set.update(parse_grid_cell(cell, col))
     return {"served": sorted(served), "slots": sorted(slots)}
+
+
+#: the label columns that carry the configurations of the sweep behind the labels (``configure dataset`` writes them:
+#: every served-adapter count and slot count its runs tried, and its sweep.json grid), so a model trained on a labels
+#: file snaps to the grid a model trained on the sweep directory snaps to (:func:`trained_grid`); labels without them
+#: (written before) give the values their labels hold, which may miss a configuration no label landed on
+GRID_COLUMNS = {"grid_served": "served", "grid_slots": "slots"}
+
+
+def grid_cell(values: Iterable[Any]) -> str:
+    """A :data:`GRID_COLUMNS` cell: the whole numbers, ascending, space-separated (``16 32 64``)."""
+    return " ".join(str(v) for v in sorted({int(v) for v in values}))
+
+
+def parse_grid_cell(cell: Any, col: str) -> list[int]:
+    """A :data:`GRID_COLUMNS` cell as whole numbers >= 1; anything else is an error naming the column and the value."""
+    try:
+        vals = [float(t) for t in str(cell).split()]
+    except ValueError:
+        vals = []
+    if not vals or not all(v >= 1 and v == int(v) for v in vals):
+        raise ValueError(f"labels column {col} {cell!r}: expected the sweep's whole numbers >= 1, space-separated "
+                         f"(e.g. '16 32 64'); fix the labels or relabel with `twin configure dataset`")
+    return [int(v) for v in vals]
+
+
+def with_grid(labels: pd.DataFrame, runs: pd.DataFrame, sweeps: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+    """``labels`` with :data:`GRID_COLUMNS`: every served-adapter count and slot count of ``runs`` (of any status: the
+    configurations the sweep tried) and of the ``sweeps``' grids (:func:`sweep_meta`'s records)."""
+    served = [v for s in sweeps or [] for v in (s.get("served") or [])]
+    slots = [v for s in sweeps or [] for v in (s.get("slots") or [])]
+    served += pd.to_numeric(runs["served_adapters"], errors="coerce").dropna().tolist()
+    slots += pd.to_numeric(runs["adapter_slots"], errors="coerce").dropna().tolist()
+    if not len(labels):
+        return labels
+    return labels.assign(grid_served=grid_cell(served), grid_slots=grid_cell(slots))
 
 
 def combine_labels(parts: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
@@ -256,10 +302,23 @@ def combine_labels(parts: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
     scenarios it did not reach). Refused, naming the sources: labels under different rules, for
     different profiles or of different engines (:func:`~twin.configurator.labels.engines_of`: the
     calibrated engine and one with the serving path's host time or a rank-tile cost are different
-    twins), and a scenario labelled twice (the same scenario, policy, seed and maximum rank in two
+    twins), a source without a ``rule``, ``profile`` or ``policy`` column (or with blanks only there)
+    beside sources with one (its rule, profile or policy is unknown: it matched any other, and a
+    policy-less file merged with another policy's labels trained a one-policy model that recommended
+    for the wrong policy), and a scenario labelled twice (the same scenario, policy, seed and maximum rank in two
     sources, or twice in one)."""
     if not parts:
         raise ValueError("no labels given")
+    for col in ("rule", "profile", "policy"):  # (a source without the column matched any other, in silence)
+        has = [src for src, lab in parts if col in lab and lab[col].notna().any()]
+        lacks = [src for src, lab in parts if src not in has]
+        if has and lacks:
+            what = {"rule": "label rule", "profile": "profile", "policy": "scheduler/cache policy"}[col]
+            raise ValueError(f"{', '.join(lacks)} {'has' if len(lacks) == 1 else 'have'} no {col} column (or only "
+                             f"blanks there) while {', '.join(has)} {'has' if len(has) == 1 else 'have'} one: the "
+                             f"{what} of those labels is unknown, so they cannot be checked against the others' nor "
+                             f"merged with them; give labels written by `twin configure dataset` (which carry it), or "
+                             f"add the {col} column with the {what} they were made with")
     for col in ("rule", "profile"):
         seen: dict[str, list[str]] = {}
         for src, lab in parts:
@@ -309,8 +368,82 @@ def label_engine(lab: pd.DataFrame) -> dict[str, Any]:
     return engines[0]
 
 
-def build_dataset(runs: pd.DataFrame, rule: str = "throughput90", **kw: Any) -> pd.DataFrame:
-    """Label rows for every scenario of ``runs`` (see :mod:`twin.configurator.labels`).
+#: the starvation line of a sweep whose run rows record neither ``walk_ratio`` nor ``starving``: the published walk's
+#: (``[early_stop] ratio``'s default, :attr:`twin.sweep.grid.GridSpec.ratio`)
+PUBLISHED_WALK_RATIO = 0.9
+
+
+def stopped_walk_runs(runs: pd.DataFrame, ratio: float) -> pd.DataFrame:
+    """The runs of ``runs`` (a sweep's, without a ``walk_ratio`` column) that a walk at ``ratio`` would have gone
+    on from, while the sweep's walk stopped there, so the runs it would have gone on to are missing.
+
+    A sweep walks each slot value's served adapters upwards and stops after its first *starving* run (below its
+    line, ``[early_stop] ratio``; the row's ``starving``, or, in a table without it, below the published
+    :data:`PUBLISHED_WALK_RATIO`); a run it decided starving early (``early_stop``) has only an upper bound
+    (``tok_s_upper``). Labels at ``ratio`` are those of the sweep's walks exactly when every such stop is below
+    ``ratio`` too: a stopping run at or above ``ratio`` (or whose upper bound is) is returned, with its
+    ``ratio_read`` (its share of the offered tokens, or the bound); one whose share is unknown (no bound, no
+    throughput) only below the published line, the walk's line this assumes. A table whose walks go on after a
+    starving run (``[early_stop] walk = false``) has every run of its walks: only its runs stopped early count."""
+    ok = runs[runs["status"].astype(str).eq("ok")].copy()
+    if not len(ok) or "offered_tok_s" not in ok:
+        return ok.iloc[:0]
+    off = pd.to_numeric(ok["offered_tok_s"], errors="coerce")
+    tp = pd.to_numeric(ok["total_tok_s"], errors="coerce") if "total_tok_s" in ok else pd.Series(float("nan"),
+                                                                                                 index=ok.index)
+    early = ok["early_stop"].fillna(False).astype(bool) if "early_stop" in ok else pd.Series(False, index=ok.index)
+    upper = pd.to_numeric(ok["tok_s_upper"], errors="coerce") if "tok_s_upper" in ok else pd.Series(
+        float("nan"), index=ok.index)
+    tok = tp.where(~early, upper)  # (a run stopped early: its bound)
+    ok["ratio_read"] = tok / off
+    if "starving" in ok and ok["starving"].notna().all():
+        starving = ok["starving"].astype(bool) | early
+    else:  # (no flag: the published walk's line, as the walk tests it, or a run stopped early)
+        starving = ~(tok >= PUBLISHED_WALK_RATIO * off) | early
+    ok["_starving"] = starving.to_numpy()
+    # (the walk's own test; a stop whose share is unknown, an early stop without its bound or a run that lost its
+    # throughput, passes only at or above the published line, the walk's when nothing else says)
+    unknown = ~(tok.notna() & off.notna())
+    ok["_below"] = ((tok < ratio * off) | (unknown & (ratio >= PUBLISHED_WALK_RATIO))).to_numpy()
+    keys = [*_group_keys(ok), "adapter_slots"]
+    ok = ok.sort_values([*keys, "served_adapters"], kind="stable")
+    walk = ok.groupby(keys, sort=False, dropna=False)
+    last = walk.cumcount(ascending=False).eq(0)  # the walk's last run that ran
+    stops_walks = not (ok["_starving"] & ~last).any()  # (no run after a starving one in any walk)
+    stop = (ok["_starving"] & last) if stops_walks else early.reindex(ok.index)
+    # at or above the line, or unknown (NaN, e.g. an early stop without its bound): the lower walk would go on
+    bad = ok.loc[stop & ~ok["_below"]].drop(columns=["_starving", "_below"])
+    # (a walk stopped below the largest served value of the table first: one that provably lacks runs)
+    top = pd.to_numeric(ok["served_adapters"], errors="coerce").max()
+    return pd.concat([bad[bad["served_adapters"] < top], bad[~(bad["served_adapters"] < top)]])
+
+
+def check_stopped_walks(runs: pd.DataFrame, ratio: float) -> None:
+    """Refuse labels at ``ratio`` from runs whose walks stopped where a walk at ``ratio`` goes on
+    (:func:`stopped_walk_runs`), naming how many, one of them, the ratio the table does support and the fix; a
+    ``ratio`` at or above the sweep's line always passes (its walk stops no later than the sweep's did)."""
+    bad = stopped_walk_runs(runs, ratio)
+    if not len(bad):
+        return
+    first = bad.iloc[0]
+    read = float(first["ratio_read"])
+    stop = "stopped early, its throughput at most" if bool(first.get("early_stop")) else "read"
+    at = f"{stop} {read:.3f} of the offered tokens" if read == read else "its share of the offered tokens unknown"
+    tops = pd.to_numeric(bad["ratio_read"], errors="coerce")
+    need = (f"{PUBLISHED_WALK_RATIO:g} (the published walk's line)" if tops.notna().all()
+            and float(tops.max()) < PUBLISHED_WALK_RATIO else "the sweep's own [early_stop] ratio")
+    raise ValueError(f"labels at --ratio {ratio:g}: {len(bad)} slot walk(s) of this sweep stopped at a run that a walk "
+                     f"at {ratio:g} would pass (e.g. {first.get('scenario')}, {int(first['adapter_slots'])} slots: "
+                     f"{int(first['served_adapters'])} served adapters {at}), because the sweep walked at a higher "
+                     f"line (its rows predate the walk_ratio column; each slot value's walk stopped at its first "
+                     f"starving run), so the runs a walk at {ratio:g} goes on to are missing and its labels would be "
+                     f"wrong; label at --ratio {need} or above, or sweep again with [early_stop] ratio = {ratio:g}")
+
+
+def build_dataset(runs: pd.DataFrame, rule: str = "throughput90", sweeps: list[dict[str, Any]] | None = None,
+                  **kw: Any) -> pd.DataFrame:
+    """Label rows for every scenario of ``runs`` (see :mod:`twin.configurator.labels`), each with the sweep's
+    configurations (:data:`GRID_COLUMNS`: those of ``runs`` and of the ``sweeps``' grids, :func:`sweep_meta`).
 
     A scenario whose walk is incomplete (a task in flight) cannot be here: shards hold whole walks.
     Runs of several engines (sweeps with and without the serving path's host time, say) are refused:
@@ -322,15 +455,18 @@ def build_dataset(runs: pd.DataFrame, rule: str = "throughput90", **kw: Any) -> 
             what = "; ".join(f"{p} in {n} runs" for p, n in counts.items())
             raise ValueError(f"the runs mix profiles ({what}): label the sweeps of each profile apart (and train one "
                              f"model per profile)")
-    if "walk_ratio" in runs:  # (rows of sweeps before stop 65 do not say: not checked)
-        walked = pd.to_numeric(runs["walk_ratio"], errors="coerce").dropna()
-        ratio = float(kw.get("ratio", 0.9))
-        if len(walked) and ratio < float(walked.max()) - 1e-12:
-            raise ValueError(f"labels at --ratio {ratio:g} from a sweep that walked at ratio {walked.max():g}: each "
-                             f"slot value's walk stopped at its first run below {walked.max():g} of the offered tokens, "
-                             f"so the runs a walk at {ratio:g} would go on to are missing; label at --ratio "
-                             f"{walked.max():g} or above, or sweep again with [early_stop] ratio = {ratio:g}")
+    ratio = float(kw.get("ratio", 0.9))
+    walk = (pd.to_numeric(runs["walk_ratio"], errors="coerce") if "walk_ratio" in runs
+            else pd.Series(float("nan"), index=runs.index))
+    walked = walk.dropna()
+    if len(walked) and ratio < float(walked.max()) - 1e-12:
+        raise ValueError(f"labels at --ratio {ratio:g} from a sweep that walked at ratio {walked.max():g}: each "
+                         f"slot value's walk stopped at its first run below {walked.max():g} of the offered tokens, "
+                         f"so the runs a walk at {ratio:g} would go on to are missing; label at --ratio "
+                         f"{walked.max():g} or above, or sweep again with [early_stop] ratio = {ratio:g}")
+    if walk.isna().any():  # (rows of sweeps before stop 65, the committed ones among them: their walks' stops say)
+        check_stopped_walks(runs[walk.isna()], ratio)
     labels = label_scenarios(runs, rule, **kw)
     if "profile" in runs and "profile" not in labels:
         labels["profile"] = runs["profile"].iloc[0]
-    return labels
+    return with_grid(labels, runs, sweeps)

@@ -284,7 +284,7 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
         raise ValueError(f"{real_csv}: no rows with source == {source!r} (its sources: {have}); pass --source NAME, "
                          f"or --source '' for every row")
     if profile is None and model_path:  # the profile the model was trained on, where this twin has it
-        own = (load_model(model_path, "rf").get("provenance") or {}).get("profile")
+        own = (load_model(model_path, "rf", as_path=True).get("provenance") or {}).get("profile")
         try:
             profile = own if own and cached_profile(own) else None
         except (KeyError, ValueError, OSError):  # (not a profile here: the runs' model's, as --help says)
@@ -307,14 +307,15 @@ def evaluate(real_csv: str | os.PathLike, profile: str | None = None, model_path
     primary = None
     models = {}
     try:
-        models["rf"] = load_model(model_path or profile, "rf")
+        models["rf"] = (load_model(model_path, "rf", as_path=True) if model_path
+                        else load_model(profile, "rf", as_path=False))
     except FileNotFoundError:
         if model_path:
             raise
     if not model_path:
         for kind in ("cart", "hstree", "figs", "rulefit"):  # the other shipped kinds, where shipped
             try:
-                models[kind] = load_model(profile, kind)
+                models[kind] = load_model(profile, kind, as_path=False)
             except FileNotFoundError:
                 pass
     serving_us, rank_tile_cost = resolve_engine(list(models.values()), serving_us, rank_tile_cost)

@@ -21,8 +21,12 @@ A model file stores the indicator columns among its ``features`` and the list of
 ``"policies"``; a model trained on one policy without indicators stores it as ``"policy"`` (absent:
 the published ``fcfs+client-cap``, as every model trained before this module). Prediction builds
 the indicators from a policy name and refuses a policy the model never saw
-(:func:`policy_columns`), and a model without length features refuses a length mix other than
-the published one (:func:`length_columns`): neither is silently ignored.
+(:func:`policy_columns`), and a length the model does not use (either of the two, or both) must be
+one its training labels held (``provenance["lengths_seen"]``; the published 222 / 197 for models
+trained before that record: :func:`length_columns`): neither is silently ignored.
+
+Rule conditions print their thresholds in full (:func:`threshold_text`, :data:`THRESHOLD_NOTE`), so a
+printed rule takes the model's branch for every input.
 """
 
 from __future__ import annotations
@@ -64,7 +68,9 @@ def training_columns(labels: pd.DataFrame, features: list[str] | None = None) ->
     ``features`` defaults to the published 8; the name ``policy`` among them asks for the policy
     indicators, and they are added anyway when the labels hold more than one policy (a model that
     mixed several policies' optima without seeing which is which would recommend for none of them).
-    ``policies`` is empty when no indicators are used. Errors name the fix."""
+    ``policies`` is empty when no indicators are used. A ``policy`` column blank in some rows only is refused
+    (those rows' policy is unknown); without the column (or blank throughout) the labels are of one policy, the
+    published ``fcfs+client-cap``. Errors name the fix."""
     requested = list(features or FEATURES)
     numeric = [f for f in requested if f != POLICY]
     bad = [f for f in numeric if is_policy_column(f)]
@@ -74,6 +80,11 @@ def training_columns(labels: pd.DataFrame, features: list[str] | None = None) ->
     missing = [f for f in numeric if f not in labels]
     if missing:
         raise ValueError(f"--features: {missing} not in the labels (columns: {sorted(map(str, labels.columns))})")
+    if POLICY in labels and labels[POLICY].isna().any() and labels[POLICY].notna().any():
+        blank = int(labels[POLICY].isna().sum())
+        raise ValueError(f"the labels' policy column is blank in {blank} of {len(labels)} rows: their policy is "
+                         f"unknown, and a model that mixed policies without knowing which is which would recommend "
+                         f"for none of them; fill it in (`twin configure dataset` writes it) or leave those rows out")
     has_policy = POLICY in labels and labels[POLICY].notna().all()
     policies = sorted(labels[POLICY].astype(str).unique().tolist()) if has_policy else []
     want = POLICY in requested or len(policies) > 1
@@ -148,11 +159,52 @@ def policy_columns(model: dict[str, Any], policy: str | None) -> tuple[str, dict
     return name, {policy_column(p): float(p == name) for p in model_policies(model)}
 
 
+def lengths_seen(model: dict[str, Any]) -> dict[str, list[float]]:
+    """``{feature: [lo, hi]}``: the range of each length-mix column (:data:`LENGTH_FEATURES`) over the model's
+    training labels, which ``train`` records (``provenance["lengths_seen"]``); for a model without that record (every
+    model trained before it, the shipped ones among them), or a column its labels lacked, the published pool means
+    (222 / 197, :data:`twin.sweep.scenario.DEFAULT_LENGTHS`), the only mix a sweep ran before the lengths axis."""
+    seen = (model.get("provenance") or {}).get("lengths_seen") or {}
+    out = {}
+    for f, d in zip(LENGTH_FEATURES, DEFAULT_LENGTHS):
+        v = seen.get(f) if isinstance(seen, dict) else None
+        ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) and math.isfinite(x)
+                                                                  for x in v)
+        out[f] = [float(v[0]), float(v[1])] if ok else [float(d), float(d)]
+    return out
+
+
+def _seen_text(lo: float, hi: float) -> str:
+    return f"{lo:g}" if round(lo, 3) == round(hi, 3) else f"{lo:g}-{hi:g}"
+
+
+def unused_length_problem(model: dict[str, Any], values: dict[str, float], tolerance: float = 0.0) -> str | None:
+    """Why the length mix ``values`` (``{feature: mean tokens}``) is one ``model`` never saw, or None: each length
+    feature the model does not use must lie within the range its training labels held (:func:`lengths_seen`; to 3
+    decimals, or within ``tolerance``, a relative share, for a measured mean), since the model's answer ignores it.
+    A model that uses one length feature but not the other checks the other (it was accepted in silence: a model
+    trained on ``mean_input_tokens`` alone answered alike for 1 and 5000 output tokens)."""
+    seen = lengths_seen(model)
+    off = []
+    for f in LENGTH_FEATURES:
+        if f in model["features"] or f not in values:
+            continue
+        lo, hi = seen[f]
+        v = float(values[f])
+        inside = (round(lo, 3) <= round(v, 3) <= round(hi, 3)) if tolerance <= 0 else (
+            lo * (1 - tolerance) <= v <= hi * (1 + tolerance))
+        if not inside:
+            off.append(f"{f} {v:g} (its labels held {_seen_text(lo, hi)})")
+    return "; ".join(off) or None
+
+
 def length_columns(model: dict[str, Any], lengths: tuple[float, float] | list[float] | None) -> dict[str, float]:
     """The length-mix features of a prediction from ``lengths`` (mean input, output tokens); none
-    when ``lengths`` is None (a model trained on them then asks for them: ``--lengths``). A model
-    trained without them refuses a length mix other than the published pool means (222 / 197)
-    instead of ignoring it."""
+    when ``lengths`` is None (a model trained on them then asks for them: ``--lengths``). A length the
+    model does not use must be one its training labels held (:func:`unused_length_problem`): a model trained
+    without the length features refuses a mix other than the one it saw (the published pool means, 222 / 197,
+    for every model trained before ``lengths_seen``), and one trained on one of them refuses another value of
+    the other, instead of ignoring it. Both values are returned (``--check`` runs the twin on them)."""
     used = [f for f in LENGTH_FEATURES if f in model["features"]]
     if lengths is None:
         return {}
@@ -160,14 +212,22 @@ def length_columns(model: dict[str, Any], lengths: tuple[float, float] | list[fl
     if len(vals) != 2 or not all(math.isfinite(v) and v > 0 for v in vals):
         raise ValueError(f"--lengths {lengths!r}: expected two positive numbers IN,OUT (mean input and output "
                          f"tokens), e.g. --lengths 222,197")
-    if not used:
-        if [round(v, 3) for v in vals] != [round(float(v), 3) for v in DEFAULT_LENGTHS]:
-            raise ValueError(f"--lengths {vals[0]:g},{vals[1]:g}: this configurator was trained without the "
-                             f"length-mix features, on the published {DEFAULT_LENGTHS[0]:g} / {DEFAULT_LENGTHS[1]:g} "
-                             f"tokens only; train one with --features ...,mean_input_tokens,mean_output_tokens on a "
-                             f"sweep with a lengths axis, or drop --lengths")
-        return {}
-    return dict(zip(LENGTH_FEATURES, vals))
+    x = dict(zip(LENGTH_FEATURES, vals))
+    problem = unused_length_problem(model, x)
+    if problem and not used:
+        seen = lengths_seen(model)
+        saw = " / ".join(_seen_text(*seen[f]) for f in LENGTH_FEATURES)
+        what = ("the published " if saw == f"{DEFAULT_LENGTHS[0]:g} / {DEFAULT_LENGTHS[1]:g}" else "") + saw
+        raise ValueError(f"--lengths {vals[0]:g},{vals[1]:g}: this configurator was trained without the "
+                         f"length-mix features, on {what} tokens only; train one with --features "
+                         f"...,mean_input_tokens,mean_output_tokens on a sweep with a lengths axis, or drop --lengths")
+    if problem:
+        missing = [f for f in LENGTH_FEATURES if f not in used][0]
+        raise ValueError(f"--lengths {vals[0]:g},{vals[1]:g}: this configurator uses {used[0]} but not {missing}, "
+                         f"and its answer ignores {problem}, so it never saw this mix; train one with --features "
+                         f"...,mean_input_tokens,mean_output_tokens on a sweep with a lengths axis, or give "
+                         f"--lengths with a {missing} its labels held")
+    return x
 
 
 def arrival_option(value: str) -> ArrivalProcess:
@@ -227,14 +287,21 @@ def workload_columns(model: dict[str, Any], feats: dict[str, float], where: str)
            "configurator with --features ...,{} on a sweep with that axis")
     lengths = [float(feats[f]) for f in LENGTH_FEATURES]
     if any(f in model["features"] for f in LENGTH_FEATURES):
-        x.update(zip(LENGTH_FEATURES, lengths))
+        x.update((f, v) for f, v in zip(LENGTH_FEATURES, lengths) if f in model["features"])
+        problem = unused_length_problem(model, dict(zip(LENGTH_FEATURES, lengths)), LENGTH_TOLERANCE)
+        if problem:  # (the length the model does not use was ignored, whatever the file's)
+            raise ValueError(f"{where}: this configurator does not use {problem}, and its requests' mean lengths are "
+                             f"{lengths[0]:.0f} input / {lengths[1]:.0f} output tokens (within "
+                             f"{100 * LENGTH_TOLERANCE:.0f} % is accepted); "
+                             + fix.format("mean_input_tokens,mean_output_tokens"))
     else:
-        off = [abs(v / float(d) - 1.0) for v, d in zip(lengths, DEFAULT_LENGTHS)]
-        if max(off) > LENGTH_TOLERANCE:
+        if unused_length_problem(model, dict(zip(LENGTH_FEATURES, lengths)), LENGTH_TOLERANCE):
+            seen = lengths_seen(model)
+            saw = " / ".join(_seen_text(*seen[f]) for f in LENGTH_FEATURES)
+            what = ("the published " if saw == f"{DEFAULT_LENGTHS[0]:g} / {DEFAULT_LENGTHS[1]:g}" else "") + saw
             raise ValueError(f"{where}: its requests' mean lengths are {lengths[0]:.0f} input / {lengths[1]:.0f} "
                              f"output tokens, and this configurator was trained without the length-mix features, on "
-                             f"the published {DEFAULT_LENGTHS[0]:g} / {DEFAULT_LENGTHS[1]:g} only (within "
-                             f"{100 * LENGTH_TOLERANCE:.0f} % is accepted); "
+                             f"{what} only (within {100 * LENGTH_TOLERANCE:.0f} % is accepted); "
                              + fix.format("mean_input_tokens,mean_output_tokens"))
     cv = float(feats[ARRIVAL_FEATURE])
     if ARRIVAL_FEATURE in model["features"]:
@@ -255,9 +322,32 @@ def feature_label(feature: str) -> str:
     return f"[policy is {feature[len(POLICY_PREFIX):]}]" if is_policy_column(feature) else str(feature)
 
 
+#: how a printed rule condition reads (the header of ``twin configure rules`` and the docs say it): the threshold is
+#: written in full, so ``feature op threshold`` evaluated on the feature's value is the model's decision for every
+#: input; a threshold rounded for reading (``0.6`` for scikit-learn's split stored as 0.5999999940395354) flipped
+#: the branch of the inputs between the two
+THRESHOLD_NOTE = ("a condition compares the feature's value (a float64 number) with the threshold as printed, "
+                  "which is exact: the shortest decimal that reads back as the model's own threshold")
+#: :data:`THRESHOLD_NOTE`'s addition for trees fitted by scikit-learn (``cart``, ``hstree``, ``rf``)
+FLOAT32_NOTE = ("scikit-learn's trees compare their input cast to float32, so a split between two training values "
+                "stores the float64 boundary of that comparison: the split between rate_max 0.4 and 0.8 reads "
+                "rate_max <= 0.5999999940395354, and rate_max 0.6 takes the right branch, in the rule as in the model")
+
+
+def threshold_text(value: float) -> str:
+    """A split threshold as printed in rules and rule paths: the shortest decimal that reads back as the
+    float64 ``value`` (Python's ``repr``; ``17`` for ``17.0``), so ``x <= text`` or ``x > text`` evaluated on any
+    float64 ``x`` takes the model's branch (:data:`THRESHOLD_NOTE`). Rounding it (``{:.6g}``) printed
+    ``rate_max <= 0.6`` for the stored 0.5999999940395354, which the input 0.6 does not satisfy."""
+    v = float(value)
+    text = repr(v)
+    return text[:-2] if text.endswith(".0") else text
+
+
 def describe_condition(feature: str, op: str, value: float) -> str:
     """One rule condition as text. On a policy indicator (0 or 1) a threshold condition reads
-    ``policy is X`` or ``policy is not X``; anything else ``feature op value``."""
+    ``policy is X`` or ``policy is not X``; anything else ``feature op value``, the value in full
+    (:func:`threshold_text`: the printed inequality is the model's own, for every input)."""
     v = float(value)
     if is_policy_column(feature):
         name = feature[len(POLICY_PREFIX):]
@@ -267,7 +357,7 @@ def describe_condition(feature: str, op: str, value: float) -> str:
             return f"policy is {name}"
         if holds_at == (True, False):
             return f"policy is not {name}"
-    return f"{feature} {op} {v:.6g}"
+    return f"{feature} {op} {threshold_text(v)}"
 
 
 def readable_conditions(conditions: list[dict[str, Any]], policies: list[str] | None = None) -> list[str]:

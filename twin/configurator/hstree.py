@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
 from sklearn.tree import DecisionTreeRegressor
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from traces.arguments import is_real_number
 
@@ -49,8 +49,13 @@ def shrink_node_values(tree: Any, reg_param: float) -> np.ndarray:
     return out
 
 
-class HSTreeMultiRegressor(RegressorMixin, BaseEstimator):
+class HSTreeMultiRegressor(MultiOutputMixin, RegressorMixin, BaseEstimator):
     """A CART regression tree (at most ``max_leaf_nodes`` leaves) with hierarchical shrinkage.
+
+    Multi-output (``y`` of one or more columns; scikit-learn's ``multi_output`` tag). ``X`` is a dense array of
+    finite numbers, as its tags say: NaN, infinity and sparse matrices are refused by ``fit`` and ``predict``
+    (the tree's own missing-value branches, ``missing_go_to_left``, are never learned, and the configurator's JSON
+    trees do not store them: a prediction refuses a non-finite feature, :func:`twin.configurator.models.predict`).
 
     Parameters
     ----------
@@ -73,15 +78,18 @@ class HSTreeMultiRegressor(RegressorMixin, BaseEstimator):
     def fit(self, X, y):
         if not (is_real_number(self.reg_param) and self.reg_param >= 0):
             raise ValueError(f"reg_param must be a number >= 0, got {self.reg_param!r}")
+        # (scikit-learn's checks: a dense 2-D X of finite numbers, a numeric y of as many rows; the tree alone took
+        # NaN, learning missing-value branches, and sparse X, against the estimator's tags)
+        X, y = validate_data(self, X, y, multi_output=True, y_numeric=True, dtype=np.float64)
         self.estimator_ = DecisionTreeRegressor(max_leaf_nodes=self.max_leaf_nodes,
                                                 min_samples_leaf=self.min_samples_leaf,
                                                 random_state=self.random_state).fit(X, y)
         self.node_values_ = shrink_node_values(self.estimator_.tree_, float(self.reg_param))
         self.n_outputs_ = self.estimator_.n_outputs_
-        self.n_features_in_ = self.estimator_.n_features_in_
         return self
 
     def predict(self, X):
         check_is_fitted(self, "node_values_")
+        X = validate_data(self, X, reset=False, dtype=np.float64)
         v = self.node_values_[self.estimator_.apply(X)]
         return v[:, 0] if self.n_outputs_ == 1 else v

@@ -9,7 +9,10 @@ Rules (:data:`RULES`):
 * ``robust`` -- among the same per-slot candidates, the fewest slots whose throughput is within
   ``tolerance`` (1 %) of the best candidate's.
 * ``slo`` -- the run with the highest throughput among those with SLO attainment (TTFT / TBT
-  SLOs of the sweep) at least ``slo_share`` (and not starving). A sweep run without ``[slo]``
+  SLOs of the sweep) at least ``slo_share`` and not starving: its throughput at least ``ratio`` x the
+  offered tokens (:func:`passes_line`, the line of ``throughput90``, so ``--ratio`` sets it), computed
+  from the run's own figures; a run without a throughput or its offered tokens is left out. (The
+  sweep's ``starving`` flag, at the line its walk ran, is not read.) A sweep run without ``[slo]``
   records no attainment; its runs can still be labelled with percentile SLOs on the stored
   summaries (``ttft_p99_s`` / ``itl_p99_s``: the run's P99 TTFT and P99 inter-token latency of
   finished requests at most these; starving runs, whose unfinished requests those percentiles do
@@ -218,7 +221,7 @@ def _slo_pass(df: pd.DataFrame, slo_share: float, ttft_p99_s: float | None,
 
 
 def slo_miss(runs: pd.DataFrame, slo_share: float = 0.9, ttft_p99_s: float | None = None,
-             itl_p99_s: float | None = None) -> str:
+             itl_p99_s: float | None = None, ratio: float = 0.9) -> str:
     """Why the ``slo`` rule labelled no scenario of ``runs`` (:func:`label_scenarios` gave no row), with the fix
     that applies: no run with a throughput meets the SLO (loosen the percentile SLOs given, or lower the share
     of the sweep's ``[slo]`` attainment), or those that meet it are all starving (the rule labels only runs that
@@ -233,21 +236,24 @@ def slo_miss(runs: pd.DataFrame, slo_share: float = 0.9, ttft_p99_s: float | Non
     met = ran[_slo_pass(ran, slo_share, ttft_p99_s, itl_p99_s)["slo_ok"].astype(bool).to_numpy()]
     if not len(met):
         return f"none of the {len(ran)} runs with a throughput meets the SLO; {loosen}"
-    ratio = pd.to_numeric(met["total_tok_s"], errors="coerce") / pd.to_numeric(met["offered_tok_s"], errors="coerce")
-    best = float(ratio.max()) if ratio.notna().any() else math.nan
+    share_met = (pd.to_numeric(met["total_tok_s"], errors="coerce")
+                 / pd.to_numeric(met["offered_tok_s"], errors="coerce"))
+    best = float(share_met.max()) if share_met.notna().any() else math.nan
     most = f"at most {best:.3f}" if math.isfinite(best) else "below the line"
     share = f"all {len(met)}" if len(met) == len(ran) else f"{len(met)} of the {len(ran)}"
     return (f"{share} runs meet the SLO but are starving (throughput {most} of the offered tokens, below the "
-            f"sweep's starvation line); the slo rule labels only runs that keep up: sweep configurations that keep "
-            f"up (fewer served adapters, lower rates), or a longer window_s if the sweep's is short (the requests "
-            f"still in flight at its end are not counted), or label with --rule throughput90")
+            f"starvation line, --ratio {ratio:g}); the slo rule labels only runs that keep up: sweep configurations "
+            f"that keep up (fewer served adapters, lower rates), or a longer window_s if the sweep's is short (the "
+            f"requests still in flight at its end are not counted), or label with --rule throughput90")
 
 
 def _label_one(g: pd.DataFrame, rule: str, ratio: float, tolerance: float, slo_share: float,
                strict: bool) -> dict[str, Any] | None:
     if rule == "slo":
         ok = g[(g["status"] == "ok") & g["total_tok_s"].notna() & g["slo_ok"].astype(bool)]
-        ok = ok[~ok.get("starving", pd.Series(False, index=ok.index)).astype(bool)]
+        # not starving at --ratio's line, from the run's own figures (the sweep's `starving` flag is at its walk's
+        # line, and was read as missing = keeps up, NaN = starving); a run without its offered tokens is left out
+        ok = ok[passes_line(ok, ratio, strict)]
         if not len(ok):
             return None
         best = ok.loc[ok["total_tok_s"].idxmax()]

@@ -12,7 +12,10 @@ Model file (``*.json``): ``{"schema", "kind", "features", "targets", "log_target
 node, -1 / -2 at leaves; "leaf_value" and "leaf_n" per leaf in node order: a prediction and a rule
 read only a leaf's value and scenario count; files written before these two keys carry per-node
 "value" and "n", and load the same), "combine", "grid": {"served", "slots"},
-"constant": {...}, "provenance": {...}}``. ``combine`` is ``"mean"`` (the random forest, which
+"constant": {...}, "provenance": {...}}`` (``provenance``: the profile, rule, engine and sources of the
+labels, with each labels file pinned as ``source_files``: ``{"path", "sha256", "bytes", "rows"}``, the
+twin's version, the training domain and ``lengths_seen``, the range of each length-mix column of the
+labels; models trained before have some of these only). ``combine`` is ``"mean"`` (the random forest, which
 keeps every tree: the spread across trees is the uncertainty; CART, one tree, which also carries
 ``rules``, one per leaf) or ``"sum"`` (FIGS: Tan et al., "Fast Interpretable Greedy-Tree Sums",
 imodels' ``FIGSRegressor``, a sum of small trees each fitted to the others' residuals; an optional
@@ -21,6 +24,10 @@ extra, ``pip install 'lora-twin[configurator]'``). Files without ``combine`` are
 A split sends ``x`` left when ``x <= threshold`` in float64. For trees fitted by scikit-learn (the
 forest, CART, the HS tree) the stored threshold is the one that takes scikit-learn's branches,
 which compares float32 inputs (:func:`float32_split_threshold`); FIGS compares float64 itself.
+Rules and rule paths print each threshold in full (the shortest decimal that reads back as it,
+:func:`twin.configurator.features.threshold_text`), so the printed inequality is the model's for every
+input: rounded to 6 digits, the stored 0.5999999940395354 read ``rate_max <= 0.6``, which the input
+0.6 (sent right by the model) satisfied.
 
 Features (:mod:`twin.configurator.features`): the published 8 by default; the request-length mix
 (``mean_input_tokens``, ``mean_output_tokens``) and the policy may be added. The policy is one 0/1
@@ -61,13 +68,15 @@ import numpy as np
 import pandas as pd
 
 from traces.arguments import first_repeat
-from twin.configurator.features import (ARRIVAL_FEATURE, LENGTH_FEATURES, describe_condition, design_matrix,
-                                        feature_label, is_policy_column, policy_columns, readable_conditions,
-                                        simplify_policy_conditions, single_policy, training_columns)
+from twin.configurator.features import (ARRIVAL_FEATURE, FLOAT32_NOTE, LENGTH_FEATURES, THRESHOLD_NOTE,
+                                        describe_condition, design_matrix, feature_label, is_policy_column,
+                                        policy_columns, readable_conditions, simplify_policy_conditions, single_policy,
+                                        threshold_text, training_columns)
 from twin.configurator.domain import feature_box
 from twin.configurator.labels import CALIBRATED_ENGINE, FEATURES, TARGETS, describe_engine
 from twin.perf.profile import DEFAULT_FITTED
 from twin.sweep.grid import PUBLISHED_GRID, check_policies
+from twin.sweep.scenario import DEFAULT_LENGTHS
 from twin.sweep.runner import MissingExtra
 
 SCHEMA = "lora-twin-configurator/1"
@@ -176,7 +185,10 @@ def leaf_values(values: np.ndarray, left: list[int]) -> list[list[float] | None]
 def export_tree(est, values: np.ndarray | None = None) -> dict[str, Any]:
     """A fitted scikit-learn tree as JSON lists (``values``: node values other than the tree's own,
     e.g. hierarchical shrinkage's). Split thresholds are stored for a float64 comparison that
-    takes the branches scikit-learn takes (:func:`float32_split_threshold`)."""
+    takes the branches scikit-learn takes (:func:`float32_split_threshold`) for every finite input.
+    scikit-learn's branch for a missing value (``tree_.missing_go_to_left``) is not stored: the trees are
+    fitted on finite features only (``train`` checks the labels, :class:`~twin.configurator.hstree.
+    HSTreeMultiRegressor` refuses NaN), and :func:`predict` refuses a non-finite feature."""
     t = est.tree_
     val = (t.value[:, :, 0] if t.value.ndim == 3 else t.value) if values is None else values
     left = t.children_left.tolist()
@@ -262,7 +274,8 @@ def format_rules(model: dict[str, Any]) -> str:
     """The rules as text: ``IF ... THEN served ~ N, slots ~ G (throughput T tok/s) [k scenarios]``."""
     grid = model.get("grid") or {}
     lines = [f"# {model['kind']} configurator, profile {model['provenance'].get('profile')}, rule "
-             f"{model['provenance'].get('rule')}, {len(model['rules'])} rules"]
+             f"{model['provenance'].get('rule')}, {len(model['rules'])} rules",
+             f"# {THRESHOLD_NOTE}; {FLOAT32_NOTE}"]
     for i, r in enumerate(model["rules"], 1):
         conds = " AND ".join(readable_conditions(r["conditions"], model.get("policies"))) or "always"
         p = r["predict"]
@@ -332,7 +345,8 @@ def format_rule_ensembles(model: dict[str, Any]) -> str:
     n_rules = sum(len(e["rules"]) for e in model["rule_ensembles"])
     n_lin = sum(len(e["linear"]) for e in model["rule_ensembles"])
     lines = [f"# {model['kind']} configurator, profile {prov.get('profile')}, rule {prov.get('rule')}, "
-             f"{n_rules} rules and {n_lin} linear terms over {len(model['rule_ensembles'])} targets"]
+             f"{n_rules} rules and {n_lin} linear terms over {len(model['rule_ensembles'])} targets",
+             f"# {THRESHOLD_NOTE}"]
     for ens in model["rule_ensembles"]:
         log = model.get("log_targets")
         lines.append(f"## {ens['target']} = {'exp(' if log else ''}{ens['intercept']:+.4f} + the terms below"
@@ -409,19 +423,38 @@ def shipped_model_path(profile: str, kind: str = "rf") -> Path:
     return gz if gz.exists() else p
 
 
-def load_model(path_or_profile: str | os.PathLike, kind: str = "rf") -> dict[str, Any]:
-    """A model file, or the shipped configurator of a profile name."""
-    p = Path(path_or_profile)
-    if not p.exists():
-        p = shipped_model_path(str(path_or_profile), kind)
-    if not p.exists():
-        avail = sorted(x.name for x in MODEL_DIR.glob("*.json*")) if MODEL_DIR.exists() else []
-        looks_like_path = any(c in str(path_or_profile) for c in "/\\") or str(path_or_profile).endswith((".json", ".gz"))
-        if looks_like_path:  # (a model file that is not there: the kind and the shipped list are beside the point)
+def looks_like_path(name: str | os.PathLike) -> bool:
+    """Whether a model argument names a file: a ``Path`` (any ``os.PathLike``), or a string with a directory
+    separator or a ``.json`` / ``.gz`` suffix (``train --out`` writes no other); any other string is a profile
+    name."""
+    if not isinstance(name, str):
+        return True
+    return any(c in name for c in "/\\") or name.endswith((".json", ".gz"))
+
+
+def load_model(path_or_profile: str | os.PathLike, kind: str = "rf", *, as_path: bool | None = None) -> dict[str, Any]:
+    """A model file, or the shipped configurator of a profile name.
+
+    ``as_path`` True (``--model FILE``) reads a file, False (``--profile NAME``) the shipped model of ``kind``
+    (:func:`shipped_model_path`); None decides by :func:`looks_like_path`. A profile name never resolves to the
+    current directory: a directory or a JSON file there named like a profile failed ("Is a directory") or was
+    loaded in place of the shipped model, in silence."""
+    path = looks_like_path(path_or_profile) if as_path is None else as_path
+    if path:
+        p = Path(path_or_profile)
+        if not p.exists():  # (a model file that is not there: the kind and the shipped list are beside the point)
             raise FileNotFoundError(f"configurator model file {path_or_profile} does not exist; give the path "
                                     f"`twin configure train` wrote, or leave --model out for the profile's shipped one")
-        raise FileNotFoundError(f"no configurator model {path_or_profile!r} ({kind}); shipped: {avail or 'none'}; "
-                                f"train one with `twin configure train`")
+        if p.is_dir():
+            raise ValueError(f"{p}: a directory, not a configurator model file; give the .json (or .json.gz) that "
+                             f"`twin configure train --out` wrote, or leave --model out for the profile's shipped one")
+    else:
+        name = str(path_or_profile)
+        p = shipped_model_path(name, kind) if name and not looks_like_path(name) else MODEL_DIR / "-"
+        if not p.is_file():
+            avail = sorted(x.name for x in MODEL_DIR.glob("*.json*")) if MODEL_DIR.exists() else []
+            raise FileNotFoundError(f"no configurator model {name!r} ({kind}); shipped: {avail or 'none'}; train one "
+                                    f"with `twin configure train` and give its file with --model")
     hint = "give a model file written by `twin configure train` (or --profile for a shipped one)"
     try:
         m = json.loads(read_model_text(p))
@@ -480,6 +513,13 @@ def _check_model_file(m: dict[str, Any], p: Path, hint: str) -> None:
         if not isinstance(eng, dict) or not num_ok:
             raise bad(f"provenance engine {eng!r}, expected {{\"serving_us\": us >= 0, \"rank_tile_cost\": a "
                       f"number >= 0 or null}} (the twin's engine constants the labels were swept with)")
+    seen = m["provenance"].get("lengths_seen")
+    if seen is not None and not (isinstance(seen, dict) and set(seen) <= set(LENGTH_FEATURES) and all(
+            isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                        and math.isfinite(x) and x > 0 for x in v) and v[0] <= v[1]
+            for v in seen.values())):  # (read as the published pool instead, in silence)
+        raise bad(f"provenance lengths_seen {seen!r}, expected {{\"mean_input_tokens\": [lo, hi], "
+                  f"\"mean_output_tokens\": [lo, hi]}} (the mean token ranges of the training labels)")
     if "profile" in m["provenance"] and not isinstance(m["provenance"]["profile"], str):
         raise bad(f"provenance profile {m['provenance']['profile']!r}, expected a profile name")
     n_feat = len(m["features"])
@@ -577,6 +617,10 @@ def _predict(model: dict[str, Any], x: dict[str, float], explain: bool) -> dict[
     if missing:
         raise ValueError(f"the model needs features {missing} (it was trained on {feats})")
     xv = np.asarray([float(x[f]) for f in feats], float)
+    bad = [f for f, v in zip(feats, xv) if not math.isfinite(v)]
+    if bad:  # (a tree walk sent NaN right at every split, where scikit-learn has a missing-value branch per split)
+        raise ValueError(f"feature {bad[0]} is {x[bad[0]]!r}: a configurator predicts from finite numbers only; give "
+                         f"the scenario's value")
     targets = model["targets"]
     if model.get("rule_ensembles"):
         return _predict_rule_ensembles(model, x, explain)
@@ -640,7 +684,7 @@ def merge_bounds(conditions: list[tuple[str, str, float]]) -> list[str]:
             out += [describe_condition(f, ">", lo[f])] if f in lo else []
             out += [describe_condition(f, "<=", hi[f])] if f in hi else []
         else:
-            out.append(f"{lo[f]:.6g} < {f} <= {hi[f]:.6g}")
+            out.append(f"{threshold_text(lo[f])} < {f} <= {threshold_text(hi[f])}")
     return out
 
 
@@ -785,6 +829,10 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
         raise ValueError(f"unknown model kind {kind!r}; choose from {', '.join(KINDS)}")
     feats, policies = training_columns(labels, features)
     X = design_matrix(labels, feats)
+    bad = [f for f, ok in zip(feats, np.isfinite(X).all(axis=0)) if not ok]
+    if bad:  # (scikit-learn's trees learn missing-value branches from NaN, which the JSON trees do not store)
+        raise ValueError(f"the labels' feature {bad[0]} is not a finite number in every row; fix or leave out those "
+                         f"rows (`twin configure dataset` writes finite features)")
     Y = np.log(labels[list(TARGETS)].to_numpy(float))
     est, grid_params = _estimator(kind, seed)
     if params:
@@ -840,7 +888,7 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
                        "params": {k: _jsonable(v) for k, v in est.get_params(deep=False).items()},
                        "sklearn": sklearn.__version__, "seed": seed, "fit_s": time.perf_counter() - t0,
                        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "domain": feature_box(labels, feats), **info}}
+                       "domain": feature_box(labels, feats), "lengths_seen": _lengths_seen(labels), **info}}
     if policies:
         model["policies"] = policies
     elif single_policy(labels) is not None:
@@ -856,6 +904,19 @@ def train(labels: pd.DataFrame, kind: str = "rf", features: list[str] | None = N
         model["provenance"]["rules"] = sum(len(e["rules"]) for e in model["rule_ensembles"])
         model["provenance"]["linear_terms"] = sum(len(e["linear"]) for e in model["rule_ensembles"])
     return model
+
+
+def _lengths_seen(labels: pd.DataFrame) -> dict[str, list[float]]:
+    """The range of each length-mix column of the training labels (whether the model uses it or not): prediction
+    refuses a length the model ignores outside it (:func:`twin.configurator.features.unused_length_problem`)."""
+    out = {}
+    for f, d in zip(LENGTH_FEATURES, DEFAULT_LENGTHS):
+        if f not in labels:  # (labels before the lengths axis: the published pool, as lengths_seen reads it)
+            continue
+        v = pd.to_numeric(labels[f], errors="coerce")
+        vals = v.dropna().tolist() + ([float(d)] if v.isna().any() else [])  # (a blank: the published pool)
+        out[f] = [float(min(vals)), float(max(vals))]
+    return out
 
 
 def _dist_version(name: str) -> str | None:

@@ -28,7 +28,7 @@ import numbers
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from twin.configurator.models import IMODELS_EXTRA
@@ -38,8 +38,9 @@ from twin.sweep.runner import MissingExtra
 RULE_OPS = ("<=", "<", ">", ">=")
 
 
-class RuleFitMultiRegressor(RegressorMixin, BaseEstimator):
-    """One imodels ``RuleFitRegressor`` per target column, with shared hyper-parameters.
+class RuleFitMultiRegressor(MultiOutputMixin, RegressorMixin, BaseEstimator):
+    """One imodels ``RuleFitRegressor`` per target column, with shared hyper-parameters (multi-output:
+    scikit-learn's ``multi_output`` tag; ``X`` dense and finite, as its tags say).
 
     Parameters
     ----------
@@ -76,7 +77,7 @@ class RuleFitMultiRegressor(RegressorMixin, BaseEstimator):
         # (scikit-learn's checks: 2-D numeric X, 1-D or 2-D numeric y of as many rows, finite values)
         X, Y = validate_data(self, X, y, multi_output=True, y_numeric=True, dtype=float)
         if X.shape[0] < 2:
-            raise ValueError(f"{type(self).__name__}: fitting needs at least 2 samples, got {X.shape[0]}")
+            raise ValueError(f"{type(self).__name__}: fitting needs at least 2 samples, got n_samples={X.shape[0]}")
         Y = Y.reshape(-1, 1) if Y.ndim == 1 else Y
         try:  # (after the checks, which need no imodels: bad arguments are named with or without it)
             from imodels import RuleFitRegressor
