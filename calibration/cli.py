@@ -29,7 +29,7 @@ from pathlib import Path
 
 from calibration.bench.cli import register_bench
 from traces.arguments import check_writable_dir, check_writable_file
-from traces.datadir import data_dir
+from traces.datadir import data_dir, shown_path
 from twin.perf.profile import PROFILE_DIR, available_profiles, load_profile
 
 
@@ -55,6 +55,11 @@ def register_cli(subparsers) -> None:
                                                          "(default: the sibling directory vidur_linear_ops)")
     fit.add_argument("--folds", type=int, default=5, help="k of the grouped k-fold held-out scoring (default 5)")
     fit.add_argument("--quiet", action="store_true", help="print only the output path")
+    fit.add_argument("--allow-poor-fit", action="store_true",
+                     help="write the profile even when a component fails the fit-quality gate (every constant its "
+                          "fit estimated on a bound of the fit, a held-out MAPE above 50 %%, a held-out R^2 below 0; "
+                          "calibration.fitting.core.fit_quality_problems); the problems are recorded in "
+                          "provenance.poor_fit. Without it such a fit is an error (exit 2) and nothing is written")
     fit.set_defaults(func=cmd_fit)
 
     lst = sub.add_parser("list", help="list the available profiles by name")
@@ -226,9 +231,30 @@ def _replay_outputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="data directory (default $TWIN_DATA_DIR)")
 
 
+def _shown(path: str | Path) -> str:
+    """A path as a profile's command records it (:func:`traces.datadir.shown_path`): ``$TWIN_DATA_DIR/...`` inside the
+    data directory, relative to the working directory (the project's root) inside it, else as given; a trailing
+    ``/`` kept (the shipped profiles' commands: ``--measurements $TWIN_DATA_DIR/calibration/vidur_linear_ops/``)."""
+    shown = shown_path(path)
+    if str(path).endswith("/") and not shown.endswith("/"):
+        shown += "/"
+    return shown
+
+
+def _quote(part: str) -> str:
+    """``shlex.quote``, leaving a leading ``$TWIN_DATA_DIR`` for the shell to expand."""
+    head = "$TWIN_DATA_DIR"
+    if part == head or part.startswith(head + "/"):
+        rest = part[len(head):]
+        return head + (shlex.quote(rest) if rest else "")
+    return shlex.quote(part)
+
+
 def _command_line(args: argparse.Namespace, fmt: str, out: Path) -> str:
-    """The ``twin calibrate fit`` command that rewrites ``out`` (``fmt``: the detected table format)."""
-    parts = ["twin", "calibrate", "fit", "--measurements", args.measurements, "--model", args.model, "--out", str(out)]
+    """The ``twin calibrate fit`` command that rewrites ``out`` (``fmt``: the detected table format), with the paths
+    as :func:`_shown` records them (no machine's own directories: the command reruns from the project's root)."""
+    parts = ["twin", "calibrate", "fit", "--measurements", _shown(args.measurements), "--model", args.model,
+             "--out", _shown(out)]
     if args.format != "auto":
         parts += ["--format", args.format]
     if fmt == "vidur":
@@ -236,10 +262,12 @@ def _command_line(args: argparse.Namespace, fmt: str, out: Path) -> str:
         for r in args.reference or []:
             parts += ["--reference", r]
     if fmt == "vllm050" and args.vidur_dir:
-        parts += ["--vidur-dir", args.vidur_dir]
+        parts += ["--vidur-dir", _shown(args.vidur_dir)]
     if args.folds != 5:
         parts += ["--folds", str(args.folds)]
-    return " ".join(shlex.quote(p) for p in parts)
+    if getattr(args, "allow_poor_fit", False):
+        parts += ["--allow-poor-fit"]
+    return " ".join(_quote(p) for p in parts)
 
 
 #: the GPU of the Vidur operator timings when ``--gpu`` is not given
@@ -280,7 +308,7 @@ def check_format_options(args: argparse.Namespace, fmt: str) -> None:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     # (the commands import what they run: the fitting's imports are a start-up cost every `twin` command paid)
-    from calibration.fitting.core import FitError, dropped_rows_reported
+    from calibration.fitting.core import FitError, check_fit_quality, dropped_rows_reported, fit_quality_problems
     from calibration.fitting.fit import fit_profile
     from calibration.fitting.profile_io import write_profile
     from calibration.fitting.tables import detect_format
@@ -304,6 +332,16 @@ def cmd_fit(args: argparse.Namespace) -> int:
                                   vidur_dir=args.vidur_dir, k=args.folds, command="", data_root=data_dir())
         out = out_hint or PROFILE_DIR / f"{profile['name']}.json"
         profile["provenance"]["command"] = _command_line(args, fmt, out)
+        # the gate: a fit that ran but failed (every constant on a bound, a held-out error beyond the limit) is not
+        # written -- by default it would overwrite the shipped profile of that name
+        if getattr(args, "allow_poor_fit", False):
+            problems = fit_quality_problems(profile)
+            if problems:
+                profile["provenance"]["poor_fit"] = problems
+                print("twin calibrate fit: warning: --allow-poor-fit: writing a profile whose fit fails the quality "
+                      "gate:\n  " + "\n  ".join(problems), file=sys.stderr)
+        else:
+            check_fit_quality(profile)
         write_profile(profile, out)
     except (FileNotFoundError, KeyError, ValueError, FitError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

@@ -31,10 +31,13 @@ over ``tp`` GPUs. What follows for the twin, all in :func:`tp_profile`:
   ``percent_of_base`` follows the split base step. A form that defines ``shard(model, tp)`` (e.g.
   a serving system's own LoRA form) is split by it; any other form is kept and the profile's
   ``tensor_parallel_split`` says so.
-* **Loads**: each GPU receives its ``1/tp`` shard of an adapter over its own host link, but the fixed
+* **Loads** (:meth:`twin.perf.forms.LinkLoad.predict`; the engine passes ``tp``): vLLM loads an adapter on every
+  worker (``WorkerLoRAManager._load_adapter`` reads the *whole* checkpoint, each LoRA layer's ``set_lora`` slices
+  the worker's shard), so the disk -> CPU read is not divided by ``tp`` (the workers read the same file in
+  parallel: the single-GPU time); each GPU receives its ``1/tp`` shard over its own host link, but the fixed
   cost of a load stays, so loading grows relative to compute as TP grows (Chameleon, MICRO'25, §3 and
-  Figure 5): :meth:`twin.perf.forms.LinkLoad.predict` (``bytes/tp`` plus the fixed cost; the engine
-  passes ``tp``).
+  Figure 5). The measured single-GPU tables stay in use: their transfer part (at the fitted bandwidth) is
+  divided by ``tp``, their fixed part kept, so a load never gets slower with more GPUs.
 * **KV capacity** (:func:`kv_capacity_tokens`): each GPU holds ``1/tp`` of the weights, so its free
   memory grows by ``weights * (1 - 1/tp)``; a token's KV on a rank is ``2 * layers *
   max(1, kv_heads/tp) * head_dim * dtype_bytes``; the LoRA slot buffers per rank are the share
@@ -58,6 +61,7 @@ from typing import Any
 from twin.model_spec import ModelSpec
 from twin.perf.forms import FORMS, PerfModel
 from twin.perf.profile import Profile, kv_tokens_for_memory as _kv_tokens_for_memory_1
+from twin.perf.profile import valid_degrees  # noqa: F401  (TP degrees vLLM accepts; defined beside the profile checks)
 
 #: defaults of the all-reduce constants when the profile has none (estimates: NCCL ring latency, NVLink bus bandwidth)
 DEFAULT_ALLREDUCE_ALPHA_S = 8e-6
@@ -66,14 +70,6 @@ DEFAULT_TP_LINK_GBPS = 150.0
 
 class TensorParallelError(ValueError):
     """A tensor-parallel degree the model cannot be split by (the message names the valid degrees)."""
-
-
-def valid_degrees(model: ModelSpec, limit: int | None = None) -> list[int]:
-    """TP degrees vLLM accepts for ``model``: divisors of the attention heads that divide the KV heads
-    or are a multiple of them (``limit``: at most this degree)."""
-    top = model.heads if limit is None else min(model.heads, limit)
-    return [d for d in range(1, top + 1)
-            if model.heads % d == 0 and (model.kv_heads % d == 0 or d % model.kv_heads == 0)]
 
 
 def check_degree(model: ModelSpec, tp: int) -> None:
@@ -188,7 +184,8 @@ def tp_profile(profile: Profile, tp: int) -> Profile:
                tensor_parallel_split={
                    "backbone": (f"measured TP-{tp} parameters" if measured else
                                 "analytical: c0 + (t_1 - c0) / tp") + " + all-reduces",
-                   "lora": lora_how, "load": "bytes / tp over each rank's link + the fixed cost",
+                   "lora": lora_how, "load": "disk -> CPU: the whole checkpoint per worker, in parallel (the TP-1 time); "
+                                            "CPU -> GPU: the TP-1 time's transfer part / tp + its fixed part",
                    "kv": "weights / tp, KV heads per rank, per-rank LoRA buffers"})
     out = Profile(name=profile.name, model=model, components=comps, gpu=profile.gpu, software=profile.software,
                   lora_targets=profile.lora_targets, raw=raw, serving_s_per_running=profile.serving_s_per_running)

@@ -242,3 +242,73 @@ def choose(candidates: dict[str, dict[str, Any]], key: str = "mape_pct", tol: fl
     best = min(s for _, s, _ in scored)
     near = [(npar, s, name) for name, s, npar in scored if s <= best * (1 + tol) + 1e-12]
     return min(near)[2]
+
+
+# ------------------------------------------------------------------------------------------
+# the quality gate of `twin calibrate fit`
+# ------------------------------------------------------------------------------------------
+
+#: The largest held-out MAPE (percent) a fitted component may have for ``twin calibrate fit`` to write its profile.
+#: The shipped fits stay well below it (the largest: the scheduler's per-step host time, 27.9 % for Llama-3.1-8B and
+#: 24.9 % for Qwen-2.5-7B; every other component below 17 %), while a failed fit lands near 100 % (every constant at
+#: 0: the model predicts nothing) or far above (step times in microseconds read as milliseconds: 297 %).
+MAX_HELDOUT_MAPE_PCT = 50.0
+
+
+class PoorFitError(FitError):
+    """A fit that ran but does not describe its tables (:func:`fit_quality_problems`); ``twin calibrate fit`` writes
+    no profile unless ``--allow-poor-fit`` is given. ``problems``: one line per failing component."""
+
+    def __init__(self, message: str, problems: list[str]):
+        super().__init__(message)
+        self.problems = problems
+
+
+def fit_quality_problems(profile: dict[str, Any]) -> list[str]:
+    """What makes a fitted profile unusable, one line per component: every constant its fit estimated ended on a
+    bound of the fit (``at_bound`` covers all the params not ``fixed``), or its held-out error exceeds
+    :data:`MAX_HELDOUT_MAPE_PCT` or its held-out R^2 is below 0 (worse than predicting the mean). Components that
+    were estimated or carried over (no held-out score, nothing at a bound) pass."""
+    out: list[str] = []
+    for kind, comp in (profile.get("components") or {}).items():
+        fixed = set(comp.get("fixed") or [])
+        params = {k: v for k, v in (comp.get("params") or {}).items()
+                  if k not in fixed and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        at = set(comp.get("at_bound") or [])
+        units = comp.get("units") or {}
+        why: list[str] = []
+        if params and at and all(k in at for k in params):
+            vals = ", ".join(f"{k} = {v:.4g}{' ' + units[k] if k in units else ''}" for k, v in params.items())
+            why.append(f"every constant its fit estimated ended on a bound of the fit ({vals})")
+        held = ((comp.get("fit") or {}).get("heldout") or {}).get("all") or {}
+        m, r2 = held.get("mape_pct"), held.get("r2")
+        bad_m = isinstance(m, (int, float)) and math.isfinite(m) and m > MAX_HELDOUT_MAPE_PCT
+        bad_r2 = isinstance(r2, (int, float)) and math.isfinite(r2) and r2 < 0
+        if bad_m or bad_r2:
+            figs = [f"held-out MAPE {m:.4g} %" + (f" (the limit: {MAX_HELDOUT_MAPE_PCT:g} %)" if bad_m else "")
+                    if isinstance(m, (int, float)) else "",
+                    f"held-out R^2 {r2:.3g}" + (" (below 0: worse than the mean)" if bad_r2 else "")
+                    if isinstance(r2, (int, float)) else ""]
+            why.append(", ".join(f for f in figs if f))
+        if why:
+            out.append(f"{kind} ({comp.get('form', '?')}): " + "; ".join(why))
+    return out
+
+
+#: what usually makes a fit fail the gate, for the error message
+POOR_FIT_CAUSES = ("the tables' times in another unit than the fit reads (the *_ms columns are milliseconds: "
+                   "microseconds put every constant at its upper bound), or a column holding another quantity than "
+                   "its name says (a scheduler time above the step time leaves the base model nothing: every constant "
+                   "at 0)")
+
+
+def check_fit_quality(profile: dict[str, Any]) -> None:
+    """Raise :class:`PoorFitError` naming each failing component, its figures and the likely cause when
+    :func:`fit_quality_problems` finds any."""
+    problems = fit_quality_problems(profile)
+    if problems:
+        raise PoorFitError(
+            f"the fit of profile {profile.get('name', '?')!r} does not describe its tables, so no profile was "
+            f"written:\n  " + "\n  ".join(problems) + f"\nLikely cause: {POOR_FIT_CAUSES}. Check the measurement "
+            f"directory's tables against its README; --allow-poor-fit writes the profile anyway (the problems are "
+            f"recorded in its provenance.poor_fit)", problems)

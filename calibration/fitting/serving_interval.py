@@ -120,6 +120,8 @@ def score(obs: pd.DataFrame, terms: tuple[str, ...] | None, target: str = "targe
         full = fit_idx(np.arange(len(obs)))
         params = {c: float(f"{v:.6g}") for c, v in zip(terms, full.values.values())}
         out["stderr"] = {c: float(f"{full.stderr[f'h{i}']:.3g}") for i, c in enumerate(terms)}
+        if full.at_bound:  # (their stderr is NaN: no meaningful error at a bound)
+            out["at_bound"] = [terms[int(n[1:])] for n in full.at_bound]
     held = {s: quality(y_all[src == s], pred[src == s]) for s in SOURCES}
     held["all"] = {"mape_pct": float(np.mean([held[s]["mape_pct"] for s in SOURCES]))}
     out.update({"heldout": held, "params": params})
@@ -154,6 +156,12 @@ def fit_interval(t: Vllm085Tables, profile: Profile, k: int = 5) -> dict[str, An
     return res
 
 
+def _se(v: float) -> float | None:
+    """A standard error as the profile stores it: 6 digits, None where it has no meaning (a constant at a bound of its
+    fit, :func:`calibration.fitting.core.fit_params`), as the other fits write it."""
+    return float(f"{v:.6g}") if np.isfinite(v) else None
+
+
 def interval_variant(profile: dict[str, Any], fit: dict[str, Any], command: str = "") -> dict[str, Any]:
     """``profile`` with the ``prefill_adapters+blocked_waiting`` fit: ``mixed.h_adapter`` refitted and
     the scheduler turned into ``lora_queue_walk`` with ``k_walk`` (s per blocked waiting request)."""
@@ -165,7 +173,10 @@ def interval_variant(profile: dict[str, Any], fit: dict[str, Any], command: str 
                           "fitted on the token interval of running requests in the queued serving runs "
                           "(calibration.fitting.serving_interval)")
     mixed = FORMS[("mixed", "prefill_adapters")](params={"h_adapter": float(f"{c['params']['pre_A'] * MS:.8g}")}).to_dict()
-    mixed["stderr"] = {"h_adapter": float(f"{c['stderr']['pre_A'] * MS:.6g}")}
+    mixed["stderr"] = {"h_adapter": _se(c["stderr"]["pre_A"] * MS)}
+    term_at_bound = set(c.get("at_bound") or [])
+    if "pre_A" in term_at_bound:
+        mixed["at_bound"] = ["h_adapter"]
     out["components"]["mixed"] = mixed
     mixed["method"] = ("refitted with k_walk by calibration.fitting.serving_interval: curve_fit of the token interval "
                        "of a running request (queued serving runs: mean running / output token rate; runs without a "
@@ -174,7 +185,14 @@ def interval_variant(profile: dict[str, Any], fit: dict[str, Any], command: str 
     base_params = dict(sch["params"])
     cls = FORMS[("scheduler", "lora_queue_walk")]
     entry = cls(params={**base_params, "k_walk": float(f"{c['params']['Wb'] * MS:.8g}")}).to_dict()
-    entry["stderr"] = {**sch.get("stderr", {}), "k_walk": float(f"{c['stderr']['Wb'] * MS:.6g}")}
+    entry["stderr"] = {**sch.get("stderr", {}), "k_walk": _se(c["stderr"]["Wb"] * MS)}
+    # the base fit's constants keep their standing: one pinned at a bound of its fit stays listed (the base profile's
+    # k2 sits at its 0 bound with a null stderr; the rebuilt entry had dropped at_bound), as does k_walk if it is
+    at_bound = list(sch.get("at_bound") or []) + (["k_walk"] if "Wb" in term_at_bound else [])
+    if at_bound:
+        entry["at_bound"] = at_bound
+    if "fixed" in sch:
+        entry["fixed"] = list(sch["fixed"])
     entry["method"] = (sch.get("method", "") + " | k_walk: host time per blocked waiting request and step beyond the "
                        "logged scheduler time, fitted with h_adapter on the token interval of running requests "
                        "(calibration.fitting.serving_interval)")

@@ -162,7 +162,7 @@ def fit_vllm050(directory: str | Path, model: str | ModelSpec = "llama-2-7b", co
                   "method": "not identifiable: vLLM 0.5.0 logs no scheduler time; the scheduler's CPU time is part "
                             "of the measured inter-token latency and therefore of the backbone fit (zero here)"})
 
-    notes = [cp_note,
+    notes = [cp_note, _decode_only_note(bm, C.fitted_model(lora, "lora")),
         "vLLM 0.5.0 (V0 engine, no chunked prefill by default, CUDA graphs up to batch 256) on one H100 64 GB; "
         "data: the peer's older performance-analysis runs. Not comparable 1:1 with the 0.8.5 profiles.",
         "What these runs cannot give: the scheduler time (not logged; folded into the backbone), a prefill cost "
@@ -180,6 +180,29 @@ def fit_vllm050(directory: str | Path, model: str | ModelSpec = "llama-2-7b", co
                          f"measurements (coarser than the 0.8.5 profiles)",
                          {"backbone": backbone, "lora": lora, "scheduler": sched, "load": load, "kv": kv}, prov,
                          ALL_TARGETS, None, notes)
+
+
+def _decode_only_note(bm, lm) -> str:
+    """The disclosure that the LoRA terms and the per-sequence cost come from decode-only runs (the run-level median
+    ITL is a decode step: :func:`decode_obs`) and are extrapolations for prefill, with the figures they give."""
+    p = bm.params
+    dec = float(bm.predict(0, 1, 0))
+    pre = float(bm.predict(512, 0, 0))
+    lora_pre = float(lm.predict(pre, 1, 8, 512))
+    lora_dec = float(lm.predict(dec, 1, 8, 1))
+    per_tok = lm.params.get("l_token")
+    return ("Decode-only extrapolations: the LoRA terms and the per-sequence cost are fitted on decode steps only (a "
+            "run's median inter-token latency; these runs time no prefill step), and the profile applies them to "
+            "prefills as fitted. LoRA (" + lm.form + ")"
+            + (f": l_token = {per_tok * 1e3:.3g} ms per token, fitted where every token is a decode, is charged to "
+               f"every token of a step, prefill tokens included" if per_tok is not None else "")
+            + f": one rank-8 adapter adds {lora_pre * 1e3:.1f} ms to a 512-token prefill whose base step is "
+            f"{pre * 1e3:.1f} ms ({lora_dec * 1e3:.1f} ms to one decode token). Backbone: c_seq = "
+            f"{p.get('c_seq', 0.0) * 1e6:.0f} us per decode sequence (sampling and the V0 scheduler's per-sequence "
+            f"time, both inside the decode ITL) is charged to decodes only, so a 512-token prefill step "
+            f"({pre * 1e3:.1f} ms) prices below one decode token ({dec * 1e3:.1f} ms). Neither is physical for prefill "
+            f"(no run measured it): a prefill with LoRA is likely priced far too slow, one without LoRA too fast; the "
+            f"profile suits decode-dominated workloads.")
 
 
 def prefill_cost(directory: Path, base: pd.DataFrame, spec: ModelSpec,
@@ -253,7 +276,9 @@ def fit_lora_runs(lo: pd.DataFrame, bm, k: int) -> dict[str, Any]:
             oof[te] = pred(f.values, te)
         out[label] = C._entry(cand, full, quality(y, pred(full.values, np.arange(len(lo)))), {"all": quality(y, oof)})
     best = C._select("lora", out, "compute_overhead runs: median ITL with k adapters; base = backbone at (R, C); "
-                                  "A = k(1-(1-1/k)^R)", f"grouped {k}-fold by server configuration")
+                                  "A = k(1-(1-1/k)^R); decode steps only, so the per-token term is a decode token's "
+                                  "and its use on prefill tokens an extrapolation (see the profile's notes)",
+                     f"grouped {k}-fold by server configuration")
     best["data"] = {"runs": int(len(lo)), "max_lora_rank": sorted(set(int(r) for r in rk))}
     return best
 

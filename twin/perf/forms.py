@@ -70,6 +70,14 @@ class PerfModel:
     #: passes); the others take and ignore it, every request counting at ``max_rank``
     own_ranks: ClassVar[bool] = False
     units: ClassVar[dict[str, str]] = {}
+    #: constants whose physical meaning requires them to be >= 0 (a time, a cost per token, block, request or
+    #: adapter, a byte count), optional ones included, and those that must be > 0 (a bandwidth, a divisor): checked
+    #: when a profile loads (:func:`twin.perf.profile.Profile.from_dict`), from this declaration and not from the
+    #: file's own ``units``. A constant in neither may take either sign (e.g. ``linear_queue``'s ``k3``, the
+    #: published twin's ``K3 ~ -K2``; ``free_bytes`` of a model one GPU cannot hold): the load-time range check
+    #: (:meth:`twin.perf.profile.Profile._check_range`) then refuses a sign that makes a term negative.
+    nonneg_params: ClassVar[tuple[str, ...]] = ()
+    positive_params: ClassVar[tuple[str, ...]] = ()
     params: dict[str, float] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -93,6 +101,12 @@ class PerfModel:
         return d
 
 
+#: the optional all-reduce constants every backbone form may carry (:mod:`twin.tensor_parallel`): a latency per
+#: collective (>= 0) and a bus bandwidth (> 0)
+_TP_NONNEG = ("tp_allreduce_alpha_s",)
+_TP_POSITIVE = ("tp_link_gbps",)
+
+
 @register_form
 @dataclass
 class LinearBackbone(PerfModel):
@@ -109,6 +123,8 @@ class LinearBackbone(PerfModel):
     param_names: ClassVar[tuple[str, ...]] = ("c0", "c_prefill", "c_decode", "c_ctx")
     units: ClassVar[dict[str, str]] = {"c0": "s", "c_prefill": "s/token", "c_decode": "s/sequence",
                                       "c_ctx": "s/context token"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("c0", "c_prefill", "c_decode", "c_ctx") + _TP_NONNEG
+    positive_params: ClassVar[tuple[str, ...]] = _TP_POSITIVE
 
     def predict(self, prefill_tokens, decode_seqs, ctx_tokens):
         p = self.params
@@ -135,6 +151,7 @@ class PercentLora(PerfModel):
     param_names: ClassVar[tuple[str, ...]] = ("k6", "k7")
     units: ClassVar[dict[str, str]] = {"k6": "% of base per adapter", "k7": "% of base",
                                       "rank_coef": "% of base per rank above 8"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("k6", "k7", "rank_coef")
 
     def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None, rank_sums=None):
         p = self.params
@@ -174,6 +191,8 @@ class PeerScheduler(PerfModel):
     param_names: ClassVar[tuple[str, ...]] = ("k0", "k1", "k2", "k3")
     units: ClassVar[dict[str, str]] = {"k0": "s", "k1": "s/running request", "k2": "s/waiting request",
                                       "k3": "s/waiting request"}
+    #: ``k3`` may be negative (the published ``K3 ~ -K2``); the range check refuses a negative scheduler time
+    nonneg_params: ClassVar[tuple[str, ...]] = ("k0", "k1", "k2")
 
     def predict(self, running, waiting, slots, served):
         p = self.params
@@ -191,9 +210,26 @@ class PeerScheduler(PerfModel):
 class LinkLoad(PerfModel):
     """t = fixed_src + bytes / bw_src  per source ('disk' -> CPU, 'cpu' -> GPU), optionally a per-rank table.
 
-    ``table_s`` (``{"cpu": {"8": s, ...}, "disk": {...}}``) holds measured means per rank;
-    ranks not in the table use the link model. With tensor parallelism each GPU receives
-    ``bytes/tp`` over its own link, but the fixed cost stays (Chameleon Fig. 5).
+    ``table_s`` (``{"cpu": {"8": s, ...}, "disk": {...}}``) holds measured means per rank (and
+    ``table_by_max_rank_s`` per slot max rank and rank); ranks not in the tables use the link model.
+
+    Tensor parallelism (``tp`` workers; the tables and the link model are single-GPU measurements), as vLLM 0.8.5
+    loads an adapter on every worker (``WorkerLoRAManager._load_adapter``, ``vllm/lora/worker_manager.py``: each
+    worker calls ``LoRAModel.from_local_checkpoint`` on the *whole* checkpoint, then its LoRA layers' ``set_lora``
+    slice their shard, ``slice_lora_a`` / ``slice_lora_b``, into its GPU's slot buffers):
+
+    * **disk -> CPU**: every worker reads the whole checkpoint, so the read is *not* divided by ``tp``. The
+      workers read the same file at the same time, in parallel from one disk: the page cache serves the pages one
+      worker's read brought in to the others and each parses in its own process, so the time is the single-GPU one
+      at every ``tp`` (a choice, not measured at TP > 1; readers that did not share the cache would take up to
+      ``tp`` times the bytes through the disk);
+    * **CPU -> GPU**: each worker copies its ``1/tp`` of the bytes over its own host link, all at once, and the
+      fixed cost stays (Chameleon, MICRO'25, Fig. 5). From a measured single-GPU time ``t_1`` of ``bytes`` the TP
+      price is ``t_1 - min(t_1, bytes / bw) * (1 - 1/tp)``: the transfer part of the measurement (at the fitted
+      bandwidth ``cpu_gbps``, at most the whole time) divided by ``tp``, its fixed part kept -- the link model's
+      ``cpu_fixed_s + bytes / tp / bw`` where no table holds the rank. A load never gets slower with more GPUs of the
+      same kind (before, TP > 1 dropped the tables for the link model: a rank-32 load from the CPU took 6.37 ms at
+      TP 1 and 7.29 ms at TP 2 on the default profile).
     """
 
     kind: ClassVar[str] = "load"
@@ -201,23 +237,38 @@ class LinkLoad(PerfModel):
     param_names: ClassVar[tuple[str, ...]] = ("disk_fixed_s", "disk_gbps", "cpu_fixed_s", "cpu_gbps")
     units: ClassVar[dict[str, str]] = {"disk_fixed_s": "s", "disk_gbps": "GB/s", "cpu_fixed_s": "s",
                                       "cpu_gbps": "GB/s"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("disk_fixed_s", "cpu_fixed_s")
+    positive_params: ClassVar[tuple[str, ...]] = ("disk_gbps", "cpu_gbps")
 
-    def predict(self, rank: int, nbytes: int, source: str, tp: int = 1, max_rank: int | None = None) -> float:
-        """``max_rank``: the slots' padded rank (vLLM copies into buffers of that rank, so a
-        rank-8 adapter loads differently into rank-16 and rank-32 slots); the profile's
-        ``table_by_max_rank_s`` holds those measured means where available."""
-        if tp == 1 and max_rank is not None:
+    def measured_s(self, rank: int, source: str, max_rank: int | None = None) -> float | None:
+        """The single-GPU load time the tables hold for ``rank`` from ``source`` into slots padded to ``max_rank``
+        (``table_by_max_rank_s`` first, then ``table_s``), None when neither holds it."""
+        if max_rank is not None:
             by_max = self.params.get("table_by_max_rank_s") or self.meta.get("table_by_max_rank_s") or {}
             cell = by_max.get(source, {}).get(str(max_rank), {}).get(str(rank))
             if cell is not None:
                 return float(cell)
         table = self.params.get("table_s", {})
-        if tp == 1 and source in table and str(rank) in table[source]:
+        if source in table and str(rank) in table[source]:
             return float(table[source][str(rank)])
+        return None
+
+    def predict(self, rank: int, nbytes: int, source: str, tp: int = 1, max_rank: int | None = None) -> float:
+        """``max_rank``: the slots' padded rank (vLLM copies into buffers of that rank, so a
+        rank-8 adapter loads differently into rank-16 and rank-32 slots); the profile's
+        ``table_by_max_rank_s`` holds those measured means where available. ``tp``: the tensor-parallel
+        workers (see the class docstring)."""
         if source not in ("disk", "cpu"):
             raise ValueError(f"adapter load source must be 'disk' or 'cpu', got {source!r}")
         p = self.params
-        return p[f"{source}_fixed_s"] + (nbytes / tp) / (p[f"{source}_gbps"] * 1e9)
+        t1 = self.measured_s(rank, source, max_rank)
+        split = tp > 1 and source == "cpu"  # (each worker copies its shard over its own link; disk reads are whole)
+        if t1 is None:
+            return p[f"{source}_fixed_s"] + ((nbytes / tp) if split else nbytes) / (p[f"{source}_gbps"] * 1e9)
+        if not split:
+            return t1
+        transfer = min(t1, nbytes / (p["cpu_gbps"] * 1e9))
+        return t1 - transfer * (1.0 - 1.0 / tp)
 
 
 @register_form
@@ -235,6 +286,9 @@ class MemoryBudgetKV(PerfModel):
     param_names: ClassVar[tuple[str, ...]] = ("free_bytes", "slot_bytes_per_rank", "kv_bytes_per_token")
     units: ClassVar[dict[str, str]] = {"free_bytes": "bytes", "slot_bytes_per_rank": "bytes per slot per rank",
                                       "kv_bytes_per_token": "bytes"}
+    #: (``free_bytes`` may be negative: a model one GPU cannot hold, served with ``--tp``)
+    nonneg_params: ClassVar[tuple[str, ...]] = ("slot_bytes_per_rank",)
+    positive_params: ClassVar[tuple[str, ...]] = ("kv_bytes_per_token",)
 
     def predict(self, slots: int, max_rank: int) -> int:
         p = self.params
@@ -272,6 +326,8 @@ class GraphLinearBackbone(PerfModel):
     param_names: ClassVar[tuple[str, ...]] = ("c0", "c_eager", "c_prefill", "c_decode", "c_ctx", "graph_max_tokens")
     units: ClassVar[dict[str, str]] = {"c0": "s", "c_eager": "s", "c_prefill": "s/token", "c_decode": "s/sequence",
                                       "c_ctx": "s/context token", "graph_max_tokens": "tokens"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("c0", "c_eager", "c_prefill", "c_decode", "c_ctx", "graph_max_tokens") + _TP_NONNEG
+    positive_params: ClassVar[tuple[str, ...]] = _TP_POSITIVE
 
     def predict(self, prefill_tokens, decode_seqs, ctx_tokens):
         p = self.params
@@ -305,6 +361,8 @@ class GraphRooflineBackbone(PerfModel):
     units: ClassVar[dict[str, str]] = {"c0": "s", "c_eager": "s", "c_mem": "s", "c_tok": "s/token",
                                       "c_seq": "s/decode sequence", "c_ctx": "s/context token",
                                       "graph_max_tokens": "tokens"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("c0", "c_eager", "c_mem", "c_tok", "c_seq", "c_ctx", "graph_max_tokens") + _TP_NONNEG
+    positive_params: ClassVar[tuple[str, ...]] = _TP_POSITIVE
 
     def predict(self, prefill_tokens, decode_seqs, ctx_tokens):
         p = self.params
@@ -346,6 +404,7 @@ class AdditiveLora(PerfModel):
     param_names: ClassVar[tuple[str, ...]] = ("l0", "l_adapter", "l_token")
     units: ClassVar[dict[str, str]] = {"l0": "s", "l_adapter": "s/distinct adapter", "l_token": "s/token",
                                       "l_adapter_token": "s/(adapter*token)", "rank_coef": "1/rank above 8"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("l0", "l_adapter", "l_token", "l_adapter_token", "rank_coef")
 
     def predict(self, base_s, n_adapters, max_rank, lora_tokens, slots=0, requests=None, rank_sums=None):
         p = self.params
@@ -433,6 +492,8 @@ class KernelGridLora(PerfModel):
                                                       "an 8-split one (optional, default 1)",
                                       "n_tile_cost": "working-block cost of a shrink rank tile beyond the first, "
                                                      "relative to the first (optional, default 1)"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("l0", "l_cta", "l_active", "l_adapter", "l_token", "n_tile_cost",
+                                                "split64_cost")
     #: vLLM 0.8.5 kernel configuration (lora_shrink.py / lora_expand.py)
     SHRINK_BLOCK_M: ClassVar[int] = 32
     SHRINK_BLOCK_N: ClassVar[int] = 16
@@ -561,6 +622,7 @@ class LoraQueueScheduler(PerfModel):
     param_names: ClassVar[tuple[str, ...]] = ("k0", "k1", "k1_sq", "k2", "k_blocked")
     units: ClassVar[dict[str, str]] = {"k0": "s", "k1": "s/running request", "k1_sq": "s/running request^2",
                                       "k2": "s/waiting request", "k_blocked": "s/blocked waiting request"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("k0", "k1", "k1_sq", "k2", "k_blocked")
 
     def predict(self, running, waiting, slots, served):
         p = self.params
@@ -600,6 +662,7 @@ class LoraQueueWalkScheduler(LoraQueueScheduler):
     waiting_params: ClassVar[tuple[str, ...]] = ("k2", "k_blocked", "k_walk")
     param_names: ClassVar[tuple[str, ...]] = ("k0", "k1", "k1_sq", "k2", "k_blocked", "k_walk")
     units: ClassVar[dict[str, str]] = {**LoraQueueScheduler.units, "k_walk": "s/blocked waiting request/step"}
+    nonneg_params: ClassVar[tuple[str, ...]] = LoraQueueScheduler.nonneg_params + ("k_walk",)
 
     def predict(self, running, waiting, slots, served):
         p = self.params
@@ -642,6 +705,8 @@ class AffineMemoryKV(PerfModel):
                                       "slot_fixed_bytes": "bytes per slot",
                                       "slot_bytes_per_rank": "bytes per slot per rank",
                                       "kv_bytes_per_token": "bytes"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("lora_fixed_bytes", "slot_fixed_bytes", "slot_bytes_per_rank")
+    positive_params: ClassVar[tuple[str, ...]] = ("kv_bytes_per_token",)
 
     def predict(self, slots: int, max_rank: int) -> int:
         p = self.params
@@ -677,6 +742,7 @@ class PrefillAdaptersMixed(PerfModel):
     form: ClassVar[str] = "prefill_adapters"
     param_names: ClassVar[tuple[str, ...]] = ("h_adapter",)
     units: ClassVar[dict[str, str]] = {"h_adapter": "s/distinct adapter/step with prefill"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("h_adapter",)
 
     def predict(self, prefill_tokens, active, slots):
         return _scalar_or_array(self.params["h_adapter"] * np.asarray(active, float)
@@ -712,6 +778,7 @@ class RegistryPairsAdapterCheck(PerfModel):
     form: ClassVar[str] = "registry_pairs"
     param_names: ClassVar[tuple[str, ...]] = ("c_pair",)
     units: ClassVar[dict[str, str]] = {"c_pair": "s/(distinct adapter x registered adapter)/step"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("c_pair",)
 
     def predict(self, active, served):
         return _scalar_or_array(self.params["c_pair"] * np.asarray(active, float) * np.asarray(served, float))
@@ -751,6 +818,7 @@ class PrefillSlotsMixed(PerfModel):
     form: ClassVar[str] = "prefill_slots"
     param_names: ClassVar[tuple[str, ...]] = ("h_slot",)
     units: ClassVar[dict[str, str]] = {"h_slot": "s/adapter slot/step with prefill"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("h_slot",)
 
     def predict(self, prefill_tokens, active, slots):
         return _scalar_or_array(self.params["h_slot"] * np.asarray(slots, float)

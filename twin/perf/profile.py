@@ -411,7 +411,10 @@ class Profile:
                              f"on") from None
         prof = cls(name=d["name"], model=model, components=comps, gpu=d.get("gpu", ""),
                    software=d.get("software", ""), lora_targets=tuple(d.get("lora_targets", ALL_TARGETS)), raw=d)
+        _check_tensor_parallel(d, model, origin)
         prof._check_positive_steps(origin)
+        _check_signs(d["components"], origin)
+        prof._check_range(origin)
         return prof
 
     def _check_gpu_memory(self, origin: str) -> None:
@@ -465,6 +468,61 @@ class Profile:
                 raise ValueError(f"{origin}: the step time of {what} is {t!r} s, not a duration in (0, "
                                  f"{self.MAX_STEP_S:g}] s; check the profile's constants (refit it with `twin "
                                  f"calibrate fit`)")
+
+    #: The range of batches the twin runs a profile over (:meth:`_check_range`): contexts up to 300,000 tokens (a
+    #: KV cache beyond any shipped GPU's), 512 adapter slots, max ranks 8 to 128, batches up to 1,024 sequences
+    #: (``max_num_seqs`` of vLLM 0.8.5's server on a GPU of 70 GiB and more, :data:`twin.config.VLLM_SERVER_LIMITS_LARGE_GPU`),
+    #: prefills up to 16,384 tokens (offline ``LLM``'s ``max_num_batched_tokens``), a waiting queue of a million
+    #: requests and up to 100,000 served adapters. Each term is affine in these (or bounded by ``max``/clipping), so
+    #: its extremes lie on the corners checked.
+    RANGE_CONTEXT, RANGE_SLOTS, RANGE_RANKS, RANGE_BATCH = 300_000, 512, (8, 16, 128), 1024
+    RANGE_PREFILL, RANGE_WAITING, RANGE_SERVED = 16_384, 1_000_000, 100_000
+
+    def _check_range(self, origin: str) -> None:
+        """Every term of a step (base model, LoRA, mixed step, scheduler, adapter check) is a finite number >= 0 on
+        the corners of the range the twin runs (:attr:`RANGE_CONTEXT` ...): :attr:`CHECK_STEPS` samples five batches
+        only, so a negative constant whose term grows with the batch (``l_active``, ``k_blocked``, ``k1_sq``,
+        ``c_pair``, a TP table's ``c_ctx``) loaded and priced large batches below zero, running the clock backwards.
+        ``ValueError`` naming the term, the batch and the component to fix."""
+        _check_backbone_range(self.backbone_s, "components.backbone.params", origin)
+        ctxs, slots_max, batch, pre = (0, self.RANGE_CONTEXT), self.RANGE_SLOTS, self.RANGE_BATCH, self.RANGE_PREFILL
+
+        def refuse(term: str, comp: str, v: float, what: str) -> None:
+            raise ValueError(f"{origin}: the {term} time of {what} is {v!r} s, not a duration >= 0 (the twin runs "
+                             f"batches up to {batch} sequences, {pre:,}-token prefills, {self.RANGE_CONTEXT:,} context "
+                             f"tokens, {slots_max} adapter slots of rank {self.RANGE_RANKS[0]}-{self.RANGE_RANKS[-1]}); "
+                             f"check the signs of components.{comp}.params {_FIX}")
+        for A in (1, slots_max):
+            for r in self.RANGE_RANKS:
+                for G in sorted({A, slots_max}):
+                    for T, R in ((1, 1), (batch, batch), (batch + pre, batch), (pre, 1)):
+                        for C in ctxs:
+                            base = self.backbone_s(T - R, R, C)
+                            v = self.lora_s(base, A, r, T, G, R)
+                            if not (math.isfinite(v) and v >= 0):
+                                refuse("LoRA", "lora", v, f"a step of {T} tokens of {R} requests, {A} adapters of max "
+                                                          f"rank {r} in {G} slots, {C:,} context tokens")
+        if self.mixed_s is not None:
+            for P in (1, pre):
+                for A in (1, slots_max):
+                    for G in sorted({A, slots_max}):
+                        v = self.mixed_s(P, A, G)
+                        if not (math.isfinite(v) and v >= 0):
+                            refuse("mixed-step", "mixed", v, f"a {P}-token prefill, {A} adapters in {G} slots")
+        for R in (0, 1, batch):
+            for W in (0, self.RANGE_WAITING):
+                for G in (0, 1, slots_max):
+                    for N in (1, slots_max, self.RANGE_SERVED):
+                        v = self.scheduler_s(R, W, G, N)
+                        if not (math.isfinite(v) and v >= 0):
+                            refuse("scheduler", "scheduler", v, f"{R} running and {W:,} waiting requests, {G} slots, "
+                                                                f"{N:,} served adapters")
+        if self.adapter_check_s is not None:
+            for A in (1, slots_max):
+                for N in (1, slots_max, self.RANGE_SERVED):
+                    v = self.adapter_check_s(A, N)
+                    if not (math.isfinite(v) and v >= 0):
+                        refuse("adapter-check", "adapter_check", v, f"{A} adapters in the batch, {N:,} registered")
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.raw)
@@ -575,6 +633,10 @@ def _check_layout(d: dict[str, Any], origin: str) -> None:
             where = f"components.{kind}.params.{key}"
             depth = _LOAD_TABLES.get(key, 0) if kind == "load" else 0
             _check_numbers(v, where, depth, origin)
+        if kind == "load" and "table_by_max_rank_s" in spec:  # (the fit writes it beside the params; LinkLoad reads
+            # it there too, :meth:`twin.perf.forms.LinkLoad.predict`)
+            _check_numbers(spec["table_by_max_rank_s"], "components.load.table_by_max_rank_s", 3, origin)
+    _check_tp_layout(d, origin)
 
 
 def _check_numbers(v: Any, where: str, depth: int, origin: str) -> None:
@@ -615,13 +677,13 @@ def _check_physical(comps: dict[str, Any], origin: str) -> None:
                 raise ValueError(f"{origin}: components.{kind}.params.{key} is {params[key]!r}; {what} must be "
                                  f"{'>= 0' if zero_ok else '> 0'} {_FIX}")
     backbone = comps.get("backbone", {})
-    units = backbone.get("units") or {}
-    for key, v in (backbone.get("params") or {}).items():
+    cls = FORMS.get(("backbone", backbone.get("form")))
+    if cls is not None:
         # a time or a time per token, sequence or context token of the base model: a negative one is no cost (a
-        # roofline's max() would hide a negative c_tok behind its memory floor: a 2048-token prefill at 16 ms)
-        if str(units.get(key, "")).startswith("s") and not v >= 0:
-            raise ValueError(f"{origin}: components.backbone.params.{key} is {v!r} {units[key]}; a base-model time "
-                             f"must be >= 0 {_FIX}")
+        # roofline's max() would hide a negative c_tok behind its memory floor: a 2048-token prefill at 16 ms). The
+        # signs are the form's own (PerfModel.nonneg_params), not the file's ``units``: without them a negative c_ctx
+        # loaded and priced a 300,000-token context at -17 ms
+        _check_backbone_signs(cls, backbone.get("params") or {}, "components.backbone.params", origin)
     kv = comps.get("kv", {}).get("params", {})
     if "kv_bytes_per_token" in kv and kv["kv_bytes_per_token"] < 1:  # (1e-300: "cannot convert float NaN to integer")
         raise ValueError(f"{origin}: components.kv.params.kv_bytes_per_token is {kv['kv_bytes_per_token']!r}; a KV "
@@ -639,15 +701,18 @@ def _check_physical(comps: dict[str, Any], origin: str) -> None:
                 raise ValueError(f"{origin}: components.{kind}.params.{key} is {v!r}; "
                                  f"{'a token count' if low == 0 else 'a dimension of the model'} must be a whole "
                                  f"number >= {low} {_FIX}")
-    params = comps.get("load", {}).get("params", {})
-    for key, depth in _LOAD_TABLES.items():
-        if key not in params:
-            continue
-        for source, table in params[key].items():
+    load = comps.get("load", {})
+    params = load.get("params", {})
+    tables = [(f"components.load.params.{key}", params[key], depth) for key, depth in _LOAD_TABLES.items()
+              if key in params]
+    if "table_by_max_rank_s" in load:  # (where the fit writes it: calibration.fitting.components.fit_load)
+        tables.append(("components.load.table_by_max_rank_s", load["table_by_max_rank_s"], 3))
+    for at, tab, depth in tables:
+        for source, table in tab.items():
             if source not in ("disk", "cpu"):
-                raise ValueError(f"{origin}: components.load.params.{key}: unknown source {source!r}; the tables "
+                raise ValueError(f"{origin}: {at}: unknown source {source!r}; the tables "
                                  f"are by source 'disk' (disk -> CPU) and 'cpu' (CPU -> GPU)")
-            stack = [(f"components.load.params.{key}.{source}", table, depth - 1)]
+            stack = [(f"{at}.{source}", table, depth - 1)]
             while stack:
                 where, t, level = stack.pop()
                 for r, x in t.items():
@@ -658,6 +723,145 @@ def _check_physical(comps: dict[str, Any], origin: str) -> None:
                         stack.append((f"{where}.{r}", x, level - 1))
                     elif not x >= 0:  # (0: an instant load, as tests and what-if profiles write)
                         raise ValueError(f"{origin}: {where}.{r} is {x!r}; a load time must be >= 0 s {_FIX}")
+
+
+def _check_backbone_signs(cls: type[PerfModel], params: dict[str, Any], where: str, origin: str) -> None:
+    """The signs a backbone form declares (:attr:`twin.perf.forms.PerfModel.nonneg_params`, ``positive_params``)."""
+    for key in cls.nonneg_params:
+        if key in params and not params[key] >= 0:
+            if key == "graph_max_tokens":  # (a count, not a time)
+                raise ValueError(f"{origin}: {where}.{key} is {params[key]!r}; a token count must be a whole number "
+                                 f">= 0 {_FIX}")
+            raise ValueError(f"{origin}: {where}.{key} is {params[key]!r} {cls.units.get(key, 's')}; a base-model time "
+                             f"must be >= 0 {_FIX}")
+    for key in cls.positive_params:
+        if key in params and not params[key] > 0:
+            raise ValueError(f"{origin}: {where}.{key} is {params[key]!r}; the all-reduce bus bandwidth (GB/s) must be "
+                             f"> 0 (leave it out for the default) {_FIX}")
+
+
+def _check_signs(comps: dict[str, Any], origin: str) -> None:
+    """Every constant a component's form declares non-negative (``nonneg_params``: a time, a cost per token, block,
+    request or adapter, a byte count) is >= 0, and those it declares positive (``positive_params``) are > 0 --
+    whatever the batch: :meth:`Profile._check_positive_steps` samples five batches, at which a negative ``l_active``,
+    ``k_blocked``, ``k1_sq`` or ``c_pair`` is outweighed by the other terms while larger batches get a negative
+    component time. Runs after the sampled batches are checked (their messages name the step they price)."""
+    for kind, spec in comps.items():
+        cls = FORMS.get((kind, spec.get("form")))
+        if cls is None:
+            continue
+        params = spec.get("params") or {}
+        for key in cls.nonneg_params:
+            if key in params and not params[key] >= 0:
+                unit = cls.units.get(key, "")
+                raise ValueError(f"{origin}: components.{kind}.params.{key} is {params[key]!r}"
+                                 f"{f' ({unit})' if unit else ''}; the {cls.form} form's {key} is a cost (or a size) "
+                                 f"and must be >= 0: a negative one makes the {kind} time negative at large batches "
+                                 f"{_FIX}")
+        for key in cls.positive_params:
+            if key in params and not params[key] > 0:
+                raise ValueError(f"{origin}: components.{kind}.params.{key} is {params[key]!r}; the {cls.form} form's "
+                                 f"{key} must be > 0 {_FIX}")
+
+
+def _check_backbone_range(backbone_s: Any, where: str, origin: str) -> None:
+    """The base-model time is a finite number >= 0 at the corners of :class:`Profile`'s range (prefill 0, 1 and
+    :attr:`Profile.RANGE_PREFILL` tokens; 0, 1 and :attr:`Profile.RANGE_BATCH` decodes; 0 and
+    :attr:`Profile.RANGE_CONTEXT` context tokens): every backbone form is affine in these, or a ``max`` of such."""
+    for P in (0, 1, Profile.RANGE_PREFILL):
+        for D in (0, 1, Profile.RANGE_BATCH):
+            for C in (0, Profile.RANGE_CONTEXT):
+                if P == 0 and D == 0:
+                    continue
+                v = backbone_s(P, D, C)
+                if not (math.isfinite(v) and v >= 0):
+                    raise ValueError(f"{origin}: the base-model (backbone) time of a step of {P} prefill tokens and {D} "
+                                     f"decodes over {C:,} context tokens is {v!r} s, not a duration >= 0; check the "
+                                     f"signs of {where} {_FIX}")
+
+
+def _check_tp_layout(d: dict[str, Any], origin: str) -> None:
+    """The profile's tensor-parallel entries, as a hand edit can break them: the top-level ``tensor_parallel`` (the
+    degree the profile was calibrated at) a whole number >= 1, and the backbone's measured tables
+    ``components.backbone.tensor_parallel`` an object ``{"2": {"params": {...}}, ...}`` keyed by degrees >= 2 whose
+    params give *every* constant of the backbone's form (:func:`twin.tensor_parallel.tp_profile` replaces the TP-1
+    constants by them: a missing one was silently the TP-1 value), as numbers. Before: ``invalid literal for
+    int()``, ``could not convert string to float``, a TP-2 run at -0.1 simulated seconds."""
+    if "tensor_parallel" in d:
+        v = d["tensor_parallel"]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            what = repr(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else _describe(v)
+            raise ValueError(f"{origin}: tensor_parallel is {what}; "
+                             f"give the tensor-parallel degree the profile was calibrated at as a whole number >= 1 "
+                             f"(e.g. 2), or leave it out (1: one GPU)")
+    backbone = d["components"].get("backbone")
+    if not isinstance(backbone, dict) or "tensor_parallel" not in backbone:
+        return
+    tables = backbone["tensor_parallel"]
+    where = "components.backbone.tensor_parallel"
+    fix = ("give an object of the backbone constants measured per TP degree, e.g. {\"2\": {\"params\": {...}}}, or "
+           "remove it (the analytical split c0 + (t_1 - c0) / tp is then used)")
+    if not isinstance(tables, dict):
+        raise ValueError(f"{origin}: {where} is {_describe(tables)}; {fix}")
+    cls = FORMS.get(("backbone", backbone.get("form")))
+    for tp, table in tables.items():
+        if not (str(tp).isdigit() and int(tp) >= 2):
+            raise ValueError(f"{origin}: {where}: key {tp!r} is not a tensor-parallel degree; key the tables by the "
+                             f"degree they were measured at, a whole number >= 2 (e.g. \"2\"; TP 1 is the profile's "
+                             f"own components.backbone.params)")
+        if not isinstance(table, dict) or not isinstance(table.get("params"), dict):
+            what = _describe(table) if not isinstance(table, dict) else (
+                f"an object whose params is {_describe(table['params'])}" if "params" in table else
+                "an object without params")
+            raise ValueError(f"{origin}: {where}.{tp} is {what}; {fix}")
+        params = table["params"]
+        if cls is None:
+            continue  # (the backbone's unknown form is named by make_component)
+        allowed = set(cls.param_names) | set(OPTIONAL_PARAMS["backbone"])
+        extra = sorted(k for k in params if k not in allowed)
+        if extra:
+            raise ValueError(f"{origin}: {where}.{tp}.params: unknown parameter(s) {extra} of form {cls.form!r}, which "
+                             f"reads {sorted(allowed)}; correct the name or remove it")
+        missing = [k for k in cls.param_names if k not in params]
+        if missing:
+            raise ValueError(f"{origin}: {where}.{tp}.params lacks {missing}; a TP table replaces the TP-1 constants "
+                             f"of form {cls.form!r} as a whole: give every one of {list(cls.param_names)}, or remove "
+                             f"the table (the analytical split is then used)")
+        for key, v in params.items():
+            _check_numbers(v, f"{where}.{tp}.params.{key}", 0, origin)
+
+
+def valid_degrees(model: ModelSpec, limit: int | None = None) -> list[int]:
+    """TP degrees vLLM accepts for ``model``: divisors of the attention heads that divide the KV heads or are a
+    multiple of them (``limit``: at most this degree). vLLM's ``QKVParallelLinear`` asserts exactly this; see
+    :mod:`twin.tensor_parallel`, which re-exports it (defined here, where a profile's calibrated degree is checked)."""
+    top = model.heads if limit is None else min(model.heads, limit)
+    return [d for d in range(1, top + 1)
+            if model.heads % d == 0 and (model.kv_heads % d == 0 or d % model.kv_heads == 0)]
+
+
+def _check_tensor_parallel(d: dict[str, Any], model: ModelSpec, origin: str) -> None:
+    """The signs and the range of each measured TP table's backbone (as for the TP-1 constants), and a calibrated
+    degree the model accepts (:func:`twin.tensor_parallel.check_degree`)."""
+    if "tensor_parallel" in d and d["tensor_parallel"] not in valid_degrees(model):
+        raise ValueError(f"{origin}: tensor_parallel is {d['tensor_parallel']}, a degree {model.name} cannot be split "
+                         f"by (vLLM refuses it); use one of {', '.join(map(str, valid_degrees(model)))}")
+    backbone = d["components"]["backbone"]
+    cls = FORMS[("backbone", backbone["form"])]
+    for tp, table in (backbone.get("tensor_parallel") or {}).items():
+        where = f"components.backbone.tensor_parallel.{tp}.params"
+        params = {**backbone["params"], **table["params"]}
+        _check_backbone_signs(cls, table["params"], where, origin)
+        for key in ("graph_max_tokens",):
+            v = table["params"].get(key)
+            if v is not None and not (v <= MAX_COUNT and float(v).is_integer()):
+                raise ValueError(f"{origin}: {where}.{key} is {v!r}; a token count must be a whole number >= 0 {_FIX}")
+        comp = cls(params=params)
+        _check_backbone_range(comp.scalar(), where, origin)
+        t = comp.scalar()(0, 1, 512)
+        if not (math.isfinite(t) and 0 < t <= Profile.MAX_STEP_S):
+            raise ValueError(f"{origin}: the base-model time of one decode token at TP {tp} is {t!r} s, not a "
+                             f"duration in (0, {Profile.MAX_STEP_S:g}] s; check {where} {_FIX}")
 
 
 def parse_lora_targets(targets: "Sequence[str] | str") -> tuple[str, ...]:

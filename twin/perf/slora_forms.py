@@ -179,6 +179,7 @@ class PagedLora(PerfModel):
     param_names: ClassVar[tuple[str, ...]] = ("launches_s", "c_rank", "c_tok", "c_pad")
     units: ClassVar[dict[str, str]] = {"launches_s": "s", "c_rank": "s/(request*rank)",
                                       "c_tok": "s/(prompt token*rank)", "c_pad": "s/(token*rank)"}
+    nonneg_params: ClassVar[tuple[str, ...]] = ("launches_s", "c_rank", "c_tok", "c_pad")
 
     @classmethod
     def from_profile(cls, profile: "Profile") -> "PagedLora":

@@ -106,7 +106,7 @@ def ranktile_variant(raw: dict[str, Any], fit: dict[str, Any]) -> dict[str, Any]
     lo.setdefault("stderr", {})["n_tile_cost"] = fit["stderr"]
     lo["units"]["n_tile_cost"] = "working-block cost of a shrink rank tile beyond the first, relative to the first"
     lo["n_tile_cost_fit"] = fit
-    out["provenance"] = {**out.get("provenance", {}), "variant": {
+    out["provenance"] = {**out.get("provenance", {}), "validation_data_used": True, "variant": {
         "of": raw["name"], "command": f"python -m twin.validation.rank_tile --base {raw['name']} --write",
         "changed": ["lora.n_tile_cost"],
         "data": "n_tile_cost: the dt_modelling (fit split) runs only, never ml_test; every other constant from "

@@ -37,6 +37,18 @@ def test_variant_is_off_by_default():
     assert "fit split" in v.raw["provenance"]["variant"]["data"]
 
 
+def test_variant_says_it_used_validation_data():
+    """The variant's n_tile_cost comes from the dt_modelling runs, so the file it writes says
+    ``validation_data_used: true`` (a rewrite with --write had turned the committed flag back to false)."""
+    from twin.validation.rank_tile import ranktile_variant
+
+    raw = load_profile(LLAMA).raw
+    assert raw["provenance"]["validation_data_used"] is False
+    out = ranktile_variant(raw, {"n_tile_cost": 0.7, "stderr": 0.01})
+    assert out["provenance"]["validation_data_used"] is True
+    assert load_profile(LLAMA + "_ranktile").raw["provenance"]["validation_data_used"] is True
+
+
 def test_validation_constant_is_the_variant_files_and_equals_it_in_a_run():
     """``twin validate``'s RANK_TILE_COST is the ranktile variant's fitted value, and the default profile with
     it (Profile.with_rank_tile_cost) simulates exactly as the variant file does."""
