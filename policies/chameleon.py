@@ -104,14 +104,21 @@ argument (listed by ``get_params()``) with its reason here.
    predicted wait regardless). The paper's "at most 5 % of requests are squashed" is read as
    its observation, not a cap. Predicted times: ``predicted output x time per step``; R1's wait
    frees running requests in predicted finish order until its adapter and first prompt chunk
-   fit.
+   fit. On the S-LoRA engine "R1's memory" is S-LoRA's admission test (``slora.md`` section 2:
+   reservations of every running request's peak KV, ``4r`` slots per distinct adapter), not free
+   memory: the squash test and R1's predicted wait ask the engine's own test whether R1 would be
+   admitted were R2 (or the requests predicted to finish first) gone (``SLoRAEngine.admits_without``);
+   the free-memory reading squashed bypassers while S-LoRA still refused R1.
 8. Queues, cut-offs and quotas are recomputed every ``T_refresh = refresh_s = 300`` s.
-9. *Queued-request prefetch* (the paper keeps S-LoRA's): the adapters of the first
-   ``prefetch_heads = 2`` waiting requests of each queue (the twin's choice: the paper does not
-   say which requests; S-LoRA's own ``next_batch`` prefix, :class:`policies.slora.SLoRAScheduler`,
-   can name more), into free pool memory only (``prefetch_evicts = False``), at most
-   ``max_inflight = 4`` copies in flight (the twin's bound; S-LoRA's loader has none and stops
-   when the slots run out).
+9. *Queued-request prefetch* (the paper keeps S-LoRA's: ``chameleon.md`` sections 1-2, checklist 1;
+   on with S-LoRA's ``--prefetch``, ``EngineConfig.slora_prefetch``, as in ``twin reproduce chameleon-*``):
+   the adapters of the first ``prefetch_heads = 2`` waiting requests of each queue (the twin's
+   choice: the paper does not say which requests; S-LoRA's own ``next_batch`` prefix,
+   :class:`policies.slora.SLoRAScheduler`, can name more), into free pool memory only
+   (``prefetch_evicts = False``), loaded as S-LoRA's loader loads them
+   (:class:`twin.slora_engine.SLoRAPrefetcher`): in order, with no bound on the copies in flight,
+   stopping at the first adapter whose slots exceed the free ones (``slora.md`` section 4; the twin
+   earlier bounded them at 4 in flight and skipped an adapter that did not fit).
 
 **The cache** (§4.2, :class:`ChameleonCache`): adapters stay in otherwise idle GPU memory of
 the unified pool, resized every step against the batch's memory needs (the engine evicts
@@ -581,12 +588,28 @@ class ChameleonScheduler(Scheduler):
     def predicted_wait(self, head: int) -> float:
         """When the head's adapter is predicted to fit: running requests finish in predicted
         order, freeing their KV (and their adapter's memory, when they are its last user),
-        until the head's adapter and first chunk fit in the pool (free + reclaimable)."""
+        until the head's adapter and first chunk fit in the pool (free + reclaimable). On the
+        S-LoRA engine, until S-LoRA's admission test admits the head with those requests gone
+        (``SLoRAEngine.admits_without``; see :meth:`head_fits_without`)."""
         e = self.engine
         t_step = self._t_step or float(e.profile.backbone_s(0, 1, 0))
         runs = sorted(e.running, key=lambda r: self.remaining_s(r, t_step))
         if not runs:
             return 0.0
+        admits = getattr(e, "admits_without", None)
+        if admits is not None:
+            # the fewest predicted finishes after which the engine admits the head: fewer running requests only
+            # lower S-LoRA's need and free slots, so the answer is monotone in the count -- a bisection
+            if not admits(head, runs):
+                return self.remaining_s(runs[-1], t_step)
+            lo, hi = 1, len(runs)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if admits(head, runs[:mid]):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return self.remaining_s(runs[lo - 1], t_step)
         users: dict[int, int] = {}
         for r in runs:
             b = e.adapter_a[r]
@@ -656,8 +679,18 @@ class ChameleonScheduler(Scheduler):
 
     def head_fits_without(self, head: int, bypasser: int) -> bool:
         """The head's memory is there once the bypasser's own (its KV, and its adapter when it
-        is that adapter's last running request) is counted as free."""
+        is that adapter's last running request) is counted as free.
+
+        On the S-LoRA engine the head gets in only by S-LoRA's admission test (``slora.md`` section 2: the peak
+        future KV of every running request, ``4r`` slots per distinct adapter), which free memory does not
+        decide: the engine's own test answers, with the bypasser gone (``SLoRAEngine.admits_without``, exact and
+        without side effects), and only a bypasser the engine can squash counts (``SLoRAEngine.squashable``).
+        Actually-free memory covering the head's adapter and first chunk (vLLM's notion, below) squashed
+        bypassers while S-LoRA still refused the head."""
         e = self.engine
+        admits = getattr(e, "admits_without", None)
+        if admits is not None:  # S-LoRA's engine: its admission test decides
+            return e.squashable(bypasser) and admits(head, (bypasser,))
         bs = e.block_size
         b = e.adapter_a[bypasser]
         last_user = b >= 0 and b != e.adapter_a[head] and sum(1 for r in e.running if e.adapter_a[r] == b) == 1

@@ -108,7 +108,8 @@ class SLoRASJFScheduler(SJFScheduler):
     prefetch."""
 
     name = "slora-sjf"
-    description = "S-LoRA with muServe's SJF order: its queued-request prefetch follows the SJF order"
+    description = ("S-LoRA with muServe's SJF order: its queued-request prefetch (on --system slora with "
+                   "--slora-prefetch) follows the SJF order")
     citation = "Chameleon MICRO'25 §6 (S-LoRA+SJF); muServe ATC'24 §4; S-LoRA MLSys'24 §4.2 (prefetch)"
 
     prefetch_evicts = False  # prefetch into free pool memory only (as S-LoRA's)
@@ -147,6 +148,6 @@ class SLoRASJFScheduler(SJFScheduler):
 
 
 register_preset(Preset("slora+sjf", "slora-sjf", "none", "S-LoRA with muServe-style SJF scheduling (Chameleon's "
-                       "baseline; S-LoRA's queued-request prefetch in SJF order)",
+                       "baseline); with --slora-prefetch, S-LoRA's queued-request prefetch in SJF order",
                        "Chameleon MICRO'25 §6; muServe ATC'24", cache_opts={"adapter_memory": "unified"},
                        system="slora"))

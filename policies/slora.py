@@ -33,7 +33,8 @@ INF = math.inf
 @register_scheduler
 class SLoRAScheduler(FCFSScheduler):
     name = "slora"
-    description = "FIFO iteration-level scheduling + async prefetch of the adapters of queued requests (S-LoRA)"
+    description = ("FIFO iteration-level scheduling + async prefetch of the adapters of queued requests (S-LoRA; "
+                   "on --system slora with --slora-prefetch, always on --system vllm)")
     citation = "Sheng et al., S-LoRA, MLSys'24, §4.1-4.2"
 
     prefetch_evicts = False  # prefetch into free pool memory only
@@ -116,5 +117,6 @@ class NoCache(AdapterCachePolicy):
 UNIFIED = {"adapter_memory": "unified"}
 
 register_preset(Preset("slora", "slora", "none", "S-LoRA: FIFO with head-of-line stop, reservation admission, unified "
-                       "memory pool, no adapter cache (prefetch only on --system vllm; off in S-LoRA's paper runs)",
+                       "memory pool, no adapter cache; queued-request prefetch with --slora-prefetch (S-LoRA's "
+                       "--prefetch, off by default as in S-LoRA's paper runs)",
                        "Sheng et al., MLSys'24", cache_opts=dict(UNIFIED), system="slora"))

@@ -50,6 +50,23 @@ def shuffle(rng: random.Random, x: list) -> None:
         x[i], x[j] = x[j], x[i]
 
 
+class LinkCopy:
+    """A background copy over the host link (an asynchronous prefetch or swap-in): when it requests the
+    link (``request_t``) and for how long it holds it (``duration_s``); ``end``, when it leaves the link,
+    is known from its request on (the link is FIFO with known durations: :meth:`HostLink.transfer`
+    sets it), None while the copy is still in its disk read (:meth:`HostLink.announce`; ``armed``: the
+    read's timeout is scheduled, :meth:`twin.prefetch.AsyncLoader._after_disk`). A step that waits for the
+    copy (``Load.wait``) carries it (``Load.copy``), so :meth:`HostLink.loads_end` knows when the wait ends."""
+
+    __slots__ = ("request_t", "duration_s", "end", "armed")
+
+    def __init__(self, request_t: float, duration_s: float) -> None:
+        self.request_t = request_t
+        self.duration_s = duration_s
+        self.end: float | None = None
+        self.armed = False
+
+
 class HostLink:
     """The host-to-GPU link: a FIFO SimPy resource plus byte and busy-time counters."""
 
@@ -60,14 +77,99 @@ class HostLink:
         self.busy_s = 0.0
         self.transfers = 0
         self.free_at = 0.0  # when every transfer requested so far will have ended (FIFO)
+        #: background copies still in their disk read: each requests the link at its ``request_t``
+        #: (:meth:`announce`; it leaves this list when it does, :meth:`transfer`)
+        self.later: list[LinkCopy] = []
 
-    def transfer(self, nbytes: int, duration_s: float) -> Generator:
+    def transfer(self, nbytes: int, duration_s: float, copy: LinkCopy | None = None) -> Generator:
         """SimPy process body: hold the link for ``duration_s`` (waiting for it if busy).
 
         The end time is fixed when the transfer is requested (the link is FIFO with known
-        durations): ``free_at`` then holds it, so an asynchronous load knows when it ends."""
+        durations): ``free_at`` then holds it, so an asynchronous load knows when it ends
+        (``copy``: the background copy this transfer is, whose ``end`` it sets)."""
         self.free_at = max(self.env.now, self.free_at) + duration_s
+        if copy is not None:
+            copy.end = self.free_at
+            if copy in self.later:
+                self.later.remove(copy)
         return self._hold(nbytes, duration_s)
+
+    def announce(self, request_t: float, duration_s: float) -> LinkCopy:
+        """A background copy that will request the link at ``request_t`` for ``duration_s`` (after its disk
+        read: :meth:`twin.prefetch.AsyncLoader._after_disk`), so that :meth:`loads_end` queues it where the link
+        will; it passes the record to :meth:`transfer` when it requests the link."""
+        copy = LinkCopy(request_t, duration_s)
+        self.later.append(copy)
+        return copy
+
+    def loads_end(self, now: float, loads: "list[Load] | tuple") -> float:
+        """When a step's ``loads``, started at ``now``, end -- as the engines run them (``Engine._run``,
+        ``SLoRAEngine._prefill``): one after the other, a wait for a background copy (``Load.wait``) until
+        that copy's end, a synchronous load's disk read and then its copy, which the FIFO link starts once
+        every copy requested before it has ended. Computed from the link's state now, with the float
+        operations SimPy then makes (``max(request, link free) + duration``, in the link's order), so the end
+        is exact: the horizon's check of a step with loads (nothing ends after the horizon: a step whose
+        loads and compute would end after it does not start them, ``tests/twin/test_run_skipping.py``).
+
+        The copies already requested end by ``free_at`` (each in flight knows its end, ``LinkCopy.end``); a
+        background copy still in its disk read (:meth:`announce`) requests the link at its known ``request_t``:
+        before a synchronous copy requested later, after one requested earlier, and a wait for it ends where
+        the link then puts it. At the same instant SimPy's event order decides, which follows from when each
+        side's triggering event was scheduled: a synchronous copy the engine requests in the activation that
+        starts the loads (nothing yielded yet) goes first (its start event is urgent); one after its own disk
+        read goes first only when that read was the first event the loads yielded and the announced copy's
+        read was not scheduled yet (``LinkCopy.armed``: the copy was started in this same activation); any
+        other synchronous copy goes after it (the event that resumes the engine is scheduled at that instant,
+        after the copy's read ended)."""
+        free = self.free_at
+        later = sorted(self.later, key=lambda c: (c.request_t, not c.armed)) if self.later else ()
+        placed: dict[int, float] = {}
+        i = 0
+        t = now
+        first = True  # still in the engine's activation that starts the loads (no event yielded yet)
+        for ld in loads:
+            if ld.wait is not None:
+                c = ld.copy
+                if c is None:
+                    raise RuntimeError(f"a step waits for a background copy (adapter {ld.adapter}) with no record of "
+                                       f"it on the link (Load.copy): its end is unknown")
+                e = c.end
+                if e is None:
+                    e = placed.get(id(c))
+                    while e is None and i < len(later):  # the announced copies up to it take the link in turn
+                        x = later[i]
+                        i += 1
+                        free = (x.request_t if x.request_t > free else free) + x.duration_s
+                        placed[id(x)] = free
+                        if x is c:
+                            e = free
+                    if e is None:
+                        raise RuntimeError(f"a step waits for a background copy (adapter {ld.adapter}) that the link "
+                                           f"neither carries nor expects")
+                if first and ld.wait.processed:  # (a copy that has ended: the engine goes on without yielding)
+                    continue
+                first = False
+                if e > t:
+                    t = e
+                continue
+            if ld.disk_s:
+                t = t + ld.disk_s
+                ahead_unarmed = first  # its read's timeout precedes the reads not scheduled yet
+                ahead = False
+            else:
+                ahead_unarmed = ahead = first
+            first = False
+            while i < len(later):  # announced copies that request the link before this one
+                x = later[i]
+                r = x.request_t
+                if r > t or (r == t and (ahead or (ahead_unarmed and not x.armed))):
+                    break
+                i += 1
+                free = (r if r > free else free) + x.duration_s
+                placed[id(x)] = free
+            t = (free if free > t else t) + ld.link_s
+            free = t
+        return t
 
     def _hold(self, nbytes: int, duration_s: float) -> Generator:
         with self.resource.request() as req:
@@ -91,6 +193,8 @@ class Load:
     #: copies over the host link this load starts (the steps' ``loads_started``): 1, plus the adapters of the
     #: batch vLLM's activation order evicts and copies back with it; 0 for a wait on a copy already started
     copies: int = 1
+    #: the background copy a wait is for (its place on the link: :meth:`HostLink.loads_end`)
+    copy: LinkCopy | None = None
 
 
 class AdapterMemory:
@@ -136,6 +240,7 @@ class AdapterMemory:
         self.cpu_load_s = {int(r): profile.load_s(int(r), "cpu", tp, max_rank) for r in set(ranks.tolist())}
         # extensions (twin/extensions.py): asynchronous loads in flight and a byte/page placement
         self.loading: dict[int, Any] = {}  # adapter -> its SimPy load process (state "loading")
+        self.loading_copy: dict[int, LinkCopy] = {}  # adapter -> that copy's place on the link (HostLink.loads_end)
         self.placement: Any = None          # None: vLLM's fixed slots (gpu_slots)
         # counters
         self.activations = 0
@@ -212,7 +317,7 @@ class AdapterMemory:
             if self.resident[a]:
                 if self.loading and a in self.loading:  # prefetch in flight: the step waits for it
                     self.late_hits += 1
-                    return Load(a, "wait", 0.0, 0.0, 0, wait=self.loading[a], copies=0)
+                    return Load(a, "wait", 0.0, 0.0, 0, wait=self.loading[a], copies=0, copy=self.loading_copy.get(a))
                 self.hits += 1
                 if a in self.cpu:
                     self.cpu.move_to_end(a)

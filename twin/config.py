@@ -142,7 +142,8 @@ class EngineConfig:
         "S-LoRA's pool in token slots, N_tok (--max_total_token_num; default: the GPU memory left after the "
         "weights)"))
     slora_batch_max_tokens: int | None = field(default=None, metadata=_help(
-        "S-LoRA: prompt tokens of one prefill mini-batch (default max(N_tok/6, 3072))"))
+        "S-LoRA: prompt tokens of one prefill mini-batch (default max(N_tok/6, the max request length "
+        "--slora-max-total-len, 3072 by default), as S-LoRA's api_server.py)"))
     running_max_req_size: int = field(default=1000, metadata=_help("S-LoRA: most running requests"))
     slora_max_wait_tokens: int = field(default=10, metadata=_help(
         "S-LoRA: decodes since the last prefill before waiting requests are considered (max_wait_tokens, "

@@ -188,9 +188,11 @@ class Engine(PreemptionWalk, EngineState):
                 continue
             load_s = 0.0
             if plan.loads:  # synchronous loads, on the step's critical path
-                if timed and now + plan.total_s + sum(ld.disk_s + ld.link_s for ld in plan.loads
-                                                      if ld.wait is None) > horizon:
-                    break  # the step ends after the horizon, however soon the link is free: in flight there
+                # when they end, from the link's FIFO state (the copies in flight or announced, then these behind
+                # them: HostLink.loads_end, exact): a step that would end after the horizon does not start them
+                end = self.link.loads_end(now, plan.loads) if timed or check else 0.0
+                if timed and end + plan.total_s > horizon:
+                    break  # in flight at the horizon
                 for ld in plan.loads:
                     if ld.wait is not None:  # an asynchronous load still in flight (twin/prefetch.py)
                         yield ld.wait
@@ -198,6 +200,8 @@ class Engine(PreemptionWalk, EngineState):
                     if ld.disk_s:
                         yield env.timeout(ld.disk_s)
                     yield env.process(self.link.transfer(ld.nbytes, ld.link_s))
+                if check:
+                    assert env.now == end, f"the loads ended at {env.now}, not when the link's schedule says ({end})"
                 load_s = env.now - now
                 lw = self.load_wait_d
                 for rid in plan.load_rids:

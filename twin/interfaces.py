@@ -185,7 +185,9 @@ class Policy:
     prefetch_evicts: bool = True
     #: prefetches go on the critical path of the deciding step instead of the background
     prefetch_sync: bool = False
-    #: asynchronous prefetches in flight at most
+    #: asynchronous prefetches in flight at most, for a cache's own predictive prefetch (twin/prefetch.py); S-LoRA's
+    #: queued-request prefetch has no such bound (slora.md §1 "Prefetch": it stops at the first adapter that does not
+    #: fit), and Chameleon's scheduler keeps that loader (twin/slora_engine.py ``SLoRAPrefetcher``)
     max_inflight: int = 4
 
     engine: EngineView

@@ -18,6 +18,10 @@ computation") and Chameleon (MICRO'25, §4.2 predictive prefetch) copy adapters 
 Disk reads (adapter not in the CPU tier) happen first and do not hold the link; the link
 is reserved when the read ends, so the completion time is known from then on (until then
 a lower bound splits decode runs, which is always exact, see ``Scheduler.next_change_time``).
+When the read ends is known from the start, so the link expects the copy
+(:meth:`twin.adapters.HostLink.announce`) and a step that waits for it, or queues a copy of its
+own behind it, knows when its loads end (:meth:`twin.adapters.HostLink.loads_end`: the horizon's
+check; each copy's place on the link is ``AdapterMemory.loading_copy``).
 
 Decisions come from ``scheduler.prefetch(now)`` and ``cache.prefetch(now)`` (adapter ids in
 priority order), asked after each step's admissions
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from twin.adapters import Load
+from twin.adapters import LinkCopy, Load
 from twin.interfaces import checked_prefetch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -97,25 +101,32 @@ class AsyncLoader:
         """The copy of adapter ``a`` (memory already held) in the background; ``loading`` until it ends."""
         mem = self.mem
         env = self.e.env
-        if disk_s:
-            proc = env.process(self._after_disk(a, disk_s, link_s, mem.bytes[a]))
+        link = self.e.link
+        if disk_s:  # the link is requested when the disk read ends (now + disk_s: SimPy's timeout), known from now
+            copy = link.announce(now + disk_s, link_s)
+            proc = env.process(self._after_disk(a, disk_s, link_s, mem.bytes[a], copy))
             self.e.push_event(now + disk_s + link_s, None)  # lower bound of the end
         else:
-            gen = self.e.link.transfer(mem.bytes[a], link_s)
-            self.e.push_event(self.e.link.free_at, lambda t, a=a: self._done(a, t))
+            copy = LinkCopy(now, link_s)
+            gen = link.transfer(mem.bytes[a], link_s, copy)
+            self.e.push_event(link.free_at, lambda t, a=a: self._done(a, t))
             proc = env.process(gen)
         mem.loading[a] = proc
+        mem.loading_copy[a] = copy
         return True
 
-    def _after_disk(self, a: int, disk_s: float, link_s: float, nbytes: int):
+    def _after_disk(self, a: int, disk_s: float, link_s: float, nbytes: int, copy: LinkCopy):
         env = self.e.env
-        yield env.timeout(disk_s)
-        gen = self.e.link.transfer(nbytes, link_s)
+        timeout = env.timeout(disk_s)
+        copy.armed = True  # (its read's end is scheduled: HostLink.loads_end orders same-instant requests by it)
+        yield timeout
+        gen = self.e.link.transfer(nbytes, link_s, copy)
         self.e.push_event(self.e.link.free_at, lambda t, a=a: self._done(a, t))
         yield env.process(gen)
 
     def _done(self, a: int, now: float) -> None:
         mem = self.mem
+        mem.loading_copy.pop(a, None)
         if mem.loading.pop(a, None) is None or not mem.resident[a]:
             return
         mem.policy.on_load(a, now)

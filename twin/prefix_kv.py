@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twin.adapters import Load
+from twin.adapters import LinkCopy, Load
 
 if TYPE_CHECKING:  # pragma: no cover
     from twin.interfaces import EngineCore, StepContextView
@@ -57,6 +57,7 @@ class HistoryNode:
     tier: str = "hbm"   # 'hbm' | 'host' | 'loading'
     hits: int = 0
     proc: Any = None    # swap-in process while loading
+    copy: Any = None    # ... and its place on the host link (twin.adapters.LinkCopy: HostLink.loads_end)
     seq: int = -1       # the store's insertion number: the nodes' order in ``HistoryKV.nodes``
 
 
@@ -189,7 +190,7 @@ class HistoryKV:
             self.e.return_blocks(node.blocks)
             self.hbm_blocks -= node.blocks
             self.loading_blocks -= node.blocks
-            ctx.loads.append(Load(-1, "wait", 0.0, 0.0, 0, wait=node.proc, copies=0))
+            ctx.loads.append(Load(-1, "wait", 0.0, 0.0, 0, wait=node.proc, copies=0, copy=node.copy))
             ctx.load_rids.append(rid)
         else:  # host: copy back on the critical path
             self.host_hits += 1
@@ -268,7 +269,9 @@ class HistoryKV:
         self._move(node, "loading")
         nbytes = self.node_bytes(node)
         self.swapped_in_bytes += nbytes
-        gen = e.link.transfer(nbytes, self.transfer_s(node.tokens))
+        dur = self.transfer_s(node.tokens)
+        node.copy = LinkCopy(now, dur)  # (its end on the FIFO link: HostLink.loads_end)
+        gen = e.link.transfer(nbytes, dur, node.copy)
         end = e.link.free_at
         node.proc = e.env.process(gen)
         self.e.push_event(end, lambda t, n=node: self._swapped_in(n, t))
@@ -278,7 +281,7 @@ class HistoryKV:
         if node.tier == "loading" and self.nodes.get(node.conv) is node:
             self._move(node, "hbm")
             self.loading_blocks -= node.blocks
-            node.proc = None
+            node.proc = node.copy = None
             self.cache.on_history(node, "swap_in", now)
 
     # -- the tier indexes (the order of ``nodes`` within each tier)

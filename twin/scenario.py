@@ -241,7 +241,7 @@ _NUMERIC: dict[str, tuple[bool, float, bool, str]] = {
     "slora_max_prompt_len": (True, 1, True, "a prompt length in tokens, e.g. --slora-max-prompt-len 2048"),
     "slora_max_total_len": (True, 1, True, "a request length in tokens, e.g. --slora-max-total-len 3072"),
     "slora_batch_max_tokens": (True, 1, True, "prompt tokens of one prefill mini-batch, e.g. "
-                                              "--slora-batch-max-tokens 8192 (or leave it to max(N_tok/6, 3072))"),
+                                              "--slora-batch-max-tokens 8192 (or leave it to max(N_tok/6, --slora-max-total-len))"),
     "horizon": (False, 0, False, "the simulated seconds to stop at, e.g. --horizon 600 (or leave it out to "
                                  "run until every request finished)"),
     "ttft_slo": (False, 0, False, "a TTFT SLO in seconds, e.g. --ttft-slo 2"),
@@ -594,7 +594,7 @@ SYSTEM_OPTIONS: dict[str, tuple[str, str]] = {
     "cpu_slots": ("vllm", "S-LoRA keeps every adapter in host memory"),
     "max_model_len": ("vllm", "S-LoRA's limits are --slora-max-prompt-len and --slora-max-total-len"),
     "max_num_seqs": ("vllm", "S-LoRA caps the running requests by its running_max_req_size"),
-    "max_batched_tokens": ("vllm", "S-LoRA's prefill batch is its batch_max_tokens, max(N_tok/6, 3072)"),
+    "max_batched_tokens": ("vllm", "S-LoRA's prefill batch is its batch_max_tokens, max(N_tok/6, --slora-max-total-len)"),
     "rank_tile_cost": ("vllm", "S-LoRA's paged kernels price each request at its own rank"),
 }
 _SYSTEM_NAMES = {"vllm": "vLLM", "slora": "S-LoRA"}
@@ -944,7 +944,7 @@ def check_server(run: RunConfig, cfg: EngineConfig, workload: Workload, profile:
                             (batch, "--slora-batch-max-tokens")):
             if limit is not None and len(prompts) and prompts.min() > limit:
                 what = f"{flag} {limit}" if flag != "--slora-batch-max-tokens" or run.slora_batch_max_tokens else \
-                    f"S-LoRA's batch_max_tokens {limit} (max(pool / 6, 3072) of its {pool}-token pool)"
+                    f"S-LoRA's batch_max_tokens {limit} (max(pool / 6, the max request length) of its {pool}-token pool)"
                 raise ConfigError(f"every prompt of the workload is longer than {what} (the shortest has "
                                   f"{int(prompts.min())} tokens): S-LoRA would refuse them all; raise {flag}")
         return

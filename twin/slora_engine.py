@@ -19,7 +19,8 @@ Follows ``S-LoRA/S-LoRA`` at ``c1ddf48`` as summarised in ``shared/refs/slora.md
   max_new - generated - 1)``, new ones as ``(input + 1, max_new - 1)``; sorted by ``left``
   (largest first), ``need = max_i(sum_{j<=i} has_j + (i+1) * left_i)`` must stay strictly below
   ``N_tok - sum over the distinct adapters of running and new requests of their slots``; the
-  mini-batch's prompt tokens stay within ``batch_max_tokens`` (default ``max(N_tok/6, 3072)``) and
+  mini-batch's prompt tokens stay within ``batch_max_tokens`` (default ``max(N_tok/6, slora_max_total_len)``,
+  3072 by default; a value given below ``slora_max_total_len`` is refused, as S-LoRA's ``api_server.py`` asserts) and
   the running requests within ``running_max_req_size`` (1000). The FIFO scheduler (``slora``,
   ``fcfs``) stops at the first refusal (head-of-line blocking); other schedulers order the
   queue their own way (Chameleon's queues, SJF) -- the test is always this one.
@@ -52,11 +53,16 @@ Follows ``S-LoRA/S-LoRA`` at ``c1ddf48`` as summarised in ``shared/refs/slora.md
 * **Prefetch** [13] (``--prefetch``, off in every paper run; ``EngineConfig.slora_prefetch``): before
   the decodes at counters 5 and 7, the adapters the scheduler's ``prefetch()`` names (S-LoRA's:
   the FIFO prefix that fits one mini-batch) are copied asynchronously (2x their bytes over the
-  link) into slots no reservation or resident adapter holds; the latest prefetch's adapters are
+  link) into slots no reservation or resident adapter holds, in order, with no bound on the copies
+  in flight, stopping at the first that does not fit (:class:`SLoRAPrefetcher`); the latest prefetch's adapters are
   kept by the offloads; a request whose adapter is still copying waits for the rest in its
   prefill. A cache policy's own predictive prefetch (``chameleon+prefetch``) is asked at the same
   moments whatever the flag. Adapters in flight hold their slots: the admission test counts them
   (S-LoRA does not, and could run out of slots there).
+* **Horizon**: a prefill whose loads -- the prefetches it waits for, its own copies queued on the FIFO
+  link behind every copy requested before them, their end known exactly from the link's state
+  (:meth:`twin.adapters.HostLink.loads_end`) -- and compute would end after the horizon is in flight
+  there: it starts none of them (nothing happens after the horizon).
 
 Prefix-KV reuse and fixed adapter regions are vLLM-engine extensions; a cache policy that needs
 them is refused with the fix.
@@ -82,7 +88,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from twin.adapter_placement import UnifiedPool
-from twin.adapters import AdapterMemory, HostLink
+from twin.adapters import AdapterMemory, HostLink, LinkCopy
 from twin.config import ConfigError, EngineConfig
 from twin.engine_state import EngineState
 from twin.interfaces import AdapterCachePolicy, Admit, Policy, Scheduler, is_builtin, policy_stats
@@ -116,8 +122,22 @@ def slora_pool_tokens(cfg: EngineConfig, profile: "Profile") -> int:
 
 def batch_max_tokens(cfg: EngineConfig, pool_tokens: int) -> int:
     """The prompt tokens of one prefill mini-batch: ``--slora-batch-max-tokens``, else S-LoRA's default
-    ``max(max_total_token_num / 6, 3072)`` (``slora/server/api_server.py``)."""
-    return int(cfg.slora_batch_max_tokens or max(pool_tokens // 6, 3072))
+    ``max(int(max_total_token_num / 6), max_req_total_len)`` (``slora/server/api_server.py``; the twin's
+    ``max_req_total_len`` is ``slora_max_total_len``, 3072 by default: ``slora.md`` section 2.7's 3072). A value
+    given below ``max_req_total_len`` is refused, as S-LoRA's ``assert batch_max_tokens >= max_req_total_len``
+    refuses it (:func:`check_batch_max_tokens`)."""
+    check_batch_max_tokens(cfg)
+    return int(cfg.slora_batch_max_tokens or max(pool_tokens // 6, cfg.slora_max_total_len))
+
+
+def check_batch_max_tokens(cfg: EngineConfig) -> None:
+    """S-LoRA's start-up assert (``api_server.py``): ``batch_max_tokens >= max_req_total_len``."""
+    bmt = cfg.slora_batch_max_tokens
+    if bmt and bmt < cfg.slora_max_total_len:
+        raise ConfigError(f"--slora-batch-max-tokens {bmt} is below --slora-max-total-len {cfg.slora_max_total_len}: "
+                          f"S-LoRA refuses to start (api_server.py asserts batch_max_tokens >= max_req_total_len, so "
+                          f"that every request it accepts fits one prefill mini-batch); give --slora-batch-max-tokens "
+                          f"{cfg.slora_max_total_len} or more, or lower --slora-max-total-len")
 
 
 def reservation_need(pairs: list[tuple[int, int]]) -> int:
@@ -217,6 +237,27 @@ class Reservations:
             c = B + int((self.t[p:n] - nf[p:n]).max())
             if c > need:
                 need = c
+        return need if need > 0 else 0
+
+    def need_without(self, left: int, has: int, gone: "set[int] | frozenset[int]") -> int:
+        """``need_with(left, has)`` were the pairs of the requests ``gone`` not there (a what-if: nothing
+        changes). The kept pairs' ``(f, b)`` in order, the ``gone`` ones left out, the new pair after those
+        with ``f`` at least as large, and the terms ``sum_{i<=j} b_i + (j+1) f_j`` summed afresh (integers:
+        exactly :func:`reservation_need` of the remaining pairs and the new one)."""
+        n = self.n
+        nf, t = self.nf[:n], self.t[:n]
+        idx = np.arange(1, n + 1, dtype=np.int64)
+        f = -nf
+        b = np.diff(t + idx * nf, prepend=0)
+        if gone:
+            keep = np.fromiter((r not in gone for r in self.rids), bool, n)
+            f, b = f[keep], b[keep]
+        F = left + self.g + 1
+        p = int((-f).searchsorted(-F, "right"))
+        f = np.insert(f, p, F)
+        b = np.insert(b, p, has - self.g - 1)
+        terms = np.cumsum(b) + np.arange(1, len(f) + 1, dtype=np.int64) * f
+        need = int(terms.max())
         return need if need > 0 else 0
 
     def add(self, left: int, has: int, rid: int = -1) -> None:
@@ -410,14 +451,30 @@ class SLoRAExtensions:
 
 
 class SLoRAPrefetcher(AsyncLoader):
-    """S-LoRA's ``--prefetch`` (``manager.py``, ``infer_adapter.py``): the adapters the policies
-    name (``prefetch()``; S-LoRA's own: the FIFO prefix of the queue that fits one mini-batch) are
-    copied on a separate stream -- asynchronously over the host link, twice the adapter's bytes
-    like every S-LoRA load -- into slots no reservation holds, when the decode counter is 5 or 7."""
+    """S-LoRA's ``--prefetch`` (``manager.py``, ``infer_adapter.py``; ``slora.md`` section 4 "Prefetch",
+    checklist 13): when the decode counter is 5 or 7 the adapters the policies name are copied on a
+    separate stream -- asynchronously over the host link, twice the adapter's bytes like every S-LoRA
+    load -- into slots no reservation or resident adapter holds.
+
+    ``queued`` is the scheduler whose ``prefetch()`` is S-LoRA's queued-request prefetch (S-LoRA's own:
+    ``next_batch()``, the FIFO prefix of the queue whose prompts fit one mini-batch; Chameleon keeps it,
+    ``chameleon.md`` sections 1-2, naming its queues' heads): its non-resident adapters are loaded in
+    order, **stopping before** their slots exceed the free ones (the first that does not fit ends the
+    prefetch: nothing behind it is tried), with no bound on the copies in flight (S-LoRA's loader has
+    none). A cache policy's own predictive prefetch (``chameleon+prefetch``) is that policy's feature:
+    at most its ``max_inflight`` copies in flight, an adapter that does not fit skipped (as
+    :class:`twin.prefetch.AsyncLoader` does on the vLLM engine)."""
+
+    def __init__(self, engine: "SLoRAEngine", sources: list, queued: Any = None) -> None:
+        super().__init__(engine, sources)
+        #: the source whose prefetch is S-LoRA's queued-request prefetch (None: --prefetch is off)
+        self.queued = queued
 
     def start(self, a: int, now: float, ctx: Any = None, evict: bool = True) -> bool:
+        """Copy adapter ``a`` into free slots (after evicting idle adapters when ``evict``); False when
+        it is resident or loading already, or does not fit."""
         mem = self.mem
-        if a < 0 or mem.resident[a] or len(mem.loading) >= self.max_inflight:
+        if a < 0 or mem.resident[a]:
             return False
         if not mem.placement.allocate(a, now, evict):
             return False
@@ -425,11 +482,31 @@ class SLoRAPrefetcher(AsyncLoader):
         mem.mark_resident(a)
         self.started += 1
         nbytes = 2 * mem.bytes[a]
-        gen = self.e.link.transfer(nbytes, mem.cpu_load_s[mem.ranks_l[a]])
-        self.e.push_event(self.e.link.free_at, lambda t, a=a: self._done(a, t))
+        link = self.e.link
+        copy = LinkCopy(now, mem.cpu_load_s[mem.ranks_l[a]])
+        gen = link.transfer(nbytes, copy.duration_s, copy)
+        self.e.push_event(link.free_at, lambda t, a=a: self._done(a, t))
         mem.loading[a] = self.e.env.process(gen)
+        mem.loading_copy[a] = copy
         self.e._prefetched.add(a)
         return True
+
+    def decide(self, now: float, ctx: Any) -> None:
+        mem = self.mem
+        resident = mem.resident
+        for src, (ask, evicts) in zip(self.sources, self._asks):
+            if src is self.queued:  # S-LoRA's loader: in order, until one does not fit (infer_adapter.py)
+                for a in ask(now):
+                    if a < 0 or resident[a]:  # (resident, or its copy in flight: nothing to load)
+                        continue
+                    if not self.start(a, now, evict=evicts):
+                        break
+                continue
+            cap = src.max_inflight
+            for a in ask(now):
+                if len(mem.loading) >= cap:
+                    break
+                self.start(a, now, evict=evicts)
 
 
 class SLoRAStepContext:
@@ -550,7 +627,8 @@ class SLoRAEngine(EngineState):
         # a cache policy's own predictive prefetch (chameleon+prefetch) is that policy's feature
         sources = [p for p in ((scheduler,) if cfg.slora_prefetch else ()) + (cache,)
                    if type(p).prefetch is not Policy.prefetch]
-        loader = SLoRAPrefetcher(self, sources, max_inflight=max(p.max_inflight for p in sources)) if sources else None
+        queued = scheduler if cfg.slora_prefetch else None
+        loader = SLoRAPrefetcher(self, sources, queued) if sources else None
         self.extensions = SLoRAExtensions(self, loader)
         self._admit_hook = self._reclaim = self._finish_hook = None
         self._prefetch_on = loader is not None
@@ -775,6 +853,52 @@ class SLoRAEngine(EngineState):
         self._evict_for_reservations(need, ctx.adapter_slots, now)  # (the reservations' need: pair is in it now)
         return OK
 
+    def admits_without(self, rid: int, gone: "Iterable[int]" = ()) -> bool:
+        """Whether S-LoRA's admission test (:meth:`_try_admit`: ``ReqQueue._can_add_new_req``, ``slora.md``
+        section 2) would admit waiting request ``rid`` now, as the first candidate of an attempt (the whole
+        ``batch_max_tokens`` left), were the running requests ``gone`` not there: their reservation pairs left
+        out, and the slots of each adapter whose every running request is among them. The same integers as
+        :meth:`_try_admit` (the running requests' pairs and ``rid``'s, the strict ``need < N_tok - the distinct
+        adapters' slots - the slots of prefetches in flight``, ``running_max_req_size``), and nothing changes: a
+        policy's what-if, e.g. Chameleon's squash test (would the head get in were the bypasser squashed?,
+        :meth:`policies.chameleon.ChameleonScheduler.head_fits_without`) and its predicted wait."""
+        running = self.running
+        gone = frozenset(r for r in gone if r in running)
+        if len(running) - len(gone) >= self.config.running_max_req_size:
+            return False
+        T = self.resume_T.get(rid) or int(self.prompt_a[rid])
+        if T > self.batch_max_tokens:
+            return False
+        out_left = int(self.output_a[rid]) - (T - int(self.prompt_a[rid]))
+        res = self._reservations.fork(self.g)
+        need = res.need_without(out_left - 1, T + 1, gone) if gone else res.need_with(out_left - 1, T + 1)
+        mem = self.adapters
+        ab = mem.placement.ab
+        batch = mem.batch
+        slots = self._batch_slots
+        if gone:
+            users: dict[int, int] = {}
+            for r in gone:
+                b = self.adapter_a[r]
+                if b >= 0:
+                    users[b] = users.get(b, 0) + 1
+            leave = {b for b, k in users.items() if mem.active[b] == k}  # their last running requests go
+            if leave:
+                batch = batch - leave
+                slots -= sum(ab[b] for b in leave)
+        a = self.adapter_a[rid]
+        room = self.kv_tokens - slots
+        if mem.loading:  # prefetches in flight hold their slots
+            room -= sum(ab[x] for x in mem.loading if x not in batch and x != a)
+        new_ad = ab[a] if a >= 0 and a not in batch else 0
+        return need < room - new_ad
+
+    def squashable(self, rid: int) -> bool:
+        """:meth:`squash` would take running request ``rid`` out: it is decoding and its recompute (prompt +
+        emitted tokens) fits one prefill mini-batch."""
+        return (rid in self.running and rid in self.dec
+                and int(self.prompt_a[rid]) + self.emitted_now(rid) <= self.batch_max_tokens)
+
     def _evict_for_reservations(self, need: int, adapter_slots: int, now: float) -> None:
         """Idle cached adapters give their slots back, in the cache policy's victim order, until
         the reservations, the batch's adapters and the idle adapters fit in ``N_tok``."""
@@ -846,15 +970,23 @@ class SLoRAEngine(EngineState):
         env = self.env
         load_s = 0.0
         d = self._prefill_s(ctx)
-        if ctx.loads and now + d + sum(ld.link_s for ld in ctx.loads if ld.wait is None) > self.horizon:
-            self._cut = True  # the prefill ends after the horizon, however soon the link is free: in flight there
-            return
         if ctx.loads:
+            # when the loads end, from the link's FIFO state (the prefetches in flight, then these copies behind
+            # them: HostLink.loads_end, exact), so a prefill that would end after the horizon does not start them
+            # -- in flight there
+            check = self.check_invariants
+            if self.horizon < INF or check:
+                end = self.link.loads_end(now, ctx.loads)
+                if end + d > self.horizon:
+                    self._cut = True
+                    return
             for ld in ctx.loads:
                 if ld.wait is not None:  # a prefetch still in flight: the prefill waits for it
                     yield ld.wait
                     continue
                 yield env.process(self.link.transfer(ld.nbytes, ld.link_s))
+            if check:
+                assert env.now == end, f"the loads ended at {env.now}, not when the link's schedule says ({end})"
             load_s = env.now - now
             lw = self.load_wait_d
             for rid in ctx.load_rids:
@@ -1065,12 +1197,10 @@ class SLoRAEngine(EngineState):
         its KV is freed and it waits again, to recompute prompt + emitted tokens. A request whose
         recompute no prefill mini-batch can hold (more than ``batch_max_tokens``: S-LoRA prefills a
         request whole) is left running: it could never be admitted again."""
-        if rid not in self.running or rid not in self.dec:
+        if not self.squashable(rid):
             return
         now = self.env.now
         e = self.emitted_now(rid)
-        if int(self.prompt_a[rid]) + e > self.batch_max_tokens:
-            return
         j0, fg = self.dec.pop(rid)
         self._reservations.remove(rid, fg)
         self.fin.pop(rid)
@@ -1164,5 +1294,6 @@ def check_slora_config(config: EngineConfig, cache: AdapterCachePolicy) -> None:
     for name in ("slora_max_prompt_len", "slora_max_total_len", "running_max_req_size", "slora_max_wait_tokens"):
         if getattr(config, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(config, name)}")
+    check_batch_max_tokens(config)
     if not config.slora_poll_s > 0:
         raise ConfigError(f"slora_poll_s must be > 0, got {config.slora_poll_s}")

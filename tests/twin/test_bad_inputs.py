@@ -289,7 +289,9 @@ CASES: list[tuple[str, str]] = [
     (R + "--policy fastlibra --cache-opt interval_s=0", "option interval_s = 0 (its tick interval); give seconds"),
     (R + "--policy slora --slora-max-prompt-len 5", "every prompt of the workload is longer than "
                                                      "--slora-max-prompt-len 5 (the shortest has"),
-    (R + "--policy slora --slora-batch-max-tokens 10", "S-LoRA would refuse them all; raise --slora-batch-max-tokens"),
+    # S-LoRA's start-up assert (api_server.py: batch_max_tokens >= max_req_total_len)
+    (R + "--policy slora --slora-batch-max-tokens 10", "--slora-batch-max-tokens 10 is below --slora-max-total-len 3072: "
+                                                       "S-LoRA refuses to start"),
     # times, rates, SLOs
     ("run --no-progress --horizon -5", "--horizon -5: must be > 0"),
     ("run --no-progress --horizon 0", "--horizon 0: must be > 0"),
@@ -1370,14 +1372,18 @@ def test_a_real_row_pasted_twice_is_said_and_scored_per_row(files):
 
 def test_slora_prompts_beyond_its_default_batch_max_tokens_are_refused_up_front(tmp_path):
     """Without --gpu-mem-gb the pool is the profile's (the check skipped it and the run rejected every request):
-    S-LoRA's default batch_max_tokens, max(pool / 6, 3072), is checked as the engine sizes it."""
+    S-LoRA's default batch_max_tokens is checked as the engine sizes it. That default is max(pool / 6,
+    max_req_total_len) (``api_server.py``): with --slora-max-total-len raised to 300000 the 150000-token prompts fit
+    one prefill mini-batch and are served (a fixed 3072 floor refused them all)."""
     path = tmp_path / "long.jsonl"
     path.write_text("".join(json.dumps({"arrival_s": i, "prompt_tokens": 150_000, "output_tokens": 10}) + "\n"
                             for i in range(5)))
+    out_dir = tmp_path / "out"
     rc, out, err = run_cli(["run", "--no-progress", "--policy", "slora", "--trace", str(path),
-                            "--slora-max-prompt-len", "200000", "--slora-max-total-len", "300000"])
-    assert rc == 2 and "every prompt of the workload is longer than S-LoRA's batch_max_tokens" in err, err
-    assert "raise --slora-batch-max-tokens" in err and "Traceback" not in err
+                            "--slora-max-prompt-len", "200000", "--slora-max-total-len", "300000", "--out", str(out_dir)])
+    assert rc == 0 and "Traceback" not in err, err
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["slora_batch_max_tokens"] == 300_000 and summary["requests_finished"] == 5
 
 
 def test_a_dumped_s_lora_scenario_replays(tmp_path, capsys):

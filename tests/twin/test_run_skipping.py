@@ -186,3 +186,103 @@ def test_a_step_whose_loads_end_after_the_horizon_does_not_start_them(policy, ho
     _assert_same(a, b)
     assert a.engine.env.now <= horizon and a.summary["link_utilization"] == 0.0
     assert a.requests["outcome"].tolist() == ["unfinished"]
+
+
+def _assert_cut_at(full, cut, horizon) -> None:
+    """``cut`` (a run to ``horizon``) is ``full`` (the same run without one) up to the horizon: every first token and
+    finish the full run has by then, at the same time, and none after; no step row, load wait or link time after it."""
+    f, c = full.requests, cut.requests
+    for col in ("first_token_s", "finish_s"):
+        by = f[col] <= horizon
+        assert c.loc[by, col].tolist() == f.loc[by, col].tolist(), col
+        assert c.loc[~by, col].isna().all(), col
+    assert cut.engine.env.now <= horizon
+    if len(cut.steps):
+        assert cut.steps["t_end"].max() <= horizon
+    # a load wait is recorded when it ended, and it ended by the horizon: the full run's, for a request whose
+    # step ended by then (0 for one whose step was in flight there: it waited for nothing yet)
+    started = f["first_token_s"] <= horizon
+    assert c.loc[started, "load_wait_s"].tolist() == f.loc[started, "load_wait_s"].tolist()
+    assert (c.loc[~started, "load_wait_s"] == 0.0).all()
+    assert cut.engine.link.busy_s <= horizon
+
+
+def test_a_prefill_waiting_for_a_prefetch_does_not_run_past_the_horizon():
+    """S-LoRA (the audit's repro): r1's adapter is prefetched over a slow link and r2's load queues behind that copy
+    in the same prefill. The cut check added only the loads without a copy in flight, so the prefill at 0.40 s
+    started, waited 4.3 s for the link and ran the clock to 4.70 s with a 0.5 s horizon (load waits and link bytes
+    after it). Its loads' end is known from the link's FIFO state: the prefill is in flight at the horizon."""
+    prof = constant_profile(c0=0.01, kv_tokens=200_000)
+    prof.components["load"].params["cpu_gbps"] = 0.1
+    w = Workload.from_arrays([0.0, 0.005, 0.006], [16, 16, 16], [400, 5, 5], [0, 1, 2], [8, 64, 64])
+    cfg = EngineConfig(max_total_tokens=5000, slora_prefetch=True)
+    full = simulate(w, prof, cfg, policy="slora", check_invariants=True)
+    assert full.summary["prefetches"] >= 1 and full.requests.loc[2, "load_wait_s"] > 4.0
+    t_pre = full.requests.loc[1, "first_scheduled_s"]
+    t_tok = full.requests.loc[1, "first_token_s"]
+    for horizon in (0.5, 1.0, t_tok - 1e-9, t_tok, t_tok + 0.5):
+        a, b = _both(w, prof, cfg, policy="slora", horizon_s=horizon, check_invariants=True)
+        _assert_same(a, b)
+        _assert_cut_at(full, a, horizon)
+        if horizon < t_tok:  # the prefill is in flight: it started no copy, waited for none
+            assert a.engine.env.now <= t_pre
+            assert a.engine.link.bytes_moved == 2 * a.engine.adapters.bytes[0]  # r0's load only (the prefetch ends later)
+            assert a.requests.loc[[1, 2], "load_wait_s"].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("horizon", [1.215, 1.25, 1.3, 1.4])
+def test_a_vllm_step_waiting_for_a_prefetch_does_not_run_past_the_horizon(horizon):
+    """vLLM engine, a prefetch in its disk read when the step that needs it starts: r1's load (disk, then link) and the
+    prefetch of r2's adapter decided in the same step read from disk at the same time -- r1's copy goes first on the
+    link (SimPy's order at that instant), so the step at 0.61 s ends at 1.22 s; r2, admitted at 1.26 s, waits for its
+    adapter's copy until 1.31 s. The cut check ignored waits: with a 1.3 s horizon the step waited and ran the clock
+    to 1.31 s. Both ends come from the link's schedule, exactly: the 1.25 s horizon completes the first step."""
+    prof = constant_profile(c0=0.01, disk_s=0.5, cpu_s=0.1)
+    w = Workload.from_arrays([0.0, 0.001, 0.002], [16, 16, 16], [30, 5, 5], [0, 1, 2], [8, 8, 8])
+    cfg = EngineConfig(max_loras=3, max_num_seqs=2, max_model_len=512, kv_capacity_tokens=6000)
+    kw = dict(policy="slora", system="vllm", check_invariants=True)
+    full = simulate(w, prof, cfg, **kw)
+    r = full.requests
+    assert full.summary["prefetches"] == 1 and r.loc[1, "first_token_s"] == pytest.approx(1.22)
+    assert r.loc[2, "first_scheduled_s"] == pytest.approx(1.26) and r.loc[2, "load_wait_s"] == pytest.approx(0.05)
+    a, b = _both(w, prof, cfg, horizon_s=horizon, **kw)
+    _assert_same(a, b)
+    _assert_cut_at(full, a, horizon)
+
+
+_LINK_CASES = [("slora", "vllm"), ("adapter-aware", None), ("ema-prefetch", None), ("chameleon+prefetch", "vllm"),
+               ("chameleon", "vllm"), ("slora", None), ("chameleon", None), ("chameleon+prefetch", None),
+               ("slora+sjf", None)]
+
+
+@pytest.mark.parametrize("seed", [28, 45, 47, 64, 66, 92, 100, 120])
+def test_a_steps_loads_end_where_the_link_schedule_says(seed):
+    """``HostLink.loads_end`` (the horizon's check of a step with loads) gives the time SimPy's link then gives, to the
+    bit: ``check_invariants`` asserts it after every step's loads. The seeds (from a differential fuzzer) have
+    prefetches in their disk read when a step waiting for them starts, and synchronous copies that request the link
+    at the very instant a prefetch does (the order SimPy's events give)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(5, 60))
+    arr = np.cumsum(rng.exponential(1 / float(rng.uniform(2, 40)), n))
+    A = int(rng.integers(1, 12))
+    ad = rng.integers(-1 if rng.random() < 0.3 else 0, A, n)
+    ranks = np.asarray([8, 16, 32, 64])[rng.integers(0, 4, A)]
+    w = Workload.from_arrays(arr, rng.integers(1, 1200, n), rng.integers(1, 400, n), ad,
+                             np.where(ad >= 0, ranks[np.maximum(ad, 0)], 0))
+    policy, system = _LINK_CASES[int(rng.integers(0, len(_LINK_CASES)))]
+    prof = constant_profile(c0=0.004, c_prefill=2e-6, c_decode=2e-5, c_ctx=1e-7, sched=1e-4,
+                            kv_tokens=int(rng.choice([5000, 20000, 50000])))
+    prof.components["load"].params["cpu_gbps"] = float(rng.choice([0.1, 0.5, 5.0]))
+    if system == "vllm" or policy in ("adapter-aware", "ema-prefetch"):
+        kw = dict(max_loras=int(rng.integers(1, 6)), max_num_seqs=int(rng.integers(1, 8)), max_model_len=4096)
+        if rng.random() < 0.5:
+            kw["max_cpu_loras"] = kw["max_loras"] + int(rng.integers(0, 3))
+    else:
+        kw = dict(max_total_tokens=int(rng.choice([2500, 4000, 8000, 20000])), slora_prefetch=bool(rng.random() < 0.7))
+    horizon = float(rng.uniform(0.05, arr[-1] + 2)) if rng.random() < 0.6 else None
+    cfg = EngineConfig(**kw)
+    full = simulate(w, prof, cfg, policy=policy, system=system, check_invariants=True)
+    for h in ([horizon] if horizon else []) + [float(x) for x in full.requests["first_token_s"].dropna().iloc[::7]]:
+        a, b = _both(w, prof, cfg, policy=policy, system=system, horizon_s=h, check_invariants=True)
+        _assert_same(a, b)
+        _assert_cut_at(full, a, h)

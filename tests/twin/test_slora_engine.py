@@ -445,12 +445,17 @@ def test_rejection_reasons():
 def test_a_prompt_no_prefill_mini_batch_holds_is_rejected_not_stranded():
     """S-LoRA prefills a request whole, within batch_max_tokens: a longer prompt was never admitted and
     stranded every request behind it in the FIFO queue, with no reason (both ended 'unfinished' and the run
-    stopped)."""
+    stopped). S-LoRA's start-up assert (batch_max_tokens >= max_req_total_len, ``api_server.py``) keeps every
+    request its HTTP server accepts within one mini-batch: a longer one is refused for its length."""
     w = base([0.0, 1.0], [1500, 100], [10, 10])
+    with pytest.raises(ConfigError, match="batch_max_tokens >= max_req_total_len"):
+        simulate(w, constant_profile(c0=0.01, kv_tokens=40000),
+                 EngineConfig(max_loras=2, max_model_len=4096, slora_batch_max_tokens=1024), policy="slora")
     res = simulate(w, constant_profile(c0=0.01, kv_tokens=40000),
-                   EngineConfig(max_loras=2, max_model_len=4096, slora_batch_max_tokens=1024), policy="slora")
+                   EngineConfig(max_loras=2, max_model_len=4096, slora_batch_max_tokens=1024, slora_max_total_len=1024),
+                   policy="slora")
     r = res.requests
-    assert r.loc[0, "reject_reason"] == "prompt longer than S-LoRA's batch_max_tokens (one prefill mini-batch)"
+    assert r.loc[0, "reject_reason"] == "prompt + output exceed the S-LoRA server's max request length"
     assert r.loc[1, "outcome"] == "finished" and res.summary["requests_rejected"] == 1
     # the default (max(N_tok / 6, 3072)) holds it
     res = simulate(w, constant_profile(c0=0.01, kv_tokens=40000), EngineConfig(max_loras=2, max_model_len=4096),
@@ -460,7 +465,9 @@ def test_a_prompt_no_prefill_mini_batch_holds_is_rejected_not_stranded():
 
 def test_a_squash_whose_recompute_no_mini_batch_holds_leaves_the_request_running():
     """A squashed request waits to recompute prompt + emitted tokens in one prefill: past batch_max_tokens it
-    could never be admitted again (it ended 'unfinished', with every request behind it)."""
+    could never be admitted again (it ended 'unfinished', with every request behind it). S-LoRA's start-up
+    assert (batch_max_tokens >= max_req_total_len) makes every recompute fit; the guard is checked on an engine
+    whose mini-batch is set below it."""
     from policies.slora import SLoRAScheduler
 
     class Squasher(SLoRAScheduler):
@@ -473,13 +480,16 @@ def test_a_squash_whose_recompute_no_mini_batch_holds_leaves_the_request_running
                 self.engine.push_event(0.5, lambda now: self.engine.squash(0))
 
     w = base([0.0, 0.1], [1000, 10], [200, 10])
-    res = simulate(w, constant_profile(c0=0.01, kv_tokens=40000),
-                   EngineConfig(max_loras=2, max_model_len=4096, slora_batch_max_tokens=1024),
-                   system="slora", scheduler_obj=Squasher(), cache="none")
-    assert list(res.requests["outcome"]) == ["finished", "finished"] and res.summary["preemptions"] == 0
+    from twin.requests import FINISHED
+
+    eng = SLoRAEngine(w, constant_profile(c0=0.01, kv_tokens=40000), EngineConfig(max_loras=2, max_model_len=4096),
+                      Squasher(), NoCache())
+    eng.batch_max_tokens = 1024
+    eng.run()
+    assert (eng.state == FINISHED).all() and eng.rec.preemptions == 0
     # a recompute that fits is squashed and finishes
     res = simulate(w, constant_profile(c0=0.01, kv_tokens=40000),
-                   EngineConfig(max_loras=2, max_model_len=4096, slora_batch_max_tokens=2048),
+                   EngineConfig(max_loras=2, max_model_len=4096, slora_batch_max_tokens=3072),
                    system="slora", scheduler_obj=Squasher(), cache="none")
     assert list(res.requests["outcome"]) == ["finished", "finished"] and res.summary["preemptions"] == 1
 
@@ -674,3 +684,135 @@ def test_an_unloaded_request_is_priced_by_the_engine_it_runs_on():
               + n_out * prof.step_s(0, 1, ctx, 1, 1, r, 16, 1, 0, vl.served))
     assert vl.unloaded_service_s(n_in, n_out, r) == pytest.approx(want_v, rel=1e-12)
     assert sl.unloaded_service_s(n_in, n_out, r) != pytest.approx(want_v, rel=1e-3)
+
+
+# ---------------------------------------------------------------------- audit fixes: batch_max_tokens, prefetch
+def test_batch_max_tokens_floors_at_the_max_request_length():
+    """S-LoRA's ``api_server.py``: ``batch_max_tokens = max(int(max_total_token_num / 6), max_req_total_len)`` when
+    not given (slora.md section 2.7's 3072 is the default max_req_total_len), and an assert ``batch_max_tokens >=
+    max_req_total_len`` otherwise. The floor was a fixed 3072: with --slora-max-total-len 16384, prompts of 4000
+    tokens were rejected as longer than one mini-batch, which S-LoRA serves."""
+    from twin.slora_engine import batch_max_tokens
+
+    assert batch_max_tokens(EngineConfig(), 20000) == 3333
+    assert batch_max_tokens(EngineConfig(), 14500) == 3072
+    assert batch_max_tokens(EngineConfig(slora_max_total_len=16384), 20000) == 16384
+    assert batch_max_tokens(EngineConfig(slora_max_total_len=16384), 120000) == 20000
+    assert batch_max_tokens(EngineConfig(slora_batch_max_tokens=5000, slora_max_total_len=4096), 20000) == 5000
+    w = Workload.from_arrays(np.arange(6) * 0.5, [4000] * 6, [50] * 6, [0, 1] * 3, [8, 64] * 3)
+    res = run(w, n_tok=20000, slora_max_prompt_len=8192, slora_max_total_len=16384)
+    assert res.summary["slora_batch_max_tokens"] == 16384
+    assert res.summary["requests_rejected"] == 0 and res.summary["requests_finished"] == 6
+    for bmt in (1000, 16383):  # below the max request length: refused, as S-LoRA's assert refuses it
+        with pytest.raises(ConfigError, match="S-LoRA refuses to start .*batch_max_tokens >= max_req_total_len"):
+            run(w, n_tok=20000, slora_max_prompt_len=8192, slora_max_total_len=16384, slora_batch_max_tokens=bmt)
+    with pytest.raises(ConfigError, match="--slora-batch-max-tokens 3071 is below --slora-max-total-len 3072"):
+        run(w, n_tok=20000, slora_batch_max_tokens=3071)
+
+
+def test_queued_request_prefetch_has_no_cap_in_flight():
+    """S-LoRA's --prefetch (slora.md section 4, checklist 13): the adapters of next_batch() -- here 8 waiting requests
+    of 8 adapters -- are all copied on the separate stream (no bound on the copies in flight). The twin stopped at 4
+    in flight, so 4 adapters were loaded synchronously in the prefill (the audit's repro: prefetches 4, late hits 3,
+    adapter loads 9)."""
+    prof = constant_profile(c0=0.01, kv_tokens=200_000)
+    prof.components["load"].params["cpu_gbps"] = 0.5
+    n = 8
+    w = Workload.from_arrays([0.0] + [0.005] * n, [16] * (n + 1), [400] + [5] * n, list(range(n + 1)), [8] * (n + 1))
+    res = simulate(w, prof, EngineConfig(max_total_tokens=20000, slora_prefetch=True), policy="slora",
+                   check_invariants=True)
+    s = res.summary
+    assert s["prefetches"] == n and s["adapter_loads"] == n + 1
+    assert res.requests.loc[1:, "adapter_hit"].all()
+    prefill = res.steps[res.steps["prefill_tokens"] == 16 * n]
+    assert len(prefill) == 1 and int(prefill["loads_started"].iloc[0]) == 0  # it only waits for the copies in flight
+
+
+@pytest.mark.parametrize("policy", ["slora", "slora+sjf", "chameleon", "chameleon+prefetch"])
+def test_queued_request_prefetch_stops_at_the_first_adapter_that_does_not_fit(monkeypatch, policy):
+    """S-LoRA's loader (slora.md section 4) loads the next batch's non-resident adapters in order, "stopping before
+    total 4r exceeds the free slots": r2's rank-16 adapter does not fit the slots left after r1's, so r3's rank-8
+    adapter behind it, which would, is not tried (the twin skipped r2's and copied r3's). Chameleon keeps S-LoRA's
+    queued-request prefetch (chameleon.md sections 1-2), naming its queues' heads: the same loader."""
+    from twin.slora_engine import SLoRAPrefetcher
+
+    calls: list[tuple[float, int, bool]] = []
+    start = SLoRAPrefetcher.start
+
+    def logged(self, a, now, ctx=None, evict=True):
+        ok = start(self, a, now, ctx, evict)
+        calls.append((now, a, ok))
+        return ok
+
+    monkeypatch.setattr(SLoRAPrefetcher, "start", logged)
+    w = Workload.from_arrays([0.0, 0.005, 0.005, 0.005], [16] * 4, [400, 5, 5, 5], [0, 1, 2, 3], [8, 8, 16, 8])
+    # N_tok: r0's reservation (416) + its adapter's slots and two rank-8 adapters' (104 each) + 2: after r1's adapter,
+    # 106 slots are free -- r3's 104 would fit, r2's 208 do not
+    opts = {"prefetch_heads": 3} if policy.startswith("chameleon") else None  # (its heads: r1, r2 and r3)
+    res = simulate(w, constant_profile(c0=0.01, kv_tokens=200_000), EngineConfig(max_total_tokens=730,
+                   slora_prefetch=True), policy=policy, check_invariants=True, scheduler_opts=opts)
+    assert res.engine.adapters.placement.ab[:4] == [104, 104, 208, 104]
+    t0 = calls[0][0]
+    assert [(a, ok) for t, a, ok in calls if t == t0] == [(1, True), (2, False)]
+    assert res.summary["requests_finished"] == 4
+
+
+# ---------------------------------------------------------------------- the admission test as a what-if
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(1, 400)), max_size=12), st.integers(0, 300),
+       st.integers(1, 400), st.integers(0, 50), st.data())
+def test_need_without_is_the_need_of_the_remaining_pairs(pairs, left, has, g, data):
+    """``Reservations.need_without`` (a what-if: the need with a candidate, some running requests gone) equals
+    :func:`reservation_need` of the remaining pairs and the candidate, and changes nothing."""
+    res = Reservations()
+    res.g = 0
+    for i, (lft, h) in enumerate(pairs):
+        res.add(lft, h, i)
+    res.g = g  # (read at decode count g: every left one lower and every has one higher per decode)
+    gone = set(data.draw(st.lists(st.integers(0, max(len(pairs) - 1, 0)), max_size=len(pairs))) if pairs else [])
+    kept = [(lft - g, h + g) for i, (lft, h) in enumerate(pairs) if i not in gone]
+    before = (res.n, res.nf.copy(), res.t.copy(), list(res.rids))
+    assert res.need_without(left, has, gone) == reservation_need(kept + [(left, has)])
+    assert res.need_without(left, has, set()) == res.need_with(left, has)
+    assert (res.n, list(res.rids)) == (before[0], before[3])
+    assert (res.nf == before[1]).all() and (res.t == before[2]).all()
+
+
+def _at(w, prof, cfg, horizon):
+    """An S-LoRA engine (FIFO) run to ``horizon`` (deterministic: every call gives the same state)."""
+    from twin.registry import make_scheduler
+
+    eng = SLoRAEngine(w, prof, cfg, make_scheduler("slora"), NoCache(), horizon_s=horizon)
+    eng.env.run(until=eng.proc)
+    return eng
+
+
+@pytest.mark.parametrize("horizon", [3.0, 6.0, 9.0])
+def test_admits_without_is_the_admission_test_once_the_requests_are_squashed(horizon):
+    """``SLoRAEngine.admits_without(head, gone)`` -- Chameleon's squash test on this engine -- is what S-LoRA's
+    admission test (``_try_admit``, a fresh attempt) says of ``head`` once the running requests ``gone`` have been
+    squashed, and it changes nothing."""
+    from twin.interfaces import Admit
+    from twin.slora_engine import SLoRAStepContext
+
+    w = pressure_workload(3, n=80)
+    prof = constant_profile(c0=STEP, kv_tokens=200_000)
+    cfg = EngineConfig(max_total_tokens=4000)
+    eng = _at(w, prof, cfg, horizon)
+    heads = [int(r) for r in eng.waiting_ids()[:3]]
+    dec = sorted(eng.dec)
+    assert heads and len(dec) >= 2
+    cases = [(h, (b,)) for h in heads for b in dec] + [(h, tuple(dec[:k])) for h in heads for k in (0, 2, len(dec))]
+    seen = set()
+    for head, gone in cases:
+        state = (eng.used_blocks, eng._reservations.need(), eng._batch_slots, len(eng.running), eng.n_waiting)
+        want = eng.admits_without(head, gone)
+        assert state == (eng.used_blocks, eng._reservations.need(), eng._batch_slots, len(eng.running), eng.n_waiting)
+        e2 = _at(w, prof, cfg, horizon)
+        for b in gone:
+            assert e2.squashable(b)
+            e2.squash(b)
+        got = e2._try_admit(SLoRAStepContext(e2, e2.batch_max_tokens, e2.env.now), head) == Admit.OK
+        assert want == got, (head, gone)
+        seen.add(want)
+    assert seen == {True, False}  # (both outcomes are exercised)
