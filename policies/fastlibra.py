@@ -11,10 +11,29 @@ Efficient LoRA and KV Cache Management* (FastLibra), 2025:
   adapter is in HBM too, so the tree is kept *HBM-closed upwards*: swap-out takes **leaves**
   in HBM (KV nodes, or adapters with no KV child in HBM), swap-in takes **roots** in host
   memory (adapters, or KV nodes whose adapter is in HBM).
-* **Swapper** (§4.2) every 100 ms: when the HBM usage exceeds the *busy* threshold (95%),
-  leaves with the lowest value are swapped out until it is back under; when it is below the
-  *idle* threshold (70%), roots with the highest value are swapped in while it stays under.
-  The same order serves the on-demand evictions when a batch needs memory.
+* **Swapper** (§4.2; ``fastlibra.md`` §5) every 100 ms: when the HBM usage exceeds the *busy*
+  threshold (95%), leaves with the lowest value are swapped out until it is back under; when it is below the
+  *idle* threshold (70%), roots with the highest value are swapped in while it stays under --
+  every adapter in host memory is a root, also one without a request in the window (value 0,
+  last in the order): "effectively prefetching; at low load every LoRA gets loaded". The same
+  order serves the on-demand evictions when a batch needs memory. The swapper is a monitor
+  independent of the batch: its ticks are due every ``interval_s`` on a fixed grid and run at the
+  first step boundary at or after the due time (the engine is iteration-level;
+  :meth:`twin.engine_state.EngineState._tick`), and its swap-ins start at the tick whether or
+  not a batch runs (``prefetch_at_tick``; KV nodes first, inside :meth:`FastLibraCache.on_tick`,
+  then the LoRAs, :meth:`FastLibraCache.prefetch`). Its LoRA swap-ins have no bound on the copies
+  in flight (``max_inflight = None``): the swapper swaps in "greedily one at a time" while HBM
+  stays under the idle threshold and names no other bound (the twin's host link is FIFO, so the
+  copies run one after the other; the loader's default cap of 4, which counted the demand copies
+  too, used to hold the swapper back).
+* **Blocks** (``shared/refs/fastlibra.md`` §2): one pool of equal blocks for adapters and KV.
+  FastLibra's own block size is unspecified; the twin uses the engine's
+  (``EngineConfig.block_size``, 16 tokens by default), an adapter taking
+  ``ceil(bytes / block bytes)`` blocks.
+* **Demand path** (``fastlibra.md`` §2, §5): a query whose LoRA or KV is in host memory has it
+  swapped in (cold nodes evicted in the swapper's order when HBM is full) and waits; what it waits
+  for is held in HBM until it is admitted (never a swap-out candidate), the twin's reading of "a
+  query waits for its swap and then runs" (:meth:`twin.extensions.Extensions._await_swaps`).
 * **Cost model** (§4.3) -- the value of node ``n``::
 
       Eval(n)   = LoRA_Eval * cost(n) * prob(n) * (1 - sigmoid(t(n)))
@@ -25,9 +44,10 @@ Efficient LoRA and KV Cache Management* (FastLibra), 2025:
   (the counting window is unspecified in the paper; ours is a sliding 60 s), so ``Low_lora``
   is the expected number of distinct adapters in a batch of ``BS`` requests; ``Now_lora`` is
   the number of adapters in HBM -- with fewer adapters in HBM than a batch is expected to need,
-  adapters are worth more than KV. ``BS`` is the batch size "observed over the last 5 s": our
-  reading is the **mean** of the running batch size sampled at every swapper tick (100 ms) in
-  the last ``bs_window_s`` = 5 s (the paper does not say mean, last or maximum;
+  adapters are worth more than KV (with none in HBM the paper's ``Low_lora / 0`` is undefined;
+  the twin divides by 1 there, so ``LoRA_Eval = max(1, Low_lora)``: :func:`lora_eval`). ``BS`` is
+  the batch size "observed over the last 5 s": our reading is the **mean** of the running batch
+  size sampled at every swapper tick (100 ms) in the last ``bs_window_s`` = 5 s (the paper does not say mean, last or maximum;
   :meth:`FastLibraCache.recent_batch_size`).
   ``cost`` is the time to bring the node back (adapter: CPU->GPU copy, plus the disk read
   when not in the CPU tier; KV node: its host->GPU copy). A KV node's ``prob`` is **its own
@@ -94,7 +114,9 @@ def low_lora(prob: np.ndarray, bs: float) -> float:
 
 
 def lora_eval(prob: np.ndarray, bs: float, now_lora: int) -> float:
-    """FastLibra's LoRA quantity term ``max(1, Low_lora / Now_lora)``."""
+    """FastLibra's LoRA quantity term ``max(1, Low_lora / Now_lora)`` (§4.3; ``fastlibra.md`` §4).
+    ``Now_lora = 0`` (no adapter in HBM), which the paper leaves undefined, counts as 1: the term is then
+    ``max(1, Low_lora)``, the largest it gets for these probabilities (the twin's choice)."""
     return max(1.0, low_lora(prob, bs) / max(now_lora, 1))
 
 
@@ -124,6 +146,12 @@ class FastLibraCache(AdapterCachePolicy):
     lora_term = True
 
     async_swap_in = True
+    #: the swapper's LoRA swap-ins start at its tick, whether or not a batch runs (§4.2, ``fastlibra.md`` §5:
+    #: a 100 ms monitor)
+    prefetch_at_tick = True
+    #: no bound on its copies in flight: the swapper swaps in while HBM stays under the idle threshold
+    #: (``fastlibra.md`` §5)
+    max_inflight = None
     #: LoRA compute over adapter weights paged in the pool (§2: "LoRA weights are split into blocks
     #: along the rank dimension", following S-LoRA's unified paging), not vLLM's slot kernels; see
     #: :class:`twin.perf.slora_forms.PagedLora`
@@ -133,6 +161,10 @@ class FastLibraCache(AdapterCachePolicy):
                  decay_unit_s: float = DEFAULT_DECAY_UNIT_S, bs_window_s: float = BS_WINDOW_S,
                  lora_compute: str = "paged", **memory) -> None:
         super().__init__(**memory)
+        if self.adapter_memory != "unified":  # (its cost model and swapper read the pool's pages, §4)
+            raise ValueError(f"fastlibra: adapter_memory {self.adapter_memory!r} is not FastLibra's: its adapters "
+                             f"and history KV share one unified pool (FastLibra §4); leave adapter_memory out, or use "
+                             f"the partition-lru cache (vllm-partition preset) for a separate adapter region")
         if decay_unit_s <= 0 or bs_window_s <= 0 or window_s <= 0:
             raise ValueError("fastlibra: decay_unit_s, bs_window_s and window_s must be > 0 "
                              f"(got {decay_unit_s}, {bs_window_s}, {window_s})")
@@ -353,20 +385,28 @@ class FastLibraCache(AdapterCachePolicy):
         return set(store.pool_nodes_of) if store is not None else set()
 
     def swap_out_candidates(self, pin: int = -1) -> list:
-        """Leaves in HBM (with the dependency tree) or any HBM node (WoM)."""
-        mem = self.engine.adapters
+        """Leaves in HBM (with the dependency tree) or any HBM node (WoM), less the nodes held for waiting
+        requests: a LoRA or KV node swapped in on demand for a query stays in HBM until that query is
+        admitted (``engine.held_adapters``, ``node.held``; ``fastlibra.md`` §2, §5: a query waits for its
+        swap-in and then runs, and only "cold" nodes are evicted -- how a node that just landed for a
+        waiting query is kept is the twin's reading, :meth:`twin.extensions.Extensions._await_swaps`)."""
+        e = self.engine
+        mem = e.adapters
         store = self._store()
-        kv = store.hbm_nodes() if store is not None else []
+        kv = [n for n in store.hbm_nodes() if not n.held] if store is not None else []
         with_children = self.adapters_with_hbm_kv() if self.dependency else set()
-        loras = [a for a in mem.evictable() if a != pin and a not in with_children]
+        held = e.held_adapters
+        loras = [a for a in mem.evictable() if a != pin and a not in with_children and a not in held]
         return [("kv", n) for n in kv] + [("lora", a) for a in loras]
 
     def swap_in_candidates(self, now: float) -> list:
-        """Roots in host memory: adapters, and KV nodes whose adapter is in HBM (all KV with WoM)."""
+        """Roots in host memory: every adapter not in HBM (nor being copied there), and KV nodes whose adapter
+        is in HBM (all KV with WoM). The swapper takes "the top-most host-memory node of each path"
+        (``fastlibra.md`` §5): an adapter without a request in the window is one too (its value is 0, so it
+        comes last)."""
         mem = self.engine.adapters
         store = self._store()
-        prob = self.probs(now)
-        loras = [a for a in range(len(mem.resident)) if not mem.resident[a] and prob[a] > 0]
+        loras = [a for a in range(len(mem.resident)) if not mem.resident[a]]
         kv = []
         if store is not None:
             kv = [n for n in store.host_nodes() if not self.dependency or n.adapter < 0 or
@@ -412,14 +452,19 @@ class FastLibraCache(AdapterCachePolicy):
             if term > 1.0 and self._lowest(now, cands, 1.0 if self.lora_term else term)[0] != i:
                 self.lora_eval_decisions += 1
         if self.dependency:
-            held = self.adapters_with_hbm_kv()
-            held = [("lora", a) for a in self.engine.adapters.evictable() if a != pin and a in held]
-            if held and min(self.values(now, held)) < v:
+            kept = self.adapters_with_hbm_kv()
+            waiting = self.engine.held_adapters
+            kept = [("lora", a) for a in self.engine.adapters.evictable()
+                    if a != pin and a in kept and a not in waiting]
+            if kept and min(self.values(now, kept)) < v:
                 self.dependency_decisions += 1
 
     # ------------------------------------------------------------------ engine callbacks
     def reclaim_blocks(self, n: int, now: float, pin: int = -1) -> int:
-        """On-demand eviction: swap out the lowest-valued leaves until ``n`` blocks are free."""
+        """On-demand eviction (and the busy swapper's): swap out the lowest-valued leaves until ``n`` blocks
+        are free. The candidates and their values are computed again after every swap-out, so a LoRA whose
+        last HBM child just left becomes a leaf at once and LoRA_Eval sees the new ``Now_lora``; the paper
+        does not say whether the candidate set is refreshed mid-loop (the twin's choice)."""
         freed = 0
         while freed < n:
             f = self._swap_out_one(now, pin)
@@ -429,14 +474,17 @@ class FastLibraCache(AdapterCachePolicy):
         return freed
 
     def victim(self, now: float) -> int:
+        """The lowest-valued idle adapter not held for a waiting request (any idle one when all are held)."""
         mem = self.engine.adapters
         store = self._store()
-        cands = [("lora", a) for a in mem.evictable()]
+        held = self.engine.held_adapters
+        ev = mem.evictable()
+        cands = [("lora", a) for a in ev if a not in held] or [("lora", a) for a in ev]
         vals = self.values(now, cands)
         a = cands[int(np.argmin(vals))][1]
         if self.dependency and store is not None:  # its KV children leave HBM first
             for n in store.hbm_nodes():
-                if n.adapter == a:
+                if n.adapter == a and not n.held:
                     store.swap_out(n, now)
         return a
 
@@ -499,7 +547,8 @@ class FastLibraCache(AdapterCachePolicy):
                 budget -= size
 
     def prefetch(self, now: float) -> Iterable[int]:
-        """Adapters the swapper decided to swap in (copied in the background)."""
+        """Adapters the swapper decided to swap in (copied in the background), asked right after each tick
+        (``prefetch_at_tick``)."""
         res = self.engine.adapters.resident
         return [a for a in self._swapin_loras if not res[a]]
 

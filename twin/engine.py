@@ -173,6 +173,13 @@ class Engine(PreemptionWalk, EngineState):
                 self._fire_events(now)
             plan = self._plan_step(now)
             if plan is None:  # idle: sleep until something can happen
+                if self._release_holds is not None and self.n_waiting and self._release_holds(now):
+                    # nothing runs and no waiting request was admitted while nodes held for waiting requests had
+                    # landed: they may be what blocks every admission, and nothing running will free memory;
+                    # released, the step is planned again (twin/extensions.py, Extensions.release_ready_holds)
+                    continue
+                # (the next arrival, timed event or policy tick: a tick acts on an idle server too, e.g. FastLibra's
+                # swapper swaps in at its ticks, prefetch_at_tick)
                 t_next = min(self._next_arr_t, self._async_until, self._next_tick, horizon)
                 if t_next == INF:
                     break

@@ -13,7 +13,8 @@ import dataclasses
 import heapq
 import itertools
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 import simpy
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from twin.prefix_kv import HistoryKV
 
 INF = math.inf
+_NO_HOLDS: "Mapping[int, int]" = MappingProxyType({})
 
 
 def engine_setup(config: EngineConfig, profile: "Profile", cache: AdapterCachePolicy) -> tuple[EngineConfig, "Profile"]:
@@ -115,6 +117,11 @@ class EngineState:
     #: per label series (0: none) and the client's scrape period; :mod:`twin.metrics` only
     scrape_s_per_label: float = 0.0
     scrape_period_s: float = 2.0
+    #: the extensions' release of held nodes that block every admission when the engine is idle (None: no
+    #: asynchronous swap-in; set by :meth:`_attach_policies`)
+    _release_holds: "Callable[[float], bool] | None" = None
+    #: the extensions' prefetch decisions after a policy's tick (None: no policy prefetches at its tick)
+    _after_tick: "Callable[[Any, float], None] | None" = None
 
     def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
@@ -246,7 +253,13 @@ class EngineState:
         self._admit_hook = ext.admit if ext is not None and ext.handles_admission else None
         self._reclaim = ext.reclaim_for_step if ext is not None and ext.handles_admission else None
         self._finish_hook = ext.on_finish if ext is not None and ext.prefix is not None else None
-        self._prefetch_on = ext is not None and ext.loader is not None
+        self._prefetch_on = ext is not None and ext.loader is not None and ext.loader.asks_per_step
+        #: asynchronous swap-in: the release of held nodes that block every admission when the engine is idle
+        #: (:meth:`twin.extensions.Extensions.release_ready_holds`); None otherwise
+        self._release_holds = ext.release_ready_holds if ext is not None and ext.async_swap else None
+        #: the prefetch decisions of a policy that makes them at its tick (``prefetch_at_tick``), None when none does
+        self._after_tick = (ext.after_tick if ext is not None and ext.loader is not None
+                            and any(p.prefetch_at_tick for p in ext.prefetch_sources) else None)
         self._bind_policies(scheduler, cache)
 
     def _bind_policies(self, scheduler: Scheduler, cache: AdapterCachePolicy) -> None:
@@ -269,21 +282,47 @@ class EngineState:
         self._schedule_waiting = checked_schedule_waiting(scheduler, self)
         self._sched_ticks = check_tick_interval(scheduler)
         self._cache_ticks = check_tick_interval(cache)
-        # each policy's next on_tick (INF: it does not tick); the step loop looks at the earlier one
+        # each policy's next on_tick (INF: it does not tick) as the index k of its due time k * tick_interval on
+        # the policy's grid; the step loop looks at the earlier one
+        self._sched_tick_k = self._cache_tick_k = 1
         self._sched_tick_due = self._sched_ticks if self._sched_ticks is not None else INF
         self._cache_tick_due = self._cache_ticks if self._cache_ticks is not None else INF
         self._next_tick = min(self._sched_tick_due, self._cache_tick_due)
 
+    @staticmethod
+    def _next_due(k: int, interval: float, now: float) -> tuple[int, float]:
+        """The first tick of the grid ``j * interval`` (``j > k``) due after ``now``, as ``(j, j * interval)``."""
+        k += 1
+        if k * interval <= now:  # the step spanned several due times: they are skipped
+            k = max(k, int(now // interval) - 1)
+            while k * interval <= now:
+                k += 1
+        return k, k * interval
+
     def _tick(self, now: float) -> None:
         """The policies' ``on_tick`` that are due at the step boundary ``now`` (scheduler first), each
         every its own ``tick_interval``. (Both used to tick at the shorter of the two intervals:
-        ``chameleon+prefetch``'s 300 s quota refresh ran every second, at its cache's interval.)"""
+        ``chameleon+prefetch``'s 300 s quota refresh ran every second, at its cache's interval.)
+
+        A policy's ticks are due on its grid, ``k * tick_interval`` (k = 1, 2, ...), and each runs at the first
+        step boundary at or after its due time: the engine is iteration-level, so a tick waits for the step in
+        flight, as a periodic monitor's wake-up sees the state a step boundary leaves (FastLibra's swapper "every
+        monitor interval of 100 ms", ``fastlibra.md`` §5). The next due time is the grid's, not the boundary's plus
+        the interval (which drifted: FastLibra's 100 ms swapper ticked every 118 ms on average on its chatbot at
+        7 req/s, 169 ms on its agent at 80 req/s).
+        When a step spans several due times the policy ticks once, at its end, and the due times it spanned are
+        skipped (a second ``on_tick`` at the same instant would see the same state). A policy that prefetches at
+        its tick (``prefetch_at_tick``) starts its prefetches right after it."""
         if now >= self._sched_tick_due:
             self.scheduler.on_tick(now)
-            self._sched_tick_due = now + self._sched_ticks
+            self._sched_tick_k, self._sched_tick_due = self._next_due(self._sched_tick_k, self._sched_ticks, now)
+            if self._after_tick is not None:
+                self._after_tick(self.scheduler, now)
         if now >= self._cache_tick_due:
             self.cache.on_tick(now)
-            self._cache_tick_due = now + self._cache_ticks
+            self._cache_tick_k, self._cache_tick_due = self._next_due(self._cache_tick_k, self._cache_ticks, now)
+            if self._after_tick is not None:
+                self._after_tick(self.cache, now)
         self._next_tick = min(self._sched_tick_due, self._cache_tick_due)
 
     def check_offer(self, rid: Any, ctx: Any = None) -> None:
@@ -407,6 +446,13 @@ class EngineState:
     def history(self) -> "HistoryKV | None":
         """The history-KV store of prefix reuse (None when not installed)."""
         return self.extensions.prefix if self.extensions is not None else None
+
+    @property
+    def held_adapters(self) -> "Mapping[int, int]":
+        """Adapters held in GPU memory for waiting requests that wait for their swap-ins (asynchronous swap-in,
+        :meth:`twin.extensions.Extensions._await_swaps`), each with its number of holders: not to be evicted
+        (empty without asynchronous swap-in). Read it, never change it."""
+        return getattr(self.extensions, "held_adapters", None) or _NO_HOLDS
 
     @property
     def next_event_time(self) -> float:
@@ -567,6 +613,8 @@ class EngineState:
                                   f"give a reason per cause, not per request")
             names.append(reason)
         code = names.index(reason)
+        if self._release_holds is not None:  # a dropped request holds nothing any more (asynchronous swap-in)
+            self.extensions.release_holds_of(rids)
         if rids.__class__ is range and rids.step == 1:
             n = len(rids)
             self._drop_code_b[rids.start:rids.stop] = bytes((code,)) * n

@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from twin.adapter_placement import RegionPlacement, UnifiedPool
-from twin.interfaces import Admit, Policy, policy_stats
+from twin.interfaces import Admit, Policy, PolicyError, policy_label, policy_stats
 from twin.prefetch import AsyncLoader
 from twin.prefix_kv import HistoryKV
 from twin.requests import workload_column
@@ -76,6 +76,10 @@ def install_extensions(engine: "EngineCore", workload: Any) -> "Extensions | Non
         raise ValueError(f"cache policy {cache.name!r}: lora_share {cache.lora_share} sizes an adapter region, but the "
                          f"adapter memory is {memory!r}; add adapter_memory=region (e.g. --cache-opt "
                          f"adapter_memory=region) or leave lora_share out")
+    for p in sources:
+        if p.prefetch_at_tick and (p.prefetch_sync or p.tick_interval is None):
+            raise ValueError(f"{policy_label(p)}: prefetch_at_tick starts its prefetches at its on_tick, in the "
+                             "background: it needs asynchronous prefetch (prefetch_sync False) and a tick_interval")
     if cache.async_swap_in and memory == "slots":
         raise ValueError(f"cache policy {cache.name!r} swaps in asynchronously (async_swap_in), which needs adapter "
                          "memory 'unified' or 'region' (vLLM's slots load in the step)")
@@ -112,13 +116,23 @@ class Extensions:
         # ---- prefetching
         self.loader: AsyncLoader | None = None
         if sources:
+            caps = [s.max_inflight for s in sources]
             self.loader = AsyncLoader(e, sources, sync=any(s.prefetch_sync for s in sources),
-                                      max_inflight=max(s.max_inflight for s in sources))
+                                      max_inflight=None if None in caps else max(caps))
         # ---- asynchronous swap-in of waiting requests' adapters and history KV
         self.async_swap = bool(self.cache.async_swap_in)
         self._swapper = (self.loader if self.loader is not None else AsyncLoader(e, [])) if self.async_swap else None
         self._swap_wait_since: dict[int, float] = {}   # waiting request -> when its first swap started
         self._swap_adapter_for: dict[int, int] = {}    # waiting request -> adapter swapped in for it
+        #: what each waiting request that waits for its swap-ins holds in GPU memory until it is admitted or leaves
+        #: the queue: ``rid -> (adapter or -1, history node or None)`` (:meth:`_hold`); and per held adapter the
+        #: number of its holders (the engine's :attr:`~twin.engine_state.EngineState.held_adapters`)
+        self._holds: dict[int, tuple[int, Any]] = {}
+        self.held_adapters: dict[int, int] = {}
+        #: times the engine went idle with waiting requests refused while held nodes had landed, and released them
+        #: (:meth:`release_ready_holds`; not in the summary)
+        self.hold_releases = 0
+        self._released_at = -INF
         self.swap_in_adapters = 0
         self.swap_in_kv = 0
         self.swap_waits = 0
@@ -175,6 +189,11 @@ class Extensions:
         """Hook point after each step's admissions: the prefetch decisions."""
         self.loader.decide(now, ctx)
 
+    def after_tick(self, policy: Policy, now: float) -> None:
+        """Hook point after ``policy``'s ``on_tick``: its prefetch decisions when it makes them at its tick
+        (``prefetch_at_tick``; they start now, whether or not a batch runs)."""
+        self.loader.decide_at_tick(policy, now)
+
     # ------------------------------------------------------------------ history KV
     def on_finish(self, rid: int, now: float) -> None:
         """Hook point when a request finishes: keep its KV as its conversation's history."""
@@ -185,19 +204,21 @@ class Extensions:
         p = self.prefix
         if p is None:
             return 0
-        # HBM history blocks not being copied in (``loading_blocks``: a count kept by HistoryKV, not a
-        # walk over the nodes), less the excluded node's when it is one of them (the node a request is
-        # about to take; a node still loading is already left out, one in host memory holds none)
-        excluded = exclude.blocks if exclude is not None and exclude.tier == "hbm" else 0
-        return p.hbm_blocks - p.loading_blocks - excluded
+        # HBM history blocks not being copied in (``loading_blocks``) nor held for a waiting request
+        # (``held_hbm_blocks``; both counts kept by HistoryKV, not a walk over the nodes), less the excluded node's
+        # when it is one of them (the node a request is about to take; a node still loading or held is already left
+        # out, one in host memory holds none)
+        excluded = exclude.blocks if exclude is not None and exclude.tier == "hbm" and not exclude.held else 0
+        return p.hbm_blocks - p.loading_blocks - p.held_hbm_blocks - excluded
 
     def reclaimable(self, exclude_node: Any = None, exclude_adapter: int = -1) -> int:
-        """Pool blocks that evicting idle adapters (unified pool) and history KV would free."""
+        """Pool blocks that evicting idle adapters (unified pool) and history KV would free (never those held for a
+        waiting request, :meth:`_hold`)."""
         r = self.history_reclaimable(exclude_node)
         pl = self.mem.placement
         if self.memory == "unified":
-            ab = pl.ab
-            r += sum(ab[v] for v in self.mem.evictable() if v != exclude_adapter)
+            ab, held = pl.ab, self.held_adapters
+            r += sum(ab[v] for v in self.mem.evictable() if v != exclude_adapter and v not in held)
         return r
 
     def reclaim(self, n: int, now: float, pin: int = -1) -> int:
@@ -208,6 +229,9 @@ class Extensions:
         policy sets ``history_to_host``), then idle adapters in the policy's victim order.
         ``pin`` is the adapter of the request being admitted: a policy's ``reclaim_blocks``
         must not evict it; if the victim order evicts it here, its blocks are reclaimed again.
+        Nodes held for waiting requests (:meth:`_hold`) are never taken: a policy's ``reclaim_blocks``
+        leaves the adapters in ``engine.held_adapters`` and the history nodes with ``held``, and so does
+        the engine's order (a ``victim`` that names a held adapter is a policy error).
         """
         cache = self.cache
         if cache.reclaim_blocks is not None:
@@ -220,16 +244,38 @@ class Extensions:
                 for node in sorted(p.hbm_nodes(), key=lambda x: x.last_access):
                     if freed >= n:
                         break
+                    if node.held:
+                        continue
                     freed += p.swap_out(node, now) if to_host else p.drop(node, now)
             if self.memory == "unified":
                 mem, ab = self.mem, self.mem.placement.ab
-                while freed < n and mem.any_evictable():
-                    v = mem.evict_victim(now)
+                while freed < n and self._any_unheld_evictable():
+                    v = self._evict_victim(now)
                     freed += ab[v]
                     if v == pin:
                         n += ab[v]
         self.reclaimed_blocks += freed
         return freed
+
+    def _any_unheld_evictable(self) -> bool:
+        held = self.held_adapters
+        if not held:
+            return self.mem.any_evictable()
+        return any(v not in held for v in self.mem.evictable())
+
+    def _evict_victim(self, now: float) -> int:
+        """The cache policy's victim evicted (``AdapterMemory.evict_victim``), which must not be held for a waiting
+        request."""
+        mem, held = self.mem, self.held_adapters
+        if not held:
+            return mem.evict_victim(now)
+        v = self.cache.victim(now)
+        if v in held or v not in mem.evictable():
+            why = "held for a waiting request (engine.held_adapters)" if v in held else "not evictable"
+            raise PolicyError(f"{policy_label(self.cache)} chose adapter {v!r} as victim, but it is {why}; victim(now) "
+                              f"must return one of engine.adapters.evictable() not in engine.held_adapters")
+        mem.evict(v, now)
+        return v
 
     def reclaim_for_step(self, n: int) -> bool:
         """Hook point when the running batch lacks ``n`` blocks: shrink the caches before preempting."""
@@ -283,7 +329,19 @@ class Extensions:
         requests (the admission check before this made sure it is reclaimable). The adapter's
         copy is queued first on the FIFO host link, so a KV node never lands before its parent
         LoRA (FastLibra's dependency tree). When ``rid`` is admitted, the time it waited counts
-        as its load wait, and an activation it waited for counts as a miss."""
+        as its load wait, and an activation it waited for counts as a miss.
+
+        **Held until used.** From the first refusal with ``NOT_READY`` until ``rid`` is admitted (or leaves the
+        queue), ``rid`` holds its adapter and its matched history node in GPU memory (:meth:`_hold`): no reclaim
+        -- another request's admission, the running batch's KV, a cache policy's swapper -- swaps them out
+        before ``rid`` uses them. FastLibra says a query waits for its swap-in and then runs, and that only
+        "cold" nodes are evicted (``fastlibra.md`` §2, §5); it does not say how a node that just landed for a
+        waiting query is kept, so this is the twin's reading. Without it a LoRA that landed for a waiting request had no running
+        request, counted as idle and was evicted by an earlier request's admission in the same step (or by the
+        swapper) before its request could run, which then swapped it in again. It holds the adapter and node
+        it will use whichever of them it waits for (a resident adapter while its KV is copied in). A hold that
+        can never be used is released: when the engine goes idle with requests waiting and none admitted while
+        held nodes have landed (:meth:`release_ready_holds`), so holds cannot deadlock admission."""
         e, mem = self.e, self.mem
         waiting = False
         if a >= 0:
@@ -309,15 +367,20 @@ class Extensions:
                 if short > 0:
                     self.reclaim(short, now, pin=a)
                 if not self.prefix.swap_in(node, now):
+                    if waiting:  # its adapter's copy is in flight for it: held (its node is not in the pool)
+                        self._hold(rid, a, None)
                     return Admit.NO_KV
                 self.swap_in_kv += 1
             waiting = True
         if waiting:
+            self._hold(rid, a, node)
             self._swap_wait_since.setdefault(rid, now)
             why = self._swap_waited_for.setdefault(rid, [False, False])
             why[0] = why[0] or rid in self._swap_adapter_for
             why[1] = why[1] or (node is not None and node.tier != "hbm")
             return Admit.NOT_READY
+        if rid in self._holds:  # admitted now: its adapter and node are its own from here on
+            self._unhold(rid)
         t0 = self._swap_wait_since.pop(rid, None)
         if t0 is not None:  # admitted after waiting for its swaps
             self.swap_waits += 1
@@ -336,6 +399,66 @@ class Extensions:
                     mem.hits -= 1       # (AdapterMemory.acquire counts the activation as a hit next)
         return None
 
+    # ------------------------------------------------------------------ nodes held for waiting requests
+    def _hold(self, rid: int, a: int, node: Any) -> None:
+        """``rid`` (waiting for its swap-ins) holds adapter ``a`` (when in GPU memory or being copied there) and
+        history ``node`` (when in the pool) until :meth:`_unhold`: what it held before is replaced."""
+        mem, p = self.mem, self.prefix
+        a = a if a >= 0 and mem.resident[a] else -1
+        if node is not None and (node.tier == "host" or not p.in_store(node)):
+            node = None
+        old = self._holds.get(rid)
+        if old is not None:
+            if old[0] == a and old[1] is node:
+                return
+            self._unhold(rid)
+        if a < 0 and node is None:
+            return
+        self._holds[rid] = (a, node)
+        if a >= 0:
+            self.held_adapters[a] = self.held_adapters.get(a, 0) + 1
+        if node is not None:
+            p.hold(node)
+
+    def _unhold(self, rid: int) -> None:
+        """``rid`` was admitted or left the queue: it holds nothing any more."""
+        a, node = self._holds.pop(rid)
+        if a >= 0:
+            k = self.held_adapters[a] - 1
+            if k:
+                self.held_adapters[a] = k
+            else:
+                del self.held_adapters[a]
+        if node is not None:
+            self.prefix.unhold(node)
+
+    def release_ready_holds(self, now: float) -> bool:
+        """The engine is idle (nothing runs after a step's admissions) with requests waiting: the holds whose
+        copies have all landed are released, and True is returned when there was one (the engine then plans
+        again at ``now``). A held node that landed and whose request still was not admitted with the engine idle
+        cannot be waited for: nothing running will finish and free memory, so the memory the holds keep may be
+        what blocks every admission (e.g. FCFS's head refused for KV blocks held for a request behind it); its
+        request swaps it in again when it is tried and the node was evicted meanwhile. Once per instant."""
+        if not self._holds or now == self._released_at:
+            return False
+        mem = self.mem
+        ready = [rid for rid, (a, node) in self._holds.items()
+                 if not (a >= 0 and a in mem.loading) and not (node is not None and node.tier == "loading")]
+        if not ready:
+            return False
+        self._released_at = now
+        for rid in ready:
+            self._unhold(rid)
+        self.hold_releases += 1
+        return True
+
+    def release_holds_of(self, rids: Any) -> None:
+        """Requests ``rids`` left the queue without being admitted (dropped): what they held is released."""
+        if self._holds:
+            for rid in list(rids):
+                if int(rid) in self._holds:
+                    self._unhold(int(rid))
+
     # ------------------------------------------------------------------ checks and stats
     def check(self) -> None:
         """Hook point of ``Engine.assert_invariants``: memory placement, history KV, pool accounting."""
@@ -350,6 +473,15 @@ class Extensions:
             f"pool accounting: KV {e.total_blocks} + adapters {ad_blocks} + history {hist} != {self.pool_blocks}"
         for a in mem.loading:
             assert mem.resident[a], "a loading adapter holds no memory"
+        counts: dict[int, int] = {}
+        for rid, (a, node) in self._holds.items():
+            assert e.state[rid] == 0 and rid not in e.running, f"request {rid} holds nodes but is not waiting"
+            if a >= 0:
+                counts[a] = counts.get(a, 0) + 1
+                assert mem.resident[a], f"adapter {a}, held for waiting request {rid}, left GPU memory"
+            if node is not None and self.prefix.in_store(node):
+                assert node.tier != "host", f"a history node held for waiting request {rid} left the pool"
+        assert counts == self.held_adapters, "held adapters out of sync with the holds"
 
     def _refused_for_memory(self, rid: int) -> None:
         """Request ``rid`` was refused admission because its adapter could not get memory (:attr:`blocked`)."""

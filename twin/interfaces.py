@@ -113,6 +113,12 @@ class EngineView(Protocol):
     def history(self) -> Any:
         """The history-KV store of prefix reuse (``twin.prefix_kv.HistoryKV``), or None."""
 
+    @property
+    def held_adapters(self) -> "Mapping[int, int]":
+        """Adapters held in GPU memory for waiting requests that wait for their asynchronous swap-ins (adapter ->
+        holders; empty without ``async_swap_in``): a cache policy's ``reclaim_blocks`` and ``victim`` leave them,
+        as they leave history nodes with ``held`` (``twin.extensions.Extensions._await_swaps``)."""
+
     def memory_in_use(self) -> float:
         """The share of the server's KV and adapter memory in use now (running KV, history KV in GPU
         memory, resident adapters over the KV pool plus the adapters' memory)."""
@@ -185,10 +191,16 @@ class Policy:
     prefetch_evicts: bool = True
     #: prefetches go on the critical path of the deciding step instead of the background
     prefetch_sync: bool = False
-    #: asynchronous prefetches in flight at most, for a cache's own predictive prefetch (twin/prefetch.py); S-LoRA's
+    #: asynchronous prefetches in flight at most, for a cache's own predictive prefetch (twin/prefetch.py); None: no
+    #: bound, on the vLLM engine (FastLibra's swapper, ``fastlibra.md`` §5: it swaps in while HBM stays under its idle
+    #: threshold; FastLibra runs on the vLLM engine only). S-LoRA's
     #: queued-request prefetch has no such bound (slora.md §1 "Prefetch": it stops at the first adapter that does not
     #: fit), and Chameleon's scheduler keeps that loader (twin/slora_engine.py ``SLoRAPrefetcher``)
-    max_inflight: int = 4
+    max_inflight: int | None = 4
+    #: the prefetch decisions are the policy's :meth:`on_tick`'s and start at its tick, whether or not a batch runs
+    #: (asynchronous prefetch on the vLLM engine; FastLibra's swapper is a monitor independent of the batch), instead of
+    #: after each step's admissions
+    prefetch_at_tick: bool = False
 
     engine: EngineView
 
@@ -211,7 +223,8 @@ class Policy:
         """Adapters to load now, in priority order (default: none). Overriding it turns
         prefetching on (:mod:`twin.prefetch`): asynchronous over the host link, or on the
         deciding step's critical path when ``prefetch_sync``. Asked after each step's
-        admissions; it must depend only on the engine's state (not on how often it is asked)."""
+        admissions (with ``prefetch_at_tick``: right after each :meth:`on_tick` instead); it must
+        depend only on the engine's state (not on how often it is asked)."""
         return ()
 
     def stats(self) -> dict[str, Any]:
@@ -550,12 +563,12 @@ def check_capabilities(policy: Any) -> None:
     def fail(attr: str, want: str) -> None:
         raise PolicyError(f"{who}: {attr} = {getattr(policy, attr)!r}; give {want} (see {_where(attr)})")
 
-    for attr in ("prefetch_evicts", "prefetch_sync", "uses_events"):
+    for attr in ("prefetch_evicts", "prefetch_sync", "uses_events", "prefetch_at_tick"):
         if not is_flag(getattr(policy, attr, False)):
             fail(attr, "True or False")
     n = getattr(policy, "max_inflight", 4)
-    if not (isinstance(n, (int, numbers.Integral)) and not is_flag(n) and n >= 1):
-        fail("max_inflight", "the asynchronous prefetches in flight at most, an integer >= 1")
+    if n is not None and not (isinstance(n, (int, numbers.Integral)) and not is_flag(n) and n >= 1):
+        fail("max_inflight", "the asynchronous prefetches in flight at most, an integer >= 1 (None: no bound)")
     if not isinstance(policy, AdapterCachePolicy):
         return
     for attr, allowed in (("adapter_memory", ADAPTER_MEMORIES), ("adapter_placement", ADAPTER_PLACEMENTS),

@@ -26,11 +26,22 @@ check; each copy's place on the link is ``AdapterMemory.loading_copy``).
 Decisions come from ``scheduler.prefetch(now)`` and ``cache.prefetch(now)`` (adapter ids in
 priority order), asked after each step's admissions
 (:meth:`twin.extensions.Extensions.after_schedule`); to keep decode-run skipping exact, a
-decode run ends at the next arrival, so the question is asked again after it.
+decode run ends at the next arrival, so the question is asked again after it. A policy with
+``prefetch_at_tick`` (FastLibra's swapper, a monitor independent of the batch, ``fastlibra.md`` §5) is asked
+right after each of its ``on_tick`` instead (:meth:`AsyncLoader.decide_at_tick`): its copies start
+at the tick, also when nothing runs; a policy's ``max_inflight = None`` sets no bound on the
+copies in flight.
+
+A synchronous prefetch delays the step that decided it: its load time counts as load wait
+(``load_wait_s``) of the requests whose first token that step is computing (the step's prefill
+chunks of requests without a first token yet), as it counts for a request's own synchronous load --
+the adaptive-caching study's triggering request "waits for every load" (``adaptive-caching.md`` §2). Requests that only
+decode in that step see it in their inter-token time, not as load wait.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Sequence
 
 from twin.adapters import LinkCopy, Load
@@ -39,20 +50,29 @@ from twin.interfaces import checked_prefetch
 if TYPE_CHECKING:  # pragma: no cover
     from twin.interfaces import EngineCore, StepContextView
 
+INF = math.inf
+
 
 class AsyncLoader:
     """Starts and completes prefetches (see the module docstring).
 
     ``sources`` are the policies (scheduler and/or cache) whose ``prefetch`` is asked."""
 
-    def __init__(self, engine: "EngineCore", sources: Sequence[Any], sync: bool = False, max_inflight: int = 4) -> None:
+    def __init__(self, engine: "EngineCore", sources: Sequence[Any], sync: bool = False,
+                 max_inflight: int | None = 4) -> None:
         self.e = engine
         self.sources = list(sources)
         #: each source's prefetch as the engine calls it (a plug-in's answer checked) and whether it may evict
         self._asks = [(checked_prefetch(src, engine.n_adapters), src.prefetch_evicts) for src in self.sources]
+        #: the sources asked after each step's admissions, and those asked at their own tick (``prefetch_at_tick``)
+        at_tick = [bool(getattr(src, "prefetch_at_tick", False)) for src in self.sources]
+        self._step_asks = [x for t, x in zip(at_tick, self._asks) if not t]
+        self._tick_asks = {id(src): x for src, t, x in zip(self.sources, at_tick, self._asks) if t}
+        #: whether any source is asked after each step's admissions (the engine's per-step prefetch path)
+        self.asks_per_step = bool(self._step_asks)
         self.mem = engine.adapters
         self.sync = sync
-        self.max_inflight = max_inflight
+        self.max_inflight = INF if max_inflight is None else max_inflight
         self.started = 0
 
     def _room(self, a: int, now: float, evict: bool) -> bool:
@@ -91,6 +111,7 @@ class AsyncLoader:
         pol = mem.policy
         if self.sync:
             ctx.loads.append(Load(a, source, disk_s, link_s, mem.bytes[a]))
+            self._charge_prefills(ctx)
             pol.on_load(a, now)
             if not mem.active[a]:
                 pol.on_idle(a, now)
@@ -133,12 +154,34 @@ class AsyncLoader:
         if not mem.active[a]:
             mem.policy.on_idle(a, now)
 
+    def _charge_prefills(self, ctx: "StepContextView") -> None:
+        """A synchronous prefetch on ``ctx``'s step: the requests whose first token the step computes wait for it
+        (``load_rids``: the engine adds the step's load time to their load wait, once per request)."""
+        fta = self.e.first_token
+        rids = ctx.load_rids
+        for rid, _ in ctx.chunks:
+            if fta[rid] != fta[rid] and rid not in rids:  # (no first token yet: NaN)
+                rids.append(rid)
+
     def decide(self, now: float, ctx: "StepContextView | None") -> None:
-        for ask, evicts in self._asks:
+        """The per-step sources' decisions, after a step's admissions."""
+        for ask, evicts in self._step_asks:
             for a in ask(now):
                 if not self.sync and len(self.mem.loading) >= self.max_inflight:
                     return
                 self.start(a, now, ctx, evict=evicts)
+
+    def decide_at_tick(self, src: Any, now: float) -> None:
+        """``src``'s decisions right after its ``on_tick`` when it prefetches at its tick (``prefetch_at_tick``;
+        asynchronous only, whether or not a batch runs)."""
+        x = self._tick_asks.get(id(src))
+        if x is None:
+            return
+        ask, evicts = x
+        for a in ask(now):
+            if len(self.mem.loading) >= self.max_inflight:
+                return
+            self.start(a, now, None, evict=evicts)
 
     def stats(self) -> dict[str, Any]:
         return {"prefetch_mode": "sync" if self.sync else "async", "prefetches": self.started,

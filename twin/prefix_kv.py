@@ -20,6 +20,11 @@ A node lives in one tier:
   (:meth:`twin.extensions.Extensions._await_swaps`).
 * ``loading`` -- an asynchronous swap-in in flight (blocks already reserved); a hit waits for it.
 
+A node a waiting request waits for (or will take once its adapter lands) is *held* for it
+(``HistoryNode.held``, :meth:`HistoryKV.hold`; :meth:`twin.extensions.Extensions._await_swaps`) until
+that request is admitted or leaves the queue: it is neither reclaimable (``held_hbm_blocks``) nor a
+swap-out candidate.
+
 Swap-outs (GPU -> host) use the other direction of the full-duplex PCIe link, so they do
 not queue behind host-to-GPU loads; they free the HBM blocks at once and are counted in
 ``kv_swapped_out_gb``.
@@ -59,6 +64,9 @@ class HistoryNode:
     proc: Any = None    # swap-in process while loading
     copy: Any = None    # ... and its place on the host link (twin.adapters.LinkCopy: HostLink.loads_end)
     seq: int = -1       # the store's insertion number: the nodes' order in ``HistoryKV.nodes``
+    #: waiting requests that hold the node in the pool while they wait for their swap-ins (asynchronous swap-in:
+    #: :meth:`twin.extensions.Extensions._await_swaps`); a held node is never swapped out or dropped to make room
+    held: int = 0
 
 
 class HistoryKV:
@@ -87,6 +95,8 @@ class HistoryKV:
         #: blocks of the nodes still being copied in (tier 'loading'; part of ``hbm_blocks``), kept
         #: as a count so that the reclaimable memory an admission checks costs no walk over the nodes
         self.loading_blocks = 0
+        #: blocks of the nodes in HBM (tier ``hbm``) that waiting requests hold (:meth:`hold`): not reclaimable
+        self.held_hbm_blocks = 0
         self.host_tokens = 0
         self.host_capacity_tokens = host_capacity_tokens
         kvp = engine.profile.components["kv"].params
@@ -284,6 +294,25 @@ class HistoryKV:
             node.proc = node.copy = None
             self.cache.on_history(node, "swap_in", now)
 
+    # -- nodes held for waiting requests (asynchronous swap-in)
+    def in_store(self, node: HistoryNode) -> bool:
+        """Whether ``node`` is still its conversation's node in the store (not taken, dropped or replaced)."""
+        return self._tiers[node.tier].get(node.seq) is node
+
+    def hold(self, node: HistoryNode) -> None:
+        """A waiting request holds ``node`` until it is admitted or leaves the queue (:meth:`unhold`): a node in HBM
+        (or being copied there) stays there, it is not reclaimable (:attr:`held_hbm_blocks`) and a cache policy's
+        swap-out leaves it (FastLibra's candidates skip held nodes)."""
+        if node.held == 0 and node.tier == "hbm" and self.in_store(node):
+            self.held_hbm_blocks += node.blocks
+        node.held += 1
+
+    def unhold(self, node: HistoryNode) -> None:
+        """One holder of ``node`` (:meth:`hold`) was admitted or left the queue."""
+        node.held -= 1
+        if node.held == 0 and node.tier == "hbm" and self.in_store(node):
+            self.held_hbm_blocks -= node.blocks
+
     # -- the tier indexes (the order of ``nodes`` within each tier)
     def _enter(self, node: HistoryNode) -> None:
         """``node`` joins the index of its tier (and, in the pool, its adapter's counts)."""
@@ -291,6 +320,8 @@ class HistoryKV:
         if d and node.seq < next(reversed(d)):
             self._unsorted.add(node.tier)
         d[node.seq] = node
+        if node.held and node.tier == "hbm":
+            self.held_hbm_blocks += node.blocks
         if node.tier != "host":
             a = node.adapter
             self.pool_nodes_of[a] = self.pool_nodes_of.get(a, 0) + 1
@@ -299,6 +330,8 @@ class HistoryKV:
     def _leave(self, node: HistoryNode) -> None:
         """``node`` leaves the index of its tier (and, in the pool, its adapter's counts)."""
         del self._tiers[node.tier][node.seq]
+        if node.held and node.tier == "hbm":
+            self.held_hbm_blocks -= node.blocks
         if node.tier != "host":
             a = node.adapter
             if self.pool_nodes_of[a] == 1:
@@ -339,6 +372,9 @@ class HistoryKV:
         assert hb == self.hbm_blocks, f"history KV: HBM blocks {hb} != {self.hbm_blocks}"
         lb = sum(n.blocks for n in self.nodes.values() if n.tier == "loading")
         assert lb == self.loading_blocks, f"history KV: loading blocks {lb} != {self.loading_blocks}"
+        held = sum(n.blocks for n in self.nodes.values() if n.tier == "hbm" and n.held)
+        assert held == self.held_hbm_blocks, f"history KV: held HBM blocks {held} != {self.held_hbm_blocks}"
+        assert all(n.held >= 0 for n in self.nodes.values()), "history KV: a node held a negative number of times"
         ht = sum(n.tokens for n in self.nodes.values() if n.tier == "host")
         assert ht == self.host_tokens, "history KV: host tokens out of sync"
         for tier in self._tiers:

@@ -502,7 +502,7 @@ class SLoRAPrefetcher(AsyncLoader):
                     if not self.start(a, now, evict=evicts):
                         break
                 continue
-            cap = src.max_inflight
+            cap = INF if src.max_inflight is None else src.max_inflight  # (None: no bound, interfaces.Policy)
             for a in ask(now):
                 if len(mem.loading) >= cap:
                     break

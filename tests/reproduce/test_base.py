@@ -145,8 +145,10 @@ def test_memory_gauge_reads_the_run_without_changing_it(monkeypatch):
     extra = {k: gauged[k] for k in set(gauged) - set(plain)}
     # (the checks end runs of decode steps, so the gauge reads the state stepping has there: more segments, the
     # same steps and results)
-    assert {k: gauged[k] for k in plain if k != "step_segments"} == {k: v for k, v in plain.items()
-                                                                    if k != "step_segments"}
+    def same(x, y):  # (NaN for the figures of misses when no request missed: FastLibra's swapper prefetches)
+        return x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+    assert set(gauged) >= set(plain)
+    assert all(same(gauged[k], v) for k, v in plain.items() if k != "step_segments")
     assert gauged["step_segments"] >= plain["step_segments"] and gauged["engine_steps"] == plain["engine_steps"]
     assert set(extra) == {"memory_in_use_mean", "memory_in_use_readings"}
     assert 0.0 < extra["memory_in_use_mean"] <= 1.0

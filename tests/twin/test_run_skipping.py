@@ -88,7 +88,9 @@ def test_blocked_requests_are_counted_once_whatever_the_runs():
         [64] * 7, [365, 255, 321, 282, 293, 150, 281], [2, 3, 3, -1, 2, 0, 3], [32, 64, 64, 0, 32, 8, 64],
         conversation_id=[310012, 310020, 310023, 320016, 320029, 320019, 320030], turn=[0] * 7, prefix_tokens=[0] * 7)
     cfg = EngineConfig(max_loras=3, block_size=8, kv_capacity_tokens=6000, max_model_len=512)
-    a, b = _both(w, prof, cfg, policy="fastlibra-wos", cache_opts={"busy": 0.5, "idle": 0.3})
+    # (idle 0: no swapper swap-in; at idle 0.3 its swap-ins, which start at its ticks since the audit, bring the
+    # adapters in before any request is refused for their memory)
+    a, b = _both(w, prof, cfg, policy="fastlibra-wos", cache_opts={"busy": 0.5, "idle": 0.0})
     assert b.summary["requests_blocked_by_adapter_memory"] >= 1
     _assert_same(a, b)
     w = Workload.from_arrays([14.948173382045887] * 3, [64] * 3, [224, 214, 41], [2, 5, 8], [8, 16, 8],

@@ -816,3 +816,18 @@ def test_admits_without_is_the_admission_test_once_the_requests_are_squashed(hor
         assert want == got, (head, gone)
         seen.add(want)
     assert seen == {True, False}  # (both outcomes are exercised)
+
+
+def test_a_cache_prefetch_without_an_in_flight_bound_runs_on_s_lora():
+    """``max_inflight = None`` means no bound (twin.interfaces.Policy); S-LoRA's loader compared the copies in
+    flight with it directly, so a plug-in cache with predictive prefetch and no bound raised a TypeError there."""
+    from policies.chameleon import ChameleonPrefetchCache, ChameleonScheduler
+
+    class Unbounded(ChameleonPrefetchCache):
+        max_inflight = None
+
+    w = pressure_workload(4)
+    prof = constant_profile(c0=STEP, kv_tokens=200_000)
+    res = simulate(w, prof, EngineConfig(max_total_tokens=5000), system="slora", scheduler_obj=ChameleonScheduler(),
+                   cache_obj=Unbounded(bin_s=0.05, min_samples=2), check_invariants=True)
+    assert res.summary["requests_finished"] + res.summary["requests_rejected"] == len(w)
