@@ -172,9 +172,15 @@ def test_burstgpt_unknown_log_type_names_the_types(tmp_path):
     (F21.strip() + ",duration\na,f,1,0,0\n", "column 'duration' appears 2 times"),
 ])
 def test_a_column_named_twice_in_the_header_is_refused(tmp_path, text, fragment):
+    _refused(tmp_path, text, "remove or rename the extra column", fragment)
+
+
+def _refused(tmp_path, text: str, fix: str, fragment: str) -> None:
+    """The trace ``text`` (a .txt when it is an Azure Functions 2021 file, else a .csv) is refused saying ``fix``
+    and ``fragment``."""
     path = tmp_path / ("t.txt" if text.startswith("app") else "t.csv")
     path.write_text(text)
-    with pytest.raises(TraceFormatError, match="remove or rename the extra column") as e:
+    with pytest.raises(TraceFormatError, match=fix) as e:
         load_trace(path)
     assert fragment in str(e.value)
 
@@ -194,11 +200,7 @@ def test_a_repeated_column_the_loader_does_not_read_is_no_error(tmp_path):
     (F21 + "a,f,true,0\n", "column 'end_timestamp' holds true/false at data row 1 (True), not seconds"),
 ])
 def test_a_true_false_cell_is_refused_not_read_as_one(tmp_path, text, fragment):
-    path = tmp_path / ("t.txt" if text.startswith("app") else "t.csv")
-    path.write_text(text)
-    with pytest.raises(TraceFormatError, match="fix or drop the row") as e:
-        load_trace(path)
-    assert fragment in str(e.value)
+    _refused(tmp_path, text, "fix or drop the row", fragment)
 
 
 def test_functions_2019_true_false_cell_is_refused(tmp_path):
