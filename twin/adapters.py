@@ -90,7 +90,7 @@ class HostLink:
         self.free_at = max(self.env.now, self.free_at) + duration_s
         if copy is not None:
             copy.end = self.free_at
-            if copy in self.later:
+            if copy.armed:  # (an announced copy, armed in its disk read: the only kind ``later`` holds)
                 self.later.remove(copy)
         return self._hold(nbytes, duration_s)
 
