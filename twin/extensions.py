@@ -80,6 +80,11 @@ def install_extensions(engine: "EngineCore", workload: Any) -> "Extensions | Non
         if p.prefetch_at_tick and (p.prefetch_sync or p.tick_interval is None):
             raise ValueError(f"{policy_label(p)}: prefetch_at_tick starts its prefetches at its on_tick, in the "
                              "background: it needs asynchronous prefetch (prefetch_sync False) and a tick_interval")
+        sync = [q for q in sources if q is not p and q.prefetch_sync]
+        if p.prefetch_at_tick and sync:  # (one loader serves both, synchronous if either is: AsyncLoader.sync)
+            raise ValueError(f"{policy_label(p)} prefetches in the background at its tick, and "
+                             f"{policy_label(sync[0])} prefetches synchronously on the step's path; one engine's "
+                             "prefetches are either kind, not both: pair it with a policy without prefetch_sync")
     if cache.async_swap_in and memory == "slots":
         raise ValueError(f"cache policy {cache.name!r} swaps in asynchronously (async_swap_in), which needs adapter "
                          "memory 'unified' or 'region' (vLLM's slots load in the step)")

@@ -231,3 +231,21 @@ def test_fastlibra_refuses_memory_other_than_its_unified_pool():
     with pytest.raises(ValueError, match="unified pool"):
         FastLibraCache(adapter_memory="region")
     assert FastLibraCache().adapter_memory == "unified"
+
+
+def test_a_tick_prefetcher_beside_a_synchronous_one_is_refused():
+    """One loader serves every prefetching policy of an engine, synchronous if any is (``AsyncLoader.sync``); a
+    policy that prefetches at its tick (FastLibra's swapper) beside a scheduler with ``prefetch_sync`` had its
+    background swap-ins routed to the synchronous path with no step to put them on (a crash at the first tick)."""
+    from policies.slora import SLoRAScheduler
+    from twin.simulate import simulate
+
+    class SyncQueued(SLoRAScheduler):
+        name = "test-sync-queued"
+        prefetch_sync = True
+
+    prof = constant_profile(c0=0.01, kv_tokens=20_000)
+    w = Workload.from_arrays([0.0, 0.1], [16, 16], [8, 8], [0, 1], [8, 8])
+    with pytest.raises(Exception, match="prefetches in the background at its tick"):
+        simulate(w, prof, EngineConfig(max_loras=4, max_model_len=4096), scheduler_obj=SyncQueued(),
+                 cache_obj=FastLibraCache())
