@@ -118,18 +118,20 @@ class AsyncLoader:
             return True
         return self._background(a, now, disk_s, link_s)
 
-    def _background(self, a: int, now: float, disk_s: float, link_s: float) -> bool:
-        """The copy of adapter ``a`` (memory already held) in the background; ``loading`` until it ends."""
+    def _background(self, a: int, now: float, disk_s: float, link_s: float, nbytes: int | None = None) -> bool:
+        """The copy of adapter ``a`` (memory already held) in the background; ``loading`` until it ends.
+        ``nbytes``: the bytes the copy moves (default the adapter's; S-LoRA's loader moves twice them)."""
         mem = self.mem
         env = self.e.env
         link = self.e.link
+        nbytes = mem.bytes[a] if nbytes is None else nbytes
         if disk_s:  # the link is requested when the disk read ends (now + disk_s: SimPy's timeout), known from now
             copy = link.announce(now + disk_s, link_s)
-            proc = env.process(self._after_disk(a, disk_s, link_s, mem.bytes[a], copy))
+            proc = env.process(self._after_disk(a, disk_s, link_s, nbytes, copy))
             self.e.push_event(now + disk_s + link_s, None)  # lower bound of the end
         else:
             copy = LinkCopy(now, link_s)
-            gen = link.transfer(mem.bytes[a], link_s, copy)
+            gen = link.transfer(nbytes, link_s, copy)
             self.e.push_event(link.free_at, lambda t, a=a: self._done(a, t))
             proc = env.process(gen)
         mem.loading[a] = proc

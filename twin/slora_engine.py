@@ -88,7 +88,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from twin.adapter_placement import UnifiedPool
-from twin.adapters import AdapterMemory, HostLink, LinkCopy
+from twin.adapters import AdapterMemory, HostLink
 from twin.config import ConfigError, EngineConfig
 from twin.engine_state import EngineState
 from twin.interfaces import AdapterCachePolicy, Admit, Policy, Scheduler, is_builtin, policy_stats
@@ -481,13 +481,8 @@ class SLoRAPrefetcher(AsyncLoader):
         mem.fetch(a, now)
         mem.mark_resident(a)
         self.started += 1
-        nbytes = 2 * mem.bytes[a]
-        link = self.e.link
-        copy = LinkCopy(now, mem.cpu_load_s[mem.ranks_l[a]])
-        gen = link.transfer(nbytes, copy.duration_s, copy)
-        self.e.push_event(link.free_at, lambda t, a=a: self._done(a, t))
-        mem.loading[a] = self.e.env.process(gen)
-        mem.loading_copy[a] = copy
+        # (host memory only: no disk read; S-LoRA's load copies each layer's whole w_combined, twice the bytes, §1)
+        self._background(a, now, 0.0, mem.cpu_load_s[mem.ranks_l[a]], 2 * mem.bytes[a])
         self.e._prefetched.add(a)
         return True
 
