@@ -223,7 +223,10 @@ class Extensions:
         pl = self.mem.placement
         if self.memory == "unified":
             ab, held = pl.ab, self.held_adapters
-            r += sum(ab[v] for v in self.mem.evictable() if v != exclude_adapter and v not in held)
+            if held:
+                r += sum(ab[v] for v in self.mem.evictable() if v != exclude_adapter and v not in held)
+            else:  # (no request holds an adapter: no lookup per evictable adapter)
+                r += sum(ab[v] for v in self.mem.evictable() if v != exclude_adapter)
         return r
 
     def reclaim(self, n: int, now: float, pin: int = -1) -> int:
