@@ -168,6 +168,10 @@ class FastLibraCache(AdapterCachePolicy):
         if decay_unit_s <= 0 or bs_window_s <= 0 or window_s <= 0:
             raise ValueError("fastlibra: decay_unit_s, bs_window_s and window_s must be > 0 "
                              f"(got {decay_unit_s}, {bs_window_s}, {window_s})")
+        if idle >= busy:  # (§4.2: swap in below idle, out above busy; each in [0, 1]: twin.interfaces.OPTION_MAXIMA)
+            raise ValueError(f"fastlibra: the swapper's thresholds need 0 <= idle < busy <= 1 (got idle {idle}, busy "
+                             f"{busy}): it swaps in while HBM usage is under idle and out while it is over busy, so "
+                             f"idle >= busy swaps the same nodes in and out at every tick; e.g. idle=0.7, busy=0.95")
         if lora_compute not in LORA_COMPUTE:
             raise ValueError(f"fastlibra: lora_compute {lora_compute!r} is not one of {', '.join(LORA_COMPUTE)} "
                              "('paged': adapter weights paged in the pool, S-LoRA's kernels; 'profile': the "

@@ -441,21 +441,28 @@ class Extensions:
             self.prefix.unhold(node)
 
     def release_ready_holds(self, now: float) -> bool:
-        """The engine is idle (nothing runs after a step's admissions) with requests waiting: the holds whose
-        copies have all landed are released, and True is returned when there was one (the engine then plans
-        again at ``now``). A held node that landed and whose request still was not admitted with the engine idle
-        cannot be waited for: nothing running will finish and free memory, so the memory the holds keep may be
-        what blocks every admission (e.g. FCFS's head refused for KV blocks held for a request behind it); its
-        request swaps it in again when it is tried and the node was evicted meanwhile. Once per instant."""
+        """The engine is idle (nothing runs after a step's admissions) with requests waiting: once every held
+        copy has landed, all holds are released and True is returned (the engine then plans again at ``now``).
+        A held node that landed and whose request still was not admitted with the engine idle cannot be waited
+        for: nothing running will finish and free memory, so the memory the holds keep may be what blocks every
+        admission (e.g. FCFS's head refused for KV blocks held for a request behind it); its request swaps it in
+        again when it is tried and the node was evicted meanwhile.
+
+        All or nothing: while a held copy is still in flight nothing is released (its landing wakes the engine,
+        and the release comes then). Releasing the landed holds alone freed the very request that waits for
+        the copy still in flight -- typically the queue's head, held back by the memory a request behind it
+        is swapping in -- and the swapper then swapped the head's unheld LoRA out before the other copy
+        landed, forever (a livelock of zero steps found by stop 67's audit). A held history node that left
+        the store while being copied in (a later turn replaced it) never lands and does not count as in
+        flight. Once per instant."""
         if not self._holds or now == self._released_at:
             return False
-        mem = self.mem
-        ready = [rid for rid, (a, node) in self._holds.items()
-                 if not (a >= 0 and a in mem.loading) and not (node is not None and node.tier == "loading")]
-        if not ready:
-            return False
+        loading, p = self.mem.loading, self.prefix
+        for a, node in self._holds.values():
+            if (a >= 0 and a in loading) or (node is not None and node.tier == "loading" and p.in_store(node)):
+                return False
         self._released_at = now
-        for rid in ready:
+        for rid in list(self._holds):
             self._unhold(rid)
         self.hold_releases += 1
         return True

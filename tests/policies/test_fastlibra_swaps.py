@@ -123,6 +123,50 @@ def test_holds_never_deadlock_admission():
     assert e.extensions.stats()["swap_in_adapters"] == 3  # adapter 2 twice: its hold was released
 
 
+
+#: stop 67's audit (fuzz seed 231): FCFS's head (request 0, adapter 3 of rank 64: 160 of the 205-block pool) waits
+#: for its adapter while request 1, scanned past it, swaps in adapter 1 (40 blocks). Adapter 3 lands first, and the
+#: head's 32 KV blocks no longer fit beside the adapter request 1 holds, still copying.
+LIVELOCK = dict(arrival=[0.018970, 0.064979, 0.105895, 0.124043, 0.129064, 0.302970, 0.314595, 0.334976, 0.460851,
+                         0.470438, 0.538124, 0.660375],
+                prompt=[511, 47, 556, 91, 348, 782, 300, 615, 1092, 1072, 1351, 1165],
+                output=[46, 31, 51, 35, 26, 49, 21, 39, 2, 24, 57, 21], adapter=[3, 1, 1, 2, 0, 0, 2, 2, 0, 2, 2, 1],
+                rank=[64, 16, 16, 32, 8, 8, 32, 32, 8, 32, 32, 16], conversation_id=[-1, -1, 1, -1, 0, 0, 2, 2, 0, 2, 2, 1],
+                turn=[0, 0, 0, 0, 0, 1, 0, 1, 2, 2, 3, 1], prefix_tokens=[0, 0, 0, 0, 0, 374, 0, 321, 831, 654, 1096, 607])
+
+
+def test_holds_are_released_only_once_every_held_copy_has_landed():
+    """The engine idles with the head refused (NO_KV) while request 1's adapter is still copying. Releasing the
+    landed holds alone freed the head's own adapter, the busy swapper (usage 0.976 > 0.95) swapped it out at its
+    next tick, the head swapped it in again, evicting the others, and so on: zero steps and the link busy forever
+    (a run without a horizon never ended). Held until every held copy lands, then all released, the head runs."""
+    L = LIVELOCK
+    w = Workload.from_arrays(L["arrival"], L["prompt"], L["output"], L["adapter"], L["rank"],
+                             conversation_id=L["conversation_id"], turn=L["turn"], prefix_tokens=L["prefix_tokens"])
+    prof = constant_profile(c0=0.0412, disk_s=0.0, cpu_s=0.0746, kv_tokens=3291)
+    cfg = EngineConfig(max_num_seqs=8, max_num_batched_tokens=2048, max_loras=4, max_model_len=1600)
+    out = []
+    for mrs in (None, 1):
+        e = Engine(w, prof, cfg, make_scheduler("fcfs"), make_cache("fastlibra", interval_s=0.03), horizon_s=60.0,
+                   max_run_steps=mrs, check_invariants=True)
+        e.run()
+        out.append(e)
+    a, b = out
+    for col in ("first_token", "finish", "load_wait"):
+        assert np.array_equal(getattr(a, col), getattr(b, col), equal_nan=True), col
+    assert a.n_finished == 12 and a.extensions.hold_releases >= 1
+    assert a.extensions.stats()["swap_in_adapters"] < 20  # (the livelock: 20,108 by 10,000 s, 122 by 60 s)
+
+
+@pytest.mark.parametrize("idle, busy", [(0.95, 0.8), (0.7, 0.7), (1.0, 0.0)])
+def test_swapper_thresholds_out_of_order_are_refused(idle, busy):
+    """§4.2's swapper swaps in under ``idle`` and out over ``busy``: with idle >= busy it would swap the same nodes in
+    and out at every tick (a fuzz case with idle 0.95, busy 0.8 ran no step before its horizon). (Each outside [0, 1]
+    is refused by the options' range check, test_policies.py.)"""
+    with pytest.raises(ValueError, match="0 <= idle < busy <= 1"):
+        FastLibraCache(idle=idle, busy=busy)
+
+
 def test_a_dropped_request_releases_its_holds():
     prof = constant_profile(c0=0.1, kv_tokens=1600, disk_s=0.0, cpu_s=0.02)
     cfg = EngineConfig(max_loras=4, max_model_len=1600)
