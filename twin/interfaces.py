@@ -194,10 +194,11 @@ class Policy:
     #: asynchronous prefetches in flight at most, for a cache's own predictive prefetch (twin/prefetch.py); None: no
     #: bound, on the vLLM engine (FastLibra's swapper, ``fastlibra.md`` §5: it swaps in while HBM stays under its idle
     #: threshold; FastLibra runs on the vLLM engine only). S-LoRA's
-    #: queued-request prefetch has no such bound (slora.md §1 "Prefetch": it stops at the first adapter that does not
-    #: fit), and Chameleon's scheduler keeps that loader (twin/slora_engine.py ``SLoRAPrefetcher``). A scheduler and a
-    #: cache that both prefetch share the engine's one loader, whose bound is the larger of theirs (none when either
-    #: has none: e.g. a scheduler beside FastLibra prefetches without its own bound; twin/extensions.py)
+    #: queued-request prefetch has no such bound (slora.md §4 "Prefetch": it stops at the first adapter that does not
+    #: fit), and Chameleon's scheduler keeps that loader (twin/slora_engine.py ``SLoRAPrefetcher``). On the vLLM engine a
+    #: scheduler and a cache that both prefetch share its one loader, whose bound is the larger of theirs (none when
+    #: either has none: a scheduler beside FastLibra prefetches without its own bound; twin/extensions.py); on S-LoRA
+    #: each keeps its own
     max_inflight: int | None = 4
     #: the prefetch decisions are the policy's :meth:`on_tick`'s and start at its tick, whether or not a batch runs
     #: (asynchronous prefetch on the vLLM engine; FastLibra's swapper is a monitor independent of the batch), instead of

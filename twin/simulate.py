@@ -84,8 +84,11 @@ def unfinished_not_dropped(engine: Any) -> np.ndarray:
 def nothing_admitted_note(engine: Any, summary: dict[str, Any], scheduler: Any) -> str | None:
     """The note of a run that finished no request because none was ever admitted (requests arrived, were
     not rejected, and none was ever scheduled), naming the scheduler; None otherwise (a run cut by its
-    horizon after admissions, or whose requests were all rejected, is no such run)."""
+    horizon after admissions or before the engine tried any -- S-LoRA polls every 10 ms while idle --, or whose
+    requests were all rejected, is no such run)."""
     if summary.get("requests_finished"):
+        return None
+    if getattr(engine, "n_attempts", None) == 0:  # (S-LoRA: the horizon came before its first admission poll)
         return None
     waited = unfinished_not_dropped(engine)
     n = int(np.count_nonzero(waited))

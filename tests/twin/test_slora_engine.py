@@ -831,3 +831,37 @@ def test_a_cache_prefetch_without_an_in_flight_bound_runs_on_s_lora():
     res = simulate(w, prof, EngineConfig(max_total_tokens=5000), system="slora", scheduler_obj=ChameleonScheduler(),
                    cache_obj=Unbounded(bin_s=0.05, min_samples=2), check_invariants=True)
     assert res.summary["requests_finished"] + res.summary["requests_rejected"] == len(w)
+
+
+# ---------------------------------------------------------------------------------------------- stop 67's audit
+def test_a_resident_adapter_the_prefetch_names_again_stays_tagged():
+    """slora.md section 4: the latest prefetch's adapters are protected from the partial offloads. Adapter 1 is
+    prefetched at decode counter 5 for queued request 2 and named again at counter 7, now resident: it stays tagged,
+    so the finish at decode 8 does not offload it and request 2 is admitted without loading it again (untagged,
+    it was offloaded and reloaded synchronously: 4 loads and a load wait)."""
+    prof = constant_profile(c0=0.01, kv_tokens=200_000)
+    w = Workload.from_arrays([0.0, 0.0, 0.015], [16, 16, 16], [40, 9, 5], [0, 2, 1], [8, 8, 8])
+    runs = [simulate(w, prof, EngineConfig(max_total_tokens=5000, slora_prefetch=True), policy="slora",
+                     max_run_steps=m, check_invariants=True) for m in (None, 1)]
+    pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests)
+    s, req = runs[0].summary, runs[0].requests
+    assert s["prefetches"] == 1 and s["adapter_loads"] == 3  # adapters 0 and 2 at the first prefill, 1 prefetched
+    assert req["load_wait_s"].iloc[2] == 0.0 and req["load_wait_s"].iloc[0] > 0.0
+
+
+def test_a_synchronous_prefetch_cache_is_refused_on_slora():
+    """S-LoRA copies on its own stream in the background; a cache that prefetches on the deciding step's critical
+    path ran there asynchronously, silently the same as its asynchronous variant."""
+    w = Workload.from_arrays([0.0], [16], [4], [0], [8])
+    with pytest.raises(ConfigError, match="prefetches synchronously.*ema-prefetch"):
+        simulate(w, constant_profile(c0=0.01), EngineConfig(), system="slora", cache="ema-prefetch-sync")
+    simulate(w, constant_profile(c0=0.01), EngineConfig(), system="slora", cache="ema-prefetch")
+
+
+def test_no_nothing_admitted_note_when_the_horizon_comes_before_the_first_poll():
+    """Idle S-LoRA tries an admission at its 10 ms polls: requests arriving just before a horizon that falls before
+    the next poll were never offered, which is not the scheduler's fault (the note blamed its schedule_waiting)."""
+    w = Workload.from_arrays([0.062, 0.0627], [100, 100], [10, 10], [0, 1], [8, 8])
+    r = simulate(w, None, EngineConfig(), policy="slora", horizon_s=0.0696)
+    assert r.summary["slora_admission_attempts"] == 0 and r.summary["requests_unfinished"] == 2
+    assert "no request was admitted" not in (r.summary.get("note") or "")
