@@ -943,7 +943,8 @@ class ChameleonPrefetchCache(ChameleonCache):
 
 
 register_preset(Preset("chameleon", "chameleon", "chameleon", "Chameleon: WRS multi-queue scheduler + adapter cache in "
-                       "idle memory (on S-LoRA's unified pool)", "Iliakopoulou et al., MICRO'25"))
+                       "idle memory (on S-LoRA's unified pool); its queues' heads prefetched with --slora-prefetch "
+                       "(S-LoRA's --prefetch, off by default; twin reproduce turns it on)", "Iliakopoulou et al., MICRO'25"))
 register_preset(Preset("chameleon-nocache", "chameleon", "none", "Chameleon's scheduler without its cache "
                        "(S-LoRA discards idle adapters)", "Chameleon MICRO'25 §6", cache_opts={"adapter_memory": "unified"}))
 register_preset(Preset("chameleon-nosched", "slora", "chameleon", "Chameleon's cache with S-LoRA's FIFO scheduler",

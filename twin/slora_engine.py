@@ -462,11 +462,12 @@ class SLoRAPrefetcher(AsyncLoader):
     order, **stopping before** their slots exceed the free ones (the first that does not fit ends the
     prefetch: nothing behind it is tried), with no bound on the copies in flight (S-LoRA's loader has
     none). Every adapter it names up to there is *tagged* (``SLoRAEngine._prefetched``), those already
-    resident included, and the offloads keep the tagged ones until the next prefetch (``slora.md`` section 4:
-    "adapters tagged by the latest prefetch are protected from partial eviction"; the twin reads "tagged" as
-    named by it: untagging a resident adapter the queue still names let the next finish offload it, and its
-    queued request reloaded it synchronously -- 734 loads against 438 on the Chameleon reproduction's S-LoRA
-    baseline at 8 req/s, stop 67's audit). A cache policy's own predictive prefetch (``chameleon+prefetch``) is that policy's feature:
+    resident and the one that does not fit included, and the partial offloads keep the resident tagged ones
+    until the next prefetch (``slora.md`` section 4: "adapters tagged by the latest prefetch are protected from
+    partial eviction"; ``InferAdapter.load_adapters(prefetch=True)`` tags each adapter it is given before its
+    residency and capacity tests, as we read it: untagging a resident adapter the queue still names let the
+    next finish offload it, and its queued request reloaded it synchronously -- 734 loads against 438 on the
+    Chameleon reproduction's S-LoRA baseline at 8 req/s, stop 67's audit). A cache policy's own predictive prefetch (``chameleon+prefetch``) is that policy's feature:
     at most its ``max_inflight`` copies in flight, an adapter that does not fit skipped (as
     :class:`twin.prefetch.AsyncLoader` does on the vLLM engine)."""
 
@@ -500,8 +501,8 @@ class SLoRAPrefetcher(AsyncLoader):
                 for a in ask(now):
                     if a < 0:
                         continue
-                    if resident[a]:  # (resident, or its copy in flight: nothing to load, but tagged all the same)
-                        tagged.add(a)
+                    tagged.add(a)  # (before the fit test: the adapter that ends the prefetch is tagged too)
+                    if resident[a]:  # (resident, or its copy in flight: nothing to load)
                         continue
                     if not self.start(a, now, evict=evicts):
                         break
