@@ -10,7 +10,7 @@ The project's packages sit in one direction, bottom to top (:data:`LAYERS`):
    ``twin.sweep``, ``twin.configurator``, ``twin.reproduce``;
 4. the command-line modules (:data:`CLI_MODULES`).
 
-Three rules, one test each:
+Four rules, one test each:
 
 * **no import loop** between project modules. Counted: imports executed when the file is
   imported (module level, including those under ``if``/``try`` and in class bodies). Not
@@ -23,6 +23,9 @@ Three rules, one test each:
   the distributed executors). A project module that imports one of those
   (:data:`HEAVY_DEPENDENCIES`) at file level is itself such a dependency (e.g. the GPU
   harness's kernels, which need torch and triton), so it may be imported inside a function.
+* **every module is imported by a test** (the tests' imports, read the same way): a module's contract is
+  tested where a reader looks for it; the few exercised only through a subprocess or a registry are named
+  with that test in :data:`TESTED_THROUGH`, and an entry that goes stale fails too.
 
 An import names its module only: ``import twin.perf.forms`` is an edge to ``twin.perf.forms``
 (not to ``twin`` or ``twin.perf``, whose ``__init__`` files are kept free of imports);
@@ -288,6 +291,58 @@ def test_no_project_imports_inside_functions(project_imports, heavy_modules):
           "no project import inside a function outside the command-line modules")
 
 
+#: Modules no test imports by name, each with the test module that exercises it and how. Everything else
+#: must be imported by at least one test (Ciw's "a test module per module": the module's contract is tested
+#: where a reader looks for it, not only through whatever happens to call it).
+TESTED_THROUGH: dict[str, tuple[str, str]] = {
+    "twin.__main__": ("tests/sweep/test_sweep_run.py", "python -m twin in a subprocess"),
+    "calibration.bench.__main__": ("tests/calibration/test_bench_robust.py", "python -m calibration.bench in a subprocess"),
+    "calibration.bench.linear_ops": ("tests/calibration/test_bench_harness.py",
+                                     "the harness imports it on demand (torch); linear_ops.csv checked"),
+    "twin.reproduce.cli": ("tests/reproduce/test_cli.py", "the twin reproduce command"),
+    "traces.loaders.azure_functions": ("tests/traces/test_loader_validation.py", "traces.loaders.load_trace"),
+    "traces.loaders.azure_llm": ("tests/traces/test_loaders.py", "traces.loaders.load_trace"),
+    "traces.loaders.burstgpt": ("tests/traces/test_loaders.py", "traces.loaders.load_trace"),
+}
+
+
+def modules_imported_by_tests(root: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules some test file imports by name (anywhere in the file: tests import in functions too)."""
+    seen: set[str] = set()
+    for path in sorted((root / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            seen.update(m for n in names if (m := _resolve(n, modules)) is not None)
+    return seen
+
+
+def untested_modules(root: Path, packages: tuple[str, ...], through: dict[str, tuple[str, str]]) -> list[str]:
+    """One message per module no test imports and ``through`` does not account for, and per stale ``through``
+    entry (its module gone, imported by a test after all, or its test file missing)."""
+    modules = find_modules(root, packages)
+    seen = modules_imported_by_tests(root, modules)
+    out = [f"{m} ({p.relative_to(root)}): no test imports it; add tests/.../test_{m.rsplit('.', 1)[-1]}.py for its "
+           f"contract, or name the test that exercises it in TESTED_THROUGH"
+           for m, p in modules.items() if p.name != "__init__.py" and m not in seen and m not in through]
+    for m, (test, _how) in through.items():
+        if m not in modules:
+            out.append(f"TESTED_THROUGH names {m}, which is not a module: remove the entry")
+        elif m in seen:
+            out.append(f"TESTED_THROUGH names {m}, which a test now imports: remove the entry")
+        elif not (root / test).is_file():
+            out.append(f"TESTED_THROUGH says {test} exercises {m}, but that file does not exist")
+    return out
+
+
+def test_every_module_is_imported_by_a_test():
+    _fail(untested_modules(ROOT, PACKAGES, TESTED_THROUGH), "every module has tests that import it")
+
+
 # -- the checker itself, on a tiny synthetic project ---------------------------------------
 
 TOY_LAYERS = {"low": 0, "high": 1, "high.cli": 2}
@@ -341,3 +396,19 @@ def test_type_checking_imports_do_not_make_a_runtime_loop(tmp_path):
         "low/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from low.a import x\ndef f():\n    pass\n",
     })
     assert (loops, up, inner) == ([], [], [])
+
+
+def test_checker_finds_a_module_no_test_imports_and_a_stale_exception(tmp_path):
+    _write(tmp_path, {"low/__init__.py": "", "low/used.py": "", "low/orphan.py": "", "low/entry.py": "",
+                      "tests/test_used.py": "def test_x():\n    from low.used import thing\n",
+                      "tests/test_entry.py": ""})
+    through = {"low.entry": ("tests/test_entry.py", "a subprocess"), "low.used": ("tests/test_used.py", "stale"),
+               "low.gone": ("tests/test_entry.py", "stale")}
+    msgs = untested_modules(tmp_path, ("low",), through)
+    assert len(msgs) == 3, msgs
+    assert msgs[0].startswith("low.orphan (low/orphan.py): no test imports it")
+    assert "names low.used, which a test now imports" in msgs[1]
+    assert "names low.gone, which is not a module" in msgs[2]
+    assert untested_modules(tmp_path, ("low",), {"low.entry": through["low.entry"],
+                                                 "low.orphan": ("tests/none.py", "x")}) == [
+        "TESTED_THROUGH says tests/none.py exercises low.orphan, but that file does not exist"]

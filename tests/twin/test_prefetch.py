@@ -1,0 +1,309 @@
+"""The contract of :mod:`twin.prefetch` (:class:`~twin.prefetch.AsyncLoader`): adapter prefetches a policy decides
+before a request needs the adapter (S-LoRA §4.2, Chameleon §4.2).
+
+* asynchronous: from its start a prefetched adapter holds its memory and is *loading* -- neither evictable nor usable;
+  a request admitted meanwhile waits for the rest of the copy (a late hit); when the copy lands the policy sees
+  ``on_load`` then ``on_idle``. Disk reads do not hold the host link; the copies queue on it in FIFO order;
+* at most ``max_inflight`` copies in flight (an asynchronous swap-in for a waiting request, ``demand``, is neither
+  bounded nor counted); a prefetch without room, or whose placement fails, starts nothing;
+* synchronous (``prefetch_sync``): the copy is a load of the deciding step, charged to the requests whose first token
+  that step computes;
+* a tick prefetcher (``prefetch_at_tick``) starts its copies at its ticks, whether or not a batch runs;
+* at the horizon a copy still in flight never lands.
+
+Small hand-computed scenarios on the constant profile: a disk read takes 0.5 s and a copy 0.1 s (rank-8 adapters,
+40 MiB), a step 10 ms; every expected time is derived from those.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Iterable
+
+import numpy as np
+import pytest
+
+from policies.lru import LRUCache
+from tests.helpers import constant_profile
+from traces.workload import Workload
+from twin.config import EngineConfig
+from twin.engine import Engine
+from twin.prefetch import AsyncLoader
+from twin.registry import make_scheduler
+
+DISK_S, COPY_S, STEP_S = 0.5, 0.1, 0.01
+
+
+class _Prefetcher(LRUCache):
+    """vLLM's LRU slots plus a fixed prefetch list (the adapters to load, in priority order), recording the cache
+    callbacks the loader makes."""
+
+    name = "t-fixed-prefetch"
+
+    def __init__(self, wants: Iterable[int] = (), max_inflight: int | None = 4, prefetch_evicts: bool = True,
+                 prefetch_sync: bool = False, **memory: Any) -> None:
+        super().__init__(prefetch_sync=prefetch_sync, **memory)
+        self.wants = list(wants)
+        self.max_inflight = max_inflight
+        self.prefetch_evicts = prefetch_evicts
+        self.calls: list[tuple[str, int, float]] = []
+
+    def prefetch(self, now: float) -> list[int]:
+        return self.wants
+
+    def on_load(self, a: int, now: float) -> None:
+        self.calls.append(("load", a, now))
+
+    def on_idle(self, a: int, now: float) -> None:
+        super().on_idle(a, now)
+        self.calls.append(("idle", a, now))
+
+
+def _engine(cache: LRUCache, arrivals: list[float], adapters: list[int], ranks: list[int] | None = None,
+            outputs: list[int] | None = None, cfg: EngineConfig | None = None, disk_s: float = DISK_S,
+            copy_s: float = COPY_S, **kw: Any) -> Engine:
+    n = len(arrivals)
+    prof = constant_profile(c0=STEP_S, disk_s=disk_s, cpu_s=copy_s, kv_tokens=200_000, ranks=(8, 16))
+    w = Workload.from_arrays(arrivals, [16] * n, outputs or [2] * n, adapters, ranks or [8] * n)
+    cfg = cfg or EngineConfig(max_loras=4, max_model_len=4096)
+    return Engine(w, prof, cfg, make_scheduler("fcfs"), cache, check_invariants=True, **kw)
+
+
+def _loader(e: Engine) -> AsyncLoader:
+    """The engine's loader (installed by the prefetching cache)."""
+    ld = e.extensions.loader
+    assert isinstance(ld, AsyncLoader)
+    return ld
+
+
+def _at(e: Engine, t: float, fn) -> None:
+    """Call ``fn(now)`` at the engine's first step boundary at or after ``t`` (an idle engine wakes at ``t``)."""
+    e.push_event(t, fn)
+
+
+def test_a_prefetched_adapter_holds_memory_but_is_loading_neither_evictable_nor_idle_until_its_copy_lands() -> None:
+    """Adapter 1 prefetched at 0 from disk: read until 0.5, copy until 0.6. Meanwhile it is resident (its memory is
+    held) and loading: not evictable, and the cache has not been told it loaded; at 0.6 the cache sees on_load then
+    on_idle, and it is an ordinary idle adapter. Its request at 5 s finds it resident (a hit, no load wait)."""
+    cache = _Prefetcher()
+    e = _engine(cache, [5.0, 5.0], [0, 1])
+    mem, ld = e.adapters, _loader(e)
+    assert ld.start(1, 0.0) is True
+    seen: dict[float, tuple] = {}
+
+    def look(now: float) -> None:
+        seen[now] = (mem.resident[1], 1 in mem.loading, mem.evictable(), mem.any_evictable(), list(cache.calls),
+                     e.link.bytes_moved)
+
+    assert (mem.resident[1], mem.n_resident, 1 in mem.loading, mem.evictable(), ld.started) == (True, 1, True, [], 1)
+    for t in (0.3, 0.55, 0.7):
+        _at(e, t, look)
+    e.run()
+    assert seen[0.3] == (True, True, [], False, [], 0)
+    assert seen[0.55] == (True, True, [], False, [], 0)  # (its copy is on the link from 0.5)
+    t_land = DISK_S + COPY_S
+    assert seen[0.7] == (True, False, [1], True, [("load", 1, t_land), ("idle", 1, t_land)], mem.bytes[1])
+    assert list(e.adapter_hit_code) == [2, 1] and e.load_wait[1] == 0.0
+    assert ld.stats() == {"prefetch_mode": "async", "prefetches": 1, "prefetch_late_hits": 0}
+
+
+def test_a_request_admitted_while_its_adapter_loads_waits_for_the_rest_of_the_copy_and_is_a_late_hit() -> None:
+    """Adapter 1's copy (started at 0) lands at 0.6; its request arrives at 0.2 and is admitted at once: the step
+    waits 0.4 s for the copy, then computes 10 ms -- first token at 0.61, load wait 0.4, not a hit."""
+    cache = _Prefetcher()
+    e = _engine(cache, [0.2, 5.0], [1, 0], outputs=[1, 1])
+    ld = _loader(e)
+    ld.start(1, 0.0)
+    e.run()
+    t_land = DISK_S + COPY_S
+    assert e.first_token[0] == pytest.approx(t_land + STEP_S, abs=1e-12)
+    assert e.load_wait[0] == pytest.approx(t_land - 0.2, abs=1e-12)
+    assert e.adapters.late_hits == 1 and e.adapter_hit_code[0] == 2
+    assert ld.stats()["prefetch_late_hits"] == 1
+
+
+def test_disk_reads_do_not_hold_the_link_and_copies_queue_on_it_first_come_first_served() -> None:
+    """Three prefetches started at 0: adapters 1 and 3 from disk, adapter 2 from the CPU tier. 2's copy takes the
+    idle link at once (lands at 0.1); the reads of 1 and 3 end at 0.5 and their copies follow in the order they
+    were started: 1 lands at 0.6, 3 at 0.7. Had a read held the link, 2 would wait for 1's read and copy."""
+    cache = _Prefetcher(max_inflight=None)
+    e = _engine(cache, [5.0] * 4, [0, 1, 2, 3])
+    e.adapters.preload_cpu([2])
+    ld = _loader(e)
+    assert [ld.start(a, 0.0) for a in (1, 2, 3)] == [True, True, True]
+    e.run()
+    loads = [(a, t) for what, a, t in cache.calls if what == "load" and t < 5.0]
+    assert loads == [(2, pytest.approx(COPY_S)), (1, pytest.approx(DISK_S + COPY_S)),
+                     (3, pytest.approx(DISK_S + 2 * COPY_S))]
+    assert e.adapters.loads_disk >= 2 and e.link.busy_s >= 3 * COPY_S - 1e-12
+
+
+def test_decisions_stop_at_the_in_flight_cap_and_a_demand_swap_in_is_neither_capped_nor_counted() -> None:
+    """max_inflight 2, the policy asks for adapters 1, 2, 3: the first two start, then the decisions stop (3 is not
+    even placed); a further start of 3 is refused while both are in flight, but an asynchronous swap-in for a
+    waiting request (``demand``) starts and is not counted as a prefetch."""
+    cache = _Prefetcher(wants=[1, 2, 3], max_inflight=2)
+    e = _engine(cache, [5.0] * 4, [0, 1, 2, 3])
+    mem, ld = e.adapters, _loader(e)
+    ld.decide(0.0, None)
+    assert sorted(mem.loading) == [1, 2] and ld.started == 2 and not mem.resident[3]
+    assert ld.start(3, 0.0) is False and not mem.resident[3] and ld.started == 2
+    assert ld.start(3, 0.0, demand=True) is True
+    assert sorted(mem.loading) == [1, 2, 3] and ld.started == 2
+    assert ld.start(1, 0.0) is False and ld.start(-1, 0.0) is False  # already resident (loading); no adapter
+
+
+def test_no_room_while_every_slot_is_loading_refuses_the_prefetch() -> None:
+    """Two slots, both taken by copies in flight: a third prefetch (no cap) finds no evictable adapter -- a loading
+    adapter is never a victim -- and starts nothing."""
+    cache = _Prefetcher(max_inflight=None)
+    e = _engine(cache, [5.0] * 4, [0, 1, 2, 3], cfg=EngineConfig(max_loras=2, max_model_len=4096))
+    mem, ld = e.adapters, _loader(e)
+    assert ld.start(1, 0.0) and ld.start(2, 0.0)
+    assert ld.start(3, 0.0) is False
+    assert (mem.resident[3], mem.evictions, ld.started, sorted(mem.loading)) == (False, 0, 2, [1, 2])
+
+
+@pytest.mark.parametrize("evicts", [True, False])
+def test_a_full_cache_makes_room_by_evicting_its_victim_only_when_the_policy_lets_prefetches_evict(
+        evicts: bool) -> None:
+    """Two slots, adapters 1 and 2 landed (idle since 0.6 and 0.7); at 1.0 the policy asks for adapter 3. With
+    ``prefetch_evicts`` the loader evicts the cache's victim (LRU: 1, idle first) and starts 3; without it a prefetch
+    goes into free memory only, and there is none."""
+    cache = _Prefetcher(max_inflight=None, prefetch_evicts=evicts)
+    e = _engine(cache, [5.0] * 4, [0, 1, 2, 3], cfg=EngineConfig(max_loras=2, max_model_len=4096))
+    mem, ld = e.adapters, _loader(e)
+    ld.start(1, 0.0)
+    ld.start(2, 0.0)
+    out: dict[str, Any] = {}
+
+    def decide(now: float) -> None:
+        cache.wants = [3]
+        ld.decide(now, None)
+        cache.wants = []
+        out.update(resident=[mem.resident[a] for a in (1, 2, 3)], evictions=mem.evictions, started=ld.started,
+                   loading=sorted(mem.loading))
+
+    _at(e, 1.0, decide)
+    e.run()
+    if evicts:
+        assert out == dict(resident=[False, True, True], evictions=1, started=3, loading=[3])
+    else:
+        assert out == dict(resident=[True, True, False], evictions=0, started=2, loading=[])
+
+
+def test_a_prefetch_whose_placement_fails_starts_nothing_and_the_failure_is_counted() -> None:
+    """A contiguous adapter region of 160 MiB: adapters 0, 1, 2 (rank 8, 40 MiB) land at [0, 40), [40, 80) and
+    [80, 120); adapter 1 is evicted. 80 MiB are free, in two 40-MiB holes: adapter 3 (rank 16, 80 MiB) does not
+    fit. Without eviction the prefetch fails, changes nothing, and the region counts the failure (the free bytes
+    would have held it); with eviction the victim (0, idle first) goes and 3 takes [0, 80)."""
+    mib = 2 ** 20
+    cache = _Prefetcher(max_inflight=None)
+    cfg = EngineConfig(max_loras=4, max_model_len=4096, adapter_memory="region", adapter_region_bytes=160 * mib)
+    e = _engine(cache, [5.0] * 4, [0, 1, 2, 3], ranks=[8, 8, 8, 16], cfg=cfg, disk_s=0.0)
+    mem, ld = e.adapters, _loader(e)
+    pl = mem.placement
+    assert mem.bytes[:4] == [40 * mib] * 3 + [80 * mib]
+    out: dict[str, Any] = {}
+
+    def place(now: float) -> None:
+        for a in (0, 1, 2):
+            assert ld.start(a, now)
+
+    def after(now: float) -> None:
+        mem.evict(1, now)
+        out["no_evict"] = ld.start(3, now, evict=False)
+        out["state"] = (mem.resident[3], 3 in mem.loading, ld.started, pl.alloc_failures, pl.alloc.free_bytes)
+        out["evict"] = ld.start(3, now, evict=True)
+        out["after"] = (mem.resident[:4], pl.fragmentation_evictions, sorted(pl.alloc.blocks))
+
+    _at(e, 0.0, place)
+    _at(e, 1.0, after)
+    e.run()
+    assert out["no_evict"] is False
+    assert out["state"] == (False, False, 3, 1, 80 * mib)
+    assert out["evict"] is True
+    assert out["after"] == ([False, False, True, True], 1, [(0, 80 * mib, 3), (80 * mib, 40 * mib, 2)])
+
+
+def test_a_synchronous_prefetch_is_a_load_of_the_deciding_step_charged_to_its_first_token_requests() -> None:
+    """``prefetch_sync``: the copy (disk read 0.5 s, copy 0.1 s) is appended to the deciding step's loads, the
+    adapter is loaded and idle at once (never in the loading state), and the step's prefill chunks of requests
+    without a first token wait for it -- each once; request 1, which already has its first token, does not."""
+    cache = _Prefetcher(prefetch_sync=True)
+    e = _engine(cache, [0.0, 0.0, 0.0], [0, 0, 1])
+    ld = _loader(e)
+    assert ld.sync and ld.stats()["prefetch_mode"] == "sync"
+    e.first_token[1] = 0.25
+    ctx = SimpleNamespace(loads=[], load_rids=[2], chunks=[(0, 16), (1, 16), (2, 5), (0, 3)])
+    assert ld.start(1, 0.0, ctx) is True
+    assert len(ctx.loads) == 1
+    load = ctx.loads[0]
+    assert (load.adapter, load.source, load.disk_s, load.link_s, load.nbytes, load.wait) == (
+        1, "disk", DISK_S, COPY_S, e.adapters.bytes[1], None)
+    assert ctx.load_rids == [2, 0]
+    assert not e.adapters.loading and e.adapters.evictable() == [1]
+    assert cache.calls == [("load", 1, 0.0), ("idle", 1, 0.0)] and ld.started == 1
+
+
+class _TickPrefetcher(_Prefetcher):
+    """Prefetches at its own tick (every 0.25 s), recording what is in flight when each tick starts."""
+
+    name = "t-tick-prefetch"
+    prefetch_at_tick = True
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.ticks: list[tuple[float, list[int]]] = []
+        self.asked: list[float] = []
+
+    @property
+    def tick_interval(self) -> float:
+        return 0.25
+
+    def on_tick(self, now: float) -> None:
+        self.ticks.append((now, sorted(self.engine.adapters.loading)))
+
+    def prefetch(self, now: float) -> list[int]:
+        self.asked.append(now)
+        return self.wants
+
+
+def test_a_tick_prefetcher_starts_its_copies_at_its_ticks_within_its_cap_while_nothing_runs() -> None:
+    """Copies of 0.5 s (from the CPU tier), ticks every 0.25 s, cap 2, the policy asks for adapters 1, 2, 3; no
+    request before 3 s. Tick 0.25 starts 1 (lands 0.75) and 2 (queued on the link: lands 1.25); the ticks at 0.5 and
+    0.75 find two in flight (0.75's tick runs before the copy's end is handled) and start nothing; tick 1.0 starts 3,
+    which queues behind 2: lands 1.75. The policy is asked at its ticks only, never after a step's admissions."""
+    cache = _TickPrefetcher(wants=[1, 2, 3], max_inflight=2)
+    e = _engine(cache, [3.0] * 4, [0, 1, 2, 3], disk_s=0.0, copy_s=0.5)
+    ld = _loader(e)
+    assert ld.asks_per_step is False and e._prefetch_on is False
+    e.run()
+    ticks = dict(cache.ticks)
+    assert [ticks[t] for t in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)] == [
+        [], [1, 2], [1, 2], [2], [2, 3], [3], [3], []]
+    assert [(a, t) for what, a, t in cache.calls if what == "load" and t < 3.0] == [(1, 0.75), (2, 1.25), (3, 1.75)]
+    assert ld.started == 3
+    assert cache.asked == [t for t, _ in cache.ticks]
+
+
+@pytest.mark.parametrize("horizon", [0.3, 0.55, 0.65])
+def test_a_copy_still_in_flight_at_the_horizon_never_lands(horizon: float) -> None:
+    """Adapter 1's copy lands at 0.6 (read until 0.5, then 0.1 s on the link). A run that ends at 0.3 (in the read)
+    or at 0.55 (on the link) leaves it loading: the cache is never told, no bytes are counted as moved -- but it
+    counts as a prefetch; from the read's end on, the link knows when the copy ends. With 0.65 s it has landed."""
+    cache = _Prefetcher()
+    e = _engine(cache, [5.0, 5.0], [0, 1], horizon_s=horizon)
+    ld = _loader(e)
+    ld.start(1, 0.0)
+    e.run()
+    mem = e.adapters
+    t_land = DISK_S + COPY_S
+    assert ld.stats()["prefetches"] == 1 and e.env.now <= horizon
+    if horizon < t_land:
+        assert 1 in mem.loading and cache.calls == [] and e.link.bytes_moved == 0
+        assert mem.loading_copy[1].end == (None if horizon < DISK_S else pytest.approx(t_land))
+    else:
+        assert not mem.loading and cache.calls == [("load", 1, t_land), ("idle", 1, t_land)]
+        assert e.link.bytes_moved == mem.bytes[1]
+    assert np.isnan(e.first_token).all()  # (the requests at 5 s never arrived)
