@@ -13,10 +13,16 @@ can put both fit qualities side by side:
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+
+#: a published-twin load constant's name: the slots' max rank and the adapter's rank
+_LOAD_CONSTANT = re.compile(r"max_rank_(\d+)_adapter_rank_(\d+)")
 
 
 @dataclass
@@ -47,8 +53,12 @@ class PeerModels:
             key = str(r["constant"]).split(" ")[0]
             out.sched[key] = float(r["value"])
         for _, r in peer[peer["component"] == "lora_load_cpu_to_gpu"].iterrows():
-            parts = str(r["constant"]).split("_")  # max_rank_32_adapter_rank_8
-            out.load_ms[(int(parts[2]), int(parts[5]))] = float(r["value"])
+            m = _LOAD_CONSTANT.fullmatch(str(r["constant"]))  # max_rank_32_adapter_rank_8
+            if m is None:
+                raise ValueError(f"published twin's table: lora_load_cpu_to_gpu constant {r['constant']!r} is not of "
+                                 f"the form max_rank_<M>_adapter_rank_<R> (e.g. max_rank_32_adapter_rank_8); fix "
+                                 f"or drop that row")
+            out.load_ms[(int(m.group(1)), int(m.group(2)))] = float(r["value"])
         return out
 
     def step_ms(self, running: np.ndarray) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -74,10 +75,21 @@ def build_profile(name: str, model: str, gpu: str, software: str, description: s
 
 
 def write_profile(d: dict[str, Any], out: str | Path) -> Path:
+    """Write profile ``d`` to ``out`` after the checks :func:`twin.perf.profile.load_profile` makes of a file (so
+    it writes nothing the loader would refuse), its text built first and renamed into place: a failure leaves
+    the previous file whole (``twin calibrate fit`` writes over the shipped profile by default)."""
     out = Path(out)
+    Profile.from_dict(d, str(out))._check_gpu_memory(str(out))
+    try:
+        text = json.dumps(d, indent=1, sort_keys=False, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"profile {d.get('name')!r} cannot be written to {out}: {e} (a value JSON cannot hold: build "
+                         f"it with build_profile, which cleans NaN and numpy values)") from None
     out.parent.mkdir(parents=True, exist_ok=True)
-    Profile.from_dict(d, str(out))
-    with open(out, "w") as f:
-        json.dump(d, f, indent=1, sort_keys=False, allow_nan=False)
-        f.write("\n")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out

@@ -21,6 +21,9 @@ import pandas as pd
 #: the real 90 % line and the issue's tolerance (points of throughput / offered)
 LINE = 0.9
 TOLERANCE_POINTS = 2.0
+#: float noise of a difference of two ratios in points ((0.92 - 0.90) * 100 = 2.0000000000000018): a twin exactly
+#: 2 points off is within the tolerance, as its reported 2.0 says
+_NOISE_POINTS = 1e-9
 
 
 def crossings_from_per_run(per_run: pd.DataFrame, source: str | None = "dt_modelling") -> pd.DataFrame:
@@ -49,7 +52,7 @@ def crossings_from_per_run(per_run: pd.DataFrame, source: str | None = "dt_model
                     rows.append({"scenario": sc, "adapter_slots": int(g), "side": side, "served_adapters": int(served[j]),
                                  "real_ratio": round(float(real[j]), 4), "twin_ratio": round(float(twin[j]), 4),
                                  "twin_minus_real_points": round(float(d), 2),
-                                 "within_tolerance": bool(math.isfinite(d) and abs(d) <= TOLERANCE_POINTS)})
+                                 "within_tolerance": bool(math.isfinite(d) and abs(d) <= TOLERANCE_POINTS + _NOISE_POINTS)})
                 break
     return pd.DataFrame(rows)
 
@@ -86,11 +89,11 @@ def seed_spread(passes: list[pd.DataFrame], source: str | None = "dt_modelling")
     for i in range(t.shape[1]):
         out[f"twin_ratio_{i}"] = t[:, i]
     real = out["real_ratio"].to_numpy(float)[:, None]
-    within = abs(t - real) * 100.0 <= TOLERANCE_POINTS
+    within = abs(t - real) * 100.0 <= TOLERANCE_POINTS + _NOISE_POINTS
     out["twin_ratio_mean"] = t.mean(axis=1).round(4)
     out["spread_points"] = ((t.max(axis=1) - t.min(axis=1)) * 100.0).round(2)
     out["within_in_every_pass"] = within.all(axis=1)
-    mean_within = abs(t.mean(axis=1) - real[:, 0]) * 100.0 <= TOLERANCE_POINTS
+    mean_within = abs(t.mean(axis=1) - real[:, 0]) * 100.0 <= TOLERANCE_POINTS + _NOISE_POINTS
     return out, {"crossings": int(len(out)), "passes": int(t.shape[1]),
                  "within_2_points_per_pass": [int(x) for x in within.sum(axis=0)],
                  "within_2_points_at_mean": int(mean_within.sum()),
