@@ -142,6 +142,9 @@ class FastLibraCache(AdapterCachePolicy):
     prefix_kv = True
     history_to_host = True
     dependency = True
+    #: (twin.interfaces.AdapterCachePolicy) the tree: a LoRA leaves HBM after its KV nodes, so the engine's reclaimable
+    #: count leaves out a LoRA whose node is still being copied in or held (with_children, swap_out_candidates)
+    kv_before_adapter = True
     cost_model = True
     lora_term = True
 
@@ -582,6 +585,7 @@ class FastLibraWoM(FastLibraCache):
     description = "FastLibra without the dependency tree (adapters and KV swapped independently)"
     citation = "FastLibra §6 ablation (WoM)"
     dependency = False
+    kv_before_adapter = False
 
 
 @register_cache

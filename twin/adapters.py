@@ -511,8 +511,12 @@ class AdapterMemory:
             self.loads_cpu += 1
         else:
             if len(cpu) >= self.cpu_slots:
-                act = self.active
-                dropped = next((b for b in cpu if not act[b]), None)
+                act, loading = self.active, self.loading
+                # (nor one a prefetch is copying to its slot (twin/prefetch.py): dropped, it would land in a slot
+                # outside the CPU tier, which vLLM's removal callback never leaves -- stop 67's fuzz)
+                dropped = next((b for b in cpu if not act[b] and b not in loading), None)
+                if dropped is None:
+                    dropped = next((b for b in cpu if not act[b]), None)
                 if dropped is None:  # (every CPU adapter in the batch: more active adapters than CPU slots)
                     dropped = next(iter(cpu))
                 del cpu[dropped]

@@ -223,11 +223,30 @@ class Extensions:
         pl = self.mem.placement
         if self.memory == "unified":
             ab, held = pl.ab, self.held_adapters
+            stuck = self._adapters_behind_kv()
+            if stuck:
+                held = {**held, **dict.fromkeys(stuck, 1)}
             if held:
                 r += sum(ab[v] for v in self.mem.evictable() if v != exclude_adapter and v not in held)
             else:  # (no request holds an adapter: no lookup per evictable adapter)
                 r += sum(ab[v] for v in self.mem.evictable() if v != exclude_adapter)
         return r
+
+    def _adapters_behind_kv(self) -> set[int]:
+        """With a cache whose adapters leave after their history KV (``kv_before_adapter``, FastLibra's tree): the
+        adapters with a node in the pool that cannot leave now -- still being copied in, or held for a waiting
+        request -- so they cannot leave either. Counting them made :meth:`reclaimable` promise blocks the cache's
+        reclaim could not free: a waiting request's demand swap-in reclaimed part of its need (the adapter's
+        landed nodes), failed, and the swapper's idle swap-in refilled the blocks, at every tick, forever (stop
+        67's fuzz: FastLibra-WoS with 3 requests waiting and no step for 145 s). Empty without such a cache, or
+        with every pool node landed and free (no walk over the nodes then)."""
+        p = self.prefix
+        if p is None or not self.cache.kv_before_adapter or not (p.loading_blocks or p.held_hbm_blocks):
+            return set()
+        out = {n.adapter for n in p._tier_nodes("loading")}
+        if p.held_hbm_blocks:
+            out.update(n.adapter for n in p.hbm_nodes() if n.held)
+        return out
 
     def reclaim(self, n: int, now: float, pin: int = -1) -> int:
         """Free at least ``n`` pool blocks if possible; returns the blocks freed.

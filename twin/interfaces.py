@@ -332,6 +332,10 @@ class AdapterCachePolicy(Policy):
     #: background and waits (``Admit.NOT_READY``) while ready requests run (FastLibra §2);
     #: False: the copies are synchronous loads of the admitting step (vLLM)
     async_swap_in: bool = False
+    #: an adapter leaves GPU memory only after its history-KV nodes there (FastLibra's dependency tree, §4.1): the
+    #: engine counts an idle adapter as reclaimable only when every node of its in the pool can leave first (none
+    #: still being copied in, none held for a waiting request)
+    kv_before_adapter: bool = False
     #: tokens per KV block this system uses (e.g. 32 for FastLibra's vLLM baseline, §6); None:
     #: ``EngineConfig.block_size``
     kv_block_size: int | None = None
@@ -584,7 +588,7 @@ def check_capabilities(policy: Any) -> None:
         fail("lora_share", "the share of the pool given to the adapter region, a number >= 0 and < 1, or None")
     if policy.prefix_kv is not None and not is_flag(policy.prefix_kv):
         fail("prefix_kv", "True, False or None (EngineConfig.prefix_caching decides)")
-    for attr in ("history_to_host", "async_swap_in"):
+    for attr in ("history_to_host", "async_swap_in", "kv_before_adapter"):
         if not is_flag(getattr(policy, attr)):
             fail(attr, "True or False")
     host = policy.host_kv_tokens

@@ -158,6 +158,55 @@ def test_holds_are_released_only_once_every_held_copy_has_landed():
     assert a.extensions.stats()["swap_in_adapters"] < 20  # (the livelock: 20,108 by 10,000 s, 122 by 60 s)
 
 
+def test_a_hold_on_a_history_node_replaced_while_loading_does_not_block_the_release():
+    """A held history node that a later turn replaced while it was being copied in keeps ``tier == "loading"`` for
+    ever (it never lands: ``HistoryKV._swapped_in`` ignores a node no longer in the store), so the release rule counts
+    such a node as in flight only while it is in the store (``release_ready_holds``: ``and p.in_store(node)``).
+
+    Pool of 100 blocks, adapters of rank 8 take 20 blocks, rank 16 40; every adapter copy takes 0.049 s, steps 0.1 s.
+    Conversation 7's turns 0 and 1 (requests 0, 1; turn 1 arrived before turn 0 finished, so it found no history)
+    run on adapter 0 from 0.049; turn 0 finishes at 0.249 and its history (17 tokens) is swapped out to host. At
+    0.349, with turn 1 still running, FCFS tries request 2 (adapter 1, 30 blocks of prompt), then request 3 (adapter
+    2, rank 16) and request 4 (conversation 7's turn 2): all three wait for copies queued on the FIFO link (adapter 1
+    lands at 0.398, adapter 2 at 0.447, turn 0's history at 0.4511) and hold what they wait for; request 4 holds
+    adapter 0 and the history node. At 0.449 turn 1 finishes: its history replaces turn 0's node, still loading,
+    which leaves the store with ``tier == "loading"``. Request 2 (FCFS's head) is refused for KV blocks (adapters 0,
+    1, 2 take 80 blocks, turn 1's history 2: 18 free + 2 reclaimable < 30) and the scan stops there, so request 4 is
+    not tried again and keeps its hold on the replaced node; nothing runs. Released at once, adapters 0 and 2 become
+    evictable and request 2 runs at 0.449. Counting the replaced node as in flight, nothing was ever released:
+    request 2 never ran, the run stopped after its idle ticks with requests 2-4 unfinished."""
+    prof = constant_profile(c0=0.1, kv_tokens=1600, disk_s=0.0, cpu_s=0.049)
+    cfg = EngineConfig(max_loras=4, max_model_len=1600)
+    w = Workload.from_arrays([0.0, 0.0, 0.3, 0.3, 0.3], [16, 16, 480, 16, 40], [2, 4, 2, 2, 2], [0, 0, 1, 2, 0],
+                             [8, 8, 8, 16, 8], conversation_id=[7, 7, -1, -1, 7], turn=[0, 1, 0, 0, 2],
+                             prefix_tokens=[0, 17, 0, 0, 17])
+    out, seen = [], []
+    for mrs in (None, 1):
+        e = Engine(w, prof, cfg, make_scheduler("fcfs"), make_cache("fastlibra", idle=0.0, **HAND), horizon_s=30.0,
+                   max_run_steps=mrs, check_invariants=True)
+        # at 0.26 (fired at 0.349, before the plan) turn 0's history goes to host, as the swapper would have done
+        e.push_event(0.26, lambda t, e=e: [e.history.swap_out(n, t) for n in list(e.history.hbm_nodes())])
+        ext, release = e.extensions, e._release_holds
+
+        def probe(now, ext=ext, release=release):  # the holds each time the idle engine asks for the release
+            seen.append((now, {rid: (a, None if n is None else (n.conv, n.turn, n.tier, ext.prefix.in_store(n)))
+                               for rid, (a, n) in ext._holds.items()}))
+            return release(now)
+        e._release_holds = probe
+        e.run()
+        out.append(e)
+    a, b = out
+    for col in ("first_token", "finish", "load_wait", "first_sched"):
+        assert np.array_equal(getattr(a, col), getattr(b, col), equal_nan=True), col
+    assert a.extensions.stats() == b.extensions.stats()
+    # the idle engine found request 4 holding conversation 7's turn-0 node, replaced while loading
+    stale = [(t, h) for t, h in seen if h.get(4, (0, None))[1] == (7, 0, "loading", False)]
+    assert stale and stale[0][0] == a.finish[1]
+    assert a.n_finished == 5 and a.extensions.hold_releases == 1
+    assert a.first_sched[2] == a.finish[1]  # the head ran as soon as turn 1 finished
+    assert not a.extensions._holds and not a.extensions.held_adapters and a.history.held_hbm_blocks == 0
+
+
 @pytest.mark.parametrize("idle, busy", [(0.95, 0.8), (0.7, 0.7), (1.0, 0.0)])
 def test_swapper_thresholds_out_of_order_are_refused(idle, busy):
     """§4.2's swapper swaps in under ``idle`` and out over ``busy``: with idle >= busy it would swap the same nodes in

@@ -333,3 +333,24 @@ def test_an_unknown_adapter_memory_is_refused_naming_its_source() -> None:
     with pytest.raises(ValueError, match=r"^adapter_memory must be one of \('slots', 'region', 'unified'\), "
                                          r"got 'pooled'$"):
         install_extensions(engine(None, "pooled"), {})
+
+
+# ---------------------------------------------------------------------------------------------- stop 67's fuzz
+def test_an_adapter_whose_kv_node_cannot_leave_is_not_reclaimable():
+    """FastLibra's tree (``kv_before_adapter``): a LoRA leaves after its history-KV nodes, so one with a node still
+    being copied in cannot be reclaimed. Counting it promised blocks the cache's reclaim could not free: the head's
+    demand swap-in reclaimed part of its need, failed (NO_SLOT), and the idle swapper refilled the blocks with the
+    same nodes at every tick; 3 requests waited with no step for 145 s, and without a horizon the run never ended.
+    Now every request finishes or is dropped by the client cap, and the link idles once they are done."""
+    from traces.registry import get_workload
+    from twin.simulate import simulate
+
+    w = get_workload("fastlibra-agent", rps=16.0, duration=40.0, adapters=8, seed=921)
+    prof = constant_profile(c0=2 ** -6, c_prefill=2 ** -14, disk_s=0.25, cpu_s=0.125)
+    cfg = EngineConfig(kv_capacity_tokens=2500, max_model_len=2500, max_num_seqs=32, max_num_batched_tokens=8192,
+                       block_size=16, max_loras=4)
+    s = simulate(w, prof, cfg, scheduler="fcfs+client-cap", scheduler_opts={"client_cap": 3}, cache="fastlibra-wos",
+                 cache_opts={"interval_s": 2 ** -7}, horizon_s=200.0).summary
+    # (the livelock: 87 finished, 3 still waiting at the horizon, 564 GB of history KV swapped in by then)
+    assert s["requests_finished"] + s["requests_dropped"] + s["requests_rejected"] == s["requests_arrived"]
+    assert s["kv_swapped_in_gb"] < 10.0

@@ -307,3 +307,18 @@ def test_a_copy_still_in_flight_at_the_horizon_never_lands(horizon: float) -> No
         assert not mem.loading and cache.calls == [("load", 1, t_land), ("idle", 1, t_land)]
         assert e.link.bytes_moved == mem.bytes[1]
     assert np.isnan(e.first_token).all()  # (the requests at 5 s never arrived)
+
+
+def test_a_full_cpu_tier_does_not_drop_an_adapter_a_prefetch_is_copying():
+    """vLLM's LRU manager keeps every adapter in a GPU slot in the CPU tier (the CPU cache's removal callback
+    deactivates it). A full CPU tier dropped its least recently used idle adapter even while a prefetch was copying
+    it to a slot (the adapter-aware scheduler's lookahead), which then landed in a slot outside the CPU tier (stop
+    67's fuzz: check_invariants failed). The tier now drops an idle adapter that is not loading."""
+    from twin.simulate import simulate
+
+    w = Workload.from_arrays(np.array([9.0, 10.0, 10.0, 10.0, 10.0, 11.0]), np.array([21, 236, 39, 97, 123, 269]),
+                             np.ones(6, np.int64), np.array([1, 1, 0, 19, 39, 39]), np.array([16, 16, 8, 64, 64, 64]))
+    cfg = EngineConfig(max_num_seqs=1, max_num_batched_tokens=512, max_loras=3, max_cpu_loras=3, max_model_len=2048)
+    runs = [simulate(w, None, cfg, policy="adapter-aware", max_run_steps=k, check_invariants=True) for k in (None, 1)]
+    assert runs[0].summary["prefetches"] >= 1 and runs[0].summary["requests_finished"] == 6
+    assert runs[0].requests.equals(runs[1].requests)
