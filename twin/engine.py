@@ -156,7 +156,7 @@ class Engine(PreemptionWalk, EngineState):
         timed = horizon < INF
         check = self.check_invariants
         progress = self.progress
-        idle_ticks = 0
+        idle_ticks = idle_g = 0
         # SimPy's queue: when it is empty, nothing else can happen while the engine waits, and
         # the wait is the clock moving to ``now + delay`` (what ``env.timeout`` followed by
         # ``env.step`` would do: the same float addition), without an event
@@ -184,7 +184,10 @@ class Engine(PreemptionWalk, EngineState):
                 if t_next == INF:
                     break
                 if self._next_arr_t == INF and self._async_until == INF and t_next == self._next_tick:
-                    # only policy ticks are left: stop when nothing waits, or after ticks that admit nothing
+                    # only policy ticks are left: stop when nothing waits, or after 16 ticks in a row that admit
+                    # nothing (counted since the last step: a scheduler that admits at its ticks makes progress)
+                    if self.g != idle_g:
+                        idle_ticks, idle_g = 0, self.g
                     idle_ticks = idle_ticks + 1 if self.n_waiting else 1 << 30
                     if idle_ticks > 16:
                         break

@@ -952,3 +952,54 @@ def test_slots_whose_lora_buffers_leave_no_kv_memory_are_named(config):
     with pytest.raises(StartupError, match=r"adapter slots of max rank \d+ leave no memory for the KV cache.*give "
                                            r"fewer slots \(max_loras\) or a lower max_lora_rank"):
         simulate(random_workload(20), config=config)
+
+
+class _Pacer(Scheduler):
+    """FCFS with at most one admission per tick (a token refilled at each tick): it admits only at its ticks."""
+
+    name = "t-pacer"
+
+    def __init__(self, every: float = 0.5) -> None:
+        self.every = every
+
+    @property
+    def tick_interval(self) -> float:
+        return self.every
+
+    def bind(self, engine) -> None:
+        super().bind(engine)
+        self.q: list[int] = []
+        self.tokens = 1
+
+    def on_arrivals(self, lo: int, hi: int) -> None:
+        self.q.extend(range(lo, hi))
+
+    def on_preempt(self, rid: int) -> None:
+        self.q.insert(0, rid)
+
+    def on_tick(self, now: float) -> None:
+        self.tokens = 1
+
+    def schedule_waiting(self, ctx):
+        if self.q and self.tokens:
+            r = ctx.try_admit(self.q[0])
+            if r.name == "OK":
+                self.q.pop(0)
+                self.tokens = 0
+                return None
+            return r
+        return None
+
+
+def test_a_scheduler_that_admits_at_its_ticks_is_not_stopped_by_the_idle_tick_guard():
+    """With only policy ticks left, a run without a horizon ends after 16 ticks in a row that admit nothing. The
+    count ran over the whole run, never reset by progress, so a scheduler admitting one request per tick (30
+    arriving at once) was stopped after 17 productive ticks with 13 requests stranded (stop 67's liveness fuzz)."""
+    n = 30
+    w = Workload.from_arrays(np.zeros(n), np.full(n, 10), np.full(n, 2), np.full(n, -1), np.zeros(n, np.int64))
+    runs = [simulate(w, constant_profile(c0=0.01), EngineConfig(max_loras=1), scheduler_obj=_Pacer(0.5),
+                     policy="vllm", max_run_steps=k) for k in (None, 1)]
+    assert runs[0].summary["requests_finished"] == n
+    assert runs[0].requests.equals(runs[1].requests)
+    # (the pacer admits at t = 0, 0.5, ..., 14.5: the last finishes two steps after)
+    assert runs[0].summary["simulated_s"] == pytest.approx(14.52)
