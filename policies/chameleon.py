@@ -443,7 +443,10 @@ class ChameleonScheduler(Scheduler):
             q = self.queue_of(r)
             self.qof[r] = q
             self.queues[q].append(r)
+        requeued = set(waiting)
         for r in list(self._squashed_for):  # a squashed bypasser stays right behind its head
+            if r not in requeued:  # (admitted again since: its qof may still name a queue of the previous k)
+                continue
             h = self._squashed_for[r]
             q = self.queues[self.qof[r]]
             if h in self.qof and self.qof[h] == self.qof[r] and r in q and h in q:

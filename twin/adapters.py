@@ -342,7 +342,9 @@ class AdapterMemory:
             if a in self.cpu:
                 self.cpu.move_to_end(a)
             self.policy.on_idle(a, now)
-            if evict_idle and self.evict_when_idle(a):
+            # (not while its prefetch copy is still listed as loading: a request that waited for the copy can leave
+            # the batch before the copy's end event clears it; the adapter then stays, as a landed prefetch does)
+            if evict_idle and a not in self.loading and self.evict_when_idle(a):
                 self.evict(a, now)
 
     def evict(self, a: int, now: float) -> None:

@@ -90,6 +90,8 @@ def nothing_admitted_note(engine: Any, summary: dict[str, Any], scheduler: Any) 
         return None
     if getattr(engine, "n_attempts", None) == 0:  # (S-LoRA: the horizon came before its first admission poll)
         return None
+    if getattr(getattr(engine, "extensions", None), "_swap_wait_since", None):  # (waiting for swap-ins at the horizon)
+        return None
     waited = unfinished_not_dropped(engine)
     n = int(np.count_nonzero(waited))
     if not n or not np.isnan(engine.first_sched[waited]).all():

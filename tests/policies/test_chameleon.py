@@ -572,3 +572,23 @@ def test_preset_descriptions_say_when_s_lora_prefetches():
         on = simulate(w, prof, EngineConfig(slora_prefetch=True), policy=policy).summary
         assert off["system"] == on["system"] == "slora"
         assert off.get("prefetches", 0) == 0 and on["prefetches"] == 1
+
+
+def test_a_refresh_after_a_squashed_bypasser_was_admitted_again_does_not_crash():
+    """A squashed bypasser stays in ``_squashed_for`` after it is admitted again (until it finishes), and its queue
+    index is of the queues before the refresh: a refresh that chose fewer queues indexed past them (IndexError, no
+    result; stop 67's liveness fuzz). Only the bypassers waiting again are re-queued behind their heads."""
+    from traces.registry import get_workload
+    from twin.config import EngineConfig
+    from twin.simulate import simulate
+
+    w = get_workload("fastlibra-translation", rps=10.0, duration=20.0, adapters=6, seed=250)
+    prof = constant_profile(c0=0.005874995403413283, c_prefill=1e-05, c_decode=0.0, c_ctx=0.0, lora_pct=150.0, k6=0.0,
+                            sched=0.0, k2=3e-07, disk_s=0.0, cpu_s=0.01, kv_tokens=4000)
+    cfg = EngineConfig(kv_capacity_tokens=20000, max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=2048,
+                       max_loras=2, block_size=16)
+    r = simulate(w, prof, cfg, scheduler="chameleon", cache="ema-prefetch", system="vllm",
+                 scheduler_opts={"refresh_s": 0.03125, "min_samples": 1},
+                 cache_opts={"interval_s": 0.25, "top_k": 2, "alpha": 0.05})
+    assert r.summary["requests_finished"] == r.summary["requests_arrived"]
+    assert r.summary["chameleon_squashes"] >= 1

@@ -322,3 +322,25 @@ def test_a_full_cpu_tier_does_not_drop_an_adapter_a_prefetch_is_copying():
     runs = [simulate(w, None, cfg, policy="adapter-aware", max_run_steps=k, check_invariants=True) for k in (None, 1)]
     assert runs[0].summary["prefetches"] >= 1 and runs[0].summary["requests_finished"] == 6
     assert runs[0].requests.equals(runs[1].requests)
+
+
+def test_a_request_that_waited_for_a_prefetch_leaving_the_batch_does_not_evict_the_loading_adapter():
+    """A request admitted while its adapter's prefetch copy was in flight (Chameleon's scheduler prefetches its
+    queues' heads) can finish in the step that waited for the copy, before the copy's end event clears ``loading``;
+    a cache that evicts idle adapters (``none``) then evicted an adapter still listed as loading (stop 67's liveness
+    fuzz: check_invariants failed, 'a loading adapter holds no memory'). It stays, as a landed prefetch does."""
+    from twin.simulate import simulate
+
+    arr = [0.019592] * 5 + [0.028872] * 2 + [1.258465] * 4 + [1.32021] * 5 + [2.123499] * 7 + [2.355889] * 4 + [
+        2.552917] + [2.634119] * 4 + [2.79313] * 3 + [3.091765] * 8
+    prompt = [139, 284, 188, 193, 101, 41, 53, 11, 99, 25, 163, 47, 254, 227, 130, 275, 154, 112, 247, 17, 128, 45, 55,
+              132, 284, 268, 130, 67, 42, 147, 204, 225, 41, 9, 21, 45, 238, 187, 293, 268, 195, 42, 73]
+    adapter = [3, 0, 3, -1, 3, -1, 3, 1, -1, 0, 3, -1, 3, 0, 0, 3, -1, 3, 3, 2, 3, 2, 3, 3, 3, 3, 3, 2, 0, 3, -1, 3, -1,
+               0, 3, 3, 3, 3, 1, 0, -1, -1, -1]
+    rank_of = {-1: 0, 0: 8, 1: 16, 2: 32, 3: 64}
+    w = Workload.from_arrays(arr, prompt, [1] * 43, adapter, [rank_of[a] for a in adapter])
+    cfg = EngineConfig(max_num_seqs=2, max_num_batched_tokens=512, max_loras=2, block_size=32, max_model_len=384,
+                       tensor_parallel=2, kv_capacity_tokens=384)
+    r = simulate(w, "llama-2-7b_a40_vidur", cfg, scheduler="chameleon-output-only", cache="none", system="vllm",
+                 check_invariants=True)
+    assert r.summary["requests_finished"] == 43 and r.summary["prefetches"] >= 1

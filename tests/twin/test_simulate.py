@@ -173,3 +173,18 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_no_nothing_admitted_note_while_the_offered_request_waits_for_its_swap_ins():
+    """FastLibra copies a waiting request's adapter in the background (NOT_READY): at a horizon that falls during
+    the copy nothing was admitted, yet the scheduler offered the request; the note blamed its schedule_waiting
+    (stop 67's liveness fuzz). The same run without the horizon finishes every request."""
+    from traces.registry import get_workload
+
+    w = get_workload("fastlibra-translation", rps=2.0, duration=10.0, adapters=8, seed=732)
+    cfg = EngineConfig(kv_capacity_tokens=1500, max_model_len=1500, max_num_seqs=256, max_num_batched_tokens=512,
+                       block_size=8, max_loras=2)
+    r = simulate(w, "llama-2-7b_a100-80gb_vidur", cfg, scheduler="sjf", cache="fastlibra-wom", system="vllm",
+                 horizon_s=1.7384, cache_opts={"interval_s": 0.015625})
+    assert r.summary["requests_finished"] == 0 and r.engine.adapters.loading
+    assert "no request was admitted" not in (r.summary.get("note") or "")
