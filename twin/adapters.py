@@ -344,7 +344,7 @@ class AdapterMemory:
             self.policy.on_idle(a, now)
             # (not while its prefetch copy is still listed as loading: a request that waited for the copy can leave
             # the batch before the copy's end event clears it; the adapter then stays, as a landed prefetch does)
-            if evict_idle and a not in self.loading and self.evict_when_idle(a):
+            if evict_idle and self.evict_when_idle(a) and a not in self.loading:
                 self.evict(a, now)
 
     def evict(self, a: int, now: float) -> None:
