@@ -222,10 +222,8 @@ class Extensions:
         r = self.history_reclaimable(exclude_node)
         pl = self.mem.placement
         if self.memory == "unified":
-            ab, held = pl.ab, self.held_adapters
-            stuck = self._adapters_behind_kv()
-            if stuck:
-                held = {**held, **dict.fromkeys(stuck, 1)}
+            ab = pl.ab
+            held = self.held_adapters.keys() | self._adapters_behind_kv()  # (neither can leave now)
             if held:
                 r += sum(ab[v] for v in self.mem.evictable() if v != exclude_adapter and v not in held)
             else:  # (no request holds an adapter: no lookup per evictable adapter)
@@ -243,7 +241,7 @@ class Extensions:
         p = self.prefix
         if p is None or not self.cache.kv_before_adapter or not (p.loading_blocks or p.held_hbm_blocks):
             return set()
-        out = {n.adapter for n in p._tier_nodes("loading")}
+        out = {n.adapter for n in p.loading_nodes()}
         if p.held_hbm_blocks:
             out.update(n.adapter for n in p.hbm_nodes() if n.held)
         return out

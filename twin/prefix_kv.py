@@ -367,6 +367,10 @@ class HistoryKV:
         """The nodes in host memory, in the order of ``nodes``."""
         return self._tier_nodes("host")
 
+    def loading_nodes(self) -> list[HistoryNode]:
+        """The nodes being copied into HBM, in the order of ``nodes``."""
+        return self._tier_nodes("loading")
+
     def check(self) -> None:
         hb = sum(n.blocks for n in self.nodes.values() if n.tier in ("hbm", "loading"))
         assert hb == self.hbm_blocks, f"history KV: HBM blocks {hb} != {self.hbm_blocks}"
