@@ -8,7 +8,10 @@ One engine step (``Engine._plan_step`` then ``Engine._complete_step``), as in vL
    KV blocks for the tokens it computes (``ceil(tokens/16)``); when the pool is empty the
    *last* running request is preempted (recompute: its blocks are freed and it goes back
    to the front of the waiting queue), until the allocation fits or the request itself
-   was preempted.
+   was preempted. Before preempting, policies' caches in the KV pool give back what they can
+   (idle adapters, history KV: ``Extensions.reclaim_for_step``), and when copies in flight
+   into the pool (prefetched adapters, history KV) would cover the rest once landed, the
+   batch waits for them instead (``Engine._wait_for_landing``).
 2. **Waiting requests next**, only if nothing was preempted: the scheduler policy offers
    them to :meth:`StepContext.try_admit`, which applies vLLM's checks (token budget,
    ``max_num_seqs``, ``max_loras`` distinct adapters, KV blocks for the first chunk).
@@ -76,6 +79,8 @@ _FINISHED = int(FINISHED)
 # the outcomes as plain names (an enum member looked up on its class costs half a microsecond)
 OK, NO_BUDGET, NO_SEQ, NO_SLOT, NO_KV = Admit.OK, Admit.NO_BUDGET, Admit.NO_SEQ, Admit.NO_SLOT, Admit.NO_KV
 _NO_LOADS: tuple = ()  # the loads (and their requests) of a step that admits no one
+#: :meth:`Engine._plan_step`'s answer when the running batch waits for copies in flight to land (``memory_stall``)
+_STALL = object()
 
 
 class StepContext:
@@ -157,6 +162,7 @@ class Engine(PreemptionWalk, EngineState):
         check = self.check_invariants
         progress = self.progress
         idle_ticks = idle_g = 0
+        stalled = False
         # SimPy's queue: when it is empty, nothing else can happen while the engine waits, and
         # the wait is the clock moving to ``now + delay`` (what ``env.timeout`` followed by
         # ``env.step`` would do: the same float addition), without an event
@@ -171,7 +177,15 @@ class Engine(PreemptionWalk, EngineState):
                 self._tick(now)
             if now >= self._async_until:
                 self._fire_events(now)
+            if stalled:  # (the ticks and landings at the end of a memory stall saw it: new copies waited)
+                stalled = self.memory_stall = False
             plan = self._plan_step(now)
+            if plan is _STALL:  # the running batch waits for copies in flight to land (_wait_for_landing)
+                stalled = True
+                t_next = min(self._next_arr_t, self._async_until, self._next_tick, horizon)
+                yield env.timeout(max(t_next - now, 0.0))  # (a copy in flight is a SimPy process: never direct)
+                self.extensions.memory_stall_s += env._now - now
+                continue
             if plan is None:  # idle: sleep until something can happen
                 if self._release_holds is not None and self.n_waiting and self._release_holds(now):
                     # nothing runs and no waiting request was admitted while nodes held for waiting requests had
@@ -274,6 +288,8 @@ class Engine(PreemptionWalk, EngineState):
                 budget -= k
         if need > self.total_blocks - self.used_blocks and (
                 self._reclaim is None or not self._reclaim(need - (self.total_blocks - self.used_blocks))):
+            if self._reclaim is not None and self._wait_for_landing(need):
+                return _STALL
             preempted = True
             budget, chunks, need = self._preempt_until_fits(now)
         self.used_blocks += need
@@ -307,6 +323,32 @@ class Engine(PreemptionWalk, EngineState):
             # counts them all
             self.adapters.placement.alloc_failures += self._prefetch_failed * (plan.k - 1)
         return plan
+
+    def _wait_for_landing(self, need: int) -> bool:
+        """Whether the running batch, short of KV blocks after the caches gave what they could, waits for copies
+        in flight to land instead of preempting (True: ``memory_stall`` is set, and the step is planned again at
+        the next timed event, tick or arrival).
+
+        A prefetched adapter or a history-KV node being copied into the pool holds its blocks until its copy ends:
+        the copy writes into them, so they can be freed only then (a real engine would synchronise the copy stream
+        before handing the blocks to the batch). When the free blocks plus those of the copies in flight that
+        nothing will hold once landed (:meth:`twin.extensions.Extensions.landing_blocks`: no running request's
+        adapter, no waiting request's hold) cover the step's ``need``, preempting -- and recomputing the victim's
+        tokens later -- is the worse choice: the batch waits the rest of the copies, and the landed copies are
+        reclaimed at the next plan. While it waits (``memory_stall``), no new background copy takes pool blocks
+        (:meth:`twin.prefetch.AsyncLoader.start`, :meth:`twin.prefix_kv.HistoryKV.swap_in`), so the copies in
+        flight only land and a stall always ends: in a step, or in the preemption vLLM's order makes once
+        nothing in flight can help. Before this rule (stop 68), a policy that prefetched into the freed pool at
+        every tick could preempt the only running request for ever
+        (``tests/twin/test_prefetch.py::test_prefetches_in_flight_do_not_starve_the_running_batch``)."""
+        if self._async_until == INF:  # (no copy can land: nothing to wait for)
+            return False
+        ext = self.extensions
+        if self.total_blocks - self.used_blocks + ext.landing_blocks() < need:
+            return False
+        self.memory_stall = True
+        ext.memory_stalls += 1
+        return True
 
     def _prefetch_changed(self, ctx: StepContext, now: float) -> bool:
         """The prefetch decisions after a step's admissions (twin/extensions.py, twin/prefetch.py); True when one

@@ -122,6 +122,9 @@ class EngineState:
     _release_holds: "Callable[[float], bool] | None" = None
     #: the extensions' prefetch decisions after a policy's tick (None: no policy prefetches at its tick)
     _after_tick: "Callable[[Any, float], None] | None" = None
+    #: the running batch waits for copies in flight to land (``Engine._wait_for_landing``): no new background copy
+    #: takes pool blocks meanwhile (:meth:`twin.prefetch.AsyncLoader.start`, :meth:`twin.prefix_kv.HistoryKV.swap_in`)
+    memory_stall: bool = False
 
     def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,

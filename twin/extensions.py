@@ -152,6 +152,10 @@ class Extensions:
         self.kv_cold_start_s = 0.0
         #: the engine calls :meth:`admit` and :meth:`reclaim_for_step`
         self.handles_admission = self.mem.placement is not None or self.prefix is not None
+        #: times the running batch, short of blocks, waited for copies in flight to land instead of preempting, and
+        #: the seconds it waited (``Engine._wait_for_landing``)
+        self.memory_stalls = 0
+        self.memory_stall_s = 0.0
 
     def _place_adapters(self, memory: str) -> None:
         """Adapter memory instead of vLLM's slots: resize the KV pool, place the adapters,
@@ -228,6 +232,21 @@ class Extensions:
                 r += sum(ab[v] for v in self.mem.evictable() if v != exclude_adapter and v not in held)
             else:  # (no request holds an adapter: no lookup per evictable adapter)
                 r += sum(ab[v] for v in self.mem.evictable() if v != exclude_adapter)
+        return r
+
+    def landing_blocks(self) -> int:
+        """Pool blocks of the copies in flight -- prefetched adapters (unified pool) and history KV swapped in --
+        that nothing will hold once they land: no running request's adapter (a request admitted while its adapter
+        was loading), no waiting request's hold (:meth:`_hold`). Landed, they are idle and reclaimable
+        (``Engine._wait_for_landing``)."""
+        r = 0
+        p = self.prefix
+        if p is not None and p.loading_blocks:
+            r += sum(n.blocks for n in p.loading_nodes() if not n.held)
+        mem = self.mem
+        if self.memory == "unified" and mem.loading:
+            ab, held, active = mem.placement.ab, self.held_adapters, mem.active
+            r += sum(ab[a] for a in mem.loading if not active[a] and a not in held)
         return r
 
     def _adapters_behind_kv(self) -> set[int]:
@@ -525,6 +544,8 @@ class Extensions:
         """The extensions' counters, then the policies' :meth:`stats` (for the run summary)."""
         out: dict[str, Any] = {"adapter_memory": self.memory, "reclaimed_blocks": self.reclaimed_blocks,
                                "requests_blocked_by_adapter_memory": self.blocked}
+        if self.memory == "unified" or self.prefix is not None:  # (where copies land in the KV pool)
+            out.update({"memory_stalls": self.memory_stalls, "memory_stall_s": self.memory_stall_s})
         if self.cache.kv_block_size:  # the system's own block size replaced EngineConfig.block_size
             out["kv_block_size"] = self.e.block_size
         if self.memory == "region" and self.cache.lora_share:

@@ -168,6 +168,9 @@ class EngineCore(EngineView, Protocol):
 
     n_adapters: int
     max_model_len: int
+    #: the running batch waits for copies in flight into the KV pool to land (``Engine._wait_for_landing``): no new
+    #: background copy may take pool blocks meanwhile
+    memory_stall: bool
 
     def resize_kv_pool(self, kv_tokens: int, max_loras: int) -> None: ...
 

@@ -98,6 +98,8 @@ class AsyncLoader:
             return False
         if not demand and not self.sync and len(mem.loading) >= self.max_inflight:
             return False
+        if self.e.memory_stall:  # the running batch waits for the copies in flight to land (Engine._wait_for_landing)
+            return False
         if not self._room(a, now, evict):
             return False
         source, disk_s = mem.fetch(a, now)

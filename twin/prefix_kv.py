@@ -268,9 +268,10 @@ class HistoryKV:
         return node.blocks
 
     def swap_in(self, node: HistoryNode, now: float) -> bool:
-        """Host -> HBM in the background over the host link (blocks reserved now)."""
+        """Host -> HBM in the background over the host link (blocks reserved now); not while the running batch
+        waits for copies in flight to land (``engine.memory_stall``)."""
         e = self.e
-        if node.tier != "host" or node.blocks > e.total_blocks - e.used_blocks:
+        if node.tier != "host" or node.blocks > e.total_blocks - e.used_blocks or e.memory_stall:
             return False
         e.lend_blocks(node.blocks)
         self.hbm_blocks += node.blocks

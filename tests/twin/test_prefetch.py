@@ -346,18 +346,88 @@ def test_a_request_that_waited_for_a_prefetch_leaving_the_batch_does_not_evict_t
     assert r.summary["requests_finished"] == 43 and r.summary["prefetches"] >= 1
 
 
-@pytest.mark.xfail(strict=True, reason="known livelock (stop 67's liveness fuzz, not fixed): prefetches still loading "
-                                       "hold the blocks the only running request's next chunk needs; it is preempted "
-                                       "every one or two swapper ticks and recomputed, forever")
-def test_prefetches_in_flight_do_not_starve_the_running_batch():
-    """The adapter-aware scheduler prefetches its lookahead's adapters (they cannot be reclaimed while loading) beside
-    FastLibra's swapper on a tight pool with one adapter slot: 5 of 34 requests finish by 50 s and by 400 s alike."""
+def _starved_batch_case(**kw):
+    """Stop 67's liveness fuzz case: the adapter-aware scheduler's lookahead and FastLibra's swapper prefetch into a
+    tight unified pool with one adapter slot; a request needs 94 of the pool's 152 blocks, its adapter 39, and two
+    prefetched adapters of 20 each are in flight whenever its next chunk asks for blocks."""
     from traces.registry import get_workload
     from twin.simulate import simulate
 
     w = get_workload("fastlibra-chatbot", rps=8.0, duration=5.0, adapters=8, seed=484)
     cfg = EngineConfig(kv_capacity_tokens=2432, max_model_len=2432, max_num_seqs=4, max_num_batched_tokens=512,
                        block_size=16, max_loras=1, max_cpu_loras=1)
-    s = simulate(w, "llama-2-7b_a100-80gb_vidur", cfg, scheduler="adapter-aware", cache="fastlibra-wos", system="vllm",
-                 horizon_s=200.0, cache_opts={"interval_s": 0.125, "bs_window_s": 0.2}).summary
-    assert s["requests_finished"] + s["requests_dropped"] + s["requests_rejected"] == s["requests_arrived"]
+    return simulate(w, "llama-2-7b_a100-80gb_vidur", cfg, scheduler="adapter-aware", cache="fastlibra-wos",
+                    system="vllm", cache_opts={"interval_s": 0.125, "bs_window_s": 0.2}, **kw)
+
+
+def test_prefetches_in_flight_do_not_starve_the_running_batch():
+    """Prefetches in flight hold blocks the only running request's next chunk needs: it waits for them to land
+    (``Engine._wait_for_landing``) instead of being preempted and recomputed at every swapper tick, so the run ends
+    by itself with every request finished (before stop 68: 8 of 34 by 50 s and by 400 s alike, never ending)."""
+    s = _starved_batch_case(check_invariants=True).summary
+    assert s["requests_finished"] == s["requests_arrived"] == 34
+    assert s["memory_stalls"] >= 1 and s["memory_stall_s"] > 0
+
+
+def test_without_waiting_for_landings_the_batch_is_starved(monkeypatch):
+    """The same case with the wait switched off preempts for ever: what the rule fixes."""
+    from twin.engine import Engine
+
+    monkeypatch.setattr(Engine, "_wait_for_landing", lambda self, need: False)
+    s = _starved_batch_case(horizon_s=200.0).summary
+    assert s["requests_finished"] < 15 and s["preemptions"] > 1000
+
+
+def test_no_background_copy_starts_while_the_batch_waits(monkeypatch):
+    """While the running batch waits for copies in flight (``memory_stall``), no prefetch and no history swap-in
+    takes pool blocks, so the copies in flight only land and every stall ends; each stall lasts until a copy
+    lands, a tick or an arrival (never zero time for ever)."""
+    from twin.engine import Engine
+    from twin.prefetch import AsyncLoader
+    from twin.prefix_kv import HistoryKV
+
+    started_in_stall = []
+    start, swap_in = AsyncLoader.start, HistoryKV.swap_in
+
+    def checked_start(self, a, now, ctx=None, evict=True, demand=False):
+        ok = start(self, a, now, ctx, evict, demand)
+        if ok and self.e.memory_stall:
+            started_in_stall.append(("prefetch", a, now))
+        return ok
+
+    def checked_swap_in(self, node, now):
+        ok = swap_in(self, node, now)
+        if ok and self.e.memory_stall:
+            started_in_stall.append(("history", node.conv, now))
+        return ok
+
+    stalls = []
+    wait = Engine._wait_for_landing
+
+    def recorded_wait(self, need):
+        out = wait(self, need)
+        if out:
+            stalls.append((self.env.now, need, self.total_blocks - self.used_blocks, self.extensions.landing_blocks()))
+        return out
+
+    monkeypatch.setattr(AsyncLoader, "start", checked_start)
+    monkeypatch.setattr(HistoryKV, "swap_in", checked_swap_in)
+    monkeypatch.setattr(Engine, "_wait_for_landing", recorded_wait)
+    s = _starved_batch_case(check_invariants=True).summary
+    assert started_in_stall == []
+    assert len(stalls) == s["memory_stalls"] >= 1
+    for _, need, free, landing in stalls:  # (a stall only when the landed copies would cover the step's need)
+        assert free < need <= free + landing
+
+
+def test_memory_stalls_step_exactly():
+    """Run skipping gives what stepping one iteration at a time gives, stalls included."""
+    a = _starved_batch_case(horizon_s=120.0)
+    b = _starved_batch_case(horizon_s=120.0, max_run_steps=1)
+    assert a.summary["memory_stalls"] >= 1
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    wall = ("wall_s", "x_realtime", "step_segments")
+    assert {k: repr(v) for k, v in a.summary.items() if k not in wall} == \
+        {k: repr(v) for k, v in b.summary.items() if k not in wall}
