@@ -28,7 +28,7 @@ from twin.interfaces import (AdapterCachePolicy, PolicyError, Scheduler, check_p
                              explain_policy_failure, policy_label)
 from twin.recorder import Recorder
 from twin.requests import DEFAULT_DROP_REASON, FINISHED, PENDING, REJECTED, RequestTable, StartupError, check_startup
-from twin.tensor_parallel import tp_profile
+from twin.tensor_parallel import calibrated_degree, load_split, tp_profile
 
 if TYPE_CHECKING:  # pragma: no cover
     from traces.workload import Workload
@@ -46,7 +46,7 @@ def engine_setup(config: EngineConfig, profile: "Profile", cache: AdapterCachePo
     if cache.kv_block_size and cache.kv_block_size != config.block_size:  # the system's block size
         config = dataclasses.replace(config, block_size=int(cache.kv_block_size))
     config.validate()
-    if config.tensor_parallel > 1:
+    if config.tensor_parallel > 1 or calibrated_degree(profile) != 1:
         profile = tp_profile(profile, config.tensor_parallel)
     if cache.lora_compute == "paged":
         profile = profile.with_paged_lora()
@@ -245,7 +245,7 @@ class EngineState:
         self.cache = cache
         self.scheduler = scheduler
         self.adapters = AdapterMemory(self.adapter_rank, self.profile, slots, cpu_slots, cache, self.link,
-                                      cfg.tensor_parallel, self.max_lora_rank)
+                                      load_split(self.profile, cfg.tensor_parallel), self.max_lora_rank)
         #: the step-time entry points the engine calls (:meth:`twin.perf.profile.Profile.step_s`, ``decode_run``),
         #: always given the adapters registered at the step (:meth:`_registered`) as their last argument: a profile
         #: with an ``adapter_check`` component prices them, the others ignore it

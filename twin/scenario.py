@@ -50,7 +50,7 @@ from twin.perf.profile import DEFAULT_FITTED, GPU_GB, Profile, available_profile
 from twin.interfaces import PolicyError, check_policy_objects
 from twin.registry import CACHES, PRESETS, SCHEDULERS, load_entry_points, resolve_policy, resolve_system
 from twin.slora_engine import batch_max_tokens, check_slora_config, slora_pool_tokens
-from twin.tensor_parallel import kv_tokens_for_memory, tp_profile, valid_degrees
+from twin.tensor_parallel import calibrated_degree, kv_tokens_for_memory, tp_profile, valid_degrees
 
 #: GPU adapter slots when none are given, capped at the number of adapters. With max rank
 #: 128, 32 slots would leave Llama-3.1-8B on an H100 less KV than one 131,072-token request,
@@ -831,6 +831,8 @@ def _tp_hint(run: RunConfig, cfg: EngineConfig, workload: Workload, profile: Pro
     ranks = workload.df.loc[workload.df["adapter_id"] >= 0, "adapter_rank"]
     max_rank = (cfg.max_lora_rank or (int(ranks.max()) if len(ranks) else 0)) if slots else 0
     need = cfg.max_model_len or profile.model.max_model_len
+    if calibrated_degree(profile) != 1:  # (it prices its calibrated degree only: tp_profile refuses the others)
+        return ""
     for d in valid_degrees(profile.model, 8):
         if d > run.tp and tp_profile(profile, d).kv_capacity_tokens(slots, max_rank) >= need:
             return f"; or split the weights over more GPUs: --tp {d} holds it ({profile.name} on {profile.gpu})"

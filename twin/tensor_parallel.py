@@ -47,7 +47,10 @@ over ``tp`` GPUs. What follows for the twin, all in :func:`tp_profile`:
   server's.
 
 A profile that was calibrated at the target degree says so with ``"tensor_parallel": tp`` in its
-JSON; it is then used as is. The serving engines call :func:`check_degree` (through the scenario's
+JSON; it is then used as is -- its load tables too, which were measured with ``tp`` workers, so the engine
+splits its loads by the run's degree over the calibrated one (:func:`load_split`, 1 there) -- and it runs at
+that degree only: the splits above start from single-GPU times, so :func:`tp_profile` refuses to move a
+TP-``N`` calibration to another degree (TP 1 included) instead of dividing TP-``N`` times again. The serving engines call :func:`check_degree` (through the scenario's
 checks) and :func:`tp_profile`; a system that cannot run tensor parallelism refuses ``tp > 1``
 itself.
 """
@@ -164,10 +167,35 @@ def measured_degrees(profile: Profile) -> list[int]:
     return sorted(int(k) for k in tables)
 
 
+def calibrated_degree(profile: Profile) -> int:
+    """The tensor-parallel degree ``profile`` prices: its JSON's ``tensor_parallel`` (1 when absent), or the degree
+    :func:`tp_profile` split it to."""
+    return int(profile.raw.get("tensor_parallel", 1))
+
+
+def load_split(profile: Profile, tp: int) -> int:
+    """The split of ``profile``'s adapter loads at TP ``tp`` (:meth:`twin.perf.forms.LinkLoad.predict`'s ``tp``):
+    ``tp`` over the degree its load tables were measured at -- ``tp`` for a single-GPU calibration (also once
+    :func:`tp_profile` has split its step times, which leaves the load tables single-GPU), 1 for a profile
+    calibrated at ``tp`` (measured with ``tp`` workers)."""
+    measured = int(profile.raw.get("tensor_parallel_from", profile.raw.get("tensor_parallel", 1)))
+    return max(tp // measured, 1)
+
+
 def tp_profile(profile: Profile, tp: int) -> Profile:
     """``profile`` split over ``tp`` GPUs (see the module docstring); the profile itself when ``tp`` is 1
-    or the degree it was calibrated at. Raises :class:`TensorParallelError` for a degree the model refuses."""
-    if tp <= 1 or int(profile.raw.get("tensor_parallel", 1)) == tp:
+    or the degree it was calibrated at. Raises :class:`TensorParallelError` for a degree the model refuses, and
+    for a degree other than the calibrated one of a profile calibrated at TP > 1 (the splits start from
+    single-GPU times)."""
+    base = calibrated_degree(profile)
+    if base == tp:
+        return profile
+    if base != 1:
+        raise TensorParallelError(
+            f"profile {profile.name!r} prices a server at tensor-parallel degree {base} (its \"tensor_parallel\": "
+            f"{base}), not {tp}; run it at degree {base} (twin run --tp {base}; in a grid, [configs.engine] "
+            f"tensor_parallel = {base}; EngineConfig(tensor_parallel={base})), or use a single-GPU profile" + (f", which the twin splits to TP {tp}" if tp > 1 else ""))
+    if tp <= 1:
         return profile
     model = profile.model
     check_degree(model, tp)

@@ -203,6 +203,24 @@ def test_a_bad_grid_value_is_refused_naming_the_key_before_any_run(tmp_path, tex
         load_grid(p)
 
 
+@pytest.mark.parametrize("engine", ["", "[configs]\nengine = { tensor_parallel = 4 }\n"])
+def test_a_profile_calibrated_at_tp2_is_refused_at_another_degree(tmp_path, engine):
+    """A profile calibrated at TP 2 prices a TP-2 server only (twin.tensor_parallel.tp_profile): a grid at TP 1 or 4
+    ended every run in an error; it is refused before any run, naming the degree."""
+    import json
+
+    from twin.perf.profile import load_profile
+
+    raw = dict(load_profile("llama-2-7b_a100-80gb_vidur").raw, tensor_parallel=2, name="tp2cal")
+    prof = tmp_path / "tp2cal.json"
+    prof.write_text(json.dumps(raw))
+    p = tmp_path / "tp.toml"
+    p.write_text(f'profile = "{prof}"\n' + engine)
+    with pytest.raises(ValueError, match=r"\[configs.engine\] tensor_parallel: profile 'tp2cal' prices a server at "
+                                         r"tensor-parallel degree 2"):
+        load_grid(p)
+
+
 def test_a_huge_seeds_list_is_refused_at_once(tmp_path):
     """200,001 seeds: refused by the task cap (the duplicate check before it was quadratic: minutes)."""
     p = tmp_path / "seeds.toml"

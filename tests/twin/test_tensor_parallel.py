@@ -143,6 +143,60 @@ def test_lora_compute_and_loads_split_as_vllm():
     assert p.load_s(32, "cpu", 4) > p.load_s(32, "cpu", 1) / 4
 
 
+def _calibrated_at(tp: int) -> Profile:
+    """The A100 profile relabelled as calibrated at TP ``tp`` (its tables then stand for a TP-``tp`` server)."""
+    raw = copy.deepcopy(load_profile(A100_7B).raw)
+    raw["tensor_parallel"] = tp
+    return Profile.from_dict(raw)
+
+
+def _engine_loads(profile, tp: int) -> dict[int, float]:
+    from twin.engine import Engine
+    from twin.registry import make_cache, make_scheduler
+
+    w = Workload.from_arrays([0.0], [100], [4], [0], [32])
+    e = Engine(w, profile, EngineConfig(max_loras=8, max_lora_rank=32, tensor_parallel=tp), make_scheduler("fcfs"),
+               make_cache("lru"))
+    return dict(e.adapters.cpu_load_s)
+
+
+def test_a_profile_calibrated_at_the_degree_is_not_split_again():
+    """A profile calibrated at TP 2 measured its loads with two workers: at TP 2 the engine loads in the tables'
+    time, not half its transfer part again (before stop 68 it split them by 2 a second time); a single-GPU profile
+    run at TP 2 splits them once."""
+    one, cal2 = load_profile(A100_7B), _calibrated_at(2)
+    assert _engine_loads(cal2, 2) == {32: cal2.load_s(32, "cpu", 1, 32)}
+    assert _engine_loads(one, 2) == {32: one.load_s(32, "cpu", 2, 32)} != {32: one.load_s(32, "cpu", 1, 32)}
+    assert tp_profile(cal2, 2) is cal2
+    # a split profile keeps its single-GPU load tables (split by the degree) and is its own split at that degree
+    from twin.tensor_parallel import load_split
+
+    split = tp_profile(one, 2)
+    assert load_split(split, 2) == 2 and load_split(cal2, 2) == 1 and load_split(one, 1) == 1
+    assert tp_profile(split, 2) is split
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_a_profile_calibrated_at_tp2_refuses_another_degree(tp):
+    """The analytical and measured splits start from single-GPU times: a TP-2 calibration run at TP 1 or 4 would
+    price a TP-2 server's steps at another degree, so the twin refuses it, naming the degree it prices."""
+    with pytest.raises(TensorParallelError, match="prices a server at tensor-parallel degree 2.*--tp 2"):
+        simulate(Workload.from_arrays([0.0], [100], [4], [0], [16]), _calibrated_at(2),
+                 EngineConfig(max_loras=8, max_lora_rank=16, tensor_parallel=tp))
+
+
+def test_a_profile_calibrated_at_tp2_refused_by_twin_run(tmp_path, capsys):
+    import json
+
+    from twin.cli import main
+
+    path = tmp_path / "tp2.json"
+    path.write_text(json.dumps(_calibrated_at(2).raw))
+    assert main(["run", "--profile", str(path), "--duration", "5", "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert "tensor-parallel degree 2" in err and "Traceback" not in err
+
+
 def test_split_keeps_the_serving_host_time_and_the_rank_tile_cost():
     """Profile.with_serving_host / with_rank_tile_cost survive the split the engine applies at --tp > 1 (the host
     time was dropped there before stop 40)."""
