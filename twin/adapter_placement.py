@@ -266,10 +266,12 @@ class UnifiedPool:
         need = self.ab[a] + extra_blocks
         return need <= free or need <= free + self.ext.reclaimable()
 
-    def allocate(self, a: int, now: float, evict: bool = True) -> bool:
+    def allocate(self, a: int, now: float, evict: bool = True, reserve: int = 0) -> bool:
+        """Pool blocks for adapter ``a`` (evicting idle adapters and history KV when ``evict``), leaving ``reserve``
+        blocks free (a background copy leaves the running prefills' blocks: ``Engine.background_reserve``)."""
         e = self.e
         need = self.ab[a]
-        free = e.total_blocks - e.used_blocks
+        free = e.total_blocks - e.used_blocks - reserve
         if need > free:
             if not evict or need > free + self.ext.reclaimable():
                 return False

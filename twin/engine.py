@@ -11,7 +11,8 @@ One engine step (``Engine._plan_step`` then ``Engine._complete_step``), as in vL
    was preempted. Before preempting, policies' caches in the KV pool give back what they can
    (idle adapters, history KV: ``Extensions.reclaim_for_step``), and when copies in flight
    into the pool (prefetched adapters, history KV) would cover the rest once landed, the
-   batch waits for them instead (``Engine._wait_for_landing``).
+   batch waits for them instead (``Engine._wait_for_landing``); such background copies
+   leave the blocks the running prefills still need free (``Engine.background_reserve``).
 2. **Waiting requests next**, only if nothing was preempted: the scheduler policy offers
    them to :meth:`StepContext.try_admit`, which applies vLLM's checks (token budget,
    ``max_num_seqs``, ``max_loras`` distinct adapters, KV blocks for the first chunk).
@@ -178,14 +179,18 @@ class Engine(PreemptionWalk, EngineState):
             if now >= self._async_until:
                 self._fire_events(now)
             if stalled:  # (the ticks and landings at the end of a memory stall saw it: new copies waited)
-                stalled = self.memory_stall = False
+                self.memory_stall = False
             plan = self._plan_step(now)
             if plan is _STALL:  # the running batch waits for copies in flight to land (_wait_for_landing)
+                ext = self.extensions
+                if not stalled:  # (a new wait; planning again after a landing, tick or arrival is the same wait)
+                    ext.memory_stalls += 1
                 stalled = True
                 t_next = min(self._next_arr_t, self._async_until, self._next_tick, horizon)
                 yield env.timeout(max(t_next - now, 0.0))  # (a copy in flight is a SimPy process: never direct)
-                self.extensions.memory_stall_s += env._now - now
+                ext.memory_stall_s += env._now - now
                 continue
+            stalled = False
             if plan is None:  # idle: sleep until something can happen
                 if self._release_holds is not None and self.n_waiting and self._release_holds(now):
                     # nothing runs and no waiting request was admitted while nodes held for waiting requests had
@@ -343,12 +348,26 @@ class Engine(PreemptionWalk, EngineState):
         (``tests/twin/test_prefetch.py::test_prefetches_in_flight_do_not_starve_the_running_batch``)."""
         if self._async_until == INF:  # (no copy can land: nothing to wait for)
             return False
-        ext = self.extensions
-        if self.total_blocks - self.used_blocks + ext.landing_blocks() < need:
+        if self.total_blocks - self.used_blocks + self.extensions.landing_blocks() < need:
             return False
         self.memory_stall = True
-        ext.memory_stalls += 1
         return True
+
+    def background_reserve(self) -> int:
+        """KV blocks the running batch's prefills still need to compute their prompts: a background copy into the
+        pool (a policy's prefetch, a history-KV swap-in; not a waiting request's own swap-in) leaves them free
+        (:meth:`twin.adapter_placement.UnifiedPool.allocate`, :meth:`twin.prefix_kv.HistoryKV.swap_in`).
+
+        vLLM allocates a prefill's blocks chunk by chunk, so the pool's free blocks overstate what a copy for a
+        *waiting* request may take: a prefetch into them starves the next chunk, which then waits for the copy
+        to land (:meth:`_wait_for_landing`) or preempts the prefill -- and the landed copy, idle, is reclaimed and
+        prefetched again at the next step (stop 68's fuzz: a prefill stalled and preempted every 0.14 s, the run
+        30 % longer). The decoders' growth, a block per request every ``block_size`` steps, is not reserved."""
+        prefilling = self.prefilling
+        if not prefilling:
+            return 0
+        T, held, bs = self.T, self.held, self.block_size
+        return sum(-(-T[rid] // bs) - held[rid] for rid in prefilling)
 
     def _prefetch_changed(self, ctx: StepContext, now: float) -> bool:
         """The prefetch decisions after a step's admissions (twin/extensions.py, twin/prefetch.py); True when one

@@ -126,6 +126,11 @@ class EngineState:
     #: takes pool blocks meanwhile (:meth:`twin.prefetch.AsyncLoader.start`, :meth:`twin.prefix_kv.HistoryKV.swap_in`)
     memory_stall: bool = False
 
+    def background_reserve(self) -> int:
+        """KV blocks a background copy into the pool leaves free for the running batch (the vLLM engine's
+        :meth:`twin.engine.Engine.background_reserve`; none here)."""
+        return 0
+
     def __init__(self, workload: "Workload", profile: "Profile", config: EngineConfig, scheduler: Scheduler,
                  cache: AdapterCachePolicy, horizon_s: float | None = None, max_run_steps: int | None = None,
                  progress: bool = False, record_steps: bool = True, check_invariants: bool = False) -> None:

@@ -410,7 +410,7 @@ class Extensions:
                 short = node.blocks - (e.total_blocks - e.used_blocks)
                 if short > 0:
                     self.reclaim(short, now, pin=a)
-                if not self.prefix.swap_in(node, now):
+                if not self.prefix.swap_in(node, now, demand=True):
                     if waiting:  # its adapter's copy is in flight for it: held (its node is not in the pool)
                         self._hold(rid, a, None)
                     return Admit.NO_KV

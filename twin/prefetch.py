@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
+from twin.adapter_placement import UnifiedPool
 from twin.adapters import LinkCopy, Load
 from twin.interfaces import checked_prefetch
 
@@ -75,9 +76,11 @@ class AsyncLoader:
         self.max_inflight = INF if max_inflight is None else max_inflight
         self.started = 0
 
-    def _room(self, a: int, now: float, evict: bool) -> bool:
+    def _room(self, a: int, now: float, evict: bool, demand: bool = False) -> bool:
         mem = self.mem
         if mem.placement is not None:
+            if not demand and isinstance(mem.placement, UnifiedPool):  # (a prefetch leaves the prefills' blocks)
+                return mem.placement.allocate(a, now, evict, reserve=self.e.background_reserve())
             return mem.placement.allocate(a, now, evict)
         if mem.n_resident < mem.gpu_slots:
             return True
@@ -100,7 +103,7 @@ class AsyncLoader:
             return False
         if self.e.memory_stall:  # the running batch waits for the copies in flight to land (Engine._wait_for_landing)
             return False
-        if not self._room(a, now, evict):
+        if not self._room(a, now, evict, demand):
             return False
         source, disk_s = mem.fetch(a, now)
         mem.mark_resident(a)

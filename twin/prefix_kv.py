@@ -267,11 +267,14 @@ class HistoryKV:
         self.cache.on_history(node, "swap_out", now)
         return node.blocks
 
-    def swap_in(self, node: HistoryNode, now: float) -> bool:
+    def swap_in(self, node: HistoryNode, now: float, demand: bool = False) -> bool:
         """Host -> HBM in the background over the host link (blocks reserved now); not while the running batch
-        waits for copies in flight to land (``engine.memory_stall``)."""
+        waits for copies in flight to land (``engine.memory_stall``). A swap-in the cache policy decides (not a
+        waiting request's own, ``demand``) leaves the running prefills' blocks free (``engine.background_reserve``)."""
         e = self.e
-        if node.tier != "host" or node.blocks > e.total_blocks - e.used_blocks or e.memory_stall:
+        if node.tier != "host" or e.memory_stall:
+            return False
+        if node.blocks > e.total_blocks - e.used_blocks - (0 if demand else e.background_reserve()):
             return False
         e.lend_blocks(node.blocks)
         self.hbm_blocks += node.blocks

@@ -369,13 +369,80 @@ def test_prefetches_in_flight_do_not_starve_the_running_batch():
     assert s["memory_stalls"] >= 1 and s["memory_stall_s"] > 0
 
 
-def test_without_waiting_for_landings_the_batch_is_starved(monkeypatch):
-    """The same case with the wait switched off preempts for ever: what the rule fixes."""
+def test_without_the_two_rules_the_batch_is_starved(monkeypatch):
+    """The same case with both rules switched off -- the wait for copies in flight (``Engine._wait_for_landing``) and
+    the running prefills' reserve (``Engine.background_reserve``) -- preempts for ever: what they fix. Each alone
+    finishes every request here."""
     from twin.engine import Engine
 
     monkeypatch.setattr(Engine, "_wait_for_landing", lambda self, need: False)
+    monkeypatch.setattr(Engine, "background_reserve", lambda self: 0)
     s = _starved_batch_case(horizon_s=200.0).summary
     assert s["requests_finished"] < 15 and s["preemptions"] > 1000
+    for off in ("_wait_for_landing", "background_reserve"):
+        monkeypatch.undo()
+        monkeypatch.setattr(Engine, off, (lambda self, need: False) if off == "_wait_for_landing" else (lambda self: 0))
+        assert _starved_batch_case(horizon_s=400.0).summary["requests_finished"] == 34
+
+
+def _prefetch_case(**kw):
+    """Stop 68's audit case: the adapter-aware scheduler (lookahead 1) and Chameleon's predictive prefetch copy
+    adapters of waiting requests into a 3000-token unified pool while a request prefills its prompt in 256-token
+    chunks beside one other."""
+    from traces.registry import get_workload
+    from twin.simulate import simulate
+
+    w = get_workload("synthetic", rps=8.0, duration=5.0, adapters=20, seed=555)
+    df = w.df.copy()
+    df["arrival_s"] = np.round(df["arrival_s"].to_numpy() * 32) / 32
+    df = df.sort_values(["arrival_s", "request_id"], kind="stable").reset_index(drop=True)
+    prof = constant_profile(c0=2 ** -7, c_prefill=0.0, c_decode=0.0, disk_s=0.0, cpu_s=0.125, sched=2 ** -10)
+    cfg = EngineConfig(kv_capacity_tokens=3000, max_model_len=3000, max_num_seqs=2, max_num_batched_tokens=256,
+                       block_size=16, max_loras=2, max_cpu_loras=2)
+    return simulate(df, prof, cfg, scheduler="adapter-aware", cache="chameleon+prefetch", system="vllm",
+                    scheduler_opts={"lookahead": 1}, cache_opts={"bin_s": 0.0625, "min_samples": 5, "prefix_kv": True},
+                    **kw)
+
+
+def test_a_prefetch_leaves_the_running_prefills_blocks(monkeypatch):
+    """A background copy for a waiting request never takes the blocks the running prefills still need for their
+    prompts (``Engine.background_reserve``): without the reserve the prefill's next chunk found them taken, waited
+    for the copy, then was preempted anyway while the landed copy was reclaimed and prefetched again (stop 68's
+    fuzz: 28 s of a 118 s run stalled)."""
+    from twin.adapter_placement import UnifiedPool
+    from twin.engine import Engine
+
+    checked = []
+    allocate = UnifiedPool.allocate
+
+    def checked_allocate(self, a, now, evict=True, reserve=0):
+        e = self.e
+        ok = allocate(self, a, now, evict, reserve)
+        if ok and not e._admitting_now:
+            checked.append(e.total_blocks - e.used_blocks >= e.background_reserve())
+        return ok
+
+    monkeypatch.setattr(Engine, "_admitting_now", False, raising=False)
+    try_admit = Engine._try_admit
+
+    def admitting(self, rid):
+        self._admitting_now = True
+        try:
+            return try_admit(self, rid)
+        finally:
+            self._admitting_now = False
+
+    monkeypatch.setattr(UnifiedPool, "allocate", checked_allocate)
+    monkeypatch.setattr(Engine, "_try_admit", admitting)
+    with_reserve = _prefetch_case(check_invariants=True)
+    assert checked and all(checked)  # (every prefetch left the reserve free)
+    monkeypatch.undo()
+    monkeypatch.setattr(Engine, "background_reserve", lambda self: 0)
+    without = _prefetch_case()
+    a, b = with_reserve.summary, without.summary
+    assert a["requests_finished"] == b["requests_finished"]
+    assert b["memory_stall_s"] > 10 * max(a["memory_stall_s"], 0.1)
+    assert with_reserve.engine.env.now < 0.85 * without.engine.env.now
 
 
 def test_no_background_copy_starts_while_the_batch_waits(monkeypatch):
@@ -395,8 +462,8 @@ def test_no_background_copy_starts_while_the_batch_waits(monkeypatch):
             started_in_stall.append(("prefetch", a, now))
         return ok
 
-    def checked_swap_in(self, node, now):
-        ok = swap_in(self, node, now)
+    def checked_swap_in(self, node, now, demand=False):
+        ok = swap_in(self, node, now, demand)
         if ok and self.e.memory_stall:
             started_in_stall.append(("history", node.conv, now))
         return ok
@@ -415,7 +482,7 @@ def test_no_background_copy_starts_while_the_batch_waits(monkeypatch):
     monkeypatch.setattr(Engine, "_wait_for_landing", recorded_wait)
     s = _starved_batch_case(check_invariants=True).summary
     assert started_in_stall == []
-    assert len(stalls) == s["memory_stalls"] >= 1
+    assert len(stalls) >= s["memory_stalls"] >= 1  # (planning again within a wait is the same wait)
     for _, need, free, landing in stalls:  # (a stall only when the landed copies would cover the step's need)
         assert free < need <= free + landing
 
