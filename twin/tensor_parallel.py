@@ -50,9 +50,9 @@ A profile that was calibrated at the target degree says so with ``"tensor_parall
 JSON; it is then used as is -- its load tables too, which were measured with ``tp`` workers, so the engine
 splits its loads by the run's degree over the calibrated one (:func:`load_split`, 1 there) -- and it runs at
 that degree only: the splits above start from single-GPU times, so :func:`tp_profile` refuses to move a
-TP-``N`` calibration to another degree (TP 1 included) instead of dividing TP-``N`` times again. The serving engines call :func:`check_degree` (through the scenario's
-checks) and :func:`tp_profile`; a system that cannot run tensor parallelism refuses ``tp > 1``
-itself.
+TP-``N`` calibration to another degree (TP 1 included) instead of dividing TP-``N`` times again. The
+serving engines call :func:`check_degree` (through the scenario's checks) and :func:`tp_profile`; a system
+that cannot run tensor parallelism refuses ``tp > 1`` itself.
 """
 
 from __future__ import annotations

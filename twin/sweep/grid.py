@@ -67,7 +67,7 @@ from twin.config import SLORA_ONLY_FIELDS, ConfigError, EngineConfig
 from twin.model_spec import get_model
 from twin.perf.profile import DEFAULT_FITTED, parse_lora_targets
 from twin.scenario import VLLM_MAX_LORA_RANKS, check_host_term, rank_limit, read_mapping_file, rebase_path
-from twin.tensor_parallel import TensorParallelError, calibrated_degree, check_degree, tp_profile
+from twin.tensor_parallel import TensorParallelError, calibrated_degree, tp_profile
 from twin.validation.specs import RANK_TILE_COST, SERVING_S_PER_RUNNING
 
 #: The published per-adapter rates (req/s) and ranks.
@@ -609,8 +609,7 @@ def grid_from_dict(d: dict[str, Any], default_name: str = "grid") -> GridSpec:
     prof = get_profile(g.profile)
     if tp != 1 or calibrated_degree(prof) != 1:  # (every run ended in an error)
         try:
-            check_degree(prof.model, tp)
-            tp_profile(prof, tp)  # (a profile calibrated at TP > 1 runs at that degree only)
+            tp_profile(prof, tp)  # (a degree the model takes; a profile calibrated at TP > 1 runs at that degree only)
         except TensorParallelError as e:
             raise ValueError(f"grid [configs.engine] tensor_parallel: {e}") from None
     g.defaulted = _defaulted(d)
