@@ -292,7 +292,7 @@ class Extensions:
                         continue
                     freed += p.swap_out(node, now) if to_host else p.drop(node, now)
             if self.memory == "unified":
-                mem, ab = self.mem, self.mem.placement.ab
+                ab = self.mem.placement.ab
                 while freed < n and self._any_unheld_evictable():
                     v = self._evict_victim(now)
                     freed += ab[v]
