@@ -137,3 +137,33 @@ def test_tier_indexes_match_walks_over_all_nodes(ops):
         cache.sample_memory()
         assert cache._invalid_blocks_sum - before == (invalid if store.hbm_blocks else 0)
         store.check()  # the loading tier and the per-adapter block counts too
+
+
+def test_a_policy_swap_in_leaves_the_running_prefills_blocks_a_demand_one_does_not():
+    """A history swap-in the cache decides (FastLibra's swapper) leaves free the blocks the running prefills still
+    need (``Engine.background_reserve``); a waiting request's own swap-in (``demand``) is not held back by them;
+    neither starts while the running batch waits for copies in flight (``memory_stall``)."""
+    e = _engine()
+    store = e.history
+    for rid in (0, 1):
+        store.on_finish(rid, 0.0)
+    a, b = store.nodes[0], store.nodes[1]
+    store.swap_out(a, 1.0)
+    store.swap_out(b, 1.0)
+    free = e.total_blocks - e.used_blocks
+    bs = e.block_size
+    # a prefilling request whose prompt leaves one block too few for `a` beside it
+    e.prefilling[99], e.T[99], e.held[99] = None, (free - a.blocks + 1) * bs, 0
+    assert e.background_reserve() == free - a.blocks + 1
+    assert not store.swap_in(a, 1.0)
+    e.held[99] = 1  # (one block of its prompt allocated -- as the engine would have lent it: the reserve shrinks)
+    e.used_blocks += 1
+    assert e.background_reserve() == free - a.blocks
+    assert not store.swap_in(a, 1.0)  # (the allocated block left the free ones too: still one short)
+    e.used_blocks -= 1
+    assert store.swap_in(a, 1.0)  # (the reserve one block smaller, the free blocks as before: it fits)
+    e.memory_stall = True
+    assert not store.swap_in(b, 1.0, demand=True)
+    e.memory_stall = False
+    assert store.swap_in(b, 1.0, demand=True)  # (a demand swap-in is not held back by the reserve)
+    assert e.total_blocks - e.used_blocks < e.background_reserve()
