@@ -364,6 +364,22 @@ class Extensions:
             self.reclaim(short, now, pin=a)
         return h
 
+    def _reclaim_keeping(self, node: Any, n: int, now: float, pin: int) -> int:
+        """:meth:`reclaim` for a waiting request's own swap-in, keeping its matched history ``node`` in the pool:
+        the admission check counted the node's blocks as the request's own (``reclaimable(node, a)`` leaves it out),
+        so the reclaim must not take it -- it is held while the reclaim runs (held nodes are never taken). Before
+        (stop 68's audit), FastLibra-WoM's reclaim for the request's adapter swapped that very node out as its
+        lowest-valued one, and the request then copied it straight back in and waited for it."""
+        p = self.prefix
+        keep = node is not None and node.tier == "hbm"
+        if keep:
+            p.hold(node)
+        try:
+            return self.reclaim(n, now, pin=pin)
+        finally:
+            if keep:
+                p.unhold(node)
+
     def _await_swaps(self, rid: int, a: int, node: Any, need_ad: int, now: float) -> "Admit | None":
         """Asynchronous swap-in (FastLibra §2, §4.1 steps 1-2): start the background copies of
         ``rid``'s adapter (if not in HBM) and of its matched history node (if in host memory),
@@ -392,7 +408,7 @@ class Extensions:
             if not mem.resident[a]:
                 short = need_ad - (e.total_blocks - e.used_blocks)
                 if short > 0:
-                    self.reclaim(short, now, pin=a)
+                    self._reclaim_keeping(node, short, now, a)
                 # unified pool: only into the blocks just reclaimed (a policy's reclaim may free
                 # fewer than asked, e.g. an adapter whose KV child is still loading stays);
                 # a region evicts idle adapters inside it

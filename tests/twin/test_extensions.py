@@ -354,3 +354,32 @@ def test_an_adapter_whose_kv_node_cannot_leave_is_not_reclaimable():
     # (the livelock: 87 finished, 3 still waiting at the horizon, 564 GB of history KV swapped in by then)
     assert s["requests_finished"] + s["requests_dropped"] + s["requests_rejected"] == s["requests_arrived"]
     assert s["kv_swapped_in_gb"] < 10.0
+
+
+def test_a_waiting_requests_swap_in_keeps_its_own_history_node(monkeypatch):
+    """FastLibra-WoM: the reclaim for a waiting request's adapter swap-in must not swap out that request's own
+    matched history node -- the admission counted its blocks as the request's -- to copy it straight back in
+    (stop 68's audit: the node, lowest-valued once its adapter had left, went out and came back at t = 9.79 s)."""
+    from traces.registry import get_workload
+    from twin.extensions import Extensions
+    from twin.simulate import simulate
+
+    lost = []
+    await_swaps = Extensions._await_swaps
+
+    def watched(self, rid, a, node, need_ad, now):
+        in_hbm = node is not None and node.tier == "hbm"
+        out = await_swaps(self, rid, a, node, need_ad, now)
+        if in_hbm and node.tier != "hbm":
+            lost.append((now, rid, node.tier))
+        return out
+
+    monkeypatch.setattr(Extensions, "_await_swaps", watched)
+    w = get_workload("fastlibra-agent", rps=2.0, duration=10.0, adapters=50, seed=106)
+    cfg = EngineConfig(kv_capacity_tokens=6000, max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=8192,
+                       block_size=32, max_loras=1)
+    s = simulate(w, "embedded", cfg, scheduler="adapter-aware", cache="fastlibra-wom", system="vllm",
+                 scheduler_opts={"lookahead": 4}, cache_opts={"interval_s": 0.412958537290096, "busy": 0.8,
+                                                              "idle": 0.79}, check_invariants=True).summary
+    assert lost == []
+    assert s["requests_finished"] == s["requests_arrived"] == 25 and s["swap_in_kv"] == 4
