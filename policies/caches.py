@@ -15,7 +15,7 @@ import numpy as np
 from policies.common import ArrivalStats
 from policies.lru import LRUCache
 from twin.registry import Preset, register_cache, register_preset
-from twin.interfaces import AdapterCachePolicy, EngineView
+from twin.interfaces import AdapterCachePolicy, EngineView, unpinned
 
 INF = math.inf
 
@@ -54,7 +54,7 @@ class LFUCache(IdleTracking):
     def victim(self, now: float) -> int:
         self.stats_.update()
         cnt = self.stats_.count
-        return min(self.idle, key=lambda a: (cnt[a], self.idle[a], a))
+        return min(unpinned(self.idle, self.reclaim_pin), key=lambda a: (cnt[a], self.idle[a], a))
 
 
 @register_cache
@@ -109,7 +109,7 @@ class GDSFCache(IdleTracking):
         self.H.pop(a, None)
 
     def victim(self, now: float) -> int:
-        v = min(self.idle, key=lambda a: (self.H[a], self.idle[a], a))
+        v = min(unpinned(self.idle, self.reclaim_pin), key=lambda a: (self.H[a], self.idle[a], a))
         self.L = self.H[v]
         return v
 
@@ -211,7 +211,7 @@ class EMAPrefetchCache(IdleTracking):
         if self.every_requests:
             self._catch_up()
         ema = self.ema
-        return min(self.idle, key=lambda a: (ema[a], self.idle[a], a))
+        return min(unpinned(self.idle, self.reclaim_pin), key=lambda a: (ema[a], self.idle[a], a))
 
     def prefetch(self, now: float) -> Iterable[int]:
         if self.every_requests:  # a decision is taken once, at the first step after it falls due

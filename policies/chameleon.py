@@ -857,6 +857,9 @@ class ChameleonCache(IdleTracking):
         requests per victim cost O(waiting), most of an overloaded run)."""
         cands = np.fromiter(self.idle, np.int64, len(self.idle))
         cands.sort()  # (ascending: the first lowest score wins a tie)
+        pin = self.reclaim_pin  # (the admitting request's own adapter, kept while another can go)
+        if pin >= 0 and len(cands) > 1:
+            cands = cands[cands != pin]
         queued = self.engine.waiting_adapter_counts()
         free = cands[queued[cands] == 0]
         group = free if len(free) else cands  # adapters of queued requests only when memory forces it

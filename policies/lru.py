@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from twin.registry import register_cache
-from twin.interfaces import AdapterCachePolicy
+from twin.interfaces import AdapterCachePolicy, unpinned
 
 
 @register_cache
@@ -41,4 +41,4 @@ class LRUCache(AdapterCachePolicy):
         self.idle.pop(a, None)
 
     def victim(self, now: float) -> int:
-        return next(iter(self.idle))
+        return next(iter(unpinned(self.idle, self.reclaim_pin) if self.reclaim_pin >= 0 else self.idle))

@@ -25,7 +25,7 @@ from typing import Iterable
 from policies.common import adapters_of
 from policies.fcfs import FCFSScheduler
 from twin.registry import Preset, register_cache, register_preset, register_scheduler
-from twin.interfaces import Admit, AdapterCachePolicy
+from twin.interfaces import Admit, AdapterCachePolicy, unpinned
 
 INF = math.inf
 
@@ -111,7 +111,7 @@ class NoCache(AdapterCachePolicy):
         self.idle.pop(a, None)
 
     def victim(self, now: float) -> int:
-        return next(iter(self.idle))
+        return next(iter(unpinned(self.idle, self.reclaim_pin) if self.reclaim_pin >= 0 else self.idle))
 
 
 UNIFIED = {"adapter_memory": "unified"}

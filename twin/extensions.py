@@ -272,7 +272,8 @@ class Extensions:
         otherwise history KV goes first (least recently used; swapped to host when the
         policy sets ``history_to_host``), then idle adapters in the policy's victim order.
         ``pin`` is the adapter of the request being admitted: a policy's ``reclaim_blocks``
-        must not evict it; if the victim order evicts it here, its blocks are reclaimed again.
+        must not evict it, and the victim order is told to keep it (``cache.reclaim_pin``, :func:`twin.interfaces.unpinned`)
+        while another idle adapter can go; a victim that evicts it anyway has its blocks reclaimed again.
         Nodes held for waiting requests (:meth:`_hold`) are never taken: a policy's ``reclaim_blocks``
         leaves the adapters in ``engine.held_adapters`` and the history nodes with ``held``, and so does
         the engine's order (a ``victim`` that names a held adapter is a policy error).
@@ -291,13 +292,19 @@ class Extensions:
                     if node.held:
                         continue
                     freed += p.swap_out(node, now) if to_host else p.drop(node, now)
-            if self.memory == "unified":
+            if self.memory == "unified" and freed < n:
                 ab = self.mem.placement.ab
-                while freed < n and self._any_unheld_evictable():
-                    v = self._evict_victim(now)
-                    freed += ab[v]
-                    if v == pin:
-                        n += ab[v]
+                if pin >= 0:  # (the victim order keeps the admitting request's adapter while others are idle)
+                    cache.reclaim_pin = pin
+                try:
+                    while freed < n and self._any_unheld_evictable():
+                        v = self._evict_victim(now)
+                        freed += ab[v]
+                        if v == pin:  # (a victim that ignored reclaim_pin: the adapter must come back)
+                            n += ab[v]
+                finally:
+                    if pin >= 0:
+                        cache.reclaim_pin = -1
         self.reclaimed_blocks += freed
         return freed
 

@@ -19,7 +19,7 @@ import json
 import math
 import numbers
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, Iterable, Mapping, Protocol
 
 from traces.arguments import is_flag, is_real_number, is_whole_number
 
@@ -358,6 +358,12 @@ class AdapterCachePolicy(Policy):
     #: adapter ``pin``. None (not provided): the engine's order -- history KV least recently
     #: used first, then idle adapters in :meth:`victim` order (``twin.extensions.Extensions.reclaim``)
     reclaim_blocks: Callable[[int, float, int], int] | None = None
+    #: set by the engine while an admission reclaims pool memory in the engine's order
+    #: (``twin.extensions.Extensions.reclaim``): the admitting request's own adapter, resident and idle, which
+    #: :meth:`victim` should not return while another idle adapter exists (-1 otherwise; :func:`unpinned`). A
+    #: victim that returns it anyway has it evicted and its blocks reclaimed again, as before stop 69, when the
+    #: request then reloaded its just-evicted adapter synchronously at its admitting step
+    reclaim_pin: int = -1
 
     def __init__(self, adapter_memory: str | None = None, adapter_placement: str | None = None,
                  prefix_kv: bool | None = None, lora_share: float | None = None,
@@ -381,7 +387,8 @@ class AdapterCachePolicy(Policy):
         """Adapter ``a`` left the GPU."""
 
     def victim(self, now: float) -> int:
-        """An idle resident adapter to evict (called only when one exists)."""
+        """An idle resident adapter to evict (called only when one exists); not :attr:`reclaim_pin` while another
+        idle adapter exists (``min(unpinned(self.idle, self.reclaim_pin), key=...)``)."""
         raise NotImplementedError
 
     def evict_when_idle(self, a: int) -> bool:
@@ -421,6 +428,15 @@ _BASES: dict[str, type] = {"scheduler": Scheduler, "cache": AdapterCachePolicy}
 _HOOKS = {"scheduler": SCHEDULER_HOOKS, "cache": CACHE_HOOKS}
 _PROTOCOL = {"scheduler": "twin.interfaces.Scheduler", "cache": "twin.interfaces.AdapterCachePolicy"}
 _checked: dict[tuple[type, str], None] = {}  # classes already validated (once per class)
+
+
+def unpinned(idle: "Collection[int]", pin: int) -> "Collection[int]":
+    """A cache's idle adapters to choose a :meth:`~AdapterCachePolicy.victim` from: ``idle`` without ``pin`` (the
+    admitting request's adapter, :attr:`AdapterCachePolicy.reclaim_pin`), unless it is the only one; ``idle``
+    itself (in its order) when ``pin`` is not in it."""
+    if pin < 0 or len(idle) < 2 or pin not in idle:
+        return idle
+    return [a for a in idle if a != pin]
 
 
 def policy_label(policy: Any) -> str:
