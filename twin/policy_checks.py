@@ -17,6 +17,8 @@ third-party package needs nothing from this project's tests) and fails with an
 * ``check_deterministic``: two runs of fresh instances give identical per-request tables;
 * ``check_exact_run_skipping``: advancing runs of decode steps at once
   (the default) gives exactly the results of stepping one step at a time (``max_run_steps=1``).
+* ``check_victim_keeps_reclaim_pin``: a cache's ``victim`` leaves the adapter an admission pins
+  (``reclaim_pin``) while another idle adapter can go.
 
 A scheduler is checked with the ``lru`` cache, a cache with the ``fcfs`` scheduler, and a
 :class:`twin.registry.Preset` as its pair, on the preset's serving system (``vllm`` for a
@@ -351,9 +353,51 @@ def check_exact_run_skipping(subject: Subject) -> None:
             f"{subject.label}: run-skipping recorded more step segments than stepping one by one"
 
 
+def idle_adapters_workload() -> Workload:
+    """Three requests of adapters 0, 1 and 2 (ranks 8, 16, 32), one after the other: each adapter is left resident
+    and idle."""
+    return Workload.from_arrays([0.0, 1.0, 2.0], [64, 64, 64], [4, 4, 4], [0, 1, 2], [8, 16, 32])
+
+
+def check_victim_keeps_reclaim_pin(subject: Subject) -> None:
+    """A cache's :meth:`~twin.interfaces.AdapterCachePolicy.victim` does not name ``reclaim_pin`` -- the admitting
+    request's own adapter while its admission reclaims pool memory (``twin.extensions.Extensions.reclaim``) --
+    while another idle adapter can go (:func:`twin.interfaces.unpinned`). Each run leaves adapters 0, 1 and 2
+    resident and idle; the victim the cache names with nothing pinned is then pinned in a fresh run, and the
+    victim named there must be another evictable adapter. A scheduler alone is not checked, nor a cache that
+    reclaims in its own order (``reclaim_blocks``, told the pin) or keeps no idle adapter."""
+    if subject.kind == "scheduler":
+        return
+    sc = Scenario("idle adapters", idle_adapters_workload,
+                  lambda: EngineConfig(kv_capacity_tokens=20_000, max_model_len=2048, max_loras=3, served_adapters=3),
+                  rejects=False)
+
+    def settled() -> tuple[AdapterCachePolicy, Any]:
+        res = run_scenario(subject, sc)
+        return res.engine.cache, res.engine
+
+    cache, e = settled()
+    if cache.reclaim_blocks is not None:
+        return
+    idle = e.adapters.evictable()
+    if len(idle) < 2:
+        return
+    first = cache.victim(e.now)
+    cache, e = settled()
+    cache.reclaim_pin = first
+    try:
+        v = cache.victim(e.now)
+    finally:
+        cache.reclaim_pin = -1
+    assert v != first and v in e.adapters.evictable(), \
+        (f"{subject.label}: victim() named adapter {v!r} with reclaim_pin = {first} and adapters {idle} idle: it "
+         f"must name another evictable adapter (the admitting request's own adapter is kept while another can go; "
+         f"choose from twin.interfaces.unpinned(idle, self.reclaim_pin))")
+
+
 CHECKS: tuple[Callable[[Subject], None], ...] = (
     check_names, check_get_params, check_rebuilt_simulates_identically, check_invariants_and_accounting,
-    check_deterministic, check_exact_run_skipping,
+    check_deterministic, check_exact_run_skipping, check_victim_keeps_reclaim_pin,
 )
 
 

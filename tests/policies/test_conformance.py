@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from twin.policy_checks import (as_subject, check_deterministic, check_get_params, check_scheduler,
-                                parametrize_with_checks, registered_policies)
+                                check_victim_keeps_reclaim_pin, parametrize_with_checks, registered_policies)
 from twin.registry import CACHES, SCHEDULERS, load_entry_points
 
 
@@ -59,6 +59,23 @@ def test_battery_catches_misreported_params():
 def test_battery_catches_a_nondeterministic_policy():
     with pytest.raises(AssertionError, match="two runs of fresh instances"):
         check_deterministic(as_subject(DriftingCache))
+
+
+class PinBlindCache(CACHES["lru"]):
+    """LRU whose victim ignores ``reclaim_pin`` (the built-in orders before stop 69)."""
+
+    name = "test-pin-blind"
+    description = "lru that may evict the admitting request's own adapter"
+    citation = "none"
+
+    def victim(self, now: float) -> int:
+        return next(iter(self.idle))
+
+
+def test_battery_catches_a_victim_that_evicts_the_pinned_adapter():
+    with pytest.raises(AssertionError, match=r"victim\(\) named adapter 0 with reclaim_pin = 0 and adapters \[0, 1, 2\]"):
+        check_victim_keeps_reclaim_pin(as_subject(PinBlindCache))
+    check_victim_keeps_reclaim_pin(as_subject(CACHES["lru"]))  # (the same order, told the pin)
 
 
 def test_battery_refuses_what_is_not_a_scheduler():
