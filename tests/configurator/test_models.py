@@ -498,3 +498,43 @@ def test_the_offered_load_caps_a_prediction():
         assert main(["configure", "predict", "--rates", "0.001,0.001,0.001", "--ranks", "8,8,8", "--json"]) == 0
     d = json.loads(buf.getvalue())
     assert d["throughput_tok_s"] == pytest.approx(d["offered_tok_s"]) and d["offered_tok_s"] < d["throughput_model_tok_s"]
+
+
+@pytest.mark.parametrize("rates, ranks, starving", [("3.2,1.6,0.025", "16,16,16", True),
+                                                    ("0.4,0.05,0.00625", "8,16,32", False)])
+def test_a_recommendation_expected_to_starve_is_said(rates, ranks, starving, capsys):
+    """The shipped configurator's recommendation for traffic one GPU cannot keep up with (rates 3.2/1.6/0.025 req/s,
+    a real test scenario whose own throughput90 optimum starves on the server) is a configuration the rule keeps
+    although it starves: ``predict`` says so (``expected_ratio`` below the 90 % line, ``expected_starving``, and a
+    line of text naming the line, the offered load and the search that finds a configuration keeping up: there
+    `search --rule slo` gives 16 / 16 at 0.996 of the offered tokens, and the real server serves 0.99 at 16 / 16),
+    and says nothing for one that keeps up."""
+    from twin.cli import main
+
+    assert main(["configure", "predict", "--rates", rates, "--ranks", ranks, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["ratio_line"] == 0.9 and d["expected_starving"] is starving
+    assert d["expected_ratio"] == pytest.approx(d["throughput_tok_s"] / d["offered_tok_s"])
+    assert (d["expected_ratio"] < 0.9) is starving
+    assert main(["configure", "predict", "--rates", rates, "--ranks", ranks]) == 0
+    out = capsys.readouterr().out
+    note = [line for line in out.splitlines() if line.startswith("starving:")]
+    if starving:
+        assert len(note) == 1 and "below the 90 % line" in note[0] and f"{d['offered_tok_s']:,.0f} tok/s" in note[0]
+        assert f"`twin configure search --rates {rates} --ranks {ranks} --rule slo --ttft-p99-s S`" in note[0]
+    else:
+        assert not note
+
+
+def test_training_records_the_labels_starvation_line(tmp_path):
+    """``train`` records the line the labels were made at (``ratio_at_label - margin``) as ``ratio_line``, which
+    ``predict`` then reads (a model without it: the published 90 %)."""
+    from twin.cli import main
+
+    lab = pd.read_csv(ROOT / "results/configurator/adaptercheck/labels_llama_adaptercheck_throughput90.csv").head(60)
+    lab["margin"] = lab["ratio_at_label"] - 0.8
+    src = tmp_path / "labels.csv"
+    lab.to_csv(src, index=False)
+    out = tmp_path / "m.json"
+    assert main(["configure", "train", str(src), "--kind", "cart", "--no-search", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["provenance"]["ratio_line"] == 0.8

@@ -596,6 +596,10 @@ def cmd_train(args) -> int:
             "engine": label_engine(lab), "sources": [str(s) for s in srcs], **meta,
             "source_files": [_file_record(s, f) for s, f in files], "twin_version": twin_version(),
             "command": "twin configure train " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else srcs)}
+    if {"ratio_at_label", "margin"} <= set(lab.columns):  # (the labels' starvation line: predict's starving note)
+        lines = (lab["ratio_at_label"] - lab["margin"]).dropna()
+        if len(lines):
+            prov["ratio_line"] = round(float(lines.median()), 6)
     if feats:
         _check_features(feats, [c for c in lab.columns if pd.api.types.is_numeric_dtype(lab[c])])
         missing = [f for f in feats if f not in lab and f != "policy"]  # policy: checked by train
@@ -857,6 +861,7 @@ def cmd_predict(args) -> int:
                 (workload_offered_tok_s(wl, res["model_recommendation"]["served_adapters"]) if wl
                  else offered_tok_s(rates, res["model_recommendation"]["served_adapters"], res.get("lengths"))))
     tp = res["throughput_tok_s"]
+    _starvation(res, model, offered)
     gpus = None
     if wl and not args.adapters:  # (the adapters to host: the file's)
         args.adapters = wl["adapters"]
@@ -903,6 +908,18 @@ def cmd_predict(args) -> int:
         print(f"{'the model' + chr(39) + 's ' if stepped else ''}spread across {u['trees']} trees (p10-p90): served {u['served_adapters']['p10']:.0f}-"
               f"{u['served_adapters']['p90']:.0f}, slots {u['adapter_slots']['p10']:.0f}-{u['adapter_slots']['p90']:.0f}, "
               f"throughput {tu['p10']:.0f}-{tu['p90']:.0f} tok/s{trees}")
+    if res["expected_starving"] and not c:
+        flags = (f"--workload {wl['path']}" if wl else
+                 f"--rates {','.join(f'{v:g}' for v in rates)} --ranks {','.join(str(int(k)) for k in res['ranks'])}")
+        from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY
+
+        if res.get("policy") and res["policy"] != DEFAULT_POLICY:
+            flags += f" --policy {res['policy']}"
+        if not wl and res.get("lengths") and tuple(map(float, res["lengths"])) != tuple(map(float, DEFAULT_LENGTHS)):
+            flags += f" --lengths {res['lengths'][0]:g},{res['lengths'][1]:g}"
+        if not wl and res.get("arrival", "poisson") != "poisson":
+            flags += f" --arrival {res['arrival']}"
+        print(_starvation_note(res, flags))
     if "gpus_needed" in res:
         print(f"{args.adapters} adapters need {res['gpus_needed']} GPU{'s' * (res['gpus_needed'] != 1)} at this "
               f"configuration")
@@ -937,6 +954,34 @@ def cmd_predict(args) -> int:
                 print(f"splits on the {n} trees' paths: " + ", ".join(
                     f"{feature_label(f)} {100 * v:.0f} %" for f, v in res["path_features"].items()))
     return 0
+
+
+def _starvation(res: dict[str, Any], model: dict[str, Any], offered: float) -> None:
+    """``predict``'s expected share of the offered tokens at its recommendation (``expected_ratio``: the expected
+    throughput over the tokens/s its served adapters offer) and whether that is below the label rule's starvation line
+    (``expected_starving``; the line is the model's ``provenance["ratio_line"]``, or the published 90 % its shipped
+    models were labelled at). The rules keep a starving configuration when even the grid's smallest served count
+    starves (the published rule: "if even the first run fails, keep it"), so a recommendation can starve by
+    construction: 2 of the 9 Llama test scenarios (rates 3.2/1.6/x req/s) do, on the real server too."""
+    from twin.configurator.dataset import PUBLISHED_WALK_RATIO
+
+    line = float((model.get("provenance") or {}).get("ratio_line", PUBLISHED_WALK_RATIO))
+    ratio = res["throughput_tok_s"] / offered if offered > 0 else float("nan")
+    res["expected_ratio"] = ratio
+    res["ratio_line"] = line
+    res["expected_starving"] = bool(ratio < line)
+
+
+def _starvation_note(res: dict[str, Any], scenario: str) -> str:
+    """The line ``predict`` prints under a recommendation expected to starve (:func:`_starvation`); ``scenario``: the
+    search flags that name the same scenario (``--rates R --ranks K``, or ``--workload FILE``)."""
+    return (f"starving: the expected throughput is {100 * res['expected_ratio']:.0f} % of the "
+            f"{res['offered_tok_s']:,.0f} tok/s that {res['served_adapters']} served adapters offer, below the "
+            f"{100 * res['ratio_line']:.0f} % line, so its queue would grow for as long as the traffic lasts: the "
+            f"{res['rule']} rule keeps a starving configuration when it has the highest throughput of the slot "
+            f"values' walks (a walk keeps its first run even when that one starves). For a configuration that keeps "
+            f"up: `twin configure search {scenario} --rule slo --ttft-p99-s S` (the highest throughput that does "
+            f"not starve in the twin, within a P99 TTFT of S seconds)")
 
 
 def _cap_spread(res: dict[str, Any], offered: float) -> None:
