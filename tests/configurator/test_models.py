@@ -521,7 +521,8 @@ def test_a_recommendation_expected_to_starve_is_said(rates, ranks, starving, cap
     note = [line for line in out.splitlines() if line.startswith("starving:")]
     if starving:
         assert len(note) == 1 and "below the 90 % line" in note[0] and f"{d['offered_tok_s']:,.0f} tok/s" in note[0]
-        assert f"`twin configure search --rates {rates} --ranks {ranks} --rule slo --ttft-p99-s S`" in note[0]
+        assert (f"`twin configure search --rates {rates} --ranks {ranks} --serving-us 18 --rank-tile-cost 0.7091 "
+                f"--rule slo --ttft-p99-s S`") in note[0]  # (the engine the shipped model was trained on)
     else:
         assert not note
 

@@ -155,3 +155,25 @@ def test_predict_workload_check_serves_at_most_the_files_adapters_and_runs_the_s
     r = runs[(runs["served_adapters"] == 40) & (runs["adapter_slots"] == first["adapter_slots"])].iloc[0]
     assert r["scenario"] == d["check"]["scenario"]
     assert float(r["throughput_ratio"]) == first["ratio"]
+
+
+def test_a_window_longer_than_the_file_warns_that_its_rates_are_diluted(tmp_path, capsys):
+    """A 300-s file read over the default 3600-s window: the model reads its requests over 3600 s, 12x below the
+    rates at which they arrive; predict says so and names ``--window`` (and the suggested searches carry it). Over
+    a window the file fills, nothing is said."""
+    from twin.cli import main
+
+    f = _file(tmp_path / "short.parquet", n_adapters=12, duration=300.0)
+    assert main(["configure", "predict", "--workload", str(f)]) == 0
+    err = capsys.readouterr().err
+    last = json.loads(_json_predict(main, f, capsys))["workload"]["last_arrival_s"]
+    assert 290 < last < 300
+    assert f"--window 3600: the last request of {f} arrives at {last:.1f} s" in err
+    assert f"{3600 / last:.3g}x below the rates at which they arrive" in err and f"give --window {math.floor(last)}" in err
+    assert main(["configure", "predict", "--workload", str(f), "--window", str(math.floor(last))]) == 0
+    assert "below the rates at which they arrive" not in capsys.readouterr().err
+
+
+def _json_predict(main, f, capsys) -> str:
+    assert main(["configure", "predict", "--workload", str(f), "--json"]) == 0
+    return capsys.readouterr().out

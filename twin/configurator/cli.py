@@ -694,6 +694,36 @@ def _predict_workload(args) -> dict[str, Any]:
     return {**info, "window_s": float(args.window)}
 
 
+def _window_flag(wl: dict[str, Any]) -> str:
+    """`` --window W`` for a ``--workload`` read over another window than the default (empty otherwise)."""
+    return f" --window {wl['window_s']:g}" if wl["window_s"] != WINDOW_S else ""
+
+
+def _engine_flags(model: dict[str, Any]) -> str:
+    """The ``search`` flags that run the engine ``model`` was trained on (search defaults to the profile's shipped
+    configurator's engine, which a model of one's own need not share)."""
+    from twin.configurator.models import resolve_engine
+
+    us, cost = resolve_engine([model])
+    return (f" --serving-us {us:g}" if us else "") + (f" --rank-tile-cost {cost:g}" if cost is not None else "")
+
+
+def _diluted_rates_note(wl: dict[str, Any]) -> str:
+    """``predict --workload``: a warning when the file's requests stop well before ``--window`` ends (more than
+    :data:`~twin.sweep.workload_scenario.GRACE_SHARE` of it): the rates the model reads are the file's requests over
+    the whole window, below the rates at which they arrive -- a 300-s trace read over the default 3600 s looks 12x
+    lighter than it is, and gets the recommendation of that lighter traffic; empty otherwise."""
+    from twin.sweep.workload_scenario import GRACE_SHARE
+
+    w, last = float(wl["window_s"]), float(wl["last_arrival_s"])
+    if w - last <= GRACE_SHARE * w or last <= 0:
+        return ""
+    return (f"--window {w:g}: the last request of {wl['path']} arrives at {last:.1f} s, so the rates the model reads "
+            f"are its requests over {w:g} s, {w / last:.3g}x below the rates at which they arrive (and a --check "
+            f"run's backlog has {w - last:.0f} s to drain); give --window {math.floor(last):g} to recommend for its "
+            f"traffic as it arrives")
+
+
 def _fit_to_workload(res: dict[str, Any], wl: dict[str, Any]) -> None:
     """A recommendation for a workload file of ``N`` adapters serves at most ``N`` (``res`` changed in place): a
     model's served count above it becomes ``N`` (all of the file's adapters on one GPU; the model's own count stays
@@ -703,7 +733,7 @@ def _fit_to_workload(res: dict[str, Any], wl: dict[str, Any]) -> None:
         res["served_adapters_model"] = res["served_adapters"]
         res["served_adapters"] = n
     res["adapter_slots"] = min(int(res["adapter_slots"]), int(res["served_adapters"]))
-    res["workload"] = {k: wl[k] for k in ("path", "sha256", "adapters", "requests", "window_s")}
+    res["workload"] = {k: wl[k] for k in ("path", "sha256", "adapters", "requests", "window_s", "last_arrival_s")}
 
 
 def _extra_features(items: list[str]) -> dict[str, float]:
@@ -830,15 +860,13 @@ def cmd_predict(args) -> int:
     off = outside(dom, x)
     res["domain"] = None if dom is None else {"source": dom["source"], "outside": off}
     if off and not args.json:
-        from twin.configurator.models import resolve_engine
-
-        us, cost = resolve_engine([model])  # (search defaults to the calibrated engine: name the model's)
-        flags = (f" --serving-us {us:g}" if us else "") + (f" --rank-tile-cost {cost:g}" if cost is not None else "")
-        flags = (f" --workload {args.workload}" if wl else "") + flags
+        flags = (f" --workload {args.workload}" + _window_flag(wl) if wl else "") + _engine_flags(model)
         print(f"twin configure predict: warning: outside the model's training domain ({dom['source']}): "
               f"{describe(off)}; the recommendation extrapolates. --check runs the twin at it; "
               f"`twin configure search{flags}` finds the twin's own optimum on the engine the model was trained on",
               file=sys.stderr)
+    if wl and not args.json and (note := _diluted_rates_note(wl)):
+        print(f"twin configure predict: warning: {note}", file=sys.stderr)
     if all(f in x for f in LENGTH_FEATURES):
         res["lengths"] = [x[f] for f in LENGTH_FEATURES]
     res["arrival"] = arrival_name(x)
@@ -909,7 +937,7 @@ def cmd_predict(args) -> int:
               f"{u['served_adapters']['p90']:.0f}, slots {u['adapter_slots']['p10']:.0f}-{u['adapter_slots']['p90']:.0f}, "
               f"throughput {tu['p10']:.0f}-{tu['p90']:.0f} tok/s{trees}")
     if res["expected_starving"] and not c:
-        flags = (f"--workload {wl['path']}" if wl else
+        flags = (f"--workload {wl['path']}" + _window_flag(wl) if wl else
                  f"--rates {','.join(f'{v:g}' for v in rates)} --ranks {','.join(str(int(k)) for k in res['ranks'])}")
         from twin.sweep.scenario import DEFAULT_LENGTHS, DEFAULT_POLICY
 
@@ -919,6 +947,7 @@ def cmd_predict(args) -> int:
             flags += f" --lengths {res['lengths'][0]:g},{res['lengths'][1]:g}"
         if not wl and res.get("arrival", "poisson") != "poisson":
             flags += f" --arrival {res['arrival']}"
+        flags += _engine_flags(model)
         print(_starvation_note(res, flags))
     if "gpus_needed" in res:
         print(f"{args.adapters} adapters need {res['gpus_needed']} GPU{'s' * (res['gpus_needed'] != 1)} at this "
