@@ -349,6 +349,12 @@ def resolve_config(args, cuda_available: bool | None = None) -> BenchConfig:
     load_repeats = args.load_repeats if args.load_repeats is not None else defaults["load_repeats"]
     if repeats < 1 or warmup < 0 or load_repeats < 1:
         raise ValueError("--repeats and --load-repeats must be >= 1 and --warmup >= 0")
+    threads = getattr(args, "threads", None)
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads {threads}: torch's CPU threads must be >= 1 (or leave it out: 1 on --device "
+                         f"cpu, torch's choice on cuda)")
+    if args.seed < 0:
+        raise ValueError(f"--seed {args.seed}: a seed must be >= 0 (numpy and torch take non-negative seeds)")
     step = _step_settings(args, defaults)
     if step["step_graphs"] and device != "cuda":
         raise ValueError("--step-graphs captures CUDA graphs and needs --device cuda; on the CPU leave it out "

@@ -99,6 +99,16 @@ def test_sweep_overrides_and_validation():
         resolve_config(_args("--device", "cpu", "--targets", "q_proj,lm_head"), cuda_available=False)
 
 
+@pytest.mark.parametrize("flag, value, message", [("--threads", "0", r"--threads 0: torch's CPU threads must be >= 1"),
+                                                  ("--threads", "-3", r"--threads -3: torch's CPU threads must be >= 1"),
+                                                  ("--seed", "-1", r"--seed -1: a seed must be >= 0")])
+def test_threads_and_seed_out_of_range_are_refused_before_any_work(flag, value, message):
+    """(``--threads -3`` reached torch's ``set_num_threads``: a traceback; ``--threads 0`` ran one thread and recorded
+    0; ``--seed -1`` was recorded as given.)"""
+    with pytest.raises(ValueError, match=message):
+        resolve_config(_args("--device", "cpu", flag, value), cuda_available=False)
+
+
 def test_explicit_dims():
     spec = resolve_spec(None, hidden=512, layers=3, heads=8, kv_heads=2, intermediate=1024, vocab=1000, name="tiny")
     assert (spec.name, spec.hidden, spec.kv_heads, spec.head_dim) == ("tiny", 512, 2, 64)
