@@ -367,6 +367,12 @@ def compare(run: RunConfig, options: CompareConfig, progress: bool = False, give
                 f"them one by one)") if parts else ""
         raise KeyError(f"unknown policies {unknown}{hint}; presets: {', '.join(sorted(PRESETS))}")
     run = common_adapters(run, pols)
+    if run.max_total_tokens is not None and run.kv_tokens is not None and all(
+            resolve_system(p, run.system) == "slora" for p in pols):
+        raise ConfigError(f"--kv-tokens {run.kv_tokens} and --max-total-tokens {run.max_total_tokens}: every compared "
+                          f"preset ({', '.join(pols)}) runs on S-LoRA, whose one pool of token slots both size "
+                          f"(--max-total-tokens wins); give one of them, or add a preset on vLLM to --policies for "
+                          f"--kv-tokens to size its KV cache")
     for p in pols:  # before any run, also when the runs go to worker processes: each preset as it runs
         check_run(for_preset(run, p))  # (its own serving system's checks)
     for r in sorted({min(rates), max(rates)}):  # an empty or oversized workload: refused before any run, not

@@ -553,6 +553,10 @@ def _check_system(run: RunConfig) -> None:
             raise ConfigError(f"--rank-tile-cost with the S-LoRA system ({why}): it prices vLLM 0.8.5's Triton shrink "
                               f"kernel, and S-LoRA's paged kernels price each request at its own rank; leave it out "
                               f"or give --system vllm")
+        if run.max_total_tokens is not None and run.kv_tokens is not None:
+            raise ConfigError(f"--kv-tokens {run.kv_tokens} and --max-total-tokens {run.max_total_tokens} with the "
+                              f"S-LoRA system ({why}): both size S-LoRA's one pool of token slots (--max-total-tokens "
+                              f"wins, --kv-tokens was ignored); give one of them")
         _, cache, _ = resolve_policy(run.policy, run.scheduler, run.cache)
         check_slora_config(EngineConfig(), cache)
     if system != "slora" and run.max_total_tokens is not None:
@@ -638,6 +642,10 @@ def for_preset(run: RunConfig, policy: str) -> RunConfig:
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
     reset = {name: defaults[name] for name, (needs, _) in SYSTEM_OPTIONS.items()
              if needs != system and getattr(run, name) != defaults[name]}
+    if system == "slora" and run.max_total_tokens is not None and run.kv_tokens is not None:
+        # (--max-total-tokens sizes the S-LoRA presets' pool, --kv-tokens the vLLM presets' KV cache; a comparison
+        # of S-LoRA presets alone reads no --kv-tokens: compare refuses the pair, as twin run does)
+        reset["kv_tokens"] = defaults["kv_tokens"]
     return dataclasses.replace(run, policy=policy, **reset)
 
 
@@ -646,6 +654,8 @@ def with_trace_defaults(run: RunConfig) -> RunConfig:
     """``run`` with its trace's scenario defaults (:func:`traces.registry.run_defaults`, e.g. the
     rate, window and ranks ``splitwise`` is replayed with) in the options left unset."""
     given = {k for k, _ in run.trace_options}
+    if "n_requests" in given:  # (a request count instead of a window: no default window beside it)
+        given.add("duration")
     unset = {k: v for k, v in run_defaults(run.trace).items() if getattr(run, k) is None and k not in given}
     return dataclasses.replace(run, **unset) if unset else run
 

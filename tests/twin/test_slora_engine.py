@@ -196,6 +196,21 @@ def test_a_comparison_passes_each_preset_its_own_engine_options():
     assert [r["policy"] for r in rows] == ["slora", "vllm"] and all(r["finished"] > 0 for r in rows)
 
 
+def test_a_comparison_gives_kv_tokens_to_vllm_and_max_total_tokens_to_slora():
+    """``twin compare --policies slora,vllm --kv-tokens K --max-total-tokens N``: N sizes the S-LoRA preset's pool,
+    K the vLLM preset's KV cache (``for_preset``); neither run refuses the pair, which ``twin run`` on S-LoRA does
+    (both would size its one pool)."""
+    from twin.scenario import check_run, for_preset
+
+    rc = RunConfig(trace="synthetic", duration=5.0, kv_tokens=100_000, max_total_tokens=50_000)
+    s, v = for_preset(rc, "slora"), for_preset(rc, "vllm")
+    assert (s.kv_tokens, s.max_total_tokens) == (None, 50_000) and (v.kv_tokens, v.max_total_tokens) == (100_000, None)
+    check_run(s)
+    check_run(v)
+    with pytest.raises(ConfigError, match="both size S-LoRA's one pool"):
+        check_run(dataclasses.replace(rc, policy="slora"))
+
+
 def test_a_comparison_across_serving_systems_serves_one_set_of_adapters():
     """S-LoRA adapts q, k, v and o only; vLLM's default is the profile's targets (all seven projections). A
     comparison of presets on both engines gives every preset qkvo unless --lora-targets is given (then that set
