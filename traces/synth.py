@@ -192,6 +192,9 @@ MAX_TURNS = 10_000
 #: the largest ``length_scale``: beyond it every length of any trace exceeds any model's context (1e30 overflowed
 #: the token counts, and drew 80 M lengths before the filter said none fits)
 MAX_LENGTH_SCALE = 10_000.0
+#: the smallest ``length_scale``: below it every length under 10,000 tokens rounds to the one-token floor (1e-9 ran a
+#: workload of 1-token prompts and outputs without a word)
+MIN_LENGTH_SCALE = 1.0 / MAX_LENGTH_SCALE
 #: the mean matchings of ``lengths=sharegpt`` (``length_method``)
 LENGTH_METHODS = ("scale", "tilt")
 
@@ -214,6 +217,9 @@ def option_value_problem(key: str, v: Any) -> str | None:
         return "must be > 0"
     if key == "max_turns" and v > MAX_TURNS:  # (the expected turns sum over 0..max_turns: 1e9 exhausted the memory)
         return f"more than the {MAX_TURNS:,} turns a conversation may have; give fewer, e.g. max_turns = 16"
+    if key == "length_scale" and 0 < v < MIN_LENGTH_SCALE:
+        return (f"less than {MIN_LENGTH_SCALE:g}: every length under {MAX_LENGTH_SCALE:,.0f} tokens would round to "
+                f"the one-token floor; give a factor such as 0.5 or 0.1")
     if key == "length_scale" and v > MAX_LENGTH_SCALE:
         return (f"more than {MAX_LENGTH_SCALE:g}: every length would exceed any model's context; give a factor such "
                 f"as 0.5 or 2")
@@ -341,6 +347,12 @@ def check_options_apply(cfg: SynthConfig, given: dict[str, Any], source: str = "
         fix = f"{setting}={values[0]}" + (f" (or {' or '.join(values[1:])})" if values[1:] else "")
         raise ValueError(f"workload option {key}={_shown(given[key])} has no effect with {setting}={current}{where}: "
                          f"it sets {what}; give {fix}, or leave {key} out")
+    if not replay and given.get("n_requests") is not None and given.get("duration") is not None:
+        # (n_requests=5 with duration=1000 drew 5 requests over 2.5 s: the count replaces the window)
+        raise ValueError(f"workload options n_requests={_shown(given['n_requests'])} and "
+                         f"duration={_shown(given['duration'])}: n_requests draws exactly that many requests instead "
+                         f"of those of a window of duration seconds, so duration would have no effect; give one of "
+                         f"them")
 
 
 def align_warmup(a: ArrivalConfig, warmup_s: float) -> float:
