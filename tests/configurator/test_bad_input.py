@@ -141,6 +141,30 @@ def test_dataset_names_a_bad_run_value(tmp_path, capsys, column, value, message)
     assert re.search(message, err), err
 
 
+@pytest.mark.parametrize("column, value, message", [
+    ("adapter_slots", 100, r"row 1 \(line 2\), column adapter_slots: 100 is more than the row's served_adapters"),
+    ("offered_tok_s", 0.0, r"column total_tok_s: 950\.0 is more than the row's offered_tok_s \(0\): a run serves at "
+                           r"most the tokens of its own arrivals"),
+    ("served_adapters", 16, r"the run of scenario rate_0\.4-0\.2-0\.1_size_8-16-32 at 16 served adapters and 8 slots "
+                            r"is given twice"),
+])
+def test_dataset_refuses_an_impossible_run_row(tmp_path, capsys, column, value, message):
+    """Rows no sweep writes, labelled before (stop 69's audit): slots beyond the served adapters ("4 served / 100
+    slots"), a throughput beside no offered tokens (a ratio of NaN at the label), the same run twice ("from 2
+    runs")."""
+    import re
+
+    feats = features_of([0.4, 0.2, 0.1], [8, 16, 32])
+    rows = pd.DataFrame([_run_rows(offered_tok_s=1000.0, total_tok_s=950.0, **feats),
+                         _run_rows(served_adapters=16, offered_tok_s=2000.0, total_tok_s=1000.0, **feats)])
+    rows.loc[0, column] = value
+    if column == "served_adapters":  # (the first row made a copy of the second's configuration)
+        rows.loc[0, ["offered_tok_s", "total_tok_s"]] = [2000.0, 1000.0]
+    rows.to_csv(tmp_path / "runs.csv", index=False)
+    err = _error(["configure", "dataset", str(tmp_path / "runs.csv")], capsys)
+    assert re.search(message, err), err
+
+
 def test_train_checks_every_labels_file_before_labelling_a_sweep(tables, tmp_path):
     with pytest.raises(ValueError, match=r"shard\.csv: a sweep's run table"):
         load_labels(tables["shard"])

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from traces.arguments import cell_error, csv_layout_problem, did_you_mean
-from twin.configurator.labels import (FEATURES, RULES, TARGETS, _group_keys, describe_engine, engines_of,
+from twin.configurator.labels import (FEATURES, GROUP_CANDIDATES, RULES, TARGETS, _group_keys, describe_engine, engines_of,
                                       label_scenarios)
 from twin.sweep.runner import ForeignShards, read_results
 
@@ -124,6 +124,7 @@ def load_runs(sources: Iterable[str | os.PathLike]) -> pd.DataFrame:
     where = names[0] if len(names) == 1 else f"{len(names)} sources ({', '.join(names)})"
     if not len(runs):
         raise ValueError(f"{where}: no runs; nothing to label (give the --out directory of a `twin sweep` that ran)")
+    _check_unique_runs(runs, where)
     if not runs["status"].astype(str).eq("ok").any():
         raise ValueError(f"{where}: no run of the sweep started or finished, so there is nothing to label: "
                          f"{describe_statuses(runs)}; fix what it names in the grid and sweep again")
@@ -155,6 +156,37 @@ def check_run_values(f: pd.DataFrame, p: Path) -> None:
         if wrong.any():
             raise cell_error(p, f, int(np.argmax(wrong)), col, f"is not {what}",
                              "fix the row or leave it out (`twin sweep` writes the runs)", csv_line=p.suffix == ".csv")
+    if {"served_adapters", "adapter_slots"} <= set(f.columns):  # (labelled "4 served / 100 slots")
+        over = (pd.to_numeric(f["adapter_slots"], errors="coerce")
+                > pd.to_numeric(f["served_adapters"], errors="coerce")).to_numpy()
+        if over.any():
+            raise cell_error(p, f, int(np.argmax(over)), "adapter_slots", "is more than the row's served_adapters",
+                             "fix the row or leave it out (a sweep's configurations have slots <= served adapters: vLLM "
+                             "has no slot for an adapter it does not serve)", csv_line=p.suffix == ".csv")
+    if {"offered_tok_s", "total_tok_s"} <= set(f.columns):  # (offered 0 beside a throughput: a ratio of NaN)
+        off = pd.to_numeric(f["offered_tok_s"], errors="coerce").to_numpy(float)
+        tot = pd.to_numeric(f["total_tok_s"], errors="coerce").to_numpy(float)
+        with np.errstate(invalid="ignore"):
+            more = ok & np.isfinite(tot) & (tot > off * (1 + 1e-9) + 1e-9)
+        if more.any():
+            raise cell_error(p, f, int(np.argmax(more)), "total_tok_s",
+                             f"is more than the row's offered_tok_s ({off[int(np.argmax(more))]:g}): a run serves at "
+                             f"most the tokens of its own arrivals", "fix the row or leave it out (`twin sweep` writes "
+                             "the runs)", csv_line=p.suffix == ".csv")
+
+
+def _check_unique_runs(runs: pd.DataFrame, where: str) -> None:
+    """Each configuration of a scenario (its scenario keys, served adapters and slots) is one run: a run given twice
+    -- a row repeated in a table, or two sources holding the same runs -- was counted twice ("from 2 runs") and
+    weighed twice in its walk; refused, naming the run and the fix."""
+    keys = [*(c for c in GROUP_CANDIDATES if c in runs.columns), "served_adapters", "adapter_slots"]
+    dup = runs.duplicated(subset=keys, keep="first").to_numpy()
+    if dup.any():
+        r = runs.iloc[int(dup.argmax())]
+        raise ValueError(f"{where}: the run of scenario {r['scenario']} at {int(r['served_adapters'])} served adapters "
+                         f"and {int(r['adapter_slots'])} slots is given twice (a repeated row, or sources that hold the "
+                         f"same runs); a sweep runs each configuration once: leave the copy out, or give each sweep "
+                         f"once")
 
 
 def load_labels(path: str | os.PathLike, features: Iterable[str] | None = None) -> pd.DataFrame:
