@@ -118,6 +118,19 @@ def test_evaluate_no_search_refuses_the_search_options(tmp_path, capsys, flags, 
     assert not (tmp_path / "sc").exists()
 
 
+@pytest.mark.parametrize("flags, named", [
+    (["--serving-us", "5"], "--serving-us with --no-search and without --check: it sets"),
+    (["--rank-tile-cost", "0.5"], "--rank-tile-cost with --no-search and without --check: it sets"),
+    (["--serving-us", "5", "--rank-tile-cost", "0.5"], "--serving-us / --rank-tile-cost with --no-search and without "
+                                                       "--check: they set"),
+])
+def test_evaluate_no_search_refuses_engine_constants_no_run_reads(tmp_path, capsys, flags, named):
+    """`evaluate --no-search --serving-us 5` ran no twin run, yet recorded the constant as the summary's engine."""
+    err = _error(["configure", "evaluate", "--no-search", *flags, "--out", str(tmp_path / "ev")], capsys)
+    assert named in err and "the engine of the twin's runs (the twin-as-optimiser baseline's and --check's)" in err
+    assert "or give --check" in err and not (tmp_path / "ev").exists()
+
+
 def test_evaluate_no_search_refuses_a_profile_other_than_the_models(rf_model, tmp_path, capsys):
     """`evaluate --no-search --model m.json --profile P` took a model of another profile than P (predict refuses it)."""
     argv = ["configure", "evaluate", "--no-search", "--model", str(rf_model), "--out", str(tmp_path / "ev")]

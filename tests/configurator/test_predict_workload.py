@@ -177,3 +177,15 @@ def test_a_window_longer_than_the_file_warns_that_its_rates_are_diluted(tmp_path
 def _json_predict(main, f, capsys) -> str:
     assert main(["configure", "predict", "--workload", str(f), "--json"]) == 0
     return capsys.readouterr().out
+
+
+def test_fewer_adapters_to_host_than_the_file_names_are_refused(tmp_path, capsys):
+    """``--adapters 2`` beside a 12-adapter file printed "serve 12 adapters" and then "2 adapters need 1 GPU"."""
+    from twin.cli import main
+
+    f = _file(tmp_path / "w.parquet", n_adapters=12, duration=3600.0)
+    assert main(["configure", "predict", "--workload", str(f), "--adapters", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"--adapters 2 with --workload {f}: the file's requests name 12 adapters" in err
+    assert main(["configure", "predict", "--workload", str(f), "--adapters", "24", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpus_needed"] >= 1

@@ -807,6 +807,12 @@ def cmd_predict(args) -> int:
         raise ValueError("--window sets the seconds of a --workload file whose requests make the rates; give it with "
                          "--workload FILE, or drop it (--rates / --ranks are rates already)")
     wl = _predict_workload(args) if args.workload is not None else None
+    if wl and args.adapters is not None and args.adapters < wl["adapters"]:
+        # (printed "serve 10 adapters ..." then "2 adapters need 1 GPU")
+        raise ValueError(f"--adapters {args.adapters:g} with --workload {args.workload}: the file's requests name "
+                         f"{wl['adapters']} adapters, and the recommendation is for its traffic, so the adapters to "
+                         f"host are at least those; leave --adapters out (it defaults to the file's {wl['adapters']}), "
+                         f"or give more")
     rates, ranks = (None, None) if wl else _pair(args, triple=True)
     lengths = _lengths(args)
     if not args.check and (args.serving_us is not None or args.rank_tile_cost is not None):
@@ -1201,6 +1207,13 @@ def cmd_evaluate(args) -> int:
             raise ValueError(f"{' / '.join(given)} with --no-search: {'it sets' if len(given) == 1 else 'they set'} "
                              f"the twin-as-optimiser baseline's runs, which --no-search leaves out; drop "
                              f"{'it' if len(given) == 1 else 'them'}, or drop --no-search")
+        engine = [f for f, v in (("--serving-us", args.serving_us), ("--rank-tile-cost", args.rank_tile_cost))
+                  if v is not None]
+        if engine and not args.check:  # (recorded in the summary's engine, though no run read them)
+            raise ValueError(f"{' / '.join(engine)} with --no-search and without --check: "
+                             f"{'it sets' if len(engine) == 1 else 'they set'} the engine of the twin's runs (the "
+                             f"twin-as-optimiser baseline's and --check's), and none is run; drop "
+                             f"{'it' if len(engine) == 1 else 'them'}, or give --check")
     args.executor = args.executor or "local"
     args.jobs = 1 if args.jobs is None else args.jobs
     check_selection(jobs=args.jobs)
