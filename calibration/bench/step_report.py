@@ -79,12 +79,15 @@ def read_step_table(path: str | Path) -> pd.DataFrame:
     if TIME_COLUMN not in df.columns:
         raise ValueError(f"{p}: not a step bench table of this version (missing column {TIME_COLUMN!r}, the time the "
                          f"report fits); rerun `twin calibrate bench --parts step`")
-    for col in (*SHAPE_COLUMNS, TIME_COLUMN):  # every row is one timed shape: counts >= 0, a time > 0
+    # every row is one timed shape: counts >= 0, its times > 0 (the mean too: a table whose means were negated or
+    # NaN gave the report of the original, the median being what it fits)
+    times = (TIME_COLUMN, "time_ms_mean")
+    for col in (*SHAPE_COLUMNS, *times):
         x = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
         with np.errstate(invalid="ignore"):
-            wrong = ~np.isfinite(x) | ((x <= 0) if col == TIME_COLUMN else ((x < 0) | (x != np.round(x))))
+            wrong = ~np.isfinite(x) | ((x <= 0) if col in times else ((x < 0) | (x != np.round(x))))
         if wrong.any():
-            what = "a time in ms > 0" if col == TIME_COLUMN else "a whole number >= 0"
+            what = "a time in ms > 0" if col in times else "a whole number >= 0"
             raise cell_error(p, df, int(np.argmax(wrong)), col, f"is not {what}",
                              f"give the {STEP_FILE} a bench run wrote (or drop the row)")
     return df

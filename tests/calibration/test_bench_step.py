@@ -237,6 +237,8 @@ def test_report_bad_inputs(tmp_path):
     for column, value, message in (("time_ms_median", "abc", "'abc' is not a time in ms > 0"),
                                    ("time_ms_median", np.nan, "an empty cell is not a time in ms > 0"),
                                    ("time_ms_median", -5.0, "-5.0 is not a time in ms > 0"),
+                                   ("time_ms_mean", -5.0, "-5.0 is not a time in ms > 0"),  # (ignored before)
+                                   ("time_ms_mean", np.nan, "an empty cell is not a time in ms > 0"),
                                    ("decodes", -5, "-5 is not a whole number >= 0")):
         df = _synthetic().astype({column: object})
         df.loc[3, column] = value
