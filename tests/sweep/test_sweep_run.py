@@ -361,6 +361,19 @@ def test_exclusion_keys_of_a_table_that_match_no_scenario_are_warned_about(tmp_p
     assert "--exclude leaves none of the 2 tasks of grid smoke: nothing to run" in capsys.readouterr().err
 
 
+def test_a_shard_that_selects_no_task_is_warned_about(capsys):
+    """``--shard 2/3`` of the 2-task smoke grid ran nothing and said "0 tasks run (0 of 0)", exit 0."""
+    from twin.cli import main
+
+    assert main(["sweep", "smoke", "--shard", "2/3", "--dry-run", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["tasks"] == 0
+    assert ("twin sweep: warning: --shard 2/3 selects none of the 2 tasks of grid smoke (part 2 of 3 takes tasks 2, "
+            "5, ... counted from 0): nothing to run; a grid of 2 tasks has 2 non-empty parts") in cap.err
+    assert main(["sweep", "smoke", "--shard", "1/3", "--dry-run"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("given, named, dry", [
     ("bogus,zzz", "--exclude bogus,zzz: these keys match no scenario of grid smoke, so they would exclude nothing",
      False),

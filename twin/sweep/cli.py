@@ -119,6 +119,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if exclude and not select_tasks(grid_tasks, exclude=exclude):
         print(f"twin sweep: warning: --exclude leaves none of the {len(grid_tasks)} tasks of grid {grid.name}: "
               f"nothing to run", file=sys.stderr)
+    elif args.shard and not tasks and (left := select_tasks(grid_tasks, exclude=exclude)):
+        # (a 1-task grid's --shard 1/2 ran nothing and said "0 tasks run (0 of 0)")
+        i, k = args.shard.split("/")
+        print(f"twin sweep: warning: --shard {args.shard} selects none of the {len(left)} tasks of grid {grid.name} "
+              f"(part {i} of {k} takes tasks {i}, {int(i) + int(k)}, ... counted from 0): nothing to run; a grid of "
+              f"{len(left)} task{'s' * (len(left) != 1)} has {min(len(left), int(k))} non-empty part"
+              f"{'s' * (min(len(left), int(k)) != 1)}", file=sys.stderr)
 
     def short_window() -> None:  # (a warning, not a refusal: short windows still serve smoke runs and latency checks)
         # (a named grid's window is the grid's design, which `twin sweep --list` states: nothing to act on)
