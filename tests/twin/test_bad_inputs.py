@@ -868,6 +868,20 @@ CASES: list[tuple[str, str]] = [
                                                      "unified pool, even at --gpu-memory-utilization 1.0); the pool "
                                                      "could not be allocated: give --max-total-tokens 401744 or less"),
     (R + "--policy slora --kv-tokens 500000", "--kv-tokens 500000: more than the 401744 tokens"),
+    # S-LoRA's pool sized twice (--max-total-tokens won, --kv-tokens was dropped without a word)
+    (R + "--policy slora --kv-tokens 200000 --max-total-tokens 100000",
+     "--kv-tokens 200000 and --max-total-tokens 100000 with the S-LoRA system (preset 'slora' runs on S-LoRA): both "
+     "size S-LoRA's one pool of token slots (--max-total-tokens wins, --kv-tokens was ignored); give one of them"),
+    ("compare --policies slora,chameleon --rps 1 --duration 5 --kv-tokens 200000 --max-total-tokens 100000",
+     "--kv-tokens 200000 and --max-total-tokens 100000: every compared preset (slora, chameleon) runs on S-LoRA"),
+    # a request count beside a window (5 requests over 2.5 s, --duration 1000 ignored)
+    ("run --no-progress --trace-opt n_requests=5 --duration 1000",
+     "workload options n_requests=5 and duration=1000: n_requests draws exactly that many requests instead of those "
+     "of a window of duration seconds, so duration would have no effect; give one of them"),
+    ("traces show synthetic --n-requests 5 --duration 1000", "workload options n_requests=5 and duration=1000"),
+    # lengths scaled to the one-token floor (ran 1-token prompts and outputs)
+    (R + "--trace-opt length_scale=1e-9", "--trace-opt length_scale=1e-09: less than 0.0001: every length under "
+                                          "10,000 tokens would round to the one-token floor"),
     # SLOs no request could miss (--ttft-slo 1e308 ran and reported an attainment of 1)
     (R + "--ttft-slo 1e308", "--ttft-slo 1e+308: beyond the 1e+08 s (about 3 years) a run may simulate, so every "
                              "request would meet it; give a TTFT SLO in seconds, e.g. --ttft-slo 2"),
