@@ -110,11 +110,20 @@ def _adapter_cv(t: np.ndarray, ids: np.ndarray) -> dict[str, Any]:
     return {"median": round(cv, 4), "adapters": n, "min_requests": MIN_ADAPTER_REQUESTS}
 
 
+def _or_why(v: Any, fmt: str, unit: str, requests: int, why: str) -> str:
+    """A statistic as text, or why it is undefined (``nan req/s`` was printed for one request)."""
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
+        return f"n/a ({requests:,} request{'s' * (requests != 1)}: {why})"
+    return f"{v:{fmt}}{unit}"
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """A two-column text table of :func:`summarize`'s dict."""
     rows: list[tuple[str, str]] = [
         ("source", str(s["source"])), ("requests", f"{s['requests']:,}"), ("duration", f"{s['duration_s']:.1f} s"),
-        ("mean rate", f"{s['mean_rps']:.3f} req/s"), ("inter-arrival CV", f"{s['interarrival_cv']:.3f}"),
+        ("mean rate", _or_why(s["mean_rps"], ".3f", " req/s", s["requests"], "their arrivals span 0 s")),
+        ("inter-arrival CV", _or_why(s["interarrival_cv"], ".3f", "", s["requests"],
+                                     "fewer than 2 gaps" if s["requests"] < 3 else "every gap is 0 s")),
     ]
     rt = s.get("arrivals_retimed")
     if rt:  # (the trace's own timestamps are not these: say so, and where the rate came from)

@@ -51,6 +51,9 @@ from traces.schema import (  # noqa: F401  (the schema, re-exported: traces.work
     TOKEN_COLUMNS, WorkloadError, too_large)
 
 META_KEY = b"lora_twin"
+#: columns of a twin run's per-request table (``requests.parquet`` of ``twin run --out``; ``twin.metrics.requests_frame``)
+#: that no workload has: a file with them is named as such results
+RUN_RESULT_MARKERS = frozenset({"outcome", "ttft_s", "e2e_s", "tokens_emitted"})
 
 
 @dataclass
@@ -253,6 +256,12 @@ def _checked_frame(df: pd.DataFrame, path: Path, where) -> pd.DataFrame:
         raise WorkloadError(f"{path}: missing column(s) {', '.join(missing)} (found {', '.join(cols[:12]) or 'none'}); "
                             f"a workload needs {', '.join(REQUIRED_FILE_COLUMNS)} and may have "
                             f"{', '.join(c for c in COLUMNS if c not in REQUIRED_FILE_COLUMNS)}")
+    if unknown and RUN_RESULT_MARKERS <= set(unknown):  # (twin run --out's requests.parquet given as a trace)
+        raise WorkloadError(f"{path}: a twin run's per-request results (columns {', '.join(sorted(RUN_RESULT_MARKERS))}"
+                            f", ...), not a workload: it keeps no conversation or prefix columns, so it cannot stand "
+                            f"for the run's workload; replay the run with its scenario, `twin run --config "
+                            f"{path.parent / 'summary.json'}` (the summary.json beside it), or write a workload file "
+                            f"with `twin traces synth --out FILE`")
     if unknown:
         raise WorkloadError(f"{path}: unknown column(s) {', '.join(unknown)}; the workload columns are "
                             f"{', '.join(COLUMNS)}")

@@ -12,6 +12,7 @@ import pytest
 from traces.registry import get_workload
 from traces.samples import write_sample_data_dir
 from traces.stats import format_summary, summarize, to_json
+from traces.workload import Workload
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +55,16 @@ def test_the_cli_show_prints_the_line(sample_dir, capsys):
     assert args.func(args) in (0, None)
     out = capsys.readouterr().out
     assert "dropped requests" in out and "adapters_from=key maps the 1 most frequent" in out
+
+
+@pytest.mark.parametrize("times, rate, cv", [([0.0], "n/a (1 request: their arrivals span 0 s)",
+                                              "n/a (1 request: fewer than 2 gaps)"),
+                                             ([5.0, 5.0, 5.0], "n/a (3 requests: their arrivals span 0 s)",
+                                              "n/a (3 requests: every gap is 0 s)"),
+                                             ([0.0, 1.0, 3.0], "1.000 req/s", "0.333")])
+def test_undefined_rate_and_cv_say_why(times, rate, cv):
+    """``twin traces show splitwise --duration 0.001`` printed "mean rate nan req/s, inter-arrival CV nan"."""
+    n = len(times)
+    w = Workload.from_arrays(times, [10] * n, [5] * n, [0] * n, [8] * n)
+    text = format_summary(summarize(w))
+    assert f"mean rate            {rate}" in text and f"inter-arrival CV     {cv}" in text

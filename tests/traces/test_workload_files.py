@@ -192,3 +192,18 @@ def test_a_window_of_a_workload_file_is_noted_by_twin_run(tmp_path, capsys):
     assert "window keeps 2 of the 3 requests of" in capsys.readouterr().err
     assert main(["run", "--no-progress", "--trace", str(path), "--duration", "10"]) == 0
     assert "window keeps" not in capsys.readouterr().err
+
+
+def test_a_run_s_per_request_results_are_named_as_such(tmp_path):
+    """``twin run --out D`` then ``twin run --trace D/requests.parquet`` said "unknown column(s) outcome, ..."; the
+    file is now named as a run's results, with the way to replay the run (its summary.json as --config)."""
+    from twin.simulate import simulate
+    from traces.workload import COLUMNS, RUN_RESULT_MARKERS
+
+    res = simulate(Workload.from_arrays([0.0, 0.5], [20, 30], [4, 5], [0, 1], [8, 16]), "embedded")
+    cols = set(res.requests.columns)
+    assert RUN_RESULT_MARKERS <= cols and not RUN_RESULT_MARKERS & set(COLUMNS)  # (the twin's table, no workload's)
+    res.requests.to_parquet(tmp_path / "requests.parquet", index=False)
+    with pytest.raises(WorkloadError, match=r"a twin run's per-request results .* replay the run with its scenario, "
+                                            r"`twin run --config .*summary\.json`"):
+        Workload.load(tmp_path / "requests.parquet")
