@@ -45,8 +45,8 @@ from twin.scenario import (MAX_SIM_SECONDS, RunConfig, build_engine_config, buil
                            check_number, check_run, check_system_options, for_preset)
 from twin.simulate import simulate
 
-COLUMNS = [("ttft_ms_p50", "TTFT p50 ms", 0), ("ttft_ms_p99", "TTFT p99 ms", 0), ("itl_ms_p50", "TBT p50 ms", 1),
-           ("itl_ms_p99", "TBT p99 ms", 1), ("offered_rps", "offered req/s", 2), ("throughput_rps", "thr req/s", 2), ("goodput_rps", "SLO thr req/s", 2),
+COLUMNS = [("ttft_ms_p50", "TTFT p50 ms", 0), ("ttft_ms_p99", "TTFT p99 ms", 0), ("itl_ms_p50", "ITL p50 ms", 1),
+           ("itl_ms_p99", "ITL p99 ms", 1), ("offered_rps", "offered req/s", 2), ("throughput_rps", "thr req/s", 2), ("goodput_rps", "goodput req/s", 2),
            ("slo_attainment", "SLO att.", 3), ("adapter_hit_rate_requests", "hit rate req.", 3),
            ("adapter_hit_rate", "hit rate act.", 3)]
 #: request counts printed after the summary columns (arrived in the window, refused at admission)
