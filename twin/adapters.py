@@ -9,7 +9,9 @@ before the step's forward pass, so they lengthen that step.
 The link is a SimPy resource of capacity 1: every host-to-GPU transfer (a synchronous
 activation or an asynchronous prefetch started by a cache policy) holds it for its
 duration, so concurrent loads queue behind each other -- the PCIe contention that
-Chameleon §3.2 documents.
+Chameleon §3.2 documents. The disk behind the CPU tier reads one adapter at a time as well
+(:class:`AdapterDisk`): background reads of prefetches queue behind each other and a step's
+own reads queue behind them, at the fitted per-read bandwidth.
 """
 
 from __future__ import annotations
@@ -67,6 +69,47 @@ class LinkCopy:
         self.armed = False
 
 
+class AdapterDisk:
+    """The disk the CPU tier reads adapters from: one read at a time, in the order they are asked for.
+
+    The profile's disk load time (``Profile.load_s(rank, "disk")``) is fitted on loads made one at a time
+    (vLLM's worker reads an adapter's safetensors inside the step that needs it,
+    ``WorkerLoRAManager._load_adapter``), so it is the time of one read with the disk to itself. A policy
+    that prefetches (:mod:`twin.prefetch`) may start many reads at once -- FastLibra's swapper at each tick,
+    with no bound on the copies in flight (``fastlibra.md`` §5) -- and they share that bandwidth: here they
+    queue (FIFO with known durations, like :class:`HostLink`), so each read's end is known when it is asked
+    for. Reads are asked for only by the engine's process (a step's synchronous loads, run one after the
+    other, and the prefetches it starts at step boundaries), so a step's loads find every background read
+    already queued (:meth:`HostLink.loads_end`)."""
+
+    __slots__ = ("free_at", "reads", "queued_s", "busy_s")
+
+    def __init__(self) -> None:
+        self.free_at = 0.0  # when every read asked for so far will have ended
+        self.reads = 0
+        self.queued_s = 0.0  # seconds reads waited for the disk behind earlier reads
+        self.busy_s = 0.0  # seconds of reading asked for so far (some may end after the horizon: busy_by)
+
+    def read_delay(self, now: float, disk_s: float) -> float:
+        """Seconds from ``now`` until a read of ``disk_s`` seconds asked for at ``now`` ends (behind the reads
+        asked for before it); the disk is busy until then. The delay is what SimPy's timeout adds to ``now``,
+        so ``now + read_delay(...)`` is the exact end (:meth:`HostLink.loads_end` makes the same operations)."""
+        free = self.free_at
+        wait = free - now if free > now else 0.0
+        d = wait + disk_s
+        self.free_at = now + d
+        self.reads += 1
+        self.queued_s += wait
+        self.busy_s += disk_s
+        return d
+
+    def busy_by(self, t: float) -> float:
+        """Seconds the disk read by time ``t``, when every read was asked for by ``t`` (the runs' horizon: nothing
+        is asked for after it). A read that started after ``t`` started when the one before it ended (it was asked
+        for earlier), so what lies after ``t`` is one busy stretch, ``free_at - t``."""
+        return self.busy_s - max(0.0, self.free_at - t)
+
+
 class HostLink:
     """The host-to-GPU link: a FIFO SimPy resource plus byte and busy-time counters."""
 
@@ -102,7 +145,7 @@ class HostLink:
         self.later.append(copy)
         return copy
 
-    def loads_end(self, now: float, loads: "list[Load] | tuple") -> float:
+    def loads_end(self, now: float, loads: "list[Load] | tuple", disk: AdapterDisk | None = None) -> float:
         """When a step's ``loads``, started at ``now``, end -- as the engines run them (``Engine._run``,
         ``SLoRAEngine._prefill``): one after the other, a wait for a background copy (``Load.wait``) until
         that copy's end, a synchronous load's disk read and then its copy, which the FIFO link starts once
@@ -120,8 +163,11 @@ class HostLink:
         read goes first only when that read was the first event the loads yielded and the announced copy's
         read was not scheduled yet (``LinkCopy.armed``: the copy was started in this same activation); any
         other synchronous copy goes after it (the event that resumes the engine is scheduled at that instant,
-        after the copy's read ended)."""
+        after the copy's read ended). A synchronous load's disk read queues behind the background reads on
+        ``disk`` (:class:`AdapterDisk`: every one was asked for before the step's loads start), so it ends
+        after them all."""
         free = self.free_at
+        dfree = disk.free_at if disk is not None else 0.0
         later = sorted(self.later, key=lambda c: (c.request_t, not c.armed)) if self.later else ()
         placed: dict[int, float] = {}
         i = 0
@@ -153,7 +199,8 @@ class HostLink:
                     t = e
                 continue
             if ld.disk_s:
-                t = t + ld.disk_s
+                t = t + ((dfree - t if dfree > t else 0.0) + ld.disk_s)  # (AdapterDisk.read_delay's operations)
+                dfree = t
                 ahead_unarmed = first  # its read's timeout precedes the reads not scheduled yet
                 ahead = False
             else:
@@ -219,6 +266,8 @@ class AdapterMemory:
         #: offload of idle adapters has nothing to evict and need not ask it about each one
         self.keeps_idle = getattr(policy.evict_when_idle, "__func__", None) is AdapterCachePolicy.evict_when_idle
         self.link = link
+        #: the disk behind the CPU tier (one read at a time): a step's reads and the prefetches' queue on it
+        self.disk = AdapterDisk()
         self.active: list[int] = [0] * n       # running requests per adapter
         self.resident: list[bool] = [False] * n
         self.n_resident = 0

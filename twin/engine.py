@@ -17,7 +17,8 @@ One engine step (``Engine._plan_step`` then ``Engine._complete_step``), as in vL
    them to :meth:`StepContext.try_admit`, which applies vLLM's checks (token budget,
    ``max_num_seqs``, ``max_loras`` distinct adapters, KV blocks for the first chunk).
 3. **Adapter loads**: adapters that joined the batch and are not in a GPU slot are
-   loaded synchronously (disk -> CPU -> GPU), holding the host link.
+   loaded synchronously (disk -> CPU -> GPU), holding the host link (and the disk, one read at a
+   time: ``twin.adapters.AdapterDisk``).
 4. **Duration** = scheduler overhead + backbone(prefill tokens, decode sequences, context)
    + LoRA overhead (+ the loads), all from the :class:`~twin.perf.profile.Profile`.
 5. **At the end of the step** every request that computed its last pending token emits a
@@ -219,15 +220,15 @@ class Engine(PreemptionWalk, EngineState):
             if plan.loads:  # synchronous loads, on the step's critical path
                 # when they end, from the link's FIFO state (the copies in flight or announced, then these behind
                 # them: HostLink.loads_end, exact): a step that would end after the horizon does not start them
-                end = self.link.loads_end(now, plan.loads) if timed or check else 0.0
+                end = self.link.loads_end(now, plan.loads, self.adapters.disk) if timed or check else 0.0
                 if timed and end + plan.total_s > horizon:
                     break  # in flight at the horizon
                 for ld in plan.loads:
                     if ld.wait is not None:  # an asynchronous load still in flight (twin/prefetch.py)
                         yield ld.wait
                         continue
-                    if ld.disk_s:
-                        yield env.timeout(ld.disk_s)
+                    if ld.disk_s:  # (behind the prefetches' reads: AdapterDisk)
+                        yield env.timeout(self.adapters.disk.read_delay(env._now, ld.disk_s))
                     yield env.process(self.link.transfer(ld.nbytes, ld.link_s))
                 if check:
                     assert env.now == end, f"the loads ended at {env.now}, not when the link's schedule says ({end})"

@@ -265,6 +265,7 @@ def summarize(e: "Engine", wall_s: float, ttft_slo_s: float | None = None,
     s["adapter_evictions"] = int(ad.evictions)
     s["link_gb"] = e.link.bytes_moved / 1e9
     s["link_utilization"] = min(1.0, e.link.busy_s / window) if timed else None
+    s["disk_utilization"] = min(1.0, ad.disk.busy_by(window) / window) if timed else None
     s["gpu_busy_fraction"] = min(1.0, e.rec.busy_time() / window) if timed else None
     s["preemptions"] = int(e.rec.preemptions)
     s["engine_steps"] = int(e.rec.n_steps)

@@ -15,7 +15,9 @@ computation") and Chameleon (MICRO'25, §4.2 predictive prefetch) copy adapters 
 * **synchronous**: the copy is added to the loads of the step that decided it, i.e. on the
   critical path (the adaptive-caching study's "sync prefetch", which raises the P99 TTFT).
 
-Disk reads (adapter not in the CPU tier) happen first and do not hold the link; the link
+Disk reads (adapter not in the CPU tier) happen first and do not hold the link; they queue on
+the disk, one read at a time (:class:`twin.adapters.AdapterDisk`: many prefetches started at once
+share its bandwidth), so a read's end is known when it is asked for; the link
 is reserved when the read ends, so the completion time is known from then on (until then
 a lower bound splits decode runs, which is always exact, see ``Scheduler.next_change_time``).
 When the read ends is known from the start, so the link expects the copy
@@ -130,10 +132,11 @@ class AsyncLoader:
         env = self.e.env
         link = self.e.link
         nbytes = mem.bytes[a] if nbytes is None else nbytes
-        if disk_s:  # the link is requested when the disk read ends (now + disk_s: SimPy's timeout), known from now
-            copy = link.announce(now + disk_s, link_s)
-            proc = env.process(self._after_disk(a, disk_s, link_s, nbytes, copy))
-            self.e.push_event(now + disk_s + link_s, None)  # lower bound of the end
+        if disk_s:  # the link is requested when the disk read ends (behind the reads queued before it), known from now
+            read_s = mem.disk.read_delay(now, disk_s)
+            copy = link.announce(now + read_s, link_s)  # (now + read_s: SimPy's timeout)
+            proc = env.process(self._after_disk(a, read_s, link_s, nbytes, copy))
+            self.e.push_event(now + read_s + link_s, None)  # lower bound of the end
         else:
             copy = LinkCopy(now, link_s)
             gen = link.transfer(nbytes, link_s, copy)
@@ -143,9 +146,11 @@ class AsyncLoader:
         mem.loading_copy[a] = copy
         return True
 
-    def _after_disk(self, a: int, disk_s: float, link_s: float, nbytes: int, copy: LinkCopy):
+    def _after_disk(self, a: int, read_s: float, link_s: float, nbytes: int, copy: LinkCopy):
+        """The copy of a background load after its disk read, which ends ``read_s`` from now (its wait for the
+        disk included: :meth:`twin.adapters.AdapterDisk.read_delay`)."""
         env = self.e.env
-        timeout = env.timeout(disk_s)
+        timeout = env.timeout(read_s)
         copy.armed = True  # (its read's end is scheduled: HostLink.loads_end orders same-instant requests by it)
         yield timeout
         gen = self.e.link.transfer(nbytes, link_s, copy)

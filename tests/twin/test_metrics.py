@@ -220,7 +220,7 @@ def test_a_run_that_spent_no_time_has_no_rates():
     s = simulate(w, None, EngineConfig(max_loras=2, max_model_len=2048), ttft_slo_s=1.0).summary
     assert s["requests_rejected"] == 2 and s["simulated_s"] == 0.0
     for k in ("throughput_rps", "input_tok_s", "output_tok_s", "total_tok_s", "goodput_rps", "gpu_busy_fraction",
-              "link_utilization", "slo_attainment"):
+              "link_utilization", "disk_utilization", "slo_attainment"):
         assert s[k] is None, k
     from twin.cli import format_summary  # (the console prints them as "-")
 

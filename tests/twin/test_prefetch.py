@@ -30,6 +30,7 @@ from twin.config import EngineConfig
 from twin.engine import Engine
 from twin.prefetch import AsyncLoader
 from twin.registry import make_scheduler
+from twin.simulate import simulate
 
 DISK_S, COPY_S, STEP_S = 0.5, 0.1, 0.01
 
@@ -124,8 +125,9 @@ def test_a_request_admitted_while_its_adapter_loads_waits_for_the_rest_of_the_co
 
 def test_disk_reads_do_not_hold_the_link_and_copies_queue_on_it_first_come_first_served() -> None:
     """Three prefetches started at 0: adapters 1 and 3 from disk, adapter 2 from the CPU tier. 2's copy takes the
-    idle link at once (lands at 0.1); the reads of 1 and 3 end at 0.5 and their copies follow in the order they
-    were started: 1 lands at 0.6, 3 at 0.7. Had a read held the link, 2 would wait for 1's read and copy."""
+    idle link at once (lands at 0.1); the disk reads one adapter at a time, in the order they were started: 1's
+    read ends at 0.5 (lands at 0.6), 3's at 1.0 (lands at 1.1). Had a read held the link, 2 would wait for 1's read
+    and copy; had the reads shared nothing, 3 would land at 0.7."""
     cache = _Prefetcher(max_inflight=None)
     e = _engine(cache, [5.0] * 4, [0, 1, 2, 3])
     e.adapters.preload_cpu([2])
@@ -134,7 +136,8 @@ def test_disk_reads_do_not_hold_the_link_and_copies_queue_on_it_first_come_first
     e.run()
     loads = [(a, t) for what, a, t in cache.calls if what == "load" and t < 5.0]
     assert loads == [(2, pytest.approx(COPY_S)), (1, pytest.approx(DISK_S + COPY_S)),
-                     (3, pytest.approx(DISK_S + 2 * COPY_S))]
+                     (3, pytest.approx(2 * DISK_S + COPY_S))]
+    assert e.adapters.disk.queued_s == pytest.approx(DISK_S)  # (3's read waited for 1's)
     assert e.adapters.loads_disk >= 2 and e.link.busy_s >= 3 * COPY_S - 1e-12
 
 
@@ -167,7 +170,8 @@ def test_no_room_while_every_slot_is_loading_refuses_the_prefetch() -> None:
 @pytest.mark.parametrize("evicts", [True, False])
 def test_a_full_cache_makes_room_by_evicting_its_victim_only_when_the_policy_lets_prefetches_evict(
         evicts: bool) -> None:
-    """Two slots, adapters 1 and 2 landed (idle since 0.6 and 0.7); at 1.0 the policy asks for adapter 3. With
+    """Two slots, adapters 1 and 2 landed (idle since 0.6 and 1.1: the disk reads one at a time); at 1.5 the policy
+    asks for adapter 3. With
     ``prefetch_evicts`` the loader evicts the cache's victim (LRU: 1, idle first) and starts 3; without it a prefetch
     goes into free memory only, and there is none."""
     cache = _Prefetcher(max_inflight=None, prefetch_evicts=evicts)
@@ -184,7 +188,7 @@ def test_a_full_cache_makes_room_by_evicting_its_victim_only_when_the_policy_let
         out.update(resident=[mem.resident[a] for a in (1, 2, 3)], evictions=mem.evictions, started=ld.started,
                    loading=sorted(mem.loading))
 
-    _at(e, 1.0, decide)
+    _at(e, 1.5, decide)
     e.run()
     if evicts:
         assert out == dict(resident=[False, True, True], evictions=1, started=3, loading=[3])
@@ -346,14 +350,14 @@ def test_a_request_that_waited_for_a_prefetch_leaving_the_batch_does_not_evict_t
     assert r.summary["requests_finished"] == 43 and r.summary["prefetches"] >= 1
 
 
-def _starved_batch_case(**kw):
+def _starved_batch_case(seed: int = 484, **kw):
     """Stop 67's liveness fuzz case: the adapter-aware scheduler's lookahead and FastLibra's swapper prefetch into a
     tight unified pool with one adapter slot; a request needs 94 of the pool's 152 blocks, its adapter 39, and two
     prefetched adapters of 20 each are in flight whenever its next chunk asks for blocks."""
     from traces.registry import get_workload
     from twin.simulate import simulate
 
-    w = get_workload("fastlibra-chatbot", rps=8.0, duration=5.0, adapters=8, seed=484)
+    w = get_workload("fastlibra-chatbot", rps=8.0, duration=5.0, adapters=8, seed=seed)
     cfg = EngineConfig(kv_capacity_tokens=2432, max_model_len=2432, max_num_seqs=4, max_num_batched_tokens=512,
                        block_size=16, max_loras=1, max_cpu_loras=1)
     return simulate(w, "llama-2-7b_a100-80gb_vidur", cfg, scheduler="adapter-aware", cache="fastlibra-wos",
@@ -370,19 +374,24 @@ def test_prefetches_in_flight_do_not_starve_the_running_batch():
 
 
 def test_without_the_two_rules_the_batch_is_starved(monkeypatch):
-    """The same case with both rules switched off -- the wait for copies in flight (``Engine._wait_for_landing``) and
-    the running prefills' reserve (``Engine.background_reserve``) -- preempts for ever: what they fix. Each alone
-    finishes every request here."""
+    """The same set-up (another seed: since the disk reads one adapter at a time, seed 484's prefetches no longer
+    starve it without the rules) with both rules switched off -- the wait for copies in flight
+    (``Engine._wait_for_landing``) and the running prefills' reserve (``Engine.background_reserve``) -- preempts for
+    ever: 2 of 35 requests by 200 s, 1,557 preemptions. What they fix: with both, all 35 finish by themselves; each
+    alone finishes every request here too."""
     from twin.engine import Engine
 
     monkeypatch.setattr(Engine, "_wait_for_landing", lambda self, need: False)
     monkeypatch.setattr(Engine, "background_reserve", lambda self: 0)
-    s = _starved_batch_case(horizon_s=200.0).summary
-    assert s["requests_finished"] < 15 and s["preemptions"] > 1000
+    s = _starved_batch_case(seed=216, horizon_s=200.0).summary
+    assert s["requests_finished"] < 10 and s["preemptions"] > 1000
     for off in ("_wait_for_landing", "background_reserve"):
         monkeypatch.undo()
         monkeypatch.setattr(Engine, off, (lambda self, need: False) if off == "_wait_for_landing" else (lambda self: 0))
-        assert _starved_batch_case(horizon_s=400.0).summary["requests_finished"] == 34
+        assert _starved_batch_case(seed=216, horizon_s=400.0).summary["requests_finished"] == 35
+    monkeypatch.undo()
+    s = _starved_batch_case(seed=216, check_invariants=True).summary
+    assert s["requests_finished"] == s["requests_arrived"] == 35 and s["memory_stalls"] >= 1
 
 
 def _prefetch_case(**kw):
@@ -498,3 +507,44 @@ def test_memory_stalls_step_exactly():
     wall = ("wall_s", "x_realtime", "step_segments")
     assert {k: repr(v) for k, v in a.summary.items() if k not in wall} == \
         {k: repr(v) for k, v in b.summary.items() if k not in wall}
+
+
+def test_prefetches_read_from_disk_one_at_a_time():
+    """The disk behind the CPU tier reads one adapter at a time (``twin.adapters.AdapterDisk``): the four prefetches
+    S-LoRA's policy starts at 0.61 s (the waiting requests' adapters, none in the CPU tier) read at 0.61-1.11,
+    1.11-1.61, 1.61-2.11 and 2.11-2.61 s, each copied over the link after its read (0.1 s). r0 decodes until 1.60 s,
+    and each later request (one at a time, ``max_num_seqs = 1``) waits for its adapter's copy: r2 until 1.71 s, r3
+    until 2.21 s, r4 until 2.71 s. Every read ran at full bandwidth at the same time before (34 adapters, 8.7 GB, read
+    in 0.88 s by FastLibra's swapper at 2.3 GB/s), so all four had landed by 1.51 s and nothing waited."""
+    prof = constant_profile(c0=0.01, disk_s=0.5, cpu_s=0.1)
+    w = Workload.from_arrays([0.0, 0.001, 0.002, 0.003, 0.004], [16] * 5, [100, 5, 5, 5, 5], [0, 1, 2, 3, 4], [8] * 5)
+    cfg = EngineConfig(max_loras=5, max_num_seqs=1, max_model_len=512, kv_capacity_tokens=6000)
+    res = simulate(w, prof, cfg, policy="slora", system="vllm", check_invariants=True)
+    r = res.requests
+    assert res.summary["prefetches"] == 4
+    assert r["first_token_s"].tolist() == pytest.approx([0.61, 1.61, 1.72, 2.22, 2.72])
+    assert r["load_wait_s"].tolist() == pytest.approx([0.6, 0.0, 0.06, 0.45, 0.45])
+    disk = res.engine.adapters.disk
+    assert disk.reads == 5 and disk.queued_s == pytest.approx(0.5 + 1.0 + 1.5)
+    # the disk read for 2.5 s (r0's own read, then the four prefetches' from 0.61 s); cut at 1.5 s, for 0.5 + 0.89 s
+    assert res.summary["disk_utilization"] == pytest.approx(2.5 / res.summary["simulated_s"])
+    cut = simulate(w, prof, cfg, policy="slora", system="vllm", horizon_s=1.5).summary
+    assert cut["disk_utilization"] == pytest.approx((0.5 + 0.89) / 1.5)
+
+
+def test_a_steps_own_disk_read_queues_behind_the_prefetches_reads():
+    """A step's synchronous load reads from disk after the prefetches' reads asked for before it: r1 (adapter 1) joins
+    at 0.61 s, where the prefetch of r2's adapter, decided at that step's admissions, is read first (0.61-1.11 s); r1's
+    read follows (1.11-1.61 s), then its copy (1.61-1.71 s), so its first token is at 1.72 s. For reads of one size
+    that is when it would end if the two shared the disk's bandwidth. ``check_invariants`` asserts that the step's
+    loads end where ``HostLink.loads_end`` (the horizon's check) says."""
+    prof = constant_profile(c0=0.01, disk_s=0.5, cpu_s=0.1)
+    w = Workload.from_arrays([0.0, 0.001, 0.002], [16, 16, 16], [30, 5, 5], [0, 1, 2], [8, 8, 8])
+    cfg = EngineConfig(max_loras=3, max_num_seqs=2, max_model_len=512, kv_capacity_tokens=6000)
+    for horizon in (None, 1.7, 1.72):
+        res = simulate(w, prof, cfg, policy="slora", system="vllm", check_invariants=True, horizon_s=horizon)
+        ft = res.requests.loc[1, "first_token_s"]
+        if horizon is None or horizon >= 1.72:
+            assert ft == pytest.approx(1.72) and res.requests.loc[1, "load_wait_s"] == pytest.approx(1.1)
+        else:  # the step is in flight at the horizon: it never started its loads
+            assert ft != ft and res.engine.env.now <= horizon
